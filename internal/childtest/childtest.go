@@ -1,0 +1,104 @@
+// Package childtest re-runs a test binary as a child process, so that tests
+// can observe process-wide effects (a prctl flag, GOMEMLIMIT, RSS) in a
+// process of their own and read them back from the outside.
+//
+// A test package calls Main from its TestMain with the children it defines;
+// a test starts one with Command and reads its "KEY=VALUE" report lines with
+// Report.
+package childtest
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// EnvVar names the child to run; it is set only in child processes.
+const EnvVar = "MEMCTL_TEST_CHILD"
+
+// Main runs the child named by EnvVar and exits, or, in the parent, runs the
+// tests. Call it from TestMain. An unknown child name exits with status 2.
+func Main(m *testing.M, children map[string]func()) {
+	if name := os.Getenv(EnvVar); name != "" {
+		f, ok := children[name]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "childtest: unknown child %q\n", name)
+			os.Exit(2)
+		}
+		f()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// Command returns a command that re-runs the current test binary as the child
+// name, with the parent's environment less the variables named in unset,
+// plus env ("KEY=VALUE" entries, which win over inherited ones).
+func Command(t testing.TB, name string, unset []string, env ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatalf("childtest: %v", err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == EnvVar || contains(unset, k) {
+			continue
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	cmd.Env = append(cmd.Env, EnvVar+"="+name)
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Report runs cmd, fails the test if it exits with an error, and returns
+// the "KEY=VALUE" lines it printed on standard output (other lines are
+// ignored). Standard error is included in the failure message.
+func Report(t testing.TB, cmd *exec.Cmd) map[string]string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("child %v: %v\nstdout:\n%s\nstderr:\n%s", cmd.Args, err, stdout.String(), stderr.String())
+	}
+	return ParseReport(stdout.Bytes())
+}
+
+// ParseReport returns the "KEY=VALUE" lines of out as a map; a later line
+// wins over an earlier one with the same key.
+func ParseReport(out []byte) map[string]string {
+	m := make(map[string]string)
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok && k != "" && !strings.ContainsAny(k, " \t") {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// Say prints one "KEY=VALUE" report line on standard output; for children.
+func Say(key string, value any) {
+	fmt.Printf("%s=%v\n", key, value)
+}
+
+// Fail prints msg on standard error and exits with status 1; for children.
+func Fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "child: "+format+"\n", args...)
+	os.Exit(1)
+}

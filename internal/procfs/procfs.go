@@ -1,0 +1,143 @@
+// Package procfs parses the "Key: value" files of Linux procfs
+// (/proc/PID/status, /proc/PID/smaps_rollup, /proc/meminfo) that memctl reads.
+//
+// Parsing is kept apart from file access and is not tagged for Linux, so it is
+// tested on every OS with fixture files. Every error names the file it came
+// from, and malformed input is reported, never guessed at.
+package procfs
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ErrMissing is matched (with errors.Is) by the error of a lookup whose key is
+// not in the file, for example THP_enabled on a kernel before 5.0, or
+// AnonHugePages where THP is compiled out.
+var ErrMissing = errors.New("procfs: key not present")
+
+// Fields holds the fields of one "Key: value" file. The zero value is empty.
+// A Fields is safe for concurrent reads.
+type Fields struct {
+	// File is the path (or name) the fields were read from; it prefixes errors.
+	File   string
+	values map[string]string
+}
+
+// ReadFile reads and parses the "Key: value" file at path (for example
+// "/proc/self/status"). The error names path when the file cannot be read or
+// is malformed.
+func ReadFile(path string) (Fields, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Fields{File: path}, fmt.Errorf("procfs: %w", err)
+	}
+	defer f.Close()
+	return Parse(f, path)
+}
+
+// Parse parses "Key: value" lines from r. name is used in errors. A first
+// line that is an smaps_rollup header ("... [rollup]") is skipped; any other
+// line without a "Key:" prefix is an error naming name and the line number.
+func Parse(r io.Reader, name string) (Fields, error) {
+	fs := Fields{File: name, values: make(map[string]string)}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		key, val, ok := strings.Cut(line, ":")
+		if !ok || key == "" || strings.ContainsAny(key, " \t") {
+			if n == 1 && strings.HasSuffix(strings.TrimSpace(line), "[rollup]") {
+				continue
+			}
+			return Fields{File: name}, fmt.Errorf("procfs: %s: line %d: malformed, want \"Key: value\": %q", name, n, line)
+		}
+		fs.values[key] = strings.TrimSpace(val)
+	}
+	if err := sc.Err(); err != nil {
+		return Fields{File: name}, fmt.Errorf("procfs: %s: %w", name, err)
+	}
+	if len(fs.values) == 0 {
+		return Fields{File: name}, fmt.Errorf("procfs: %s: no fields", name)
+	}
+	return fs, nil
+}
+
+// String returns the raw value of key and whether it is present.
+func (f Fields) String(key string) (string, bool) {
+	v, ok := f.values[key]
+	return v, ok
+}
+
+// Int returns the value of key as a decimal int64 (for example THP_enabled
+// or Threads). The error matches ErrMissing when key is absent.
+func (f Fields) Int(key string) (int64, error) {
+	v, ok := f.values[key]
+	if !ok {
+		return 0, fmt.Errorf("%s: %s: %w", f.File, key, ErrMissing)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("procfs: %s: %s: malformed integer %q", f.File, key, v)
+	}
+	return n, nil
+}
+
+// Bytes returns the value of key, written by the kernel as "N kB" (KiB), in
+// bytes. The error matches ErrMissing when key is absent, and names the file
+// when the value is malformed, negative or overflows int64.
+func (f Fields) Bytes(key string) (int64, error) {
+	v, ok := f.values[key]
+	if !ok {
+		return 0, fmt.Errorf("%s: %s: %w", f.File, key, ErrMissing)
+	}
+	num, unit, _ := strings.Cut(v, " ")
+	unit = strings.TrimSpace(unit)
+	if unit != "kB" {
+		return 0, fmt.Errorf("procfs: %s: %s: want \"N kB\", got %q", f.File, key, v)
+	}
+	kib, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || kib < 0 || kib > math.MaxInt64/1024 {
+		return 0, fmt.Errorf("procfs: %s: %s: malformed size %q", f.File, key, v)
+	}
+	return kib * 1024, nil
+}
+
+// ReadBytes reads one "N kB" field of the file at path, in bytes: for
+// example ReadBytes("/proc/self/status", "VmRSS").
+func ReadBytes(path, key string) (int64, error) {
+	f, err := ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return f.Bytes(key)
+}
+
+// RSS returns the resident set size (VmRSS in /proc/PID/status) of the process
+// pid in bytes; pid 0 means this process. Source: proc(5).
+func RSS(pid int) (int64, error) {
+	return ReadBytes(StatusPath(pid), "VmRSS")
+}
+
+// StatusPath returns "/proc/self/status" for pid 0 and "/proc/PID/status"
+// otherwise.
+func StatusPath(pid int) string { return Path(pid, "status") }
+
+// Path returns the path of file under /proc/self (pid 0) or /proc/PID.
+func Path(pid int, file string) string {
+	if pid == 0 {
+		return "/proc/self/" + file
+	}
+	return "/proc/" + strconv.Itoa(pid) + "/" + file
+}

@@ -1,0 +1,72 @@
+package procfs
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseStatusFixture(t *testing.T) {
+	f, err := ReadFile("testdata/status")
+	require.NoError(t, err)
+	rss, err := f.Bytes("VmRSS")
+	require.NoError(t, err)
+	assert.Positive(t, rss)
+	assert.Zero(t, rss%1024, "kB values are converted to bytes")
+	thp, err := f.Int("THP_enabled")
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), thp)
+}
+
+func TestParseSmapsRollupSkipsHeader(t *testing.T) {
+	f, err := ReadFile("testdata/smaps_rollup")
+	require.NoError(t, err)
+	ahp, err := f.Bytes("AnonHugePages")
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, ahp, int64(0))
+}
+
+func TestMalformedNamesFile(t *testing.T) {
+	_, err := ReadFile("testdata/status_malformed")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "testdata/status_malformed")
+	assert.Contains(t, err.Error(), "line 2")
+}
+
+func TestBadValues(t *testing.T) {
+	f, err := ReadFile("testdata/status_badvalues")
+	require.NoError(t, err)
+	for _, key := range []string{"VmRSS", "VmHWM"} {
+		_, err := f.Bytes(key)
+		require.Error(t, err, key)
+		assert.Contains(t, err.Error(), "testdata/status_badvalues")
+	}
+	_, err = f.Int("Threads")
+	require.Error(t, err)
+	_, err = f.Bytes("VmSwap")
+	assert.True(t, errors.Is(err, ErrMissing))
+}
+
+func TestEmptyAndMissing(t *testing.T) {
+	_, err := Parse(strings.NewReader(""), "empty")
+	require.ErrorContains(t, err, "empty: no fields")
+	_, err = ReadFile("testdata/does-not-exist")
+	require.ErrorContains(t, err, "testdata/does-not-exist")
+}
+
+func TestRSSOfThisProcess(t *testing.T) {
+	if _, err := ReadFile("/proc/self/status"); err != nil {
+		t.Skipf("no procfs here: %v", err)
+	}
+	rss, err := RSS(0)
+	require.NoError(t, err)
+	assert.Greater(t, rss, int64(1<<20), "a Go test binary has more than 1 MiB resident")
+}
+
+func TestPath(t *testing.T) {
+	assert.Equal(t, "/proc/self/status", StatusPath(0))
+	assert.Equal(t, "/proc/42/smaps_rollup", Path(42, "smaps_rollup"))
+}

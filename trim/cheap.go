@@ -1,0 +1,25 @@
+package trim
+
+import "errors"
+
+// ErrCHeapUnavailable is matched (with errors.Is) by the error of a C heap
+// step that cannot run in this build or process: cgo is off, the C library is
+// not glibc and no known allocator owns malloc, or the OS is not Linux.
+var ErrCHeapUnavailable = errors.New("trim: C heap step unavailable")
+
+// CHeap is the C heap step of a trim: it returns memory that the allocator
+// owning malloc holds but no live block uses. Implementations are safe for
+// concurrent use.
+type CHeap interface {
+	// Allocator names the allocator that owns malloc in this process:
+	// "glibc", "jemalloc", "mimalloc", "tcmalloc", or "none" when the step is
+	// unavailable.
+	Allocator() string
+	// Retained returns the bytes the allocator holds that no live block uses,
+	// or -1 when it cannot tell.
+	Retained() int64
+	// Release asks the allocator to return freed memory to the OS and
+	// returns the bytes it released by its own account (-1 when it cannot
+	// tell). The error matches ErrCHeapUnavailable when the step cannot run.
+	Release() (released int64, err error)
+}
