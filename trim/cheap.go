@@ -1,11 +1,12 @@
 package trim
 
-import "errors"
+import "github.com/memctl/memctl/trim/cheap"
 
 // ErrCHeapUnavailable is matched (with errors.Is) by the error of a C heap
 // step that cannot run in this build or process: cgo is off, the C library is
 // not glibc and no known allocator owns malloc, or the OS is not Linux.
-var ErrCHeapUnavailable = errors.New("trim: C heap step unavailable")
+// It is cheap.ErrUnavailable, so either name matches.
+var ErrCHeapUnavailable = cheap.ErrUnavailable
 
 // CHeap is the C heap step of a trim: it returns memory that the allocator
 // owning malloc holds but no live block uses. Implementations are safe for
@@ -22,4 +23,13 @@ type CHeap interface {
 	// returns the bytes it released by its own account (-1 when it cannot
 	// tell). The error matches ErrCHeapUnavailable when the step cannot run.
 	Release() (released int64, err error)
+}
+
+// CHeapStater is a CHeap that also reads the allocator's statistics (arena,
+// in use, free, resident and retained bytes, jemalloc's page size and its
+// warning); the step of DefaultCHeap is one. See cheap.Stats for each figure
+// and its source.
+type CHeapStater interface {
+	CHeap
+	Stats() (cheap.Stats, error)
 }

@@ -1,0 +1,392 @@
+//go:build linux && cgo
+
+package cheap
+
+import (
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/trim/cheap/internal/cburst"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Preloaded allocators (Debian packages libjemalloc2, libmimalloc2.0 and,
+// optionally, libgoogle-perftools4).
+const (
+	jemallocSO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	mimallocSO = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
+	tcmallocSO = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+)
+
+// The burst of the issue: 8 C threads × 200,000 blocks × 256 bytes.
+const (
+	burstThreads = 8
+	burstBlocks  = 200_000
+	burstSize    = 256
+	keepEvery    = 64 // a fragmented heap: every 64th block stays live
+)
+
+// childEnv is what the parent clears in every child, so that the operator's
+// settings of the machine running the tests do not leak into them.
+var childEnv = []string{"LD_PRELOAD", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"}
+
+func TestMain(m *testing.M) {
+	childtest.Main(m, map[string]func(){
+		"burst":  childBurst,
+		"arenas": childArenas,
+	})
+}
+
+func envInt(name string) int64 {
+	v, err := strconv.ParseInt(os.Getenv(name), 10, 64)
+	if err != nil {
+		childtest.Fail("%s: %v", name, err)
+	}
+	return v
+}
+
+func rss() int64 {
+	n, err := procfs.RSS(0)
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	return n
+}
+
+// childBurst makes one burst of C threads, then reports VmRSS before, after
+// the burst, after a plain malloc_trim(0) (when CHEAP_PLAIN_TRIM=1) and after
+// memctl's step, with the step's allocator, stats and durations.
+func childBurst() {
+	threads, keep := int(envInt("CHEAP_THREADS")), envInt("CHEAP_KEEP")
+	s := Detect()
+	childtest.Say("ALLOCATOR", s.Allocator())
+	childtest.Say("LIBRARY", s.Library())
+	childtest.Say("VERSION", s.Version())
+	childtest.Say("RSS_START", rss())
+	if err := cburst.Burst(threads, burstBlocks, burstSize, keep); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("KEPT", cburst.Kept())
+	childtest.Say("RSS_BURST", rss())
+	if os.Getenv("CHEAP_PLAIN_TRIM") == "1" {
+		t0 := time.Now()
+		childtest.Say("PLAIN_RESULT", cburst.PlainMallocTrim())
+		childtest.Say("PLAIN_NS", time.Since(t0).Nanoseconds())
+		childtest.Say("RSS_PLAIN", rss())
+	}
+	t0 := time.Now()
+	before, err := s.Stats()
+	if err != nil {
+		childtest.Fail("stats: %v", err)
+	}
+	childtest.Say("STATS_NS", time.Since(t0).Nanoseconds())
+	childtest.Say("STATS_BEFORE", before)
+	childtest.Say("RETAINED_BEFORE", before.Retained)
+	t0 = time.Now()
+	released, err := s.Release()
+	d := time.Since(t0)
+	if err != nil {
+		childtest.Fail("release: %v", err)
+	}
+	childtest.Say("RELEASE_NS", d.Nanoseconds())
+	childtest.Say("RELEASED", released)
+	childtest.Say("RSS_RELEASE", rss())
+	after, err := s.Stats()
+	if err != nil {
+		childtest.Fail("stats: %v", err)
+	}
+	childtest.Say("STATS_AFTER", after)
+	childtest.Say("RETAINED_AFTER", after.Retained)
+	childtest.Say("PAGE_WARNING", after.PageWarning)
+}
+
+// childArenas caps glibc's arenas at CHEAP_CAP (when set) before a burst of
+// CHEAP_THREADS threads keeping every 64th block, and reports the cap's
+// outcome, the arenas counted in malloc_info and VmRSS.
+func childArenas() {
+	Detect() // its own mallocs happen before arenas are counted
+	childtest.Say("ARENAS_START", cburst.GlibcArenas())
+	if v := os.Getenv("CHEAP_CAP"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			childtest.Fail("CHEAP_CAP: %v", err)
+		}
+		err = SetArenaMax(n)
+		childtest.Say("CAP_APPLIED", err == nil)
+		childtest.Say("CAP_OPERATOR", errors.Is(err, ErrOperatorSet))
+		childtest.Say("CAP_UNAVAILABLE", errors.Is(err, ErrUnavailable))
+		if err != nil {
+			childtest.Say("CAP_ERR", err)
+		}
+	}
+	childtest.Say("MALLOPT_CALLS", malloptCalls.Load())
+	childtest.Say("RSS_START", rss())
+	if err := cburst.Burst(int(envInt("CHEAP_THREADS")), envInt("CHEAP_BLOCKS"), burstSize, keepEvery); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("RSS_BURST", rss())
+	childtest.Say("ARENAS", cburst.GlibcArenas())
+	t0 := time.Now()
+	if _, err := Detect().Release(); err != nil {
+		childtest.Fail("release: %v", err)
+	}
+	childtest.Say("RELEASE_NS", time.Since(t0).Nanoseconds())
+	childtest.Say("RSS_RELEASE", rss())
+}
+
+func num(t *testing.T, r map[string]string, key string) int64 {
+	t.Helper()
+	v, err := strconv.ParseInt(r[key], 10, 64)
+	require.NoError(t, err, "child report %s in %v", key, r)
+	return v
+}
+
+func mb(n int64) string { return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + " MB" }
+
+// needGlibc skips tests whose children need glibc: the Debian allocator
+// libraries they preload, and the arenas they count, are glibc's.
+func needGlibc(t *testing.T) {
+	t.Helper()
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set for the tests themselves")
+	}
+	if s := Detect(); s.Allocator() != Glibc {
+		t.Skipf("the children need glibc: %v", s.Err())
+	}
+}
+
+func needSO(t *testing.T, path string) {
+	t.Helper()
+	needGlibc(t)
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s is missing (install its Debian package): %v", path, err)
+	}
+}
+
+func TestDetectInProcess(t *testing.T) {
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set: malloc may not be glibc's")
+	}
+	s := Detect()
+	if strings.Contains(s.Library(), "musl") {
+		// Built with musl-gcc: compiles, and reports the step unavailable.
+		assert.Equal(t, None, s.Allocator())
+		_, err := s.Release()
+		require.ErrorIs(t, err, ErrUnavailable)
+		assert.Contains(t, err.Error(), "musl")
+		require.ErrorIs(t, SetArenaMax(2), ErrUnavailable)
+		return
+	}
+	require.NoError(t, s.Err())
+	assert.Equal(t, Glibc, s.Allocator())
+	assert.Contains(t, s.Library(), "libc.so")
+	assert.Regexp(t, `^2\.\d+`, s.Version())
+	assert.Same(t, s, Detect(), "detected once")
+	st, err := s.Stats()
+	require.NoError(t, err)
+	assert.Equal(t, Glibc, st.Allocator)
+	assert.Positive(t, st.Arena, "cgo's own mallocs leave a main arena")
+	assert.GreaterOrEqual(t, st.InUse, int64(0))
+	assert.Equal(t, st.Free, st.Retained)
+	assert.Equal(t, int64(-1), st.Resident, "glibc does not count resident bytes")
+}
+
+// burstCase is one child run of the issue's burst.
+type burstCase struct {
+	name      string
+	preload   string // allocator library to LD_PRELOAD, "" for glibc
+	allocator string
+	keep      int64 // 0: every block freed; keepEvery: fragmented
+	plainTrim bool  // call glibc's malloc_trim(0) first, to show it does nothing here
+}
+
+func runBurst(t *testing.T, c burstCase) map[string]string {
+	t.Helper()
+	needGlibc(t)
+	if c.preload != "" {
+		needSO(t, c.preload)
+	}
+	env := []string{
+		"CHEAP_THREADS=" + strconv.Itoa(burstThreads),
+		"CHEAP_KEEP=" + strconv.FormatInt(c.keep, 10),
+	}
+	if c.preload != "" {
+		env = append(env, "LD_PRELOAD="+c.preload)
+	}
+	if c.plainTrim {
+		env = append(env, "CHEAP_PLAIN_TRIM=1")
+	}
+	r := childtest.Report(t, childtest.Command(t, "burst", childEnv, env...))
+	require.Equal(t, c.allocator, r["ALLOCATOR"], "allocator found; library %q", r["LIBRARY"])
+	if c.preload != "" {
+		assert.Equal(t, c.preload, r["LIBRARY"])
+	}
+	start, burst, rel := num(t, r, "RSS_START"), num(t, r, "RSS_BURST"), num(t, r, "RSS_RELEASE")
+	d := time.Duration(num(t, r, "RELEASE_NS"))
+	msg := "%s %s: RSS start %s, after burst %s"
+	args := []any{c.allocator, r["VERSION"], mb(start), mb(burst)}
+	if c.plainTrim {
+		msg += ", after plain malloc_trim(0) %s (%v)"
+		args = append(args, mb(num(t, r, "RSS_PLAIN")), time.Duration(num(t, r, "PLAIN_NS")))
+	}
+	msg += ", after memctl's release %s in %v (released by its account %s); stats (read in %v) before: %s; after: %s"
+	args = append(args, mb(rel), d, r["RELEASED"], time.Duration(num(t, r, "STATS_NS")), r["STATS_BEFORE"], r["STATS_AFTER"])
+	t.Logf(msg, args...)
+	require.Greater(t, burst-start, int64(10<<20), "the burst must leave memory resident for the test to mean anything")
+	return r
+}
+
+// TestReleaseFreedBurst: glibc's fragmented burst, and jemalloc's and
+// mimalloc's burst freed entirely, where plain malloc_trim(0) does nothing.
+func TestReleaseBurst(t *testing.T) {
+	cases := []burstCase{
+		{name: "glibc/fragmented", allocator: Glibc, keep: keepEvery},
+		{name: "jemalloc/freed", preload: jemallocSO, allocator: Jemalloc, plainTrim: true},
+		{name: "mimalloc/freed", preload: mimallocSO, allocator: Mimalloc, plainTrim: true},
+		{name: "tcmalloc/freed", preload: tcmallocSO, allocator: Tcmalloc, plainTrim: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runBurst(t, c)
+			start, burst, rel := num(t, r, "RSS_START"), num(t, r, "RSS_BURST"), num(t, r, "RSS_RELEASE")
+			left := burst - start
+			from := burst
+			if c.plainTrim {
+				plain := num(t, r, "RSS_PLAIN")
+				assert.Less(t, burst-plain, left/10,
+					"plain malloc_trim(0) releases less than 10%% of the %s the burst left under %s", mb(left), c.allocator)
+				from = plain
+			}
+			assert.GreaterOrEqual(t, from-rel, left/2,
+				"memctl's step releases at least half of the %s the burst left", mb(left))
+			switch c.allocator {
+			case Jemalloc, Tcmalloc:
+				assert.Positive(t, num(t, r, "RELEASED"), "the allocator counts what it released")
+				assert.Less(t, num(t, r, "RETAINED_AFTER"), num(t, r, "RETAINED_BEFORE"))
+				assert.Equal(t, "false", r["PAGE_WARNING"], "x86-64 jemalloc uses 4 KiB pages")
+			case Glibc:
+				assert.Equal(t, int64(-1), num(t, r, "RELEASED"), "malloc_trim does not count")
+				assert.Greater(t, num(t, r, "RETAINED_BEFORE"), left/2, "fordblks holds the freed blocks")
+			}
+		})
+	}
+}
+
+// TestRetainedShowsFragmentation: with every 64th block live, jemalloc's
+// purge and mimalloc's collect return little, and jemalloc's retained figure
+// shows what stays.
+func TestRetainedShowsFragmentation(t *testing.T) {
+	cases := []burstCase{
+		{name: "jemalloc", preload: jemallocSO, allocator: Jemalloc, keep: keepEvery},
+		{name: "mimalloc", preload: mimallocSO, allocator: Mimalloc, keep: keepEvery},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runBurst(t, c)
+			start, burst, rel := num(t, r, "RSS_START"), num(t, r, "RSS_BURST"), num(t, r, "RSS_RELEASE")
+			left := burst - start
+			assert.Less(t, burst-rel, left/2, "a fragmented heap keeps most of its memory after the release")
+			if c.allocator == Jemalloc {
+				ret := num(t, r, "RETAINED_AFTER")
+				assert.Greater(t, ret, (rel-start)/2,
+					"retained (%s) accounts for most of what the burst still holds (%s)", mb(ret), mb(rel-start))
+			}
+		})
+	}
+}
+
+// TestArenaCap: the fragmented burst of 16 concurrent threads leaves less
+// resident with arenas capped at 2 than without a cap; an operator's
+// MALLOC_ARENA_MAX or GLIBC_TUNABLES is left alone.
+func TestArenaCap(t *testing.T) {
+	needGlibc(t)
+	run := func(t *testing.T, blocks int, capTo string, env ...string) map[string]string {
+		env = append(env, "CHEAP_THREADS=16", "CHEAP_BLOCKS="+strconv.Itoa(blocks), "CHEAP_CAP="+capTo)
+		return childtest.Report(t, childtest.Command(t, "arenas", childEnv, env...))
+	}
+	logRun := func(t *testing.T, name string, r map[string]string) {
+		t.Logf("%s: arenas %s at start, %s after burst, RSS start %s, after burst %s, after malloc_trim %s (%v) %s", name, r["ARENAS_START"], r["ARENAS"],
+			mb(num(t, r, "RSS_START")), mb(num(t, r, "RSS_BURST")), mb(num(t, r, "RSS_RELEASE")),
+			time.Duration(num(t, r, "RELEASE_NS")), r["CAP_ERR"])
+	}
+
+	t.Run("cap", func(t *testing.T) {
+		none := run(t, burstBlocks, "")
+		capped := run(t, burstBlocks, "2")
+		logRun(t, "no cap", none)
+		logRun(t, "cap 2", capped)
+		assert.Equal(t, "true", capped["CAP_APPLIED"], capped["CAP_ERR"])
+		assert.Equal(t, int64(1), num(t, capped, "MALLOPT_CALLS"))
+		// Arenas that Go's threads made before the cap stay; the 16 burst
+		// threads make none (one more is allowed for a Go thread's first
+		// malloc between counting and capping). Without the cap they make
+		// up to 8 per core.
+		assert.LessOrEqual(t, num(t, capped, "ARENAS"), max(2, num(t, capped, "ARENAS_START")+1))
+		assert.Greater(t, num(t, none, "ARENAS"), num(t, none, "ARENAS_START")+4)
+		assert.Less(t, num(t, capped, "RSS_BURST")-num(t, capped, "RSS_START"),
+			num(t, none, "RSS_BURST")-num(t, none, "RSS_START"), "capped arenas leave less resident")
+	})
+
+	// The operator's cap is left alone: memctl's SetArenaMax(2) does not
+	// call mallopt. With the operator's 4, glibc already has 4 arenas when
+	// main starts, so the counter shows it; with a cap of 12, the arenas
+	// the burst makes show it too.
+	for _, op := range []struct {
+		name, env string
+		max       int64
+	}{
+		{"MALLOC_ARENA_MAX=4", "MALLOC_ARENA_MAX=4", 4},
+		{"MALLOC_ARENA_MAX=12", "MALLOC_ARENA_MAX=12", 12},
+		{"GLIBC_TUNABLES", "GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.arena_max=12", 12},
+	} {
+		t.Run("operator/"+op.name, func(t *testing.T) {
+			r := run(t, 2000, "2", op.env)
+			logRun(t, op.env, r)
+			assert.Equal(t, "false", r["CAP_APPLIED"])
+			assert.Equal(t, "true", r["CAP_OPERATOR"], r["CAP_ERR"])
+			assert.Contains(t, r["CAP_ERR"], strings.SplitN(op.env, "=", 2)[0])
+			assert.Equal(t, int64(0), num(t, r, "MALLOPT_CALLS"), "mallopt is not called")
+			arenas := num(t, r, "ARENAS")
+			assert.LessOrEqual(t, arenas, op.max, "the operator's cap holds")
+			if op.max > 8 {
+				assert.Greater(t, arenas, num(t, r, "ARENAS_START")+1, "memctl's cap of 2 was not applied")
+			}
+		})
+	}
+
+	t.Run("not glibc", func(t *testing.T) {
+		needSO(t, jemallocSO)
+		r := run(t, 2000, "2", "LD_PRELOAD="+jemallocSO)
+		assert.Equal(t, "false", r["CAP_APPLIED"])
+		assert.Equal(t, "true", r["CAP_UNAVAILABLE"], r["CAP_ERR"])
+		assert.True(t, strings.Contains(r["CAP_ERR"], "jemalloc"), r["CAP_ERR"])
+	})
+}
+
+func BenchmarkStats(b *testing.B) {
+	s := Detect()
+	if s.Err() != nil {
+		b.Skip(s.Err())
+	}
+	for b.Loop() {
+		if _, err := s.Stats(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDetect measures one detection (done once per process by Detect).
+func BenchmarkDetect(b *testing.B) {
+	for b.Loop() {
+		if s := detect(); s.allocator == "" && s.why == "" {
+			b.Fatal("empty step")
+		}
+	}
+}

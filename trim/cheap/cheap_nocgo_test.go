@@ -1,0 +1,26 @@
+//go:build !cgo || !linux
+
+package cheap
+
+import (
+	"errors"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDetectUnavailable(t *testing.T) {
+	s := Detect()
+	assert.Equal(t, None, s.Allocator())
+	assert.Equal(t, int64(-1), s.Retained())
+	_, err := s.Release()
+	require.ErrorIs(t, err, ErrUnavailable)
+	if runtime.GOOS == "linux" {
+		assert.Contains(t, err.Error(), "cgo is off")
+	} else {
+		assert.ErrorIs(t, err, errors.ErrUnsupported)
+	}
+	require.ErrorIs(t, SetArenaMax(2), ErrUnavailable)
+}

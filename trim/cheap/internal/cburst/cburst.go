@@ -1,0 +1,169 @@
+//go:build linux && cgo
+
+package cburst
+
+/*
+#cgo LDFLAGS: -ldl -lpthread
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+	long blocks;
+	size_t size;
+	long keep_every;
+	pthread_barrier_t *start;
+	void **kept;
+	long nkept;
+	int failed;
+} cburst_job;
+
+static void *cburst_worker(void *arg) {
+	cburst_job *j = arg;
+	void **p = malloc((size_t)j->blocks * sizeof(void *));
+	if (p == NULL) {
+		j->failed = 1;
+		pthread_barrier_wait(j->start);
+		return NULL;
+	}
+	pthread_barrier_wait(j->start);
+	for (long i = 0; i < j->blocks; i++) {
+		p[i] = malloc(j->size);
+		if (p[i] == NULL) {
+			j->failed = 1;
+			j->blocks = i;
+			break;
+		}
+		memset(p[i], 0xa5, j->size);
+	}
+	long cap = j->keep_every > 0 ? j->blocks / j->keep_every + 1 : 0;
+	if (cap > 0) {
+		j->kept = malloc((size_t)cap * sizeof(void *));
+		if (j->kept == NULL) {
+			j->failed = 1;
+			cap = 0;
+		}
+	}
+	for (long i = 0; i < j->blocks; i++) {
+		if (cap > 0 && i % j->keep_every == 0 && j->nkept < cap) {
+			j->kept[j->nkept++] = p[i];
+		} else {
+			free(p[i]);
+		}
+	}
+	free(p);
+	return NULL;
+}
+
+static cburst_job *cburst_jobs;
+static int cburst_njobs;
+
+// cburst_run starts threads threads that each allocate blocks blocks of size
+// bytes, then free them all but every keep_every-th (all when keep_every is
+// 0), and waits for them. Kept blocks stay live until cburst_free_kept.
+static int cburst_run(int threads, long blocks, size_t size, long keep_every) {
+	pthread_barrier_t start;
+	pthread_t *tids = calloc((size_t)threads, sizeof(pthread_t));
+	cburst_job *jobs = calloc((size_t)threads, sizeof(cburst_job));
+	if (tids == NULL || jobs == NULL) return -1;
+	if (pthread_barrier_init(&start, NULL, (unsigned)threads) != 0) return -2;
+	for (int i = 0; i < threads; i++) {
+		jobs[i].blocks = blocks;
+		jobs[i].size = size;
+		jobs[i].keep_every = keep_every;
+		jobs[i].start = &start;
+		if (pthread_create(&tids[i], NULL, cburst_worker, &jobs[i]) != 0) return -3;
+	}
+	int failed = 0;
+	for (int i = 0; i < threads; i++) {
+		pthread_join(tids[i], NULL);
+		failed |= jobs[i].failed;
+	}
+	pthread_barrier_destroy(&start);
+	free(tids);
+	cburst_jobs = jobs;
+	cburst_njobs = threads;
+	return failed ? -4 : 0;
+}
+
+static long cburst_kept(void) {
+	long n = 0;
+	for (int i = 0; i < cburst_njobs; i++) n += cburst_jobs[i].nkept;
+	return n;
+}
+
+static void cburst_free_kept(void) {
+	for (int i = 0; i < cburst_njobs; i++) {
+		for (long k = 0; k < cburst_jobs[i].nkept; k++) free(cburst_jobs[i].kept[k]);
+		free(cburst_jobs[i].kept);
+	}
+	free(cburst_jobs);
+	cburst_jobs = NULL;
+	cburst_njobs = 0;
+}
+
+// cburst_plain_trim calls whatever malloc_trim the process resolves (glibc's
+// when another allocator is preloaded): -1 when there is none.
+static int cburst_plain_trim(void) {
+	int (*f)(size_t) = (int (*)(size_t))dlsym(RTLD_DEFAULT, "malloc_trim");
+	if (f == NULL) return -1;
+	return f(0);
+}
+
+// cburst_glibc_arenas counts the arenas in glibc's malloc_info report: -1
+// when malloc_info is missing or fails.
+static int cburst_glibc_arenas(void) {
+	int (*f)(int, FILE *) = (int (*)(int, FILE *))dlsym(RTLD_DEFAULT, "malloc_info");
+	if (f == NULL) return -1;
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&buf, &len);
+	if (m == NULL) return -1;
+	int rc = f(0, m);
+	fclose(m);
+	if (rc != 0 || buf == NULL) {
+		free(buf);
+		return -1;
+	}
+	int n = 0;
+	for (char *s = buf; (s = strstr(s, "<heap nr=")) != NULL; s++) n++;
+	free(buf);
+	return n;
+}
+*/
+import "C"
+
+import "fmt"
+
+// Burst runs threads C threads at once; each allocates blocks blocks of size
+// bytes with malloc, writes them, then frees every block except every
+// keepEvery-th (keepEvery 0 frees all). The kept blocks stay live until
+// FreeKept. It returns when all threads have exited.
+func Burst(threads int, blocks int64, size int64, keepEvery int64) error {
+	if threads < 1 || blocks < 1 || size < 1 || keepEvery < 0 {
+		return fmt.Errorf("cburst: bad burst threads=%d blocks=%d size=%d keepEvery=%d", threads, blocks, size, keepEvery)
+	}
+	if rc := C.cburst_run(C.int(threads), C.long(blocks), C.size_t(size), C.long(keepEvery)); rc != 0 {
+		return fmt.Errorf("cburst: burst failed (code %d)", int(rc))
+	}
+	return nil
+}
+
+// Kept returns the number of blocks the last Burst kept live.
+func Kept() int64 { return int64(C.cburst_kept()) }
+
+// FreeKept frees the blocks the last Burst kept.
+func FreeKept() { C.cburst_free_kept() }
+
+// PlainMallocTrim calls malloc_trim(0) as the process resolves it, without
+// memctl: glibc's, even when another allocator owns malloc. It returns
+// malloc_trim's result (1 when glibc released memory), or -1 when there is
+// no malloc_trim.
+func PlainMallocTrim() int { return int(C.cburst_plain_trim()) }
+
+// GlibcArenas returns the number of glibc malloc arenas, counted in
+// malloc_info's report, or -1 when it cannot tell.
+func GlibcArenas() int { return int(C.cburst_glibc_arenas()) }

@@ -1,0 +1,18 @@
+//go:build !cgo && linux
+
+package trim
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDefaultCHeapCgoOff(t *testing.T) {
+	c := DefaultCHeap()
+	assert.Equal(t, "none", c.Allocator())
+	_, err := c.Release()
+	require.ErrorIs(t, err, ErrCHeapUnavailable)
+	assert.Contains(t, err.Error(), "cgo is off")
+}

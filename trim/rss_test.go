@@ -1,0 +1,152 @@
+package trim
+
+import (
+	"bytes"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childtest.EnvVar) != "" {
+		childtest.Main(m, map[string]func(){
+			"burst-trim":   func() { burstChild(true) },
+			"burst-notrim": func() { burstChild(false) },
+		})
+	}
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	liveBytes  = 20 << 20
+	burstBytes = 256 << 20
+	chunkBytes = 64 << 10
+	settle     = 3 * time.Second
+)
+
+// touchChunks allocates n bytes as 64 KiB []byte chunks and writes one byte
+// per 4 KiB page of each, so that every page is resident.
+func touchChunks(n int) [][]byte {
+	cs := make([][]byte, 0, n/chunkBytes)
+	for range n / chunkBytes {
+		c := make([]byte, chunkBytes)
+		for i := 0; i < len(c); i += 4096 {
+			c[i] = 1
+		}
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+func childRSS() int64 {
+	r, err := procfs.RSS(0)
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	return r
+}
+
+// burstChild holds 20 MiB live, allocates and drops a 256 MiB burst, calls
+// AfterBurst on a Trimmer with the default options when trim is set, sleeps
+// 3 s and reports VmRSS before the burst, at its peak and 3 s after it.
+func burstChild(trim bool) {
+	live := touchChunks(liveBytes)
+	var tr *Trimmer
+	if trim {
+		var err error
+		if tr, err = New(); err != nil {
+			childtest.Fail("%v", err)
+		}
+	}
+	before := childRSS()
+	burst := touchChunks(burstBytes)
+	peak := childRSS()
+	runtime.KeepAlive(burst) // dropped from here on
+	tr.AfterBurst()
+	time.Sleep(settle)
+	after := childRSS()
+	runtime.KeepAlive(live)
+	s := tr.Stats()
+	if err := tr.Close(); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("BEFORE", before)
+	childtest.Say("PEAK", peak)
+	childtest.Say("AFTER", after)
+	childtest.Say("TRIMS", s.Trims)
+	childtest.Say("SKIPPED", s.Skipped)
+	childtest.Say("RELEASED", s.TotalReleased)
+	childtest.Say("ESTIMATE", s.LastEstimate)
+	childtest.Say("TOOK", int64(s.LastDuration))
+	childtest.Say("CHEAP", s.CHeapAllocator)
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// TestTrimRSS runs the burst in two child processes, with and without
+// AfterBurst, and compares their RSS 3 s after the burst.
+func TestTrimRSS(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads VmRSS from /proc: Linux only")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory (2-3x the heap) is not returned by a trim, so RSS says nothing")
+	}
+	if testing.Short() {
+		t.Skip("runs two 3.5 s child processes")
+	}
+	unset := []string{"GOGC", "GOMEMLIMIT", "GODEBUG"}
+	// The two children run at the same time; childtest.Report would call
+	// t.Fatal off the test goroutine, so run them by hand.
+	var (
+		reports        [2]map[string]string
+		stdout, stderr [2]bytes.Buffer
+		errs           [2]error
+		wg             sync.WaitGroup
+	)
+	for i, name := range []string{"burst-trim", "burst-notrim"} {
+		cmd := childtest.Command(t, name, unset)
+		cmd.Stdout, cmd.Stderr = &stdout[i], &stderr[i]
+		wg.Go(func() { errs[i] = cmd.Run() })
+	}
+	wg.Wait()
+	for i := range reports {
+		require.NoError(t, errs[i], "child %d\nstdout:\n%s\nstderr:\n%s", i, &stdout[i], &stderr[i])
+		reports[i] = childtest.ParseReport(stdout[i].Bytes())
+	}
+	num := func(r map[string]string, k string) int64 {
+		t.Helper()
+		v, err := strconv.ParseInt(r[k], 10, 64)
+		require.NoError(t, err, "child report %s=%q", k, r[k])
+		return v
+	}
+	with, without := reports[0], reports[1]
+	for _, arm := range []struct {
+		name string
+		r    map[string]string
+	}{{"AfterBurst", with}, {"plain", without}} {
+		t.Logf("%-10s RSS before %.1f MiB, peak %.1f MiB, 3 s after %.1f MiB",
+			arm.name, mib(num(arm.r, "BEFORE")), mib(num(arm.r, "PEAK")), mib(num(arm.r, "AFTER")))
+	}
+	t.Logf("trim: %s trims, %s skipped, released %.1f MiB (estimate %.1f MiB) in %v, C heap %q",
+		with["TRIMS"], with["SKIPPED"], mib(num(with, "RELEASED")), mib(num(with, "ESTIMATE")),
+		time.Duration(num(with, "TOOK")), with["CHEAP"])
+
+	assert.Greater(t, num(with, "PEAK"), num(with, "BEFORE")+200<<20, "the burst is resident at its peak")
+	assert.LessOrEqual(t, num(with, "AFTER"), num(with, "BEFORE")+32<<20,
+		"with AfterBurst, RSS 3 s after the burst is within 32 MiB of RSS before it")
+	assert.Equal(t, int64(1), num(with, "TRIMS"))
+	assert.Equal(t, int64(0), num(with, "SKIPPED"))
+	assert.Greater(t, num(with, "RELEASED"), int64(200<<20))
+	assert.Greater(t, num(without, "AFTER"), int64(200<<20),
+		"without AfterBurst, RSS 3 s after the burst is still above 200 MiB")
+}

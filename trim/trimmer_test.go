@@ -1,0 +1,554 @@
+package trim
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/metrics"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+const testDelay = 2 * time.Second
+
+// withGoStep replaces the Go heap step (debug.FreeOSMemory); for tests.
+func withGoStep(f func() int64) Option {
+	return func(c *config) error { c.goStep = f; return nil }
+}
+
+// withEstimate replaces the estimate of releasable bytes; for tests.
+func withEstimate(f func() int64) Option {
+	return func(c *config) error { c.estimate = f; return nil }
+}
+
+// fakeStep is a Go heap step that records when it ran and takes took.
+type fakeStep struct {
+	took time.Duration
+
+	mu    sync.Mutex
+	start []time.Time
+	ends  []time.Time
+}
+
+func (f *fakeStep) run() int64 {
+	f.mu.Lock()
+	f.start = append(f.start, time.Now())
+	f.mu.Unlock()
+	time.Sleep(f.took)
+	f.mu.Lock()
+	f.ends = append(f.ends, time.Now())
+	f.mu.Unlock()
+	return 1 << 20
+}
+
+func (f *fakeStep) starts() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.start...)
+}
+
+func (f *fakeStep) finished() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.ends)
+}
+
+// newFake returns a Trimmer with delay testDelay whose trim is f.run, whose
+// estimate always says there is plenty to release, and without C heap step.
+func newFake(t *testing.T, f *fakeStep, opts ...Option) *Trimmer {
+	t.Helper()
+	opts = append([]Option{
+		WithDelay(testDelay), WithCHeap(nil),
+		withGoStep(f.run), withEstimate(func() int64 { return 1 << 30 }),
+	}, opts...)
+	tr, err := New(opts...)
+	require.NoError(t, err)
+	return tr
+}
+
+// since returns the offsets of ts from t0.
+func since(t0 time.Time, ts []time.Time) []time.Duration {
+	var d []time.Duration
+	for _, t := range ts {
+		d = append(d, t.Sub(t0))
+	}
+	return d
+}
+
+// assertWindow checks that got is in [base+Delay, base+Delay*1.1].
+func assertWindow(t *testing.T, got, base time.Duration) {
+	t.Helper()
+	assert.GreaterOrEqual(t, got, base+testDelay, "trim before Delay after the last call")
+	assert.LessOrEqual(t, got, base+testDelay+testDelay/10, "trim later than Delay+10%% after the last call")
+}
+
+func TestOneBurstOneTrim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		tr.AfterBurst()
+		assert.False(t, tr.quiet(), "a trim is pending after AfterBurst")
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 1, "one AfterBurst gives exactly one trim")
+		assertWindow(t, got[0], 0)
+		t.Logf("trim at +%v", got[0])
+		s := tr.Stats()
+		assert.Equal(t, int64(1), s.Trims)
+		assert.Equal(t, int64(0), s.Skipped)
+		assert.Equal(t, int64(1<<20), s.LastReleased)
+		assert.False(t, s.Pending)
+	})
+}
+
+func TestRunOfBurstsOneTrim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		for i := 0; ; i++ {
+			tr.AfterBurst()
+			if i == 10 {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		last := time.Since(t0) // 5 s
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 1, "a run of bursts gives one trim")
+		assertWindow(t, got[0], last)
+	})
+}
+
+func TestNoTrimWhileInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		tr.AfterBurst() // before the burst: would trim at ~2 s
+		time.Sleep(500 * time.Millisecond)
+		end := tr.Begin() // held 10 s, quiet for 7 s of them
+		for range 3 {
+			time.Sleep(time.Second)
+			tr.AfterBurst()
+		}
+		time.Sleep(7*time.Second - time.Millisecond)
+		assert.Empty(t, f.starts(), "no trim while a burst is in flight")
+		assert.Equal(t, int64(1), tr.Stats().InFlight)
+		time.Sleep(time.Millisecond)
+		endAt := time.Since(t0) // 10.5 s
+		end()
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 1, "one trim after the burst ends")
+		assertWindow(t, got[0], endAt)
+	})
+}
+
+func TestNoTrimWhileInFlightWithoutAfterBurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		end := tr.Begin()
+		time.Sleep(10 * time.Second)
+		assert.True(t, tr.quiet(), "Begin alone sets no timer")
+		end()
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 1)
+		assertWindow(t, got[0], 10*time.Second)
+	})
+}
+
+func TestRateLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: 100 * time.Millisecond}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		tr.AfterBurst()
+		time.Sleep(testDelay + testDelay/10 + f.took) // first trim done
+		require.Equal(t, 1, f.finished())
+		firstEnd := f.ends[0].Sub(t0)
+		tr.AfterBurst() // due 2 s later, but the limit says 49 × 100 ms
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 2)
+		assert.GreaterOrEqual(t, got[1], firstEnd+49*f.took, "second trim waits 49 times the first's duration")
+		assert.LessOrEqual(t, got[1], firstEnd+49*f.took+testDelay/20)
+		t.Logf("trims at %v", got)
+		assert.Equal(t, 100*time.Millisecond, tr.Stats().LastDuration)
+	})
+}
+
+func TestRateLimitShare(t *testing.T) {
+	// Bursts every 2.5 s for 2 minutes, trims that take 300 ms: trims take
+	// at most 2% of wall time.
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: 300 * time.Millisecond}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		for time.Since(t0) < 2*time.Minute {
+			tr.AfterBurst()
+			time.Sleep(2500 * time.Millisecond)
+		}
+		synctest.Wait()
+		wall := time.Since(t0)
+		n := f.finished()
+		require.Greater(t, n, 1)
+		share := float64(time.Duration(n)*f.took) / float64(wall)
+		t.Logf("%d trims of %v in %v: %.2f%% of wall time", n, f.took, wall, 100*share)
+		assert.LessOrEqual(t, share, 0.02+float64(f.took)/float64(wall), "trims above 2%% of wall time")
+		starts := f.starts()
+		for i := 1; i < len(starts); i++ {
+			assert.GreaterOrEqual(t, starts[i].Sub(starts[i-1]), 50*f.took)
+		}
+	})
+}
+
+func TestCallDuringTrimSchedulesOneMore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: time.Second}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		tr.AfterBurst()
+		time.Sleep(testDelay + testDelay/10 + f.took/2) // in the trim
+		require.Len(t, f.starts(), 1)
+		require.Equal(t, 0, f.finished())
+		tr.AfterBurst()
+		time.Sleep(2 * time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 2, "a call during a trim gives one more trim")
+		assert.GreaterOrEqual(t, got[1], got[0]+f.took+49*f.took)
+		assert.True(t, tr.quiet())
+	})
+}
+
+// trimmerGoroutines counts goroutines whose stack is in a Trimmer method.
+func trimmerGoroutines() int {
+	buf := make([]byte, 1<<20)
+	n := 0
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "trim.(*Trimmer).") {
+			n++
+		}
+	}
+	return n
+}
+
+func TestIdleHasNoGoroutineOrTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: 100 * time.Millisecond}
+		tr := newFake(t, f)
+		defer tr.Close()
+		assert.True(t, tr.quiet(), "new Trimmer is idle")
+		tr.AfterBurst()
+		assert.False(t, tr.quiet(), "pending after AfterBurst")
+		time.Sleep(testDelay + testDelay/20 + f.took/2)
+		assert.Equal(t, 1, trimmerGoroutines(), "the tick goroutine runs the trim")
+		time.Sleep(f.took)
+		synctest.Wait()
+		require.Equal(t, 1, f.finished())
+		assert.True(t, tr.quiet(), "idle after the trim: no timer armed")
+		assert.Equal(t, 0, trimmerGoroutines(), "idle after the trim: no goroutine")
+		assert.False(t, tr.Stats().Pending)
+
+		// No timer: an hour later nothing has run.
+		time.Sleep(time.Hour)
+		assert.Equal(t, 1, f.finished())
+
+		// Idle again while a burst is in flight.
+		end := tr.Begin()
+		tr.AfterBurst()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		assert.True(t, tr.quiet(), "idle while a burst is in flight")
+		assert.Equal(t, 0, trimmerGoroutines())
+		end()
+		assert.False(t, tr.quiet())
+	})
+}
+
+func TestSkipBelowMinRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		est := int64(DefaultMinRelease - 1)
+		tr := newFake(t, f, withEstimate(func() int64 { return est }))
+		defer tr.Close()
+		tr.AfterBurst()
+		time.Sleep(time.Minute)
+		assert.Empty(t, f.starts(), "estimate below threshold: no trim")
+		s := tr.Stats()
+		assert.Equal(t, int64(1), s.Skipped)
+		assert.Equal(t, int64(0), s.Trims)
+		assert.Equal(t, est, s.LastEstimate)
+		assert.True(t, tr.quiet())
+
+		est = DefaultMinRelease
+		tr.AfterBurst()
+		time.Sleep(time.Minute)
+		assert.Len(t, f.starts(), 1, "estimate at threshold: trim")
+
+		est = -1 // unknown: trim
+		tr.AfterBurst()
+		time.Sleep(time.Minute)
+		assert.Len(t, f.starts(), 2, "unknown estimate: trim")
+		assert.Equal(t, int64(1), tr.Stats().Skipped)
+	})
+}
+
+func TestCloseWhilePending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f)
+		tr.AfterBurst()
+		time.Sleep(time.Second)
+		require.NoError(t, tr.Close())
+		assert.True(t, tr.quiet())
+		tr.AfterBurst()
+		end := tr.Begin()
+		end()
+		assert.True(t, tr.quiet(), "AfterBurst after Close arms nothing")
+		time.Sleep(time.Minute)
+		assert.Empty(t, f.starts(), "Close stops a pending trim")
+		assert.Equal(t, 0, trimmerGoroutines())
+		require.NoError(t, tr.Close(), "Close is idempotent")
+	})
+}
+
+func TestCloseWaitsForRunningTrim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: time.Second}
+		tr := newFake(t, f)
+		t0 := time.Now()
+		tr.AfterBurst()
+		time.Sleep(testDelay + testDelay/10) // trim running until ~3.1 s
+		require.Len(t, f.starts(), 1)
+		require.Equal(t, 0, f.finished())
+		require.NoError(t, tr.Close())
+		assert.Equal(t, 1, f.finished(), "Close returns after the running trim")
+		assert.GreaterOrEqual(t, time.Since(t0), since(t0, f.starts())[0]+f.took)
+		assert.True(t, tr.quiet())
+	})
+}
+
+func TestEndMoreThanBegunPanics(t *testing.T) {
+	tr, err := New(WithCHeap(nil))
+	require.NoError(t, err)
+	defer tr.Close()
+	end := tr.Begin()
+	end()
+	assert.PanicsWithValue(t, "trim: burst ended more often than begun", end)
+	assert.Equal(t, int64(0), tr.Stats().InFlight, "counter restored after the panic")
+	end = tr.Begin()
+	assert.Equal(t, int64(1), tr.Stats().InFlight)
+	end()
+}
+
+func TestBadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		opt  Option
+		want string
+	}{
+		{WithDelay(0), "trim: delay 0s: want at least 1ms"},
+		{WithDelay(-time.Second), "trim: delay -1s: want at least 1ms"},
+		{WithDelay(time.Microsecond), "trim: delay 1µs"},
+		{WithMinRelease(-1), "trim: min release -1 bytes: want >= 0"},
+	} {
+		tr, err := New(tc.opt)
+		assert.Nil(t, tr)
+		if assert.Error(t, err) {
+			assert.Contains(t, err.Error(), tc.want)
+		}
+	}
+	tr, err := New(WithDelay(MinDelay), WithMinRelease(0), nil)
+	require.NoError(t, err)
+	assert.Equal(t, MinDelay, tr.Delay())
+	require.NoError(t, tr.Close())
+}
+
+func TestNilTrimmer(t *testing.T) {
+	var tr *Trimmer
+	tr.AfterBurst()
+	tr.Begin()()
+	_, err := tr.TrimNow()
+	assert.NoError(t, err)
+	assert.Equal(t, Stats{}, tr.Stats())
+	assert.NoError(t, tr.Close())
+}
+
+func TestMetricNames(t *testing.T) {
+	kinds := map[string]metrics.ValueKind{}
+	for _, d := range metrics.All() {
+		kinds[d.Name] = d.Kind
+	}
+	for _, name := range []string{metricHeapFree, metricHeapObjects, metricHeapReleased, metricHeapLive} {
+		assert.Equal(t, metrics.KindUint64, kinds[name], "runtime/metrics %s", name)
+	}
+	h, ok := readHeap()
+	require.True(t, ok)
+	assert.Positive(t, h.objects)
+}
+
+func TestEstimateCountsUncollectedBurst(t *testing.T) {
+	tr, err := New(WithCHeap(nil))
+	require.NoError(t, err)
+	defer tr.Close()
+	_, err = tr.TrimNow() // sets the live floor
+	require.NoError(t, err)
+	tr.run.Lock()
+	before := tr.estimateReleasable()
+	tr.run.Unlock()
+
+	// A burst that a GC sees live, then dropped: /gc/heap/live still counts
+	// it, the estimate must not.
+	burst := make([][]byte, 0, 1024)
+	for range 1024 {
+		burst = append(burst, make([]byte, 64<<10))
+	}
+	runtime.GC()
+	h, _ := readHeap()
+	require.GreaterOrEqual(t, h.live, int64(64<<20), "the GC saw the burst live")
+	runtime.KeepAlive(burst) // dropped from here on
+	tr.run.Lock()
+	after := tr.estimateReleasable()
+	tr.run.Unlock()
+	t.Logf("estimate before burst %d MiB, after %d MiB", before>>20, after>>20)
+	assert.GreaterOrEqual(t, after-before, int64(60<<20))
+}
+
+type fakeCHeap struct {
+	released int64
+	err      error
+}
+
+func (fakeCHeap) Allocator() string         { return "fake" }
+func (fakeCHeap) Retained() int64           { return 3 << 20 }
+func (h fakeCHeap) Release() (int64, error) { return h.released, h.err }
+
+func TestCHeapStep(t *testing.T) {
+	f := &fakeStep{}
+	tr, err := New(withGoStep(f.run), WithCHeap(fakeCHeap{released: 5 << 20}))
+	require.NoError(t, err)
+	defer tr.Close()
+	r, err := tr.TrimNow()
+	require.NoError(t, err)
+	assert.Equal(t, int64(6<<20), r, "Go step 1 MiB + C step 5 MiB")
+	s := tr.Stats()
+	assert.Equal(t, "fake", s.CHeapAllocator)
+	assert.Equal(t, int64(6<<20), s.TotalReleased)
+	assert.NoError(t, s.CHeapErr)
+
+	boom := errors.New("boom")
+	tr2, err := New(withGoStep(f.run), WithCHeap(fakeCHeap{released: -1, err: boom}))
+	require.NoError(t, err)
+	defer tr2.Close()
+	r, err = tr2.TrimNow()
+	assert.ErrorIs(t, err, boom)
+	assert.Equal(t, int64(1<<20), r, "-1 from the C step adds nothing")
+	assert.ErrorIs(t, tr2.Stats().CHeapErr, boom)
+
+	// The default step in this build: unavailable, recorded, not returned.
+	tr3, err := New(withGoStep(f.run))
+	require.NoError(t, err)
+	defer tr3.Close()
+	_, err = tr3.TrimNow()
+	assert.NoError(t, err)
+	s = tr3.Stats()
+	assert.Equal(t, DefaultCHeap().Allocator(), s.CHeapAllocator)
+	if s.CHeapAllocator == "none" {
+		assert.ErrorIs(t, s.CHeapErr, ErrCHeapUnavailable)
+	}
+
+	tr4, err := New(withGoStep(f.run), WithCHeap(nil))
+	require.NoError(t, err)
+	defer tr4.Close()
+	_, err = tr4.TrimNow()
+	assert.NoError(t, err)
+	assert.Empty(t, tr4.Stats().CHeapAllocator)
+	assert.NoError(t, tr4.Stats().CHeapErr)
+}
+
+// TestRealClock runs a Trimmer on the real clock with the real Go heap step,
+// then checks that Close leaves no goroutine behind.
+func TestRealClock(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	tr, err := New(WithDelay(20*time.Millisecond), WithMinRelease(0), WithCHeap(nil))
+	require.NoError(t, err)
+	tr.AfterBurst()
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.Stats().Trims == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := tr.Stats()
+	assert.Equal(t, int64(1), s.Trims)
+	assert.Positive(t, s.LastDuration)
+	t.Logf("real trim took %v, released %d bytes", s.LastDuration, s.LastReleased)
+
+	tr.AfterBurst() // pending when closed
+	require.NoError(t, tr.Close())
+}
+
+// TestConcurrentUse hammers AfterBurst, Begin/end, Stats and TrimNow from
+// many goroutines (for -race), then checks that Close leaves nothing.
+func TestConcurrentUse(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var n sync.WaitGroup
+	var steps sync.Mutex
+	count := 0
+	tr, err := New(WithDelay(time.Millisecond), WithCHeap(nil), WithMinRelease(0),
+		withGoStep(func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }))
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	for i := range 8 {
+		n.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				switch i % 4 {
+				case 0, 1:
+					tr.AfterBurst()
+				case 2:
+					end := tr.Begin()
+					runtime.Gosched()
+					end()
+				case 3:
+					_ = tr.Stats()
+					if i == 3 {
+						_, _ = tr.TrimNow()
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	n.Wait()
+	require.NoError(t, tr.Close())
+	s := tr.Stats()
+	assert.Equal(t, int64(0), s.InFlight)
+	assert.False(t, s.Pending)
+	assert.True(t, tr.quiet())
+	t.Logf("stats: %+v, steps %d", s, count)
+	assert.Equal(t, fmt.Sprint(count), fmt.Sprint(s.Trims))
+}
