@@ -37,7 +37,8 @@ func Main(m *testing.M, children map[string]func()) {
 
 // Command returns a command that re-runs the current test binary as the child
 // name, with the parent's environment less the variables named in unset,
-// plus env ("KEY=VALUE" entries, which win over inherited ones).
+// plus env ("KEY=VALUE" entries, which win over inherited ones). Unless
+// GORACE is set, a race-enabled child is told not to sleep at exit.
 func Command(t testing.TB, name string, unset []string, env ...string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
@@ -53,6 +54,10 @@ func Command(t testing.TB, name string, unset []string, env ...string) *exec.Cmd
 		cmd.Env = append(cmd.Env, kv)
 	}
 	cmd.Env = append(cmd.Env, EnvVar+"="+name)
+	if _, ok := os.LookupEnv("GORACE"); !ok {
+		// A race-enabled child otherwise sleeps 1 s at exit.
+		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
+	}
 	cmd.Env = append(cmd.Env, env...)
 	return cmd
 }

@@ -1,0 +1,250 @@
+// Command burst is memctl's demo: the same 512 MiB burst in two child
+// processes, one plain Go and one with memctl.Start and AfterBurst, and the
+// RSS of each read from /proc/PID/status every 250 ms.
+//
+//	go run ./examples/burst
+//
+// Each child keeps 20 MiB live, allocates 512 MiB in 64 KiB objects (every
+// page touched), drops them and reports the end of the burst. The table gives
+// RSS just before the burst, the peak (VmHWM) and RSS 1 to 5 s after the
+// burst. The plain arm keeps its RSS: the garbage is collected at the next GC,
+// but the pages stay resident until the scavenger returns them, slowly. The
+// memctl arm trims 2 s after the burst and its RSS drops back. It finishes in
+// about 7 seconds.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/procfs"
+)
+
+const (
+	live       = 20 << 20
+	burst      = 512 << 20
+	objectSize = 64 << 10
+	sampleStep = 250 * time.Millisecond
+	after      = 5 // seconds of RSS after the burst
+)
+
+// armEnv names the arm in a child process; the parent sets it.
+const armEnv = "MEMCTL_BURST_ARM"
+
+func main() {
+	if arm := os.Getenv(armEnv); arm != "" {
+		if err := child(arm == "memctl"); err != nil {
+			fmt.Fprintln(os.Stderr, "burst:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	arms, err := run()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "burst:", err)
+		os.Exit(1)
+	}
+	printTable(os.Stdout, arms)
+}
+
+// liveSet is the steady-state live heap of a child.
+var liveSet [][]byte
+
+func alloc(total int) [][]byte {
+	objs := make([][]byte, 0, total/objectSize)
+	for n := 0; n < total; n += objectSize {
+		b := make([]byte, objectSize)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		objs = append(objs, b)
+	}
+	return objs
+}
+
+// child runs one arm: it prints "ready" before the burst, "end" after it,
+// and for the memctl arm a "stats ..." line when its trim has run.
+func child(withMemctl bool) error {
+	var ctl *memctl.Controller
+	if withMemctl {
+		var err error
+		ctl, err = memctl.Start()
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
+	}
+	liveSet = alloc(live)
+	fmt.Println("ready")
+	time.Sleep(2 * sampleStep)
+	b := alloc(burst)
+	runtime.KeepAlive(b) // all 512 MiB are live until here, then garbage
+	if ctl != nil {
+		ctl.AfterBurst()
+	}
+	fmt.Println("end")
+	time.Sleep(after*time.Second + 2*sampleStep)
+	runtime.KeepAlive(liveSet)
+	if ctl != nil {
+		s := ctl.Stats().Trim
+		fmt.Printf("stats %d trim(s) run, last took %v, released %d MiB\n", s.Trims, s.LastDuration.Round(time.Millisecond), s.TotalReleased>>20)
+	}
+	return nil
+}
+
+// armRun is one child process being observed.
+type armRun struct {
+	name    string
+	cmd     *exec.Cmd
+	mu      sync.Mutex
+	samples []sample
+	end     time.Time
+	before  int64
+	peak    int64
+	stats   string
+	stderr  bytes.Buffer
+	err     error
+}
+
+type sample struct {
+	at  time.Time
+	rss int64
+}
+
+// run starts both arms at once and observes them until they exit.
+func run() ([]*armRun, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	arms := []*armRun{{name: "plain"}, {name: "memctl"}}
+	var wg sync.WaitGroup
+	for _, a := range arms {
+		a.cmd = exec.Command(exe)
+		a.cmd.Env = append(os.Environ(), armEnv+"="+a.name)
+		a.cmd.Stderr = &a.stderr
+		out, err := a.cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := a.cmd.Start(); err != nil {
+			return nil, err
+		}
+		wg.Add(2)
+		go func() { defer wg.Done(); a.read(out) }()
+		go func() { defer wg.Done(); a.sample() }()
+	}
+	wg.Wait()
+	for _, a := range arms {
+		if a.err != nil {
+			return nil, fmt.Errorf("%s arm: %w\n%s", a.name, a.err, a.stderr.String())
+		}
+	}
+	return arms, nil
+}
+
+// printTable writes the arms' figures as a table, arms as columns.
+func printTable(w io.Writer, arms []*armRun) {
+	fmt.Fprintf(w, "512 MiB burst, 20 MiB live, VmRSS read from /proc/PID/status every %v\n\n", sampleStep)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "\t%s\t%s\t\n", arms[0].name, arms[1].name)
+	row := func(label string, f func(*armRun) string) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", label, f(arms[0]), f(arms[1]))
+	}
+	row("RSS before (MiB)", func(a *armRun) string { return mib(a.before) })
+	row("peak RSS (MiB)", func(a *armRun) string { return mib(a.peak) })
+	for s := 1; s <= after; s++ {
+		row(fmt.Sprintf("RSS %d s after (MiB)", s), func(a *armRun) string { return mib(a.at(time.Duration(s) * time.Second)) })
+	}
+	tw.Flush()
+	for _, a := range arms {
+		if a.stats != "" {
+			fmt.Fprintf(w, "\n%s arm: %s\n", a.name, a.stats)
+		}
+		if a.stderr.Len() > 0 {
+			fmt.Fprintf(w, "%s arm logged: %s", a.name, a.stderr.String())
+		}
+	}
+}
+
+func mib(b int64) string {
+	if b < 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%d", (b+(1<<19))>>20)
+}
+
+// read follows the child's report lines and reads RSS at its markers.
+func (a *armRun) read(out io.Reader) {
+	sc := bufio.NewScanner(out)
+	pid := a.cmd.Process.Pid
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "ready":
+			rss, err := procfs.RSS(pid)
+			a.mu.Lock()
+			a.before, a.err = rss, err
+			a.mu.Unlock()
+		case line == "end":
+			hwm, err := procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
+			a.mu.Lock()
+			a.end, a.peak = time.Now(), hwm
+			if err != nil && a.err == nil {
+				a.err = err
+			}
+			a.mu.Unlock()
+		case strings.HasPrefix(line, "stats "):
+			a.mu.Lock()
+			a.stats = strings.TrimPrefix(line, "stats ")
+			a.mu.Unlock()
+		}
+	}
+	if err := a.cmd.Wait(); err != nil {
+		a.mu.Lock()
+		a.err = err
+		a.mu.Unlock()
+	}
+}
+
+// sample reads the child's VmRSS every sampleStep until it exits.
+func (a *armRun) sample() {
+	pid := a.cmd.Process.Pid
+	t := time.NewTicker(sampleStep)
+	defer t.Stop()
+	for now := range t.C {
+		rss, err := procfs.RSS(pid)
+		if err != nil {
+			return // the child has exited
+		}
+		a.mu.Lock()
+		a.samples = append(a.samples, sample{now, rss})
+		a.mu.Unlock()
+	}
+}
+
+// at returns the first RSS sample taken d or more after the burst ended,
+// or -1 when there is none.
+func (a *armRun) at(d time.Duration) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.end.IsZero() {
+		return -1
+	}
+	for _, s := range a.samples {
+		if !s.at.Before(a.end.Add(d)) {
+			return s.rss
+		}
+	}
+	return -1
+}

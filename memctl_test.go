@@ -1,0 +1,221 @@
+package memctl
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/thp"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childtest.EnvVar) == "" {
+		// The THP flag is inherited: children start from a clear flag even
+		// when the tests themselves run under a disabled one.
+		_ = thp.Enable()
+	}
+	childtest.Main(m, map[string]func(){"start": childStart})
+}
+
+// childStart runs Start with a JSON logger on standard error and reports
+// what the process's own /proc files and runtime say afterwards.
+func childStart() {
+	ctl, err := Start(WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))))
+	childtest.Say("ERR", strings.ReplaceAll(fmt.Sprint(err), "\n", "; "))
+	st, perr := procfs.ReadFile("/proc/self/status")
+	if perr != nil {
+		childtest.Fail("%v", perr)
+	}
+	v, _ := st.Int("THP_enabled")
+	childtest.Say("THP_ENABLED", v)
+	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
+	r := ctl.Report()
+	childtest.Say("OFF", r.Off)
+	childtest.Say("TRIM_DELAY", r.TrimDelay)
+	childtest.Say("SOURCE", r.MemLimit.Source)
+	childtest.Say("ARENA_MAX", r.ArenaMax)
+	childtest.Say("ARENA_NOTE", r.ArenaMaxNote)
+	childtest.Say("C_HEAP", r.CHeap)
+	if err := ctl.Close(); err != nil {
+		childtest.Fail("close: %v", err)
+	}
+}
+
+// runStart runs childStart with env and returns its report and the log
+// records it wrote.
+func runStart(t *testing.T, g *cgrouptest.Group, env ...string) (map[string]string, []map[string]any) {
+	t.Helper()
+	cmd := childtest.Command(t, "start", []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX", "GOMEMLIMIT", "AUTOMEMLIMIT", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "LD_PRELOAD"}, env...)
+	if g != nil {
+		g.Wrap(cmd)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	var recs []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+		recs = append(recs, rec)
+	}
+	return childtest.ParseReport(out), recs
+}
+
+func infoLines(recs []map[string]any) (n int, last map[string]any) {
+	for _, r := range recs {
+		if r["level"] == "INFO" {
+			n++
+			last = r
+		}
+	}
+	return n, last
+}
+
+func TestStartDefaults(t *testing.T) {
+	r, recs := runStart(t, nil)
+	assert.Equal(t, "<nil>", r["ERR"])
+	assert.Equal(t, "0", r["THP_ENABLED"], "THP_enabled in the child's /proc/self/status")
+	assert.Equal(t, "2s", r["TRIM_DELAY"])
+	n, line := infoLines(recs)
+	require.Equal(t, 1, n, "exactly one INFO line: %v", recs)
+	assert.Equal(t, "memctl started", line["msg"])
+	assert.Equal(t, "disabled", line["thp"])
+	for _, k := range []string{"gomemlimit", "gomemlimit_source", "trim_delay", "c_heap", "thp_system"} {
+		assert.Contains(t, line, k)
+	}
+}
+
+func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
+	g := cgrouptest.New(t, 256<<20)
+	r, recs := runStart(t, g)
+	ratio := 0.9
+	want := int64(float64(g.Limit) * ratio)
+	assert.Equal(t, strconv.FormatInt(want, 10), r["GOMEMLIMIT"])
+	_, line := infoLines(recs)
+	assert.Equal(t, float64(want), line["gomemlimit"])
+	assert.Equal(t, r["SOURCE"], line["gomemlimit_source"])
+	assert.Contains(t, r["SOURCE"], "cgroup v")
+
+	r, _ = runStart(t, g, "GOMEMLIMIT=100MiB")
+	assert.Equal(t, strconv.Itoa(100<<20), r["GOMEMLIMIT"], "the operator's GOMEMLIMIT wins")
+	assert.Equal(t, "env", r["SOURCE"])
+}
+
+func TestStartOff(t *testing.T) {
+	r, recs := runStart(t, nil, "MEMCTL=off")
+	assert.Equal(t, "true", r["OFF"])
+	assert.Equal(t, "1", r["THP_ENABLED"], "THP untouched")
+	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["GOMEMLIMIT"], "GOMEMLIMIT untouched")
+	n, line := infoLines(recs)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, "memctl is off", line["msg"])
+}
+
+func TestStartEnvironmentSwitches(t *testing.T) {
+	r, _ := runStart(t, nil, "MEMCTL_THP=keep", "MEMCTL_TRIM_DELAY=off")
+	assert.Equal(t, "<nil>", r["ERR"])
+	assert.Equal(t, "1", r["THP_ENABLED"])
+	assert.Equal(t, "0s", r["TRIM_DELAY"])
+
+	r, _ = runStart(t, nil, "MEMCTL_THP=except-advised", "MEMCTL_TRIM_DELAY=500ms")
+	assert.Equal(t, "500ms", r["TRIM_DELAY"])
+	if r["ERR"] == "<nil>" { // Linux 6.18 and later
+		assert.Equal(t, "1", r["THP_ENABLED"], "except-advised leaves THP_enabled at 1; PR_GET_THP_DISABLE says 3")
+	}
+
+	r, recs := runStart(t, nil, "MEMCTL_THP=disabel", "MEMCTL_TRIM_DELAY=soon")
+	assert.Contains(t, r["ERR"], "MEMCTL_THP")
+	assert.Contains(t, r["ERR"], "MEMCTL_TRIM_DELAY")
+	assert.Equal(t, "1", r["THP_ENABLED"], "a typo is not guessed at: THP left as it was")
+	assert.Equal(t, "0s", r["TRIM_DELAY"], "a bad delay turns trimming off")
+	n, _ := infoLines(recs)
+	assert.Equal(t, 1, n)
+}
+
+func TestStartArenaMax(t *testing.T) {
+	r, recs := runStart(t, nil)
+	_, line := infoLines(recs)
+	if r["C_HEAP"] != "glibc" {
+		assert.Equal(t, "0", r["ARENA_MAX"], "no glibc, no cap")
+		assert.Contains(t, r["ARENA_NOTE"], "unavailable")
+		return
+	}
+	assert.Equal(t, "2", r["ARENA_MAX"])
+	assert.Equal(t, "2", line["arena_max"])
+	assert.Contains(t, line["c_heap_stats"], "glibc: arena")
+
+	r, _ = runStart(t, nil, "MALLOC_ARENA_MAX=4")
+	assert.Equal(t, "0", r["ARENA_MAX"], "the operator's MALLOC_ARENA_MAX wins")
+	assert.Contains(t, r["ARENA_NOTE"], "MALLOC_ARENA_MAX=4")
+	assert.Equal(t, "<nil>", r["ERR"])
+
+	r, _ = runStart(t, nil, "MEMCTL_ARENA_MAX=off")
+	assert.Equal(t, "0", r["ARENA_MAX"])
+	r, _ = runStart(t, nil, "MEMCTL_ARENA_MAX=3")
+	assert.Equal(t, "3", r["ARENA_MAX"])
+	r, _ = runStart(t, nil, "MEMCTL_ARENA_MAX=-1")
+	assert.Contains(t, r["ERR"], "MEMCTL_ARENA_MAX")
+	assert.Equal(t, "0", r["ARENA_MAX"])
+}
+
+func TestCloseLeavesNothingRunning(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	prevTHP, err := thp.Process()
+	if err == nil {
+		defer restoreTHP(prevTHP)
+	}
+	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(50*time.Millisecond))
+	require.NoError(t, err)
+	AfterBurst() // pending trim: a timer exists now
+	end := Begin()
+	end()
+	require.NoError(t, ctl.Close())
+	require.NoError(t, ctl.Close(), "Close is idempotent")
+	AfterBurst() // no controller: does nothing, starts nothing
+	Begin()()
+	assert.Zero(t, ctl.Stats().Trim.Trims, "Close dropped the pending trim")
+}
+
+func restoreTHP(s thp.State) {
+	switch s {
+	case thp.Enabled:
+		_ = thp.Enable()
+	case thp.Disabled:
+		_ = thp.Disable()
+	case thp.DisabledExceptAdvised:
+		_ = thp.DisableExceptAdvised()
+	}
+}
+
+func TestNilController(t *testing.T) {
+	var c *Controller
+	c.AfterBurst()
+	c.Begin()()
+	assert.NoError(t, c.Close())
+	assert.True(t, c.Report().Off)
+}
