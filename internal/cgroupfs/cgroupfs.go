@@ -1,0 +1,429 @@
+// Package cgroupfs finds the memory limit of the cgroup a process is in, for
+// any process: cgroup v1 (the memory controller's memory.limit_in_bytes) or
+// v2 (memory.max), the tightest limit of the cgroup and its ancestors, and
+// the file that limit came from.
+//
+// It reads /proc/PID/cgroup (which cgroup the process is in, cgroups(7)),
+// /proc/PID/mountinfo (where each hierarchy is mounted, proc(5)) and the
+// cgroup files under the mount point. Read takes those paths, so parsing is
+// tested with fixture trees under testdata/ and never touches /proc; Of
+// reads the real files of a PID. Every error names the file it came from,
+// and malformed input is an error, never a guess.
+//
+// automemlimit (used by package limits) answers the same question for the
+// calling process only, and without the file; memctl status needs it for
+// any PID.
+package cgroupfs
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// NoLimit is Limit.Bytes when neither the cgroup nor any of its visible
+// ancestors sets a memory limit.
+const NoLimit = -1
+
+// unlimitedFrom is the smallest value read as "no limit": cgroup v1 writes
+// an unset limit as PAGE_COUNTER_MAX pages, 9223372036854771712 bytes with
+// 4 KiB pages (math.MaxInt64 rounded down to the page size). Any value of
+// 4 EiB or more is beyond any machine and is taken as no limit.
+const unlimitedFrom = 1 << 62
+
+// ErrNoCgroup is matched (errors.Is) by the error of a process whose memory
+// cgroup cannot be found here: the kernel lists no memory controller and no
+// cgroup v2 hierarchy for it, the hierarchy is not mounted in the process's
+// mount namespace, or its cgroup lies outside the mounted part (another
+// cgroup namespace). The limit is then unknown, not absent.
+var ErrNoCgroup = errors.New("cgroupfs: memory cgroup not found")
+
+// Limit is the memory limit of the cgroup a process is in.
+type Limit struct {
+	// Version is the cgroup version the limit was read from: 1 (the v1
+	// memory controller, chosen when /proc/PID/cgroup lists it and it is
+	// mounted, as on hybrid systems) or 2 (the unified hierarchy).
+	Version int
+	// Cgroup is the process's cgroup as /proc/PID/cgroup shows it, for
+	// example "/system.slice/app.service".
+	Cgroup string
+	// Dir is that cgroup's directory, for example
+	// "/sys/fs/cgroup/system.slice/app.service".
+	Dir string
+	// Bytes is the effective memory limit in bytes: the smallest limit of
+	// the cgroup and its ancestors. NoLimit (-1) when none sets one.
+	Bytes int64
+	// File is the file Bytes came from: the memory.limit_in_bytes (v1) or
+	// memory.max (v2) of the cgroup or of the ancestor that sets the
+	// tightest limit, or, in v1, the cgroup's memory.stat when its
+	// hierarchical_memory_limit is tighter than every visible ancestor's
+	// (a limit set above the mounted part of the hierarchy). Empty when
+	// Bytes is NoLimit.
+	File string
+}
+
+// Read returns the memory limit of the process whose /proc/PID/cgroup file
+// is cgroupFile and /proc/PID/mountinfo file is mountinfoFile. root is
+// prefixed to every mount point: "" for the calling process's own mount
+// namespace, "/proc/PID/root" for a process in another one, or a fixture
+// directory in tests.
+//
+// The limit is the smallest of the cgroup's and its ancestors' limits, up to
+// the hierarchy's mount point; in v1 the kernel's hierarchical_memory_limit
+// (memory.stat) also counts, which covers ancestors above the mount. In v2
+// a limit set above the mounted part (a container with its own cgroup
+// namespace) is not visible. A cgroup directory without memory.max (the
+// memory controller not enabled for it, or the root) sets no limit.
+//
+// Errors name the file: a file that cannot be read, a malformed line or
+// value. When no memory cgroup can be found, the error matches ErrNoCgroup.
+// Read only reads files, so it is safe for concurrent use.
+func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
+	v1, v2, err := parseCgroupFile(cgroupFile)
+	if err != nil {
+		return Limit{}, err
+	}
+	if v1 == "" && v2 == "" {
+		return Limit{}, fmt.Errorf("%w: %s lists neither the memory controller nor a cgroup v2 hierarchy", ErrNoCgroup, cgroupFile)
+	}
+	mounts, err := parseMountinfoFile(mountinfoFile)
+	if err != nil {
+		return Limit{}, err
+	}
+	var why []string
+	if v1 != "" {
+		dir, top, err := cgroupDir(mounts, v1, isV1Memory, root)
+		if err == nil {
+			return readV1(v1, dir, top)
+		}
+		why = append(why, "v1 memory: "+err.Error())
+	}
+	if v2 != "" {
+		dir, top, err := cgroupDir(mounts, v2, isV2, root)
+		if err == nil {
+			return readV2(v2, dir, top)
+		}
+		why = append(why, "v2: "+err.Error())
+	}
+	return Limit{}, fmt.Errorf("%w: %s", ErrNoCgroup, strings.Join(why, "; "))
+}
+
+// parseCgroupFile reads a /proc/PID/cgroup file ("ID:controllers:path"
+// lines, cgroups(7)) and returns the path of the v1 memory controller's
+// cgroup and of the v2 cgroup ("0::path"), each "" when absent.
+func parseCgroupFile(name string) (v1, v2 string, err error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return "", "", fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer f.Close()
+	return parseCgroup(f, name)
+}
+
+func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
+	sc := bufio.NewScanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !isDecimal(parts[0]) || !strings.HasPrefix(parts[2], "/") {
+			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, want ID:controllers:/path: %q", name, n, line)
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			v2 = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == "memory" {
+				v1 = parts[2]
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", "", fmt.Errorf("cgroupfs: %s: %w", name, err)
+	}
+	if n == 0 {
+		return "", "", fmt.Errorf("cgroupfs: %s: empty", name)
+	}
+	return v1, v2, nil
+}
+
+func isDecimal(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// mount is one cgroup line of mountinfo.
+type mount struct {
+	root, point, fstype string
+	superOpts           []string
+}
+
+func isV1Memory(m mount) bool {
+	if m.fstype != "cgroup" {
+		return false
+	}
+	for _, o := range m.superOpts {
+		if o == "memory" {
+			return true
+		}
+	}
+	return false
+}
+
+func isV2(m mount) bool { return m.fstype == "cgroup2" }
+
+// parseMountinfoFile reads the cgroup and cgroup2 mounts of a
+// /proc/PID/mountinfo file (proc(5)), in file order, leaving out mounts
+// shadowed by a later mount on the same mount point.
+func parseMountinfoFile(name string) ([]mount, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer f.Close()
+	return parseMountinfo(f, name)
+}
+
+func parseMountinfo(r io.Reader, name string) ([]mount, error) {
+	var all []mount
+	last := make(map[string]int) // mount point -> index in all of its last mount
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		// "36 35 98:0 /root /point rw,noatime [optional...] - fstype source superopts"
+		pre, post, ok := strings.Cut(line, " - ")
+		a, b := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(a) < 6 || len(b) < 2 || !isDecimal(a[0]) {
+			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line: %q", name, n, line)
+		}
+		m := mount{root: unescape(a[3]), point: unescape(a[4]), fstype: b[0]}
+		if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
+			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %q", name, n, line)
+		}
+		last[m.point] = len(all)
+		if len(b) >= 3 {
+			m.superOpts = strings.Split(b[2], ",")
+		}
+		all = append(all, m)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cgroupfs: %s: %w", name, err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("cgroupfs: %s: empty", name)
+	}
+	var mounts []mount
+	for i, m := range all {
+		if last[m.point] == i && (m.fstype == "cgroup" || m.fstype == "cgroup2") {
+			mounts = append(mounts, m)
+		}
+	}
+	return mounts, nil
+}
+
+// unescape undoes mountinfo's octal escapes (\040 for a space, \011, \012,
+// \134); anything else is kept as is.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// cgroupDir returns the directory of cgroup cg in the first mount that
+// matches and contains it, and the directory of the mount point (root
+// prefixed to both).
+func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
+	if outsideNamespace(cg) {
+		return "", "", fmt.Errorf("cgroup %s is outside this cgroup namespace", cg)
+	}
+	found := false
+	for _, m := range mounts {
+		if !match(m) {
+			continue
+		}
+		found = true
+		var rel string
+		switch {
+		case m.root == "/":
+			rel = cg
+		case cg == m.root:
+			rel = "/"
+		case strings.HasPrefix(cg, m.root+"/"):
+			rel = cg[len(m.root):]
+		default:
+			continue
+		}
+		top = filepath.Join(root, m.point)
+		return filepath.Join(top, filepath.FromSlash(rel)), top, nil
+	}
+	if !found {
+		return "", "", errors.New("hierarchy not mounted")
+	}
+	return "", "", fmt.Errorf("cgroup %s is outside the mounted part of the hierarchy", cg)
+}
+
+// outsideNamespace reports whether cgroup path p climbs with "..": /proc/PID/cgroup
+// shows a process outside the reader's cgroup namespace that way.
+func outsideNamespace(p string) bool {
+	for _, e := range strings.Split(p, "/") {
+		if e == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// ancestors returns dir and its parents up to and including top (the
+// mount point), nearest first. dir is top or below it.
+func ancestors(dir, top string) []string {
+	out := []string{dir}
+	for d := dir; d != top; {
+		p := filepath.Dir(d)
+		if p == d {
+			break // not below top: cannot happen for dirs made by cgroupDir
+		}
+		d = p
+		out = append(out, d)
+	}
+	return out
+}
+
+// readV1 reads memory.limit_in_bytes of dir and every ancestor up to the
+// mount point, and hierarchical_memory_limit in dir's memory.stat.
+func readV1(cg, dir, top string) (Limit, error) {
+	l := Limit{Version: 1, Cgroup: cg, Dir: dir, Bytes: NoLimit}
+	for _, d := range ancestors(dir, top) {
+		file := filepath.Join(d, "memory.limit_in_bytes")
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+		}
+		v, err := parseLimit(string(b), false)
+		if err != nil {
+			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", file, err)
+		}
+		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
+			l.Bytes, l.File = v, file
+		}
+	}
+	stat := filepath.Join(dir, "memory.stat")
+	h, ok, err := hierarchicalLimit(stat)
+	if err != nil {
+		return Limit{}, err
+	}
+	if ok && h != NoLimit && (l.Bytes == NoLimit || h < l.Bytes) {
+		l.Bytes, l.File = h, stat
+	}
+	return l, nil
+}
+
+// hierarchicalLimit reads hierarchical_memory_limit from a v1 memory.stat
+// file. ok is false when the file or the key is absent.
+func hierarchicalLimit(file string) (int64, bool, error) {
+	f, err := os.Open(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), " ")
+		if k != "hierarchical_memory_limit" {
+			continue
+		}
+		n, err := parseLimit(v, false)
+		if err != nil {
+			return 0, false, fmt.Errorf("cgroupfs: %s: hierarchical_memory_limit: %w", file, err)
+		}
+		return n, true, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, false, fmt.Errorf("cgroupfs: %s: %w", file, err)
+	}
+	return 0, false, nil
+}
+
+// readV2 reads memory.max of dir and every ancestor up to the mount point;
+// a directory without memory.max sets no limit, but dir itself must exist.
+func readV2(cg, dir, top string) (Limit, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+	}
+	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit}
+	for _, d := range ancestors(dir, top) {
+		file := filepath.Join(d, "memory.max")
+		b, err := os.ReadFile(file)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+		}
+		v, err := parseLimit(string(b), true)
+		if err != nil {
+			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", file, err)
+		}
+		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
+			l.Bytes, l.File = v, file
+		}
+	}
+	return l, nil
+}
+
+// parseLimit parses a limit file's value: a decimal byte count, or "max"
+// when allowMax (v2). Values of unlimitedFrom or more are NoLimit.
+func parseLimit(s string, allowMax bool) (int64, error) {
+	s = strings.TrimSpace(s)
+	if allowMax && s == "max" {
+		return NoLimit, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		if allowMax {
+			return 0, fmt.Errorf("malformed limit %q, want bytes or \"max\"", s)
+		}
+		return 0, fmt.Errorf("malformed limit %q, want bytes", s)
+	}
+	if n >= unlimitedFrom {
+		return NoLimit, nil
+	}
+	return int64(n), nil
+}
