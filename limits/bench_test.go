@@ -1,0 +1,164 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"golang.org/x/sync/semaphore"
+)
+
+// The benchmarks measure one Grow+Shrink pair of 1 KiB within a reserved
+// chunk, the hot path of a request that reports its allocations, against
+// two baselines in the same run:
+//   - mutex: the simple account, a mutex-guarded counter with a limit that
+//     charges a mutex-guarded pool on every call (no chunks);
+//   - semaphore: golang.org/x/sync/semaphore.Weighted as the pool, with
+//     TryAcquire/Release (no per-request account at all).
+//
+// Parallel variants run one account per goroutine, all sharing one pool.
+
+const benchSize = 1 << 10
+
+// mutexPool and mutexAccount are the baseline: what an account looks like
+// without chunked reservation or atomics.
+type mutexPool struct {
+	mu          sync.Mutex
+	used, limit int64
+}
+
+type mutexAccount struct {
+	mu          sync.Mutex
+	used, limit int64
+	pool        *mutexPool
+}
+
+var errBaseline = errors.New("baseline: exhausted")
+
+func (a *mutexAccount) Grow(n int64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.limit > 0 && a.used+n > a.limit {
+		return errBaseline
+	}
+	a.pool.mu.Lock()
+	if a.pool.used+n > a.pool.limit {
+		a.pool.mu.Unlock()
+		return errBaseline
+	}
+	a.pool.used += n
+	a.pool.mu.Unlock()
+	a.used += n
+	return nil
+}
+
+func (a *mutexAccount) Shrink(n int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.used -= n
+	a.pool.mu.Lock()
+	a.pool.used -= n
+	a.pool.mu.Unlock()
+}
+
+func benchPool(b *testing.B) *Pool {
+	p, err := NewPool(PoolConfig{Limit: 1 << 40, HeapPressure: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.Close)
+	return p
+}
+
+func BenchmarkGrowShrink(b *testing.B) {
+	b.Run("memctl", func(b *testing.B) {
+		a, _ := benchPool(b).Open("a", 1<<30)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := a.Grow(benchSize); err != nil {
+				b.Fatal(err)
+			}
+			a.Shrink(benchSize)
+		}
+	})
+	b.Run("mutex", func(b *testing.B) {
+		a := &mutexAccount{limit: 1 << 30, pool: &mutexPool{limit: 1 << 40}}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := a.Grow(benchSize); err != nil {
+				b.Fatal(err)
+			}
+			a.Shrink(benchSize)
+		}
+	})
+	b.Run("semaphore", func(b *testing.B) {
+		s := semaphore.NewWeighted(1 << 40)
+		b.ReportAllocs()
+		for b.Loop() {
+			if !s.TryAcquire(benchSize) {
+				b.Fatal("TryAcquire failed")
+			}
+			s.Release(benchSize)
+		}
+	})
+}
+
+func BenchmarkGrowShrinkParallel(b *testing.B) {
+	b.Run("memctl", func(b *testing.B) {
+		p := benchPool(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			a, _ := p.Open("a", 1<<30)
+			defer a.Close()
+			for pb.Next() {
+				if err := a.Grow(benchSize); err != nil {
+					b.Error(err)
+					return
+				}
+				a.Shrink(benchSize)
+			}
+		})
+	})
+	b.Run("mutex", func(b *testing.B) {
+		p := &mutexPool{limit: 1 << 40}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			a := &mutexAccount{limit: 1 << 30, pool: p}
+			for pb.Next() {
+				if err := a.Grow(benchSize); err != nil {
+					b.Error(err)
+					return
+				}
+				a.Shrink(benchSize)
+			}
+		})
+	})
+	b.Run("semaphore", func(b *testing.B) {
+		s := semaphore.NewWeighted(1 << 40)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !s.TryAcquire(benchSize) {
+					b.Error("TryAcquire failed")
+					return
+				}
+				s.Release(benchSize)
+			}
+		})
+	})
+}
+
+// BenchmarkGrowShrinkContext is the same pair through limits.Grow and
+// limits.Shrink with the account in a context, as handlers call it.
+func BenchmarkGrowShrinkContext(b *testing.B) {
+	a, _ := benchPool(b).Open("a", 1<<30)
+	ctx := NewContext(context.Background(), a)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Grow(ctx, benchSize); err != nil {
+			b.Fatal(err)
+		}
+		Shrink(ctx, benchSize)
+	}
+}

@@ -1,0 +1,267 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/memctl/memctl/internal/childtest"
+)
+
+func init() {
+	children["heap-pressure"] = childHeapPressure
+}
+
+// waitCycles runs GCs until the pool's heap watch has seen n more cycles,
+// or fails after 5 s (the watch runs on the runtime's cleanup goroutine,
+// shortly after each cycle).
+func waitCycles(t testing.TB, p *Pool, n int64) {
+	t.Helper()
+	want := p.Stats().GCCycles + n
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Stats().GCCycles < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("heap watch saw %d GC cycles, want %d", p.Stats().GCCycles, want)
+		}
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, ChunkSize: 64 * kib, HeapPressure: 0.8})
+	a := mustOpen(t, p, "a", 0)
+	require.NoError(t, a.Grow(10))
+
+	p.observeHeap(900*mib, 1000*mib) // threshold 800 MiB
+	st := p.Stats()
+	assert.True(t, st.HeapPressure)
+	assert.Equal(t, 800*mib, st.HeapThreshold)
+	assert.Equal(t, 900*mib, st.HeapLive)
+
+	require.NoError(t, a.Grow(kib), "a Grow within what the account holds does not add to the pool")
+	err := a.Grow(mib)
+	var e *ExhaustedError
+	require.ErrorAs(t, err, &e)
+	assert.Equal(t, ExhaustedError{Requested: mib, Used: 900 * mib, Limit: 800 * mib, Scope: "pool (heap pressure)"}, *e)
+	assert.True(t, errors.Is(err, ErrResourceExhausted))
+	_, err = p.Open("b", 0)
+	require.NoError(t, err, "Open itself does not add to the pool")
+
+	p.observeHeap(700*mib, 1000*mib)
+	assert.False(t, p.Stats().HeapPressure)
+	require.NoError(t, a.Grow(mib))
+
+	p.observeHeap(900*mib, 0x7fffffffffffffff) // GOMEMLIMIT not set: no pressure
+	assert.False(t, p.Stats().HeapPressure)
+	assert.Zero(t, p.Stats().HeapThreshold)
+	a.Close()
+}
+
+func TestCancelLargest(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true})
+	sizes := []int64{3 * mib, 10 * mib, 0, 5 * mib}
+	ctxs := make([]context.Context, len(sizes))
+	accts := make([]*Account, len(sizes))
+	for i, n := range sizes {
+		accts[i] = mustOpen(t, p, "req-"+strconv.Itoa(i), 0)
+		var done context.CancelFunc
+		ctxs[i], done = WithAccount(context.Background(), accts[i])
+		defer done()
+		require.NoError(t, Grow(ctxs[i], n))
+	}
+	p.observeHeap(950*mib, 1000*mib)
+	<-ctxs[1].Done()
+	cause := context.Cause(ctxs[1])
+	require.ErrorIs(t, cause, ErrResourceExhausted)
+	var e *ExhaustedError
+	require.ErrorAs(t, cause, &e)
+	assert.Equal(t, ExhaustedError{Requested: 10 * mib, Used: 950 * mib, Limit: 900 * mib, Scope: "pool/req-1 (heap pressure)"}, *e)
+	for _, i := range []int{0, 2, 3} {
+		assert.NoError(t, ctxs[i].Err(), "only the largest is canceled")
+	}
+	// The canceled context closes its account, which returns its bytes.
+	require.Eventually(t, func() bool { return accts[1].Used() == 0 }, 5*time.Second, time.Millisecond)
+
+	// The next cycle under pressure picks the next largest.
+	p.observeHeap(950*mib, 1000*mib)
+	<-ctxs[3].Done()
+	assert.NoError(t, ctxs[0].Err())
+	assert.Equal(t, int64(2), p.Stats().Canceled)
+	p.observeHeap(950*mib, 1000*mib)
+	p.observeHeap(950*mib, 1000*mib)
+	<-ctxs[0].Done()
+	assert.NoError(t, ctxs[2].Err(), "an account using nothing is never picked")
+}
+
+func TestWithAccountClosesWhenContextEnds(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 10 * mib, CancelLargest: true, HeapPressure: 0.9})
+	a := mustOpen(t, p, "a", 0)
+	parent, cancel := context.WithCancel(context.Background())
+	ctx, done := WithAccount(parent, a)
+	defer done()
+	assert.Same(t, a, FromContext(ctx))
+	require.NoError(t, Grow(ctx, mib))
+	assert.Equal(t, mib, p.Used())
+	cancel()
+	require.Eventually(t, func() bool { return p.Used() == 0 }, 5*time.Second, time.Millisecond)
+	assert.ErrorIs(t, Grow(ctx, 1), ErrClosed)
+	p.mu.Lock()
+	assert.Nil(t, p.head, "a closed account leaves the pool's list")
+	p.mu.Unlock()
+
+	b := mustOpen(t, p, "b", 0)
+	ctx, done = WithAccount(context.Background(), b)
+	require.NoError(t, Grow(ctx, mib))
+	done()
+	assert.Zero(t, p.Used(), "the returned cancel closes the account before it returns")
+	assert.ErrorIs(t, context.Cause(ctx), context.Canceled)
+}
+
+func TestContextWithoutAccount(t *testing.T) {
+	ctx := context.Background()
+	assert.Nil(t, FromContext(ctx))
+	assert.NoError(t, Grow(ctx, 1<<40), "no account: nothing is counted")
+	assert.ErrorIs(t, Grow(ctx, -1), ErrInvalidSize)
+	Shrink(ctx, 5)
+}
+
+// TestHeapWatchStopsOnClose: the watch is a GC hook, not a goroutine; it
+// runs once per real GC cycle and is gone once the pool is closed, or once
+// the pool is dropped without Close.
+func TestHeapWatchStopsOnClose(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	armed := armedWatches.Load()
+	goroutines := runtime.NumGoroutine()
+	p, err := NewPool(PoolConfig{Limit: mib})
+	require.NoError(t, err)
+	assert.Equal(t, armed+1, armedWatches.Load())
+	assert.LessOrEqual(t, runtime.NumGoroutine(), goroutines, "idle means idle: the watch starts no goroutine")
+	waitCycles(t, p, 3)
+	st := p.Stats()
+	if debug.SetMemoryLimit(-1) == 0x7fffffffffffffff {
+		assert.Zero(t, st.HeapThreshold)
+	}
+	assert.Positive(t, st.HeapLive, "live heap read from runtime/metrics")
+
+	p.Close()
+	assert.Equal(t, armed, armedWatches.Load(), "Close removes the hook at once")
+	cycles := p.Stats().GCCycles
+	for range 3 {
+		runtime.GC()
+	}
+	time.Sleep(10 * time.Millisecond)
+	assert.Equal(t, cycles, p.Stats().GCCycles, "no cycle is seen after Close")
+
+	// A pool dropped without Close: its watch stops at the next cycle.
+	func() {
+		_, err := NewPool(PoolConfig{Limit: mib})
+		require.NoError(t, err)
+	}()
+	assert.Equal(t, armed+1, armedWatches.Load())
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return armedWatches.Load() == armed
+	}, 5*time.Second, time.Millisecond, "the watch of an unreachable pool stops")
+}
+
+// TestHeapPressureRealHeap runs a child process with GOMEMLIMIT=256MiB and a
+// pool watching at 50%: a real 160 MiB live heap puts the pool under
+// pressure at the next GC cycle and the largest request is canceled;
+// freeing it lifts the pressure.
+func TestHeapPressureRealHeap(t *testing.T) {
+	r := childtest.Report(t, childtest.Command(t, "heap-pressure", []string{"GOGC"}, "GOMEMLIMIT=256MiB"))
+	t.Logf("child: %v", r)
+	assert.Equal(t, "false", r["PRESSURE_BEFORE"])
+	assert.Equal(t, "true", r["PRESSURE_LOADED"])
+	assert.Equal(t, "pool (heap pressure)", r["SCOPE"])
+	assert.Equal(t, "true", r["IS_EXHAUSTED"])
+	assert.Equal(t, "true", r["BIG_CANCELED"])
+	assert.Equal(t, "false", r["SMALL_CANCELED"])
+	assert.Equal(t, "false", r["PRESSURE_AFTER"])
+	assert.Equal(t, "<nil>", r["GROW_AFTER"])
+	assert.Equal(t, "0", r["ARMED_AFTER_CLOSE"])
+	live, err := strconv.ParseInt(r["LIVE_LOADED"], 10, 64)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, live, 160*mib, "the ballast is live")
+	assert.Equal(t, strconv.FormatInt(128*mib, 10), r["THRESHOLD"])
+}
+
+var pressureBallast [][]byte
+
+func childHeapPressure() {
+	p, err := NewPool(PoolConfig{Limit: 64 * mib, HeapPressure: 0.5, CancelLargest: true, Strict: true})
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	wait := func(n int64) {
+		want := p.Stats().GCCycles + n
+		for deadline := time.Now().Add(5 * time.Second); p.Stats().GCCycles < want; {
+			if time.Now().After(deadline) {
+				childtest.Fail("no GC cycle seen")
+			}
+			runtime.GC()
+			time.Sleep(time.Millisecond)
+		}
+	}
+	wait(1)
+	childtest.Say("PRESSURE_BEFORE", p.Stats().HeapPressure)
+
+	small, _ := p.Open("small", 0)
+	big, _ := p.Open("big", 0)
+	smallCtx, doneSmall := WithAccount(context.Background(), small)
+	defer doneSmall()
+	bigCtx, doneBig := WithAccount(context.Background(), big)
+	defer doneBig()
+	// The small request holds a chunk but uses nothing: never picked.
+	if err := Grow(smallCtx, mib); err != nil {
+		childtest.Fail("%v", err)
+	}
+	Shrink(smallCtx, mib)
+	// The big request accounts its 160 MiB honestly but the pool's limit is
+	// only 64 MiB: the heap is what tells.
+	if err := Grow(bigCtx, 32*mib); err != nil {
+		childtest.Fail("%v", err)
+	}
+	for range 160 {
+		pressureBallast = append(pressureBallast, make([]byte, mib))
+	}
+	// Two cycles: the first may have marked before the ballast was complete.
+	wait(2)
+	st := p.Stats()
+	childtest.Say("PRESSURE_LOADED", st.HeapPressure)
+	childtest.Say("LIVE_LOADED", st.HeapLive)
+	childtest.Say("THRESHOLD", st.HeapThreshold)
+	other, _ := p.Open("other", 0)
+	err = other.Grow(1)
+	var e *ExhaustedError
+	if errors.As(err, &e) {
+		childtest.Say("SCOPE", e.Scope)
+	}
+	childtest.Say("IS_EXHAUSTED", errors.Is(err, ErrResourceExhausted))
+	select {
+	case <-bigCtx.Done():
+		childtest.Say("BIG_CANCELED", errors.Is(context.Cause(bigCtx), ErrResourceExhausted))
+	case <-time.After(5 * time.Second):
+		childtest.Say("BIG_CANCELED", false)
+	}
+	childtest.Say("SMALL_CANCELED", smallCtx.Err() != nil)
+
+	pressureBallast = nil
+	wait(2)
+	childtest.Say("PRESSURE_AFTER", p.Stats().HeapPressure)
+	childtest.Say("GROW_AFTER", other.Grow(1))
+	other.Close()
+	p.Close()
+	childtest.Say("ARMED_AFTER_CLOSE", armedWatches.Load())
+	os.Stdout.Sync()
+}
