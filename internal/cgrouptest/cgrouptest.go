@@ -7,16 +7,18 @@
 package cgrouptest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // Group is one child memory cgroup with a limit.
@@ -124,88 +126,24 @@ func (g *Group) remove(t testing.TB) {
 }
 
 // ownMemoryCgroup returns the directory of this process's memory cgroup and
-// its version: the v1 memory hierarchy when mounted, else the v2 hierarchy
+// its version (1 or 2), as cgroupfs finds them; a v2 cgroup qualifies only
 // when its memory controller can be enabled for children.
 func ownMemoryCgroup() (string, int, error) {
-	mounts, err := cgroupMounts()
+	l, err := cgroupfs.Of(0)
 	if err != nil {
 		return "", 0, err
 	}
-	f, err := os.Open("/proc/self/cgroup")
-	if err != nil {
-		return "", 0, err
+	if l.Version == 1 {
+		return l.Dir, 1, nil
 	}
-	defer f.Close()
-	var v1, v2 string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			if m, ok := mounts["cgroup2"]; ok {
-				v2 = filepath.Join(m, parts[2])
-			}
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "memory" {
-				if m, ok := mounts["memory"]; ok {
-					v1 = filepath.Join(m, parts[2])
-				}
-			}
-		}
+	ctl, err := os.ReadFile(filepath.Join(l.Dir, "cgroup.controllers"))
+	if err != nil || !slices.Contains(strings.Fields(string(ctl)), "memory") {
+		return "", 0, fmt.Errorf("cgroup v2 at %s has no memory controller", l.Dir)
 	}
-	if v1 != "" {
-		if _, err := os.Stat(filepath.Join(v1, "memory.limit_in_bytes")); err == nil {
-			return v1, 1, nil
-		}
+	// Enabling memory for children fails where the cgroup holds processes
+	// itself (the "no internal processes" rule).
+	if err := os.WriteFile(filepath.Join(l.Dir, "cgroup.subtree_control"), []byte("+memory"), 0); err != nil {
+		return "", 0, fmt.Errorf("enable memory controller in %s: %w", l.Dir, err)
 	}
-	if v2 != "" {
-		ctl, err := os.ReadFile(filepath.Join(v2, "cgroup.controllers"))
-		if err == nil && strings.Contains(" "+string(ctl)+" ", " memory") {
-			// Enabling memory for children fails where the cgroup holds
-			// processes itself (the "no internal processes" rule).
-			if err := os.WriteFile(filepath.Join(v2, "cgroup.subtree_control"), []byte("+memory"), 0); err != nil {
-				return "", 0, fmt.Errorf("enable memory controller in %s: %w", v2, err)
-			}
-			return v2, 2, nil
-		}
-		return "", 0, fmt.Errorf("cgroup v2 at %s has no memory controller", v2)
-	}
-	return "", 0, errors.New("no cgroup memory controller mounted")
-}
-
-// cgroupMounts maps "memory" to the v1 memory hierarchy's mount point and
-// "cgroup2" to the v2 mount point, from /proc/self/mountinfo.
-func cgroupMounts() (map[string]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	m := make(map[string]string)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		a, b := strings.Fields(pre), strings.Fields(post)
-		if len(a) < 5 || len(b) < 3 {
-			continue
-		}
-		switch b[0] {
-		case "cgroup2":
-			m["cgroup2"] = a[4]
-		case "cgroup":
-			for _, o := range strings.Split(b[2], ",") {
-				if o == "memory" {
-					m["memory"] = a[4]
-				}
-			}
-		}
-	}
-	return m, sc.Err()
+	return l.Dir, 2, nil
 }
