@@ -17,6 +17,13 @@ const (
 	// before an operator or an autoscaler looks at it.
 	DefaultDelay = 2 * time.Second
 
+	// DefaultMaxWaitFactor sets the default max wait (see WithMaxWait) to
+	// this many delays: 20 s with the default delay. A server whose bursts
+	// keep coming less than Delay apart thus still trims, at most once
+	// every 20 s, instead of postponing the trim for as long as the load
+	// lasts.
+	DefaultMaxWaitFactor = 10
+
 	// MinDelay is the shortest delay New accepts. While a trim is pending
 	// the Trimmer wakes every Delay/20, so a shorter delay would wake it
 	// more often than every 50 µs.
@@ -54,6 +61,7 @@ type Option func(*config) error
 
 type config struct {
 	delay      time.Duration
+	maxWait    time.Duration // -1: DefaultMaxWaitFactor delays
 	minRelease int64
 	cheap      CHeap
 	logger     *slog.Logger
@@ -74,6 +82,23 @@ func WithDelay(delay time.Duration) Option {
 			return fmt.Errorf("trim: delay %v: want at least %v", delay, MinDelay)
 		}
 		c.delay = delay
+		return nil
+	}
+}
+
+// WithMaxWait bounds how long a stream of AfterBurst calls can push the
+// trim back: a pending trim runs at the latest maxWait after the first
+// AfterBurst that made it pending, even when calls keep coming less than
+// Delay apart. Bursts marked in flight with Begin still hold every trim
+// off. 0 means no bound (a pure debounce); otherwise maxWait must be at
+// least the delay, and New returns an error when it is not.
+// Default: DefaultMaxWaitFactor × the delay (20 s with the default delay).
+func WithMaxWait(maxWait time.Duration) Option {
+	return func(c *config) error {
+		if maxWait < 0 {
+			return fmt.Errorf("trim: max wait %v: want 0 (no bound) or at least the delay", maxWait)
+		}
+		c.maxWait = maxWait
 		return nil
 	}
 }
@@ -158,7 +183,8 @@ type Stats struct {
 
 // A Trimmer runs one trim Delay after the last burst ends: AfterBurst marks
 // the end of a burst, and calls during the wait push the trim back, so a run
-// of bursts gives one trim. A trim is debug.FreeOSMemory followed by the C
+// of bursts gives one trim; a stream of calls that never pauses for Delay
+// pushes it back at most MaxWait (see WithMaxWait). A trim is debug.FreeOSMemory followed by the C
 // heap step (see CHeap). It does not run while a burst marked with Begin is
 // in flight, it is skipped when too little would be released (see
 // WithMinRelease), and trims take at most 2% of wall time: after a trim that
@@ -181,6 +207,7 @@ type Trimmer struct {
 	inflight atomic.Int64  // bursts begun and not ended
 
 	delay      time.Duration
+	maxWait    time.Duration // 0: no bound
 	interval   time.Duration // delay / ticksPerDelay
 	minRelease int64
 	cheap      CHeap
@@ -199,6 +226,7 @@ type Trimmer struct {
 
 	run        sync.Mutex // serializes ticks and trims; guards the fields below
 	quietSince time.Time  // latest tick that saw the dirty flag set; zero when idle
+	firstTick  time.Time  // first tick of the pending period; zero when idle
 	lastEnd    time.Time  // end of the last trim
 	lastDur    time.Duration
 	liveFloor  int64 // /gc/heap/live:bytes right after the last trim (or at New)
@@ -207,7 +235,7 @@ type Trimmer struct {
 // New returns a Trimmer configured by opts. The error names the bad option
 // value; New starts nothing.
 func New(opts ...Option) (*Trimmer, error) {
-	c := config{delay: DefaultDelay, minRelease: DefaultMinRelease, cheap: DefaultCHeap()}
+	c := config{delay: DefaultDelay, maxWait: -1, minRelease: DefaultMinRelease, cheap: DefaultCHeap()}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -216,8 +244,15 @@ func New(opts ...Option) (*Trimmer, error) {
 			return nil, err
 		}
 	}
+	switch {
+	case c.maxWait < 0:
+		c.maxWait = DefaultMaxWaitFactor * c.delay
+	case c.maxWait > 0 && c.maxWait < c.delay:
+		return nil, fmt.Errorf("trim: max wait %v is shorter than the delay %v", c.maxWait, c.delay)
+	}
 	t := &Trimmer{
 		delay:      c.delay,
+		maxWait:    c.maxWait,
 		interval:   c.delay / ticksPerDelay,
 		minRelease: c.minRelease,
 		cheap:      c.cheap,
@@ -252,7 +287,8 @@ func (t *Trimmer) Delay() time.Duration {
 
 // AfterBurst marks the end of a burst: a trim runs Delay after the last call
 // (between Delay and Delay + Delay/20, plus timer latency), unless another
-// call comes first. It allocates nothing and starts no goroutine. While a
+// call comes first, and at the latest MaxWait after the first call of the
+// run. It allocates nothing and starts no goroutine. While a
 // trim is pending it is one atomic load and takes no lock (under a
 // nanosecond, see BenchmarkAfterBurst); the first call after the Trimmer
 // went idle, and the first after each tick (every Delay/20), also do an
@@ -345,12 +381,20 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if t.dirty.Swap(0) != 0 || t.quietSince.IsZero() {
 		t.quietSince = now
 	}
+	if t.firstTick.IsZero() {
+		t.firstTick = now
+	}
 	if t.inflight.Load() > 0 {
 		// The burst's end calls AfterBurst, which arms again.
-		t.quietSince = time.Time{}
+		t.quietSince, t.firstTick = time.Time{}, time.Time{}
 		return 0, true
 	}
 	due := t.quietSince.Add(t.delay)
+	if t.maxWait > 0 {
+		if latest := t.firstTick.Add(t.maxWait); latest.Before(due) {
+			due = latest
+		}
+	}
 	if !t.lastEnd.IsZero() {
 		if ok := t.lastEnd.Add(rateFactor * t.lastDur); ok.After(due) {
 			due = ok
@@ -359,7 +403,7 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if wait := due.Sub(now); wait > 0 {
 		return min(wait, t.interval), false
 	}
-	t.quietSince = time.Time{}
+	t.quietSince, t.firstTick = time.Time{}, time.Time{}
 	est := t.estimate()
 	if est >= 0 && est < t.minRelease {
 		t.mu.Lock()

@@ -131,6 +131,43 @@ func TestRunOfBurstsOneTrim(t *testing.T) {
 	})
 }
 
+func TestMaxWaitUnderSteadyBursts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f) // default max wait: 10 delays = 20 s
+		defer tr.Close()
+		t0 := time.Now()
+		for time.Since(t0) < 65*time.Second {
+			tr.AfterBurst() // never 2 s apart: a pure debounce would never trim
+			time.Sleep(500 * time.Millisecond)
+		}
+		got := since(t0, f.starts())
+		require.Len(t, got, 3, "one trim per 20 s of steady bursts: %v", got)
+		for i, d := range got {
+			// The first tick comes up to Delay/20 after the first call.
+			lo := time.Duration(i+1) * 20 * time.Second
+			assert.GreaterOrEqual(t, d, lo, "trim %d", i)
+			assert.LessOrEqual(t, d, lo+time.Duration(i+1)*testDelay/20+time.Duration(i)*500*time.Millisecond, "trim %d", i)
+		}
+	})
+}
+
+func TestNoMaxWaitIsPureDebounce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		tr := newFake(t, f, WithMaxWait(0))
+		defer tr.Close()
+		t0 := time.Now()
+		for time.Since(t0) < 65*time.Second {
+			tr.AfterBurst()
+			time.Sleep(500 * time.Millisecond)
+		}
+		assert.Empty(t, f.starts(), "no trim while calls keep coming")
+		time.Sleep(3 * time.Second)
+		assert.Len(t, f.starts(), 1)
+	})
+}
+
 func TestNoTrimWhileInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStep{}
@@ -370,6 +407,8 @@ func TestBadOptions(t *testing.T) {
 		{WithDelay(-time.Second), "trim: delay -1s: want at least 1ms"},
 		{WithDelay(time.Microsecond), "trim: delay 1µs"},
 		{WithMinRelease(-1), "trim: min release -1 bytes: want >= 0"},
+		{WithMaxWait(-time.Second), "trim: max wait -1s: want 0 (no bound) or at least the delay"},
+		{WithMaxWait(time.Second), "trim: max wait 1s is shorter than the delay 2s"},
 	} {
 		tr, err := New(tc.opt)
 		assert.Nil(t, tr)
