@@ -22,7 +22,7 @@ import (
 // DefaultTrimDelay is how long after the last burst the trim runs: long
 // enough that back-to-back requests of one burst give one trim, short enough
 // that RSS is back down within about three seconds (see examples/burst).
-const DefaultTrimDelay = 2 * time.Second
+const DefaultTrimDelay = trim.DefaultDelay
 
 // Option configures Start. Options are applied in order; the operator's
 // environment variables win over them.
@@ -63,7 +63,8 @@ func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c
 func WithTrimDelay(d time.Duration) Option { return func(c *config) { c.trimDelay = d } }
 
 // WithTrimOptions passes options to the trimmer (for example
-// trim.WithMinRelease). The delay is set with WithTrimDelay.
+// trim.WithMinRelease or trim.WithMaxWait). The delay is WithTrimDelay's or
+// MEMCTL_TRIM_DELAY's: a trim.WithDelay given here is overridden.
 func WithTrimOptions(opts ...trim.Option) Option {
 	return func(c *config) { c.trimOpts = append(c.trimOpts, opts...) }
 }
@@ -75,7 +76,7 @@ func WithTrimOptions(opts ...trim.Option) Option {
 // Environment: MEMCTL_ARENA_MAX=N|off.
 func WithArenaMax(n int) Option { return func(c *config) { c.arenaMax = n } }
 
-// Report is what Start decided. The zero value describes memctl switched off.
+// Report is what Start decided.
 type Report struct {
 	// Off is true when MEMCTL=off switched memctl off.
 	Off bool
@@ -89,8 +90,9 @@ type Report struct {
 	MemLimit limits.MemLimit
 	// TrimDelay is the trim delay; 0 means trimming is off.
 	TrimDelay time.Duration
-	// CHeap names the allocator whose C heap the trim releases ("none"
-	// when that step is unavailable).
+	// CHeap names the allocator that owns malloc, whose C heap the trim
+	// releases: "glibc", "jemalloc", "mimalloc", "tcmalloc", or "none" when
+	// the C heap step is unavailable (cgo off, musl, not Linux).
 	CHeap string
 	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
 	// says why not (operator's setting, not glibc, cgo off) when it is 0.
@@ -134,8 +136,9 @@ var current atomic.Pointer[Controller]
 //   - a trimmer that returns freed memory DefaultTrimDelay after a burst
 //     (AfterBurst).
 //
-// It logs one INFO line that states what it decided. It always returns a
-// usable controller: a part that fails is reported and skipped, never
+// It logs one INFO line that states what it decided, and one WARN line for
+// each part it had to skip (so the caller need not log the error again). It
+// always returns a usable controller: a part that fails is reported and skipped, never
 // fatal. The error joins what failed: an invalid MEMCTL_* value (that part is
 // left off, the operator's intent is not guessed), a malformed cgroup file,
 // a prctl refused. A part that is unsupported here (off Linux, an older
@@ -150,13 +153,19 @@ func Start(opts ...Option) (*Controller, error) {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Controller{}
-	if v := os.Getenv("MEMCTL"); v == "off" {
+	var errs []error
+	switch v := getenv("MEMCTL"); strings.ToLower(v) {
+	case "off":
 		c.report.Off = true
 		cfg.logger.Info("memctl is off", "MEMCTL", v)
 		current.Store(c)
 		return c, nil
+	case "", "on":
+	default:
+		err := fmt.Errorf("memctl: MEMCTL=%q: want \"off\" or \"on\"; memctl stays on", v)
+		cfg.logger.Warn("memctl: bad switch", "error", err)
+		errs = append(errs, err)
 	}
-	var errs []error
 	fail := func(err error) {
 		if errors.Is(err, errors.ErrUnsupported) {
 			cfg.logger.Info("memctl: not supported here", "error", err)
@@ -168,7 +177,7 @@ func Start(opts ...Option) (*Controller, error) {
 
 	// The arena cap first: it stops only arenas created after it.
 	arenaMax := cfg.arenaMax
-	if v, ok := os.LookupEnv("MEMCTL_ARENA_MAX"); ok {
+	if v := getenv("MEMCTL_ARENA_MAX"); v != "" {
 		n, err := parseArenaMax(v)
 		if err != nil {
 			fail(err)
@@ -190,7 +199,7 @@ func Start(opts ...Option) (*Controller, error) {
 
 	// THP next: the flag affects only memory faulted in after it is set.
 	policy, thpOK := cfg.thp, true
-	if v, ok := os.LookupEnv("MEMCTL_THP"); ok {
+	if v := getenv("MEMCTL_THP"); v != "" {
 		p, err := thp.ParsePolicy(v)
 		if err != nil {
 			fail(fmt.Errorf("memctl: MEMCTL_THP: %w", err))
@@ -220,7 +229,7 @@ func Start(opts ...Option) (*Controller, error) {
 	c.report.MemLimit = ml
 
 	delay := cfg.trimDelay
-	if v, ok := os.LookupEnv("MEMCTL_TRIM_DELAY"); ok {
+	if v := getenv("MEMCTL_TRIM_DELAY"); v != "" {
 		d, err := parseDelay(v)
 		if err != nil {
 			fail(err)
@@ -228,16 +237,16 @@ func Start(opts ...Option) (*Controller, error) {
 		delay = d
 	}
 	if delay > 0 {
-		topts := append([]trim.Option{trim.WithDelay(delay), trim.WithLogger(cfg.logger)}, cfg.trimOpts...)
-		tr, err := trim.New(topts...)
+		topts := append([]trim.Option{trim.WithLogger(cfg.logger)}, cfg.trimOpts...)
+		tr, err := trim.New(append(topts, trim.WithDelay(delay))...)
 		if err != nil {
 			fail(err)
 		} else {
 			c.trimmer = tr
 			c.report.TrimDelay = delay
-			c.report.CHeap = tr.Stats().CHeapAllocator
 		}
 	}
+	c.report.CHeap = cheap.Detect().Allocator()
 
 	r := c.report
 	arena := strconv.Itoa(r.ArenaMax)
@@ -260,6 +269,11 @@ func Start(opts ...Option) (*Controller, error) {
 	return c, errors.Join(errs...)
 }
 
+// getenv returns the variable's value with surrounding space removed; empty
+// means unset, as it does for GOMEMLIMIT and GOGC in the Go runtime (a
+// "MEMCTL_THP=" left by a deployment template switches nothing).
+func getenv(key string) string { return strings.TrimSpace(os.Getenv(key)) }
+
 func cmpOr(l, def *slog.Logger) *slog.Logger {
 	if l != nil {
 		return l
@@ -275,8 +289,8 @@ func parseDelay(v string) (time.Duration, error) {
 		return 0, nil
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		return 0, fmt.Errorf("memctl: MEMCTL_TRIM_DELAY=%q: want \"off\" or a duration such as \"2s\"", v)
+	if err != nil || (d != 0 && d < trim.MinDelay) || d < 0 {
+		return 0, fmt.Errorf("memctl: MEMCTL_TRIM_DELAY=%q: want \"off\" or a duration of at least %v such as \"2s\"", v, trim.MinDelay)
 	}
 	return d, nil
 }
@@ -303,8 +317,11 @@ func (c *Controller) Report() Report {
 }
 
 // AfterBurst marks the end of a burst of work: the trim runs once, the trim
-// delay after the last AfterBurst. It allocates nothing and takes no lock
-// (see trim.Trimmer.AfterBurst for its cost).
+// delay after the last AfterBurst (and at the latest trim.WithMaxWait after
+// the first of a run that does not pause). It allocates nothing; while a
+// trim is pending it is one atomic load, and only the first call after the
+// trimmer went idle takes an uncontended lock to set the timer (see
+// trim.Trimmer.AfterBurst for the figures).
 func (c *Controller) AfterBurst() {
 	if c != nil && c.trimmer != nil {
 		c.trimmer.AfterBurst()

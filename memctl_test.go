@@ -21,6 +21,7 @@ import (
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/thp"
+	"github.com/memctl/memctl/trim"
 )
 
 func TestMain(m *testing.M) {
@@ -151,6 +152,26 @@ func TestStartEnvironmentSwitches(t *testing.T) {
 	assert.Equal(t, 1, n)
 }
 
+func TestStartEnvironmentEdgeCases(t *testing.T) {
+	r, _ := runStart(t, nil, "MEMCTL=OFF")
+	assert.Equal(t, "true", r["OFF"], "MEMCTL is case-insensitive")
+
+	r, _ = runStart(t, nil, "MEMCTL=flase")
+	assert.Equal(t, "false", r["OFF"])
+	assert.Contains(t, r["ERR"], `MEMCTL="flase"`, "an unknown MEMCTL value is reported")
+	assert.Equal(t, "0", r["THP_ENABLED"], "and memctl stays on")
+
+	r, _ = runStart(t, nil, "MEMCTL_THP=", "MEMCTL_TRIM_DELAY=", "MEMCTL_ARENA_MAX=", "MEMCTL=")
+	assert.Equal(t, "<nil>", r["ERR"], "empty means unset")
+	assert.Equal(t, "0", r["THP_ENABLED"])
+	assert.Equal(t, "2s", r["TRIM_DELAY"])
+
+	r, _ = runStart(t, nil, "MEMCTL_THP= Keep ", "MEMCTL_TRIM_DELAY=500us")
+	assert.Equal(t, "1", r["THP_ENABLED"], "surrounding space and case are ignored")
+	assert.Contains(t, r["ERR"], "MEMCTL_TRIM_DELAY=\"500us\"", "a delay below the minimum names the variable")
+	assert.Equal(t, "0s", r["TRIM_DELAY"])
+}
+
 func TestStartArenaMax(t *testing.T) {
 	r, recs := runStart(t, nil)
 	_, line := infoLines(recs)
@@ -199,6 +220,21 @@ func TestCloseLeavesNothingRunning(t *testing.T) {
 	AfterBurst() // no controller: does nothing, starts nothing
 	Begin()()
 	assert.Zero(t, ctl.Stats().Trim.Trims, "Close dropped the pending trim")
+}
+
+func TestOperatorDelayWinsOverTrimOptions(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	t.Setenv("MEMCTL_TRIM_DELAY", "10s")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimOptions(trim.WithDelay(100*time.Millisecond)))
+	require.NoError(t, err)
+	defer ctl.Close()
+	assert.Equal(t, 10*time.Second, ctl.Report().TrimDelay)
+	assert.Equal(t, 10*time.Second, ctl.trimmer.Delay(), "the trimmer runs with the operator's delay")
 }
 
 func restoreTHP(s thp.State) {

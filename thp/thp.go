@@ -43,6 +43,10 @@ func (s State) String() string {
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
+// MarshalText returns String's word, so that JSON and text encodings of a
+// State read "disabled" rather than 1.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
 // Policy is what to do with the process's THP flag at start-up: the
 // operator's word in MEMCTL_THP. The zero value is PolicyKeep. A Policy is a plain
 // value, safe to copy and to use from several goroutines.

@@ -1,6 +1,7 @@
 package thp
 
 import (
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -162,4 +163,10 @@ func TestReadAnonHugePages(t *testing.T) {
 		assert.Contains(t, err.Error(), filepath.Join("testdata", f), "the error names the file")
 		assert.Regexp(t, "^thp: ", err.Error())
 	}
+}
+
+func TestStateMarshalText(t *testing.T) {
+	b, err := json.Marshal(map[string]State{"a": Disabled, "b": DisabledExceptAdvised, "c": State(7)})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"a":"disabled","b":"disabled-except-advised","c":"State(7)"}`, string(b))
 }
