@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -40,13 +41,21 @@ type Account struct {
 	pool   *Pool
 	parent *Account // nil for a top-level account
 	path   string
+	// closeCause is why the account was closed, when it was closed because
+	// the context it was bound to ended (WithAccount): context.Cause of
+	// that context. Guarded by mu; set before reserved becomes -1.
+	closeCause error
+	// refusedAt is the highest Used+n of a Grow(n) refused with
+	// ErrResourceExhausted, for the middleware's burst rule. Written only on
+	// the error path.
+	refusedAt atomic.Int64
 
 	// Guarded by pool.mu: the list of accounts CancelLargest may cancel.
 	cancel     context.CancelCauseFunc
 	prev, next *Account
 	listed     bool
 	canceled   bool
-	_          [46]byte // pad to 192 bytes, a multiple of the cache line
+	_          [22]byte // pad to 192 bytes, a multiple of the cache line
 }
 
 // testHookGrow, when set by a test, runs in Grow's fast path between the
@@ -94,13 +103,15 @@ func (a *Account) Peak() int64 { return a.peak.Load() }
 // (0: none; a's limit and the pool's still apply). Its scope is a's scope
 // followed by "/" and name, and what it holds counts in a's Used. It returns
 // an error matching ErrInvalidSize for a negative limit and ErrClosed when a
-// is closed.
+// is closed (wrapping the cause of the context a was bound to, as Grow's).
 func (a *Account) Open(name string, limit int64) (*Account, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("%w: %s/%s: Open with limit %d", ErrInvalidSize, a.path, name, limit)
 	}
 	if a.reserved.Load() < 0 {
-		return nil, fmt.Errorf("%w: %s: Open(%q)", ErrClosed, a.path, name)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return nil, a.closedError(fmt.Sprintf("Open(%q)", name))
 	}
 	return newAccount(a.pool, a, a.path+"/"+name, limit), nil
 }
@@ -112,7 +123,13 @@ func (a *Account) Open(name string, limit int64) (*Account, error) {
 //     holds; nothing is counted then;
 //   - an error matching ErrInvalidSize when n is negative or the total would
 //     pass math.MaxInt64;
-//   - an error matching ErrClosed after Close.
+//   - an error matching ErrClosed after Close. When the account was closed
+//     because the context it was bound to with WithAccount ended, the error
+//     also wraps that context's cause (context.Cause): it matches
+//     ErrResourceExhausted (and errors.As finds the *ExhaustedError) after
+//     the heap watch canceled it (PoolConfig.CancelLargest), and
+//     context.Canceled or context.DeadlineExceeded after a client went away
+//     or a deadline passed.
 //
 // Grow(0) returns nil. Within the account's reserved chunk Grow costs one
 // compare-and-swap and allocates nothing; an error allocates.
@@ -127,10 +144,25 @@ func (a *Account) Grow(n int64) error {
 		return nil
 	}
 	err := a.growSlow(n)
-	if err != nil && errors.Is(err, ErrResourceExhausted) {
-		a.pool.refused.Add(1)
+	if err != nil {
+		a.noteRefused(n, err)
 	}
 	return err
+}
+
+// noteRefused counts a Grow(n) that failed with err when err is a refusal
+// (an *ExhaustedError, not an account closed by a heap-pressure cancel), and
+// records in the account and its ancestors what they would have used.
+func (a *Account) noteRefused(n int64, err error) {
+	var e *ExhaustedError
+	if errors.Is(err, ErrClosed) || !errors.As(err, &e) {
+		return
+	}
+	a.pool.refused.Add(1)
+	for x := a; x != nil; x = x.parent {
+		u := x.used.Load()
+		notePeak(&x.refusedAt, u+min(n, math.MaxInt64-u))
+	}
 }
 
 // tryGrow is Grow's lock-free path: it grows by n > 0 and returns true when
@@ -176,7 +208,7 @@ func (a *Account) growLocked(n int64) error {
 	for {
 		r := a.reserved.Load()
 		if r < 0 {
-			return fmt.Errorf("%w: %s: Grow(%d)", ErrClosed, a.path, n)
+			return a.closedError("Grow(" + strconv.FormatInt(n, 10) + ")")
 		}
 		u := a.used.Load()
 		if n > math.MaxInt64-u {
@@ -355,13 +387,19 @@ func (a *Account) Resize(oldSize, newSize int64) error {
 // opened from it hold, to its parent, and makes further Grow and Open calls
 // fail with ErrClosed; accounts opened from it can no longer reserve more.
 // Close is idempotent and safe to call concurrently with any method.
-func (a *Account) Close() {
+func (a *Account) Close() { a.close(nil) }
+
+// close is Close; cause, when not nil, is why the account closed (the
+// cause of the context it was bound to), and the errors of later Grow and
+// Open calls wrap it. The first close wins.
+func (a *Account) close(cause error) {
 	a.mu.Lock()
 	r := a.reserved.Load()
 	if r < 0 {
 		a.mu.Unlock()
 		return
 	}
+	a.closeCause = cause
 	a.reserved.Store(-1)
 	if r > 0 {
 		a.giveBack(r)
@@ -370,6 +408,14 @@ func (a *Account) Close() {
 	if a.pool.cancelLargest {
 		a.pool.unlist(a)
 	}
+}
+
+// closedError is the error of op on the closed account. Called with mu held.
+func (a *Account) closedError(op string) error {
+	if a.closeCause != nil {
+		return fmt.Errorf("%w: %s: %s after its context ended: %w", ErrClosed, a.path, op, a.closeCause)
+	}
+	return fmt.Errorf("%w: %s: %s", ErrClosed, a.path, op)
 }
 
 func (a *Account) invalid(op string, n int64) error {

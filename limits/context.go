@@ -50,6 +50,14 @@ func Shrink(ctx context.Context, n int64) {
 //     returned context with an *ExhaustedError as its cause
 //     (context.Cause(ctx) matches ErrResourceExhausted).
 //
+// When a is closed because the context ended (not by cancel or Close), a
+// later Grow or Open on it fails with an error that matches ErrClosed and
+// also wraps context.Cause(ctx): ErrResourceExhausted after a heap-pressure
+// cancel, so WriteError answers it with 429; context.Canceled when the
+// parent was canceled (for a net/http request: the client went away). The
+// context's end reaches a shortly after it happens (context.AfterFunc runs
+// the close on its own goroutine), so a Grow in between may still succeed.
+//
 // Calling cancel closes a before it returns and releases the context's
 // resources; call it when the work ends, as with context.WithCancel.
 func WithAccount(parent context.Context, a *Account) (context.Context, context.CancelFunc) {
@@ -57,10 +65,14 @@ func WithAccount(parent context.Context, a *Account) (context.Context, context.C
 	if a.pool.cancelLargest {
 		a.pool.list(a, cancel)
 	}
-	stop := context.AfterFunc(ctx, a.Close)
+	stop := context.AfterFunc(ctx, func() { a.close(context.Cause(ctx)) })
 	return NewContext(ctx, a), func() {
 		stop()
-		a.Close()
+		var cause error
+		if ctx.Err() != nil {
+			cause = context.Cause(ctx) // ended before the work did
+		}
+		a.close(cause)
 		cancel(context.Canceled)
 	}
 }

@@ -29,8 +29,9 @@
 //
 // Pool.Middleware opens an account per HTTP request, carries it in the
 // request's context (limits.Grow(ctx, n)), closes it when the handler
-// returns, and calls HTTPConfig.AfterBurst after a request whose peak
-// reached 64 MiB; WriteError answers a budget error with 429 and
+// returns, and calls HTTPConfig.AfterBurst after a request whose peak (or a
+// refused Grow) reached its burst threshold (64 MiB, or half the request's
+// limit when that is smaller); WriteError answers a budget error with 429 and
 // {"code":"resource_exhausted","message":...}.
 //
 // Accounting sees only what code reports, so the pool also watches the real

@@ -33,7 +33,11 @@ var ErrResourceExhausted = errors.New("limits: " + CodeResourceExhausted)
 var ErrInvalidSize = errors.New("limits: invalid size")
 
 // ErrClosed is matched (with errors.Is) by the error of a Grow or Open on a
-// closed account or pool (or an account whose parent was closed).
+// closed account or pool (or an account whose parent was closed). When the
+// account was closed because the context it was bound to with WithAccount
+// ended, the error also wraps that context's cause: it then matches
+// ErrResourceExhausted as well after a heap-pressure cancel, or
+// context.Canceled after a client disconnect.
 var ErrClosed = errors.New("limits: closed")
 
 // ExhaustedError is the error of a refused Grow. It matches

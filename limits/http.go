@@ -9,8 +9,9 @@ import (
 	"sync/atomic"
 )
 
-// DefaultBurstThreshold is the peak, in bytes, above which a request ends a
-// burst (HTTPConfig.AfterBurst) when HTTPConfig.BurstThreshold is 0.
+// DefaultBurstThreshold is the largest default burst threshold, in bytes:
+// when HTTPConfig.BurstThreshold is 0 a request ends a burst at 64 MiB, or at
+// half of HTTPConfig.Limit when that is smaller.
 const DefaultBurstThreshold = 64 << 20
 
 // HTTPConfig configures Pool.Middleware. The zero value opens accounts
@@ -24,15 +25,22 @@ type HTTPConfig struct {
 	// pool's name in error scopes. Default: nil (means "req-N", N counting
 	// the middleware's requests from 1).
 	Name func(*http.Request) string
-	// BurstThreshold is the account peak, in bytes, at or above which a
-	// request ends a burst: AfterBurst is called once the handler returns
-	// and the account is closed. Negative means never. Default: 0 (means
-	// DefaultBurstThreshold, 64 MiB).
+	// BurstThreshold is the size, in bytes, at or above which a request
+	// ends a burst: AfterBurst is called once the handler returns and the
+	// account is closed when the account's peak (Account.Peak) reached it,
+	// or when a Grow of the request was refused with ErrResourceExhausted
+	// and what the account used plus the refused size reached it (code that
+	// allocates before it reports leaves that much garbage; code that
+	// reports first was about to). Negative means never. Default: 0, which
+	// means DefaultBurstThreshold (64 MiB), or Limit/2 when Limit is set and
+	// Limit/2 is smaller (at least 1 byte): a request never holds more than
+	// Limit, so a request limited to 32 MiB ends a burst at 16 MiB.
 	BurstThreshold int64
 	// AfterBurst is called, on the request's goroutine, after a request
-	// whose peak reached BurstThreshold; memctl wires it to the trimmer,
-	// which returns the freed memory to the OS a few seconds later. It
-	// should return quickly. Default: nil (nothing is called).
+	// that reached BurstThreshold. Nothing is wired automatically: to
+	// return the burst's freed memory to the OS a few seconds later, pass
+	// memctl.AfterBurst (the trimmer of memctl.Start). It should return
+	// quickly. Default: nil (nothing is called).
 	AfterBurst func()
 }
 
@@ -40,10 +48,26 @@ type HTTPConfig struct {
 // request with cfg.Limit, binds it to the request's context (WithAccount:
 // limits.Grow(r.Context(), n) charges it, and the pool's heap watch may
 // cancel the context) and closes it when the handler returns, even by panic.
-// Handlers answer a budget error with WriteError. When the pool is closed the
-// middleware answers 503 Service Unavailable without calling the handler.
-// It returns an error matching ErrInvalidSize for a negative cfg.Limit. The
-// middleware is safe for concurrent use.
+// When the pool is closed the middleware answers 503 Service Unavailable
+// without calling the handler. It returns an error matching ErrInvalidSize
+// for a negative cfg.Limit. The middleware is safe for concurrent use.
+//
+// Handlers answer a Grow error with WriteError, and any error it does not
+// answer with their own status, for example:
+//
+//	if err := limits.Grow(r.Context(), n); err != nil {
+//		if !limits.WriteError(w, err) {
+//			http.Error(w, err.Error(), http.StatusInternalServerError)
+//		}
+//		return
+//	}
+//
+// Once the request's context has ended the account is closed, and Grow
+// fails with an error matching ErrClosed that also wraps the context's
+// cause: after a heap-pressure cancel (PoolConfig.CancelLargest) it matches
+// ErrResourceExhausted, so WriteError answers 429; after the client went
+// away it matches context.Canceled, WriteError returns false, and nobody is
+// left to read the answer.
 func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, error) {
 	if cfg.Limit < 0 {
 		return nil, fmt.Errorf("%w: HTTPConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
@@ -51,6 +75,9 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 	threshold := cfg.BurstThreshold
 	if threshold == 0 {
 		threshold = DefaultBurstThreshold
+		if cfg.Limit > 0 {
+			threshold = max(min(threshold, cfg.Limit/2), 1)
+		}
 	}
 	var seq atomic.Int64
 	name := cfg.Name
@@ -66,9 +93,9 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			}
 			ctx, done := WithAccount(r.Context(), a)
 			defer func() {
-				peak := a.Peak()
+				reached := max(a.Peak(), a.refusedAt.Load())
 				done()
-				if threshold > 0 && peak >= threshold && cfg.AfterBurst != nil {
+				if threshold > 0 && reached >= threshold && cfg.AfterBurst != nil {
 					cfg.AfterBurst()
 				}
 			}()
@@ -84,11 +111,14 @@ type errorBody struct {
 }
 
 // WriteError answers a budget error: when err matches ErrResourceExhausted
-// (a refused Grow, or context.Cause of a context the heap watch canceled) it
-// writes status 429 with the JSON body
-// {"code":"resource_exhausted","message":"<err.Error()>"} and returns true;
-// for any other error (or nil) it writes nothing and returns false. Call it
-// before writing anything else to w.
+// (a refused Grow, context.Cause of a context the heap watch canceled, or
+// the ErrClosed error of a Grow after that cancel) it writes status 429 with
+// the JSON body {"code":"resource_exhausted","message":"<err.Error()>"} and
+// returns true. For any other error, and for nil, it writes nothing and
+// returns false, and the caller answers: ErrInvalidSize is a bug of the
+// caller (500), ErrClosed wrapping context.Canceled means the client went
+// away (any answer is lost), ErrClosed alone means the account or pool was
+// closed (for example 503). Call it before writing anything else to w.
 func WriteError(w http.ResponseWriter, err error) bool {
 	if err == nil || !errors.Is(err, ErrResourceExhausted) {
 		return false

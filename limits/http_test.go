@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -172,4 +173,103 @@ func TestMiddlewareEightConcurrent80MiB(t *testing.T) {
 	assert.Equal(t, []string{"pool", "pool", "pool"}, scopes)
 	assert.Zero(t, p.Used())
 	assert.Equal(t, 400*mib, p.Stats().Peak)
+}
+
+// growsHandler charges each ?n= value in turn to the request's account and
+// answers 200, or, at the first error, 429 through WriteError (500 for any
+// other error): the handler a new user writes.
+func growsHandler(w http.ResponseWriter, r *http.Request) {
+	for _, s := range r.URL.Query()["n"] {
+		n, _ := strconv.ParseInt(s, 10, 64)
+		if err := Grow(r.Context(), n); err != nil {
+			if !WriteError(w, err) {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+			return
+		}
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// TestMiddlewareBurstThresholdFollowsLimit: a request never holds more than
+// its own limit, so the default threshold is at most half of it.
+func TestMiddlewareBurstThresholdFollowsLimit(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 1 << 40})
+	for _, tc := range []struct {
+		limit   int64
+		queries []string // each one request
+		bursts  int64
+	}{
+		// Limit 32 MiB: the threshold is 16 MiB.
+		{32 * mib, []string{"n=" + strconv.FormatInt(16*mib-1, 10)}, 0},
+		{32 * mib, []string{"n=" + strconv.FormatInt(16*mib, 10)}, 1},
+		{32 * mib, []string{"n=" + strconv.FormatInt(8*mib, 10) + "&n=" + strconv.FormatInt(8*mib, 10)}, 1},
+		// Limit 64 MiB: 32 MiB. A request that peaked at 48 MiB and was then
+		// refused ends a burst by its peak.
+		{64 * mib, []string{"n=" + strconv.FormatInt(48*mib, 10) + "&n=" + strconv.FormatInt(32*mib, 10)}, 1},
+		// A request holding 8 MiB refused 40 MiB more: it would have held
+		// 48 MiB, past 32 MiB.
+		{64 * mib, []string{"n=" + strconv.FormatInt(8*mib, 10) + "&n=" + strconv.FormatInt(60*mib, 10)}, 1},
+		// Limit 1 GiB: the 64 MiB default.
+		{gib, []string{"n=" + strconv.FormatInt(63*mib, 10)}, 0},
+		{gib, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
+		// No limit of its own: 64 MiB.
+		{0, []string{"n=" + strconv.FormatInt(64*mib-1, 10)}, 0},
+		{0, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
+		// Limit 1 byte: the threshold is 1 byte, not 0 (never).
+		{1, []string{"n=1"}, 1},
+	} {
+		var bursts atomic.Int64
+		h := mustMiddleware(t, p, HTTPConfig{Limit: tc.limit, AfterBurst: func() { bursts.Add(1) }})(http.HandlerFunc(growsHandler))
+		for _, q := range tc.queries {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/?"+q, nil))
+		}
+		assert.Equal(t, tc.bursts, bursts.Load(), "Limit %d, %v", tc.limit, tc.queries)
+	}
+	assert.Zero(t, p.Used())
+
+	// A Grow refused (here by a 16 MiB pool) that would not have taken the
+	// request to the threshold (32 MiB) does not count.
+	small := newTestPool(t, PoolConfig{Limit: 16 * mib})
+	var refusedBursts atomic.Int64
+	h := mustMiddleware(t, small, HTTPConfig{Limit: 64 * mib, AfterBurst: func() { refusedBursts.Add(1) }})(http.HandlerFunc(growsHandler))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/?n="+strconv.FormatInt(mib, 10)+"&n="+strconv.FormatInt(20*mib, 10), nil))
+	assert.Equal(t, 429, w.Code)
+	assert.Zero(t, refusedBursts.Load())
+
+	// A negative threshold still means never; an explicit one wins.
+	var bursts atomic.Int64
+	h = mustMiddleware(t, p, HTTPConfig{Limit: 32 * mib, BurstThreshold: -1, AfterBurst: func() { bursts.Add(1) }})(http.HandlerFunc(growsHandler))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/?n="+strconv.FormatInt(32*mib, 10), nil))
+	assert.Zero(t, bursts.Load())
+	h = mustMiddleware(t, p, HTTPConfig{Limit: 32 * mib, BurstThreshold: 20 * mib, AfterBurst: func() { bursts.Add(1) }})(http.HandlerFunc(growsHandler))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/?n="+strconv.FormatInt(19*mib, 10), nil))
+	assert.Zero(t, bursts.Load())
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/?n="+strconv.FormatInt(20*mib, 10), nil))
+	assert.Equal(t, int64(1), bursts.Load())
+}
+
+// TestMiddlewareHeapPressureCancelAnswers429: after the heap watch canceled
+// a request's context, its account is closed, and the handler's next Grow
+// fails with an error that WriteError answers with 429.
+func TestMiddlewareHeapPressureCancelAnswers429(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 1 << 40, HeapPressure: 0.9, CancelLargest: true})
+	h := mustMiddleware(t, p, HTTPConfig{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a := FromContext(r.Context())
+		require.NoError(t, Grow(r.Context(), mib))
+		p.observeHeap(950*mib, 1000*mib) // heap pressure: this request is the largest
+		<-r.Context().Done()
+		require.Eventually(t, func() bool { return a.Used() == 0 }, 5*time.Second, time.Millisecond, "closed when its context ended")
+		growsHandler(w, r)
+	}))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/?n="+strconv.FormatInt(mib, 10), nil))
+	assert.Equal(t, http.StatusTooManyRequests, w.Code, w.Body.String())
+	var body errorBody
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body), w.Body.String())
+	assert.Equal(t, "resource_exhausted", body.Code)
+	assert.Equal(t, "limits: closed: pool/req-1: Grow(1048576) after its context ended: "+
+		"limits: resource_exhausted in pool/req-1 (heap pressure): requested 1048576 bytes, 996147200 in use, limit 943718400", body.Message)
+	assert.Equal(t, int64(0), p.Stats().Refused, "a Grow on a closed account is not a refusal")
 }

@@ -39,8 +39,8 @@ const (
 	SourceCgroupV2
 	// SourceSystem: total system memory (MemLimitConfig.SystemFallback).
 	SourceSystem
-	// SourceEnv: the operator set GOMEMLIMIT, or AUTOMEMLIMIT=off, in the
-	// environment; memctl did not touch GOMEMLIMIT.
+	// SourceEnv: the operator set GOMEMLIMIT (not empty), or
+	// AUTOMEMLIMIT=off, in the environment; memctl did not touch GOMEMLIMIT.
 	SourceEnv
 )
 
@@ -59,6 +59,23 @@ func (s Source) String() string {
 		return "env"
 	}
 	return "Source(" + strconv.Itoa(int(s)) + ")"
+}
+
+// MarshalText returns String's word, so that a Source (and a MemLimit) reads
+// "cgroup v1" in JSON and in slog, not a number. It never fails.
+func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText parses a word that String returns ("none", "cgroup v1",
+// "cgroup v2", "system", "env"). Any other text is an error that quotes it,
+// and s is left as it was.
+func (s *Source) UnmarshalText(b []byte) error {
+	for v := SourceNone; v <= SourceEnv; v++ {
+		if string(b) == v.String() {
+			*s = v
+			return nil
+		}
+	}
+	return fmt.Errorf("limits: unknown Source %q, want none, cgroup v1, cgroup v2, system or env", b)
 }
 
 // MemLimitConfig configures SetGoMemLimit. The zero value is the default:
@@ -108,7 +125,9 @@ type MemLimit struct {
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
 // AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a numeric
-// AUTOMEMLIMIT is the ratio. A process without a cgroup limit (or without
+// AUTOMEMLIMIT is the ratio. An empty GOMEMLIMIT or AUTOMEMLIMIT is unset,
+// as the Go runtime reads an empty GOMEMLIMIT: SetGoMemLimit removes it from
+// the environment (os.Unsetenv) and goes on as if it were absent. A process without a cgroup limit (or without
 // cgroups, or off Linux) is normal: GOMEMLIMIT is left as it was, Source is
 // SourceNone and the error is nil, unless cfg.SystemFallback asks for the
 // system's memory instead.
@@ -121,6 +140,16 @@ type MemLimit struct {
 func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 	current := debug.SetMemoryLimit(-1)
 	d := MemLimit{Bytes: current}
+	// An empty GOMEMLIMIT is no limit to the Go runtime (runtime.readGOMEMLIMIT
+	// treats "" as unset), and an empty AUTOMEMLIMIT is no ratio. Both mean
+	// unset here too; and since automemlimit's Set looks the variables up
+	// itself (an empty-but-present GOMEMLIMIT makes it skip, an empty
+	// AUTOMEMLIMIT fails to parse), they are removed from the environment.
+	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT"} {
+		if v, ok := os.LookupEnv(k); ok && v == "" {
+			os.Unsetenv(k)
+		}
+	}
 	if v, ok := os.LookupEnv("GOMEMLIMIT"); ok {
 		d.Source, d.Reason = SourceEnv, fmt.Sprintf("GOMEMLIMIT=%s is set in the environment", v)
 		return d, nil

@@ -2,12 +2,14 @@ package limits
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"math"
 	"os"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -239,4 +241,61 @@ func TestRealCgroupLimit(t *testing.T) {
 	r = childtest.Report(t, cmd)
 	assert.Equal(t, strconv.Itoa(100<<20), r["READBACK"], "the operator's GOMEMLIMIT is kept")
 	assert.Equal(t, "env", r["SOURCE"])
+
+	// Empty is unset, for the Go runtime as for memctl.
+	cmd = childtest.Command(t, "memlimit", []string{"GOMEMLIMIT", "AUTOMEMLIMIT"}, "GOMEMLIMIT=", "AUTOMEMLIMIT=")
+	g.Wrap(cmd)
+	r = childtest.Report(t, cmd)
+	assert.Equal(t, want, r["READBACK"], "GOMEMLIMIT= and AUTOMEMLIMIT= are unset")
+	assert.Equal(t, source.String(), r["SOURCE"])
+}
+
+func TestSourceText(t *testing.T) {
+	b, err := json.Marshal(MemLimit{Bytes: 1, Limit: 2, Ratio: 0.5, Source: SourceCgroupV1, Reason: "r"})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"Bytes":1,"Limit":2,"Ratio":0.5,"Source":"cgroup v1","Reason":"r"}`, string(b))
+	for _, s := range []Source{SourceNone, SourceCgroupV1, SourceCgroupV2, SourceSystem, SourceEnv} {
+		b, err := s.MarshalText()
+		require.NoError(t, err)
+		assert.Equal(t, s.String(), string(b))
+		var back Source
+		require.NoError(t, back.UnmarshalText(b), "%s", b)
+		assert.Equal(t, s, back)
+	}
+	var m MemLimit
+	require.NoError(t, json.Unmarshal([]byte(`{"Source":"cgroup v2"}`), &m))
+	assert.Equal(t, SourceCgroupV2, m.Source)
+	b, err = Source(9).MarshalText()
+	require.NoError(t, err)
+	assert.Equal(t, "Source(9)", string(b))
+	s := SourceEnv
+	err = s.UnmarshalText([]byte("cgroup v3"))
+	assert.ErrorContains(t, err, `limits: unknown Source "cgroup v3"`)
+	assert.Equal(t, SourceEnv, s, "a failed UnmarshalText leaves the value alone")
+}
+
+// TestEmptyEnvironmentIsUnset: GOMEMLIMIT= and AUTOMEMLIMIT= are unset to
+// the Go runtime (and to automemlimit's parser they are no ratio): memctl
+// sets GOMEMLIMIT from the cgroup limit as if they were absent.
+func TestEmptyEnvironmentIsUnset(t *testing.T) {
+	for _, env := range [][]string{{"GOMEMLIMIT"}, {"AUTOMEMLIMIT"}, {"GOMEMLIMIT", "AUTOMEMLIMIT"}} {
+		t.Run(strings.Join(env, "+"), func(t *testing.T) {
+			keepMemoryLimit(t)
+			debug.SetMemoryLimit(math.MaxInt64)
+			for _, k := range env {
+				t.Setenv(k, "")
+			}
+			d, err := SetGoMemLimit(context.Background(), MemLimitConfig{provider: fixed(uint64(gib)), cgroupFile: "testdata/cgroup_v2"})
+			require.NoError(t, err)
+			ratio := DefaultRatio
+			want := int64(float64(gib) * ratio)
+			assert.Equal(t, SourceCgroupV2, d.Source, d.Reason)
+			assert.Equal(t, want, d.Bytes)
+			assert.Equal(t, want, debug.SetMemoryLimit(-1), "GOMEMLIMIT read back from the runtime")
+			for _, k := range env {
+				_, ok := os.LookupEnv(k)
+				assert.False(t, ok, "%s= is removed from the environment", k)
+			}
+		})
+	}
 }

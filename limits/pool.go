@@ -43,8 +43,11 @@ type PoolConfig struct {
 	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT as read by NewPool
 	// (debug.SetMemoryLimit(-1)); when GOMEMLIMIT is not set either, the
 	// pool has no limit (it counts, and refuses only under heap pressure).
-	// Set GOMEMLIMIT (for example with SetGoMemLimit) before NewPool. A
-	// negative Limit is an error. Default: 0.
+	// Set GOMEMLIMIT (for example with SetGoMemLimit) before NewPool. The
+	// limit is fixed at NewPool: it does not follow a later change of
+	// GOMEMLIMIT (a MemLimitConfig.Refresh after an in-place resize), while
+	// the heap-pressure threshold does. A negative Limit is an error.
+	// Default: 0.
 	Limit int64
 	// ChunkSize is the granularity, in bytes, in which accounts reserve from
 	// the pool or their parent account, in [1, 1 GiB]. Grow and Shrink within
@@ -54,8 +57,10 @@ type PoolConfig struct {
 	// HeapPressure is the share of GOMEMLIMIT, in (0.0, 1.0], that the live
 	// Go heap (runtime/metrics /gc/heap/live:bytes) may reach before the pool
 	// refuses every Grow that needs more from it; it is checked at the end of
-	// each GC cycle, by a hook the collector runs, not by a timer. A negative
-	// value turns the watch off. Without GOMEMLIMIT there is no pressure.
+	// each GC cycle, by a hook the collector runs, not by a timer. GOMEMLIMIT
+	// is read again at every cycle (debug.SetMemoryLimit(-1)), so the
+	// threshold follows a refresh of GOMEMLIMIT. A negative value turns the
+	// watch off. Without GOMEMLIMIT there is no pressure.
 	// Default: 0 (means DefaultHeapPressure, 0.9).
 	HeapPressure float64
 	// CancelLargest, under heap pressure, cancels at the end of each GC
@@ -78,7 +83,10 @@ type PoolStats struct {
 	// Peak is the highest Used since NewPool.
 	Peak int64
 	// Refused counts Grow calls refused with ErrResourceExhausted by any
-	// scope of the pool (account, ancestor, pool, heap pressure).
+	// scope of the pool (account, ancestor, pool, heap pressure). A Grow on
+	// an account closed by a heap-pressure cancel is not counted, though its
+	// error matches ErrResourceExhausted too (see ErrClosed); the cancel is
+	// counted in Canceled.
 	Refused int64
 	// Misuse counts Shrink calls below zero or of a negative size.
 	Misuse int64
@@ -184,7 +192,9 @@ func limitFromGOMEMLIMIT(gml int64) int64 {
 // Name returns the pool's name, the first element of every scope.
 func (p *Pool) Name() string { return p.name }
 
-// Limit returns the pool's limit in bytes; 0 means no limit.
+// Limit returns the pool's limit in bytes; 0 means no limit. It is fixed at
+// NewPool (see PoolConfig.Limit): a pool derived from GOMEMLIMIT keeps the
+// value GOMEMLIMIT had then.
 func (p *Pool) Limit() int64 {
 	if p.limit == math.MaxInt64 {
 		return 0

@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -264,4 +265,88 @@ func childHeapPressure() {
 	p.Close()
 	childtest.Say("ARMED_AFTER_CLOSE", armedWatches.Load())
 	os.Stdout.Sync()
+}
+
+// TestGrowAfterContextEndWrapsCause: an account closed because its context
+// ended fails Grow and Open with ErrClosed and the context's cause.
+func TestGrowAfterContextEndWrapsCause(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true})
+	closed := func(a *Account) func() bool { return func() bool { return a.reserved.Load() < 0 } }
+
+	// Canceled by the heap watch.
+	a := mustOpen(t, p, "req-1", 0)
+	ctx, done := WithAccount(context.Background(), a)
+	defer done()
+	child, err := a.Open("sort", 0)
+	require.NoError(t, err)
+	require.NoError(t, Grow(ctx, mib))
+	p.observeHeap(950*mib, 1000*mib)
+	<-ctx.Done()
+	require.Eventually(t, closed(a), 5*time.Second, time.Millisecond)
+	err = Grow(ctx, mib)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, err, ErrResourceExhausted)
+	var e *ExhaustedError
+	require.ErrorAs(t, err, &e)
+	assert.Equal(t, "pool/req-1 (heap pressure)", e.Scope)
+	_, err = a.Open("x", 0)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, err, ErrResourceExhausted)
+	err = child.Grow(mib)
+	assert.ErrorIs(t, err, ErrClosed, "a child of the closed account cannot reserve")
+	assert.ErrorIs(t, err, ErrResourceExhausted, "and says why")
+	child.Close()
+	assert.Zero(t, p.Stats().Refused, "Grow calls on a closed account are not refusals")
+
+	// The client went away: the parent context was canceled.
+	b := mustOpen(t, p, "req-2", 0)
+	parent, cancel := context.WithCancel(context.Background())
+	ctx, doneB := WithAccount(parent, b)
+	defer doneB()
+	cancel()
+	require.Eventually(t, closed(b), 5*time.Second, time.Millisecond)
+	err = Grow(ctx, 1)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, ErrResourceExhausted)
+	assert.False(t, WriteError(httptest.NewRecorder(), err))
+
+	// A deadline.
+	c := mustOpen(t, p, "req-3", 0)
+	parent, cancel = context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	ctx, doneC := WithAccount(parent, c)
+	defer doneC()
+	<-ctx.Done()
+	require.Eventually(t, closed(c), 5*time.Second, time.Millisecond)
+	assert.ErrorIs(t, Grow(ctx, 1), context.DeadlineExceeded)
+
+	// Closed by the returned cancel (the work ended) or by Close: ErrClosed
+	// alone.
+	d := mustOpen(t, p, "req-4", 0)
+	ctx, doneD := WithAccount(context.Background(), d)
+	doneD()
+	err = Grow(ctx, 1)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.NotErrorIs(t, err, context.Canceled)
+	assert.Equal(t, "limits: closed: pool/req-4: Grow(1)", err.Error())
+}
+
+// TestPoolLimitFixedHeapThresholdFollowsGOMEMLIMIT: a pool's limit derived
+// from GOMEMLIMIT is read once, by NewPool; the heap-pressure threshold is
+// read from GOMEMLIMIT at every GC cycle, so it follows a refresh
+// (MemLimitConfig.Refresh calls debug.SetMemoryLimit).
+func TestPoolLimitFixedHeapThresholdFollowsGOMEMLIMIT(t *testing.T) {
+	prev := debug.SetMemoryLimit(4 * gib)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	p := newTestPool(t, PoolConfig{HeapPressure: 0.5})
+	assert.Equal(t, 2*gib, p.Limit(), "DefaultPoolRatio of GOMEMLIMIT at NewPool")
+	waitCycles(t, p, 1)
+	assert.Equal(t, 2*gib, p.Stats().HeapThreshold)
+
+	debug.SetMemoryLimit(8 * gib) // what a refresh does after a resize
+	waitCycles(t, p, 2)
+	assert.Equal(t, 4*gib, p.Stats().HeapThreshold, "the threshold follows GOMEMLIMIT")
+	assert.Equal(t, 2*gib, p.Limit(), "the pool's limit does not")
+	assert.Equal(t, 2*gib, p.Stats().Limit)
 }

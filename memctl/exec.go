@@ -12,6 +12,7 @@ import (
 
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 const execUsage = `usage: memctl exec [flags] [--] PROGRAM [ARGS...]
@@ -20,26 +21,29 @@ Apply the memory settings, then replace memctl with PROGRAM (same PID,
 signals and exit status). Flags:
 `
 
-// execConfig is what the exec flags ask for.
+// execConfig is what the exec flags and the environment ask for.
 type execConfig struct {
 	thp      thp.Policy
+	thpFrom  string  // where thp came from, for -v: "-thp=disable", "MEMCTL_THP=keep"
+	thpEnv   bool    // thp came from MEMCTL_THP: failing to apply it is a warning
 	ratio    float64 // 0: limits.DefaultRatio
 	arenaMax int
+	off      bool // MEMCTL=off: change nothing
 	verbose  bool
 }
 
 func runExec(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	cfg := execConfig{thp: thp.PolicyDisable}
-	fs.TextVar(&cfg.thp, "thp", thp.PolicyDisable, "THP `mode` for PROGRAM: disable, except-advised (Linux 6.18+) or keep")
+	fs.TextVar(&cfg.thp, "thp", thp.PolicyDisable, "THP `mode` for PROGRAM: disable, except-advised (Linux 6.18+) or keep; MEMCTL_THP sets the default")
 	fs.Float64Var(&cfg.ratio, "ratio", limits.DefaultRatio, "set GOMEMLIMIT to `R` times the cgroup memory limit, R in (0, 1]")
-	fs.IntVar(&cfg.arenaMax, "arena-max", 0, "cap glibc malloc arenas at `N` through GLIBC_TUNABLES (0: no cap)")
+	fs.IntVar(&cfg.arenaMax, "arena-max", 0, "cap glibc malloc arenas at `N` through GLIBC_TUNABLES (0: no cap); MEMCTL_ARENA_MAX sets the default")
 	fs.BoolVar(&cfg.verbose, "v", false, "print what was set on standard error")
 	if done, status := parseFlags(fs, args, execUsage, stdout, stderr); done {
 		return status
 	}
-	ratioSet := false
-	fs.Visit(func(f *flag.Flag) { ratioSet = ratioSet || f.Name == "ratio" })
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if fs.NArg() == 0 {
 		return usageError(fs, execUsage, stderr, "no PROGRAM to run")
 	}
@@ -49,17 +53,74 @@ func runExec(args []string, stdout, stderr io.Writer) int {
 	if cfg.arenaMax < 0 {
 		return usageError(fs, execUsage, stderr, "-arena-max %d: want 0 (no cap) or a count of arenas", cfg.arenaMax)
 	}
-	if !ratioSet {
+	if !given["ratio"] {
 		cfg.ratio = 0 // limits.DefaultRatio, reported as the default
+	}
+	for _, w := range cfg.applyEnv(os.Getenv, func(name string) bool { return given[name] }) {
+		fmt.Fprintln(stderr, w)
 	}
 	return execProgram(cfg, fs.Args(), stderr)
 }
 
+// applyEnv reads memctl's switches through getenv, as memctl.Start does:
+// MEMCTL=off (any case) sets cfg.off and nothing else is read; MEMCTL_THP
+// and MEMCTL_ARENA_MAX set thp and arenaMax when their flag was not given
+// (flagGiven reports that). An empty variable is unset. A value that cannot
+// be parsed leaves that part off (THP flag kept as inherited, no arena cap)
+// and gives a warning: a typo must not stop a container from starting.
+// It returns the warnings, each a line starting with "memctl: warning: ".
+func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(string) bool) []string {
+	var warns []string
+	warn := func(format string, a ...any) {
+		warns = append(warns, "memctl: warning: "+fmt.Sprintf(format, a...))
+	}
+	if cfg.thpFrom == "" {
+		cfg.thpFrom = "-thp=" + cfg.thp.String()
+	}
+	switch v := getenv("MEMCTL"); {
+	case strings.EqualFold(strings.TrimSpace(v), "off"):
+		cfg.off = true
+		return nil
+	case v != "":
+		warn("MEMCTL=%q is not \"off\": memctl applies its settings", v)
+	}
+	if v := getenv("MEMCTL_THP"); v != "" && !flagGiven("thp") {
+		p, err := thp.ParsePolicy(v)
+		if err != nil {
+			warn("MEMCTL_THP=%q: %v; THP flag left as inherited", v, err)
+			cfg.thp, cfg.thpFrom = thp.PolicyKeep, "MEMCTL_THP invalid: left as inherited"
+		} else {
+			cfg.thp, cfg.thpFrom, cfg.thpEnv = p, "MEMCTL_THP="+v, true
+		}
+	}
+	if v := getenv("MEMCTL_ARENA_MAX"); v != "" && !flagGiven("arena-max") {
+		n, err := parseArenaMax(v)
+		if err != nil {
+			warn("%v; no arena cap", err)
+		}
+		cfg.arenaMax = n
+	}
+	return warns
+}
+
+// parseArenaMax parses MEMCTL_ARENA_MAX as memctl.Start does: "off" (any
+// case) or "0" for no cap, or a count of arenas.
+func parseArenaMax(v string) (int, error) {
+	if strings.EqualFold(v, "off") {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("MEMCTL_ARENA_MAX=%q: want \"off\" or a count of arenas such as \"2\"", v)
+	}
+	return n, nil
+}
+
 // goMemLimitEnv returns env with GOMEMLIMIT set to ml.Bytes when ml's limit
-// came from a cgroup (or the system) and env does not set GOMEMLIMIT, and a
-// sentence for -v.
+// came from a cgroup (or the system) and env does not set GOMEMLIMIT (an
+// empty GOMEMLIMIT is unset, as for the Go runtime), and a sentence for -v.
 func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
-	if v, ok := lookupEnv(env, "GOMEMLIMIT"); ok {
+	if v, ok := lookupEnv(env, "GOMEMLIMIT"); ok && v != "" {
 		return env, "GOMEMLIMIT=" + v + " left as set"
 	}
 	switch ml.Source {
@@ -80,17 +141,18 @@ const arenaTunable = "glibc.malloc.arena_max"
 // arenaMaxEnv returns env with glibc.malloc.arena_max=n appended to
 // GLIBC_TUNABLES (colon-separated name=value pairs, see glibc's "Tunables"
 // manual), unless the operator already capped arenas there or with
-// MALLOC_ARENA_MAX, and a sentence for -v.
+// MALLOC_ARENA_MAX, and a sentence for -v. What counts as the operator's cap
+// is cheap.OperatorArenaMax's rule, the library's: a non-empty
+// MALLOC_ARENA_MAX, or an arena_max entry with a value in GLIBC_TUNABLES.
 func arenaMaxEnv(env []string, n int) ([]string, string) {
-	if v, ok := lookupEnv(env, "MALLOC_ARENA_MAX"); ok {
+	getenv := func(k string) string { v, _ := lookupEnv(env, k); return v }
+	switch name, v, ok := cheap.OperatorArenaMax(getenv); {
+	case ok && name == "MALLOC_ARENA_MAX":
 		return env, "GLIBC_TUNABLES left as it is: MALLOC_ARENA_MAX=" + v + " is set"
+	case ok:
+		return env, "GLIBC_TUNABLES=" + v + " left as it is: it sets " + arenaTunable
 	}
 	cur, _ := lookupEnv(env, "GLIBC_TUNABLES")
-	for _, kv := range strings.Split(cur, ":") {
-		if k, _, _ := strings.Cut(kv, "="); k == arenaTunable {
-			return env, "GLIBC_TUNABLES=" + cur + " left as it is: it sets " + arenaTunable
-		}
-	}
 	v := arenaTunable + "=" + strconv.Itoa(n)
 	if cur != "" {
 		v = cur + ":" + v
@@ -150,6 +212,3 @@ func prepareEnv(env []string, cfg execConfig, ml limits.MemLimit) ([]string, []s
 func memLimit(cfg execConfig) (limits.MemLimit, error) {
 	return limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{Ratio: cfg.ratio})
 }
-
-// memctlOff reports whether MEMCTL=off asks memctl to change nothing.
-func memctlOff() bool { return os.Getenv("MEMCTL") == "off" }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"syscall"
 
+	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -29,22 +30,31 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 		}
 	}
 	env := os.Environ()
-	if memctlOff() {
-		verbose("MEMCTL=off: nothing changed")
+	if cfg.off {
+		verbose("MEMCTL=%s: nothing changed", os.Getenv("MEMCTL"))
 	} else {
 		st, err := cfg.thp.Apply()
-		if err != nil {
+		switch {
+		case err == nil:
+			verbose("THP %s (%s)", st, cfg.thpFrom)
+		case cfg.thpEnv:
+			// The operator's environment, not this command line, asked:
+			// as memctl.Start does, report it and run the program.
+			fmt.Fprintf(stderr, "memctl: warning: %s: %v; THP flag left as inherited\n", cfg.thpFrom, err)
+		default:
 			if cfg.thp == thp.PolicyExceptAdvised && errors.Is(err, errors.ErrUnsupported) {
 				err = fmt.Errorf("%w; use -thp=disable on this kernel", err)
 			}
 			fmt.Fprintf(stderr, "memctl: -thp=%s: %v\n", cfg.thp, err)
 			return exitError
 		}
-		verbose("THP %s (-thp=%s)", st, cfg.thp)
 		ml, err := memLimit(cfg)
 		if err != nil {
-			fmt.Fprintf(stderr, "memctl: GOMEMLIMIT: %v\n", err)
-			return exitError
+			// A typo in AUTOMEMLIMIT or an unreadable cgroup file must not
+			// stop the program from starting: it runs without GOMEMLIMIT
+			// from memctl.
+			fmt.Fprintf(stderr, "memctl: warning: GOMEMLIMIT not set: %v\n", err)
+			ml = limits.MemLimit{Reason: err.Error()}
 		}
 		var notes []string
 		env, notes = prepareEnv(env, cfg, ml)

@@ -173,9 +173,16 @@ func TestExecGOMEMLIMITInCgroup(t *testing.T) {
 		assert.Equal(t, []string{"67108864"}, envLines(out, "GOMEMLIMIT"))
 	})
 	t.Run("bad AUTOMEMLIMIT", func(t *testing.T) {
-		_, errOut, code := inGroup([]string{"AUTOMEMLIMIT=lots"}, "exec", "--", "/usr/bin/env")
-		assert.Equal(t, 1, code)
-		assert.Contains(t, errOut, `memctl: GOMEMLIMIT: limits: AUTOMEMLIMIT="lots"`)
+		out, errOut, code := inGroup([]string{"AUTOMEMLIMIT=lots"}, "exec", "--", "/usr/bin/env")
+		require.Equal(t, 0, code, "a typo does not stop the program")
+		assert.Contains(t, errOut, `memctl: warning: GOMEMLIMIT not set: limits: AUTOMEMLIMIT="lots"`)
+		assert.Empty(t, envLines(out, "GOMEMLIMIT"))
+	})
+	t.Run("empty GOMEMLIMIT and AUTOMEMLIMIT", func(t *testing.T) {
+		out, errOut, code := inGroup([]string{"GOMEMLIMIT=", "AUTOMEMLIMIT="}, "exec", "--", "/usr/bin/env")
+		require.Equal(t, 0, code)
+		assert.Empty(t, errOut)
+		assert.Equal(t, []string{"241591910"}, envLines(out, "GOMEMLIMIT"), "empty is unset, as for the Go runtime")
 	})
 	t.Run("MALLOC_ARENA_MAX", func(t *testing.T) {
 		out, _, code := inGroup([]string{"MALLOC_ARENA_MAX=4"}, "exec", "-arena-max=2", "--", "/usr/bin/env")
@@ -210,4 +217,79 @@ func exe(t *testing.T) string {
 	p, err := os.Executable()
 	require.NoError(t, err)
 	return p
+}
+
+// TestExecEnvironmentDefaults: MEMCTL_THP and MEMCTL_ARENA_MAX are the
+// defaults of -thp and -arena-max, read back in the program.
+func TestExecEnvironmentDefaults(t *testing.T) {
+	requireTHPFlag(t)
+	show := []string{"--", "/bin/sh", "-c", `grep THP_enabled /proc/self/status; echo "GT=$GLIBC_TUNABLES"`}
+	for _, tc := range []struct {
+		env   []string
+		flags []string
+		thp   string
+		gt    string
+		warn  string // on stderr; "" for none
+	}{
+		{nil, nil, "0", "", ""},
+		{[]string{"MEMCTL_THP=keep"}, nil, "1", "", ""},
+		{[]string{"MEMCTL_THP=KEEP", "MEMCTL_ARENA_MAX=3"}, nil, "1", "glibc.malloc.arena_max=3", ""},
+		{[]string{"MEMCTL_THP=keep", "MEMCTL_ARENA_MAX=3"}, []string{"-thp=disable", "-arena-max=2"}, "0", "glibc.malloc.arena_max=2", ""},
+		{[]string{"MEMCTL_THP=", "MEMCTL_ARENA_MAX="}, nil, "0", "", ""},
+		{[]string{"MEMCTL_ARENA_MAX=off"}, nil, "0", "", ""},
+		// A typo does not stop the program: that part is left off.
+		{[]string{"MEMCTL_THP=disabled"}, nil, "1", "", `memctl: warning: MEMCTL_THP="disabled"`},
+		{[]string{"MEMCTL_ARENA_MAX=two"}, nil, "0", "", `memctl: warning: MEMCTL_ARENA_MAX="two"`},
+		// MEMCTL=off in any case; another value is a warning.
+		{[]string{"MEMCTL=OFF", "MEMCTL_ARENA_MAX=3"}, nil, "1", "", ""},
+		{[]string{"MEMCTL=Off"}, []string{"-arena-max=2"}, "1", "", ""},
+		{[]string{"MEMCTL=on", "MEMCTL_ARENA_MAX=3"}, nil, "0", "glibc.malloc.arena_max=3", `memctl: warning: MEMCTL="on" is not "off"`},
+		// An empty MALLOC_ARENA_MAX is unset.
+		{[]string{"MALLOC_ARENA_MAX="}, []string{"-arena-max=2"}, "0", "glibc.malloc.arena_max=2", ""},
+	} {
+		t.Run(strings.Join(append(tc.env, tc.flags...), " "), func(t *testing.T) {
+			args := append(append([]string{"exec"}, tc.flags...), show...)
+			out, errOut, code := result(t, memctl(t, tc.env, args...))
+			require.Equal(t, 0, code)
+			assert.Contains(t, out, "THP_enabled:\t"+tc.thp+"\n")
+			assert.Contains(t, out, "GT="+tc.gt+"\n")
+			if tc.warn == "" {
+				assert.Empty(t, errOut)
+			} else {
+				assert.Contains(t, errOut, tc.warn)
+			}
+		})
+	}
+}
+
+// TestExecBadAUTOMEMLIMITRuns: a bad AUTOMEMLIMIT is a warning; the program
+// still runs, without GOMEMLIMIT from memctl.
+func TestExecBadAUTOMEMLIMITRuns(t *testing.T) {
+	out, errOut, code := result(t, memctl(t, []string{"AUTOMEMLIMIT=bogus"}, "exec", "--", "/usr/bin/env"))
+	require.Equal(t, 0, code)
+	assert.Contains(t, errOut, `memctl: warning: GOMEMLIMIT not set: limits: AUTOMEMLIMIT="bogus"`)
+	assert.Empty(t, envLines(out, "GOMEMLIMIT"))
+	assert.Equal(t, []string{"bogus"}, envLines(out, "AUTOMEMLIMIT"), "the program's environment is left as it is")
+}
+
+// TestStatusTHPExceptAdvised: THP_enabled is 1 both for a clear flag and
+// for "disabled except advised"; status says so for another process, and
+// tells them apart for itself with PR_GET_THP_DISABLE.
+func TestStatusTHPExceptAdvised(t *testing.T) {
+	requireTHPFlag(t)
+	out, errOut, code := result(t, memctl(t, []string{envThen + "=memctl"}, "exec", "-thp=except-advised", "--", exe(t), "status"))
+	if code == 1 && strings.Contains(errOut, "use -thp=disable on this kernel") {
+		t.Skipf("kernel without PR_THP_DISABLE_EXCEPT_ADVISED: %s", errOut)
+	}
+	require.Equal(t, 0, code)
+	assert.Regexp(t, `(?m)^THP_enabled +1 \(disabled except advised: prctl PR_THP_DISABLE_EXCEPT_ADVISED\)$`, out)
+
+	out, _, code = result(t, memctl(t, nil, "status"))
+	require.Equal(t, 0, code)
+	assert.Regexp(t, `(?m)^THP_enabled +1 \(enabled: follows the system mode\)$`, out)
+
+	pid := startHold(t, nil, "MEMCTL_THP=except-advised")
+	out, _, code = result(t, memctl(t, nil, "status", "-pid", strconv.Itoa(pid)))
+	require.Equal(t, 0, code)
+	assert.Regexp(t, `(?m)^THP_enabled +1 \(enabled, or disabled except advised: /proc cannot tell them apart\)$`, out)
 }

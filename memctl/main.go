@@ -22,7 +22,11 @@
 //     khugepaged/max_ptes_none, from /sys/kernel/mm/transparent_hugepage;
 //   - the process's THP flag, THP_enabled in /proc/PID/status (0 when the
 //     process called prctl(PR_SET_THP_DISABLE) or inherited it), and the
-//     bytes in huge pages, AnonHugePages in /proc/PID/smaps_rollup;
+//     bytes in huge pages, AnonHugePages in /proc/PID/smaps_rollup. The
+//     kernel writes 1 both for a clear flag and for "disabled except
+//     advised" (Linux 6.18), so the table says /proc cannot tell them
+//     apart; for memctl itself (no -pid, or its own) it reads the flag with
+//     prctl(PR_GET_THP_DISABLE) and says which;
 //   - VmRSS and VmHWM (peak RSS) from /proc/PID/status;
 //   - the memory limit of the process's cgroup, v1 (memory.limit_in_bytes)
 //     or v2 (memory.max), the tightest of the cgroup and its ancestors, and
@@ -69,26 +73,42 @@
 // (execve(2)), so the process ID, the signals and the exit status are the
 // program's own. PROGRAM is looked up in PATH unless it contains a slash.
 //
-//   - -thp (default disable): the THP flag, prctl(PR_SET_THP_DISABLE). The
-//     flag is inherited by children and kept across execve, so the program
-//     and everything it starts run without new huge pages; except-advised
-//     (Linux 6.18 and later) keeps them in regions the program advises with
-//     madvise(MADV_HUGEPAGE); keep leaves the flag as inherited.
+//   - -thp (default disable, or MEMCTL_THP): the THP flag,
+//     prctl(PR_SET_THP_DISABLE). The flag is inherited by children and kept
+//     across execve, so the program and everything it starts run without
+//     new huge pages; except-advised (Linux 6.18 and later) keeps them in
+//     regions the program advises with madvise(MADV_HUGEPAGE); keep leaves
+//     the flag as inherited.
 //   - -ratio (default 0.9): GOMEMLIMIT is set to this share of the cgroup
 //     memory limit memctl and the program are in (package limits, through
 //     automemlimit). It is not set when there is no limit, when GOMEMLIMIT
-//     is already set, or when AUTOMEMLIMIT=off; a ratio in AUTOMEMLIMIT wins
-//     over -ratio. The variable does nothing for programs not written in Go.
-//   - -arena-max N (default 0, off): caps glibc malloc arenas by appending
-//     glibc.malloc.arena_max=N to GLIBC_TUNABLES, after what is there. Not
-//     done when GLIBC_TUNABLES already sets arena_max or MALLOC_ARENA_MAX is
-//     set.
+//     is already set (an empty GOMEMLIMIT is unset, as for the Go runtime),
+//     or when AUTOMEMLIMIT=off; a ratio in AUTOMEMLIMIT wins over -ratio.
+//     The variable does nothing for programs not written in Go.
+//   - -arena-max N (default 0, off, or MEMCTL_ARENA_MAX): caps glibc malloc
+//     arenas by appending glibc.malloc.arena_max=N to GLIBC_TUNABLES, after
+//     what is there. Not done when GLIBC_TUNABLES already sets arena_max or
+//     MALLOC_ARENA_MAX is set (not empty): the same rule as the library's
+//     (cheap.OperatorArenaMax).
 //   - -v prints what was set on standard error; otherwise exec prints
-//     nothing.
+//     nothing but warnings.
 //
-// With MEMCTL=off in the environment exec changes nothing and runs the
-// program as it is. exec is Linux only; elsewhere it fails with an error
-// (errors.ErrUnsupported).
+// The environment holds the same switches as for the library (memctl.Start):
+//
+//   - MEMCTL=off (any case): exec changes nothing and runs the program as
+//     it is. Any other non-empty value is a warning, and exec goes on.
+//   - MEMCTL_THP=disable|except-advised|keep is the default of -thp, and
+//     MEMCTL_ARENA_MAX=N|off the default of -arena-max; a flag given on the
+//     command line wins. An empty variable is unset.
+//
+// A setting that comes from the environment never stops the program: a
+// value that cannot be parsed (MEMCTL_THP, MEMCTL_ARENA_MAX, AUTOMEMLIMIT),
+// a MEMCTL_THP policy the kernel refuses, or a cgroup file that cannot be
+// read, prints "memctl: warning: ..." on standard error, leaves that part
+// off (THP flag as inherited, no arena cap, no GOMEMLIMIT) and runs the
+// program. A bad flag is a usage error, and a -thp the kernel refuses is an
+// error: the program is not run. exec is Linux only; elsewhere it fails
+// with an error (errors.ErrUnsupported).
 //
 // # Exit status
 //

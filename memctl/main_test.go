@@ -84,7 +84,7 @@ func reportChild() {
 // operatorVars are left out of the children's environment unless a test
 // sets them, so that an operator's settings on the test machine do not
 // change what the tests see.
-var operatorVars = []string{"GOMEMLIMIT", "AUTOMEMLIMIT", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "GOGC", "MEMCTL", "MEMCTL_THP", envThen}
+var operatorVars = []string{"GOMEMLIMIT", "AUTOMEMLIMIT", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "GOGC", "MEMCTL", "MEMCTL_THP", "MEMCTL_ARENA_MAX", envThen}
 
 // memctl returns a command that runs memctl with args, with env
 // ("KEY=VALUE") added to the cleaned environment. It is killed when the
@@ -221,6 +221,12 @@ func TestArenaMaxEnv(t *testing.T) {
 	assert.Equal(t, in, env, "the operator's arena_max is kept")
 	assert.Contains(t, note, "left as it is")
 
+	// Empty is unset, for glibc and for cheap.OperatorArenaMax.
+	env, _ = arenaMaxEnv([]string{"MALLOC_ARENA_MAX="}, 2)
+	assert.Equal(t, []string{"MALLOC_ARENA_MAX=", "GLIBC_TUNABLES=glibc.malloc.arena_max=2"}, env)
+	env, _ = arenaMaxEnv([]string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3"}, 2)
+	assert.Equal(t, []string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3"}, env, "the same rule as cheap.OperatorArenaMax")
+
 	in = []string{"MALLOC_ARENA_MAX=1", "GLIBC_TUNABLES=glibc.malloc.check=0"}
 	env, note = arenaMaxEnv(in, 2)
 	assert.Equal(t, in, env, "MALLOC_ARENA_MAX is kept and nothing is added")
@@ -249,6 +255,9 @@ func TestGoMemLimitEnv(t *testing.T) {
 	env, note := goMemLimitEnv([]string{"A=1"}, cg)
 	assert.Equal(t, []string{"A=1", "GOMEMLIMIT=241591910"}, env)
 	assert.Equal(t, "GOMEMLIMIT=241591910 (default ratio 0.9 of the cgroup v2 limit of 268435456 bytes)", note)
+
+	env, _ = goMemLimitEnv([]string{"GOMEMLIMIT=", "A=1"}, cg)
+	assert.Equal(t, []string{"GOMEMLIMIT=241591910", "A=1"}, env, "an empty GOMEMLIMIT is unset")
 
 	in := []string{"GOMEMLIMIT=100MiB"}
 	env, note = goMemLimitEnv(in, cg)
@@ -281,5 +290,52 @@ func TestMemoryVar(t *testing.T) {
 	}
 	for _, k := range []string{"PATH", "HOME", "GOMAXPROCS", "GOROOT", "gogc", "XMALLOC"} {
 		assert.False(t, memoryVar(k), k)
+	}
+}
+
+func TestExecEnvDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		env      map[string]string
+		flags    []string // flags given on the command line
+		thp      thp.Policy
+		thpFrom  string
+		thpEnv   bool
+		arenaMax int
+		off      bool
+		warn     []string // substrings, one per warning, in order
+	}{
+		{name: "none", thp: thp.PolicyDisable, thpFrom: "-thp=disable"},
+		{name: "MEMCTL_THP", env: map[string]string{"MEMCTL_THP": "keep"}, thp: thp.PolicyKeep, thpFrom: "MEMCTL_THP=keep", thpEnv: true},
+		{name: "MEMCTL_THP any case", env: map[string]string{"MEMCTL_THP": "Except-Advised"}, thp: thp.PolicyExceptAdvised, thpFrom: "MEMCTL_THP=Except-Advised", thpEnv: true},
+		{name: "flag wins", env: map[string]string{"MEMCTL_THP": "keep", "MEMCTL_ARENA_MAX": "4"}, flags: []string{"thp", "arena-max"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable"},
+		{name: "flag wins over a bad value", env: map[string]string{"MEMCTL_THP": "bogus", "MEMCTL_ARENA_MAX": "many"}, flags: []string{"thp", "arena-max"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable"},
+		{name: "empty is unset", env: map[string]string{"MEMCTL_THP": "", "MEMCTL_ARENA_MAX": "", "MEMCTL": ""}, thp: thp.PolicyDisable, thpFrom: "-thp=disable"},
+		{name: "bad MEMCTL_THP", env: map[string]string{"MEMCTL_THP": "sometimes"}, thp: thp.PolicyKeep, thpFrom: "MEMCTL_THP invalid: left as inherited",
+			warn: []string{`memctl: warning: MEMCTL_THP="sometimes": thp: unknown policy "sometimes"`}},
+		{name: "MEMCTL_ARENA_MAX", env: map[string]string{"MEMCTL_ARENA_MAX": "3"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable", arenaMax: 3},
+		{name: "MEMCTL_ARENA_MAX off", env: map[string]string{"MEMCTL_ARENA_MAX": "OFF"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable"},
+		{name: "MEMCTL_ARENA_MAX 0", env: map[string]string{"MEMCTL_ARENA_MAX": "0"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable"},
+		{name: "bad MEMCTL_ARENA_MAX", env: map[string]string{"MEMCTL_ARENA_MAX": "-2"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable",
+			warn: []string{`memctl: warning: MEMCTL_ARENA_MAX="-2": want "off" or a count of arenas`}},
+		{name: "MEMCTL=off", env: map[string]string{"MEMCTL": "off", "MEMCTL_THP": "bogus"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable", off: true},
+		{name: "MEMCTL=OFF", env: map[string]string{"MEMCTL": "OFF"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable", off: true},
+		{name: "MEMCTL=Off", env: map[string]string{"MEMCTL": "Off"}, thp: thp.PolicyDisable, thpFrom: "-thp=disable", off: true},
+		{name: "unknown MEMCTL", env: map[string]string{"MEMCTL": "of", "MEMCTL_THP": "keep"}, thp: thp.PolicyKeep, thpFrom: "MEMCTL_THP=keep", thpEnv: true,
+			warn: []string{`memctl: warning: MEMCTL="of" is not "off": memctl applies its settings`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := execConfig{thp: thp.PolicyDisable}
+			warns := cfg.applyEnv(func(k string) string { return tc.env[k] }, func(name string) bool { return contains(tc.flags, name) })
+			assert.Equal(t, tc.thp, cfg.thp)
+			assert.Equal(t, tc.thpFrom, cfg.thpFrom)
+			assert.Equal(t, tc.thpEnv, cfg.thpEnv)
+			assert.Equal(t, tc.arenaMax, cfg.arenaMax)
+			assert.Equal(t, tc.off, cfg.off)
+			require.Len(t, warns, len(tc.warn), "%q", warns)
+			for i, w := range tc.warn {
+				assert.Contains(t, warns[i], w)
+			}
+		})
 	}
 }

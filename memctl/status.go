@@ -26,22 +26,28 @@ Show the THP settings, RSS, cgroup memory limit and memory environment of a
 process. Flags:
 `
 
-// Status is the document "memctl status -json" prints; see the package doc.
-// Pointers are null when the value is not available.
-type Status struct {
+// statusReport is the document "memctl status -json" prints; see the
+// package doc. Pointers are null when the value is not available.
+type statusReport struct {
 	PID                int               `json:"pid"`
-	THPSystem          *THPSystem        `json:"thp_system"`
+	THPSystem          *thpSystem        `json:"thp_system"`
 	THPEnabled         *int64            `json:"thp_enabled"`
 	AnonHugePagesBytes *int64            `json:"anon_huge_pages_bytes"`
 	VmRSSBytes         *int64            `json:"vm_rss_bytes"`
 	VmHWMBytes         *int64            `json:"vm_hwm_bytes"`
-	Cgroup             *Cgroup           `json:"cgroup"`
+	Cgroup             *memCgroup        `json:"cgroup"`
 	CgroupError        string            `json:"cgroup_error,omitempty"`
 	Env                map[string]string `json:"env"`
+
+	// thpState is the THP flag read with PR_GET_THP_DISABLE, which only
+	// memctl's own process can read (nil for another process): it tells
+	// "enabled" from "disabled except advised", which THP_enabled does not.
+	// Not in the JSON document.
+	thpState *thp.State
 }
 
-// THPSystem is thp.Settings in the JSON document.
-type THPSystem struct {
+// thpSystem is thp.Settings in the JSON document.
+type thpSystem struct {
 	Enabled      string `json:"enabled"`
 	PMDEnabled   string `json:"pmd_enabled"`
 	Defrag       string `json:"defrag"`
@@ -49,8 +55,8 @@ type THPSystem struct {
 	MaxPTEsNone  int    `json:"max_ptes_none"`
 }
 
-// Cgroup is the process's memory cgroup in the JSON document.
-type Cgroup struct {
+// memCgroup is the process's memory cgroup in the JSON document.
+type memCgroup struct {
 	Version    int     `json:"version"`
 	Path       string  `json:"path"`
 	Dir        string  `json:"dir"`
@@ -99,11 +105,11 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 
 // readStatus reads everything status shows about pid. Errors name the
 // process and the file.
-func readStatus(pid int) (*Status, error) {
+func readStatus(pid int) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
-	st := &Status{PID: pid, Env: map[string]string{}}
+	st := &statusReport{PID: pid, Env: map[string]string{}}
 	status, err := procfs.ReadFile(procfs.StatusPath(pid))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("process %d does not exist (no %s)", pid, procfs.StatusPath(pid))
@@ -115,7 +121,7 @@ func readStatus(pid int) (*Status, error) {
 	sys, err := thp.System()
 	switch {
 	case err == nil:
-		st.THPSystem = &THPSystem{
+		st.THPSystem = &thpSystem{
 			Enabled:      string(sys.Enabled),
 			PMDEnabled:   string(sys.PMDEnabled),
 			Defrag:       string(sys.Defrag),
@@ -128,6 +134,11 @@ func readStatus(pid int) (*Status, error) {
 
 	if st.THPEnabled, err = optional(status.Int("THP_enabled")); err != nil {
 		return nil, fmt.Errorf("process %d: %w", pid, err)
+	}
+	if pid == os.Getpid() {
+		if s, err := thp.Process(); err == nil {
+			st.thpState = &s
+		}
 	}
 	if st.VmRSSBytes, err = optional(status.Bytes("VmRSS")); err != nil {
 		return nil, fmt.Errorf("process %d: %w", pid, err)
@@ -161,7 +172,7 @@ func readStatus(pid int) (*Status, error) {
 	l, err := cgroupfs.Of(pid)
 	switch {
 	case err == nil:
-		c := &Cgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir}
+		c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir}
 		if l.Bytes != cgroupfs.NoLimit {
 			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
 		}
@@ -197,7 +208,7 @@ func memoryVar(k string) bool {
 }
 
 // writeTable writes st as an aligned two-column table.
-func writeTable(w io.Writer, st *Status) {
+func writeTable(w io.Writer, st *statusReport) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("pid", strconv.Itoa(st.PID))
@@ -223,8 +234,16 @@ func writeTable(w io.Writer, st *Status) {
 		row("THP_enabled", "unknown (before Linux 5.0)")
 	case *st.THPEnabled == 0:
 		row("THP_enabled", "0 (disabled for the process: prctl PR_SET_THP_DISABLE)")
+	case *st.THPEnabled != 1:
+		row("THP_enabled", strconv.FormatInt(*st.THPEnabled, 10))
+	case st.thpState != nil && *st.thpState == thp.Enabled:
+		row("THP_enabled", "1 (enabled: follows the system mode)")
+	case st.thpState != nil && *st.thpState == thp.DisabledExceptAdvised:
+		row("THP_enabled", "1 (disabled except advised: prctl PR_THP_DISABLE_EXCEPT_ADVISED)")
 	default:
-		row("THP_enabled", strconv.FormatInt(*st.THPEnabled, 10)+" (follows the system mode)")
+		// The kernel writes 1 for a clear flag and for "disabled except
+		// advised" (Linux 6.18) alike.
+		row("THP_enabled", "1 (enabled, or disabled except advised: /proc cannot tell them apart)")
 	}
 	if st.VmRSSBytes == nil {
 		row("memory", "none (a kernel thread or a zombie)")

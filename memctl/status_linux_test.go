@@ -71,11 +71,11 @@ func startHold(t *testing.T, wrap func(*exec.Cmd), env ...string) int {
 }
 
 // statusJSON runs "memctl status -json -pid pid" and decodes its output.
-func statusJSON(t *testing.T, pid int) (Status, map[string]any) {
+func statusJSON(t *testing.T, pid int) (statusReport, map[string]any) {
 	t.Helper()
 	out, _, code := result(t, memctl(t, nil, "status", "-json", "-pid", strconv.Itoa(pid)))
 	require.Equal(t, 0, code)
-	var st Status
+	var st statusReport
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &raw))
@@ -84,7 +84,7 @@ func statusJSON(t *testing.T, pid int) (Status, map[string]any) {
 
 // checkAgainstProc checks what status reported for pid against the /proc
 // files of pid read here, around the status run.
-func checkAgainstProc(t *testing.T, pid int, st Status, before procfs.Fields) {
+func checkAgainstProc(t *testing.T, pid int, st statusReport, before procfs.Fields) {
 	t.Helper()
 	after, err := procfs.ReadFile(procfs.StatusPath(pid))
 	require.NoError(t, err)
@@ -227,7 +227,7 @@ func TestStatusSelf(t *testing.T) {
 	cmd := memctl(t, []string{"GOGC=77"}, "status", "-json")
 	out, _, code := result(t, cmd)
 	require.Equal(t, 0, code)
-	var st Status
+	var st statusReport
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	assert.Equal(t, cmd.Process.Pid, st.PID, "without -pid: memctl itself")
 	assert.Equal(t, "77", st.Env["GOGC"])
