@@ -214,6 +214,8 @@ func Start(opts ...Option) (*Controller, error) {
 			fail(err)
 		}
 		c.report.THP = st
+	} else if st, err := thp.Process(); err == nil {
+		c.report.THP = st // as inherited
 	}
 	if s, err := thp.System(); err == nil {
 		c.report.THPSystem = string(s.Enabled)
@@ -350,8 +352,9 @@ func (c *Controller) Stats() Stats {
 }
 
 // Close stops the trimmer (a pending trim is dropped, a running one is
-// waited for) and the GOMEMLIMIT refresh. The THP flag and GOMEMLIMIT stay
-// as they are. Close is idempotent and returns nil.
+// waited for) and the GOMEMLIMIT refresh, and returns when their goroutines
+// have exited. The THP flag and GOMEMLIMIT stay as they are. Close is
+// idempotent and returns nil.
 func (c *Controller) Close() error {
 	if c == nil {
 		return nil
@@ -360,6 +363,9 @@ func (c *Controller) Close() error {
 		current.CompareAndSwap(c, nil)
 		if c.cancel != nil {
 			c.cancel()
+		}
+		if done := c.report.MemLimit.RefreshDone; done != nil {
+			<-done
 		}
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()

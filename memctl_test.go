@@ -20,6 +20,7 @@ import (
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
 )
@@ -47,6 +48,7 @@ func childStart() {
 	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
 	r := ctl.Report()
 	childtest.Say("OFF", r.Off)
+	childtest.Say("THP_REPORT", r.THP)
 	childtest.Say("TRIM_DELAY", r.TrimDelay)
 	childtest.Say("SOURCE", r.MemLimit.Source)
 	childtest.Say("ARENA_MAX", r.ArenaMax)
@@ -172,6 +174,21 @@ func TestStartEnvironmentEdgeCases(t *testing.T) {
 	assert.Equal(t, "0s", r["TRIM_DELAY"])
 }
 
+func TestReportReadsBackInheritedTHP(t *testing.T) {
+	// The child inherits a disabled flag; a typo in MEMCTL_THP leaves it so,
+	// and the report must say what the process really has.
+	if err := thp.Disable(); err != nil {
+		t.Skipf("prctl: %v", err)
+	}
+	defer func() { require.NoError(t, thp.Enable()) }()
+	r, recs := runStart(t, nil, "MEMCTL_THP=disabel")
+	assert.Contains(t, r["ERR"], "MEMCTL_THP")
+	assert.Equal(t, "0", r["THP_ENABLED"])
+	assert.Equal(t, "disabled", r["THP_REPORT"])
+	_, line := infoLines(recs)
+	assert.Equal(t, "disabled", line["thp"])
+}
+
 func TestStartArenaMax(t *testing.T) {
 	r, recs := runStart(t, nil)
 	_, line := infoLines(recs)
@@ -210,7 +227,8 @@ func TestCloseLeavesNothingRunning(t *testing.T) {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
-	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(50*time.Millisecond))
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(50*time.Millisecond),
+		WithMemLimit(limits.MemLimitConfig{Refresh: time.Hour}))
 	require.NoError(t, err)
 	AfterBurst() // pending trim: a timer exists now
 	end := Begin()

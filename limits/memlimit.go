@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
@@ -117,6 +116,9 @@ type MemLimit struct {
 	Source Source
 	// Reason is one human-readable sentence about the decision.
 	Reason string
+	// RefreshDone is closed when the refresh goroutine (MemLimitConfig.Refresh)
+	// has exited after its context ended; nil when there is none.
+	RefreshDone <-chan struct{} `json:"-"`
 }
 
 // SetGoMemLimit sets GOMEMLIMIT (debug.SetMemoryLimit) to cfg.Ratio of the
@@ -125,32 +127,27 @@ type MemLimit struct {
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
 // AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a numeric
-// AUTOMEMLIMIT is the ratio. An empty GOMEMLIMIT or AUTOMEMLIMIT is unset,
-// as the Go runtime reads an empty GOMEMLIMIT: SetGoMemLimit removes it from
-// the environment (os.Unsetenv) and goes on as if it were absent. A process without a cgroup limit (or without
-// cgroups, or off Linux) is normal: GOMEMLIMIT is left as it was, Source is
+// AUTOMEMLIMIT is the ratio. An empty GOMEMLIMIT or AUTOMEMLIMIT counts as
+// unset, as the Go runtime reads an empty GOMEMLIMIT. A process without a
+// cgroup limit (or without cgroups, or off Linux) is normal: GOMEMLIMIT is left as it was, Source is
 // SourceNone and the error is nil, unless cfg.SystemFallback asks for the
 // system's memory instead.
 //
 // On error (an invalid ratio, a cgroup file that cannot be read or parsed)
 // GOMEMLIMIT is unchanged, the returned MemLimit has Bytes set to it, and the
 // error starts with "limits:". With cfg.Refresh > 0 a goroutine re-reads the
-// limit until ctx is done; ctx is not used otherwise. It is safe to call
+// limit every cfg.Refresh until ctx is done, sets GOMEMLIMIT when the limit
+// appears or changes, and leaves it alone while there is none (even if the
+// first read failed); MemLimit.RefreshDone is closed when it has exited. ctx
+// is not used otherwise. It is safe to call
 // from any goroutine, but GOMEMLIMIT is process-wide: the last call wins.
 func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 	current := debug.SetMemoryLimit(-1)
 	d := MemLimit{Bytes: current}
 	// An empty GOMEMLIMIT is no limit to the Go runtime (runtime.readGOMEMLIMIT
-	// treats "" as unset), and an empty AUTOMEMLIMIT is no ratio. Both mean
-	// unset here too; and since automemlimit's Set looks the variables up
-	// itself (an empty-but-present GOMEMLIMIT makes it skip, an empty
-	// AUTOMEMLIMIT fails to parse), they are removed from the environment.
-	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT"} {
-		if v, ok := os.LookupEnv(k); ok && v == "" {
-			os.Unsetenv(k)
-		}
-	}
-	if v, ok := os.LookupEnv("GOMEMLIMIT"); ok {
+	// treats "" as unset), and an empty AUTOMEMLIMIT is no ratio: both count
+	// as unset.
+	if v := os.Getenv("GOMEMLIMIT"); v != "" {
 		d.Source, d.Reason = SourceEnv, fmt.Sprintf("GOMEMLIMIT=%s is set in the environment", v)
 		return d, nil
 	}
@@ -158,7 +155,7 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 	if ratio == 0 {
 		ratio, ratioFrom = DefaultRatio, "default"
 	}
-	if v, ok := os.LookupEnv("AUTOMEMLIMIT"); ok {
+	if v := os.Getenv("AUTOMEMLIMIT"); v != "" {
 		if v == "off" {
 			d.Source, d.Reason = SourceEnv, "AUTOMEMLIMIT=off is set in the environment"
 			return d, nil
@@ -182,42 +179,62 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 		p.cgroup, p.cgroupFile = memlimit.FromCgroup, "/proc/self/cgroup"
 	}
 	limit, source, err := p.probe()
-	if err != nil {
-		return d, fmt.Errorf("limits: memory limit: %w", err)
-	}
-	if source == SourceNone && cfg.Refresh <= 0 {
+	switch {
+	case err != nil:
+		err = fmt.Errorf("limits: memory limit: %w", err)
+	case source == SourceNone:
 		d.Reason = "no cgroup memory limit; GOMEMLIMIT left as it was"
-		return d, nil
-	}
-
-	// automemlimit logs its own first update at INFO; memctl reports the
-	// decision once itself, so the logger is muted until Set returns and
-	// passes on only what the refresh goroutine says.
-	h := gatedHandler{started: new(atomic.Bool)}
-	if cfg.Logger != nil {
-		h.next = cfg.Logger.Handler()
-	}
-	opts := []memlimit.Option{
-		memlimit.WithProvider(p.provider),
-		memlimit.WithRatio(ratio),
-		memlimit.WithLogger(slog.New(h)),
+	default:
+		d.Bytes = applyRatio(limit, ratio)
+		debug.SetMemoryLimit(d.Bytes)
+		d.Source, d.Limit, d.Ratio = source, int64(min(limit, math.MaxInt64)), ratio
+		d.Reason = fmt.Sprintf("%s ratio %v of the %s limit", ratioFrom, ratio, source)
 	}
 	if cfg.Refresh > 0 {
-		opts = append(opts, memlimit.WithRefreshInterval(ctx, cfg.Refresh))
+		done := make(chan struct{})
+		d.RefreshDone = done
+		go refresh(ctx, p, ratio, cfg.Refresh, cfg.Logger, done)
 	}
-	set, err := memlimit.Set(opts...)
-	h.started.Store(true)
-	if err != nil {
-		return d, fmt.Errorf("limits: %w", err)
+	return d, err
+}
+
+// applyRatio returns ratio of limit in bytes, as automemlimit's ApplyRatio
+// computes it, capped at math.MaxInt64.
+func applyRatio(limit uint64, ratio float64) int64 {
+	return int64(min(uint64(float64(limit)*ratio), math.MaxInt64))
+}
+
+// refresh re-reads the limit every interval until ctx is done, then closes
+// done. A limit that appears or changes sets GOMEMLIMIT; while there is none
+// GOMEMLIMIT is left as it is (automemlimit's own refresh would set it to
+// math.MaxInt64, wiping a limit the program set itself).
+func refresh(ctx context.Context, p *limitProbe, ratio float64, every time.Duration, log *slog.Logger, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		limit, source, err := p.probe()
+		if err != nil {
+			if log != nil {
+				log.Warn("limits: GOMEMLIMIT refresh failed", "error", err)
+			}
+			continue
+		}
+		if source == SourceNone {
+			continue
+		}
+		if want := applyRatio(limit, ratio); want != debug.SetMemoryLimit(-1) {
+			prev := debug.SetMemoryLimit(want)
+			if log != nil {
+				log.Info("limits: GOMEMLIMIT updated", "gomemlimit", want, "previous", prev, "source", source.String())
+			}
+		}
 	}
-	d.Bytes, d.Source = set, source
-	if source == SourceNone {
-		d.Reason = "no cgroup memory limit yet; refreshing every " + cfg.Refresh.String()
-		return d, nil
-	}
-	d.Limit, d.Ratio = int64(min(limit, math.MaxInt64)), ratio
-	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit", ratioFrom, ratio, source)
-	return d, nil
 }
 
 func validRatio(r float64) bool { return !math.IsNaN(r) && r > 0 && r <= 1 }
@@ -229,17 +246,6 @@ type limitProbe struct {
 	cgroup     memlimit.Provider
 	cgroupFile string
 	fallback   bool
-}
-
-func (p *limitProbe) provider() (uint64, error) {
-	limit, source, err := p.probe()
-	if err != nil {
-		return 0, err
-	}
-	if source == SourceNone {
-		return 0, memlimit.ErrNoLimit
-	}
-	return limit, nil
 }
 
 func (p *limitProbe) probe() (uint64, Source, error) {
@@ -319,33 +325,4 @@ func cgroupVersion(r io.Reader, name string) (Source, error) {
 		return SourceNone, fmt.Errorf("limits: %s: no memory controller and no cgroup v2 line", name)
 	}
 	return SourceCgroupV2, nil
-}
-
-// gatedHandler passes records to next only once started is set; handlers
-// derived from it share the flag.
-type gatedHandler struct {
-	started *atomic.Bool
-	next    slog.Handler
-}
-
-func (h gatedHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return h.next != nil && h.started.Load() && h.next.Enabled(ctx, l)
-}
-
-func (h gatedHandler) Handle(ctx context.Context, r slog.Record) error {
-	return h.next.Handle(ctx, r)
-}
-
-func (h gatedHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	if h.next == nil {
-		return h
-	}
-	return gatedHandler{started: h.started, next: h.next.WithAttrs(as)}
-}
-
-func (h gatedHandler) WithGroup(g string) slog.Handler {
-	if h.next == nil {
-		return h
-	}
-	return gatedHandler{started: h.started, next: h.next.WithGroup(g)}
 }

@@ -215,7 +215,43 @@ func TestRefreshFollowsResizeAndStops(t *testing.T) {
 		assert.NotEmpty(t, rec.levels(), "refresh updates reach the logger")
 
 		cancel()
-		synctest.Wait() // the refresh goroutine has exited, or Test would panic
+		<-d.RefreshDone // the refresh goroutine has exited
+	})
+}
+
+// A refresh with no cgroup limit must leave a limit the program set itself,
+// and set one once the cgroup gets a limit (automemlimit's own refresh sets
+// math.MaxInt64 whenever it finds none).
+func TestRefreshWithoutLimitKeepsProgramLimit(t *testing.T) {
+	keepMemoryLimit(t)
+	synctest.Test(t, func(t *testing.T) {
+		debug.SetMemoryLimit(512 << 20)
+		var mu sync.Mutex
+		var limit uint64 // 0: no limit yet
+		provider := func() (uint64, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if limit == 0 {
+				return 0, memlimit.ErrNoLimit
+			}
+			return limit, nil
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		d, err := SetGoMemLimit(ctx, MemLimitConfig{Ratio: 1, Refresh: time.Minute, provider: provider, cgroupFile: "testdata/cgroup_v2"})
+		require.NoError(t, err)
+		assert.Equal(t, SourceNone, d.Source)
+		time.Sleep(3*time.Minute + time.Second)
+		synctest.Wait()
+		assert.Equal(t, int64(512<<20), debug.SetMemoryLimit(-1), "no limit found: the program's own limit stays")
+
+		mu.Lock()
+		limit = uint64(gib)
+		mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		assert.Equal(t, gib, debug.SetMemoryLimit(-1), "a limit that appears is applied")
+		cancel()
+		<-d.RefreshDone
 	})
 }
 
@@ -293,8 +329,8 @@ func TestEmptyEnvironmentIsUnset(t *testing.T) {
 			assert.Equal(t, want, d.Bytes)
 			assert.Equal(t, want, debug.SetMemoryLimit(-1), "GOMEMLIMIT read back from the runtime")
 			for _, k := range env {
-				_, ok := os.LookupEnv(k)
-				assert.False(t, ok, "%s= is removed from the environment", k)
+				v, ok := os.LookupEnv(k)
+				assert.True(t, ok && v == "", "%s= is left in the environment as it was", k)
 			}
 		})
 	}

@@ -362,7 +362,20 @@ func (t *Trimmer) tick() {
 	if closed {
 		return
 	}
-	t.run.Lock()
+	if !t.run.TryLock() {
+		// A TrimNow is running in another goroutine: look again in a
+		// tick rather than wait for it, so that Close never waits for a
+		// TrimNow it does not own.
+		t.arm(t.interval)
+		return
+	}
+	t.mu.Lock()
+	closed = t.closed
+	t.mu.Unlock()
+	if closed {
+		t.run.Unlock()
+		return
+	}
 	next, idle := t.step(time.Now())
 	t.run.Unlock()
 	if idle {
@@ -508,7 +521,9 @@ func (t *Trimmer) Stats() Stats {
 // Close stops a pending trim, waits for a running debounced trim to finish
 // (not for a TrimNow running in another goroutine), and makes later
 // AfterBurst calls do nothing. When it returns, the Trimmer has no
-// goroutine and no timer. It is idempotent and always returns nil.
+// goroutine and no timer. It is idempotent and always returns nil. Close
+// and TrimNow must not be called from the Trimmer's logger or C heap step:
+// they would wait for the trim that calls them.
 func (t *Trimmer) Close() error {
 	if t == nil {
 		return nil

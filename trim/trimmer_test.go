@@ -7,6 +7,7 @@ import (
 	"runtime/metrics"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -590,4 +591,37 @@ func TestConcurrentUse(t *testing.T) {
 	assert.True(t, tr.quiet())
 	t.Logf("stats: %+v, steps %d", s, count)
 	assert.Equal(t, fmt.Sprint(count), fmt.Sprint(s.Trims))
+}
+
+// Close must not wait for a TrimNow running in another goroutine, even when
+// a tick fired while it ran (found by an adversarial review).
+func TestCloseDoesNotWaitForForeignTrimNow(t *testing.T) {
+	release := make(chan struct{})
+	var calls atomic.Int32
+	entered := make(chan struct{})
+	step := func() int64 {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		return 0
+	}
+	tr, err := New(WithDelay(20*time.Millisecond), WithCHeap(nil), withGoStep(step),
+		withEstimate(func() int64 { return 1 << 30 }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go tr.TrimNow()
+	<-entered
+	tr.AfterBurst()                   // tick in 1 ms, which blocks on the run lock
+	time.Sleep(20 * time.Millisecond) // the tick has fired
+	closed := make(chan struct{})
+	go func() { tr.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(500 * time.Millisecond):
+		t.Errorf("Close blocked while a TrimNow in another goroutine runs")
+	}
+	close(release)
+	<-closed
 }
