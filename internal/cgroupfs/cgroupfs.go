@@ -81,7 +81,11 @@ type Limit struct {
 // memory controller not enabled for it, or the root) sets no limit.
 //
 // Errors name the file: a file that cannot be read, a malformed line or
-// value. When no memory cgroup can be found, the error matches ErrNoCgroup.
+// value. A "." or ".." element in a mount point, or after a name in a mount
+// root or cgroup path, is malformed: the kernel never writes one, and it
+// could lead outside root. When no memory cgroup can be found, the error
+// matches ErrNoCgroup (a cgroup or mount root that starts with "/..", the
+// kernel's way to show it lies outside the reader's cgroup namespace).
 // Read only reads files, so it is safe for concurrent use.
 func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 	v1, v2, err := parseCgroupFile(cgroupFile)
@@ -137,6 +141,9 @@ func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
 		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 || !isDecimal(parts[0]) || !strings.HasPrefix(parts[2], "/") {
 			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, want ID:controllers:/path: %q", name, n, line)
+		}
+		if !cleanPath(parts[2], true) {
+			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed cgroup path, \".\" or \"..\" after a name: %q", name, n, line)
 		}
 		if parts[0] == "0" && parts[1] == "" {
 			v2 = parts[2]
@@ -223,6 +230,9 @@ func parseMountinfo(r io.Reader, name string) ([]mount, error) {
 		if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
 			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %q", name, n, line)
 		}
+		if !cleanPath(m.root, true) || !cleanPath(m.point, false) {
+			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %q", name, n, line)
+		}
 		last[m.point] = len(all)
 		if len(b) >= 3 {
 			m.superOpts = strings.Split(b[2], ",")
@@ -262,6 +272,26 @@ func unescape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// cleanPath reports whether the absolute path p has no "." element and no
+// ".." element, except, when up, ".." elements at its start: the kernel
+// writes a cgroup, or the root of a cgroup mount, that lies outside the
+// reader's cgroup namespace as "/../../x" (cgroup_path_ns), and never
+// writes "." or ".." anywhere else (they are not valid names, and mount
+// points are canonical, d_path). A path that breaks this could take a
+// directory built from it outside the root Read was given.
+func cleanPath(p string, up bool) bool {
+	for _, e := range strings.Split(p[1:], "/") {
+		switch {
+		case e == ".." && up:
+		case e == "." || e == "..":
+			return false
+		default:
+			up = false // ".." is only valid before the first name
+		}
+	}
+	return true
 }
 
 // cgroupDir returns the directory of cgroup cg in the first mount that

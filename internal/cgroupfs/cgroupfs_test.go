@@ -1,20 +1,13 @@
 package cgroupfs
 
 import (
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/memctl/memctl/internal/cgrouptest"
 )
 
 // readFixture reads testdata/dir/{cgroup,mountinfo} with testdata/dir/root
@@ -209,110 +202,67 @@ func TestAncestors(t *testing.T) {
 	assert.Equal(t, []string{"r/m/a", "r/m"}, ancestors("r/m/a", "r/m"))
 }
 
-// TestOfSelf reads this process's real cgroup and checks the result against
-// the files it names.
-func TestOfSelf(t *testing.T) {
-	l, err := Of(0)
-	if errors.Is(err, errors.ErrUnsupported) || errors.Is(err, ErrNoCgroup) {
-		t.Skipf("no memory cgroup here: %v", err)
+// TestReadDotDot: a ".." in a mount point, in a mount root after a name, or
+// in a cgroup path after a name would take Dir outside the root Read was
+// given; the kernel never writes one there, so it is malformed, and the
+// error names the file. A leading ".." is the kernel's way to show what
+// lies outside the reader's cgroup namespace: no cgroup, not malformed.
+func TestReadDotDot(t *testing.T) {
+	for _, tc := range []struct {
+		name, cgroup, mountinfo string
+		bad                     string // the file the error names; "" for ErrNoCgroup
+	}{
+		{"mount point climbs", "0::/\n", "1 0 0:1 / /../outside rw - cgroup2 cgroup2 rw\n", "mountinfo"},
+		{"mount point climbs after a name", "0::/\n", "1 0 0:1 / /sys/fs/cgroup/../../outside rw - cgroup2 cgroup2 rw\n", "mountinfo"},
+		{"mount point with a dot", "0::/\n", "1 0 0:1 / /sys/./fs rw - cgroup2 cgroup2 rw\n", "mountinfo"},
+		{"escaped dots in the mount point", "0::/\n", `1 0 0:1 / /\056\056/outside rw - cgroup2 cgroup2 rw` + "\n", "mountinfo"},
+		{"v1 mount point climbs", "4:memory:/\n", "1 0 0:1 / /../outside rw - cgroup cgroup rw,memory\n", "mountinfo"},
+		{"non-cgroup line", "0::/\n", "1 0 0:1 / /../x rw - ext4 /dev/sda rw\n2 0 0:2 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "mountinfo"},
+		{"mount root climbs after a name", "0::/a\n", "1 0 0:1 /a/../.. /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "mountinfo"},
+		{"cgroup climbs after a name", "0::/a/../../outside\n", "1 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "cgroup"},
+		{"cgroup with a dot", "0::/a/./b\n", "1 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "cgroup"},
+		{"v1 cgroup climbs after a name", "4:memory:/a/../../../outside\n", "1 0 0:1 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n", "cgroup"},
+		{"cgroup outside the namespace", "0::/../../x\n", "1 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", ""},
+		{"mount root outside the namespace", "0::/\n", "1 0 0:1 /.. /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			root := filepath.Join(dir, "root")
+			for _, d := range []string{"root/sys/fs/cgroup/a/b", "root/sys/fs/cgroup/memory", "outside"} {
+				require.NoError(t, os.MkdirAll(filepath.Join(dir, d), 0o755))
+			}
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "outside", "memory.max"), []byte("12345\n"), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "outside", "memory.limit_in_bytes"), []byte("12345\n"), 0o644))
+			cf, mf := filepath.Join(dir, "cgroup"), filepath.Join(dir, "mountinfo")
+			require.NoError(t, os.WriteFile(cf, []byte(tc.cgroup), 0o644))
+			require.NoError(t, os.WriteFile(mf, []byte(tc.mountinfo), 0o644))
+
+			l, err := Read(cf, mf, root)
+			require.Error(t, err, "Read returned %+v", l)
+			assert.Equal(t, Limit{}, l)
+			assert.Regexp(t, "^cgroupfs: ", err.Error())
+			if tc.bad == "" {
+				assert.ErrorIs(t, err, ErrNoCgroup)
+				return
+			}
+			assert.NotErrorIs(t, err, ErrNoCgroup, "malformed is not 'no cgroup'")
+			assert.Contains(t, err.Error(), filepath.Join(dir, tc.bad)+": line ", "the error names the file")
+			assert.Contains(t, err.Error(), "malformed")
+		})
 	}
-	require.NoError(t, err)
-	t.Logf("%+v", l)
-	assert.Contains(t, []int{1, 2}, l.Version)
-	assert.DirExists(t, l.Dir)
-	other, err := Of(os.Getpid())
-	require.NoError(t, err)
-	assert.Equal(t, l, other, "Of(own pid) reads the same as Of(0)")
-	if l.Bytes == NoLimit {
-		assert.Empty(t, l.File)
-		return
-	}
-	assertFileHolds(t, l)
 }
 
-// TestOfChildInCgroup starts a process in a real child cgroup with a limit
-// and reads that limit back through its PID.
-func TestOfChildInCgroup(t *testing.T) {
-	g := cgrouptest.New(t, 64<<20)
-	cmd := exec.Command("/bin/sleep", "30")
-	g.Wrap(cmd)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-	// The wrapper shell moves itself into the group, then execs sleep.
-	waitInCgroup(t, g.Dir, cmd.Process.Pid)
-
-	l, err := Of(cmd.Process.Pid)
-	require.NoError(t, err)
-	t.Logf("%+v", l)
-	assert.Equal(t, g.Version, l.Version)
-	assert.Equal(t, g.Dir, l.Dir)
-	assert.Equal(t, int64(64<<20), l.Bytes)
-	want := "memory.limit_in_bytes"
-	if g.Version == 2 {
-		want = "memory.max"
+func TestCleanPath(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/": true, "/a": true, "/a/b": true, "/a..b/.c": true, "/...": true,
+		"/..": false, "/../a": false, "/a/..": false, "/.": false, "/a/./b": false,
+	} {
+		assert.Equal(t, want, cleanPath(p, false), "%q", p)
 	}
-	assert.Equal(t, filepath.Join(g.Dir, want), l.File)
-	assertFileHolds(t, l)
-
-	_, err = Of(1 << 30)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "/proc/1073741824/cgroup")
-}
-
-// TestOfChildInNestedCgroup puts a process in a real cgroup whose own limit
-// (128 MiB) is looser than its parent's (64 MiB): the parent's is the one
-// that holds, and its file is named.
-func TestOfChildInNestedCgroup(t *testing.T) {
-	g := cgrouptest.New(t, 64<<20)
-	inner := filepath.Join(g.Dir, "inner")
-	file := "memory.limit_in_bytes"
-	if g.Version == 2 {
-		file = "memory.max"
-		require.NoError(t, os.WriteFile(filepath.Join(g.Dir, "cgroup.subtree_control"), []byte("+memory"), 0))
+	for p, want := range map[string]bool{
+		"/..": true, "/../..": true, "/../../a/b": true,
+		"/a/..": false, "/../a/../b": false, "/../.": false,
+	} {
+		assert.Equal(t, want, cleanPath(p, true), "%q up", p)
 	}
-	require.NoError(t, os.Mkdir(inner, 0o755))
-	cmd := exec.Command("/bin/sh", "-c", `echo $$ > "$0" && exec /bin/sleep 30`, filepath.Join(inner, "cgroup.procs"))
-	t.Cleanup(func() {
-		if cmd.Process != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		// Runs before g's cleanup removes the parent.
-		require.Eventually(t, func() bool { return os.Remove(inner) == nil }, 5*time.Second, 20*time.Millisecond)
-	})
-	require.NoError(t, os.WriteFile(filepath.Join(inner, file), []byte("134217728"), 0))
-	require.NoError(t, cmd.Start())
-	waitInCgroup(t, inner, cmd.Process.Pid)
-
-	l, err := Of(cmd.Process.Pid)
-	require.NoError(t, err)
-	t.Logf("%+v", l)
-	assert.Equal(t, inner, l.Dir)
-	assert.Equal(t, int64(64<<20), l.Bytes)
-	assert.Equal(t, filepath.Join(g.Dir, file), l.File, "the parent's limit is the tighter one")
-	assertFileHolds(t, l)
-}
-
-// waitInCgroup waits until pid is listed in dir/cgroup.procs.
-func waitInCgroup(t *testing.T, dir string, pid int) {
-	t.Helper()
-	procs := filepath.Join(dir, "cgroup.procs")
-	require.Eventually(t, func() bool {
-		b, err := os.ReadFile(procs)
-		return err == nil && slices.Contains(strings.Fields(string(b)), strconv.Itoa(pid))
-	}, 5*time.Second, 10*time.Millisecond, "pid %d in %s", pid, procs)
-}
-
-// assertFileHolds checks that l.File holds l.Bytes.
-func assertFileHolds(t *testing.T, l Limit) {
-	t.Helper()
-	b, err := os.ReadFile(l.File)
-	require.NoError(t, err)
-	want := strconv.FormatInt(l.Bytes, 10)
-	if filepath.Base(l.File) == "memory.stat" {
-		assert.Contains(t, string(b), "hierarchical_memory_limit "+want+"\n")
-		return
-	}
-	assert.Equal(t, want, strings.TrimSpace(string(b)))
 }
