@@ -80,23 +80,43 @@ func (f Fields) String(key string) (string, bool) {
 	return v, ok
 }
 
-// Int returns the value of key as a decimal int64 (for example THP_enabled
-// or Threads). The error matches ErrMissing when key is absent.
+// Int returns the value of key, written by the kernel as decimal digits
+// (for example THP_enabled or Threads), as an int64 ≥ 0. The error matches
+// ErrMissing when key is absent, and names the file when the value is not
+// digits only (a sign, "+1" or "-1", is malformed: the kernel writes none)
+// or overflows int64.
 func (f Fields) Int(key string) (int64, error) {
 	v, ok := f.values[key]
 	if !ok {
 		return 0, fmt.Errorf("%s: %s: %w", f.File, key, ErrMissing)
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("procfs: %s: %s: malformed integer %q", f.File, key, v)
+	n, ok := parseDigits(v)
+	if !ok {
+		return 0, fmt.Errorf("procfs: %s: %s: malformed integer %q, want decimal digits", f.File, key, v)
 	}
 	return n, nil
 }
 
+// parseDigits parses s, decimal digits only (no sign, no space), as an
+// int64; ok is false when s is anything else or overflows int64.
+func parseDigits(s string) (n int64, ok bool) {
+	if s == "" {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
 // Bytes returns the value of key, written by the kernel as "N kB" (KiB), in
 // bytes. The error matches ErrMissing when key is absent, and names the file
-// when the value is malformed, negative or overflows int64.
+// when the value is malformed (N not decimal digits only: a sign, as in
+// "+5 kB" or "-5 kB", is malformed, the kernel writes none) or overflows
+// int64 in bytes.
 func (f Fields) Bytes(key string) (int64, error) {
 	v, ok := f.values[key]
 	if !ok {
@@ -107,9 +127,9 @@ func (f Fields) Bytes(key string) (int64, error) {
 	if unit != "kB" {
 		return 0, fmt.Errorf("procfs: %s: %s: want \"N kB\", got %q", f.File, key, v)
 	}
-	kib, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || kib < 0 || kib > math.MaxInt64/1024 {
-		return 0, fmt.Errorf("procfs: %s: %s: malformed size %q", f.File, key, v)
+	kib, ok := parseDigits(num)
+	if !ok || kib > math.MaxInt64/1024 {
+		return 0, fmt.Errorf("procfs: %s: %s: malformed size %q, want decimal digits and \" kB\"", f.File, key, v)
 	}
 	return kib * 1024, nil
 }

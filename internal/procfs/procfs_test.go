@@ -2,6 +2,7 @@ package procfs
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -69,4 +70,41 @@ func TestRSSOfThisProcess(t *testing.T) {
 func TestPath(t *testing.T) {
 	assert.Equal(t, "/proc/self/status", StatusPath(0))
 	assert.Equal(t, "/proc/42/smaps_rollup", Path(42, "smaps_rollup"))
+}
+
+// TestSignedValuesAreMalformed: the kernel writes sizes and counts as bare
+// digits; a sign ("+5 kB", "-0 kB", "+1") is not its output and is
+// refused with an error naming the file and the key.
+func TestSignedValuesAreMalformed(t *testing.T) {
+	f, err := Parse(strings.NewReader("VmRSS: +5 kB\nVmHWM: -0 kB\nVmSwap: -5 kB\nVmPTE:  16 kB\nThreads: +1\nTHP_enabled: -1\nSeccomp: 0\nNSpid: 1 2\n"), "status_signed")
+	require.NoError(t, err)
+	for _, key := range []string{"VmRSS", "VmHWM", "VmSwap"} {
+		_, err := f.Bytes(key)
+		require.Error(t, err, key)
+		assert.Contains(t, err.Error(), "procfs: status_signed: "+key+": malformed size")
+		assert.NotErrorIs(t, err, ErrMissing)
+	}
+	for _, key := range []string{"Threads", "THP_enabled", "NSpid"} {
+		_, err := f.Int(key)
+		require.Error(t, err, key)
+		assert.Contains(t, err.Error(), "procfs: status_signed: "+key+": malformed integer")
+	}
+	n, err := f.Bytes("VmPTE")
+	require.NoError(t, err)
+	assert.Equal(t, int64(16<<10), n)
+	n, err = f.Int("Seccomp")
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
+func TestParseDigits(t *testing.T) {
+	for s, want := range map[string]int64{"0": 0, "7": 7, "007": 7, "9223372036854775807": math.MaxInt64} {
+		n, ok := parseDigits(s)
+		assert.True(t, ok, "%q", s)
+		assert.Equal(t, want, n, "%q", s)
+	}
+	for _, s := range []string{"", "+1", "-1", "-0", " 1", "1 ", "1_000", "0x10", "9223372036854775808", "١"} {
+		_, ok := parseDigits(s)
+		assert.False(t, ok, "%q", s)
+	}
 }
