@@ -121,8 +121,10 @@ func (a *Account) Open(name string, limit int64) (*Account, error) {
 //     one of its ancestors, or the pool has no room for n bytes, or the pool
 //     is under heap pressure and n does not fit in what the account already
 //     holds; nothing is counted then;
-//   - an error matching ErrInvalidSize when n is negative or the total would
-//     pass math.MaxInt64;
+//   - an error matching ErrInvalidSize when n is negative or would take the
+//     total of the account, of one of its ancestors, or of a pool without a
+//     limit past math.MaxInt64 (the error names n, and is not counted in
+//     PoolStats.Refused); nothing is counted then;
 //   - an error matching ErrClosed after Close. When the account was closed
 //     because the context it was bound to with WithAccount ended, the error
 //     also wraps that context's cause (context.Cause): it matches
@@ -145,9 +147,37 @@ func (a *Account) Grow(n int64) error {
 	}
 	err := a.growSlow(n)
 	if err != nil {
+		err = a.sizeError(n, err)
 		a.noteRefused(n, err)
 	}
 	return err
+}
+
+// overflowError is the error of a reservation that would take the running
+// total of scope, an account or the pool, past math.MaxInt64. It does not
+// leave the package: Grow turns it into an ErrInvalidSize error that names
+// the size the caller passed (sizeError), since a nested account reserves
+// from its parent in sizes rounded to chunks.
+type overflowError struct {
+	scope string
+	used  int64 // in scope, before the reservation
+}
+
+func (e *overflowError) Error() string {
+	return "limits: " + e.scope + ": total overflows int64"
+}
+
+// sizeError returns err, the error of growSlow(n), with an overflowError
+// turned into an error matching ErrInvalidSize that names n.
+func (a *Account) sizeError(n int64, err error) error {
+	var o *overflowError
+	if !errors.As(err, &o) {
+		return err
+	}
+	if o.scope == a.path {
+		return fmt.Errorf("%w: %s: Grow(%d) with %d in use overflows int64", ErrInvalidSize, a.path, n, o.used)
+	}
+	return fmt.Errorf("%w: %s: Grow(%d) overflows int64 in %s, which has %d in use", ErrInvalidSize, a.path, n, o.scope, o.used)
 }
 
 // noteRefused counts a Grow(n) that failed with err when err is a refusal
@@ -212,7 +242,7 @@ func (a *Account) growLocked(n int64) error {
 		}
 		u := a.used.Load()
 		if n > math.MaxInt64-u {
-			return fmt.Errorf("%w: %s: Grow(%d) with %d in use overflows int64", ErrInvalidSize, a.path, n, u)
+			return &overflowError{scope: a.path, used: u}
 		}
 		nu := u + n
 		if a.limit > 0 && nu > a.limit {
@@ -247,7 +277,9 @@ func (a *Account) growLocked(n int64) error {
 }
 
 // reserveUp takes want bytes from the parent, or only need when want does
-// not fit, and returns how many it took.
+// not fit (the parent has no room for it, or its total would overflow: the
+// rounding to a chunk must not refuse what the exact size gets), and
+// returns how many it took.
 func (a *Account) reserveUp(want, need int64) (int64, error) {
 	if a.parent == nil {
 		return a.pool.reserve(want, need)
@@ -256,7 +288,8 @@ func (a *Account) reserveUp(want, need int64) (int64, error) {
 	if err == nil {
 		return want, nil
 	}
-	if want > need && errors.Is(err, ErrResourceExhausted) {
+	var o *overflowError
+	if want > need && (errors.Is(err, ErrResourceExhausted) || errors.As(err, &o)) {
 		if err = a.parent.grow(need); err == nil {
 			return need, nil
 		}

@@ -166,6 +166,73 @@ func TestInvalidSizes(t *testing.T) {
 	}
 }
 
+// TestUnlimitedPoolOverflowIsInvalidSize: in a pool without a limit, two
+// accounts whose sum passes math.MaxInt64 are a caller bug
+// (ErrInvalidSize), not a lack of memory: no *ExhaustedError with a limit
+// the pool does not have, and nothing counted in Refused.
+func TestUnlimitedPoolOverflowIsInvalidSize(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: math.MaxInt64})
+	require.Zero(t, p.Limit())
+	a := mustOpen(t, p, "a", 0)
+	b := mustOpen(t, p, "b", 0)
+	require.NoError(t, a.Grow(math.MaxInt64-mib))
+	used := p.Used()
+
+	err := b.Grow(2 * mib)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	var e *ExhaustedError
+	assert.False(t, errors.As(err, &e), "not an *ExhaustedError: %v", err)
+	assert.False(t, errors.Is(err, ErrResourceExhausted))
+	assert.Contains(t, err.Error(), "pool/b: Grow(2097152) ")
+	assert.Contains(t, err.Error(), "overflows int64")
+	assert.Zero(t, p.Stats().Refused, "an overflow is not a refusal")
+	assert.Zero(t, b.Used())
+	assert.Equal(t, used, p.Used(), "nothing reserved")
+
+	// What fits still fits.
+	require.NoError(t, b.Grow(mib/2))
+	a.Close()
+	b.Close()
+	assert.Zero(t, p.Used())
+}
+
+// TestNestedGrowToExactlyMaxInt64: a nested account reserves from its
+// parent in chunks, but the rounding must not refuse a total that fits
+// exactly, and an overflow names the size the caller passed, not the
+// rounded reservation.
+func TestNestedGrowToExactlyMaxInt64(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: math.MaxInt64})
+	parent := mustOpen(t, p, "parent", 0)
+	child := mustOpen(t, parent, "child", 0)
+	grandchild := mustOpen(t, child, "grandchild", 0)
+	require.NoError(t, parent.Grow(100000))
+
+	n := int64(math.MaxInt64 - 100000)
+	err := grandchild.Grow(n + 1)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	assert.Contains(t, err.Error(), "pool/parent/child/grandchild: Grow(9223372036854675808) ", "the caller's size")
+	assert.Contains(t, err.Error(), "in pool/parent, which has 100000 in use")
+	assert.Zero(t, grandchild.Used())
+
+	require.NoError(t, grandchild.Grow(n), "parent total exactly math.MaxInt64")
+	assert.Equal(t, n, grandchild.Used())
+	assert.Equal(t, n, child.Used())
+	assert.Equal(t, int64(math.MaxInt64), parent.Used())
+
+	err = grandchild.Grow(1)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	assert.Contains(t, err.Error(), "pool/parent/child/grandchild: Grow(1) ")
+	err = parent.Grow(1)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	assert.Contains(t, err.Error(), "pool/parent: Grow(1) with 9223372036854775807 in use overflows int64")
+	assert.Zero(t, p.Stats().Refused)
+
+	grandchild.Close()
+	child.Close()
+	parent.Close()
+	assert.Zero(t, p.Used())
+}
+
 func TestMisuseIsCountedOrPanics(t *testing.T) {
 	p, err := NewPool(PoolConfig{Limit: mib, HeapPressure: -1})
 	require.NoError(t, err)

@@ -250,7 +250,9 @@ func (p *Pool) Close() {
 }
 
 // reserve takes want bytes from the pool, or only need (≤ want) when want
-// does not fit, and returns how many it took.
+// does not fit, and returns how many it took. When need does not fit either
+// the error is an *ExhaustedError, or an *overflowError when the pool has no
+// limit and its total would pass math.MaxInt64.
 func (p *Pool) reserve(want, need int64) (int64, error) {
 	if p.closed.Load() {
 		return 0, fmt.Errorf("%w: pool %s", ErrClosed, p.name)
@@ -264,6 +266,9 @@ func (p *Pool) reserve(want, need int64) (int64, error) {
 		if got > p.limit-cur {
 			got = need
 			if got > p.limit-cur {
+				if p.limit == math.MaxInt64 {
+					return 0, &overflowError{scope: p.name, used: cur}
+				}
 				return 0, &ExhaustedError{Requested: need, Used: cur, Limit: p.limit, Scope: p.name}
 			}
 		}

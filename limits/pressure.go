@@ -104,7 +104,7 @@ func readHeap(w *heapWatch) (live, limit int64) {
 func (p *Pool) observeHeap(live, gomemlimit int64) {
 	threshold := int64(0)
 	if gomemlimit > 0 && gomemlimit != math.MaxInt64 {
-		threshold = int64(float64(gomemlimit) * p.heapRatio)
+		threshold = heapThreshold(gomemlimit, p.heapRatio)
 	}
 	p.heapLive.Store(live)
 	p.heapThreshold.Store(threshold)
@@ -114,6 +114,17 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 	if over && p.cancelLargest {
 		p.cancelLargestAccount(live, threshold)
 	}
+}
+
+// heapThreshold returns ratio (in (0, 1]) of gomemlimit (> 0) in bytes,
+// at most gomemlimit: the float64 product of a GOMEMLIMIT within 512 bytes
+// of math.MaxInt64 rounds up to 2^63, which does not convert to an int64.
+func heapThreshold(gomemlimit int64, ratio float64) int64 {
+	f := float64(gomemlimit) * ratio
+	if f >= math.MaxInt64 { // 2^63 as a float64
+		return gomemlimit
+	}
+	return min(int64(f), gomemlimit)
 }
 
 // cancelLargestAccount cancels the context of the listed account, not yet

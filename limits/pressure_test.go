@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http/httptest"
 	"os"
 	"runtime"
@@ -349,4 +350,33 @@ func TestPoolLimitFixedHeapThresholdFollowsGOMEMLIMIT(t *testing.T) {
 	assert.Equal(t, 4*gib, p.Stats().HeapThreshold, "the threshold follows GOMEMLIMIT")
 	assert.Equal(t, 2*gib, p.Limit(), "the pool's limit does not")
 	assert.Equal(t, 2*gib, p.Stats().Limit)
+}
+
+// TestHeapThresholdClamped: HeapPressure 1 with a GOMEMLIMIT within 512
+// bytes of math.MaxInt64 rounds to 2^63 in float64, which does not convert
+// to an int64; the threshold is clamped to GOMEMLIMIT.
+func TestHeapThresholdClamped(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: mib, HeapPressure: 1})
+	p.watch.stop() // no GC cycle overwrites what observeHeap records
+	p.observeHeap(1<<30, math.MaxInt64-1)
+	st := p.Stats()
+	assert.Equal(t, int64(math.MaxInt64-1), st.HeapThreshold)
+	assert.False(t, st.HeapPressure)
+	p.observeHeap(math.MaxInt64, math.MaxInt64-1)
+	assert.True(t, p.Stats().HeapPressure)
+
+	for _, tc := range []struct {
+		limit int64
+		ratio float64
+		want  int64
+	}{
+		{math.MaxInt64 - 1, 1, math.MaxInt64 - 1},
+		{math.MaxInt64 - 512, 1, math.MaxInt64 - 1023}, // float64 rounds to 2^63-1024
+		{math.MaxInt64 - 1, 0.5, 1 << 62},
+		{4 * gib, 0.9, 3865470566}, // 0.9 × 4 GiB, rounded down
+		{1, 1, 1},
+		{1, 0.5, 0},
+	} {
+		assert.Equal(t, tc.want, heapThreshold(tc.limit, tc.ratio), "%d × %v", tc.limit, tc.ratio)
+	}
 }
