@@ -142,8 +142,9 @@ const arenaTunable = "glibc.malloc.arena_max"
 // GLIBC_TUNABLES (colon-separated name=value pairs, see glibc's "Tunables"
 // manual), unless the operator already capped arenas there or with
 // MALLOC_ARENA_MAX, and a sentence for -v. What counts as the operator's cap
-// is cheap.OperatorArenaMax's rule, the library's: a non-empty
-// MALLOC_ARENA_MAX, or an arena_max entry with a value in GLIBC_TUNABLES.
+// is cheap.OperatorArenaMax's rule, the library's: a MALLOC_ARENA_MAX, or
+// a glibc.malloc.arena_max entry in GLIBC_TUNABLES, with a value that glibc
+// applies (an empty value or 0 is no cap).
 func arenaMaxEnv(env []string, n int) ([]string, string) {
 	getenv := func(k string) string { v, _ := lookupEnv(env, k); return v }
 	switch name, v, ok := cheap.OperatorArenaMax(getenv); {

@@ -64,8 +64,20 @@
 //	    "limit_file": "/sys/fs/cgroup/system.slice/memory.max"  // null: no limit
 //	  },
 //	  "cgroup_error": "...",              // only when "cgroup" is null: why
-//	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}  // the variables that are set
+//	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set
+//	  "env_base64": ["TUFMTE9DX1g9/w=="]  // only when a variable is not valid UTF-8, see below
 //	}
+//
+// "env" holds each variable as it is, name and value, when both are valid
+// UTF-8. A variable whose name or value is not valid UTF-8 cannot be a
+// JSON string without changing it, so it is not in "env": its whole
+// NAME=value entry from /proc/PID/environ is in "env_base64", in standard
+// base64 (RFC 4648, with padding), and the list is sorted. The example
+// above is MALLOC_X set to the byte 0xff. The table shows such a name or
+// value, and one that holds a character that is not printable (a control
+// character such as ESC or U+009B, which a terminal takes as the start of
+// an escape sequence), quoted as a Go string literal (strconv.Quote):
+// MALLOC_X="\xff". The cgroup path and file are shown the same way.
 //
 // # exec
 //
@@ -88,8 +100,8 @@
 //   - -arena-max N (default 0, off, or MEMCTL_ARENA_MAX): caps glibc malloc
 //     arenas by appending glibc.malloc.arena_max=N to GLIBC_TUNABLES, after
 //     what is there. Not done when GLIBC_TUNABLES already sets arena_max or
-//     MALLOC_ARENA_MAX is set (not empty): the same rule as the library's
-//     (cheap.OperatorArenaMax).
+//     MALLOC_ARENA_MAX is set, to a value glibc applies (not empty, not 0):
+//     the same rule as the library's (cheap.OperatorArenaMax).
 //   - -v prints what was set on standard error; otherwise exec prints
 //     nothing but warnings.
 //

@@ -224,8 +224,12 @@ func TestArenaMaxEnv(t *testing.T) {
 	// Empty is unset, for glibc and for cheap.OperatorArenaMax.
 	env, _ = arenaMaxEnv([]string{"MALLOC_ARENA_MAX="}, 2)
 	assert.Equal(t, []string{"MALLOC_ARENA_MAX=", "GLIBC_TUNABLES=glibc.malloc.arena_max=2"}, env)
+	env, _ = arenaMaxEnv([]string{"GLIBC_TUNABLES=glibc.malloc.arena_max="}, 2)
+	assert.Equal(t, []string{"GLIBC_TUNABLES=glibc.malloc.arena_max=:glibc.malloc.arena_max=2"}, env, "an empty arena_max is no cap")
+	// glibc matches tunable names exactly: " glibc.malloc.arena_max" is
+	// another name, and glibc runs with no cap (cheap.OperatorArenaMax).
 	env, _ = arenaMaxEnv([]string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3"}, 2)
-	assert.Equal(t, []string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3"}, env, "the same rule as cheap.OperatorArenaMax")
+	assert.Equal(t, []string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3:glibc.malloc.arena_max=2"}, env, "the same rule as cheap.OperatorArenaMax")
 
 	in = []string{"MALLOC_ARENA_MAX=1", "GLIBC_TUNABLES=glibc.malloc.check=0"}
 	env, note = arenaMaxEnv(in, 2)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/procfs"
@@ -38,6 +40,15 @@ type statusReport struct {
 	Cgroup             *memCgroup        `json:"cgroup"`
 	CgroupError        string            `json:"cgroup_error,omitempty"`
 	Env                map[string]string `json:"env"`
+	// EnvBase64 holds the variables whose name or value is not valid
+	// UTF-8, which JSON strings cannot carry: each NAME=value entry of
+	// /proc/PID/environ in standard base64 (RFC 4648), sorted. They are
+	// not in Env.
+	EnvBase64 []string `json:"env_base64,omitempty"`
+
+	// envRaw is every variable status shows, valid UTF-8 or not, as
+	// read; the table prints it. Not in the JSON document.
+	envRaw map[string]string
 
 	// thpState is the THP flag read with PR_GET_THP_DISABLE, which only
 	// memctl's own process can read (nil for another process): it tells
@@ -109,7 +120,7 @@ func readStatus(pid int) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
-	st := &statusReport{PID: pid, Env: map[string]string{}}
+	st := &statusReport{PID: pid, Env: map[string]string{}, envRaw: map[string]string{}}
 	status, err := procfs.ReadFile(procfs.StatusPath(pid))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("process %d does not exist (no %s)", pid, procfs.StatusPath(pid))
@@ -164,10 +175,17 @@ func readStatus(pid int) (*statusReport, error) {
 	}
 	for _, kv := range strings.Split(string(b), "\x00") {
 		k, v, ok := strings.Cut(kv, "=")
-		if _, seen := st.Env[k]; ok && !seen && memoryVar(k) {
-			st.Env[k] = v // the first wins, as getenv(3)
+		if _, seen := st.envRaw[k]; !ok || seen || !memoryVar(k) {
+			continue // the first wins, as getenv(3)
+		}
+		st.envRaw[k] = v
+		if utf8.ValidString(kv) {
+			st.Env[k] = v
+		} else {
+			st.EnvBase64 = append(st.EnvBase64, base64.StdEncoding.EncodeToString([]byte(kv)))
 		}
 	}
+	slices.Sort(st.EnvBase64)
 
 	l, err := cgroupfs.Of(pid)
 	switch {
@@ -252,33 +270,41 @@ func writeTable(w io.Writer, st *statusReport) {
 	row("VmRSS", size(st.VmRSSBytes))
 	row("VmHWM", size(st.VmHWMBytes))
 	if c := st.Cgroup; c != nil {
-		row("cgroup", fmt.Sprintf("v%d %s", c.Version, c.Path))
+		row("cgroup", fmt.Sprintf("v%d %s", c.Version, printable(c.Path)))
 		if c.LimitBytes == nil {
 			row("memory limit", "none")
 		} else {
-			row("memory limit", size(c.LimitBytes)+" from "+*c.LimitFile)
+			row("memory limit", size(c.LimitBytes)+" from "+printable(*c.LimitFile))
 		}
 	} else {
-		row("cgroup", "unknown: "+st.CgroupError)
+		row("cgroup", "unknown: "+printable(st.CgroupError))
 	}
-	keys := make([]string, 0, len(st.Env))
-	for k := range st.Env {
+	keys := make([]string, 0, len(st.envRaw))
+	for k := range st.envRaw {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	label := "env"
 	for _, k := range keys {
-		v := st.Env[k]
-		if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f }) {
-			v = strconv.Quote(v)
-		}
-		row(label, k+"="+v)
+		row(label, printable(k)+"="+printable(st.envRaw[k]))
 		label = ""
 	}
 	if len(keys) == 0 {
 		row(label, "none of GOMEMLIMIT, GOGC, GODEBUG, AUTOMEMLIMIT, MEMCTL*, MALLOC_*, MIMALLOC_*, GLIBC_TUNABLES")
 	}
 	tw.Flush()
+}
+
+// printable returns s as it is when it is valid UTF-8 and every rune in it
+// is printable (strconv.IsPrint: no control character, C0 or C1 such as
+// ESC or U+009B, no format character), and otherwise strconv.Quote(s), a
+// Go string literal: what another process put in its environment (or in a
+// cgroup name) must not reach the terminal as an escape sequence.
+func printable(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 // size formats a byte count as "N bytes (1.5 MiB)"; "unknown" for nil.

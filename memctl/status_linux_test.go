@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -128,10 +130,11 @@ func checkAgainstProc(t *testing.T, pid int, st statusReport, before procfs.Fiel
 	// The environment the child started with, read here from the same file.
 	b, err := os.ReadFile(procfs.Path(pid, "environ"))
 	require.NoError(t, err)
-	want := map[string]string{}
+	want, seen := map[string]string{}, map[string]bool{}
 	for _, kv := range strings.Split(string(b), "\x00") {
-		if k, v, ok := strings.Cut(kv, "="); ok && memoryVar(k) {
-			if _, seen := want[k]; !seen {
+		if k, v, ok := strings.Cut(kv, "="); ok && memoryVar(k) && !seen[k] {
+			seen[k] = true // the first wins
+			if utf8.ValidString(kv) {
 				want[k] = v
 			}
 		}
@@ -259,4 +262,64 @@ func TestStatusZombie(t *testing.T) {
 	out, _, code := result(t, memctl(t, nil, "status", "-pid", strconv.Itoa(pid)))
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "none (a kernel thread or a zombie)")
+}
+
+// TestStatusUnprintableEnv: a process's environment is the process's to
+// choose, and a C1 control character (U+009B is CSI, the start of an
+// escape sequence, like ESC [) or an invalid UTF-8 byte must not reach the
+// terminal as it is. The table quotes such values; JSON keeps valid UTF-8
+// as it is and carries the rest, unchanged, in base64.
+func TestStatusUnprintableEnv(t *testing.T) {
+	env := []string{
+		"MALLOC_Y=\u009b31m",      // valid UTF-8, C1 control
+		"MALLOC_W=\x9b31m",        // the byte 0x9b: CSI to an 8-bit terminal, not UTF-8
+		"GOGC=\x1b[31m50",         // C0 control
+		"MALLOC_Z=\xff",           // not UTF-8
+		"MIMALLOC_\xfe=1",         // the name not UTF-8
+		"MEMCTL_NOTE=héllo wörld", // printable: as it is
+	}
+	out, _, code := result(t, memctl(t, env, "status"))
+	require.Equal(t, 0, code)
+	assert.NotContains(t, out, "\x1b", "no ESC reaches the terminal")
+	assert.NotContains(t, out, "\u009b", "no CSI reaches the terminal")
+	assert.NotContains(t, out, "\xff")
+	assert.NotContains(t, out, "\x9b")
+	assert.NotContains(t, out, "\xfe")
+	assert.True(t, utf8.ValidString(out), "the table is valid UTF-8")
+	assert.Contains(t, out, `MALLOC_Y="\u009b31m"`+"\n")
+	assert.Contains(t, out, `GOGC="\x1b[31m50"`+"\n")
+	assert.Contains(t, out, `MALLOC_Z="\xff"`+"\n")
+	assert.Contains(t, out, `MALLOC_W="\x9b31m"`+"\n")
+	assert.Contains(t, out, `"MIMALLOC_\xfe"=1`+"\n")
+	assert.Contains(t, out, "MEMCTL_NOTE=héllo wörld\n")
+
+	cmd := memctl(t, env, "status", "-json")
+	js, _, code := result(t, cmd)
+	require.Equal(t, 0, code)
+	var st statusReport
+	require.NoError(t, json.Unmarshal([]byte(js), &st))
+	assert.Equal(t, "\u009b31m", st.Env["MALLOC_Y"], "valid UTF-8 as it is")
+	assert.Equal(t, "\x1b[31m50", st.Env["GOGC"])
+	assert.Equal(t, "héllo wörld", st.Env["MEMCTL_NOTE"])
+	assert.NotContains(t, st.Env, "MALLOC_Z")
+	for k, v := range st.Env {
+		assert.NotContains(t, k+v, "\ufffd", "nothing replaced by U+FFFD")
+	}
+	var got []string
+	for _, b := range st.EnvBase64 {
+		kv, err := base64.StdEncoding.DecodeString(b)
+		require.NoError(t, err)
+		got = append(got, string(kv))
+	}
+	assert.Equal(t, []string{"MALLOC_W=\x9b31m", "MALLOC_Z=\xff", "MIMALLOC_\xfe=1"}, got, "the entries, byte for byte, sorted by their base64")
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal([]byte(js), &raw))
+	assert.Equal(t, []any{"TUFMTE9DX1c9mzMxbQ==", "TUFMTE9DX1o9/w==", "TUlNQUxMT0Nf/j0x"}, raw["env_base64"])
+
+	// Without such variables the key is left out.
+	js, _, code = result(t, memctl(t, []string{"GOGC=50"}, "status", "-json"))
+	require.Equal(t, 0, code)
+	raw = nil
+	require.NoError(t, json.Unmarshal([]byte(js), &raw))
+	assert.NotContains(t, raw, "env_base64")
 }
