@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,29 +97,8 @@ func memctl(t *testing.T, env []string, args ...string) *exec.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, exe, args...)
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if k == childtest.EnvVar || contains(operatorVars, k) {
-			continue
-		}
-		cmd.Env = append(cmd.Env, kv)
-	}
-	cmd.Env = append(cmd.Env, childtest.EnvVar+"=memctl")
-	if _, ok := os.LookupEnv("GORACE"); !ok {
-		// Under -race a process sleeps 1 s at exit by default.
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	}
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = childtest.Env("memctl", operatorVars, env...)
 	return cmd
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // result runs cmd and returns its output and exit status (-1 when killed
@@ -330,7 +310,7 @@ func TestExecEnvDefaults(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := execConfig{thp: thp.PolicyDisable}
-			warns := cfg.applyEnv(func(k string) string { return tc.env[k] }, func(name string) bool { return contains(tc.flags, name) })
+			warns := cfg.applyEnv(func(k string) string { return tc.env[k] }, func(name string) bool { return slices.Contains(tc.flags, name) })
 			assert.Equal(t, tc.thp, cfg.thp)
 			assert.Equal(t, tc.thpFrom, cfg.thpFrom)
 			assert.Equal(t, tc.thpEnv, cfg.thpEnv)

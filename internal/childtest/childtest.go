@@ -36,9 +36,7 @@ func Main(m *testing.M, children map[string]func()) {
 }
 
 // Command returns a command that re-runs the current test binary as the child
-// name, with the parent's environment less the variables named in unset,
-// plus env ("KEY=VALUE" entries, which win over inherited ones). Unless
-// GORACE is set, a race-enabled child is told not to sleep at exit.
+// name, with the environment that Env gives.
 func Command(t testing.TB, name string, unset []string, env ...string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
@@ -46,20 +44,29 @@ func Command(t testing.TB, name string, unset []string, env ...string) *exec.Cmd
 		t.Fatalf("childtest: %v", err)
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = Env(name, unset, env...)
+	return cmd
+}
+
+// Env returns the environment for the child name: the parent's environment
+// less the variables named in unset, plus env ("KEY=VALUE" entries, which
+// win over inherited ones). Unless GORACE is set, a race-enabled child is
+// told not to sleep at exit.
+func Env(name string, unset []string, env ...string) []string {
+	var out []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		if k == EnvVar || contains(unset, k) {
 			continue
 		}
-		cmd.Env = append(cmd.Env, kv)
+		out = append(out, kv)
 	}
-	cmd.Env = append(cmd.Env, EnvVar+"="+name)
+	out = append(out, EnvVar+"="+name)
 	if _, ok := os.LookupEnv("GORACE"); !ok {
 		// A race-enabled child otherwise sleeps 1 s at exit.
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
+		out = append(out, "GORACE=atexit_sleep_ms=0")
 	}
-	cmd.Env = append(cmd.Env, env...)
-	return cmd
+	return append(out, env...)
 }
 
 func contains(list []string, s string) bool {
