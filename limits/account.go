@@ -40,7 +40,8 @@ type Account struct {
 	chunk  int64
 	pool   *Pool
 	parent *Account // nil for a top-level account
-	path   string
+	name   string   // the last element of the scope; see scope
+	seq    int64    // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
 	// closeCause is why the account was closed, when it was closed because
 	// the context it was bound to ended (WithAccount): context.Cause of
 	// that context. Guarded by mu; set before reserved becomes -1.
@@ -55,7 +56,7 @@ type Account struct {
 	prev, next *Account
 	listed     bool
 	canceled   bool
-	_          [22]byte // pad to 192 bytes, a multiple of the cache line
+	_          [14]byte // pad to 192 bytes, a multiple of the cache line
 }
 
 // testHookGrow, when set by a test, runs in Grow's fast path between the
@@ -67,21 +68,35 @@ var testHookGrow func()
 // and before it lowers reserved, where a concurrent Grow can strike.
 var testHookRelease func()
 
-func newAccount(p *Pool, parent *Account, path string, limit int64) *Account {
+func newAccount(p *Pool, parent *Account, name string, seq, limit int64) *Account {
 	a := &Account{
 		releaseAt: 2 * p.chunk,
 		limit:     limit,
 		chunk:     p.chunk,
 		pool:      p,
 		parent:    parent,
-		path:      path,
+		name:      name,
+		seq:       seq,
 	}
 	return a
 }
 
 // Name returns the account's scope: its name path from the pool down, for
 // example "pool/req-17/sort".
-func (a *Account) Name() string { return a.path }
+func (a *Account) Name() string { return a.scope() }
+
+// scope builds the name path from the pool down. It is made only for errors
+// and Name, so that opening an account does not build strings.
+func (a *Account) scope() string {
+	name := a.name
+	if a.seq > 0 {
+		name = "req-" + strconv.FormatInt(a.seq, 10)
+	}
+	if a.parent != nil {
+		return a.parent.scope() + "/" + name
+	}
+	return a.pool.name + "/" + name
+}
 
 // Limit returns the account's own limit in bytes; 0 means it has none.
 func (a *Account) Limit() int64 { return a.limit }
@@ -106,14 +121,14 @@ func (a *Account) Peak() int64 { return a.peak.Load() }
 // is closed (wrapping the cause of the context a was bound to, as Grow's).
 func (a *Account) Open(name string, limit int64) (*Account, error) {
 	if limit < 0 {
-		return nil, fmt.Errorf("%w: %s/%s: Open with limit %d", ErrInvalidSize, a.path, name, limit)
+		return nil, fmt.Errorf("%w: %s/%s: Open with limit %d", ErrInvalidSize, a.scope(), name, limit)
 	}
 	if a.reserved.Load() < 0 {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return nil, a.closedError(fmt.Sprintf("Open(%q)", name))
 	}
-	return newAccount(a.pool, a, a.path+"/"+name, limit), nil
+	return newAccount(a.pool, a, name, 0, limit), nil
 }
 
 // Grow reports n more bytes in use. It returns nil, or:
@@ -174,10 +189,10 @@ func (a *Account) sizeError(n int64, err error) error {
 	if !errors.As(err, &o) {
 		return err
 	}
-	if o.scope == a.path {
-		return fmt.Errorf("%w: %s: Grow(%d) with %d in use overflows int64", ErrInvalidSize, a.path, n, o.used)
+	if o.scope == a.scope() {
+		return fmt.Errorf("%w: %s: Grow(%d) with %d in use overflows int64", ErrInvalidSize, a.scope(), n, o.used)
 	}
-	return fmt.Errorf("%w: %s: Grow(%d) overflows int64 in %s, which has %d in use", ErrInvalidSize, a.path, n, o.scope, o.used)
+	return fmt.Errorf("%w: %s: Grow(%d) overflows int64 in %s, which has %d in use", ErrInvalidSize, a.scope(), n, o.scope, o.used)
 }
 
 // noteRefused counts a Grow(n) that failed with err when err is a refusal
@@ -242,11 +257,11 @@ func (a *Account) growLocked(n int64) error {
 		}
 		u := a.used.Load()
 		if n > math.MaxInt64-u {
-			return &overflowError{scope: a.path, used: u}
+			return &overflowError{scope: a.scope(), used: u}
 		}
 		nu := u + n
 		if a.limit > 0 && nu > a.limit {
-			return &ExhaustedError{Requested: n, Used: u, Limit: a.limit, Scope: a.path}
+			return &ExhaustedError{Requested: n, Used: u, Limit: a.limit, Scope: a.scope()}
 		}
 		if nu <= r {
 			// No release can run while we hold mu, so reserved stays ≥ r.
@@ -363,7 +378,7 @@ func (a *Account) shrinkBelowZero(n int64) {
 func (a *Account) misuse(what string) {
 	a.pool.misuse.Add(1)
 	if a.pool.strict {
-		panic("limits: " + a.path + ": " + what)
+		panic("limits: " + a.scope() + ": " + what)
 	}
 }
 
@@ -407,7 +422,7 @@ func (a *Account) releaseLocked() {
 // error matching ErrInvalidSize and changes nothing.
 func (a *Account) Resize(oldSize, newSize int64) error {
 	if oldSize < 0 || newSize < 0 {
-		return fmt.Errorf("%w: %s: Resize(%d, %d): negative size", ErrInvalidSize, a.path, oldSize, newSize)
+		return fmt.Errorf("%w: %s: Resize(%d, %d): negative size", ErrInvalidSize, a.scope(), oldSize, newSize)
 	}
 	if newSize > oldSize {
 		return a.Grow(newSize - oldSize)
@@ -446,11 +461,11 @@ func (a *Account) close(cause error) {
 // closedError is the error of op on the closed account. Called with mu held.
 func (a *Account) closedError(op string) error {
 	if a.closeCause != nil {
-		return fmt.Errorf("%w: %s: %s after its context ended: %w", ErrClosed, a.path, op, a.closeCause)
+		return fmt.Errorf("%w: %s: %s after its context ended: %w", ErrClosed, a.scope(), op, a.closeCause)
 	}
-	return fmt.Errorf("%w: %s: %s", ErrClosed, a.path, op)
+	return fmt.Errorf("%w: %s: %s", ErrClosed, a.scope(), op)
 }
 
 func (a *Account) invalid(op string, n int64) error {
-	return fmt.Errorf("%w: %s: %s(%d): negative size", ErrInvalidSize, a.path, op, n)
+	return fmt.Errorf("%w: %s: %s(%d): negative size", ErrInvalidSize, a.scope(), op, n)
 }

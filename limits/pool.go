@@ -228,13 +228,19 @@ func (p *Pool) Stats() PoolStats {
 // error matching ErrInvalidSize for a negative limit and ErrClosed after
 // Close. Safe for concurrent use.
 func (p *Pool) Open(name string, limit int64) (*Account, error) {
+	return p.open(name, 0, limit)
+}
+
+// open is Open; seq > 0 names the account "req-<seq>" without building the
+// string (the middleware's default names).
+func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("%w: %s/%s: Open with limit %d", ErrInvalidSize, p.name, name, limit)
 	}
 	if p.closed.Load() {
 		return nil, fmt.Errorf("%w: %s: Open(%q)", ErrClosed, p.name, name)
 	}
-	return newAccount(p, nil, p.name+"/"+name, limit), nil
+	return newAccount(p, nil, name, seq, limit), nil
 }
 
 // Close stops the heap watch and makes the pool refuse further Open calls

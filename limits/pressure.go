@@ -148,5 +148,5 @@ func (p *Pool) cancelLargestAccount(live, threshold int64) {
 		return
 	}
 	p.canceled.Add(1)
-	cancel(&ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.path + " (heap pressure)"})
+	cancel(&ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (heap pressure)"})
 }

@@ -23,10 +23,10 @@ func checkLimits(p *Pool, accts []*Account) []string {
 	for _, a := range accts {
 		u, r, pk := a.used.Load(), a.reserved.Load(), a.peak.Load()
 		if u < 0 {
-			bad = append(bad, fmt.Sprintf("%s: used %d < 0", a.path, u))
+			bad = append(bad, fmt.Sprintf("%s: used %d < 0", a.scope(), u))
 		}
 		if a.limit > 0 && (u > a.limit || r > a.limit || pk > a.limit) {
-			bad = append(bad, fmt.Sprintf("%s: used %d, reserved %d, peak %d, limit %d", a.path, u, r, pk, a.limit))
+			bad = append(bad, fmt.Sprintf("%s: used %d, reserved %d, peak %d, limit %d", a.scope(), u, r, pk, a.limit))
 		}
 	}
 	return bad
@@ -158,15 +158,15 @@ func stress(t *testing.T, seed uint64) {
 	}
 	var held int64
 	for _, a := range accts {
-		assert.Equal(t, childHeld[a], a.used.Load(), "%s used", a.path)
+		assert.Equal(t, childHeld[a], a.used.Load(), "%s used", a.scope())
 		r := a.reserved.Load()
 		if r < 0 {
-			assert.Zero(t, a.Used(), "%s Used() after Close", a.path)
+			assert.Zero(t, a.Used(), "%s Used() after Close", a.scope())
 			continue
 		}
-		assert.Equal(t, childHeld[a], a.Used(), "%s Used()", a.path)
-		assert.LessOrEqual(t, r-a.used.Load(), a.releaseAt, "%s holds %d, uses %d", a.path, r, a.used.Load())
-		assert.GreaterOrEqual(t, r, a.used.Load(), "%s holds less than it uses", a.path)
+		assert.Equal(t, childHeld[a], a.Used(), "%s Used()", a.scope())
+		assert.LessOrEqual(t, r-a.used.Load(), a.releaseAt, "%s holds %d, uses %d", a.scope(), r, a.used.Load())
+		assert.GreaterOrEqual(t, r, a.used.Load(), "%s holds less than it uses", a.scope())
 		if a.parent == nil {
 			held += r
 		}
