@@ -50,7 +50,7 @@ type HTTPConfig struct {
 // returns, even by panic. With PoolConfig.CancelLargest the account is bound
 // to a cancelable context of its own (WithAccount) that the pool's heap
 // watch may cancel; without it the middleware skips that context and costs
-// 4 allocations (576 bytes) a request: the account, the context value and
+// 3 allocations (576 bytes) a request: the account, the context value and
 // the request copy of r.WithContext (BenchmarkHandler in bench/).
 // When the pool is closed the middleware answers 503 Service Unavailable
 // without calling the handler. It returns an error matching ErrInvalidSize

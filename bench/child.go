@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/limits"
+)
+
+// Environment of a child process: the scenario and arm it runs
+// ("burst/plain"), and the scenario parameters as JSON.
+const (
+	childEnv  = "MEMCTL_BENCH_CHILD"
+	paramsEnv = "MEMCTL_BENCH_PARAMS"
+)
+
+// arm is one configuration of the scenario binary.
+type arm struct {
+	Key   string `json:"key"`
+	Label string `json:"label"`
+	Desc  string `json:"description"`
+}
+
+// arms are run in this order, interleaved: A B C D A B C D ...
+var arms = []arm{
+	{"plain", "plain", "Go defaults: no GOMEMLIMIT, no trim"},
+	{"gomemlimit", "GOMEMLIMIT only", "limits.SetGoMemLimit alone (90% of the cgroup limit, through automemlimit)"},
+	{"memctl", "memctl", "memctl.Start() with defaults; AfterBurst after each burst; the budget middleware in http"},
+	{"memctl-aa", "memctl (A/A)", "identical to memctl, run as a separate arm: the noise floor"},
+}
+
+func armByKey(key string) (arm, bool) {
+	for _, a := range arms {
+		if a.Key == key {
+			return a, true
+		}
+	}
+	return arm{}, false
+}
+
+func (a arm) memctl() bool { return a.Key == "memctl" || a.Key == "memctl-aa" }
+
+// childResult is what a child reports on its last line, after "result ".
+type childResult struct {
+	// GoMemLimit is GOMEMLIMIT in the child, in bytes (math.MaxInt64: none).
+	GoMemLimit int64 `json:"gomemlimit"`
+	// Trims and TrimTime are the trims memctl ran in the window and their
+	// total duration ("trim: done" log records, cross-checked with
+	// Stats().Trim.Trims); 0 in the arms without memctl.
+	Trims    int64         `json:"trims"`
+	TrimTime time.Duration `json:"trim_time"`
+	// Elapsed is the wall time of the scenario's measured window.
+	Elapsed time.Duration `json:"elapsed"`
+	// Bursts is the number of bursts the child ran.
+	Bursts int `json:"bursts,omitempty"`
+	// Requests, RPS, P50 and P99 are the http scenario's load figures.
+	Requests int           `json:"requests,omitempty"`
+	RPS      float64       `json:"rps,omitempty"`
+	P50      time.Duration `json:"p50,omitempty"`
+	P99      time.Duration `json:"p99,omitempty"`
+}
+
+// childMain runs one arm of one scenario in this process (spec is
+// "scenario/arm") and returns the exit status. It talks to the parent over
+// stdin and stdout: it prints "ready", waits for "go", runs the scenario,
+// prints "end", waits for stdin to close and prints "result {json}".
+func childMain(spec string) int {
+	if err := runChild(spec, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", spec+":", err)
+		return 1
+	}
+	return 0
+}
+
+func runChild(spec string, stdin io.Reader, stdout io.Writer) error {
+	name, armKey, _ := strings.Cut(spec, "/")
+	sc, ok := scenarioByName(name)
+	if !ok {
+		return fmt.Errorf("unknown scenario %q", name)
+	}
+	a, ok := armByKey(armKey)
+	if !ok {
+		return fmt.Errorf("unknown arm %q", armKey)
+	}
+	var p params
+	if err := json.Unmarshal([]byte(os.Getenv(paramsEnv)), &p); err != nil {
+		return fmt.Errorf("%s: %w", paramsEnv, err)
+	}
+	st, err := setupArm(a)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	c := &childIO{in: bufio.NewScanner(stdin), out: stdout}
+	res, err := sc.child(p, st, c)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return c.say("result " + string(b))
+}
+
+// childIO is the child's side of the protocol.
+type childIO struct {
+	in  *bufio.Scanner
+	out io.Writer
+}
+
+func (c *childIO) say(line string) error {
+	_, err := fmt.Fprintln(c.out, line)
+	return err
+}
+
+// await reads the next line from the parent and checks that it is word.
+func (c *childIO) await(word string) error {
+	if !c.in.Scan() {
+		return fmt.Errorf("waiting for %q: stdin closed: %v", word, c.in.Err())
+	}
+	if got := c.in.Text(); got != word {
+		return fmt.Errorf("waiting for %q: got %q", word, got)
+	}
+	return nil
+}
+
+// awaitEOF blocks until the parent closes stdin, its signal that the
+// observation window is over.
+func (c *childIO) awaitEOF() {
+	for c.in.Scan() {
+	}
+}
+
+// armState is what an arm set up in the child.
+type armState struct {
+	arm  arm
+	ctl  *memctl.Controller
+	log  *trimLog
+	pool *limits.Pool
+}
+
+// setupArm applies the arm's configuration to this process.
+func setupArm(a arm) (*armState, error) {
+	st := &armState{arm: a}
+	switch {
+	case a.Key == "gomemlimit":
+		if _, err := limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{}); err != nil {
+			return nil, err
+		}
+	case a.memctl():
+		st.log = &trimLog{counts: new(trimCounts), next: slog.NewTextHandler(os.Stderr, nil)}
+		ctl, err := memctl.Start(memctl.WithLogger(slog.New(st.log)))
+		if err != nil {
+			ctl.Close()
+			return nil, err // a part failed: the arm would not be memctl's defaults
+		}
+		st.ctl = ctl
+	}
+	return st, nil
+}
+
+func (st *armState) afterBurst() { st.ctl.AfterBurst() }
+
+func (st *armState) close() {
+	if st.pool != nil {
+		st.pool.Close()
+	}
+	st.ctl.Close()
+}
+
+// snapshot fills the result's GOMEMLIMIT and trim figures, as of now.
+func (st *armState) snapshot(r *childResult) error {
+	r.GoMemLimit = debug.SetMemoryLimit(-1)
+	if st.log == nil {
+		return nil
+	}
+	// The trimmer counts a trim before it logs it: wait for the log to
+	// catch up with the counter.
+	for range 100 {
+		n, d := st.log.counts.get()
+		if s := st.ctl.Stats().Trim.Trims; s == n {
+			r.Trims, r.TrimTime = n, d
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	n, _ := st.log.counts.get()
+	return fmt.Errorf("counted %d \"trim: done\" records, Stats says %d trims", n, st.ctl.Stats().Trim.Trims)
+}
+
+// trimLog is the slog handler of the memctl arms: it counts the trimmer's
+// DEBUG "trim: done" records and sums their "took" durations, and passes
+// INFO and above to next (the child's stderr, which the parent keeps).
+type trimLog struct {
+	counts *trimCounts
+	next   slog.Handler
+}
+
+type trimCounts struct {
+	mu    sync.Mutex
+	n     int64
+	total time.Duration
+}
+
+func (c *trimCounts) add(d time.Duration) {
+	c.mu.Lock()
+	c.n++
+	c.total += d
+	c.mu.Unlock()
+}
+
+func (c *trimCounts) get() (int64, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.total
+}
+
+func (h *trimLog) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelDebug
+}
+
+func (h *trimLog) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "trim: done" {
+		var took time.Duration
+		var found bool
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "took" && a.Value.Kind() == slog.KindDuration {
+				took, found = a.Value.Duration(), true
+				return false
+			}
+			return true
+		})
+		if !found {
+			return errors.New("bench: \"trim: done\" record without a took duration")
+		}
+		h.counts.add(took)
+		return nil
+	}
+	if r.Level < slog.LevelInfo {
+		return nil
+	}
+	return h.next.Handle(ctx, r)
+}
+
+func (h *trimLog) WithAttrs(as []slog.Attr) slog.Handler {
+	return &trimLog{counts: h.counts, next: h.next.WithAttrs(as)}
+}
+
+func (h *trimLog) WithGroup(g string) slog.Handler {
+	return &trimLog{counts: h.counts, next: h.next.WithGroup(g)}
+}
+
+// objectSize is the size of the objects bursts are made of: large objects
+// (over 32 KiB) with a span each, as buffers of a real burst would be.
+const objectSize = 64 << 10
+
+// touch allocates n bytes as objectSize []byte objects and writes one byte
+// per 4 KiB page of each, so that every page is resident.
+func touch(n int64) [][]byte {
+	objs := make([][]byte, 0, n/objectSize)
+	for range n / objectSize {
+		b := make([]byte, objectSize)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		objs = append(objs, b)
+	}
+	return objs
+}
+
+// settle is how long a child waits after building its live set before it
+// reports ready, so that the RSS before the burst is read at rest.
+const settle = 300 * time.Millisecond
+
+// keep holds the live set where the compiler cannot see it dropped.
+var keep [][]byte
+
+func holdLive(n int64) {
+	keep = touch(n)
+	time.Sleep(settle)
+}
+
+func dropLive() {
+	runtime.KeepAlive(keep)
+	keep = nil
+}

@@ -1,0 +1,151 @@
+// Command bench is memctl's A/B harness: it runs the same scenarios in four
+// arms, each a child process of this same binary, and prints a Markdown
+// table per scenario with the arms as columns (or JSON with -json).
+//
+//	go run ./bench                 # full run, about 31 minutes on 2 cores
+//	go run ./bench -quick          # 1 run per arm, short windows: under a minute
+//	go run ./bench -json > out.json
+//	go run ./bench -from out.json  # the saved report as Markdown
+//
+// Arms: plain Go (defaults), GOMEMLIMIT only (limits.SetGoMemLimit alone),
+// memctl (memctl.Start with defaults, AfterBurst after each burst) and an
+// A/A control, a second arm identical to memctl whose distance from it is
+// the noise floor. Arms run interleaved (A B C D A B C D ...), -runs times
+// each (default 5); each figure is the median over the runs, shown with the
+// min and max. Where the harness can (root, a memory cgroup it may write),
+// each child runs in a child memory cgroup of its own with the same limit
+// (-cgroup-limit, default 2 GiB), so that the GOMEMLIMIT arms have a limit
+// to read; the output says whether it did. The arms' environment is the
+// harness's less GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*.
+//
+// Scenarios (-scenarios, default all three):
+//
+//   - burst: 20 MiB live, one 1 GiB burst (64 KiB objects, every page
+//     touched), then idle. RSS before the burst (VmRSS), peak RSS during
+//     it (VmHWM, reset before the burst by writing 5 to
+//     /proc/PID/clear_refs), RSS 3 s and 10 s after it, and the time until
+//     RSS is back within 10% of its value before, "> T" when the window T
+//     (-window, default 30 s) ends first. RSS is read from /proc/PID/status
+//     every 50 ms by the parent.
+//   - cadence: 20 MiB live and a 64 MiB burst every 2.1 s for 60 s, the
+//     worst spacing for the 2 s trim delay. Trims run, the share of wall
+//     time spent in them (memctl's "trim: done" log records), mean RSS
+//     (sampled every 50 ms) and peak RSS (VmHWM).
+//   - http: a loopback net/http server whose handler charges 32 KiB to the
+//     request's budget (limits.Grow) and allocates it; the memctl arms put
+//     limits.Pool's middleware in front of it, the others serve it bare. An
+//     in-process load generator sends a fixed number of requests over 8
+//     connections. Requests per second, p50 and p99 latency, and each arm's
+//     requests per second divided by the plain arm's in the same round.
+//
+// The figures are specific to the machine; compare arms within one run.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(childMain(spec))
+	}
+	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cli parses args, runs the harness and writes the report to stdout; it
+// returns the exit status (2 for bad flags).
+func cli(args []string, stdout, stderr io.Writer) int {
+	cfg, asJSON, err := parseFlags(args, stderr)
+	if err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	var rep *Report
+	if cfg.From != "" {
+		rep, err = readReport(cfg.From)
+	} else {
+		rep, err = run(cfg, stderr)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if asJSON {
+		err = writeJSON(stdout, rep)
+	} else {
+		err = writeMarkdown(stdout, rep)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// parseFlags turns the command line into a config; -quick sets the
+// defaults that the other flags then override.
+func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "1 run per arm, a 3.5 s burst window, a 4.2 s cadence window, 10,000 requests: under a minute")
+	runs := fs.Int("runs", 0, "runs per arm (default 5, or 1 with -quick)")
+	asJSON := fs.Bool("json", false, "write the report as JSON instead of Markdown")
+	scens := fs.String("scenarios", "burst,cadence,http", "comma-separated scenarios to run")
+	limit := fs.String("cgroup-limit", "2GiB", "memory limit of each arm's child cgroup (bytes, or with KiB, MiB, GiB); 0 runs without cgroups")
+	window := fs.Duration("window", 0, "burst: how long RSS is observed after the burst (default 30s, or 3.5s with -quick)")
+	cadenceFor := fs.Duration("cadence-for", 0, "cadence: length of the window (default 60s, or 4.2s with -quick)")
+	requests := fs.Int("requests", 0, "http: measured requests per run (default 100000, or 10000 with -quick)")
+	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json)")
+	if err := fs.Parse(args); err != nil {
+		return config{}, false, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, false, fmt.Errorf("bench: unexpected arguments %q", fs.Args())
+	}
+	cfg := defaultConfig(*quick)
+	if *runs < 0 {
+		return config{}, false, fmt.Errorf("bench: -runs %d: want at least 1", *runs)
+	} else if *runs > 0 {
+		cfg.Runs = *runs
+	}
+	cfg.Scenarios = nil
+	for _, s := range strings.Split(*scens, ",") {
+		s = strings.TrimSpace(s)
+		if _, ok := scenarioByName(s); !ok {
+			return config{}, false, fmt.Errorf("bench: -scenarios: unknown scenario %q (want burst, cadence or http)", s)
+		}
+		cfg.Scenarios = append(cfg.Scenarios, s)
+	}
+	l, err := parseSize(*limit)
+	if err != nil {
+		return config{}, false, fmt.Errorf("-cgroup-limit: %w", err)
+	}
+	cfg.CgroupLimit = l
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		dst  *time.Duration
+	}{{"-window", *window, &cfg.Params.Window}, {"-cadence-for", *cadenceFor, &cfg.Params.CadenceFor}} {
+		switch {
+		case d.v < 0:
+			return config{}, false, fmt.Errorf("bench: %s %v: want a positive duration", d.name, d.v)
+		case d.v > 0:
+			*d.dst = d.v
+		}
+	}
+	if *requests < 0 {
+		return config{}, false, fmt.Errorf("bench: -requests %d: want a positive count", *requests)
+	} else if *requests > 0 {
+		cfg.Params.Requests = *requests
+	}
+	cfg.From = *from
+	return cfg, *asJSON, nil
+}

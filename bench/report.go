@@ -1,0 +1,322 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is the result of a run of the harness; -json writes it as is.
+type Report struct {
+	Started time.Time `json:"started"`
+	// Seconds is the wall time of the whole run.
+	Seconds   float64          `json:"seconds"`
+	Machine   Machine          `json:"machine"`
+	Quick     bool             `json:"quick"`
+	Runs      int              `json:"runs"`
+	Cgroup    CgroupInfo       `json:"cgroup"`
+	Params    params           `json:"params"`
+	Arms      []ArmInfo        `json:"arms"`
+	Scenarios []ScenarioReport `json:"scenarios"`
+	Targets   []Target         `json:"targets"`
+}
+
+// Machine describes where the run took place.
+type Machine struct {
+	Go         string `json:"go"`
+	OS         string `json:"os"`
+	Arch       string `json:"arch"`
+	CPUs       int    `json:"cpus"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Kernel     string `json:"kernel,omitempty"`
+	// THP is the system's THP mode (always, madvise, never).
+	THP string `json:"thp,omitempty"`
+}
+
+// CgroupInfo says whether the arms ran in child memory cgroups.
+type CgroupInfo struct {
+	Used       bool   `json:"used"`
+	Version    int    `json:"version,omitempty"`
+	LimitBytes int64  `json:"limit_bytes,omitempty"`
+	Note       string `json:"note,omitempty"`
+}
+
+// ArmInfo is one arm and the GOMEMLIMIT its children ran with, in bytes
+// (math.MaxInt64: none; -1: no child ran).
+type ArmInfo struct {
+	arm
+	GoMemLimit int64 `json:"gomemlimit_bytes"`
+}
+
+// ScenarioReport is one scenario's table.
+type ScenarioReport struct {
+	Name    string         `json:"name"`
+	Title   string         `json:"title"`
+	Figures []FigureReport `json:"figures"`
+	Notes   []string       `json:"notes,omitempty"`
+}
+
+// FigureReport is one row: a figure summarized per arm (keyed by arm key).
+type FigureReport struct {
+	Key   string             `json:"key"`
+	Label string             `json:"label"`
+	Unit  unit               `json:"unit"`
+	Arms  map[string]Summary `json:"arms"`
+}
+
+// Target is one of the issue's targets checked against the medians.
+type Target struct {
+	Scenario string `json:"scenario"`
+	Target   string `json:"target"`
+	Measured string `json:"measured"`
+	// Met is null when the run could not check the target (a window too
+	// short, a scenario not run).
+	Met *bool `json:"met"`
+}
+
+// writeJSON writes rep as indented JSON.
+func writeJSON(w io.Writer, rep *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// readReport reads a report that writeJSON wrote to the file path. The
+// figures' units are restored from the scenario definitions; a scenario or
+// figure this harness does not know is an error.
+func readReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("bench: %s: %w", path, err)
+	}
+	for i, s := range rep.Scenarios {
+		sc, ok := scenarioByName(s.Name)
+		if !ok {
+			return nil, fmt.Errorf("bench: %s: unknown scenario %q", path, s.Name)
+		}
+		for j, f := range s.Figures {
+			k := slices.IndexFunc(sc.Figures, func(d figureDef) bool { return d.Key == f.Key })
+			if k < 0 {
+				return nil, fmt.Errorf("bench: %s: scenario %s: unknown figure %q", path, s.Name, f.Key)
+			}
+			rep.Scenarios[i].Figures[j].Unit = sc.Figures[k].Unit
+		}
+		rep.Scenarios[i].Title = sc.title(rep.Params)
+	}
+	if len(rep.Arms) != len(arms) {
+		return nil, fmt.Errorf("bench: %s: %d arms, want %d", path, len(rep.Arms), len(arms))
+	}
+	return &rep, nil
+}
+
+// writeMarkdown writes rep as Markdown: the setup, the arms, a table per
+// scenario with the arms as columns, and the targets.
+func writeMarkdown(w io.Writer, rep *Report) error {
+	var b strings.Builder
+	m := rep.Machine
+	fmt.Fprintf(&b, "%s %s/%s, %d CPUs (GOMAXPROCS %d)", m.Go, m.OS, m.Arch, m.CPUs, m.GOMAXPROCS)
+	if m.Kernel != "" {
+		fmt.Fprintf(&b, ", Linux %s", m.Kernel)
+	}
+	if m.THP != "" {
+		fmt.Fprintf(&b, ", THP %s", m.THP)
+	}
+	mode := ""
+	if rep.Quick {
+		mode = " (-quick)"
+	}
+	fmt.Fprintf(&b, ". %d run(s) per arm%s, arms interleaved (A B C D A B C D ...); each cell is the median over the runs", rep.Runs, mode)
+	if rep.Runs > 1 {
+		b.WriteString(", with (min – max) where they differ")
+	}
+	fmt.Fprintf(&b, ". Started %s, took %s.\n\n", rep.Started.Format(time.RFC3339), (time.Duration(rep.Seconds) * time.Second).String())
+	if rep.Cgroup.Used {
+		fmt.Fprintf(&b, "Cgroups: each arm ran in its own child memory cgroup (v%d, limit %s MiB each).\n\n", rep.Cgroup.Version, mibs(rep.Cgroup.LimitBytes))
+	} else {
+		fmt.Fprintf(&b, "Cgroups: none; %s.\n\n", rep.Cgroup.Note)
+	}
+
+	b.WriteString("| arm | what it runs | GOMEMLIMIT (MiB) |\n| --- | --- | --- |\n")
+	for _, a := range rep.Arms {
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", a.Label, a.Desc, formatMemLimit(a.GoMemLimit))
+	}
+
+	for _, s := range rep.Scenarios {
+		fmt.Fprintf(&b, "\n### %s\n\n", s.Title)
+		fmt.Fprintf(&b, "| %s |", s.Name)
+		for _, a := range rep.Arms {
+			fmt.Fprintf(&b, " %s |", a.Label)
+		}
+		b.WriteString(" A/A Δ |\n|")
+		for range len(rep.Arms) + 2 {
+			b.WriteString(" --- |")
+		}
+		b.WriteByte('\n')
+		for _, f := range s.Figures {
+			fmt.Fprintf(&b, "| %s |", f.Label)
+			for _, a := range rep.Arms {
+				fmt.Fprintf(&b, " %s |", formatCell(f.Unit, f.Arms[a.Key]))
+			}
+			fmt.Fprintf(&b, " %s |\n", formatAA(f))
+		}
+		for _, n := range s.Notes {
+			fmt.Fprintf(&b, "\n%s\n", n)
+		}
+	}
+
+	if len(rep.Targets) > 0 {
+		b.WriteString("\n### Targets\n\n| scenario | target | measured (medians) | met |\n| --- | --- | --- | --- |\n")
+		for _, t := range rep.Targets {
+			met := "not checked"
+			if t.Met != nil {
+				met = map[bool]string{true: "yes", false: "**no**"}[*t.Met]
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Scenario, t.Target, t.Measured, met)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func formatMemLimit(b int64) string {
+	switch {
+	case b < 0:
+		return "?"
+	case b == math.MaxInt64:
+		return "none"
+	}
+	return mibs(b)
+}
+
+// formatAA renders the A/A column: how far the A/A arm's median is from the
+// memctl arm's, relative to the latter.
+func formatAA(f FigureReport) string {
+	d, ok := relDiff(f.Arms["memctl"].Median, f.Arms["memctl-aa"].Median)
+	switch {
+	case !ok:
+		return "–"
+	case math.IsInf(d, 1):
+		return "∞"
+	}
+	return fmt.Sprintf("%.1f%%", d*100)
+}
+
+// figure returns the figure key of scenario name, if it ran.
+func (rep *Report) figure(name, key string) (FigureReport, bool) {
+	for _, s := range rep.Scenarios {
+		if s.Name != name {
+			continue
+		}
+		for _, f := range s.Figures {
+			if f.Key == key {
+				return f, true
+			}
+		}
+	}
+	return FigureReport{}, false
+}
+
+func (rep *Report) scenario(name string) (ScenarioReport, bool) {
+	for _, s := range rep.Scenarios {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return ScenarioReport{}, false
+}
+
+// targets checks the issue's targets against the report's medians.
+func targets(rep *Report) []Target {
+	var ts []Target
+	met := func(v bool) *bool { return &v }
+	med := func(f FigureReport, arm string) Obs { return f.Arms[arm].Median }
+	cell := func(f FigureReport, arm string) string { return formatObs(f.Unit, med(f, arm)) }
+
+	if f, ok := rep.figure("burst", "back_within_10pct"); ok {
+		m, aa := med(f, "memctl"), med(f, "memctl-aa")
+		ok := func(o Obs) bool { return !o.NA && !o.Over && o.Value <= 3 }
+		ts = append(ts, Target{
+			Scenario: "burst",
+			Target:   "memctl back within 10% of pre-burst RSS by 3 s after the burst",
+			Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")),
+			Met:      met(ok(m) && ok(aa)),
+		})
+		t := Target{
+			Scenario: "burst",
+			Target:   "plain Go not back within 10% in 30 s",
+			Measured: "plain " + cell(f, "plain"),
+		}
+		if p := med(f, "plain"); p.Over && p.Value >= 30 {
+			t.Met = met(true)
+		} else if !p.NA && !p.Over {
+			t.Met = met(p.Value > 30)
+		} else {
+			t.Measured += fmt.Sprintf(" (the %s window is shorter than 30 s)", secs(rep.Params.Window))
+		}
+		ts = append(ts, t)
+	}
+	if s, ok := rep.scenario("burst"); ok {
+		worst, worstLabel, bad := 0.0, "", []string{}
+		for _, f := range s.Figures {
+			m, aa := med(f, "memctl"), med(f, "memctl-aa")
+			if m.NA && aa.NA {
+				continue
+			}
+			d, ok := relDiff(m, aa)
+			if !ok {
+				bad = append(bad, fmt.Sprintf("%s: %s vs %s", f.Label, cell(f, "memctl"), cell(f, "memctl-aa")))
+				continue
+			}
+			if d >= worst {
+				worst, worstLabel = d, f.Label
+			}
+		}
+		measured := fmt.Sprintf("largest difference %.1f%% (%s)", worst*100, worstLabel)
+		if len(bad) > 0 {
+			measured += "; not comparable: " + strings.Join(bad, ", ")
+		}
+		ts = append(ts, Target{
+			Scenario: "burst",
+			Target:   "the A/A arms agree within 5% on every figure",
+			Measured: measured,
+			Met:      met(len(bad) == 0 && worst <= 0.05),
+		})
+	}
+	if f, ok := rep.figure("cadence", "trim_share"); ok {
+		m, aa := med(f, "memctl"), med(f, "memctl-aa")
+		ts = append(ts, Target{
+			Scenario: "cadence",
+			Target:   "trims take at most 2% of wall time",
+			Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")),
+			Met:      met(!m.NA && !aa.NA && m.Value <= 0.02 && aa.Value <= 0.02),
+		})
+	}
+	if f, ok := rep.figure("cadence", "mean_rss"); ok {
+		m, aa, p := med(f, "memctl"), med(f, "memctl-aa"), med(f, "plain")
+		ts = append(ts, Target{
+			Scenario: "cadence",
+			Target:   "memctl's mean RSS below plain Go's",
+			Measured: fmt.Sprintf("memctl %s MiB, A/A %s MiB, plain %s MiB", cell(f, "memctl"), cell(f, "memctl-aa"), cell(f, "plain")),
+			Met:      met(!m.NA && !p.NA && !aa.NA && m.Value < p.Value && aa.Value < p.Value),
+		})
+	}
+	if f, ok := rep.figure("http", "rps_vs_plain"); ok {
+		m, aa := med(f, "memctl"), med(f, "memctl-aa")
+		ts = append(ts, Target{
+			Scenario: "http",
+			Target:   "the budget middleware costs at most 2% of requests per second",
+			Measured: fmt.Sprintf("memctl/plain %s, A/A/plain %s, GOMEMLIMIT only/plain %s", cell(f, "memctl"), cell(f, "memctl-aa"), cell(f, "gomemlimit")),
+			Met:      met(!m.NA && !aa.NA && m.Value >= 0.98 && aa.Value >= 0.98),
+		})
+	}
+	return ts
+}

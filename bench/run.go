@@ -1,0 +1,216 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/memctl/memctl/thp"
+)
+
+// config is one run of the harness.
+type config struct {
+	// Runs is the number of runs per arm and scenario.
+	Runs int
+	// Quick is set for -quick (recorded in the report).
+	Quick bool
+	// Scenarios are the scenarios to run, in order.
+	Scenarios []string
+	// CgroupLimit is each arm's cgroup memory limit in bytes; 0 runs the
+	// arms without cgroups.
+	CgroupLimit int64
+	// Params are the scenarios' sizes and times.
+	Params params
+	// Exe is the scenario binary; "" means this executable.
+	Exe string
+	// From, when set, names a saved -json report to render instead of
+	// running.
+	From string
+}
+
+// defaultConfig is the full run (5 runs per arm), or with quick the short
+// one (1 run, short windows).
+func defaultConfig(quick bool) config {
+	c := config{Runs: 5, Quick: quick, CgroupLimit: 2 << 30, Params: defaultParams(quick)}
+	if quick {
+		c.Runs = 1
+	}
+	for _, s := range scenarios {
+		c.Scenarios = append(c.Scenarios, s.Name)
+	}
+	return c
+}
+
+// run runs every scenario of cfg, arms interleaved, and returns the report.
+// Progress lines go to progress.
+func run(cfg config, progress io.Writer) (*Report, error) {
+	if cfg.Runs < 1 {
+		return nil, fmt.Errorf("bench: runs %d: want at least 1", cfg.Runs)
+	}
+	var scens []scenario
+	for _, name := range cfg.Scenarios {
+		s, ok := scenarioByName(name)
+		if !ok {
+			return nil, fmt.Errorf("bench: unknown scenario %q (want burst, cadence or http)", name)
+		}
+		scens = append(scens, s)
+	}
+	exe := cfg.Exe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+	}
+	rep := &Report{
+		Started: time.Now().UTC().Truncate(time.Second),
+		Machine: machine(),
+		Quick:   cfg.Quick,
+		Runs:    cfg.Runs,
+		Params:  cfg.Params,
+	}
+	var parent *cgroupParent
+	if cfg.CgroupLimit > 0 {
+		p, err := findCgroupParent()
+		if err != nil {
+			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + "): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
+		} else {
+			parent = p
+			rep.Cgroup = CgroupInfo{Used: true, Version: p.version, LimitBytes: cfg.CgroupLimit}
+		}
+	} else {
+		rep.Cgroup.Note = "cgroups off (-cgroup-limit 0): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
+	}
+	memLimits := make(map[string]int64)
+	start := time.Now()
+	for _, s := range scens {
+		obs := make(map[string]map[string][]Obs) // arm -> figure -> runs
+		for _, a := range arms {
+			obs[a.Key] = make(map[string][]Obs)
+		}
+		for i := range cfg.Runs {
+			for _, a := range arms {
+				t0 := time.Now()
+				figs, res, err := runOne(exe, s, a, cfg, parent, i)
+				if err != nil {
+					return nil, err
+				}
+				memLimits[a.Key] = res.GoMemLimit
+				for _, f := range s.Figures {
+					if o, ok := figs[f.Key]; ok {
+						obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
+					}
+				}
+				fmt.Fprintf(progress, "bench: %s run %d/%d %-10s %5.1fs  %s\n", s.Name, i+1, cfg.Runs, a.Key, time.Since(t0).Seconds(), brief(s, figs))
+			}
+		}
+		if s.Name == "http" {
+			deriveRatio(obs, "rps", "rps_vs_plain")
+		}
+		rep.Scenarios = append(rep.Scenarios, collate(s, cfg.Params, obs))
+	}
+	for _, a := range arms {
+		ml, ok := memLimits[a.Key]
+		if !ok {
+			ml = -1
+		}
+		rep.Arms = append(rep.Arms, ArmInfo{arm: a, GoMemLimit: ml})
+	}
+	rep.Targets = targets(rep)
+	rep.Seconds = math.Round(time.Since(start).Seconds())
+	return rep, nil
+}
+
+// runOne runs arm a of scenario s once, in a cgroup of its own when parent
+// is not nil, and returns its figures.
+func runOne(exe string, s scenario, a arm, cfg config, parent *cgroupParent, run int) (map[string]Obs, childResult, error) {
+	spec := s.Name + "/" + a.Key
+	var cg *cgroup
+	if parent != nil {
+		var err error
+		name := fmt.Sprintf("memctl-bench-%d-%s-%s-%d", os.Getpid(), s.Name, a.Key, run)
+		if cg, err = parent.newChild(name, cfg.CgroupLimit); err != nil {
+			return nil, childResult{}, fmt.Errorf("bench: cgroup for %s: %w", spec, err)
+		}
+	}
+	pr, err := startProc(exe, spec, cfg.Params, cg)
+	if err != nil {
+		if cg != nil {
+			_ = cg.remove()
+		}
+		return nil, childResult{}, err
+	}
+	figs, err := s.observe(pr, cfg.Params)
+	if err != nil {
+		return nil, childResult{}, errors.Join(err, pr.abort())
+	}
+	res, err := pr.finish()
+	if err != nil {
+		return nil, res, err
+	}
+	s.complete(figs, res)
+	return figs, res, nil
+}
+
+// deriveRatio adds figure to, per arm and run, the arm's figure from
+// divided by the plain arm's in the same round: interleaved runs make the
+// pairs close in time, so drift in the machine's load cancels out.
+func deriveRatio(obs map[string]map[string][]Obs, from, to string) {
+	plain := obs["plain"][from]
+	for _, a := range arms {
+		runs := obs[a.Key][from]
+		out := make([]Obs, len(runs))
+		for i, o := range runs {
+			if i >= len(plain) || plain[i].NA || o.NA || plain[i].Value == 0 {
+				out[i] = Obs{NA: true}
+				continue
+			}
+			out[i] = Obs{Value: o.Value / plain[i].Value}
+		}
+		obs[a.Key][to] = out
+	}
+}
+
+// collate summarizes each figure of each arm.
+func collate(s scenario, p params, obs map[string]map[string][]Obs) ScenarioReport {
+	sr := ScenarioReport{Name: s.Name, Title: s.title(p)}
+	for _, f := range s.Figures {
+		fr := FigureReport{Key: f.Key, Label: f.Label, Unit: f.Unit, Arms: make(map[string]Summary)}
+		for _, a := range arms {
+			fr.Arms[a.Key] = summarize(obs[a.Key][f.Key])
+		}
+		sr.Figures = append(sr.Figures, fr)
+	}
+	if s.Name == "burst" && p.Window < 10*time.Second {
+		sr.Notes = append(sr.Notes, fmt.Sprintf("–: after the %s observation window.", secs(p.Window)))
+	}
+	return sr
+}
+
+// brief is a progress line's summary of one run's figures.
+func brief(s scenario, figs map[string]Obs) string {
+	var parts []string
+	for _, f := range s.Figures {
+		if o, ok := figs[f.Key]; ok {
+			parts = append(parts, f.Key+"="+formatObs(f.Unit, o))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// machine describes where the harness runs.
+func machine() Machine {
+	m := Machine{Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if s, err := thp.System(); err == nil {
+		m.THP = string(s.Enabled)
+	}
+	return m
+}

@@ -1,0 +1,431 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/limits"
+)
+
+// params are the scenarios' sizes and times; the parent passes them to each
+// child as JSON.
+type params struct {
+	// Live is the live heap every child keeps, in bytes.
+	Live int64 `json:"live_bytes"`
+	// Burst is the burst scenario's burst, in bytes.
+	Burst int64 `json:"burst_bytes"`
+	// Window is how long RSS is observed after the burst.
+	Window time.Duration `json:"window"`
+	// Sample is the interval between RSS readings.
+	Sample time.Duration `json:"sample"`
+	// CadenceBurst, CadencePeriod, CadenceFor: the cadence scenario's
+	// bursts, their spacing and the length of its window.
+	CadenceBurst  int64         `json:"cadence_burst_bytes"`
+	CadencePeriod time.Duration `json:"cadence_period"`
+	CadenceFor    time.Duration `json:"cadence_for"`
+	// Requests is the http scenario's measured requests, after Warmup more;
+	// Clients is the number of concurrent client connections, Alloc the
+	// bytes each request allocates and charges to its budget, Budget each
+	// request's budget in the memctl arms.
+	Requests int   `json:"requests"`
+	Warmup   int   `json:"warmup"`
+	Clients  int   `json:"clients"`
+	Alloc    int64 `json:"request_alloc_bytes"`
+	Budget   int64 `json:"request_budget_bytes"`
+}
+
+// defaultParams are the issue's scenarios; quick shortens the windows and
+// the request count so that the whole run takes under a minute.
+func defaultParams(quick bool) params {
+	p := params{
+		Live:          20 << 20,
+		Burst:         1 << 30,
+		Window:        30 * time.Second,
+		Sample:        50 * time.Millisecond,
+		CadenceBurst:  64 << 20,
+		CadencePeriod: 2100 * time.Millisecond,
+		CadenceFor:    60 * time.Second,
+		Requests:      100_000,
+		Warmup:        2_000,
+		Clients:       8,
+		Alloc:         32 << 10,
+		Budget:        1 << 20,
+	}
+	if quick {
+		p.Window = 3500 * time.Millisecond
+		p.CadenceFor = 4200 * time.Millisecond
+		p.Requests, p.Warmup = 10_000, 500
+	}
+	return p
+}
+
+// figureDef is one row of a scenario's table.
+type figureDef struct {
+	Key   string
+	Label string
+	Unit  unit
+}
+
+// scenario is one workload: its child side (run in each arm's process) and
+// its parent side (which observes the child from /proc).
+type scenario struct {
+	Name    string
+	Figures []figureDef
+	// title describes the scenario's parameters, as the table's heading.
+	title func(p params) string
+	// child runs in the arm's process.
+	child func(p params, st *armState, c *childIO) (childResult, error)
+	// observe runs in the parent while the child runs, and returns the
+	// figures read from /proc; the child's result fills in the rest
+	// (complete).
+	observe  func(pr *proc, p params) (map[string]Obs, error)
+	complete func(figs map[string]Obs, r childResult)
+}
+
+var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario}
+
+func scenarioByName(name string) (scenario, bool) {
+	for _, s := range scenarios {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return scenario{}, false
+}
+
+// burst: 20 MiB live, one 1 GiB burst, then idle.
+var burstScenario = scenario{
+	Name: "burst",
+	Figures: []figureDef{
+		{"rss_before", "RSS before (MiB)", unitBytes},
+		{"peak_rss", "peak RSS (MiB)", unitBytes},
+		{"rss_3s", "RSS 3 s after (MiB)", unitBytes},
+		{"rss_10s", "RSS 10 s after (MiB)", unitBytes},
+		{"back_within_10pct", "back within 10%", unitSeconds},
+	},
+	title: func(p params) string {
+		return fmt.Sprintf("burst: %s MiB live, one %s MiB burst, then idle for %s", mibs(p.Live), mibs(p.Burst), secs(p.Window))
+	},
+	child: func(p params, st *armState, c *childIO) (childResult, error) {
+		var r childResult
+		holdLive(p.Live)
+		defer dropLive()
+		if err := c.say("ready"); err != nil {
+			return r, err
+		}
+		if err := c.await("go"); err != nil {
+			return r, err
+		}
+		start := time.Now()
+		b := touch(p.Burst)
+		runtime.KeepAlive(b) // all of it live until here, garbage from here on
+		st.afterBurst()
+		r.Elapsed, r.Bursts = time.Since(start), 1
+		if err := c.say("end"); err != nil {
+			return r, err
+		}
+		c.awaitEOF()
+		return r, st.snapshot(&r)
+	},
+	observe: func(pr *proc, p params) (map[string]Obs, error) {
+		if _, err := pr.expect("ready", startTimeout); err != nil {
+			return nil, err
+		}
+		before, err := procfs.RSS(pr.pid)
+		if err != nil {
+			return nil, err
+		}
+		if err := resetPeak(pr.pid); err != nil {
+			return nil, err
+		}
+		if err := pr.send("go"); err != nil {
+			return nil, err
+		}
+		end, err := pr.expect("end", 2*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
+		if err != nil {
+			return nil, err
+		}
+		samples, err := sampleRSS(pr.pid, end, p.Sample, p.Window, nil)
+		if err != nil {
+			return nil, err
+		}
+		return burstFigures(before, peak, samples, p.Window), nil
+	},
+	complete: func(map[string]Obs, childResult) {},
+}
+
+// burstFigures computes the burst scenario's figures from RSS before the
+// burst, its peak and the samples taken after it (at in seconds after the
+// burst's end).
+func burstFigures(before, peak int64, samples []sample, window time.Duration) map[string]Obs {
+	return map[string]Obs{
+		"rss_before":        {Value: float64(before)},
+		"peak_rss":          {Value: float64(peak)},
+		"rss_3s":            rssAt(samples, 3),
+		"rss_10s":           rssAt(samples, 10),
+		"back_within_10pct": backWithin(samples, before, 0.10, window.Seconds()),
+	}
+}
+
+// cadence: bursts of 64 MiB every 2.1 s for 60 s, the worst spacing for a
+// 2 s trim delay.
+var cadenceScenario = scenario{
+	Name: "cadence",
+	Figures: []figureDef{
+		{"trims", "trims run", unitCount},
+		{"trim_share", "wall time in trims", unitFraction},
+		{"mean_rss", "mean RSS (MiB)", unitBytes},
+		{"peak_rss", "peak RSS (MiB)", unitBytes},
+	},
+	title: func(p params) string {
+		return fmt.Sprintf("cadence: %s MiB live, a %s MiB burst every %s for %s", mibs(p.Live), mibs(p.CadenceBurst), secs(p.CadencePeriod), secs(p.CadenceFor))
+	},
+	child: func(p params, st *armState, c *childIO) (childResult, error) {
+		var r childResult
+		holdLive(p.Live)
+		defer dropLive()
+		if err := c.say("ready"); err != nil {
+			return r, err
+		}
+		if err := c.await("go"); err != nil {
+			return r, err
+		}
+		start := time.Now()
+		for k := 0; ; k++ {
+			at := start.Add(time.Duration(k) * p.CadencePeriod)
+			if at.Sub(start) >= p.CadenceFor {
+				break
+			}
+			time.Sleep(time.Until(at))
+			b := touch(p.CadenceBurst)
+			runtime.KeepAlive(b)
+			st.afterBurst()
+			r.Bursts++
+		}
+		time.Sleep(time.Until(start.Add(p.CadenceFor)))
+		r.Elapsed = time.Since(start)
+		if err := st.snapshot(&r); err != nil {
+			return r, err
+		}
+		if err := c.say("end"); err != nil {
+			return r, err
+		}
+		c.awaitEOF()
+		return r, nil
+	},
+	observe: func(pr *proc, p params) (map[string]Obs, error) {
+		if _, err := pr.expect("ready", startTimeout); err != nil {
+			return nil, err
+		}
+		if err := resetPeak(pr.pid); err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		if err := pr.send("go"); err != nil {
+			return nil, err
+		}
+		stop := make(chan struct{})
+		var samples []sample
+		var serr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			samples, serr = sampleRSS(pr.pid, start, p.Sample, p.CadenceFor+time.Minute, stop)
+		}()
+		_, err := pr.expect("end", p.CadenceFor+time.Minute)
+		close(stop)
+		<-done
+		if err != nil {
+			return nil, err
+		}
+		if serr != nil {
+			return nil, serr
+		}
+		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
+		if err != nil {
+			return nil, err
+		}
+		return map[string]Obs{
+			"mean_rss": meanRSS(samples),
+			"peak_rss": {Value: float64(peak)},
+		}, nil
+	},
+	complete: func(figs map[string]Obs, r childResult) {
+		figs["trims"] = Obs{Value: float64(r.Trims)}
+		figs["trim_share"] = Obs{Value: r.TrimTime.Seconds() / r.Elapsed.Seconds()}
+	},
+}
+
+// http: a loopback net/http server, with the budget middleware in the memctl
+// arms and without it in the others, driven by an in-process load generator.
+var httpScenario = scenario{
+	Name: "http",
+	Figures: []figureDef{
+		{"rps", "requests per second", unitRate},
+		{"p50", "p50 latency", unitLatency},
+		{"p99", "p99 latency", unitLatency},
+		{"rps_vs_plain", "requests per second / plain (same round)", unitRatio},
+	},
+	title: func(p params) string {
+		return fmt.Sprintf("http: %s requests (after %s warm-up) over %d loopback connections; each request allocates %s KiB and charges it to its budget",
+			thousands(float64(p.Requests)), thousands(float64(p.Warmup)), p.Clients, thousands(float64(p.Alloc>>10)))
+	},
+	child: httpChild,
+	observe: func(pr *proc, p params) (map[string]Obs, error) {
+		if _, err := pr.expect("ready", startTimeout); err != nil {
+			return nil, err
+		}
+		if err := pr.send("go"); err != nil {
+			return nil, err
+		}
+		_, err := pr.expect("end", 10*time.Minute)
+		return map[string]Obs{}, err
+	},
+	complete: func(figs map[string]Obs, r childResult) {
+		figs["rps"] = Obs{Value: r.RPS}
+		figs["p50"] = Obs{Value: r.P50.Seconds()}
+		figs["p99"] = Obs{Value: r.P99.Seconds()}
+	},
+}
+
+// httpChild serves a handler that charges p.Alloc bytes to the request's
+// budget (limits.Grow, which counts nothing without the middleware),
+// allocates them and answers 1 KiB of them; in the memctl arms the handler
+// sits behind Pool.Middleware with a p.Budget budget per request and the
+// controller's AfterBurst as the burst hook.
+func httpChild(p params, st *armState, c *childIO) (childResult, error) {
+	var r childResult
+	h := handler(p.Alloc)
+	if st.arm.memctl() {
+		pool, err := limits.NewPool(limits.PoolConfig{Name: "bench"})
+		if err != nil {
+			return r, err
+		}
+		st.pool = pool
+		mw, err := pool.Middleware(limits.HTTPConfig{Limit: p.Budget, AfterBurst: st.afterBurst})
+		if err != nil {
+			return r, err
+		}
+		h = mw(h)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return r, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	tr := &http.Transport{MaxIdleConnsPerHost: p.Clients, MaxConnsPerHost: p.Clients, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: time.Minute}
+	url := "http://" + ln.Addr().String() + "/"
+	if _, _, err := load(client, url, p.Warmup, p.Clients); err != nil {
+		return r, fmt.Errorf("warm-up: %w", err)
+	}
+	if err := c.say("ready"); err != nil {
+		return r, err
+	}
+	if err := c.await("go"); err != nil {
+		return r, err
+	}
+	lat, elapsed, err := load(client, url, p.Requests, p.Clients)
+	if err != nil {
+		return r, err
+	}
+	slices.Sort(lat)
+	secs := make([]float64, len(lat))
+	for i, d := range lat {
+		secs[i] = d.Seconds()
+	}
+	r.Requests, r.Elapsed = len(lat), elapsed
+	r.RPS = float64(len(lat)) / elapsed.Seconds()
+	r.P50 = time.Duration(percentile(secs, 50) * 1e9)
+	r.P99 = time.Duration(percentile(secs, 99) * 1e9)
+	if err := st.snapshot(&r); err != nil {
+		return r, err
+	}
+	if err := c.say("end"); err != nil {
+		return r, err
+	}
+	c.awaitEOF()
+	return r, nil
+}
+
+// handler is the http scenario's handler: it charges alloc bytes to the
+// request's budget (limits.Grow, which counts nothing when the request has
+// no account), allocates them, touches each page and answers the first
+// KiB. A refused budget is answered with limits.WriteError.
+func handler(alloc int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		ctx := req.Context()
+		if err := limits.Grow(ctx, alloc); err != nil {
+			if !limits.WriteError(w, err) {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+			return
+		}
+		defer limits.Shrink(ctx, alloc)
+		buf := make([]byte, alloc)
+		for i := 0; i < len(buf); i += 4096 {
+			buf[i] = byte(i >> 12)
+		}
+		_, _ = w.Write(buf[:min(len(buf), 1024)])
+	})
+}
+
+// load sends n GET requests to url over clients concurrent connections and
+// returns each request's latency and the wall time of all of them. Any
+// answer other than 200 OK is an error.
+func load(client *http.Client, url string, n, clients int) ([]time.Duration, time.Duration, error) {
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				t0 := time.Now()
+				resp, err := client.Get(url)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %s", resp.Status)
+					}
+				}
+				if err != nil {
+					once.Do(func() { firstErr = err })
+					next.Store(int64(n)) // stop the others
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		})
+	}
+	wg.Wait()
+	return lat, time.Since(start), firstErr
+}
+
+// startTimeout bounds a child's start-up, until it reports ready.
+const startTimeout = time.Minute
+
+func mibs(b int64) string { return thousands(float64(b >> 20)) }
