@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"io"
 	"os"
 	"os/exec"
@@ -45,14 +46,14 @@ type proc struct {
 	stdin  io.WriteCloser
 	lines  chan string
 	stderr bytes.Buffer
-	cg     *cgroup
+	cg     *cgroupfs.Child
 	exited chan struct{} // closed when Wait returned
 	err    error         // Wait's error, set before exited is closed
 }
 
 // startProc starts exe as the child spec ("scenario/arm"), inside cg when
 // it is not nil.
-func startProc(exe, spec string, p params, cg *cgroup) (*proc, error) {
+func startProc(exe, spec string, p params, cg *cgroupfs.Child) (*proc, error) {
 	env, err := childEnviron(spec, p)
 	if err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func startProc(exe, spec string, p params, cg *cgroup) (*proc, error) {
 	pr.cmd.Env = env
 	pr.cmd.Stderr = &pr.stderr
 	if cg != nil {
-		cg.wrap(pr.cmd)
+		cg.Wrap(pr.cmd)
 	}
 	if pr.stdin, err = pr.cmd.StdinPipe(); err != nil {
 		return nil, err
@@ -162,7 +163,7 @@ func (pr *proc) finish() (childResult, error) {
 func (pr *proc) failure(what string) error {
 	oom := ""
 	if pr.cg != nil {
-		if n, err := pr.cg.oomKills(); err == nil && n > 0 {
+		if n, err := pr.cg.OOMKills(); err == nil && n > 0 {
 			oom = fmt.Sprintf(" (the OOM killer killed %d process(es) in its cgroup)", n)
 		}
 	}
@@ -193,10 +194,10 @@ func (pr *proc) release() error {
 	cg := pr.cg
 	pr.cg = nil
 	var err error
-	if n, oerr := cg.oomKills(); oerr == nil && n > 0 {
+	if n, oerr := cg.OOMKills(); oerr == nil && n > 0 {
 		err = fmt.Errorf("bench: %s: the OOM killer killed %d process(es) in its cgroup", pr.spec, n)
 	}
-	return errors.Join(err, cg.remove())
+	return errors.Join(err, cg.Remove())
 }
 
 // resetPeak resets the process's peak RSS (VmHWM) to its current RSS by

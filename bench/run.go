@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"io"
 	"math"
 	"os"
@@ -74,14 +75,14 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 		Runs:    cfg.Runs,
 		Params:  cfg.Params,
 	}
-	var parent *cgroupParent
+	var parent *cgroupfs.Parent
 	if cfg.CgroupLimit > 0 {
-		p, err := findCgroupParent()
+		p, err := cgroupfs.WritableParent()
 		if err != nil {
 			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + "): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
 		} else {
 			parent = p
-			rep.Cgroup = CgroupInfo{Used: true, Version: p.version, LimitBytes: cfg.CgroupLimit}
+			rep.Cgroup = CgroupInfo{Used: true, Version: p.Version, LimitBytes: cfg.CgroupLimit}
 		}
 	} else {
 		rep.Cgroup.Note = "cgroups off (-cgroup-limit 0): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
@@ -128,20 +129,20 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 
 // runOne runs arm a of scenario s once, in a cgroup of its own when parent
 // is not nil, and returns its figures.
-func runOne(exe string, s scenario, a arm, cfg config, parent *cgroupParent, run int) (map[string]Obs, childResult, error) {
+func runOne(exe string, s scenario, a arm, cfg config, parent *cgroupfs.Parent, run int) (map[string]Obs, childResult, error) {
 	spec := s.Name + "/" + a.Key
-	var cg *cgroup
+	var cg *cgroupfs.Child
 	if parent != nil {
 		var err error
 		name := fmt.Sprintf("memctl-bench-%d-%s-%s-%d", os.Getpid(), s.Name, a.Key, run)
-		if cg, err = parent.newChild(name, cfg.CgroupLimit); err != nil {
+		if cg, err = parent.NewChild(name, cfg.CgroupLimit); err != nil {
 			return nil, childResult{}, fmt.Errorf("bench: cgroup for %s: %w", spec, err)
 		}
 	}
 	pr, err := startProc(exe, spec, cfg.Params, cg)
 	if err != nil {
 		if cg != nil {
-			_ = cg.remove()
+			_ = cg.Remove()
 		}
 		return nil, childResult{}, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -70,9 +71,9 @@ func TestQuickRun(t *testing.T) {
 		assert.NotEqual(t, int64(-1), a.GoMemLimit, a.Key)
 	}
 	if rep.Cgroup.Used {
-		parent, err := findCgroupParent()
+		parent, err := cgroupfs.WritableParent()
 		require.NoError(t, err)
-		left, _ := filepath.Glob(filepath.Join(parent.dir, "memctl-bench-*"))
+		left, _ := filepath.Glob(filepath.Join(parent.Dir, "memctl-bench-*"))
 		var ours []string
 		for _, d := range left {
 			if strings.Contains(filepath.Base(d), "-"+strconv.Itoa(os.Getpid())+"-") {
