@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/memctl/memctl/internal/burst"
 	"io"
 	"log/slog"
 	"os"
@@ -263,24 +264,6 @@ func (h *trimLog) WithGroup(g string) slog.Handler {
 	return &trimLog{counts: h.counts, next: h.next.WithGroup(g)}
 }
 
-// objectSize is the size of the objects bursts are made of: large objects
-// (over 32 KiB) with a span each, as buffers of a real burst would be.
-const objectSize = 64 << 10
-
-// touch allocates n bytes as objectSize []byte objects and writes one byte
-// per 4 KiB page of each, so that every page is resident.
-func touch(n int64) [][]byte {
-	objs := make([][]byte, 0, n/objectSize)
-	for range n / objectSize {
-		b := make([]byte, objectSize)
-		for i := 0; i < len(b); i += 4096 {
-			b[i] = 1
-		}
-		objs = append(objs, b)
-	}
-	return objs
-}
-
 // settle is how long a child waits after building its live set before it
 // reports ready, so that the RSS before the burst is read at rest.
 const settle = 300 * time.Millisecond
@@ -289,7 +272,7 @@ const settle = 300 * time.Millisecond
 var keep [][]byte
 
 func holdLive(n int64) {
-	keep = touch(n)
+	keep = burst.Alloc(n)
 	time.Sleep(settle)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/memctl/memctl/internal/burst"
 	"io"
 	"net"
 	"net/http"
@@ -125,7 +126,7 @@ var burstScenario = scenario{
 			return r, err
 		}
 		start := time.Now()
-		b := touch(p.Burst)
+		b := burst.Alloc(p.Burst)
 		runtime.KeepAlive(b) // all of it live until here, garbage from here on
 		st.afterBurst()
 		r.Elapsed, r.Bursts = time.Since(start), 1
@@ -209,7 +210,7 @@ var cadenceScenario = scenario{
 				break
 			}
 			time.Sleep(time.Until(at))
-			b := touch(p.CadenceBurst)
+			b := burst.Alloc(p.CadenceBurst)
 			runtime.KeepAlive(b)
 			st.afterBurst()
 			r.Bursts++

@@ -2,6 +2,7 @@ package trim
 
 import (
 	"bytes"
+	"github.com/memctl/memctl/internal/burst"
 	"os"
 	"runtime"
 	"strconv"
@@ -29,23 +30,8 @@ func TestMain(m *testing.M) {
 const (
 	liveBytes  = 20 << 20
 	burstBytes = 256 << 20
-	chunkBytes = 64 << 10
 	settle     = 3 * time.Second
 )
-
-// touchChunks allocates n bytes as 64 KiB []byte chunks and writes one byte
-// per 4 KiB page of each, so that every page is resident.
-func touchChunks(n int) [][]byte {
-	cs := make([][]byte, 0, n/chunkBytes)
-	for range n / chunkBytes {
-		c := make([]byte, chunkBytes)
-		for i := 0; i < len(c); i += 4096 {
-			c[i] = 1
-		}
-		cs = append(cs, c)
-	}
-	return cs
-}
 
 func childRSS() int64 {
 	r, err := procfs.RSS(0)
@@ -59,7 +45,7 @@ func childRSS() int64 {
 // AfterBurst on a Trimmer with the default options when trim is set, sleeps
 // 3 s and reports VmRSS before the burst, at its peak and 3 s after it.
 func burstChild(trim bool) {
-	live := touchChunks(liveBytes)
+	live := burst.Alloc(liveBytes)
 	var tr *Trimmer
 	if trim {
 		var err error
@@ -68,7 +54,7 @@ func burstChild(trim bool) {
 		}
 	}
 	before := childRSS()
-	burst := touchChunks(burstBytes)
+	burst := burst.Alloc(burstBytes)
 	peak := childRSS()
 	runtime.KeepAlive(burst) // dropped from here on
 	tr.AfterBurst()

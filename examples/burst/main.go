@@ -27,13 +27,13 @@ import (
 	"time"
 
 	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/burst"
 	"github.com/memctl/memctl/internal/procfs"
 )
 
 const (
-	live       = 20 << 20
-	burst      = 512 << 20
-	objectSize = 64 << 10
+	liveBytes  = 20 << 20
+	burstBytes = 512 << 20
 	sampleStep = 250 * time.Millisecond
 	after      = 5 // seconds of RSS after the burst
 )
@@ -60,18 +60,6 @@ func main() {
 // liveSet is the steady-state live heap of a child.
 var liveSet [][]byte
 
-func alloc(total int) [][]byte {
-	objs := make([][]byte, 0, total/objectSize)
-	for n := 0; n < total; n += objectSize {
-		b := make([]byte, objectSize)
-		for i := 0; i < len(b); i += 4096 {
-			b[i] = 1
-		}
-		objs = append(objs, b)
-	}
-	return objs
-}
-
 // child runs one arm: it prints "ready" before the burst, "end" after it,
 // and for the memctl arm a "stats ..." line when its trim has run.
 func child(withMemctl bool) error {
@@ -84,10 +72,10 @@ func child(withMemctl bool) error {
 		}
 		defer ctl.Close()
 	}
-	liveSet = alloc(live)
+	liveSet = burst.Alloc(liveBytes)
 	fmt.Println("ready")
 	time.Sleep(2 * sampleStep)
-	b := alloc(burst)
+	b := burst.Alloc(burstBytes)
 	runtime.KeepAlive(b) // all 512 MiB are live until here, then garbage
 	if ctl != nil {
 		ctl.AfterBurst()

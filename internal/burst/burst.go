@@ -1,0 +1,28 @@
+// Package burst makes the allocation bursts that memctl's tests, demo and
+// benchmark harness measure: n bytes as 64 KiB []byte objects with every
+// page touched, so that all of them are resident.
+package burst
+
+// ObjectSize is the size of the objects a burst is made of: large objects
+// (over 32 KiB, so each has a span of its own), as the buffers of a real
+// burst would be.
+const ObjectSize = 64 << 10
+
+// Alloc allocates n bytes (rounded down to ObjectSize; n < ObjectSize gives
+// none) as ObjectSize []byte objects and writes one byte per 4 KiB page of
+// each, so that every page is resident. The objects stay live for as long
+// as the caller keeps the returned slice.
+func Alloc(n int64) [][]byte {
+	if n < ObjectSize {
+		return nil
+	}
+	objs := make([][]byte, 0, n/ObjectSize)
+	for range n / ObjectSize {
+		b := make([]byte, ObjectSize)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		objs = append(objs, b)
+	}
+	return objs
+}
