@@ -138,6 +138,15 @@ func (c *childIO) await(word string) error {
 	return nil
 }
 
+// handshake tells the parent the child is ready to be measured and waits
+// for its "go".
+func (c *childIO) handshake() error {
+	if err := c.say("ready"); err != nil {
+		return err
+	}
+	return c.await("go")
+}
+
 // awaitEOF blocks until the parent closes stdin, its signal that the
 // observation window is over.
 func (c *childIO) awaitEOF() {

@@ -119,10 +119,7 @@ var burstScenario = scenario{
 		var r childResult
 		holdLive(p.Live)
 		defer dropLive()
-		if err := c.say("ready"); err != nil {
-			return r, err
-		}
-		if err := c.await("go"); err != nil {
+		if err := c.handshake(); err != nil {
 			return r, err
 		}
 		start := time.Now()
@@ -197,10 +194,7 @@ var cadenceScenario = scenario{
 		var r childResult
 		holdLive(p.Live)
 		defer dropLive()
-		if err := c.say("ready"); err != nil {
-			return r, err
-		}
-		if err := c.await("go"); err != nil {
+		if err := c.handshake(); err != nil {
 			return r, err
 		}
 		start := time.Now()
@@ -336,10 +330,7 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	if _, _, err := load(client, url, p.Warmup, p.Clients); err != nil {
 		return r, fmt.Errorf("warm-up: %w", err)
 	}
-	if err := c.say("ready"); err != nil {
-		return r, err
-	}
-	if err := c.await("go"); err != nil {
+	if err := c.handshake(); err != nil {
 		return r, err
 	}
 	lat, elapsed, err := load(client, url, p.Requests, p.Clients)
