@@ -14,7 +14,10 @@
 //
 // Start switches transparent huge pages (THP) off for the process
 // (prctl PR_SET_THP_DISABLE, package thp), sets GOMEMLIMIT from the cgroup
-// memory limit (package limits, through automemlimit) and starts a trimmer
+// memory limit (package limits: v1, or v2's memory.max and memory.high,
+// less the memory outside the Go runtime, never under a 64 MiB floor, and
+// re-read at the end of a GC cycle at most every 10 s, so a resized pod is
+// followed without a goroutine) and starts a trimmer
 // that returns freed memory to the OS two seconds after the last burst ends
 // (debug.FreeOSMemory, and the C heap of the allocator that owns malloc;
 // package trim). It logs one INFO line through log/slog that says what it
@@ -40,6 +43,9 @@
 //	MEMCTL_ARENA_MAX=2|off             glibc arena cap (cgo, glibc only)
 //	GOMEMLIMIT                         set by the operator: left as it is
 //	AUTOMEMLIMIT=0.9|off               ratio of the cgroup limit, or off
+//	MEMCTL_REFRESH=10s|off             least time between two re-reads of
+//	                                   the cgroup limit, at GC end
+//	MEMCTL_GOMEMLIMIT_FLOOR=64MiB      smallest GOMEMLIMIT memctl sets
 //	MALLOC_ARENA_MAX, GLIBC_TUNABLES   an arena cap set by the operator:
 //	                                   memctl sets none
 //
