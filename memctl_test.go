@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart})
+	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh})
 }
 
 // childStart runs Start with a JSON logger on standard error and reports
