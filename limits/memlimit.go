@@ -493,9 +493,9 @@ func (m *MemLimiter) probe() (limit int64, source Source, file, why string, err 
 		if l.Version == 2 {
 			source = SourceCgroupV2
 		}
-		why = fmt.Sprintf("%s %d (%s)", filepath.Base(l.File), l.Bytes, l.File)
+		why = "from " + l.File
 		if filepath.Base(l.File) == "memory.high" {
-			why = fmt.Sprintf("memory.high %d (%s, the throttle limit, under every memory.max)", l.Bytes, l.File)
+			why += " (memory.high, the throttle limit, is under every memory.max)"
 		}
 		return l.Bytes, source, file, why, nil
 	case err == nil:
@@ -512,7 +512,7 @@ func (m *MemLimiter) probe() (limit int64, source Source, file, why string, err 
 	if serr != nil || sys == 0 {
 		return 0, SourceNone, "", why, nil
 	}
-	return int64(min(sys, math.MaxInt64)), SourceSystem, "", fmt.Sprintf("%d (total system memory; %s)", sys, why), nil
+	return int64(min(sys, 1<<62)), SourceSystem, "", "(total memory; " + why + ")", nil
 }
 
 // noCgroup reports whether err from the cgroup read means there is no

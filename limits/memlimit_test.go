@@ -620,3 +620,37 @@ func TestEmptyEnvironmentIsUnset(t *testing.T) {
 
 // ninetyPct is 0.9 of n as memctl computes it (a float product, truncated).
 func ninetyPct(n int64) int64 { r := 0.9; return int64(float64(n) * r) }
+
+// BenchmarkRefresh is what the GC-end hook costs on the runtime's cleanup
+// goroutine: "not-due", every GC end but one per interval (one atomic
+// load); "reread", the one per interval (this machine's real cgroup files
+// and RSS), and its two parts.
+func BenchmarkRefresh(b *testing.B) {
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	m, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour})
+	require.NoError(b, err)
+	defer m.Close()
+	b.Run("not-due", func(b *testing.B) {
+		for b.Loop() {
+			m.tick(time.Minute)
+		}
+	})
+	b.Run("reread", func(b *testing.B) {
+		for b.Loop() {
+			m.mu.Lock()
+			_, _ = m.decide(false)
+			m.mu.Unlock()
+		}
+	})
+	b.Run("cgroup", func(b *testing.B) {
+		for b.Loop() {
+			_, _ = m.read()
+		}
+	})
+	b.Run("usage", func(b *testing.B) {
+		for b.Loop() {
+			_, _, _ = m.usage()
+		}
+	})
+}
