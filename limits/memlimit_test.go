@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -665,4 +666,44 @@ func BenchmarkRefresh(b *testing.B) {
 			_, _, _ = m.usage()
 		}
 	})
+}
+
+// BenchmarkGCUnderSmallLimit is the measurement behind DefaultFloor: a
+// heap of 16 MiB live (64 KiB objects) allocating 1 MiB of garbage per op
+// under GOMEMLIMIT of 24 to 128 MiB; gc-cpu-% is the GC's share of the
+// CPU the process used (runtime/metrics /cpu/classes/gc/total over
+// /cpu/classes/total less /cpu/classes/idle) and gcs/op the GC cycles per
+// op. go test ./limits
+// -run XXX -bench BenchmarkGCUnderSmallLimit -count 3
+func BenchmarkGCUnderSmallLimit(b *testing.B) {
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	live := make([][]byte, 256) // 16 MiB
+	for i := range live {
+		live[i] = make([]byte, 64<<10)
+	}
+	read := func() (gc, total float64, cycles uint64) {
+		s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/cpu/classes/total:cpu-seconds"},
+			{Name: "/cpu/classes/idle:cpu-seconds"}, {Name: "/gc/cycles/total:gc-cycles"}}
+		metrics.Read(s)
+		return s[0].Value.Float64(), s[1].Value.Float64() - s[2].Value.Float64(), s[3].Value.Uint64()
+	}
+	for _, limit := range []int64{24 << 20, 32 << 20, 48 << 20, 64 << 20, 128 << 20} {
+		b.Run(fmt.Sprintf("limit=%dMiB", limit>>20), func(b *testing.B) {
+			debug.SetMemoryLimit(limit)
+			runtime.GC()
+			gc0, total0, n0 := read()
+			var sink []byte
+			for b.Loop() {
+				for range 16 {
+					sink = make([]byte, 64<<10)
+				}
+			}
+			_ = sink
+			gc1, total1, n1 := read()
+			b.ReportMetric(100*(gc1-gc0)/(total1-total0), "gc-cpu-%")
+			b.ReportMetric(float64(n1-n0)/float64(b.N), "gcs/op")
+		})
+	}
+	runtime.KeepAlive(live)
 }
