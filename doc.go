@@ -52,6 +52,15 @@
 // An invalid value switches its part off and is reported in Start's error;
 // it is not guessed at.
 //
+// GOMEMLIMIT follows the cgroup limit: it is re-read at the end of a GC
+// cycle at most every MEMCTL_REFRESH (no goroutine, no timer), so a pod
+// resized in place gets a new GOMEMLIMIT within about that long of
+// allocating, and Controller.Refresh re-reads it on demand. No cgroup, or
+// one without a limit, is normal: the startup line says "no cgroup memory
+// limit" and why, at INFO. A limit of 0 or under the process's RSS is a
+// malformed file (WARN, GOMEMLIMIT unchanged); a small one is applied with
+// the floor and a WARN that the GC will run often.
+//
 // Importing github.com/memctl/memctl/auto for its side effect runs Start at
 // init with these defaults.
 //
