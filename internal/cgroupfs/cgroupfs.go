@@ -1,7 +1,7 @@
 // Package cgroupfs finds the memory limit of the cgroup a process is in, for
 // any process: cgroup v1 (the memory controller's memory.limit_in_bytes) or
-// v2 (memory.max), the tightest limit of the cgroup and its ancestors, and
-// the file that limit came from.
+// v2 (memory.max and memory.high), the tightest limit of the cgroup and its
+// ancestors, and the file that limit came from.
 //
 // It reads /proc/PID/cgroup (which cgroup the process is in, cgroups(7)),
 // /proc/PID/mountinfo (where each hierarchy is mounted, proc(5)) and the
@@ -10,9 +10,8 @@
 // reads the real files of a PID. Every error names the file it came from,
 // and malformed input is an error, never a guess.
 //
-// automemlimit (used by package limits) answers the same question for the
-// calling process only, and without the file; memctl status needs it for
-// any PID.
+// Package limits reads the calling process's limit with it (Of(0)) to set
+// GOMEMLIMIT, and memctl status reads any PID's.
 package cgroupfs
 
 import (
