@@ -225,3 +225,27 @@ func childRefresh() {
 	childtest.Say("ERR", err)
 	childtest.Say("READBACK", debug.SetMemoryLimit(-1))
 }
+
+// TestStartFloorInCgroup: MEMCTL_GOMEMLIMIT_FLOOR reaches Start's limiter
+// in a real cgroup: 250 MiB over 0.9 of 256 MiB gives GOMEMLIMIT 250 MiB,
+// one WARN that the GC will run often, and no error.
+func TestStartFloorInCgroup(t *testing.T) {
+	g := cgrouptest.New(t, 256<<20)
+	r, recs := runStart(t, g, "MEMCTL_GOMEMLIMIT_FLOOR=250MiB")
+	assert.Equal(t, "<nil>", r["ERR"])
+	assert.Equal(t, strconv.Itoa(250<<20), r["GOMEMLIMIT"])
+	var warns []string
+	for _, rec := range recs {
+		if rec["level"] == "WARN" {
+			warns = append(warns, fmt.Sprint(rec["error"]))
+		}
+	}
+	require.Len(t, warns, 1, "%v", recs)
+	assert.Contains(t, warns[0], "the GC will run often")
+
+	r, recs = runStart(t, g, "MEMCTL_GOMEMLIMIT_FLOOR=lots")
+	assert.Contains(t, r["ERR"], "MEMCTL_GOMEMLIMIT_FLOOR")
+	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["GOMEMLIMIT"], "a bad floor leaves GOMEMLIMIT alone")
+	_, line := infoLines(recs)
+	assert.Contains(t, line["gomemlimit_reason"], "bad MEMCTL_GOMEMLIMIT_FLOOR")
+}
