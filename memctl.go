@@ -51,10 +51,12 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // Default: thp.PolicyDisable. Environment: MEMCTL_THP.
 func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp = p } }
 
-// WithMemLimit configures GOMEMLIMIT from the cgroup limit (ratio, system
-// fallback, refresh interval); see limits.SetGoMemLimit. Refresh stops at
-// Close. Default: the zero MemLimitConfig (ratio 0.9, no fallback, no
-// refresh). Environment: GOMEMLIMIT, AUTOMEMLIMIT.
+// WithMemLimit configures GOMEMLIMIT from the cgroup limit (ratio, floor,
+// system fallback, refresh interval, headroom); see limits.SetGoMemLimit.
+// The refresh stops at Close. Default: the zero MemLimitConfig (ratio 0.9
+// less the memory outside the Go runtime, floor 64 MiB, re-read at GC end
+// at most every 10 s, no fallback). Environment: GOMEMLIMIT, AUTOMEMLIMIT,
+// MEMCTL_REFRESH, MEMCTL_GOMEMLIMIT_FLOOR.
 func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c.memLimit = cfg } }
 
 // WithTrimDelay sets how long after the last AfterBurst the trim runs; 0
@@ -86,8 +88,11 @@ type Report struct {
 	THPPolicy thp.Policy
 	THP       thp.State
 	THPSystem string
-	// MemLimit is the GOMEMLIMIT decision.
-	MemLimit limits.MemLimit
+	// MemLimit is the GOMEMLIMIT decision at Start; MemLimitRefresh the
+	// least time between two re-reads of the limit at GC end, 0 when there
+	// is no refresh (MEMCTL_REFRESH=off, the operator's GOMEMLIMIT).
+	MemLimit        limits.MemLimit
+	MemLimitRefresh time.Duration
 	// TrimDelay is the trim delay; 0 means trimming is off.
 	TrimDelay time.Duration
 	// CHeap names the allocator that owns malloc, whose C heap the trim
@@ -119,7 +124,7 @@ type Stats struct {
 type Controller struct {
 	report  Report
 	trimmer *trim.Trimmer
-	cancel  context.CancelFunc
+	limiter *limits.MemLimiter
 	once    sync.Once
 }
 
@@ -131,8 +136,9 @@ var current atomic.Pointer[Controller]
 //
 //   - THP: thp.PolicyDisable (prctl PR_SET_THP_DISABLE) unless MEMCTL_THP or
 //     WithTHP says otherwise;
-//   - GOMEMLIMIT: 90% of the cgroup memory limit, unless the operator set
-//     GOMEMLIMIT or AUTOMEMLIMIT;
+//   - GOMEMLIMIT: 90% of the cgroup memory limit less the memory outside
+//     the Go runtime, re-read at GC end at most every 10 s, unless the
+//     operator set GOMEMLIMIT or AUTOMEMLIMIT;
 //   - a trimmer that returns freed memory DefaultTrimDelay after a burst
 //     (AfterBurst).
 //
@@ -221,14 +227,12 @@ func Start(opts ...Option) (*Controller, error) {
 		c.report.THPSystem = string(s.Enabled)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
 	cfg.memLimit.Logger = cmpOr(cfg.memLimit.Logger, cfg.logger)
-	ml, err := limits.SetGoMemLimit(ctx, cfg.memLimit)
+	lim, ml, err := startMemLimit(cfg.memLimit, fail)
 	if err != nil {
 		fail(err)
 	}
-	c.report.MemLimit = ml
+	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
 
 	delay := cfg.trimDelay
 	if v := getenv("MEMCTL_TRIM_DELAY"); v != "" {
@@ -261,6 +265,9 @@ func Start(opts ...Option) (*Controller, error) {
 		slog.String("thp_system", r.THPSystem),
 		slog.Int64("gomemlimit", r.MemLimit.Bytes),
 		slog.String("gomemlimit_source", r.MemLimit.Source.String()),
+		slog.String("gomemlimit_file", r.MemLimit.File),
+		slog.Int64("gomemlimit_outside", r.MemLimit.Outside),
+		slog.Duration("gomemlimit_refresh", r.MemLimitRefresh),
 		slog.String("gomemlimit_reason", r.MemLimit.Reason),
 		slog.Duration("trim_delay", r.TrimDelay),
 		slog.String("c_heap", r.CHeap),
@@ -352,8 +359,8 @@ func (c *Controller) Stats() Stats {
 }
 
 // Close stops the trimmer (a pending trim is dropped, a running one is
-// waited for) and the GOMEMLIMIT refresh, and returns when their goroutines
-// have exited. The THP flag and GOMEMLIMIT stay as they are. Close is
+// waited for) and the GOMEMLIMIT refresh, and returns when the trimmer's
+// goroutine has exited. The THP flag and GOMEMLIMIT stay as they are. Close is
 // idempotent and returns nil.
 func (c *Controller) Close() error {
 	if c == nil {
@@ -361,12 +368,7 @@ func (c *Controller) Close() error {
 	}
 	c.once.Do(func() {
 		current.CompareAndSwap(c, nil)
-		if c.cancel != nil {
-			c.cancel()
-		}
-		if done := c.report.MemLimit.RefreshDone; done != nil {
-			<-done
-		}
+		c.limiter.Close()
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()
 		}

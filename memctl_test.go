@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -31,7 +32,7 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart})
+	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh})
 }
 
 // childStart runs Start with a JSON logger on standard error and reports
@@ -110,11 +111,22 @@ func TestStartDefaults(t *testing.T) {
 func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	g := cgrouptest.New(t, 256<<20)
 	r, recs := runStart(t, g)
-	ratio := 0.9
-	want := int64(float64(g.Limit) * ratio)
-	assert.Equal(t, strconv.FormatInt(want, 10), r["GOMEMLIMIT"])
 	_, line := infoLines(recs)
+	// 0.9 of the limit less what the child holds outside the Go runtime
+	// (the binary, C heap: a few MiB).
+	outside, ok := line["gomemlimit_outside"].(float64)
+	require.True(t, ok, "gomemlimit_outside in %v", line)
+	assert.Less(t, outside, float64(32<<20))
+	ratio := 0.9
+	want := int64(float64(g.Limit)*ratio) - int64(outside)
+	assert.Equal(t, strconv.FormatInt(want, 10), r["GOMEMLIMIT"])
 	assert.Equal(t, float64(want), line["gomemlimit"])
+	file := "memory.limit_in_bytes"
+	if g.Version == 2 {
+		file = "memory.max"
+	}
+	assert.Equal(t, filepath.Join(g.Dir, file), line["gomemlimit_file"])
+	assert.Equal(t, float64(10*time.Second), line["gomemlimit_refresh"], "refresh on by default")
 	assert.Equal(t, r["SOURCE"], line["gomemlimit_source"])
 	assert.Contains(t, r["SOURCE"], "cgroup v")
 

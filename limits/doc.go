@@ -3,9 +3,11 @@
 // # GOMEMLIMIT from the cgroup
 //
 // SetGoMemLimit sets GOMEMLIMIT to a share (default 0.9) of the cgroup
-// memory limit, found by github.com/KimMachineGun/automemlimit: cgroup v1
-// (memory.limit_in_bytes and the hierarchy's tightest limit) or cgroup v2
-// (memory.max of the cgroup and its ancestors). Without GOMEMLIMIT the Go
+// memory limit: cgroup v1 (memory.limit_in_bytes and the hierarchy's
+// tightest limit) or cgroup v2 (the smallest memory.max or memory.high of
+// the cgroup and its ancestors), less the memory outside the Go runtime (C
+// heap), never under a floor (64 MiB), and re-reads it at the end of GC
+// cycles at most every 10 s (MemLimiter). Without GOMEMLIMIT the Go
 // garbage collector does not know the container's limit, lets the heap grow to
 // twice the live heap (GOGC=100) and a burst ends in an OOM kill; with it, the
 // collector works harder as the heap nears the limit. The operator wins: a

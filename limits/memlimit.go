@@ -1,28 +1,59 @@
 package limits
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/procfs"
 )
 
 // DefaultRatio is the share of the memory limit that becomes GOMEMLIMIT when
 // MemLimitConfig.Ratio is 0: the rest is headroom for memory the Go runtime
-// does not count (cgo, thread stacks, the binary). It is automemlimit's
-// default.
+// does not count (cgo, thread stacks, the binary) and for the page cache the
+// cgroup is charged for. It is automemlimit's default.
 const DefaultRatio = 0.9
+
+// DefaultFloor is the smallest GOMEMLIMIT memctl sets when
+// MemLimitConfig.Floor is 0: 64 MiB. GOMEMLIMIT bounds the whole Go
+// runtime, live heap included, so a limit near the live heap makes the
+// collector run on almost every allocation: a tiny limit or ratio would
+// trade an OOM kill for a process that does little but collect. Measured
+// here with 16 MiB live (BenchmarkGCUnderSmallLimit: go test ./limits -run
+// XXX -bench BenchmarkGCUnderSmallLimit -count 3): 0.64 to 0.68 GC cycles
+// per MiB allocated at GOMEMLIMIT 24 MiB, 0.11 to 0.13 at 32 MiB, 0.03 at
+// 48 MiB, and from 64 MiB the 0.023 to 0.026 of GOGC alone (as at 128
+// MiB): 64 MiB is where a small service's GC stops being paced by the
+// limit. It is also the floor automemlimit users set with its WithMin.
+// memctl warns when it applies it.
+const DefaultFloor = 64 << 20
+
+// DefaultRefresh is how often, at most, the limit is re-read when
+// MemLimitConfig.Refresh is 0: 10 s, so that an in-place pod resize is
+// followed within about 10 s by a process that allocates.
+const DefaultRefresh = 10 * time.Second
+
+// ErrImplausibleLimit is matched (errors.Is) by the error for a memory limit
+// that this process could not be running under: 0, or not above the memory
+// it already uses (RSS). Such a value comes from a cgroup file that is
+// wrong or not this process's; GOMEMLIMIT is left as it was.
+var ErrImplausibleLimit = errors.New("limits: implausible memory limit")
 
 // Source says where the memory limit behind GOMEMLIMIT came from.
 type Source int
@@ -33,8 +64,8 @@ const (
 	// SourceCgroupV1: the cgroup v1 memory controller (memory.limit_in_bytes,
 	// hierarchical_memory_limit in memory.stat).
 	SourceCgroupV1
-	// SourceCgroupV2: the cgroup v2 memory.max of the process's cgroup or
-	// the smallest of its ancestors'.
+	// SourceCgroupV2: the smallest cgroup v2 memory.max or memory.high of
+	// the process's cgroup and its ancestors; MemLimit.File says which.
 	SourceCgroupV2
 	// SourceSystem: total system memory (MemLimitConfig.SystemFallback).
 	SourceSystem
@@ -77,32 +108,60 @@ func (s *Source) UnmarshalText(b []byte) error {
 	return fmt.Errorf("limits: unknown Source %q, want none, cgroup v1, cgroup v2, system or env", b)
 }
 
-// MemLimitConfig configures SetGoMemLimit. The zero value is the default:
-// 90% of the cgroup limit, no fallback, no refresh, no logging.
+// MemLimitConfig configures SetGoMemLimit and NewMemLimiter. The zero value
+// is the default: 90% of the cgroup limit less the memory outside the Go
+// runtime, never under 64 MiB, re-read at most every 10 s at the end of a
+// GC cycle, no system fallback, no logging.
 type MemLimitConfig struct {
 	// Ratio is the share of the memory limit used for GOMEMLIMIT, in
 	// (0.0, 1.0]. An AUTOMEMLIMIT ratio in the environment wins over it.
 	// Default: 0 (means DefaultRatio, 0.9).
 	Ratio float64
+	// Floor is the smallest GOMEMLIMIT set, in bytes: a limit, ratio or
+	// headroom that would give less gives Floor (or the limit itself when
+	// the limit is smaller), with a WARN that the GC will run often.
+	// Negative is an error. Default: 0 (means DefaultFloor, 64 MiB).
+	// Environment (through memctl.Start): MEMCTL_GOMEMLIMIT_FLOOR.
+	Floor int64
 	// SystemFallback uses total system memory as the limit when the process
 	// has no cgroup limit. Default: false.
 	SystemFallback bool
-	// Refresh, when positive, re-reads the limit at this interval (for a
-	// limit that changes while the process runs, such as an in-place pod
-	// resize) until the context given to SetGoMemLimit ends. Default: 0 (no
-	// refresh, no goroutine).
+	// Refresh is the least time between two re-reads of the limit; the
+	// re-read runs at the end of a GC cycle (no goroutine, no timer), so an
+	// idle process re-reads nothing and one that allocates follows a
+	// changed limit (an in-place pod resize) within about Refresh. Negative
+	// turns the refresh off. Default: 0 (means DefaultRefresh, 10 s).
+	// Environment (through memctl.Start): MEMCTL_REFRESH=off|<duration>.
 	Refresh time.Duration
-	// Logger receives refresh updates and refresh errors. Default: nil (no
-	// logging).
+	// NoHeadroom turns off the headroom for memory outside the Go runtime:
+	// by default GOMEMLIMIT is Ratio of the limit minus what the process
+	// holds that the Go runtime did not map (VmRSS minus the runtime/metrics
+	// /memory/classes/total:bytes less /memory/classes/heap/released:bytes:
+	// C heap, C thread stacks, the binary), read again at each refresh.
+	// It is on by default because the cgroup charges that memory as it
+	// charges the Go heap: a pure-Go process gives up only a few MiB (3.6
+	// to 4.9 MiB for this repo's test children, TestRealCgroupLimit and
+	// TestStartSetsGOMEMLIMITInCgroup), while a cgo process holding 300 MiB
+	// of C heap in a 1 GiB cgroup gets 615 MiB instead of 921 MiB, the
+	// difference it would otherwise lose to the OOM killer
+	// (TestHeadroomForCHeap). Turn it off where GOMEMLIMIT is computed for
+	// another process (memctl exec). Default: false (headroom on).
+	NoHeadroom bool
+	// Logger receives what happens after the first decision: each change of
+	// GOMEMLIMIT once at INFO, each distinct failure and each floor
+	// warning once at WARN. The first decision is returned, not logged,
+	// except its floor warning. Default: nil (no logging).
 	Logger *slog.Logger
 
-	// provider replaces automemlimit's cgroup provider in tests; version is
-	// then reported from cgroupFile.
-	provider   memlimit.Provider
+	// read and usage replace cgroupfs.Of(0) and the RSS and runtime/metrics
+	// reads in tests; cgroupFile is the file read's "no such file" means no
+	// cgroup.
+	read       func() (cgroupfs.Limit, error)
+	usage      func() (rss, goMapped int64, err error)
 	cgroupFile string
 }
 
-// MemLimit is what SetGoMemLimit decided, and why.
+// MemLimit is what SetGoMemLimit or a refresh decided, and why.
 type MemLimit struct {
 	// Bytes is GOMEMLIMIT after the call, in bytes; math.MaxInt64 means no
 	// limit (the Go default).
@@ -110,219 +169,425 @@ type MemLimit struct {
 	// Limit is the memory limit that was found (cgroup or system), in
 	// bytes; 0 when none was.
 	Limit int64
-	// Ratio is the share of Limit that Bytes is (0 when Limit is 0).
+	// Ratio is the share of Limit used (0 when Limit is 0); Bytes is
+	// Ratio × Limit − Outside, raised to the floor.
 	Ratio float64
-	// Source says where Limit came from.
+	// Source says where Limit came from, File the file it was read from
+	// ("" for none and system): memory.limit_in_bytes or memory.stat (v1),
+	// memory.max or memory.high (v2).
 	Source Source
+	File   string `json:",omitempty"`
+	// Outside is the memory outside the Go runtime subtracted from the
+	// limit (RSS minus the runtime's mapped, unreleased memory), in bytes;
+	// 0 with MemLimitConfig.NoHeadroom.
+	Outside int64 `json:",omitempty"`
+	// AtFloor is true when Bytes was raised to the floor (or to Limit when
+	// the limit is under the floor): the GC will run often.
+	AtFloor bool `json:",omitempty"`
 	// Reason is one human-readable sentence about the decision.
 	Reason string
-	// RefreshDone is closed when the refresh goroutine (MemLimitConfig.Refresh)
-	// has exited after its context ended; nil when there is none.
-	RefreshDone <-chan struct{} `json:"-"`
 }
 
-// SetGoMemLimit sets GOMEMLIMIT (debug.SetMemoryLimit) to cfg.Ratio of the
-// process's cgroup memory limit, found by github.com/KimMachineGun/automemlimit
-// (cgroup v1 or v2, the tightest limit of the cgroup and its ancestors).
+// SetGoMemLimit sets GOMEMLIMIT (debug.SetMemoryLimit) from the process's
+// cgroup memory limit, read by internal/cgroupfs: cgroup v1 (the tightest
+// memory.limit_in_bytes, and hierarchical_memory_limit) or v2 (the smallest
+// memory.max or memory.high of the cgroup and its ancestors), v1 when the
+// v2 hierarchy has no memory controller (a hybrid host).
+//
+// GOMEMLIMIT = Ratio × limit − memory outside the Go runtime (see
+// MemLimitConfig.NoHeadroom), never under the floor (MemLimitConfig.Floor,
+// 64 MiB) nor over the limit. A limit that this process could not run under
+// (0, or not above its RSS) is a malformed file: GOMEMLIMIT is left as it
+// was and the error, which names the file and the value, matches
+// ErrImplausibleLimit.
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
 // AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a numeric
-// AUTOMEMLIMIT is the ratio. An empty GOMEMLIMIT or AUTOMEMLIMIT counts as
-// unset, as the Go runtime reads an empty GOMEMLIMIT. A process without a
-// cgroup limit (or without cgroups, or off Linux) is normal: GOMEMLIMIT is left as it was, Source is
-// SourceNone and the error is nil, unless cfg.SystemFallback asks for the
-// system's memory instead.
+// AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
+// variables: surrounding space is ignored, "off" in any case, empty is unset
+// (as the Go runtime reads an empty GOMEMLIMIT). A process without a cgroup
+// limit (no cgroup mounted, no /proc/self/cgroup, a cgroup without a limit,
+// off Linux) is normal: GOMEMLIMIT is left as it was, Source is SourceNone,
+// Reason starts with "no cgroup memory limit" and says why, and the error is
+// nil, unless cfg.SystemFallback asks for the system's memory instead.
 //
-// On error (an invalid ratio, a cgroup file that cannot be read or parsed)
-// GOMEMLIMIT is unchanged, the returned MemLimit has Bytes set to it, and the
-// error starts with "limits:". With cfg.Refresh > 0 a goroutine re-reads the
-// limit every cfg.Refresh until ctx is done, sets GOMEMLIMIT when the limit
-// appears or changes, and leaves it alone while there is none (even if the
-// first read failed); MemLimit.RefreshDone is closed when it has exited. ctx
-// is not used otherwise. It is safe to call
+// On error (an invalid ratio or floor, a cgroup file that cannot be read or
+// parsed) GOMEMLIMIT is unchanged, the returned MemLimit has Bytes set to
+// it, and the error starts with "limits:". Unless cfg.Refresh is negative
+// or the operator set GOMEMLIMIT or AUTOMEMLIMIT=off, the limit is then
+// re-read at GC ends (see MemLimiter) until ctx is done. It is safe to call
 // from any goroutine, but GOMEMLIMIT is process-wide: the last call wins.
 func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
-	current := debug.SetMemoryLimit(-1)
-	d := MemLimit{Bytes: current}
-	// An empty GOMEMLIMIT is no limit to the Go runtime (runtime.readGOMEMLIMIT
-	// treats "" as unset), and an empty AUTOMEMLIMIT is no ratio: both count
-	// as unset.
-	if v := os.Getenv("GOMEMLIMIT"); v != "" {
-		d.Source, d.Reason = SourceEnv, fmt.Sprintf("GOMEMLIMIT=%s is set in the environment", v)
-		return d, nil
-	}
-	ratio, ratioFrom := cfg.Ratio, "configured"
-	if ratio == 0 {
-		ratio, ratioFrom = DefaultRatio, "default"
-	}
-	if v := os.Getenv("AUTOMEMLIMIT"); v != "" {
-		if v == "off" {
-			d.Source, d.Reason = SourceEnv, "AUTOMEMLIMIT=off is set in the environment"
-			return d, nil
-		}
-		r, err := strconv.ParseFloat(v, 64)
-		if err != nil || !validRatio(r) {
-			return d, fmt.Errorf("limits: AUTOMEMLIMIT=%q: want \"off\" or a ratio in (0.0, 1.0]", v)
-		}
-		ratio, ratioFrom = r, "AUTOMEMLIMIT"
-	}
-	if !validRatio(ratio) {
-		return d, fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", ratio)
-	}
-
-	p := &limitProbe{
-		cgroup:     cfg.provider,
-		cgroupFile: cfg.cgroupFile,
-		fallback:   cfg.SystemFallback,
-	}
-	if p.cgroup == nil {
-		p.cgroup, p.cgroupFile = memlimit.FromCgroup, "/proc/self/cgroup"
-	}
-	limit, source, err := p.probe()
-	switch {
-	case err != nil:
-		err = fmt.Errorf("limits: memory limit: %w", err)
-	case source == SourceNone:
-		d.Reason = "no cgroup memory limit; GOMEMLIMIT left as it was"
-	default:
-		d.Bytes = applyRatio(limit, ratio)
-		debug.SetMemoryLimit(d.Bytes)
-		d.Source, d.Limit, d.Ratio = source, int64(min(limit, math.MaxInt64)), ratio
-		d.Reason = fmt.Sprintf("%s ratio %v of the %s limit", ratioFrom, ratio, source)
-	}
-	if cfg.Refresh > 0 {
-		done := make(chan struct{})
-		d.RefreshDone = done
-		go refresh(ctx, p, ratio, cfg.Refresh, cfg.Logger, done)
-	}
+	m, d, err := NewMemLimiter(cfg)
+	context.AfterFunc(ctx, m.Close)
 	return d, err
 }
 
-// applyRatio returns ratio of limit in bytes, as automemlimit's ApplyRatio
-// computes it, capped at math.MaxInt64.
-func applyRatio(limit uint64, ratio float64) int64 {
-	return int64(min(uint64(float64(limit)*ratio), math.MaxInt64))
+// MemLimiter keeps GOMEMLIMIT at its MemLimitConfig's share of the memory
+// limit: NewMemLimiter sets it once, and then, at the end of a GC cycle at
+// most once per MemLimitConfig.Refresh (internal/gcend: no goroutine, no
+// timer), it re-reads the limit and the memory outside the Go runtime and
+// sets GOMEMLIMIT again when the limit changed or the result moved by 1% or
+// more. The re-read runs on the runtime's cleanup goroutine, which it holds
+// for a few small file reads (/proc/self/cgroup, mountinfo, the limit files
+// up the hierarchy, /proc/self/status): 0.12 to 0.15 ms and 50 KiB of
+// garbage on this repo's loaded 2-core machine, once per interval; every
+// other GC end costs one atomic load, 3 to 5 ns (BenchmarkRefresh: go test
+// ./limits -run XXX -bench BenchmarkRefresh -benchmem -count 8). The
+// files are kernel pseudo-files, which do not block on I/O. An idle process
+// runs no GC and re-reads nothing (the runtime still forces a GC every two
+// minutes).
+//
+// It never overrides the operator (GOMEMLIMIT or AUTOMEMLIMIT=off in the
+// environment: no refresh at all), never replaces a limit the program set
+// itself with "no limit" (when a limit memctl followed goes away,
+// GOMEMLIMIT goes back to its value before memctl set it), and stops when
+// the program changes GOMEMLIMIT after memctl set it (logged once at
+// INFO). A failed re-read leaves GOMEMLIMIT as it is. Its methods are safe
+// for concurrent use; a nil *MemLimiter does nothing.
+type MemLimiter struct {
+	ratio     float64
+	ratioFrom string
+	floor     int64
+	fallback  bool
+	headroom  bool
+	every     time.Duration
+	log       *slog.Logger
+	read      func() (cgroupfs.Limit, error)
+	usage     func() (rss, goMapped int64, err error)
+	cgFile    string
+
+	epoch time.Time
+	next  atomic.Int64 // nanoseconds since epoch of the next due re-read
+	last  atomic.Pointer[MemLimit]
+	sub   *gcend.Subscription
+
+	on      bool       // the configuration is valid and the operator did not take over
+	mu      sync.Mutex // serializes decisions; the fields below
+	applied int64      // GOMEMLIMIT memctl set last; 0: none yet
+	before  int64      // GOMEMLIMIT before memctl set it
+	limit   int64      // the limit behind applied
+	seen    map[string]bool
+	stopped bool
 }
 
-// refresh re-reads the limit every interval until ctx is done, then closes
-// done. A limit that appears or changes sets GOMEMLIMIT; while there is none
-// GOMEMLIMIT is left as it is (automemlimit's own refresh would set it to
-// math.MaxInt64, wiping a limit the program set itself).
-func refresh(ctx context.Context, p *limitProbe, ratio float64, every time.Duration, log *slog.Logger, done chan<- struct{}) {
-	defer close(done)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+// maxSeen bounds how many distinct failures a MemLimiter remembers (and
+// logs once each).
+const maxSeen = 64
+
+// NewMemLimiter validates cfg, sets GOMEMLIMIT as SetGoMemLimit describes,
+// and starts the refresh unless cfg.Refresh is negative, the operator's
+// environment wins, or cfg is invalid. It always returns a usable
+// *MemLimiter (Close it to stop the refresh), the decision, and the error
+// SetGoMemLimit would return.
+func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
+	m := &MemLimiter{
+		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
+		read: cfg.read, usage: cfg.usage, cgFile: cfg.cgroupFile, epoch: time.Now(),
+		seen: make(map[string]bool),
+	}
+	if m.read == nil {
+		m.read, m.cgFile = func() (cgroupfs.Limit, error) { return cgroupfs.Of(0) }, "/proc/self/cgroup"
+	}
+	if m.usage == nil {
+		m.usage = readUsage
+	}
+	d := MemLimit{Bytes: debug.SetMemoryLimit(-1)}
+	// An empty GOMEMLIMIT is no limit to the Go runtime
+	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
+	// other value is the operator's; the runtime has already parsed it.
+	if v := os.Getenv("GOMEMLIMIT"); v != "" {
+		d.Source, d.Reason = SourceEnv, fmt.Sprintf("GOMEMLIMIT=%s is set in the environment", v)
+		m.store(d)
+		return m, d, nil
+	}
+	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
+	if m.ratio == 0 {
+		m.ratio, m.ratioFrom = DefaultRatio, "default"
+	}
+	if v := strings.TrimSpace(os.Getenv("AUTOMEMLIMIT")); v != "" {
+		if strings.EqualFold(v, "off") {
+			d.Source, d.Reason = SourceEnv, fmt.Sprintf("AUTOMEMLIMIT=%s is set in the environment", v)
+			m.store(d)
+			return m, d, nil
 		}
-		limit, source, err := p.probe()
-		if err != nil {
-			if log != nil {
-				log.Warn("limits: GOMEMLIMIT refresh failed", "error", err)
-			}
-			continue
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || !validRatio(r) {
+			d.Reason = "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT"
+			m.store(d)
+			return m, d, fmt.Errorf("limits: AUTOMEMLIMIT=%q: want \"off\" or a ratio in (0.0, 1.0]", os.Getenv("AUTOMEMLIMIT"))
 		}
-		if source == SourceNone {
-			continue
+		m.ratio, m.ratioFrom = r, "AUTOMEMLIMIT"
+	}
+	if !validRatio(m.ratio) {
+		d.Reason = "GOMEMLIMIT left as it was: bad ratio"
+		m.store(d)
+		return m, d, fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
+	}
+	if m.floor = orDefault(cfg.Floor, DefaultFloor); m.floor < 0 {
+		d.Reason = "GOMEMLIMIT left as it was: bad floor"
+		m.store(d)
+		return m, d, fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, DefaultFloor)
+	}
+	m.every = orDefault(cfg.Refresh, DefaultRefresh)
+	m.on = true
+	m.mu.Lock()
+	d, err := m.decide(true)
+	m.mu.Unlock()
+	if m.every > 0 {
+		m.next.Store(int64(m.every))
+		m.sub = gcend.Subscribe(m.atGCEnd)
+	}
+	return m, d, err
+}
+
+func orDefault[T int64 | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Refresh re-reads the limit now, sets GOMEMLIMIT as the refresh does, and
+// returns the decision; the error is that of SetGoMemLimit. Failures are
+// logged as the refresh logs them. It does nothing (and returns Last) when
+// the operator's environment wins, the configuration was invalid, or the
+// program took GOMEMLIMIT over. Safe for concurrent use.
+func (m *MemLimiter) Refresh() (MemLimit, error) {
+	if m == nil {
+		return MemLimit{Bytes: debug.SetMemoryLimit(-1)}, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.on || m.stopped {
+		return m.Last(), nil
+	}
+	m.next.Store(int64(time.Since(m.epoch) + m.every))
+	return m.decide(false)
+}
+
+// Last returns the latest decision. Safe for concurrent use.
+func (m *MemLimiter) Last() MemLimit {
+	if m == nil {
+		return MemLimit{Bytes: debug.SetMemoryLimit(-1)}
+	}
+	return *m.last.Load()
+}
+
+// Interval returns the least time between two re-reads, 0 when there is no
+// refresh.
+func (m *MemLimiter) Interval() time.Duration {
+	if m == nil || m.sub == nil {
+		return 0
+	}
+	return m.every
+}
+
+// Close stops the refresh; GOMEMLIMIT stays as it is. Idempotent, safe for
+// concurrent use.
+func (m *MemLimiter) Close() {
+	if m != nil {
+		m.sub.Stop()
+	}
+}
+
+func (m *MemLimiter) store(d MemLimit) { m.last.Store(&d) }
+
+// atGCEnd runs on the runtime's cleanup goroutine at each GC end: one
+// atomic load until the interval has passed, then one re-read, skipped when
+// a Refresh call holds the lock (it is re-reading anyway).
+func (m *MemLimiter) atGCEnd() bool {
+	return m.tick(time.Since(m.epoch))
+}
+
+func (m *MemLimiter) tick(now time.Duration) bool {
+	if int64(now) < m.next.Load() {
+		return true
+	}
+	if !m.mu.TryLock() {
+		return true
+	}
+	defer m.mu.Unlock()
+	m.next.Store(int64(now + m.every))
+	if m.stopped {
+		return false
+	}
+	_, _ = m.decide(false)
+	return !m.stopped
+}
+
+// decide reads the limit and the memory outside the Go runtime, sets
+// GOMEMLIMIT, records and returns the decision. first is the call of
+// NewMemLimiter: its errors are returned, not logged. Called with m.mu held.
+func (m *MemLimiter) decide(first bool) (MemLimit, error) {
+	cur := debug.SetMemoryLimit(-1)
+	d := MemLimit{Bytes: cur}
+	if m.applied != 0 && cur != m.applied {
+		m.stopped = true
+		m.info(fmt.Sprintf("limits: GOMEMLIMIT was changed to %d by the program; memctl no longer refreshes it", cur))
+		d.Reason = "GOMEMLIMIT was set by the program after memctl"
+		m.store(d)
+		return d, nil
+	}
+	limit, source, file, why, err := m.probe()
+	if err != nil {
+		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
+		m.store(d)
+		m.warn(first, err.Error(), err)
+		return d, err
+	}
+	if source == SourceNone {
+		d.Reason = why + "; GOMEMLIMIT left as it was"
+		if m.applied != 0 {
+			// The limit memctl followed is gone (a resize to no limit):
+			// back to what GOMEMLIMIT was before memctl set it.
+			debug.SetMemoryLimit(m.before)
+			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, why))
+			d.Bytes, d.Reason = m.before, why+"; GOMEMLIMIT back to its value before memctl set it"
+			m.applied, m.limit = 0, 0
 		}
-		if want := applyRatio(limit, ratio); want != debug.SetMemoryLimit(-1) {
-			prev := debug.SetMemoryLimit(want)
-			if log != nil {
-				log.Info("limits: GOMEMLIMIT updated", "gomemlimit", want, "previous", prev, "source", source.String())
-			}
+		m.store(d)
+		return d, nil
+	}
+	rss, goMapped, uerr := m.usage()
+	if uerr != nil {
+		rss = goMapped // no RSS here: judge by the Go runtime's share alone
+	}
+	if limit <= 0 || limit <= rss {
+		err := fmt.Errorf("%w: %s says %d bytes, but this process already uses %d bytes (RSS); GOMEMLIMIT left at %d",
+			ErrImplausibleLimit, cmpString(file, source.String()), limit, rss, cur)
+		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
+		m.store(d)
+		m.warn(first, fmt.Sprintf("implausible %s %d", file, limit), err)
+		return d, err
+	}
+	d.Limit, d.Ratio, d.Source, d.File = limit, m.ratio, source, file
+	want := int64(min(float64(limit)*m.ratio, math.MaxInt64))
+	if m.headroom && uerr == nil {
+		d.Outside = max(0, rss-goMapped)
+		want -= d.Outside
+	}
+	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, source, why)
+	if d.Outside > 0 {
+		d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(d.Outside))
+	}
+	if floor := min(m.floor, limit); want < floor {
+		want, d.AtFloor = floor, true
+		d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+		m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
+			fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
+	}
+	d.Bytes = want
+	if m.applied == 0 || limit != m.limit || !within(want, m.applied, 100) {
+		prev := debug.SetMemoryLimit(want)
+		if m.applied == 0 {
+			m.before = prev
 		}
+		if !first && prev != want {
+			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", want, prev, d.Reason))
+		}
+		m.applied, m.limit = want, limit
+	} else {
+		d.Bytes = m.applied // moved by less than 1%: left as it is
+	}
+	m.store(d)
+	return d, nil
+}
+
+// within reports whether a is within 1/frac of b.
+func within(a, b, frac int64) bool {
+	diff := a - b
+	if diff < 0 {
+		diff = -diff
+	}
+	return diff < b/frac
+}
+
+func cmpString(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func inMiB(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }
+
+// probe returns the limit, its source and file, and a phrase on where it
+// came from (or, for SourceNone, why there is none). A missing cgroup is
+// SourceNone, not an error.
+func (m *MemLimiter) probe() (limit int64, source Source, file, why string, err error) {
+	l, err := m.read()
+	switch {
+	case err == nil && l.Bytes != cgroupfs.NoLimit:
+		source, file = SourceCgroupV1, l.File
+		if l.Version == 2 {
+			source = SourceCgroupV2
+		}
+		why = "from " + l.File
+		if filepath.Base(l.File) == "memory.high" {
+			why += " (memory.high, the throttle limit, is under every memory.max)"
+		}
+		return l.Bytes, source, file, why, nil
+	case err == nil:
+		why = fmt.Sprintf("no cgroup memory limit: cgroup v%d %s and its ancestors set none", l.Version, l.Cgroup)
+	case m.noCgroup(err):
+		why = "no cgroup memory limit: " + err.Error()
+	default:
+		return 0, SourceNone, "", "", fmt.Errorf("limits: memory limit: %w", err)
+	}
+	if !m.fallback {
+		return 0, SourceNone, "", why, nil
+	}
+	sys, serr := memlimit.FromSystem()
+	if serr != nil || sys == 0 {
+		return 0, SourceNone, "", why, nil
+	}
+	return int64(min(sys, 1<<62)), SourceSystem, "", "(total memory; " + why + ")", nil
+}
+
+// noCgroup reports whether err from the cgroup read means there is no
+// memory cgroup to read: cgroupfs.ErrNoCgroup (no memory controller, not
+// mounted, another cgroup namespace), no /proc/self/cgroup (no cgroups in
+// the kernel, no /proc), or not Linux.
+func (m *MemLimiter) noCgroup(err error) bool {
+	var pe *fs.PathError
+	return errors.Is(err, cgroupfs.ErrNoCgroup) || errors.Is(err, errors.ErrUnsupported) ||
+		(errors.As(err, &pe) && pe.Path == m.cgFile && errors.Is(err, fs.ErrNotExist))
+}
+
+// warn logs err at WARN once per key, except on the first decision (whose
+// error is returned to the caller, who reports it; floor warnings are logged
+// then too, as they come with a nil error).
+func (m *MemLimiter) warn(first bool, key string, err error) {
+	if m.seen[key] || len(m.seen) >= maxSeen {
+		return
+	}
+	m.seen[key] = true
+	if first || m.log == nil {
+		return
+	}
+	m.log.Warn("limits: GOMEMLIMIT", "error", err)
+}
+
+func (m *MemLimiter) info(msg string) {
+	if m.log != nil {
+		m.log.Info(msg)
 	}
 }
 
 func validRatio(r float64) bool { return !math.IsNaN(r) && r > 0 && r <= 1 }
 
-// limitProbe wraps automemlimit's providers: it maps "no cgroup here" to
-// memlimit.ErrNoLimit (normal, not an error), applies the system fallback,
-// and remembers where the limit came from.
-type limitProbe struct {
-	cgroup     memlimit.Provider
-	cgroupFile string
-	fallback   bool
-}
+// goMappedMetrics are the runtime/metrics samples whose difference is the
+// memory the Go runtime has mapped and not returned to the OS.
+var goMappedMetrics = [2]string{"/memory/classes/total:bytes", "/memory/classes/heap/released:bytes"}
 
-func (p *limitProbe) probe() (uint64, Source, error) {
-	limit, err := p.cgroup()
-	switch {
-	case err == nil:
-		v, verr := cgroupVersionFile(p.cgroupFile)
-		if verr != nil {
-			return 0, SourceNone, verr
-		}
-		return limit, v, nil
-	case errors.Is(err, memlimit.ErrNoLimit), errors.Is(err, memlimit.ErrNoCgroup),
-		errors.Is(err, memlimit.ErrCgroupsNotSupported):
-		if !p.fallback {
-			return 0, SourceNone, nil
-		}
-		limit, err := memlimit.FromSystem()
-		if err != nil {
-			return 0, SourceNone, nil
-		}
-		return limit, SourceSystem, nil
-	default:
-		return 0, SourceNone, err
-	}
-}
-
-var cgroupVersionCache sync.Map // path -> Source
-
-// cgroupVersionFile reports which hierarchy automemlimit read the limit from,
-// by the same rule it uses: cgroup v1 when /proc/self/cgroup names a v1
-// hierarchy with the memory controller, else v2.
-func cgroupVersionFile(path string) (Source, error) {
-	if v, ok := cgroupVersionCache.Load(path); ok {
-		return v.(Source), nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return SourceNone, fmt.Errorf("limits: %w", err)
-	}
-	defer f.Close()
-	v, err := cgroupVersion(f, path)
-	if err == nil {
-		cgroupVersionCache.Store(path, v)
-	}
-	return v, err
-}
-
-// cgroupVersion parses a /proc/PID/cgroup file ("ID:controllers:path" lines,
-// see cgroups(7)); name is used in errors.
-func cgroupVersion(r io.Reader, name string) (Source, error) {
-	sc := bufio.NewScanner(r)
-	n, v2 := 0, false
-	for sc.Scan() {
-		n++
-		line := sc.Text()
-		if line == "" {
-			continue
-		}
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			return SourceNone, fmt.Errorf("limits: %s: line %d: malformed, want ID:controllers:path: %q", name, n, line)
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			v2 = true
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "memory" {
-				return SourceCgroupV1, nil
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return SourceNone, fmt.Errorf("limits: %s: %w", name, err)
-	}
-	if !v2 {
-		return SourceNone, fmt.Errorf("limits: %s: no memory controller and no cgroup v2 line", name)
-	}
-	return SourceCgroupV2, nil
+// readUsage returns this process's RSS (VmRSS, /proc/self/status) and what
+// the Go runtime has mapped and not released (runtime/metrics); err is the
+// RSS read's (not Linux, no /proc).
+func readUsage() (rss, goMapped int64, err error) {
+	s := [2]metrics.Sample{{Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
+	metrics.Read(s[:])
+	goMapped = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
+	rss, err = procfs.RSS(0)
+	return rss, goMapped, err
 }

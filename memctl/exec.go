@@ -209,7 +209,9 @@ func prepareEnv(env []string, cfg execConfig, ml limits.MemLimit) ([]string, []s
 
 // memLimit asks package limits for GOMEMLIMIT at cfg.ratio of this
 // process's cgroup limit. It also sets memctl's own GOMEMLIMIT, which is
-// harmless: memctl is about to be replaced.
+// harmless: memctl is about to be replaced. No headroom (the memory outside
+// the Go runtime measured would be memctl's, not the program's) and no
+// refresh (the program sets none itself).
 func memLimit(cfg execConfig) (limits.MemLimit, error) {
-	return limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{Ratio: cfg.ratio})
+	return limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{Ratio: cfg.ratio, NoHeadroom: true, Refresh: -1})
 }

@@ -147,7 +147,7 @@ func TestExecGOMEMLIMITInCgroup(t *testing.T) {
 	t.Run("derived", func(t *testing.T) {
 		out, errOut, code := inGroup([]string{"GLIBC_TUNABLES=glibc.malloc.check=0"}, "exec", "-v", "-arena-max=2", "--", "/usr/bin/env")
 		require.Equal(t, 0, code)
-		assert.Contains(t, errOut, "memctl: GOMEMLIMIT=241591910 (default ratio 0.9 of the cgroup v"+strconv.Itoa(g.Version)+" limit of 268435456 bytes)\n")
+		assert.Contains(t, errOut, "memctl: GOMEMLIMIT=241591910 (default ratio 0.9 of the cgroup v"+strconv.Itoa(g.Version)+" limit from "+g.Dir+"/memory.")
 		assert.Equal(t, []string{"241591910"}, envLines(out, "GOMEMLIMIT"), "0.9 of 256 MiB, in bytes")
 		assert.Equal(t, []string{"glibc.malloc.check=0:glibc.malloc.arena_max=2"}, envLines(out, "GLIBC_TUNABLES"))
 	})

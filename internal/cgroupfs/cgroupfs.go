@@ -1,7 +1,7 @@
 // Package cgroupfs finds the memory limit of the cgroup a process is in, for
 // any process: cgroup v1 (the memory controller's memory.limit_in_bytes) or
-// v2 (memory.max), the tightest limit of the cgroup and its ancestors, and
-// the file that limit came from.
+// v2 (memory.max and memory.high), the tightest limit of the cgroup and its
+// ancestors, and the file that limit came from.
 //
 // It reads /proc/PID/cgroup (which cgroup the process is in, cgroups(7)),
 // /proc/PID/mountinfo (where each hierarchy is mounted, proc(5)) and the
@@ -10,9 +10,8 @@
 // reads the real files of a PID. Every error names the file it came from,
 // and malformed input is an error, never a guess.
 //
-// automemlimit (used by package limits) answers the same question for the
-// calling process only, and without the file; memctl status needs it for
-// any PID.
+// Package limits reads the calling process's limit with it (Of(0)) to set
+// GOMEMLIMIT, and memctl status reads any PID's.
 package cgroupfs
 
 import (
@@ -56,11 +55,15 @@ type Limit struct {
 	// "/sys/fs/cgroup/system.slice/app.service".
 	Dir string
 	// Bytes is the effective memory limit in bytes: the smallest limit of
-	// the cgroup and its ancestors. NoLimit (-1) when none sets one.
+	// the cgroup and its ancestors (in v2 the smallest memory.max or
+	// memory.high). NoLimit (-1) when none sets one. It is the kernel's
+	// value as written: 0 is possible (memory.max accepts it) and is
+	// returned as 0, not judged here.
 	Bytes int64
-	// File is the file Bytes came from: the memory.limit_in_bytes (v1) or
-	// memory.max (v2) of the cgroup or of the ancestor that sets the
-	// tightest limit, or, in v1, the cgroup's memory.stat when its
+	// File is the file Bytes came from: the memory.limit_in_bytes (v1), or
+	// the memory.max or memory.high (v2; its base name says which, and
+	// memory.max is named when they are equal) of the cgroup or of the
+	// ancestor that sets the tightest limit, or, in v1, the cgroup's memory.stat when its
 	// hierarchical_memory_limit is tighter than every visible ancestor's
 	// (a limit set above the mounted part of the hierarchy). Empty when
 	// Bytes is NoLimit.
@@ -77,8 +80,13 @@ type Limit struct {
 // the hierarchy's mount point; in v1 the kernel's hierarchical_memory_limit
 // (memory.stat) also counts, which covers ancestors above the mount. In v2
 // a limit set above the mounted part (a container with its own cgroup
-// namespace) is not visible. A cgroup directory without memory.max (the
-// memory controller not enabled for it, or the root) sets no limit.
+// namespace) is not visible, memory.high counts as a limit (see
+// v2LimitFiles), and a cgroup directory without memory.max (the memory
+// controller not enabled for it, or the root) sets no limit. v1 is read
+// when /proc/PID/cgroup lists the memory controller and it is mounted; v2
+// only when its mounted cgroup has the memory controller
+// (cgroup.controllers), so a hybrid host whose v2 hierarchy has none gives
+// the v1 limit or ErrNoCgroup, never a false "no limit" from v2.
 //
 // Errors name the file: a file that cannot be read, a malformed line or
 // value. A "." or ".." element in a mount point, or after a name in a mount
@@ -109,6 +117,9 @@ func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 	}
 	if v2 != "" {
 		dir, top, err := cgroupDir(mounts, v2, isV2, root)
+		if err == nil {
+			err = v2Memory(top)
+		}
 		if err == nil {
 			return readV2(v2, dir, top)
 		}
@@ -411,15 +422,15 @@ func hierarchicalLimit(file string) (int64, bool, error) {
 	return 0, false, nil
 }
 
-// readV2 reads memory.max of dir and every ancestor up to the mount point;
-// a directory without memory.max sets no limit, but dir itself must exist.
+// readV2 reads memory.max and memory.high (v2LimitFiles) of dir and every
+// ancestor up to the mount point; a directory without them sets no limit,
+// but dir itself must exist.
 func readV2(cg, dir, top string) (Limit, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
 	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit}
-	for _, d := range ancestors(dir, top) {
-		file := filepath.Join(d, "memory.max")
+	for _, file := range v2LimitFiles(ancestors(dir, top)) {
 		b, err := os.ReadFile(file)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

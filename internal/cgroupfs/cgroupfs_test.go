@@ -57,10 +57,19 @@ func TestReadFixtures(t *testing.T) {
 			Bytes: 256 << 20,
 			File:  root("hybrid", "sys/fs/cgroup/memory/process_api/c9ca/memory.limit_in_bytes"),
 		}},
-		{"hybrid-no-memory", Limit{
-			Version: 2, Cgroup: "/x",
-			Dir:   root("hybrid-no-memory", "sys/fs/cgroup/unified/x"),
-			Bytes: NoLimit,
+		{"v2-memory-high", Limit{
+			Version: 2, Cgroup: "/kubepods.slice/pod1/ctr",
+			Dir: root("v2-memory-high", "sys/fs/cgroup/kubepods.slice/pod1/ctr"),
+			// memory.high 1400 MiB of the container is under memory.max
+			// 1600 MiB of the pod: the kernel throttles from 1400 MiB on.
+			Bytes: 1468006400,
+			File:  root("v2-memory-high", "sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.high"),
+		}},
+		{"v2-high-equal", Limit{
+			Version: 2, Cgroup: "/a",
+			Dir:   root("v2-high-equal", "sys/fs/cgroup/a"),
+			Bytes: 512 << 20,
+			File:  root("v2-high-equal", "sys/fs/cgroup/a/memory.max"), // the hard limit is named on a tie
 		}},
 		{"v2-escaped-shadowed", Limit{
 			Version: 2, Cgroup: "/a",
@@ -82,6 +91,9 @@ func TestReadNoCgroup(t *testing.T) {
 		"not-mounted":       "hierarchy not mounted",
 		"outside-namespace": "outside this cgroup namespace",
 		"no-memory-line":    "neither the memory controller nor a cgroup v2 hierarchy",
+		// v2 of a hybrid host (cgroup.controllers captured from one) has
+		// no memory controller: not a "no limit" answer.
+		"hybrid-no-memory": "no memory controller in cgroup v2",
 	} {
 		t.Run(dir, func(t *testing.T) {
 			_, err := readFixture(t, dir)

@@ -1,0 +1,89 @@
+package memctl
+
+import (
+	"fmt"
+	"math"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memctl/memctl/limits"
+)
+
+// startMemLimit applies MEMCTL_REFRESH and MEMCTL_GOMEMLIMIT_FLOOR to cfg
+// and starts the GOMEMLIMIT limiter. A bad MEMCTL_REFRESH turns the refresh
+// off; a bad MEMCTL_GOMEMLIMIT_FLOOR leaves GOMEMLIMIT alone (the operator's
+// floor is not guessed at). Both are reported to fail.
+func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimiter, limits.MemLimit, error) {
+	if v := getenv("MEMCTL_REFRESH"); v != "" {
+		d, err := parseRefresh(v)
+		if err != nil {
+			fail(err)
+		}
+		cfg.Refresh = d
+	}
+	if v := getenv("MEMCTL_GOMEMLIMIT_FLOOR"); v != "" {
+		n, err := parseFloor(v)
+		if err != nil {
+			ml := limits.MemLimit{Bytes: debug.SetMemoryLimit(-1), Reason: "GOMEMLIMIT left as it was: bad MEMCTL_GOMEMLIMIT_FLOOR"}
+			return nil, ml, err
+		}
+		cfg.Floor = n
+	}
+	return limits.NewMemLimiter(cfg)
+}
+
+// parseRefresh parses MEMCTL_REFRESH: "off" or "0" for no refresh (-1 for
+// limits.MemLimitConfig.Refresh), or a positive time.ParseDuration string
+// such as "10s". A bad value turns the refresh off and is an error.
+func parseRefresh(v string) (time.Duration, error) {
+	if strings.EqualFold(v, "off") {
+		return -1, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return -1, fmt.Errorf("memctl: MEMCTL_REFRESH=%q: want \"off\" or a duration such as \"10s\"; the GOMEMLIMIT refresh is off", v)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
+// byteUnits are GOMEMLIMIT's suffixes (runtime/debug.SetMemoryLimit).
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+
+// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR: a byte count written as
+// GOMEMLIMIT is ("64MiB", "1GiB", "67108864"; suffixes B, KiB, MiB, GiB,
+// TiB, case-insensitive here), at least 1.
+func parseFloor(v string) (int64, error) {
+	num, shift := v, uint(0)
+	for _, u := range byteUnits {
+		if len(v) > len(u.suffix) && strings.EqualFold(v[len(v)-len(u.suffix):], u.suffix) {
+			num, shift = strings.TrimSpace(v[:len(v)-len(u.suffix)]), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt64>>shift {
+		return 0, fmt.Errorf("memctl: MEMCTL_GOMEMLIMIT_FLOOR=%q: want a byte count such as \"64MiB\" (B, KiB, MiB, GiB, TiB); GOMEMLIMIT left as it was", v)
+	}
+	return n << shift, nil
+}
+
+// Refresh re-reads the memory limit and the memory outside the Go runtime
+// now and sets GOMEMLIMIT as the refresh at GC end does
+// (limits.MemLimiter.Refresh), for a caller that knows the limit changed.
+// It returns the decision and the error that Start would report. With no
+// limiter (MEMCTL=off, the operator's GOMEMLIMIT, a nil Controller) it
+// changes nothing and returns GOMEMLIMIT as it is. Safe for concurrent use.
+func (c *Controller) Refresh() (limits.MemLimit, error) {
+	if c == nil || c.limiter == nil {
+		return limits.MemLimit{Bytes: debug.SetMemoryLimit(-1)}, nil
+	}
+	return c.limiter.Refresh()
+}

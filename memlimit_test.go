@@ -1,0 +1,251 @@
+package memctl
+
+import (
+	"bufio"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/limits"
+)
+
+// childResize runs Start with no options, keeps about 32 MiB live and makes
+// garbage, and prints GOMEMLIMIT every 20 ms until it is killed.
+func childResize() {
+	ctl, err := Start()
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	defer ctl.Close()
+	live := make([][]byte, 32)
+	for i := range live {
+		live[i] = make([]byte, 1<<20)
+	}
+	last := time.Now()
+	for i := 0; ; i++ {
+		live[i%len(live)] = make([]byte, 1<<20) // the old one is garbage
+		if i%16 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if time.Since(last) > 20*time.Millisecond {
+			fmt.Printf("GOMEMLIMIT=%d\n", debug.SetMemoryLimit(-1))
+			last = time.Now()
+		}
+	}
+}
+
+// TestResizeFollowedAtGCEnd: a real cgroup's limit lowered from 512 to 256
+// MiB while the child allocates; the child's Start (no options,
+// MEMCTL_REFRESH=1s to keep the test short; the default is 10 s) re-reads
+// it at a GC end and sets GOMEMLIMIT under 256 MiB within about one
+// interval.
+func TestResizeFollowedAtGCEnd(t *testing.T) {
+	g := cgrouptest.New(t, 512<<20)
+	const interval = time.Second
+	cmd := childtest.Command(t, "resize", []string{"MEMCTL", "GOMEMLIMIT", "AUTOMEMLIMIT", "MEMCTL_GOMEMLIMIT_FLOOR"}, "MEMCTL_REFRESH=1s")
+	g.Wrap(cmd)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	lines := make(chan int64, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "GOMEMLIMIT="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				lines <- n
+			}
+		}
+	}()
+	next := func(within time.Duration) (int64, bool) {
+		select {
+		case n, ok := <-lines:
+			return n, ok
+		case <-time.After(within):
+			return 0, false
+		}
+	}
+	first, ok := next(10 * time.Second)
+	require.True(t, ok, "the child reports GOMEMLIMIT")
+	assert.LessOrEqual(t, first, int64(483183820))
+	assert.Greater(t, first, int64(400<<20), "0.9 of 512 MiB less a few MiB")
+
+	file := "memory.limit_in_bytes"
+	if g.Version == 2 {
+		file = "memory.max"
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(g.Dir, file), []byte(strconv.Itoa(256<<20)), 0))
+	lowered := time.Now()
+	var got int64
+	for got = first; got > 256<<20; {
+		n, ok := next(10 * interval)
+		require.True(t, ok, "the child still reports; GOMEMLIMIT %d", got)
+		got = n
+	}
+	took := time.Since(lowered)
+	t.Logf("GOMEMLIMIT %d -> %d, %v after the limit was lowered (interval %v)", first, got, took, interval)
+	assert.LessOrEqual(t, got, int64(241591910))
+	assert.Greater(t, got, int64(200<<20))
+	// One interval, plus the 20 ms report period and the time to the next
+	// GC end; twice the interval leaves room for a loaded 2-core machine.
+	assert.Less(t, took, 2*interval, "followed within about one interval")
+}
+
+func TestParseRefresh(t *testing.T) {
+	for v, want := range map[string]time.Duration{"off": -1, "OFF": -1, "0": -1, "0s": -1, "10s": 10 * time.Second, "250ms": 250 * time.Millisecond} {
+		d, err := parseRefresh(v)
+		require.NoError(t, err, v)
+		assert.Equal(t, want, d, v)
+	}
+	for _, v := range []string{"-1s", "10", "soon", "1 s"} {
+		d, err := parseRefresh(v)
+		require.Error(t, err, v)
+		assert.Equal(t, time.Duration(-1), d, "a bad value turns the refresh off")
+		assert.Contains(t, err.Error(), "MEMCTL_REFRESH")
+	}
+}
+
+func TestParseFloor(t *testing.T) {
+	for v, want := range map[string]int64{"64MiB": 64 << 20, "64mib": 64 << 20, "1GiB": 1 << 30, "67108864": 67108864,
+		"100B": 100, "512 KiB": 512 << 10, "1TiB": 1 << 40} {
+		n, err := parseFloor(v)
+		require.NoError(t, err, v)
+		assert.Equal(t, want, n, v)
+	}
+	for _, v := range []string{"0", "-1MiB", "64MB", "lots", "MiB", "9999999TiB", "1.5GiB", strconv.FormatUint(math.MaxUint64, 10)} {
+		_, err := parseFloor(v)
+		require.Error(t, err, v)
+		assert.Contains(t, err.Error(), "MEMCTL_GOMEMLIMIT_FLOOR")
+	}
+}
+
+// TestStartMemLimitSwitches: MEMCTL_REFRESH and MEMCTL_GOMEMLIMIT_FLOOR
+// reach the limiter, a bad one is reported, and Controller.Refresh works
+// with and without a limiter.
+func TestStartMemLimitSwitches(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT", "MEMCTL"} {
+		t.Setenv(k, "")
+	}
+	var failed []error
+	fail := func(err error) { failed = append(failed, err) }
+
+	t.Setenv("MEMCTL_REFRESH", "off")
+	lim, _, _ := startMemLimit(limits.MemLimitConfig{}, fail)
+	assert.Zero(t, lim.Interval())
+	lim.Close()
+	t.Setenv("MEMCTL_REFRESH", "3s")
+	lim, _, _ = startMemLimit(limits.MemLimitConfig{}, fail)
+	assert.Equal(t, 3*time.Second, lim.Interval())
+	lim.Close()
+	t.Setenv("MEMCTL_REFRESH", "soon")
+	lim, _, _ = startMemLimit(limits.MemLimitConfig{Refresh: time.Hour}, fail)
+	assert.Zero(t, lim.Interval(), "a bad MEMCTL_REFRESH turns the refresh off")
+	lim.Close()
+	require.Len(t, failed, 1)
+	assert.ErrorContains(t, failed[0], "MEMCTL_REFRESH")
+
+	t.Setenv("MEMCTL_REFRESH", "")
+	debug.SetMemoryLimit(123 << 20)
+	t.Setenv("MEMCTL_GOMEMLIMIT_FLOOR", "lots")
+	lim, ml, err := startMemLimit(limits.MemLimitConfig{}, fail)
+	require.ErrorContains(t, err, "MEMCTL_GOMEMLIMIT_FLOOR")
+	assert.Nil(t, lim)
+	assert.Equal(t, int64(123<<20), ml.Bytes)
+	assert.Equal(t, int64(123<<20), debug.SetMemoryLimit(-1), "a bad floor leaves GOMEMLIMIT alone")
+
+	// Controller.Refresh without a limiter (MEMCTL=off) changes nothing.
+	t.Setenv("MEMCTL_GOMEMLIMIT_FLOOR", "")
+	t.Setenv("MEMCTL", "off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	d, err := ctl.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(123<<20), d.Bytes)
+	require.NoError(t, ctl.Close())
+	var nilCtl *Controller
+	d, err = nilCtl.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(123<<20), d.Bytes)
+}
+
+// TestControllerRefresh: Controller.Refresh re-reads the real cgroup limit
+// at once.
+func TestControllerRefresh(t *testing.T) {
+	g := cgrouptest.New(t, 512<<20)
+	cmd := childtest.Command(t, "refresh", []string{"MEMCTL", "GOMEMLIMIT", "AUTOMEMLIMIT", "MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR"}, "MEMCTL_CHILD_CGROUP="+g.Dir, fmt.Sprintf("MEMCTL_CHILD_VERSION=%d", g.Version))
+	g.Wrap(cmd)
+	r := childtest.Report(t, cmd)
+	before, err := strconv.ParseInt(r["BEFORE"], 10, 64)
+	require.NoError(t, err)
+	after, err := strconv.ParseInt(r["AFTER"], 10, 64)
+	require.NoError(t, err)
+	assert.Greater(t, before, int64(400<<20))
+	assert.LessOrEqual(t, after, int64(241591910), "Refresh read the lowered limit")
+	assert.Equal(t, r["AFTER"], r["READBACK"])
+	assert.Equal(t, "<nil>", r["ERR"])
+}
+
+// childRefresh lowers its own cgroup's limit to 256 MiB and calls
+// Controller.Refresh.
+func childRefresh() {
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	defer ctl.Close()
+	childtest.Say("BEFORE", debug.SetMemoryLimit(-1))
+	file := "memory.limit_in_bytes"
+	if os.Getenv("MEMCTL_CHILD_VERSION") == "2" {
+		file = "memory.max"
+	}
+	if err := os.WriteFile(filepath.Join(os.Getenv("MEMCTL_CHILD_CGROUP"), file), []byte(strconv.Itoa(256<<20)), 0); err != nil {
+		childtest.Fail("%v", err)
+	}
+	d, err := ctl.Refresh()
+	childtest.Say("AFTER", d.Bytes)
+	childtest.Say("ERR", err)
+	childtest.Say("READBACK", debug.SetMemoryLimit(-1))
+}
+
+// TestStartFloorInCgroup: MEMCTL_GOMEMLIMIT_FLOOR reaches Start's limiter
+// in a real cgroup: 250 MiB over 0.9 of 256 MiB gives GOMEMLIMIT 250 MiB,
+// one WARN that the GC will run often, and no error.
+func TestStartFloorInCgroup(t *testing.T) {
+	g := cgrouptest.New(t, 256<<20)
+	r, recs := runStart(t, g, "MEMCTL_GOMEMLIMIT_FLOOR=250MiB")
+	assert.Equal(t, "<nil>", r["ERR"])
+	assert.Equal(t, strconv.Itoa(250<<20), r["GOMEMLIMIT"])
+	var warns []string
+	for _, rec := range recs {
+		if rec["level"] == "WARN" {
+			warns = append(warns, fmt.Sprint(rec["error"]))
+		}
+	}
+	require.Len(t, warns, 1, "%v", recs)
+	assert.Contains(t, warns[0], "the GC will run often")
+
+	r, recs = runStart(t, g, "MEMCTL_GOMEMLIMIT_FLOOR=lots")
+	assert.Contains(t, r["ERR"], "MEMCTL_GOMEMLIMIT_FLOOR")
+	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["GOMEMLIMIT"], "a bad floor leaves GOMEMLIMIT alone")
+	_, line := infoLines(recs)
+	assert.Contains(t, line["gomemlimit_reason"], "bad MEMCTL_GOMEMLIMIT_FLOOR")
+}
