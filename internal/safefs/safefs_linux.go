@@ -191,3 +191,19 @@ func statDir(dirfd int, d *Dir, name string) error {
 	unix.Close(fd)
 	return nil
 }
+
+// Readlink returns the target of the symlink name in d, a name the caller
+// fixed (such as "ns/mnt" of a /proc/PID Dir).
+func (d *Dir) Readlink(name string) (string, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Readlinkat(d.fd, name, buf)
+		if err != nil {
+			return "", &PathError{Op: "readlink", Path: d.join(name), Err: err}
+		}
+		if n < len(buf) {
+			return string(buf[:n]), nil
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}

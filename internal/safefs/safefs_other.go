@@ -34,3 +34,8 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 func statDir(dirfd int, d *Dir, name string) error {
 	return &PathError{Op: "open", Path: d.join(name), Err: errUnsupported}
 }
+
+// Readlink returns an error matching errors.ErrUnsupported off Linux.
+func (d *Dir) Readlink(name string) (string, error) {
+	return "", &PathError{Op: "readlink", Path: d.join(name), Err: errUnsupported}
+}
