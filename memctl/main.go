@@ -143,6 +143,7 @@ const (
 	exitOK       = 0
 	exitError    = 1
 	exitUsage    = 2
+	exitPartial  = 3   // status: some fields could not be read
 	exitNoExec   = 126 // found but cannot be executed, as env(1)
 	exitNotFound = 127 // not found, as env(1)
 )
