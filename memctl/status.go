@@ -201,6 +201,9 @@ func readStatus(pid int) (*statusReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("process %d: %w", pid, err)
 	}
+	if testHookAfterStart != nil {
+		testHookAfterStart()
+	}
 	st, err := readFields(pid, proc)
 	after, err2 := readProcState(proc)
 	if err2 != nil || after.start != before.start || (isDead(after.state) && !isDead(before.state)) {
@@ -208,6 +211,10 @@ func readStatus(pid int) (*statusReport, error) {
 	}
 	return st, err
 }
+
+// testHookAfterStart, when set by a test, runs after the process's start
+// time is read.
+var testHookAfterStart func()
 
 // isDead reports whether a /proc/PID/stat state is a zombie or dead.
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
