@@ -356,4 +356,3 @@ read x || true
 	require.NotNil(t, doc.Cgroup.LimitBytes)
 	assert.Equal(t, int64(256<<20), *doc.Cgroup.LimitBytes)
 }
-
