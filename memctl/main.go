@@ -118,7 +118,9 @@
 //   - the cgroup files (memory.limit_in_bytes, memory.stat, memory.max,
 //     cgroup.controllers) under the mount points of /proc/PID/mountinfo,
 //     inside the process's root (/proc/PID/root) with RESOLVE_IN_ROOT,
-//     through no symlink at all (a cgroup file is never one);
+//     through no symlink at all (a cgroup file is never one), and only
+//     from a cgroup or cgroup2 file system (fstatfs(2)): a file the
+//     process bind-mounted over its own cgroup file is refused;
 //   - the system THP settings in memctl's own /sys.
 //
 // It refuses a file that is not a regular file (a FIFO, a device such as

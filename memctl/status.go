@@ -341,6 +341,7 @@ func readMemoryEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st
 		return err
 	}
 	defer r.Close()
+	r.FSTypes = cgroupfs.FSTypes
 	file := l.Dir + "/memory.events"
 	b, err := r.ReadFile(strings.TrimPrefix(file, prefix), safefs.MaxCgroupFile)
 	if err != nil {

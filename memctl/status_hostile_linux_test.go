@@ -48,6 +48,7 @@ d="$point$cg"
 mkdir -p "$d"
 case "$KIND" in
 secret) ln -s "$SECRET" "$d/$file" ;;
+secret-bind) : > "$d/$file"; mount --bind "$SECRET" "$d/$file" ;;
 zero) ln -s /dev/zero "$d/$file" ;;
 zero-bind) : > "$d/$file"; mount --bind /dev/zero "$d/$file" ;;
 fifo) mkfifo "$d/$file" ;;
@@ -58,8 +59,9 @@ read x || true
 `
 
 // escSetup moves the v1 memory (or v2) hierarchy, in a private mount
-// namespace, to a mount point whose name holds terminal escapes, and puts a
-// FIFO in place of the cgroup's limit file under it.
+// namespace, to a mount point whose name holds terminal escapes, and puts in
+// place of the cgroup's limit file under it what $KIND says: a FIFO, a
+// value with escapes, or 45000 bytes of them.
 const escSetup = `set -eu
 mount --make-rprivate /
 cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
@@ -77,7 +79,11 @@ mkdir -p "$esc"
 mount --bind "$point" "$esc"
 umount -l "$point"
 mount -t tmpfs none "$esc$cg"
-mkfifo "$esc$cg/$file"
+case "$KIND" in
+fifo) mkfifo "$esc$cg/$file" ;;
+garbage) printf 'garbage\033[31m\n' > "$esc$cg/$file" ;;
+long) awk 'BEGIN { for (i = 0; i < 5000; i++) printf "\033[31mXXXX" }' > "$esc$cg/$file" ;;
+esac
 echo READY
 read x || true
 `
@@ -186,14 +192,22 @@ func statusOutputs(t *testing.T, pid int) (table string, doc statusReport, stder
 // the cgroup unknown with the reason.
 func TestStatusHostileNamespace(t *testing.T) {
 	userNamespaces(t)
-	secret := filepath.Join(t.TempDir(), "shadow")
+	// A file only root can read, in a directory anyone can search (as
+	// /etc/shadow): the process can name it, and bind-mount it, but not
+	// read it.
+	dir, err := os.MkdirTemp("", "memctl-i9-secret-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	secret := filepath.Join(dir, "shadow")
 	require.NoError(t, os.WriteFile(secret, []byte(secretMarker+"\n"), 0o600))
 	for kind, reason := range map[string]string{
-		"secret":    "symlink refused",
-		"zero":      "symlink refused",
-		"zero-bind": "not a regular file: a character device",
-		"fifo":      "not a regular file: a FIFO",
-		"huge":      "file larger than the cap of 65536 bytes",
+		"secret":      "symlink refused",
+		"secret-bind": "file system refused: ",
+		"zero":        "symlink refused",
+		"zero-bind":   "not a regular file: a character device",
+		"fifo":        "not a regular file: a FIFO",
+		"huge":        "file system refused: tmpfs (0x1021994), not cgroup (0x27e0eb) or cgroup2 (0x63677270)",
 	} {
 		t.Run(kind, func(t *testing.T) {
 			pid := startShell(t, hostileSetup, unprivileged(), "KIND="+kind, "SECRET="+secret)
@@ -216,11 +230,22 @@ func TestStatusEscapesInErrors(t *testing.T) {
 	dir, err := os.MkdirTemp("", "memctl-i9-esc-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	pid := startShell(t, escSetup, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}, "ESCDIR="+dir)
-	table, doc, _ := statusOutputs(t, pid)
-	assert.Contains(t, doc.Unknown["cgroup"], `evil\x1b[2J\x1b]0;owned\a\u009bname`)
-	assert.Contains(t, doc.Unknown["cgroup"], "not a regular file: a FIFO")
-	assert.Contains(t, table, `evil\x1b[2J\x1b]0;owned\a\u009bname`)
+	for kind, want := range map[string]string{
+		"fifo": "not a regular file: a FIFO",
+		// On tmpfs, not cgroupfs: refused before it is read. The excerpt of
+		// a malformed cgroup file is checked in package cgroupfs.
+		"garbage": "file system refused: tmpfs",
+		"long":    "file system refused: tmpfs",
+	} {
+		t.Run(kind, func(t *testing.T) {
+			pid := startShell(t, escSetup, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}, "ESCDIR="+dir, "KIND="+kind)
+			table, doc, _ := statusOutputs(t, pid)
+			assert.Contains(t, doc.Unknown["cgroup"], `evil\x1b[2J\x1b]0;owned\a\u009bname`)
+			assert.Contains(t, doc.Unknown["cgroup"], want)
+			assert.Less(t, len(doc.Unknown["cgroup"]), 600, "a short excerpt of the file")
+			assert.Contains(t, table, `evil\x1b[2J\x1b]0;owned\a\u009bname`)
+		})
+	}
 }
 
 // TestStatusPartial is issue 9 item 3: a process whose smaps_rollup,

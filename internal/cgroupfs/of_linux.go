@@ -33,7 +33,8 @@ func Of(pid int) (Limit, error) {
 // OfProc is Of for the process whose /proc/PID directory proc is (opened
 // with safefs.OpenDir("/proc/PID", safefs.NoSymlinks)): it reads "cgroup"
 // and "mountinfo" in proc, and the cgroup files inside proc's "root" (the
-// process's root directory) through no symlink, with proc's Timeout. A
+// process's root directory) through no symlink, only on a cgroup file
+// system (FSTypes), with proc's Timeout. A
 // Dir pinned on /proc/PID keeps reading the same process: once it exits,
 // reads fail (ENOENT or ESRCH) even when its PID is reused.
 //
@@ -48,6 +49,7 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer root.Close()
+	root.FSTypes = FSTypes
 	rootName := ""
 	if !sameMountNS(proc) {
 		rootName = proc.Name() + "/root"
@@ -72,6 +74,7 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer selfRoot.Close()
+	selfRoot.FSTypes = FSTypes
 	c := &source{
 		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
 		mountinfo: self, mountinfoRel: "mountinfo", mountinfoFile: "/proc/self/mountinfo",

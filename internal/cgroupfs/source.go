@@ -123,3 +123,7 @@ const (
 	// the caller's mounts.
 	ViewCaller
 )
+
+// FSTypes are the file systems of cgroup files (safefs.Dir.FSTypes): cgroup
+// v1 and v2.
+var FSTypes = []int64{safefs.CgroupMagic, safefs.Cgroup2Magic}

@@ -20,6 +20,10 @@
 //     and cgroupfs files are regular): a FIFO, a socket or a device such as
 //     /dev/zero is refused (ErrNotRegular). The open uses O_NONBLOCK, so a
 //     FIFO does not block it.
+//   - With Dir.FSTypes, only files of the listed file systems (statfs(2)
+//     f_type) are read: a process can bind-mount a file it can name but
+//     not read (/etc/shadow) over its own cgroup file, and only the file
+//     system (ext4, not cgroup) tells them apart (ErrFileSystem).
 //   - At most a given number of bytes is read; a longer file is an error
 //     (ErrTooLarge), never a truncated value. Callers use the caps below.
 //   - With Dir.Timeout, a read that does not finish in time (a file on a
@@ -39,6 +43,7 @@ package safefs
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,6 +77,9 @@ var (
 	// ErrTimeout is matched by the error of a read that did not finish
 	// within Dir.Timeout.
 	ErrTimeout = errors.New("read timed out")
+	// ErrFileSystem is matched by the error of a read of a file on a file
+	// system that Dir.FSTypes does not list.
+	ErrFileSystem = errors.New("file system refused")
 	// ErrSymlink is matched by the error of an open that met a symlink the
 	// Dir refuses (NoSymlinks, a magic link, or any symlink on a kernel
 	// without openat2). The kernel's ELOOP is wrapped.
@@ -154,6 +162,42 @@ type Dir struct {
 	// kernel lets it go. For a short-lived command; zero (no bound) for a
 	// library reading its own files. Set it before using the Dir.
 	Timeout time.Duration
+	// FSTypes, when not empty, lists the only file systems (statfs(2)
+	// f_type, such as 0x63677270 for cgroup2) whose files ReadFile and Stat
+	// accept; any other is refused with ErrFileSystem. A process can
+	// bind-mount over its own cgroup file a file it can name but not read
+	// (/etc/shadow): only the file system tells it from the real one. Set
+	// it before using the Dir.
+	FSTypes []int64
+}
+
+// Magic numbers of file systems (statfs(2) f_type, linux/magic.h).
+const (
+	CgroupMagic  = 0x27e0eb
+	Cgroup2Magic = 0x63677270
+	ProcMagic    = 0x9fa0
+)
+
+// fsName names the file system type t for ErrFileSystem.
+func fsName(t int64) string {
+	name := map[int64]string{
+		CgroupMagic: "cgroup", Cgroup2Magic: "cgroup2", ProcMagic: "proc",
+		0x01021994: "tmpfs", 0x62656572: "sysfs", 0xef53: "ext4", 0x794c7630: "overlay",
+		0x65735546: "fuse", 0x58465342: "xfs", 0x9123683e: "btrfs", 0x1373: "devtmpfs",
+	}[t]
+	return fmt.Sprintf("%s (0x%x)", name, t)
+}
+
+// checkFS returns nil when t is one of want (or want is empty).
+func checkFS(t int64, want []int64) error {
+	if len(want) == 0 || slices.Contains(want, t) {
+		return nil
+	}
+	names := make([]string, len(want))
+	for i, w := range want {
+		names[i] = fsName(w)
+	}
+	return fmt.Errorf("%w: %s, not %s", ErrFileSystem, fsName(t), strings.Join(names, " or "))
 }
 
 // Name returns the path the Dir was opened with, for messages.

@@ -27,7 +27,8 @@ func OpenDir(path string, mode Mode) (*Dir, error) {
 // symlink or magic link name itself (and no other): Sub("root") of a
 // /proc/PID Dir is the process's root directory, as the process sees it.
 // name must be the caller's own fixed name, not one another process chose.
-// The new Dir has d's Timeout; it is independent of d (close both).
+// The new Dir has d's Timeout and FSTypes; it is independent of d (close
+// both).
 func (d *Dir) Sub(name string, mode Mode) (*Dir, error) {
 	var sub *Dir
 	_, err := d.do("open", name, func(dirfd int) ([]byte, error) {
@@ -35,7 +36,7 @@ func (d *Dir) Sub(name string, mode Mode) (*Dir, error) {
 		if err != nil {
 			return nil, &PathError{Op: "open", Path: d.join(name), Err: err}
 		}
-		sub = &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout}
+		sub = &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout, FSTypes: d.FSTypes}
 		return nil, nil
 	})
 	if err != nil {
@@ -162,6 +163,9 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
 		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
 	}
+	if err := fsCheck(fd, d.FSTypes); err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
 	buf := make([]byte, 0, min(max+1, 4096))
 	for int64(len(buf)) <= max {
 		if len(buf) == cap(buf) {
@@ -188,8 +192,24 @@ func statDir(dirfd int, d *Dir, name string) error {
 	if err != nil {
 		return &PathError{Op: "open", Path: d.join(name), Err: err}
 	}
-	unix.Close(fd)
+	defer unix.Close(fd)
+	if err := fsCheck(fd, d.FSTypes); err != nil {
+		return &PathError{Op: "open", Path: d.join(name), Err: err}
+	}
 	return nil
+}
+
+// fsCheck returns nil when the file system of fd is one of want (or want
+// is empty).
+func fsCheck(fd int, want []int64) error {
+	if len(want) == 0 {
+		return nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return err
+	}
+	return checkFS(int64(fs.Type), want)
 }
 
 // Readlink returns the target of the symlink name in d, a name the caller

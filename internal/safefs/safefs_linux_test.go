@@ -188,3 +188,37 @@ func TestTimeout(t *testing.T) {
 		return errors.Is(unix.FcntlFlock(uintptr(fdSeen), unix.F_GETLK, &unix.Flock_t{}), syscall.EBADF)
 	}, 5*time.Second, time.Millisecond)
 }
+
+// TestFSTypes: a Dir limited to cgroup file systems reads a real cgroup
+// file and refuses any other file, such as one bind-mounted over a cgroup
+// file.
+func TestFSTypes(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("1\n"), 0o644))
+	d := openDir(t, dir, InRoot|NoSymlinks)
+	d.FSTypes = []int64{CgroupMagic, Cgroup2Magic}
+	_, err := d.ReadFile("f", 10)
+	assert.ErrorIs(t, err, ErrFileSystem)
+	assert.Contains(t, err.Error(), "not cgroup (0x27e0eb) or cgroup2 (0x63677270)")
+	assert.ErrorIs(t, d.Stat("/"), ErrFileSystem)
+
+	var cg string
+	for _, p := range []string{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/cgroup.controllers"} {
+		if _, err := os.Stat(p); err == nil {
+			cg = p
+			break
+		}
+	}
+	if cg == "" {
+		t.Skip("no cgroup file at /sys/fs/cgroup here")
+	}
+	root := openDir(t, "/", InRoot|NoSymlinks)
+	root.FSTypes = []int64{CgroupMagic, Cgroup2Magic}
+	_, err = root.ReadFile(cg, MaxCgroupFile)
+	require.NoError(t, err)
+	require.NoError(t, root.Stat(filepath.Dir(cg)))
+	sub, err := root.Sub("sys", InRoot)
+	require.NoError(t, err)
+	defer sub.Close()
+	assert.Equal(t, root.FSTypes, sub.FSTypes, "Sub keeps FSTypes")
+}
