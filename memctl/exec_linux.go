@@ -71,6 +71,12 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 	return execFirst(paths, args, env, stderr, verbose)
 }
 
+// lookPathEnv is lookPath with this process's PATH and os.Stat.
+func lookPathEnv(file string) ([]string, error) {
+	path, set := os.LookupEnv("PATH")
+	return lookPath(file, path, set, os.Stat)
+}
+
 // restoreIgnored sets SIG_IGN again for each signal memctl inherited
 // ignored (inheritedIgnored), over the Go runtime's handlers, so that the
 // program inherits them across execve(2) as it would from env(1): a

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 )
@@ -57,10 +56,4 @@ func lookPath(file, path string, pathSet bool, stat func(string) (fs.FileInfo, e
 		return nil, errNotFound
 	}
 	return found, nil
-}
-
-// lookPathEnv is lookPath with this process's PATH and os.Stat.
-func lookPathEnv(file string) ([]string, error) {
-	path, set := os.LookupEnv("PATH")
-	return lookPath(file, path, set, os.Stat)
 }

@@ -185,6 +185,9 @@ func fsName(t int64) string {
 		0x01021994: "tmpfs", 0x62656572: "sysfs", 0xef53: "ext4", 0x794c7630: "overlay",
 		0x65735546: "fuse", 0x58465342: "xfs", 0x9123683e: "btrfs", 0x1373: "devtmpfs",
 	}[t]
+	if name == "" {
+		return fmt.Sprintf("type 0x%x", t)
+	}
 	return fmt.Sprintf("%s (0x%x)", name, t)
 }
 
@@ -202,6 +205,9 @@ func checkFS(t int64, want []int64) error {
 
 // Name returns the path the Dir was opened with, for messages.
 func (d *Dir) Name() string { return d.name }
+
+// Mode returns how the Dir resolves names.
+func (d *Dir) Mode() Mode { return d.mode }
 
 // join returns the Dir's name joined with name, for messages.
 func (d *Dir) join(name string) string {

@@ -32,6 +32,15 @@ func TestQuote(t *testing.T) {
 	assert.NotContains(t, Quote(strings.Repeat("\x1b", 1000)), "\x1b")
 }
 
+func TestCheckFS(t *testing.T) {
+	assert.NoError(t, checkFS(0xef53, nil))
+	assert.NoError(t, checkFS(Cgroup2Magic, []int64{CgroupMagic, Cgroup2Magic}))
+	err := checkFS(0x01021994, []int64{CgroupMagic, Cgroup2Magic})
+	assert.ErrorIs(t, err, ErrFileSystem)
+	assert.EqualError(t, err, "file system refused: tmpfs (0x1021994), not cgroup (0x27e0eb) or cgroup2 (0x63677270)")
+	assert.Equal(t, "type 0x1234", fsName(0x1234))
+}
+
 func TestFileType(t *testing.T) {
 	assert.Equal(t, "a FIFO", fileType(0o010000))
 	assert.Equal(t, "a character device", fileType(0o020000))
