@@ -29,7 +29,8 @@
 //   - With Dir.Timeout, a read that does not finish in time (a file on a
 //     FUSE mount the process serves itself) returns ErrTimeout.
 //
-// Kernels before Linux 5.6 have no openat2 (ENOSYS). There a name is
+// Kernels before Linux 5.6 have no openat2 (ENOSYS), and an old seccomp
+// filter may refuse it (EPERM). There a name is
 // walked one component at a time with O_PATH|O_NOFOLLOW from the Dir,
 // so every symlink is refused (in both modes) and ".." is refused: safe,
 // and stricter than openat2.

@@ -85,7 +85,10 @@ func open(dirfd int, d *Dir, name string, flags int) (int, error) {
 			if (err == unix.EINTR || err == unix.EAGAIN) && try < 16 {
 				continue
 			}
-			if err != unix.ENOSYS {
+			// ENOSYS: before Linux 5.6. EPERM: a seccomp filter that
+			// predates openat2 (Docker's default before 20.10). The walk
+			// is stricter, so falling back on a real EPERM is harmless.
+			if err != unix.ENOSYS && err != unix.EPERM {
 				return fd, wrapErrno(err)
 			}
 			break
