@@ -130,7 +130,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "memctl: %v\n", err)
 			return exitError
 		}
-		out = *bytes.NewBuffer(escapeJSON(out.Bytes()))
+		esc := escapeJSON(out.Bytes())
+		out.Reset()
+		out.Write(esc)
 	} else {
 		writeTable(&out, st)
 	}
