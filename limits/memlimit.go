@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -550,9 +549,7 @@ func (m *MemLimiter) probe() (limit int64, source Source, file, why string, err 
 // mounted, another cgroup namespace), no /proc/self/cgroup (no cgroups in
 // the kernel, no /proc), or not Linux.
 func (m *MemLimiter) noCgroup(err error) bool {
-	var pe *fs.PathError
-	return errors.Is(err, cgroupfs.ErrNoCgroup) || errors.Is(err, errors.ErrUnsupported) ||
-		(errors.As(err, &pe) && pe.Path == m.cgFile && errors.Is(err, fs.ErrNotExist))
+	return errors.Is(err, cgroupfs.ErrNoCgroup) || errors.Is(err, errors.ErrUnsupported)
 }
 
 // warn logs err at WARN once per key, except on the first decision (whose

@@ -274,7 +274,7 @@ func TestNoCgroupIsNormal(t *testing.T) {
 	debug.SetMemoryLimit(55 << 20)
 	for _, perr := range []error{
 		fmt.Errorf("%w: v2: hierarchy not mounted", cgroupfs.ErrNoCgroup),
-		fmt.Errorf("cgroupfs: %w", &os.PathError{Op: "open", Path: "testdata/none/cgroup", Err: os.ErrNotExist}),
+		fmt.Errorf("%w: %w", cgroupfs.ErrNoCgroup, &os.PathError{Op: "open", Path: "testdata/none/cgroup", Err: os.ErrNotExist}),
 		fmt.Errorf("cgroupfs: cgroups are Linux only, not plan9: %w", errors.ErrUnsupported),
 	} {
 		rec := &recorder{}

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
-	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
@@ -16,10 +19,10 @@ import (
 // execProgram applies cfg and replaces memctl with args[0]. It returns only
 // on error, with the exit status.
 func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
-	path, err := exec.LookPath(args[0])
+	paths, err := lookPathEnv(args[0])
 	if err != nil {
-		fmt.Fprintf(stderr, "memctl: %v\n", err)
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(stderr, "memctl: exec: %s: %v\n", strconv.Quote(args[0]), err)
+		if errors.Is(err, errNotFound) {
 			return exitNotFound
 		}
 		return exitNoExec
@@ -62,10 +65,67 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 			verbose("%s", n)
 		}
 	}
-	verbose("exec %s", path)
-	err = syscall.Exec(path, args, env)
-	fmt.Fprintf(stderr, "memctl: exec %s: %v\n", path, err)
-	if errors.Is(err, syscall.ENOENT) {
+	if n := restoreIgnored(); n != "" {
+		verbose("%s", n)
+	}
+	return execFirst(paths, args, env, stderr, verbose)
+}
+
+// lookPathEnv is lookPath with this process's PATH and os.Stat.
+func lookPathEnv(file string) ([]string, error) {
+	path, set := os.LookupEnv("PATH")
+	return lookPath(file, path, set, os.Stat)
+}
+
+// restoreIgnored sets SIG_IGN again for each signal memctl inherited
+// ignored (inheritedIgnored), over the Go runtime's handlers, so that the
+// program inherits them across execve(2) as it would from env(1): a
+// service that systemd starts with SIGPIPE ignored gets EPIPE, not death,
+// through memctl too. It returns a sentence for -v.
+func restoreIgnored() string {
+	mask, exact := inheritedIgnored()
+	var names []string
+	for s := 1; s <= 64; s++ {
+		if mask&(1<<(s-1)) != 0 {
+			signal.Ignore(syscall.Signal(s))
+			names = append(names, unix.SignalName(syscall.Signal(s)))
+		}
+	}
+	n := "signals ignored as inherited: " + strings.Join(names, " ")
+	if len(names) == 0 {
+		n = "no signal inherited ignored"
+	}
+	if !exact {
+		n += " (built without cgo: only SIGHUP and SIGINT can be seen)"
+	}
+	return n
+}
+
+// execFirst replaces memctl with the first of paths that execve(2) runs,
+// as execvp(3) does: it moves on after EACCES, ENOENT or ENOTDIR, and runs a
+// file the kernel refuses as not executable (ENOEXEC) with /bin/sh. It
+// returns only when none ran: 127 when the last error is ENOENT and no file
+// was refused with EACCES (a script whose interpreter is missing), 126
+// otherwise, as env(1).
+func execFirst(paths, args, env []string, stderr io.Writer, verbose func(string, ...any)) int {
+	var last error
+	lastPath, denied := "", false
+	for _, p := range paths {
+		verbose("exec %s", p)
+		err := syscall.Exec(p, args, env)
+		if err == syscall.ENOEXEC {
+			err = syscall.Exec("/bin/sh", append([]string{"/bin/sh", p}, args[1:]...), env)
+		}
+		last, lastPath = err, p
+		if err == syscall.EACCES {
+			denied = true
+		}
+		if err != syscall.EACCES && err != syscall.ENOENT && err != syscall.ENOTDIR {
+			break
+		}
+	}
+	fmt.Fprintf(stderr, "memctl: exec %s: %v\n", lastPath, last)
+	if errors.Is(last, syscall.ENOENT) && !denied {
 		return exitNotFound // for example a script whose interpreter is missing
 	}
 	return exitNoExec

@@ -30,14 +30,27 @@
 //   - VmRSS and VmHWM (peak RSS) from /proc/PID/status;
 //   - the memory limit of the process's cgroup, v1 (memory.limit_in_bytes)
 //     or v2 (memory.max), the tightest of the cgroup and its ancestors, and
-//     the file it came from; "none" when no limit is set;
+//     the file it came from; "none" when no limit is set. The files are
+//     read as the process's mount namespace shows them. When that
+//     namespace has cgroup v2 without the memory controller and no v1
+//     memory mount (a container on a hybrid host), the v1 memory cgroup
+//     that /proc/PID/cgroup lists is read in memctl's own mount namespace
+//     instead, and the table says so;
 //   - the memory settings in the environment the process started with
 //     (/proc/PID/environ): GOMEMLIMIT, GOGC, GODEBUG, AUTOMEMLIMIT, MEMCTL*,
 //     MALLOC_* (MALLOC_ARENA_MAX, jemalloc's MALLOC_CONF), MIMALLOC_* and
 //     GLIBC_TUNABLES.
 //
-// Reading another user's process needs root. A PID that does not exist or
-// cannot be read is an error naming it (exit status 1).
+// Reading another user's process needs root. A PID that does not exist, or
+// whose /proc/PID/status cannot be read, is an error naming it (exit status
+// 1), and so is a process that exits while memctl reads it: one error,
+// "process N exited while memctl read it" (memctl holds /proc/PID open and
+// compares the start time in /proc/PID/stat before and after, so a reused
+// PID is caught too).
+//
+// Each other field is read on its own: one that cannot be read (a
+// permission, a file the process replaced, see Security) is shown as
+// "unknown: " and the reason, the rest is printed, and the exit status is 3.
 //
 // With -json, status prints one JSON object instead of the table. Its keys
 // are stable (new keys may be added; none is renamed or removed), sizes are
@@ -61,29 +74,88 @@
 //	    "path": "/system.slice/app.service",      // as in /proc/PID/cgroup
 //	    "dir": "/sys/fs/cgroup/system.slice/app.service",
 //	    "limit_bytes": 1073741824,        // null: no limit
-//	    "limit_file": "/sys/fs/cgroup/system.slice/memory.max"  // null: no limit
+//	    "limit_file": "/sys/fs/cgroup/system.slice/memory.max", // null: no limit
+//	    "view": "process"                 // "memctl": read in memctl's mount namespace (hybrid host)
 //	  },
 //	  "cgroup_error": "...",              // only when "cgroup" is null: why
-//	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set
-//	  "env_base64": ["TUFMTE9DX1g9/w=="]  // only when a variable is not valid UTF-8, see below
+//	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set; null when unknown
+//	  "env_base64": ["TUFMTE9DX1g9/w=="], // only when a variable is not valid UTF-8, see below
+//	  "memory_events": {"oom_kill": 0},   // cgroup v2 memory.events counters, when read
+//	  "unknown": {                        // only when a field could not be read:
+//	    "anon_huge_pages_bytes": "procfs: open \"/proc/1/smaps_rollup\": permission denied"
+//	  }                                   // its key and the reason (exit status 3)
 //	}
+//
+// The keys of "unknown" are those of the fields above: thp_system,
+// thp_enabled, anon_huge_pages_bytes, vm_rss_bytes, vm_hwm_bytes, env,
+// cgroup, memory_events. The JSON text escapes every character that is not
+// printable (\u escapes, strconv.IsPrint), so a C1 control such as U+009B
+// never reaches a terminal raw; the values are unchanged.
 //
 // "env" holds each variable as it is, name and value, when both are valid
 // UTF-8. A variable whose name or value is not valid UTF-8 cannot be a
 // JSON string without changing it, so it is not in "env": its whole
 // NAME=value entry from /proc/PID/environ is in "env_base64", in standard
 // base64 (RFC 4648, with padding), and the list is sorted. The example
-// above is MALLOC_X set to the byte 0xff. The table shows such a name or
-// value, and one that holds a character that is not printable (a control
+// above is MALLOC_X set to the byte 0xff. The table shows every string the
+// process supplied (each NAME=value, the cgroup path and file, names in
+// errors) as a Go string literal (strconv.Quote, through one function,
+// safefs.Quote), cut to its first 200 bytes: "MALLOC_X=\xff"; a control
 // character such as ESC or U+009B, which a terminal takes as the start of
-// an escape sequence), quoted as a Go string literal (strconv.Quote):
-// MALLOC_X="\xff". The cgroup path and file are shown the same way.
+// an escape sequence, is escaped.
+//
+// # Security
+//
+// status is meant to be run as root on processes it does not trust (a
+// tenant's container), which control their own mount namespace and
+// environment. It reads, as the user running memctl:
+//
+//   - /proc/PID/stat, status, smaps_rollup, environ, cgroup and mountinfo,
+//     through a directory descriptor of /proc/PID opened once: a name is
+//     resolved beneath it with openat2(2) RESOLVE_BENEATH, through no
+//     symlink or /proc magic link, and once the process exits every read
+//     fails, even if its PID is reused;
+//   - the cgroup files (memory.limit_in_bytes, memory.stat, memory.max,
+//     cgroup.controllers) under the mount points of /proc/PID/mountinfo,
+//     inside the process's root (/proc/PID/root) with RESOLVE_IN_ROOT,
+//     through no symlink at all (a cgroup file is never one), and only
+//     from a cgroup or cgroup2 file system (fstatfs(2)): a file the
+//     process bind-mounted over its own cgroup file is refused;
+//   - the system THP settings in memctl's own /sys.
+//
+// It refuses a file that is not a regular file (a FIFO, a device such as
+// /dev/zero, a socket; the open uses O_NONBLOCK, so a FIFO cannot block it),
+// a symlink, a file larger than a cap (64 KiB for a cgroup file or a /proc
+// file, 1 MiB for mountinfo, 4 MiB for environ), and a read that takes
+// longer than 5 s (a FUSE file the process serves); the field is then
+// unknown with the reason (exit status 3). An error quotes at most 200 bytes
+// of a file or name, escaped. On a kernel without openat2 (before Linux
+// 5.6) names are walked one component at a time with O_NOFOLLOW, which
+// refuses every symlink. See package internal/safefs.
 //
 // # exec
 //
 // exec applies the settings to itself and then replaces itself with PROGRAM
 // (execve(2)), so the process ID, the signals and the exit status are the
-// program's own. PROGRAM is looked up in PATH unless it contains a slash.
+// program's own.
+//
+// PROGRAM is found as env(1) finds it (execvp(3)): a name with a slash is
+// run as it is; otherwise each directory of PATH is tried in order, an
+// empty entry or "." meaning the current directory (which os/exec.LookPath
+// refuses), the next one after EACCES, ENOENT or ENOTDIR, and a file the
+// kernel refuses as not executable (ENOEXEC, a script without "#!") is run
+// with /bin/sh. An unset PATH is "/bin:/usr/bin", glibc's default. One
+// difference: a name that matches only directories is an error up front
+// (126, permission denied), as execvp's EACCES.
+//
+// The signals ignored when memctl started (SIG_IGN, such as SIGPIPE under
+// systemd or trap "" PIPE in a shell) are ignored again before the
+// execve, as env(1) leaves them, so the program gets EPIPE rather than
+// death on a closed pipe; also with MEMCTL=off. The Go runtime replaces an
+// inherited SIG_IGN with its own handler for every signal but SIGHUP and
+// SIGINT before any Go code runs, so memctl reads the dispositions in a C
+// constructor: a memctl built without cgo (CGO_ENABLED=0) can keep only
+// SIGHUP and SIGINT, and -v says so.
 //
 //   - -thp (default disable, or MEMCTL_THP): the THP flag,
 //     prctl(PR_SET_THP_DISABLE). The flag is inherited by children and kept
@@ -125,8 +197,10 @@
 // # Exit status
 //
 // 0 on success (for exec: the program's own status), 1 on an error (memctl
-// prints "memctl: ..." on standard error), 2 on a usage error; -h prints the
-// usage and exits 0. As env(1) and nohup(1) do, exec exits 127 when PROGRAM
+// prints "memctl: ..." on standard error; for status: the process does not
+// exist, exited while being read, or its /proc/PID/status cannot be read),
+// 2 on a usage error, 3 when status printed its report with some fields
+// unknown (each with the reason); -h prints the usage and exits 0. As env(1) and nohup(1) do, exec exits 127 when PROGRAM
 // is not found and 126 when it is found but cannot be executed.
 package main
 
@@ -143,6 +217,7 @@ const (
 	exitOK       = 0
 	exitError    = 1
 	exitUsage    = 2
+	exitPartial  = 3   // status: some fields could not be read
 	exitNoExec   = 126 // found but cannot be executed, as env(1)
 	exitNotFound = 127 // not found, as env(1)
 )

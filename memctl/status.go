@@ -9,16 +9,21 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
+	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/safefs"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -45,6 +50,14 @@ type statusReport struct {
 	// /proc/PID/environ in standard base64 (RFC 4648), sorted. They are
 	// not in Env.
 	EnvBase64 []string `json:"env_base64,omitempty"`
+	// MemoryEvents holds the counters of the cgroup's memory.events (v2:
+	// low, high, max, oom, oom_kill, oom_group_kill), read when
+	// parseMemoryEvents is set; null otherwise.
+	MemoryEvents map[string]int64 `json:"memory_events,omitempty"`
+	// Unknown names each field that could not be read (by its JSON key)
+	// with the reason. Absent when everything was read; then the exit
+	// status is 0, and otherwise exitPartial.
+	Unknown map[string]string `json:"unknown,omitempty"`
 
 	// envRaw is every variable status shows, valid UTF-8 or not, as
 	// read; the table prints it. Not in the JSON document.
@@ -56,6 +69,13 @@ type statusReport struct {
 	// Not in the JSON document.
 	thpState *thp.State
 }
+
+// parseMemoryEvents, when set, parses a cgroup v2 memory.events file (the
+// content, at most safefs.MaxCgroupFile bytes read inside the process's
+// root, and its path for errors) into its counters, which status shows as
+// "memory_events" and in the table. It is the hook for the memory.events
+// parser of internal/cgroupfs; nil leaves the counters out.
+var parseMemoryEvents func(b []byte, file string) (map[string]int64, error)
 
 // thpSystem is thp.Settings in the JSON document.
 type thpSystem struct {
@@ -73,7 +93,13 @@ type memCgroup struct {
 	Dir        string  `json:"dir"`
 	LimitBytes *int64  `json:"limit_bytes"`
 	LimitFile  *string `json:"limit_file"`
+	// View is "process" when the files were read in the process's mount
+	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller).
+	View string `json:"view"`
 }
+
+// readTimeout bounds each read of a file of the process (safefs.Dir.Timeout).
+const readTimeout = 5 * time.Second
 
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
@@ -83,7 +109,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		return status
 	}
 	if fs.NArg() > 0 {
-		return usageError(fs, statusUsage, stderr, "unexpected argument %q", fs.Arg(0))
+		return usageError(fs, statusUsage, stderr, "unexpected argument %s", safefs.Quote(fs.Arg(0)))
 	}
 	if *pid < 0 {
 		return usageError(fs, statusUsage, stderr, "-pid %d: want a process ID", *pid)
@@ -104,6 +130,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "memctl: %v\n", err)
 			return exitError
 		}
+		esc := escapeJSON(out.Bytes())
+		out.Reset()
+		out.Write(esc)
 	} else {
 		writeTable(&out, st)
 	}
@@ -111,20 +140,92 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memctl: %v\n", err)
 		return exitError
 	}
+	if len(st.Unknown) > 0 {
+		return exitPartial
+	}
 	return exitOK
 }
 
-// readStatus reads everything status shows about pid. Errors name the
-// process and the file.
+// procState is what /proc/PID/stat says of a process's identity: its start
+// time (field 22, in clock ticks since boot) and state (field 3).
+type procState struct {
+	start string
+	state byte
+}
+
+// readProcState reads /proc/PID/stat through proc. The command, which the
+// process chose, is in parentheses and may hold anything: the fields are
+// counted after the last ')'.
+func readProcState(proc *safefs.Dir) (procState, error) {
+	b, err := proc.ReadFile("stat", safefs.MaxProcFile)
+	if err != nil {
+		return procState{}, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 20 || len(f[0]) != 1 {
+		return procState{}, fmt.Errorf("%s/stat: malformed", proc.Name())
+	}
+	return procState{start: f[19], state: f[0][0]}, nil
+}
+
+// errExited is the one error of a process that exited (or whose PID was
+// reused) while status read it.
+func errExited(pid int) error {
+	return fmt.Errorf("process %d exited while memctl read it", pid)
+}
+
+// readStatus reads everything status shows about pid. A field that cannot
+// be read is left nil and named in Unknown with the reason; the error is
+// for a process that does not exist, exited while being read, or whose
+// /proc/PID/status cannot be read.
 func readStatus(pid int) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
-	st := &statusReport{PID: pid, Env: map[string]string{}, envRaw: map[string]string{}}
-	status, err := procfs.ReadFile(procfs.StatusPath(pid))
+	procName := procfs.Path(pid, "")
+	procName = procName[:len(procName)-1]
+	// Every file is read through this directory, which stays bound to the
+	// process: after it exits, reads fail even when its PID is reused.
+	proc, err := safefs.OpenDir(procName, safefs.NoSymlinks)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("process %d does not exist (no %s)", pid, procfs.StatusPath(pid))
+		return nil, fmt.Errorf("process %d does not exist (no %s)", pid, procName)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("process %d: %w", pid, err)
+	}
+	defer proc.Close()
+	proc.Timeout = readTimeout
+	before, err := readProcState(proc)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return nil, fmt.Errorf("process %d does not exist (no %s)", pid, procName)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("process %d: %w", pid, err)
+	}
+	if testHookAfterStart != nil {
+		testHookAfterStart()
+	}
+	st, err := readFields(pid, proc)
+	after, err2 := readProcState(proc)
+	if err2 != nil || after.start != before.start || (isDead(after.state) && !isDead(before.state)) {
+		return nil, errExited(pid)
+	}
+	return st, err
+}
+
+// testHookAfterStart, when set by a test, runs after the process's start
+// time is read.
+var testHookAfterStart func()
+
+// isDead reports whether a /proc/PID/stat state is a zombie or dead.
+func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
+
+// readFields reads the fields of readStatus through proc.
+func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
+	st := &statusReport{PID: pid, Env: map[string]string{}, envRaw: map[string]string{}, Unknown: map[string]string{}}
+	unknown := func(key string, err error) { st.Unknown[key] = err.Error() }
+	status, err := procfs.ReadFileIn(proc, "status")
 	if err != nil {
 		return nil, fmt.Errorf("process %d: %w", pid, err)
 	}
@@ -140,38 +241,74 @@ func readStatus(pid int) (*statusReport, error) {
 			MaxPTEsNone:  sys.MaxPTEsNone,
 		}
 	case !errors.Is(err, errors.ErrUnsupported):
-		return nil, err
+		unknown("thp_system", err)
 	}
 
 	if st.THPEnabled, err = optional(status.Int("THP_enabled")); err != nil {
-		return nil, fmt.Errorf("process %d: %w", pid, err)
+		unknown("thp_enabled", err)
 	}
 	if pid == os.Getpid() {
 		if s, err := thp.Process(); err == nil {
 			st.thpState = &s
 		}
 	}
-	if st.VmRSSBytes, err = optional(status.Bytes("VmRSS")); err != nil {
-		return nil, fmt.Errorf("process %d: %w", pid, err)
+	var rssErr error
+	if st.VmRSSBytes, rssErr = optional(status.Bytes("VmRSS")); rssErr != nil {
+		unknown("vm_rss_bytes", rssErr)
 	}
 	if st.VmHWMBytes, err = optional(status.Bytes("VmHWM")); err != nil {
-		return nil, fmt.Errorf("process %d: %w", pid, err)
+		unknown("vm_hwm_bytes", err)
 	}
-	// A kernel thread or a zombie has no memory: no VmRSS, and an empty
-	// smaps_rollup.
-	if st.VmRSSBytes != nil {
-		n, err := thp.AnonHugePagesOf(pid)
-		if st.AnonHugePagesBytes, err = optional(n, err); err != nil {
-			return nil, fmt.Errorf("process %d: %w", pid, err)
+	// A kernel thread or a zombie has no memory: no VmRSS, an empty
+	// smaps_rollup, no environment (ESRCH) and no mountinfo (EINVAL).
+	noMemory := st.VmRSSBytes == nil && rssErr == nil
+	if !noMemory {
+		rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
+		if err == nil {
+			st.AnonHugePagesBytes, err = optional(rollup.Bytes("AnonHugePages"))
+		}
+		if err != nil {
+			unknown("anon_huge_pages_bytes", err)
+		}
+		if err := readEnv(proc, st); err != nil {
+			unknown("env", err)
+			st.Env = nil
 		}
 	}
 
-	// Without memory there is no environment either (ESRCH).
-	var b []byte
-	if st.VmRSSBytes != nil {
-		if b, err = os.ReadFile(procfs.Path(pid, "environ")); err != nil {
-			return nil, fmt.Errorf("process %d: %w", pid, err)
+	l, view, err := cgroupfs.OfProc(proc)
+	switch {
+	case err == nil:
+		c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir, View: "process"}
+		if view == cgroupfs.ViewCaller {
+			c.View = "memctl"
 		}
+		if l.Bytes != cgroupfs.NoLimit {
+			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
+		}
+		st.Cgroup = c
+		if parseMemoryEvents != nil && l.Version == 2 {
+			if err := readMemoryEvents(proc, l, view, st); err != nil {
+				unknown("memory_events", err)
+			}
+		}
+	case errors.Is(err, cgroupfs.ErrNoCgroup), noMemory:
+		st.CgroupError = err.Error()
+	default:
+		st.CgroupError = err.Error()
+		unknown("cgroup", err)
+	}
+	if len(st.Unknown) == 0 {
+		st.Unknown = nil
+	}
+	return st, nil
+}
+
+// readEnv reads the memory variables of /proc/PID/environ into st.
+func readEnv(proc *safefs.Dir, st *statusReport) error {
+	b, err := proc.ReadFile("environ", safefs.MaxEnviron)
+	if err != nil {
+		return fmt.Errorf("procfs: %w", err)
 	}
 	for _, kv := range strings.Split(string(b), "\x00") {
 		k, v, ok := strings.Cut(kv, "=")
@@ -186,22 +323,34 @@ func readStatus(pid int) (*statusReport, error) {
 		}
 	}
 	slices.Sort(st.EnvBase64)
+	return nil
+}
 
-	l, err := cgroupfs.Of(pid)
-	switch {
-	case err == nil:
-		c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir}
-		if l.Bytes != cgroupfs.NoLimit {
-			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
+// readMemoryEvents reads memory.events of the cgroup l, in the mount
+// namespace view names, with parseMemoryEvents.
+func readMemoryEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st *statusReport) error {
+	root, prefix := proc, proc.Name()+"/root"
+	if view == cgroupfs.ViewCaller {
+		self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
+		if err != nil {
+			return err
 		}
-		st.Cgroup = c
-	case errors.Is(err, cgroupfs.ErrNoCgroup), st.VmRSSBytes == nil:
-		// A zombie has no mountinfo (EINVAL) either.
-		st.CgroupError = err.Error()
-	default:
-		return nil, fmt.Errorf("process %d: %w", pid, err)
+		defer self.Close()
+		root = self
 	}
-	return st, nil
+	r, err := root.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	r.FSTypes = cgroupfs.FSTypes
+	file := l.Dir + "/memory.events"
+	b, err := r.ReadFile(strings.TrimPrefix(file, prefix), safefs.MaxCgroupFile)
+	if err != nil {
+		return err
+	}
+	st.MemoryEvents, err = parseMemoryEvents(b, file)
+	return err
 }
 
 // optional returns &n, nil for a value, nil, nil for a key the kernel does
@@ -225,10 +374,24 @@ func memoryVar(k string) bool {
 	return strings.HasPrefix(k, "MEMCTL") || strings.HasPrefix(k, "MALLOC_") || strings.HasPrefix(k, "MIMALLOC_")
 }
 
-// writeTable writes st as an aligned two-column table.
+// writeTable writes st as an aligned two-column table. Every string the
+// process supplied (cgroup path, file names, environment) is shown with
+// safefs.Quote; a field that could not be read shows "unknown: " and the
+// reason.
 func writeTable(w io.Writer, st *statusReport) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	why := func(key string) (string, bool) {
+		r, ok := st.Unknown[key]
+		return "unknown: " + r, ok
+	}
+	bytesRow := func(k, key string, n *int64) {
+		if r, ok := why(key); ok {
+			row(k, r)
+			return
+		}
+		row(k, size(n))
+	}
 	row("pid", strconv.Itoa(st.PID))
 	if s := st.THPSystem; s != nil {
 		mode := s.Enabled
@@ -242,10 +405,15 @@ func writeTable(w io.Writer, st *statusReport) {
 			ptes = strconv.Itoa(s.MaxPTEsNone)
 		}
 		row("khugepaged/max_ptes_none", ptes)
+	} else if r, ok := why("thp_system"); ok {
+		row("THP system", r)
 	} else {
 		row("THP system", "unavailable (kernel without THP)")
 	}
+	r, bad := why("thp_enabled")
 	switch {
+	case bad:
+		row("THP_enabled", r)
 	case st.THPEnabled == nil && st.VmRSSBytes == nil:
 		row("THP_enabled", "unknown")
 	case st.THPEnabled == nil:
@@ -263,48 +431,74 @@ func writeTable(w io.Writer, st *statusReport) {
 		// advised" (Linux 6.18) alike.
 		row("THP_enabled", "1 (enabled, or disabled except advised: /proc cannot tell them apart)")
 	}
-	if st.VmRSSBytes == nil {
+	_, rssBad := why("vm_rss_bytes")
+	if st.VmRSSBytes == nil && !rssBad {
 		row("memory", "none (a kernel thread or a zombie)")
 	}
-	row("AnonHugePages", size(st.AnonHugePagesBytes))
-	row("VmRSS", size(st.VmRSSBytes))
-	row("VmHWM", size(st.VmHWMBytes))
+	bytesRow("AnonHugePages", "anon_huge_pages_bytes", st.AnonHugePagesBytes)
+	bytesRow("VmRSS", "vm_rss_bytes", st.VmRSSBytes)
+	bytesRow("VmHWM", "vm_hwm_bytes", st.VmHWMBytes)
 	if c := st.Cgroup; c != nil {
-		row("cgroup", fmt.Sprintf("v%d %s", c.Version, printable(c.Path)))
+		v := fmt.Sprintf("v%d %s", c.Version, safefs.Quote(c.Path))
+		if c.View == "memctl" {
+			v += " (read in memctl's mount namespace: the process's own has cgroup v2 without the memory controller and no v1 memory mount)"
+		}
+		row("cgroup", v)
 		if c.LimitBytes == nil {
 			row("memory limit", "none")
 		} else {
-			row("memory limit", size(c.LimitBytes)+" from "+printable(*c.LimitFile))
+			row("memory limit", size(c.LimitBytes)+" from "+safefs.Quote(*c.LimitFile))
 		}
+	} else if r, ok := why("cgroup"); ok {
+		row("cgroup", r)
 	} else {
-		row("cgroup", "unknown: "+printable(st.CgroupError))
+		row("cgroup", "none: "+st.CgroupError)
 	}
-	keys := make([]string, 0, len(st.envRaw))
-	for k := range st.envRaw {
-		keys = append(keys, k)
+	if r, ok := why("memory_events"); ok {
+		row("memory.events", r)
 	}
-	slices.Sort(keys)
+	events := slices.Sorted(maps.Keys(st.MemoryEvents))
+	for i, k := range events {
+		label := ""
+		if i == 0 {
+			label = "memory.events"
+		}
+		row(label, safefs.Quote(k)+" "+strconv.FormatInt(st.MemoryEvents[k], 10))
+	}
+	keys := slices.Sorted(maps.Keys(st.envRaw))
 	label := "env"
 	for _, k := range keys {
-		row(label, printable(k)+"="+printable(st.envRaw[k]))
+		row(label, safefs.Quote(k+"="+st.envRaw[k]))
 		label = ""
 	}
-	if len(keys) == 0 {
+	if r, ok := why("env"); ok {
+		row(label, r)
+	} else if len(keys) == 0 {
 		row(label, "none of GOMEMLIMIT, GOGC, GODEBUG, AUTOMEMLIMIT, MEMCTL*, MALLOC_*, MIMALLOC_*, GLIBC_TUNABLES")
 	}
 	tw.Flush()
 }
 
-// printable returns s as it is when it is valid UTF-8 and every rune in it
-// is printable (strconv.IsPrint: no control character, C0 or C1 such as
-// ESC or U+009B, no format character), and otherwise strconv.Quote(s), a
-// Go string literal: what another process put in its environment (or in a
-// cgroup name) must not reach the terminal as an escape sequence.
-func printable(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
-		return s
+// escapeJSON returns the JSON text b with every rune that is not printable
+// (strconv.IsPrint), outside the indentation's newlines, written as a \u
+// escape: encoding/json escapes only C0 controls and U+2028/U+2029, and a
+// C1 control such as U+009B (CSI) or a bidirectional override from the
+// process's environment must not reach a terminal raw. The JSON value is
+// unchanged. encoding/json writes valid UTF-8 only.
+func escapeJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == '\n' || strconv.IsPrint(r) {
+			out = append(out, b[i:i+n]...)
+		} else if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += n
 	}
-	return strconv.Quote(s)
+	return out
 }
 
 // size formats a byte count as "N bytes (1.5 MiB)"; "unknown" for nil.

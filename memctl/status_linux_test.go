@@ -181,8 +181,8 @@ func TestStatusOfChild(t *testing.T) {
 	assert.Regexp(t, `(?m)^pid +`+strconv.Itoa(pid)+`$`, out)
 	assert.Regexp(t, `(?m)^THP_enabled +0 \(`, out)
 	assert.Regexp(t, `(?m)^VmRSS +\d+ bytes \(\d+\.\d MiB\)$`, out)
-	assert.Regexp(t, `(?m)^env +GODEBUG=madvdontneed=1$`, out)
-	assert.Regexp(t, `(?m)^ +GOGC=50$`, out)
+	assert.Regexp(t, `(?m)^env +"GODEBUG=madvdontneed=1"$`, out)
+	assert.Regexp(t, `(?m)^ +"GOGC=50"$`, out)
 }
 
 func TestStatusOfChildInCgroup(t *testing.T) {
@@ -208,7 +208,7 @@ func TestStatusOfChildInCgroup(t *testing.T) {
 
 	out, _, code := result(t, memctl(t, nil, "status", "-pid", strconv.Itoa(pid)))
 	require.Equal(t, 0, code)
-	assert.Contains(t, out, "268435456 bytes (256.0 MiB) from "+filepath.Join(g.Dir, file)+"\n")
+	assert.Contains(t, out, "268435456 bytes (256.0 MiB) from "+strconv.Quote(filepath.Join(g.Dir, file))+"\n")
 }
 
 func TestStatusNoSuchProcess(t *testing.T) {
@@ -222,7 +222,7 @@ func TestStatusNoSuchProcess(t *testing.T) {
 		out, errOut, code := result(t, memctl(t, nil, args...))
 		assert.Equal(t, 1, code)
 		assert.Empty(t, out)
-		assert.Equal(t, "memctl: process "+pid+" does not exist (no /proc/"+pid+"/status)\n", errOut)
+		assert.Equal(t, "memctl: process "+pid+" does not exist (no /proc/"+pid+")\n", errOut)
 	}
 }
 
@@ -286,18 +286,20 @@ func TestStatusUnprintableEnv(t *testing.T) {
 	assert.NotContains(t, out, "\x9b")
 	assert.NotContains(t, out, "\xfe")
 	assert.True(t, utf8.ValidString(out), "the table is valid UTF-8")
-	assert.Contains(t, out, `MALLOC_Y="\u009b31m"`+"\n")
-	assert.Contains(t, out, `GOGC="\x1b[31m50"`+"\n")
-	assert.Contains(t, out, `MALLOC_Z="\xff"`+"\n")
-	assert.Contains(t, out, `MALLOC_W="\x9b31m"`+"\n")
-	assert.Contains(t, out, `"MIMALLOC_\xfe"=1`+"\n")
-	assert.Contains(t, out, "MEMCTL_NOTE=héllo wörld\n")
+	assert.Contains(t, out, `"MALLOC_Y=\u009b31m"`+"\n")
+	assert.Contains(t, out, `"GOGC=\x1b[31m50"`+"\n")
+	assert.Contains(t, out, `"MALLOC_Z=\xff"`+"\n")
+	assert.Contains(t, out, `"MALLOC_W=\x9b31m"`+"\n")
+	assert.Contains(t, out, `"MIMALLOC_\xfe=1"`+"\n")
+	assert.Contains(t, out, `"MEMCTL_NOTE=héllo wörld"`+"\n")
 
 	cmd := memctl(t, env, "status", "-json")
 	js, _, code := result(t, cmd)
 	require.Equal(t, 0, code)
 	var st statusReport
 	require.NoError(t, json.Unmarshal([]byte(js), &st))
+	assert.NotContains(t, js, "\u009b", "no raw CSI in the JSON text")
+	assert.Contains(t, js, `"MALLOC_Y": "\u009b31m"`, "escaped as JSON")
 	assert.Equal(t, "\u009b31m", st.Env["MALLOC_Y"], "valid UTF-8 as it is")
 	assert.Equal(t, "\x1b[31m50", st.Env["GOGC"])
 	assert.Equal(t, "héllo wörld", st.Env["MEMCTL_NOTE"])

@@ -11,18 +11,27 @@
 // and malformed input is an error, never a guess.
 //
 // Package limits reads the calling process's limit with it (Of(0)) to set
-// GOMEMLIMIT, and memctl status reads any PID's.
+// GOMEMLIMIT, and memctl status reads any PID's (OfProc).
+//
+// Every file is read through package safefs: the cgroup files inside root
+// (openat2 RESOLVE_IN_ROOT), never through a symlink, only when regular,
+// and at most safefs.MaxCgroupFile bytes (mountinfo: safefs.MaxMountinfo),
+// and every string from them is quoted in errors with safefs.Quote: a
+// process controls what its own mount namespace shows (see safefs).
 package cgroupfs
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/memctl/memctl/internal/safefs"
 )
 
 // NoLimit is Limit.Bytes when neither the cgroup nor any of its visible
@@ -95,15 +104,30 @@ type Limit struct {
 // matches ErrNoCgroup (a cgroup or mount root that starts with "/..", the
 // kernel's way to show it lies outside the reader's cgroup namespace).
 // Read only reads files, so it is safe for concurrent use.
+//
+// cgroupFile and mountinfoFile are read as the caller names them (symlinks
+// followed); the cgroup files are read inside root and through no symlink
+// (see the package doc), with the limits of package safefs.
 func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
-	v1, v2, err := parseCgroupFile(cgroupFile)
+	s, err := openSource(cgroupFile, mountinfoFile, root)
+	if err != nil {
+		return Limit{}, err
+	}
+	defer s.close()
+	return s.read()
+}
+
+// read is Read on the files of s.
+func (s *source) read() (Limit, error) {
+	cgroupFile, mountinfoFile, root := s.cgroupFile, s.mountinfoFile, s.rootName
+	v1, v2, err := s.parseCgroupFile(cgroupFile)
 	if err != nil {
 		return Limit{}, err
 	}
 	if v1 == "" && v2 == "" {
 		return Limit{}, fmt.Errorf("%w: %s lists neither the memory controller nor a cgroup v2 hierarchy", ErrNoCgroup, cgroupFile)
 	}
-	mounts, err := parseMountinfoFile(mountinfoFile)
+	mounts, err := s.parseMountinfoFile(mountinfoFile)
 	if err != nil {
 		return Limit{}, err
 	}
@@ -111,19 +135,24 @@ func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 	if v1 != "" {
 		dir, top, err := cgroupDir(mounts, v1, isV1Memory, root)
 		if err == nil {
-			return readV1(v1, dir, top)
+			return s.readV1(v1, dir, top)
 		}
 		why = append(why, "v1 memory: "+err.Error())
 	}
 	if v2 != "" {
 		dir, top, err := cgroupDir(mounts, v2, isV2, root)
 		if err == nil {
-			err = v2Memory(top)
+			err = s.v2Memory(top)
 		}
 		if err == nil {
-			return readV2(v2, dir, top)
+			return s.readV2(v2, dir, top)
 		}
 		why = append(why, "v2: "+err.Error())
+		if errors.Is(err, errNoV2Memory) {
+			// Kept matchable: OfProc then looks for the v1 hierarchy in
+			// its own mount namespace.
+			return Limit{}, fmt.Errorf("%w: %s", errNoV2Memory, strings.Join(why, "; "))
+		}
 	}
 	return Limit{}, fmt.Errorf("%w: %s", ErrNoCgroup, strings.Join(why, "; "))
 }
@@ -131,13 +160,16 @@ func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 // parseCgroupFile reads a /proc/PID/cgroup file ("ID:controllers:path"
 // lines, cgroups(7)) and returns the path of the v1 memory controller's
 // cgroup and of the v2 cgroup ("0::path"), each "" when absent.
-func parseCgroupFile(name string) (v1, v2 string, err error) {
-	f, err := os.Open(name)
+func (s *source) parseCgroupFile(name string) (v1, v2 string, err error) {
+	b, err := s.proc.ReadFile(s.cgroupRel, safefs.MaxProcFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A kernel without cgroups has no /proc/PID/cgroup.
+		return "", "", fmt.Errorf("%w: %w", ErrNoCgroup, err)
+	}
 	if err != nil {
 		return "", "", fmt.Errorf("cgroupfs: %w", err)
 	}
-	defer f.Close()
-	return parseCgroup(f, name)
+	return parseCgroup(bytes.NewReader(b), name)
 }
 
 func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
@@ -151,10 +183,10 @@ func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
 		}
 		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 || !isDecimal(parts[0]) || !strings.HasPrefix(parts[2], "/") {
-			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, want ID:controllers:/path: %q", name, n, line)
+			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, want ID:controllers:/path: %s", name, n, safefs.Quote(line))
 		}
 		if !cleanPath(parts[2], true) {
-			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed cgroup path, \".\" or \"..\" after a name: %q", name, n, line)
+			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed cgroup path, \".\" or \"..\" after a name: %s", name, n, safefs.Quote(line))
 		}
 		if parts[0] == "0" && parts[1] == "" {
 			v2 = parts[2]
@@ -210,13 +242,12 @@ func isV2(m mount) bool { return m.fstype == "cgroup2" }
 // parseMountinfoFile reads the cgroup and cgroup2 mounts of a
 // /proc/PID/mountinfo file (proc(5)), in file order, leaving out mounts
 // shadowed by a later mount on the same mount point.
-func parseMountinfoFile(name string) ([]mount, error) {
-	f, err := os.Open(name)
+func (s *source) parseMountinfoFile(name string) ([]mount, error) {
+	b, err := s.mountinfo.ReadFile(s.mountinfoRel, safefs.MaxMountinfo)
 	if err != nil {
 		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
-	defer f.Close()
-	return parseMountinfo(f, name)
+	return parseMountinfo(bytes.NewReader(b), name)
 }
 
 func parseMountinfo(r io.Reader, name string) ([]mount, error) {
@@ -235,14 +266,14 @@ func parseMountinfo(r io.Reader, name string) ([]mount, error) {
 		pre, post, ok := strings.Cut(line, " - ")
 		a, b := strings.Fields(pre), strings.Fields(post)
 		if !ok || len(a) < 6 || len(b) < 2 || !isDecimal(a[0]) {
-			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line: %q", name, n, line)
+			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line: %s", name, n, safefs.Quote(line))
 		}
 		m := mount{root: unescape(a[3]), point: unescape(a[4]), fstype: b[0]}
 		if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
-			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %q", name, n, line)
+			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
 		}
 		if !cleanPath(m.root, true) || !cleanPath(m.point, false) {
-			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %q", name, n, line)
+			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %s", name, n, safefs.Quote(line))
 		}
 		last[m.point] = len(all)
 		if len(b) >= 3 {
@@ -310,7 +341,7 @@ func cleanPath(p string, up bool) bool {
 // prefixed to both).
 func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
 	if outsideNamespace(cg) {
-		return "", "", fmt.Errorf("cgroup %s is outside this cgroup namespace", cg)
+		return "", "", fmt.Errorf("cgroup %s is outside this cgroup namespace", safefs.Quote(cg))
 	}
 	found := false
 	for _, m := range mounts {
@@ -335,7 +366,7 @@ func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (
 	if !found {
 		return "", "", errors.New("hierarchy not mounted")
 	}
-	return "", "", fmt.Errorf("cgroup %s is outside the mounted part of the hierarchy", cg)
+	return "", "", fmt.Errorf("cgroup %s is outside the mounted part of the hierarchy", safefs.Quote(cg))
 }
 
 // outsideNamespace reports whether cgroup path p climbs with "..": /proc/PID/cgroup
@@ -366,24 +397,24 @@ func ancestors(dir, top string) []string {
 
 // readV1 reads memory.limit_in_bytes of dir and every ancestor up to the
 // mount point, and hierarchical_memory_limit in dir's memory.stat.
-func readV1(cg, dir, top string) (Limit, error) {
+func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	l := Limit{Version: 1, Cgroup: cg, Dir: dir, Bytes: NoLimit}
 	for _, d := range ancestors(dir, top) {
 		file := filepath.Join(d, "memory.limit_in_bytes")
-		b, err := os.ReadFile(file)
+		b, err := s.readFile(file)
 		if err != nil {
 			return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 		}
 		v, err := parseLimit(string(b), false)
 		if err != nil {
-			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", file, err)
+			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
 		}
 		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
 			l.Bytes, l.File = v, file
 		}
 	}
 	stat := filepath.Join(dir, "memory.stat")
-	h, ok, err := hierarchicalLimit(stat)
+	h, ok, err := s.hierarchicalLimit(stat)
 	if err != nil {
 		return Limit{}, err
 	}
@@ -395,16 +426,15 @@ func readV1(cg, dir, top string) (Limit, error) {
 
 // hierarchicalLimit reads hierarchical_memory_limit from a v1 memory.stat
 // file. ok is false when the file or the key is absent.
-func hierarchicalLimit(file string) (int64, bool, error) {
-	f, err := os.Open(file)
-	if errors.Is(err, os.ErrNotExist) {
+func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
+	b, err := s.readFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
 		return 0, false, nil
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("cgroupfs: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, _ := strings.Cut(sc.Text(), " ")
 		if k != "hierarchical_memory_limit" {
@@ -412,12 +442,12 @@ func hierarchicalLimit(file string) (int64, bool, error) {
 		}
 		n, err := parseLimit(v, false)
 		if err != nil {
-			return 0, false, fmt.Errorf("cgroupfs: %s: hierarchical_memory_limit: %w", file, err)
+			return 0, false, fmt.Errorf("cgroupfs: %s: hierarchical_memory_limit: %w", safefs.Quote(file), err)
 		}
 		return n, true, nil
 	}
 	if err := sc.Err(); err != nil {
-		return 0, false, fmt.Errorf("cgroupfs: %s: %w", file, err)
+		return 0, false, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
 	}
 	return 0, false, nil
 }
@@ -425,14 +455,14 @@ func hierarchicalLimit(file string) (int64, bool, error) {
 // readV2 reads memory.max and memory.high (v2LimitFiles) of dir and every
 // ancestor up to the mount point; a directory without them sets no limit,
 // but dir itself must exist.
-func readV2(cg, dir, top string) (Limit, error) {
-	if _, err := os.Stat(dir); err != nil {
+func (s *source) readV2(cg, dir, top string) (Limit, error) {
+	if err := s.stat(dir); err != nil {
 		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
 	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit}
 	for _, file := range v2LimitFiles(ancestors(dir, top)) {
-		b, err := os.ReadFile(file)
-		if errors.Is(err, os.ErrNotExist) {
+		b, err := s.readFile(file)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
@@ -440,7 +470,7 @@ func readV2(cg, dir, top string) (Limit, error) {
 		}
 		v, err := parseLimit(string(b), true)
 		if err != nil {
-			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", file, err)
+			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
 		}
 		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
 			l.Bytes, l.File = v, file
@@ -459,9 +489,9 @@ func parseLimit(s string, allowMax bool) (int64, error) {
 	n, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
 		if allowMax {
-			return 0, fmt.Errorf("malformed limit %q, want bytes or \"max\"", s)
+			return 0, fmt.Errorf("malformed limit %s, want bytes or \"max\"", safefs.Quote(s))
 		}
-		return 0, fmt.Errorf("malformed limit %q, want bytes", s)
+		return 0, fmt.Errorf("malformed limit %s, want bytes", safefs.Quote(s))
 	}
 	if n >= unlimitedFrom {
 		return NoLimit, nil

@@ -278,3 +278,30 @@ func TestCleanPath(t *testing.T) {
 		assert.Equal(t, want, cleanPath(p, true), "%q up", p)
 	}
 }
+
+// TestMalformedExcerpt: a malformed limit file's content reaches the error
+// as a short, escaped excerpt, whatever its length and bytes.
+func TestMalformedExcerpt(t *testing.T) {
+	dir := t.TempDir()
+	cg := filepath.Join(dir, "root", "sys/fs/cgroup/a")
+	require.NoError(t, os.MkdirAll(cg, 0o755))
+	long := strings.Repeat("\x1b[31mXXXX\u009b", 4000)
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "memory.max"), []byte(long), 0o644))
+	cf, mf := filepath.Join(dir, "cgroup"), filepath.Join(dir, "mountinfo")
+	require.NoError(t, os.WriteFile(cf, []byte("0::/a\n"), 0o644))
+	require.NoError(t, os.WriteFile(mf, []byte("1 0 0:1 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"), 0o644))
+	_, err := Read(cf, mf, filepath.Join(dir, "root"))
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "\x1b")
+	assert.NotContains(t, err.Error(), "\u009b")
+	assert.Contains(t, err.Error(), `malformed limit "\x1b[31mXXXX\u009b`)
+	assert.Contains(t, err.Error(), "...(44000 bytes)")
+	assert.Less(t, len(err.Error()), 600)
+
+	// A line of mountinfo the same way.
+	require.NoError(t, os.WriteFile(mf, []byte("garbage "+long+"\n"), 0o644))
+	_, err = Read(cf, mf, filepath.Join(dir, "root"))
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "\x1b")
+	assert.Less(t, len(err.Error()), 600)
+}

@@ -1,28 +1,98 @@
 package cgroupfs
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
+
+	"github.com/memctl/memctl/internal/safefs"
 )
 
 // Of returns the memory limit of the cgroup process pid is in (0 means the
 // calling process), from /proc/PID/cgroup, /proc/PID/mountinfo and the
-// cgroup files; see Read. When the process is in another mount namespace
-// (a container), the cgroup files are read through /proc/PID/root, and
-// Limit.Dir and Limit.File start with it. Reading another user's process
-// may need root. Errors name the file; see Read.
+// cgroup files; see Read and OfProc. When the process is in another mount
+// namespace (a container), Limit.Dir and Limit.File start with
+// /proc/PID/root. Reading another user's process may need root. Errors
+// name the file; see Read.
 func Of(pid int) (Limit, error) {
-	dir := "/proc/self"
+	name := "/proc/self"
 	if pid != 0 {
-		dir = "/proc/" + strconv.Itoa(pid)
+		name = "/proc/" + strconv.Itoa(pid)
 	}
-	root := ""
-	if pid != 0 {
-		self, err1 := os.Readlink("/proc/self/ns/mnt")
-		other, err2 := os.Readlink(dir + "/ns/mnt")
-		if err1 == nil && err2 == nil && self != other {
-			root = dir + "/root"
-		}
+	proc, err := safefs.OpenDir(name, safefs.NoSymlinks)
+	if err != nil {
+		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
-	return Read(dir+"/cgroup", dir+"/mountinfo", root)
+	defer proc.Close()
+	l, _, err := OfProc(proc)
+	return l, err
+}
+
+// OfProc is Of for the process whose /proc/PID directory proc is (opened
+// with safefs.OpenDir("/proc/PID", safefs.NoSymlinks)): it reads "cgroup"
+// and "mountinfo" in proc, and the cgroup files inside proc's "root" (the
+// process's root directory) through no symlink, only on a cgroup file
+// system (FSTypes), with proc's Timeout. A
+// Dir pinned on /proc/PID keeps reading the same process: once it exits,
+// reads fail (ENOENT or ESRCH) even when its PID is reused.
+//
+// A cgroup v2 hierarchy whose cgroup has no memory controller
+// (cgroup.controllers without "memory") and no limit above it is not taken
+// as "no limit": OfProc looks for the v1 memory cgroup of the process
+// instead, in the caller's mount namespace (ViewCaller), and when there is
+// none returns an error matching ErrNoCgroup that says so.
+func OfProc(proc *safefs.Dir) (Limit, View, error) {
+	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer root.Close()
+	root.FSTypes = FSTypes
+	rootName := ""
+	if !sameMountNS(proc) {
+		rootName = proc.Name() + "/root"
+	}
+	s := &source{
+		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
+		mountinfo: proc, mountinfoRel: "mountinfo", mountinfoFile: proc.Name() + "/mountinfo",
+		root: root, rootName: rootName,
+	}
+	l, err := s.read()
+	if !errors.Is(err, errNoV2Memory) {
+		return l, ViewProcess, err
+	}
+	why := err.Error()
+	self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
+	if err != nil {
+		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer self.Close()
+	selfRoot, err := self.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer selfRoot.Close()
+	selfRoot.FSTypes = FSTypes
+	c := &source{
+		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
+		mountinfo: self, mountinfoRel: "mountinfo", mountinfoFile: "/proc/self/mountinfo",
+		root: selfRoot,
+	}
+	v1, err := c.read()
+	switch {
+	case err == nil && v1.Version == 1:
+		return v1, ViewCaller, nil
+	case err == nil || errors.Is(err, ErrNoCgroup):
+		return Limit{}, ViewProcess, fmt.Errorf("%w: %s, and no v1 memory cgroup of the process is mounted, in its mount namespace or memctl's", ErrNoCgroup, why)
+	}
+	return Limit{}, ViewProcess, fmt.Errorf("%s; v1: %w", why, err)
+}
+
+// sameMountNS reports whether the process of proc is in the caller's mount
+// namespace (then Limit paths need no /proc/PID/root prefix).
+func sameMountNS(proc *safefs.Dir) bool {
+	other, err1 := proc.Readlink("ns/mnt")
+	self, err2 := os.Readlink("/proc/self/ns/mnt")
+	return err1 == nil && err2 == nil && self == other
 }

@@ -3,9 +3,11 @@ package cgroupfs
 import (
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"strings"
+
+	"github.com/memctl/memctl/internal/safefs"
 )
 
 // v2LimitFiles returns the files that bound the memory of a cgroup v2
@@ -26,6 +28,10 @@ func v2LimitFiles(dirs []string) []string {
 	return files
 }
 
+// errNoV2Memory is the error of a v2 hierarchy without the memory
+// controller; it matches ErrNoCgroup.
+var errNoV2Memory = fmt.Errorf("%w (v2 without the memory controller)", ErrNoCgroup)
+
 // v2Memory returns an error matching ErrNoCgroup when the cgroup v2
 // hierarchy mounted at top does not have the memory controller: its
 // cgroup.controllers (the controllers available to the mounted cgroup and
@@ -34,10 +40,10 @@ func v2LimitFiles(dirs []string) []string {
 // controller was not delegated to; no memory.max or memory.high can apply
 // then. A top without cgroup.controllers (not a cgroup2 file system) is not
 // checked.
-func v2Memory(top string) error {
+func (s *source) v2Memory(top string) error {
 	file := filepath.Join(top, "cgroup.controllers")
-	b, err := os.ReadFile(file)
-	if errors.Is(err, os.ErrNotExist) {
+	b, err := s.readFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
@@ -48,5 +54,5 @@ func v2Memory(top string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: no memory controller in cgroup v2: %s lists %q", ErrNoCgroup, file, strings.TrimSpace(string(b)))
+	return fmt.Errorf("%w: no memory controller in cgroup v2: %s lists %s", errNoV2Memory, safefs.Quote(file), safefs.Quote(strings.TrimSpace(string(b))))
 }

@@ -1,6 +1,10 @@
 // Package procfs parses the "Key: value" files of Linux procfs
 // (/proc/PID/status, /proc/PID/smaps_rollup, /proc/meminfo) that memctl reads.
 //
+// ReadFileIn reads another process's file through a safefs.Dir pinned on its
+// /proc/PID directory (regular files only, bounded, no symlinks); every
+// excerpt of a file in an error is quoted with safefs.Quote.
+//
 // Parsing is kept apart from file access and is not tagged for Linux, so it is
 // tested on every OS with fixture files. Every error names the file it came
 // from, and malformed input is reported, never guessed at.
@@ -8,6 +12,7 @@ package procfs
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +20,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/memctl/memctl/internal/safefs"
 )
 
 // ErrMissing is matched (with errors.Is) by the error of a lookup whose key is
@@ -42,6 +49,19 @@ func ReadFile(path string) (Fields, error) {
 	return Parse(f, path)
 }
 
+// ReadFileIn reads and parses the "Key: value" file name of d, at most
+// safefs.MaxProcFile bytes, for example ReadFileIn(proc, "status") with proc
+// a safefs.Dir on /proc/PID. Errors name d's path joined with name; see
+// safefs.Dir.ReadFile for the errors of the read.
+func ReadFileIn(d *safefs.Dir, name string) (Fields, error) {
+	path := d.Name() + "/" + name
+	b, err := d.ReadFile(name, safefs.MaxProcFile)
+	if err != nil {
+		return Fields{File: path}, fmt.Errorf("procfs: %w", err)
+	}
+	return Parse(bytes.NewReader(b), path)
+}
+
 // Parse parses "Key: value" lines from r. name is used in errors. A first
 // line that is an smaps_rollup header ("... [rollup]") is skipped; any other
 // line without a "Key:" prefix is an error naming name and the line number.
@@ -61,7 +81,7 @@ func Parse(r io.Reader, name string) (Fields, error) {
 			if n == 1 && strings.HasSuffix(strings.TrimSpace(line), "[rollup]") {
 				continue
 			}
-			return Fields{File: name}, fmt.Errorf("procfs: %s: line %d: malformed, want \"Key: value\": %q", name, n, line)
+			return Fields{File: name}, fmt.Errorf("procfs: %s: line %d: malformed, want \"Key: value\": %s", name, n, safefs.Quote(line))
 		}
 		fs.values[key] = strings.TrimSpace(val)
 	}
@@ -92,7 +112,7 @@ func (f Fields) Int(key string) (int64, error) {
 	}
 	n, ok := parseDigits(v)
 	if !ok {
-		return 0, fmt.Errorf("procfs: %s: %s: malformed integer %q, want decimal digits", f.File, key, v)
+		return 0, fmt.Errorf("procfs: %s: %s: malformed integer %s, want decimal digits", f.File, key, safefs.Quote(v))
 	}
 	return n, nil
 }
@@ -125,11 +145,11 @@ func (f Fields) Bytes(key string) (int64, error) {
 	num, unit, _ := strings.Cut(v, " ")
 	unit = strings.TrimSpace(unit)
 	if unit != "kB" {
-		return 0, fmt.Errorf("procfs: %s: %s: want \"N kB\", got %q", f.File, key, v)
+		return 0, fmt.Errorf("procfs: %s: %s: want \"N kB\", got %s", f.File, key, safefs.Quote(v))
 	}
 	kib, ok := parseDigits(num)
 	if !ok || kib > math.MaxInt64/1024 {
-		return 0, fmt.Errorf("procfs: %s: %s: malformed size %q, want decimal digits and \" kB\"", f.File, key, v)
+		return 0, fmt.Errorf("procfs: %s: %s: malformed size %s, want decimal digits and \" kB\"", f.File, key, safefs.Quote(v))
 	}
 	return kib * 1024, nil
 }

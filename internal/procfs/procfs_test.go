@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/safefs"
 )
 
 func TestParseStatusFixture(t *testing.T) {
@@ -107,4 +109,36 @@ func TestParseDigits(t *testing.T) {
 		_, ok := parseDigits(s)
 		assert.False(t, ok, "%q", s)
 	}
+}
+
+func TestReadFileIn(t *testing.T) {
+	d, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	defer d.Close()
+	f, err := ReadFileIn(d, "status")
+	require.NoError(t, err)
+	assert.Equal(t, "/proc/self/status", f.File)
+	rss, err := f.Bytes("VmRSS")
+	require.NoError(t, err)
+	assert.Positive(t, rss)
+	_, err = ReadFileIn(d, "root/etc/hostname")
+	assert.ErrorIs(t, err, safefs.ErrSymlink, "a magic link is refused")
+}
+
+// TestMalformedExcerptIsBounded: a malformed line is quoted, escaped and cut.
+func TestMalformedExcerptIsBounded(t *testing.T) {
+	line := "\x1b[2J" + strings.Repeat("x", 10000)
+	_, err := Parse(strings.NewReader(line), "f")
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "\x1b")
+	assert.Less(t, len(err.Error()), 400)
+	fs, err := Parse(strings.NewReader("K: \x1b]0;t\a"+strings.Repeat("y", 5000)+" kB\n"), "f")
+	require.NoError(t, err)
+	_, err = fs.Bytes("K")
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "\x1b")
+	assert.Less(t, len(err.Error()), 400)
 }

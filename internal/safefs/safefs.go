@@ -1,0 +1,267 @@
+// Package safefs reads files that another, possibly hostile, process chose:
+// the files of a process under /proc/PID and the cgroup files as that
+// process's mount namespace shows them, through /proc/PID/root.
+//
+// memctl status runs as root on processes it does not trust (a tenant's
+// container). A process controls its own mount namespace: it can mount a
+// tmpfs over its /sys/fs/cgroup and put there, in place of
+// memory.limit_in_bytes, a symlink to /etc/shadow, a symlink to /dev/zero,
+// a FIFO that blocks the reader, or a file of many gigabytes. A Dir reads
+// such files safely:
+//
+//   - Names resolve inside the directory the Dir was opened on, as if it
+//     were "/" (openat2(2) RESOLVE_IN_ROOT) or never leaving it
+//     (RESOLVE_BENEATH), and never through a /proc magic link
+//     (RESOLVE_NO_MAGICLINKS); with NoSymlinks, through no symlink at all
+//     (RESOLVE_NO_SYMLINKS). The files memctl reads never need one: procfs
+//     files, and cgroup files under a mount point as mountinfo writes it
+//     (canonical, proc(5)).
+//   - Only regular files are read (fstat(2) after the open; procfs, sysfs
+//     and cgroupfs files are regular): a FIFO, a socket or a device such as
+//     /dev/zero is refused (ErrNotRegular). The open uses O_NONBLOCK, so a
+//     FIFO does not block it.
+//   - With Dir.FSTypes, only files of the listed file systems (statfs(2)
+//     f_type) are read: a process can bind-mount a file it can name but
+//     not read (/etc/shadow) over its own cgroup file, and only the file
+//     system (ext4, not cgroup) tells them apart (ErrFileSystem).
+//   - At most a given number of bytes is read; a longer file is an error
+//     (ErrTooLarge), never a truncated value. Callers use the caps below.
+//   - With Dir.Timeout, a read that does not finish in time (a file on a
+//     FUSE mount the process serves itself) returns ErrTimeout.
+//
+// Kernels before Linux 5.6 have no openat2 (ENOSYS), and an old seccomp
+// filter may refuse it (EPERM). There a name is
+// walked one component at a time with O_PATH|O_NOFOLLOW from the Dir,
+// so every symlink is refused (in both modes) and ".." is refused: safe,
+// and stricter than openat2.
+//
+// Every string another process supplies (a file's content, a cgroup name, a
+// mount point) is shown through Quote, in errors and in memctl's output.
+//
+// A Dir is safe for concurrent use; Close it when done.
+package safefs
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Caps on the bytes read from one file, as the callers use them. Their
+// sources: a cgroup control file holds one value or a few "key value" lines
+// (memory.stat, the longest, is about 1.5 KiB on Linux 6.18 here); a
+// /proc/PID/status or smaps_rollup is about 1.5 KiB; mountinfo holds about
+// 150 bytes a mount, so 1 MiB is about 7000 mounts; the environment of a
+// process is at most a quarter of its stack limit (execve(2), 2 MiB with the
+// usual 8 MiB stack).
+const (
+	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
+	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
+	MaxMountinfo  = 1 << 20  // 1 MiB: /proc/PID/mountinfo
+	MaxEnviron    = 4 << 20  // 4 MiB: /proc/PID/environ
+)
+
+// MaxQuote is the most bytes of a string that Quote shows.
+const MaxQuote = 200
+
+var (
+	// ErrNotRegular is matched (errors.Is) by the error of a read of a file
+	// that is not a regular file: a directory, FIFO, socket or device.
+	ErrNotRegular = errors.New("not a regular file")
+	// ErrTooLarge is matched by the error of a read of a file longer than
+	// the cap the caller gave.
+	ErrTooLarge = errors.New("file larger than the cap")
+	// ErrTimeout is matched by the error of a read that did not finish
+	// within Dir.Timeout.
+	ErrTimeout = errors.New("read timed out")
+	// ErrFileSystem is matched by the error of a read of a file on a file
+	// system that Dir.FSTypes does not list.
+	ErrFileSystem = errors.New("file system refused")
+	// ErrSymlink is matched by the error of an open that met a symlink the
+	// Dir refuses (NoSymlinks, a magic link, or any symlink on a kernel
+	// without openat2). The kernel's ELOOP is wrapped.
+	ErrSymlink = errors.New("symlink refused")
+)
+
+// Mode says how a Dir resolves names.
+type Mode int
+
+const (
+	// InRoot resolves names as if the Dir were the root directory: an
+	// absolute symlink or ".." stops at the Dir (RESOLVE_IN_ROOT). Without
+	// it, a name that would leave the Dir is an error (RESOLVE_BENEATH).
+	InRoot Mode = 1 << iota
+	// NoSymlinks refuses every symlink on the way (RESOLVE_NO_SYMLINKS).
+	// Magic links (/proc/PID/fd/N, /proc/PID/root) are always refused.
+	NoSymlinks
+)
+
+// PathError is the error of an operation on a file of a Dir. Its message
+// quotes Path with Quote, since Path may hold names the other process chose.
+type PathError struct {
+	Op   string // "open", "read", "fstat"
+	Path string // the Dir's name joined with the file's name
+	Err  error
+}
+
+func (e *PathError) Error() string { return e.Op + " " + Quote(e.Path) + ": " + e.Err.Error() }
+func (e *PathError) Unwrap() error { return e.Err }
+
+// Quote returns s as a Go string literal (strconv.Quote: every byte that is
+// not valid UTF-8 and every rune that is not printable, such as ESC, the C1
+// control U+009B or a bidirectional override, is escaped), cut to its first
+// MaxQuote bytes: a cut string is followed by "...(N bytes)" with its full
+// length. It is the one function memctl shows another process's strings
+// with, so none reaches a terminal as an escape sequence and none floods it.
+func Quote(s string) string {
+	if len(s) <= MaxQuote {
+		return strconv.Quote(s)
+	}
+	// Cut at a rune boundary: when the first byte left out continues a
+	// rune, leave the whole rune out.
+	n := MaxQuote
+	for i := 1; i < utf8.UTFMax && n > 0 && !utf8.RuneStart(s[n]); i++ {
+		n--
+	}
+	cut := s[:n]
+	return strconv.Quote(cut) + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// fileType names the type of a file mode (st_mode & S_IFMT) for
+// ErrNotRegular.
+func fileType(ifmt uint32) string {
+	switch ifmt {
+	case 0o010000:
+		return "a FIFO"
+	case 0o020000:
+		return "a character device"
+	case 0o040000:
+		return "a directory"
+	case 0o060000:
+		return "a block device"
+	case 0o120000:
+		return "a symlink"
+	case 0o140000:
+		return "a socket"
+	}
+	return "type " + strconv.FormatUint(uint64(ifmt), 8)
+}
+
+// Dir is an open directory that names are resolved in, with the rules of
+// the package doc. Make one with OpenDir or Dir.Sub.
+type Dir struct {
+	fd   int
+	name string
+	mode Mode
+	// Timeout, when positive, bounds each ReadFile and Stat call: after it
+	// the call returns an error matching ErrTimeout, and the blocked read
+	// goes on in a goroutine of its own that closes its file when the
+	// kernel lets it go. For a short-lived command; zero (no bound) for a
+	// library reading its own files. Set it before using the Dir.
+	Timeout time.Duration
+	// FSTypes, when not empty, lists the only file systems (statfs(2)
+	// f_type, such as 0x63677270 for cgroup2) whose files ReadFile and Stat
+	// accept; any other is refused with ErrFileSystem. A process can
+	// bind-mount over its own cgroup file a file it can name but not read
+	// (/etc/shadow): only the file system tells it from the real one. Set
+	// it before using the Dir.
+	FSTypes []int64
+}
+
+// Magic numbers of file systems (statfs(2) f_type, linux/magic.h).
+const (
+	CgroupMagic  = 0x27e0eb
+	Cgroup2Magic = 0x63677270
+	ProcMagic    = 0x9fa0
+)
+
+// fsName names the file system type t for ErrFileSystem.
+func fsName(t int64) string {
+	name := map[int64]string{
+		CgroupMagic: "cgroup", Cgroup2Magic: "cgroup2", ProcMagic: "proc",
+		0x01021994: "tmpfs", 0x62656572: "sysfs", 0xef53: "ext4", 0x794c7630: "overlay",
+		0x65735546: "fuse", 0x58465342: "xfs", 0x9123683e: "btrfs", 0x1373: "devtmpfs",
+	}[t]
+	if name == "" {
+		return fmt.Sprintf("type 0x%x", t)
+	}
+	return fmt.Sprintf("%s (0x%x)", name, t)
+}
+
+// checkFS returns nil when t is one of want (or want is empty).
+func checkFS(t int64, want []int64) error {
+	if len(want) == 0 || slices.Contains(want, t) {
+		return nil
+	}
+	names := make([]string, len(want))
+	for i, w := range want {
+		names[i] = fsName(w)
+	}
+	return fmt.Errorf("%w: %s, not %s", ErrFileSystem, fsName(t), strings.Join(names, " or "))
+}
+
+// Name returns the path the Dir was opened with, for messages.
+func (d *Dir) Name() string { return d.name }
+
+// Mode returns how the Dir resolves names.
+func (d *Dir) Mode() Mode { return d.mode }
+
+// join returns the Dir's name joined with name, for messages.
+func (d *Dir) join(name string) string {
+	if d.name == "/" && strings.HasPrefix(name, "/") {
+		return name
+	}
+	return strings.TrimSuffix(d.name, "/") + "/" + strings.TrimPrefix(name, "/")
+}
+
+// do runs f with a duplicate of the Dir's descriptor, in a goroutine when
+// d.Timeout is set, so that a Close of the Dir while f is blocked cannot
+// make f resolve names in another directory.
+func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, error) {
+	if d.Timeout <= 0 {
+		return f(d.fd)
+	}
+	fd, err := dup(d.fd)
+	if err != nil {
+		return nil, &PathError{Op: op, Path: d.join(name), Err: err}
+	}
+	type result struct {
+		b   []byte
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		defer closeFD(fd)
+		b, err := f(fd)
+		ch <- result{b, err}
+	}()
+	t := time.NewTimer(d.Timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.b, r.err
+	case <-t.C:
+		return nil, &PathError{Op: op, Path: d.join(name), Err: fmt.Errorf("%w after %v", ErrTimeout, d.Timeout)}
+	}
+}
+
+// ReadFile reads the regular file name, resolved in d, and returns its
+// content: at most max bytes, or an error matching ErrTooLarge when the file
+// is longer. The error is a *PathError; it matches ErrNotRegular for a file
+// that is not regular, ErrSymlink for a symlink d refuses, ErrTimeout (see
+// Timeout), and the kernel's errno otherwise (fs.ErrNotExist for ENOENT,
+// fs.ErrPermission for EACCES).
+func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
+	return d.do("read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
+}
+
+// Stat returns nil when name, resolved in d, is a directory, and the error
+// of the open otherwise (ENOTDIR when it is not a directory).
+func (d *Dir) Stat(name string) error {
+	_, err := d.do("open", name, func(dirfd int) ([]byte, error) { return nil, statDir(dirfd, d, name) })
+	return err
+}

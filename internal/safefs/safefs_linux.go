@@ -1,0 +1,232 @@
+package safefs
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// useOpenat2 is false in tests that exercise the walk for kernels without
+// openat2.
+var useOpenat2 = true
+
+// OpenDir opens the directory path (following symlinks: path is the
+// caller's, such as "/proc/1234") as a Dir that resolves names with mode.
+// The error is a *PathError.
+func OpenDir(path string, mode Mode) (*Dir, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	return &Dir{fd: fd, name: path, mode: mode}, nil
+}
+
+// Sub opens the directory name of d as a Dir with mode, following the
+// symlink or magic link name itself (and no other): Sub("root") of a
+// /proc/PID Dir is the process's root directory, as the process sees it.
+// name must be the caller's own fixed name, not one another process chose.
+// The new Dir has d's Timeout and FSTypes; it is independent of d (close
+// both).
+func (d *Dir) Sub(name string, mode Mode) (*Dir, error) {
+	var sub *Dir
+	_, err := d.do("open", name, func(dirfd int) ([]byte, error) {
+		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, &PathError{Op: "open", Path: d.join(name), Err: err}
+		}
+		sub = &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout, FSTypes: d.FSTypes}
+		return nil, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sub, nil
+}
+
+// Close closes the Dir.
+func (d *Dir) Close() error { return unix.Close(d.fd) }
+
+func dup(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
+
+func closeFD(fd int) { unix.Close(fd) }
+
+// resolve returns the openat2 RESOLVE_* flags of mode.
+func resolve(mode Mode) uint64 {
+	r := uint64(unix.RESOLVE_NO_MAGICLINKS)
+	if mode&InRoot != 0 {
+		r |= unix.RESOLVE_IN_ROOT
+	} else {
+		r |= unix.RESOLVE_BENEATH
+	}
+	if mode&NoSymlinks != 0 {
+		r |= unix.RESOLVE_NO_SYMLINKS
+	}
+	return r
+}
+
+// open opens name under dirfd with flags and d's rules.
+func open(dirfd int, d *Dir, name string, flags int) (int, error) {
+	rel := strings.TrimLeft(name, "/")
+	if rel == "" {
+		rel = "."
+	}
+	flags |= unix.O_CLOEXEC
+	if flags&unix.O_PATH == 0 {
+		flags |= unix.O_NOCTTY // openat2 refuses O_PATH with other flags
+	}
+	if useOpenat2 {
+		how := unix.OpenHow{Flags: uint64(flags), Resolve: resolve(d.mode)}
+		for try := 0; ; try++ {
+			fd, err := unix.Openat2(dirfd, rel, &how)
+			// EAGAIN: a rename or mount raced with RESOLVE_IN_ROOT or
+			// RESOLVE_BENEATH (openat2(2)); a few retries, then give up.
+			if (err == unix.EINTR || err == unix.EAGAIN) && try < 16 {
+				continue
+			}
+			// ENOSYS: before Linux 5.6. EPERM: a seccomp filter that
+			// predates openat2 (Docker's default before 20.10). The walk
+			// is stricter, so falling back on a real EPERM is harmless.
+			if err != unix.ENOSYS && err != unix.EPERM {
+				return fd, wrapErrno(err)
+			}
+			break
+		}
+	}
+	return walk(dirfd, rel, flags)
+}
+
+// walk opens rel under dirfd one component at a time, with O_NOFOLLOW
+// everywhere: every symlink, magic or not, is refused, and so is "..". It is
+// the fallback for kernels without openat2 (before Linux 5.6).
+func walk(dirfd int, rel string, flags int) (int, error) {
+	var parts []string
+	for _, p := range strings.Split(rel, "/") {
+		if p != "" && p != "." {
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		parts = []string{"."}
+	}
+	cur, owned := dirfd, false
+	defer func() {
+		if owned {
+			unix.Close(cur)
+		}
+	}()
+	for i, p := range parts {
+		if p == ".." {
+			return -1, fmt.Errorf("\"..\" refused: %w", unix.EXDEV)
+		}
+		f := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		if i == len(parts)-1 {
+			f = flags | unix.O_NOFOLLOW
+		}
+		fd, err := unix.Openat(cur, p, f, 0)
+		if err == unix.ENOTDIR || err == unix.ELOOP {
+			var st unix.Stat_t
+			if unix.Fstatat(cur, p, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = unix.ELOOP
+			}
+		}
+		if err != nil {
+			return -1, wrapErrno(err)
+		}
+		if owned {
+			unix.Close(cur)
+		}
+		cur = fd
+		owned = true
+	}
+	owned = false
+	return cur, nil
+}
+
+// wrapErrno makes ELOOP (a refused symlink) match ErrSymlink.
+func wrapErrno(err error) error {
+	if errors.Is(err, unix.ELOOP) {
+		return fmt.Errorf("%w (%w)", ErrSymlink, err)
+	}
+	return err
+}
+
+func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
+	path := d.join(name)
+	fd, err := open(dirfd, d, name, unix.O_RDONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
+		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
+	}
+	if err := fsCheck(fd, d.FSTypes); err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	buf := make([]byte, 0, min(max+1, 4096))
+	for int64(len(buf)) <= max {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		end := min(int64(cap(buf)), max+1)
+		n, err := unix.Read(fd, buf[len(buf):end])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+	return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
+}
+
+func statDir(dirfd int, d *Dir, name string) error {
+	fd, err := open(dirfd, d, name, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return &PathError{Op: "open", Path: d.join(name), Err: err}
+	}
+	defer unix.Close(fd)
+	if err := fsCheck(fd, d.FSTypes); err != nil {
+		return &PathError{Op: "open", Path: d.join(name), Err: err}
+	}
+	return nil
+}
+
+// fsCheck returns nil when the file system of fd is one of want (or want
+// is empty).
+func fsCheck(fd int, want []int64) error {
+	if len(want) == 0 {
+		return nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return err
+	}
+	return checkFS(int64(fs.Type), want)
+}
+
+// Readlink returns the target of the symlink name in d, a name the caller
+// fixed (such as "ns/mnt" of a /proc/PID Dir).
+func (d *Dir) Readlink(name string) (string, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Readlinkat(d.fd, name, buf)
+		if err != nil {
+			return "", &PathError{Op: "readlink", Path: d.join(name), Err: err}
+		}
+		if n < len(buf) {
+			return string(buf[:n]), nil
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}

@@ -1,0 +1,22 @@
+//go:build linux && !cgo
+
+package main
+
+import (
+	"os/signal"
+	"syscall"
+)
+
+// inheritedIgnored returns the signals ignored when memctl started, bit s-1
+// for signal s, as far as a program without cgo can know: the Go runtime
+// keeps an inherited SIG_IGN (and signal.Ignored reports it) only for SIGHUP
+// and SIGINT, and installs its own handler over it for every other signal
+// before any Go code runs. exact is false.
+func inheritedIgnored() (mask uint64, exact bool) {
+	for s := 1; s <= 64; s++ {
+		if signal.Ignored(syscall.Signal(s)) {
+			mask |= 1 << (s - 1)
+		}
+	}
+	return mask, false
+}
