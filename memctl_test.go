@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart})
+	childtest.Main(m, map[string]func(){"start": childStart, "wiring": childWiring})
 }
 
 // childStart runs Start with a JSON logger on standard error and reports
@@ -51,6 +51,8 @@ func childStart() {
 	childtest.Say("THP_REPORT", r.THP)
 	childtest.Say("TRIM_DELAY", r.TrimDelay)
 	childtest.Say("SOURCE", r.MemLimit.Source)
+	childtest.Say("MEMLIMIT_BYTES", r.MemLimit.Bytes)
+	childtest.Say("MEMLIMIT_REASON", r.MemLimit.Reason)
 	childtest.Say("ARENA_MAX", r.ArenaMax)
 	childtest.Say("ARENA_NOTE", r.ArenaMaxNote)
 	childtest.Say("C_HEAP", r.CHeap)
@@ -114,7 +116,7 @@ func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	want := int64(float64(g.Limit) * ratio)
 	assert.Equal(t, strconv.FormatInt(want, 10), r["GOMEMLIMIT"])
 	_, line := infoLines(recs)
-	assert.Equal(t, float64(want), line["gomemlimit"])
+	assert.Equal(t, strconv.FormatInt(want, 10), line["gomemlimit"])
 	assert.Equal(t, r["SOURCE"], line["gomemlimit_source"])
 	assert.Contains(t, r["SOURCE"], "cgroup v")
 
@@ -128,9 +130,13 @@ func TestStartOff(t *testing.T) {
 	assert.Equal(t, "true", r["OFF"])
 	assert.Equal(t, "1", r["THP_ENABLED"], "THP untouched")
 	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["GOMEMLIMIT"], "GOMEMLIMIT untouched")
+	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["MEMLIMIT_BYTES"], "Report says no limit as the doc does")
+	assert.NotEmpty(t, r["MEMLIMIT_REASON"])
 	n, line := infoLines(recs)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, "memctl is off", line["msg"])
+	assert.Equal(t, "none", line["gomemlimit"])
+	assert.Equal(t, "MEMCTL=off", line["reason"])
 }
 
 func TestStartEnvironmentSwitches(t *testing.T) {
@@ -154,14 +160,25 @@ func TestStartEnvironmentSwitches(t *testing.T) {
 	assert.Equal(t, 1, n)
 }
 
+func countLevel(recs []map[string]any, level string) int {
+	n := 0
+	for _, r := range recs {
+		if r["level"] == level {
+			n++
+		}
+	}
+	return n
+}
+
 func TestStartEnvironmentEdgeCases(t *testing.T) {
 	r, _ := runStart(t, nil, "MEMCTL=OFF")
 	assert.Equal(t, "true", r["OFF"], "MEMCTL is case-insensitive")
 
-	r, _ = runStart(t, nil, "MEMCTL=flase")
-	assert.Equal(t, "false", r["OFF"])
+	r, recs := runStart(t, nil, "MEMCTL=flase")
+	assert.Equal(t, "true", r["OFF"], "an invalid value switches its part off: here all of memctl")
 	assert.Contains(t, r["ERR"], `MEMCTL="flase"`, "an unknown MEMCTL value is reported")
-	assert.Equal(t, "0", r["THP_ENABLED"], "and memctl stays on")
+	assert.Equal(t, "1", r["THP_ENABLED"], "and nothing is touched")
+	assert.Equal(t, 1, countLevel(recs, "WARN"), "one WARN line: %v", recs)
 
 	r, _ = runStart(t, nil, "MEMCTL_THP=", "MEMCTL_TRIM_DELAY=", "MEMCTL_ARENA_MAX=", "MEMCTL=")
 	assert.Equal(t, "<nil>", r["ERR"], "empty means unset")
