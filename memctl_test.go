@@ -2,7 +2,6 @@ package memctl
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -73,16 +72,7 @@ func runStart(t *testing.T, g *cgrouptest.Group, env ...string) (map[string]stri
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	require.NoError(t, err, stderr.String())
-	var recs []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
-		if line == "" {
-			continue
-		}
-		var rec map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
-		recs = append(recs, rec)
-	}
-	return childtest.ParseReport(out), recs
+	return childtest.ParseReport(out), parseRecords(t, stderr.String())
 }
 
 func infoLines(recs []map[string]any) (n int, last map[string]any) {
