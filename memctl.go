@@ -105,7 +105,8 @@ type Report struct {
 	// the C heap step is unavailable (cgo off, musl, not Linux).
 	CHeap string
 	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
-	// says why not (operator's setting, not glibc, cgo off) when it is 0.
+	// says why not (switched off, operator's setting, not glibc, cgo off, an
+	// invalid value) when it is 0.
 	ArenaMax     int
 	ArenaMaxNote string
 }
@@ -218,8 +219,8 @@ func Start(opts ...Option) (*Controller, error) {
 		default:
 			fail(err)
 		}
-	} else {
-		c.report.ArenaMaxNote = "off"
+	} else if len(errs) == 0 {
+		c.report.ArenaMaxNote = "switched off (MEMCTL_ARENA_MAX or WithArenaMax)"
 	}
 
 	// THP next: the flag affects only memory faulted in after it is set.
@@ -283,7 +284,7 @@ func Start(opts ...Option) (*Controller, error) {
 		c.report.MemLimit.Reason = "GOMEMLIMIT left as it was: the memory limit could not be read (see the WARN line)"
 	}
 	if c.report.ArenaMax == 0 && c.report.ArenaMaxNote == "" {
-		c.report.ArenaMaxNote = "off: invalid value (see the WARN line)"
+		c.report.ArenaMaxNote = "skipped (see the WARN line)"
 	}
 	c.logStarted(cfg.logger)
 	register(c, cfg.logger)
