@@ -13,10 +13,11 @@
 //   - "off" always means that memctl's part named by the variable does
 //     nothing (no trim, no arena cap, THP left as it is); "on" means the
 //     part runs with its default.
-//   - A variable that takes a value takes a switch word too: Duration and
-//     Count accept the off words (0 for off), the on words (the default),
-//     or a time.ParseDuration string / a decimal count. For a count, "0" and
-//     "1" are counts, not switch words ("0" means none either way).
+//   - A variable that takes a value takes a switch word too: Duration,
+//     Count and Ratio accept the off words (0 for off), the on words (the
+//     default), or a time.ParseDuration string / a decimal count / a ratio
+//     in (0, 1]. For a count, "0" and "1" are counts, not switch words ("0"
+//     means none either way); for a ratio, "1" is the ratio 1.
 //   - The one rule for an invalid value: the parse returns an *Error (which
 //     matches ErrInvalid), and the caller switches its part off, logs the
 //     error at WARN and returns it; it never guesses what was meant.
@@ -134,4 +135,28 @@ func Count(name, v string, def int) (n int, err error) {
 		return 0, nil
 	}
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a count >= 0 such as "%d"`, def)}
+}
+
+// Ratio parses a ratio switch (for example AUTOMEMLIMIT): a number in
+// (0, 1] ("0.9", "1"), an off word gives 0 (the part is off; "0" is off
+// too), an on word gives def. Anything else, including NaN, a negative
+// ratio or one above 1, is an *Error and r is 0.
+func Ratio(name, v string, def float64) (r float64, err error) {
+	t := strings.TrimSpace(v)
+	// Decimal only: ParseFloat would also take "NaN", "Inf", "0x1p-1" and "1_0".
+	decimal := t != "" && strings.Trim(t, "0123456789.eE+-") == ""
+	if f, perr := strconv.ParseFloat(t, 64); perr == nil && decimal {
+		switch {
+		case f == 0:
+			return 0, nil
+		case f > 0 && f <= 1:
+			return f, nil
+		}
+	} else if on, ok := Switch(t); ok {
+		if on {
+			return def, nil
+		}
+		return 0, nil
+	}
+	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a ratio in (0, 1] such as "%g"`, def)}
 }
