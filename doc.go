@@ -2,10 +2,9 @@
 // Linux. One call at the top of main:
 //
 //	func main() {
-//		ctl, err := memctl.Start()
-//		if err != nil {
-//			slog.Warn("memctl", "error", err) // parts that failed were skipped
-//		}
+//		// Start logs what it decided (INFO) and each part it skipped
+//		// (WARN); its error joins those, for tests and strict callers.
+//		ctl, _ := memctl.Start()
 //		defer ctl.Close()
 //		...
 //		// after a burst of work (a big query, an import, a cache rebuild):
@@ -35,12 +34,16 @@
 // The operator wins: these variables override Start's options, and the Go
 // and glibc ones are never overridden by memctl.
 //
-//	MEMCTL=off                         memctl does nothing at all
-//	MEMCTL_THP=keep|disable|except-advised
+//	MEMCTL=on|off                      off: memctl does nothing at all
+//	MEMCTL_THP=keep|disable|except-advised|on|off
 //	                                   the THP flag (default disable;
-//	                                   except-advised needs Linux 6.18)
-//	MEMCTL_TRIM_DELAY=2s|off           trim delay after the last burst
-//	MEMCTL_ARENA_MAX=2|off             glibc arena cap (cgo, glibc only)
+//	                                   except-advised needs Linux 6.18;
+//	                                   on is disable, off is keep: memctl
+//	                                   leaves the flag alone)
+//	MEMCTL_TRIM_DELAY=2s|on|off        trim delay after the last burst
+//	                                   (at least 1ms; 0 is off, on is 2s)
+//	MEMCTL_ARENA_MAX=2|on|off          glibc arena cap (cgo, glibc only;
+//	                                   0 is off, on is 2)
 //	GOMEMLIMIT                         set by the operator: left as it is
 //	AUTOMEMLIMIT=0.9|off               ratio of the cgroup limit, or off
 //	MEMCTL_REFRESH=10s|off             least time between two re-reads of
@@ -49,8 +52,24 @@
 //	MALLOC_ARENA_MAX, GLIBC_TUNABLES   an arena cap set by the operator:
 //	                                   memctl sets none
 //
-// An invalid value switches its part off and is reported in Start's error;
-// it is not guessed at.
+// One grammar for every switch: "on" and "off", "yes" and "no", and the
+// strconv.ParseBool spellings (1, t, true; 0, f, false), in any case, with
+// surrounding space ignored; an empty value means unset. "off" always means
+// that memctl's part does nothing. An invalid value switches its part off
+// (an invalid MEMCTL switches all of memctl off), is logged at WARN and is
+// returned in Start's error; it is not guessed at. The options follow the
+// same rule: WithTrimDelay(0) is off, and WithTrimDelay(-1s) or a delay
+// below 1ms is invalid.
+//
+// # Wiring mistakes
+//
+// AfterBurst or Begin with no live controller (Start not called, or its
+// controller closed) does nothing and logs one WARN through slog.Default
+// on the first call. Start while an earlier controller is live (a second
+// Start, or Start beside the auto package) logs one WARN; the newest
+// controller serves AfterBurst and Begin, and when it is closed the latest
+// earlier controller still live serves them again. Both are counted in
+// Stats.Misuse.
 //
 // GOMEMLIMIT follows the cgroup limit: it is re-read at the end of a GC
 // cycle at most every MEMCTL_REFRESH (no goroutine, no timer), so a pod

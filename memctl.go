@@ -1,18 +1,21 @@
 package memctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"math"
+	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
@@ -48,7 +51,8 @@ const DefaultArenaMax = 2
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithTHP sets what Start does with the process's THP flag.
-// Default: thp.PolicyDisable. Environment: MEMCTL_THP.
+// Default: thp.PolicyDisable. Environment: MEMCTL_THP (off means
+// thp.PolicyKeep: memctl leaves the flag as it is).
 func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp = p } }
 
 // WithMemLimit configures GOMEMLIMIT from the cgroup limit (ratio, floor,
@@ -59,9 +63,11 @@ func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp = p } }
 // MEMCTL_REFRESH, MEMCTL_GOMEMLIMIT_FLOOR.
 func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c.memLimit = cfg } }
 
-// WithTrimDelay sets how long after the last AfterBurst the trim runs; 0
-// turns trimming off. Default: DefaultTrimDelay (2 s).
-// Environment: MEMCTL_TRIM_DELAY.
+// WithTrimDelay sets how long after the last AfterBurst the trim runs:
+// 0 turns trimming off; otherwise at least trim.MinDelay (1 ms). A negative
+// delay or one below trim.MinDelay is invalid and follows the one rule for
+// invalid values: trimming is off, Start logs it at WARN and returns it in
+// its error. Default: DefaultTrimDelay (2 s). Environment: MEMCTL_TRIM_DELAY.
 func WithTrimDelay(d time.Duration) Option { return func(c *config) { c.trimDelay = d } }
 
 // WithTrimOptions passes options to the trimmer (for example
@@ -73,14 +79,18 @@ func WithTrimOptions(opts ...trim.Option) Option {
 
 // WithArenaMax sets the glibc malloc arena cap (mallopt M_ARENA_MAX) that
 // Start applies where glibc owns malloc and cgo is on; 0 leaves glibc's
-// default. MALLOC_ARENA_MAX or an arena_max in GLIBC_TUNABLES set by the
-// operator always wins. Default: DefaultArenaMax (2).
-// Environment: MEMCTL_ARENA_MAX=N|off.
+// default. A negative n is invalid: no cap, and Start logs it at WARN and
+// returns it in its error. MALLOC_ARENA_MAX or an arena_max in
+// GLIBC_TUNABLES set by the operator always wins. Default: DefaultArenaMax
+// (2). Environment: MEMCTL_ARENA_MAX=N|off.
 func WithArenaMax(n int) Option { return func(c *config) { c.arenaMax = n } }
 
 // Report is what Start decided.
 type Report struct {
-	// Off is true when MEMCTL=off switched memctl off.
+	// Off is true when MEMCTL=off (or another off word, or an invalid
+	// value) switched memctl off. Then nothing was changed: THPPolicy is
+	// thp.PolicyKeep, MemLimit holds GOMEMLIMIT as it is (math.MaxInt64
+	// when none is set, Source limits.SourceNone), TrimDelay is 0.
 	Off bool
 	// THPPolicy is the policy applied, THP the process state read back
 	// after it (PR_GET_THP_DISABLE), THPSystem the system mode
@@ -88,9 +98,10 @@ type Report struct {
 	THPPolicy thp.Policy
 	THP       thp.State
 	THPSystem string
-	// MemLimit is the GOMEMLIMIT decision at Start; MemLimitRefresh the
-	// least time between two re-reads of the limit at GC end, 0 when there
-	// is no refresh (MEMCTL_REFRESH=off, the operator's GOMEMLIMIT).
+	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never
+	// empty); MemLimitRefresh the least time between two re-reads of the
+	// limit at GC end, 0 when there is no refresh (MEMCTL_REFRESH=off, the
+	// operator's GOMEMLIMIT).
 	MemLimit        limits.MemLimit
 	MemLimitRefresh time.Duration
 	// TrimDelay is the trim delay; 0 means trimming is off.
@@ -100,7 +111,8 @@ type Report struct {
 	// the C heap step is unavailable (cgo off, musl, not Linux).
 	CHeap string
 	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
-	// says why not (operator's setting, not glibc, cgo off) when it is 0.
+	// says why not (switched off, operator's setting, not glibc, cgo off, an
+	// invalid value) when it is 0.
 	ArenaMax     int
 	ArenaMaxNote string
 }
@@ -116,22 +128,26 @@ type Stats struct {
 	// off, musl, not Linux). Reading them costs about a microsecond
 	// (mallinfo2 walks glibc's arenas; see cheap.Step.Stats).
 	CHeap cheap.Stats
+	// Misuse counts the process's wiring mistakes so far: AfterBurst or
+	// Begin called with no live controller, and Start called while an
+	// earlier controller was live. The first of each kind is logged at
+	// WARN through slog.Default (the second Start through its own logger).
+	Misuse int64
 }
 
 // Controller owns what Start set up: the trimmer and the GOMEMLIMIT refresh.
 // Its methods are safe for concurrent use; a nil *Controller, and one whose
 // Start found MEMCTL=off, does nothing.
 type Controller struct {
-	report  Report
-	trimmer *trim.Trimmer
-	limiter *limits.MemLimiter
-	once    sync.Once
+	report    Report
+	trimmer   *trim.Trimmer
+	limiter   *limits.MemLimiter
+	once      sync.Once
+	startedBy string // Start's caller, for the second-Start warning
 }
 
-var current atomic.Pointer[Controller]
-
 // Start applies memctl's settings to this process and returns the controller
-// that owns them; call it at the top of main (the THP flag does not split
+// that owns them; call it once, at the top of main (the THP flag does not split
 // pages that are already huge) and defer its Close:
 //
 //   - THP: thp.PolicyDisable (prctl PR_SET_THP_DISABLE) unless MEMCTL_THP or
@@ -148,8 +164,16 @@ var current atomic.Pointer[Controller]
 // fatal. The error joins what failed: an invalid MEMCTL_* value (that part is
 // left off, the operator's intent is not guessed), a malformed cgroup file,
 // a prctl refused. A part that is unsupported here (off Linux, an older
-// kernel) is logged and is not an error. The controller becomes the one the
-// package-level AfterBurst and Begin use.
+// kernel) is logged and is not an error.
+//
+// The controller becomes the one the package-level AfterBurst and Begin use.
+// Start is meant to run once per process; a second Start while an earlier
+// controller is live (including the one the auto package started) is a
+// wiring mistake: it logs a WARN naming where the earlier one was started,
+// and the newest controller wins. Both keep running until their Close;
+// closing the newest hands the package-level functions back to the latest
+// earlier controller still live, and closing an older one leaves the newer
+// in place.
 func Start(opts ...Option) (*Controller, error) {
 	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: DefaultTrimDelay, arenaMax: DefaultArenaMax}
 	for _, o := range opts {
@@ -158,23 +182,23 @@ func Start(opts ...Option) (*Controller, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Controller{}
+	c := &Controller{startedBy: caller(2)}
 	var errs []error
-	switch v := getenv("MEMCTL"); strings.ToLower(v) {
-	case "off":
-		c.report.Off = true
-		cfg.logger.Info("memctl is off", "MEMCTL", v)
-		current.Store(c)
-		return c, nil
-	case "", "on":
-	default:
-		err := fmt.Errorf("memctl: MEMCTL=%q: want \"off\" or \"on\"; memctl stays on", v)
-		cfg.logger.Warn("memctl: bad switch", "error", err)
-		errs = append(errs, err)
+	if v, ok := envflag.Lookup("MEMCTL"); ok {
+		on, err := envflag.Bool("MEMCTL", v)
+		if err != nil {
+			err = fmt.Errorf("memctl: %w; memctl is off", err)
+			cfg.logger.Warn("memctl: invalid switch", "error", err)
+			errs = append(errs, err)
+		}
+		if !on {
+			c.startOff(cfg.logger, "MEMCTL="+v)
+			return c, errors.Join(errs...)
+		}
 	}
 	fail := func(err error) {
 		if errors.Is(err, errors.ErrUnsupported) {
-			cfg.logger.Info("memctl: not supported here", "error", err)
+			cfg.logger.Info("memctl: not supported here", "reason", err.Error())
 			return
 		}
 		cfg.logger.Warn("memctl: part skipped", "error", err)
@@ -183,12 +207,15 @@ func Start(opts ...Option) (*Controller, error) {
 
 	// The arena cap first: it stops only arenas created after it.
 	arenaMax := cfg.arenaMax
-	if v := getenv("MEMCTL_ARENA_MAX"); v != "" {
-		n, err := parseArenaMax(v)
+	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
+		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, DefaultArenaMax)
 		if err != nil {
-			fail(err)
+			fail(fmt.Errorf("memctl: %w; no arena cap", err))
 		}
 		arenaMax = n
+	} else if arenaMax < 0 {
+		fail(fmt.Errorf("memctl: WithArenaMax(%d): want 0 (no cap) or a count of arenas; no arena cap", arenaMax))
+		arenaMax = 0
 	}
 	if arenaMax > 0 {
 		switch err := cheap.SetArenaMax(arenaMax); {
@@ -199,16 +226,16 @@ func Start(opts ...Option) (*Controller, error) {
 		default:
 			fail(err)
 		}
-	} else {
-		c.report.ArenaMaxNote = "off"
+	} else if len(errs) == 0 {
+		c.report.ArenaMaxNote = "switched off (MEMCTL_ARENA_MAX or WithArenaMax)"
 	}
 
 	// THP next: the flag affects only memory faulted in after it is set.
 	policy, thpOK := cfg.thp, true
-	if v := getenv("MEMCTL_THP"); v != "" {
-		p, err := thp.ParsePolicy(v)
+	if v, ok := envflag.Lookup("MEMCTL_THP"); ok {
+		p, err := parseTHP(v)
 		if err != nil {
-			fail(fmt.Errorf("memctl: MEMCTL_THP: %w", err))
+			fail(fmt.Errorf("memctl: %w; THP flag left as it is", err))
 			thpOK = false
 		}
 		policy = p
@@ -235,12 +262,15 @@ func Start(opts ...Option) (*Controller, error) {
 	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
 
 	delay := cfg.trimDelay
-	if v := getenv("MEMCTL_TRIM_DELAY"); v != "" {
-		d, err := parseDelay(v)
+	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
+		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, DefaultTrimDelay, trim.MinDelay)
 		if err != nil {
-			fail(err)
+			fail(fmt.Errorf("memctl: %w; trimming is off", err))
 		}
 		delay = d
+	} else if delay != 0 && delay < trim.MinDelay {
+		fail(fmt.Errorf("memctl: WithTrimDelay(%v): want 0 (off) or at least %v; trimming is off", delay, trim.MinDelay))
+		delay = 0
 	}
 	if delay > 0 {
 		topts := append([]trim.Option{trim.WithLogger(cfg.logger)}, cfg.trimOpts...)
@@ -254,67 +284,97 @@ func Start(opts ...Option) (*Controller, error) {
 	}
 	c.report.CHeap = cheap.Detect().Allocator()
 
-	r := c.report
-	arena := strconv.Itoa(r.ArenaMax)
-	if r.ArenaMax == 0 {
-		arena = r.ArenaMaxNote
+	if c.report.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
+		c.report.MemLimit.Bytes = debug.SetMemoryLimit(-1)
+		c.report.MemLimit.Reason = "GOMEMLIMIT left as it was: the memory limit could not be read (see the WARN line)"
 	}
-	cfg.logger.LogAttrs(context.Background(), slog.LevelInfo, "memctl started",
-		slog.String("thp", r.THP.String()),
-		slog.String("thp_policy", r.THPPolicy.String()),
-		slog.String("thp_system", r.THPSystem),
-		slog.Int64("gomemlimit", r.MemLimit.Bytes),
-		slog.String("gomemlimit_source", r.MemLimit.Source.String()),
-		slog.String("gomemlimit_file", r.MemLimit.File),
-		slog.Int64("gomemlimit_outside", r.MemLimit.Outside),
-		slog.Duration("gomemlimit_refresh", r.MemLimitRefresh),
-		slog.String("gomemlimit_reason", r.MemLimit.Reason),
-		slog.Duration("trim_delay", r.TrimDelay),
-		slog.String("c_heap", r.CHeap),
-		slog.String("c_heap_stats", c.Stats().CHeap.String()),
-		slog.String("arena_max", arena),
-	)
-	current.Store(c)
+	if c.report.ArenaMax == 0 && c.report.ArenaMaxNote == "" {
+		c.report.ArenaMaxNote = "skipped (see the WARN line)"
+	}
+	c.logStarted(cfg.logger)
+	register(c, cfg.logger)
 	return c, errors.Join(errs...)
 }
 
-// getenv returns the variable's value with surrounding space removed; empty
-// means unset, as it does for GOMEMLIMIT and GOGC in the Go runtime (a
-// "MEMCTL_THP=" left by a deployment template switches nothing).
-func getenv(key string) string { return strings.TrimSpace(os.Getenv(key)) }
+// logStarted writes the startup line. Every value is a word or a number a
+// pipeline can keep as one type: gomemlimit is bytes or "none", trim_delay a
+// duration or "off", arena_max a count or "off" (with arena_max_reason);
+// errors are only on the WARN lines.
+func (c *Controller) logStarted(l *slog.Logger) {
+	r := c.report
+	attrs := []slog.Attr{
+		slog.String("thp", r.THP.String()),
+		slog.String("thp_policy", r.THPPolicy.String()),
+		slog.String("thp_system", cmp.Or(r.THPSystem, "unknown")),
+		slog.String("gomemlimit", bytesOrNone(r.MemLimit.Bytes)),
+		slog.String("gomemlimit_source", r.MemLimit.Source.String()),
+		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
+		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
+		slog.String("gomemlimit_refresh", delayOrOff(r.MemLimitRefresh)),
+		slog.String("gomemlimit_reason", r.MemLimit.Reason),
+		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
+		slog.String("c_heap", r.CHeap),
+		slog.String("c_heap_stats", c.Stats().CHeap.String()),
+	}
+	if r.ArenaMax > 0 {
+		attrs = append(attrs, slog.String("arena_max", strconv.Itoa(r.ArenaMax)))
+	} else {
+		attrs = append(attrs, slog.String("arena_max", "off"), slog.String("arena_max_reason", r.ArenaMaxNote))
+	}
+	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl started", attrs...)
+}
+
+// startOff records a controller that does nothing (MEMCTL=off): the report
+// says what the process has, untouched, and one INFO line says why.
+func (c *Controller) startOff(l *slog.Logger, why string) {
+	c.report = Report{Off: true, THPPolicy: thp.PolicyKeep, ArenaMaxNote: why}
+	if st, err := thp.Process(); err == nil {
+		c.report.THP = st
+	}
+	c.report.MemLimit = limits.MemLimit{Bytes: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
+		Reason: why + ": GOMEMLIMIT left as it was"}
+	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
+		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.Bytes)))
+	register(c, l)
+}
+
+func bytesOrNone(b int64) string {
+	if b == math.MaxInt64 {
+		return "none"
+	}
+	return strconv.FormatInt(b, 10)
+}
+
+func delayOrOff(d time.Duration) string {
+	if d <= 0 {
+		return "off"
+	}
+	return d.String()
+}
+
+// parseTHP parses MEMCTL_THP: a thp.Policy word, or a switch word: off
+// means memctl leaves the flag alone (thp.PolicyKeep; it does not mean
+// "THP off"), on means the default (thp.PolicyDisable).
+func parseTHP(v string) (thp.Policy, error) {
+	if on, ok := envflag.Switch(v); ok {
+		if on {
+			return thp.PolicyDisable, nil
+		}
+		return thp.PolicyKeep, nil
+	}
+	p, err := thp.ParsePolicy(v)
+	if err != nil {
+		return thp.PolicyKeep, &envflag.Error{Name: "MEMCTL_THP", Value: v,
+			Want: `keep, disable, except-advised, or "on" (disable) or "off" (keep)`}
+	}
+	return p, nil
+}
 
 func cmpOr(l, def *slog.Logger) *slog.Logger {
 	if l != nil {
 		return l
 	}
 	return def
-}
-
-// parseDelay parses MEMCTL_TRIM_DELAY: "off" or "0" for no trimming, or a
-// positive time.ParseDuration string such as "2s". A bad value turns
-// trimming off and is an error.
-func parseDelay(v string) (time.Duration, error) {
-	if strings.EqualFold(v, "off") {
-		return 0, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || (d != 0 && d < trim.MinDelay) || d < 0 {
-		return 0, fmt.Errorf("memctl: MEMCTL_TRIM_DELAY=%q: want \"off\" or a duration of at least %v such as \"2s\"", v, trim.MinDelay)
-	}
-	return d, nil
-}
-
-// parseArenaMax parses MEMCTL_ARENA_MAX: "off" or "0" for no cap, or a
-// positive count. A bad value means no cap and is an error.
-func parseArenaMax(v string) (int, error) {
-	if strings.EqualFold(v, "off") {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("memctl: MEMCTL_ARENA_MAX=%q: want \"off\" or a count of arenas such as \"2\"", v)
-	}
-	return n, nil
 }
 
 // Report returns what Start decided.
@@ -350,7 +410,7 @@ func nop() {}
 
 // Stats returns the controller's counters and the C heap's statistics.
 func (c *Controller) Stats() Stats {
-	s := Stats{GoMemLimit: debug.SetMemoryLimit(-1)}
+	s := Stats{GoMemLimit: debug.SetMemoryLimit(-1), Misuse: misuse.Load()}
 	s.CHeap, _ = cheap.Detect().Stats() // all -1 when unavailable
 	if c != nil && c.trimmer != nil {
 		s.Trim = c.trimmer.Stats()
@@ -367,7 +427,7 @@ func (c *Controller) Close() error {
 		return nil
 	}
 	c.once.Do(func() {
-		current.CompareAndSwap(c, nil)
+		unregister(c)
 		c.limiter.Close()
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()
@@ -376,10 +436,100 @@ func (c *Controller) Close() error {
 	return nil
 }
 
-// AfterBurst calls AfterBurst on the controller of the latest Start, and
-// does nothing when there is none (or it was closed).
-func AfterBurst() { current.Load().AfterBurst() }
+// AfterBurst calls AfterBurst on the live controller of the latest Start.
+// With none (Start not called, or its controller closed) it does nothing,
+// which is a wiring mistake: the first such call logs a WARN through
+// slog.Default, and every one is counted in Stats.Misuse. The path with a
+// controller costs what Controller.AfterBurst costs.
+func AfterBurst() {
+	if c := current.Load(); c != nil {
+		c.AfterBurst()
+		return
+	}
+	noController("AfterBurst")
+}
 
-// Begin calls Begin on the controller of the latest Start; with none it
-// returns a func that does nothing.
-func Begin() (end func()) { return current.Load().Begin() }
+// Begin calls Begin on the live controller of the latest Start; with none
+// it returns a func that does nothing, and is a wiring mistake reported as
+// AfterBurst's is.
+func Begin() (end func()) {
+	if c := current.Load(); c != nil {
+		return c.Begin()
+	}
+	noController("Begin")
+	return nop
+}
+
+var (
+	// current is the controller the package-level functions use: the last
+	// of live, the controllers started and not yet closed, oldest first.
+	current atomic.Pointer[Controller]
+	liveMu  sync.Mutex
+	live    []*Controller
+
+	misuse       atomic.Int64
+	warnedNoCtl  atomic.Bool
+	warnedSecond atomic.Bool
+)
+
+// register makes c the controller of the package-level functions, and warns
+// (once per process) when an earlier one is still live.
+func register(c *Controller, l *slog.Logger) {
+	liveMu.Lock()
+	var prev *Controller
+	if n := len(live); n > 0 {
+		prev = live[n-1]
+	}
+	live = append(live, c)
+	current.Store(c)
+	liveMu.Unlock()
+	if prev == nil {
+		return
+	}
+	misuse.Add(1)
+	if !warnedSecond.Swap(true) {
+		l.Warn("memctl: Start called while an earlier controller is live (a second Start, or Start beside the auto package); "+
+			"the newest now serves memctl.AfterBurst and memctl.Begin, and both run until their Close",
+			"earlier_start", prev.startedBy, "this_start", c.startedBy)
+	}
+}
+
+// unregister hands the package-level functions to the latest controller
+// still live.
+func unregister(c *Controller) {
+	liveMu.Lock()
+	defer liveMu.Unlock()
+	for i, x := range live {
+		if x == c {
+			live = append(live[:i], live[i+1:]...)
+			break
+		}
+	}
+	if n := len(live); n > 0 {
+		current.Store(live[n-1])
+	} else {
+		current.Store(nil)
+	}
+}
+
+func noController(fn string) {
+	misuse.Add(1)
+	if !warnedNoCtl.Load() && !warnedNoCtl.Swap(true) {
+		slog.Default().Warn("memctl: " + fn + " called with no live controller: nothing will be trimmed; " +
+			"call memctl.Start at the top of main (or import github.com/memctl/memctl/auto) and Close it at exit")
+	}
+}
+
+// caller names the function skip frames up, with its file and line, for the
+// second-Start warning: "main.main (main.go:12)".
+func caller(skip int) string {
+	pc, file, line, ok := runtime.Caller(skip)
+	if !ok {
+		return "unknown"
+	}
+	name := "unknown"
+	if f := runtime.FuncForPC(pc); f != nil {
+		name = f.Name()
+	}
+	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line)
+}

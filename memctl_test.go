@@ -2,7 +2,6 @@ package memctl
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -32,7 +31,7 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh})
+	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring})
 }
 
 // childStart runs Start with a JSON logger on standard error and reports
@@ -52,6 +51,8 @@ func childStart() {
 	childtest.Say("THP_REPORT", r.THP)
 	childtest.Say("TRIM_DELAY", r.TrimDelay)
 	childtest.Say("SOURCE", r.MemLimit.Source)
+	childtest.Say("MEMLIMIT_BYTES", r.MemLimit.Bytes)
+	childtest.Say("MEMLIMIT_REASON", r.MemLimit.Reason)
 	childtest.Say("ARENA_MAX", r.ArenaMax)
 	childtest.Say("ARENA_NOTE", r.ArenaMaxNote)
 	childtest.Say("C_HEAP", r.CHeap)
@@ -72,16 +73,7 @@ func runStart(t *testing.T, g *cgrouptest.Group, env ...string) (map[string]stri
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	require.NoError(t, err, stderr.String())
-	var recs []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
-		if line == "" {
-			continue
-		}
-		var rec map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
-		recs = append(recs, rec)
-	}
-	return childtest.ParseReport(out), recs
+	return childtest.ParseReport(out), parseRecords(t, stderr.String())
 }
 
 func infoLines(recs []map[string]any) (n int, last map[string]any) {
@@ -114,19 +106,19 @@ func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	_, line := infoLines(recs)
 	// 0.9 of the limit less what the child holds outside the Go runtime
 	// (the binary, C heap: a few MiB).
-	outside, ok := line["gomemlimit_outside"].(float64)
-	require.True(t, ok, "gomemlimit_outside in %v", line)
-	assert.Less(t, outside, float64(32<<20))
+	outside, err := strconv.ParseInt(fmt.Sprint(line["gomemlimit_outside"]), 10, 64)
+	require.NoError(t, err, "gomemlimit_outside in %v", line)
+	assert.Less(t, outside, int64(32<<20))
 	ratio := 0.9
-	want := int64(float64(g.Limit)*ratio) - int64(outside)
+	want := int64(float64(g.Limit)*ratio) - outside
 	assert.Equal(t, strconv.FormatInt(want, 10), r["GOMEMLIMIT"])
-	assert.Equal(t, float64(want), line["gomemlimit"])
+	assert.Equal(t, strconv.FormatInt(want, 10), line["gomemlimit"])
 	file := "memory.limit_in_bytes"
 	if g.Version == 2 {
 		file = "memory.max"
 	}
 	assert.Equal(t, filepath.Join(g.Dir, file), line["gomemlimit_file"])
-	assert.Equal(t, float64(10*time.Second), line["gomemlimit_refresh"], "refresh on by default")
+	assert.Equal(t, "10s", line["gomemlimit_refresh"], "refresh on by default")
 	assert.Equal(t, r["SOURCE"], line["gomemlimit_source"])
 	assert.Contains(t, r["SOURCE"], "cgroup v")
 
@@ -140,9 +132,13 @@ func TestStartOff(t *testing.T) {
 	assert.Equal(t, "true", r["OFF"])
 	assert.Equal(t, "1", r["THP_ENABLED"], "THP untouched")
 	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["GOMEMLIMIT"], "GOMEMLIMIT untouched")
+	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["MEMLIMIT_BYTES"], "Report says no limit as the doc does")
+	assert.NotEmpty(t, r["MEMLIMIT_REASON"])
 	n, line := infoLines(recs)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, "memctl is off", line["msg"])
+	assert.Equal(t, "none", line["gomemlimit"])
+	assert.Equal(t, "MEMCTL=off", line["reason"])
 }
 
 func TestStartEnvironmentSwitches(t *testing.T) {
@@ -166,14 +162,25 @@ func TestStartEnvironmentSwitches(t *testing.T) {
 	assert.Equal(t, 1, n)
 }
 
+func countLevel(recs []map[string]any, level string) int {
+	n := 0
+	for _, r := range recs {
+		if r["level"] == level {
+			n++
+		}
+	}
+	return n
+}
+
 func TestStartEnvironmentEdgeCases(t *testing.T) {
 	r, _ := runStart(t, nil, "MEMCTL=OFF")
 	assert.Equal(t, "true", r["OFF"], "MEMCTL is case-insensitive")
 
-	r, _ = runStart(t, nil, "MEMCTL=flase")
-	assert.Equal(t, "false", r["OFF"])
+	r, recs := runStart(t, nil, "MEMCTL=flase")
+	assert.Equal(t, "true", r["OFF"], "an invalid value switches its part off: here all of memctl")
 	assert.Contains(t, r["ERR"], `MEMCTL="flase"`, "an unknown MEMCTL value is reported")
-	assert.Equal(t, "0", r["THP_ENABLED"], "and memctl stays on")
+	assert.Equal(t, "1", r["THP_ENABLED"], "and nothing is touched")
+	assert.Equal(t, 1, countLevel(recs, "WARN"), "one WARN line: %v", recs)
 
 	r, _ = runStart(t, nil, "MEMCTL_THP=", "MEMCTL_TRIM_DELAY=", "MEMCTL_ARENA_MAX=", "MEMCTL=")
 	assert.Equal(t, "<nil>", r["ERR"], "empty means unset")

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -16,14 +17,14 @@ import (
 // off; a bad MEMCTL_GOMEMLIMIT_FLOOR leaves GOMEMLIMIT alone (the operator's
 // floor is not guessed at). Both are reported to fail.
 func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimiter, limits.MemLimit, error) {
-	if v := getenv("MEMCTL_REFRESH"); v != "" {
+	if v, ok := envflag.Lookup("MEMCTL_REFRESH"); ok {
 		d, err := parseRefresh(v)
 		if err != nil {
 			fail(err)
 		}
 		cfg.Refresh = d
 	}
-	if v := getenv("MEMCTL_GOMEMLIMIT_FLOOR"); v != "" {
+	if v, ok := envflag.Lookup("MEMCTL_GOMEMLIMIT_FLOOR"); ok {
 		n, err := parseFloor(v)
 		if err != nil {
 			ml := limits.MemLimit{Bytes: debug.SetMemoryLimit(-1), Reason: "GOMEMLIMIT left as it was: bad MEMCTL_GOMEMLIMIT_FLOOR"}
@@ -34,16 +35,14 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 	return limits.NewMemLimiter(cfg)
 }
 
-// parseRefresh parses MEMCTL_REFRESH: "off" or "0" for no refresh (-1 for
-// limits.MemLimitConfig.Refresh), or a positive time.ParseDuration string
-// such as "10s". A bad value turns the refresh off and is an error.
+// parseRefresh parses MEMCTL_REFRESH with the one grammar
+// (internal/envflag): an off word or "0" gives -1 (no refresh, as
+// limits.MemLimitConfig.Refresh takes it), an on word the default, or a
+// duration such as "10s". A bad value turns the refresh off and is an error.
 func parseRefresh(v string) (time.Duration, error) {
-	if strings.EqualFold(v, "off") {
-		return -1, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		return -1, fmt.Errorf("memctl: MEMCTL_REFRESH=%q: want \"off\" or a duration such as \"10s\"; the GOMEMLIMIT refresh is off", v)
+	d, err := envflag.Duration("MEMCTL_REFRESH", v, limits.DefaultRefresh, time.Millisecond)
+	if err != nil {
+		return -1, fmt.Errorf("memctl: %w; the GOMEMLIMIT refresh is off", err)
 	}
 	if d == 0 {
 		return -1, nil

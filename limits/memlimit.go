@@ -11,7 +11,6 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/procfs"
 )
@@ -304,19 +304,24 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	if m.ratio == 0 {
 		m.ratio, m.ratioFrom = DefaultRatio, "default"
 	}
-	if v := strings.TrimSpace(os.Getenv("AUTOMEMLIMIT")); v != "" {
-		if strings.EqualFold(v, "off") {
+	if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
+		// automemlimit's variable, read with memctl's one grammar
+		// (internal/envflag): an off word leaves GOMEMLIMIT to the program,
+		// an on word is the configured ratio, a number in (0, 1] the ratio.
+		r, err := envflag.Ratio("AUTOMEMLIMIT", os.Getenv("AUTOMEMLIMIT"), m.ratio)
+		if err != nil {
+			d.Reason = "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT"
+			m.store(d)
+			return m, d, fmt.Errorf("limits: %w", err)
+		}
+		if r == 0 {
 			d.Source, d.Reason = SourceEnv, fmt.Sprintf("AUTOMEMLIMIT=%s is set in the environment", v)
 			m.store(d)
 			return m, d, nil
 		}
-		r, err := strconv.ParseFloat(v, 64)
-		if err != nil || !validRatio(r) {
-			d.Reason = "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT"
-			m.store(d)
-			return m, d, fmt.Errorf("limits: AUTOMEMLIMIT=%q: want \"off\" or a ratio in (0.0, 1.0]", os.Getenv("AUTOMEMLIMIT"))
+		if !envflag.IsOn(v) {
+			m.ratio, m.ratioFrom = r, "AUTOMEMLIMIT"
 		}
-		m.ratio, m.ratioFrom = r, "AUTOMEMLIMIT"
 	}
 	if !validRatio(m.ratio) {
 		d.Reason = "GOMEMLIMIT left as it was: bad ratio"

@@ -125,7 +125,7 @@ func TestOperatorEnvironmentWins(t *testing.T) {
 	keepMemoryLimit(t)
 	debug.SetMemoryLimit(123 << 20)
 	for _, env := range [][2]string{{"GOMEMLIMIT", "123MiB"}, {"GOMEMLIMIT", "off"}, {"AUTOMEMLIMIT", "off"},
-		{"AUTOMEMLIMIT", "OFF"}, {"AUTOMEMLIMIT", " Off "}, {"AUTOMEMLIMIT", "off\n"}} {
+		{"AUTOMEMLIMIT", "OFF"}, {"AUTOMEMLIMIT", " Off "}, {"AUTOMEMLIMIT", "off\n"}, {"AUTOMEMLIMIT", "0"}, {"AUTOMEMLIMIT", "false"}} {
 		t.Run(env[0]+"="+env[1], func(t *testing.T) {
 			t.Setenv(env[0], env[1])
 			cfg := cfgFor(fixedLimit(2, gib))
@@ -161,7 +161,7 @@ func TestBadConfigChangesNothing(t *testing.T) {
 	cfg.Floor = -1
 	_, _, err := start(t, cfg)
 	require.ErrorContains(t, err, "floor -1")
-	for _, v := range []string{"lots", "0", "2", "NaN", "of f", "0.5x"} {
+	for _, v := range []string{"lots", "2", "-0.5", "NaN", "of f", "0.5x", "0x1p-1"} {
 		t.Setenv("AUTOMEMLIMIT", v)
 		_, _, err := start(t, cfgFor(fixedLimit(2, gib)))
 		require.Error(t, err, "AUTOMEMLIMIT=%s", v)

@@ -7,9 +7,10 @@
 // Each child keeps 20 MiB live, allocates 512 MiB in 64 KiB objects (every
 // page touched), drops them and reports the end of the burst. The table gives
 // RSS just before the burst, the peak (VmHWM) and RSS 1 to 5 s after the
-// burst. The plain arm keeps its RSS: the garbage is collected at the next GC,
-// but the pages stay resident until the scavenger returns them, slowly. The
-// memctl arm trims 2 s after the burst and its RSS drops back. It finishes in
+// burst. The plain Go process keeps its RSS: the garbage is collected at the
+// next GC, but the pages stay resident until the scavenger returns them,
+// slowly. The process with memctl trims 2 s after the burst and its RSS drops
+// back. It finishes in
 // about 7 seconds.
 package main
 
@@ -157,10 +158,10 @@ func printTable(w io.Writer, arms []*armRun) {
 	tw.Flush()
 	for _, a := range arms {
 		if a.stats != "" {
-			fmt.Fprintf(w, "\n%s arm: %s\n", a.name, a.stats)
+			fmt.Fprintf(w, "\n%s process: %s\n", a.name, a.stats)
 		}
 		if a.stderr.Len() > 0 {
-			fmt.Fprintf(w, "%s arm logged: %s", a.name, a.stderr.String())
+			fmt.Fprintf(w, "%s process logged: %s", a.name, a.stderr.String())
 		}
 	}
 }

@@ -1,0 +1,26 @@
+package auto_test
+
+import (
+	"fmt"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/thp"
+)
+
+// A program that imports the auto package for its side effect
+//
+//	import _ "github.com/memctl/memctl/auto"
+//
+// has run memctl.Start with its defaults before main: the THP flag is off
+// for the process, and the package-level memctl.AfterBurst and memctl.Begin
+// reach the controller auto started (the startup line went to slog.Default).
+func Example() {
+	end := memctl.Begin() // a burst of work in flight: no trim runs
+	// ... the burst ...
+	end() // the trim follows two seconds later
+
+	state, err := thp.Process() // PR_GET_THP_DISABLE
+	fmt.Println("THP for this process:", state, err)
+	// Output:
+	// THP for this process: disabled <nil>
+}

@@ -1,0 +1,287 @@
+// Package metrics exports memctl's decisions and counters to Prometheus:
+// which GOMEMLIMIT was set and from which source, the trims run and skipped
+// and the bytes they released, the THP state, the per-request budget pools
+// (bytes in use, refusals), and wiring mistakes.
+//
+// It is a module of its own (github.com/memctl/memctl/metrics), so that the
+// memctl module's dependencies stay golang.org/x/sys and automemlimit; only
+// a program that imports this package pulls in
+// github.com/prometheus/client_golang.
+//
+//	ctl, _ := memctl.Start()
+//	defer ctl.Close()
+//	pool, _ := limits.NewPool(limits.PoolConfig{})
+//	if _, err := metrics.Register(prometheus.DefaultRegisterer, ctl, metrics.Pool{Name: "http", Pool: pool}); err != nil {
+//		...
+//	}
+//	http.Handle("/metrics", promhttp.Handler())
+//
+// The collector reads Controller.Stats, Controller.Report and
+// limits.Pool.Stats at each scrape; it keeps no state of its own, starts no
+// goroutine, and is safe for concurrent use. A scrape costs what those calls
+// cost (about a microsecond for the C heap statistics, see
+// memctl.Stats.CHeap).
+//
+// # Metrics
+//
+// Names and units follow the Prometheus conventions: a memctl_ prefix,
+// base units (bytes, seconds), _total for counters, _info for a gauge of 1
+// whose labels carry a state. A figure that does not exist (no GOMEMLIMIT,
+// no trim yet, a C heap figure the allocator does not report) is left out
+// of the scrape rather than given a sentinel value.
+//
+//	memctl_enabled                            gauge    1 when Start ran and MEMCTL did not switch memctl off
+//	memctl_gomemlimit_bytes                   gauge    GOMEMLIMIT now; absent when none is set
+//	memctl_gomemlimit_info{source}            gauge    1; source: none, cgroup v1, cgroup v2, system, env
+//	memctl_memory_limit_bytes                 gauge    the memory limit GOMEMLIMIT was derived from; absent when none was found
+//	memctl_trim_delay_seconds                 gauge    the trim delay; 0 when trimming is off
+//	memctl_trims_total                        counter  trims run
+//	memctl_trims_skipped_total                counter  due trims skipped: too little to release
+//	memctl_trim_released_bytes_total          counter  bytes the trims released (Go heap and C heap)
+//	memctl_trim_last_duration_seconds         gauge    wall time of the last trim; absent before the first
+//	memctl_trim_pending                       gauge    1 while a trim is scheduled
+//	memctl_bursts_in_flight                   gauge    bursts begun (Begin) and not yet ended
+//	memctl_thp_info{state,policy,system}      gauge    1; the process's THP state, the policy applied, the system mode
+//	memctl_c_heap_in_use_bytes{allocator}     gauge    bytes in live C heap blocks
+//	memctl_c_heap_retained_bytes{allocator}   gauge    bytes the C allocator holds that no live block uses
+//	memctl_misuse_total                       counter  wiring mistakes (memctl.Stats.Misuse)
+//
+// and per budget pool, labelled pool with the name given in Pool:
+//
+//	memctl_budget_limit_bytes                 gauge    the pool's limit; absent when it has none
+//	memctl_budget_in_use_bytes                gauge    bytes the pool's accounts hold (with their reserved chunks)
+//	memctl_budget_peak_bytes                  gauge    the highest in-use bytes since the pool was made
+//	memctl_budget_refusals_total              counter  Grow calls refused with resource_exhausted, any scope of the pool
+//	memctl_budget_canceled_total              counter  request contexts canceled under heap pressure
+//	memctl_budget_misuse_total                counter  Shrink calls below zero or of a negative size
+//	memctl_heap_pressure                      gauge    1 while the live heap is above the pool's heap threshold
+//
+// Not yet exported, because memctl does not count them yet: the trims' CPU
+// time (memctl_trim_cpu_seconds_total) and kernel memory-pressure events
+// (memctl_pressure_events_total). Adding a metric is one entry in
+// controllerMetrics or poolMetrics.
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/limits"
+)
+
+// Pool names a budget pool for the collector.
+type Pool struct {
+	// Name is the value of the pool label: non-empty and unique among the
+	// pools of one collector.
+	Name string
+	Pool *limits.Pool
+}
+
+// Collector is a prometheus.Collector for one memctl controller and any
+// number of budget pools. It is safe for concurrent use.
+type Collector struct {
+	ctl       *memctl.Controller
+	pools     []Pool
+	ctlDescs  []*prometheus.Desc
+	poolDescs []*prometheus.Desc
+}
+
+// controller is what one scrape reads from the controller.
+type controller struct {
+	live   bool // a controller was given
+	stats  memctl.Stats
+	report memctl.Report
+}
+
+// metric is one entry of a table: a name, its help, its type, the names of
+// its variable labels, and how to read it (ok false leaves it out of the
+// scrape; labels holds the values of the variable labels).
+type metric[T any] struct {
+	name   string
+	help   string
+	kind   prometheus.ValueType
+	labels []string
+	read   func(s *T) (v float64, labels []string, ok bool)
+}
+
+func gauge[T any](name, help string, read func(*T) (float64, bool)) metric[T] {
+	return metric[T]{name: name, help: help, kind: prometheus.GaugeValue,
+		read: func(s *T) (float64, []string, bool) { v, ok := read(s); return v, nil, ok }}
+}
+
+func counter[T any](name, help string, read func(*T) int64) metric[T] {
+	return metric[T]{name: name, help: help, kind: prometheus.CounterValue,
+		read: func(s *T) (float64, []string, bool) { return float64(read(s)), nil, true }}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// controllerMetrics are read from Controller.Stats and Report at each
+// scrape. To add one, add an entry.
+//
+// Left for the fields other issues add: memctl_trim_cpu_seconds_total
+// (the trims' CPU time), memctl_pressure_events_total{kind} (package
+// pressure).
+var controllerMetrics = []metric[controller]{
+	gauge("memctl_enabled", "1 when memctl.Start ran and MEMCTL did not switch memctl off.",
+		func(c *controller) (float64, bool) { return boolValue(c.live && !c.report.Off), true }),
+	gauge("memctl_gomemlimit_bytes", "GOMEMLIMIT now, in bytes (debug.SetMemoryLimit); absent when no limit is set.",
+		func(c *controller) (float64, bool) {
+			return float64(c.stats.GoMemLimit), c.stats.GoMemLimit != math.MaxInt64
+		}),
+	{name: "memctl_gomemlimit_info", kind: prometheus.GaugeValue, labels: []string{"source"},
+		help: "1, labelled with where the limit behind GOMEMLIMIT came from: none, cgroup v1, cgroup v2, system or env.",
+		read: func(c *controller) (float64, []string, bool) {
+			return 1, []string{c.report.MemLimit.Source.String()}, c.live
+		}},
+	gauge("memctl_memory_limit_bytes", "The memory limit GOMEMLIMIT was derived from (cgroup or system), in bytes; absent when none was found.",
+		func(c *controller) (float64, bool) {
+			return float64(c.report.MemLimit.Limit), c.live && c.report.MemLimit.Limit > 0
+		}),
+	gauge("memctl_trim_delay_seconds", "How long after the last burst the trim runs, in seconds; 0 when trimming is off.",
+		func(c *controller) (float64, bool) { return c.report.TrimDelay.Seconds(), c.live }),
+	counter("memctl_trims_total", "Trims run.",
+		func(c *controller) int64 { return c.stats.Trim.Trims }),
+	counter("memctl_trims_skipped_total", "Due trims skipped because too little could be released.",
+		func(c *controller) int64 { return c.stats.Trim.Skipped }),
+	counter("memctl_trim_released_bytes_total", "Bytes the trims released to the OS (Go heap and C heap).",
+		func(c *controller) int64 { return c.stats.Trim.TotalReleased }),
+	gauge("memctl_trim_last_duration_seconds", "Wall time of the last trim, in seconds; absent before the first.",
+		func(c *controller) (float64, bool) {
+			return c.stats.Trim.LastDuration.Seconds(), c.stats.Trim.Trims > 0
+		}),
+	gauge("memctl_trim_pending", "1 while a trim is scheduled.",
+		func(c *controller) (float64, bool) { return boolValue(c.stats.Trim.Pending), c.live }),
+	gauge("memctl_bursts_in_flight", "Bursts begun (memctl.Begin) and not yet ended.",
+		func(c *controller) (float64, bool) { return float64(c.stats.Trim.InFlight), c.live }),
+	{name: "memctl_thp_info", kind: prometheus.GaugeValue, labels: []string{"state", "policy", "system"},
+		help: "1, labelled with the process's THP state (PR_GET_THP_DISABLE), the policy memctl applied, and the system mode.",
+		read: func(c *controller) (float64, []string, bool) {
+			r := c.report
+			sys := r.THPSystem
+			if sys == "" {
+				sys = "unknown"
+			}
+			return 1, []string{r.THP.String(), r.THPPolicy.String(), sys}, c.live
+		}},
+	{name: "memctl_c_heap_in_use_bytes", kind: prometheus.GaugeValue, labels: []string{"allocator"},
+		help: "Bytes in live C heap blocks, as the allocator that owns malloc reports them; absent when it does not.",
+		read: func(c *controller) (float64, []string, bool) {
+			h := c.stats.CHeap
+			return float64(h.InUse), []string{h.Allocator}, h.InUse >= 0
+		}},
+	{name: "memctl_c_heap_retained_bytes", kind: prometheus.GaugeValue, labels: []string{"allocator"},
+		help: "Bytes the C allocator holds that no live block uses; absent when it does not report them.",
+		read: func(c *controller) (float64, []string, bool) {
+			h := c.stats.CHeap
+			return float64(h.Retained), []string{h.Allocator}, h.Retained >= 0
+		}},
+	counter("memctl_misuse_total", "Wiring mistakes: AfterBurst or Begin with no live controller, Start while another was live.",
+		func(c *controller) int64 { return c.stats.Misuse }),
+}
+
+// poolMetrics are read from limits.Pool.Stats at each scrape, one series
+// per pool (label pool). To add one, add an entry.
+var poolMetrics = []metric[limits.PoolStats]{
+	gauge("memctl_budget_limit_bytes", "The budget pool's limit, in bytes; absent when it has none.",
+		func(s *limits.PoolStats) (float64, bool) { return float64(s.Limit), s.Limit > 0 }),
+	gauge("memctl_budget_in_use_bytes", "Bytes the pool's accounts hold, including the chunks they reserved.",
+		func(s *limits.PoolStats) (float64, bool) { return float64(s.Used), true }),
+	gauge("memctl_budget_peak_bytes", "The highest in-use bytes since the pool was made.",
+		func(s *limits.PoolStats) (float64, bool) { return float64(s.Peak), true }),
+	counter("memctl_budget_refusals_total", "Grow calls refused with resource_exhausted by any scope of the pool.",
+		func(s *limits.PoolStats) int64 { return s.Refused }),
+	counter("memctl_budget_canceled_total", "Request contexts canceled under heap pressure.",
+		func(s *limits.PoolStats) int64 { return s.Canceled }),
+	counter("memctl_budget_misuse_total", "Shrink calls below zero or of a negative size.",
+		func(s *limits.PoolStats) int64 { return s.Misuse }),
+	gauge("memctl_heap_pressure", "1 while the live heap is above the pool's heap threshold (end of the last GC).",
+		func(s *limits.PoolStats) (float64, bool) { return boolValue(s.HeapPressure), true }),
+}
+
+// NewCollector returns a collector for ctl (the controller memctl.Start
+// returned) and pools. A nil ctl is allowed (for example when the auto
+// package started memctl): the scrape then has GOMEMLIMIT, the C heap and
+// the misuse count, and memctl_enabled is 0. It returns an error for a pool
+// with an empty or repeated name or a nil Pool.
+func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
+	seen := map[string]bool{}
+	for _, p := range pools {
+		switch {
+		case p.Name == "":
+			return nil, errors.New("metrics: a pool with an empty name")
+		case seen[p.Name]:
+			return nil, fmt.Errorf("metrics: pool name %q given twice", p.Name)
+		case p.Pool == nil:
+			return nil, fmt.Errorf("metrics: pool %q is nil", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	c := &Collector{ctl: ctl, pools: append([]Pool(nil), pools...)}
+	for _, m := range controllerMetrics {
+		c.ctlDescs = append(c.ctlDescs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
+	}
+	for _, m := range poolMetrics {
+		c.poolDescs = append(c.poolDescs, prometheus.NewDesc(m.name, m.help, append([]string{"pool"}, m.labels...), nil))
+	}
+	return c, nil
+}
+
+// Register makes a collector with NewCollector and registers it with reg
+// (prometheus.DefaultRegisterer, or a registry of the caller's). It returns
+// NewCollector's error, or reg.Register's (for example when a collector
+// with the same metrics is already registered).
+func Register(reg prometheus.Registerer, ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
+	c, err := NewCollector(ctl, pools...)
+	if err != nil {
+		return nil, err
+	}
+	if err := reg.Register(c); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return c, nil
+}
+
+// Describe sends the descriptions of every metric the collector can
+// export; part of prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.ctlDescs {
+		ch <- d
+	}
+	for _, d := range c.poolDescs {
+		ch <- d
+	}
+}
+
+// Collect reads the controller's and the pools' statistics once and sends
+// the metrics; part of prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	snap := controller{live: c.ctl != nil, stats: c.ctl.Stats()}
+	if c.ctl != nil {
+		snap.report = c.ctl.Report()
+	}
+	emit(ch, controllerMetrics, c.ctlDescs, &snap)
+	for _, p := range c.pools {
+		st := p.Pool.Stats()
+		emit(ch, poolMetrics, c.poolDescs, &st, p.Name)
+	}
+}
+
+func emit[T any](ch chan<- prometheus.Metric, table []metric[T], descs []*prometheus.Desc, s *T, fixed ...string) {
+	for i, m := range table {
+		v, labels, ok := m.read(s)
+		if !ok {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descs[i], m.kind, v, append(append([]string(nil), fixed...), labels...)...)
+	}
+}

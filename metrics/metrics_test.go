@@ -1,0 +1,221 @@
+package metrics
+
+import (
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/thp"
+	"github.com/memctl/memctl/trim"
+)
+
+// start runs memctl.Start in this process with a short trim delay and no
+// GOMEMLIMIT decision (AUTOMEMLIMIT=off), and restores GOMEMLIMIT and the
+// THP flag afterwards.
+func start(t *testing.T) *memctl.Controller {
+	t.Helper()
+	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX", "GOMEMLIMIT"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AUTOMEMLIMIT", "off")
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	if st, err := thp.Process(); err == nil {
+		t.Cleanup(func() { restoreTHP(st) })
+	}
+	ctl, err := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
+		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrimOptions(trim.WithMinRelease(0)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctl.Close() })
+	return ctl
+}
+
+func restoreTHP(s thp.State) {
+	switch s {
+	case thp.Enabled:
+		_ = thp.Enable()
+	case thp.Disabled:
+		_ = thp.Disable()
+	case thp.DisabledExceptAdvised:
+		_ = thp.DisableExceptAdvised()
+	}
+}
+
+// gather registers c in a fresh pedantic registry (which checks that every
+// metric matches its description) and returns the families by name.
+func gather(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+func value(t *testing.T, mfs map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	t.Helper()
+	mf, ok := mfs[name]
+	require.True(t, ok, "%s not in the scrape", name)
+	for _, m := range mf.GetMetric() {
+		if !hasLabels(m, labels) {
+			continue
+		}
+		if g := m.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Fatalf("%s: no series with labels %v", name, labels)
+	return 0
+}
+
+func hasLabels(m *dto.Metric, kv []string) bool {
+	for i := 0; i+1 < len(kv); i += 2 {
+		found := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == kv[i] && l.GetValue() == kv[i+1] {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func TestLint(t *testing.T) {
+	ctl := start(t)
+	pool, err := limits.NewPool(limits.PoolConfig{Limit: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	c, err := NewCollector(ctl, Pool{Name: "http", Pool: pool})
+	require.NoError(t, err)
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems, "names, units and help by the Prometheus conventions")
+	for _, m := range append(names(controllerMetrics), names(poolMetrics)...) {
+		assert.True(t, strings.HasPrefix(m, "memctl_"), m)
+	}
+}
+
+func names[T any](table []metric[T]) []string {
+	var out []string
+	for _, m := range table {
+		out = append(out, m.name)
+	}
+	return out
+}
+
+// The scrape follows the controller: a real trim after a real burst shows
+// in memctl_trims_total and memctl_trim_released_bytes_total.
+func TestControllerMetricsFollowTrims(t *testing.T) {
+	ctl := start(t)
+	c, err := NewCollector(ctl)
+	require.NoError(t, err)
+
+	mfs := gather(t, c)
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_enabled"))
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_trims_total"))
+	assert.Equal(t, 0.01, value(t, mfs, "memctl_trim_delay_seconds"))
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_gomemlimit_info", "source", "env"), "AUTOMEMLIMIT=off: the operator's choice")
+	assert.NotContains(t, mfs, "memctl_gomemlimit_bytes", "no GOMEMLIMIT: absent, not MaxInt64")
+	assert.NotContains(t, mfs, "memctl_trim_last_duration_seconds", "no trim yet")
+	st, err := thp.Process()
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_thp_info", "state", st.String(), "policy", "disable"))
+
+	work(32 << 20)
+	memctl.AfterBurst()
+	for deadline := time.Now().Add(20 * time.Second); ctl.Stats().Trim.Trims == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	want := ctl.Stats().Trim
+	require.Equal(t, int64(1), want.Trims)
+
+	mfs = gather(t, c)
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_trims_total"))
+	assert.Equal(t, float64(want.TotalReleased), value(t, mfs, "memctl_trim_released_bytes_total"))
+	assert.Greater(t, value(t, mfs, "memctl_trim_released_bytes_total"), 0.0, "the trim released the burst")
+	assert.Equal(t, want.LastDuration.Seconds(), value(t, mfs, "memctl_trim_last_duration_seconds"))
+
+	debug.SetMemoryLimit(300 << 20)
+	mfs = gather(t, c)
+	assert.Equal(t, float64(300<<20), value(t, mfs, "memctl_gomemlimit_bytes"))
+}
+
+// Refusals and bytes in use come from the pool, one series per pool.
+func TestPoolMetrics(t *testing.T) {
+	prev := debug.SetMemoryLimit(math.MaxInt64) // pool b: no GOMEMLIMIT, no limit
+	defer debug.SetMemoryLimit(prev)
+	a, err := limits.NewPool(limits.PoolConfig{Name: "a", Limit: 1 << 20, HeapPressure: -1})
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := limits.NewPool(limits.PoolConfig{Name: "b", HeapPressure: -1})
+	require.NoError(t, err)
+	defer b.Close()
+	c, err := NewCollector(nil, Pool{Name: "a", Pool: a}, Pool{Name: "b", Pool: b})
+	require.NoError(t, err)
+
+	acct, err := a.Open("req", 0)
+	require.NoError(t, err)
+	require.NoError(t, acct.Grow(100<<10))
+	assert.ErrorIs(t, acct.Grow(2<<20), limits.ErrResourceExhausted)
+	assert.ErrorIs(t, acct.Grow(2<<20), limits.ErrResourceExhausted)
+
+	mfs := gather(t, c)
+	assert.Equal(t, 2.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "a"))
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "b"))
+	assert.Equal(t, float64(a.Stats().Used), value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"))
+	assert.GreaterOrEqual(t, value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"), float64(100<<10))
+	assert.Equal(t, float64(1<<20), value(t, mfs, "memctl_budget_limit_bytes", "pool", "a"))
+	assert.Len(t, mfs["memctl_budget_limit_bytes"].GetMetric(), 1, "pool b has no limit (no GOMEMLIMIT): absent")
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_enabled"), "no controller given")
+	acct.Close()
+	mfs = gather(t, c)
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"))
+}
+
+// work allocates n bytes in 1 MiB pieces, every page touched; all of it is
+// garbage when it returns.
+func work(n int) int {
+	var sum int
+	for range n >> 20 {
+		b := make([]byte, 1<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		sum += int(b[len(b)-4096])
+	}
+	return sum
+}
+
+func TestBadPools(t *testing.T) {
+	p, err := limits.NewPool(limits.PoolConfig{HeapPressure: -1})
+	require.NoError(t, err)
+	defer p.Close()
+	for _, pools := range [][]Pool{{{Name: "", Pool: p}}, {{Name: "x", Pool: p}, {Name: "x", Pool: p}}, {{Name: "x"}}} {
+		_, err := NewCollector(nil, pools...)
+		assert.Error(t, err, "%v", pools)
+	}
+	reg := prometheus.NewRegistry()
+	_, err = Register(reg, nil)
+	require.NoError(t, err)
+	_, err = Register(reg, nil)
+	assert.Error(t, err, "a second collector with the same metrics")
+}
