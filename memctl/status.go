@@ -70,12 +70,24 @@ type statusReport struct {
 	thpState *thp.State
 }
 
-// parseMemoryEvents, when set, parses a cgroup v2 memory.events file (the
-// content, at most safefs.MaxCgroupFile bytes read inside the process's
-// root, and its path for errors) into its counters, which status shows as
-// "memory_events" and in the table. It is the hook for the memory.events
-// parser of internal/cgroupfs; nil leaves the counters out.
-var parseMemoryEvents func(b []byte, file string) (map[string]int64, error)
+// parseMemoryEvents parses a cgroup v2 memory.events file (its content, at
+// most safefs.MaxCgroupFile bytes read inside the process's root, and its
+// path for errors) with cgroupfs.ParseEvents into the counters the kernel
+// wrote (a counter an older kernel lacks is left out, never shown as 0),
+// which status shows as "memory_events" and in the table.
+func parseMemoryEvents(b []byte, file string) (map[string]int64, error) {
+	ev, err := cgroupfs.ParseEvents(bytes.NewReader(b), safefs.Quote(file))
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]int64, 6)
+	for k, v := range ev.All() {
+		if v >= 0 {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
 
 // thpSystem is thp.Settings in the JSON document.
 type thpSystem struct {
@@ -287,7 +299,7 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
 		}
 		st.Cgroup = c
-		if parseMemoryEvents != nil && l.Version == 2 {
+		if l.Version == 2 {
 			if err := readMemoryEvents(proc, l, view, st); err != nil {
 				unknown("memory_events", err)
 			}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"strconv"
 	"strings"
@@ -41,6 +42,18 @@ type Events struct {
 
 // eventKeys are the counters Events holds, in the kernel's order.
 var eventKeys = [...]string{"low", "high", "max", "oom", "oom_kill", "oom_group_kill"}
+
+// All yields each counter under its memory.events key, in the kernel's
+// order; an absent counter yields -1.
+func (e Events) All() iter.Seq2[string, int64] {
+	return func(yield func(string, int64) bool) {
+		for _, k := range eventKeys {
+			if !yield(k, *e.field(k)) {
+				return
+			}
+		}
+	}
+}
 
 func (e *Events) field(key string) *int64 {
 	switch key {
