@@ -52,10 +52,13 @@ type spiral struct {
 	ring    [ringSize]point
 	head, n int // oldest at head
 	active  bool
+	// lowSince is when the live heap fell under the end threshold during an
+	// episode, -1 while it is not under it.
+	lowSince time.Duration
 }
 
 func newSpiral(window time.Duration, share, liveRatio float64) *spiral {
-	s := &spiral{window: window, share: share, liveRatio: liveRatio, start: time.Now()}
+	s := &spiral{window: window, share: share, liveRatio: liveRatio, start: time.Now(), lowSince: -1}
 	for i, name := range spiralMetrics {
 		s.samples[i].Name = name
 	}
@@ -95,12 +98,27 @@ func (s *spiral) observe(r reading) verdict {
 	limited := r.limit > 0 && r.limit != math.MaxInt64
 	near := limited && float64(r.live) >= s.liveRatio*float64(r.limit)
 	hot := v.share >= s.share || v.limiter
+	if !s.active {
+		if near && hot && v.span >= s.window/4 {
+			s.active, s.lowSince = true, -1
+			v.change = 1
+		}
+		return v
+	}
+	// An episode ends when the GC's share over the window falls under 80%
+	// of the threshold (the window itself smooths it), or when the live
+	// heap stays under LiveRatio-5% of GOMEMLIMIT for a quarter window:
+	// the live heap of one cycle swings by tens of MiB in a spiral (objects
+	// allocated during the mark count as live), and a single low cycle
+	// must not end the episode and start another, with another WARN.
+	low := !limited || float64(r.live) < (s.liveRatio-0.05)*float64(r.limit)
 	switch {
-	case !s.active && near && hot && v.span >= s.window/4:
-		s.active = true
-		v.change = 1
-	case s.active && (!limited || float64(r.live) < (s.liveRatio-0.05)*float64(r.limit) ||
-		(v.share < 0.8*s.share && !v.limiter)):
+	case !low:
+		s.lowSince = -1
+	case s.lowSince < 0:
+		s.lowSince = r.now
+	}
+	if (v.share < 0.8*s.share && !v.limiter) || (low && r.now-s.lowSince >= s.window/4) {
 		s.active = false
 		v.change = -1
 	}
@@ -215,10 +233,10 @@ type lift struct {
 func (m *Monitor) liftLocked() (to int64, why string) {
 	c := m.cfg
 	switch {
-	case c.LiftOff || c.LiftCeiling == 0:
-		return 0, "off"
 	case strings.TrimSpace(os.Getenv("GOMEMLIMIT")) != "":
 		return 0, "off: GOMEMLIMIT set by the operator"
+	case c.LiftOff || c.LiftCeiling == 0:
+		return 0, "off"
 	case m.lift.timer != nil:
 		return 0, "already lifted"
 	case !m.lift.ended.IsZero() && time.Since(m.lift.ended) < c.LiftFor:

@@ -81,12 +81,45 @@ func TestSpiralEndsAndStartsAgain(t *testing.T) {
 	s := newSpiral(DefaultWindow, DefaultGCShare, DefaultLiveRatio)
 	started, _ := feed(s, 0, 12*time.Second, 10*time.Millisecond, 0.65, 196*mib, 200*mib, false)
 	require.GreaterOrEqual(t, started, time.Duration(0))
-	// The live heap falls (load shed): the episode ends at the next GC.
-	_, ended := feed(s, 12*time.Second+10*time.Millisecond, time.Second, 10*time.Millisecond, 0.65, 100*mib, 200*mib, false)
-	assert.Equal(t, 12*time.Second+10*time.Millisecond, ended)
+	// One cycle with a low live heap (objects allocated during the mark
+	// count as live, so it swings) does not end the episode.
+	_, ended := feed(s, 12*time.Second+10*time.Millisecond, 0, 10*time.Millisecond, 0.65, 100*mib, 200*mib, false)
+	assert.Equal(t, time.Duration(-1), ended)
+	_, ended = feed(s, 12*time.Second+20*time.Millisecond, time.Second, 10*time.Millisecond, 0.65, 196*mib, 200*mib, false)
+	assert.Equal(t, time.Duration(-1), ended)
+	// The live heap stays low (load shed): the episode ends a quarter
+	// window later.
+	from := 13*time.Second + 30*time.Millisecond
+	_, ended = feed(s, from, 4*time.Second, 10*time.Millisecond, 0.65, 100*mib, 200*mib, false)
+	assert.Equal(t, from+DefaultWindow/4, ended)
 	// One episode, one start: nothing more while it stays ended.
-	started, _ = feed(s, 13*time.Second+10*time.Millisecond, 2*time.Second, 10*time.Millisecond, 0.65, 100*mib, 200*mib, false)
+	started, _ = feed(s, from+4*time.Second+10*time.Millisecond, 2*time.Second, 10*time.Millisecond, 0.65, 100*mib, 200*mib, false)
 	assert.Equal(t, time.Duration(-1), started)
+}
+
+func TestSpiralEndsWhenTheGCCalmsDown(t *testing.T) {
+	s := newSpiral(DefaultWindow, DefaultGCShare, DefaultLiveRatio)
+	gc, total := 0.0, 0.0
+	step := 10 * time.Millisecond
+	var started, ended time.Duration = -1, -1
+	for now := step; now <= 40*time.Second; now += step {
+		share := 0.7
+		if now > 20*time.Second {
+			share = 0.05 // a lift gave the GC room
+		}
+		total += 2 * step.Seconds()
+		gc += 2 * step.Seconds() * share
+		switch s.observe(reading{now: now, gc: gc, total: total, live: 196 * mib, limit: 200 * mib}).change {
+		case 1:
+			started = now
+		case -1:
+			ended = now
+		}
+	}
+	assert.Equal(t, DefaultWindow/4+step, started)
+	// The share over the window falls under 0.4 when (0.7(W-x) + 0.05x)/W
+	// < 0.4: x > 4.6 s.
+	assert.InDelta(t, 24.6, ended.Seconds(), 0.2)
 }
 
 func TestSpiralWindowSlides(t *testing.T) {
@@ -111,7 +144,7 @@ func TestSpiralWindowSlides(t *testing.T) {
 	require.Positive(t, at)
 	assert.Less(t, at, DefaultWindow)
 	// (0.7x + 0.1(W-x))/W = 0.5 at x = 2W/3.
-	assert.InDelta(t, (2*DefaultWindow/3).Seconds(), at.Seconds(), 0.5)
+	assert.InDelta(t, (2 * DefaultWindow / 3).Seconds(), at.Seconds(), 0.5)
 }
 
 func TestSpiralObserveAllocatesNothing(t *testing.T) {
