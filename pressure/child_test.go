@@ -1,3 +1,5 @@
+//go:build linux
+
 package pressure_test
 
 import (
@@ -87,6 +89,7 @@ func childSpiral() {
 			case e := <-ch:
 				if e.Kind == pressure.KindSpiral && first < 0 {
 					first = time.Since(start).Seconds()
+					childtest.Say("SPIRAL_LIVE", e.LiveHeap)
 				}
 			default:
 			}
@@ -135,9 +138,14 @@ func TestDeathSpiralChild(t *testing.T) {
 	}
 	rep, out := runSpiral(t, 140)
 	t.Logf("spiral: %v", rep)
+	// The live heap at the GC end that decided, and over the run (the
+	// mean includes the first second, when it is still being built).
+	live, err := strconv.ParseInt(rep["SPIRAL_LIVE"], 10, 64)
+	require.NoError(t, err)
+	assert.InDelta(t, 196, live>>20, 16, "live heap near 196 MiB")
 	meanLive, err := strconv.ParseInt(rep["MEAN_LIVE"], 10, 64)
 	require.NoError(t, err)
-	assert.InDelta(t, 196, meanLive>>20, 20, "live heap near 196 MiB")
+	assert.GreaterOrEqual(t, meanLive, int64(160*mib))
 	after, err := strconv.ParseFloat(rep["SPIRAL_AFTER_S"], 64)
 	require.NoError(t, err)
 	assert.Positive(t, after, "a KindSpiral event came")
@@ -317,6 +325,9 @@ func childV1Trim() {
 // limit; memctl, told by the v1 pressure level, trims on its own and the
 // child's RSS falls by most of the burst.
 func TestV1CgroupTrimsOnPressure(t *testing.T) {
+	if raceEnabled {
+		t.Skip("RSS test: the race detector's shadow memory does not fit the 256 MiB cgroup")
+	}
 	if l, err := cgroupfs.Of(0); err != nil || l.Version != 1 {
 		t.Skipf("needs a cgroup v1 memory controller (this process: %+v, %v)", l, err)
 	}

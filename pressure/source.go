@@ -27,10 +27,14 @@ type source struct {
 	name  string
 }
 
-// psiTrigger returns the PSI trigger line "some STALL_US WINDOW_US"
-// (Documentation/accounting/psi.rst, "Monitoring for pressure thresholds").
+// psiTrigger returns the PSI trigger "some STALL_US WINDOW_US" with its
+// terminating NUL (Documentation/accounting/psi.rst, "Monitoring for
+// pressure thresholds": the example writes strlen(trig) + 1 bytes). The
+// NUL matters: the kernel overwrites the last byte written with one
+// (psi_write), so without it the window loses its last digit, and
+// "some 200000 2000000" is refused with EINVAL (checked here on 6.18).
 func psiTrigger(stall, window time.Duration) []byte {
-	return fmt.Appendf(nil, "some %d %d", stall.Microseconds(), window.Microseconds())
+	return fmt.Appendf(nil, "some %d %d\x00", stall.Microseconds(), window.Microseconds())
 }
 
 // systemdSource returns the source systemd's memory pressure protocol

@@ -224,7 +224,7 @@ func TestSystemdSource(t *testing.T) {
 }
 
 func TestPSITrigger(t *testing.T) {
-	assert.Equal(t, "some 200000 2000000", string(psiTrigger(DefaultStall, DefaultStallWindow)))
+	assert.Equal(t, "some 200000 2000000\x00", string(psiTrigger(DefaultStall, DefaultStallWindow)))
 }
 
 func newTestMonitor(t *testing.T, cfg Config) *Monitor {
