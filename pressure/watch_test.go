@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/gcend"
@@ -221,4 +222,37 @@ func TestCloseLeavesNothing(t *testing.T) {
 	assert.False(t, open)
 	assert.Equal(t, before, gcend.Active())
 	assert.Positive(t, m.Stats().GCCycles, "the detector ran at GC end")
+}
+
+// TestV1LevelRateLimited: the v1 pressure level "low" fires hundreds of
+// times a second at a cgroup's limit; the watcher acts at most once per
+// MinInterval and counts the rest. The watcher listens on this process's
+// cgroup, and a child cgroup's events propagate to it (the default
+// "hierarchy" mode of memory.pressure_level).
+func TestV1LevelRateLimited(t *testing.T) {
+	if testing.Short() {
+		t.Skip("thrashes a cgroup for 10 s")
+	}
+	if l, err := cgroupfs.Of(0); err != nil || l.Version != 1 {
+		t.Skipf("needs a cgroup v1 memory controller (this process: %+v, %v)", l, err)
+	}
+	defer goleak.VerifyNone(t)
+	var trims atomic.Int64
+	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchCgroup, SpiralOff: true, Logger: discard,
+		MinInterval: time.Second, Trim: func() { trims.Add(1) }})
+	require.NoError(t, err)
+	defer m.Close()
+	g := cgrouptest.New(t, 256<<20)
+	const secs = 10
+	cmd := childtest.Command(t, "thrash", nil, "ANON_MIB=200", "CACHE_DIR="+t.TempDir(), "THRASH_S="+strconv.Itoa(secs))
+	g.Wrap(cmd)
+	start := time.Now()
+	require.NoError(t, cmd.Run())
+	took := time.Since(start)
+	s := m.Stats()
+	t.Logf("v1 low over %v: %d signals, %d actions (%d trims)", took.Round(time.Millisecond), s.Signals, s.Acted, trims.Load())
+	require.Positive(t, s.Acted)
+	assert.LessOrEqual(t, s.Acted, int64(took/time.Second)+2, "at most one action per MinInterval")
+	assert.Equal(t, s.Acted, trims.Load())
+	assert.Greater(t, s.Signals, 10*s.Acted, "the signals in between were coalesced")
 }
