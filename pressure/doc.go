@@ -22,6 +22,9 @@
 // half the CPU, runtime/mgclimit.go). It logs one WARN with the figures,
 // publishes a KindSpiral event, and takes the actions Config switches on:
 // Shed (refuse new large work) and a bounded, timed lift of GOMEMLIMIT.
+// The check costs about 1.3 µs per GC end and allocates nothing
+// (go test ./pressure -run XXX -bench GCEndCheck, on this 2-core machine):
+// 0.07% of one CPU at the 500 cycles a second of a spiral.
 //
 // # Kernel memory pressure
 //

@@ -231,6 +231,7 @@ type Monitor struct {
 	actMu    sync.Mutex // serializes episode actions and lifts
 	applied  bool       // episode state the actions were taken for
 	lift     lift
+	epMu     sync.Mutex // orders episodes.Add against Close's Wait
 	episodes sync.WaitGroup
 
 	watch *watcher
@@ -415,7 +416,9 @@ func (m *Monitor) Close() error {
 		return nil
 	}
 	m.closeOnce.Do(func() {
+		m.epMu.Lock()
 		m.closed.Store(true)
+		m.epMu.Unlock()
 		m.gcSub.Stop()
 		if m.watch != nil {
 			m.watch.close()

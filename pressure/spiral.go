@@ -174,6 +174,11 @@ func (m *Monitor) gcEnd() bool {
 	} else {
 		m.spirals.Add(1)
 	}
+	m.epMu.Lock()
+	defer m.epMu.Unlock()
+	if m.closed.Load() {
+		return false
+	}
 	m.inSpiral.Store(v.change > 0)
 	m.publish(e)
 	m.episodes.Add(1)

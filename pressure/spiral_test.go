@@ -373,3 +373,13 @@ func TestLiftBounds(t *testing.T) {
 		assert.Zero(t, m.Stats().Lifted)
 	})
 }
+
+// BenchmarkGCEndCheck is the detector's work at each GC end: one
+// runtime/metrics read of five metrics and the window update.
+func BenchmarkGCEndCheck(b *testing.B) {
+	s := newSpiral(DefaultWindow, DefaultGCShare, DefaultLiveRatio)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.observe(s.read())
+	}
+}
