@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,7 +69,15 @@ var (
 // detector saw. The WARN goes to stdout as a text log line.
 func childSpiral() {
 	live, churn := envInt("LIVE_MIB"), envInt("CHURN_S")
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchOff, Logger: slog.New(slog.NewTextHandler(os.Stdout, nil))})
+	cfg := pressure.Config{Watch: pressure.WatchOff, Logger: slog.New(slog.NewTextHandler(os.Stdout, nil))}
+	if os.Getenv("LIFT") != "" {
+		// GOMEMLIMIT is not the operator's here: set by the program, as
+		// memctl.Start sets it from the cgroup, with the cgroup limit as
+		// the ceiling of a lift.
+		debug.SetMemoryLimit(200 * mib)
+		cfg.LiftCeiling, cfg.LiftFor = int64(envInt("LIFT"))*mib, 4*time.Second
+	}
+	m, err := pressure.Start(cfg)
 	if err != nil {
 		childtest.Fail("start: %v", err)
 	}
@@ -79,7 +88,7 @@ func childSpiral() {
 	start := time.Now()
 	first := -1.0
 	var maxShare float64
-	var maxLive, sumLive, nLive int64
+	var maxLive, sumLive, nLive, lifted int64
 	for i := 0; time.Since(start) < time.Duration(churn)*time.Second; i++ {
 		b := make([]byte, 4096)
 		b[0] = 1
@@ -92,6 +101,10 @@ func childSpiral() {
 					childtest.Say("SPIRAL_LIVE", e.LiveHeap)
 				}
 			default:
+			}
+			if l := debug.SetMemoryLimit(-1); l != 200*mib && l != lifted && os.Getenv("LIFT") != "" {
+				childtest.Say("LIFTED_TO", l)
+				lifted = l
 			}
 			s := m.Stats()
 			maxShare, maxLive = max(maxShare, s.GCShare), max(maxLive, s.LiveHeap)
@@ -109,14 +122,15 @@ func childSpiral() {
 	childtest.Say("MAX_LIVE", maxLive)
 	childtest.Say("MEAN_LIVE", sumLive/max(nLive, 1))
 	childtest.Say("LIFTS", s.Lifts)
+	childtest.Say("GOMEMLIMIT_END", debug.SetMemoryLimit(-1))
 	runtime.KeepAlive(keep)
 	_ = m.Close()
 }
 
-func runSpiral(t *testing.T, liveMiB int) (map[string]string, string) {
+func runSpiral(t *testing.T, liveMiB int, env ...string) (map[string]string, string) {
 	t.Helper()
-	cmd := childtest.Command(t, "spiral", []string{"GOGC", "GOMAXPROCS"}, "GOMEMLIMIT=200MiB",
-		"LIVE_MIB="+strconv.Itoa(liveMiB), "CHURN_S=12")
+	cmd := childtest.Command(t, "spiral", []string{"GOGC", "GOMAXPROCS", "GOMEMLIMIT"},
+		append([]string{"LIVE_MIB=" + strconv.Itoa(liveMiB), "CHURN_S=12"}, env...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	require.NoError(t, cmd.Run(), errb.String())
@@ -136,7 +150,7 @@ func TestDeathSpiralChild(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory and slowdown change the GC figures")
 	}
-	rep, out := runSpiral(t, 140)
+	rep, out := runSpiral(t, 140, "GOMEMLIMIT=200MiB")
 	t.Logf("spiral: %v", rep)
 	// The live heap at the GC end that decided, and over the run (the
 	// mean includes the first second, when it is still being built).
@@ -156,7 +170,7 @@ func TestDeathSpiralChild(t *testing.T) {
 	assert.Contains(t, out, `lift="off: GOMEMLIMIT set by the operator"`)
 	assert.Equal(t, "0", rep["LIFTS"])
 
-	rep, out = runSpiral(t, 20)
+	rep, out = runSpiral(t, 20, "GOMEMLIMIT=200MiB")
 	t.Logf("control: %v", rep)
 	assert.Equal(t, "-1", rep["SPIRAL_AFTER_S"])
 	assert.Equal(t, "0", rep["SPIRALS"])
@@ -357,4 +371,31 @@ func childThrash() {
 	fillPageCache(os.Getenv("CACHE_DIR"), 1<<30, func() bool { return false },
 		time.Now().Add(time.Duration(envInt("THRASH_S"))*time.Second))
 	runtime.KeepAlive(a)
+}
+
+// TestDeathSpiralLift: with GOMEMLIMIT set by the program (not the
+// operator) and a ceiling, the episode lifts GOMEMLIMIT by 10% of 200 MiB,
+// capped at the 215 MiB ceiling, for 4 s, and restores it.
+func TestDeathSpiralLift(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child for 12 s")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory and slowdown change the GC figures")
+	}
+	rep, out := runSpiral(t, 140, "LIFT=215")
+	t.Logf("lift: %v", rep)
+	assert.Positive(t, mustFloat(t, rep["SPIRAL_AFTER_S"]))
+	assert.Equal(t, strconv.Itoa(215*mib), rep["LIFTED_TO"], "+10% capped at the ceiling")
+	assert.Contains(t, out, "gomemlimit_lifted_to=225443840")
+	assert.Contains(t, out, "GOMEMLIMIT lift ended")
+	assert.Equal(t, strconv.Itoa(200*mib), rep["GOMEMLIMIT_END"], "restored after LiftFor")
+	assert.Equal(t, "1", rep["LIFTS"], "one lift: none again within LiftFor of the last")
+}
+
+func mustFloat(t *testing.T, s string) float64 {
+	t.Helper()
+	f, err := strconv.ParseFloat(s, 64)
+	require.NoError(t, err)
+	return f
 }

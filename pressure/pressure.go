@@ -25,7 +25,12 @@ const (
 	// DefaultGCShare is the GC's share of the available CPU over the window
 	// that counts as a spiral: the GC CPU limiter's own cap is 50%
 	// (runtime/mgclimit.go), and a spiral measured here reaches 60-67%
-	// against 14% in the 20 MiB-live control (TestDeathSpiralChild).
+	// against 13-24% in the 20 MiB-live control (TestDeathSpiralChild).
+	// The share includes the GC's idle-priority mark workers, which run
+	// on Ps the program leaves idle: with one busy goroutine on 2 cores,
+	// they are a third of the spiral's GC time (0.59 in all, 0.39 without
+	// /cpu/classes/gc/mark/idle). That CPU is spent all the same, and
+	// counts against a container's CPU quota.
 	DefaultGCShare = 0.5
 	// DefaultLiveRatio is the share of GOMEMLIMIT the live heap must reach:
 	// the same 90% at which limits pools see heap pressure

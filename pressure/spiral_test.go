@@ -383,3 +383,13 @@ func BenchmarkGCEndCheck(b *testing.B) {
 		s.observe(s.read())
 	}
 }
+
+func TestStatsReadsMemoryEvents(t *testing.T) {
+	m := newTestMonitor(t, Config{})
+	m.events = "../internal/cgroupfs/testdata/events/v6.18"
+	assert.Equal(t, MemoryEvents{Low: 0, High: 12, Max: 3456, OOM: 7, OOMKill: 2, OOMGroupKill: 0}, m.Stats().MemoryEvents)
+	m.events = "../internal/cgroupfs/testdata/events/bad-negative"
+	assert.Equal(t, MemoryEvents{-1, -1, -1, -1, -1, -1}, m.Stats().MemoryEvents, "malformed: unknown, not zero")
+	m.events = ""
+	assert.Equal(t, MemoryEvents{-1, -1, -1, -1, -1, -1}, m.Stats().MemoryEvents, "not cgroup v2")
+}
