@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -45,7 +46,11 @@ func TestStartWiresPressure(t *testing.T) {
 	require.NotNil(t, line, buf.String())
 	assert.Equal(t, r.Pressure, line["pressure"], "the startup line names the source watched")
 	if l, err := cgroupfs.Of(0); err == nil && l.Version == 1 {
-		assert.Contains(t, r.Pressure, "cgroup v1 "+l.Dir+"/memory.pressure_level")
+		if l.Bytes != cgroupfs.NoLimit {
+			assert.Contains(t, r.Pressure, "cgroup v1 "+l.Dir+"/memory.pressure_level")
+		} else if _, err := os.Stat("/proc/pressure/memory"); err == nil {
+			assert.Contains(t, r.Pressure, "system PSI", "a v1 cgroup without a limit: PSI")
+		}
 		assert.Equal(t, int64(-1), ctl.Stats().Pressure.MemoryEvents.OOMKill, "no memory.events in v1")
 	}
 	assert.Equal(t, before+1, gcend.Active(), "the death-spiral detector's GC-end hook")

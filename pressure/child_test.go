@@ -235,22 +235,32 @@ func startReady(t *testing.T, cmd *exec.Cmd) map[string]string {
 
 // TestIdleContextSwitches: over 10 s, a child that ran memctl.Start (with
 // the kernel watcher blocked in poll) makes as many voluntary context
-// switches, summed over its threads, as a plain Go program in the same run.
+// switches, summed over its threads, as a plain Go program in the same run:
+// once as it is (system PSI here), once in a 256 MiB cgroup each (the v1
+// pressure level's eventfd here).
 func TestIdleContextSwitches(t *testing.T) {
 	if testing.Short() {
-		t.Skip("watches two children for 10 s")
+		t.Skip("watches two children for 10 s, twice")
 	}
-	mc := childtest.Command(t, "idle", []string{"MEMCTL"})
-	plain := childtest.Command(t, "plain", nil)
-	rep := startReady(t, mc)
-	startReady(t, plain)
-	t.Logf("memctl child watches %q", rep["SOURCE"])
-	time.Sleep(time.Second)
-	m0, p0 := switches(t, mc.Process.Pid), switches(t, plain.Process.Pid)
-	time.Sleep(10 * time.Second)
-	m1, p1 := switches(t, mc.Process.Pid), switches(t, plain.Process.Pid)
-	t.Logf("voluntary context switches over 10 s: memctl %d, plain %d", m1-m0, p1-p0)
-	assert.LessOrEqual(t, m1-m0, p1-p0+2)
+	for _, inCgroup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cgroup=%v", inCgroup), func(t *testing.T) {
+			mc := childtest.Command(t, "idle", []string{"MEMCTL", "MEMORY_PRESSURE_WATCH"})
+			plain := childtest.Command(t, "plain", nil)
+			if inCgroup {
+				cgrouptest.New(t, 256*mib).Wrap(mc)
+				cgrouptest.New(t, 256*mib).Wrap(plain)
+			}
+			rep := startReady(t, mc)
+			startReady(t, plain)
+			t.Logf("memctl child watches %q", rep["SOURCE"])
+			time.Sleep(time.Second)
+			m0, p0 := switches(t, mc.Process.Pid), switches(t, plain.Process.Pid)
+			time.Sleep(10 * time.Second)
+			m1, p1 := switches(t, mc.Process.Pid), switches(t, plain.Process.Pid)
+			t.Logf("voluntary context switches over 10 s: memctl %d, plain %d", m1-m0, p1-p0)
+			assert.LessOrEqual(t, m1-m0, p1-p0+2)
+		})
+	}
 }
 
 // fillPageCache writes a file of up to max bytes in 4 MiB chunks under

@@ -69,6 +69,10 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 			p := filepath.Join(l.Dir, "memory.pressure")
 			cands = append(cands, source{kind: srcPSI, path: p, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow),
 				name: fmt.Sprintf("cgroup v2 PSI %s (some %v in %v)", p, m.cfg.Stall, m.cfg.StallWindow)})
+		case l.Bytes == cgroupfs.NoLimit && w == WatchAuto:
+			// No limit: "low" then fires on any reclaim of the host's page
+			// cache, which a busy host does all the time; PSI measures stalls.
+			why = append(why, fmt.Errorf("pressure: cgroup v1 %s has no memory limit: watching PSI instead", l.Dir))
 		default:
 			cands = append(cands, source{kind: srcV1Level, path: l.Dir,
 				name: fmt.Sprintf("cgroup v1 %s/memory.pressure_level %s", l.Dir, v1Level)})
