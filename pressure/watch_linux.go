@@ -95,6 +95,10 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 			return nil, fmt.Errorf("pressure: eventfd: %w", err)
 		}
 		wt.wake, wt.done = wake, make(chan struct{})
+		if len(why) > 0 {
+			// An earlier source did not work; say why once, then go on.
+			m.log.Info("memctl: memory pressure source skipped", "using", wt.name, "error", errors.Join(why...))
+		}
 		go wt.run()
 		return wt, nil
 	}

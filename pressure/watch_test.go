@@ -3,6 +3,7 @@
 package pressure_test
 
 import (
+	"bytes"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -255,4 +256,21 @@ func TestV1LevelRateLimited(t *testing.T) {
 	assert.LessOrEqual(t, s.Acted, int64(took/time.Second)+2, "at most one action per MinInterval")
 	assert.Equal(t, s.Acted, trims.Load())
 	assert.Greater(t, s.Signals, 10*s.Acted, "the signals in between were coalesced")
+}
+
+// TestAutoFallsBack: in WatchAuto, a $MEMORY_PRESSURE_WATCH that cannot be
+// opened is reported once (INFO) and the next source is watched.
+func TestAutoFallsBack(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	t.Setenv("MEMORY_PRESSURE_WATCH", missing)
+	var buf bytes.Buffer
+	m, err := pressure.Start(pressure.Config{SpiralOff: true, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Skipf("no other source here: %v", err)
+	}
+	defer m.Close()
+	assert.NotContains(t, m.Source(), "systemd")
+	assert.Contains(t, buf.String(), "memory pressure source skipped")
+	assert.Contains(t, buf.String(), missing)
 }
