@@ -55,6 +55,34 @@ type spiral struct {
 	// lowSince is when the live heap fell under the end threshold during an
 	// episode, -1 while it is not under it.
 	lowSince time.Duration
+	// lives are the live heaps of the last liveCycles GC ends (nLives of
+	// them so far), nextLive the slot for the next.
+	lives    [liveCycles]int64
+	nLives   int
+	nextLive int
+}
+
+// liveCycles is how many GC ends the live heap is taken over (the median):
+// /gc/heap/live counts what was allocated during the mark, so one slow
+// cycle can read several times the retained heap (180 MiB for 20 MiB of
+// objects in the control of TestDeathSpiralChild), while a spiral's
+// readings stay near the limit.
+const liveCycles = 8
+
+// medianLive adds live and returns the median of the last liveCycles
+// readings (the lower middle one for an even count). No allocation.
+func (s *spiral) medianLive(live int64) int64 {
+	s.lives[s.nextLive] = live
+	s.nextLive = (s.nextLive + 1) % liveCycles
+	s.nLives = min(s.nLives+1, liveCycles)
+	var v [liveCycles]int64
+	n := copy(v[:], s.lives[:s.nLives])
+	for i := 1; i < n; i++ {
+		for j := i; j > 0 && v[j] < v[j-1]; j-- {
+			v[j], v[j-1] = v[j-1], v[j]
+		}
+	}
+	return v[(n-1)/2]
 }
 
 func newSpiral(window time.Duration, share, liveRatio float64) *spiral {
@@ -96,7 +124,7 @@ func (s *spiral) observe(r reading) verdict {
 	}
 	v.limiter = r.limiter != 0 && r.limiter >= base.cycles
 	limited := r.limit > 0 && r.limit != math.MaxInt64
-	near := limited && float64(r.live) >= s.liveRatio*float64(r.limit)
+	near := limited && float64(s.medianLive(r.live)) >= s.liveRatio*float64(r.limit)
 	hot := v.share >= s.share || v.limiter
 	if !s.active {
 		if near && hot && v.span >= s.window/4 {

@@ -393,3 +393,21 @@ func TestStatsReadsMemoryEvents(t *testing.T) {
 	m.events = ""
 	assert.Equal(t, MemoryEvents{-1, -1, -1, -1, -1, -1}, m.Stats().MemoryEvents, "not cgroup v2")
 }
+
+func TestSpiralOneHighLiveReadingIsNotNear(t *testing.T) {
+	// The GC is busy and the limiter engages, but only one cycle in eight
+	// reads a live heap near the limit (a slow cycle counts what was
+	// allocated during the mark): no episode.
+	s := newSpiral(DefaultWindow, DefaultGCShare, DefaultLiveRatio)
+	step := 10 * time.Millisecond
+	for i := 1; i <= 3000; i++ {
+		now := time.Duration(i) * step
+		live := int64(40 * mib)
+		if i%8 == 0 {
+			live = 196 * mib
+		}
+		v := s.observe(reading{now: now, total: 2 * now.Seconds(), gc: 2 * now.Seconds() * 0.6, live: live, limit: 200 * mib, cycles: uint64(i), limiter: uint64(i)})
+		require.Zero(t, v.change, "at %v", now)
+	}
+	assert.Equal(t, int64(40*mib), s.medianLive(40*mib))
+}
