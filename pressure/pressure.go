@@ -90,8 +90,9 @@ type Config struct {
 	// GCShare is the GC's share of the available CPU over Window that makes
 	// an episode, in (0.0, 1.0]. Default: DefaultGCShare (0.5).
 	GCShare float64
-	// LiveRatio is the share of GOMEMLIMIT that the live heap must reach,
-	// in (0.0, 1.0]. Without GOMEMLIMIT there is no episode.
+	// LiveRatio is the share of GOMEMLIMIT that the live heap (the median
+	// of /gc/heap/live over the last 8 GC ends) must reach, in (0.0, 1.0].
+	// Without GOMEMLIMIT there is no episode.
 	// Default: DefaultLiveRatio (0.9).
 	LiveRatio float64
 	// Shed is called with true when an episode begins and false when it
