@@ -50,7 +50,7 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		s, ok, off, err := systemdSource(getenv)
 		switch {
 		case off:
-			m.log.Info("memctl: memory pressure watching turned off by the service manager ($MEMORY_PRESSURE_WATCH=/dev/null)")
+			m.log.Debug("memctl: memory pressure watching turned off by the service manager ($MEMORY_PRESSURE_WATCH=/dev/null)")
 			return nil, nil
 		case err != nil:
 			why = append(why, err)
@@ -60,6 +60,7 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 			why = append(why, errors.New("pressure: $MEMORY_PRESSURE_WATCH is not set"))
 		}
 	}
+	systemdFailed := len(why) > 0 // $MEMORY_PRESSURE_* set but unusable
 	if w == WatchAuto || w == WatchCgroup {
 		l, err := cgroupfs.Of(0)
 		switch {
@@ -86,6 +87,7 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		wt, err := openSource(s)
 		if err != nil {
 			why = append(why, err)
+			systemdFailed = systemdFailed || s.kind == srcSystemd
 			continue
 		}
 		wt.m = m
@@ -96,8 +98,14 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		}
 		wt.wake, wt.done = wake, make(chan struct{})
 		if len(why) > 0 {
-			// An earlier source did not work; say why once, then go on.
-			m.log.Info("memctl: memory pressure source skipped", "using", wt.name, "error", errors.Join(why...))
+			// An earlier source did not work; say why once, then go on: a
+			// WARN when the service manager named one (its intent was not
+			// followed), DEBUG otherwise (the choice is in the startup line).
+			level := slog.LevelDebug
+			if systemdFailed {
+				level = slog.LevelWarn
+			}
+			m.log.Log(bg, level, "memctl: memory pressure source skipped", "using", wt.name, "error", errors.Join(why...))
 		}
 		go wt.run()
 		return wt, nil
