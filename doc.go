@@ -23,6 +23,18 @@
 // decided. Package limits also has per-request memory budgets that refuse
 // the request that would exceed its share with a resource_exhausted error.
 //
+// Start also watches for trouble (package pressure): at the end of each GC
+// cycle it checks for a GC death spiral (the GC taking 50% or more of the
+// CPU over 10 s with the live heap at 90% or more of GOMEMLIMIT), logs one
+// WARN per episode and, when GOMEMLIMIT came from the cgroup and is not
+// refreshed (MEMCTL_REFRESH=off: a refresh stops for good when GOMEMLIMIT
+// changes under it), lifts it by 10% (never above the cgroup limit) for a
+// minute; and one goroutine
+// blocked in poll(2) waits for the kernel's memory pressure signal (PSI,
+// the cgroup v1 pressure level, or systemd's $MEMORY_PRESSURE_WATCH) and
+// trims at once, at most every 2 s. Controller.Subscribe delivers both as
+// events. WithPressure configures it.
+//
 // Why: a Go process that served a 1 GiB burst keeps about 1 GiB of RSS for
 // minutes, because freed pages go back to the OS only through the background
 // scavenger; THP can back sparse heap regions with whole 2 MiB pages; and

@@ -17,6 +17,7 @@ import (
 
 	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/pressure"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
 	"github.com/memctl/memctl/trim/cheap"
@@ -38,7 +39,16 @@ type config struct {
 	trimDelay time.Duration
 	trimOpts  []trim.Option
 	arenaMax  int
+	pressure  pressure.Config
 }
+
+// WithPressure configures the GC death-spiral detector and the kernel
+// memory-pressure watcher (package pressure). Start fills in what the
+// zero Config leaves to it: the logger, Trim (the trimmer's TrimNow) and
+// LiftCeiling (the cgroup memory limit, when GOMEMLIMIT was derived from it
+// and is not refreshed: a lift would stop the refresh; set LiftOff to
+// refuse lifts). Close stops both. Default: the zero pressure.Config.
+func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
 // DefaultArenaMax is the glibc arena cap Start applies where glibc owns
 // malloc: glibc otherwise creates up to 8 arenas per core, and each keeps
@@ -115,6 +125,10 @@ type Report struct {
 	// invalid value) when it is 0.
 	ArenaMax     int
 	ArenaMaxNote string
+	// Pressure names the kernel memory-pressure source watched (for
+	// example "cgroup v1 /sys/fs/cgroup/memory/app/memory.pressure_level
+	// low"), "none" when there is none.
+	Pressure string
 }
 
 // Stats is a snapshot of the controller's counters.
@@ -133,6 +147,9 @@ type Stats struct {
 	// earlier controller was live. The first of each kind is logged at
 	// WARN through slog.Default (the second Start through its own logger).
 	Misuse int64
+	// Pressure holds the death-spiral and kernel-pressure counters and the
+	// cgroup v2 memory.events counters (all -1 elsewhere).
+	Pressure pressure.Stats
 }
 
 // Controller owns what Start set up: the trimmer and the GOMEMLIMIT refresh.
@@ -142,6 +159,7 @@ type Controller struct {
 	report    Report
 	trimmer   *trim.Trimmer
 	limiter   *limits.MemLimiter
+	monitor   *pressure.Monitor
 	once      sync.Once
 	startedBy string // Start's caller, for the second-Start warning
 }
@@ -283,6 +301,8 @@ func Start(opts ...Option) (*Controller, error) {
 		}
 	}
 	c.report.CHeap = cheap.Detect().Allocator()
+	c.monitor = startPressure(cfg, c, fail)
+	c.report.Pressure = cmp.Or(c.monitor.Source(), "none")
 
 	if c.report.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
 		c.report.MemLimit.Bytes = debug.SetMemoryLimit(-1)
@@ -315,6 +335,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
 		slog.String("c_heap", r.CHeap),
 		slog.String("c_heap_stats", c.Stats().CHeap.String()),
+		slog.String("pressure", r.Pressure),
 	}
 	if r.ArenaMax > 0 {
 		attrs = append(attrs, slog.String("arena_max", strconv.Itoa(r.ArenaMax)))
@@ -415,6 +436,9 @@ func (c *Controller) Stats() Stats {
 	if c != nil && c.trimmer != nil {
 		s.Trim = c.trimmer.Stats()
 	}
+	if c != nil {
+		s.Pressure = c.monitor.Stats()
+	}
 	return s
 }
 
@@ -428,6 +452,7 @@ func (c *Controller) Close() error {
 	}
 	c.once.Do(func() {
 		unregister(c)
+		_ = c.monitor.Close()
 		c.limiter.Close()
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()
@@ -532,4 +557,44 @@ func caller(skip int) string {
 		name = f.Name()
 	}
 	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line)
+}
+
+// startPressure starts the death-spiral detector and the kernel watcher; a
+// watcher that cannot start is reported through fail and the detector runs
+// all the same.
+func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
+	m, err := pressure.Start(pressureConfig(cfg, c))
+	if err != nil {
+		fail(err)
+	}
+	return m
+}
+
+// pressureConfig fills what cfg.pressure leaves to the facade: the logger,
+// the trimmer's TrimNow as the trim, and the cgroup limit as the ceiling of
+// a GOMEMLIMIT lift when GOMEMLIMIT came from the cgroup and is not
+// refreshed (the refresh stops for good when GOMEMLIMIT changes under it).
+func pressureConfig(cfg config, c *Controller) pressure.Config {
+	pc := cfg.pressure
+	pc.Logger = cmpOr(pc.Logger, cfg.logger)
+	if tr := c.trimmer; pc.Trim == nil && tr != nil {
+		pc.Trim = func() { _, _ = tr.TrimNow() }
+	}
+	ml := c.report.MemLimit
+	if pc.LiftCeiling == 0 && c.report.MemLimitRefresh == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {
+		pc.LiftCeiling = ml.Limit
+	}
+	return pc
+}
+
+// Subscribe returns a channel of the death-spiral and kernel-pressure
+// events (see pressure.Monitor.Subscribe: buf is its room, a full channel
+// drops and counts, cancel closes it; Close closes it too). On a nil
+// controller, or one without a monitor, the channel is closed at once.
+func (c *Controller) Subscribe(buf int) (events <-chan pressure.Event, cancel func()) {
+	var m *pressure.Monitor
+	if c != nil {
+		m = c.monitor
+	}
+	return m.Subscribe(buf)
 }

@@ -1,0 +1,329 @@
+package pressure
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+)
+
+// procPressure is the system-wide memory PSI file (Linux 4.20 and later,
+// CONFIG_PSI).
+const procPressure = "/proc/pressure/memory"
+
+// v1Level is the cgroup v1 pressure level listened for. At a cgroup's limit
+// on this project's test machine (kernel 6.18) only "low" fires, about
+// 12,000 times in 15 s, never "medium" or "critical", so waiting for those
+// would be waiting for the OOM killer.
+const v1Level = "low"
+
+// watcher is the kernel watcher: one goroutine blocked in poll(2) on the
+// source's fd and on wake, an eventfd that close writes to.
+type watcher struct {
+	m      *Monitor
+	name   string
+	fd     int
+	others []int // fds held open for the source (the v1 pressure_level)
+	events int16 // POLLPRI (PSI) or POLLIN (eventfd, FIFO, socket)
+	kind   sourceKind
+	socket bool
+	wake   int
+	done   chan struct{}
+}
+
+// startWatcher opens the first source cfg.Watch allows that works and
+// starts its goroutine. On failure it returns nil and an error naming each
+// source tried.
+func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
+	var cands []source
+	var why []error
+	w := m.cfg.Watch
+	if w == WatchAuto || w == WatchSystemd {
+		s, ok, off, err := systemdSource(getenv)
+		switch {
+		case off:
+			m.log.Debug("memctl: memory pressure watching turned off by the service manager ($MEMORY_PRESSURE_WATCH=/dev/null)")
+			return nil, nil
+		case err != nil:
+			why = append(why, err)
+		case ok:
+			cands = append(cands, s)
+		case w == WatchSystemd:
+			why = append(why, errors.New("pressure: $MEMORY_PRESSURE_WATCH is not set"))
+		}
+	}
+	systemdFailed := len(why) > 0 // $MEMORY_PRESSURE_* set but unusable
+	if w == WatchAuto || w == WatchCgroup {
+		l, err := cgroupfs.Of(0)
+		switch {
+		case err != nil:
+			why = append(why, err)
+		case l.Version == 2:
+			p := filepath.Join(l.Dir, "memory.pressure")
+			cands = append(cands, source{kind: srcPSI, path: p, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow),
+				name: fmt.Sprintf("cgroup v2 PSI %s (some %v in %v)", p, m.cfg.Stall, m.cfg.StallWindow)})
+		case l.Bytes == cgroupfs.NoLimit && w == WatchAuto:
+			// No limit: "low" then fires on any reclaim of the host's page
+			// cache, which a busy host does all the time; PSI measures stalls.
+			why = append(why, fmt.Errorf("pressure: cgroup v1 %s has no memory limit: watching PSI instead", l.Dir))
+		default:
+			cands = append(cands, source{kind: srcV1Level, path: l.Dir,
+				name: fmt.Sprintf("cgroup v1 %s/memory.pressure_level %s", l.Dir, v1Level)})
+		}
+	}
+	if w == WatchAuto || w == WatchSystem {
+		cands = append(cands, source{kind: srcPSI, path: procPressure, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow),
+			name: fmt.Sprintf("system PSI %s (some %v in %v)", procPressure, m.cfg.Stall, m.cfg.StallWindow)})
+	}
+	for _, s := range cands {
+		wt, err := openSource(s)
+		if err != nil {
+			why = append(why, err)
+			systemdFailed = systemdFailed || s.kind == srcSystemd
+			continue
+		}
+		wt.m = m
+		wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			wt.closeFDs()
+			return nil, fmt.Errorf("pressure: eventfd: %w", err)
+		}
+		wt.wake, wt.done = wake, make(chan struct{})
+		if len(why) > 0 {
+			// An earlier source did not work; say why once, then go on: a
+			// WARN when the service manager named one (its intent was not
+			// followed), DEBUG otherwise (the choice is in the startup line).
+			level := slog.LevelDebug
+			if systemdFailed {
+				level = slog.LevelWarn
+			}
+			m.log.Log(bg, level, "memctl: memory pressure source skipped", "using", wt.name, "error", errors.Join(why...))
+		}
+		go wt.run()
+		return wt, nil
+	}
+	if len(why) == 0 {
+		return nil, ErrNoSource
+	}
+	return nil, fmt.Errorf("%w: %w", ErrNoSource, errors.Join(why...))
+}
+
+// openSource opens s and arms it; on error nothing stays open.
+func openSource(s source) (*watcher, error) {
+	w := &watcher{name: s.name, kind: s.kind, fd: -1, wake: -1}
+	var err error
+	switch s.kind {
+	case srcPSI:
+		err = w.openPSI(s.path, s.write)
+	case srcV1Level:
+		err = w.openV1(s.path)
+	case srcSystemd:
+		err = w.openSystemd(s.path, s.write)
+	}
+	if err != nil {
+		w.closeFDs()
+		return nil, err
+	}
+	return w, nil
+}
+
+// openPSI opens a PSI file and writes the trigger; the kernel then signals
+// POLLPRI at most once per window while the stall is over the threshold
+// (Documentation/accounting/psi.rst). Without PSI (CONFIG_PSI off or
+// psi=0) the file is missing or the write fails with EOPNOTSUPP.
+func (w *watcher) openPSI(path string, trigger []byte) error {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "pressure: open", Path: path, Err: err}
+	}
+	w.fd, w.events = fd, unix.POLLPRI
+	if _, err := unix.Write(fd, trigger); err != nil {
+		return &os.PathError{Op: fmt.Sprintf("pressure: write trigger %q to", trigger), Path: path, Err: err}
+	}
+	return nil
+}
+
+// openV1 registers an eventfd for the cgroup v1 memory.pressure_level of
+// dir (Documentation/admin-guide/cgroup-v1/memory.rst, "Memory Pressure").
+func (w *watcher) openV1(dir string) error {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("pressure: eventfd: %w", err)
+	}
+	w.fd, w.events = efd, unix.POLLIN
+	level := filepath.Join(dir, "memory.pressure_level")
+	pfd, err := unix.Open(level, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "pressure: open", Path: level, Err: err}
+	}
+	w.others = append(w.others, pfd)
+	ctl := filepath.Join(dir, "cgroup.event_control")
+	line := strconv.Itoa(efd) + " " + strconv.Itoa(pfd) + " " + v1Level
+	if err := os.WriteFile(ctl, []byte(line), 0); err != nil {
+		return fmt.Errorf("pressure: register %q: %w", line, err)
+	}
+	return nil
+}
+
+// openSystemd opens $MEMORY_PRESSURE_WATCH as systemd's protocol says: a
+// socket is connected to and read (POLLIN), a FIFO is read (POLLIN), any
+// other file (a PSI file) is opened read-write and polled for POLLPRI; the
+// decoded $MEMORY_PRESSURE_WRITE, if any, is written first.
+func (w *watcher) openSystemd(path string, write []byte) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return &os.PathError{Op: "pressure: stat", Path: path, Err: err}
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("pressure: socket: %w", err)
+		}
+		w.fd, w.events, w.socket = fd, unix.POLLIN, true
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+			return &os.PathError{Op: "pressure: connect", Path: path, Err: err}
+		}
+		if err := unix.SetNonblock(fd, true); err != nil {
+			return fmt.Errorf("pressure: %w", err)
+		}
+	case unix.S_IFIFO:
+		// Read-write, so that the FIFO never reports POLLHUP for want of a
+		// writer.
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "pressure: open", Path: path, Err: err}
+		}
+		w.fd, w.events = fd, unix.POLLIN
+	default:
+		return w.openPSI(path, write)
+	}
+	if len(write) > 0 {
+		if _, err := unix.Write(w.fd, write); err != nil {
+			return &os.PathError{Op: "pressure: write", Path: path, Err: err}
+		}
+	}
+	return nil
+}
+
+// drain consumes what the source has to read and returns how many signals
+// it held (the eventfd's counter; 1 for a PSI event or socket data), or
+// -1 when the source is gone (EOF on a socket).
+func (w *watcher) drain() int64 {
+	switch {
+	case w.kind == srcV1Level:
+		var b [8]byte
+		if n, err := unix.Read(w.fd, b[:]); err != nil || n != 8 {
+			return 0
+		}
+		return int64(min(binary.NativeEndian.Uint64(b[:]), 1<<62))
+	case w.events == unix.POLLIN:
+		var b [512]byte
+		got := int64(0)
+		for {
+			n, err := unix.Read(w.fd, b[:])
+			if n > 0 {
+				got = 1
+				continue
+			}
+			if err == nil && w.socket { // EOF: the service manager closed it
+				return -1
+			}
+			return got
+		}
+	}
+	return 1
+}
+
+// run is the watcher's goroutine. It polls the source with no timeout; on
+// a signal it acts, then ignores the source for MinInterval (poll with a
+// timeout, on wake only), then looks at it again: signals latched meanwhile
+// (the eventfd counter, the PSI event flag) give one more action.
+func (w *watcher) run() {
+	defer close(w.done)
+	m := w.m
+	fds := []unix.PollFd{{Fd: int32(w.fd), Events: w.events}, {Fd: int32(w.wake), Events: unix.POLLIN}}
+	var until time.Time // end of the quiet interval; zero: none
+	inPressure := false
+	var stretchSignals, stretchActs int64
+	for {
+		timeout := -1
+		fds[0].Fd = int32(w.fd)
+		if !until.IsZero() {
+			if d := time.Until(until); d > 0 {
+				timeout = int((d + time.Millisecond - 1) / time.Millisecond)
+				fds[0].Fd = -1 // ignored by poll
+			} else {
+				until = time.Time{}
+				timeout = 0 // look once: anything latched?
+			}
+		}
+		fds[0].Revents, fds[1].Revents = 0, 0
+		n, err := unix.Poll(fds, timeout)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			m.log.Warn("memctl: memory pressure watcher stopped", "source", w.name, "error", err)
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		if n == 0 {
+			if timeout == 0 && inPressure {
+				inPressure = false
+				m.log.LogAttrs(bg, slog.LevelInfo, "memctl: kernel memory pressure eased", slog.String("source", w.name),
+					slog.Int64("signals", stretchSignals), slog.Int64("actions", stretchActs))
+			}
+			continue
+		}
+		re := fds[0].Revents
+		if re&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 || re&w.events == 0 {
+			m.log.Warn("memctl: memory pressure watcher stopped: source gone", "source", w.name, "revents", re)
+			return
+		}
+		got := w.drain()
+		if got < 0 {
+			m.log.Warn("memctl: memory pressure watcher stopped: the service manager closed the socket", "source", w.name)
+			return
+		}
+		if got == 0 {
+			continue
+		}
+		m.signals.Add(got)
+		stretchSignals += got
+		if !inPressure {
+			inPressure, stretchSignals, stretchActs = true, got, 0
+			m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure: trimming", slog.String("source", w.name))
+		}
+		stretchActs++
+		m.act(w.name, got)
+		until = time.Now().Add(m.cfg.MinInterval)
+	}
+}
+
+// close wakes the goroutine, waits for it and closes the fds.
+func (w *watcher) close() {
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(w.wake, one[:])
+	<-w.done
+	w.closeFDs()
+}
+
+func (w *watcher) closeFDs() {
+	for _, fd := range append([]int{w.fd, w.wake}, w.others...) {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+}

@@ -1,0 +1,10 @@
+//go:build !linux
+
+package pressure
+
+// watcher is the kernel watcher; there is none off Linux.
+type watcher struct{ name string }
+
+func startWatcher(*Monitor, func(string) string) (*watcher, error) { return nil, ErrNoSource }
+
+func (*watcher) close() {}
