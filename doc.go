@@ -26,10 +26,9 @@
 // Start also watches for trouble (package pressure): at the end of each GC
 // cycle it checks for a GC death spiral (the GC taking 50% or more of the
 // CPU over 10 s with the live heap at 90% or more of GOMEMLIMIT), logs one
-// WARN per episode and, when GOMEMLIMIT came from the cgroup and is not
-// refreshed (MEMCTL_REFRESH=off: a refresh stops for good when GOMEMLIMIT
-// changes under it), lifts it by 10% (never above the cgroup limit) for a
-// minute; and one goroutine
+// WARN per episode and, when GOMEMLIMIT came from the cgroup, lifts it by
+// 10% (never above the cgroup limit, kept by the refresh) for a minute; and
+// one goroutine
 // blocked in poll(2) waits for the kernel's memory pressure signal (PSI,
 // the cgroup v1 pressure level, or systemd's $MEMORY_PRESSURE_WATCH) and
 // trims at once, at most every 2 s. Controller.Subscribe delivers both as

@@ -45,9 +45,9 @@ type config struct {
 // WithPressure configures the GC death-spiral detector and the kernel
 // memory-pressure watcher (package pressure). Start fills in what the
 // zero Config leaves to it: the logger, Trim (the trimmer's TrimNow) and
-// LiftCeiling (the cgroup memory limit, when GOMEMLIMIT was derived from it
-// and is not refreshed: a lift would stop the refresh; set LiftOff to
-// refuse lifts). Close stops both. Default: the zero pressure.Config.
+// LiftCeiling and Lift (the cgroup memory limit and the GOMEMLIMIT
+// limiter's Lift, when GOMEMLIMIT was derived from the cgroup, so that the
+// refresh keeps a lift; set LiftOff to refuse lifts). Close stops both. Default: the zero pressure.Config.
 func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
 // DefaultArenaMax is the glibc arena cap Start applies where glibc owns
@@ -571,9 +571,9 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 }
 
 // pressureConfig fills what cfg.pressure leaves to the facade: the logger,
-// the trimmer's TrimNow as the trim, and the cgroup limit as the ceiling of
-// a GOMEMLIMIT lift when GOMEMLIMIT came from the cgroup and is not
-// refreshed (the refresh stops for good when GOMEMLIMIT changes under it).
+// the trimmer's TrimNow as the trim, and, when GOMEMLIMIT came from the
+// cgroup, the cgroup limit as the ceiling of a GOMEMLIMIT lift, applied
+// through the limiter (limits.MemLimiter.Lift) so that the refresh keeps it.
 func pressureConfig(cfg config, c *Controller) pressure.Config {
 	pc := cfg.pressure
 	pc.Logger = cmpOr(pc.Logger, cfg.logger)
@@ -581,8 +581,11 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 		pc.Trim = func() { _, _ = tr.TrimNow() }
 	}
 	ml := c.report.MemLimit
-	if pc.LiftCeiling == 0 && c.report.MemLimitRefresh == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {
+	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {
 		pc.LiftCeiling = ml.Limit
+		if pc.Lift == nil && c.limiter != nil {
+			pc.Lift = c.limiter.Lift
+		}
 	}
 	return pc
 }

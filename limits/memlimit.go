@@ -266,6 +266,7 @@ type MemLimiter struct {
 	applied int64      // GOMEMLIMIT memctl set last; 0: none yet
 	before  int64      // GOMEMLIMIT before memctl set it
 	limit   int64      // the limit behind applied
+	lift    int64      // bytes added over the decision while lifted (Lift)
 	seen    map[string]bool
 	stopped bool
 }
@@ -481,6 +482,10 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
 			fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
 	}
+	if m.lift > 0 {
+		want = min(want+m.lift, limit)
+		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(m.lift))
+	}
 	d.Bytes = want
 	if m.applied == 0 || limit != m.limit || !within(want, m.applied, 100) {
 		prev := debug.SetMemoryLimit(want)
@@ -496,6 +501,33 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	}
 	m.store(d)
 	return d, nil
+}
+
+// Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above
+// the cgroup limit, from now until Lift(0), re-applying GOMEMLIMIT at once;
+// the refresh keeps the lift, so a lift is not mistaken for the program
+// taking GOMEMLIMIT over. It is how package pressure lifts GOMEMLIMIT during
+// a GC death spiral while the limit is refreshed. It returns GOMEMLIMIT
+// before and after, and false (changing nothing) when the limiter does not
+// set GOMEMLIMIT (the operator's, no cgroup limit, stopped, closed) or
+// extra is negative. Safe for concurrent use.
+func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
+	if m == nil || extra < 0 {
+		return 0, 0, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.on || m.stopped || m.applied == 0 {
+		return 0, 0, false
+	}
+	from = debug.SetMemoryLimit(-1)
+	m.lift = extra
+	d, err := m.decide(false)
+	if err != nil || m.stopped {
+		m.lift = 0
+		return from, debug.SetMemoryLimit(-1), false
+	}
+	return from, d.Bytes, true
 }
 
 // within reports whether a is within 1/frac of b.

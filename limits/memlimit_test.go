@@ -707,3 +707,41 @@ func BenchmarkGCUnderSmallLimit(b *testing.B) {
 	}
 	runtime.KeepAlive(live)
 }
+
+// A lift (pressure's death-spiral action) is kept by the refresh, capped at
+// the cgroup limit, undone by Lift(0), and never applied over a GOMEMLIMIT
+// that the program took over.
+func TestLiftKeptByRefresh(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := ninetyPct(gib)
+	require.Equal(t, base, d.Bytes)
+
+	from, to, ok := m.Lift(50 << 20)
+	require.True(t, ok)
+	assert.Equal(t, base, from)
+	assert.Equal(t, base+50<<20, to)
+	assert.Equal(t, base+50<<20, debug.SetMemoryLimit(-1), "GOMEMLIMIT lifted")
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, base+50<<20, d.Bytes, "a refresh keeps the lift")
+	assert.Contains(t, d.Reason, "lifted by 50.0 MiB")
+
+	_, to, ok = m.Lift(1 << 40)
+	require.True(t, ok)
+	assert.Equal(t, gib, to, "never above the cgroup limit")
+
+	_, to, ok = m.Lift(0)
+	require.True(t, ok)
+	assert.Equal(t, base, to)
+	assert.Equal(t, base, debug.SetMemoryLimit(-1), "restored")
+
+	_, _, ok = m.Lift(-1)
+	assert.False(t, ok, "a negative lift is refused")
+
+	debug.SetMemoryLimit(300 << 20) // the program takes GOMEMLIMIT over
+	_, _, ok = m.Lift(10 << 20)
+	assert.False(t, ok)
+	assert.Equal(t, int64(300<<20), debug.SetMemoryLimit(-1), "the program's GOMEMLIMIT is kept")
+}

@@ -116,6 +116,13 @@ type Config struct {
 	// under the cgroup limit, so a lift can turn a slow process into an
 	// OOM-killed one if the heap keeps growing. Default: 0 (off).
 	LiftCeiling int64
+	// Lift, when set, is how a lift is applied instead of
+	// debug.SetMemoryLimit: it adds extra bytes to the GOMEMLIMIT that its
+	// owner sets (extra 0 ends the lift) and returns GOMEMLIMIT before and
+	// after, and false when it changed nothing. Package memctl passes
+	// limits.MemLimiter.Lift, so that the GOMEMLIMIT refresh keeps the lift
+	// and does not take it for the program's own change. Default: nil.
+	Lift func(extra int64) (from, to int64, ok bool)
 	// LiftStep is the share of GOMEMLIMIT a lift adds, in (0.0, 1.0].
 	// Default: DefaultLiftStep (0.1).
 	LiftStep float64

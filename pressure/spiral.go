@@ -287,7 +287,15 @@ func (m *Monitor) liftLocked() (to int64, why string) {
 	if want <= cur {
 		return 0, "no room under the cgroup limit"
 	}
-	debug.SetMemoryLimit(want)
+	if c.Lift != nil {
+		from, to, ok := c.Lift(want - cur)
+		if !ok || to <= from {
+			return 0, "GOMEMLIMIT's owner refused the lift"
+		}
+		cur, want = from, to
+	} else {
+		debug.SetMemoryLimit(want)
+	}
 	m.lift.from, m.lift.to = cur, want
 	m.lifts.Add(1)
 	m.lifted.Store(want - cur)
@@ -310,8 +318,10 @@ func (m *Monitor) endLiftLocked(why string) {
 	m.lift.timer = nil
 	m.lift.ended = time.Now()
 	m.lifted.Store(0)
-	restored := debug.SetMemoryLimit(-1) == m.lift.to
-	if restored {
+	var restored bool
+	if m.cfg.Lift != nil {
+		_, _, restored = m.cfg.Lift(0)
+	} else if restored = debug.SetMemoryLimit(-1) == m.lift.to; restored {
 		debug.SetMemoryLimit(m.lift.from)
 	}
 	m.log.LogAttrs(bg, slog.LevelInfo, "memctl: GOMEMLIMIT lift ended",

@@ -372,6 +372,25 @@ func TestLiftBounds(t *testing.T) {
 		require.Eventually(t, func() bool { return debug.SetMemoryLimit(-1) == 230*mib }, 10*time.Second, 20*time.Millisecond)
 		assert.Zero(t, m.Stats().Lifted)
 	})
+	t.Run("through the owner", func(t *testing.T) {
+		t.Setenv("GOMEMLIMIT", "")
+		var asked []int64
+		owner := func(extra int64) (int64, int64, bool) { // as limits.MemLimiter.Lift
+			asked = append(asked, extra)
+			from := debug.SetMemoryLimit(-1)
+			debug.SetMemoryLimit(230*mib + extra)
+			return from, 230*mib + extra, true
+		}
+		m := newTestMonitor(t, Config{LiftCeiling: 256 * mib, LiftFor: time.Second, Lift: owner})
+		debug.SetMemoryLimit(230 * mib)
+		m.actMu.Lock()
+		to, _ := m.liftLocked()
+		m.endLiftLocked("test")
+		m.actMu.Unlock()
+		assert.Equal(t, int64(253*mib), to)
+		assert.Equal(t, []int64{23 * mib, 0}, asked, "the lift and its end go through the owner")
+		assert.Equal(t, int64(230*mib), debug.SetMemoryLimit(-1))
+	})
 }
 
 // BenchmarkGCEndCheck is the detector's work at each GC end: one
