@@ -60,6 +60,8 @@
 //	MEMCTL_REFRESH=10s|off             least time between two re-reads of
 //	                                   the cgroup limit, at GC end
 //	MEMCTL_GOMEMLIMIT_FLOOR=64MiB      smallest GOMEMLIMIT memctl sets
+//	MEMCTL_PRESSURE=on|off             the death-spiral detector and the
+//	                                   kernel memory-pressure watcher
 //	MALLOC_ARENA_MAX, GLIBC_TUNABLES   an arena cap set by the operator:
 //	                                   memctl sets none
 //

@@ -559,10 +559,21 @@ func caller(skip int) string {
 	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line)
 }
 
-// startPressure starts the death-spiral detector and the kernel watcher; a
+// startPressure starts the death-spiral detector and the kernel watcher,
+// unless MEMCTL_PRESSURE is off (or invalid: then off, and reported); a
 // watcher that cannot start is reported through fail and the detector runs
 // all the same.
 func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
+	if v, ok := envflag.Lookup("MEMCTL_PRESSURE"); ok {
+		on, err := envflag.Bool("MEMCTL_PRESSURE", v)
+		if err != nil {
+			fail(fmt.Errorf("memctl: %w; the pressure watch is off", err))
+			return nil
+		}
+		if !on {
+			return nil
+		}
+	}
 	m, err := pressure.Start(pressureConfig(cfg, c))
 	if err != nil {
 		fail(err)

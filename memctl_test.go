@@ -56,6 +56,7 @@ func childStart() {
 	childtest.Say("ARENA_MAX", r.ArenaMax)
 	childtest.Say("ARENA_NOTE", r.ArenaMaxNote)
 	childtest.Say("C_HEAP", r.CHeap)
+	childtest.Say("PRESSURE", r.Pressure)
 	if err := ctl.Close(); err != nil {
 		childtest.Fail("close: %v", err)
 	}
@@ -65,7 +66,7 @@ func childStart() {
 // records it wrote.
 func runStart(t *testing.T, g *cgrouptest.Group, env ...string) (map[string]string, []map[string]any) {
 	t.Helper()
-	cmd := childtest.Command(t, "start", []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX", "GOMEMLIMIT", "AUTOMEMLIMIT", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "LD_PRELOAD"}, env...)
+	cmd := childtest.Command(t, "start", []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX", "MEMCTL_PRESSURE", "GOMEMLIMIT", "AUTOMEMLIMIT", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "LD_PRELOAD"}, env...)
 	if g != nil {
 		g.Wrap(cmd)
 	}
@@ -125,6 +126,22 @@ func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	r, _ = runStart(t, g, "GOMEMLIMIT=100MiB")
 	assert.Equal(t, strconv.Itoa(100<<20), r["GOMEMLIMIT"], "the operator's GOMEMLIMIT wins")
 	assert.Equal(t, "env", r["SOURCE"])
+}
+
+func TestStartPressureSwitch(t *testing.T) {
+	r, _ := runStart(t, nil)
+	if _, err := os.Stat("/proc/pressure/memory"); err == nil && os.Geteuid() == 0 {
+		assert.NotEqual(t, "none", r["PRESSURE"], "PSI is watched by default here")
+	}
+	for _, v := range []string{"off", " OFF ", "0", "false", "no"} {
+		r, _ = runStart(t, nil, "MEMCTL_PRESSURE="+v)
+		assert.Equal(t, "<nil>", r["ERR"], v)
+		assert.Equal(t, "none", r["PRESSURE"], "MEMCTL_PRESSURE=%q", v)
+	}
+	r, recs := runStart(t, nil, "MEMCTL_PRESSURE=sometimes")
+	assert.Contains(t, r["ERR"], `MEMCTL_PRESSURE="sometimes"`)
+	assert.Equal(t, "none", r["PRESSURE"], "an invalid value switches the part off")
+	assert.Equal(t, 1, countLevel(recs, "WARN"))
 }
 
 func TestStartOff(t *testing.T) {
