@@ -293,11 +293,11 @@ func TestOperatorDelayWinsOverTrimOptions(t *testing.T) {
 
 func restoreTHP(s thp.State) {
 	switch s {
-	case thp.Enabled:
+	case thp.StateEnabled:
 		_ = thp.Enable()
-	case thp.Disabled:
+	case thp.StateDisabled:
 		_ = thp.Disable()
-	case thp.DisabledExceptAdvised:
+	case thp.StateDisabledExceptAdvised:
 		_ = thp.DisableExceptAdvised()
 	}
 }

@@ -27,7 +27,7 @@ func requireTHPFlag(t *testing.T) {
 	}
 	s, err := thp.Process()
 	require.NoError(t, err)
-	require.Equal(t, thp.Enabled, s, "TestMain clears the inherited flag")
+	require.Equal(t, thp.StateEnabled, s, "TestMain clears the inherited flag")
 }
 
 func TestExecTHP(t *testing.T) {
@@ -58,7 +58,7 @@ func TestExecTHPExceptAdvised(t *testing.T) {
 	}
 	require.Equal(t, 0, code)
 	r := childtest.ParseReport([]byte(out))
-	assert.Equal(t, strconv.Itoa(int(thp.DisabledExceptAdvised)), r["STATE"], "PR_GET_THP_DISABLE in the program")
+	assert.Equal(t, strconv.Itoa(int(thp.StateDisabledExceptAdvised)), r["STATE"], "PR_GET_THP_DISABLE in the program")
 }
 
 func TestExecVerbose(t *testing.T) {
@@ -196,7 +196,7 @@ func TestExecGOMEMLIMITInCgroup(t *testing.T) {
 		require.Equal(t, 0, code)
 		r := childtest.ParseReport([]byte(out))
 		assert.Equal(t, "241591910", r["MEMORY_LIMIT"], "debug.SetMemoryLimit(-1) in the program")
-		assert.Equal(t, strconv.Itoa(int(thp.Disabled)), r["STATE"])
+		assert.Equal(t, strconv.Itoa(int(thp.StateDisabled)), r["STATE"])
 	})
 }
 

@@ -434,9 +434,9 @@ func writeTable(w io.Writer, st *statusReport) {
 		row("THP_enabled", "0 (disabled for the process: prctl PR_SET_THP_DISABLE)")
 	case *st.THPEnabled != 1:
 		row("THP_enabled", strconv.FormatInt(*st.THPEnabled, 10))
-	case st.thpState != nil && *st.thpState == thp.Enabled:
+	case st.thpState != nil && *st.thpState == thp.StateEnabled:
 		row("THP_enabled", "1 (enabled: follows the system mode)")
-	case st.thpState != nil && *st.thpState == thp.DisabledExceptAdvised:
+	case st.thpState != nil && *st.thpState == thp.StateDisabledExceptAdvised:
 		row("THP_enabled", "1 (disabled except advised: prctl PR_THP_DISABLE_EXCEPT_ADVISED)")
 	default:
 		// The kernel writes 1 for a clear flag and for "disabled except

@@ -43,11 +43,11 @@ func start(t *testing.T) *memctl.Controller {
 
 func restoreTHP(s thp.State) {
 	switch s {
-	case thp.Enabled:
+	case thp.StateEnabled:
 		_ = thp.Enable()
-	case thp.Disabled:
+	case thp.StateDisabled:
 		_ = thp.Disable()
-	case thp.DisabledExceptAdvised:
+	case thp.StateDisabledExceptAdvised:
 		_ = thp.DisableExceptAdvised()
 	}
 }

@@ -40,8 +40,8 @@
 // # Reading the state back
 //
 // Process reads the flag back with PR_GET_THP_DISABLE. Another process's flag
-// shows only as THP_enabled in /proc/PID/status, which reads 0 for Disabled
-// and 1 otherwise, DisabledExceptAdvised included (measured on Linux 6.18).
+// shows only as THP_enabled in /proc/PID/status, which reads 0 for StateDisabled
+// and 1 otherwise, StateDisabledExceptAdvised included (measured on Linux 6.18).
 // System reads the system mode
 // from /sys/kernel/mm/transparent_hugepage, and AnonHugePages reads the bytes
 // backed by PMD-sized huge pages from /proc/self/smaps_rollup.

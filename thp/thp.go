@@ -15,29 +15,29 @@ import (
 // State is the THP flag of a process as PR_GET_THP_DISABLE returns it
 // (prctl(2)): 0 enabled, 1 disabled, 3 disabled except advised. A value the
 // kernel may add later is kept as is and printed as "State(N)". THP_enabled
-// in /proc/PID/status is 0 for Disabled and 1 for the other two.
+// in /proc/PID/status is 0 for StateDisabled and 1 for the other two.
 type State int
 
 const (
-	// Enabled means the process follows the system mode (the flag is clear).
-	Enabled State = 0
-	// Disabled means no new huge pages for the process (Disable).
-	Disabled State = 1
-	// DisabledExceptAdvised means no new huge pages except in regions
+	// StateEnabled means the process follows the system mode (the flag is clear).
+	StateEnabled State = 0
+	// StateDisabled means no new huge pages for the process (Disable).
+	StateDisabled State = 1
+	// StateDisabledExceptAdvised means no new huge pages except in regions
 	// advised with madvise(MADV_HUGEPAGE) (DisableExceptAdvised, Linux 6.18).
 	// It is PR_THP_DISABLE_EXCEPT_ADVISED (2) or'ed with 1.
-	DisabledExceptAdvised State = 3
+	StateDisabledExceptAdvised State = 3
 )
 
 // String returns "enabled", "disabled", "disabled-except-advised", or
 // "State(N)" for any other value.
 func (s State) String() string {
 	switch s {
-	case Enabled:
+	case StateEnabled:
 		return "enabled"
-	case Disabled:
+	case StateDisabled:
 		return "disabled"
-	case DisabledExceptAdvised:
+	case StateDisabledExceptAdvised:
 		return "disabled-except-advised"
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
@@ -110,7 +110,7 @@ func (p *Policy) UnmarshalText(b []byte) error {
 // PolicyDisable calls Disable, PolicyExceptAdvised calls
 // DisableExceptAdvised) and returns the state read back with Process. On
 // error the returned state is the one read back after the failed call, or
-// Enabled if that read failed too. An except-advised policy on a kernel
+// StateEnabled if that read failed too. An except-advised policy on a kernel
 // older than 6.18 fails with an error matching errors.ErrUnsupported and
 // leaves the flag unchanged; falling back to Disable is the caller's choice.
 // Safe for concurrent use; the last call wins.
@@ -123,12 +123,12 @@ func (p Policy) Apply() (State, error) {
 	case PolicyExceptAdvised:
 		err = DisableExceptAdvised()
 	default:
-		return Enabled, fmt.Errorf("thp: invalid policy %d", int(p))
+		return StateEnabled, fmt.Errorf("thp: invalid policy %d", int(p))
 	}
 	s, gerr := Process()
 	if err != nil {
 		if gerr != nil {
-			s = Enabled
+			s = StateEnabled
 		}
 		return s, err
 	}

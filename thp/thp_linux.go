@@ -25,7 +25,7 @@ func Disable() error {
 // prctl(PR_SET_THP_DISABLE, 1, PR_THP_DISABLE_EXCEPT_ADVISED, 0, 0). It needs
 // Linux 6.18 or later; on an older kernel (EINVAL) it returns an error that
 // matches errors.ErrUnsupported and the flag is unchanged. Process then
-// reports DisabledExceptAdvised. Scope and inheritance are as for Disable.
+// reports StateDisabledExceptAdvised. Scope and inheritance are as for Disable.
 func DisableExceptAdvised() error {
 	return setTHPDisable(1, unix.PR_THP_DISABLE_EXCEPT_ADVISED, "PR_SET_THP_DISABLE with PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18 or later)")
 }
@@ -50,16 +50,16 @@ func setTHPDisable(arg2, arg3 uintptr, what string) error {
 }
 
 // Process returns the THP flag of the calling process, read back with
-// prctl(PR_GET_THP_DISABLE): Enabled, Disabled or DisabledExceptAdvised. Safe
+// prctl(PR_GET_THP_DISABLE): StateEnabled, StateDisabled or StateDisabledExceptAdvised. Safe
 // for concurrent use. On a kernel without the prctl the error matches
 // errors.ErrUnsupported.
 func Process() (State, error) {
 	n, err := unix.PrctlRetInt(unix.PR_GET_THP_DISABLE, 0, 0, 0, 0)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) {
-			return Enabled, fmt.Errorf("thp: PR_GET_THP_DISABLE: %w (%w)", errors.ErrUnsupported, err)
+			return StateEnabled, fmt.Errorf("thp: PR_GET_THP_DISABLE: %w (%w)", errors.ErrUnsupported, err)
 		}
-		return Enabled, fmt.Errorf("thp: PR_GET_THP_DISABLE: %w", err)
+		return StateEnabled, fmt.Errorf("thp: PR_GET_THP_DISABLE: %w", err)
 	}
 	return State(n), nil
 }

@@ -255,7 +255,7 @@ func requireTHP(t *testing.T) {
 	}
 	st, err := Process()
 	require.NoError(t, err)
-	if st != Enabled {
+	if st != StateEnabled {
 		t.Skipf("the test process inherited THP flag %v from its parent; children would too", st)
 	}
 }
@@ -263,7 +263,7 @@ func requireTHP(t *testing.T) {
 func TestWithoutDisableGetsHugePages(t *testing.T) {
 	requireTHP(t)
 	r := probe(t, "none", false)
-	assert.Equal(t, int64(Enabled), num(t, r, "STATE"))
+	assert.Equal(t, int64(StateEnabled), num(t, r, "STATE"))
 	assert.Equal(t, int64(1), num(t, r, "THP_ENABLED"))
 	assert.Greater(t, num(t, r, "AHP_ADVISED"), int64(regionSize/2),
 		"a MADV_HUGEPAGE region touched once per 2 MiB is mostly huge pages")
@@ -272,43 +272,43 @@ func TestWithoutDisableGetsHugePages(t *testing.T) {
 func TestDisable(t *testing.T) {
 	requireTHP(t)
 	r := probe(t, "disable", true)
-	assert.Equal(t, int64(Enabled), num(t, r, "STATE_START"))
-	assert.Equal(t, int64(Disabled), num(t, r, "STATE"), "PR_GET_THP_DISABLE")
+	assert.Equal(t, int64(StateEnabled), num(t, r, "STATE_START"))
+	assert.Equal(t, int64(StateDisabled), num(t, r, "STATE"), "PR_GET_THP_DISABLE")
 	assert.Equal(t, int64(0), num(t, r, "THP_ENABLED"), "THP_enabled in /proc/self/status")
 	assert.Equal(t, int64(0), num(t, r, "AHP_ADVISED"), "no huge pages even where advised")
 	assert.Equal(t, int64(0), num(t, r, "AHP_PLAIN"))
 	assert.Equal(t, num(t, r, "AHP_BEFORE"), num(t, r, "AHP_TOTAL"))
 
 	// Inherited across fork and execve.
-	assert.Equal(t, int64(Disabled), num(t, r, "CHILD_STATE"), "fork+execve'd test binary")
+	assert.Equal(t, int64(StateDisabled), num(t, r, "CHILD_STATE"), "fork+execve'd test binary")
 	assert.Equal(t, int64(0), num(t, r, "CHILD_THP_ENABLED"))
 	if _, ok := r["CAT_THP_ENABLED"]; ok {
 		assert.Equal(t, int64(0), num(t, r, "CAT_THP_ENABLED"), "/bin/cat /proc/self/status")
 	}
 	// Kept across execve in place.
 	assert.Equal(t, num(t, r, "PID"), num(t, r, "EXECVE_PID"), "execve without fork")
-	assert.Equal(t, int64(Disabled), num(t, r, "EXECVE_STATE"))
+	assert.Equal(t, int64(StateDisabled), num(t, r, "EXECVE_STATE"))
 	assert.Equal(t, int64(0), num(t, r, "EXECVE_THP_ENABLED"))
 }
 
 func TestDisableExceptAdvised(t *testing.T) {
 	requireTHP(t)
 	r := probe(t, "except-advised", true)
-	assert.Equal(t, int64(DisabledExceptAdvised), num(t, r, "STATE"), "PR_GET_THP_DISABLE")
+	assert.Equal(t, int64(StateDisabledExceptAdvised), num(t, r, "STATE"), "PR_GET_THP_DISABLE")
 	assert.Greater(t, num(t, r, "AHP_ADVISED"), int64(regionSize/2), "an advised region still gets huge pages")
 	assert.Equal(t, int64(0), num(t, r, "AHP_PLAIN"), "a region without MADV_HUGEPAGE gets none")
 	// Measured on Linux 6.18: THP_enabled in /proc/PID/status reads 1, as
 	// the process is not disabled completely.
 	assert.Equal(t, int64(1), num(t, r, "THP_ENABLED"))
 
-	assert.Equal(t, int64(DisabledExceptAdvised), num(t, r, "CHILD_STATE"), "fork+execve'd test binary")
-	assert.Equal(t, int64(DisabledExceptAdvised), num(t, r, "EXECVE_STATE"), "execve in place")
+	assert.Equal(t, int64(StateDisabledExceptAdvised), num(t, r, "CHILD_STATE"), "fork+execve'd test binary")
+	assert.Equal(t, int64(StateDisabledExceptAdvised), num(t, r, "EXECVE_STATE"), "execve in place")
 }
 
 func TestEnableRestores(t *testing.T) {
 	requireTHP(t)
 	r := probe(t, "disable-enable", false)
-	assert.Equal(t, int64(Enabled), num(t, r, "STATE"))
+	assert.Equal(t, int64(StateEnabled), num(t, r, "STATE"))
 	assert.Equal(t, int64(1), num(t, r, "THP_ENABLED"))
 	assert.Greater(t, num(t, r, "AHP_ADVISED"), int64(regionSize/2))
 }
@@ -316,15 +316,15 @@ func TestEnableRestores(t *testing.T) {
 func TestPolicyApply(t *testing.T) {
 	requireTHP(t)
 	for word, want := range map[string]State{
-		"keep":           Enabled,
-		"disable":        Disabled,
-		"except-advised": DisabledExceptAdvised,
+		"keep":           StateEnabled,
+		"disable":        StateDisabled,
+		"except-advised": StateDisabledExceptAdvised,
 	} {
 		t.Run(word, func(t *testing.T) {
 			r := probe(t, "policy:"+word, false)
 			assert.Equal(t, int64(want), num(t, r, "APPLY_STATE"), "state returned by Apply")
 			assert.Equal(t, int64(want), num(t, r, "STATE"), "state read back")
-			if want == Disabled {
+			if want == StateDisabled {
 				assert.Equal(t, int64(0), num(t, r, "AHP_ADVISED"))
 			} else {
 				assert.Greater(t, num(t, r, "AHP_ADVISED"), int64(regionSize/2))

@@ -19,8 +19,8 @@ func DisableExceptAdvised() error { return errUnsupported }
 // Enable returns an error matching errors.ErrUnsupported off Linux.
 func Enable() error { return errUnsupported }
 
-// Process returns Enabled and an error matching errors.ErrUnsupported off Linux.
-func Process() (State, error) { return Enabled, errUnsupported }
+// Process returns StateEnabled and an error matching errors.ErrUnsupported off Linux.
+func Process() (State, error) { return StateEnabled, errUnsupported }
 
 // System returns an error matching errors.ErrUnsupported off Linux.
 func System() (Settings, error) { return Settings{}, errUnsupported }

@@ -13,9 +13,9 @@ import (
 )
 
 func TestStateString(t *testing.T) {
-	assert.Equal(t, "enabled", Enabled.String())
-	assert.Equal(t, "disabled", Disabled.String())
-	assert.Equal(t, "disabled-except-advised", DisabledExceptAdvised.String())
+	assert.Equal(t, "enabled", StateEnabled.String())
+	assert.Equal(t, "disabled", StateDisabled.String())
+	assert.Equal(t, "disabled-except-advised", StateDisabledExceptAdvised.String())
 	assert.Equal(t, "State(2)", State(2).String())
 	assert.Equal(t, "State(-1)", State(-1).String())
 }
@@ -166,7 +166,7 @@ func TestReadAnonHugePages(t *testing.T) {
 }
 
 func TestStateMarshalText(t *testing.T) {
-	b, err := json.Marshal(map[string]State{"a": Disabled, "b": DisabledExceptAdvised, "c": State(7)})
+	b, err := json.Marshal(map[string]State{"a": StateDisabled, "b": StateDisabledExceptAdvised, "c": State(7)})
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"a":"disabled","b":"disabled-except-advised","c":"State(7)"}`, string(b))
 }
