@@ -34,6 +34,7 @@ func growHandler(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	defer Shrink(r.Context(), n)
 	fmt.Fprintln(w, "ok")
 }
 
@@ -78,6 +79,7 @@ func TestMiddlewareAfterBurstAndPanic(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: 1 << 40})
 	var bursts atomic.Int64
 	h := mustMiddleware(t, p, HTTPConfig{
+		Limit:          Unlimited,
 		BurstThreshold: 8 * mib,
 		AfterBurst:     func() { bursts.Add(1) },
 		Name:           func(r *http.Request) string { return r.URL.Path[1:] },
@@ -179,6 +181,8 @@ func TestMiddlewareEightConcurrent80MiB(t *testing.T) {
 // answers 200, or, at the first error, 429 through WriteError (500 for any
 // other error): the handler a new user writes.
 func growsHandler(w http.ResponseWriter, r *http.Request) {
+	var total int64
+	defer func() { Shrink(r.Context(), total) }()
 	for _, s := range r.URL.Query()["n"] {
 		n, _ := strconv.ParseInt(s, 10, 64)
 		if err := Grow(r.Context(), n); err != nil {
@@ -187,6 +191,7 @@ func growsHandler(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+		total += n
 	}
 	fmt.Fprintln(w, "ok")
 }
@@ -214,8 +219,8 @@ func TestMiddlewareBurstThresholdFollowsLimit(t *testing.T) {
 		{gib, []string{"n=" + strconv.FormatInt(63*mib, 10)}, 0},
 		{gib, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
 		// No limit of its own: 64 MiB.
-		{0, []string{"n=" + strconv.FormatInt(64*mib-1, 10)}, 0},
-		{0, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
+		{Unlimited, []string{"n=" + strconv.FormatInt(64*mib-1, 10)}, 0},
+		{Unlimited, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
 		// Limit 1 byte: the threshold is 1 byte, not 0 (never).
 		{1, []string{"n=1"}, 1},
 	} {
@@ -255,10 +260,10 @@ func TestMiddlewareBurstThresholdFollowsLimit(t *testing.T) {
 // fails with an error that WriteError answers with 429.
 func TestMiddlewareHeapPressureCancelAnswers429(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: 1 << 40, HeapPressure: 0.9, CancelLargest: true})
-	h := mustMiddleware(t, p, HTTPConfig{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mustMiddleware(t, p, HTTPConfig{Limit: Unlimited})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a := FromContext(r.Context())
 		require.NoError(t, Grow(r.Context(), mib))
-		p.observeHeap(950*mib, 1000*mib) // heap pressure: this request is the largest
+		p.observeHeap(15*mib, 16*mib) // heap pressure: this request is the largest, 1/15 of the heap
 		<-r.Context().Done()
 		require.Eventually(t, func() bool { return a.Used() == 0 }, 5*time.Second, time.Millisecond, "closed when its context ended")
 		growsHandler(w, r)
@@ -270,6 +275,7 @@ func TestMiddlewareHeapPressureCancelAnswers429(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body), w.Body.String())
 	assert.Equal(t, "resource_exhausted", body.Code)
 	assert.Equal(t, "limits: closed: pool/req-1: Grow(1048576) after its context ended: "+
-		"limits: resource_exhausted in pool/req-1 (heap pressure): requested 1048576 bytes, 996147200 in use, limit 943718400", body.Message)
+		"limits: resource_exhausted in pool/req-1 (heap pressure): requested 1048576 bytes, 15728640 in use, limit 15099494", body.Message)
+	assert.Equal(t, "1", w.Header().Get("Retry-After"), "the heap may recover")
 	assert.Equal(t, int64(0), p.Stats().Refused, "a Grow on a closed account is not a refusal")
 }
