@@ -22,8 +22,7 @@ const Unlimited int64 = math.MaxInt64
 // take it past its own limit, and reserves from its parent (the pool, or the
 // account it was opened from) in chunks of PoolConfig.ChunkSize bytes, so
 // that Grow and Shrink within a reserved chunk touch only the account: one
-// atomic add (Grow) or compare-and-swap (Shrink) each, no lock, no
-// allocation. BenchmarkGrowShrink in this package measures a Grow+Shrink pair
+// atomic add each, no lock, no allocation. BenchmarkGrowShrink in this package measures a Grow+Shrink pair
 // against a mutex-guarded account charging a mutex-guarded pool in the same
 // run (go test -run '^$' -bench GrowShrink -benchmem -count 10 ./limits/);
 // with one account per goroutine it scales with the cores.
@@ -40,9 +39,11 @@ type Account struct {
 	// so that accounts used by different goroutines do not share one.
 	//
 	// used is what the account grew itself and has not shrunk (its own
-	// bytes; children's are in kids). A Grow on the fast path adds first and
-	// takes its bytes back when they do not fit, so used can be above the
-	// granted total for a moment; it is never below it.
+	// bytes; children's are in kids). Grow and Shrink add first and take
+	// their bytes back when they do not fit, so used can be above the
+	// granted total for a moment (a Grow past what the account holds), or
+	// below zero (a Shrink past what it grew); everyone who reads it allows
+	// for both.
 	used atomic.Int64
 	// reserved is what the account holds from its parent for its own bytes,
 	// ≥ used once a Grow returns; -1 once closed. It changes only under mu.
@@ -318,8 +319,10 @@ func (a *Account) growLocked(n int64, o *observation) error {
 
 // room returns how many more bytes the account may hold from its parent
 // under its own limit, given r reserved for itself. Called with mu held.
+// In ModeObserve and ModeOff a reservation past the limit takes only the
+// bytes needed, so that the next Grow past it is seen (and counted) too.
 func (a *Account) room(r int64) int64 {
-	if a.limit == Unlimited || a.pool.mode != ModeEnforce {
+	if a.limit == Unlimited {
 		return math.MaxInt64 - r - a.kids.Load()
 	}
 	return max(a.limit-r-a.kids.Load(), 0)
@@ -429,7 +432,7 @@ func (a *Account) giveBack(n int64, unlink *Account) {
 // (PoolConfig.Strict), Shrink panics once it holds no lock. When the
 // account holds more than two chunks beyond its use, Shrink returns the
 // excess to the parent. Shrink after Close does nothing. Within the
-// reserved chunk Shrink costs one compare-and-swap and allocates nothing.
+// reserved chunk Shrink costs one atomic add and allocates nothing.
 func (a *Account) Shrink(n int64) {
 	if n <= 0 {
 		if n < 0 {
@@ -437,11 +440,30 @@ func (a *Account) Shrink(n int64) {
 		}
 		return
 	}
+	// Fast path: one atomic add. Below zero, the Shrink takes more than the
+	// account grew (misuse), or a concurrent misuse is being undone: take
+	// it back and look again.
+	if v := a.used.Add(-n); v >= 0 {
+		if a.reserved.Load()-v > a.releaseAt {
+			a.release()
+		}
+		return
+	}
+	a.used.Add(n)
+	a.shrinkSlow(n)
+}
+
+// shrinkSlow is Shrink after its add took used below zero.
+func (a *Account) shrinkSlow(n int64) {
 	for {
 		u := a.used.Load()
+		if u < 0 {
+			runtime.Gosched() // another Shrink's misuse is being undone
+			continue
+		}
 		if n > u {
 			if a.reserved.Load() >= 0 {
-				a.misuse(fmt.Sprintf("Shrink(%d) below what it grew itself, %d", n, max(u, 0)))
+				a.misuse(fmt.Sprintf("Shrink(%d) below what it grew itself, %d", n, u))
 			}
 			return
 		}

@@ -497,9 +497,7 @@ func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 			if need > math.MaxInt64-cur || o.over(p, e) {
 				return 0, e
 			}
-			if want > math.MaxInt64-cur {
-				got = need
-			}
+			got = need // so that the next Grow past the limit is seen too
 		} else if want > p.limit-cur {
 			got = need
 		}

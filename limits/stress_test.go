@@ -454,3 +454,50 @@ func TestStressNeverOvercommitted(t *testing.T) {
 	assert.Zero(t, p.Used())
 	assert.Zero(t, p.Stats().Misuse)
 }
+
+// TestConcurrentMisuseIsExact: Shrinks past what the account grew, racing
+// correct Grow/Shrink pairs of other goroutines on the same account and its
+// child, are each counted once and change nothing; no correct call is
+// counted as misuse, and every counter ends at exactly zero.
+func TestConcurrentMisuseIsExact(t *testing.T) {
+	p, err := NewPool(PoolConfig{Limit: 64 * mib, ChunkSize: kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	a := mustOpen(t, p, "a", 32*mib)
+	child := mustOpen(t, a, "child", Unlimited)
+	const (
+		workers = 6
+		rounds  = 5000
+		misuses = 3000
+	)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			acct := []*Account{a, child}[w%2]
+			for range rounds {
+				n := 1 + rng.Int64N(4*kib)
+				if acct.Grow(n) == nil {
+					acct.Shrink(n)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range misuses {
+			a.Shrink(64*mib + int64(i)) // more than a can ever have grown
+		}
+	}()
+	wg.Wait()
+	assert.Equal(t, int64(misuses), p.Stats().Misuse)
+	assert.Zero(t, a.used.Load())
+	assert.Zero(t, child.used.Load())
+	child.Close()
+	a.Close()
+	assert.Zero(t, p.Used())
+	assert.Zero(t, p.Stats().Leaked)
+}
