@@ -22,7 +22,8 @@ const Unlimited int64 = math.MaxInt64
 // take it past its own limit, and reserves from its parent (the pool, or the
 // account it was opened from) in chunks of PoolConfig.ChunkSize bytes, so
 // that Grow and Shrink within a reserved chunk touch only the account: one
-// atomic add each, no lock, no allocation. BenchmarkGrowShrink in this package measures a Grow+Shrink pair
+// atomic add (Grow) or compare-and-swap (Shrink) each, no lock, no
+// allocation. BenchmarkGrowShrink in this package measures a Grow+Shrink pair
 // against a mutex-guarded account charging a mutex-guarded pool in the same
 // run (go test -run '^$' -bench GrowShrink -benchmem -count 10 ./limits/);
 // with one account per goroutine it scales with the cores.
@@ -39,11 +40,16 @@ type Account struct {
 	// so that accounts used by different goroutines do not share one.
 	//
 	// used is what the account grew itself and has not shrunk (its own
-	// bytes; children's are in kids). Grow and Shrink add first and take
-	// their bytes back when they do not fit, so used can be above the
-	// granted total for a moment (a Grow past what the account holds), or
-	// below zero (a Shrink past what it grew); everyone who reads it allows
-	// for both.
+	// bytes; children's are in kids). A Grow on the fast path adds first
+	// and takes its bytes back when they do not fit, so used can be above
+	// the granted total for a moment. Shrink never takes it below zero (it
+	// checks, then swaps): a Shrink past what the account grew is misuse and
+	// changes nothing. Only a misuse that counted on a Grow's passing bytes
+	// can, and the Grow that takes them back puts used back at zero.
+	//
+	// Why Shrink does not add too: a misuse's passing negative could not be
+	// told from one that counted on a Grow's passing bytes, and one of them
+	// must be repaired.
 	used atomic.Int64
 	// reserved is what the account holds from its parent for its own bytes,
 	// ≥ used once a Grow returns; -1 once closed. It changes only under mu.
@@ -222,7 +228,9 @@ func (a *Account) Grow(n int64) error {
 			}
 			return nil
 		}
-		a.undo(n) // u < n: the sum wrapped past math.MaxInt64
+		// Not held (or closed, or u < n: the sum wrapped past
+		// math.MaxInt64): take the bytes back and grow under the lock.
+		a.undo(n)
 		return a.growSlow(n)
 	}
 	if n == 0 {
@@ -232,13 +240,22 @@ func (a *Account) Grow(n int64) error {
 }
 
 // undo takes back n bytes that Grow's fast path added and could not keep.
-// A Shrink that ran in between may have counted on them; if that Shrink was
-// misuse (below what the account grew), used is now below zero: it is put
-// back at zero and the misuse counted here.
+// A Shrink that ran in between may have counted on them; if that Shrink
+// was misuse (past what the account grew), used is now below zero: it is
+// put back at zero, once (a compare-and-swap, so that two Grows undoing at
+// once do not both repair it), and the misuse counted here.
 func (a *Account) undo(n int64) {
 	if v := a.used.Add(-n); v < 0 {
-		a.used.Add(-v)
-		a.misuse(fmt.Sprintf("Shrink(%d) below what it grew, seen by a concurrent Grow", -v))
+		for {
+			cur := a.used.Load()
+			if cur >= 0 {
+				return
+			}
+			if a.used.CompareAndSwap(cur, 0) {
+				a.misuse(fmt.Sprintf("Shrink below what it grew itself by %d, seen by a concurrent Grow", -cur))
+				return
+			}
+		}
 	}
 }
 
@@ -286,11 +303,13 @@ func (a *Account) growLocked(n int64, o *observation) error {
 		}
 		u := a.used.Load()
 		if u < 0 {
-			runtime.Gosched() // a fast-path Grow's undo is under way
+			runtime.Gosched() // a Grow is putting back what a misuse took
 			continue
 		}
 		k := a.kids.Load()
-		total := u + k // ≤ reserved+kids, so no overflow
+		// u may include the bytes of a Grow on the fast path that will be
+		// taken back (up to math.MaxInt64): saturate.
+		total := u + min(k, math.MaxInt64-u)
 		if n > a.limit-total {
 			e := &ExhaustedError{Requested: n, Used: total, Limit: a.limit, Scope: a.scope()}
 			if n > math.MaxInt64-total || o.over(a.pool, e) {
@@ -432,7 +451,7 @@ func (a *Account) giveBack(n int64, unlink *Account) {
 // (PoolConfig.Strict), Shrink panics once it holds no lock. When the
 // account holds more than two chunks beyond its use, Shrink returns the
 // excess to the parent. Shrink after Close does nothing. Within the
-// reserved chunk Shrink costs one atomic add and allocates nothing.
+// reserved chunk Shrink costs one compare-and-swap and allocates nothing.
 func (a *Account) Shrink(n int64) {
 	if n <= 0 {
 		if n < 0 {
@@ -440,25 +459,10 @@ func (a *Account) Shrink(n int64) {
 		}
 		return
 	}
-	// Fast path: one atomic add. Below zero, the Shrink takes more than the
-	// account grew (misuse), or a concurrent misuse is being undone: take
-	// it back and look again.
-	if v := a.used.Add(-n); v >= 0 {
-		if a.reserved.Load()-v > a.releaseAt {
-			a.release()
-		}
-		return
-	}
-	a.used.Add(n)
-	a.shrinkSlow(n)
-}
-
-// shrinkSlow is Shrink after its add took used below zero.
-func (a *Account) shrinkSlow(n int64) {
 	for {
 		u := a.used.Load()
 		if u < 0 {
-			runtime.Gosched() // another Shrink's misuse is being undone
+			runtime.Gosched() // a Grow is putting back what a misuse took
 			continue
 		}
 		if n > u {

@@ -603,3 +603,33 @@ func TestReleaseRacingGrow(t *testing.T) {
 	a.Close()
 	assert.Zero(t, p.Used())
 }
+
+// TestMisuseCountingOnPassingBytes puts a Shrink past what the account grew
+// between a fast-path Grow's add and its check: the Shrink sees the Grow's
+// passing bytes and succeeds, the Grow does not fit and takes its bytes
+// back, finds the account below zero, puts it back at zero and counts the
+// misuse. The Grow then succeeds under the lock.
+func TestMisuseCountingOnPassingBytes(t *testing.T) {
+	p, err := NewPool(PoolConfig{Limit: 10 * mib, ChunkSize: 64 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	a := mustOpen(t, p, "a", Unlimited)
+	require.NoError(t, a.Grow(10))
+	hooked := 0
+	testHookGrow = func() {
+		if hooked++; hooked == 1 {
+			a.Shrink(1000) // a grew 10: misuse, but the Grow's bytes are there
+		}
+	}
+	t.Cleanup(func() { testHookGrow = nil })
+	require.NoError(t, a.Grow(mib))
+	assert.Equal(t, 1, hooked)
+	assert.Equal(t, int64(1), p.Stats().Misuse)
+	assert.Equal(t, mib, a.Used(), "the misuse took the 10 bytes a grew, no more")
+	testHookGrow = nil
+	a.Shrink(mib)
+	a.Close()
+	assert.Zero(t, p.Used())
+	assert.Equal(t, int64(1), p.Stats().Misuse)
+	assert.Zero(t, p.Stats().Leaked)
+}
