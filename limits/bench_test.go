@@ -19,6 +19,10 @@ import (
 //     TryAcquire/Release (no per-request account at all).
 //
 // Parallel variants run one account per goroutine, all sharing one pool.
+// Compare them with
+//
+//	go test -run '^$' -bench GrowShrink -benchmem -count 10 ./limits/ > g.txt
+//	go run golang.org/x/perf/cmd/benchstat@latest -col /impl g.txt
 //
 // The serial variants also report cpu-ns/op, the CPU time of the
 // benchmark's thread per operation (CLOCK_THREAD_CPUTIME_ID, Linux): on a
@@ -92,7 +96,7 @@ func threadCPU(b *testing.B) func() {
 }
 
 func BenchmarkGrowShrink(b *testing.B) {
-	b.Run("memctl", func(b *testing.B) {
+	b.Run("impl=memctl", func(b *testing.B) {
 		a, _ := benchPool(b).Open("a", 1<<30)
 		b.ReportAllocs()
 		defer threadCPU(b)()
@@ -103,7 +107,7 @@ func BenchmarkGrowShrink(b *testing.B) {
 			a.Shrink(benchSize)
 		}
 	})
-	b.Run("mutex", func(b *testing.B) {
+	b.Run("impl=mutex", func(b *testing.B) {
 		a := &mutexAccount{limit: 1 << 30, pool: &mutexPool{limit: 1 << 40}}
 		b.ReportAllocs()
 		defer threadCPU(b)()
@@ -114,7 +118,7 @@ func BenchmarkGrowShrink(b *testing.B) {
 			a.Shrink(benchSize)
 		}
 	})
-	b.Run("semaphore", func(b *testing.B) {
+	b.Run("impl=semaphore", func(b *testing.B) {
 		s := semaphore.NewWeighted(1 << 40)
 		b.ReportAllocs()
 		defer threadCPU(b)()
@@ -128,7 +132,7 @@ func BenchmarkGrowShrink(b *testing.B) {
 }
 
 func BenchmarkGrowShrinkParallel(b *testing.B) {
-	b.Run("memctl", func(b *testing.B) {
+	b.Run("impl=memctl", func(b *testing.B) {
 		p := benchPool(b)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -143,7 +147,7 @@ func BenchmarkGrowShrinkParallel(b *testing.B) {
 			}
 		})
 	})
-	b.Run("mutex", func(b *testing.B) {
+	b.Run("impl=mutex", func(b *testing.B) {
 		p := &mutexPool{limit: 1 << 40}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -157,7 +161,7 @@ func BenchmarkGrowShrinkParallel(b *testing.B) {
 			}
 		})
 	})
-	b.Run("semaphore", func(b *testing.B) {
+	b.Run("impl=semaphore", func(b *testing.B) {
 		s := semaphore.NewWeighted(1 << 40)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {

@@ -425,3 +425,42 @@ func TestHeapThresholdClamped(t *testing.T) {
 		assert.Equal(t, tc.want, heapThreshold(tc.limit, tc.ratio), "%d × %v", tc.limit, tc.ratio)
 	}
 }
+
+// TestPressureReadAgainAfterCancel (issue 11, input 6): when the work of a
+// request canceled under heap pressure ends, the pool runs a GC at once, on
+// a goroutine that exits, and the heap watch clears the pressure: a small
+// request is served again without waiting for a GC that refused requests
+// would not cause. A pool refusing under a stale reading (no cycle for a
+// second) does the same; one with a fresh reading does not.
+func TestPressureReadAgainAfterCancel(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	prev := debug.SetMemoryLimit(math.MaxInt64) // the real heap is under no threshold
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true})
+	a := mustOpen(t, p, "big", Unlimited)
+	ctx, done := WithAccount(context.Background(), a)
+	require.NoError(t, Grow(ctx, mib))
+	p.observeHeap(15*mib, 16*mib)
+	<-ctx.Done()
+	small := mustOpen(t, p, "small", Unlimited)
+	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted, "under pressure")
+	start := time.Now()
+	done() // the canceled request's handler returned
+	require.Eventually(t, func() bool { return !p.Stats().HeapPressure }, 5*time.Second, time.Millisecond)
+	t.Logf("pressure cleared %v after the canceled request ended", time.Since(start))
+	require.NoError(t, small.Grow(mib))
+	small.Shrink(mib)
+
+	// A fresh reading: a refused Grow starts nothing.
+	p.observeHeap(15*mib, 16*mib)
+	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted)
+	p.mu.Lock()
+	assert.False(t, p.refreshing, "no GC for a reading less than a second old")
+	p.mu.Unlock()
+	// A stale one: the refused Grow runs a GC.
+	p.lastCycle.Store(time.Now().Add(-2 * time.Second).UnixNano())
+	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted)
+	require.Eventually(t, func() bool { return !p.Stats().HeapPressure }, 5*time.Second, time.Millisecond)
+	small.Close()
+	p.Close() // waits for the pool's GC goroutine
+}
