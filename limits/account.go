@@ -119,13 +119,13 @@ func newAccount(p *Pool, parent *Account, name string, seq, limit int64) *Accoun
 
 // checkLimit returns an error for a limit that is not positive: negative
 // is an error matching ErrInvalidSize, and so is 0, which must be asked for
-// by name (Unlimited).
-func checkLimit(what string, limit int64) error {
+// by name (Unlimited). what names the call; it is made only on error.
+func checkLimit(limit int64, what func() string) error {
 	if limit < 0 {
-		return fmt.Errorf("%w: %s with limit %d", ErrInvalidSize, what, limit)
+		return fmt.Errorf("%w: %s with limit %d", ErrInvalidSize, what(), limit)
 	}
 	if limit == 0 {
-		return fmt.Errorf("%w: %s with limit 0: pass a limit in bytes, or limits.Unlimited for none of its own", ErrInvalidSize, what)
+		return fmt.Errorf("%w: %s with limit 0: pass a limit in bytes, or limits.Unlimited for none of its own", ErrInvalidSize, what())
 	}
 	return nil
 }
@@ -172,7 +172,7 @@ func (a *Account) Peak() int64 { return a.peak.Load() }
 // (wrapping the cause of the context a was bound to, as Grow's). Safe for
 // concurrent use.
 func (a *Account) Open(name string, limit int64) (*Account, error) {
-	if err := checkLimit(a.scope()+"/"+name+": Open", limit); err != nil {
+	if err := checkLimit(limit, func() string { return a.scope() + "/" + name + ": Open" }); err != nil {
 		return nil, err
 	}
 	c := newAccount(a.pool, a, name, 0, limit)

@@ -448,7 +448,7 @@ func (p *Pool) Open(name string, limit int64) (*Account, error) {
 // open is Open; seq > 0 names the account "req-<seq>" without building the
 // string (the middleware's default names).
 func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
-	if err := checkLimit(p.name+"/"+name+": Open", limit); err != nil {
+	if err := checkLimit(limit, func() string { return p.name + "/" + name + ": Open" }); err != nil {
 		return nil, err
 	}
 	if p.closed.Load() {
