@@ -225,8 +225,8 @@ func (a *Account) Grow(n int64) error {
 			testHookGrow()
 		}
 		if u >= n && u <= a.reserved.Load() && !a.pool.closed.Load() {
-			if t := u + a.kids.Load(); t > a.peak.Load() {
-				notePeak(&a.peak, t)
+			if t := u + min(a.kids.Load(), math.MaxInt64-u); t > a.peak.Load() {
+				a.raisePeak(t)
 			}
 			return nil
 		}
@@ -320,7 +320,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 		}
 		if n <= r-u {
 			if a.used.CompareAndSwap(u, u+n) {
-				notePeak(&a.peak, u+n+k)
+				a.raisePeak(u + n + min(k, math.MaxInt64-u-n))
 				return nil
 			}
 			continue
@@ -406,9 +406,21 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	a.kids.Add(got)
-	notePeak(&a.peak, max(a.used.Load(), 0)+a.kids.Load())
+	k := a.kids.Add(got)
+	u := max(a.used.Load(), 0)
+	a.raisePeak(u + min(k, math.MaxInt64-u))
 	return got, nil
+}
+
+// raisePeak raises the peak to t, what a read of used plus kids found. That
+// read can count the passing bytes of a concurrent Grow that does not fit
+// and takes them back; what is granted never passes the account's limit
+// when budgets are enforced, so neither does the peak.
+func (a *Account) raisePeak(t int64) {
+	if a.pool.mode == ModeEnforce {
+		t = min(t, a.limit)
+	}
+	notePeak(&a.peak, t)
 }
 
 // returnFromKid takes back n bytes that an account opened from a held, and
@@ -559,10 +571,15 @@ func (a *Account) Resize(oldSize, newSize int64) error {
 // counts it (PoolStats.Leaked, LeakedBytes) and logs the first one at WARN,
 // or, in strict mode, Close panics after closing everything and releasing
 // every lock. An account closed because the context it was bound to ended
-// (WithAccount) is not a leak: the work may still be running. Close is
-// idempotent and safe to call concurrently with any method.
+// (WithAccount) is not a leak: the work may still be running. Under heap
+// pressure, closing an account that held at least PoolConfig.CancelShare of
+// the live heap makes the pool read the heap again at once (one GC cycle on
+// a goroutine that exits). Close is idempotent and safe to call concurrently
+// with any method.
 func (a *Account) Close() {
-	if leak := a.close(nil); leak != "" && a.pool.strict {
+	leak := a.close(nil)
+	a.pool.workEnded(a)
+	if leak != "" && a.pool.strict {
 		panic(leak)
 	}
 }

@@ -26,6 +26,9 @@ const (
 func newTestPool(t testing.TB, cfg PoolConfig) *Pool {
 	t.Helper()
 	cfg.Strict = true
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	if cfg.HeapPressure == 0 {
 		cfg.HeapPressure = -1
 	}

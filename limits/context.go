@@ -63,10 +63,11 @@ func Shrink(ctx context.Context, n int64) {
 //
 // Calling cancel closes a before it returns (a leak then counts as in
 // Account.Close, and panics in strict mode) and releases the context's
-// resources; call it when the work ends, as with context.WithCancel. After
-// a heap-pressure cancel, calling it also tells the pool that the memory of
-// the canceled work is free: the pool runs a GC cycle at once (on a
-// goroutine that exits) so that the pressure reading is fresh.
+// resources; call it when the work ends, as with context.WithCancel. Under
+// heap pressure, after a heap-pressure cancel or when the work held a large
+// share of the heap (PoolConfig.CancelShare), calling it also tells the pool
+// that the memory of the work is free: the pool runs a GC cycle at once (on
+// a goroutine that exits) so that the pressure reading is fresh.
 func WithAccount(parent context.Context, a *Account) (context.Context, context.CancelFunc) {
 	ctx, end := withAccount(parent, a)
 	return ctx, func() {
@@ -92,9 +93,7 @@ func withAccount(parent context.Context, a *Account) (context.Context, func() (l
 		}
 		leak := a.close(cause)
 		cancel(context.Canceled)
-		if a.pressureCanceled.Load() {
-			a.pool.refreshHeap()
-		}
+		a.pool.workEnded(a)
 		return leak
 	}
 }

@@ -126,6 +126,7 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 					leak = end()
 				} else {
 					leak = a.close(nil)
+					p.workEnded(a)
 				}
 				if threshold > 0 && reached >= threshold && cfg.AfterBurst != nil {
 					cfg.AfterBurst()

@@ -10,14 +10,21 @@ import (
 )
 
 // liveHeapMetric is the live Go heap after the last GC cycle, in bytes:
-// the heap objects marked reachable by the last mark phase.
-const liveHeapMetric = "/gc/heap/live:bytes"
+// the heap objects marked reachable by the last mark phase; gcCyclesMetric
+// counts the GC cycles completed.
+const (
+	liveHeapMetric = "/gc/heap/live:bytes"
+	gcCyclesMetric = "/gc/cycles/total:gc-cycles"
+)
 
 type metricsSample = metrics.Sample
 
 // readHeap reads the live heap from runtime/metrics and GOMEMLIMIT from
-// debug.SetMemoryLimit(-1) and records them (observeHeap). It runs at the
-// end of each GC cycle, on the runtime's cleanup goroutine (internal/gcend).
+// debug.SetMemoryLimit(-1) and records them (observeHeap), once per GC
+// cycle. It runs at the end of each GC cycle, on the runtime's cleanup
+// goroutine (internal/gcend), and after each cycle the pool runs itself
+// (refreshHeap): a cycle that starts while the hook is being re-armed ends
+// without calling it.
 func (p *Pool) readHeap() {
 	p.heapMu.Lock()
 	defer p.heapMu.Unlock()
@@ -25,6 +32,13 @@ func (p *Pool) readHeap() {
 	var live int64
 	if p.sample[0].Value.Kind() == metrics.KindUint64 {
 		live = int64(min(p.sample[0].Value.Uint64(), math.MaxInt64))
+	}
+	if p.sample[1].Value.Kind() == metrics.KindUint64 {
+		cycle := p.sample[1].Value.Uint64()
+		if cycle == p.seenCycle {
+			return // this cycle was read already
+		}
+		p.seenCycle = cycle
 	}
 	p.observeHeap(live, debug.SetMemoryLimit(-1))
 }
@@ -111,13 +125,18 @@ func (p *Pool) refreshIfStale() {
 	p.refreshHeap()
 }
 
-// refreshHeap runs one GC cycle on a goroutine that exits, unless one is
-// running or the pool is closed; the heap watch reads the heap at its end.
-// Close waits for it.
+// refreshHeap runs one GC cycle on a goroutine that exits, or, when one is
+// running already (its cycle may have marked before the caller freed
+// anything), one more cycle after it; the heap watch reads the heap at the
+// end of each. Nothing runs once the pool is closed; Close waits for it.
 func (p *Pool) refreshHeap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed.Load() || p.refreshing || p.sub == nil {
+	if p.closed.Load() || p.sub == nil {
+		return
+	}
+	if p.refreshing {
+		p.refreshAgain = true
 		return
 	}
 	p.refreshing = true
@@ -125,9 +144,32 @@ func (p *Pool) refreshHeap() {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		runtime.GC() // the watch reads the heap at its end
-		p.mu.Lock()
-		p.refreshing = false
-		p.mu.Unlock()
+		for {
+			runtime.GC()
+			p.readHeap()
+			p.mu.Lock()
+			again := p.refreshAgain && !p.closed.Load()
+			p.refreshAgain = false
+			if !again {
+				p.refreshing = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+		}
 	}()
+}
+
+// workEnded is called when the work of account a ends (Close, the end of
+// WithAccount's context, the middleware after the handler): when the pool is
+// under heap pressure and a was canceled by it or held at least CancelShare
+// of the live heap, the heap is read again at once (refreshHeap), since the
+// memory a's work held is now garbage that only a GC cycle can show.
+func (p *Pool) workEnded(a *Account) {
+	if p.sub == nil || !p.pressure.Load() {
+		return
+	}
+	if a.pressureCanceled.Load() || a.Peak() >= max(int64(float64(p.heapLive.Load())*p.cancelShare), 1) {
+		p.refreshHeap()
+	}
 }

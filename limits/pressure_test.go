@@ -452,6 +452,11 @@ func TestPressureReadAgainAfterCancel(t *testing.T) {
 	small.Shrink(mib)
 
 	// A fresh reading: a refused Grow starts nothing.
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.refreshing
+	}, 5*time.Second, time.Millisecond, "the pool's GC goroutine ends")
 	p.observeHeap(15*mib, 16*mib)
 	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted)
 	p.mu.Lock()

@@ -15,18 +15,23 @@ import (
 )
 
 // checkLimits reports every way a pool and its accounts are above a limit
-// right now. It reads only atomics, so it runs while the accounts are in use.
-// An account's own counter may be above what it holds for a moment (a Grow
-// on the fast path adds before it checks), never below zero for long; what
-// it holds from its parent (reserved plus its children's) and its peak are
-// never above its limit.
+// right now; it runs while the accounts are in use. An account's own counter
+// may be above what it holds for a moment (a Grow on the fast path adds
+// before it checks); what it holds from its parent (reserved plus its
+// children's) and its peak are never above its limit. Both of the first
+// change only under the account's lock, which the check takes to read them
+// at one instant: read apart, a trim of the account's own slack followed by
+// a child's reservation would add up to more than was ever held.
 func checkLimits(p *Pool, accts []*Account) []string {
 	var bad []string
 	if u, pk := p.Used(), p.peak.Load(); u > p.limit || pk > p.limit || u < 0 {
 		bad = append(bad, fmt.Sprintf("pool: used %d, peak %d, limit %d", u, pk, p.limit))
 	}
 	for _, a := range accts {
-		r, k, pk := a.reserved.Load(), a.kids.Load(), a.peak.Load()
+		a.mu.Lock()
+		r, k := a.reserved.Load(), a.kids.Load()
+		a.mu.Unlock()
+		pk := a.peak.Load()
 		if k < 0 {
 			bad = append(bad, fmt.Sprintf("%s: children hold %d < 0", a.scope(), k))
 		}
