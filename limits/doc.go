@@ -65,12 +65,13 @@
 // The operator switches budgets with MEMCTL_BUDGETS, read by NewPool (spaces
 // trimmed, any case):
 //
-//   - enforce (also on, true, 1, t; the default when unset): refuse;
+//   - enforce (also on, yes, true, 1, t; the default when unset): refuse;
 //   - observe: account, count (PoolStats.Observed) and log, at most once per
 //     ObserveLogInterval, what would have been refused, without refusing:
 //     the safe way to roll budgets out;
-//   - off (also false, 0, f): refuse nothing, run no heap watch.
+//   - off (also no, false, 0, f): refuse nothing, run no heap watch.
 //
 // MEMCTL=off turns budgets off too. Any other value is logged at WARN and
-// budgets are enforced: a budget is a limit, and a typo must not lift it.
+// budgets are enforced, where memctl's other switches turn their part off:
+// a budget is a limit, and a typo must not lift it.
 package limits

@@ -13,8 +13,8 @@ import (
 )
 
 // TestParseMode: MEMCTL_BUDGETS in any case, spaces trimmed, with the
-// strconv.ParseBool spellings for on and off; MEMCTL=off wins; anything
-// else enforces, with an error to log.
+// strconv.ParseBool spellings and yes/no for on and off; MEMCTL off wins;
+// anything else enforces, with an error to log.
 func TestParseMode(t *testing.T) {
 	for _, tc := range []struct {
 		memctl, budgets string
@@ -28,6 +28,10 @@ func TestParseMode(t *testing.T) {
 		{"", "1", ModeEnforce, false},
 		{"", "t", ModeEnforce, false},
 		{"", "True", ModeEnforce, false},
+		{"", "YES", ModeEnforce, false},
+		{"", "no", ModeOff, false},
+		{"false", "observe", ModeOff, false},
+		{"NO", "", ModeOff, false},
 		{"", "observe", ModeObserve, false},
 		{"", "\tObserve ", ModeObserve, false},
 		{"", "off", ModeOff, false},
@@ -39,7 +43,7 @@ func TestParseMode(t *testing.T) {
 		{" Off ", "enforce", ModeOff, false},
 		{"on", "observe", ModeObserve, false},
 		{"", "observ", ModeEnforce, true},
-		{"", "yes", ModeEnforce, true},
+		{"", "yess", ModeEnforce, true},
 		{"", "enforce,observe", ModeEnforce, true},
 		{"", "2", ModeEnforce, true},
 	} {

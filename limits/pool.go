@@ -103,24 +103,26 @@ func (m Mode) String() string {
 // counted (PoolStats.Observed).
 const ObserveLogInterval = 10 * time.Second
 
-// parseMode reads the budget mode from MEMCTL and MEMCTL_BUDGETS: MEMCTL=off
-// (any case, spaces trimmed) is ModeOff; otherwise MEMCTL_BUDGETS, spaces
-// trimmed and in any case: "" (unset), "enforce" or a strconv.ParseBool true
-// spelling ("1", "t", "true", "on") is ModeEnforce; "observe" is
-// ModeObserve; "off" or a ParseBool false spelling ("0", "f", "false") is
-// ModeOff. Any other value returns ModeEnforce and an error: a budget is a
-// limit, and a typo must not lift it.
+// parseMode reads the budget mode from MEMCTL and MEMCTL_BUDGETS, in the
+// grammar of memctl's other switches (spaces trimmed, any case, the
+// strconv.ParseBool spellings and yes/no as on and off): MEMCTL off ("off",
+// "no", "0", "f", "false") is ModeOff; otherwise MEMCTL_BUDGETS "" (unset),
+// "enforce" or an on word ("on", "yes", "1", "t", "true") is ModeEnforce,
+// "observe" is ModeObserve, and "off" or an off word is ModeOff. Any other
+// value returns ModeEnforce and an error, where memctl's other switches turn
+// their part off: a budget is a limit, and a typo must not lift it.
 func parseMode(getenv func(string) string) (Mode, error) {
-	if strings.EqualFold(strings.TrimSpace(getenv("MEMCTL")), "off") {
+	switch strings.ToLower(strings.TrimSpace(getenv("MEMCTL"))) {
+	case "off", "no", "0", "f", "false":
 		return ModeOff, nil
 	}
 	v := getenv("MEMCTL_BUDGETS")
 	switch strings.ToLower(strings.TrimSpace(v)) {
-	case "", "enforce", "on", "1", "t", "true":
+	case "", "enforce", "on", "yes", "1", "t", "true":
 		return ModeEnforce, nil
 	case "observe":
 		return ModeObserve, nil
-	case "off", "0", "f", "false":
+	case "off", "no", "0", "f", "false":
 		return ModeOff, nil
 	}
 	return ModeEnforce, fmt.Errorf("limits: MEMCTL_BUDGETS=%q: want enforce, observe or off; budgets are enforced", v)
