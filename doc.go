@@ -62,15 +62,19 @@
 //	MEMCTL_GOMEMLIMIT_FLOOR=64MiB      smallest GOMEMLIMIT memctl sets
 //	MEMCTL_PRESSURE=on|off             the death-spiral detector and the
 //	                                   kernel memory-pressure watcher
+//	MEMCTL_BUDGETS=enforce|observe|off per-request budgets (package limits)
 //	MALLOC_ARENA_MAX, GLIBC_TUNABLES   an arena cap set by the operator:
 //	                                   memctl sets none
 //
 // One grammar for every switch: "on" and "off", "yes" and "no", and the
 // strconv.ParseBool spellings (1, t, true; 0, f, false), in any case, with
 // surrounding space ignored; an empty value means unset. "off" always means
-// that memctl's part does nothing. An invalid value switches its part off
-// (an invalid MEMCTL switches all of memctl off), is logged at WARN and is
-// returned in Start's error; it is not guessed at. The options follow the
+// that memctl's part does nothing. An invalid value is not guessed at: it is
+// logged at WARN, returned in Start's error, and fails safe, starting no
+// action and lifting no limit: an action's part is off (an invalid MEMCTL
+// switches all of memctl off; likewise THP, the trim, the arena cap, the
+// refresh and the pressure watch), GOMEMLIMIT is left as it was, and
+// budgets (MEMCTL_BUDGETS, package limits) stay enforced. The options follow the
 // same rule: WithTrimDelay(0) is off, and WithTrimDelay(-1s) or a delay
 // below 1ms is invalid.
 //

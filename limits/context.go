@@ -22,8 +22,9 @@ func FromContext(ctx context.Context) *Account {
 
 // Grow charges n bytes to the account in ctx (see Account.Grow). With no
 // account in ctx it counts nothing and returns nil, so that code written for
-// budgets runs unchanged where none is configured; a negative n is still an
-// error matching ErrInvalidSize.
+// budgets runs unchanged where none is configured; the call is counted in
+// PoolStats.Unguarded, so that a handler left outside the middleware shows
+// up. A negative n is still an error matching ErrInvalidSize.
 func Grow(ctx context.Context, n int64) error {
 	if a := FromContext(ctx); a != nil {
 		return a.Grow(n)
@@ -31,6 +32,7 @@ func Grow(ctx context.Context, n int64) error {
 	if n < 0 {
 		return fmt.Errorf("%w: Grow(%d): negative size", ErrInvalidSize, n)
 	}
+	unguarded.Add(1)
 	return nil
 }
 
@@ -57,22 +59,41 @@ func Shrink(ctx context.Context, n int64) {
 // parent was canceled (for a net/http request: the client went away). The
 // context's end reaches a shortly after it happens (context.AfterFunc runs
 // the close on its own goroutine), so a Grow in between may still succeed.
+// Such a close is not a leak (see Account.Close): the work may still run.
 //
-// Calling cancel closes a before it returns and releases the context's
-// resources; call it when the work ends, as with context.WithCancel.
+// Calling cancel closes a before it returns (a leak then counts as in
+// Account.Close, and panics in strict mode) and releases the context's
+// resources; call it when the work ends, as with context.WithCancel. Under
+// heap pressure, after a heap-pressure cancel or when the work held a large
+// share of the heap (PoolConfig.CancelShare), calling it also tells the pool
+// that the memory of the work is free: the pool runs a GC cycle at once (on
+// a goroutine that exits) so that the pressure reading is fresh.
 func WithAccount(parent context.Context, a *Account) (context.Context, context.CancelFunc) {
+	ctx, end := withAccount(parent, a)
+	return ctx, func() {
+		if leak := end(); leak != "" && a.pool.strict {
+			panic(leak)
+		}
+	}
+}
+
+// withAccount is WithAccount; end returns the leak a strict pool panics
+// with, so that the middleware can finish its work first.
+func withAccount(parent context.Context, a *Account) (context.Context, func() (leak string)) {
 	ctx, cancel := context.WithCancelCause(parent)
 	if a.pool.cancelLargest {
 		a.pool.list(a, cancel)
 	}
 	stop := context.AfterFunc(ctx, func() { a.close(context.Cause(ctx)) })
-	return NewContext(ctx, a), func() {
+	return NewContext(ctx, a), func() string {
 		stop()
 		var cause error
 		if ctx.Err() != nil {
 			cause = context.Cause(ctx) // ended before the work did
 		}
-		a.close(cause)
+		leak := a.close(cause)
 		cancel(context.Canceled)
+		a.pool.workEnded(a)
+		return leak
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Status codes of a budget error, for servers that map errors to their
@@ -27,13 +28,18 @@ const (
 var ErrResourceExhausted = errors.New("limits: " + CodeResourceExhausted)
 
 // ErrInvalidSize is matched (with errors.Is) by the error of a Grow, Resize
-// or Open given a negative size or limit, or a size that would take a running
-// total past math.MaxInt64. It is a caller bug, not a lack of memory, so it
-// does not match ErrResourceExhausted.
+// or Open given a negative size or limit, of an Open with limit 0 (no limit
+// is asked for by name, Unlimited), and of a negative PoolConfig.Limit or
+// HTTPConfig.Limit, or an HTTPConfig.Limit of 0. It is a caller bug, not a
+// lack of memory, so it does not match ErrResourceExhausted. A size too
+// large for a limit is never an invalid size, however large: it is
+// resource_exhausted (a handler passes client-supplied sizes such as
+// Content-Length).
 var ErrInvalidSize = errors.New("limits: invalid size")
 
 // ErrClosed is matched (with errors.Is) by the error of a Grow or Open on a
-// closed account or pool (or an account whose parent was closed). When the
+// closed account or pool, or on an account opened (at any depth) from a
+// closed account, or an account of a closed pool. When the
 // account was closed because the context it was bound to with WithAccount
 // ended, the error also wraps that context's cause: it then matches
 // ErrResourceExhausted as well after a heap-pressure cancel, or
@@ -64,6 +70,13 @@ type ExhaustedError struct {
 	// account's path, as in "pool/req-17 (heap pressure)", in the cause of a
 	// context the heap watch canceled.
 	Scope string
+	// RetryAfter is how long a client should wait before it retries, when a
+	// retry can succeed: DefaultRetryAfter (1 s) when the pool was full or
+	// under heap pressure, as other requests end and the collector runs; 0
+	// when the request was over its own budget or an ancestor account's,
+	// which a retry of the same request meets again. WriteError sends it as
+	// Retry-After.
+	RetryAfter time.Duration
 }
 
 // Error returns a message such as

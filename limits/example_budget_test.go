@@ -18,7 +18,7 @@ func ExampleExhaustedError() {
 	defer pool.Close()
 	query, _ := pool.Open("query-17", 1<<20) // 1 MiB budget
 	defer query.Close()
-	sort, _ := query.Open("sort", 0)
+	sort, _ := query.Open("sort", limits.Unlimited)
 	defer sort.Close()
 
 	err := sort.Grow(3 << 20)

@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
+	"strconv"
 	"sync/atomic"
+	"time"
 )
 
 // DefaultBurstThreshold is the largest default burst threshold, in bytes:
@@ -14,12 +15,14 @@ import (
 // half of HTTPConfig.Limit when that is smaller.
 const DefaultBurstThreshold = 64 << 20
 
-// HTTPConfig configures Pool.Middleware. The zero value opens accounts
-// without a limit of their own (the pool's limit still applies), named
-// "req-1", "req-2", ..., with no burst hook.
+// HTTPConfig configures Pool.Middleware. Limit must be set; the other
+// fields' zero values name accounts "req-1", "req-2", ... and call no burst
+// hook.
 type HTTPConfig struct {
-	// Limit is each request's budget in bytes; 0 means requests only count
-	// and are limited by the pool alone. Negative is an error. Default: 0.
+	// Limit is each request's budget in bytes, required: 0 (the zero value)
+	// and negative values are errors, so that a forgotten budget is not
+	// silently unlimited. Unlimited asks for requests limited by the pool
+	// alone.
 	Limit int64
 	// Name returns the account name for a request, the element after the
 	// pool's name in error scopes. Default: nil (means "req-N", N counting
@@ -35,6 +38,7 @@ type HTTPConfig struct {
 	// means DefaultBurstThreshold (64 MiB), or Limit/2 when Limit is set and
 	// Limit/2 is smaller (at least 1 byte): a request never holds more than
 	// Limit, so a request limited to 32 MiB ends a burst at 16 MiB.
+	// Unlimited counts as no limit here.
 	BurstThreshold int64
 	// AfterBurst is called, on the request's goroutine, after a request
 	// that reached BurstThreshold. Nothing is wired automatically: to
@@ -50,11 +54,18 @@ type HTTPConfig struct {
 // returns, even by panic. With PoolConfig.CancelLargest the account is bound
 // to a cancelable context of its own (WithAccount) that the pool's heap
 // watch may cancel; without it the middleware skips that context and costs
-// 3 allocations (576 bytes) a request: the account, the context value and
+// 3 allocations (625 bytes) a request: the account, the context value and
 // the request copy of r.WithContext (BenchmarkHandler in bench/).
 // When the pool is closed the middleware answers 503 Service Unavailable
 // without calling the handler. It returns an error matching ErrInvalidSize
-// for a negative cfg.Limit. The middleware is safe for concurrent use.
+// for a cfg.Limit that is negative or 0. The middleware is safe for
+// concurrent use.
+//
+// A handler shrinks what it grew before it returns (defer limits.Shrink):
+// an account closed with bytes still grown counts as a leak
+// (PoolStats.Leaked; see Account.Close), and panics, after the account is
+// closed and AfterBurst called, when PoolConfig.Strict is set. An account
+// closed early because the request's context ended is not a leak.
 //
 // Handlers answer a Grow error with WriteError, and any error it does not
 // answer with their own status, for example:
@@ -74,13 +85,13 @@ type HTTPConfig struct {
 // left to read the answer. Without it, a handler that should stop when the
 // client goes away checks r.Context().Err() as usual.
 func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, error) {
-	if cfg.Limit < 0 {
-		return nil, fmt.Errorf("%w: HTTPConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
+	if err := checkLimit(cfg.Limit, func() string { return "HTTPConfig.Limit: Middleware" }); err != nil {
+		return nil, err
 	}
 	threshold := cfg.BurstThreshold
 	if threshold == 0 {
 		threshold = DefaultBurstThreshold
-		if cfg.Limit > 0 {
+		if cfg.Limit != Unlimited {
 			threshold = max(min(threshold, cfg.Limit/2), 1)
 		}
 	}
@@ -102,21 +113,26 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			// may cancel the largest request needs the request's own
 			// cancelable context (WithAccount: about 6 allocations more).
 			var ctx context.Context
-			var done context.CancelFunc
+			var end func() string
 			if p.cancelLargest {
-				ctx, done = WithAccount(r.Context(), a)
+				ctx, end = withAccount(r.Context(), a)
 			} else {
 				ctx = NewContext(r.Context(), a)
 			}
 			defer func() {
 				reached := max(a.Peak(), a.refusedAt.Load())
-				if done != nil {
-					done()
+				var leak string
+				if end != nil {
+					leak = end()
 				} else {
-					a.Close()
+					leak = a.close(nil)
+					p.workEnded(a)
 				}
 				if threshold > 0 && reached >= threshold && cfg.AfterBurst != nil {
 					cfg.AfterBurst()
+				}
+				if leak != "" && p.strict {
+					panic(leak)
 				}
 			}()
 			next.ServeHTTP(w, r.WithContext(ctx))
@@ -134,19 +150,32 @@ type errorBody struct {
 // (a refused Grow, context.Cause of a context the heap watch canceled, or
 // the ErrClosed error of a Grow after that cancel) it writes status 429 with
 // the JSON body {"code":"resource_exhausted","message":"<err.Error()>"} and
-// returns true. For any other error, and for nil, it writes nothing and
-// returns false, and the caller answers: ErrInvalidSize is a bug of the
-// caller (500), ErrClosed wrapping context.Canceled means the client went
-// away (any answer is lost), ErrClosed alone means the account or pool was
-// closed (for example 503). Call it before writing anything else to w.
+// returns true. As http.Error does, it deletes a Content-Length the handler
+// set for other content, and sets Content-Type (application/json) and
+// X-Content-Type-Options: nosniff. It sets Retry-After, in whole seconds,
+// when a retry can succeed (ExhaustedError.RetryAfter: the pool was full or
+// under heap pressure, or the heap watch canceled the request), and deletes
+// it when a retry cannot (the request was over its own budget or an
+// ancestor account's).
+//
+// For any other error, and for nil, it writes nothing and returns false,
+// and the caller answers: ErrInvalidSize is a bug of the caller (500),
+// ErrClosed wrapping context.Canceled means the client went away (any
+// answer is lost), ErrClosed alone means the account or pool was closed
+// (for example 503). Call it before writing anything else to w.
 func WriteError(w http.ResponseWriter, err error) bool {
 	if err == nil || !errors.Is(err, ErrResourceExhausted) {
 		return false
 	}
 	body, _ := json.Marshal(errorBody{Code: CodeResourceExhausted, Message: err.Error()})
 	h := w.Header()
+	h.Del("Content-Length")
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
+	h.Del("Retry-After")
+	if e, ok := errors.AsType[*ExhaustedError](err); ok && e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
+	}
 	w.WriteHeader(HTTPStatusResourceExhausted)
 	_, _ = w.Write(append(body, '\n'))
 	return true

@@ -1,13 +1,17 @@
 package limits
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +38,7 @@ func growHandler(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	defer Shrink(r.Context(), n)
 	fmt.Fprintln(w, "ok")
 }
 
@@ -78,6 +83,7 @@ func TestMiddlewareAfterBurstAndPanic(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: 1 << 40})
 	var bursts atomic.Int64
 	h := mustMiddleware(t, p, HTTPConfig{
+		Limit:          Unlimited,
 		BurstThreshold: 8 * mib,
 		AfterBurst:     func() { bursts.Add(1) },
 		Name:           func(r *http.Request) string { return r.URL.Path[1:] },
@@ -179,6 +185,8 @@ func TestMiddlewareEightConcurrent80MiB(t *testing.T) {
 // answers 200, or, at the first error, 429 through WriteError (500 for any
 // other error): the handler a new user writes.
 func growsHandler(w http.ResponseWriter, r *http.Request) {
+	var total int64
+	defer func() { Shrink(r.Context(), total) }()
 	for _, s := range r.URL.Query()["n"] {
 		n, _ := strconv.ParseInt(s, 10, 64)
 		if err := Grow(r.Context(), n); err != nil {
@@ -187,6 +195,7 @@ func growsHandler(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+		total += n
 	}
 	fmt.Fprintln(w, "ok")
 }
@@ -214,8 +223,8 @@ func TestMiddlewareBurstThresholdFollowsLimit(t *testing.T) {
 		{gib, []string{"n=" + strconv.FormatInt(63*mib, 10)}, 0},
 		{gib, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
 		// No limit of its own: 64 MiB.
-		{0, []string{"n=" + strconv.FormatInt(64*mib-1, 10)}, 0},
-		{0, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
+		{Unlimited, []string{"n=" + strconv.FormatInt(64*mib-1, 10)}, 0},
+		{Unlimited, []string{"n=" + strconv.FormatInt(64*mib, 10)}, 1},
 		// Limit 1 byte: the threshold is 1 byte, not 0 (never).
 		{1, []string{"n=1"}, 1},
 	} {
@@ -255,10 +264,10 @@ func TestMiddlewareBurstThresholdFollowsLimit(t *testing.T) {
 // fails with an error that WriteError answers with 429.
 func TestMiddlewareHeapPressureCancelAnswers429(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: 1 << 40, HeapPressure: 0.9, CancelLargest: true})
-	h := mustMiddleware(t, p, HTTPConfig{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mustMiddleware(t, p, HTTPConfig{Limit: Unlimited})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a := FromContext(r.Context())
 		require.NoError(t, Grow(r.Context(), mib))
-		p.observeHeap(950*mib, 1000*mib) // heap pressure: this request is the largest
+		p.observeHeap(15*mib, 16*mib) // heap pressure: this request is the largest, 1/15 of the heap
 		<-r.Context().Done()
 		require.Eventually(t, func() bool { return a.Used() == 0 }, 5*time.Second, time.Millisecond, "closed when its context ended")
 		growsHandler(w, r)
@@ -270,6 +279,138 @@ func TestMiddlewareHeapPressureCancelAnswers429(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body), w.Body.String())
 	assert.Equal(t, "resource_exhausted", body.Code)
 	assert.Equal(t, "limits: closed: pool/req-1: Grow(1048576) after its context ended: "+
-		"limits: resource_exhausted in pool/req-1 (heap pressure): requested 1048576 bytes, 996147200 in use, limit 943718400", body.Message)
+		"limits: resource_exhausted in pool/req-1 (heap pressure): requested 1048576 bytes, 15728640 in use, limit 15099494", body.Message)
+	assert.Equal(t, "1", w.Header().Get("Retry-After"), "the heap may recover")
 	assert.Equal(t, int64(0), p.Stats().Refused, "a Grow on a closed account is not a refusal")
+}
+
+// TestWriteErrorHeaders (issue 11, input 3): a handler that set
+// Content-Length (or any header of the answer it meant to send) before
+// WriteError still sends a well-formed 429 that a client reads to the end;
+// Retry-After is there when a retry can succeed (the pool is full, heap
+// pressure) and not when it cannot (over the request's own budget or an
+// ancestor's).
+func TestWriteErrorHeaders(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 3 * mib})
+	hog := mustOpen(t, p, "hog", Unlimited)
+	require.NoError(t, hog.Grow(2*mib))
+	defer shrinkClose(hog)
+	h := mustMiddleware(t, p, HTTPConfig{Limit: 2 * mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100000")
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Retry-After", "3600")
+		if r.URL.Query().Get("child") != "" {
+			q, err := FromContext(r.Context()).Open("sort", Unlimited)
+			require.NoError(t, err)
+			defer q.Close()
+			r = r.WithContext(NewContext(r.Context(), q))
+		}
+		growHandler(w, r)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, tc := range []struct {
+		query, retryAfter, scope string
+	}{
+		{"n=" + strconv.FormatInt(2*mib+1, 10), "", "pool/req-1:"},                             // own budget
+		{"child=1&n=" + strconv.FormatInt(2*mib+1, 10), "", "pool/req-2:"},                     // the request's, from a child
+		{"n=" + strconv.FormatInt(1<<62, 10), "", "pool/req-3:"},                               // a client's absurd size
+		{"n=" + strconv.FormatInt(math.MaxInt64, 10), "", "pool/req-4:"},                       // the largest
+		{"n=" + strconv.FormatInt(mib+1, 10), "1", "pool:"},                                    // the pool is full
+		{"child=1&n=" + strconv.FormatInt(mib+1, 10), "1", "pool:"},                            // from a child
+		{"n=" + strconv.FormatInt(2*mib, 10) + "&n=" + strconv.FormatInt(1, 10), "1", "pool:"}, // the pool first
+	} {
+		resp, err := http.Get(srv.URL + "/?" + tc.query)
+		require.NoError(t, err, tc.query)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err, "%s: the body is read to its end (no unexpected EOF)", tc.query)
+		assert.Equal(t, 429, resp.StatusCode, tc.query)
+		assert.Equal(t, int64(len(body)), resp.ContentLength, tc.query)
+		assert.Equal(t, strconv.Itoa(len(body)), resp.Header.Get("Content-Length"), tc.query)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"), tc.query)
+		assert.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), tc.query)
+		assert.Equal(t, tc.retryAfter, resp.Header.Get("Retry-After"), tc.query)
+		var eb errorBody
+		require.NoError(t, json.Unmarshal(body, &eb), string(body))
+		assert.Contains(t, eb.Message, "resource_exhausted in "+tc.scope, tc.query)
+	}
+	assert.Zero(t, p.Stats().Leaked)
+}
+
+// TestWriteErrorRetryAfterRoundsUp: Retry-After is whole seconds, rounded
+// up, and only for an error that says a retry can succeed.
+func TestWriteErrorRetryAfterRoundsUp(t *testing.T) {
+	for d, want := range map[time.Duration]string{0: "", time.Millisecond: "1", time.Second: "1", 1500 * time.Millisecond: "2", -time.Second: ""} {
+		w := httptest.NewRecorder()
+		require.True(t, WriteError(w, &ExhaustedError{Scope: "pool", RetryAfter: d}))
+		assert.Equal(t, want, w.Header().Get("Retry-After"), "%v", d)
+	}
+}
+
+// TestMiddlewareLimitRequired (issue 11, input 7): a zero HTTPConfig.Limit
+// is an error that names limits.Unlimited, which is how no per-request
+// limit is asked for; a handler outside the middleware shows up in
+// PoolStats.Unguarded.
+func TestMiddlewareLimitRequired(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: mib})
+	_, err := p.Middleware(HTTPConfig{})
+	require.ErrorIs(t, err, ErrInvalidSize)
+	assert.Contains(t, err.Error(), "limits.Unlimited")
+	h := mustMiddleware(t, p, HTTPConfig{Limit: Unlimited})(http.HandlerFunc(growHandler))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/?n="+strconv.FormatInt(mib+1, 10), nil))
+	assert.Equal(t, 429, w.Code, "the pool still limits")
+
+	before := p.Stats().Unguarded
+	unguarded := http.HandlerFunc(growHandler) // no middleware
+	for range 3 {
+		w = httptest.NewRecorder()
+		unguarded.ServeHTTP(w, httptest.NewRequest("GET", "/?n=100", nil))
+		assert.Equal(t, 200, w.Code)
+	}
+	assert.Equal(t, before+3, p.Stats().Unguarded)
+}
+
+// TestMiddlewareLeak (issue 11, item 6): a handler that returns without
+// shrinking what it grew leaks: counted with its bytes, logged once, and in
+// strict mode a panic after the account is closed and AfterBurst called.
+func TestMiddlewareLeak(t *testing.T) {
+	var logs strings.Builder
+	p, err := NewPool(PoolConfig{Limit: mib, HeapPressure: -1, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	defer p.Close()
+	leaky := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		require.NoError(t, Grow(r.Context(), 1000))
+	})
+	h := mustMiddleware(t, p, HTTPConfig{Limit: mib})(leaky)
+	for range 2 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	st := p.Stats()
+	assert.Equal(t, int64(2), st.Leaked)
+	assert.Equal(t, int64(2000), st.LeakedBytes)
+	assert.Zero(t, st.Used, "the account is closed all the same")
+	assert.Equal(t, 1, strings.Count(logs.String(), "leak"), logs.String())
+
+	strict := newTestPool(t, PoolConfig{Limit: mib})
+	var bursts atomic.Int64
+	h = mustMiddleware(t, strict, HTTPConfig{Limit: mib, BurstThreshold: 1, AfterBurst: func() { bursts.Add(1) }})(leaky)
+	assert.PanicsWithValue(t, "limits: pool/req-1: closed with 1000 bytes grown and not shrunk", func() {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	})
+	assert.Zero(t, strict.Used())
+	assert.Equal(t, int64(1), bursts.Load(), "AfterBurst ran before the panic")
+	// With CancelLargest the account is bound to the request's context; a
+	// client that went away is not a leak.
+	cl := newTestPool(t, PoolConfig{Limit: mib, CancelLargest: true})
+	h = mustMiddleware(t, cl, HTTPConfig{Limit: mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		require.NoError(t, Grow(r.Context(), 1000))
+		<-r.Context().Done()
+		require.Eventually(t, func() bool { return FromContext(r.Context()).Used() == 0 }, 5*time.Second, time.Millisecond)
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	assert.Zero(t, cl.Stats().Leaked)
 }

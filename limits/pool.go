@@ -3,10 +3,21 @@ package limits
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
+	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+
+	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 // DefaultPoolRatio is the share of GOMEMLIMIT that becomes a pool's limit
@@ -30,23 +41,113 @@ const DefaultChunkSize = 64 << 10
 // continuously and any further growth risks the OOM killer.
 const DefaultHeapPressure = 0.9
 
+// DefaultCancelShare is the share of the live Go heap that an account must
+// hold before CancelLargest cancels it, when PoolConfig.CancelShare is 0.
+// Canceling an account that holds less frees too little to end the
+// pressure: the pressure then comes from memory outside the accounts (a
+// cache, unreported buffers, many small requests) and the pool says so once
+// at WARN instead of canceling small requests one per GC cycle.
+const DefaultCancelShare = 0.05
+
+// DefaultRetryAfter is the ExhaustedError.RetryAfter of a refusal that a
+// retry can get past: the pool is full or under heap pressure, and both
+// change as other requests end and the collector runs. WriteError sends it
+// as Retry-After: 1 (seconds, RFC 9110 section 10.2.3).
+const DefaultRetryAfter = time.Second
+
+// heapRefreshInterval is the longest a pool refusing Grows under heap
+// pressure waits for a GC cycle before it runs one (runtime.GC on a
+// goroutine of its own that exits): refused requests allocate almost
+// nothing, so the cycle that would clear the pressure may otherwise not come
+// before the runtime's forced GC, two minutes later. At most one such GC a
+// second, and none while the program's own allocation runs the collector.
+const heapRefreshInterval = time.Second
+
 // maxChunkSize bounds PoolConfig.ChunkSize.
 const maxChunkSize = 1 << 30
 
+// Mode is what a pool does with a Grow past a budget, set by the operator
+// with MEMCTL_BUDGETS (see the package doc).
+type Mode int
+
+const (
+	// ModeEnforce refuses a Grow past a budget with an *ExhaustedError. The
+	// default.
+	ModeEnforce Mode = iota
+	// ModeObserve accounts as ModeEnforce does but lets a Grow past a
+	// budget through; it counts it in PoolStats.Observed and logs it (at
+	// most one line per ObserveLogInterval). Heap pressure cancels nothing;
+	// a cancel CancelLargest would make is counted and logged the same way.
+	// The way to roll budgets out on a running service.
+	ModeObserve
+	// ModeOff refuses nothing and logs nothing: accounts still count (Used,
+	// Peak), and the heap watch does not run. MEMCTL_BUDGETS=off, or
+	// MEMCTL=off.
+	ModeOff
+)
+
+// String returns "enforce", "observe" or "off".
+func (m Mode) String() string {
+	switch m {
+	case ModeEnforce:
+		return "enforce"
+	case ModeObserve:
+		return "observe"
+	case ModeOff:
+		return "off"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// ObserveLogInterval is the shortest time between two log lines of a pool
+// in ModeObserve about Grows it let through; the ones in between are only
+// counted (PoolStats.Observed).
+const ObserveLogInterval = 10 * time.Second
+
+// parseMode reads the budget mode from MEMCTL and MEMCTL_BUDGETS, in the
+// grammar of memctl's other switches (spaces trimmed, any case, the
+// strconv.ParseBool spellings and yes/no as on and off): MEMCTL off ("off",
+// "no", "0", "f", "false") is ModeOff; otherwise MEMCTL_BUDGETS "" (unset),
+// "enforce" or an on word ("on", "yes", "1", "t", "true") is ModeEnforce,
+// "observe" is ModeObserve, and "off" or an off word is ModeOff. Any other
+// value returns ModeEnforce and an error, where memctl's other switches turn
+// their part off: a budget is a limit, and a typo must not lift it.
+func parseMode(getenv func(string) string) (Mode, error) {
+	if envflag.IsOff(getenv("MEMCTL")) {
+		return ModeOff, nil
+	}
+	v := getenv("MEMCTL_BUDGETS")
+	t := strings.ToLower(strings.TrimSpace(v))
+	switch {
+	case t == "", t == "enforce", envflag.IsOn(t):
+		return ModeEnforce, nil
+	case t == "observe":
+		return ModeObserve, nil
+	case envflag.IsOff(t):
+		return ModeOff, nil
+	}
+	return ModeEnforce, fmt.Errorf("limits: %w; budgets are enforced", &envflag.Error{Name: "MEMCTL_BUDGETS", Value: v, Want: `"enforce", "observe" or "off"`})
+}
+
 // PoolConfig configures NewPool. The zero value is the default: a pool
-// named "pool" limited to half of GOMEMLIMIT, 64 KiB chunks, heap pressure
-// at 90% of GOMEMLIMIT.
+// named "pool" limited to half of GOMEMLIMIT (or the fallback below), 64 KiB
+// chunks, heap pressure at 90% of GOMEMLIMIT.
 type PoolConfig struct {
 	// Name is the first element of every scope in errors. Default: "pool".
 	Name string
 	// Limit is the pool's budget in bytes, shared by all its accounts.
 	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT as read by NewPool
-	// (debug.SetMemoryLimit(-1)); when GOMEMLIMIT is not set either, the
-	// pool has no limit (it counts, and refuses only under heap pressure).
-	// Set GOMEMLIMIT (for example with SetGoMemLimit) before NewPool. The
-	// limit is fixed at NewPool: it does not follow a later change of
-	// GOMEMLIMIT (a MemLimitConfig.Refresh after an in-place resize), while
-	// the heap-pressure threshold does. A negative Limit is an error.
+	// (debug.SetMemoryLimit(-1)). When GOMEMLIMIT is not set either, it is
+	// 0.5 of what SetGoMemLimit would set: DefaultRatio (0.9) of the cgroup
+	// memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes, read by
+	// automemlimit's memlimit.FromCgroup), or, outside a limited cgroup, of
+	// the physical memory (memlimit.FromSystem: /proc/meminfo MemTotal on
+	// Linux); NewPool then logs one INFO line saying so, and fails when it
+	// cannot read either. Unlimited asks for no limit by name. Set
+	// GOMEMLIMIT (for example with SetGoMemLimit) before NewPool. The limit
+	// is fixed at NewPool: it does not follow a later change of GOMEMLIMIT
+	// (a MemLimitConfig.Refresh after an in-place resize), while the
+	// heap-pressure threshold does. A negative Limit is an error.
 	// Default: 0.
 	Limit int64
 	// ChunkSize is the granularity, in bytes, in which accounts reserve from
@@ -57,26 +158,52 @@ type PoolConfig struct {
 	// HeapPressure is the share of GOMEMLIMIT, in (0.0, 1.0], that the live
 	// Go heap (runtime/metrics /gc/heap/live:bytes) may reach before the pool
 	// refuses every Grow that needs more from it; it is checked at the end of
-	// each GC cycle, by a hook the collector runs, not by a timer. GOMEMLIMIT
-	// is read again at every cycle (debug.SetMemoryLimit(-1)), so the
-	// threshold follows a refresh of GOMEMLIMIT. A negative value turns the
-	// watch off. Without GOMEMLIMIT there is no pressure.
+	// each GC cycle, by a hook the collector runs (internal/gcend), not by a
+	// timer. GOMEMLIMIT is read again at every cycle
+	// (debug.SetMemoryLimit(-1)), so the threshold follows a refresh of
+	// GOMEMLIMIT. A negative value turns the watch off. Without GOMEMLIMIT
+	// there is no pressure. Refused requests allocate too little to cause
+	// the GC cycle that would show the memory free again, so under pressure
+	// the pool runs one itself (runtime.GC, on a goroutine that exits, and
+	// reads the heap at its end): when the work of an account that the
+	// pressure canceled, or that held at least CancelShare of the live heap,
+	// ends (Close, WithAccount's cancel, the middleware after the handler),
+	// and when it refuses a Grow and no GC cycle has run for a second. In a
+	// 256 MiB cgroup, small requests are served again 1 to 8 ms after a
+	// 600 MiB request was canceled (TestPressureRecoversInCgroup).
 	// Default: 0 (means DefaultHeapPressure, 0.9).
 	HeapPressure float64
-	// CancelLargest, under heap pressure, cancels at the end of each GC
-	// cycle the context of the open account (among those bound with
-	// WithAccount) that uses the most bytes, with an *ExhaustedError as the
-	// cause (context.Cause). Default: false.
+	// CancelLargest, under heap pressure, cancels at the end of a GC cycle
+	// the context of the open account (among those bound with WithAccount)
+	// that uses the most bytes, with an *ExhaustedError as the cause
+	// (context.Cause), provided it uses at least CancelShare of the live
+	// heap; when none does, the pool logs one WARN line per episode of
+	// pressure instead. Default: false.
 	CancelLargest bool
-	// Strict makes misuse panic instead of being counted: a Shrink below zero
-	// or of a negative size. Tests turn it on. Default: false.
+	// CancelShare is the share of the live Go heap, in (0.0, 1.0], that an
+	// account must hold for CancelLargest to cancel it. Default: 0 (means
+	// DefaultCancelShare, 0.05).
+	CancelShare float64
+	// Strict makes misuse and leaks panic instead of being counted: a
+	// Shrink of more than the account grew itself or of a negative size,
+	// and an account closed with bytes it did not shrink. The panic comes
+	// after every lock is released. Tests turn it on. Default: false.
 	Strict bool
+	// Logger receives the pool's few log lines: the fallback limit (INFO),
+	// a bad MEMCTL_BUDGETS (WARN), the first misuse and the first leak
+	// (WARN), pressure from outside the accounts (WARN, once per episode),
+	// and in ModeObserve what would have been refused (WARN, rate-limited).
+	// Default: nil (means slog.Default()).
+	Logger *slog.Logger
 }
 
 // PoolStats is a snapshot of a pool's counters.
 type PoolStats struct {
-	// Limit is the pool's limit in bytes; 0 means no limit.
+	// Limit is the pool's limit in bytes; Unlimited (math.MaxInt64) means
+	// no limit.
 	Limit int64
+	// Mode is the pool's budget mode (MEMCTL_BUDGETS).
+	Mode Mode
 	// Used is the bytes the pool's accounts hold, including up to two chunks
 	// per open account that are reserved but not yet used.
 	Used int64
@@ -88,8 +215,20 @@ type PoolStats struct {
 	// error matches ErrResourceExhausted too (see ErrClosed); the cancel is
 	// counted in Canceled.
 	Refused int64
-	// Misuse counts Shrink calls below zero or of a negative size.
+	// Observed counts Grow calls that would have been refused, and cancels
+	// CancelLargest would have made, let through because the pool is in
+	// ModeObserve or ModeOff.
+	Observed int64
+	// Misuse counts Shrink calls of more than the account grew itself or
+	// of a negative size.
 	Misuse int64
+	// Leaked counts accounts closed with bytes they grew and did not
+	// shrink, and LeakedBytes sums those bytes (see Account.Close).
+	Leaked, LeakedBytes int64
+	// Unguarded counts limits.Grow calls, in the whole process, whose
+	// context carried no account: a handler outside the middleware, with no
+	// budget. It is the same in the stats of every pool.
+	Unguarded int64
 	// HeapPressure is true when the live heap was above HeapThreshold at the
 	// end of the last GC cycle.
 	HeapPressure bool
@@ -114,35 +253,71 @@ type Pool struct {
 	used     atomic.Int64
 	peak     atomic.Int64
 	pressure atomic.Bool
-	closed   atomic.Bool
-	_        [40]byte // keep the shared counters on their own cache line
+	_        [47]byte // keep the shared counters on their own cache line
+
+	// Read on every Grow, written once: a line of its own that stays
+	// shared in every core's cache.
+	closed atomic.Bool
+	mode   Mode
+	limit  int64 // Unlimited when the pool has no limit
+	chunk  int64
+	_      [32]byte
 
 	refused       atomic.Int64
+	observed      atomic.Int64
 	misuse        atomic.Int64
+	leaked        atomic.Int64
+	leakedBytes   atomic.Int64
 	canceled      atomic.Int64
 	heapLive      atomic.Int64
 	heapThreshold atomic.Int64
 	heapCycles    atomic.Int64
+	lastCycle     atomic.Int64 // time.Now().UnixNano() of the last cycle seen
+	observeLogAt  atomic.Int64 // UnixNano of the last ModeObserve log line
+	misuseLogged  atomic.Bool
+	leakLogged    atomic.Bool
+	outsideLogged atomic.Bool // reset when the pressure ends
 
 	name          string
 	heapScope     string
-	limit         int64 // math.MaxInt64 when the pool has no limit
-	chunk         int64
 	heapRatio     float64
+	cancelShare   float64
 	cancelLargest bool
 	strict        bool
-	watch         *heapWatch
+	log           *slog.Logger
+	sub           *gcend.Subscription
 
-	mu   sync.Mutex // guards the list of cancellable accounts
-	head *Account
+	heapMu    sync.Mutex // serializes heap readings
+	sample    [2]metricsSample
+	seenCycle uint64 // the GC cycle read last; guarded by heapMu
+
+	mu           sync.Mutex // guards the list of cancellable accounts and refreshing
+	head         *Account
+	refreshing   bool           // a refreshHeap goroutine runs
+	refreshAgain bool           // it runs one more cycle
+	wg           sync.WaitGroup // the refresh goroutine
 }
 
+// unguarded counts limits.Grow calls whose context had no account.
+var unguarded atomic.Int64
+
+// fromCgroup and fromSystem read the memory a pool without GOMEMLIMIT falls
+// back on; tests replace them.
+var (
+	fromCgroup = memlimit.FromCgroup
+	fromSystem = memlimit.FromSystem
+)
+
 // NewPool returns a pool configured by cfg. It returns an error matching
-// ErrInvalidSize for a negative Limit or a ChunkSize outside [0, 1 GiB], and
-// an error for a HeapPressure above 1 or NaN. With the heap watch on (the
-// default), the pool installs a hook that the garbage collector runs at the
-// end of each cycle; it starts no goroutine and no timer. Call Close to
-// remove it.
+// ErrInvalidSize for a negative Limit or a ChunkSize outside [0, 1 GiB], an
+// error for a HeapPressure or CancelShare above 1 or NaN, and an error when
+// Limit is 0, GOMEMLIMIT is not set and neither a cgroup limit nor the
+// physical memory can be read. It reads MEMCTL and MEMCTL_BUDGETS (see
+// Mode); a bad MEMCTL_BUDGETS is logged at WARN and budgets are enforced.
+// With the heap watch on (the default), the pool subscribes to the end of
+// each GC cycle (internal/gcend); it starts no goroutine and no timer of its
+// own. Call Close to remove it; a pool dropped without Close removes it at
+// the next cycle.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if cfg.Limit < 0 {
 		return nil, fmt.Errorf("%w: PoolConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
@@ -153,13 +328,21 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if math.IsNaN(cfg.HeapPressure) || cfg.HeapPressure > 1 {
 		return nil, fmt.Errorf("limits: PoolConfig.HeapPressure %v is not in (0.0, 1.0] (0: default, negative: off)", cfg.HeapPressure)
 	}
+	if !(cfg.CancelShare >= 0 && cfg.CancelShare <= 1) {
+		return nil, fmt.Errorf("limits: PoolConfig.CancelShare %v is not in (0.0, 1.0] (0: default)", cfg.CancelShare)
+	}
 	p := &Pool{
 		name:          cfg.Name,
 		limit:         cfg.Limit,
 		chunk:         cfg.ChunkSize,
 		heapRatio:     cfg.HeapPressure,
+		cancelShare:   cfg.CancelShare,
 		cancelLargest: cfg.CancelLargest,
 		strict:        cfg.Strict,
+		log:           cfg.Logger,
+	}
+	if p.log == nil {
+		p.log = slog.Default()
 	}
 	if p.name == "" {
 		p.name = "pool"
@@ -168,39 +351,72 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if p.chunk == 0 {
 		p.chunk = DefaultChunkSize
 	}
+	if p.cancelShare == 0 {
+		p.cancelShare = DefaultCancelShare
+	}
+	mode, err := parseMode(os.Getenv)
+	if err != nil {
+		p.log.Warn("limits: bad MEMCTL_BUDGETS", "pool", p.name, "error", err)
+	}
+	p.mode = mode
+	if mode != ModeEnforce {
+		p.log.Info("limits: budgets are not enforced", "pool", p.name, "mode", mode.String())
+	}
 	if p.limit == 0 {
-		p.limit = limitFromGOMEMLIMIT(debug.SetMemoryLimit(-1))
+		if p.limit, err = p.defaultLimit(debug.SetMemoryLimit(-1)); err != nil {
+			return nil, err
+		}
 	}
 	if p.heapRatio == 0 {
 		p.heapRatio = DefaultHeapPressure
 	}
-	if p.heapRatio > 0 {
-		p.watch = startHeapWatch(p)
+	p.sample[0].Name = liveHeapMetric
+	p.sample[1].Name = gcCyclesMetric
+	if p.heapRatio > 0 && p.mode != ModeOff {
+		wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
+		p.sub = gcend.Subscribe(func() bool {
+			p := wp.Value()
+			if p == nil {
+				return false
+			}
+			p.readHeap()
+			return true
+		})
 	}
 	return p, nil
 }
 
-// limitFromGOMEMLIMIT returns DefaultPoolRatio of gml, at least 1, or
-// math.MaxInt64 (no limit) when gml is math.MaxInt64 (GOMEMLIMIT not set).
-func limitFromGOMEMLIMIT(gml int64) int64 {
-	if gml == math.MaxInt64 {
-		return math.MaxInt64
+// defaultLimit returns the limit of a pool configured with Limit 0, given
+// GOMEMLIMIT gml (math.MaxInt64 when not set); see PoolConfig.Limit.
+func (p *Pool) defaultLimit(gml int64) (int64, error) {
+	if gml != math.MaxInt64 {
+		return max(int64(float64(gml)*DefaultPoolRatio), 1), nil
 	}
-	return max(int64(float64(gml)*DefaultPoolRatio), 1)
+	from := "cgroup memory limit"
+	base, err := fromCgroup()
+	if err != nil || base == 0 || base >= math.MaxInt64 {
+		from = "physical memory"
+		var err2 error
+		if base, err2 = fromSystem(); err2 != nil || base == 0 {
+			return 0, fmt.Errorf("limits: pool %s: no GOMEMLIMIT, no cgroup memory limit (%v) and no physical memory size (%v): set PoolConfig.Limit", p.name, err, err2)
+		}
+	}
+	limit := max(int64(float64(min(base, math.MaxInt64))*DefaultRatio*DefaultPoolRatio), 1)
+	p.log.Info("limits: GOMEMLIMIT is not set; pool limit is half of 90% of the "+from,
+		"pool", p.name, "limit", limit, from, base)
+	return limit, nil
 }
 
 // Name returns the pool's name, the first element of every scope.
 func (p *Pool) Name() string { return p.name }
 
-// Limit returns the pool's limit in bytes; 0 means no limit. It is fixed at
-// NewPool (see PoolConfig.Limit): a pool derived from GOMEMLIMIT keeps the
-// value GOMEMLIMIT had then.
-func (p *Pool) Limit() int64 {
-	if p.limit == math.MaxInt64 {
-		return 0
-	}
-	return p.limit
-}
+// Limit returns the pool's limit in bytes; Unlimited (math.MaxInt64) means
+// none. It is fixed at NewPool (see PoolConfig.Limit): a pool derived from
+// GOMEMLIMIT keeps the value GOMEMLIMIT had then.
+func (p *Pool) Limit() int64 { return p.limit }
+
+// Mode returns the pool's budget mode, read from the environment by NewPool.
+func (p *Pool) Mode() Mode { return p.mode }
 
 // Used returns the bytes the pool's accounts hold, which includes up to two
 // chunks per open account reserved but not yet used.
@@ -209,11 +425,16 @@ func (p *Pool) Used() int64 { return p.used.Load() }
 // Stats returns a snapshot of the pool's counters.
 func (p *Pool) Stats() PoolStats {
 	return PoolStats{
-		Limit:         p.Limit(),
+		Limit:         p.limit,
+		Mode:          p.mode,
 		Used:          p.used.Load(),
 		Peak:          p.peak.Load(),
 		Refused:       p.refused.Load(),
+		Observed:      p.observed.Load(),
 		Misuse:        p.misuse.Load(),
+		Leaked:        p.leaked.Load(),
+		LeakedBytes:   p.leakedBytes.Load(),
+		Unguarded:     unguarded.Load(),
 		HeapPressure:  p.pressure.Load(),
 		HeapLive:      p.heapLive.Load(),
 		HeapThreshold: p.heapThreshold.Load(),
@@ -222,11 +443,11 @@ func (p *Pool) Stats() PoolStats {
 	}
 }
 
-// Open opens a top-level account named name with its own limit in bytes;
-// limit 0 means the account only counts and never refuses on its own (the
-// pool still can). The account's scope is "<pool>/<name>". It returns an
-// error matching ErrInvalidSize for a negative limit and ErrClosed after
-// Close. Safe for concurrent use.
+// Open opens a top-level account named name with its own limit in bytes
+// (Unlimited: none of its own; the pool still limits it). The account's
+// scope is "<pool>/<name>". It returns an error matching ErrInvalidSize for
+// a limit that is negative or 0, and ErrClosed after Close. Safe for
+// concurrent use.
 func (p *Pool) Open(name string, limit int64) (*Account, error) {
 	return p.open(name, 0, limit)
 }
@@ -234,8 +455,8 @@ func (p *Pool) Open(name string, limit int64) (*Account, error) {
 // open is Open; seq > 0 names the account "req-<seq>" without building the
 // string (the middleware's default names).
 func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
-	if limit < 0 {
-		return nil, fmt.Errorf("%w: %s/%s: Open with limit %d", ErrInvalidSize, p.name, name, limit)
+	if err := checkLimit(limit, func() string { return p.name + "/" + name + ": Open" }); err != nil {
+		return nil, err
 	}
 	if p.closed.Load() {
 		return nil, fmt.Errorf("%w: %s: Open(%q)", ErrClosed, p.name, name)
@@ -243,40 +464,49 @@ func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
 	return newAccount(p, nil, name, seq, limit), nil
 }
 
-// Close stops the heap watch and makes the pool refuse further Open calls
-// and reservations with ErrClosed. Accounts still open keep what they hold
-// until they are closed. Close is idempotent and safe for concurrent use.
+// Close stops the heap watch, waits for a GC cycle the pool started, and
+// makes every further Open and Grow on the pool and on any of its accounts,
+// children included, fail with ErrClosed. Accounts still open keep what they
+// hold until they are closed. Close is idempotent and safe for concurrent
+// use.
 func (p *Pool) Close() {
-	if p.closed.Swap(true) {
+	p.mu.Lock()
+	already := p.closed.Swap(true)
+	p.mu.Unlock()
+	if already {
 		return
 	}
-	if p.watch != nil {
-		p.watch.stop()
-	}
+	p.sub.Stop()
+	p.wg.Wait()
 }
 
 // reserve takes want bytes from the pool, or only need (≤ want) when want
 // does not fit, and returns how many it took. When need does not fit either
-// the error is an *ExhaustedError, or an *overflowError when the pool has no
-// limit and its total would pass math.MaxInt64.
-func (p *Pool) reserve(want, need int64) (int64, error) {
+// the error is an *ExhaustedError; in ModeObserve and ModeOff the refusal is
+// recorded in o and the bytes are taken anyway, unless the total would pass
+// math.MaxInt64.
+func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 	if p.closed.Load() {
 		return 0, fmt.Errorf("%w: pool %s", ErrClosed, p.name)
 	}
 	if p.pressure.Load() {
-		return 0, &ExhaustedError{Requested: need, Used: p.heapLive.Load(), Limit: p.heapThreshold.Load(), Scope: p.heapScope}
+		p.refreshIfStale()
+		e := &ExhaustedError{Requested: need, Used: p.heapLive.Load(), Limit: p.heapThreshold.Load(), Scope: p.heapScope, RetryAfter: DefaultRetryAfter}
+		if o.over(p, e) {
+			return 0, e
+		}
 	}
 	for {
 		cur := p.used.Load()
 		got := want
-		if got > p.limit-cur {
-			got = need
-			if got > p.limit-cur {
-				if p.limit == math.MaxInt64 {
-					return 0, &overflowError{scope: p.name, used: cur}
-				}
-				return 0, &ExhaustedError{Requested: need, Used: cur, Limit: p.limit, Scope: p.name}
+		if need > p.limit-cur {
+			e := &ExhaustedError{Requested: need, Used: cur, Limit: p.limit, Scope: p.name, RetryAfter: DefaultRetryAfter}
+			if need > math.MaxInt64-cur || o.over(p, e) {
+				return 0, e
 			}
+			got = need // so that the next Grow past the limit is seen too
+		} else if want > p.limit-cur {
+			got = need
 		}
 		if p.used.CompareAndSwap(cur, cur+got) {
 			notePeak(&p.peak, cur+got)
@@ -287,6 +517,54 @@ func (p *Pool) reserve(want, need int64) (int64, error) {
 
 // unreserve returns n bytes to the pool.
 func (p *Pool) unreserve(n int64) { p.used.Add(-n) }
+
+// noteRefused counts a Grow(n) that failed with err when err is a refusal
+// (an *ExhaustedError), fills in the size the caller asked for, and records
+// in the account and its ancestors what they would have used.
+func (a *Account) noteRefused(n int64, err error) {
+	e, ok := err.(*ExhaustedError)
+	if !ok {
+		return
+	}
+	e.Requested = n
+	a.pool.refused.Add(1)
+	for x := a; x != nil; x = x.parent {
+		u := max(x.used.Load(), 0) + x.kids.Load()
+		notePeak(&x.refusedAt, u+min(n, math.MaxInt64-u))
+	}
+}
+
+// noteObserved counts a Grow let through in ModeObserve or ModeOff, and
+// logs it in ModeObserve, at most once per ObserveLogInterval.
+func (p *Pool) noteObserved(e *ExhaustedError) {
+	p.observed.Add(1)
+	if p.mode != ModeObserve {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := p.observeLogAt.Load()
+	if (last != 0 && now-last < int64(ObserveLogInterval)) || !p.observeLogAt.CompareAndSwap(last, now) {
+		return
+	}
+	p.log.Warn("limits: budget exceeded, not refused (MEMCTL_BUDGETS=observe)",
+		"error", e.Error(), "observed", p.observed.Load())
+}
+
+// noteLeak counts an account closed with n bytes it grew and did not
+// shrink, logs the first one, and returns the message a strict pool panics
+// with ("" when not strict).
+func (p *Pool) noteLeak(scope string, n int64) string {
+	p.leaked.Add(1)
+	p.leakedBytes.Add(n)
+	msg := "limits: " + scope + ": closed with " + strconv.FormatInt(n, 10) + " bytes grown and not shrunk"
+	if p.strict {
+		return msg
+	}
+	if p.leakLogged.CompareAndSwap(false, true) {
+		p.log.Warn("limits: account leak (counted in PoolStats.Leaked; only the first is logged)", "error", msg)
+	}
+	return ""
+}
 
 // list adds a, with the cancel function of its context, to the accounts
 // that CancelLargest may cancel.

@@ -6,101 +6,47 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync"
-	"sync/atomic"
-	"weak"
+	"time"
 )
 
 // liveHeapMetric is the live Go heap after the last GC cycle, in bytes:
-// the heap objects marked reachable by the last mark phase.
-const liveHeapMetric = "/gc/heap/live:bytes"
+// the heap objects marked reachable by the last mark phase; gcCyclesMetric
+// counts the GC cycles completed.
+const (
+	liveHeapMetric = "/gc/heap/live:bytes"
+	gcCyclesMetric = "/gc/cycles/total:gc-cycles"
+)
 
-// armedWatches counts heap watches with a GC hook pending; tests check that
-// Pool.Close brings it back down.
-var armedWatches atomic.Int64
-
-// heapWatch runs at the end of every GC cycle, for as long as its pool is
-// open and reachable, with no goroutine or timer of its own: each cycle it
-// allocates a sentinel object, unreachable at once, with a cleanup
-// (runtime.AddCleanup); the next GC cycle finds it dead and the runtime runs
-// the cleanup, which reads the live heap and arms the next sentinel.
-type heapWatch struct {
-	pool weak.Pointer[Pool] // weak: a pool dropped without Close stops its watch
-
-	mu      sync.Mutex // serializes cycle and stop
-	stopped bool
-	pending runtime.Cleanup
-	sample  [1]metrics.Sample
-
-	// read returns the live heap and GOMEMLIMIT; tests replace it.
-	read func(w *heapWatch) (live, limit int64)
-}
-
-// gcSentinel is the object whose death marks the end of a GC cycle. It holds
-// a pointer so that it is not combined with others by the tiny allocator.
-type gcSentinel struct {
-	_ *byte
-	_ int64
-}
-
-func startHeapWatch(p *Pool) *heapWatch {
-	w := &heapWatch{pool: weak.Make(p), read: readHeap}
-	w.sample[0].Name = liveHeapMetric
-	armedWatches.Add(1)
-	w.mu.Lock()
-	w.arm()
-	w.mu.Unlock()
-	return w
-}
-
-// arm installs the hook for the next GC cycle. Called with mu held.
-func (w *heapWatch) arm() {
-	w.pending = runtime.AddCleanup(new(gcSentinel), (*heapWatch).cycle, w)
-}
-
-// cycle runs on the runtime's cleanup goroutine after a GC cycle.
-func (w *heapWatch) cycle() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
-		return
-	}
-	p := w.pool.Value()
-	if p == nil {
-		w.stopped = true
-		armedWatches.Add(-1)
-		return
-	}
-	live, limit := w.read(w)
-	p.observeHeap(live, limit)
-	w.arm()
-}
-
-// stop removes the pending hook; no cycle runs after it returns.
-func (w *heapWatch) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
-		return
-	}
-	w.stopped = true
-	w.pending.Stop()
-	armedWatches.Add(-1)
-}
+type metricsSample = metrics.Sample
 
 // readHeap reads the live heap from runtime/metrics and GOMEMLIMIT from
-// debug.SetMemoryLimit(-1). Called with mu held.
-func readHeap(w *heapWatch) (live, limit int64) {
-	metrics.Read(w.sample[:])
-	if w.sample[0].Value.Kind() == metrics.KindUint64 {
-		live = int64(min(w.sample[0].Value.Uint64(), math.MaxInt64))
+// debug.SetMemoryLimit(-1) and records them (observeHeap), once per GC
+// cycle. It runs at the end of each GC cycle, on the runtime's cleanup
+// goroutine (internal/gcend), and after each cycle the pool runs itself
+// (refreshHeap): a cycle that starts while the hook is being re-armed ends
+// without calling it.
+func (p *Pool) readHeap() {
+	p.heapMu.Lock()
+	defer p.heapMu.Unlock()
+	metrics.Read(p.sample[:])
+	var live int64
+	if p.sample[0].Value.Kind() == metrics.KindUint64 {
+		live = int64(min(p.sample[0].Value.Uint64(), math.MaxInt64))
 	}
-	return live, debug.SetMemoryLimit(-1)
+	if p.sample[1].Value.Kind() == metrics.KindUint64 {
+		cycle := p.sample[1].Value.Uint64()
+		if cycle == p.seenCycle {
+			return // this cycle was read already
+		}
+		p.seenCycle = cycle
+	}
+	p.observeHeap(live, debug.SetMemoryLimit(-1))
 }
 
 // observeHeap records one GC cycle's live heap and GOMEMLIMIT and sets or
 // clears heap pressure; under pressure with CancelLargest it cancels the
-// context of the largest open account.
+// context of the largest open account, if it holds at least CancelShare of
+// the live heap.
 func (p *Pool) observeHeap(live, gomemlimit int64) {
 	threshold := int64(0)
 	if gomemlimit > 0 && gomemlimit != math.MaxInt64 {
@@ -108,10 +54,15 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 	}
 	p.heapLive.Store(live)
 	p.heapThreshold.Store(threshold)
+	p.lastCycle.Store(time.Now().UnixNano())
 	over := threshold > 0 && live > threshold
 	p.pressure.Store(over)
 	p.heapCycles.Add(1)
-	if over && p.cancelLargest {
+	if !over {
+		p.outsideLogged.Store(false)
+		return
+	}
+	if p.cancelLargest {
 		p.cancelLargestAccount(live, threshold)
 	}
 }
@@ -128,8 +79,11 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 }
 
 // cancelLargestAccount cancels the context of the listed account, not yet
-// canceled, that uses the most bytes (more than zero).
+// canceled, that uses the most bytes, if that is at least CancelShare of
+// live. When no account is that large the pressure comes from memory
+// outside the accounts: it says so once per episode of pressure.
 func (p *Pool) cancelLargestAccount(live, threshold int64) {
+	minUsed := max(int64(float64(live)*p.cancelShare), 1)
 	p.mu.Lock()
 	var best *Account
 	var most int64
@@ -139,14 +93,83 @@ func (p *Pool) cancelLargestAccount(live, threshold int64) {
 		}
 	}
 	var cancel context.CancelCauseFunc
-	if best != nil {
+	if best != nil && most >= minUsed && p.mode == ModeEnforce {
 		best.canceled = true
+		best.pressureCanceled.Store(true)
 		cancel = best.cancel
 	}
 	p.mu.Unlock()
-	if cancel == nil {
+	cause := func() *ExhaustedError {
+		return &ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (heap pressure)", RetryAfter: DefaultRetryAfter}
+	}
+	switch {
+	case cancel != nil:
+		p.canceled.Add(1)
+		cancel(cause())
+	case best != nil && most >= minUsed: // ModeObserve or ModeOff
+		p.noteObserved(cause())
+	case p.outsideLogged.CompareAndSwap(false, true):
+		p.log.Warn("limits: heap pressure from memory outside the pool's accounts; no request canceled",
+			"pool", p.name, "heap_live", live, "threshold", threshold, "accounted", p.used.Load(),
+			"largest_account", most, "cancel_min", minUsed)
+	}
+}
+
+// refreshIfStale runs a GC cycle on a goroutine of its own when the last
+// cycle the watch saw is older than heapRefreshInterval: a pool under heap
+// pressure refuses the requests whose allocation would run the next cycle.
+func (p *Pool) refreshIfStale() {
+	if p.sub == nil || time.Now().UnixNano()-p.lastCycle.Load() < int64(heapRefreshInterval) {
 		return
 	}
-	p.canceled.Add(1)
-	cancel(&ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (heap pressure)"})
+	p.refreshHeap()
+}
+
+// refreshHeap runs one GC cycle on a goroutine that exits, or, when one is
+// running already (its cycle may have marked before the caller freed
+// anything), one more cycle after it; the heap watch reads the heap at the
+// end of each. Nothing runs once the pool is closed; Close waits for it.
+func (p *Pool) refreshHeap() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() || p.sub == nil {
+		return
+	}
+	if p.refreshing {
+		p.refreshAgain = true
+		return
+	}
+	p.refreshing = true
+	p.lastCycle.Store(time.Now().UnixNano()) // one at a time, at most one a second
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			runtime.GC()
+			p.readHeap()
+			p.mu.Lock()
+			again := p.refreshAgain && !p.closed.Load()
+			p.refreshAgain = false
+			if !again {
+				p.refreshing = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// workEnded is called when the work of account a ends (Close, the end of
+// WithAccount's context, the middleware after the handler): when the pool is
+// under heap pressure and a was canceled by it or held at least CancelShare
+// of the live heap, the heap is read again at once (refreshHeap), since the
+// memory a's work held is now garbage that only a GC cycle can show.
+func (p *Pool) workEnded(a *Account) {
+	if p.sub == nil || !p.pressure.Load() {
+		return
+	}
+	if a.pressureCanceled.Load() || a.Peak() >= max(int64(float64(p.heapLive.Load())*p.cancelShare), 1) {
+		p.refreshHeap()
+	}
 }

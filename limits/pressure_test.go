@@ -3,12 +3,14 @@ package limits
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net/http/httptest"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 func init() {
@@ -41,7 +44,7 @@ func waitCycles(t testing.TB, p *Pool, n int64) {
 
 func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: 100 * mib, ChunkSize: 64 * kib, HeapPressure: 0.8})
-	a := mustOpen(t, p, "a", 0)
+	a := mustOpen(t, p, "a", Unlimited)
 	require.NoError(t, a.Grow(10))
 
 	p.observeHeap(900*mib, 1000*mib) // threshold 800 MiB
@@ -54,9 +57,9 @@ func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
 	err := a.Grow(mib)
 	var e *ExhaustedError
 	require.ErrorAs(t, err, &e)
-	assert.Equal(t, ExhaustedError{Requested: mib, Used: 900 * mib, Limit: 800 * mib, Scope: "pool (heap pressure)"}, *e)
+	assert.Equal(t, ExhaustedError{Requested: mib, Used: 900 * mib, Limit: 800 * mib, Scope: "pool (heap pressure)", RetryAfter: DefaultRetryAfter}, *e)
 	assert.True(t, errors.Is(err, ErrResourceExhausted))
-	_, err = p.Open("b", 0)
+	_, err = p.Open("b", Unlimited)
 	require.NoError(t, err, "Open itself does not add to the pool")
 
 	p.observeHeap(700*mib, 1000*mib)
@@ -66,28 +69,31 @@ func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
 	p.observeHeap(900*mib, 0x7fffffffffffffff) // GOMEMLIMIT not set: no pressure
 	assert.False(t, p.Stats().HeapPressure)
 	assert.Zero(t, p.Stats().HeapThreshold)
-	a.Close()
+	shrinkClose(a)
 }
 
 func TestCancelLargest(t *testing.T) {
-	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true})
+	var logs strings.Builder
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	sizes := []int64{3 * mib, 10 * mib, 0, 5 * mib}
 	ctxs := make([]context.Context, len(sizes))
 	accts := make([]*Account, len(sizes))
 	for i, n := range sizes {
-		accts[i] = mustOpen(t, p, "req-"+strconv.Itoa(i), 0)
+		accts[i] = mustOpen(t, p, "req-"+strconv.Itoa(i), Unlimited)
 		var done context.CancelFunc
 		ctxs[i], done = WithAccount(context.Background(), accts[i])
 		defer done()
 		require.NoError(t, Grow(ctxs[i], n))
+		defer Shrink(ctxs[i], n)
 	}
-	p.observeHeap(950*mib, 1000*mib)
+	// 95 MiB live: an account must hold 5% of it, 4.75 MiB, to be canceled.
+	p.observeHeap(95*mib, 100*mib)
 	<-ctxs[1].Done()
 	cause := context.Cause(ctxs[1])
 	require.ErrorIs(t, cause, ErrResourceExhausted)
 	var e *ExhaustedError
 	require.ErrorAs(t, cause, &e)
-	assert.Equal(t, ExhaustedError{Requested: 10 * mib, Used: 950 * mib, Limit: 900 * mib, Scope: "pool/req-1 (heap pressure)"}, *e)
+	assert.Equal(t, ExhaustedError{Requested: 10 * mib, Used: 95 * mib, Limit: 90 * mib, Scope: "pool/req-1 (heap pressure)", RetryAfter: DefaultRetryAfter}, *e)
 	for _, i := range []int{0, 2, 3} {
 		assert.NoError(t, ctxs[i].Err(), "only the largest is canceled")
 	}
@@ -95,19 +101,56 @@ func TestCancelLargest(t *testing.T) {
 	require.Eventually(t, func() bool { return accts[1].Used() == 0 }, 5*time.Second, time.Millisecond)
 
 	// The next cycle under pressure picks the next largest.
-	p.observeHeap(950*mib, 1000*mib)
+	p.observeHeap(95*mib, 100*mib)
 	<-ctxs[3].Done()
 	assert.NoError(t, ctxs[0].Err())
 	assert.Equal(t, int64(2), p.Stats().Canceled)
-	p.observeHeap(950*mib, 1000*mib)
-	p.observeHeap(950*mib, 1000*mib)
-	<-ctxs[0].Done()
+	assert.NotContains(t, logs.String(), "outside")
+	// 3 MiB is less than 5% of the heap: the pressure is not its doing.
+	for range 10 {
+		p.observeHeap(95*mib, 100*mib)
+	}
+	assert.NoError(t, ctxs[0].Err(), "an account below the minimum share is never picked")
 	assert.NoError(t, ctxs[2].Err(), "an account using nothing is never picked")
+	assert.Equal(t, int64(2), p.Stats().Canceled)
+	assert.Equal(t, 1, strings.Count(logs.String(), "heap pressure from memory outside"), "one WARN per episode: %s", logs.String())
+	assert.Contains(t, logs.String(), "level=WARN")
+	// A new episode says it again.
+	p.observeHeap(50*mib, 100*mib)
+	p.observeHeap(95*mib, 100*mib)
+	assert.Equal(t, 2, strings.Count(logs.String(), "heap pressure from memory outside"), logs.String())
+}
+
+// TestCancelLargestSpareSmallRequests (issue 11, input 6, second part):
+// while the heap is over the threshold because of memory outside any
+// account (a cache), five requests of 1 to 5 bytes are never canceled,
+// however many GC cycles pass, whatever the share setting.
+func TestCancelLargestSpareSmallRequests(t *testing.T) {
+	for _, share := range []float64{0, 0.001, 1} {
+		var logs strings.Builder
+		p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true, CancelShare: share, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		var ctxs []context.Context
+		for n := int64(1); n <= 5; n++ {
+			ctx, done := WithAccount(context.Background(), mustOpen(t, p, "small", Unlimited))
+			defer done()
+			require.NoError(t, Grow(ctx, n))
+			defer Shrink(ctx, n)
+			ctxs = append(ctxs, ctx)
+		}
+		for range 20 {
+			p.observeHeap(95*mib, 100*mib) // a 95 MiB cache
+		}
+		for _, ctx := range ctxs {
+			assert.NoError(t, ctx.Err(), "share %v", share)
+		}
+		assert.Zero(t, p.Stats().Canceled)
+		assert.Equal(t, 1, strings.Count(logs.String(), "outside"), logs.String())
+	}
 }
 
 func TestWithAccountClosesWhenContextEnds(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: 10 * mib, CancelLargest: true, HeapPressure: 0.9})
-	a := mustOpen(t, p, "a", 0)
+	a := mustOpen(t, p, "a", Unlimited)
 	parent, cancel := context.WithCancel(context.Background())
 	ctx, done := WithAccount(parent, a)
 	defer done()
@@ -121,9 +164,10 @@ func TestWithAccountClosesWhenContextEnds(t *testing.T) {
 	assert.Nil(t, p.head, "a closed account leaves the pool's list")
 	p.mu.Unlock()
 
-	b := mustOpen(t, p, "b", 0)
+	b := mustOpen(t, p, "b", Unlimited)
 	ctx, done = WithAccount(context.Background(), b)
 	require.NoError(t, Grow(ctx, mib))
+	Shrink(ctx, mib)
 	done()
 	assert.Zero(t, p.Used(), "the returned cancel closes the account before it returns")
 	assert.ErrorIs(t, context.Cause(ctx), context.Canceled)
@@ -142,11 +186,11 @@ func TestContextWithoutAccount(t *testing.T) {
 // the pool is dropped without Close.
 func TestHeapWatchStopsOnClose(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	armed := armedWatches.Load()
+	armed := int64(gcend.Active())
 	goroutines := runtime.NumGoroutine()
 	p, err := NewPool(PoolConfig{Limit: mib})
 	require.NoError(t, err)
-	assert.Equal(t, armed+1, armedWatches.Load())
+	assert.Equal(t, armed+1, int64(gcend.Active()))
 	assert.LessOrEqual(t, runtime.NumGoroutine(), goroutines, "idle means idle: the watch starts no goroutine")
 	waitCycles(t, p, 3)
 	st := p.Stats()
@@ -156,7 +200,7 @@ func TestHeapWatchStopsOnClose(t *testing.T) {
 	assert.Positive(t, st.HeapLive, "live heap read from runtime/metrics")
 
 	p.Close()
-	assert.Equal(t, armed, armedWatches.Load(), "Close removes the hook at once")
+	assert.Equal(t, armed, int64(gcend.Active()), "Close removes the hook at once")
 	cycles := p.Stats().GCCycles
 	for range 3 {
 		runtime.GC()
@@ -169,10 +213,10 @@ func TestHeapWatchStopsOnClose(t *testing.T) {
 		_, err := NewPool(PoolConfig{Limit: mib})
 		require.NoError(t, err)
 	}()
-	assert.Equal(t, armed+1, armedWatches.Load())
+	assert.Equal(t, armed+1, int64(gcend.Active()))
 	require.Eventually(t, func() bool {
 		runtime.GC()
-		return armedWatches.Load() == armed
+		return int64(gcend.Active()) == armed
 	}, 5*time.Second, time.Millisecond, "the watch of an unreachable pool stops")
 }
 
@@ -218,8 +262,8 @@ func childHeapPressure() {
 	wait(1)
 	childtest.Say("PRESSURE_BEFORE", p.Stats().HeapPressure)
 
-	small, _ := p.Open("small", 0)
-	big, _ := p.Open("big", 0)
+	small, _ := p.Open("small", Unlimited)
+	big, _ := p.Open("big", Unlimited)
 	smallCtx, doneSmall := WithAccount(context.Background(), small)
 	defer doneSmall()
 	bigCtx, doneBig := WithAccount(context.Background(), big)
@@ -243,7 +287,7 @@ func childHeapPressure() {
 	childtest.Say("PRESSURE_LOADED", st.HeapPressure)
 	childtest.Say("LIVE_LOADED", st.HeapLive)
 	childtest.Say("THRESHOLD", st.HeapThreshold)
-	other, _ := p.Open("other", 0)
+	other, _ := p.Open("other", Unlimited)
 	err = other.Grow(1)
 	var e *ExhaustedError
 	if errors.As(err, &e) {
@@ -262,9 +306,10 @@ func childHeapPressure() {
 	wait(2)
 	childtest.Say("PRESSURE_AFTER", p.Stats().HeapPressure)
 	childtest.Say("GROW_AFTER", other.Grow(1))
+	other.Shrink(1)
 	other.Close()
 	p.Close()
-	childtest.Say("ARMED_AFTER_CLOSE", armedWatches.Load())
+	childtest.Say("ARMED_AFTER_CLOSE", int64(gcend.Active()))
 	os.Stdout.Sync()
 }
 
@@ -275,13 +320,13 @@ func TestGrowAfterContextEndWrapsCause(t *testing.T) {
 	closed := func(a *Account) func() bool { return func() bool { return a.reserved.Load() < 0 } }
 
 	// Canceled by the heap watch.
-	a := mustOpen(t, p, "req-1", 0)
+	a := mustOpen(t, p, "req-1", Unlimited)
 	ctx, done := WithAccount(context.Background(), a)
 	defer done()
-	child, err := a.Open("sort", 0)
+	child, err := a.Open("sort", Unlimited)
 	require.NoError(t, err)
 	require.NoError(t, Grow(ctx, mib))
-	p.observeHeap(950*mib, 1000*mib)
+	p.observeHeap(15*mib, 16*mib)
 	<-ctx.Done()
 	require.Eventually(t, closed(a), 5*time.Second, time.Millisecond)
 	err = Grow(ctx, mib)
@@ -290,7 +335,7 @@ func TestGrowAfterContextEndWrapsCause(t *testing.T) {
 	var e *ExhaustedError
 	require.ErrorAs(t, err, &e)
 	assert.Equal(t, "pool/req-1 (heap pressure)", e.Scope)
-	_, err = a.Open("x", 0)
+	_, err = a.Open("x", Unlimited)
 	assert.ErrorIs(t, err, ErrClosed)
 	assert.ErrorIs(t, err, ErrResourceExhausted)
 	err = child.Grow(mib)
@@ -300,7 +345,7 @@ func TestGrowAfterContextEndWrapsCause(t *testing.T) {
 	assert.Zero(t, p.Stats().Refused, "Grow calls on a closed account are not refusals")
 
 	// The client went away: the parent context was canceled.
-	b := mustOpen(t, p, "req-2", 0)
+	b := mustOpen(t, p, "req-2", Unlimited)
 	parent, cancel := context.WithCancel(context.Background())
 	ctx, doneB := WithAccount(parent, b)
 	defer doneB()
@@ -313,7 +358,7 @@ func TestGrowAfterContextEndWrapsCause(t *testing.T) {
 	assert.False(t, WriteError(httptest.NewRecorder(), err))
 
 	// A deadline.
-	c := mustOpen(t, p, "req-3", 0)
+	c := mustOpen(t, p, "req-3", Unlimited)
 	parent, cancel = context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	ctx, doneC := WithAccount(parent, c)
@@ -324,7 +369,7 @@ func TestGrowAfterContextEndWrapsCause(t *testing.T) {
 
 	// Closed by the returned cancel (the work ended) or by Close: ErrClosed
 	// alone.
-	d := mustOpen(t, p, "req-4", 0)
+	d := mustOpen(t, p, "req-4", Unlimited)
 	ctx, doneD := WithAccount(context.Background(), d)
 	doneD()
 	err = Grow(ctx, 1)
@@ -357,7 +402,7 @@ func TestPoolLimitFixedHeapThresholdFollowsGOMEMLIMIT(t *testing.T) {
 // to an int64; the threshold is clamped to GOMEMLIMIT.
 func TestHeapThresholdClamped(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Limit: mib, HeapPressure: 1})
-	p.watch.stop() // no GC cycle overwrites what observeHeap records
+	p.sub.Stop() // no GC cycle overwrites what observeHeap records
 	p.observeHeap(1<<30, math.MaxInt64-1)
 	st := p.Stats()
 	assert.Equal(t, int64(math.MaxInt64-1), st.HeapThreshold)
@@ -379,4 +424,48 @@ func TestHeapThresholdClamped(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, heapThreshold(tc.limit, tc.ratio), "%d × %v", tc.limit, tc.ratio)
 	}
+}
+
+// TestPressureReadAgainAfterCancel (issue 11, input 6): when the work of a
+// request canceled under heap pressure ends, the pool runs a GC at once, on
+// a goroutine that exits, and the heap watch clears the pressure: a small
+// request is served again without waiting for a GC that refused requests
+// would not cause. A pool refusing under a stale reading (no cycle for a
+// second) does the same; one with a fresh reading does not.
+func TestPressureReadAgainAfterCancel(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	prev := debug.SetMemoryLimit(math.MaxInt64) // the real heap is under no threshold
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true})
+	a := mustOpen(t, p, "big", Unlimited)
+	ctx, done := WithAccount(context.Background(), a)
+	require.NoError(t, Grow(ctx, mib))
+	p.observeHeap(15*mib, 16*mib)
+	<-ctx.Done()
+	small := mustOpen(t, p, "small", Unlimited)
+	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted, "under pressure")
+	start := time.Now()
+	done() // the canceled request's handler returned
+	require.Eventually(t, func() bool { return !p.Stats().HeapPressure }, 5*time.Second, time.Millisecond)
+	t.Logf("pressure cleared %v after the canceled request ended", time.Since(start))
+	require.NoError(t, small.Grow(mib))
+	small.Shrink(mib)
+
+	// A fresh reading: a refused Grow starts nothing.
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.refreshing
+	}, 5*time.Second, time.Millisecond, "the pool's GC goroutine ends")
+	p.observeHeap(15*mib, 16*mib)
+	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted)
+	p.mu.Lock()
+	assert.False(t, p.refreshing, "no GC for a reading less than a second old")
+	p.mu.Unlock()
+	// A stale one: the refused Grow runs a GC.
+	p.lastCycle.Store(time.Now().Add(-2 * time.Second).UnixNano())
+	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted)
+	require.Eventually(t, func() bool { return !p.Stats().HeapPressure }, 5*time.Second, time.Millisecond)
+	small.Close()
+	p.Close() // waits for the pool's GC goroutine
 }

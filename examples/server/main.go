@@ -31,14 +31,21 @@
 //
 //	-addr            listen address (default 127.0.0.1:8080; port 0 picks one)
 //	-request-budget  each request's budget, bytes with an optional KiB, MiB or
-//	                 GiB suffix (default 64MiB; 0: the pool alone limits)
+//	                 GiB suffix (default 64MiB; 0: the pool alone limits,
+//	                 limits.Unlimited)
 //	-pool            the shared pool, same units (default 0: half of
-//	                 GOMEMLIMIT; without GOMEMLIMIT, no limit)
+//	                 GOMEMLIMIT; without GOMEMLIMIT, half of 90% of the
+//	                 cgroup memory limit or of the physical memory)
 //	-budgets         account requests at all (default true; false runs the
 //	                 same handler with no account: limits.Grow counts nothing)
 //	-heap-pressure   share of GOMEMLIMIT the live heap may reach before the
 //	                 pool refuses growth (default 0.9; negative: off)
 //	-cancel-largest  under heap pressure, cancel the largest request
+//
+// MEMCTL_BUDGETS=observe in the environment counts (in /stats, "Observed")
+// and logs what the budgets would refuse without refusing it, the way to try
+// budgets on a running service; MEMCTL_BUDGETS=off or MEMCTL=off refuses
+// nothing.
 //
 // The server prints "listening on http://ADDR" on standard output once it
 // accepts connections, and shuts down cleanly on SIGINT or SIGTERM.
@@ -186,7 +193,11 @@ func newHandler(cfg config) (http.Handler, *limits.Pool, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	mw, err := pool.Middleware(limits.HTTPConfig{Limit: cfg.requestBudget, AfterBurst: memctl.AfterBurst})
+	budget := cfg.requestBudget
+	if budget == 0 {
+		budget = limits.Unlimited // the flag's 0 asks for no per-request limit
+	}
+	mw, err := pool.Middleware(limits.HTTPConfig{Limit: budget, AfterBurst: memctl.AfterBurst})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -86,6 +86,31 @@ func TestSortInProcess(t *testing.T) {
 	}
 }
 
+// TestSortNoRequestBudget: -request-budget 0 asks for no per-request limit
+// (limits.Unlimited): the pool alone refuses, with its own scope and a
+// Retry-After, and the server reports no leak.
+func TestSortNoRequestBudget(t *testing.T) {
+	h, pool, err := newHandler(config{requestBudget: 0, pool: 16 * mib, budgets: true, heapPressure: -1})
+	require.NoError(t, err)
+	defer pool.Close()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	code, body := get(t, srv.URL+"/sort?n=100000")
+	require.Equal(t, 200, code, body)
+	resp, err := http.Get(fmt.Sprintf("%s/sort?n=%d", srv.URL, 4*mib))
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, 429, resp.StatusCode)
+	assert.Contains(t, string(b), "resource_exhausted in pool:")
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"), "a full pool can be retried")
+	st := pool.Stats()
+	assert.Zero(t, st.Used)
+	assert.Zero(t, st.Leaked)
+	assert.Zero(t, st.Misuse)
+}
+
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url)
