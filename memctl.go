@@ -44,7 +44,10 @@ type config struct {
 
 // WithPressure configures the GC death-spiral detector and the kernel
 // memory-pressure watcher (package pressure). Start fills in what the
-// zero Config leaves to it: the logger, Trim (the trimmer's TrimNow) and
+// zero Config leaves to it: the logger, Trim (the trimmer's TrimNow), Shed
+// (limits.Shed: every pool refuses Grows past its ShedSize during a death
+// spiral), CancelLargest (limits.CancelLargest: pools configured with
+// CancelLargest cancel their largest request on kernel pressure), and
 // LiftCeiling and Lift (the cgroup memory limit and the GOMEMLIMIT
 // limiter's Lift, when GOMEMLIMIT was derived from the cgroup, so that the
 // refresh keeps a lift; set LiftOff to refuse lifts). Close stops both. Default: the zero pressure.Config.
@@ -582,7 +585,9 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 }
 
 // pressureConfig fills what cfg.pressure leaves to the facade: the logger,
-// the trimmer's TrimNow as the trim, and, when GOMEMLIMIT came from the
+// the trimmer's TrimNow as the trim, limits.Shed as the death spiral's
+// shedding, limits.CancelLargest as the kernel pressure's cancel (it acts
+// on pools configured with CancelLargest), and, when GOMEMLIMIT came from the
 // cgroup, the cgroup limit as the ceiling of a GOMEMLIMIT lift, applied
 // through the limiter (limits.MemLimiter.Lift) so that the refresh keeps it.
 func pressureConfig(cfg config, c *Controller) pressure.Config {
@@ -590,6 +595,12 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 	pc.Logger = cmpOr(pc.Logger, cfg.logger)
 	if tr := c.trimmer; pc.Trim == nil && tr != nil {
 		pc.Trim = func() { _, _ = tr.TrimNow() }
+	}
+	if pc.Shed == nil {
+		pc.Shed = limits.Shed // pools refuse new large work during a death spiral
+	}
+	if pc.CancelLargest == nil {
+		pc.CancelLargest = func() { limits.CancelLargest() } // pools with CancelLargest
 	}
 	ml := c.report.MemLimit
 	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {

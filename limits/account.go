@@ -318,6 +318,9 @@ func (a *Account) growLocked(n int64, o *observation) error {
 				return e
 			}
 		}
+		if e := a.shedError(n, total); e != nil && o.over(a.pool, e) {
+			return e
+		}
 		if n <= r-u {
 			if a.used.CompareAndSwap(u, u+n) {
 				a.raisePeak(u + n + min(k, math.MaxInt64-u-n))
@@ -392,6 +395,9 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 				return 0, e
 			}
 		}
+	}
+	if e := a.shedError(need, max(a.used.Load(), 0)+a.kids.Load()); e != nil && o.over(a.pool, e) {
+		return 0, e
 	}
 	if room := a.room(r); want > room {
 		want = max(room, need)

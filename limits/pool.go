@@ -49,6 +49,11 @@ const DefaultHeapPressure = 0.9
 // at WARN instead of canceling small requests one per GC cycle.
 const DefaultCancelShare = 0.05
 
+// DefaultShedSize is the most bytes an account may reach while Shed is on:
+// the size at which examples/server's requests count as a burst
+// (DefaultBurstThreshold), so that what sheds is the large work.
+const DefaultShedSize = DefaultBurstThreshold
+
 // DefaultRetryAfter is the ExhaustedError.RetryAfter of a refusal that a
 // retry can get past: the pool is full or under heap pressure, and both
 // change as other requests end and the collector runs. WriteError sends it
@@ -184,6 +189,11 @@ type PoolConfig struct {
 	// account must hold for CancelLargest to cancel it. Default: 0 (means
 	// DefaultCancelShare, 0.05).
 	CancelShare float64
+	// ShedSize is the most bytes an account (its own and its children's)
+	// may reach while Shed is on (a GC death spiral; see Shed); Grows past
+	// it are refused. Default: 0 (means DefaultShedSize, 64 MiB, or a
+	// sixteenth of a smaller pool's limit, at least one chunk).
+	ShedSize int64
 	// Strict makes misuse and leaks panic instead of being counted: a
 	// Shrink of more than the account grew itself or of a negative size,
 	// and an account closed with bytes it did not shrink. The panic comes
@@ -282,6 +292,7 @@ type Pool struct {
 	heapScope     string
 	heapRatio     float64
 	cancelShare   float64
+	shedSize      int64
 	cancelLargest bool
 	strict        bool
 	log           *slog.Logger
@@ -321,6 +332,9 @@ var (
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if cfg.Limit < 0 {
 		return nil, fmt.Errorf("%w: PoolConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
+	}
+	if cfg.ShedSize < 0 {
+		return nil, fmt.Errorf("%w: PoolConfig.ShedSize %d is negative", ErrInvalidSize, cfg.ShedSize)
 	}
 	if cfg.ChunkSize < 0 || cfg.ChunkSize > maxChunkSize {
 		return nil, fmt.Errorf("%w: PoolConfig.ChunkSize %d is not in [0, %d]", ErrInvalidSize, cfg.ChunkSize, maxChunkSize)
@@ -367,6 +381,9 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 			return nil, err
 		}
 	}
+	if p.shedSize = cfg.ShedSize; p.shedSize == 0 {
+		p.shedSize = shedSizeFor(p.limit, p.chunk)
+	}
 	if p.heapRatio == 0 {
 		p.heapRatio = DefaultHeapPressure
 	}
@@ -383,6 +400,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 			return true
 		})
 	}
+	registerPool(p)
 	return p, nil
 }
 
@@ -476,6 +494,7 @@ func (p *Pool) Close() {
 	if already {
 		return
 	}
+	unregisterPool(p)
 	p.sub.Stop()
 	p.wg.Wait()
 }

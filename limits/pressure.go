@@ -63,7 +63,7 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 		return
 	}
 	if p.cancelLargest {
-		p.cancelLargestAccount(live, threshold)
+		p.cancelLargestAccount(live, threshold, "heap pressure")
 	}
 }
 
@@ -82,7 +82,7 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 // canceled, that uses the most bytes, if that is at least CancelShare of
 // live. When no account is that large the pressure comes from memory
 // outside the accounts: it says so once per episode of pressure.
-func (p *Pool) cancelLargestAccount(live, threshold int64) {
+func (p *Pool) cancelLargestAccount(live, threshold int64, why string) (canceled bool) {
 	minUsed := max(int64(float64(live)*p.cancelShare), 1)
 	p.mu.Lock()
 	var best *Account
@@ -100,19 +100,21 @@ func (p *Pool) cancelLargestAccount(live, threshold int64) {
 	}
 	p.mu.Unlock()
 	cause := func() *ExhaustedError {
-		return &ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (heap pressure)", RetryAfter: DefaultRetryAfter}
+		return &ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (" + why + ")", RetryAfter: DefaultRetryAfter}
 	}
 	switch {
 	case cancel != nil:
 		p.canceled.Add(1)
 		cancel(cause())
+		return true
 	case best != nil && most >= minUsed: // ModeObserve or ModeOff
 		p.noteObserved(cause())
 	case p.outsideLogged.CompareAndSwap(false, true):
-		p.log.Warn("limits: heap pressure from memory outside the pool's accounts; no request canceled",
+		p.log.Warn("limits: "+why+" from memory outside the pool's accounts; no request canceled",
 			"pool", p.name, "heap_live", live, "threshold", threshold, "accounted", p.used.Load(),
 			"largest_account", most, "cancel_min", minUsed)
 	}
+	return false
 }
 
 // refreshIfStale runs a GC cycle on a goroutine of its own when the last

@@ -1,0 +1,121 @@
+package limits
+
+import (
+	"math"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"weak"
+)
+
+// shedding is Shed's switch, read on a Grow's slow path only (when an
+// account needs more than it has reserved), never on the fast path.
+var shedding atomic.Bool
+
+// openPools are the pools that Shed and CancelLargest reach: weak, so that
+// a pool dropped without Close is not kept alive by them.
+var openPools struct {
+	mu    sync.Mutex
+	pools []weak.Pointer[Pool]
+}
+
+func registerPool(p *Pool) {
+	openPools.mu.Lock()
+	defer openPools.mu.Unlock()
+	live := openPools.pools[:0]
+	for _, w := range openPools.pools {
+		if w.Value() != nil {
+			live = append(live, w)
+		}
+	}
+	openPools.pools = append(live, weak.Make(p))
+}
+
+func unregisterPool(p *Pool) {
+	openPools.mu.Lock()
+	defer openPools.mu.Unlock()
+	w := weak.Make(p)
+	for i, x := range openPools.pools {
+		if x == w {
+			openPools.pools = append(openPools.pools[:i], openPools.pools[i+1:]...)
+			return
+		}
+	}
+}
+
+func eachPool(f func(*Pool)) {
+	openPools.mu.Lock()
+	ps := make([]*Pool, 0, len(openPools.pools))
+	for _, w := range openPools.pools {
+		if p := w.Value(); p != nil {
+			ps = append(ps, p)
+		}
+	}
+	openPools.mu.Unlock()
+	for _, p := range ps {
+		f(p)
+	}
+}
+
+// Shed turns load shedding on or off for every open pool. While it is on, a
+// Grow that would take an account (its own bytes and its children's) past
+// its pool's PoolConfig.ShedSize is refused with an *ExhaustedError whose
+// scope ends in "(shedding)" and whose RetryAfter is DefaultRetryAfter
+// (HTTP 429 with Retry-After): large work waits, small requests go on.
+// Accounts already past ShedSize keep what they hold and are refused only
+// more. memctl.Start connects it to the GC death-spiral detector (package
+// pressure), which turns it on for the length of an episode: a process
+// whose GC takes half its CPU serves small requests at full speed rather
+// than every request slowly; the trade-off is that large requests that
+// would have succeeded slowly are refused. With MEMCTL_BUDGETS=observe or
+// off the refusal is counted and not applied. It adds one atomic load to a
+// Grow's slow path and nothing to the fast path. Safe for concurrent use.
+func Shed(on bool) { shedding.Store(on) }
+
+// Shedding reports whether Shed is on.
+func Shedding() bool { return shedding.Load() }
+
+// CancelLargest cancels, in every open pool configured with CancelLargest,
+// the open account (bound with WithAccount or the middleware) that uses the
+// most bytes, provided it holds at least CancelShare of the live Go heap;
+// the cause is an *ExhaustedError with scope "... (memory pressure)". It
+// returns how many accounts it canceled. memctl.Start connects it to the
+// kernel memory-pressure watcher (package pressure): the request that
+// holds the most is stopped before the OOM killer stops the process.
+// With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
+// Safe for concurrent use.
+func CancelLargest() int {
+	s := []metrics.Sample{{Name: liveHeapMetric}}
+	metrics.Read(s)
+	var live int64
+	if s[0].Value.Kind() == metrics.KindUint64 {
+		live = int64(min(s[0].Value.Uint64(), math.MaxInt64))
+	}
+	n := 0
+	eachPool(func(p *Pool) {
+		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(live, live, "memory pressure") {
+			n++
+		}
+	})
+	return n
+}
+
+// shedSizeFor returns PoolConfig.ShedSize's default for a pool of limit
+// bytes: DefaultShedSize, or a sixteenth of a smaller pool, at least one
+// chunk.
+func shedSizeFor(limit, chunk int64) int64 {
+	return max(min(DefaultShedSize, limit/16), chunk)
+}
+
+// shedError returns the refusal of a Grow of n over total while shedding,
+// or nil when the Grow stays within ShedSize.
+func (a *Account) shedError(n, total int64) *ExhaustedError {
+	if !shedding.Load() {
+		return nil
+	}
+	s := a.pool.shedSize
+	if n <= s-total {
+		return nil
+	}
+	return &ExhaustedError{Requested: n, Used: total, Limit: s, Scope: a.scope() + " (shedding)", RetryAfter: DefaultRetryAfter}
+}

@@ -1,0 +1,86 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// While Shed is on (a GC death spiral), a Grow past ShedSize is refused
+// with resource_exhausted and a Retry-After; smaller requests are served,
+// and everything is served again once it is off.
+func TestShedRefusesLargeGrows(t *testing.T) {
+	t.Setenv("MEMCTL_BUDGETS", "")
+	p := newTestPool(t, PoolConfig{Limit: 1 << 30, ShedSize: 8 * mib, HeapPressure: -1})
+	big := mustOpen(t, p, "big", Unlimited)
+	small := mustOpen(t, p, "small", Unlimited)
+	require.NoError(t, big.Grow(6*mib))
+
+	Shed(true)
+	t.Cleanup(func() { Shed(false) })
+	err := big.Grow(3 * mib)
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	var e *ExhaustedError
+	require.True(t, errors.As(err, &e))
+	assert.Equal(t, ExhaustedError{Requested: 3 * mib, Used: 6 * mib, Limit: 8 * mib, Scope: "pool/big (shedding)", RetryAfter: DefaultRetryAfter}, *e)
+	assert.Equal(t, int64(6*mib), big.Used(), "a refused Grow takes nothing")
+	require.NoError(t, big.Grow(2*mib), "up to ShedSize is served")
+	require.NoError(t, small.Grow(1*mib), "small requests are served")
+
+	// A child's bytes count toward its parent's size.
+	kid, err := small.Open("kid", Unlimited)
+	require.NoError(t, err)
+	require.ErrorIs(t, kid.Grow(8*mib), ErrResourceExhausted)
+
+	Shed(false)
+	require.NoError(t, big.Grow(64*mib), "served again once shedding is off")
+	big.Shrink(72 * mib)
+	small.Shrink(1 * mib)
+	kid.Close()
+}
+
+func TestShedObserveRefusesNothing(t *testing.T) {
+	t.Setenv("MEMCTL_BUDGETS", "observe")
+	p := newTestPool(t, PoolConfig{Limit: 1 << 30, ShedSize: mib, HeapPressure: -1})
+	a := mustOpen(t, p, "a", Unlimited)
+	Shed(true)
+	t.Cleanup(func() { Shed(false) })
+	require.NoError(t, a.Grow(4*mib))
+	assert.Positive(t, p.Stats().Observed, "counted, not refused")
+	a.Shrink(4 * mib)
+}
+
+// CancelLargest (the kernel pressure watcher's action) reaches every open
+// pool with CancelLargest set, cancels the largest account holding at least
+// CancelShare of the live heap, and skips closed pools and pools without it.
+func TestCancelLargestAcrossPools(t *testing.T) {
+	t.Setenv("MEMCTL_BUDGETS", "")
+	on := newTestPool(t, PoolConfig{Limit: 1 << 30, CancelLargest: true, CancelShare: 1e-9, HeapPressure: -1})
+	off := newTestPool(t, PoolConfig{Limit: 1 << 30, HeapPressure: -1})
+	ctxOf := func(p *Pool, name string, n int64) context.Context {
+		a := mustOpen(t, p, name, Unlimited)
+		ctx, done := WithAccount(context.Background(), a)
+		t.Cleanup(done)
+		require.NoError(t, Grow(ctx, n))
+		t.Cleanup(func() { Shrink(ctx, n) })
+		return ctx
+	}
+	large, smallCtx := ctxOf(on, "large", 4*mib), ctxOf(on, "small", mib)
+	other := ctxOf(off, "other", 8*mib)
+
+	runtime.GC() // a live-heap figure to compare with
+	assert.Equal(t, 1, CancelLargest())
+	<-large.Done()
+	var e *ExhaustedError
+	require.ErrorAs(t, context.Cause(large), &e)
+	assert.Equal(t, "pool/large (memory pressure)", e.Scope)
+	assert.NoError(t, smallCtx.Err())
+	assert.NoError(t, other.Err(), "a pool without CancelLargest is left alone")
+
+	on.Close()
+	assert.Equal(t, 0, CancelLargest(), "a closed pool is not reached")
+}
