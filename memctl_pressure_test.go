@@ -79,11 +79,20 @@ func TestPressureConfigFromFacade(t *testing.T) {
 	assert.NotNil(t, pc.Trim)
 	assert.NotNil(t, pc.Logger)
 
-	// A refreshed GOMEMLIMIT: no lift (the refresh would stop for good
-	// when GOMEMLIMIT changed under it).
+	assert.NotNil(t, pc.Shed, "a death spiral sheds large work in the pools")
+	assert.NotNil(t, pc.CancelLargest, "kernel pressure cancels the largest request")
+	assert.Nil(t, pc.Lift, "no limiter: the lift sets GOMEMLIMIT itself")
+
+	// A refreshed GOMEMLIMIT: the lift goes through the limiter, which
+	// keeps it across refreshes.
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	c.limiter, _, _ = limits.NewMemLimiter(limits.MemLimitConfig{Refresh: -1})
+	defer c.limiter.Close()
 	c.report.MemLimitRefresh = 10 * time.Second
-	assert.Zero(t, pressureConfig(config{}, c).LiftCeiling)
+	assert.NotNil(t, pressureConfig(config{}, c).Lift)
+	assert.Equal(t, int64(256<<20), pressureConfig(config{}, c).LiftCeiling)
 	c.report.MemLimitRefresh = 0
+	c.limiter = nil
 
 	// The operator's GOMEMLIMIT: no ceiling, so no lift.
 	c.report.MemLimit = limits.MemLimit{Bytes: 200 << 20, Source: limits.SourceEnv}
