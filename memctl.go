@@ -106,6 +106,11 @@ type Stats struct {
 	Trim trim.Stats
 	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
 	GoMemLimit int64
+	// Misuse counts end funcs of Begin called more often than Begin: those
+	// of bursts begun with no trimmer (no Start, MEMCTL=off, trimming off)
+	// since the process started, plus this controller's trimmer's
+	// (Trim.Misuse).
+	Misuse int64
 	// CHeap holds the statistics of the allocator that owns malloc, -1
 	// where unknown (all of them when the C heap step is unavailable: cgo
 	// off, musl, not Linux). Reading them costs about a microsecond
@@ -239,7 +244,7 @@ func Start(opts ...Option) (*Controller, error) {
 		delay = d
 	}
 	if delay > 0 {
-		topts := append([]trim.Option{trim.WithLogger(cfg.logger)}, cfg.trimOpts...)
+		topts := append([]trim.Option{trim.WithLogger(cfg.logger), trim.WithStrict(strict.Load())}, cfg.trimOpts...)
 		tr, err := trim.New(append(topts, trim.WithDelay(delay))...)
 		if err != nil {
 			fail(err)
@@ -291,8 +296,8 @@ func parseDelay(v string) (time.Duration, error) {
 		return 0, nil
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil || (d != 0 && d < trim.MinDelay) || d < 0 {
-		return 0, fmt.Errorf("memctl: MEMCTL_TRIM_DELAY=%q: want \"off\" or a duration of at least %v such as \"2s\"", v, trim.MinDelay)
+	if err != nil || (d != 0 && d < trim.MinDelay) || d < 0 || d > trim.MaxDelay {
+		return 0, fmt.Errorf("memctl: MEMCTL_TRIM_DELAY=%q: want \"off\" or a duration from %v to %v such as \"2s\"", v, trim.MinDelay, trim.MaxDelay)
 	}
 	return d, nil
 }
@@ -331,15 +336,48 @@ func (c *Controller) AfterBurst() {
 }
 
 // Begin marks a burst in flight; no trim runs until the returned func is
-// called, which also counts as AfterBurst. Call the func exactly once.
+// called (up to the trimmer's max wait, see trim.WithMaxWait), which also
+// counts as AfterBurst. Call the func exactly once: a func called more
+// often than Begin is misuse, counted in Stats.Misuse and logged once at
+// WARN, and a panic only under SetStrict. The same holds with no trimmer
+// (no Start, MEMCTL=off, trimming off): Begin then only counts. It
+// allocates nothing. Safe for concurrent use.
 func (c *Controller) Begin() (end func()) {
 	if c == nil || c.trimmer == nil {
-		return nop
+		loose.Add(1)
+		return looseEnd
 	}
 	return c.trimmer.Begin()
 }
 
-func nop() {}
+// Bursts begun with no trimmer to take them, and the misuse of their ends.
+var (
+	loose, looseMisuse atomic.Int64
+	looseWarned        atomic.Bool
+	strict             atomic.Bool
+)
+
+func looseEnd() {
+	if loose.Add(-1) >= 0 {
+		return
+	}
+	loose.Add(1)
+	looseMisuse.Add(1)
+	if strict.Load() {
+		panic("memctl: burst ended more often than begun")
+	}
+	if looseWarned.CompareAndSwap(false, true) {
+		slog.Default().Warn("memctl: burst ended more often than begun (an end func called twice?); counted in Stats.Misuse, logged once")
+	}
+}
+
+// SetStrict turns the strict mode for tests on or off and returns the
+// previous setting. In strict mode misuse panics instead of being counted
+// and logged: an end func of Begin called more often than Begin, whether or
+// not Start ran (a controller started in strict mode keeps it). Production
+// code leaves it off (the default): memctl must not crash the service it
+// protects. Safe for concurrent use.
+func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
 
 // Stats returns the controller's counters and the C heap's statistics.
 func (c *Controller) Stats() Stats {
@@ -348,6 +386,7 @@ func (c *Controller) Stats() Stats {
 	if c != nil && c.trimmer != nil {
 		s.Trim = c.trimmer.Stats()
 	}
+	s.Misuse = looseMisuse.Load() + s.Trim.Misuse
 	return s
 }
 
@@ -379,5 +418,11 @@ func (c *Controller) Close() error {
 func AfterBurst() { current.Load().AfterBurst() }
 
 // Begin calls Begin on the controller of the latest Start; with none it
-// returns a func that does nothing.
+// only counts the burst, so that an end func called twice is misuse with or
+// without Start (see Controller.Begin; read the count with
+// CurrentStats).
 func Begin() (end func()) { return current.Load().Begin() }
+
+// CurrentStats returns the Stats of the controller of the latest Start, or,
+// with none, the counters kept without one (Misuse, GoMemLimit, CHeap).
+func CurrentStats() Stats { return current.Load().Stats() }
