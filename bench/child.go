@@ -62,6 +62,8 @@ type childResult struct {
 	// Stats().Trim.Trims); 0 in the arms without memctl.
 	Trims    int64         `json:"trims"`
 	TrimTime time.Duration `json:"trim_time"`
+	// TrimCPU is the CPU the trims were charged with (Stats().Trim.TotalCPU).
+	TrimCPU time.Duration `json:"trim_cpu"`
 	// Elapsed is the wall time of the scenario's measured window.
 	Elapsed time.Duration `json:"elapsed"`
 	// Bursts is the number of bursts the child ran.
@@ -71,6 +73,8 @@ type childResult struct {
 	RPS      float64       `json:"rps,omitempty"`
 	P50      time.Duration `json:"p50,omitempty"`
 	P99      time.Duration `json:"p99,omitempty"`
+	// Extra holds a scenario's own figures, by figure key.
+	Extra map[string]float64 `json:"extra,omitempty"`
 }
 
 // childMain runs one arm of one scenario in this process (spec is
@@ -201,8 +205,8 @@ func (st *armState) snapshot(r *childResult) error {
 	// catch up with the counter.
 	for range 100 {
 		n, d := st.log.counts.get()
-		if s := st.ctl.Stats().Trim.Trims; s == n {
-			r.Trims, r.TrimTime = n, d
+		if s := st.ctl.Stats().Trim; s.Trims == n {
+			r.Trims, r.TrimTime, r.TrimCPU = n, d, s.TotalCPU
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
