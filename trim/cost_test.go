@@ -97,11 +97,11 @@ func TestTrimCost(t *testing.T) {
 			require.NoError(t, err)
 			gc0 := numGC()
 			runtime.LockOSThread()
-			c0 := trimCPU()
+			c0 := readCPU()
 			t0 := time.Now()
 			m.run()
 			wall := time.Since(t0)
-			cpu := trimCPU() - c0
+			cpu := c0.charge(readCPU())
 			runtime.UnlockOSThread()
 			gcs := numGC() - gc0
 			rss1, err := procfs.RSS(0)

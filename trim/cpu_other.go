@@ -10,4 +10,7 @@ const linux = false
 // scavenger CPU of runtime/metrics only.
 func threadCPU() time.Duration { return 0 }
 
+// processCPU returns -1 (unknown) off Linux.
+func processCPU() time.Duration { return -1 }
+
 func getenvGODEBUG() string { return "" }

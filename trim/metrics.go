@@ -75,14 +75,16 @@ func (t *Trimmer) estimateGo() int64 {
 	return h.free + max(h.objects-live, 0)
 }
 
-// trimCPU is the CPU clock a trim is charged by: GC and scavenger CPU of
-// the whole process from runtime/metrics, plus the calling thread's own CPU
-// time (the forced scavenge of debug.FreeOSMemory and the C heap step run
-// on it and are not in those metrics; see /work/shared/MEASURED.md,
-// "What a trim costs"). The caller locks its OS thread around the two
-// readings. The runtime/metrics CPU figures are estimates that the runtime
-// updates at GC end, which is when a forced GC reports its cost.
-func trimCPU() time.Duration {
+// cpuMark is a reading of the clocks a trim is charged by (see readCPU).
+type cpuMark struct {
+	gc      time.Duration // GC and scavenger CPU from runtime/metrics
+	thread  time.Duration // the calling thread's CPU time
+	process time.Duration // the process's CPU time, -1 if unknown
+}
+
+// readCPU reads the clocks a trim is charged by. The caller locks its OS
+// thread around the two readings of a trim.
+func readCPU() cpuMark {
 	s := [...]metrics.Sample{{Name: metricGCCPU}, {Name: metricScavengeCPU}}
 	metrics.Read(s[:])
 	var sec float64
@@ -91,7 +93,28 @@ func trimCPU() time.Duration {
 			sec += s[i].Value.Float64()
 		}
 	}
-	return time.Duration(sec*1e9) + threadCPU()
+	return cpuMark{gc: time.Duration(sec * 1e9), thread: threadCPU(), process: processCPU()}
+}
+
+// charge returns the CPU a trim between the readings m and now is charged
+// with: the growth of the GC and scavenger CPU of runtime/metrics plus the
+// calling thread's own CPU time (the forced scavenge of debug.FreeOSMemory
+// and the C heap step run on it and are not in those metrics; see
+// /work/shared/MEASURED.md, "What a trim costs"), but no more than the
+// growth of the whole process's CPU time (CLOCK_PROCESS_CPUTIME_ID). The
+// runtime/metrics GC figures are estimates from the time GC workers are
+// scheduled and from pause time × GOMAXPROCS, so a CPU quota that throttles
+// the process inflates them: measured in this repository's load-contended
+// harness scenario (10% quota with a busy loop), one trim of a 1 GiB heap
+// read 1.1 s of GC CPU. The process's CPU time is real CPU but counts the
+// rest of the program too; each is an upper bound of the trim's cost, so the
+// smaller one is charged.
+func (m cpuMark) charge(now cpuMark) time.Duration {
+	c := max(now.gc-m.gc+now.thread-m.thread, 0)
+	if m.process >= 0 && now.process >= 0 {
+		c = min(c, max(now.process-m.process, 0))
+	}
+	return c
 }
 
 // lazyFreeBytes returns the LazyFree bytes of /proc/self/smaps_rollup

@@ -3,6 +3,7 @@ package trim
 import (
 	"bytes"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -395,4 +396,45 @@ func TestLazyFrom(t *testing.T) {
 			assert.Contains(t, why, "madvdontneed=0")
 		}
 	}
+}
+
+// Input 1, the charge itself: under a CPU quota the runtime's GC figures
+// are inflated (worker time while throttled), so the charge is at most the
+// process's real CPU time; without a quota, the process's CPU time counts
+// the rest of the program, so the charge is at most the GC figures plus the
+// thread's CPU.
+func TestChargeTakesTheSmaller(t *testing.T) {
+	ms := time.Millisecond
+	base := cpuMark{gc: 10 * ms, thread: 5 * ms, process: 100 * ms}
+	for _, tc := range []struct {
+		name string
+		now  cpuMark
+		want time.Duration
+	}{
+		{"throttled: GC figure inflated", cpuMark{gc: 1110 * ms, thread: 25 * ms, process: 190 * ms}, 90 * ms},
+		{"busy program: process counts other work", cpuMark{gc: 70 * ms, thread: 45 * ms, process: 400 * ms}, 100 * ms},
+		{"process clock unknown", cpuMark{gc: 70 * ms, thread: 45 * ms, process: -1}, 100 * ms},
+		{"clocks went back", cpuMark{gc: 0, thread: 0, process: 0}, 0},
+	} {
+		assert.Equal(t, tc.want, base.charge(tc.now), tc.name)
+	}
+	unknown := cpuMark{gc: 10 * ms, thread: 5 * ms, process: -1}
+	assert.Equal(t, 100*ms, unknown.charge(cpuMark{gc: 70 * ms, thread: 45 * ms, process: 400 * ms}))
+}
+
+// The real clocks move with CPU burnt on the locked thread.
+func TestReadCPU(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	m0 := readCPU()
+	for t0 := time.Now(); time.Since(t0) < 30*time.Millisecond; {
+	}
+	m1 := readCPU()
+	if !linux {
+		assert.Equal(t, time.Duration(-1), m1.process)
+		return
+	}
+	assert.GreaterOrEqual(t, m1.thread-m0.thread, 10*time.Millisecond, "thread CPU")
+	assert.GreaterOrEqual(t, m1.process-m0.process, m1.thread-m0.thread, "process CPU holds the thread's")
+	assert.GreaterOrEqual(t, m0.charge(m1), 10*time.Millisecond)
 }

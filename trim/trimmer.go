@@ -200,7 +200,9 @@ type Stats struct {
 	// /cpu/classes/gc/total:cpu-seconds and
 	// /cpu/classes/scavenge/total:cpu-seconds across it plus the calling
 	// thread's own CPU time (CLOCK_THREAD_CPUTIME_ID, Linux only), which
-	// holds the forced scavenge and the C heap step.
+	// holds the forced scavenge and the C heap step; but at most the
+	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
+	// since a CPU quota inflates the runtime's GC figures.
 	LastCPU time.Duration
 	// TotalCPU is the sum of LastCPU over all trims.
 	TotalCPU time.Duration
@@ -305,7 +307,7 @@ type Trimmer struct {
 	log        *slog.Logger
 	goStep     func() int64
 	estimate   func() int64
-	cpuClock   func() time.Duration
+	readCPU    func() cpuMark
 	lazyFree   func() int64
 	lazy       bool
 	endFns     [2]func() // t.end0, t.end1, made once so Begin does not allocate
@@ -364,7 +366,7 @@ func New(opts ...Option) (*Trimmer, error) {
 		log:        c.logger,
 		goStep:     c.goStep,
 		estimate:   c.estimate,
-		cpuClock:   c.cpuClock,
+		readCPU:    readCPU,
 		lazyFree:   c.lazyFree,
 		base:       time.Now(),
 	}
@@ -374,8 +376,8 @@ func New(opts ...Option) (*Trimmer, error) {
 	if t.estimate == nil {
 		t.estimate = t.estimateGo
 	}
-	if t.cpuClock == nil {
-		t.cpuClock = trimCPU
+	if c.cpuClock != nil {
+		t.readCPU = func() cpuMark { v := c.cpuClock(); return cpuMark{gc: v, process: v} }
 	}
 	if t.lazyFree == nil {
 		t.lazyFree = lazyFreeBytes
@@ -691,7 +693,7 @@ func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
 	// the forced scavenge and the C heap step (see trimCPU).
 	runtime.LockOSThread()
 	start := time.Now()
-	cpu0 := t.cpuClock()
+	cpu0 := t.readCPU()
 	var lazy int64
 	if runGo {
 		lazy0 := int64(-1)
@@ -712,7 +714,7 @@ func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
 			released += r
 		}
 	}
-	cpu := max(t.cpuClock()-cpu0, 0)
+	cpu := cpu0.charge(t.readCPU())
 	end := time.Now()
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
