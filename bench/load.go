@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,6 +101,7 @@ var loadFigures = []figureDef{
 	{"p99_vs_plain", "p99 / plain's p99 (same round)", unitRatio},
 	{"failed", "failed requests", unitCount},
 	{"trims", "trims run", unitCount},
+	{"gc_cycles", "GC cycles (forced ones included)", unitCount},
 	{"trim_cpu_share", "trim CPU / wall time", unitFraction},
 	{"mean_rss", "mean RSS (MiB)", unitBytes},
 	{"bursts_back", "bursts with RSS < 1.2 × pre-burst 3.5 s after", unitFraction},
@@ -128,10 +130,12 @@ func loadScenario(name string, contended bool) scenario {
 		complete: func(figs map[string]Obs, r childResult) {
 			figs["trims"] = Obs{Value: float64(r.Trims)}
 			figs["trim_cpu_share"] = Obs{Value: r.TrimCPU.Seconds() / r.Elapsed.Seconds()}
-			if v, ok := r.Extra["bursts_back"]; ok {
-				figs["bursts_back"] = Obs{Value: v}
-			} else {
-				figs["bursts_back"] = Obs{NA: true}
+			for _, k := range []string{"bursts_back", "gc_cycles"} {
+				if v, ok := r.Extra[k]; ok {
+					figs[k] = Obs{Value: v}
+				} else {
+					figs[k] = Obs{NA: true}
+				}
 			}
 		},
 		derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "p99", "p99_vs_plain") },
@@ -192,7 +196,7 @@ func loadChild(p params, st *armState, c *childIO) (childResult, error) {
 	if err := c.handshake(); err != nil {
 		return r, err
 	}
-	start := time.Now()
+	start, gc0 := time.Now(), gcCycles()
 	back, n := 0, 0
 	for k := 0; ; k++ {
 		at := start.Add(lp.FirstBurst + time.Duration(k)*lp.Period)
@@ -220,8 +224,9 @@ func loadChild(p params, st *armState, c *childIO) (childResult, error) {
 	}
 	time.Sleep(time.Until(start.Add(lp.For)))
 	r.Elapsed, r.Bursts = time.Since(start), n
+	r.Extra = map[string]float64{"gc_cycles": float64(gcCycles() - gc0)}
 	if n > 0 {
-		r.Extra = map[string]float64{"bursts_back": float64(back) / float64(n)}
+		r.Extra["bursts_back"] = float64(back) / float64(n)
 	}
 	if err := st.snapshot(&r); err != nil {
 		return r, err
@@ -341,6 +346,16 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 	}
 	wg.Wait()
 	return lat, int(failed.Load())
+}
+
+// gcCycles returns /gc/cycles/total:gc-cycles.
+func gcCycles() int64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
 }
 
 func listenLoopback() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
