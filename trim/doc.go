@@ -39,11 +39,12 @@
 //
 // Costs: AfterBurst allocates nothing, starts no goroutine and, but for the
 // first call after idle, takes no lock; while a trim is pending it is one
-// atomic load. Measured on this
-// repository's 2-core test machine (BenchmarkAfterBurst, same run): 0.7 to
-// 1.1 ns/op serial and 0.3 ns/op under RunParallel, against 56 to 58 and 59
-// to 80 ns/op for a mutex plus time.Timer.Reset; the first call after idle,
-// which sets the timer, about 130 ns. While nothing is pending a Trimmer has
+// atomic load. Measured on this repository's shared 2-core test machine
+// (go test -run '^$' -bench AfterBurst -benchmem -count 5 ./trim/, same
+// run): 1.1 to 1.2 ns/op serial and 0.7 to 1.0 ns/op under RunParallel,
+// against 70 to 73 and 79 to 85 ns/op for a mutex plus time.Timer.Reset;
+// the first call after idle, which reads the clock (the start of the max
+// wait) and sets the timer, about 230 ns. While nothing is pending a Trimmer has
 // no goroutine, timer or ticker; while a trim is pending a timer wakes every
 // Delay/20.
 package trim

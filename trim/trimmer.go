@@ -454,7 +454,11 @@ func (t *Trimmer) AfterBurst() {
 	t.mark()
 }
 
-// mark is the slow path of AfterBurst: set the flag and, if idle, arm.
+// mark is the slow path of AfterBurst: set the flag and, if idle, arm. It
+// is kept out of line so that AfterBurst, the fast path, is inlined at its
+// call sites (go build -gcflags=-m).
+//
+//go:noinline
 func (t *Trimmer) mark() {
 	t.dirty.Store(1)
 	t.pend()
