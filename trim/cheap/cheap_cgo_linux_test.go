@@ -37,11 +37,20 @@ const (
 // settings of the machine running the tests do not leak into them.
 var childEnv = []string{"LD_PRELOAD", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"}
 
+// ExtraChildren are the child processes of the external test package
+// (cheap_test), which registers them in its init: a test binary has one
+// TestMain.
+var ExtraChildren = map[string]func(){}
+
 func TestMain(m *testing.M) {
-	childtest.Main(m, map[string]func(){
+	children := map[string]func(){
 		"burst":  childBurst,
 		"arenas": childArenas,
-	})
+	}
+	for k, f := range ExtraChildren {
+		children[k] = f
+	}
+	childtest.Main(m, children)
 }
 
 func envInt(name string) int64 {
