@@ -103,7 +103,7 @@ func runChild(spec string, stdin io.Reader, stdout io.Writer) error {
 	if err := json.Unmarshal([]byte(os.Getenv(paramsEnv)), &p); err != nil {
 		return fmt.Errorf("%s: %w", paramsEnv, err)
 	}
-	st, err := setupArm(a)
+	st, err := setupArm(a, p)
 	if err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ type armState struct {
 }
 
 // setupArm applies the arm's configuration to this process.
-func setupArm(a arm) (*armState, error) {
+func setupArm(a arm, p params) (*armState, error) {
 	st := &armState{arm: a}
 	switch {
 	case a.Key == "gomemlimit":
@@ -176,7 +176,11 @@ func setupArm(a arm) (*armState, error) {
 		}
 	case a.memctl():
 		st.log = &trimLog{counts: new(trimCounts), next: slog.NewTextHandler(os.Stderr, nil)}
-		ctl, err := memctl.Start(memctl.WithLogger(slog.New(st.log)))
+		opts := []memctl.Option{memctl.WithLogger(slog.New(st.log))}
+		if p.TrimDelay > 0 {
+			opts = append(opts, memctl.WithTrimDelay(p.TrimDelay))
+		}
+		ctl, err := memctl.Start(opts...)
 		if err != nil {
 			ctl.Close()
 			return nil, err // a part failed: the arm would not be memctl's defaults

@@ -121,6 +121,9 @@ func loadScenario(name string, contended bool) scenario {
 				t = fmt.Sprintf("%s: the server of load in a cgroup v1 cpu child with a %d%% CPU quota (cfs_quota_us %d / cfs_period_us %d) shared with a busy loop, %s requests/s, a %s MiB burst every %s, for %s",
 					name, 100*lp.Quota/lp.QuotaPeriod, lp.Quota, lp.QuotaPeriod, thousands(lp.ContendedRate), mibs(lp.Burst), secs(lp.Period), secs(lp.For))
 			}
+			if p.TrimDelay > 0 {
+				t += fmt.Sprintf("; memctl arms with a %s trim delay (-trim-delay)", secs(p.TrimDelay))
+			}
 			return t + fmt.Sprintf(" (each arm's memory cgroup, where used: %s MiB)", mibs(lp.CgroupLimit))
 		},
 		child: loadChild,

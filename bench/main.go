@@ -118,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	window := fs.Duration("window", 0, "burst: how long RSS is observed after the burst (default 30s, or 3.5s with -quick)")
 	cadenceFor := fs.Duration("cadence-for", 0, "cadence: length of the window (default 60s, or 4.2s with -quick)")
 	requests := fs.Int("requests", 0, "http: measured requests per run (default 100000, or 10000 with -quick)")
+	trimDelay := fs.Duration("trim-delay", 0, "the memctl arms' trim delay (default memctl's, 2s)")
 	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, false, err
@@ -161,6 +162,10 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	} else if *requests > 0 {
 		cfg.Params.Requests = *requests
 	}
+	if *trimDelay < 0 {
+		return config{}, false, fmt.Errorf("bench: -trim-delay %v: want a positive duration", *trimDelay)
+	}
+	cfg.Params.TrimDelay = *trimDelay
 	cfg.From = *from
 	return cfg, *asJSON, nil
 }

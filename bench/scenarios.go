@@ -43,6 +43,9 @@ type params struct {
 	Budget   int64 `json:"request_budget_bytes"`
 	// Load are the load scenarios' (load.go).
 	Load loadParams `json:"load"`
+	// TrimDelay, when not 0, is the memctl arms' trim delay
+	// (memctl.WithTrimDelay) instead of the default.
+	TrimDelay time.Duration `json:"trim_delay,omitempty"`
 }
 
 // defaultParams are the issue's scenarios; quick shortens the windows and
