@@ -140,16 +140,19 @@ type Stats struct {
 	Trim trim.Stats
 	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
 	GoMemLimit int64
+	// Misuse counts the process's misuse of the package so far, each kind
+	// logged once at WARN: wiring mistakes (AfterBurst or Begin called with
+	// no live controller, Start called while an earlier controller was
+	// live: the second Start is logged through its own logger, the rest
+	// through slog.Default) and end funcs of Begin called more often than
+	// Begin (those of bursts begun with no trimmer, plus this controller's
+	// trimmer's, Trim.Misuse). SetStrict makes the extra end panic instead.
+	Misuse int64
 	// CHeap holds the statistics of the allocator that owns malloc, -1
 	// where unknown (all of them when the C heap step is unavailable: cgo
 	// off, musl, not Linux). Reading them costs about a microsecond
 	// (mallinfo2 walks glibc's arenas; see cheap.Step.Stats).
 	CHeap cheap.Stats
-	// Misuse counts the process's wiring mistakes so far: AfterBurst or
-	// Begin called with no live controller, and Start called while an
-	// earlier controller was live. The first of each kind is logged at
-	// WARN through slog.Default (the second Start through its own logger).
-	Misuse int64
 	// Pressure holds the death-spiral and kernel-pressure counters and the
 	// cgroup v2 memory.events counters (all -1 elsewhere).
 	Pressure pressure.Stats
@@ -284,17 +287,17 @@ func Start(opts ...Option) (*Controller, error) {
 
 	delay := cfg.trimDelay
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
-		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, DefaultTrimDelay, trim.MinDelay)
+		d, err := parseDelay(v)
 		if err != nil {
 			fail(fmt.Errorf("memctl: %w; trimming is off", err))
 		}
 		delay = d
-	} else if delay != 0 && delay < trim.MinDelay {
-		fail(fmt.Errorf("memctl: WithTrimDelay(%v): want 0 (off) or at least %v; trimming is off", delay, trim.MinDelay))
+	} else if delay != 0 && (delay < trim.MinDelay || delay > trim.MaxDelay) {
+		fail(fmt.Errorf("memctl: WithTrimDelay(%v): want 0 (off) or from %v to %v; trimming is off", delay, trim.MinDelay, trim.MaxDelay))
 		delay = 0
 	}
 	if delay > 0 {
-		topts := append([]trim.Option{trim.WithLogger(cfg.logger)}, cfg.trimOpts...)
+		topts := append([]trim.Option{trim.WithLogger(cfg.logger), trim.WithStrict(strict.Load())}, cfg.trimOpts...)
 		tr, err := trim.New(append(topts, trim.WithDelay(delay))...)
 		if err != nil {
 			fail(err)
@@ -401,6 +404,19 @@ func cmpOr(l, def *slog.Logger) *slog.Logger {
 	return def
 }
 
+// parseDelay parses MEMCTL_TRIM_DELAY with the one grammar
+// (internal/envflag): an off word or "0" for no trimming, an on word for
+// DefaultTrimDelay, or a duration from trim.MinDelay to trim.MaxDelay. A
+// bad value gives 0 (trimming off) and an *envflag.Error.
+func parseDelay(v string) (time.Duration, error) {
+	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, DefaultTrimDelay, trim.MinDelay)
+	if err != nil || d > trim.MaxDelay {
+		return 0, &envflag.Error{Name: "MEMCTL_TRIM_DELAY", Value: v,
+			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trim.MinDelay, trim.MaxDelay)}
+	}
+	return d, nil
+}
+
 // Report returns what Start decided.
 func (c *Controller) Report() Report {
 	if c == nil {
@@ -422,15 +438,48 @@ func (c *Controller) AfterBurst() {
 }
 
 // Begin marks a burst in flight; no trim runs until the returned func is
-// called, which also counts as AfterBurst. Call the func exactly once.
+// called (up to the trimmer's max wait, see trim.WithMaxWait), which also
+// counts as AfterBurst. Call the func exactly once: a func called more
+// often than Begin is misuse, counted in Stats.Misuse and logged once at
+// WARN, and a panic only under SetStrict. The same holds with no trimmer
+// (no Start, MEMCTL=off, trimming off): Begin then only counts. It
+// allocates nothing. Safe for concurrent use.
 func (c *Controller) Begin() (end func()) {
 	if c == nil || c.trimmer == nil {
-		return nop
+		loose.Add(1)
+		return looseEnd
 	}
 	return c.trimmer.Begin()
 }
 
-func nop() {}
+// Bursts begun with no trimmer to take them, and the misuse of their ends.
+var (
+	loose, looseMisuse atomic.Int64
+	looseWarned        atomic.Bool
+	strict             atomic.Bool
+)
+
+func looseEnd() {
+	if loose.Add(-1) >= 0 {
+		return
+	}
+	loose.Add(1)
+	looseMisuse.Add(1)
+	if strict.Load() {
+		panic("memctl: burst ended more often than begun")
+	}
+	if looseWarned.CompareAndSwap(false, true) {
+		slog.Default().Warn("memctl: burst ended more often than begun (an end func called twice?); counted in Stats.Misuse, logged once")
+	}
+}
+
+// SetStrict turns the strict mode for tests on or off and returns the
+// previous setting. In strict mode misuse panics instead of being counted
+// and logged: an end func of Begin called more often than Begin, whether or
+// not Start ran (a controller started in strict mode keeps it). Production
+// code leaves it off (the default): memctl must not crash the service it
+// protects. Safe for concurrent use.
+func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
 
 // Stats returns the controller's counters and the C heap's statistics.
 func (c *Controller) Stats() Stats {
@@ -442,6 +491,7 @@ func (c *Controller) Stats() Stats {
 	if c != nil {
 		s.Pressure = c.monitor.Stats()
 	}
+	s.Misuse += looseMisuse.Load() + s.Trim.Misuse
 	return s
 }
 
@@ -477,16 +527,22 @@ func AfterBurst() {
 	noController("AfterBurst")
 }
 
-// Begin calls Begin on the live controller of the latest Start; with none
-// it returns a func that does nothing, and is a wiring mistake reported as
-// AfterBurst's is.
+// Begin calls Begin on the live controller of the latest Start. With none
+// it is a wiring mistake reported as AfterBurst's is, and it only counts
+// the burst, so that an end func called twice is misuse with or without
+// Start (see Controller.Begin; read the count with CurrentStats).
 func Begin() (end func()) {
-	if c := current.Load(); c != nil {
-		return c.Begin()
+	c := current.Load()
+	if c == nil {
+		noController("Begin")
 	}
-	noController("Begin")
-	return nop
+	return c.Begin()
 }
+
+// CurrentStats returns the Stats of the live controller of the latest
+// Start, or, with none, the counters kept without one (Misuse, GoMemLimit,
+// CHeap).
+func CurrentStats() Stats { return current.Load().Stats() }
 
 var (
 	// current is the controller the package-level functions use: the last

@@ -62,6 +62,8 @@ type childResult struct {
 	// Stats().Trim.Trims); 0 in the arms without memctl.
 	Trims    int64         `json:"trims"`
 	TrimTime time.Duration `json:"trim_time"`
+	// TrimCPU is the CPU the trims were charged with (Stats().Trim.TotalCPU).
+	TrimCPU time.Duration `json:"trim_cpu"`
 	// Elapsed is the wall time of the scenario's measured window.
 	Elapsed time.Duration `json:"elapsed"`
 	// Bursts is the number of bursts the child ran.
@@ -71,6 +73,8 @@ type childResult struct {
 	RPS      float64       `json:"rps,omitempty"`
 	P50      time.Duration `json:"p50,omitempty"`
 	P99      time.Duration `json:"p99,omitempty"`
+	// Extra holds a scenario's own figures, by figure key.
+	Extra map[string]float64 `json:"extra,omitempty"`
 }
 
 // childMain runs one arm of one scenario in this process (spec is
@@ -99,7 +103,7 @@ func runChild(spec string, stdin io.Reader, stdout io.Writer) error {
 	if err := json.Unmarshal([]byte(os.Getenv(paramsEnv)), &p); err != nil {
 		return fmt.Errorf("%s: %w", paramsEnv, err)
 	}
-	st, err := setupArm(a)
+	st, err := setupArm(a, p)
 	if err != nil {
 		return err
 	}
@@ -163,7 +167,7 @@ type armState struct {
 }
 
 // setupArm applies the arm's configuration to this process.
-func setupArm(a arm) (*armState, error) {
+func setupArm(a arm, p params) (*armState, error) {
 	st := &armState{arm: a}
 	switch {
 	case a.Key == "gomemlimit":
@@ -172,7 +176,11 @@ func setupArm(a arm) (*armState, error) {
 		}
 	case a.memctl():
 		st.log = &trimLog{counts: new(trimCounts), next: slog.NewTextHandler(os.Stderr, nil)}
-		ctl, err := memctl.Start(memctl.WithLogger(slog.New(st.log)))
+		opts := []memctl.Option{memctl.WithLogger(slog.New(st.log))}
+		if p.TrimDelay > 0 {
+			opts = append(opts, memctl.WithTrimDelay(p.TrimDelay))
+		}
+		ctl, err := memctl.Start(opts...)
 		if err != nil {
 			ctl.Close()
 			return nil, err // a part failed: the arm would not be memctl's defaults
@@ -201,8 +209,8 @@ func (st *armState) snapshot(r *childResult) error {
 	// catch up with the counter.
 	for range 100 {
 		n, d := st.log.counts.get()
-		if s := st.ctl.Stats().Trim.Trims; s == n {
-			r.Trims, r.TrimTime = n, d
+		if s := st.ctl.Stats().Trim; s.Trims == n {
+			r.Trims, r.TrimTime, r.TrimCPU = n, d, s.TotalCPU
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)

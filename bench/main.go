@@ -2,8 +2,8 @@
 // arms, each a child process of this same binary, and prints a Markdown
 // table per scenario with the arms as columns (or JSON with -json).
 //
-//	go run ./bench                 # full run, about 31 minutes on 2 cores
-//	go run ./bench -quick          # 1 run per arm, short windows: under a minute
+//	go run ./bench                 # full run, about 65 minutes on 2 cores
+//	go run ./bench -quick          # 1 run per arm, short windows: about 2 minutes
 //	go run ./bench -json > out.json
 //	go run ./bench -from out.json  # the saved report as Markdown
 //
@@ -18,7 +18,7 @@
 // to read; the output says whether it did. The arms' environment is the
 // harness's less GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*.
 //
-// Scenarios (-scenarios, default all three):
+// Scenarios (-scenarios, default all five):
 //
 //   - burst: 20 MiB live, one 1 GiB burst (64 KiB objects, every page
 //     touched), then idle. RSS before the burst (VmRSS), peak RSS during
@@ -37,6 +37,21 @@
 //     in-process load generator sends a fixed number of requests over 8
 //     connections. Requests per second, p50 and p99 latency, and each arm's
 //     requests per second divided by the plain arm's in the same round.
+//   - load (plain, memctl and A/A arms only; load.go): a server holding
+//     1 GiB live (15/16 64 KiB buffers, 1/16 pointer-linked nodes) on
+//     loopback, an open-loop load generator in the parent at 200 requests/s
+//     (each counted from its due time, failed after 10 s), a 512 MiB burst
+//     in the server every 10 s for 62 s, each arm in a 4 GiB memory cgroup.
+//     p50, p99, p99.9 latency, p99 over plain's in the same round, failed
+//     requests, trims run, trim CPU (Stats().Trim.TotalCPU) over wall time,
+//     mean RSS, and the share of bursts after which the server's RSS is
+//     below 1.2 × its pre-burst value 3.5 s after the burst.
+//   - load-contended: the same server moved, once its live set is built,
+//     into a cgroup v1 cpu child (cpu.cfs_quota_us 10000 of 100000) with a
+//     busy loop, at 50 requests/s. Needs root and the cgroup v1 cpu
+//     controller; the report says so when it cannot run. Set
+//     MEMCTL_BENCH_TAG to put a tag in the names of the cgroups the
+//     harness makes.
 //
 // The figures are specific to the machine; compare arms within one run.
 package main
@@ -98,11 +113,12 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	quick := fs.Bool("quick", false, "1 run per arm, a 3.5 s burst window, a 4.2 s cadence window, 10,000 requests: under a minute")
 	runs := fs.Int("runs", 0, "runs per arm (default 5, or 1 with -quick)")
 	asJSON := fs.Bool("json", false, "write the report as JSON instead of Markdown")
-	scens := fs.String("scenarios", "burst,cadence,http", "comma-separated scenarios to run")
+	scens := fs.String("scenarios", scenarioNames(), "comma-separated scenarios to run")
 	limit := fs.String("cgroup-limit", "2GiB", "memory limit of each arm's child cgroup (bytes, or with KiB, MiB, GiB); 0 runs without cgroups")
 	window := fs.Duration("window", 0, "burst: how long RSS is observed after the burst (default 30s, or 3.5s with -quick)")
 	cadenceFor := fs.Duration("cadence-for", 0, "cadence: length of the window (default 60s, or 4.2s with -quick)")
 	requests := fs.Int("requests", 0, "http: measured requests per run (default 100000, or 10000 with -quick)")
+	trimDelay := fs.Duration("trim-delay", 0, "the memctl arms' trim delay (default memctl's, 2s)")
 	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, false, err
@@ -120,7 +136,7 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	for _, s := range strings.Split(*scens, ",") {
 		s = strings.TrimSpace(s)
 		if _, ok := scenarioByName(s); !ok {
-			return config{}, false, fmt.Errorf("bench: -scenarios: unknown scenario %q (want burst, cadence or http)", s)
+			return config{}, false, fmt.Errorf("bench: -scenarios: unknown scenario %q (want %s)", s, scenarioNames())
 		}
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
@@ -146,6 +162,10 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	} else if *requests > 0 {
 		cfg.Params.Requests = *requests
 	}
+	if *trimDelay < 0 {
+		return config{}, false, fmt.Errorf("bench: -trim-delay %v: want a positive duration", *trimDelay)
+	}
+	cfg.Params.TrimDelay = *trimDelay
 	cfg.From = *from
 	return cfg, *asJSON, nil
 }

@@ -364,5 +364,5 @@ func targets(rep *Report) []Target {
 			Met:      met(!m.NA && !aa.NA && m.Value >= 0.98 && aa.Value >= 0.98),
 		}))
 	}
-	return ts
+	return append(ts, loadTargets(rep)...)
 }

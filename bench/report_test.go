@@ -41,7 +41,7 @@ func fakeReport(t *testing.T, p params) *Report {
 	rep := &Report{Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Seconds: 2000, Runs: 3, Params: p,
 		Machine: Machine{Go: "go1.26.8", OS: "linux", Arch: "amd64", CPUs: 2, GOMAXPROCS: 2, Kernel: "6.18.0", THP: "madvise"},
 		Cgroup:  CgroupInfo{Used: true, Version: 1, LimitBytes: 2 << 30}}
-	for _, s := range scenarios {
+	for _, s := range []scenario{burstScenario, cadenceScenario, httpScenario} { // the load scenarios: load_test.go
 		obs := map[string]map[string][]Obs{}
 		for _, a := range arms {
 			obs[a.Key] = map[string][]Obs{}

@@ -57,7 +57,7 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 	for _, name := range cfg.Scenarios {
 		s, ok := scenarioByName(name)
 		if !ok {
-			return nil, fmt.Errorf("bench: unknown scenario %q (want burst, cadence or http)", name)
+			return nil, fmt.Errorf("bench: unknown scenario %q (want %s)", name, scenarioNames())
 		}
 		scens = append(scens, s)
 	}
@@ -90,12 +90,22 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 	memLimits := make(map[string]int64)
 	start := time.Now()
 	for _, s := range scens {
+		if s.precheck != nil {
+			if err := s.precheck(); err != nil {
+				fmt.Fprintf(progress, "bench: %s not run: %v\n", s.Name, err)
+				rep.Scenarios = append(rep.Scenarios, ScenarioReport{Name: s.Name, Title: s.title(cfg.Params), Notes: []string{"Not run: " + err.Error() + "."}})
+				continue
+			}
+		}
 		obs := make(map[string]map[string][]Obs) // arm -> figure -> runs
 		for _, a := range arms {
 			obs[a.Key] = make(map[string][]Obs)
 		}
 		for i := range cfg.Runs {
 			for _, a := range arms {
+				if !s.runs(a) {
+					continue
+				}
 				t0 := time.Now()
 				figs, res, err := runOne(exe, s, a, cfg, parent, i)
 				if err != nil {
@@ -112,6 +122,9 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 		}
 		if s.Name == "http" {
 			deriveRatio(obs, "rps", "rps_vs_plain")
+		}
+		if s.derive != nil {
+			s.derive(obs)
 		}
 		rep.Scenarios = append(rep.Scenarios, collate(s, cfg.Params, obs))
 	}
@@ -134,8 +147,12 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgroupfs.Parent, 
 	var cg *cgroupfs.Child
 	if parent != nil {
 		var err error
-		name := fmt.Sprintf("memctl-bench-%d-%s-%s-%d", os.Getpid(), s.Name, a.Key, run)
-		if cg, err = parent.NewChild(name, cfg.CgroupLimit); err != nil {
+		name := fmt.Sprintf("memctl-bench%s-%d-%s-%s-%d", tagSuffix(), os.Getpid(), s.Name, a.Key, run)
+		limit := cfg.CgroupLimit
+		if s.arms != nil && cfg.Params.Load.CgroupLimit > limit { // the load scenarios
+			limit = cfg.Params.Load.CgroupLimit
+		}
+		if cg, err = parent.NewChild(name, limit); err != nil {
 			return nil, childResult{}, fmt.Errorf("bench: cgroup for %s: %w", spec, err)
 		}
 	}

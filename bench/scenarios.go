@@ -41,6 +41,11 @@ type params struct {
 	Clients  int   `json:"clients"`
 	Alloc    int64 `json:"request_alloc_bytes"`
 	Budget   int64 `json:"request_budget_bytes"`
+	// Load are the load scenarios' (load.go).
+	Load loadParams `json:"load"`
+	// TrimDelay, when not 0, is the memctl arms' trim delay
+	// (memctl.WithTrimDelay) instead of the default.
+	TrimDelay time.Duration `json:"trim_delay,omitempty"`
 }
 
 // defaultParams are the issue's scenarios; quick shortens the windows and
@@ -60,6 +65,7 @@ func defaultParams(quick bool) params {
 		Alloc:         32 << 10,
 		Budget:        1 << 20,
 	}
+	p.Load = defaultLoadParams(quick)
 	if quick {
 		p.Window = 3500 * time.Millisecond
 		p.CadenceFor = 4200 * time.Millisecond
@@ -89,9 +95,19 @@ type scenario struct {
 	// (complete).
 	observe  func(pr *proc, p params) (map[string]Obs, error)
 	complete func(figs map[string]Obs, r childResult)
+	// arms are the keys of the arms the scenario runs; nil means all.
+	arms []string
+	// derive, when set, adds figures computed across arms (per round).
+	derive func(obs map[string]map[string][]Obs)
+	// precheck, when set, says why the scenario cannot run here; the
+	// report then notes it and the run goes on without it.
+	precheck func() error
 }
 
-var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario}
+// runs reports whether the scenario runs arm a.
+func (s scenario) runs(a arm) bool { return s.arms == nil || slices.Contains(s.arms, a.Key) }
+
+var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended}
 
 func scenarioByName(name string) (scenario, bool) {
 	for _, s := range scenarios {

@@ -27,5 +27,5 @@ func Example() {
 func ExampleWithDelay() {
 	_, err := trim.New(trim.WithDelay(0))
 	fmt.Println(err)
-	// Output: trim: delay 0s: want at least 1ms
+	// Output: trim: delay 0s: want at least 1ms and at most 24h0m0s
 }

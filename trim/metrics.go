@@ -4,14 +4,21 @@ import (
 	"math"
 	"runtime/debug"
 	"runtime/metrics"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memctl/memctl/internal/procfs"
 )
 
 // The runtime/metrics the Trimmer reads (all present since Go 1.21).
 const (
-	metricHeapFree     = "/memory/classes/heap/free:bytes"     // free spans, resident, not yet released
-	metricHeapObjects  = "/memory/classes/heap/objects:bytes"  // live objects and dead ones not yet swept
-	metricHeapReleased = "/memory/classes/heap/released:bytes" // free spans returned to the OS
-	metricHeapLive     = "/gc/heap/live:bytes"                 // heap marked live by the last GC
+	metricHeapFree     = "/memory/classes/heap/free:bytes"         // free spans, resident, not yet released
+	metricHeapObjects  = "/memory/classes/heap/objects:bytes"      // live objects and dead ones not yet swept
+	metricHeapReleased = "/memory/classes/heap/released:bytes"     // free spans returned to the OS
+	metricHeapLive     = "/gc/heap/live:bytes"                     // heap marked live by the last GC
+	metricGCCPU        = "/cpu/classes/gc/total:cpu-seconds"       // GC CPU, all threads
+	metricScavengeCPU  = "/cpu/classes/scavenge/total:cpu-seconds" // background scavenger and assists
 )
 
 // heapFigures holds the figures of readHeap, in bytes.
@@ -53,20 +60,124 @@ func freeOSMemory() int64 {
 	return max(after.released-before.released, 0)
 }
 
-// estimateReleasable returns an estimate of the bytes a trim would release
+// estimateGo returns an estimate of the bytes the Go step would release
 // now, or -1 when runtime/metrics cannot be read; see WithMinRelease.
 // t.run must be held.
-func (t *Trimmer) estimateReleasable() int64 {
+func (t *Trimmer) estimateGo() int64 {
 	h, ok := readHeap()
 	if !ok {
 		return -1
 	}
-	live := min(h.live, t.liveFloor)
-	est := h.free + max(h.objects-live, 0)
-	if t.cheap != nil {
-		if r := t.cheap.Retained(); r > 0 {
-			est += r
+	live := h.live
+	if t.liveKnown {
+		live = min(live, t.liveFloor)
+	}
+	return h.free + max(h.objects-live, 0)
+}
+
+// cpuMark is a reading of the clocks a trim is charged by (see readCPU).
+type cpuMark struct {
+	gc      time.Duration // GC and scavenger CPU from runtime/metrics
+	thread  time.Duration // the calling thread's CPU time
+	process time.Duration // the process's CPU time, -1 if unknown
+}
+
+// readCPU reads the clocks a trim is charged by. The caller locks its OS
+// thread around the two readings of a trim.
+func readCPU() cpuMark {
+	s := [...]metrics.Sample{{Name: metricGCCPU}, {Name: metricScavengeCPU}}
+	metrics.Read(s[:])
+	var sec float64
+	for i := range s {
+		if s[i].Value.Kind() == metrics.KindFloat64 {
+			sec += s[i].Value.Float64()
 		}
 	}
-	return est
+	return cpuMark{gc: time.Duration(sec * 1e9), thread: threadCPU(), process: processCPU()}
+}
+
+// charge returns the CPU a trim between the readings m and now is charged
+// with: the growth of the GC and scavenger CPU of runtime/metrics plus the
+// calling thread's own CPU time (the forced scavenge of debug.FreeOSMemory
+// and the C heap step run on it and are not in those metrics; see
+// /work/shared/MEASURED.md, "What a trim costs"), but no more than the
+// growth of the whole process's CPU time (CLOCK_PROCESS_CPUTIME_ID). The
+// runtime/metrics GC figures are estimates from the time GC workers are
+// scheduled and from pause time × GOMAXPROCS, so a CPU quota that throttles
+// the process inflates them: measured in this repository's load-contended
+// harness scenario (10% quota with a busy loop), one trim of a 1 GiB heap
+// read 1.1 s of GC CPU. The process's CPU time is real CPU but counts the
+// rest of the program too; each is an upper bound of the trim's cost, so the
+// smaller one is charged.
+func (m cpuMark) charge(now cpuMark) time.Duration {
+	c := max(now.gc-m.gc+now.thread-m.thread, 0)
+	if m.process >= 0 && now.process >= 0 {
+		c = min(c, max(now.process-m.process, 0))
+	}
+	return c
+}
+
+// lazyFreeBytes returns the LazyFree bytes of /proc/self/smaps_rollup
+// (pages released with MADV_FREE that the kernel has not reclaimed), or -1
+// when it cannot be read (not Linux, a kernel before 4.14).
+func lazyFreeBytes() int64 {
+	n, err := procfs.ReadBytes("/proc/self/smaps_rollup", "LazyFree")
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// lazyRelease reports whether the Go runtime releases memory with MADV_FREE
+// instead of MADV_DONTNEED: GODEBUG madvdontneed=0, set in the environment
+// or, as the default of this binary, by a //go:debug directive or the go.mod
+// godebug block (DefaultGODEBUG in the build info). The runtime reads the
+// build default first and the environment after it, and within each the
+// last setting wins (runtime/runtime1.go parsedebugvars). Only Linux has
+// the setting. why names the source.
+func lazyRelease() (lazy bool, why string) {
+	return lazyFrom(getenvGODEBUG(), buildGODEBUG())
+}
+
+// lazyFrom is lazyRelease on given GODEBUG strings; pure, for tests.
+func lazyFrom(env, build string) (lazy bool, why string) {
+	if !linux {
+		return false, ""
+	}
+	if v, ok := godebugInt(env, "madvdontneed"); ok {
+		return v == 0, "GODEBUG=madvdontneed=" + strconv.Itoa(v)
+	}
+	if v, ok := godebugInt(build, "madvdontneed"); ok {
+		return v == 0, "DefaultGODEBUG madvdontneed=" + strconv.Itoa(v) + " (//go:debug or go.mod godebug)"
+	}
+	return false, ""
+}
+
+// godebugInt returns the last value of key in the comma-separated GODEBUG
+// string s, as the runtime reads its own settings (parsegodebug: no space
+// trimmed, a value that is not a 32-bit decimal integer ignored).
+func godebugInt(s, key string) (v int, ok bool) {
+	for f := range strings.SplitSeq(s, ",") {
+		k, val, found := strings.Cut(f, "=")
+		if !found || k != key {
+			continue
+		}
+		if n, err := strconv.ParseInt(val, 10, 32); err == nil {
+			v, ok = int(n), true
+		}
+	}
+	return v, ok
+}
+
+func buildGODEBUG() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "DefaultGODEBUG" {
+			return s.Value
+		}
+	}
+	return ""
 }

@@ -22,6 +22,7 @@ func TestMain(m *testing.M) {
 		childtest.Main(m, map[string]func(){
 			"burst-trim":   func() { burstChild(true) },
 			"burst-notrim": func() { burstChild(false) },
+			"lazy":         lazyChild,
 		})
 	}
 	goleak.VerifyTestMain(m)
@@ -77,6 +78,69 @@ func burstChild(trim bool) {
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+// lazyChild drops a 256 MiB burst, runs TrimNow and reports what the
+// Trimmer says and what VmRSS and LazyFree say.
+func lazyChild() {
+	tr, err := New(WithCHeap(nil))
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	defer tr.Close()
+	before := childRSS()
+	b := burst.Alloc(burstBytes)
+	runtime.KeepAlive(b)
+	b = nil
+	if _, err := tr.TrimNow(); err != nil {
+		childtest.Fail("%v", err)
+	}
+	s := tr.Stats()
+	childtest.Say("BEFORE", before)
+	childtest.Say("AFTER", childRSS())
+	childtest.Say("LAZYFREE", lazyFreeBytes())
+	childtest.Say("LAZY", s.Lazy)
+	childtest.Say("WHY", s.LazyReason)
+	childtest.Say("RELEASED", s.LastReleased)
+	childtest.Say("LAZY_RELEASED", s.LastLazy)
+}
+
+// Issue 13 input 6: under GODEBUG=madvdontneed=0 the trim releases with
+// MADV_FREE, RSS stays up, and the Trimmer says so: Stats.Lazy, and the
+// bytes released lazily counted apart. With the default, nothing is lazy.
+func TestLazyReleaseRSS(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads VmRSS and LazyFree from /proc: Linux only")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory makes RSS say nothing")
+	}
+	if _, err := os.Stat("/proc/self/smaps_rollup"); err != nil {
+		t.Skipf("needs /proc/self/smaps_rollup (Linux 4.14): %v", err)
+	}
+	num := func(r map[string]string, k string) int64 {
+		t.Helper()
+		v, err := strconv.ParseInt(r[k], 10, 64)
+		require.NoError(t, err, "child report %s=%q", k, r[k])
+		return v
+	}
+	unset := []string{"GOGC", "GOMEMLIMIT", "GODEBUG"}
+	lazy := childtest.Report(t, childtest.Command(t, "lazy", unset, "GODEBUG=madvdontneed=0"))
+	eager := childtest.Report(t, childtest.Command(t, "lazy", unset))
+	for name, r := range map[string]map[string]string{"madvdontneed=0": lazy, "default": eager} {
+		t.Logf("%s: RSS before %.1f MiB, after the trim %.1f MiB, LazyFree %.1f MiB; Stats: lazy %s (%s), released %.1f MiB, of which lazily %.1f MiB",
+			name, mib(num(r, "BEFORE")), mib(num(r, "AFTER")), mib(num(r, "LAZYFREE")), r["LAZY"], r["WHY"],
+			mib(num(r, "RELEASED")), mib(num(r, "LAZY_RELEASED")))
+	}
+	assert.Equal(t, "true", lazy["LAZY"])
+	assert.Equal(t, "GODEBUG=madvdontneed=0", lazy["WHY"])
+	assert.Greater(t, num(lazy, "AFTER"), num(lazy, "BEFORE")+200<<20, "RSS stays up without memory pressure")
+	assert.Greater(t, num(lazy, "LAZY_RELEASED"), int64(200<<20), "the burst counted as released lazily")
+	assert.LessOrEqual(t, num(lazy, "LAZY_RELEASED"), num(lazy, "RELEASED"))
+
+	assert.Equal(t, "false", eager["LAZY"])
+	assert.Zero(t, num(eager, "LAZY_RELEASED"))
+	assert.Less(t, num(eager, "AFTER"), num(eager, "BEFORE")+32<<20, "the default returns the burst at once")
+}
 
 // TestTrimRSS runs the burst in two child processes, with and without
 // AfterBurst, and compares their RSS 3 s after the burst.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +20,9 @@ const (
 
 	// DefaultMaxWaitFactor sets the default max wait (see WithMaxWait) to
 	// this many delays: 20 s with the default delay. A server whose bursts
-	// keep coming less than Delay apart thus still trims, at most once
-	// every 20 s, instead of postponing the trim for as long as the load
-	// lasts.
+	// keep coming less than Delay apart, or overlap so that one is always
+	// in flight, thus still trims, at most once every 20 s, instead of
+	// postponing the trim for as long as the load lasts.
 	DefaultMaxWaitFactor = 10
 
 	// MinDelay is the shortest delay New accepts. While a trim is pending
@@ -29,25 +30,35 @@ const (
 	// more often than every 50 µs.
 	MinDelay = time.Millisecond
 
+	// MaxDelay is the longest delay New accepts: a day. By then the Go
+	// runtime has returned a burst on its own (the forced GC every 2
+	// minutes and the background scavenger), so a longer delay is a
+	// mistake, such as MEMCTL_TRIM_DELAY=2562047h, not a setting.
+	MaxDelay = 24 * time.Hour
+
 	// DefaultMinRelease is the estimate of releasable bytes (see
-	// WithMinRelease) below which a due trim is skipped: 8 MiB. A trim
-	// forces a full GC (measured on this repository's test machine: 0.7 to
-	// 2.7 ms with 20 MiB live and nothing to release, against 20 to 50 ms to
-	// release a 256 MiB burst, see TestTrimRSS), and the Go runtime holds a
-	// few MiB of free spans and allocation headroom in normal operation, so
-	// below 8 MiB (four 2 MiB huge pages) the GC costs more than the pages
-	// are worth. It is a judgement, not a measured optimum.
+	// WithMinRelease) below which a step of a due trim is skipped: 8 MiB.
+	// The Go step forces a full GC (measured on this repository's test
+	// machine: 0.7 to 2.7 ms with 20 MiB live and nothing to release, about
+	// 170 ms of GC CPU with 1 GiB live, see BENCHMARKS.md), and the Go
+	// runtime holds a few MiB of free spans and allocation headroom in
+	// normal operation, so below 8 MiB (four 2 MiB huge pages) the GC costs
+	// more than the pages are worth. It is a judgement, not a measured
+	// optimum.
 	DefaultMinRelease int64 = 8 << 20
+
+	// CPUShare is the share of one CPU's time that trims may use, over any
+	// window: 2%. See Trimmer for the exact guarantee.
+	CPUShare = 0.02
 
 	// ticksPerDelay is how many times per Delay a pending Trimmer wakes to
 	// look at the dirty flag; the trim fires at most Delay/ticksPerDelay
 	// late.
 	ticksPerDelay = 20
 
-	// rateFactor is how many times as long as the last trim took the
-	// Trimmer waits, from that trim's end, before it starts another:
-	// 1/(1+49) = 2% of wall time at most.
-	rateFactor = 49
+	// costFactor is 1/CPUShare: a trim that cost c of CPU makes the next
+	// one wait c·costFactor from its start.
+	costFactor = 50
 )
 
 const (
@@ -65,59 +76,67 @@ type config struct {
 	minRelease int64
 	cheap      CHeap
 	logger     *slog.Logger
+	strict     bool
 
 	// Test hooks; nil means the real thing.
-	goStep   func() int64 // the Go heap step; returns bytes released
-	estimate func() int64 // releasable bytes, -1 if unknown
+	goStep   func() int64         // the Go heap step; returns bytes released
+	estimate func() int64         // Go heap releasable bytes, -1 if unknown
+	cpuClock func() time.Duration // CPU a trim is charged with, read before and after
+	lazy     func() (bool, string)
+	lazyFree func() int64 // LazyFree bytes of the process, -1 if unknown
 }
 
 // WithDelay sets how long after the last AfterBurst the trim runs, in
-// [MinDelay, ∞). The trim fires between delay and delay + delay/20 after
-// the last call (plus the timer's scheduling latency). New returns an error
-// for a delay below MinDelay; to turn trimming off, do not create a Trimmer
-// (a nil *Trimmer does nothing). Default: DefaultDelay (2 s).
+// [MinDelay, MaxDelay]. The trim fires between delay and delay + delay/20
+// after the last call (plus the timer's scheduling latency). New returns an
+// error naming the value outside that range; to turn trimming off, do not
+// create a Trimmer (a nil *Trimmer does nothing). Default: DefaultDelay
+// (2 s).
 func WithDelay(delay time.Duration) Option {
 	return func(c *config) error {
-		if delay < MinDelay {
-			return fmt.Errorf("trim: delay %v: want at least %v", delay, MinDelay)
+		if delay < MinDelay || delay > MaxDelay {
+			return fmt.Errorf("trim: delay %v: want at least %v and at most %v", delay, MinDelay, MaxDelay)
 		}
 		c.delay = delay
 		return nil
 	}
 }
 
-// WithMaxWait bounds how long a stream of AfterBurst calls can push the
-// trim back: a pending trim runs at the latest maxWait after the first
-// AfterBurst that made it pending, even when calls keep coming less than
-// Delay apart. Bursts marked in flight with Begin still hold every trim
-// off. 0 means no bound (a pure debounce); otherwise maxWait must be at
-// least the delay, and New returns an error when it is not.
+// WithMaxWait bounds how long anything can push the trim back: a pending
+// trim runs at the latest maxWait after the first AfterBurst or Begin of
+// its pending period (the clock is never restarted), even when calls keep
+// coming less than Delay apart and even while bursts marked with Begin are
+// in flight; only the CPU limit (see Trimmer) can defer it further.
+// maxWait must be at least the delay and at most DefaultMaxWaitFactor ×
+// MaxDelay; New returns an error naming the value otherwise.
 // Default: DefaultMaxWaitFactor × the delay (20 s with the default delay).
 func WithMaxWait(maxWait time.Duration) Option {
 	return func(c *config) error {
-		if maxWait < 0 {
-			return fmt.Errorf("trim: max wait %v: want 0 (no bound) or at least the delay", maxWait)
+		if maxWait <= 0 || maxWait > DefaultMaxWaitFactor*MaxDelay {
+			return fmt.Errorf("trim: max wait %v: want at least the delay and at most %v", maxWait, DefaultMaxWaitFactor*MaxDelay)
 		}
 		c.maxWait = maxWait
 		return nil
 	}
 }
 
-// WithMinRelease sets the threshold, in bytes (>= 0), below which a due
-// trim is skipped and counted in Stats.Skipped. The Trimmer compares it
-// with an estimate of the bytes a trim would release, read from
-// runtime/metrics just before the trim:
+// WithMinRelease sets the threshold, in bytes (>= 0), below which a step of
+// a due trim is skipped. Each step decides for itself:
 //
-//	/memory/classes/heap/free:bytes
-//	+ /memory/classes/heap/objects:bytes − live
-//	+ the C heap step's Retained (when it can tell)
+//   - the Go step runs when the estimate of releasable Go heap bytes,
+//     read from runtime/metrics just before the trim, reaches bytes:
+//     /memory/classes/heap/free:bytes + /memory/classes/heap/objects:bytes
+//     − live, where live is the smaller of /gc/heap/live:bytes and the live
+//     heap read right after the previous trim (or at New): a GC that ran
+//     during a burst counts the burst's objects as live until the next GC,
+//     so the estimate errs on the side of trimming. When runtime/metrics
+//     cannot be read the step runs.
+//   - the C step runs when the C heap step's Retained reaches bytes, or is
+//     unknown (-1).
 //
-// where live is the smaller of /gc/heap/live:bytes and the live heap that
-// the Trimmer read right after its previous trim (or at New). The smaller of
-// the two is used because a GC that ran during a burst counts the burst's
-// objects as live until the next GC; the estimate therefore errs on the side
-// of trimming. When runtime/metrics cannot be read the trim runs. 0 means
-// never skip. New returns an error for a negative value.
+// A due trim whose two steps are both skipped counts in Stats.Skipped; one
+// step skipped counts in Stats.GoSkipped or Stats.CSkipped. 0 means never
+// skip. New returns an error for a negative value.
 // Default: DefaultMinRelease (8 MiB).
 func WithMinRelease(bytes int64) Option {
 	return func(c *config) error {
@@ -138,9 +157,12 @@ func WithCHeap(h CHeap) Option {
 	}
 }
 
-// WithLogger sets where the Trimmer logs: each trim and skip at DEBUG, a C
-// heap step failure other than ErrCHeapUnavailable at WARN. nil (the
-// default) logs nothing.
+// WithLogger sets where the Trimmer logs: each trim and skip at DEBUG; at
+// INFO, once each, lazy release at New (see Stats.Lazy) and the first trim
+// the CPU limit deferred past the max wait; at WARN, once each, the first
+// misuse (see Stats.Misuse) and the first Begin open longer than the max
+// wait, and each C heap step failure other than ErrCHeapUnavailable. nil
+// (the default) logs nothing.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		c.logger = l
@@ -148,25 +170,66 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// WithStrict makes misuse (an end func called more often than Begin) panic
+// with "trim: burst ended more often than begun" instead of being counted
+// and logged. It is meant for tests, which should fail on misuse; a
+// production service should not crash on it. Default: false.
+func WithStrict(strict bool) Option {
+	return func(c *config) error {
+		c.strict = strict
+		return nil
+	}
+}
+
 // Stats is a snapshot of a Trimmer's counters, from Trimmer.Stats.
 type Stats struct {
-	// Trims is the number of trims run (debounced and TrimNow).
+	// Trims is the number of trims run (debounced and TrimNow) in which at
+	// least one step ran.
 	Trims int64
-	// Skipped is the number of due trims skipped because the estimate of
-	// releasable bytes was below the threshold (see WithMinRelease).
+	// Skipped is the number of due trims whose two steps were both skipped
+	// because their estimates were below the threshold (see
+	// WithMinRelease).
 	Skipped int64
+	// GoSkipped and CSkipped count the trims that ran without their Go or
+	// their C heap step, that step's estimate being below the threshold.
+	GoSkipped, CSkipped int64
 	// LastDuration is how long the last trim took (both steps), measured
 	// with the monotonic clock.
 	LastDuration time.Duration
+	// LastCPU is the CPU time the last trim was charged with: the growth of
+	// /cpu/classes/gc/total:cpu-seconds and
+	// /cpu/classes/scavenge/total:cpu-seconds across it plus the calling
+	// thread's own CPU time (CLOCK_THREAD_CPUTIME_ID, Linux only), which
+	// holds the forced scavenge and the C heap step; but at most the
+	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
+	// since a CPU quota inflates the runtime's GC figures.
+	LastCPU time.Duration
+	// TotalCPU is the sum of LastCPU over all trims.
+	TotalCPU time.Duration
+	// Deferred counts the due trims that the CPU limit held past the max
+	// wait (the first is logged at INFO).
+	Deferred int64
 	// LastReleased is the bytes the last trim released: the growth of
-	// /memory/classes/heap/released:bytes across debug.FreeOSMemory, plus
-	// the C heap step's own figure when it can tell.
+	// /memory/classes/heap/released:bytes across the Go step, plus the C
+	// heap step's own figure when it can tell.
 	LastReleased int64
 	// TotalReleased is the sum of LastReleased over all trims, in bytes.
 	TotalReleased int64
-	// LastEstimate is the estimate of releasable bytes made before the last
-	// trim or skip (see WithMinRelease), or -1 if runtime/metrics could not
-	// be read.
+	// Lazy reports that the Go runtime releases memory with MADV_FREE
+	// (GODEBUG=madvdontneed=0, from the environment or a //go:debug
+	// directive): released pages stay in RSS until the kernel needs the
+	// memory, so RSS falls only under memory pressure. LazyReason says
+	// where the setting came from.
+	Lazy       bool
+	LazyReason string
+	// LastLazy is the part of LastReleased that stayed in RSS as LazyFree
+	// (the growth of LazyFree in /proc/self/smaps_rollup across the Go
+	// step), read only when Lazy; TotalLazy is its sum. LastReleased −
+	// LastLazy left RSS at once.
+	LastLazy, TotalLazy int64
+	// LastEstimate is the estimate of releasable bytes (Go and C, as far as
+	// known) made before the last trim or skip (see WithMinRelease), or -1
+	// if neither could be read.
 	LastEstimate int64
 	// CHeapAllocator is the C heap step's Allocator ("glibc", "none", ...),
 	// or "" when the step is off (WithCHeap(nil)).
@@ -179,16 +242,35 @@ type Stats struct {
 	Pending bool
 	// InFlight is the number of bursts begun (Begin) and not yet ended.
 	InFlight int64
+	// StaleBegins is the number of bursts, among InFlight, begun more than
+	// the max wait ago as far as the Trimmer can tell (it looks while a
+	// trim is pending): most likely an end func that was never called. The
+	// first is logged at WARN.
+	StaleBegins int64
+	// Misuse counts end funcs called more often than Begin (the first is
+	// logged at WARN; see WithStrict).
+	Misuse int64
 }
 
 // A Trimmer runs one trim Delay after the last burst ends: AfterBurst marks
 // the end of a burst, and calls during the wait push the trim back, so a run
-// of bursts gives one trim; a stream of calls that never pauses for Delay
-// pushes it back at most MaxWait (see WithMaxWait). A trim is debug.FreeOSMemory followed by the C
-// heap step (see CHeap). It does not run while a burst marked with Begin is
-// in flight, it is skipped when too little would be released (see
-// WithMinRelease), and trims take at most 2% of wall time: after a trim that
-// took d, the next one starts no sooner than 49·d after its end.
+// of bursts gives one trim. A trim is the Go heap step (debug.FreeOSMemory)
+// followed by the C heap step (see CHeap); each is skipped when its own
+// estimate shows too little to release (see WithMinRelease).
+//
+// No pattern of calls starves a trim: a pending trim runs at the latest
+// MaxWait (see WithMaxWait, 20 s by default) after the first AfterBurst or
+// Begin of its pending period, whether calls keep coming or bursts marked
+// with Begin overlap so that one is always in flight. Before that bound no
+// trim starts while a burst is in flight.
+//
+// Trims are limited by the CPU they cause, not by their wall time, so a
+// CPU-throttled container still trims. Each trim is charged with its CPU
+// (see Stats.LastCPU), and the next debounced trim starts no sooner than
+// 50 times that charge after the start of the trim charged. Hence, over any
+// window of W wall time, the CPU charged to the trims that start in it is
+// at most CPUShare (2%) of W plus the charge of one trim. A trim that this
+// limit holds past the max wait is counted in Stats.Deferred.
 //
 // While no trim is pending a Trimmer has no goroutine, timer or ticker. While
 // one is pending, a timer wakes a short-lived goroutine every Delay/20.
@@ -203,19 +285,35 @@ type Trimmer struct {
 	dirty atomic.Uint32
 	_     [60]byte
 
-	state    atomic.Uint32 // stateIdle, statePending or stateClosed
-	inflight atomic.Int64  // bursts begun and not ended
+	state atomic.Uint32 // stateIdle, statePending or stateClosed
+	// since is when the current pending period started (the first
+	// AfterBurst or Begin), as a clock reading (see clock); 0 when idle.
+	since atomic.Int64
+	// inflight counts the bursts begun and not ended, in two epochs: Begin
+	// adds to inflight[epoch] and returns endFns[epoch]. The tick flips the
+	// epoch at most once per max wait, only when the other epoch is empty;
+	// a burst still counted in the old epoch one max wait after a flip was
+	// begun more than a max wait ago.
+	inflight [2]atomic.Int64
+	epoch    atomic.Uint32
+	misuse   atomic.Int64
 
 	delay      time.Duration
-	maxWait    time.Duration // 0: no bound
+	maxWait    time.Duration
 	interval   time.Duration // delay / ticksPerDelay
 	minRelease int64
+	strict     bool
 	cheap      CHeap
 	log        *slog.Logger
 	goStep     func() int64
 	estimate   func() int64
-	endFn      func() // t.end, made once so Begin does not allocate
-	tickFn     func() // t.tick, made once
+	readCPU    func() cpuMark
+	lazyFree   func() int64
+	lazy       bool
+	endFns     [2]func() // t.end0, t.end1, made once so Begin does not allocate
+	tickFn     func()    // t.tick, made once
+	base       time.Time // clock origin
+	logOnce    [3]atomic.Bool
 
 	mu     sync.Mutex // guards the fields below; never held across a trim
 	timer  *time.Timer
@@ -225,12 +323,20 @@ type Trimmer struct {
 	ticks  sync.WaitGroup // one count per armed timer and running tick
 
 	run        sync.Mutex // serializes ticks and trims; guards the fields below
-	quietSince time.Time  // latest tick that saw the dirty flag set; zero when idle
-	firstTick  time.Time  // first tick of the pending period; zero when idle
-	lastEnd    time.Time  // end of the last trim
-	lastDur    time.Duration
-	liveFloor  int64 // /gc/heap/live:bytes right after the last trim (or at New)
+	quietSince int64      // latest tick that saw the dirty flag set; 0 when idle
+	nextOK     int64      // earliest start of the next trim by the CPU limit
+	lastFlip   int64      // last epoch flip
+	deferred   bool       // this pending period was already counted in Deferred
+	liveFloor  int64      // /gc/heap/live:bytes right after the last trim (or at New)
+	liveKnown  bool
 }
+
+// Indexes of Trimmer.logOnce.
+const (
+	onceMisuse = iota
+	onceStale
+	onceDeferred
+)
 
 // New returns a Trimmer configured by opts. The error names the bad option
 // value; New starts nothing.
@@ -246,8 +352,8 @@ func New(opts ...Option) (*Trimmer, error) {
 	}
 	switch {
 	case c.maxWait < 0:
-		c.maxWait = DefaultMaxWaitFactor * c.delay
-	case c.maxWait > 0 && c.maxWait < c.delay:
+		c.maxWait = DefaultMaxWaitFactor * c.delay // cannot overflow: delay <= MaxDelay
+	case c.maxWait < c.delay:
 		return nil, fmt.Errorf("trim: max wait %v is shorter than the delay %v", c.maxWait, c.delay)
 	}
 	t := &Trimmer{
@@ -255,26 +361,63 @@ func New(opts ...Option) (*Trimmer, error) {
 		maxWait:    c.maxWait,
 		interval:   c.delay / ticksPerDelay,
 		minRelease: c.minRelease,
+		strict:     c.strict,
 		cheap:      c.cheap,
 		log:        c.logger,
 		goStep:     c.goStep,
 		estimate:   c.estimate,
+		readCPU:    readCPU,
+		lazyFree:   c.lazyFree,
+		base:       time.Now(),
 	}
 	if t.goStep == nil {
 		t.goStep = freeOSMemory
 	}
 	if t.estimate == nil {
-		t.estimate = t.estimateReleasable
+		t.estimate = t.estimateGo
 	}
-	t.endFn = t.end
+	if c.cpuClock != nil {
+		t.readCPU = func() cpuMark { v := c.cpuClock(); return cpuMark{gc: v, process: v} }
+	}
+	if t.lazyFree == nil {
+		t.lazyFree = lazyFreeBytes
+	}
+	if c.lazy == nil {
+		c.lazy = lazyRelease
+	}
+	lazy, why := c.lazy()
+	t.lazy = lazy
+	t.stats.Lazy, t.stats.LazyReason = lazy, why
+	t.endFns = [2]func(){t.end0, t.end1}
 	t.tickFn = t.tick
 	if h, ok := readHeap(); ok {
-		t.liveFloor = h.live
+		t.liveFloor, t.liveKnown = h.live, true
 	}
 	if t.cheap != nil {
 		t.stats.CHeapAllocator = t.cheap.Allocator()
 	}
+	if lazy && t.log != nil {
+		t.log.LogAttrs(context.Background(), slog.LevelInfo,
+			"trim: the Go runtime releases memory lazily (MADV_FREE): RSS falls only under memory pressure",
+			slog.String("setting", why))
+	}
 	return t, nil
+}
+
+// clock returns the monotonic time since t.base in nanoseconds, at least 1
+// (0 means "not set" in the fields that hold clock readings).
+func (t *Trimmer) clock(now time.Time) int64 { return max(int64(now.Sub(t.base)), 1) }
+
+// addSat returns a+b, saturating at the int64 bounds.
+func addSat(a, b int64) int64 {
+	s := a + b
+	switch {
+	case b > 0 && s < a:
+		return 1<<63 - 1
+	case b < 0 && s > a:
+		return -1 << 63
+	}
+	return s
 }
 
 // Delay returns the configured delay.
@@ -285,16 +428,25 @@ func (t *Trimmer) Delay() time.Duration {
 	return t.delay
 }
 
+// MaxWait returns the configured max wait: the longest a pending trim waits
+// for a quiet moment (see WithMaxWait).
+func (t *Trimmer) MaxWait() time.Duration {
+	if t == nil {
+		return 0
+	}
+	return t.maxWait
+}
+
 // AfterBurst marks the end of a burst: a trim runs Delay after the last call
 // (between Delay and Delay + Delay/20, plus timer latency), unless another
 // call comes first, and at the latest MaxWait after the first call of the
-// run. It allocates nothing and starts no goroutine. While a
+// pending period. It allocates nothing and starts no goroutine. While a
 // trim is pending it is one atomic load and takes no lock (under a
 // nanosecond, see BenchmarkAfterBurst); the first call after the Trimmer
 // went idle, and the first after each tick (every Delay/20), also do an
-// atomic store and compare-and-swap, and the first after idle sets the timer
-// under an uncontended mutex. After Close it does nothing. Safe for
-// concurrent use.
+// atomic store and compare-and-swap, and the first after idle reads the
+// clock and sets the timer under an uncontended mutex. After Close it does
+// nothing. Safe for concurrent use.
 func (t *Trimmer) AfterBurst() {
 	if t == nil || t.dirty.Load() != 0 {
 		return
@@ -302,40 +454,77 @@ func (t *Trimmer) AfterBurst() {
 	t.mark()
 }
 
-// mark is the slow path of AfterBurst: set the flag and, if idle, arm.
+// mark is the slow path of AfterBurst: set the flag and, if idle, arm. It
+// is kept out of line so that AfterBurst, the fast path, is inlined at its
+// call sites (go build -gcflags=-m).
+//
+//go:noinline
 func (t *Trimmer) mark() {
 	t.dirty.Store(1)
+	t.pend()
+}
+
+// pend starts a pending period if the Trimmer is idle.
+func (t *Trimmer) pend() {
 	// Go atomics are sequentially consistent: either this CAS sees the
-	// idle state stored by goIdle, or goIdle's reload sees dirty set; the
-	// CAS lets only one of them arm.
+	// idle state stored by goIdle, or goIdle's reload sees dirty set (or a
+	// burst in flight); the CAS lets only one of them arm.
 	if t.state.CompareAndSwap(stateIdle, statePending) {
+		t.since.Store(t.clock(time.Now()))
 		t.arm(t.interval)
 	}
 }
 
 // Begin marks the start of a burst and returns the func that ends it. No
-// trim starts while a burst is in flight; end calls AfterBurst, so a trim
-// follows Delay after the last burst ends. Begin allocates nothing (every
-// call returns the same func). end may be called from any goroutine; calling
-// it more often in total than Begin panics with "trim: burst ended more
-// often than begun".
+// trim starts while a burst is in flight, up to the max wait (see
+// WithMaxWait); end calls AfterBurst, so a trim follows Delay after the last
+// burst ends. Begin allocates nothing (it returns one of two funcs made at
+// New) and, when a trim is already pending, takes no lock. end may be
+// called from any goroutine, once. Calling end funcs more often in total
+// than Begin is misuse: it is counted in Stats.Misuse and logged once at
+// WARN, and panics only under WithStrict. Safe for concurrent use.
 func (t *Trimmer) Begin() (end func()) {
 	if t == nil {
 		return noop
 	}
-	t.inflight.Add(1)
-	return t.endFn
+	e := t.epoch.Load() & 1
+	t.inflight[e].Add(1)
+	if t.state.Load() == stateIdle {
+		t.pend()
+	}
+	return t.endFns[e]
 }
 
 func noop() {}
 
-func (t *Trimmer) end() {
-	if t.inflight.Add(-1) < 0 {
-		t.inflight.Add(1)
-		panic("trim: burst ended more often than begun")
+func (t *Trimmer) end0() { t.end(0) }
+func (t *Trimmer) end1() { t.end(1) }
+
+func (t *Trimmer) end(e int) {
+	if t.inflight[e].Add(-1) < 0 {
+		t.inflight[e].Add(1)
+		t.reportMisuse()
+		return
 	}
 	t.AfterBurst()
 }
+
+// reportMisuse counts an end called more often than Begin, logs the first
+// one, and panics in strict mode.
+func (t *Trimmer) reportMisuse() {
+	n := t.misuse.Add(1)
+	if t.strict {
+		panic("trim: burst ended more often than begun")
+	}
+	if t.log != nil && t.logOnce[onceMisuse].CompareAndSwap(false, true) {
+		t.log.LogAttrs(context.Background(), slog.LevelWarn,
+			"trim: burst ended more often than begun (an end func called twice?); counted in Stats.Misuse, logged once",
+			slog.Int64("misuse", n))
+	}
+}
+
+// inFlight returns the bursts in flight in both epochs.
+func (t *Trimmer) inFlight() int64 { return t.inflight[0].Load() + t.inflight[1].Load() }
 
 // arm sets the timer to tick after d, unless the Trimmer is closed.
 func (t *Trimmer) arm(d time.Duration) {
@@ -386,96 +575,186 @@ func (t *Trimmer) tick() {
 }
 
 // step decides, at now, what a tick does: it returns idle true after a trim
-// or skip, or when a burst is in flight; otherwise how long until the next
-// tick. t.run must be held.
+// or skip; otherwise how long until the next tick. t.run must be held.
 func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
+	c := t.clock(now)
 	// A call happened between the previous tick and now: count the quiet
 	// time from now, the latest it can have been.
-	if t.dirty.Swap(0) != 0 || t.quietSince.IsZero() {
-		t.quietSince = now
+	if t.dirty.Swap(0) != 0 || t.quietSince == 0 {
+		t.quietSince = c
 	}
-	if t.firstTick.IsZero() {
-		t.firstTick = now
+	since := t.since.Load()
+	if since == 0 {
+		since = c
+		t.since.Store(c)
 	}
-	if t.inflight.Load() > 0 {
-		// The burst's end calls AfterBurst, which arms again.
-		t.quietSince, t.firstTick = time.Time{}, time.Time{}
-		return 0, true
+	t.checkStale(c)
+	bound := addSat(since, int64(t.maxWait))
+	due := min(addSat(t.quietSince, int64(t.delay)), bound)
+	if c < bound && t.inFlight() > 0 {
+		due = bound // the burst's end calls AfterBurst: look again each interval
 	}
-	due := t.quietSince.Add(t.delay)
-	if t.maxWait > 0 {
-		if latest := t.firstTick.Add(t.maxWait); latest.Before(due) {
-			due = latest
+	if t.nextOK > due {
+		if t.nextOK > bound && !t.deferred {
+			t.deferred = true
+			t.noteDeferred(time.Duration(t.nextOK - since))
 		}
+		due = t.nextOK
 	}
-	if !t.lastEnd.IsZero() {
-		if ok := t.lastEnd.Add(rateFactor * t.lastDur); ok.After(due) {
-			due = ok
-		}
+	if c < due {
+		return min(time.Duration(due-c), t.interval), false
 	}
-	if wait := due.Sub(now); wait > 0 {
-		return min(wait, t.interval), false
+	t.quietSince, t.deferred = 0, false
+	t.since.Store(0)
+	t.trimLocked(false)
+	return 0, true
+}
+
+// noteDeferred counts a trim held past the max wait by the CPU limit and
+// logs the first at INFO.
+func (t *Trimmer) noteDeferred(wait time.Duration) {
+	t.mu.Lock()
+	t.stats.Deferred++
+	last := t.stats.LastCPU
+	t.mu.Unlock()
+	if t.log != nil && t.logOnce[onceDeferred].CompareAndSwap(false, true) {
+		t.log.LogAttrs(context.Background(), slog.LevelInfo,
+			"trim: deferred past the max wait by the 2% CPU limit; counted in Stats.Deferred, logged once",
+			slog.Duration("max_wait", t.maxWait), slog.Duration("wait", wait.Round(time.Millisecond)),
+			slog.Duration("last_trim_cpu", last))
 	}
-	t.quietSince, t.firstTick = time.Time{}, time.Time{}
-	est := t.estimate()
-	if est >= 0 && est < t.minRelease {
+}
+
+// checkStale flips the Begin epoch at most once per max wait, and reports
+// the bursts of the old epoch still in flight one max wait after a flip.
+// t.run must be held.
+func (t *Trimmer) checkStale(c int64) {
+	if t.lastFlip != 0 && c-t.lastFlip < int64(t.maxWait) {
+		return
+	}
+	cur := t.epoch.Load() & 1
+	old := t.inflight[cur^1].Load()
+	if old <= 0 {
+		t.epoch.Store(cur ^ 1)
+		t.lastFlip = c
+		t.mu.Lock()
+		t.stats.StaleBegins = 0
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Lock()
+	t.stats.StaleBegins = old
+	t.mu.Unlock()
+	if t.log != nil && t.logOnce[onceStale].CompareAndSwap(false, true) {
+		t.log.LogAttrs(context.Background(), slog.LevelWarn,
+			"trim: burst begun and not ended for longer than the max wait (a lost end func?); reported in Stats.StaleBegins, logged once",
+			slog.Int64("stale_begins", old), slog.Duration("max_wait", t.maxWait))
+	}
+}
+
+// goIdle leaves the pending state, and arms again if AfterBurst was called
+// since the last tick (including during a trim). A burst still in flight
+// does not keep the Trimmer pending: its end calls AfterBurst, and a lost
+// end must not keep a timer running forever.
+func (t *Trimmer) goIdle() {
+	if !t.state.CompareAndSwap(statePending, stateIdle) {
+		return // closed
+	}
+	if t.dirty.Load() != 0 {
+		t.pend()
+	}
+}
+
+// trimLocked runs the steps of a trim that have enough to release (all of
+// them when force is set), charges it to the CPU limit and records it.
+// t.run must be held.
+func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
+	goEst := t.estimate()
+	cEst := int64(-1)
+	if t.cheap != nil {
+		cEst = t.cheap.Retained()
+	}
+	est := int64(-1)
+	if goEst >= 0 || cEst >= 0 {
+		est = max(goEst, 0) + max(cEst, 0)
+	}
+	runGo := force || goEst < 0 || goEst >= t.minRelease
+	runC := t.cheap != nil && (force || cEst < 0 || cEst >= t.minRelease)
+	if !runGo && !runC {
 		t.mu.Lock()
 		t.stats.Skipped++
 		t.stats.LastEstimate = est
 		t.mu.Unlock()
 		if t.log != nil {
 			t.log.LogAttrs(context.Background(), slog.LevelDebug, "trim: skipped",
-				slog.Int64("estimate_bytes", est), slog.Int64("min_release_bytes", t.minRelease))
+				slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
+				slog.Int64("min_release_bytes", t.minRelease))
 		}
-		return 0, true
+		return 0, nil
 	}
-	t.trimLocked(est)
-	return 0, true
-}
 
-// goIdle leaves the pending state, and arms again if AfterBurst was called
-// since the last tick (including during a trim).
-func (t *Trimmer) goIdle() {
-	if !t.state.CompareAndSwap(statePending, stateIdle) {
-		return // closed
-	}
-	if t.dirty.Load() != 0 && t.state.CompareAndSwap(stateIdle, statePending) {
-		t.arm(t.interval)
-	}
-}
-
-// trimLocked runs both steps of a trim and records it. t.run must be held.
-func (t *Trimmer) trimLocked(est int64) (released int64, cErr error) {
+	// Lock the thread so that its CPU clock, read before and after, covers
+	// the forced scavenge and the C heap step (see trimCPU).
+	runtime.LockOSThread()
 	start := time.Now()
-	released = t.goStep()
-	if t.cheap != nil {
+	cpu0 := t.readCPU()
+	var lazy int64
+	if runGo {
+		lazy0 := int64(-1)
+		if t.lazy {
+			lazy0 = t.lazyFree()
+		}
+		released = t.goStep()
+		if lazy0 >= 0 {
+			if l := t.lazyFree(); l >= 0 {
+				lazy = min(max(l-lazy0, 0), released)
+			}
+		}
+	}
+	if runC {
 		var r int64
 		r, cErr = t.cheap.Release()
 		if r > 0 {
 			released += r
 		}
 	}
+	cpu := cpu0.charge(t.readCPU())
 	end := time.Now()
+	runtime.UnlockOSThread()
 	d := end.Sub(start)
-	t.lastEnd, t.lastDur = end, d
-	if h, ok := readHeap(); ok {
-		t.liveFloor = h.live // accurate: FreeOSMemory just ran a GC
+	t.nextOK = addSat(t.clock(start), costFactor*min(int64(cpu), (1<<63-1)/costFactor))
+	if h, ok := readHeap(); ok && runGo {
+		t.liveFloor, t.liveKnown = h.live, true // accurate: FreeOSMemory just ran a GC
 	}
 
 	t.mu.Lock()
 	t.stats.Trims++
+	if !runGo {
+		t.stats.GoSkipped++
+	}
+	if t.cheap != nil && !runC {
+		t.stats.CSkipped++
+	}
 	t.stats.LastDuration = d
+	t.stats.LastCPU = cpu
+	t.stats.TotalCPU += cpu
 	t.stats.LastReleased = released
 	t.stats.TotalReleased += released
+	t.stats.LastLazy = lazy
+	t.stats.TotalLazy += lazy
 	t.stats.LastEstimate = est
-	t.stats.CHeapErr = cErr
+	if runC {
+		t.stats.CHeapErr = cErr
+	}
 	t.mu.Unlock()
 
 	if t.log != nil {
 		ctx := context.Background()
 		t.log.LogAttrs(ctx, slog.LevelDebug, "trim: done",
-			slog.Duration("took", d), slog.Int64("released_bytes", released),
-			slog.Int64("estimate_bytes", est))
+			slog.Duration("took", d), slog.Duration("cpu", cpu),
+			slog.Int64("released_bytes", released), slog.Int64("lazy_bytes", lazy),
+			slog.Bool("go_step", runGo), slog.Bool("c_step", runC),
+			slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst))
 		if cErr != nil && !errors.Is(cErr, ErrCHeapUnavailable) {
 			t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 				slog.String("allocator", t.stats.CHeapAllocator), slog.Any("error", cErr))
@@ -484,12 +763,12 @@ func (t *Trimmer) trimLocked(est int64) (released int64, cErr error) {
 	return released, cErr
 }
 
-// TrimNow runs a trim in the calling goroutine at once, ignoring the delay,
-// bursts in flight, the threshold and the rate limit (but a trim it runs
-// counts for the rate limit of the next debounced one). It returns the bytes
-// released, as in Stats.LastReleased, and the C heap step's error unless
-// that matches ErrCHeapUnavailable (which is recorded in Stats only). It
-// works after Close. It waits for a trim already running. Safe for
+// TrimNow runs both steps of a trim in the calling goroutine at once,
+// ignoring the delay, bursts in flight, the thresholds and the CPU limit
+// (but its CPU counts for the limit of the next debounced trim). It returns
+// the bytes released, as in Stats.LastReleased, and the C heap step's error
+// unless that matches ErrCHeapUnavailable (which is recorded in Stats only).
+// It works after Close. It waits for a trim already running. Safe for
 // concurrent use.
 func (t *Trimmer) TrimNow() (released int64, err error) {
 	if t == nil {
@@ -497,7 +776,7 @@ func (t *Trimmer) TrimNow() (released int64, err error) {
 	}
 	t.run.Lock()
 	defer t.run.Unlock()
-	released, err = t.trimLocked(t.estimate())
+	released, err = t.trimLocked(true)
 	if errors.Is(err, ErrCHeapUnavailable) {
 		err = nil
 	}
@@ -514,7 +793,8 @@ func (t *Trimmer) Stats() Stats {
 	s := t.stats
 	t.mu.Unlock()
 	s.Pending = t.state.Load() == statePending
-	s.InFlight = t.inflight.Load()
+	s.InFlight = t.inFlight()
+	s.Misuse = t.misuse.Load()
 	return s
 }
 

@@ -1,8 +1,10 @@
 package trim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"runtime/metrics"
 	"strings"
@@ -29,9 +31,14 @@ func withEstimate(f func() int64) Option {
 	return func(c *config) error { c.estimate = f; return nil }
 }
 
-// fakeStep is a Go heap step that records when it ran and takes took.
+// fakeStep is a Go heap step that records when it ran, takes took of wall
+// time and is charged cpu (took when cpu is 0) by the fake CPU clock of
+// newFake.
 type fakeStep struct {
 	took time.Duration
+	cpu  time.Duration
+
+	charged atomic.Int64 // total CPU charged, read by clock
 
 	mu    sync.Mutex
 	start []time.Time
@@ -43,11 +50,15 @@ func (f *fakeStep) run() int64 {
 	f.start = append(f.start, time.Now())
 	f.mu.Unlock()
 	time.Sleep(f.took)
+	f.charged.Add(int64(cmp.Or(f.cpu, f.took)))
 	f.mu.Lock()
 	f.ends = append(f.ends, time.Now())
 	f.mu.Unlock()
 	return 1 << 20
 }
+
+// clock is the fake CPU clock: what the fake steps were charged so far.
+func (f *fakeStep) clock() time.Duration { return time.Duration(f.charged.Load()) }
 
 func (f *fakeStep) starts() []time.Time {
 	f.mu.Lock()
@@ -61,13 +72,30 @@ func (f *fakeStep) finished() int {
 	return len(f.ends)
 }
 
-// newFake returns a Trimmer with delay testDelay whose trim is f.run, whose
-// estimate always says there is plenty to release, and without C heap step.
+// withCPUClock replaces the CPU clock that trims are charged by; for tests.
+func withCPUClock(f func() time.Duration) Option {
+	return func(c *config) error { c.cpuClock = f; return nil }
+}
+
+// withLazy replaces the detection of lazy release and the LazyFree reading;
+// for tests.
+func withLazy(lazy bool, lazyFree func() int64) Option {
+	return func(c *config) error {
+		c.lazy = func() (bool, string) { return lazy, "test" }
+		c.lazyFree = lazyFree
+		return nil
+	}
+}
+
+// newFake returns a strict Trimmer with delay testDelay whose trim is f.run,
+// charged by f's CPU clock, whose estimate always says there is plenty to
+// release, without C heap step and with eager release.
 func newFake(t *testing.T, f *fakeStep, opts ...Option) *Trimmer {
 	t.Helper()
 	opts = append([]Option{
-		WithDelay(testDelay), WithCHeap(nil),
+		WithDelay(testDelay), WithCHeap(nil), WithStrict(true),
 		withGoStep(f.run), withEstimate(func() int64 { return 1 << 30 }),
+		withCPUClock(f.clock), withLazy(false, nil),
 	}, opts...)
 	tr, err := New(opts...)
 	require.NoError(t, err)
@@ -153,22 +181,6 @@ func TestMaxWaitUnderSteadyBursts(t *testing.T) {
 	})
 }
 
-func TestNoMaxWaitIsPureDebounce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		tr := newFake(t, f, WithMaxWait(0))
-		defer tr.Close()
-		t0 := time.Now()
-		for time.Since(t0) < 65*time.Second {
-			tr.AfterBurst()
-			time.Sleep(500 * time.Millisecond)
-		}
-		assert.Empty(t, f.starts(), "no trim while calls keep coming")
-		time.Sleep(3 * time.Second)
-		assert.Len(t, f.starts(), 1)
-	})
-}
-
 func TestNoTrimWhileInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStep{}
@@ -203,59 +215,13 @@ func TestNoTrimWhileInFlightWithoutAfterBurst(t *testing.T) {
 		t0 := time.Now()
 		end := tr.Begin()
 		time.Sleep(10 * time.Second)
-		assert.True(t, tr.quiet(), "Begin alone sets no timer")
+		assert.False(t, tr.quiet(), "Begin starts the max-wait clock")
+		assert.Empty(t, f.starts(), "no trim while a burst is in flight")
 		end()
 		time.Sleep(time.Minute)
 		got := since(t0, f.starts())
 		require.Len(t, got, 1)
 		assertWindow(t, got[0], 10*time.Second)
-	})
-}
-
-func TestRateLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{took: 100 * time.Millisecond}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		tr.AfterBurst()
-		time.Sleep(testDelay + testDelay/10 + f.took) // first trim done
-		require.Equal(t, 1, f.finished())
-		firstEnd := f.ends[0].Sub(t0)
-		tr.AfterBurst() // due 2 s later, but the limit says 49 × 100 ms
-		time.Sleep(time.Minute)
-		got := since(t0, f.starts())
-		require.Len(t, got, 2)
-		assert.GreaterOrEqual(t, got[1], firstEnd+49*f.took, "second trim waits 49 times the first's duration")
-		assert.LessOrEqual(t, got[1], firstEnd+49*f.took+testDelay/20)
-		t.Logf("trims at %v", got)
-		assert.Equal(t, 100*time.Millisecond, tr.Stats().LastDuration)
-	})
-}
-
-func TestRateLimitShare(t *testing.T) {
-	// Bursts every 2.5 s for 2 minutes, trims that take 300 ms: trims take
-	// at most 2% of wall time.
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{took: 300 * time.Millisecond}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		for time.Since(t0) < 2*time.Minute {
-			tr.AfterBurst()
-			time.Sleep(2500 * time.Millisecond)
-		}
-		synctest.Wait()
-		wall := time.Since(t0)
-		n := f.finished()
-		require.Greater(t, n, 1)
-		share := float64(time.Duration(n)*f.took) / float64(wall)
-		t.Logf("%d trims of %v in %v: %.2f%% of wall time", n, f.took, wall, 100*share)
-		assert.LessOrEqual(t, share, 0.02+float64(f.took)/float64(wall), "trims above 2%% of wall time")
-		starts := f.starts()
-		for i := 1; i < len(starts); i++ {
-			assert.GreaterOrEqual(t, starts[i].Sub(starts[i-1]), 50*f.took)
-		}
 	})
 }
 
@@ -273,7 +239,7 @@ func TestCallDuringTrimSchedulesOneMore(t *testing.T) {
 		time.Sleep(2 * time.Minute)
 		got := since(t0, f.starts())
 		require.Len(t, got, 2, "a call during a trim gives one more trim")
-		assert.GreaterOrEqual(t, got[1], got[0]+f.took+49*f.took)
+		assert.GreaterOrEqual(t, got[1], got[0]+50*f.took, "the CPU limit: 50 × the charge from the start")
 		assert.True(t, tr.quiet())
 	})
 }
@@ -311,13 +277,19 @@ func TestIdleHasNoGoroutineOrTimer(t *testing.T) {
 		time.Sleep(time.Hour)
 		assert.Equal(t, 1, f.finished())
 
-		// Idle again while a burst is in flight.
+		// A burst in flight keeps it pending up to the max wait; a lost
+		// end does not keep it pending after the trim at the max wait.
 		end := tr.Begin()
 		tr.AfterBurst()
 		time.Sleep(time.Second)
+		assert.False(t, tr.quiet(), "pending while a burst is in flight")
+		time.Sleep(tr.MaxWait() + testDelay)
 		synctest.Wait()
-		assert.True(t, tr.quiet(), "idle while a burst is in flight")
+		assert.Equal(t, 2, f.finished(), "trim at the max wait despite the burst in flight")
+		assert.True(t, tr.quiet(), "idle after that trim although the burst is still in flight")
 		assert.Equal(t, 0, trimmerGoroutines())
+		time.Sleep(time.Hour)
+		assert.Equal(t, 2, f.finished())
 		end()
 		assert.False(t, tr.quiet())
 	})
@@ -386,29 +358,20 @@ func TestCloseWaitsForRunningTrim(t *testing.T) {
 	})
 }
 
-func TestEndMoreThanBegunPanics(t *testing.T) {
-	tr, err := New(WithCHeap(nil))
-	require.NoError(t, err)
-	defer tr.Close()
-	end := tr.Begin()
-	end()
-	assert.PanicsWithValue(t, "trim: burst ended more often than begun", end)
-	assert.Equal(t, int64(0), tr.Stats().InFlight, "counter restored after the panic")
-	end = tr.Begin()
-	assert.Equal(t, int64(1), tr.Stats().InFlight)
-	end()
-}
-
 func TestBadOptions(t *testing.T) {
 	for _, tc := range []struct {
 		opt  Option
 		want string
 	}{
-		{WithDelay(0), "trim: delay 0s: want at least 1ms"},
+		{WithDelay(0), "trim: delay 0s: want at least 1ms and at most 24h0m0s"},
 		{WithDelay(-time.Second), "trim: delay -1s: want at least 1ms"},
 		{WithDelay(time.Microsecond), "trim: delay 1µs"},
 		{WithMinRelease(-1), "trim: min release -1 bytes: want >= 0"},
-		{WithMaxWait(-time.Second), "trim: max wait -1s: want 0 (no bound) or at least the delay"},
+		{WithMaxWait(-time.Second), "trim: max wait -1s: want at least the delay and at most 240h0m0s"},
+		{WithMaxWait(0), "trim: max wait 0s: want at least the delay"},
+		{WithMaxWait(math.MaxInt64), "trim: max wait 2562047h47m16.854775807s: want at least the delay and at most 240h0m0s"},
+		{WithDelay(2562047 * time.Hour), "trim: delay 2562047h0m0s: want at least 1ms and at most 24h0m0s"},
+		{WithDelay(MaxDelay + 1), "trim: delay 24h0m0.000000001s: want at least 1ms and at most 24h0m0s"},
 		{WithMaxWait(time.Second), "trim: max wait 1s is shorter than the delay 2s"},
 	} {
 		tr, err := New(tc.opt)
@@ -420,6 +383,13 @@ func TestBadOptions(t *testing.T) {
 	tr, err := New(WithDelay(MinDelay), WithMinRelease(0), nil)
 	require.NoError(t, err)
 	assert.Equal(t, MinDelay, tr.Delay())
+	require.NoError(t, tr.Close())
+
+	// The longest delay: its default max wait does not overflow.
+	tr, err = New(WithDelay(MaxDelay), WithCHeap(nil))
+	require.NoError(t, err)
+	assert.Equal(t, DefaultMaxWaitFactor*MaxDelay, tr.MaxWait())
+	assert.Positive(t, tr.MaxWait())
 	require.NoError(t, tr.Close())
 }
 
@@ -453,7 +423,7 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 	_, err = tr.TrimNow() // sets the live floor
 	require.NoError(t, err)
 	tr.run.Lock()
-	before := tr.estimateReleasable()
+	before := tr.estimateGo()
 	tr.run.Unlock()
 
 	// A burst that a GC sees live, then dropped: /gc/heap/live still counts
@@ -467,7 +437,7 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 	require.GreaterOrEqual(t, h.live, int64(64<<20), "the GC saw the burst live")
 	runtime.KeepAlive(burst) // dropped from here on
 	tr.run.Lock()
-	after := tr.estimateReleasable()
+	after := tr.estimateGo()
 	tr.run.Unlock()
 	t.Logf("estimate before burst %d MiB, after %d MiB", before>>20, after>>20)
 	assert.GreaterOrEqual(t, after-before, int64(60<<20))

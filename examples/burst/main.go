@@ -6,12 +6,13 @@
 //
 // Each child keeps 20 MiB live, allocates 512 MiB in 64 KiB objects (every
 // page touched), drops them and reports the end of the burst. The table gives
-// RSS just before the burst, the peak (VmHWM) and RSS 1 to 5 s after the
-// burst. The plain Go process keeps its RSS: the garbage is collected at the
-// next GC, but the pages stay resident until the scavenger returns them,
-// slowly. The process with memctl trims 2 s after the burst and its RSS drops
-// back. It finishes in
-// about 7 seconds.
+// RSS just before the burst, the peak (VmHWM), RSS 1 s and 4 s after the
+// burst, times chosen clear of the trim (which runs 2.0 to 2.1 s after the
+// burst), and RSS right after the process with memctl reports (from its
+// Stats) that its trim ran. The plain Go process keeps its RSS: the garbage
+// is collected at the next GC, but the pages stay resident until the
+// scavenger returns them, slowly. The process with memctl trims 2 s after
+// the burst and its RSS drops back. It finishes in about 7 seconds.
 package main
 
 import (
@@ -38,6 +39,10 @@ const (
 	sampleStep = 250 * time.Millisecond
 	after      = 5 // seconds of RSS after the burst
 )
+
+// rowsAt are the rows "RSS n s after": before the trim and well after it,
+// never while it may be running.
+var rowsAt = []time.Duration{time.Second, 4 * time.Second}
 
 // armEnv names the arm in a child process; the parent sets it.
 const armEnv = "MEMCTL_BURST_ARM"
@@ -82,7 +87,16 @@ func child(withMemctl bool) error {
 		ctl.AfterBurst()
 	}
 	fmt.Println("end")
-	time.Sleep(after*time.Second + 2*sampleStep)
+	start := time.Now()
+	if ctl != nil {
+		// Say when the trim has run, so that the parent reads RSS right
+		// after it rather than racing it.
+		for ctl.Stats().Trim.Trims == 0 && time.Since(start) < after*time.Second {
+			time.Sleep(5 * time.Millisecond)
+		}
+		fmt.Println("trimmed")
+	}
+	time.Sleep(after*time.Second + 2*sampleStep - time.Since(start))
 	runtime.KeepAlive(liveSet)
 	if ctl != nil {
 		s := ctl.Stats().Trim
@@ -100,6 +114,7 @@ type armRun struct {
 	end     time.Time
 	before  int64
 	peak    int64
+	trimmed int64 // RSS right after the trim ran; -1 for none
 	stats   string
 	stderr  bytes.Buffer
 	err     error
@@ -116,7 +131,7 @@ func run() ([]*armRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	arms := []*armRun{{name: "plain"}, {name: "memctl"}}
+	arms := []*armRun{{name: "plain", trimmed: -1}, {name: "memctl", trimmed: -1}}
 	var wg sync.WaitGroup
 	for _, a := range arms {
 		a.cmd = exec.Command(exe)
@@ -152,9 +167,14 @@ func printTable(w io.Writer, arms []*armRun) {
 	}
 	row("RSS before (MiB)", func(a *armRun) string { return mib(a.before) })
 	row("peak RSS (MiB)", func(a *armRun) string { return mib(a.peak) })
-	for s := 1; s <= after; s++ {
-		row(fmt.Sprintf("RSS %d s after (MiB)", s), func(a *armRun) string { return mib(a.at(time.Duration(s) * time.Second)) })
-	}
+	row(fmt.Sprintf("RSS %v after (MiB)", rowsAt[0]), func(a *armRun) string { return mib(a.at(rowsAt[0])) })
+	row("RSS right after the trim (MiB)", func(a *armRun) string {
+		if a.trimmed < 0 {
+			return "-"
+		}
+		return mib(a.trimmed)
+	})
+	row(fmt.Sprintf("RSS %v after (MiB)", rowsAt[1]), func(a *armRun) string { return mib(a.at(rowsAt[1])) })
 	tw.Flush()
 	for _, a := range arms {
 		if a.stats != "" {
@@ -189,6 +209,14 @@ func (a *armRun) read(out io.Reader) {
 			hwm, err := procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
 			a.mu.Lock()
 			a.end, a.peak = time.Now(), hwm
+			if err != nil && a.err == nil {
+				a.err = err
+			}
+			a.mu.Unlock()
+		case line == "trimmed":
+			rss, err := procfs.RSS(pid)
+			a.mu.Lock()
+			a.trimmed = rss
 			if err != nil && a.err == nil {
 				a.err = err
 			}

@@ -65,9 +65,13 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+
+	"github.com/memctl/memctl/internal/procfs"
 )
 
 // ErrUnavailable is matched (with errors.Is) by the errors of a step that
@@ -100,6 +104,11 @@ type Step struct {
 	why       string // why the step is unavailable; "" when it is available
 	unsup     bool   // unavailable because of the OS: the error matches errors.ErrUnsupported
 	sys       sysStep
+
+	// glibc: the C heap's resident bytes beyond its live blocks right
+	// after the last Release (see glibcRetained); valid when baseSet.
+	base    atomic.Int64
+	baseSet atomic.Bool
 }
 
 var (
@@ -170,7 +179,16 @@ func (s *Step) Release() (released int64, err error) {
 	if err := s.Err(); err != nil {
 		return 0, err
 	}
-	return s.sys.release()
+	released, err = s.sys.release()
+	if err == nil && s.allocator == Glibc {
+		if st := s.sys.stats(); st.InUse >= 0 {
+			if extra, ok := cResidentExtra(st.InUse); ok {
+				s.base.Store(extra)
+				s.baseSet.Store(true)
+			}
+		}
+	}
+	return released, err
 }
 
 // Retained returns the bytes the allocator holds that no live block uses
@@ -186,14 +204,58 @@ func (s *Step) Retained() int64 {
 // Stats reads the allocator's statistics now. Figures the allocator does not
 // report are -1. The error matches ErrUnavailable when the step cannot run.
 // For glibc it costs a walk of every arena's free lists under their locks
-// (mallinfo2); for jemalloc an epoch advance and five mallctl reads.
+// (mallinfo2) and, after the first Release, a read of /proc/self/status
+// (tens of microseconds) for Retained; for jemalloc an epoch advance and
+// five mallctl reads.
 func (s *Step) Stats() (Stats, error) {
 	if err := s.Err(); err != nil {
 		return unknownStats(None, s.Library()), err
 	}
 	st := s.sys.stats()
 	st.Allocator, st.Library = s.allocator, s.library
+	if s.allocator == Glibc {
+		st.Retained = s.glibcRetained(st)
+	}
 	return st, nil
+}
+
+// glibcRetained returns the free bytes of glibc's arenas that are resident,
+// a figure that comes down after malloc_trim, unlike fordblks (which counts
+// the free pages malloc_trim returned to the OS too). glibc does not say
+// which of its free bytes are resident, so it is measured: the C heap's
+// resident bytes are RssAnon (/proc/self/status) minus what the Go runtime
+// holds resident (/memory/classes/total:bytes −
+// /memory/classes/heap/released:bytes); what exceeds the live blocks (InUse)
+// beyond the same excess measured right after the last Release (which
+// absorbs what is neither Go's nor malloc's: thread stacks, other mappings)
+// is retained, capped at fordblks. Before the first Release, or when RssAnon
+// cannot be read, it is fordblks.
+func (s *Step) glibcRetained(st Stats) int64 {
+	if st.Free < 0 || st.InUse < 0 || !s.baseSet.Load() {
+		return st.Free
+	}
+	extra, ok := cResidentExtra(st.InUse)
+	if !ok {
+		return st.Free
+	}
+	return min(max(extra-s.base.Load(), 0), st.Free)
+}
+
+// cResidentExtra returns RssAnon minus the Go runtime's resident bytes minus
+// inUse: the anonymous resident memory that is neither Go's nor in live C
+// blocks. ok is false when a figure cannot be read.
+func cResidentExtra(inUse int64) (extra int64, ok bool) {
+	anon, err := procfs.ReadBytes("/proc/self/status", "RssAnon")
+	if err != nil {
+		return 0, false
+	}
+	m := [...]metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(m[:])
+	if m[0].Value.Kind() != metrics.KindUint64 || m[1].Value.Kind() != metrics.KindUint64 {
+		return 0, false
+	}
+	goRes := int64(m[0].Value.Uint64()) - int64(m[1].Value.Uint64())
+	return anon - goRes - inUse, true
 }
 
 // Stats is a snapshot of the C heap as the allocator that owns malloc
@@ -208,13 +270,15 @@ func (s *Step) Stats() (Stats, error) {
 //	Releasable keepcost              -1                        -1                                             -1
 //	Active     -1                    stats.active              -1                                             -1
 //	Resident   -1                    stats.resident            heap_size - tcmalloc.pageheap_unmapped_bytes   -1
-//	Retained   fordblks              resident - allocated      Resident - InUse                               -1
+//	Retained   see below             resident - allocated      Resident - InUse                               -1
 //	Page       -1                    arenas.page               -1                                             -1
 //
-// glibc's Retained counts the free bytes inside its arenas, including free
-// pages that malloc_trim already returned to the OS (mallinfo2 cannot tell
-// them apart), so it does not drop after a release; jemalloc's and
-// tcmalloc's do. mimalloc's release builds count no live bytes, only the
+// glibc's Free (fordblks) counts the free bytes inside its arenas,
+// including free pages that malloc_trim already returned to the OS (mallinfo2
+// cannot tell them apart), so it does not drop after a release; its Retained
+// is therefore measured from RssAnon after the first Release (see
+// Step.Stats) and drops after each release, as jemalloc's and tcmalloc's do.
+// mimalloc's Retained is -1 (unknown): a trim then runs its C step. mimalloc's release builds count no live bytes, only the
 // memory they committed (Arena), which is not what is resident: a page
 // committed but never touched is not in RSS.
 type Stats struct {

@@ -105,6 +105,51 @@ static void cburst_free_kept(void) {
 	cburst_njobs = 0;
 }
 
+// cburst_cross: one thread mallocs n blocks of size bytes and writes them,
+// another frees them (mimalloc then frees them lazily, through the owning
+// thread's delayed-free list).
+typedef struct {
+	void **p;
+	long n;
+	size_t size;
+	int failed;
+} cburst_cross_job;
+
+static void *cburst_cross_alloc(void *arg) {
+	cburst_cross_job *j = arg;
+	for (long i = 0; i < j->n; i++) {
+		j->p[i] = malloc(j->size);
+		if (j->p[i] == NULL) {
+			j->failed = 1;
+			j->n = i;
+			break;
+		}
+		memset(j->p[i], 0x5a, j->size);
+	}
+	return NULL;
+}
+
+static void *cburst_cross_free(void *arg) {
+	cburst_cross_job *j = arg;
+	for (long i = 0; i < j->n; i++) free(j->p[i]);
+	return NULL;
+}
+
+static int cburst_cross(long n, size_t size) {
+	cburst_cross_job j = {0};
+	j.p = malloc((size_t)n * sizeof(void *));
+	if (j.p == NULL) return -1;
+	j.n = n;
+	j.size = size;
+	pthread_t t;
+	if (pthread_create(&t, NULL, cburst_cross_alloc, &j) != 0) return -2;
+	pthread_join(t, NULL);
+	if (pthread_create(&t, NULL, cburst_cross_free, &j) != 0) return -3;
+	pthread_join(t, NULL);
+	free(j.p);
+	return j.failed ? -4 : 0;
+}
+
 // cburst_plain_trim calls whatever malloc_trim the process resolves (glibc's
 // when another allocator is preloaded): -1 when there is none.
 static int cburst_plain_trim(void) {
@@ -148,6 +193,19 @@ func Burst(threads int, blocks int64, size int64, keepEvery int64) error {
 	}
 	if rc := C.cburst_run(C.int(threads), C.long(blocks), C.size_t(size), C.long(keepEvery)); rc != 0 {
 		return fmt.Errorf("cburst: burst failed (code %d)", int(rc))
+	}
+	return nil
+}
+
+// CrossThread mallocs blocks blocks of size bytes in one C thread, writes
+// them, and frees them all in another thread; it returns when both have
+// exited.
+func CrossThread(blocks, size int64) error {
+	if blocks < 1 || size < 1 {
+		return fmt.Errorf("cburst: bad cross-thread burst blocks=%d size=%d", blocks, size)
+	}
+	if rc := C.cburst_cross(C.long(blocks), C.size_t(size)); rc != 0 {
+		return fmt.Errorf("cburst: cross-thread burst failed (code %d)", int(rc))
 	}
 	return nil
 }

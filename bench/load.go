@@ -1,0 +1,508 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/procfs"
+)
+
+// The load scenarios (issue 13): a server holding 1 GiB live, served on
+// loopback by an open-loop load generator that runs in the parent (outside
+// the server's cgroups), with a 512 MiB burst in the server every 10 s. The
+// contended variant puts the server in a cgroup v1 cpu child with a 10% CPU
+// quota (cpu.cfs_quota_us 10000, cpu.cfs_period_us 100000) shared with a
+// busy loop (sh -c 'while :; do :; done'): where memctl runs in production,
+// a CPU-limited pod, and where a trim rate limit on wall time stopped the
+// trims (/work/shared/MEASURED.md, "CPU contention").
+
+// loadParams are the load scenarios' sizes, rates and times.
+type loadParams struct {
+	// Live is the server's live heap: 15/16 of it 64 KiB buffers, 1/16
+	// 64-byte pointer-linked nodes that the GC must trace.
+	Live int64 `json:"live_bytes"`
+	// Burst is allocated (every page touched) and dropped every Period,
+	// the first FirstBurst after the start; Check after each burst ends
+	// the server reads its own VmRSS to compare it with the value just
+	// before the burst.
+	Burst      int64         `json:"burst_bytes"`
+	Period     time.Duration `json:"period"`
+	FirstBurst time.Duration `json:"first_burst"`
+	Check      time.Duration `json:"check"`
+	// For is the length of the measured window.
+	For time.Duration `json:"for"`
+	// Rate is the load generator's fixed rate (requests per second),
+	// ContendedRate the contended variant's; each request allocates Alloc
+	// bytes in the server. A request counts from the time it was due to
+	// be sent (open loop: a slow server does not slow the sender) and
+	// fails after Timeout; at most MaxInFlight are outstanding, and one
+	// due while that many are counts as failed.
+	Rate          float64       `json:"rate"`
+	ContendedRate float64       `json:"contended_rate"`
+	Alloc         int64         `json:"request_alloc_bytes"`
+	Timeout       time.Duration `json:"timeout"`
+	MaxInFlight   int           `json:"max_in_flight"`
+	// CgroupLimit is the memory limit of the arms' cgroups in these
+	// scenarios: 1 GiB live plus a 512 MiB burst under GOGC=100 needs more
+	// than the harness's default 2 GiB.
+	CgroupLimit int64 `json:"cgroup_limit_bytes"`
+	// Quota and QuotaPeriod are the contended variant's CFS quota and
+	// period, in microseconds.
+	Quota       int `json:"cfs_quota_us"`
+	QuotaPeriod int `json:"cfs_period_us"`
+}
+
+func defaultLoadParams(quick bool) loadParams {
+	p := loadParams{
+		Live:          1 << 30,
+		Burst:         512 << 20,
+		Period:        10 * time.Second,
+		FirstBurst:    2 * time.Second,
+		Check:         3500 * time.Millisecond,
+		For:           62 * time.Second, // 6 bursts
+		Rate:          200,
+		ContendedRate: 50,
+		Alloc:         16 << 10,
+		Timeout:       10 * time.Second,
+		MaxInFlight:   2000,
+		CgroupLimit:   4 << 30,
+		Quota:         10000,
+		QuotaPeriod:   100000,
+	}
+	if quick {
+		p.For = 8 * time.Second // one burst
+	}
+	return p
+}
+
+// loadArms are the arms the load scenarios run: the GOMEMLIMIT-only arm
+// adds nothing to the question (what the trim costs under load).
+var loadArms = []string{"plain", "memctl", "memctl-aa"}
+
+var loadFigures = []figureDef{
+	{"p50", "p50 latency", unitLatency},
+	{"p99", "p99 latency", unitLatency},
+	{"p999", "p99.9 latency", unitLatency},
+	{"p99_vs_plain", "p99 / plain's p99 (same round)", unitRatio},
+	{"failed", "failed requests", unitCount},
+	{"trims", "trims run", unitCount},
+	{"gc_cycles", "GC cycles (forced ones included)", unitCount},
+	{"trim_cpu_share", "trim CPU / wall time", unitFraction},
+	{"mean_rss", "mean RSS (MiB)", unitBytes},
+	{"bursts_back", "bursts with RSS < 1.2 × pre-burst 3.5 s after", unitFraction},
+}
+
+func loadScenario(name string, contended bool) scenario {
+	return scenario{
+		Name:    name,
+		Figures: loadFigures,
+		arms:    loadArms,
+		title: func(p params) string {
+			lp := p.Load
+			rate := lp.Rate
+			t := fmt.Sprintf("%s: a server holding %s MiB live, %s requests/s open-loop on loopback, a %s MiB burst every %s, for %s",
+				name, mibs(lp.Live), thousands(rate), mibs(lp.Burst), secs(lp.Period), secs(lp.For))
+			if contended {
+				t = fmt.Sprintf("%s: the server of load in a cgroup v1 cpu child with a %d%% CPU quota (cfs_quota_us %d / cfs_period_us %d) shared with a busy loop, %s requests/s, a %s MiB burst every %s, for %s",
+					name, 100*lp.Quota/lp.QuotaPeriod, lp.Quota, lp.QuotaPeriod, thousands(lp.ContendedRate), mibs(lp.Burst), secs(lp.Period), secs(lp.For))
+			}
+			if p.TrimDelay > 0 {
+				t += fmt.Sprintf("; memctl arms with a %s trim delay (-trim-delay)", secs(p.TrimDelay))
+			}
+			return t + fmt.Sprintf(" (each arm's memory cgroup, where used: %s MiB)", mibs(lp.CgroupLimit))
+		},
+		child: loadChild,
+		observe: func(pr *proc, p params) (map[string]Obs, error) {
+			return observeLoad(pr, p, contended)
+		},
+		complete: func(figs map[string]Obs, r childResult) {
+			figs["trims"] = Obs{Value: float64(r.Trims)}
+			figs["trim_cpu_share"] = Obs{Value: r.TrimCPU.Seconds() / r.Elapsed.Seconds()}
+			for _, k := range []string{"bursts_back", "gc_cycles"} {
+				if v, ok := r.Extra[k]; ok {
+					figs[k] = Obs{Value: v}
+				} else {
+					figs[k] = Obs{NA: true}
+				}
+			}
+		},
+		derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "p99", "p99_vs_plain") },
+		precheck: func() error {
+			if !contended {
+				return nil
+			}
+			g, err := newCPUCgroup(fmt.Sprintf("memctl-bench-cpu%s-%d-probe", tagSuffix(), os.Getpid()), 100000, 100000)
+			if err != nil {
+				return err
+			}
+			return g.remove()
+		},
+	}
+}
+
+var (
+	loadScenarioPlain     = loadScenario("load", false)
+	loadScenarioContended = loadScenario("load-contended", true)
+)
+
+// loadNode is a small pointer-linked node of the server's live set.
+type loadNode struct {
+	next *loadNode
+	_    [7]int64 // 64 bytes in all
+}
+
+var (
+	loadKeep  [][]byte
+	loadNodes *loadNode
+)
+
+// loadChild is the server: it builds its live set, serves on loopback
+// (saying "addr HOST:PORT" before "ready"), and after "go" runs a burst
+// every Period, reading its own VmRSS just before each and Check after its
+// end.
+func loadChild(p params, st *armState, c *childIO) (childResult, error) {
+	lp := p.Load
+	var r childResult
+	loadKeep = burst.Alloc(lp.Live / 16 * 15)
+	for range lp.Live / 16 / 64 {
+		loadNodes = &loadNode{next: loadNodes}
+	}
+	defer func() { runtime.KeepAlive(loadKeep); runtime.KeepAlive(loadNodes); loadKeep, loadNodes = nil, nil }()
+	runtime.GC()
+	time.Sleep(settle)
+
+	ln, err := listenLoopback()
+	if err != nil {
+		return r, err
+	}
+	srv := &http.Server{Handler: handler(lp.Alloc), ReadHeaderTimeout: lp.Timeout}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	if err := c.say("addr " + ln.Addr().String()); err != nil {
+		return r, err
+	}
+	if err := c.handshake(); err != nil {
+		return r, err
+	}
+	start, gc0 := time.Now(), gcCycles()
+	back, n := 0, 0
+	for k := 0; ; k++ {
+		at := start.Add(lp.FirstBurst + time.Duration(k)*lp.Period)
+		if at.Add(lp.Check).After(start.Add(lp.For)) {
+			break
+		}
+		time.Sleep(time.Until(at))
+		pre, err := procfs.RSS(0)
+		if err != nil {
+			return r, err
+		}
+		b := burst.Alloc(lp.Burst)
+		runtime.KeepAlive(b) // live until here, garbage from here on
+		st.afterBurst()
+		end := time.Now()
+		time.Sleep(time.Until(end.Add(lp.Check)))
+		post, err := procfs.RSS(0)
+		if err != nil {
+			return r, err
+		}
+		n++
+		if float64(post) < 1.2*float64(pre) {
+			back++
+		}
+	}
+	time.Sleep(time.Until(start.Add(lp.For)))
+	r.Elapsed, r.Bursts = time.Since(start), n
+	r.Extra = map[string]float64{"gc_cycles": float64(gcCycles() - gc0)}
+	if n > 0 {
+		r.Extra["bursts_back"] = float64(back) / float64(n)
+	}
+	if err := st.snapshot(&r); err != nil {
+		return r, err
+	}
+	if err := c.say("end"); err != nil {
+		return r, err
+	}
+	c.awaitEOF()
+	return r, nil
+}
+
+// observeLoad runs the load generator against the server of pr for the
+// window, in the contended variant after moving the server into a CPU-quota
+// cgroup with a busy loop, and samples the server's RSS.
+func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err error) {
+	lp := p.Load
+	line, err := pr.next(startTimeout)
+	if err != nil {
+		return nil, err
+	}
+	addr, ok := strings.CutPrefix(line, "addr ")
+	if !ok {
+		return nil, pr.failure(fmt.Sprintf("said %q, want its address", line))
+	}
+	if _, err := pr.expect("ready", startTimeout); err != nil {
+		return nil, err
+	}
+	rate := lp.Rate
+	if contended {
+		rate = lp.ContendedRate
+		g, err := newCPUCgroup(fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-")), lp.Quota, lp.QuotaPeriod)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, g.remove()) }()
+		if err := g.add(pr.pid); err != nil {
+			return nil, err
+		}
+		if err := g.startBusy(); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	if err := pr.send("go"); err != nil {
+		return nil, err
+	}
+	stop := make(chan struct{})
+	var samples []sample
+	var serr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		samples, serr = sampleRSS(pr.pid, start, p.Sample, lp.For+time.Minute, stop)
+	}()
+	lat, failed := openLoop("http://"+addr+"/", rate, lp.For, lp.Timeout, lp.MaxInFlight)
+	_, err = pr.expect("end", lp.For+2*time.Minute)
+	close(stop)
+	<-done
+	if err != nil {
+		return nil, err
+	}
+	if serr != nil {
+		return nil, serr
+	}
+	slices.Sort(lat)
+	return map[string]Obs{
+		"p50":      {Value: percentile(lat, 50)},
+		"p99":      {Value: percentile(lat, 99)},
+		"p999":     {Value: percentile(lat, 99.9)},
+		"failed":   {Value: float64(failed)},
+		"mean_rss": meanRSS(samples),
+	}, nil
+}
+
+// openLoop sends rate requests per second to url for d, each at its due
+// time whatever the server's pace, and returns each request's latency from
+// its due time in seconds (Timeout for a failed one) and the number that
+// failed: an error, a status other than 200, or more than maxInFlight
+// outstanding when it was due.
+func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight int) ([]float64, int) {
+	n := int(rate * d.Seconds())
+	lat := make([]float64, n)
+	var failed atomic.Int64
+	tr := &http.Transport{MaxIdleConnsPerHost: maxInFlight, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: timeout}
+	sem := make(chan struct{}, maxInFlight)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		due := start.Add(time.Duration(float64(i) / rate * 1e9))
+		time.Sleep(time.Until(due))
+		select {
+		case sem <- struct{}{}:
+		default:
+			lat[i] = timeout.Seconds()
+			failed.Add(1)
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			resp, err := client.Get(url)
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %s", resp.Status)
+				}
+			}
+			if err != nil {
+				lat[i] = timeout.Seconds()
+				failed.Add(1)
+				return
+			}
+			lat[i] = time.Since(due).Seconds()
+		})
+	}
+	wg.Wait()
+	return lat, int(failed.Load())
+}
+
+// gcCycles returns /gc/cycles/total:gc-cycles.
+func gcCycles() int64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
+}
+
+func listenLoopback() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// next waits up to timeout for the child's next line.
+func (pr *proc) next(timeout time.Duration) (string, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case line, ok := <-pr.lines:
+		if !ok {
+			return "", pr.failure("exited before saying its address")
+		}
+		return line, nil
+	case <-t.C:
+		return "", pr.failure(fmt.Sprintf("said nothing within %v", timeout))
+	}
+}
+
+// tagSuffix is "-" and MEMCTL_BENCH_TAG when that is set: a name part that
+// tells whose cgroups these are on a shared machine.
+func tagSuffix() string {
+	if t := os.Getenv("MEMCTL_BENCH_TAG"); t != "" {
+		return "-" + t
+	}
+	return ""
+}
+
+// cpuRoot is the cgroup v1 cpu controller's mount point.
+const cpuRoot = "/sys/fs/cgroup/cpu"
+
+// cpuCgroup is a cgroup v1 cpu child with a CFS quota, and the busy loop
+// that shares it.
+type cpuCgroup struct {
+	dir  string
+	busy *exec.Cmd
+}
+
+// newCPUCgroup makes the cpu child name with the given quota and period
+// (microseconds). The error says why when there is no cgroup v1 cpu
+// controller or it is not writable.
+func newCPUCgroup(name string, quota, period int) (*cpuCgroup, error) {
+	if _, err := os.Stat(filepath.Join(cpuRoot, "cpu.cfs_quota_us")); err != nil {
+		return nil, fmt.Errorf("bench: the contended scenario needs the cgroup v1 cpu controller at %s: %w", cpuRoot, err)
+	}
+	g := &cpuCgroup{dir: filepath.Join(cpuRoot, name)}
+	if err := os.Mkdir(g.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	for _, kv := range [][2]string{{"cpu.cfs_period_us", strconv.Itoa(period)}, {"cpu.cfs_quota_us", strconv.Itoa(quota)}} {
+		if err := os.WriteFile(filepath.Join(g.dir, kv[0]), []byte(kv[1]), 0); err != nil {
+			return nil, errors.Join(fmt.Errorf("bench: %w", err), g.remove())
+		}
+	}
+	return g, nil
+}
+
+// add moves the process pid (all its threads) into the cgroup.
+func (g *cpuCgroup) add(pid int) error {
+	if err := os.WriteFile(filepath.Join(g.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("bench: move %d into %s: %w", pid, g.dir, err)
+	}
+	return nil
+}
+
+// startBusy starts the busy loop and moves it into the cgroup.
+func (g *cpuCgroup) startBusy() error {
+	g.busy = exec.Command("sh", "-c", "while :; do :; done")
+	if err := g.busy.Start(); err != nil {
+		g.busy = nil
+		return fmt.Errorf("bench: busy loop: %w", err)
+	}
+	return g.add(g.busy.Process.Pid)
+}
+
+// remove kills the busy loop, moves what is left in the cgroup to the root
+// cgroup and removes it.
+func (g *cpuCgroup) remove() error {
+	var errs []error
+	if g.busy != nil {
+		_ = g.busy.Process.Kill()
+		_ = g.busy.Wait()
+		g.busy = nil
+	}
+	if b, err := os.ReadFile(filepath.Join(g.dir, "cgroup.procs")); err == nil {
+		for _, pid := range strings.Fields(string(b)) {
+			if err := os.WriteFile(filepath.Join(cpuRoot, "cgroup.procs"), []byte(pid), 0); err != nil {
+				errs = append(errs, fmt.Errorf("bench: move %s out of %s: %w", pid, g.dir, err))
+			}
+		}
+	}
+	var err error
+	for range 50 { // a process just moved out may still be counted for a moment
+		if err = os.Remove(g.dir); err == nil || os.IsNotExist(err) {
+			return errors.Join(errs...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.Join(append(errs, fmt.Errorf("bench: remove %s: %w", g.dir, err))...)
+}
+
+// loadTargets checks issue 13's targets for the load scenarios.
+func loadTargets(rep *Report) []Target {
+	var ts []Target
+	met := func(v bool) *bool { return &v }
+	med := func(f FigureReport, arm string) Obs { return f.Arms[arm].Median }
+	cell := func(f FigureReport, arm string) string { return formatObs(f.Unit, med(f, arm)) }
+	for _, name := range []string{"load", "load-contended"} {
+		if f, ok := rep.figure(name, "p99_vs_plain"); ok && name == "load" {
+			m, aa := med(f, "memctl"), med(f, "memctl-aa")
+			ts = append(ts, Target{
+				Scenario: name,
+				Target:   "memctl's p99 latency within 10% of plain's (same round), A/A too",
+				Measured: fmt.Sprintf("memctl/plain %s, A/A/plain %s", cell(f, "memctl"), cell(f, "memctl-aa")),
+				Met:      met(!m.NA && !aa.NA && m.Value <= 1.1 && aa.Value <= 1.1),
+			})
+		}
+		if f, ok := rep.figure(name, "trim_cpu_share"); ok {
+			m, aa := med(f, "memctl"), med(f, "memctl-aa")
+			ts = append(ts, Target{
+				Scenario: name,
+				Target:   "trim CPU at most 2% of wall time",
+				Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")),
+				Met:      met(!m.NA && !aa.NA && m.Value <= 0.02 && aa.Value <= 0.02),
+			})
+		}
+		if f, ok := rep.figure(name, "bursts_back"); ok && name == "load-contended" {
+			m, aa := med(f, "memctl"), med(f, "memctl-aa")
+			ts = append(ts, Target{
+				Scenario: name,
+				Target:   "RSS 3.5 s after a burst below 1.2 × pre-burst for at least 90% of bursts",
+				Measured: fmt.Sprintf("memctl %s, A/A %s, plain %s", cell(f, "memctl"), cell(f, "memctl-aa"), cell(f, "plain")),
+				Met:      met(!m.NA && !aa.NA && m.Value >= 0.9 && aa.Value >= 0.9),
+			})
+		}
+	}
+	return ts
+}
+
+// scenarioNames lists the scenarios, comma-separated.
+func scenarioNames() string {
+	var names []string
+	for _, s := range scenarios {
+		names = append(names, s.Name)
+	}
+	return strings.Join(names, ",")
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeLoadReport is a report of the two load scenarios with the given
+// medians per arm (one run each).
+func fakeLoadReport(figs map[string]map[string]float64) *Report {
+	p := defaultParams(false)
+	rep := &Report{Params: p}
+	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended} {
+		obs := map[string]map[string][]Obs{}
+		for _, a := range arms {
+			obs[a.Key] = map[string][]Obs{}
+			if !s.runs(a) {
+				continue
+			}
+			for k, v := range figs[a.Key] {
+				obs[a.Key][k] = []Obs{{Value: v}}
+			}
+		}
+		s.derive(obs)
+		rep.Scenarios = append(rep.Scenarios, collate(s, p, obs))
+	}
+	return rep
+}
+
+func TestLoadTargets(t *testing.T) {
+	good := map[string]map[string]float64{
+		"plain":     {"p99": 0.010, "trim_cpu_share": 0, "bursts_back": 0.5},
+		"memctl":    {"p99": 0.0105, "trim_cpu_share": 0.012, "bursts_back": 1},
+		"memctl-aa": {"p99": 0.0108, "trim_cpu_share": 0.011, "bursts_back": 0.9},
+	}
+	ts := loadTargets(fakeLoadReport(good))
+	require.Len(t, ts, 4)
+	for _, tg := range ts {
+		require.NotNil(t, tg.Met)
+		assert.True(t, *tg.Met, "%s: %s: %s", tg.Scenario, tg.Target, tg.Measured)
+	}
+	assert.Equal(t, "memctl/plain 1.050, A/A/plain 1.080", ts[0].Measured)
+
+	bad := map[string]map[string]float64{
+		"plain":     {"p99": 0.010, "trim_cpu_share": 0, "bursts_back": 0},
+		"memctl":    {"p99": 0.0112, "trim_cpu_share": 0.021, "bursts_back": 0.83},
+		"memctl-aa": {"p99": 0.0100, "trim_cpu_share": 0.01, "bursts_back": 1},
+	}
+	for _, tg := range loadTargets(fakeLoadReport(bad)) {
+		require.NotNil(t, tg.Met)
+		assert.False(t, *tg.Met, "%s: %s: %s", tg.Scenario, tg.Target, tg.Measured)
+	}
+}
+
+// The load scenarios do not run the GOMEMLIMIT-only arm, and their tables
+// say so with "–".
+func TestLoadArms(t *testing.T) {
+	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended} {
+		var got []string
+		for _, a := range arms {
+			if s.runs(a) {
+				got = append(got, a.Key)
+			}
+		}
+		assert.Equal(t, []string{"plain", "memctl", "memctl-aa"}, got)
+	}
+	rep := fakeLoadReport(map[string]map[string]float64{"plain": {"p99": 1}})
+	f, ok := rep.figure("load", "p99")
+	require.True(t, ok)
+	assert.True(t, f.Arms["gomemlimit"].Median.NA)
+	assert.Equal(t, 1.0, f.Arms["plain"].Median.Value)
+}
+
+func TestOpenLoop(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1)%10 == 0 {
+			http.Error(w, "no", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	lat, failed := openLoop(srv.URL, 200, 500*time.Millisecond, 5*time.Second, 100)
+	require.Len(t, lat, 100, "rate × duration requests")
+	assert.Equal(t, int64(100), n.Load(), "each sent once")
+	assert.Equal(t, 10, failed, "every 10th answered 503")
+	assert.Equal(t, 10, countEqual(lat, 5), "a failed request counts the timeout")
+	for _, l := range lat {
+		assert.Positive(t, l)
+	}
+
+	// Open loop: a server slower than the rate does not slow the sender;
+	// requests over the in-flight cap fail at once.
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+	}))
+	defer slow.Close()
+	t0 := time.Now()
+	lat, failed = openLoop(slow.URL, 100, 200*time.Millisecond, 5*time.Second, 5)
+	assert.Less(t, time.Since(t0), 2*time.Second)
+	require.Len(t, lat, 20)
+	assert.Equal(t, 15, failed, "5 in flight, 15 over the cap")
+	slices.Sort(lat)
+	assert.GreaterOrEqual(t, lat[0], 0.3)
+}
+
+func countEqual(xs []float64, v float64) int {
+	n := 0
+	for _, x := range xs {
+		if x == v {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCPUCgroup makes the contended scenario's cgroup, puts a process in
+// it, reads its quota back and removes it.
+func TestCPUCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup v1 cpu child")
+	}
+	if _, err := os.Stat(filepath.Join(cpuRoot, "cpu.cfs_quota_us")); err != nil {
+		t.Skipf("no cgroup v1 cpu controller: %v", err)
+	}
+	name := "memctl-bench-cpu-test-" + strconv.Itoa(os.Getpid())
+	g, err := newCPUCgroup(name, 10000, 100000)
+	require.NoError(t, err)
+	defer func() { _ = g.remove() }()
+	b, err := os.ReadFile(filepath.Join(g.dir, "cpu.cfs_quota_us"))
+	require.NoError(t, err)
+	assert.Equal(t, "10000", strings.TrimSpace(string(b)))
+	sleep := exec.Command("sleep", "30")
+	require.NoError(t, sleep.Start())
+	defer func() { _ = sleep.Process.Kill(); _ = sleep.Wait() }()
+	require.NoError(t, g.add(sleep.Process.Pid))
+	require.NoError(t, g.startBusy())
+	b, err = os.ReadFile(filepath.Join(g.dir, "cgroup.procs"))
+	require.NoError(t, err)
+	assert.Contains(t, strings.Fields(string(b)), strconv.Itoa(sleep.Process.Pid))
+	assert.Len(t, strings.Fields(string(b)), 2, "the process and the busy loop")
+	require.NoError(t, g.remove())
+	_, err = os.Stat(g.dir)
+	assert.True(t, os.IsNotExist(err), "the cgroup is gone")
+	assert.NoError(t, sleep.Process.Signal(syscall.Signal(0)), "the process moved out lives on")
+}

@@ -1,0 +1,82 @@
+//go:build linux && cgo
+
+package cheap_test
+
+import (
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/trim"
+	"github.com/memctl/memctl/trim/cheap"
+	"github.com/memctl/memctl/trim/cheap/internal/cburst"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// childCrossTrim is issue 13's input 4 in a child process: one C thread
+// mallocs 1M blocks of 1 KiB, another frees them, the Go heap has nothing to
+// give, and a Trimmer's due trim must still run the C heap step.
+func childCrossTrim() {
+	tr, err := trim.New(trim.WithDelay(50 * time.Millisecond))
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	defer tr.Close()
+	rss := func() int64 {
+		n, err := procfs.RSS(0)
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		return n
+	}
+	childtest.Say("ALLOCATOR", tr.Stats().CHeapAllocator)
+	childtest.Say("RSS_START", rss())
+	if err := cburst.CrossThread(1<<20, 1<<10); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("RSS_BURST", rss())
+	tr.AfterBurst()
+	deadline := time.Now().Add(10 * time.Second)
+	for s := tr.Stats(); s.Trims+s.Skipped == 0 && time.Now().Before(deadline); s = tr.Stats() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	s := tr.Stats()
+	childtest.Say("RSS_TRIM", rss())
+	childtest.Say("TRIMS", s.Trims)
+	childtest.Say("SKIPPED", s.Skipped)
+	childtest.Say("GO_SKIPPED", s.GoSkipped)
+	childtest.Say("C_SKIPPED", s.CSkipped)
+	childtest.Say("RELEASED", s.LastReleased)
+}
+
+func TestMimallocCrossThreadTrim(t *testing.T) {
+	const so = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
+	if _, err := os.Stat(so); err != nil {
+		t.Skipf("needs mimalloc (Debian libmimalloc2.0): %v", err)
+	}
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set for the tests themselves")
+	}
+	r := childtest.Report(t, childtest.Command(t, "cross-trim", []string{"LD_PRELOAD", "GODEBUG", "GOGC"}, "LD_PRELOAD="+so))
+	num := func(k string) int64 {
+		v, err := strconv.ParseInt(r[k], 10, 64)
+		require.NoError(t, err, "%s=%q", k, r[k])
+		return v
+	}
+	mb := func(k string) float64 { return float64(num(k)) / 1e6 }
+	t.Logf("%s: RSS start %.0f MB, after the cross-thread burst %.0f MB, after the trim %.0f MB; trims %d (Go step skipped %d, C step skipped %d), skipped %d, released %.0f MB",
+		r["ALLOCATOR"], mb("RSS_START"), mb("RSS_BURST"), mb("RSS_TRIM"), num("TRIMS"), num("GO_SKIPPED"), num("C_SKIPPED"), num("SKIPPED"), mb("RELEASED"))
+	require.Equal(t, "mimalloc", r["ALLOCATOR"])
+	left := num("RSS_BURST") - num("RSS_START")
+	require.Greater(t, left, int64(512<<20), "the freed burst is resident before the trim")
+	assert.Equal(t, int64(1), num("TRIMS"), "the due trim ran")
+	assert.Zero(t, num("SKIPPED"))
+	assert.Zero(t, num("C_SKIPPED"), "mimalloc's figure is unknown: the C step runs")
+	assert.Less(t, num("RSS_TRIM")-num("RSS_START"), left/4, "the trim returned most of the burst")
+}
+
+func init() { cheap.ExtraChildren["cross-trim"] = childCrossTrim }

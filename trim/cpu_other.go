@@ -1,0 +1,16 @@
+//go:build !linux
+
+package trim
+
+import "time"
+
+const linux = false
+
+// threadCPU returns 0 off Linux: the trim is charged with the GC and
+// scavenger CPU of runtime/metrics only.
+func threadCPU() time.Duration { return 0 }
+
+// processCPU returns -1 (unknown) off Linux.
+func processCPU() time.Duration { return -1 }
+
+func getenvGODEBUG() string { return "" }
