@@ -83,7 +83,7 @@ type Target struct {
 
 // notJudgedQuick is Target.NotJudged for a target a -quick run cannot
 // judge: one run per arm cannot tell a 5% A/A spread or a 2% rate from
-// noise, and a 4.2 s cadence window holds two bursts.
+// noise, and a 5 s cadence window holds two bursts.
 const notJudgedQuick = "quick run"
 
 // burstFloor is the share of the burst that may stay resident after the
