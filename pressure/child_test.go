@@ -89,7 +89,15 @@ func childSpiral() {
 	first := -1.0
 	var maxShare float64
 	var maxLive, sumLive, nLive, lifted int64
-	for i := 0; time.Since(start) < time.Duration(churn)*time.Second; i++ {
+	// With a lift, churn on until the lift has ended (LiftFor after it
+	// began), however late a loaded machine let the spiral start, for at
+	// most 30 s more.
+	liftMode, liftEnded := os.Getenv("LIFT") != "", false
+	churning := func() bool {
+		d := time.Since(start)
+		return d < time.Duration(churn)*time.Second || liftMode && !liftEnded && d < time.Duration(churn+30)*time.Second
+	}
+	for i := 0; churning(); i++ {
 		b := make([]byte, 4096)
 		b[0] = 1
 		ring[i%len(ring)] = b
@@ -102,9 +110,11 @@ func childSpiral() {
 				}
 			default:
 			}
-			if l := debug.SetMemoryLimit(-1); l != 200*mib && l != lifted && os.Getenv("LIFT") != "" {
+			if l := debug.SetMemoryLimit(-1); l != 200*mib && l != lifted && liftMode {
 				childtest.Say("LIFTED_TO", l)
 				lifted = l
+			} else if l == 200*mib && lifted != 0 {
+				liftEnded = true
 			}
 			s := m.Stats()
 			maxShare, maxLive = max(maxShare, s.GCShare), max(maxLive, s.LiveHeap)
