@@ -140,13 +140,18 @@ func execFirst(paths, args, env []string, stderr io.Writer, verbose func(string,
 		if err == syscall.ENOEXEC {
 			err = syscall.Exec("/bin/sh", append([]string{"/bin/sh", p}, args[1:]...), env)
 		}
-		last, lastPath = err, p
+		if !denied || err != syscall.ENOENT && err != syscall.ENOTDIR {
+			last, lastPath = err, p
+		}
 		if err == syscall.EACCES {
 			denied = true
 		}
-		if err != syscall.EACCES && err != syscall.ENOENT && err != syscall.ENOTDIR {
-			break
+		// The errors execvp(3) moves on after (glibc posix/execvpe.c).
+		switch err {
+		case syscall.EACCES, syscall.ENOENT, syscall.ENOTDIR, syscall.ESTALE, syscall.ENODEV, syscall.ETIMEDOUT:
+			continue
 		}
+		break
 	}
 	fmt.Fprintf(stderr, "memctl: exec %s: %v\n", lastPath, last)
 	if errors.Is(last, syscall.ENOENT) && !denied {

@@ -206,3 +206,44 @@ func TestExecKeepsBlockedSignals(t *testing.T) {
 		assert.Contains(t, errOut, "memctl: signals blocked as inherited: SIGUSR1 SIGSEGV SIGTERM SIGCHLD SIGURG SIGPROF\n")
 	}
 }
+
+// TestExecPathEdgesLikeEnv: memctl exec finds (or refuses) PROGRAM as
+// env(1) does, same exit status and output, for an empty name (127, was
+// 126), a name over NAME_MAX (126, was 127), a PATH entry with ".." after
+// a symlink (the kernel's directory, not the lexically cleaned one), a
+// directory or a non-executable file named like the program.
+func TestExecPathEdgesLikeEnv(t *testing.T) {
+	dir := t.TempDir()
+	script := func(p, out string, mode os.FileMode) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte("#!/bin/sh\necho "+out+"\n"), mode))
+	}
+	script(filepath.Join(dir, "deep/b/prog"), "physical", 0o755)
+	script(filepath.Join(dir, "b/prog"), "lexical", 0o755)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "deep/a"), 0o755))
+	require.NoError(t, os.Symlink(filepath.Join(dir, "deep/a"), filepath.Join(dir, "l")))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "isdir/prog"), 0o755))
+	script(filepath.Join(dir, "noexec/prog"), "noexec", 0o644)
+	for _, tc := range []struct{ path, prog string }{
+		{"/bin", ""},
+		{"/bin", strings.Repeat("x", 256)},
+		{dir + "/l/../b", "prog"}, // not filepath.Join, which cleans
+		{filepath.Join(dir, "isdir"), "prog"},
+		{filepath.Join(dir, "noexec"), "prog"},
+		{filepath.Join(dir, "noexec") + ":" + filepath.Join(dir, "isdir"), "prog"},
+		{filepath.Join(dir, "noexec") + ":/nonexistent", "prog"},
+	} {
+		envCmd := exec.Command("/usr/bin/env", tc.prog)
+		envCmd.Env = []string{"PATH=" + tc.path}
+		want, _ := envCmd.Output()
+		wantCode := envCmd.ProcessState.ExitCode()
+
+		out, errOut, code := result(t, memctl(t, []string{"PATH=" + tc.path}, "exec", "--", tc.prog))
+		name := tc.prog
+		if len(name) > 20 {
+			name = name[:20] + "..."
+		}
+		assert.Equal(t, wantCode, code, "PATH=%q %q: %s", tc.path, name, errOut)
+		assert.Equal(t, string(want), out, "PATH=%q %q", tc.path, name)
+	}
+}
