@@ -367,7 +367,7 @@ func (m *MemLimiter) Refresh() (MemLimit, error) {
 	if !m.on || m.stopped {
 		return m.Last(), nil
 	}
-	m.next.Store(int64(time.Since(m.epoch) + m.every))
+	m.next.Store(dueAfter(time.Since(m.epoch), m.every))
 	return m.decide(false)
 }
 
@@ -413,12 +413,22 @@ func (m *MemLimiter) tick(now time.Duration) bool {
 		return true
 	}
 	defer m.mu.Unlock()
-	m.next.Store(int64(now + m.every))
+	m.next.Store(dueAfter(now, m.every))
 	if m.stopped {
 		return false
 	}
 	_, _ = m.decide(false)
 	return !m.stopped
+}
+
+// dueAfter returns now + every, or math.MaxInt64 (never) when the sum
+// overflows: an interval near the largest time.Duration (MEMCTL_REFRESH=
+// 2562047h) would otherwise wrap to a negative time, due at every GC end.
+func dueAfter(now, every time.Duration) int64 {
+	if every > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return int64(now + every)
 }
 
 // decide reads the limit and the memory outside the Go runtime, sets

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -744,4 +745,32 @@ func TestLiftKeptByRefresh(t *testing.T) {
 	_, _, ok = m.Lift(10 << 20)
 	assert.False(t, ok)
 	assert.Equal(t, int64(300<<20), debug.SetMemoryLimit(-1), "the program's GOMEMLIMIT is kept")
+}
+
+// TestRefreshHugeInterval: an interval near the largest time.Duration
+// (MEMCTL_REFRESH=2562047h47m16s) means "practically never", before and
+// after a Refresh call; now + interval wrapped to a negative time and the
+// limit was then re-read at every GC end.
+func TestRefreshHugeInterval(t *testing.T) {
+	keepMemoryLimit(t)
+	var reads atomic.Int64
+	read := fixedLimit(2, gib)
+	cfg := cfgFor(func() (cgroupfs.Limit, error) {
+		reads.Add(1)
+		return read()
+	})
+	cfg.Refresh = math.MaxInt64 - time.Millisecond
+	m, _, err := start(t, cfg)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), reads.Load())
+	assert.True(t, m.tick(time.Hour))
+	assert.Equal(t, int64(1), reads.Load(), "not due after an hour")
+	time.Sleep(2 * time.Millisecond) // time.Since(epoch) + interval overflows now
+	_, err = m.Refresh()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), reads.Load())
+	for i := range 5 {
+		assert.True(t, m.tick(time.Duration(i+2)*time.Hour))
+	}
+	assert.Equal(t, int64(2), reads.Load(), "a Refresh call does not make every GC end a re-read")
 }
