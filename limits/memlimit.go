@@ -493,8 +493,11 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 			fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
 	}
 	if m.lift > 0 {
-		want = min(want+m.lift, limit)
-		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(m.lift))
+		// want and the lift capped at limit (under 2^62) cannot
+		// overflow: Lift(math.MaxInt64) means all the way up.
+		lift := min(m.lift, limit-want)
+		want += lift
+		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
 	d.Bytes = want
 	if m.applied == 0 || limit != m.limit || !within(want, m.applied, 100) {

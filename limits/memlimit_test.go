@@ -774,3 +774,23 @@ func TestRefreshHugeInterval(t *testing.T) {
 	}
 	assert.Equal(t, int64(2), reads.Load(), "a Refresh call does not make every GC end a re-read")
 }
+
+// TestLiftHuge: a lift of math.MaxInt64 ("all the way") gives the cgroup
+// limit, as a lift of 1 TiB does; want + lift wrapped negative, and
+// GOMEMLIMIT was left at a value that was not the decision.
+func TestLiftHuge(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := d.Bytes
+	for _, extra := range []int64{math.MaxInt64, math.MaxInt64 - base + 1, 1 << 62} {
+		_, to, ok := m.Lift(extra)
+		require.True(t, ok, "%d", extra)
+		assert.Equal(t, gib, to, "lift %d", extra)
+		assert.Equal(t, gib, debug.SetMemoryLimit(-1), "lift %d", extra)
+		assert.Equal(t, gib, m.Last().Bytes, "lift %d", extra)
+		_, to, ok = m.Lift(0)
+		require.True(t, ok)
+		assert.Equal(t, base, to)
+	}
+}
