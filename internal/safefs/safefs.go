@@ -16,10 +16,14 @@
 //     (RESOLVE_NO_SYMLINKS). The files memctl reads never need one: procfs
 //     files, and cgroup files under a mount point as mountinfo writes it
 //     (canonical, proc(5)).
-//   - Only regular files are read (fstat(2) after the open; procfs, sysfs
-//     and cgroupfs files are regular): a FIFO, a socket or a device such as
-//     /dev/zero is refused (ErrNotRegular). The open uses O_NONBLOCK, so a
-//     FIFO does not block it.
+//   - Only regular files are read (procfs, sysfs and cgroupfs files are
+//     regular): a FIFO, a socket or a device such as /dev/zero is refused
+//     (ErrNotRegular) without ever being opened. The name is opened with
+//     O_PATH, which runs no driver's open(2) (opening /dev/watchdog as
+//     root arms it) and releases no writer blocked on a FIFO; fstat(2) and
+//     fstatfs(2) check that descriptor, and only then is the same file
+//     opened for reading, through /proc/self/fd (so /proc must be
+//     mounted), with O_NONBLOCK and O_NOCTTY.
 //   - With Dir.FSTypes, only files of the listed file systems (statfs(2)
 //     f_type) are read: a process can bind-mount a file it can name but
 //     not read (/etc/shadow) over its own cgroup file, and only the file

@@ -3,6 +3,7 @@ package safefs
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -154,21 +155,33 @@ func wrapErrno(err error) error {
 
 func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 	path := d.join(name)
-	fd, err := open(dirfd, d, name, unix.O_RDONLY|unix.O_NONBLOCK)
+	// O_PATH first: the file is not opened (no driver's open(2) for a
+	// device, no release of a writer blocked on a FIFO) until fstat and
+	// fstatfs have found a regular file on an accepted file system.
+	pfd, err := open(dirfd, d, name, unix.O_PATH)
+	if err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, &PathError{Op: "fstat", Path: path, Err: err}
+	}
+	switch t := st.Mode & unix.S_IFMT; t {
+	case unix.S_IFREG:
+	case unix.S_IFLNK: // the walk's O_PATH|O_NOFOLLOW opens the link itself
+		return nil, &PathError{Op: "open", Path: path, Err: wrapErrno(unix.ELOOP)}
+	default:
+		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
+	}
+	if err := fsCheck(pfd, d.FSTypes); err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
 		return nil, &PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, &PathError{Op: "fstat", Path: path, Err: err}
-	}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
-		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
-	}
-	if err := fsCheck(fd, d.FSTypes); err != nil {
-		return nil, &PathError{Op: "open", Path: path, Err: err}
-	}
 	buf := make([]byte, 0, min(max+1, 4096))
 	for int64(len(buf)) <= max {
 		if len(buf) == cap(buf) {
@@ -188,6 +201,18 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 		buf = buf[:len(buf)+n]
 	}
 	return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
+}
+
+// reopen opens the file of the O_PATH descriptor pfd with flags, through
+// its /proc/self/fd link: the same file, resolved again nowhere (the
+// kernel's way; openat(2) takes no AT_EMPTY_PATH).
+func reopen(pfd, flags int) (int, error) {
+	for {
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
 }
 
 func statDir(dirfd int, d *Dir, name string) error {
