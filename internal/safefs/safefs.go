@@ -60,13 +60,15 @@ import (
 // (memory.stat, the longest, is about 1.5 KiB on Linux 6.18 here); a
 // /proc/PID/status or smaps_rollup is about 1.5 KiB; mountinfo holds about
 // 150 bytes a mount, so 1 MiB is about 7000 mounts; the environment of a
-// process is at most a quarter of its stack limit (execve(2), 2 MiB with the
-// usual 8 MiB stack).
+// process is at most a quarter of its stack limit and never more than
+// 6 MiB (execve(2): argv and envp together get min(RLIMIT_STACK/4,
+// 3/4 of _STK_LIM), fs/exec.c bprm_stack_limits; 5.8 MB is reached with
+// ulimit -s unlimited, as TestStatusHugeEnv does).
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
 	MaxMountinfo  = 1 << 20  // 1 MiB: /proc/PID/mountinfo
-	MaxEnviron    = 4 << 20  // 4 MiB: /proc/PID/environ
+	MaxEnviron    = 6 << 20  // 6 MiB: /proc/PID/environ
 )
 
 // MaxQuote is the most bytes of a string that Quote shows.
