@@ -488,7 +488,11 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	}
 	if floor := min(m.floor, limit); want < floor {
 		want, d.AtFloor = floor, true
-		d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+		if floor < m.floor {
+			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(m.floor))
+		} else {
+			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+		}
 		m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
 			fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
 	}
