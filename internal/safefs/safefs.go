@@ -59,7 +59,11 @@ import (
 // sources: a cgroup control file holds one value or a few "key value" lines
 // (memory.stat, the longest, is about 1.5 KiB on Linux 6.18 here); a
 // /proc/PID/status or smaps_rollup is about 1.5 KiB; mountinfo holds about
-// 150 bytes a mount, so 1 MiB is about 7000 mounts; the environment of a
+// 150 bytes a mount, up to 300 with long paths, and a mount namespace up to
+// mount.max mounts (100000 by default, proc_sys_fs(5)): 32 MiB, read as a
+// stream, bounds the time, not the memory (a host running many containers
+// has tens of thousands of mounts, and a process makes as many as it likes
+// in its own namespace); the environment of a
 // process is at most a quarter of its stack limit and never more than
 // 6 MiB (execve(2): argv and envp together get min(RLIMIT_STACK/4,
 // 3/4 of _STK_LIM), fs/exec.c bprm_stack_limits; 5.8 MB is reached with
@@ -67,9 +71,14 @@ import (
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
-	MaxMountinfo  = 1 << 20  // 1 MiB: /proc/PID/mountinfo
+	MaxMountinfo  = 32 << 20 // 32 MiB: /proc/PID/mountinfo, streamed (ScanLines)
 	MaxEnviron    = 6 << 20  // 6 MiB: /proc/PID/environ
 )
+
+// MaxLine is the longest line ScanLines accepts: 1 MiB. A mountinfo line
+// holds at most two paths and a source of PATH_MAX (4096) bytes each,
+// escaped to at most 4 bytes a byte (about 50 KiB in all).
+const MaxLine = 1 << 20
 
 // MaxQuote is the most bytes of a string that Quote shows.
 const MaxQuote = 200
@@ -263,6 +272,20 @@ func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, er
 // fs.ErrPermission for EACCES).
 func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
 	return d.do("read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
+}
+
+// ScanLines calls each with every line of the regular file name, resolved
+// in d with the rules of ReadFile, in order and without its newline, and
+// returns the first error each returns, as it is. The file is streamed:
+// memory stays bounded whatever its length, but at most max bytes of it are
+// read (an error matching ErrTooLarge after them) and a line may be at most
+// MaxLine bytes. Other errors are *PathError, as ReadFile's. The line is
+// valid only during the call. With Timeout set, each runs on another
+// goroutine and may still be running after the error matching ErrTimeout:
+// it must write only state the caller leaves alone when ScanLines fails.
+func (d *Dir) ScanLines(name string, max int64, each func(line []byte) error) error {
+	_, err := d.do("read", name, func(dirfd int) ([]byte, error) { return nil, scanLines(dirfd, d, name, max, each) })
+	return err
 }
 
 // Stat returns nil when name, resolved in d, is a directory, and the error

@@ -262,3 +262,29 @@ func TestNotRegularNeverOpened(t *testing.T) {
 	}
 	useOpenat2 = true
 }
+
+// TestScanLines: lines in order without their newline, each's error as it
+// is, the cap and the regular-file rule of ReadFile.
+func TestScanLines(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("a\n\nccc\nlast"), 0o644))
+	require.NoError(t, unix.Mkfifo(filepath.Join(dir, "fifo"), 0o644))
+	d := openDir(t, dir, InRoot|NoSymlinks)
+	var got []string
+	require.NoError(t, d.ScanLines("f", 100, func(l []byte) error { got = append(got, string(l)); return nil }))
+	assert.Equal(t, []string{"a", "", "ccc", "last"}, got)
+	stop := errors.New("stop")
+	n := 0
+	err := d.ScanLines("f", 100, func([]byte) error { n++; return stop })
+	assert.Same(t, stop, err)
+	assert.Equal(t, 1, n)
+	err = d.ScanLines("f", 5, func([]byte) error { return nil })
+	assert.ErrorIs(t, err, ErrTooLarge)
+	require.NoError(t, d.ScanLines("f", 12, func([]byte) error { return nil }), "exactly the cap")
+	err = d.ScanLines("fifo", 100, func([]byte) error { return nil })
+	assert.ErrorIs(t, err, ErrNotRegular)
+	d.Timeout = time.Minute
+	got = nil
+	require.NoError(t, d.ScanLines("f", 100, func(l []byte) error { got = append(got, string(l)); return nil }))
+	assert.Len(t, got, 4)
+}
