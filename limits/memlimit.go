@@ -367,7 +367,7 @@ func (m *MemLimiter) Refresh() (MemLimit, error) {
 	if !m.on || m.stopped {
 		return m.Last(), nil
 	}
-	m.next.Store(int64(time.Since(m.epoch) + m.every))
+	m.next.Store(dueAfter(time.Since(m.epoch), m.every))
 	return m.decide(false)
 }
 
@@ -413,12 +413,22 @@ func (m *MemLimiter) tick(now time.Duration) bool {
 		return true
 	}
 	defer m.mu.Unlock()
-	m.next.Store(int64(now + m.every))
+	m.next.Store(dueAfter(now, m.every))
 	if m.stopped {
 		return false
 	}
 	_, _ = m.decide(false)
 	return !m.stopped
+}
+
+// dueAfter returns now + every, or math.MaxInt64 (never) when the sum
+// overflows: an interval near the largest time.Duration (MEMCTL_REFRESH=
+// 2562047h) would otherwise wrap to a negative time, due at every GC end.
+func dueAfter(now, every time.Duration) int64 {
+	if every > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return int64(now + every)
 }
 
 // decide reads the limit and the memory outside the Go runtime, sets
@@ -478,13 +488,20 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	}
 	if floor := min(m.floor, limit); want < floor {
 		want, d.AtFloor = floor, true
-		d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+		if floor < m.floor {
+			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(m.floor))
+		} else {
+			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+		}
 		m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
 			fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
 	}
 	if m.lift > 0 {
-		want = min(want+m.lift, limit)
-		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(m.lift))
+		// want and the lift capped at limit (under 2^62) cannot
+		// overflow: Lift(math.MaxInt64) means all the way up.
+		lift := min(m.lift, limit-want)
+		want += lift
+		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
 	d.Bytes = want
 	if m.applied == 0 || limit != m.limit || !within(want, m.applied, 100) {

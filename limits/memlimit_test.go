@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -744,4 +745,52 @@ func TestLiftKeptByRefresh(t *testing.T) {
 	_, _, ok = m.Lift(10 << 20)
 	assert.False(t, ok)
 	assert.Equal(t, int64(300<<20), debug.SetMemoryLimit(-1), "the program's GOMEMLIMIT is kept")
+}
+
+// TestRefreshHugeInterval: an interval near the largest time.Duration
+// (MEMCTL_REFRESH=2562047h47m16s) means "practically never", before and
+// after a Refresh call; now + interval wrapped to a negative time and the
+// limit was then re-read at every GC end.
+func TestRefreshHugeInterval(t *testing.T) {
+	keepMemoryLimit(t)
+	var reads atomic.Int64
+	read := fixedLimit(2, gib)
+	cfg := cfgFor(func() (cgroupfs.Limit, error) {
+		reads.Add(1)
+		return read()
+	})
+	cfg.Refresh = math.MaxInt64 - time.Millisecond
+	m, _, err := start(t, cfg)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), reads.Load())
+	assert.True(t, m.tick(time.Hour))
+	assert.Equal(t, int64(1), reads.Load(), "not due after an hour")
+	time.Sleep(2 * time.Millisecond) // time.Since(epoch) + interval overflows now
+	_, err = m.Refresh()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), reads.Load())
+	for i := range 5 {
+		assert.True(t, m.tick(time.Duration(i+2)*time.Hour))
+	}
+	assert.Equal(t, int64(2), reads.Load(), "a Refresh call does not make every GC end a re-read")
+}
+
+// TestLiftHuge: a lift of math.MaxInt64 ("all the way") gives the cgroup
+// limit, as a lift of 1 TiB does; want + lift wrapped negative, and
+// GOMEMLIMIT was left at a value that was not the decision.
+func TestLiftHuge(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := d.Bytes
+	for _, extra := range []int64{math.MaxInt64, math.MaxInt64 - base + 1, 1 << 62} {
+		_, to, ok := m.Lift(extra)
+		require.True(t, ok, "%d", extra)
+		assert.Equal(t, gib, to, "lift %d", extra)
+		assert.Equal(t, gib, debug.SetMemoryLimit(-1), "lift %d", extra)
+		assert.Equal(t, gib, m.Last().Bytes, "lift %d", extra)
+		_, to, ok = m.Lift(0)
+		require.True(t, ok)
+		assert.Equal(t, base, to)
+	}
 }

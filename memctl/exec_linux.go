@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -78,27 +79,50 @@ func lookPathEnv(file string) ([]string, error) {
 }
 
 // restoreIgnored sets SIG_IGN again for each signal memctl inherited
-// ignored (inheritedIgnored), over the Go runtime's handlers, so that the
-// program inherits them across execve(2) as it would from env(1): a
-// service that systemd starts with SIGPIPE ignored gets EPIPE, not death,
-// through memctl too. It returns a sentence for -v.
+// ignored (inheritedIgnored), over the Go runtime's handlers, and the signal
+// mask memctl inherited (inheritedBlocked), so that the program inherits
+// both across execve(2) as it would from env(1): a service that systemd
+// starts with SIGPIPE ignored gets EPIPE, not death, through memctl too. It
+// locks the calling goroutine to its thread, which must then exec. It
+// returns a sentence for -v.
 func restoreIgnored() string {
+	runtime.LockOSThread()
 	mask, exact := inheritedIgnored()
-	var names []string
+	blocked, _ := inheritedBlocked()
 	for s := 1; s <= 64; s++ {
 		if mask&(1<<(s-1)) != 0 {
 			signal.Ignore(syscall.Signal(s))
-			names = append(names, unix.SignalName(syscall.Signal(s)))
 		}
 	}
-	n := "signals ignored as inherited: " + strings.Join(names, " ")
-	if len(names) == 0 {
+	// After signal.Ignore, which leaves the signals the runtime needs
+	// (SIGILL, SIGTRAP, SIGBUS, SIGPROF, SIGSYS...) to the runtime.
+	restoreSignals()
+	n := "signals ignored as inherited: " + signalNames(mask)
+	if mask == 0 {
 		n = "no signal inherited ignored"
 	}
 	if !exact {
 		n += " (built without cgo: only SIGHUP and SIGINT can be seen)"
 	}
+	if blocked != 0 {
+		n += "\nmemctl: signals blocked as inherited: " + signalNames(blocked)
+	}
 	return n
+}
+
+// signalNames names the signals of mask (bit s-1 for signal s).
+func signalNames(mask uint64) string {
+	var names []string
+	for s := 1; s <= 64; s++ {
+		if mask&(1<<(s-1)) != 0 {
+			name := unix.SignalName(syscall.Signal(s))
+			if name == "" {
+				name = "signal " + strconv.Itoa(s)
+			}
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, " ")
 }
 
 // execFirst replaces memctl with the first of paths that execve(2) runs,
@@ -116,13 +140,18 @@ func execFirst(paths, args, env []string, stderr io.Writer, verbose func(string,
 		if err == syscall.ENOEXEC {
 			err = syscall.Exec("/bin/sh", append([]string{"/bin/sh", p}, args[1:]...), env)
 		}
-		last, lastPath = err, p
+		if !denied || err != syscall.ENOENT && err != syscall.ENOTDIR {
+			last, lastPath = err, p
+		}
 		if err == syscall.EACCES {
 			denied = true
 		}
-		if err != syscall.EACCES && err != syscall.ENOENT && err != syscall.ENOTDIR {
-			break
+		// The errors execvp(3) moves on after (glibc posix/execvpe.c).
+		switch err {
+		case syscall.EACCES, syscall.ENOENT, syscall.ENOTDIR, syscall.ESTALE, syscall.ENODEV, syscall.ETIMEDOUT:
+			continue
 		}
+		break
 	}
 	fmt.Fprintf(stderr, "memctl: exec %s: %v\n", lastPath, last)
 	if errors.Is(last, syscall.ENOENT) && !denied {

@@ -142,20 +142,26 @@
 // PROGRAM is found as env(1) finds it (execvp(3)): a name with a slash is
 // run as it is; otherwise each directory of PATH is tried in order, an
 // empty entry or "." meaning the current directory (which os/exec.LookPath
-// refuses), the next one after EACCES, ENOENT or ENOTDIR, and a file the
-// kernel refuses as not executable (ENOEXEC, a script without "#!") is run
-// with /bin/sh. An unset PATH is "/bin:/usr/bin", glibc's default. One
-// difference: a name that matches only directories is an error up front
-// (126, permission denied), as execvp's EACCES.
+// refuses), the entry joined with the name as it is (not cleaned: "/a/../b"
+// goes through /a as the kernel resolves it), the next one after EACCES,
+// ENOENT, ENOTDIR, ESTALE, ENODEV or ETIMEDOUT, and a file the kernel
+// refuses as not executable (ENOEXEC, a script without "#!") is run with
+// /bin/sh. An empty name is not found (127), a name over NAME_MAX (255
+// bytes) is too long (126). An unset PATH is "/bin:/usr/bin", glibc's
+// default. One difference: a name that matches only directories is an
+// error up front (126, permission denied), as execvp's EACCES.
 //
 // The signals ignored when memctl started (SIG_IGN, such as SIGPIPE under
-// systemd or trap "" PIPE in a shell) are ignored again before the
-// execve, as env(1) leaves them, so the program gets EPIPE rather than
-// death on a closed pipe; also with MEMCTL=off. The Go runtime replaces an
-// inherited SIG_IGN with its own handler for every signal but SIGHUP and
-// SIGINT before any Go code runs, so memctl reads the dispositions in a C
-// constructor: a memctl built without cgo (CGO_ENABLED=0) can keep only
-// SIGHUP and SIGINT, and -v says so.
+// systemd or trap "" PIPE in a shell) are ignored again, and the signal
+// mask memctl started with is set again, right before the execve, as
+// env(1) leaves them, so the program gets EPIPE rather than death on a
+// closed pipe; also with MEMCTL=off. The Go runtime replaces an inherited
+// SIG_IGN with its own handler for every signal but SIGHUP and SIGINT, and
+// unblocks the signals it needs, before any Go code runs, so memctl reads
+// the dispositions and the mask in a C constructor and sets them back with
+// sigaction(2) and pthread_sigmask(3): a memctl built without cgo
+// (CGO_ENABLED=0) can keep only SIGHUP and SIGINT ignored and not the mask,
+// and -v says so.
 //
 //   - -thp (default disable, or MEMCTL_THP): the THP flag,
 //     prctl(PR_SET_THP_DISABLE). The flag is inherited by children and kept

@@ -3,6 +3,8 @@ package main
 import (
 	"io/fs"
 	"os"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +23,12 @@ func (f fakeInfo) Sys() any           { return nil }
 func TestLookPath(t *testing.T) {
 	files := map[string]bool{"/bin/p": false, "./p": false, "/usr/bin/p": false, "/d/p": true, "sub/p": false}
 	stat := func(p string) (fs.FileInfo, error) {
+		if p == "/denied/p" {
+			return nil, &fs.PathError{Op: "stat", Path: p, Err: syscall.EACCES}
+		}
+		if p == "/l/../bin/p" || p == "/bin//p" {
+			p = "/bin/p"
+		}
 		if dir, ok := files[p]; ok {
 			return fakeInfo{dir}, nil
 		}
@@ -42,6 +50,14 @@ func TestLookPath(t *testing.T) {
 		{"p", "/x", true, nil, errNotFound},
 		{"sub/p", "/x", true, []string{"sub/p"}, nil},
 		{"/abs/q", "", true, []string{"/abs/q"}, nil},
+		// As execvp(3): an empty name is not searched (ENOENT), a name
+		// over NAME_MAX is ENAMETOOLONG, an entry is not cleaned ("/l"
+		// may be a symlink), and a candidate stat cannot see (EACCES)
+		// is left to execve(2).
+		{"", "/bin", true, nil, errNotFound},
+		{strings.Repeat("x", 256), "/bin", true, nil, errNameTooLong},
+		{"p", "/l/../bin:/bin/", true, []string{"/l/../bin/p", "/bin//p"}, nil},
+		{"p", "/denied:/bin", true, []string{"/denied/p", "/bin/p"}, nil},
 	} {
 		got, err := lookPath(tc.file, tc.path, tc.set, stat)
 		assert.Equal(t, tc.want, got, "%q in PATH=%q (set %v)", tc.file, tc.path, tc.set)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
@@ -324,4 +326,31 @@ func TestStatusUnprintableEnv(t *testing.T) {
 	raw = nil
 	require.NoError(t, json.Unmarshal([]byte(js), &raw))
 	assert.NotContains(t, raw, "env_base64")
+}
+
+// TestStatusHugeEnv: a process whose environment is as large as execve(2)
+// lets it be (about 5.8 MB under ulimit -s unlimited: argv and envp get up
+// to 6 MiB) shows its memory variables; with a 4 MiB cap its env was
+// "unknown" and the exit status 3, so a process could hide its GOMEMLIMIT
+// from the operator by padding its environment.
+func TestStatusHugeEnv(t *testing.T) {
+	var old unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_STACK, &old))
+	if old.Max != unix.RLIM_INFINITY {
+		t.Skipf("cannot raise RLIMIT_STACK to unlimited (max %d)", old.Max)
+	}
+	big := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: old.Max}
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_STACK, &big))
+	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_STACK, &old) })
+	pad := strings.Repeat("a", 125000) // under MAX_ARG_STRLEN, 128 KiB
+	env := []string{"MEMCTL_NOTE=after the padding"}
+	for i := range 46 {
+		env = append(env, fmt.Sprintf("PAD%02d=%s", i, pad))
+	}
+	out, errOut, code := result(t, memctl(t, env, "status"))
+	require.Equal(t, 0, code, "%s", errOut)
+	assert.Contains(t, out, `"MEMCTL_NOTE=after the padding"`)
+	b, err := os.ReadFile("/proc/self/environ")
+	require.NoError(t, err)
+	assert.Less(t, len(b), 1<<20, "the padding is the child's only")
 }

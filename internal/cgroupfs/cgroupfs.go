@@ -241,55 +241,107 @@ func isV2(m mount) bool { return m.fstype == "cgroup2" }
 
 // parseMountinfoFile reads the cgroup and cgroup2 mounts of a
 // /proc/PID/mountinfo file (proc(5)), in file order, leaving out mounts
-// shadowed by a later mount on the same mount point.
+// shadowed by a later mount on the same mount point. The file is streamed
+// (safefs.Dir.ScanLines), and only the cgroup mounts are kept: a host with
+// tens of thousands of mounts costs time, not memory.
 func (s *source) parseMountinfoFile(name string) ([]mount, error) {
-	b, err := s.mountinfo.ReadFile(s.mountinfoRel, safefs.MaxMountinfo)
+	p := newMountinfoParser(name)
+	err := s.mountinfo.ScanLines(s.mountinfoRel, safefs.MaxMountinfo, func(line []byte) error {
+		if err := p.line(string(line)); err != nil {
+			return parseError{err}
+		}
+		return nil
+	})
+	// p is read only after a nil error: after a timeout the scan may go on.
+	var pe parseError
+	if errors.As(err, &pe) {
+		return nil, pe.err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
-	return parseMountinfo(bytes.NewReader(b), name)
+	return p.mounts()
 }
 
+// parseError carries a parse error out of safefs.Dir.ScanLines as it is.
+type parseError struct{ err error }
+
+func (e parseError) Error() string { return e.err.Error() }
+
+// parseMountinfo is parseMountinfoFile on r.
 func parseMountinfo(r io.Reader, name string) ([]mount, error) {
-	var all []mount
-	last := make(map[string]int) // mount point -> index in all of its last mount
+	p := newMountinfoParser(name)
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	n := 0
+	sc.Buffer(make([]byte, 0, 4096), safefs.MaxLine)
 	for sc.Scan() {
-		n++
-		line := sc.Text()
-		if line == "" {
-			continue
+		if err := p.line(sc.Text()); err != nil {
+			return nil, err
 		}
-		// "36 35 98:0 /root /point rw,noatime [optional...] - fstype source superopts"
-		pre, post, ok := strings.Cut(line, " - ")
-		a, b := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(a) < 6 || len(b) < 2 || !isDecimal(a[0]) {
-			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line: %s", name, n, safefs.Quote(line))
-		}
-		m := mount{root: unescape(a[3]), point: unescape(a[4]), fstype: b[0]}
-		if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
-			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
-		}
-		if !cleanPath(m.root, true) || !cleanPath(m.point, false) {
-			return nil, fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %s", name, n, safefs.Quote(line))
-		}
-		last[m.point] = len(all)
-		if len(b) >= 3 {
-			m.superOpts = strings.Split(b[2], ",")
-		}
-		all = append(all, m)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("cgroupfs: %s: %w", name, err)
 	}
-	if n == 0 {
-		return nil, fmt.Errorf("cgroupfs: %s: empty", name)
+	return p.mounts()
+}
+
+// mountinfoParser parses mountinfo one line at a time, keeping the cgroup
+// mounts only.
+type mountinfoParser struct {
+	name string
+	n    int     // lines seen
+	all  []mount // cgroup and cgroup2 mounts, in file order
+	// last maps the mount point of each cgroup mount to the index in all
+	// of the last cgroup mount on it, or -1 when a later mount of another
+	// file system shadows it.
+	last map[string]int
+}
+
+func newMountinfoParser(name string) *mountinfoParser {
+	return &mountinfoParser{name: name, last: make(map[string]int)}
+}
+
+// line parses the next line; every line is checked, cgroup or not.
+func (p *mountinfoParser) line(line string) error {
+	p.n++
+	if line == "" {
+		return nil
+	}
+	name, n := p.name, p.n
+	// "36 35 98:0 /root /point rw,noatime [optional...] - fstype source superopts"
+	pre, post, ok := strings.Cut(line, " - ")
+	a, b := strings.Fields(pre), strings.Fields(post)
+	if !ok || len(a) < 6 || len(b) < 2 || !isDecimal(a[0]) {
+		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line: %s", name, n, safefs.Quote(line))
+	}
+	m := mount{root: unescape(a[3]), point: unescape(a[4]), fstype: b[0]}
+	if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
+		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
+	}
+	if !cleanPath(m.root, true) || !cleanPath(m.point, false) {
+		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %s", name, n, safefs.Quote(line))
+	}
+	if m.fstype != "cgroup" && m.fstype != "cgroup2" {
+		if _, ok := p.last[m.point]; ok {
+			p.last[m.point] = -1
+		}
+		return nil
+	}
+	if len(b) >= 3 {
+		m.superOpts = strings.Split(b[2], ",")
+	}
+	p.last[m.point] = len(p.all)
+	p.all = append(p.all, m)
+	return nil
+}
+
+// mounts returns the cgroup mounts not shadowed by a later mount.
+func (p *mountinfoParser) mounts() ([]mount, error) {
+	if p.n == 0 {
+		return nil, fmt.Errorf("cgroupfs: %s: empty", p.name)
 	}
 	var mounts []mount
-	for i, m := range all {
-		if last[m.point] == i && (m.fstype == "cgroup" || m.fstype == "cgroup2") {
+	for i, m := range p.all {
+		if p.last[m.point] == i {
 			mounts = append(mounts, m)
 		}
 	}

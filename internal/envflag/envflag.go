@@ -152,8 +152,11 @@ func Ratio(name, v string, def float64) (r float64, err error) {
 	// Decimal only: ParseFloat would also take "NaN", "Inf", "0x1p-1" and "1_0".
 	decimal := t != "" && strings.Trim(t, "0123456789.eE+-") == ""
 	if f, perr := strconv.ParseFloat(t, 64); perr == nil && decimal {
+		// A zero is off only when written as one: "1e-400" is a
+		// positive ratio that ParseFloat rounds to 0, not "off".
+		mantissa, _, _ := strings.Cut(strings.ToLower(t), "e")
 		switch {
-		case f == 0:
+		case f == 0 && !strings.ContainsAny(mantissa, "123456789"):
 			return 0, nil
 		case f > 0 && f <= 1:
 			return f, nil

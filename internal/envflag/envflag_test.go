@@ -95,13 +95,13 @@ func TestCount(t *testing.T) {
 }
 
 func TestRatio(t *testing.T) {
-	good := map[string]float64{"0.9": 0.9, " 0.5 ": 0.5, "1": 1, "1.0": 1, "0": 0, "0.0": 0, "off": 0, "FALSE": 0, "no": 0, "on": 0.9, "true": 0.9, "YES": 0.9}
+	good := map[string]float64{"0.9": 0.9, " 0.5 ": 0.5, "1": 1, "1.0": 1, "0": 0, "0.0": 0, "-0": 0, "0e5": 0, "off": 0, "FALSE": 0, "no": 0, "on": 0.9, "true": 0.9, "YES": 0.9}
 	for v, want := range good {
 		r, err := Ratio("AUTOMEMLIMIT", v, 0.9)
 		require.NoError(t, err, v)
 		assert.Equal(t, want, r, v)
 	}
-	for _, v := range []string{"-0.1", "1.01", "2", "NaN", "nan", "Inf", "+Inf", "-inf", "90%", "half", "0x1p-1", "1e400"} {
+	for _, v := range []string{"-0.1", "1.01", "2", "NaN", "nan", "Inf", "+Inf", "-inf", "90%", "half", "0x1p-1", "1e400", "1e-400", "-1e-400", "0.1e-330"} { // the last three round to 0, but are not "off"
 		r, err := Ratio("AUTOMEMLIMIT", v, 0.9)
 		require.Error(t, err, v)
 		assert.ErrorIs(t, err, ErrInvalid)

@@ -16,10 +16,14 @@
 //     (RESOLVE_NO_SYMLINKS). The files memctl reads never need one: procfs
 //     files, and cgroup files under a mount point as mountinfo writes it
 //     (canonical, proc(5)).
-//   - Only regular files are read (fstat(2) after the open; procfs, sysfs
-//     and cgroupfs files are regular): a FIFO, a socket or a device such as
-//     /dev/zero is refused (ErrNotRegular). The open uses O_NONBLOCK, so a
-//     FIFO does not block it.
+//   - Only regular files are read (procfs, sysfs and cgroupfs files are
+//     regular): a FIFO, a socket or a device such as /dev/zero is refused
+//     (ErrNotRegular) without ever being opened. The name is opened with
+//     O_PATH, which runs no driver's open(2) (opening /dev/watchdog as
+//     root arms it) and releases no writer blocked on a FIFO; fstat(2) and
+//     fstatfs(2) check that descriptor, and only then is the same file
+//     opened for reading, through /proc/self/fd (so /proc must be
+//     mounted), with O_NONBLOCK and O_NOCTTY.
 //   - With Dir.FSTypes, only files of the listed file systems (statfs(2)
 //     f_type) are read: a process can bind-mount a file it can name but
 //     not read (/etc/shadow) over its own cgroup file, and only the file
@@ -55,15 +59,26 @@ import (
 // sources: a cgroup control file holds one value or a few "key value" lines
 // (memory.stat, the longest, is about 1.5 KiB on Linux 6.18 here); a
 // /proc/PID/status or smaps_rollup is about 1.5 KiB; mountinfo holds about
-// 150 bytes a mount, so 1 MiB is about 7000 mounts; the environment of a
-// process is at most a quarter of its stack limit (execve(2), 2 MiB with the
-// usual 8 MiB stack).
+// 150 bytes a mount, up to 300 with long paths, and a mount namespace up to
+// mount.max mounts (100000 by default, proc_sys_fs(5)): 32 MiB, read as a
+// stream, bounds the time, not the memory (a host running many containers
+// has tens of thousands of mounts, and a process makes as many as it likes
+// in its own namespace); the environment of a
+// process is at most a quarter of its stack limit and never more than
+// 6 MiB (execve(2): argv and envp together get min(RLIMIT_STACK/4,
+// 3/4 of _STK_LIM), fs/exec.c bprm_stack_limits; 5.8 MB is reached with
+// ulimit -s unlimited, as TestStatusHugeEnv does).
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
-	MaxMountinfo  = 1 << 20  // 1 MiB: /proc/PID/mountinfo
-	MaxEnviron    = 4 << 20  // 4 MiB: /proc/PID/environ
+	MaxMountinfo  = 32 << 20 // 32 MiB: /proc/PID/mountinfo, streamed (ScanLines)
+	MaxEnviron    = 6 << 20  // 6 MiB: /proc/PID/environ
 )
+
+// MaxLine is the longest line ScanLines accepts: 1 MiB. A mountinfo line
+// holds at most two paths and a source of PATH_MAX (4096) bytes each,
+// escaped to at most 4 bytes a byte (about 50 KiB in all).
+const MaxLine = 1 << 20
 
 // MaxQuote is the most bytes of a string that Quote shows.
 const MaxQuote = 200
@@ -257,6 +272,20 @@ func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, er
 // fs.ErrPermission for EACCES).
 func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
 	return d.do("read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
+}
+
+// ScanLines calls each with every line of the regular file name, resolved
+// in d with the rules of ReadFile, in order and without its newline, and
+// returns the first error each returns, as it is. The file is streamed:
+// memory stays bounded whatever its length, but at most max bytes of it are
+// read (an error matching ErrTooLarge after them) and a line may be at most
+// MaxLine bytes. Other errors are *PathError, as ReadFile's. The line is
+// valid only during the call. With Timeout set, each runs on another
+// goroutine and may still be running after the error matching ErrTimeout:
+// it must write only state the caller leaves alone when ScanLines fails.
+func (d *Dir) ScanLines(name string, max int64, each func(line []byte) error) error {
+	_, err := d.do("read", name, func(dirfd int) ([]byte, error) { return nil, scanLines(dirfd, d, name, max, each) })
+	return err
 }
 
 // Stat returns nil when name, resolved in d, is a directory, and the error

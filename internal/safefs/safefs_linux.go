@@ -1,8 +1,11 @@
 package safefs
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -152,23 +155,46 @@ func wrapErrno(err error) error {
 	return err
 }
 
+// openRegular opens name under dirfd for reading, with d's rules: only a
+// regular file, on one of d.FSTypes (see readFile).
+func openRegular(dirfd int, d *Dir, name string) (int, error) {
+	path := d.join(name)
+	// O_PATH first: the file is not opened (no driver's open(2) for a
+	// device, no release of a writer blocked on a FIFO) until fstat and
+	// fstatfs have found a regular file on an accepted file system.
+	pfd, err := open(dirfd, d, name, unix.O_PATH)
+	if err != nil {
+		return -1, &PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, &PathError{Op: "fstat", Path: path, Err: err}
+	}
+	switch t := st.Mode & unix.S_IFMT; t {
+	case unix.S_IFREG:
+	case unix.S_IFLNK: // the walk's O_PATH|O_NOFOLLOW opens the link itself
+		return -1, &PathError{Op: "open", Path: path, Err: wrapErrno(unix.ELOOP)}
+	default:
+		return -1, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
+	}
+	if err := fsCheck(pfd, d.FSTypes); err != nil {
+		return -1, &PathError{Op: "open", Path: path, Err: err}
+	}
+	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return -1, &PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
 func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 	path := d.join(name)
-	fd, err := open(dirfd, d, name, unix.O_RDONLY|unix.O_NONBLOCK)
+	fd, err := openRegular(dirfd, d, name)
 	if err != nil {
-		return nil, &PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, &PathError{Op: "fstat", Path: path, Err: err}
-	}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
-		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
-	}
-	if err := fsCheck(fd, d.FSTypes); err != nil {
-		return nil, &PathError{Op: "open", Path: path, Err: err}
-	}
 	buf := make([]byte, 0, min(max+1, 4096))
 	for int64(len(buf)) <= max {
 		if len(buf) == cap(buf) {
@@ -188,6 +214,68 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 		buf = buf[:len(buf)+n]
 	}
 	return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
+}
+
+// fdReader reads a descriptor, counting the bytes read.
+type fdReader struct {
+	fd int
+	n  int64
+}
+
+func (r *fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(r.fd, p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0:
+			return 0, io.EOF
+		}
+		r.n += int64(n)
+		return n, nil
+	}
+}
+
+func scanLines(dirfd int, d *Dir, name string, max int64, each func([]byte) error) error {
+	path := d.join(name)
+	fd, err := openRegular(dirfd, d, name)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	r := &fdReader{fd: fd}
+	tooLarge := &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
+	sc := bufio.NewScanner(io.LimitReader(r, max+1))
+	sc.Buffer(make([]byte, 0, 4096), MaxLine)
+	for sc.Scan() {
+		if r.n > max {
+			return tooLarge
+		}
+		if err := each(sc.Bytes()); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return &PathError{Op: "read", Path: path, Err: err}
+	}
+	if r.n > max {
+		return tooLarge
+	}
+	return nil
+}
+
+// reopen opens the file of the O_PATH descriptor pfd with flags, through
+// its /proc/self/fd link: the same file, resolved again nowhere (the
+// kernel's way; openat(2) takes no AT_EMPTY_PATH).
+func reopen(pfd, flags int) (int, error) {
+	for {
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
 }
 
 func statDir(dirfd int, d *Dir, name string) error {

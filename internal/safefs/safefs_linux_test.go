@@ -222,3 +222,69 @@ func TestFSTypes(t *testing.T) {
 	defer sub.Close()
 	assert.Equal(t, root.FSTypes, sub.FSTypes, "Sub keeps FSTypes")
 }
+
+// TestNotRegularNeverOpened: a FIFO and a device node (which a hostile
+// process bind-mounts over its own cgroup files) are refused
+// without being opened for reading: inotify sees no IN_OPEN. Opening a
+// device runs its driver's open, as root, on a device the other process
+// chose (opening /dev/watchdog arms it; a serial port raises DTR), and
+// opening a FIFO releases a writer blocked in open(2). Checked by fstat on
+// an O_PATH descriptor before the file is opened.
+func TestNotRegularNeverOpened(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, unix.Mkfifo(fifo, 0o644))
+	files := []string{"fifo"}
+	// A device node of its own (1:3, as /dev/null, whose open is
+	// harmless), so that no other process's open of /dev/null is seen.
+	if err := unix.Mknod(filepath.Join(dir, "dev"), unix.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err == nil {
+		files = append(files, "dev")
+	} else {
+		t.Logf("mknod: %v (not root?): the device node case is skipped", err)
+	}
+	in, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(in)
+	for _, f := range files {
+		_, err := unix.InotifyAddWatch(in, filepath.Join(dir, f), unix.IN_OPEN)
+		require.NoError(t, err)
+	}
+	for _, fallback := range []bool{false, true} {
+		useOpenat2 = !fallback
+		d := openDir(t, dir, InRoot|NoSymlinks)
+		for _, f := range files {
+			_, err := d.ReadFile(f, MaxCgroupFile)
+			require.ErrorIs(t, err, ErrNotRegular, "%s (fallback %v)", f, fallback)
+		}
+		buf := make([]byte, 4096)
+		n, err := unix.Read(in, buf)
+		assert.True(t, errors.Is(err, unix.EAGAIN), "IN_OPEN seen (%d bytes of events, fallback %v): a file was opened", n, fallback)
+	}
+	useOpenat2 = true
+}
+
+// TestScanLines: lines in order without their newline, each's error as it
+// is, the cap and the regular-file rule of ReadFile.
+func TestScanLines(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("a\n\nccc\nlast"), 0o644))
+	require.NoError(t, unix.Mkfifo(filepath.Join(dir, "fifo"), 0o644))
+	d := openDir(t, dir, InRoot|NoSymlinks)
+	var got []string
+	require.NoError(t, d.ScanLines("f", 100, func(l []byte) error { got = append(got, string(l)); return nil }))
+	assert.Equal(t, []string{"a", "", "ccc", "last"}, got)
+	stop := errors.New("stop")
+	n := 0
+	err := d.ScanLines("f", 100, func([]byte) error { n++; return stop })
+	assert.Same(t, stop, err)
+	assert.Equal(t, 1, n)
+	err = d.ScanLines("f", 5, func([]byte) error { return nil })
+	assert.ErrorIs(t, err, ErrTooLarge)
+	require.NoError(t, d.ScanLines("f", 12, func([]byte) error { return nil }), "exactly the cap")
+	err = d.ScanLines("fifo", 100, func([]byte) error { return nil })
+	assert.ErrorIs(t, err, ErrNotRegular)
+	d.Timeout = time.Minute
+	got = nil
+	require.NoError(t, d.ScanLines("f", 100, func(l []byte) error { got = append(got, string(l)); return nil }))
+	assert.Len(t, got, 4)
+}

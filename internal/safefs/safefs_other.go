@@ -31,6 +31,10 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 	return nil, &PathError{Op: "read", Path: d.join(name), Err: errUnsupported}
 }
 
+func scanLines(dirfd int, d *Dir, name string, max int64, each func([]byte) error) error {
+	return &PathError{Op: "read", Path: d.join(name), Err: errUnsupported}
+}
+
 func statDir(dirfd int, d *Dir, name string) error {
 	return &PathError{Op: "open", Path: d.join(name), Err: errUnsupported}
 }
