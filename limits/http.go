@@ -140,6 +140,12 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 	}, nil
 }
 
+// staleHeaders are the headers WriteError deletes: those of the content the
+// handler meant to send. Content-Encoding stays, as in http.Error: a
+// compressing middleware sets it and compresses what WriteError writes
+// (go.dev/issue/66343).
+var staleHeaders = [...]string{"Content-Length", "Transfer-Encoding", "Cache-Control", "Etag", "Last-Modified", "Content-Range", "Content-Disposition"}
+
 // errorBody is the JSON body WriteError sends.
 type errorBody struct {
 	Code    string `json:"code"`
@@ -152,7 +158,13 @@ type errorBody struct {
 // the JSON body {"code":"resource_exhausted","message":"<err.Error()>"} and
 // returns true. As http.Error does, it deletes a Content-Length the handler
 // set for other content, and sets Content-Type (application/json) and
-// X-Content-Type-Options: nosniff. It sets Retry-After, in whole seconds,
+// X-Content-Type-Options: nosniff; it also deletes the other headers of that
+// content that would break or outlive the answer: Transfer-Encoding,
+// Cache-Control, ETag, Last-Modified, Content-Range and
+// Content-Disposition (ServeContent deletes the same before an error). As
+// http.Error does, it keeps Content-Encoding, which a compressing
+// middleware sets for what it compresses (go.dev/issue/66343): a handler
+// that set Content-Encoding itself and compresses by hand deletes it first. It sets Retry-After, in whole seconds,
 // when a retry can succeed (ExhaustedError.RetryAfter: the pool was full or
 // under heap pressure, or the heap watch canceled the request), and deletes
 // it when a retry cannot (the request was over its own budget or an
@@ -169,7 +181,14 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	}
 	body, _ := json.Marshal(errorBody{Code: CodeResourceExhausted, Message: err.Error()})
 	h := w.Header()
-	h.Del("Content-Length")
+	// The headers of the answer the handler meant to send describe other
+	// content: its length, its framing (a stale Transfer-Encoding breaks the
+	// HTTP/1.1 connection: "too many transfer encodings"), and its caching
+	// (a stale Cache-Control: max-age lets a shared cache serve the 429 to
+	// everyone), as net/http's ServeContent deletes them before an error.
+	for _, k := range staleHeaders {
+		h.Del(k)
+	}
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Del("Retry-After")

@@ -414,3 +414,57 @@ func TestMiddlewareLeak(t *testing.T) {
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
 	assert.Zero(t, cl.Stats().Leaked)
 }
+
+// TestWriteErrorStaleHeaders: a handler that set the headers of the answer
+// it meant to send (its framing, its caching, its range) before WriteError
+// still sends a 429 that a client reads to its end, over HTTP/1.1 and
+// HTTP/2, for GET and HEAD, and that no cache keeps. Before, a stale
+// "Transfer-Encoding: gzip" broke the HTTP/1.1 connection ("too many
+// transfer encodings") and a stale "Cache-Control: public, max-age=3600"
+// and ETag went out with the 429.
+func TestWriteErrorStaleHeaders(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 3 * mib})
+	stale := map[string]string{
+		"Content-Length":      "100000",
+		"Transfer-Encoding":   "gzip",
+		"Cache-Control":       "public, max-age=3600",
+		"Etag":                `"v1"`,
+		"Last-Modified":       "Mon, 30 Nov 2026 00:00:00 GMT",
+		"Content-Range":       "bytes 0-99999/200000",
+		"Content-Disposition": `attachment; filename="report.csv"`,
+	}
+	h := mustMiddleware(t, p, HTTPConfig{Limit: 2 * mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k := r.URL.Query().Get("k")
+		w.Header().Set(k, stale[k])
+		growHandler(w, r)
+	}))
+	for _, h2 := range []bool{false, true} {
+		srv := httptest.NewUnstartedServer(h)
+		srv.EnableHTTP2 = h2
+		srv.StartTLS()
+		for k := range stale {
+			for _, method := range []string{http.MethodGet, http.MethodHead} {
+				what := fmt.Sprintf("HTTP/2 %v, %s, stale %s", h2, method, k)
+				req, err := http.NewRequest(method, srv.URL+"/?n=3000000&k="+k, nil)
+				require.NoError(t, err)
+				resp, err := srv.Client().Do(req)
+				require.NoError(t, err, what)
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				require.NoError(t, err, what)
+				assert.Equal(t, 429, resp.StatusCode, what)
+				if k != "Content-Length" { // the server sets the body's own
+					assert.Empty(t, resp.Header.Values(k), what)
+				}
+				if method == http.MethodGet {
+					assert.NotEqual(t, "100000", resp.Header.Get("Content-Length"), what)
+					var eb errorBody
+					require.NoError(t, json.Unmarshal(body, &eb), what)
+					assert.Equal(t, CodeResourceExhausted, eb.Code, what)
+				}
+			}
+		}
+		srv.Close()
+	}
+	assert.Zero(t, p.Used())
+}
