@@ -333,6 +333,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 		if room := a.room(r); want > room {
 			want = max(room, need)
 		}
+		want = a.shedCap(want, need, r+k)
 		got, err := a.reserveUp(want, need, o)
 		if err != nil {
 			return err
@@ -402,6 +403,7 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	if room := a.room(r); want > room {
 		want = max(room, need)
 	}
+	want = a.shedCap(want, need, r+a.kids.Load())
 	got, err := a.reserveUp(want, need, o)
 	if _, ok := err.(*ExhaustedError); ok && a.reserved.Load() > max(a.used.Load(), 0) {
 		// An ancestor or the pool is full: a's own slack counts there, so

@@ -63,7 +63,10 @@ func eachPool(f func(*Pool)) {
 // scope ends in "(shedding)" and whose RetryAfter is DefaultRetryAfter
 // (HTTP 429 with Retry-After): large work waits, small requests go on.
 // Accounts already past ShedSize keep what they hold and are refused only
-// more. memctl.Start connects it to the GC death-spiral detector (package
+// more. While it is on, an account reserves from its parent no more than
+// takes it to ShedSize, so that Grows on the fast path stop there too; only
+// what it had reserved before Shed was turned on (at most two chunks,
+// PoolConfig.ChunkSize, beyond what it used) can take it past ShedSize. memctl.Start connects it to the GC death-spiral detector (package
 // pressure), which turns it on for the length of an episode: a process
 // whose GC takes half its CPU serves small requests at full speed rather
 // than every request slowly; the trade-off is that large requests that
@@ -118,4 +121,19 @@ func (a *Account) shedError(n, total int64) *ExhaustedError {
 		return nil
 	}
 	return &ExhaustedError{Requested: n, Used: total, Limit: s, Scope: a.scope() + " (shedding)", RetryAfter: DefaultRetryAfter}
+}
+
+// shedCap returns want, the bytes a reservation rounded up to a chunk
+// would take, lowered while shedding so that the account's holdings, held
+// now, do not pass ShedSize by more than need: a chunk reserved past
+// ShedSize would let Grows on the fast path, which does not look at Shed,
+// use it.
+func (a *Account) shedCap(want, need, held int64) int64 {
+	if !shedding.Load() {
+		return want
+	}
+	if room := a.pool.shedSize - held; want > room {
+		return max(room, need)
+	}
+	return want
 }

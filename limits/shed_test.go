@@ -84,3 +84,39 @@ func TestCancelLargestAcrossPools(t *testing.T) {
 	on.Close()
 	assert.Equal(t, 0, CancelLargest(), "a closed pool is not reached")
 }
+
+// TestShedBoundsTheFastPath: while Shed is on, small Grows stop at
+// ShedSize, for an account and for a child's bytes in its parent. Before,
+// a reservation rounded up to a chunk went past ShedSize and Grows on the
+// fast path, which does not look at Shed, used it: ChunkSize 1000,
+// ShedSize 1500, Grow(1000), Grow(400), Grow(500) left 1900 bytes granted.
+func TestShedBoundsTheFastPath(t *testing.T) {
+	t.Setenv("MEMCTL_BUDGETS", "")
+	p := newTestPool(t, PoolConfig{Limit: 1 << 30, ChunkSize: 1000, ShedSize: 1500, HeapPressure: -1})
+	Shed(true)
+	t.Cleanup(func() { Shed(false) })
+	a := mustOpen(t, p, "a", Unlimited)
+	require.NoError(t, a.Grow(1000))
+	require.NoError(t, a.Grow(400))
+	require.ErrorIs(t, a.Grow(500), ErrResourceExhausted, "1900 bytes is past ShedSize")
+	assert.Equal(t, int64(1400), a.Used())
+	require.NoError(t, a.Grow(100), "up to ShedSize is served")
+	require.ErrorIs(t, a.Grow(1), ErrResourceExhausted)
+	a.Shrink(1500)
+	a.Close()
+
+	for _, step := range []int64{1, 7, 100, 999} {
+		parent := mustOpen(t, p, "parent", Unlimited)
+		kid := mustOpen(t, parent, "kid", Unlimited)
+		var granted int64
+		for kid.Grow(step) == nil {
+			granted += step
+			require.LessOrEqual(t, granted, int64(1500), "step %d", step)
+		}
+		assert.Greater(t, granted, int64(1500)-step, "step %d: up to ShedSize is served", step)
+		assert.LessOrEqual(t, parent.Used(), int64(1500), "step %d: the parent holds no more than ShedSize", step)
+		kid.Shrink(granted)
+		parent.Close()
+	}
+	assert.Zero(t, p.Used())
+}
