@@ -64,7 +64,8 @@ type HTTPConfig struct {
 // A handler shrinks what it grew before it returns (defer limits.Shrink):
 // an account closed with bytes still grown counts as a leak
 // (PoolStats.Leaked; see Account.Close), and panics, after the account is
-// closed and AfterBurst called, when PoolConfig.Strict is set. An account
+// closed and AfterBurst called, when PoolConfig.Strict is set, unless the
+// handler itself panicked: its panic goes on, unchanged. An account
 // closed early because the request's context ended is not a leak.
 //
 // Handlers answer a Grow error with WriteError, and any error it does not
@@ -114,6 +115,7 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			// cancelable context (WithAccount: about 6 allocations more).
 			var ctx context.Context
 			var end func() string
+			returned := false
 			if p.cancelLargest {
 				ctx, end = withAccount(r.Context(), a)
 			} else {
@@ -131,11 +133,15 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 				if threshold > 0 && reached >= threshold && cfg.AfterBurst != nil {
 					cfg.AfterBurst()
 				}
-				if leak != "" && p.strict {
+				// A handler's own panic goes on (net/http logs it, or
+				// http.ErrAbortHandler aborts): the leak it caused is
+				// counted, and a strict panic would replace it.
+				if leak != "" && p.strict && returned {
 					panic(leak)
 				}
 			}()
 			next.ServeHTTP(w, r.WithContext(ctx))
+			returned = true
 		})
 	}, nil
 }

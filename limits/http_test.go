@@ -401,6 +401,20 @@ func TestMiddlewareLeak(t *testing.T) {
 	})
 	assert.Zero(t, strict.Used())
 	assert.Equal(t, int64(1), bursts.Load(), "AfterBurst ran before the panic")
+	// A handler that panics with bytes grown keeps its own panic (and
+	// http.ErrAbortHandler its meaning); the leak is counted. Before, the
+	// strict leak panic replaced it.
+	for _, v := range []any{"handler boom", http.ErrAbortHandler} {
+		h = mustMiddleware(t, strict, HTTPConfig{Limit: mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			require.NoError(t, Grow(r.Context(), 1000))
+			panic(v)
+		}))
+		assert.PanicsWithValue(t, v, func() {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+		})
+	}
+	assert.Equal(t, int64(3), strict.Stats().Leaked)
+	assert.Zero(t, strict.Used())
 	// With CancelLargest the account is bound to the request's context; a
 	// client that went away is not a leak.
 	cl := newTestPool(t, PoolConfig{Limit: mib, CancelLargest: true})
