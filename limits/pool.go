@@ -186,8 +186,9 @@ type PoolConfig struct {
 	// pressure instead. Default: false.
 	CancelLargest bool
 	// CancelShare is the share of the live Go heap, in (0.0, 1.0], that an
-	// account must hold for CancelLargest to cancel it. Default: 0 (means
-	// DefaultCancelShare, 0.05).
+	// account must hold for CancelLargest to cancel it (for the function
+	// CancelLargest, the kernel's pressure: of the Go memory, see there).
+	// Default: 0 (means DefaultCancelShare, 0.05).
 	CancelShare float64
 	// ShedSize is the most bytes an account (its own and its children's)
 	// may reach while Shed is on (a GC death spiral; see Shed); Grows past

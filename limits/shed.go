@@ -80,7 +80,11 @@ func Shedding() bool { return shedding.Load() }
 
 // CancelLargest cancels, in every open pool configured with CancelLargest,
 // the open account (bound with WithAccount or the middleware) that uses the
-// most bytes, provided it holds at least CancelShare of the live Go heap;
+// most bytes, provided it holds at least CancelShare of the Go memory: the
+// larger of the live heap at the last GC cycle and what the runtime holds
+// from the OS now (runtime/metrics /memory/classes/total:bytes less
+// /memory/classes/heap/released:bytes), so that before the first GC cycle,
+// when the live heap reads 0, a request of a few bytes is not canceled;
 // the cause is an *ExhaustedError with scope "... (memory pressure)". It
 // returns how many accounts it canceled. memctl.Start connects it to the
 // kernel memory-pressure watcher (package pressure): the request that
@@ -88,19 +92,34 @@ func Shedding() bool { return shedding.Load() }
 // With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
 // Safe for concurrent use.
 func CancelLargest() int {
-	s := []metrics.Sample{{Name: liveHeapMetric}}
+	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMemoryMetric}, {Name: releasedMetric}}
 	metrics.Read(s)
-	var live int64
-	if s[0].Value.Kind() == metrics.KindUint64 {
-		live = int64(min(s[0].Value.Uint64(), math.MaxInt64))
-	}
+	base := max(sampleBytes(s[0]), sampleBytes(s[1])-sampleBytes(s[2]))
 	n := 0
 	eachPool(func(p *Pool) {
-		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(live, live, "memory pressure") {
+		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(base, base, "memory pressure") {
 			n++
 		}
 	})
 	return n
+}
+
+// goMemoryMetric is all the memory the Go runtime has mapped, and
+// releasedMetric the heap memory it returned to the OS: the difference is
+// what the runtime holds from the OS now, never 0, unlike the live heap
+// before the first GC cycle.
+const (
+	goMemoryMetric = "/memory/classes/total:bytes"
+	releasedMetric = "/memory/classes/heap/released:bytes"
+)
+
+// sampleBytes returns a runtime/metrics sample in bytes, 0 when the
+// runtime does not have it.
+func sampleBytes(s metrics.Sample) int64 {
+	if s.Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(min(s.Value.Uint64(), math.MaxInt64))
 }
 
 // shedSizeFor returns PoolConfig.ShedSize's default for a pool of limit

@@ -3,8 +3,12 @@ package limits
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
+	"runtime/metrics"
 	"testing"
+
+	"github.com/memctl/memctl/internal/childtest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,4 +123,59 @@ func TestShedBoundsTheFastPath(t *testing.T) {
 		parent.Close()
 	}
 	assert.Zero(t, p.Used())
+}
+
+func init() {
+	children["cancel-before-gc"] = childCancelBeforeGC
+}
+
+// childCancelBeforeGC calls CancelLargest before the first GC cycle, when
+// the live heap reads 0, with a 1-byte request and then a 64 MiB one open.
+func childCancelBeforeGC() {
+	s := []metrics.Sample{{Name: gcCyclesMetric}, {Name: liveHeapMetric}}
+	metrics.Read(s)
+	childtest.Say("CYCLES", s[0].Value.Uint64())
+	childtest.Say("LIVE", s[1].Value.Uint64())
+	p, err := NewPool(PoolConfig{Limit: 1 << 30, CancelLargest: true, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	a, err := p.Open("small", Unlimited)
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	ctx, done := WithAccount(context.Background(), a)
+	defer done()
+	if err := Grow(ctx, 1); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("CANCELED_SMALL", CancelLargest())
+	b, err := p.Open("large", Unlimited)
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	bctx, bdone := WithAccount(context.Background(), b)
+	defer bdone()
+	if err := Grow(bctx, 64*mib); err != nil { // counted, not allocated
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("CANCELED_LARGE", CancelLargest())
+	Shrink(ctx, 1)
+	Shrink(bctx, 64*mib)
+}
+
+// TestCancelLargestBeforeFirstGC (a child process, so that no GC cycle has
+// run yet): the kernel pressure watcher's CancelLargest does not cancel a
+// 1-byte request because the live heap reads 0 before the first GC cycle;
+// it still cancels a request that holds a large share of the Go memory.
+// Before, the minimum share of 0 bytes was 1 byte and the 1-byte request
+// was canceled.
+func TestCancelLargestBeforeFirstGC(t *testing.T) {
+	r := childtest.Report(t, childtest.Command(t, "cancel-before-gc", []string{"MEMCTL", "MEMCTL_BUDGETS", "GOGC", "GODEBUG"}))
+	if r["CYCLES"] != "0" {
+		t.Skipf("a GC cycle ran in the child before the test (%s)", r["CYCLES"])
+	}
+	require.Equal(t, "0", r["LIVE"], "the live heap reads 0 before the first GC cycle")
+	assert.Equal(t, "0", r["CANCELED_SMALL"])
+	assert.Equal(t, "1", r["CANCELED_LARGE"])
 }
