@@ -174,7 +174,7 @@ type errorBody struct {
 // when a retry can succeed (ExhaustedError.RetryAfter: the pool was full or
 // under heap pressure, or the heap watch canceled the request), and deletes
 // it when a retry cannot (the request was over its own budget or an
-// ancestor account's).
+// ancestor account's, or asked for more than the pool's whole limit).
 //
 // For any other error, and for nil, it writes nothing and returns false,
 // and the caller answers: ErrInvalidSize is a bug of the caller (500),

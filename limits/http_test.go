@@ -482,3 +482,42 @@ func TestWriteErrorStaleHeaders(t *testing.T) {
 	}
 	assert.Zero(t, p.Used())
 }
+
+// TestRetryAfterOnlyWhenItCanFit: a refusal by a full pool carries
+// Retry-After, but not one of a request that alone asks for more than the
+// pool's whole limit (a client's Content-Length of 2 GiB against a 1 GiB
+// pool), which a retry meets again. Before, both said Retry-After: 1, and a
+// client that obeys it retried forever.
+func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: mib, ChunkSize: 4 * kib})
+	hog := mustOpen(t, p, "hog", Unlimited)
+	require.NoError(t, hog.Grow(mib/2))
+	defer shrinkClose(hog)
+	a := mustOpen(t, p, "a", Unlimited)
+	kid := mustOpen(t, a, "kid", Unlimited)
+	defer a.Close()
+	require.NoError(t, a.Grow(100*kib))
+	defer a.Shrink(100 * kib)
+	for _, tc := range []struct {
+		acct  *Account
+		n     int64
+		retry time.Duration
+	}{
+		{a, 3 * mib / 4, DefaultRetryAfter},   // fits once hog is gone
+		{kid, 3 * mib / 4, DefaultRetryAfter}, // from a child
+		{a, mib - 100*kib, DefaultRetryAfter}, // exactly the pool with what a holds
+		{a, mib - 100*kib + 1, 0},             // one byte more than the pool
+		{kid, 2 * mib, 0},
+		{a, 1 << 62, 0},
+		{kid, math.MaxInt64 - 200*kib, 0},
+	} {
+		err := tc.acct.Grow(tc.n)
+		var e *ExhaustedError
+		require.ErrorAs(t, err, &e, "%s Grow(%d)", tc.acct.Name(), tc.n)
+		assert.Equal(t, "pool", e.Scope, "%s Grow(%d)", tc.acct.Name(), tc.n)
+		assert.Equal(t, tc.retry, e.RetryAfter, "%s Grow(%d)", tc.acct.Name(), tc.n)
+		w := httptest.NewRecorder()
+		require.True(t, WriteError(w, err))
+		assert.Equal(t, map[bool]string{true: "1", false: ""}[tc.retry > 0], w.Header().Get("Retry-After"))
+	}
+}

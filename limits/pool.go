@@ -547,6 +547,14 @@ func (a *Account) noteRefused(n int64, err error) {
 		return
 	}
 	e.Requested = n
+	if e.RetryAfter > 0 && e.Scope == a.pool.name {
+		// The pool's limit refused: a retry can succeed once other
+		// accounts give back, unless this work alone does not fit in it.
+		u := max(a.used.Load(), 0) + a.kids.Load()
+		if n > a.pool.limit-min(u, a.pool.limit) {
+			e.RetryAfter = 0
+		}
+	}
 	a.pool.refused.Add(1)
 	for x := a; x != nil; x = x.parent {
 		u := max(x.used.Load(), 0) + x.kids.Load()

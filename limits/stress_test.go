@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -242,8 +243,15 @@ func FuzzAccountModel(f *testing.F) {
 	// Issue 11, input 1: the query shrinks what the operator grew.
 	f.Add([]byte{0, 0, 0, 4, 0, 100, 4, 100, 3, 10, 0, 200, 4, 150, 5, 0, 5, 1})
 	f.Add([]byte{2, 5, 6, 3, 3, 40, 0, 60, 4, 41, 5, 1, 0, 30, 3, 90, 5, 0, 0, 255})
+	// Sizes at the edges, on the operator and the query, Grow and Shrink;
+	// grandchildren, with their parent closed under them.
+	f.Add([]byte{1, 1, 1, 3, 6, 0, 6, 1, 6, 2, 6, 0x44, 6, 0x85, 6, 0xc0, 0, 10, 6, 0x83, 6, 0xc6})
+	f.Add([]byte{0, 0, 7, 10, 0, 50, 7, 3, 7, 1, 7, 6, 7, 255, 3, 20, 7, 9, 7, 130, 1, 50})
 	f.Fuzz(accountModel)
 }
+
+// edgeSizes are the sizes at the edges of int64 that the model tries.
+var edgeSizes = [...]int64{math.MaxInt64, math.MaxInt64 - 1, 1 << 62, math.MaxInt64 / 2, -1, math.MinInt64, -97, math.MinInt64 + 1}
 
 func accountModel(t *testing.T, data []byte) {
 	if len(data) < 4 {
@@ -280,8 +288,8 @@ func accountModel(t *testing.T, data []byte) {
 	}
 	for ; len(ops) >= 2; ops = ops[2:] {
 		n := int64(ops[1]) * 97
-		what := fmt.Sprintf("op %d n %d, op used %d, q own %d (limits %d/%d/%d, chunk %d)", ops[0]%6, n, used, qOwn, opLimit, qLimit, poolLimit, chunk)
-		switch ops[0] % 6 {
+		what := fmt.Sprintf("op %d n %d, op used %d, q own %d (limits %d/%d/%d, chunk %d)", ops[0]%8, n, used, qOwn, opLimit, qLimit, poolLimit, chunk)
+		switch ops[0] % 8 {
 		case 0, 2:
 			newSize := used + n
 			if ops[0]%6 == 0 {
@@ -297,6 +305,9 @@ func accountModel(t *testing.T, data []byte) {
 				want = refusal("pool/q", n, 0, qLimit)
 			case qOwn+newSize > poolLimit:
 				want = refusal("pool", n, 0, poolLimit)
+				if newSize > poolLimit {
+					want.RetryAfter = 0 // the operator alone does not fit
+				}
 			}
 			if want == nil {
 				require.NoError(t, err, what)
@@ -373,6 +384,88 @@ func accountModel(t *testing.T, data []byte) {
 			require.ErrorIs(t, err, ErrClosed, what)
 			op = mustOpen(t, q, "op", opLimit)
 			used, peak = 0, 0
+		case 6:
+			// Sizes at the edges: negative sizes are invalid (Grow) or
+			// misuse (Shrink) and change nothing; sizes that overflow any
+			// sum are refused by the first limit, however large.
+			sz := edgeSizes[int(ops[1])%len(edgeSizes)]
+			what += fmt.Sprintf(", size %d", sz)
+			// held is what q holds for the operator: its use, and, when q
+			// grows itself, its reservation beyond (at most two chunks).
+			a, own, held := op, used, used
+			if ops[1]&0x40 != 0 {
+				a, own, held = q, qOwn, op.reserved.Load()
+			}
+			if ops[1]&0x80 != 0 {
+				if sz < 0 || sz > own {
+					misuse++
+				} else if a == op {
+					used -= sz
+				} else {
+					qOwn -= sz
+				}
+				a.Shrink(sz)
+				break
+			}
+			err = a.Grow(sz)
+			if sz < 0 {
+				require.ErrorIs(t, err, ErrInvalidSize, what)
+				require.NotErrorIs(t, err, ErrResourceExhausted, what)
+				break
+			}
+			var got *ExhaustedError
+			require.ErrorAs(t, err, &got, what)
+			assert.Equal(t, sz, got.Requested, what)
+			assert.Zero(t, got.RetryAfter, "%s: more than the pool's whole limit: no retry can succeed", what)
+			switch {
+			case a == op && sz > opLimit-used:
+				assert.Equal(t, "pool/q/op", got.Scope, what)
+			case sz > qLimit-held-qOwn:
+				assert.Equal(t, "pool/q", got.Scope, what)
+			default:
+				assert.Equal(t, "pool", got.Scope, what)
+			}
+		case 7:
+			// A grandchild grows, shrinks and closes; its bytes count in
+			// the operator's and the query's Used while open and leave
+			// nothing behind. Every third time the operator is closed first:
+			// the grandchild refuses Grow and Open with ErrClosed.
+			gLimit := limit(int64(ops[1]%4) * 4000)
+			g := mustOpen(t, op, "g", gLimit)
+			gn := int64(ops[1]) * 31
+			err = g.Grow(gn)
+			if err == nil {
+				require.Equal(t, gn, g.Used(), what)
+				require.GreaterOrEqual(t, op.Used(), used+gn, what)
+				// The operator's peak counts what the grandchild holds: its
+				// bytes rounded up to a chunk, within its limit.
+				require.GreaterOrEqual(t, op.Peak(), used+gn, what)
+				require.LessOrEqual(t, op.Peak(), max(peak, used+min(roundUp(gn, chunk), gLimit)), what)
+				peak = op.Peak()
+				require.Empty(t, checkLimits(p, []*Account{q, op, g}), what)
+				g.Shrink(gn)
+			} else {
+				var got *ExhaustedError
+				require.ErrorAs(t, err, &got, what)
+				room := min(opLimit-used, qLimit-used-qOwn, poolLimit-used-qOwn)
+				require.True(t, gn > gLimit || gn > room-4*chunk, "%s: refused %v", what, err)
+			}
+			if ops[1]%3 == 0 {
+				if used > 0 {
+					leaked++
+					leakedBytes += used
+				}
+				op.Close()
+				require.ErrorIs(t, g.Grow(1), ErrClosed, what)
+				_, err = g.Open("x", Unlimited)
+				require.ErrorIs(t, err, ErrClosed, what)
+				g.Close()
+				op = mustOpen(t, q, "op", opLimit)
+				used, peak = 0, 0
+			} else {
+				g.Close()
+			}
+			require.Equal(t, used, op.Used(), what)
 		}
 		require.Equal(t, used, op.Used(), what)
 		require.Equal(t, peak, op.Peak(), what)
