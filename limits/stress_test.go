@@ -62,7 +62,7 @@ func stress(t *testing.T, seed uint64) {
 	)
 	// Not strict: a Close while other goroutines hold bytes is a leak,
 	// counted, which is what this test does on purpose.
-	p, err := NewPool(PoolConfig{Name: "p", Limit: 3 * mib, ChunkSize: 4 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+	p, err := NewPool(PoolConfig{Name: "p", Limit: 3 * mib, ChunkSize: 4 * kib, ShedSize: 640 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	defer p.Close()
 	// Three levels: tops with and without limits, each with two children,
@@ -101,7 +101,24 @@ func stress(t *testing.T, seed uint64) {
 		}
 	}()
 
-	var granted, refused, closedErrs, closes, opens atomic.Int64
+	// Shed goes on and off while the workers grow (the death-spiral
+	// detector's switch), with a ShedSize the accounts reach.
+	shedDone := make(chan struct{})
+	go func() {
+		defer close(shedDone)
+		defer Shed(false)
+		for on := true; ; on = !on {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			Shed(on)
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+
+	var granted, refused, closedErrs, closes, opens, misuses, unsure atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -137,6 +154,34 @@ func stress(t *testing.T, seed uint64) {
 					n := size()
 					if err = a.Resize(held[i], n); err == nil {
 						held[i] = n
+					}
+				case op < 96:
+					// Sizes at the edges: negative or MaxInt64 Shrinks are
+					// misuse (exactly one each, changing nothing); MaxInt64
+					// Grows and Resizes are refused.
+					switch rng.IntN(5) {
+					case 0:
+						a.Shrink(-1 - rng.Int64N(10))
+						misuses.Add(1)
+					case 1:
+						// Misuse while the account is open; after Close, a
+						// Shrink does nothing.
+						open := a.reserved.Load() >= 0
+						a.Shrink(math.MaxInt64)
+						if open != (a.reserved.Load() >= 0) {
+							unsure.Add(1) // closed meanwhile
+						} else if open {
+							misuses.Add(1)
+						}
+					case 2:
+						a.Shrink(math.MinInt64)
+						misuses.Add(1)
+					case 3:
+						err = a.Grow(math.MaxInt64)
+					default:
+						if err = a.Resize(0, math.MaxInt64); err == nil {
+							t.Errorf("%s: Resize(0, MaxInt64) granted", a.scope())
+						}
 					}
 				case op < 99:
 					// A short-lived child: open, grow, shrink, close, while
@@ -179,6 +224,7 @@ func stress(t *testing.T, seed uint64) {
 	wg.Wait()
 	close(stop)
 	<-checker
+	<-shedDone
 
 	assert.Empty(t, violations, "limits exceeded while running")
 	t.Logf("seed %d: %d granted, %d refused, %d ErrClosed, %d closes, %d opens, %d limit checks, pool peak %d of %d, %d leaked",
@@ -212,7 +258,8 @@ func stress(t *testing.T, seed uint64) {
 		}
 	}
 	assert.Equal(t, held, p.Used())
-	assert.Zero(t, p.Stats().Misuse)
+	assert.GreaterOrEqual(t, p.Stats().Misuse, misuses.Load(), "each misuse counted exactly once")
+	assert.LessOrEqual(t, p.Stats().Misuse, misuses.Load()+unsure.Load(), "each misuse counted exactly once")
 	for i := len(accts) - 1; i >= 0; i-- {
 		accts[i].Close()
 	}
