@@ -520,4 +520,23 @@ func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
 		require.True(t, WriteError(w, err))
 		assert.Equal(t, map[bool]string{true: "1", false: ""}[tc.retry > 0], w.Header().Get("Retry-After"))
 	}
+	// Under heap pressure or shedding too, the work that does not fit in
+	// the pool's whole limit is told not to retry.
+	p.pressure.Store(true)
+	p.lastCycle.Store(time.Now().UnixNano())
+	for n, retry := range map[int64]time.Duration{mib / 4: DefaultRetryAfter, 2 * mib: 0} {
+		var e *ExhaustedError
+		require.ErrorAs(t, a.Grow(n), &e)
+		assert.Equal(t, "pool (heap pressure)", e.Scope)
+		assert.Equal(t, retry, e.RetryAfter, "Grow(%d) under heap pressure", n)
+	}
+	p.pressure.Store(false)
+	Shed(true)
+	defer Shed(false)
+	for n, retry := range map[int64]time.Duration{p.shedSize: DefaultRetryAfter, 2 * mib: 0} {
+		var e *ExhaustedError
+		require.ErrorAs(t, a.Grow(n), &e)
+		assert.Equal(t, "pool/a (shedding)", e.Scope)
+		assert.Equal(t, retry, e.RetryAfter, "Grow(%d) while shedding", n)
+	}
 }

@@ -547,9 +547,10 @@ func (a *Account) noteRefused(n int64, err error) {
 		return
 	}
 	e.Requested = n
-	if e.RetryAfter > 0 && e.Scope == a.pool.name {
-		// The pool's limit refused: a retry can succeed once other
-		// accounts give back, unless this work alone does not fit in it.
+	if e.RetryAfter > 0 {
+		// The pool was full, under heap pressure or shedding: a retry can
+		// succeed once that passes, unless this work alone does not fit in
+		// the pool's limit.
 		u := max(a.used.Load(), 0) + a.kids.Load()
 		if n > a.pool.limit-min(u, a.pool.limit) {
 			e.RetryAfter = 0
