@@ -80,8 +80,10 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 
 // cancelLargestAccount cancels the context of the listed account, not yet
 // canceled, that uses the most bytes, if that is at least CancelShare of
-// live. When no account is that large the pressure comes from memory
-// outside the accounts: it says so once per episode of pressure.
+// live. When no account is that large it says so once per episode of
+// pressure: that the pressure comes from memory outside the accounts, or,
+// when the accounts hold at least half of live, from accounts that each
+// hold less than the minimum.
 func (p *Pool) cancelLargestAccount(live, threshold int64, why string) (canceled bool) {
 	minUsed := max(int64(float64(live)*p.cancelShare), 1)
 	p.mu.Lock()
@@ -110,8 +112,14 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string) (canceled
 	case best != nil && most >= minUsed: // ModeObserve or ModeOff
 		p.noteObserved(cause())
 	case p.outsideLogged.CompareAndSwap(false, true):
-		p.log.Warn("limits: "+why+" from memory outside the pool's accounts; no request canceled",
-			"pool", p.name, "heap_live", live, "threshold", threshold, "accounted", p.used.Load(),
+		accounted := p.used.Load()
+		msg := "limits: " + why + " from memory outside the pool's accounts; no request canceled"
+		if accounted >= live/2 {
+			// Not outside: spread over accounts that each hold less than
+			// the minimum (many requests, or CancelShare set high).
+			msg = "limits: " + why + " from the pool's accounts, none of which holds PoolConfig.CancelShare of it; no request canceled"
+		}
+		p.log.Warn(msg, "pool", p.name, "heap_live", live, "threshold", threshold, "accounted", accounted,
 			"largest_account", most, "cancel_min", minUsed)
 	}
 	return false
