@@ -646,3 +646,68 @@ func TestConcurrentMisuseIsExact(t *testing.T) {
 	assert.Zero(t, p.Used())
 	assert.Zero(t, p.Stats().Leaked)
 }
+
+// TestPoolCloseRacesGrow: Pool.Close while goroutines grow, shrink, open
+// and close accounts three levels deep. Once Close returns, every Grow and
+// Open at any depth fails with ErrClosed; the accounts, closed after it,
+// give everything back; no limit is passed meanwhile. Run it with -race.
+func TestPoolCloseRacesGrow(t *testing.T) {
+	for seed := range uint64(8) {
+		p, err := NewPool(PoolConfig{Name: "p", Limit: mib, ChunkSize: 4 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		top := mustOpen(t, p, "top", 768*kib)
+		mid := mustOpen(t, top, "mid", Unlimited)
+		low := mustOpen(t, mid, "low", 256*kib)
+		accts := []*Account{top, mid, low}
+		var closed atomic.Bool
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(seed, uint64(w)))
+				for range 2000 {
+					a := accts[rng.IntN(len(accts))]
+					wasClosed := closed.Load()
+					n := 1 + rng.Int64N(16*kib)
+					if err := a.Grow(n); err == nil {
+						if wasClosed {
+							t.Errorf("%s: Grow(%d) granted after Pool.Close returned", a.scope(), n)
+						}
+						a.Shrink(n)
+					} else if !errors.Is(err, ErrResourceExhausted) && !errors.Is(err, ErrClosed) {
+						t.Errorf("%s: %v", a.scope(), err)
+					}
+					if c, err := a.Open("tmp", 8*kib); err == nil {
+						if wasClosed {
+							t.Errorf("%s: Open after Pool.Close returned", a.scope())
+						}
+						if c.Grow(n) == nil {
+							c.Shrink(n)
+						}
+						c.Close()
+					}
+					if bad := checkLimits(p, accts); len(bad) > 0 {
+						t.Errorf("limits passed: %v", bad)
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(seed) * time.Millisecond)
+		p.Close()
+		closed.Store(true)
+		wg.Wait()
+		for _, a := range accts {
+			require.ErrorIs(t, a.Grow(1), ErrClosed)
+			_, err := a.Open("late", Unlimited)
+			require.ErrorIs(t, err, ErrClosed)
+		}
+		top.Close()
+		assert.Zero(t, p.Used(), "seed %d", seed)
+		assert.Zero(t, p.Stats().Leaked, "seed %d", seed)
+		for _, a := range accts {
+			assert.Zero(t, a.Used())
+			assert.Zero(t, a.used.Load())
+		}
+	}
+}
