@@ -287,7 +287,8 @@ type Pool struct {
 	observeLogAt  atomic.Int64 // UnixNano of the last ModeObserve log line
 	misuseLogged  atomic.Bool
 	leakLogged    atomic.Bool
-	outsideLogged atomic.Bool // reset when the pressure ends
+	outsideLogged atomic.Bool  // reset when the pressure ends
+	kernelWarnAt  atomic.Int64 // UnixNano of CancelLargest's last no-cancel WARN
 
 	name          string
 	heapScope     string

@@ -86,7 +86,8 @@ func Shedding() bool { return shedding.Load() }
 // /memory/classes/heap/released:bytes), so that before the first GC cycle,
 // when the live heap reads 0, a request of a few bytes is not canceled;
 // the cause is an *ExhaustedError with scope "... (memory pressure)". It
-// returns how many accounts it canceled. memctl.Start connects it to the
+// returns how many accounts it canceled. When a pool has no account that
+// large it logs so at WARN, at most once a minute. memctl.Start connects it to the
 // kernel memory-pressure watcher (package pressure): the request that
 // holds the most is stopped before the OOM killer stops the process.
 // With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
@@ -97,7 +98,7 @@ func CancelLargest() int {
 	base := max(sampleBytes(s[0]), sampleBytes(s[1])-sampleBytes(s[2]))
 	n := 0
 	eachPool(func(p *Pool) {
-		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(base, base, "memory pressure") {
+		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(base, base, "memory pressure", true) {
 			n++
 		}
 	})

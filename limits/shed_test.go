@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/metrics"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/memctl/memctl/internal/childtest"
 
@@ -178,4 +180,29 @@ func TestCancelLargestBeforeFirstGC(t *testing.T) {
 	require.Equal(t, "0", r["LIVE"], "the live heap reads 0 before the first GC cycle")
 	assert.Equal(t, "0", r["CANCELED_SMALL"])
 	assert.Equal(t, "1", r["CANCELED_LARGE"])
+}
+
+// TestCancelLargestWarnsOncePerMinute: the kernel pressure watcher calls
+// CancelLargest up to every 2 s during an episode; with only small
+// requests open it cancels nothing and says so in one WARN line, not one
+// per call. Before, the heap watch re-armed the line at every GC cycle
+// (the heap was not over its threshold), so each call logged again.
+func TestCancelLargestWarnsOncePerMinute(t *testing.T) {
+	t.Setenv("MEMCTL_BUDGETS", "")
+	var logs strings.Builder
+	p := newTestPool(t, PoolConfig{Limit: 1 << 30, CancelLargest: true, HeapPressure: 0.9, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx, done := WithAccount(context.Background(), mustOpen(t, p, "small", Unlimited))
+	defer done()
+	require.NoError(t, Grow(ctx, 1))
+	defer Shrink(ctx, 1)
+	for range 5 {
+		waitCycles(t, p, 1)
+		assert.Zero(t, CancelLargest())
+	}
+	assert.NoError(t, ctx.Err())
+	assert.Equal(t, 1, strings.Count(logs.String(), "no request canceled"), logs.String())
+	// A minute later it is said again.
+	p.kernelWarnAt.Add(-int64(time.Minute))
+	assert.Zero(t, CancelLargest())
+	assert.Equal(t, 2, strings.Count(logs.String(), "no request canceled"), logs.String())
 }
