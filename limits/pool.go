@@ -202,7 +202,8 @@ type PoolConfig struct {
 	Strict bool
 	// Logger receives the pool's few log lines: the fallback limit (INFO),
 	// a bad MEMCTL_BUDGETS (WARN), the first misuse and the first leak
-	// (WARN), pressure from outside the accounts (WARN, once per episode),
+	// (WARN), pressure that cancels nothing (WARN, once per episode of heap
+	// pressure, at most once a minute for the kernel's: CancelLargest),
 	// and in ModeObserve what would have been refused (WARN, rate-limited).
 	// Default: nil (means slog.Default()).
 	Logger *slog.Logger
