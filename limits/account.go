@@ -472,8 +472,9 @@ func (a *Account) giveBack(n int64, unlink *Account) {
 // (PoolStats.Misuse) and logs the first one at WARN, or, in strict mode
 // (PoolConfig.Strict), Shrink panics once it holds no lock. When the
 // account holds more than two chunks beyond its use, Shrink returns the
-// excess to the parent. Shrink after Close does nothing. Within the
-// reserved chunk Shrink costs one compare-and-swap and allocates nothing.
+// excess to the parent. Shrink after Close does nothing, but a negative n
+// is still counted as misuse. Within the reserved chunk Shrink costs one
+// compare-and-swap and allocates nothing.
 func (a *Account) Shrink(n int64) {
 	if n <= 0 {
 		if n < 0 {
