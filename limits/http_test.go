@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -539,4 +541,65 @@ func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
 		assert.Equal(t, "pool/a (shedding)", e.Scope)
 		assert.Equal(t, retry, e.RetryAfter, "Grow(%d) while shedding", n)
 	}
+}
+
+// TestClientContentLength: a handler charges the client's Content-Length
+// before reading the body. Sizes past a limit, however large, are 429
+// resource_exhausted, with Retry-After only when a retry can fit (the pool
+// is full, not a body larger than the pool or the request's budget); an
+// unknown length (a chunked body, ContentLength -1) is the caller's
+// ErrInvalidSize; net/http itself answers 400 to a negative or unparsable
+// one.
+func TestClientContentLength(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 4 * mib})
+	hog := mustOpen(t, p, "hog", Unlimited)
+	require.NoError(t, hog.Grow(3*mib))
+	defer shrinkClose(hog)
+	h := mustMiddleware(t, p, HTTPConfig{Limit: 2 * mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := Grow(r.Context(), r.ContentLength); err != nil {
+			if !WriteError(w, err) {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+			return
+		}
+		defer Shrink(r.Context(), r.ContentLength)
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, tc := range []struct {
+		header     string // the Content-Length line, or a Transfer-Encoding one
+		code       int
+		retryAfter string
+	}{
+		{"Content-Length: 9223372036854775807", 429, ""}, // MaxInt64
+		{"Content-Length: 9223372036854775806", 429, ""},
+		{"Content-Length: 4611686018427387904", 429, ""}, // 1<<62
+		{"Content-Length: 2097153", 429, ""},             // the request's budget + 1
+		{"Content-Length: 1048577", 429, "1"},            // the pool is full: retry
+		{"Content-Length: 9223372036854775808", 400, ""}, // past int64: net/http
+		{"Content-Length: -1", 400, ""},                  // negative: net/http
+		{"Transfer-Encoding: chunked", 500, ""},          // unknown length: -1
+	} {
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		require.NoError(t, err)
+		_, err = fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\n%s\r\nConnection: close\r\n\r\n", tc.header)
+		require.NoError(t, err)
+		if strings.HasPrefix(tc.header, "Transfer") {
+			_, err = io.WriteString(conn, "0\r\n\r\n")
+			require.NoError(t, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, tc.header)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		conn.Close()
+		require.NoError(t, err, tc.header)
+		assert.Equal(t, tc.code, resp.StatusCode, "%s: %s", tc.header, body)
+		assert.Equal(t, tc.retryAfter, resp.Header.Get("Retry-After"), tc.header)
+		if tc.code == 429 {
+			assert.Contains(t, string(body), `"code":"resource_exhausted"`, tc.header)
+		}
+	}
+	assert.Equal(t, 3*mib, p.Used(), "the requests left nothing behind")
 }
