@@ -170,11 +170,12 @@ type errorBody struct {
 // Content-Disposition (ServeContent deletes the same before an error). As
 // http.Error does, it keeps Content-Encoding, which a compressing
 // middleware sets for what it compresses (go.dev/issue/66343): a handler
-// that set Content-Encoding itself and compresses by hand deletes it first. It sets Retry-After, in whole seconds,
-// when a retry can succeed (ExhaustedError.RetryAfter: the pool was full or
-// under heap pressure, or the heap watch canceled the request), and deletes
-// it when a retry cannot (the request was over its own budget or an
-// ancestor account's, or asked for more than the pool's whole limit).
+// that set Content-Encoding itself and compresses by hand deletes it first.
+// It sets Retry-After, in whole seconds, when a retry can succeed
+// (ExhaustedError.RetryAfter: the pool was full or under heap pressure, or
+// the heap watch canceled the request), and deletes it when a retry cannot
+// (the request was over its own budget or an ancestor account's, or asked
+// for more than the pool's whole limit).
 //
 // For any other error, and for nil, it writes nothing and returns false,
 // and the caller answers: ErrInvalidSize is a bug of the caller (500),

@@ -83,9 +83,8 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 // live. When no account is that large it says so once per episode of heap
 // pressure, or, for the kernel's pressure (kernel true, the function
 // CancelLargest), at most once per kernelWarnInterval: that the pressure
-// comes from memory outside the accounts, or,
-// when the accounts hold at least half of live, from accounts that each
-// hold less than the minimum.
+// comes from memory outside the accounts, or, when the accounts hold at
+// least half of live, from accounts that each hold less than the minimum.
 func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bool) (canceled bool) {
 	minUsed := max(int64(float64(live)*p.cancelShare), 1)
 	p.mu.Lock()

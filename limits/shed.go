@@ -66,7 +66,8 @@ func eachPool(f func(*Pool)) {
 // more. While it is on, an account reserves from its parent no more than
 // takes it to ShedSize, so that Grows on the fast path stop there too; only
 // what it had reserved before Shed was turned on (at most two chunks,
-// PoolConfig.ChunkSize, beyond what it used) can take it past ShedSize. memctl.Start connects it to the GC death-spiral detector (package
+// PoolConfig.ChunkSize, beyond what it used) can take it past ShedSize.
+// memctl.Start connects it to the GC death-spiral detector (package
 // pressure), which turns it on for the length of an episode: a process
 // whose GC takes half its CPU serves small requests at full speed rather
 // than every request slowly; the trade-off is that large requests that
@@ -87,8 +88,8 @@ func Shedding() bool { return shedding.Load() }
 // when the live heap reads 0, a request of a few bytes is not canceled;
 // the cause is an *ExhaustedError with scope "... (memory pressure)". It
 // returns how many accounts it canceled. When a pool has no account that
-// large it logs so at WARN, at most once a minute. memctl.Start connects it to the
-// kernel memory-pressure watcher (package pressure): the request that
+// large it logs so at WARN, at most once a minute. memctl.Start connects it
+// to the kernel memory-pressure watcher (package pressure): the request that
 // holds the most is stopped before the OOM killer stops the process.
 // With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
 // Safe for concurrent use.
