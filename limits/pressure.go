@@ -112,7 +112,7 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 		return true
 	case best != nil && most >= minUsed: // ModeObserve or ModeOff
 		p.noteObserved(cause())
-	case p.mayWarnNoCancel(kernel):
+	case p.mode != ModeOff && p.mayWarnNoCancel(kernel): // off logs nothing
 		accounted := p.used.Load()
 		msg := "limits: " + why + " from memory outside the pool's accounts; no request canceled"
 		if accounted >= live/2 {

@@ -206,3 +206,20 @@ func TestCancelLargestWarnsOncePerMinute(t *testing.T) {
 	assert.Zero(t, CancelLargest())
 	assert.Equal(t, 2, strings.Count(logs.String(), "no request canceled"), logs.String())
 }
+
+// TestCancelLargestOffLogsNothing: with MEMCTL_BUDGETS=off a pool logs
+// nothing (Mode's doc), the kernel pressure's CancelLargest included.
+// Before, it logged its no-cancel WARN line.
+func TestCancelLargestOffLogsNothing(t *testing.T) {
+	t.Setenv("MEMCTL_BUDGETS", "off")
+	var logs strings.Builder
+	p := newTestPool(t, PoolConfig{Limit: 1 << 30, CancelLargest: true, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	require.Equal(t, ModeOff, p.Mode())
+	ctx, done := WithAccount(context.Background(), mustOpen(t, p, "small", Unlimited))
+	defer done()
+	require.NoError(t, Grow(ctx, 1))
+	defer Shrink(ctx, 1)
+	assert.Zero(t, CancelLargest())
+	assert.NoError(t, ctx.Err())
+	assert.Empty(t, logs.String())
+}
