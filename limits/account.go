@@ -333,6 +333,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 		if room := a.room(r); want > room {
 			want = max(room, need)
 		}
+		want = a.shedCap(want, need, r+k)
 		got, err := a.reserveUp(want, need, o)
 		if err != nil {
 			return err
@@ -402,6 +403,7 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	if room := a.room(r); want > room {
 		want = max(room, need)
 	}
+	want = a.shedCap(want, need, r+a.kids.Load())
 	got, err := a.reserveUp(want, need, o)
 	if _, ok := err.(*ExhaustedError); ok && a.reserved.Load() > max(a.used.Load(), 0) {
 		// An ancestor or the pool is full: a's own slack counts there, so
@@ -470,8 +472,9 @@ func (a *Account) giveBack(n int64, unlink *Account) {
 // (PoolStats.Misuse) and logs the first one at WARN, or, in strict mode
 // (PoolConfig.Strict), Shrink panics once it holds no lock. When the
 // account holds more than two chunks beyond its use, Shrink returns the
-// excess to the parent. Shrink after Close does nothing. Within the
-// reserved chunk Shrink costs one compare-and-swap and allocates nothing.
+// excess to the parent. Shrink after Close does nothing, but a negative n
+// is still counted as misuse. Within the reserved chunk Shrink costs one
+// compare-and-swap and allocates nothing.
 func (a *Account) Shrink(n int64) {
 	if n <= 0 {
 		if n < 0 {

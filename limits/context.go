@@ -24,7 +24,10 @@ func FromContext(ctx context.Context) *Account {
 // account in ctx it counts nothing and returns nil, so that code written for
 // budgets runs unchanged where none is configured; the call is counted in
 // PoolStats.Unguarded, so that a handler left outside the middleware shows
-// up. A negative n is still an error matching ErrInvalidSize.
+// up. A negative n is still an error matching ErrInvalidSize. A handler
+// that charges a request body's size checks http.Request.ContentLength
+// first: net/http sets it to -1 when the length is unknown (a chunked
+// upload), and Grow(-1) is that error (a 500), not resource_exhausted.
 func Grow(ctx context.Context, n int64) error {
 	if a := FromContext(ctx); a != nil {
 		return a.Grow(n)

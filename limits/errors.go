@@ -73,8 +73,9 @@ type ExhaustedError struct {
 	// RetryAfter is how long a client should wait before it retries, when a
 	// retry can succeed: DefaultRetryAfter (1 s) when the pool was full or
 	// under heap pressure, as other requests end and the collector runs; 0
-	// when the request was over its own budget or an ancestor account's,
-	// which a retry of the same request meets again. WriteError sends it as
+	// when the request was over its own budget or an ancestor account's, or
+	// when what the account uses plus the refused size is more than the
+	// pool's whole limit: a retry of the same request meets them again. WriteError sends it as
 	// Retry-After.
 	RetryAfter time.Duration
 }

@@ -64,7 +64,8 @@ type HTTPConfig struct {
 // A handler shrinks what it grew before it returns (defer limits.Shrink):
 // an account closed with bytes still grown counts as a leak
 // (PoolStats.Leaked; see Account.Close), and panics, after the account is
-// closed and AfterBurst called, when PoolConfig.Strict is set. An account
+// closed and AfterBurst called, when PoolConfig.Strict is set, unless the
+// handler itself panicked: its panic goes on, unchanged. An account
 // closed early because the request's context ended is not a leak.
 //
 // Handlers answer a Grow error with WriteError, and any error it does not
@@ -114,6 +115,7 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			// cancelable context (WithAccount: about 6 allocations more).
 			var ctx context.Context
 			var end func() string
+			returned := false
 			if p.cancelLargest {
 				ctx, end = withAccount(r.Context(), a)
 			} else {
@@ -131,14 +133,24 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 				if threshold > 0 && reached >= threshold && cfg.AfterBurst != nil {
 					cfg.AfterBurst()
 				}
-				if leak != "" && p.strict {
+				// A handler's own panic goes on (net/http logs it, or
+				// http.ErrAbortHandler aborts): the leak it caused is
+				// counted, and a strict panic would replace it.
+				if leak != "" && p.strict && returned {
 					panic(leak)
 				}
 			}()
 			next.ServeHTTP(w, r.WithContext(ctx))
+			returned = true
 		})
 	}, nil
 }
+
+// staleHeaders are the headers WriteError deletes: those of the content the
+// handler meant to send. Content-Encoding stays, as in http.Error: a
+// compressing middleware sets it and compresses what WriteError writes
+// (go.dev/issue/66343).
+var staleHeaders = [...]string{"Content-Length", "Transfer-Encoding", "Cache-Control", "Etag", "Last-Modified", "Content-Range", "Content-Disposition"}
 
 // errorBody is the JSON body WriteError sends.
 type errorBody struct {
@@ -152,11 +164,18 @@ type errorBody struct {
 // the JSON body {"code":"resource_exhausted","message":"<err.Error()>"} and
 // returns true. As http.Error does, it deletes a Content-Length the handler
 // set for other content, and sets Content-Type (application/json) and
-// X-Content-Type-Options: nosniff. It sets Retry-After, in whole seconds,
-// when a retry can succeed (ExhaustedError.RetryAfter: the pool was full or
-// under heap pressure, or the heap watch canceled the request), and deletes
-// it when a retry cannot (the request was over its own budget or an
-// ancestor account's).
+// X-Content-Type-Options: nosniff; it also deletes the other headers of that
+// content that would break or outlive the answer: Transfer-Encoding,
+// Cache-Control, ETag, Last-Modified, Content-Range and
+// Content-Disposition (ServeContent deletes the same before an error). As
+// http.Error does, it keeps Content-Encoding, which a compressing
+// middleware sets for what it compresses (go.dev/issue/66343): a handler
+// that set Content-Encoding itself and compresses by hand deletes it first.
+// It sets Retry-After, in whole seconds, when a retry can succeed
+// (ExhaustedError.RetryAfter: the pool was full or under heap pressure, or
+// the heap watch canceled the request), and deletes it when a retry cannot
+// (the request was over its own budget or an ancestor account's, or asked
+// for more than the pool's whole limit).
 //
 // For any other error, and for nil, it writes nothing and returns false,
 // and the caller answers: ErrInvalidSize is a bug of the caller (500),
@@ -169,7 +188,14 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	}
 	body, _ := json.Marshal(errorBody{Code: CodeResourceExhausted, Message: err.Error()})
 	h := w.Header()
-	h.Del("Content-Length")
+	// The headers of the answer the handler meant to send describe other
+	// content: its length, its framing (a stale Transfer-Encoding breaks the
+	// HTTP/1.1 connection: "too many transfer encodings"), and its caching
+	// (a stale Cache-Control: max-age lets a shared cache serve the 429 to
+	// everyone), as net/http's ServeContent deletes them before an error.
+	for _, k := range staleHeaders {
+		h.Del(k)
+	}
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Del("Retry-After")

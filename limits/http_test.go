@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -401,6 +403,20 @@ func TestMiddlewareLeak(t *testing.T) {
 	})
 	assert.Zero(t, strict.Used())
 	assert.Equal(t, int64(1), bursts.Load(), "AfterBurst ran before the panic")
+	// A handler that panics with bytes grown keeps its own panic (and
+	// http.ErrAbortHandler its meaning); the leak is counted. Before, the
+	// strict leak panic replaced it.
+	for _, v := range []any{"handler boom", http.ErrAbortHandler} {
+		h = mustMiddleware(t, strict, HTTPConfig{Limit: mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			require.NoError(t, Grow(r.Context(), 1000))
+			panic(v)
+		}))
+		assert.PanicsWithValue(t, v, func() {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+		})
+	}
+	assert.Equal(t, int64(3), strict.Stats().Leaked)
+	assert.Zero(t, strict.Used())
 	// With CancelLargest the account is bound to the request's context; a
 	// client that went away is not a leak.
 	cl := newTestPool(t, PoolConfig{Limit: mib, CancelLargest: true})
@@ -413,4 +429,177 @@ func TestMiddlewareLeak(t *testing.T) {
 	cancel()
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
 	assert.Zero(t, cl.Stats().Leaked)
+}
+
+// TestWriteErrorStaleHeaders: a handler that set the headers of the answer
+// it meant to send (its framing, its caching, its range) before WriteError
+// still sends a 429 that a client reads to its end, over HTTP/1.1 and
+// HTTP/2, for GET and HEAD, and that no cache keeps. Before, a stale
+// "Transfer-Encoding: gzip" broke the HTTP/1.1 connection ("too many
+// transfer encodings") and a stale "Cache-Control: public, max-age=3600"
+// and ETag went out with the 429.
+func TestWriteErrorStaleHeaders(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 3 * mib})
+	stale := map[string]string{
+		"Content-Length":      "100000",
+		"Transfer-Encoding":   "gzip",
+		"Cache-Control":       "public, max-age=3600",
+		"Etag":                `"v1"`,
+		"Last-Modified":       "Mon, 30 Nov 2026 00:00:00 GMT",
+		"Content-Range":       "bytes 0-99999/200000",
+		"Content-Disposition": `attachment; filename="report.csv"`,
+	}
+	h := mustMiddleware(t, p, HTTPConfig{Limit: 2 * mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k := r.URL.Query().Get("k")
+		w.Header().Set(k, stale[k])
+		growHandler(w, r)
+	}))
+	for _, h2 := range []bool{false, true} {
+		srv := httptest.NewUnstartedServer(h)
+		srv.EnableHTTP2 = h2
+		srv.StartTLS()
+		for k := range stale {
+			for _, method := range []string{http.MethodGet, http.MethodHead} {
+				what := fmt.Sprintf("HTTP/2 %v, %s, stale %s", h2, method, k)
+				req, err := http.NewRequest(method, srv.URL+"/?n=3000000&k="+k, nil)
+				require.NoError(t, err)
+				resp, err := srv.Client().Do(req)
+				require.NoError(t, err, what)
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				require.NoError(t, err, what)
+				assert.Equal(t, 429, resp.StatusCode, what)
+				if k != "Content-Length" { // the server sets the body's own
+					assert.Empty(t, resp.Header.Values(k), what)
+				}
+				if method == http.MethodGet {
+					assert.NotEqual(t, "100000", resp.Header.Get("Content-Length"), what)
+					var eb errorBody
+					require.NoError(t, json.Unmarshal(body, &eb), what)
+					assert.Equal(t, CodeResourceExhausted, eb.Code, what)
+				}
+			}
+		}
+		srv.Close()
+	}
+	assert.Zero(t, p.Used())
+}
+
+// TestRetryAfterOnlyWhenItCanFit: a refusal by a full pool carries
+// Retry-After, but not one of a request that alone asks for more than the
+// pool's whole limit (a client's Content-Length of 2 GiB against a 1 GiB
+// pool), which a retry meets again. Before, both said Retry-After: 1, and a
+// client that obeys it retried forever.
+func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: mib, ChunkSize: 4 * kib})
+	hog := mustOpen(t, p, "hog", Unlimited)
+	require.NoError(t, hog.Grow(mib/2))
+	defer shrinkClose(hog)
+	a := mustOpen(t, p, "a", Unlimited)
+	kid := mustOpen(t, a, "kid", Unlimited)
+	defer a.Close()
+	require.NoError(t, a.Grow(100*kib))
+	defer a.Shrink(100 * kib)
+	for _, tc := range []struct {
+		acct  *Account
+		n     int64
+		retry time.Duration
+	}{
+		{a, 3 * mib / 4, DefaultRetryAfter},   // fits once hog is gone
+		{kid, 3 * mib / 4, DefaultRetryAfter}, // from a child
+		{a, mib - 100*kib, DefaultRetryAfter}, // exactly the pool with what a holds
+		{a, mib - 100*kib + 1, 0},             // one byte more than the pool
+		{kid, 2 * mib, 0},
+		{a, 1 << 62, 0},
+		{kid, math.MaxInt64 - 200*kib, 0},
+	} {
+		err := tc.acct.Grow(tc.n)
+		var e *ExhaustedError
+		require.ErrorAs(t, err, &e, "%s Grow(%d)", tc.acct.Name(), tc.n)
+		assert.Equal(t, "pool", e.Scope, "%s Grow(%d)", tc.acct.Name(), tc.n)
+		assert.Equal(t, tc.retry, e.RetryAfter, "%s Grow(%d)", tc.acct.Name(), tc.n)
+		w := httptest.NewRecorder()
+		require.True(t, WriteError(w, err))
+		assert.Equal(t, map[bool]string{true: "1", false: ""}[tc.retry > 0], w.Header().Get("Retry-After"))
+	}
+	// Under heap pressure or shedding too, the work that does not fit in
+	// the pool's whole limit is told not to retry.
+	p.pressure.Store(true)
+	p.lastCycle.Store(time.Now().UnixNano())
+	for n, retry := range map[int64]time.Duration{mib / 4: DefaultRetryAfter, 2 * mib: 0} {
+		var e *ExhaustedError
+		require.ErrorAs(t, a.Grow(n), &e)
+		assert.Equal(t, "pool (heap pressure)", e.Scope)
+		assert.Equal(t, retry, e.RetryAfter, "Grow(%d) under heap pressure", n)
+	}
+	p.pressure.Store(false)
+	Shed(true)
+	defer Shed(false)
+	for n, retry := range map[int64]time.Duration{p.shedSize: DefaultRetryAfter, 2 * mib: 0} {
+		var e *ExhaustedError
+		require.ErrorAs(t, a.Grow(n), &e)
+		assert.Equal(t, "pool/a (shedding)", e.Scope)
+		assert.Equal(t, retry, e.RetryAfter, "Grow(%d) while shedding", n)
+	}
+}
+
+// TestClientContentLength: a handler charges the client's Content-Length
+// before reading the body. Sizes past a limit, however large, are 429
+// resource_exhausted, with Retry-After only when a retry can fit (the pool
+// is full, not a body larger than the pool or the request's budget); an
+// unknown length (a chunked body, ContentLength -1) is the caller's
+// ErrInvalidSize; net/http itself answers 400 to a negative or unparsable
+// one.
+func TestClientContentLength(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 4 * mib})
+	hog := mustOpen(t, p, "hog", Unlimited)
+	require.NoError(t, hog.Grow(3*mib))
+	defer shrinkClose(hog)
+	h := mustMiddleware(t, p, HTTPConfig{Limit: 2 * mib})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := Grow(r.Context(), r.ContentLength); err != nil {
+			if !WriteError(w, err) {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+			return
+		}
+		defer Shrink(r.Context(), r.ContentLength)
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, tc := range []struct {
+		header     string // the Content-Length line, or a Transfer-Encoding one
+		code       int
+		retryAfter string
+	}{
+		{"Content-Length: 9223372036854775807", 429, ""}, // MaxInt64
+		{"Content-Length: 9223372036854775806", 429, ""},
+		{"Content-Length: 4611686018427387904", 429, ""}, // 1<<62
+		{"Content-Length: 2097153", 429, ""},             // the request's budget + 1
+		{"Content-Length: 1048577", 429, "1"},            // the pool is full: retry
+		{"Content-Length: 9223372036854775808", 400, ""}, // past int64: net/http
+		{"Content-Length: -1", 400, ""},                  // negative: net/http
+		{"Transfer-Encoding: chunked", 500, ""},          // unknown length: -1
+	} {
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		require.NoError(t, err)
+		_, err = fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\n%s\r\nConnection: close\r\n\r\n", tc.header)
+		require.NoError(t, err)
+		if strings.HasPrefix(tc.header, "Transfer") {
+			_, err = io.WriteString(conn, "0\r\n\r\n")
+			require.NoError(t, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, tc.header)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		conn.Close()
+		require.NoError(t, err, tc.header)
+		assert.Equal(t, tc.code, resp.StatusCode, "%s: %s", tc.header, body)
+		assert.Equal(t, tc.retryAfter, resp.Header.Get("Retry-After"), tc.header)
+		if tc.code == 429 {
+			assert.Contains(t, string(body), `"code":"resource_exhausted"`, tc.header)
+		}
+	}
+	assert.Equal(t, 3*mib, p.Used(), "the requests left nothing behind")
 }

@@ -186,8 +186,9 @@ type PoolConfig struct {
 	// pressure instead. Default: false.
 	CancelLargest bool
 	// CancelShare is the share of the live Go heap, in (0.0, 1.0], that an
-	// account must hold for CancelLargest to cancel it. Default: 0 (means
-	// DefaultCancelShare, 0.05).
+	// account must hold for CancelLargest to cancel it (for the function
+	// CancelLargest, the kernel's pressure: of the Go memory, see there).
+	// Default: 0 (means DefaultCancelShare, 0.05).
 	CancelShare float64
 	// ShedSize is the most bytes an account (its own and its children's)
 	// may reach while Shed is on (a GC death spiral; see Shed); Grows past
@@ -201,7 +202,8 @@ type PoolConfig struct {
 	Strict bool
 	// Logger receives the pool's few log lines: the fallback limit (INFO),
 	// a bad MEMCTL_BUDGETS (WARN), the first misuse and the first leak
-	// (WARN), pressure from outside the accounts (WARN, once per episode),
+	// (WARN), pressure that cancels nothing (WARN, once per episode of heap
+	// pressure, at most once a minute for the kernel's: CancelLargest),
 	// and in ModeObserve what would have been refused (WARN, rate-limited).
 	// Default: nil (means slog.Default()).
 	Logger *slog.Logger
@@ -286,7 +288,8 @@ type Pool struct {
 	observeLogAt  atomic.Int64 // UnixNano of the last ModeObserve log line
 	misuseLogged  atomic.Bool
 	leakLogged    atomic.Bool
-	outsideLogged atomic.Bool // reset when the pressure ends
+	outsideLogged atomic.Bool  // reset when the pressure ends
+	kernelWarnAt  atomic.Int64 // UnixNano of CancelLargest's last no-cancel WARN
 
 	name          string
 	heapScope     string
@@ -546,6 +549,15 @@ func (a *Account) noteRefused(n int64, err error) {
 		return
 	}
 	e.Requested = n
+	if e.RetryAfter > 0 {
+		// The pool was full, under heap pressure or shedding: a retry can
+		// succeed once that passes, unless this work alone does not fit in
+		// the pool's limit.
+		u := max(a.used.Load(), 0) + a.kids.Load()
+		if n > a.pool.limit-min(u, a.pool.limit) {
+			e.RetryAfter = 0
+		}
+	}
 	a.pool.refused.Add(1)
 	for x := a; x != nil; x = x.parent {
 		u := max(x.used.Load(), 0) + x.kids.Load()

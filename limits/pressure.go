@@ -63,7 +63,7 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 		return
 	}
 	if p.cancelLargest {
-		p.cancelLargestAccount(live, threshold, "heap pressure")
+		p.cancelLargestAccount(live, threshold, "heap pressure", false)
 	}
 }
 
@@ -80,9 +80,12 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 
 // cancelLargestAccount cancels the context of the listed account, not yet
 // canceled, that uses the most bytes, if that is at least CancelShare of
-// live. When no account is that large the pressure comes from memory
-// outside the accounts: it says so once per episode of pressure.
-func (p *Pool) cancelLargestAccount(live, threshold int64, why string) (canceled bool) {
+// live. When no account is that large it says so once per episode of heap
+// pressure, or, for the kernel's pressure (kernel true, the function
+// CancelLargest), at most once per kernelWarnInterval: that the pressure
+// comes from memory outside the accounts, or, when the accounts hold at
+// least half of live, from accounts that each hold less than the minimum.
+func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bool) (canceled bool) {
 	minUsed := max(int64(float64(live)*p.cancelShare), 1)
 	p.mu.Lock()
 	var best *Account
@@ -109,9 +112,15 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string) (canceled
 		return true
 	case best != nil && most >= minUsed: // ModeObserve or ModeOff
 		p.noteObserved(cause())
-	case p.outsideLogged.CompareAndSwap(false, true):
-		p.log.Warn("limits: "+why+" from memory outside the pool's accounts; no request canceled",
-			"pool", p.name, "heap_live", live, "threshold", threshold, "accounted", p.used.Load(),
+	case p.mode != ModeOff && p.mayWarnNoCancel(kernel): // off logs nothing
+		accounted := p.used.Load()
+		msg := "limits: " + why + " from memory outside the pool's accounts; no request canceled"
+		if accounted >= live/2 {
+			// Not outside: spread over accounts that each hold less than
+			// the minimum (many requests, or CancelShare set high).
+			msg = "limits: " + why + " from the pool's accounts, none of which holds PoolConfig.CancelShare of it; no request canceled"
+		}
+		p.log.Warn(msg, "pool", p.name, "heap_live", live, "threshold", threshold, "accounted", accounted,
 			"largest_account", most, "cancel_min", minUsed)
 	}
 	return false
@@ -174,4 +183,22 @@ func (p *Pool) workEnded(a *Account) {
 	if a.pressureCanceled.Load() || a.Peak() >= max(int64(float64(p.heapLive.Load())*p.cancelShare), 1) {
 		p.refreshHeap()
 	}
+}
+
+// kernelWarnInterval is the shortest time between two of CancelLargest's
+// WARN lines saying it canceled nothing: the kernel pressure watcher calls
+// it up to every 2 s (pressure.DefaultMinInterval) during an episode, whose
+// end this package does not see.
+const kernelWarnInterval = time.Minute
+
+// mayWarnNoCancel reports whether the WARN line of a pressure that cancels
+// nothing is due: once per episode of heap pressure, or, for the kernel's
+// pressure, once per kernelWarnInterval.
+func (p *Pool) mayWarnNoCancel(kernel bool) bool {
+	if !kernel {
+		return p.outsideLogged.CompareAndSwap(false, true)
+	}
+	now := time.Now().UnixNano()
+	last := p.kernelWarnAt.Load()
+	return (last == 0 || now-last >= int64(kernelWarnInterval)) && p.kernelWarnAt.CompareAndSwap(last, now)
 }

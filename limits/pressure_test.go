@@ -469,3 +469,25 @@ func TestPressureReadAgainAfterCancel(t *testing.T) {
 	small.Close()
 	p.Close() // waits for the pool's GC goroutine
 }
+
+// TestCancelLargestSpreadIsNotOutside: under heap pressure from twenty
+// requests of 3 MiB each (60 of 95 MiB live, each under CancelShare), none
+// is canceled and the WARN line says the pressure comes from the pool's
+// accounts, not from memory outside them. Before, it blamed memory outside
+// the accounts.
+func TestCancelLargestSpreadIsNotOutside(t *testing.T) {
+	var logs strings.Builder
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib, HeapPressure: 0.9, CancelLargest: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 20 {
+		ctx, done := WithAccount(context.Background(), mustOpen(t, p, "small", Unlimited))
+		defer done()
+		require.NoError(t, Grow(ctx, 3*mib)) // counted, not allocated
+		defer Shrink(ctx, 3*mib)
+	}
+	for range 5 {
+		p.observeHeap(95*mib, 100*mib)
+	}
+	assert.Zero(t, p.Stats().Canceled)
+	assert.Equal(t, 1, strings.Count(logs.String(), "none of which holds PoolConfig.CancelShare"), logs.String())
+	assert.NotContains(t, logs.String(), "outside")
+}

@@ -63,7 +63,11 @@ func eachPool(f func(*Pool)) {
 // scope ends in "(shedding)" and whose RetryAfter is DefaultRetryAfter
 // (HTTP 429 with Retry-After): large work waits, small requests go on.
 // Accounts already past ShedSize keep what they hold and are refused only
-// more. memctl.Start connects it to the GC death-spiral detector (package
+// more. While it is on, an account reserves from its parent no more than
+// takes it to ShedSize, so that Grows on the fast path stop there too; only
+// what it had reserved before Shed was turned on (at most two chunks,
+// PoolConfig.ChunkSize, beyond what it used) can take it past ShedSize.
+// memctl.Start connects it to the GC death-spiral detector (package
 // pressure), which turns it on for the length of an episode: a process
 // whose GC takes half its CPU serves small requests at full speed rather
 // than every request slowly; the trade-off is that large requests that
@@ -77,27 +81,47 @@ func Shedding() bool { return shedding.Load() }
 
 // CancelLargest cancels, in every open pool configured with CancelLargest,
 // the open account (bound with WithAccount or the middleware) that uses the
-// most bytes, provided it holds at least CancelShare of the live Go heap;
+// most bytes, provided it holds at least CancelShare of the Go memory: the
+// larger of the live heap at the last GC cycle and what the runtime holds
+// from the OS now (runtime/metrics /memory/classes/total:bytes less
+// /memory/classes/heap/released:bytes), so that before the first GC cycle,
+// when the live heap reads 0, a request of a few bytes is not canceled;
 // the cause is an *ExhaustedError with scope "... (memory pressure)". It
-// returns how many accounts it canceled. memctl.Start connects it to the
-// kernel memory-pressure watcher (package pressure): the request that
+// returns how many accounts it canceled. When a pool has no account that
+// large it logs so at WARN, at most once a minute. memctl.Start connects it
+// to the kernel memory-pressure watcher (package pressure): the request that
 // holds the most is stopped before the OOM killer stops the process.
 // With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
 // Safe for concurrent use.
 func CancelLargest() int {
-	s := []metrics.Sample{{Name: liveHeapMetric}}
+	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMemoryMetric}, {Name: releasedMetric}}
 	metrics.Read(s)
-	var live int64
-	if s[0].Value.Kind() == metrics.KindUint64 {
-		live = int64(min(s[0].Value.Uint64(), math.MaxInt64))
-	}
+	base := max(sampleBytes(s[0]), sampleBytes(s[1])-sampleBytes(s[2]))
 	n := 0
 	eachPool(func(p *Pool) {
-		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(live, live, "memory pressure") {
+		if p.cancelLargest && !p.closed.Load() && p.cancelLargestAccount(base, base, "memory pressure", true) {
 			n++
 		}
 	})
 	return n
+}
+
+// goMemoryMetric is all the memory the Go runtime has mapped, and
+// releasedMetric the heap memory it returned to the OS: the difference is
+// what the runtime holds from the OS now, never 0, unlike the live heap
+// before the first GC cycle.
+const (
+	goMemoryMetric = "/memory/classes/total:bytes"
+	releasedMetric = "/memory/classes/heap/released:bytes"
+)
+
+// sampleBytes returns a runtime/metrics sample in bytes, 0 when the
+// runtime does not have it.
+func sampleBytes(s metrics.Sample) int64 {
+	if s.Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(min(s.Value.Uint64(), math.MaxInt64))
 }
 
 // shedSizeFor returns PoolConfig.ShedSize's default for a pool of limit
@@ -118,4 +142,19 @@ func (a *Account) shedError(n, total int64) *ExhaustedError {
 		return nil
 	}
 	return &ExhaustedError{Requested: n, Used: total, Limit: s, Scope: a.scope() + " (shedding)", RetryAfter: DefaultRetryAfter}
+}
+
+// shedCap returns want, the bytes a reservation rounded up to a chunk
+// would take, lowered while shedding so that the account's holdings, held
+// now, do not pass ShedSize by more than need: a chunk reserved past
+// ShedSize would let Grows on the fast path, which does not look at Shed,
+// use it.
+func (a *Account) shedCap(want, need, held int64) int64 {
+	if !shedding.Load() {
+		return want
+	}
+	if room := a.pool.shedSize - held; want > room {
+		return max(room, need)
+	}
+	return want
 }

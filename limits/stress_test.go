@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,7 @@ func stress(t *testing.T, seed uint64) {
 	)
 	// Not strict: a Close while other goroutines hold bytes is a leak,
 	// counted, which is what this test does on purpose.
-	p, err := NewPool(PoolConfig{Name: "p", Limit: 3 * mib, ChunkSize: 4 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+	p, err := NewPool(PoolConfig{Name: "p", Limit: 3 * mib, ChunkSize: 4 * kib, ShedSize: 640 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	defer p.Close()
 	// Three levels: tops with and without limits, each with two children,
@@ -100,7 +101,24 @@ func stress(t *testing.T, seed uint64) {
 		}
 	}()
 
-	var granted, refused, closedErrs, closes, opens atomic.Int64
+	// Shed goes on and off while the workers grow (the death-spiral
+	// detector's switch), with a ShedSize the accounts reach.
+	shedDone := make(chan struct{})
+	go func() {
+		defer close(shedDone)
+		defer Shed(false)
+		for on := true; ; on = !on {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			Shed(on)
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+
+	var granted, refused, closedErrs, closes, opens, misuses, unsure atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -136,6 +154,34 @@ func stress(t *testing.T, seed uint64) {
 					n := size()
 					if err = a.Resize(held[i], n); err == nil {
 						held[i] = n
+					}
+				case op < 96:
+					// Sizes at the edges: negative or MaxInt64 Shrinks are
+					// misuse (exactly one each, changing nothing); MaxInt64
+					// Grows and Resizes are refused.
+					switch rng.IntN(5) {
+					case 0:
+						a.Shrink(-1 - rng.Int64N(10))
+						misuses.Add(1)
+					case 1:
+						// Misuse while the account is open; after Close, a
+						// Shrink does nothing.
+						open := a.reserved.Load() >= 0
+						a.Shrink(math.MaxInt64)
+						if open != (a.reserved.Load() >= 0) {
+							unsure.Add(1) // closed meanwhile
+						} else if open {
+							misuses.Add(1)
+						}
+					case 2:
+						a.Shrink(math.MinInt64)
+						misuses.Add(1)
+					case 3:
+						err = a.Grow(math.MaxInt64)
+					default:
+						if err = a.Resize(0, math.MaxInt64); err == nil {
+							t.Errorf("%s: Resize(0, MaxInt64) granted", a.scope())
+						}
 					}
 				case op < 99:
 					// A short-lived child: open, grow, shrink, close, while
@@ -178,6 +224,7 @@ func stress(t *testing.T, seed uint64) {
 	wg.Wait()
 	close(stop)
 	<-checker
+	<-shedDone
 
 	assert.Empty(t, violations, "limits exceeded while running")
 	t.Logf("seed %d: %d granted, %d refused, %d ErrClosed, %d closes, %d opens, %d limit checks, pool peak %d of %d, %d leaked",
@@ -211,7 +258,8 @@ func stress(t *testing.T, seed uint64) {
 		}
 	}
 	assert.Equal(t, held, p.Used())
-	assert.Zero(t, p.Stats().Misuse)
+	assert.GreaterOrEqual(t, p.Stats().Misuse, misuses.Load(), "each misuse counted exactly once")
+	assert.LessOrEqual(t, p.Stats().Misuse, misuses.Load()+unsure.Load(), "each misuse counted exactly once")
 	for i := len(accts) - 1; i >= 0; i-- {
 		accts[i].Close()
 	}
@@ -242,8 +290,15 @@ func FuzzAccountModel(f *testing.F) {
 	// Issue 11, input 1: the query shrinks what the operator grew.
 	f.Add([]byte{0, 0, 0, 4, 0, 100, 4, 100, 3, 10, 0, 200, 4, 150, 5, 0, 5, 1})
 	f.Add([]byte{2, 5, 6, 3, 3, 40, 0, 60, 4, 41, 5, 1, 0, 30, 3, 90, 5, 0, 0, 255})
+	// Sizes at the edges, on the operator and the query, Grow and Shrink;
+	// grandchildren, with their parent closed under them.
+	f.Add([]byte{1, 1, 1, 3, 6, 0, 6, 1, 6, 2, 6, 0x44, 6, 0x85, 6, 0xc0, 0, 10, 6, 0x83, 6, 0xc6})
+	f.Add([]byte{0, 0, 7, 10, 0, 50, 7, 3, 7, 1, 7, 6, 7, 255, 3, 20, 7, 9, 7, 130, 1, 50})
 	f.Fuzz(accountModel)
 }
+
+// edgeSizes are the sizes at the edges of int64 that the model tries.
+var edgeSizes = [...]int64{math.MaxInt64, math.MaxInt64 - 1, 1 << 62, math.MaxInt64 / 2, -1, math.MinInt64, -97, math.MinInt64 + 1}
 
 func accountModel(t *testing.T, data []byte) {
 	if len(data) < 4 {
@@ -280,8 +335,8 @@ func accountModel(t *testing.T, data []byte) {
 	}
 	for ; len(ops) >= 2; ops = ops[2:] {
 		n := int64(ops[1]) * 97
-		what := fmt.Sprintf("op %d n %d, op used %d, q own %d (limits %d/%d/%d, chunk %d)", ops[0]%6, n, used, qOwn, opLimit, qLimit, poolLimit, chunk)
-		switch ops[0] % 6 {
+		what := fmt.Sprintf("op %d n %d, op used %d, q own %d (limits %d/%d/%d, chunk %d)", ops[0]%8, n, used, qOwn, opLimit, qLimit, poolLimit, chunk)
+		switch ops[0] % 8 {
 		case 0, 2:
 			newSize := used + n
 			if ops[0]%6 == 0 {
@@ -297,6 +352,9 @@ func accountModel(t *testing.T, data []byte) {
 				want = refusal("pool/q", n, 0, qLimit)
 			case qOwn+newSize > poolLimit:
 				want = refusal("pool", n, 0, poolLimit)
+				if newSize > poolLimit {
+					want.RetryAfter = 0 // the operator alone does not fit
+				}
 			}
 			if want == nil {
 				require.NoError(t, err, what)
@@ -373,6 +431,88 @@ func accountModel(t *testing.T, data []byte) {
 			require.ErrorIs(t, err, ErrClosed, what)
 			op = mustOpen(t, q, "op", opLimit)
 			used, peak = 0, 0
+		case 6:
+			// Sizes at the edges: negative sizes are invalid (Grow) or
+			// misuse (Shrink) and change nothing; sizes that overflow any
+			// sum are refused by the first limit, however large.
+			sz := edgeSizes[int(ops[1])%len(edgeSizes)]
+			what += fmt.Sprintf(", size %d", sz)
+			// held is what q holds for the operator: its use, and, when q
+			// grows itself, its reservation beyond (at most two chunks).
+			a, own, held := op, used, used
+			if ops[1]&0x40 != 0 {
+				a, own, held = q, qOwn, op.reserved.Load()
+			}
+			if ops[1]&0x80 != 0 {
+				if sz < 0 || sz > own {
+					misuse++
+				} else if a == op {
+					used -= sz
+				} else {
+					qOwn -= sz
+				}
+				a.Shrink(sz)
+				break
+			}
+			err = a.Grow(sz)
+			if sz < 0 {
+				require.ErrorIs(t, err, ErrInvalidSize, what)
+				require.NotErrorIs(t, err, ErrResourceExhausted, what)
+				break
+			}
+			var got *ExhaustedError
+			require.ErrorAs(t, err, &got, what)
+			assert.Equal(t, sz, got.Requested, what)
+			assert.Zero(t, got.RetryAfter, "%s: more than the pool's whole limit: no retry can succeed", what)
+			switch {
+			case a == op && sz > opLimit-used:
+				assert.Equal(t, "pool/q/op", got.Scope, what)
+			case sz > qLimit-held-qOwn:
+				assert.Equal(t, "pool/q", got.Scope, what)
+			default:
+				assert.Equal(t, "pool", got.Scope, what)
+			}
+		case 7:
+			// A grandchild grows, shrinks and closes; its bytes count in
+			// the operator's and the query's Used while open and leave
+			// nothing behind. Every third time the operator is closed first:
+			// the grandchild refuses Grow and Open with ErrClosed.
+			gLimit := limit(int64(ops[1]%4) * 4000)
+			g := mustOpen(t, op, "g", gLimit)
+			gn := int64(ops[1]) * 31
+			err = g.Grow(gn)
+			if err == nil {
+				require.Equal(t, gn, g.Used(), what)
+				require.GreaterOrEqual(t, op.Used(), used+gn, what)
+				// The operator's peak counts what the grandchild holds: its
+				// bytes rounded up to a chunk, within its limit.
+				require.GreaterOrEqual(t, op.Peak(), used+gn, what)
+				require.LessOrEqual(t, op.Peak(), max(peak, used+min(roundUp(gn, chunk), gLimit)), what)
+				peak = op.Peak()
+				require.Empty(t, checkLimits(p, []*Account{q, op, g}), what)
+				g.Shrink(gn)
+			} else {
+				var got *ExhaustedError
+				require.ErrorAs(t, err, &got, what)
+				room := min(opLimit-used, qLimit-used-qOwn, poolLimit-used-qOwn)
+				require.True(t, gn > gLimit || gn > room-4*chunk, "%s: refused %v", what, err)
+			}
+			if ops[1]%3 == 0 {
+				if used > 0 {
+					leaked++
+					leakedBytes += used
+				}
+				op.Close()
+				require.ErrorIs(t, g.Grow(1), ErrClosed, what)
+				_, err = g.Open("x", Unlimited)
+				require.ErrorIs(t, err, ErrClosed, what)
+				g.Close()
+				op = mustOpen(t, q, "op", opLimit)
+				used, peak = 0, 0
+			} else {
+				g.Close()
+			}
+			require.Equal(t, used, op.Used(), what)
 		}
 		require.Equal(t, used, op.Used(), what)
 		require.Equal(t, peak, op.Peak(), what)
@@ -505,4 +645,69 @@ func TestConcurrentMisuseIsExact(t *testing.T) {
 	a.Close()
 	assert.Zero(t, p.Used())
 	assert.Zero(t, p.Stats().Leaked)
+}
+
+// TestPoolCloseRacesGrow: Pool.Close while goroutines grow, shrink, open
+// and close accounts three levels deep. Once Close returns, every Grow and
+// Open at any depth fails with ErrClosed; the accounts, closed after it,
+// give everything back; no limit is passed meanwhile. Run it with -race.
+func TestPoolCloseRacesGrow(t *testing.T) {
+	for seed := range uint64(8) {
+		p, err := NewPool(PoolConfig{Name: "p", Limit: mib, ChunkSize: 4 * kib, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		top := mustOpen(t, p, "top", 768*kib)
+		mid := mustOpen(t, top, "mid", Unlimited)
+		low := mustOpen(t, mid, "low", 256*kib)
+		accts := []*Account{top, mid, low}
+		var closed atomic.Bool
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(seed, uint64(w)))
+				for range 2000 {
+					a := accts[rng.IntN(len(accts))]
+					wasClosed := closed.Load()
+					n := 1 + rng.Int64N(16*kib)
+					if err := a.Grow(n); err == nil {
+						if wasClosed {
+							t.Errorf("%s: Grow(%d) granted after Pool.Close returned", a.scope(), n)
+						}
+						a.Shrink(n)
+					} else if !errors.Is(err, ErrResourceExhausted) && !errors.Is(err, ErrClosed) {
+						t.Errorf("%s: %v", a.scope(), err)
+					}
+					if c, err := a.Open("tmp", 8*kib); err == nil {
+						if wasClosed {
+							t.Errorf("%s: Open after Pool.Close returned", a.scope())
+						}
+						if c.Grow(n) == nil {
+							c.Shrink(n)
+						}
+						c.Close()
+					}
+					if bad := checkLimits(p, accts); len(bad) > 0 {
+						t.Errorf("limits passed: %v", bad)
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(seed) * time.Millisecond)
+		p.Close()
+		closed.Store(true)
+		wg.Wait()
+		for _, a := range accts {
+			require.ErrorIs(t, a.Grow(1), ErrClosed)
+			_, err := a.Open("late", Unlimited)
+			require.ErrorIs(t, err, ErrClosed)
+		}
+		top.Close()
+		assert.Zero(t, p.Used(), "seed %d", seed)
+		assert.Zero(t, p.Stats().Leaked, "seed %d", seed)
+		for _, a := range accts {
+			assert.Zero(t, a.Used())
+			assert.Zero(t, a.used.Load())
+		}
+	}
 }
