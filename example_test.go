@@ -65,7 +65,7 @@ func ExampleStart() {
 func ExampleAfterBurst() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrimOptions(trim.WithMinRelease(0)))
+		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
 	defer ctl.Close()
 
 	work(64 << 20)
@@ -83,7 +83,7 @@ func ExampleAfterBurst() {
 func ExampleBegin() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrimOptions(trim.WithMinRelease(0)))
+		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
 	defer ctl.Close()
 
 	end := memctl.Begin()

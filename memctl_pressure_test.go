@@ -69,7 +69,7 @@ func TestStartWiresPressure(t *testing.T) {
 }
 
 func TestPressureConfigFromFacade(t *testing.T) {
-	tr, err := trim.New()
+	tr, err := trim.New(trim.Config{})
 	require.NoError(t, err)
 	defer tr.Close()
 	c := &Controller{trimmer: tr}

@@ -35,7 +35,7 @@ func start(t *testing.T) *memctl.Controller {
 		t.Cleanup(func() { restoreTHP(st) })
 	}
 	ctl, err := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
-		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrimOptions(trim.WithMinRelease(0)))
+		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctl.Close() })
 	return ctl
