@@ -123,11 +123,11 @@ type Report struct {
 	// thp.PolicyKeep, MemLimit holds GOMEMLIMIT as it is (math.MaxInt64
 	// when none is set, Source limits.SourceNone), TrimDelay is 0.
 	Off bool
-	// THPPolicy is the policy applied, THP the process state read back
+	// THPPolicy is the policy applied, THPState the process state read back
 	// after it (PR_GET_THP_DISABLE), THPSystem the system mode
 	// (/sys/kernel/mm/transparent_hugepage/enabled, "" if unknown).
 	THPPolicy thp.Policy
-	THP       thp.State
+	THPState  thp.State
 	THPSystem string
 	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never
 	// empty); MemLimitRefresh the least time between two re-reads of the
@@ -288,9 +288,9 @@ func Start(opts ...Option) (*Controller, error) {
 		if err != nil {
 			fail(err)
 		}
-		c.report.THP = st
+		c.report.THPState = st
 	} else if st, err := thp.Process(); err == nil {
-		c.report.THP = st // as inherited
+		c.report.THPState = st // as inherited
 	}
 	if s, err := thp.System(); err == nil {
 		c.report.THPSystem = string(s.Enabled)
@@ -330,7 +330,7 @@ func Start(opts ...Option) (*Controller, error) {
 	c.report.Pressure = cmp.Or(c.monitor.Source(), "none")
 
 	if c.report.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
-		c.report.MemLimit.Bytes = debug.SetMemoryLimit(-1)
+		c.report.MemLimit.GoMemLimit = debug.SetMemoryLimit(-1)
 		c.report.MemLimit.Reason = "GOMEMLIMIT left as it was: the memory limit could not be read (see the WARN line)"
 	}
 	if c.report.ArenaMax == 0 && c.report.ArenaMaxNote == "" {
@@ -348,10 +348,10 @@ func Start(opts ...Option) (*Controller, error) {
 func (c *Controller) logStarted(l *slog.Logger) {
 	r := c.report
 	attrs := []slog.Attr{
-		slog.String("thp", r.THP.String()),
+		slog.String("thp", r.THPState.String()),
 		slog.String("thp_policy", r.THPPolicy.String()),
 		slog.String("thp_system", cmp.Or(r.THPSystem, "unknown")),
-		slog.String("gomemlimit", bytesOrNone(r.MemLimit.Bytes)),
+		slog.String("gomemlimit", bytesOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_source", r.MemLimit.Source.String()),
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
 		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
@@ -375,12 +375,12 @@ func (c *Controller) logStarted(l *slog.Logger) {
 func (c *Controller) startOff(l *slog.Logger, why string) {
 	c.report = Report{Off: true, THPPolicy: thp.PolicyKeep, ArenaMaxNote: why}
 	if st, err := thp.Process(); err == nil {
-		c.report.THP = st
+		c.report.THPState = st
 	}
-	c.report.MemLimit = limits.MemLimit{Bytes: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
+	c.report.MemLimit = limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
 		Reason: why + ": GOMEMLIMIT left as it was"}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
-		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.Bytes)))
+		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.GoMemLimit)))
 	register(c, l)
 }
 
@@ -679,7 +679,7 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 	}
 	ml := c.report.MemLimit
 	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {
-		pc.LiftCeiling = ml.Limit
+		pc.LiftCeiling = ml.MemoryLimit
 		if pc.Lift == nil && c.limiter != nil {
 			pc.Lift = c.limiter.Lift
 		}

@@ -145,7 +145,7 @@ var controllerMetrics = []metric[controller]{
 		}},
 	gauge("memctl_memory_limit_bytes", "The memory limit GOMEMLIMIT was derived from (cgroup or system), in bytes; absent when none was found.",
 		func(c *controller) (float64, bool) {
-			return float64(c.report.MemLimit.Limit), c.live && c.report.MemLimit.Limit > 0
+			return float64(c.report.MemLimit.MemoryLimit), c.live && c.report.MemLimit.MemoryLimit > 0
 		}),
 	gauge("memctl_trim_delay_seconds", "How long after the last burst the trim runs, in seconds; 0 when trimming is off.",
 		func(c *controller) (float64, bool) { return c.report.TrimDelay.Seconds(), c.live }),
@@ -171,7 +171,7 @@ var controllerMetrics = []metric[controller]{
 			if sys == "" {
 				sys = "unknown"
 			}
-			return 1, []string{r.THP.String(), r.THPPolicy.String(), sys}, c.live
+			return 1, []string{r.THPState.String(), r.THPPolicy.String(), sys}, c.live
 		}},
 	{name: "memctl_c_heap_in_use_bytes", kind: prometheus.GaugeValue, labels: []string{"allocator"},
 		help: "Bytes in live C heap blocks, as the allocator that owns malloc reports them; absent when it does not.",
@@ -205,7 +205,7 @@ var poolMetrics = []metric[limits.PoolStats]{
 	counter("memctl_budget_misuse_total", "Shrink calls below zero or of a negative size.",
 		func(s *limits.PoolStats) int64 { return s.Misuse }),
 	gauge("memctl_heap_pressure", "1 while the live heap is above the pool's heap threshold (end of the last GC).",
-		func(s *limits.PoolStats) (float64, bool) { return boolValue(s.HeapPressure), true }),
+		func(s *limits.PoolStats) (float64, bool) { return boolValue(s.UnderHeapPressure), true }),
 }
 
 // NewCollector returns a collector for ctl (the controller memctl.Start
