@@ -60,7 +60,7 @@ func ExampleStart() {
 }
 
 // AfterBurst where a burst of work ends: the trim runs once, the trim delay
-// after the last call. The short delay and WithMinRelease(0) (trim even when
+// after the last call. The short delay and trim.NeverSkip (trim even when
 // little would be released) make the example quick and certain.
 func ExampleAfterBurst() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),

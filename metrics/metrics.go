@@ -193,7 +193,9 @@ var controllerMetrics = []metric[controller]{
 // per pool (label pool). To add one, add an entry.
 var poolMetrics = []metric[limits.PoolStats]{
 	gauge("memctl_budget_limit_bytes", "The budget pool's limit, in bytes; absent when it has none.",
-		func(s *limits.PoolStats) (float64, bool) { return float64(s.Limit), s.Limit > 0 }),
+		func(s *limits.PoolStats) (float64, bool) {
+			return float64(s.Limit), s.Limit > 0 && s.Limit != limits.Unlimited
+		}),
 	gauge("memctl_budget_in_use_bytes", "Bytes the pool's accounts hold, including the chunks they reserved.",
 		func(s *limits.PoolStats) (float64, bool) { return float64(s.Used), true }),
 	gauge("memctl_budget_peak_bytes", "The highest in-use bytes since the pool was made.",

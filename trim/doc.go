@@ -37,19 +37,6 @@
 // Misuse (an end func called twice) is counted in Stats.Misuse and logged
 // once; it panics only under Config.Strict, for tests.
 //
-// # Configuration
-//
-// New takes a Config struct whose zero value is the default, as
-// net/http.Server, tls.Config and slog.HandlerOptions do, and as packages
-// limits and pressure of this module do: every setting and its default is a
-// documented field in one place, a Config can be built, copied, compared and
-// printed as a value, and a field that is left out means the default. A
-// field where 0 would be a meaningful setting takes a negative value for it
-// (MinRelease: NeverSkip) so that 0 still means the default. New validates
-// the Config and returns an error naming the field and its value. Only the
-// facade, memctl.Start, takes functional options, because nearly every
-// caller passes none; its memctl.WithTrim passes a Config through.
-//
 // Costs: AfterBurst allocates nothing, starts no goroutine and, but for the
 // first call after idle, takes no lock; while a trim is pending it is one
 // atomic load. Measured on this repository's shared 2-core test machine
@@ -60,4 +47,17 @@
 // wait) and sets the timer, about 230 ns. While nothing is pending a Trimmer has
 // no goroutine, timer or ticker; while a trim is pending a timer wakes every
 // Delay/20.
+//
+// # Configuration
+//
+// New takes a Config struct whose zero value is the default, as
+// net/http.Server, tls.Config and slog.HandlerOptions do, and as packages
+// limits and pressure of this module do: every setting and its default is a
+// documented field in one place, a Config is a value that can be built,
+// copied and printed, and a field that is left out means the default. A
+// field where 0 would be a meaningful setting takes a negative value for it
+// (MinRelease: NeverSkip) so that 0 still means the default. New validates
+// the Config and returns an error naming the field and its value. Only the
+// facade, memctl.Start, takes functional options, because nearly every
+// caller passes none; its memctl.WithTrim passes a Config through.
 package trim
