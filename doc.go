@@ -40,6 +40,20 @@
 // without GOMEMLIMIT the garbage collector does not know the container's
 // limit. examples/burst shows the first effect on this machine.
 //
+// # Configuration
+//
+// Start takes functional options, because nearly every caller passes none:
+// memctl.Start() is the whole setup. The parts (packages trim, limits,
+// pressure) take config structs whose zero value is the default, as
+// net/http.Server, tls.Config and slog.HandlerOptions do: every setting and
+// its default is a documented field in one place, and a struct is a value
+// that can be built, copied and printed. Each option of Start that
+// configures a part takes that part's struct: WithTrim(trim.Config),
+// WithMemLimit(limits.MemLimitConfig), WithPressure(pressure.Config).
+// WithTrimDelay is the one shortcut, for the common knob; the trim delay
+// comes from MEMCTL_TRIM_DELAY when it is set, otherwise from the last of
+// WithTrimDelay and a non-zero trim.Config.Delay of WithTrim.
+//
 // # Environment
 //
 // The operator wins: these variables override Start's options, and the Go

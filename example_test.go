@@ -60,12 +60,12 @@ func ExampleStart() {
 }
 
 // AfterBurst where a burst of work ends: the trim runs once, the trim delay
-// after the last call. The short delay and WithMinRelease(0) (trim even when
+// after the last call. The short delay and trim.NeverSkip (trim even when
 // little would be released) make the example quick and certain.
 func ExampleAfterBurst() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrimOptions(trim.WithMinRelease(0)))
+		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
 	defer ctl.Close()
 
 	work(64 << 20)
@@ -83,7 +83,7 @@ func ExampleAfterBurst() {
 func ExampleBegin() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrimOptions(trim.WithMinRelease(0)))
+		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
 	defer ctl.Close()
 
 	end := memctl.Begin()

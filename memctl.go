@@ -37,7 +37,8 @@ type config struct {
 	thp       thp.Policy
 	memLimit  limits.MemLimitConfig
 	trimDelay time.Duration
-	trimOpts  []trim.Option
+	delayFrom string // the option that set trimDelay, for its error
+	trim      trim.Config
 	arenaMax  int
 	pressure  pressure.Config
 }
@@ -77,17 +78,34 @@ func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp = p } }
 func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c.memLimit = cfg } }
 
 // WithTrimDelay sets how long after the last AfterBurst the trim runs:
-// 0 turns trimming off; otherwise at least trim.MinDelay (1 ms). A negative
-// delay or one below trim.MinDelay is invalid and follows the one rule for
-// invalid values: trimming is off, Start logs it at WARN and returns it in
-// its error. Default: DefaultTrimDelay (2 s). Environment: MEMCTL_TRIM_DELAY.
-func WithTrimDelay(d time.Duration) Option { return func(c *config) { c.trimDelay = d } }
+// 0 turns trimming off; otherwise from trim.MinDelay (1 ms) to
+// trim.MaxDelay (24 h). A negative delay or one outside that range is
+// invalid and follows the one rule for invalid values: trimming is off,
+// Start logs it at WARN and returns it in its error. Default:
+// DefaultTrimDelay (2 s). Environment: MEMCTL_TRIM_DELAY, which wins over
+// this option; between this option and a non-zero Delay of WithTrim, the
+// last one given wins.
+func WithTrimDelay(d time.Duration) Option {
+	return func(c *config) { c.trimDelay, c.delayFrom = d, fmt.Sprintf("WithTrimDelay(%v)", d) }
+}
 
-// WithTrimOptions passes options to the trimmer (for example
-// trim.WithMinRelease or trim.WithMaxWait). The delay is WithTrimDelay's or
-// MEMCTL_TRIM_DELAY's: a trim.WithDelay given here is overridden.
-func WithTrimOptions(opts ...trim.Option) Option {
-	return func(c *config) { c.trimOpts = append(c.trimOpts, opts...) }
+// WithTrim configures the trimmer (package trim): its max wait, release
+// threshold, C heap step and so on; see trim.Config. Start fills in what
+// the zero Config leaves to it: Logger (the logger of WithLogger) and
+// Strict (on under SetStrict). The delay is decided in this order:
+// MEMCTL_TRIM_DELAY when it is set; otherwise the last of WithTrimDelay and
+// a non-zero cfg.Delay given; otherwise DefaultTrimDelay. A zero cfg.Delay
+// leaves the delay as it is, so WithTrim cannot turn trimming off: use
+// WithTrimDelay(0) or MEMCTL_TRIM_DELAY=off. An invalid field follows the
+// one rule for invalid values: trimming is off, Start logs the error at WARN
+// and returns it. Default: the zero trim.Config.
+func WithTrim(cfg trim.Config) Option {
+	return func(c *config) {
+		c.trim = cfg
+		if cfg.Delay != 0 {
+			c.trimDelay, c.delayFrom = cfg.Delay, fmt.Sprintf("WithTrim(trim.Config{Delay: %v})", cfg.Delay)
+		}
+	}
 }
 
 // WithArenaMax sets the glibc malloc arena cap (mallopt M_ARENA_MAX) that
@@ -105,11 +123,11 @@ type Report struct {
 	// thp.PolicyKeep, MemLimit holds GOMEMLIMIT as it is (math.MaxInt64
 	// when none is set, Source limits.SourceNone), TrimDelay is 0.
 	Off bool
-	// THPPolicy is the policy applied, THP the process state read back
+	// THPPolicy is the policy applied, THPState the process state read back
 	// after it (PR_GET_THP_DISABLE), THPSystem the system mode
 	// (/sys/kernel/mm/transparent_hugepage/enabled, "" if unknown).
 	THPPolicy thp.Policy
-	THP       thp.State
+	THPState  thp.State
 	THPSystem string
 	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never
 	// empty); MemLimitRefresh the least time between two re-reads of the
@@ -270,9 +288,9 @@ func Start(opts ...Option) (*Controller, error) {
 		if err != nil {
 			fail(err)
 		}
-		c.report.THP = st
+		c.report.THPState = st
 	} else if st, err := thp.Process(); err == nil {
-		c.report.THP = st // as inherited
+		c.report.THPState = st // as inherited
 	}
 	if s, err := thp.System(); err == nil {
 		c.report.THPSystem = string(s.Enabled)
@@ -293,12 +311,13 @@ func Start(opts ...Option) (*Controller, error) {
 		}
 		delay = d
 	} else if delay != 0 && (delay < trim.MinDelay || delay > trim.MaxDelay) {
-		fail(fmt.Errorf("memctl: WithTrimDelay(%v): want 0 (off) or from %v to %v; trimming is off", delay, trim.MinDelay, trim.MaxDelay))
+		fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", cfg.delayFrom, trim.MinDelay, trim.MaxDelay))
 		delay = 0
 	}
 	if delay > 0 {
-		topts := append([]trim.Option{trim.WithLogger(cfg.logger), trim.WithStrict(strict.Load())}, cfg.trimOpts...)
-		tr, err := trim.New(append(topts, trim.WithDelay(delay))...)
+		tc := cfg.trim
+		tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, cfg.logger), tc.Strict || strict.Load()
+		tr, err := trim.New(tc)
 		if err != nil {
 			fail(err)
 		} else {
@@ -311,7 +330,7 @@ func Start(opts ...Option) (*Controller, error) {
 	c.report.Pressure = cmp.Or(c.monitor.Source(), "none")
 
 	if c.report.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
-		c.report.MemLimit.Bytes = debug.SetMemoryLimit(-1)
+		c.report.MemLimit.GoMemLimit = debug.SetMemoryLimit(-1)
 		c.report.MemLimit.Reason = "GOMEMLIMIT left as it was: the memory limit could not be read (see the WARN line)"
 	}
 	if c.report.ArenaMax == 0 && c.report.ArenaMaxNote == "" {
@@ -329,10 +348,10 @@ func Start(opts ...Option) (*Controller, error) {
 func (c *Controller) logStarted(l *slog.Logger) {
 	r := c.report
 	attrs := []slog.Attr{
-		slog.String("thp", r.THP.String()),
+		slog.String("thp", r.THPState.String()),
 		slog.String("thp_policy", r.THPPolicy.String()),
 		slog.String("thp_system", cmp.Or(r.THPSystem, "unknown")),
-		slog.String("gomemlimit", bytesOrNone(r.MemLimit.Bytes)),
+		slog.String("gomemlimit", bytesOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_source", r.MemLimit.Source.String()),
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
 		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
@@ -356,12 +375,12 @@ func (c *Controller) logStarted(l *slog.Logger) {
 func (c *Controller) startOff(l *slog.Logger, why string) {
 	c.report = Report{Off: true, THPPolicy: thp.PolicyKeep, ArenaMaxNote: why}
 	if st, err := thp.Process(); err == nil {
-		c.report.THP = st
+		c.report.THPState = st
 	}
-	c.report.MemLimit = limits.MemLimit{Bytes: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
+	c.report.MemLimit = limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
 		Reason: why + ": GOMEMLIMIT left as it was"}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
-		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.Bytes)))
+		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.GoMemLimit)))
 	register(c, l)
 }
 
@@ -426,7 +445,7 @@ func (c *Controller) Report() Report {
 }
 
 // AfterBurst marks the end of a burst of work: the trim runs once, the trim
-// delay after the last AfterBurst (and at the latest trim.WithMaxWait after
+// delay after the last AfterBurst (and at the latest trim.Config.MaxWait after
 // the first of a run that does not pause). It allocates nothing; while a
 // trim is pending it is one atomic load, and only the first call after the
 // trimmer went idle takes an uncontended lock to set the timer (see
@@ -438,7 +457,7 @@ func (c *Controller) AfterBurst() {
 }
 
 // Begin marks a burst in flight; no trim runs until the returned func is
-// called (up to the trimmer's max wait, see trim.WithMaxWait), which also
+// called (up to the trimmer's max wait, see trim.Config.MaxWait), which also
 // counts as AfterBurst. Call the func exactly once: a func called more
 // often than Begin is misuse, counted in Stats.Misuse and logged once at
 // WARN, and a panic only under SetStrict. The same holds with no trimmer
@@ -660,7 +679,7 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 	}
 	ml := c.report.MemLimit
 	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {
-		pc.LiftCeiling = ml.Limit
+		pc.LiftCeiling = ml.MemoryLimit
 		if pc.Lift == nil && c.limiter != nil {
 			pc.Lift = c.limiter.Lift
 		}

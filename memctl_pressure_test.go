@@ -69,11 +69,11 @@ func TestStartWiresPressure(t *testing.T) {
 }
 
 func TestPressureConfigFromFacade(t *testing.T) {
-	tr, err := trim.New()
+	tr, err := trim.New(trim.Config{})
 	require.NoError(t, err)
 	defer tr.Close()
 	c := &Controller{trimmer: tr}
-	c.report.MemLimit = limits.MemLimit{Bytes: 230 << 20, Limit: 256 << 20, Source: limits.SourceCgroupV1}
+	c.report.MemLimit = limits.MemLimit{GoMemLimit: 230 << 20, MemoryLimit: 256 << 20, Source: limits.SourceCgroupV1}
 	pc := pressureConfig(config{logger: slog.Default()}, c)
 	assert.Equal(t, int64(256<<20), pc.LiftCeiling, "a lift stops at the cgroup limit")
 	assert.NotNil(t, pc.Trim)
@@ -95,11 +95,11 @@ func TestPressureConfigFromFacade(t *testing.T) {
 	c.limiter = nil
 
 	// The operator's GOMEMLIMIT: no ceiling, so no lift.
-	c.report.MemLimit = limits.MemLimit{Bytes: 200 << 20, Source: limits.SourceEnv}
+	c.report.MemLimit = limits.MemLimit{GoMemLimit: 200 << 20, Source: limits.SourceEnv}
 	assert.Zero(t, pressureConfig(config{}, c).LiftCeiling)
 	// The caller's own settings are kept.
 	own := pressure.Config{LiftCeiling: 1 << 30, LiftOff: true}
-	c.report.MemLimit = limits.MemLimit{Bytes: 230 << 20, Limit: 256 << 20, Source: limits.SourceCgroupV2}
+	c.report.MemLimit = limits.MemLimit{GoMemLimit: 230 << 20, MemoryLimit: 256 << 20, Source: limits.SourceCgroupV2}
 	pc = pressureConfig(config{pressure: own}, c)
 	assert.Equal(t, int64(1<<30), pc.LiftCeiling)
 	assert.True(t, pc.LiftOff)

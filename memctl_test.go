@@ -48,10 +48,10 @@ func childStart() {
 	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
 	r := ctl.Report()
 	childtest.Say("OFF", r.Off)
-	childtest.Say("THP_REPORT", r.THP)
+	childtest.Say("THP_REPORT", r.THPState)
 	childtest.Say("TRIM_DELAY", r.TrimDelay)
 	childtest.Say("SOURCE", r.MemLimit.Source)
-	childtest.Say("MEMLIMIT_BYTES", r.MemLimit.Bytes)
+	childtest.Say("MEMLIMIT_BYTES", r.MemLimit.GoMemLimit)
 	childtest.Say("MEMLIMIT_REASON", r.MemLimit.Reason)
 	childtest.Say("ARENA_MAX", r.ArenaMax)
 	childtest.Say("ARENA_NOTE", r.ArenaMaxNote)
@@ -276,7 +276,7 @@ func TestCloseLeavesNothingRunning(t *testing.T) {
 	assert.Zero(t, ctl.Stats().Trim.Trims, "Close dropped the pending trim")
 }
 
-func TestOperatorDelayWinsOverTrimOptions(t *testing.T) {
+func TestOperatorDelayWinsOverWithTrim(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	prevLimit := debug.SetMemoryLimit(-1)
 	defer debug.SetMemoryLimit(prevLimit)
@@ -284,11 +284,56 @@ func TestOperatorDelayWinsOverTrimOptions(t *testing.T) {
 		defer restoreTHP(prev)
 	}
 	t.Setenv("MEMCTL_TRIM_DELAY", "10s")
-	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimOptions(trim.WithDelay(100*time.Millisecond)))
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrim(trim.Config{Delay: 100 * time.Millisecond}))
 	require.NoError(t, err)
 	defer ctl.Close()
 	assert.Equal(t, 10*time.Second, ctl.Report().TrimDelay)
 	assert.Equal(t, 10*time.Second, ctl.trimmer.Delay(), "the trimmer runs with the operator's delay")
+}
+
+// The trim delay: MEMCTL_TRIM_DELAY when set, otherwise the last of
+// WithTrimDelay and a non-zero trim.Config.Delay; a zero Delay leaves it.
+// Start fills in the trimmer's Logger and Strict; the rest of the Config
+// reaches the trimmer.
+func TestWithTrimDelayOrder(t *testing.T) {
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	t.Setenv("MEMCTL_TRIM_DELAY", "")
+	os.Unsetenv("MEMCTL_TRIM_DELAY")
+	quiet := WithLogger(slog.New(slog.DiscardHandler))
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		want time.Duration
+	}{
+		{"none", nil, DefaultTrimDelay},
+		{"WithTrimDelay last", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(5 * time.Second)}, 5 * time.Second},
+		{"WithTrim last", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{Delay: 3 * time.Second})}, 3 * time.Second},
+		{"zero Delay leaves it", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{MaxWait: time.Minute})}, 5 * time.Second},
+		{"zero Delay, default", []Option{WithTrim(trim.Config{MaxWait: time.Minute})}, DefaultTrimDelay},
+		{"WithTrimDelay(0) after WithTrim is off", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(0)}, 0},
+	} {
+		ctl, err := Start(append([]Option{quiet}, tc.opts...)...)
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.want, ctl.Report().TrimDelay, tc.name)
+		assert.Equal(t, tc.want, ctl.trimmer.Delay(), tc.name)
+		require.NoError(t, ctl.Close())
+	}
+
+	ctl, err := Start(quiet, WithTrim(trim.Config{MaxWait: time.Minute, NoCHeap: true}))
+	require.NoError(t, err)
+	assert.Equal(t, time.Minute, ctl.trimmer.MaxWait(), "the Config reaches the trimmer")
+	assert.Empty(t, ctl.Stats().Trim.CHeapAllocator, "NoCHeap reaches the trimmer")
+	require.NoError(t, ctl.Close())
+
+	t.Setenv("MEMCTL_TRIM_DELAY", "7s")
+	ctl, err = Start(quiet, WithTrimDelay(5*time.Second), WithTrim(trim.Config{Delay: 3 * time.Second}))
+	require.NoError(t, err)
+	assert.Equal(t, 7*time.Second, ctl.trimmer.Delay(), "the environment wins")
+	require.NoError(t, ctl.Close())
 }
 
 func restoreTHP(s thp.State) {

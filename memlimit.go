@@ -27,7 +27,7 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 	if v, ok := envflag.Lookup("MEMCTL_GOMEMLIMIT_FLOOR"); ok {
 		n, err := parseFloor(v)
 		if err != nil {
-			ml := limits.MemLimit{Bytes: debug.SetMemoryLimit(-1), Reason: "GOMEMLIMIT left as it was: bad MEMCTL_GOMEMLIMIT_FLOOR"}
+			ml := limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Reason: "GOMEMLIMIT left as it was: bad MEMCTL_GOMEMLIMIT_FLOOR"}
 			return nil, ml, err
 		}
 		cfg.Floor = n
@@ -82,7 +82,7 @@ func parseFloor(v string) (int64, error) {
 // changes nothing and returns GOMEMLIMIT as it is. Safe for concurrent use.
 func (c *Controller) Refresh() (limits.MemLimit, error) {
 	if c == nil || c.limiter == nil {
-		return limits.MemLimit{Bytes: debug.SetMemoryLimit(-1)}, nil
+		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil
 	}
 	return c.limiter.Refresh()
 }

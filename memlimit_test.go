@@ -169,7 +169,7 @@ func TestStartMemLimitSwitches(t *testing.T) {
 	lim, ml, err := startMemLimit(limits.MemLimitConfig{}, fail)
 	require.ErrorContains(t, err, "MEMCTL_GOMEMLIMIT_FLOOR")
 	assert.Nil(t, lim)
-	assert.Equal(t, int64(123<<20), ml.Bytes)
+	assert.Equal(t, int64(123<<20), ml.GoMemLimit)
 	assert.Equal(t, int64(123<<20), debug.SetMemoryLimit(-1), "a bad floor leaves GOMEMLIMIT alone")
 
 	// Controller.Refresh without a limiter (MEMCTL=off) changes nothing.
@@ -179,12 +179,12 @@ func TestStartMemLimitSwitches(t *testing.T) {
 	require.NoError(t, err)
 	d, err := ctl.Refresh()
 	require.NoError(t, err)
-	assert.Equal(t, int64(123<<20), d.Bytes)
+	assert.Equal(t, int64(123<<20), d.GoMemLimit)
 	require.NoError(t, ctl.Close())
 	var nilCtl *Controller
 	d, err = nilCtl.Refresh()
 	require.NoError(t, err)
-	assert.Equal(t, int64(123<<20), d.Bytes)
+	assert.Equal(t, int64(123<<20), d.GoMemLimit)
 }
 
 // TestControllerRefresh: Controller.Refresh re-reads the real cgroup limit
@@ -221,7 +221,7 @@ func childRefresh() {
 		childtest.Fail("%v", err)
 	}
 	d, err := ctl.Refresh()
-	childtest.Say("AFTER", d.Bytes)
+	childtest.Say("AFTER", d.GoMemLimit)
 	childtest.Say("ERR", err)
 	childtest.Say("READBACK", debug.SetMemoryLimit(-1))
 }

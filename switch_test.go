@@ -101,6 +101,9 @@ func TestOptionsInvalidValues(t *testing.T) {
 		{WithTrimDelay(-time.Second), "WithTrimDelay(-1s)"},
 		{WithTrimDelay(time.Microsecond), "WithTrimDelay(1µs)"},
 		{WithTrimDelay(0), ""},
+		{WithTrim(trim.Config{Delay: -time.Second}), "WithTrim(trim.Config{Delay: -1s})"},
+		{WithTrim(trim.Config{Delay: trim.MaxDelay + 1}), "WithTrim(trim.Config{Delay: 24h0m0.000000001s})"},
+		{WithTrim(trim.Config{MaxWait: -time.Second}), "trim: Config.MaxWait -1s"},
 		{WithArenaMax(-1), "WithArenaMax(-1)"},
 	} {
 		ctl, recs, err := startInProcess(t, tc.opt)
@@ -112,7 +115,7 @@ func TestOptionsInvalidValues(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), tc.wantErr)
 		assert.Equal(t, 1, countLevel(recs, "WARN"), "%s: logged once at WARN: %v", tc.wantErr, recs)
-		if strings.HasPrefix(tc.wantErr, "WithTrimDelay") {
+		if strings.HasPrefix(tc.wantErr, "WithTrim") || strings.HasPrefix(tc.wantErr, "trim:") {
 			assert.Zero(t, ctl.Report().TrimDelay, "trimming off")
 			assert.Nil(t, ctl.trimmer)
 		} else {
@@ -194,7 +197,7 @@ func TestStartupLineReadable(t *testing.T) {
 // error.
 func childWiring() {
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)))
-	opts := []Option{WithTrimDelay(10 * time.Millisecond), WithTrimOptions(trim.WithMinRelease(0))}
+	opts := []Option{WithTrimDelay(10 * time.Millisecond), WithTrim(trim.Config{MinRelease: trim.NeverSkip})}
 	waitTrim := func(c *Controller) int64 {
 		for deadline := time.Now().Add(20 * time.Second); c.Stats().Trim.Trims == 0 && time.Now().Before(deadline); {
 			time.Sleep(5 * time.Millisecond)

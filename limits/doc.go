@@ -62,6 +62,13 @@
 // again within milliseconds instead of waiting for a GC that refused
 // requests do not cause.
 //
+// # Configuration
+//
+// PoolConfig, HTTPConfig and MemLimitConfig are structs whose zero value is
+// the default, as in the standard library (net/http.Server, tls.Config) and
+// packages trim and pressure; only the facade, memctl.Start, takes
+// functional options.
+//
 // # Environment
 //
 // The operator switches budgets with MEMCTL_BUDGETS, read by NewPool (spaces

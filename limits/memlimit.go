@@ -162,16 +162,16 @@ type MemLimitConfig struct {
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.
 type MemLimit struct {
-	// Bytes is GOMEMLIMIT after the call, in bytes; math.MaxInt64 means no
-	// limit (the Go default).
-	Bytes int64
-	// Limit is the memory limit that was found (cgroup or system), in
+	// GoMemLimit is GOMEMLIMIT after the call, in bytes; math.MaxInt64
+	// means no limit (the Go default).
+	GoMemLimit int64
+	// MemoryLimit is the memory limit that was found (cgroup or system), in
 	// bytes; 0 when none was.
-	Limit int64
-	// Ratio is the share of Limit used (0 when Limit is 0); Bytes is
-	// Ratio × Limit − Outside, raised to the floor.
+	MemoryLimit int64
+	// Ratio is the share of MemoryLimit used (0 when MemoryLimit is 0);
+	// GoMemLimit is Ratio × MemoryLimit − Outside, raised to the floor.
 	Ratio float64
-	// Source says where Limit came from, File the file it was read from
+	// Source says where MemoryLimit came from, File the file it was read from
 	// ("" for none and system): memory.limit_in_bytes or memory.stat (v1),
 	// memory.max or memory.high (v2).
 	Source Source
@@ -180,8 +180,9 @@ type MemLimit struct {
 	// limit (RSS minus the runtime's mapped, unreleased memory), in bytes;
 	// 0 with MemLimitConfig.NoHeadroom.
 	Outside int64 `json:",omitempty"`
-	// AtFloor is true when Bytes was raised to the floor (or to Limit when
-	// the limit is under the floor): the GC will run often.
+	// AtFloor is true when GoMemLimit was raised to the floor (or to
+	// MemoryLimit when the limit is under the floor): the GC will run
+	// often.
 	AtFloor bool `json:",omitempty"`
 	// Reason is one human-readable sentence about the decision.
 	Reason string
@@ -211,7 +212,7 @@ type MemLimit struct {
 // nil, unless cfg.SystemFallback asks for the system's memory instead.
 //
 // On error (an invalid ratio or floor, a cgroup file that cannot be read or
-// parsed) GOMEMLIMIT is unchanged, the returned MemLimit has Bytes set to
+// parsed) GOMEMLIMIT is unchanged, the returned MemLimit has GoMemLimit set to
 // it, and the error starts with "limits:". Unless cfg.Refresh is negative
 // or the operator set GOMEMLIMIT or AUTOMEMLIMIT=off, the limit is then
 // re-read at GC ends (see MemLimiter) until ctx is done. It is safe to call
@@ -292,7 +293,7 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	if m.usage == nil {
 		m.usage = readUsage
 	}
-	d := MemLimit{Bytes: debug.SetMemoryLimit(-1)}
+	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
 	// An empty GOMEMLIMIT is no limit to the Go runtime
 	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
 	// other value is the operator's; the runtime has already parsed it.
@@ -360,7 +361,7 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 // program took GOMEMLIMIT over. Safe for concurrent use.
 func (m *MemLimiter) Refresh() (MemLimit, error) {
 	if m == nil {
-		return MemLimit{Bytes: debug.SetMemoryLimit(-1)}, nil
+		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -374,7 +375,7 @@ func (m *MemLimiter) Refresh() (MemLimit, error) {
 // Last returns the latest decision. Safe for concurrent use.
 func (m *MemLimiter) Last() MemLimit {
 	if m == nil {
-		return MemLimit{Bytes: debug.SetMemoryLimit(-1)}
+		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
 	}
 	return *m.last.Load()
 }
@@ -436,7 +437,7 @@ func dueAfter(now, every time.Duration) int64 {
 // NewMemLimiter: its errors are returned, not logged. Called with m.mu held.
 func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	cur := debug.SetMemoryLimit(-1)
-	d := MemLimit{Bytes: cur}
+	d := MemLimit{GoMemLimit: cur}
 	if m.applied != 0 && cur != m.applied {
 		m.stopped = true
 		m.info(fmt.Sprintf("limits: GOMEMLIMIT was changed to %d by the program; memctl no longer refreshes it", cur))
@@ -458,7 +459,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 			// back to what GOMEMLIMIT was before memctl set it.
 			debug.SetMemoryLimit(m.before)
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, why))
-			d.Bytes, d.Reason = m.before, why+"; GOMEMLIMIT back to its value before memctl set it"
+			d.GoMemLimit, d.Reason = m.before, why+"; GOMEMLIMIT back to its value before memctl set it"
 			m.applied, m.limit = 0, 0
 		}
 		m.store(d)
@@ -476,7 +477,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		m.warn(first, fmt.Sprintf("implausible %s %d", file, limit), err)
 		return d, err
 	}
-	d.Limit, d.Ratio, d.Source, d.File = limit, m.ratio, source, file
+	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, source, file
 	want := int64(min(float64(limit)*m.ratio, math.MaxInt64))
 	if m.headroom && uerr == nil {
 		d.Outside = max(0, rss-goMapped)
@@ -503,7 +504,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		want += lift
 		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
-	d.Bytes = want
+	d.GoMemLimit = want
 	if m.applied == 0 || limit != m.limit || !within(want, m.applied, 100) {
 		prev := debug.SetMemoryLimit(want)
 		if m.applied == 0 {
@@ -514,7 +515,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		}
 		m.applied, m.limit = want, limit
 	} else {
-		d.Bytes = m.applied // moved by less than 1%: left as it is
+		d.GoMemLimit = m.applied // moved by less than 1%: left as it is
 	}
 	m.store(d)
 	return d, nil
@@ -544,7 +545,7 @@ func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 		m.lift = 0
 		return from, debug.SetMemoryLimit(-1), false
 	}
-	return from, d.Bytes, true
+	return from, d.GoMemLimit, true
 }
 
 // within reports whether a is within 1/frac of b.

@@ -31,13 +31,13 @@ func init() {
 		}
 		childtest.Say("HELD_GOMEMLIMIT", debug.SetMemoryLimit(-1))
 		childtest.Say("HELD_OUTSIDE", d.Outside)
-		childtest.Say("LIMIT", d.Limit)
+		childtest.Say("LIMIT", d.MemoryLimit)
 		if err := chold.Release(); err != nil {
 			childtest.Fail("%v", err)
 		}
 		start := time.Now()
 		var sink []byte
-		for i := 0; debug.SetMemoryLimit(-1) == d.Bytes && time.Since(start) < 20*time.Second; i++ {
+		for i := 0; debug.SetMemoryLimit(-1) == d.GoMemLimit && time.Since(start) < 20*time.Second; i++ {
 			sink = make([]byte, 1<<20) // garbage: GC cycles, and so refreshes
 			if i%64 == 0 {
 				time.Sleep(time.Millisecond)

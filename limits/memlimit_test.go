@@ -37,9 +37,9 @@ func init() {
 		if err != nil {
 			childtest.Fail("%v", err)
 		}
-		childtest.Say("BYTES", d.Bytes)
+		childtest.Say("BYTES", d.GoMemLimit)
 		childtest.Say("READBACK", debug.SetMemoryLimit(-1))
-		childtest.Say("LIMIT", d.Limit)
+		childtest.Say("LIMIT", d.MemoryLimit)
 		childtest.Say("SOURCE", d.Source)
 		childtest.Say("OUTSIDE", d.Outside)
 		childtest.Say("FILE", d.File)
@@ -92,9 +92,9 @@ func TestSetGoMemLimitFromCgroup(t *testing.T) {
 	d, err := SetGoMemLimit(t.Context(), cfgFor(fixedLimit(2, gib)))
 	require.NoError(t, err)
 	want := ninetyPct(gib)
-	assert.Equal(t, want, d.Bytes)
+	assert.Equal(t, want, d.GoMemLimit)
 	assert.Equal(t, want, debug.SetMemoryLimit(-1), "GOMEMLIMIT read back from the runtime")
-	assert.Equal(t, gib, d.Limit)
+	assert.Equal(t, gib, d.MemoryLimit)
 	assert.Equal(t, 0.9, d.Ratio)
 	assert.Equal(t, SourceCgroupV2, d.Source)
 	assert.Equal(t, "/sys/fs/cgroup/x/memory.max", d.File)
@@ -134,7 +134,7 @@ func TestOperatorEnvironmentWins(t *testing.T) {
 			m, d, err := start(t, cfg)
 			require.NoError(t, err)
 			assert.Equal(t, SourceEnv, d.Source)
-			assert.Equal(t, int64(123<<20), d.Bytes)
+			assert.Equal(t, int64(123<<20), d.GoMemLimit)
 			assert.Equal(t, int64(123<<20), debug.SetMemoryLimit(-1), "GOMEMLIMIT untouched")
 			assert.Contains(t, d.Reason, env[0])
 			assert.Zero(t, m.Interval(), "no refresh when the operator set it")
@@ -242,7 +242,7 @@ func TestFixtureTable(t *testing.T) {
 				got = "unchanged"
 			}
 			assert.Equal(t, want, got, "GOMEMLIMIT; reason: %s; error: %v", d.Reason, err)
-			assert.Equal(t, d.Bytes, debug.SetMemoryLimit(-1), "MemLimit.Bytes is GOMEMLIMIT")
+			assert.Equal(t, d.GoMemLimit, debug.SetMemoryLimit(-1), "MemLimit.GoMemLimit is GOMEMLIMIT")
 			gotLevel := "INFO"
 			if err != nil || rec.count(slog.LevelWarn) > 0 {
 				gotLevel = "WARN"
@@ -294,8 +294,8 @@ func TestNoCgroupIsNormal(t *testing.T) {
 		_, d, err = start(t, cfg)
 		require.NoError(t, err)
 		assert.Equal(t, SourceSystem, d.Source)
-		assert.Positive(t, d.Limit)
-		assert.Equal(t, int64(float64(d.Limit)*0.9), debug.SetMemoryLimit(-1))
+		assert.Positive(t, d.MemoryLimit)
+		assert.Equal(t, int64(float64(d.MemoryLimit)*0.9), debug.SetMemoryLimit(-1))
 		debug.SetMemoryLimit(55 << 20)
 	}
 	// A missing file other than /proc/self/cgroup is an error.
@@ -321,7 +321,7 @@ func TestHeadroom(t *testing.T) {
 	m, d, err := start(t, cfg)
 	require.NoError(t, err)
 	want := ninetyPct(gib) - 300<<20
-	assert.Equal(t, want, d.Bytes)
+	assert.Equal(t, want, d.GoMemLimit)
 	assert.Equal(t, want, debug.SetMemoryLimit(-1))
 	assert.Equal(t, int64(300<<20), d.Outside)
 	assert.Contains(t, d.Reason, "minus 300.0 MiB outside the Go runtime")
@@ -338,7 +338,7 @@ func TestHeadroom(t *testing.T) {
 	mu.Unlock()
 	d, err = m.Refresh()
 	require.NoError(t, err)
-	assert.Equal(t, ninetyPct(gib)-10<<20, d.Bytes)
+	assert.Equal(t, ninetyPct(gib)-10<<20, d.GoMemLimit)
 
 	mu.Lock()
 	rss = 1000 << 20 // almost all of the limit is C heap: the floor holds
@@ -352,7 +352,7 @@ func TestHeadroom(t *testing.T) {
 	cfg.NoHeadroom = true
 	_, d, err = start(t, cfg)
 	require.NoError(t, err)
-	assert.Equal(t, ninetyPct(gib), d.Bytes)
+	assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
 	assert.Zero(t, d.Outside)
 
 	// No RSS (not Linux): no headroom, and the Go runtime's share is what
@@ -361,7 +361,7 @@ func TestHeadroom(t *testing.T) {
 	cfg.usage = func() (int64, int64, error) { return 0, 100 << 20, errors.New("no /proc") }
 	_, d, err = start(t, cfg)
 	require.NoError(t, err)
-	assert.Equal(t, ninetyPct(gib), d.Bytes)
+	assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
 	cfg.read = fixedLimit(1, 90<<20)
 	_, _, err = start(t, cfg)
 	require.ErrorIs(t, err, ErrImplausibleLimit)
@@ -419,7 +419,7 @@ func TestRefreshAtGCEnd(t *testing.T) {
 	cfg.Ratio, cfg.Refresh, cfg.Logger = 1, time.Minute, slog.New(rec)
 	m, d, err := start(t, cfg)
 	require.NoError(t, err)
-	assert.Equal(t, gib, d.Bytes)
+	assert.Equal(t, gib, d.GoMemLimit)
 	assert.Equal(t, time.Minute, m.Interval())
 	assert.Empty(t, rec.levels(), "the first decision is returned, not logged")
 
@@ -456,7 +456,7 @@ func TestRefreshAtGCEnd(t *testing.T) {
 	assert.Equal(t, int64(300<<20), debug.SetMemoryLimit(-1))
 	d, err = m.Refresh()
 	require.NoError(t, err)
-	assert.Equal(t, int64(300<<20), d.Bytes, "Refresh leaves the program's limit too")
+	assert.Equal(t, int64(300<<20), d.GoMemLimit, "Refresh leaves the program's limit too")
 }
 
 // A refresh with no cgroup limit must leave a limit the program set itself,
@@ -573,12 +573,12 @@ func TestRealCgroupLimit(t *testing.T) {
 }
 
 func TestSourceText(t *testing.T) {
-	b, err := json.Marshal(MemLimit{Bytes: 1, Limit: 2, Ratio: 0.5, Source: SourceCgroupV1, Reason: "r"})
+	b, err := json.Marshal(MemLimit{GoMemLimit: 1, MemoryLimit: 2, Ratio: 0.5, Source: SourceCgroupV1, Reason: "r"})
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"Bytes":1,"Limit":2,"Ratio":0.5,"Source":"cgroup v1","Reason":"r"}`, string(b))
-	b, err = json.Marshal(MemLimit{Bytes: 1, Source: SourceCgroupV2, File: "/f/memory.high", Outside: 3, AtFloor: true})
+	assert.JSONEq(t, `{"GoMemLimit":1,"MemoryLimit":2,"Ratio":0.5,"Source":"cgroup v1","Reason":"r"}`, string(b))
+	b, err = json.Marshal(MemLimit{GoMemLimit: 1, Source: SourceCgroupV2, File: "/f/memory.high", Outside: 3, AtFloor: true})
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"Bytes":1,"Limit":0,"Ratio":0,"Source":"cgroup v2","File":"/f/memory.high","Outside":3,"AtFloor":true,"Reason":""}`, string(b))
+	assert.JSONEq(t, `{"GoMemLimit":1,"MemoryLimit":0,"Ratio":0,"Source":"cgroup v2","File":"/f/memory.high","Outside":3,"AtFloor":true,"Reason":""}`, string(b))
 	for _, s := range []Source{SourceNone, SourceCgroupV1, SourceCgroupV2, SourceSystem, SourceEnv} {
 		b, err := s.MarshalText()
 		require.NoError(t, err)
@@ -612,7 +612,7 @@ func TestEmptyEnvironmentIsUnset(t *testing.T) {
 			require.NoError(t, err)
 			want := ninetyPct(gib)
 			assert.Equal(t, SourceCgroupV2, d.Source, d.Reason)
-			assert.Equal(t, want, d.Bytes)
+			assert.Equal(t, want, d.GoMemLimit)
 			assert.Equal(t, want, debug.SetMemoryLimit(-1), "GOMEMLIMIT read back from the runtime")
 			v, ok := os.LookupEnv(env[0])
 			assert.True(t, ok && v == env[1], "%s is left in the environment as it was", env[0])
@@ -717,7 +717,7 @@ func TestLiftKeptByRefresh(t *testing.T) {
 	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
 	require.NoError(t, err)
 	base := ninetyPct(gib)
-	require.Equal(t, base, d.Bytes)
+	require.Equal(t, base, d.GoMemLimit)
 
 	from, to, ok := m.Lift(50 << 20)
 	require.True(t, ok)
@@ -726,7 +726,7 @@ func TestLiftKeptByRefresh(t *testing.T) {
 	assert.Equal(t, base+50<<20, debug.SetMemoryLimit(-1), "GOMEMLIMIT lifted")
 	d, err = m.Refresh()
 	require.NoError(t, err)
-	assert.Equal(t, base+50<<20, d.Bytes, "a refresh keeps the lift")
+	assert.Equal(t, base+50<<20, d.GoMemLimit, "a refresh keeps the lift")
 	assert.Contains(t, d.Reason, "lifted by 50.0 MiB")
 
 	_, to, ok = m.Lift(1 << 40)

@@ -97,7 +97,7 @@ func TestModeObserve(t *testing.T) {
 	assert.Contains(t, logs.String(), "MEMCTL_BUDGETS=observe")
 
 	p.observeHeap(15*mib, 16*mib) // heap pressure, a is 1/7 of the heap
-	assert.True(t, p.Stats().HeapPressure)
+	assert.True(t, p.Stats().UnderHeapPressure)
 	require.NoError(t, ctx.Err(), "observe cancels nothing")
 	assert.Zero(t, p.Stats().Canceled)
 	assert.Equal(t, int64(4), p.Stats().Observed, "the cancel it would have made")

@@ -241,9 +241,9 @@ type PoolStats struct {
 	// context carried no account: a handler outside the middleware, with no
 	// budget. It is the same in the stats of every pool.
 	Unguarded int64
-	// HeapPressure is true when the live heap was above HeapThreshold at the
+	// UnderHeapPressure is true when the live heap was above HeapThreshold at the
 	// end of the last GC cycle.
-	HeapPressure bool
+	UnderHeapPressure bool
 	// HeapLive is the live Go heap in bytes at the end of the last GC cycle
 	// the watch saw; 0 before the first one or when the watch is off.
 	HeapLive int64
@@ -446,21 +446,21 @@ func (p *Pool) Used() int64 { return p.used.Load() }
 // Stats returns a snapshot of the pool's counters.
 func (p *Pool) Stats() PoolStats {
 	return PoolStats{
-		Limit:         p.limit,
-		Mode:          p.mode,
-		Used:          p.used.Load(),
-		Peak:          p.peak.Load(),
-		Refused:       p.refused.Load(),
-		Observed:      p.observed.Load(),
-		Misuse:        p.misuse.Load(),
-		Leaked:        p.leaked.Load(),
-		LeakedBytes:   p.leakedBytes.Load(),
-		Unguarded:     unguarded.Load(),
-		HeapPressure:  p.pressure.Load(),
-		HeapLive:      p.heapLive.Load(),
-		HeapThreshold: p.heapThreshold.Load(),
-		GCCycles:      p.heapCycles.Load(),
-		Canceled:      p.canceled.Load(),
+		Limit:             p.limit,
+		Mode:              p.mode,
+		Used:              p.used.Load(),
+		Peak:              p.peak.Load(),
+		Refused:           p.refused.Load(),
+		Observed:          p.observed.Load(),
+		Misuse:            p.misuse.Load(),
+		Leaked:            p.leaked.Load(),
+		LeakedBytes:       p.leakedBytes.Load(),
+		Unguarded:         unguarded.Load(),
+		UnderHeapPressure: p.pressure.Load(),
+		HeapLive:          p.heapLive.Load(),
+		HeapThreshold:     p.heapThreshold.Load(),
+		GCCycles:          p.heapCycles.Load(),
+		Canceled:          p.canceled.Load(),
 	}
 }
 

@@ -49,7 +49,7 @@ func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
 
 	p.observeHeap(900*mib, 1000*mib) // threshold 800 MiB
 	st := p.Stats()
-	assert.True(t, st.HeapPressure)
+	assert.True(t, st.UnderHeapPressure)
 	assert.Equal(t, 800*mib, st.HeapThreshold)
 	assert.Equal(t, 900*mib, st.HeapLive)
 
@@ -63,11 +63,11 @@ func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
 	require.NoError(t, err, "Open itself does not add to the pool")
 
 	p.observeHeap(700*mib, 1000*mib)
-	assert.False(t, p.Stats().HeapPressure)
+	assert.False(t, p.Stats().UnderHeapPressure)
 	require.NoError(t, a.Grow(mib))
 
 	p.observeHeap(900*mib, 0x7fffffffffffffff) // GOMEMLIMIT not set: no pressure
-	assert.False(t, p.Stats().HeapPressure)
+	assert.False(t, p.Stats().UnderHeapPressure)
 	assert.Zero(t, p.Stats().HeapThreshold)
 	shrinkClose(a)
 }
@@ -260,7 +260,7 @@ func childHeapPressure() {
 		}
 	}
 	wait(1)
-	childtest.Say("PRESSURE_BEFORE", p.Stats().HeapPressure)
+	childtest.Say("PRESSURE_BEFORE", p.Stats().UnderHeapPressure)
 
 	small, _ := p.Open("small", Unlimited)
 	big, _ := p.Open("big", Unlimited)
@@ -284,7 +284,7 @@ func childHeapPressure() {
 	// Two cycles: the first may have marked before the ballast was complete.
 	wait(2)
 	st := p.Stats()
-	childtest.Say("PRESSURE_LOADED", st.HeapPressure)
+	childtest.Say("PRESSURE_LOADED", st.UnderHeapPressure)
 	childtest.Say("LIVE_LOADED", st.HeapLive)
 	childtest.Say("THRESHOLD", st.HeapThreshold)
 	other, _ := p.Open("other", Unlimited)
@@ -304,7 +304,7 @@ func childHeapPressure() {
 
 	pressureBallast = nil
 	wait(2)
-	childtest.Say("PRESSURE_AFTER", p.Stats().HeapPressure)
+	childtest.Say("PRESSURE_AFTER", p.Stats().UnderHeapPressure)
 	childtest.Say("GROW_AFTER", other.Grow(1))
 	other.Shrink(1)
 	other.Close()
@@ -406,9 +406,9 @@ func TestHeapThresholdClamped(t *testing.T) {
 	p.observeHeap(1<<30, math.MaxInt64-1)
 	st := p.Stats()
 	assert.Equal(t, int64(math.MaxInt64-1), st.HeapThreshold)
-	assert.False(t, st.HeapPressure)
+	assert.False(t, st.UnderHeapPressure)
 	p.observeHeap(math.MaxInt64, math.MaxInt64-1)
-	assert.True(t, p.Stats().HeapPressure)
+	assert.True(t, p.Stats().UnderHeapPressure)
 
 	for _, tc := range []struct {
 		limit int64
@@ -446,7 +446,7 @@ func TestPressureReadAgainAfterCancel(t *testing.T) {
 	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted, "under pressure")
 	start := time.Now()
 	done() // the canceled request's handler returned
-	require.Eventually(t, func() bool { return !p.Stats().HeapPressure }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return !p.Stats().UnderHeapPressure }, 5*time.Second, time.Millisecond)
 	t.Logf("pressure cleared %v after the canceled request ended", time.Since(start))
 	require.NoError(t, small.Grow(mib))
 	small.Shrink(mib)
@@ -465,7 +465,7 @@ func TestPressureReadAgainAfterCancel(t *testing.T) {
 	// A stale one: the refused Grow runs a GC.
 	p.lastCycle.Store(time.Now().Add(-2 * time.Second).UnixNano())
 	require.ErrorIs(t, small.Grow(mib), ErrResourceExhausted)
-	require.Eventually(t, func() bool { return !p.Stats().HeapPressure }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return !p.Stats().UnderHeapPressure }, 5*time.Second, time.Millisecond)
 	small.Close()
 	p.Close() // waits for the pool's GC goroutine
 }

@@ -103,7 +103,7 @@ func childPressureRecovers() {
 	cleared := make(chan time.Duration, 1)
 	go func() {
 		for ctx.Err() == nil {
-			if !p.Stats().HeapPressure {
+			if !p.Stats().UnderHeapPressure {
 				cleared <- time.Since(canceledAt)
 				return
 			}

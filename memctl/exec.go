@@ -116,7 +116,7 @@ func parseArenaMax(v string) (int, error) {
 	return n, nil
 }
 
-// goMemLimitEnv returns env with GOMEMLIMIT set to ml.Bytes when ml's limit
+// goMemLimitEnv returns env with GOMEMLIMIT set to ml.GoMemLimit when ml's limit
 // came from a cgroup (or the system) and env does not set GOMEMLIMIT (an
 // empty GOMEMLIMIT is unset, as for the Go runtime), and a sentence for -v.
 func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
@@ -128,11 +128,11 @@ func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
 	default:
 		return env, "GOMEMLIMIT not set (" + ml.Reason + ")"
 	}
-	if ml.Bytes <= 0 || ml.Bytes == math.MaxInt64 {
+	if ml.GoMemLimit <= 0 || ml.GoMemLimit == math.MaxInt64 {
 		return env, "GOMEMLIMIT not set (" + ml.Reason + ")"
 	}
-	v := strconv.FormatInt(ml.Bytes, 10)
-	return setEnv(env, "GOMEMLIMIT", v), fmt.Sprintf("GOMEMLIMIT=%s (%s of %d bytes)", v, ml.Reason, ml.Limit)
+	v := strconv.FormatInt(ml.GoMemLimit, 10)
+	return setEnv(env, "GOMEMLIMIT", v), fmt.Sprintf("GOMEMLIMIT=%s (%s of %d bytes)", v, ml.Reason, ml.MemoryLimit)
 }
 
 // arenaTunable is the glibc tunable that caps malloc arenas.

@@ -235,7 +235,7 @@ func TestSetEnv(t *testing.T) {
 }
 
 func TestGoMemLimitEnv(t *testing.T) {
-	cg := limits.MemLimit{Bytes: 241591910, Limit: 256 << 20, Ratio: 0.9, Source: limits.SourceCgroupV2, Reason: "default ratio 0.9 of the cgroup v2 limit"}
+	cg := limits.MemLimit{GoMemLimit: 241591910, MemoryLimit: 256 << 20, Ratio: 0.9, Source: limits.SourceCgroupV2, Reason: "default ratio 0.9 of the cgroup v2 limit"}
 	env, note := goMemLimitEnv([]string{"A=1"}, cg)
 	assert.Equal(t, []string{"A=1", "GOMEMLIMIT=241591910"}, env)
 	assert.Equal(t, "GOMEMLIMIT=241591910 (default ratio 0.9 of the cgroup v2 limit of 268435456 bytes)", note)
@@ -249,8 +249,8 @@ func TestGoMemLimitEnv(t *testing.T) {
 	assert.Contains(t, note, "left as set")
 
 	for _, ml := range []limits.MemLimit{
-		{Bytes: math.MaxInt64, Source: limits.SourceNone, Reason: "no cgroup memory limit"},
-		{Bytes: math.MaxInt64, Source: limits.SourceEnv, Reason: "AUTOMEMLIMIT=off is set in the environment"},
+		{GoMemLimit: math.MaxInt64, Source: limits.SourceNone, Reason: "no cgroup memory limit"},
+		{GoMemLimit: math.MaxInt64, Source: limits.SourceEnv, Reason: "AUTOMEMLIMIT=off is set in the environment"},
 	} {
 		env, note = goMemLimitEnv([]string{"A=1"}, ml)
 		assert.Equal(t, []string{"A=1"}, env)

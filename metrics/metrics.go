@@ -145,7 +145,7 @@ var controllerMetrics = []metric[controller]{
 		}},
 	gauge("memctl_memory_limit_bytes", "The memory limit GOMEMLIMIT was derived from (cgroup or system), in bytes; absent when none was found.",
 		func(c *controller) (float64, bool) {
-			return float64(c.report.MemLimit.Limit), c.live && c.report.MemLimit.Limit > 0
+			return float64(c.report.MemLimit.MemoryLimit), c.live && c.report.MemLimit.MemoryLimit > 0
 		}),
 	gauge("memctl_trim_delay_seconds", "How long after the last burst the trim runs, in seconds; 0 when trimming is off.",
 		func(c *controller) (float64, bool) { return c.report.TrimDelay.Seconds(), c.live }),
@@ -171,7 +171,7 @@ var controllerMetrics = []metric[controller]{
 			if sys == "" {
 				sys = "unknown"
 			}
-			return 1, []string{r.THP.String(), r.THPPolicy.String(), sys}, c.live
+			return 1, []string{r.THPState.String(), r.THPPolicy.String(), sys}, c.live
 		}},
 	{name: "memctl_c_heap_in_use_bytes", kind: prometheus.GaugeValue, labels: []string{"allocator"},
 		help: "Bytes in live C heap blocks, as the allocator that owns malloc reports them; absent when it does not.",
@@ -193,7 +193,9 @@ var controllerMetrics = []metric[controller]{
 // per pool (label pool). To add one, add an entry.
 var poolMetrics = []metric[limits.PoolStats]{
 	gauge("memctl_budget_limit_bytes", "The budget pool's limit, in bytes; absent when it has none.",
-		func(s *limits.PoolStats) (float64, bool) { return float64(s.Limit), s.Limit > 0 }),
+		func(s *limits.PoolStats) (float64, bool) {
+			return float64(s.Limit), s.Limit > 0 && s.Limit != limits.Unlimited
+		}),
 	gauge("memctl_budget_in_use_bytes", "Bytes the pool's accounts hold, including the chunks they reserved.",
 		func(s *limits.PoolStats) (float64, bool) { return float64(s.Used), true }),
 	gauge("memctl_budget_peak_bytes", "The highest in-use bytes since the pool was made.",
@@ -205,7 +207,7 @@ var poolMetrics = []metric[limits.PoolStats]{
 	counter("memctl_budget_misuse_total", "Shrink calls below zero or of a negative size.",
 		func(s *limits.PoolStats) int64 { return s.Misuse }),
 	gauge("memctl_heap_pressure", "1 while the live heap is above the pool's heap threshold (end of the last GC).",
-		func(s *limits.PoolStats) (float64, bool) { return boolValue(s.HeapPressure), true }),
+		func(s *limits.PoolStats) (float64, bool) { return boolValue(s.UnderHeapPressure), true }),
 }
 
 // NewCollector returns a collector for ctl (the controller memctl.Start

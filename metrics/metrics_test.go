@@ -35,7 +35,7 @@ func start(t *testing.T) *memctl.Controller {
 		t.Cleanup(func() { restoreTHP(st) })
 	}
 	ctl, err := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
-		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrimOptions(trim.WithMinRelease(0)))
+		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctl.Close() })
 	return ctl
@@ -166,13 +166,13 @@ func TestPoolMetrics(t *testing.T) {
 	a, err := limits.NewPool(limits.PoolConfig{Name: "a", Limit: 1 << 20, HeapPressure: -1})
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := limits.NewPool(limits.PoolConfig{Name: "b", HeapPressure: -1})
+	b, err := limits.NewPool(limits.PoolConfig{Name: "b", Limit: limits.Unlimited, HeapPressure: -1})
 	require.NoError(t, err)
 	defer b.Close()
 	c, err := NewCollector(nil, Pool{Name: "a", Pool: a}, Pool{Name: "b", Pool: b})
 	require.NoError(t, err)
 
-	acct, err := a.Open("req", 0)
+	acct, err := a.Open("req", limits.Unlimited)
 	require.NoError(t, err)
 	require.NoError(t, acct.Grow(100<<10))
 	assert.ErrorIs(t, acct.Grow(2<<20), limits.ErrResourceExhausted)
@@ -184,7 +184,7 @@ func TestPoolMetrics(t *testing.T) {
 	assert.Equal(t, float64(a.Stats().Used), value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"))
 	assert.GreaterOrEqual(t, value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"), float64(100<<10))
 	assert.Equal(t, float64(1<<20), value(t, mfs, "memctl_budget_limit_bytes", "pool", "a"))
-	assert.Len(t, mfs["memctl_budget_limit_bytes"].GetMetric(), 1, "pool b has no limit (no GOMEMLIMIT): absent")
+	assert.Len(t, mfs["memctl_budget_limit_bytes"].GetMetric(), 1, "pool b has no limit (Unlimited): absent, not MaxInt64")
 	assert.Equal(t, 0.0, value(t, mfs, "memctl_enabled"), "no controller given")
 	acct.Close()
 	mfs = gather(t, c)

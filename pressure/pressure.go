@@ -182,13 +182,13 @@ type Event struct {
 	Time time.Time
 	// GCShare is the GC's share of the available CPU over Span, in [0, 1];
 	// LiveHeap and GoMemLimit are in bytes at the GC end that decided;
-	// Limiter is true when the GC CPU limiter engaged within Span
+	// LimiterEngaged is true when the GC CPU limiter engaged within Span
 	// (KindSpiral, KindSpiralEnd).
-	GCShare    float64
-	Span       time.Duration
-	LiveHeap   int64
-	GoMemLimit int64
-	Limiter    bool
+	GCShare        float64
+	Span           time.Duration
+	LiveHeap       int64
+	GoMemLimit     int64
+	LimiterEngaged bool
 	// Source names the kernel source and Signals counts the kernel signals
 	// this action answers (KindKernel; more than one when they were
 	// coalesced during MinInterval).

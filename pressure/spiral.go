@@ -196,7 +196,7 @@ func (m *Monitor) gcEnd() bool {
 		return true
 	}
 	e := Event{Kind: KindSpiral, Time: time.Now(), GCShare: v.share, Span: v.span,
-		LiveHeap: r.live, GoMemLimit: r.limit, Limiter: v.limiter}
+		LiveHeap: r.live, GoMemLimit: r.limit, LimiterEngaged: v.limiter}
 	if v.change < 0 {
 		e.Kind = KindSpiralEnd
 	} else {
@@ -231,7 +231,7 @@ func (m *Monitor) episode(e Event) {
 		slog.Duration("window", e.Span),
 		slog.Int64("live_heap", e.LiveHeap),
 		slog.Int64("gomemlimit", e.GoMemLimit),
-		slog.Bool("gc_limiter", e.Limiter),
+		slog.Bool("gc_limiter", e.LimiterEngaged),
 	}
 	if !want {
 		m.log.LogAttrs(bg, slog.LevelInfo, "memctl: GC death spiral ended", attrs...)

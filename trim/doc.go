@@ -12,7 +12,7 @@
 // A Trimmer runs one trim Delay (default 2 s) after the last call to
 // AfterBurst:
 //
-//	t, err := trim.New()
+//	t, err := trim.New(trim.Config{})
 //	if err != nil { ... }
 //	defer t.Close()
 //	...
@@ -26,7 +26,7 @@
 //
 // A trim has two steps: debug.FreeOSMemory for the Go heap, then the C heap
 // step (CHeap, for memory that cgo code got from malloc). Each step is
-// skipped when its own figures show too little to give back (WithMinRelease,
+// skipped when its own figures show too little to give back (Config.MinRelease,
 // default 8 MiB; an unknown C heap figure runs the C step). Trims are limited
 // by the CPU they cause, not their wall time, so a CPU-throttled container
 // still trims: over any window W, the CPU charged to the trims that start in
@@ -35,7 +35,7 @@
 // or Begin of its pending period, even while bursts overlap.
 //
 // Misuse (an end func called twice) is counted in Stats.Misuse and logged
-// once; it panics only under WithStrict, for tests.
+// once; it panics only under Config.Strict, for tests.
 //
 // Costs: AfterBurst allocates nothing, starts no goroutine and, but for the
 // first call after idle, takes no lock; while a trim is pending it is one
@@ -47,4 +47,17 @@
 // wait) and sets the timer, about 230 ns. While nothing is pending a Trimmer has
 // no goroutine, timer or ticker; while a trim is pending a timer wakes every
 // Delay/20.
+//
+// # Configuration
+//
+// New takes a Config struct whose zero value is the default, as
+// net/http.Server, tls.Config and slog.HandlerOptions do, and as packages
+// limits and pressure of this module do: every setting and its default is a
+// documented field in one place, a Config is a value that can be built,
+// copied and printed, and a field that is left out means the default. A
+// field where 0 would be a meaningful setting takes a negative value for it
+// (MinRelease: NeverSkip) so that 0 still means the default. New validates
+// the Config and returns an error naming the field and its value. Only the
+// facade, memctl.Start, takes functional options, because nearly every
+// caller passes none; its memctl.WithTrim passes a Config through.
 package trim

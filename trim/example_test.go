@@ -8,7 +8,7 @@ import (
 )
 
 func Example() {
-	t, err := trim.New(trim.WithDelay(2 * time.Second))
+	t, err := trim.New(trim.Config{Delay: 2 * time.Second})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -24,8 +24,8 @@ func Example() {
 	// Output: pending: true in flight: 0 trims: 0
 }
 
-func ExampleWithDelay() {
-	_, err := trim.New(trim.WithDelay(0))
+func ExampleNew_invalidConfig() {
+	_, err := trim.New(trim.Config{Delay: time.Microsecond})
 	fmt.Println(err)
-	// Output: trim: delay 0s: want at least 1ms and at most 24h0m0s
+	// Output: trim: Config.Delay 1µs: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s
 }

@@ -61,7 +61,7 @@ func freeOSMemory() int64 {
 }
 
 // estimateGo returns an estimate of the bytes the Go step would release
-// now, or -1 when runtime/metrics cannot be read; see WithMinRelease.
+// now, or -1 when runtime/metrics cannot be read; see Config.MinRelease.
 // t.run must be held.
 func (t *Trimmer) estimateGo() int64 {
 	h, ok := readHeap()

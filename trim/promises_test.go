@@ -48,9 +48,9 @@ func (l *logBuf) count(level, msg string) int {
 	return n
 }
 
-func newLog() (*logBuf, Option) {
+func newLog() (*logBuf, *slog.Logger) {
 	b := &logBuf{}
-	return b, WithLogger(slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	return b, slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // Input 1: in a CPU-throttled container a trim takes about 400 ms of wall
@@ -115,7 +115,9 @@ func TestCPUShareOverAnyWindow(t *testing.T) {
 			f.cpu = c
 			return f.run()
 		}
-		tr := newFake(t, f, WithDelay(100*time.Millisecond), withGoStep(step))
+		cfg := fakeConfig(f)
+		cfg.Delay, cfg.goStep = 100*time.Millisecond, step
+		tr := mustNew(t, cfg)
 		defer tr.Close()
 		t0 := time.Now()
 		for time.Since(t0) < 10*time.Minute {
@@ -147,9 +149,11 @@ func TestCPUShareOverAnyWindow(t *testing.T) {
 // once at INFO.
 func TestDeferredPastMaxWaitLoggedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logOpt := newLog()
+		logs, logger := newLog()
 		f := &fakeStep{cpu: time.Second} // next trim 50 s after
-		tr := newFake(t, f, logOpt)
+		cfg := fakeConfig(f)
+		cfg.Logger = logger
+		tr := mustNew(t, cfg)
 		defer tr.Close()
 		for range 3 {
 			tr.AfterBurst()
@@ -193,9 +197,11 @@ func TestBackToBackRequestsDoNotStarve(t *testing.T) {
 // stale (each is ended within 3 s).
 func TestOverlappingStreamsDoNotStarve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logOpt := newLog()
+		logs, logger := newLog()
 		f := &fakeStep{}
-		tr := newFake(t, f, logOpt)
+		cfg := fakeConfig(f)
+		cfg.Logger = logger
+		tr := mustNew(t, cfg)
 		defer tr.Close()
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -227,9 +233,11 @@ func TestOverlappingStreamsDoNotStarve(t *testing.T) {
 // wait, and the lost end is reported once (WARN and Stats.StaleBegins).
 func TestLostEndIsReportedAndDoesNotStarve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logOpt := newLog()
+		logs, logger := newLog()
 		f := &fakeStep{}
-		tr := newFake(t, f, logOpt)
+		cfg := fakeConfig(f)
+		cfg.Logger = logger
+		tr := mustNew(t, cfg)
 		defer tr.Close()
 		t0 := time.Now()
 		_ = tr.Begin() // its end is lost
@@ -251,10 +259,10 @@ func TestLostEndIsReportedAndDoesNotStarve(t *testing.T) {
 }
 
 // Input 7: an extra end is counted and logged once, never panics in
-// production; it panics under WithStrict.
+// production; it panics under Config.Strict.
 func TestExtraEnd(t *testing.T) {
-	logs, logOpt := newLog()
-	tr, err := New(WithCHeap(nil), logOpt, withLazy(false, nil))
+	logs, logger := newLog()
+	tr, err := New(withLazy(Config{NoCHeap: true, Logger: logger}, false, nil))
 	require.NoError(t, err)
 	defer tr.Close()
 	end := tr.Begin()
@@ -269,7 +277,7 @@ func TestExtraEnd(t *testing.T) {
 	assert.Equal(t, int64(1), tr.Stats().InFlight)
 	end()
 
-	strict, err := New(WithCHeap(nil), WithStrict(true), withLazy(false, nil))
+	strict, err := New(withLazy(Config{NoCHeap: true, Strict: true}, false, nil))
 	require.NoError(t, err)
 	defer strict.Close()
 	end = strict.Begin()
@@ -317,7 +325,10 @@ func TestEachStepDecides(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := &fakeStep{}
 				h := &fakeCHeapRetained{retained: tc.cRet}
-				tr := newFake(t, f, WithCHeap(h), withEstimate(func() int64 { return tc.goEst }))
+				cfg := fakeConfig(f)
+				cfg.NoCHeap, cfg.CHeap = false, h
+				cfg.estimate = func() int64 { return tc.goEst }
+				tr := mustNew(t, cfg)
 				defer tr.Close()
 				tr.AfterBurst()
 				time.Sleep(time.Minute)
@@ -337,15 +348,15 @@ func TestEachStepDecides(t *testing.T) {
 // Input 6: under lazy release the bytes that stay in RSS as LazyFree are
 // counted apart, and the setting is said at New.
 func TestLazyReleaseCounted(t *testing.T) {
-	logs, logOpt := newLog()
+	logs, logger := newLog()
 	var lazyFree atomic.Int64
 	f := &fakeStep{}
 	step := func() int64 {
 		lazyFree.Add(900 << 10) // 0.9 MiB of the 1 MiB released stays as LazyFree
 		return f.run()
 	}
-	tr, err := New(WithCHeap(nil), logOpt, withGoStep(step), withCPUClock(f.clock),
-		withLazy(true, func() int64 { return lazyFree.Load() }))
+	tr, err := New(withLazy(Config{NoCHeap: true, Logger: logger, goStep: step, cpuClock: f.clock},
+		true, func() int64 { return lazyFree.Load() }))
 	require.NoError(t, err)
 	defer tr.Close()
 	assert.Equal(t, 1, logs.count("INFO", "RSS falls only under memory pressure"), logs.String())
@@ -358,7 +369,7 @@ func TestLazyReleaseCounted(t *testing.T) {
 	assert.Equal(t, int64(900<<10), s.TotalLazy)
 
 	// Eager release does not read LazyFree.
-	eager, err := New(WithCHeap(nil), withGoStep(f.run), withLazy(false, func() int64 { panic("read") }))
+	eager, err := New(withLazy(Config{NoCHeap: true, goStep: f.run}, false, func() int64 { panic("read") }))
 	require.NoError(t, err)
 	defer eager.Close()
 	_, err = eager.TrimNow()

@@ -43,14 +43,14 @@ func childRSS() int64 {
 }
 
 // burstChild holds 20 MiB live, allocates and drops a 256 MiB burst, calls
-// AfterBurst on a Trimmer with the default options when trim is set, sleeps
+// AfterBurst on a Trimmer with the default Config when trim is set, sleeps
 // 3 s and reports VmRSS before the burst, at its peak and 3 s after it.
 func burstChild(trim bool) {
 	live := burst.Alloc(liveBytes)
 	var tr *Trimmer
 	if trim {
 		var err error
-		if tr, err = New(); err != nil {
+		if tr, err = New(Config{}); err != nil {
 			childtest.Fail("%v", err)
 		}
 	}
@@ -82,7 +82,7 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 // lazyChild drops a 256 MiB burst, runs TrimNow and reports what the
 // Trimmer says and what VmRSS and LazyFree say.
 func lazyChild() {
-	tr, err := New(WithCHeap(nil))
+	tr, err := New(Config{NoCHeap: true})
 	if err != nil {
 		childtest.Fail("%v", err)
 	}

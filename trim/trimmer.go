@@ -18,7 +18,7 @@ const (
 	// before an operator or an autoscaler looks at it.
 	DefaultDelay = 2 * time.Second
 
-	// DefaultMaxWaitFactor sets the default max wait (see WithMaxWait) to
+	// DefaultMaxWaitFactor sets the default max wait (see Config.MaxWait) to
 	// this many delays: 20 s with the default delay. A server whose bursts
 	// keep coming less than Delay apart, or overlap so that one is always
 	// in flight, thus still trims, at most once every 20 s, instead of
@@ -37,7 +37,7 @@ const (
 	MaxDelay = 24 * time.Hour
 
 	// DefaultMinRelease is the estimate of releasable bytes (see
-	// WithMinRelease) below which a step of a due trim is skipped: 8 MiB.
+	// Config.MinRelease) below which a step of a due trim is skipped: 8 MiB.
 	// The Go step forces a full GC (measured on this repository's test
 	// machine: 0.7 to 2.7 ms with 20 MiB live and nothing to release, about
 	// 170 ms of GC CPU with 1 GiB live, see BENCHMARKS.md), and the Go
@@ -67,16 +67,73 @@ const (
 	stateClosed
 )
 
-// Option configures a Trimmer; pass options to New.
-type Option func(*config) error
+// Config configures a Trimmer; pass it to New. The zero Config is the
+// default: a 2 s delay, a 20 s max wait, an 8 MiB threshold, the C heap step
+// of DefaultCHeap, no logging, misuse counted rather than panicking. New
+// copies it; changing a Config after New has no effect.
+type Config struct {
+	// Delay is how long after the last AfterBurst the trim runs, in
+	// [MinDelay, MaxDelay]. The trim fires between Delay and Delay +
+	// Delay/20 after the last call (plus the timer's scheduling latency). To
+	// turn trimming off, do not create a Trimmer (a nil *Trimmer does
+	// nothing). New returns an error naming a negative value or one outside
+	// that range. Default (0): DefaultDelay (2 s).
+	Delay time.Duration
 
-type config struct {
-	delay      time.Duration
-	maxWait    time.Duration // -1: DefaultMaxWaitFactor delays
-	minRelease int64
-	cheap      CHeap
-	logger     *slog.Logger
-	strict     bool
+	// MaxWait bounds how long anything can push the trim back: a pending
+	// trim runs at the latest MaxWait after the first AfterBurst or Begin of
+	// its pending period (the clock is never restarted), even when calls
+	// keep coming less than Delay apart and even while bursts marked with
+	// Begin are in flight; only the CPU limit (see Trimmer) can defer it
+	// further. It must be at least Delay and at most DefaultMaxWaitFactor ×
+	// MaxDelay (240 h); New returns an error naming the value otherwise.
+	// Default (0): DefaultMaxWaitFactor × Delay (20 s with the default
+	// delay).
+	MaxWait time.Duration
+
+	// MinRelease is the threshold, in bytes, below which a step of a due
+	// trim is skipped. Each step decides for itself:
+	//
+	//   - the Go step runs when the estimate of releasable Go heap bytes,
+	//     read from runtime/metrics just before the trim, reaches
+	//     MinRelease: /memory/classes/heap/free:bytes +
+	//     /memory/classes/heap/objects:bytes − live, where live is the
+	//     smaller of /gc/heap/live:bytes and the live heap read right after
+	//     the previous trim (or at New): a GC that ran during a burst counts
+	//     the burst's objects as live until the next GC, so the estimate
+	//     errs on the side of trimming. When runtime/metrics cannot be read
+	//     the step runs.
+	//   - the C step runs when the C heap step's Retained reaches
+	//     MinRelease, or is unknown (-1).
+	//
+	// A due trim whose two steps are both skipped counts in Stats.Skipped;
+	// one step skipped counts in Stats.GoSkipped or Stats.CSkipped. A
+	// negative value (NeverSkip) means never skip. Default (0):
+	// DefaultMinRelease (8 MiB).
+	MinRelease int64
+
+	// CHeap is the C heap step that runs after the Go heap step of each
+	// trim. Default (nil): DefaultCHeap(), unless NoCHeap is set.
+	CHeap CHeap
+
+	// NoCHeap turns the C heap step off: each trim runs the Go heap step
+	// only. New returns an error when both NoCHeap and CHeap are set.
+	// Default: false (the C heap step is on).
+	NoCHeap bool
+
+	// Logger is where the Trimmer logs: each trim and skip at DEBUG; at
+	// INFO, once each, lazy release at New (see Stats.Lazy) and the first
+	// trim the CPU limit deferred past the max wait; at WARN, once each, the
+	// first misuse (see Stats.Misuse) and the first Begin open longer than
+	// the max wait, and each C heap step failure other than
+	// ErrCHeapUnavailable. Default (nil): logs nothing.
+	Logger *slog.Logger
+
+	// Strict makes misuse (an end func called more often than Begin) panic
+	// with "trim: burst ended more often than begun" instead of being
+	// counted and logged. It is meant for tests, which should fail on
+	// misuse; a production service should not crash on it. Default: false.
+	Strict bool
 
 	// Test hooks; nil means the real thing.
 	goStep   func() int64         // the Go heap step; returns bytes released
@@ -86,100 +143,9 @@ type config struct {
 	lazyFree func() int64 // LazyFree bytes of the process, -1 if unknown
 }
 
-// WithDelay sets how long after the last AfterBurst the trim runs, in
-// [MinDelay, MaxDelay]. The trim fires between delay and delay + delay/20
-// after the last call (plus the timer's scheduling latency). New returns an
-// error naming the value outside that range; to turn trimming off, do not
-// create a Trimmer (a nil *Trimmer does nothing). Default: DefaultDelay
-// (2 s).
-func WithDelay(delay time.Duration) Option {
-	return func(c *config) error {
-		if delay < MinDelay || delay > MaxDelay {
-			return fmt.Errorf("trim: delay %v: want at least %v and at most %v", delay, MinDelay, MaxDelay)
-		}
-		c.delay = delay
-		return nil
-	}
-}
-
-// WithMaxWait bounds how long anything can push the trim back: a pending
-// trim runs at the latest maxWait after the first AfterBurst or Begin of
-// its pending period (the clock is never restarted), even when calls keep
-// coming less than Delay apart and even while bursts marked with Begin are
-// in flight; only the CPU limit (see Trimmer) can defer it further.
-// maxWait must be at least the delay and at most DefaultMaxWaitFactor ×
-// MaxDelay; New returns an error naming the value otherwise.
-// Default: DefaultMaxWaitFactor × the delay (20 s with the default delay).
-func WithMaxWait(maxWait time.Duration) Option {
-	return func(c *config) error {
-		if maxWait <= 0 || maxWait > DefaultMaxWaitFactor*MaxDelay {
-			return fmt.Errorf("trim: max wait %v: want at least the delay and at most %v", maxWait, DefaultMaxWaitFactor*MaxDelay)
-		}
-		c.maxWait = maxWait
-		return nil
-	}
-}
-
-// WithMinRelease sets the threshold, in bytes (>= 0), below which a step of
-// a due trim is skipped. Each step decides for itself:
-//
-//   - the Go step runs when the estimate of releasable Go heap bytes,
-//     read from runtime/metrics just before the trim, reaches bytes:
-//     /memory/classes/heap/free:bytes + /memory/classes/heap/objects:bytes
-//     − live, where live is the smaller of /gc/heap/live:bytes and the live
-//     heap read right after the previous trim (or at New): a GC that ran
-//     during a burst counts the burst's objects as live until the next GC,
-//     so the estimate errs on the side of trimming. When runtime/metrics
-//     cannot be read the step runs.
-//   - the C step runs when the C heap step's Retained reaches bytes, or is
-//     unknown (-1).
-//
-// A due trim whose two steps are both skipped counts in Stats.Skipped; one
-// step skipped counts in Stats.GoSkipped or Stats.CSkipped. 0 means never
-// skip. New returns an error for a negative value.
-// Default: DefaultMinRelease (8 MiB).
-func WithMinRelease(bytes int64) Option {
-	return func(c *config) error {
-		if bytes < 0 {
-			return fmt.Errorf("trim: min release %d bytes: want >= 0", bytes)
-		}
-		c.minRelease = bytes
-		return nil
-	}
-}
-
-// WithCHeap sets the C heap step that runs after the Go heap step of each
-// trim. nil turns the C heap step off. Default: DefaultCHeap().
-func WithCHeap(h CHeap) Option {
-	return func(c *config) error {
-		c.cheap = h
-		return nil
-	}
-}
-
-// WithLogger sets where the Trimmer logs: each trim and skip at DEBUG; at
-// INFO, once each, lazy release at New (see Stats.Lazy) and the first trim
-// the CPU limit deferred past the max wait; at WARN, once each, the first
-// misuse (see Stats.Misuse) and the first Begin open longer than the max
-// wait, and each C heap step failure other than ErrCHeapUnavailable. nil
-// (the default) logs nothing.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		c.logger = l
-		return nil
-	}
-}
-
-// WithStrict makes misuse (an end func called more often than Begin) panic
-// with "trim: burst ended more often than begun" instead of being counted
-// and logged. It is meant for tests, which should fail on misuse; a
-// production service should not crash on it. Default: false.
-func WithStrict(strict bool) Option {
-	return func(c *config) error {
-		c.strict = strict
-		return nil
-	}
-}
+// NeverSkip is a Config.MinRelease that makes every due trim run both its
+// steps, however little they would release.
+const NeverSkip int64 = -1
 
 // Stats is a snapshot of a Trimmer's counters, from Trimmer.Stats.
 type Stats struct {
@@ -188,7 +154,7 @@ type Stats struct {
 	Trims int64
 	// Skipped is the number of due trims whose two steps were both skipped
 	// because their estimates were below the threshold (see
-	// WithMinRelease).
+	// Config.MinRelease).
 	Skipped int64
 	// GoSkipped and CSkipped count the trims that ran without their Go or
 	// their C heap step, that step's estimate being below the threshold.
@@ -228,11 +194,11 @@ type Stats struct {
 	// LastLazy left RSS at once.
 	LastLazy, TotalLazy int64
 	// LastEstimate is the estimate of releasable bytes (Go and C, as far as
-	// known) made before the last trim or skip (see WithMinRelease), or -1
+	// known) made before the last trim or skip (see Config.MinRelease), or -1
 	// if neither could be read.
 	LastEstimate int64
 	// CHeapAllocator is the C heap step's Allocator ("glibc", "none", ...),
-	// or "" when the step is off (WithCHeap(nil)).
+	// or "" when the step is off (Config.NoCHeap).
 	CHeapAllocator string
 	// CHeapErr is the error of the last C heap step, nil if it succeeded or
 	// has not run. It matches ErrCHeapUnavailable when the step cannot run
@@ -248,7 +214,7 @@ type Stats struct {
 	// first is logged at WARN.
 	StaleBegins int64
 	// Misuse counts end funcs called more often than Begin (the first is
-	// logged at WARN; see WithStrict).
+	// logged at WARN; see Config.Strict).
 	Misuse int64
 }
 
@@ -256,10 +222,10 @@ type Stats struct {
 // the end of a burst, and calls during the wait push the trim back, so a run
 // of bursts gives one trim. A trim is the Go heap step (debug.FreeOSMemory)
 // followed by the C heap step (see CHeap); each is skipped when its own
-// estimate shows too little to release (see WithMinRelease).
+// estimate shows too little to release (see Config.MinRelease).
 //
 // No pattern of calls starves a trim: a pending trim runs at the latest
-// MaxWait (see WithMaxWait, 20 s by default) after the first AfterBurst or
+// MaxWait (see Config.MaxWait, 20 s by default) after the first AfterBurst or
 // Begin of its pending period, whether calls keep coming or bursts marked
 // with Begin overlap so that one is always in flight. Before that bound no
 // trim starts while a burst is in flight.
@@ -338,32 +304,46 @@ const (
 	onceDeferred
 )
 
-// New returns a Trimmer configured by opts. The error names the bad option
-// value; New starts nothing.
-func New(opts ...Option) (*Trimmer, error) {
-	c := config{delay: DefaultDelay, maxWait: -1, minRelease: DefaultMinRelease, cheap: DefaultCHeap()}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			return nil, err
-		}
+// New returns a Trimmer configured by cfg (the zero Config is the
+// default). The error names the invalid field and its value; New starts
+// nothing.
+func New(cfg Config) (*Trimmer, error) {
+	c := cfg
+	switch {
+	case c.Delay == 0:
+		c.Delay = DefaultDelay
+	case c.Delay < MinDelay || c.Delay > MaxDelay:
+		return nil, fmt.Errorf("trim: Config.Delay %v: want 0 (the default, %v) or at least %v and at most %v", c.Delay, DefaultDelay, MinDelay, MaxDelay)
 	}
 	switch {
-	case c.maxWait < 0:
-		c.maxWait = DefaultMaxWaitFactor * c.delay // cannot overflow: delay <= MaxDelay
-	case c.maxWait < c.delay:
-		return nil, fmt.Errorf("trim: max wait %v is shorter than the delay %v", c.maxWait, c.delay)
+	case c.MaxWait == 0:
+		c.MaxWait = DefaultMaxWaitFactor * c.Delay // cannot overflow: Delay <= MaxDelay
+	case c.MaxWait < 0 || c.MaxWait > DefaultMaxWaitFactor*MaxDelay:
+		return nil, fmt.Errorf("trim: Config.MaxWait %v: want 0 (the default, %d delays) or at least the delay and at most %v", c.MaxWait, DefaultMaxWaitFactor, DefaultMaxWaitFactor*MaxDelay)
+	case c.MaxWait < c.Delay:
+		return nil, fmt.Errorf("trim: Config.MaxWait %v is shorter than the delay %v", c.MaxWait, c.Delay)
+	}
+	switch {
+	case c.MinRelease == 0:
+		c.MinRelease = DefaultMinRelease
+	case c.MinRelease < 0:
+		c.MinRelease = 0 // NeverSkip: every estimate reaches 0
+	}
+	switch {
+	case c.NoCHeap && c.CHeap != nil:
+		return nil, fmt.Errorf("trim: Config.NoCHeap is set together with Config.CHeap (%s): set one of them", c.CHeap.Allocator())
+	case c.NoCHeap:
+	case c.CHeap == nil:
+		c.CHeap = DefaultCHeap()
 	}
 	t := &Trimmer{
-		delay:      c.delay,
-		maxWait:    c.maxWait,
-		interval:   c.delay / ticksPerDelay,
-		minRelease: c.minRelease,
-		strict:     c.strict,
-		cheap:      c.cheap,
-		log:        c.logger,
+		delay:      c.Delay,
+		maxWait:    c.MaxWait,
+		interval:   c.Delay / ticksPerDelay,
+		minRelease: c.MinRelease,
+		strict:     c.Strict,
+		cheap:      c.CHeap,
+		log:        c.Logger,
 		goStep:     c.goStep,
 		estimate:   c.estimate,
 		readCPU:    readCPU,
@@ -429,7 +409,7 @@ func (t *Trimmer) Delay() time.Duration {
 }
 
 // MaxWait returns the configured max wait: the longest a pending trim waits
-// for a quiet moment (see WithMaxWait).
+// for a quiet moment (see Config.MaxWait).
 func (t *Trimmer) MaxWait() time.Duration {
 	if t == nil {
 		return 0
@@ -477,12 +457,12 @@ func (t *Trimmer) pend() {
 
 // Begin marks the start of a burst and returns the func that ends it. No
 // trim starts while a burst is in flight, up to the max wait (see
-// WithMaxWait); end calls AfterBurst, so a trim follows Delay after the last
+// Config.MaxWait); end calls AfterBurst, so a trim follows Delay after the last
 // burst ends. Begin allocates nothing (it returns one of two funcs made at
 // New) and, when a trim is already pending, takes no lock. end may be
 // called from any goroutine, once. Calling end funcs more often in total
 // than Begin is misuse: it is counted in Stats.Misuse and logged once at
-// WARN, and panics only under WithStrict. Safe for concurrent use.
+// WARN, and panics only under Config.Strict. Safe for concurrent use.
 func (t *Trimmer) Begin() (end func()) {
 	if t == nil {
 		return noop

@@ -21,16 +21,6 @@ import (
 
 const testDelay = 2 * time.Second
 
-// withGoStep replaces the Go heap step (debug.FreeOSMemory); for tests.
-func withGoStep(f func() int64) Option {
-	return func(c *config) error { c.goStep = f; return nil }
-}
-
-// withEstimate replaces the estimate of releasable bytes; for tests.
-func withEstimate(f func() int64) Option {
-	return func(c *config) error { c.estimate = f; return nil }
-}
-
 // fakeStep is a Go heap step that records when it ran, takes took of wall
 // time and is charged cpu (took when cpu is 0) by the fake CPU clock of
 // newFake.
@@ -72,32 +62,31 @@ func (f *fakeStep) finished() int {
 	return len(f.ends)
 }
 
-// withCPUClock replaces the CPU clock that trims are charged by; for tests.
-func withCPUClock(f func() time.Duration) Option {
-	return func(c *config) error { c.cpuClock = f; return nil }
+// withLazy sets the test hooks that replace the detection of lazy release
+// and the LazyFree reading, and returns c.
+func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
+	c.lazy = func() (bool, string) { return lazy, "test" }
+	c.lazyFree = lazyFree
+	return c
 }
 
-// withLazy replaces the detection of lazy release and the LazyFree reading;
-// for tests.
-func withLazy(lazy bool, lazyFree func() int64) Option {
-	return func(c *config) error {
-		c.lazy = func() (bool, string) { return lazy, "test" }
-		c.lazyFree = lazyFree
-		return nil
-	}
+// fakeConfig is the Config of a strict Trimmer with delay testDelay whose
+// Go heap step is f.run, charged by f's CPU clock, whose estimate always
+// says there is plenty to release, without C heap step and with eager
+// release.
+func fakeConfig(f *fakeStep) Config {
+	c := Config{Delay: testDelay, NoCHeap: true, Strict: true, goStep: f.run,
+		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock}
+	return withLazy(c, false, nil)
 }
 
-// newFake returns a strict Trimmer with delay testDelay whose trim is f.run,
-// charged by f's CPU clock, whose estimate always says there is plenty to
-// release, without C heap step and with eager release.
-func newFake(t *testing.T, f *fakeStep, opts ...Option) *Trimmer {
+// newFake returns a Trimmer of fakeConfig(f).
+func newFake(t *testing.T, f *fakeStep) *Trimmer { t.Helper(); return mustNew(t, fakeConfig(f)) }
+
+// mustNew returns New(c) and fails the test on an error.
+func mustNew(t *testing.T, c Config) *Trimmer {
 	t.Helper()
-	opts = append([]Option{
-		WithDelay(testDelay), WithCHeap(nil), WithStrict(true),
-		withGoStep(f.run), withEstimate(func() int64 { return 1 << 30 }),
-		withCPUClock(f.clock), withLazy(false, nil),
-	}, opts...)
-	tr, err := New(opts...)
+	tr, err := New(c)
 	require.NoError(t, err)
 	return tr
 }
@@ -299,7 +288,9 @@ func TestSkipBelowMinRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStep{}
 		est := int64(DefaultMinRelease - 1)
-		tr := newFake(t, f, withEstimate(func() int64 { return est }))
+		cfg := fakeConfig(f)
+		cfg.estimate = func() int64 { return est }
+		tr := mustNew(t, cfg)
 		defer tr.Close()
 		tr.AfterBurst()
 		time.Sleep(time.Minute)
@@ -358,36 +349,52 @@ func TestCloseWaitsForRunningTrim(t *testing.T) {
 	})
 }
 
-func TestBadOptions(t *testing.T) {
+func TestBadConfig(t *testing.T) {
 	for _, tc := range []struct {
-		opt  Option
+		cfg  Config
 		want string
 	}{
-		{WithDelay(0), "trim: delay 0s: want at least 1ms and at most 24h0m0s"},
-		{WithDelay(-time.Second), "trim: delay -1s: want at least 1ms"},
-		{WithDelay(time.Microsecond), "trim: delay 1µs"},
-		{WithMinRelease(-1), "trim: min release -1 bytes: want >= 0"},
-		{WithMaxWait(-time.Second), "trim: max wait -1s: want at least the delay and at most 240h0m0s"},
-		{WithMaxWait(0), "trim: max wait 0s: want at least the delay"},
-		{WithMaxWait(math.MaxInt64), "trim: max wait 2562047h47m16.854775807s: want at least the delay and at most 240h0m0s"},
-		{WithDelay(2562047 * time.Hour), "trim: delay 2562047h0m0s: want at least 1ms and at most 24h0m0s"},
-		{WithDelay(MaxDelay + 1), "trim: delay 24h0m0.000000001s: want at least 1ms and at most 24h0m0s"},
-		{WithMaxWait(time.Second), "trim: max wait 1s is shorter than the delay 2s"},
+		{Config{Delay: -time.Second}, "trim: Config.Delay -1s: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s"},
+		{Config{Delay: -1}, "trim: Config.Delay -1ns: want 0 (the default, 2s) or at least 1ms"},
+		{Config{Delay: time.Microsecond}, "trim: Config.Delay 1µs"},
+		{Config{MaxWait: -time.Second}, "trim: Config.MaxWait -1s: want 0 (the default, 10 delays) or at least the delay and at most 240h0m0s"},
+		{Config{MaxWait: -1}, "trim: Config.MaxWait -1ns: want 0 (the default, 10 delays) or at least the delay"},
+		{Config{MaxWait: math.MaxInt64}, "trim: Config.MaxWait 2562047h47m16.854775807s: want 0 (the default, 10 delays) or at least the delay and at most 240h0m0s"},
+		{Config{Delay: 2562047 * time.Hour}, "trim: Config.Delay 2562047h0m0s: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s"},
+		{Config{Delay: MaxDelay + 1}, "trim: Config.Delay 24h0m0.000000001s: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s"},
+		{Config{Delay: math.MinInt64}, "trim: Config.Delay -2562047h47m16.854775808s"},
+		{Config{MaxWait: time.Second}, "trim: Config.MaxWait 1s is shorter than the delay 2s"},
+		{Config{Delay: time.Minute, MaxWait: 59 * time.Second}, "trim: Config.MaxWait 59s is shorter than the delay 1m0s"},
+		{Config{NoCHeap: true, CHeap: fakeCHeap{}}, "trim: Config.NoCHeap is set together with Config.CHeap (fake): set one of them"},
 	} {
-		tr, err := New(tc.opt)
+		tr, err := New(tc.cfg)
 		assert.Nil(t, tr)
 		if assert.Error(t, err) {
 			assert.Contains(t, err.Error(), tc.want)
 		}
 	}
-	tr, err := New(WithDelay(MinDelay), WithMinRelease(0), nil)
-	require.NoError(t, err)
+	tr := mustNew(t, Config{Delay: MinDelay, MinRelease: NeverSkip})
 	assert.Equal(t, MinDelay, tr.Delay())
+	assert.Zero(t, tr.minRelease, "NeverSkip: every estimate reaches the threshold")
+	require.NoError(t, tr.Close())
+
+	// The zero Config is the default.
+	tr = mustNew(t, Config{})
+	assert.Equal(t, DefaultDelay, tr.Delay())
+	assert.Equal(t, DefaultMaxWaitFactor*DefaultDelay, tr.MaxWait())
+	assert.Equal(t, DefaultMinRelease, tr.minRelease)
+	assert.Equal(t, DefaultCHeap().Allocator(), tr.Stats().CHeapAllocator)
+	require.NoError(t, tr.Close())
+
+	// Any negative MinRelease never skips; NoCHeap turns the C step off.
+	tr = mustNew(t, Config{MinRelease: -5, NoCHeap: true})
+	assert.Zero(t, tr.minRelease)
+	assert.Nil(t, tr.cheap)
+	assert.Empty(t, tr.Stats().CHeapAllocator)
 	require.NoError(t, tr.Close())
 
 	// The longest delay: its default max wait does not overflow.
-	tr, err = New(WithDelay(MaxDelay), WithCHeap(nil))
-	require.NoError(t, err)
+	tr = mustNew(t, Config{Delay: MaxDelay, NoCHeap: true})
 	assert.Equal(t, DefaultMaxWaitFactor*MaxDelay, tr.MaxWait())
 	assert.Positive(t, tr.MaxWait())
 	require.NoError(t, tr.Close())
@@ -417,7 +424,7 @@ func TestMetricNames(t *testing.T) {
 }
 
 func TestEstimateCountsUncollectedBurst(t *testing.T) {
-	tr, err := New(WithCHeap(nil))
+	tr, err := New(Config{NoCHeap: true})
 	require.NoError(t, err)
 	defer tr.Close()
 	_, err = tr.TrimNow() // sets the live floor
@@ -454,7 +461,7 @@ func (h fakeCHeap) Release() (int64, error) { return h.released, h.err }
 
 func TestCHeapStep(t *testing.T) {
 	f := &fakeStep{}
-	tr, err := New(withGoStep(f.run), WithCHeap(fakeCHeap{released: 5 << 20}))
+	tr, err := New(Config{goStep: f.run, CHeap: fakeCHeap{released: 5 << 20}})
 	require.NoError(t, err)
 	defer tr.Close()
 	r, err := tr.TrimNow()
@@ -466,7 +473,7 @@ func TestCHeapStep(t *testing.T) {
 	assert.NoError(t, s.CHeapErr)
 
 	boom := errors.New("boom")
-	tr2, err := New(withGoStep(f.run), WithCHeap(fakeCHeap{released: -1, err: boom}))
+	tr2, err := New(Config{goStep: f.run, CHeap: fakeCHeap{released: -1, err: boom}})
 	require.NoError(t, err)
 	defer tr2.Close()
 	r, err = tr2.TrimNow()
@@ -475,7 +482,7 @@ func TestCHeapStep(t *testing.T) {
 	assert.ErrorIs(t, tr2.Stats().CHeapErr, boom)
 
 	// The default step in this build: unavailable, recorded, not returned.
-	tr3, err := New(withGoStep(f.run))
+	tr3, err := New(Config{goStep: f.run})
 	require.NoError(t, err)
 	defer tr3.Close()
 	_, err = tr3.TrimNow()
@@ -486,7 +493,7 @@ func TestCHeapStep(t *testing.T) {
 		assert.ErrorIs(t, s.CHeapErr, ErrCHeapUnavailable)
 	}
 
-	tr4, err := New(withGoStep(f.run), WithCHeap(nil))
+	tr4, err := New(Config{goStep: f.run, NoCHeap: true})
 	require.NoError(t, err)
 	defer tr4.Close()
 	_, err = tr4.TrimNow()
@@ -499,7 +506,7 @@ func TestCHeapStep(t *testing.T) {
 // then checks that Close leaves no goroutine behind.
 func TestRealClock(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	tr, err := New(WithDelay(20*time.Millisecond), WithMinRelease(0), WithCHeap(nil))
+	tr, err := New(Config{Delay: 20 * time.Millisecond, MinRelease: NeverSkip, NoCHeap: true})
 	require.NoError(t, err)
 	tr.AfterBurst()
 	deadline := time.Now().Add(10 * time.Second)
@@ -522,8 +529,8 @@ func TestConcurrentUse(t *testing.T) {
 	var n sync.WaitGroup
 	var steps sync.Mutex
 	count := 0
-	tr, err := New(WithDelay(time.Millisecond), WithCHeap(nil), WithMinRelease(0),
-		withGoStep(func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }))
+	tr, err := New(Config{Delay: time.Millisecond, NoCHeap: true, MinRelease: NeverSkip,
+		goStep: func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }})
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	for i := range 8 {
@@ -576,8 +583,8 @@ func TestCloseDoesNotWaitForForeignTrimNow(t *testing.T) {
 		}
 		return 0
 	}
-	tr, err := New(WithDelay(20*time.Millisecond), WithCHeap(nil), withGoStep(step),
-		withEstimate(func() int64 { return 1 << 30 }))
+	tr, err := New(Config{Delay: 20 * time.Millisecond, NoCHeap: true, goStep: step,
+		estimate: func() int64 { return 1 << 30 }})
 	if err != nil {
 		t.Fatal(err)
 	}

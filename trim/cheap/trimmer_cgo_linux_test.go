@@ -21,7 +21,7 @@ import (
 // mallocs 1M blocks of 1 KiB, another frees them, the Go heap has nothing to
 // give, and a Trimmer's due trim must still run the C heap step.
 func childCrossTrim() {
-	tr, err := trim.New(trim.WithDelay(50 * time.Millisecond))
+	tr, err := trim.New(trim.Config{Delay: 50 * time.Millisecond})
 	if err != nil {
 		childtest.Fail("%v", err)
 	}
