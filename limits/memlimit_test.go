@@ -782,13 +782,13 @@ func TestLiftHuge(t *testing.T) {
 	keepMemoryLimit(t)
 	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
 	require.NoError(t, err)
-	base := d.Bytes
+	base := d.GoMemLimit
 	for _, extra := range []int64{math.MaxInt64, math.MaxInt64 - base + 1, 1 << 62} {
 		_, to, ok := m.Lift(extra)
 		require.True(t, ok, "%d", extra)
 		assert.Equal(t, gib, to, "lift %d", extra)
 		assert.Equal(t, gib, debug.SetMemoryLimit(-1), "lift %d", extra)
-		assert.Equal(t, gib, m.Last().Bytes, "lift %d", extra)
+		assert.Equal(t, gib, m.Last().GoMemLimit, "lift %d", extra)
 		_, to, ok = m.Lift(0)
 		require.True(t, ok)
 		assert.Equal(t, base, to)
