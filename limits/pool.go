@@ -227,6 +227,8 @@ type PoolStats struct {
 	// error matches ErrResourceExhausted too (see ErrClosed); the cancel is
 	// counted in Canceled.
 	Refused int64
+	// RefusedBy splits Refused by what refused the Grow.
+	RefusedBy RefusedBy
 	// Observed counts Grow calls that would have been refused, and cancels
 	// CancelLargest would have made, let through because the pool is in
 	// ModeObserve or ModeOff.
@@ -276,6 +278,7 @@ type Pool struct {
 	_      [32]byte
 
 	refused       atomic.Int64
+	refusedBy     [4]atomic.Int64 // by refusalScope
 	observed      atomic.Int64
 	misuse        atomic.Int64
 	leaked        atomic.Int64
@@ -444,8 +447,26 @@ func (p *Pool) Mode() Mode { return p.mode }
 func (p *Pool) Used() int64 { return p.used.Load() }
 
 // Stats returns a snapshot of the pool's counters.
+// RefusedBy counts refused Grow calls by the scope that refused them.
+type RefusedBy struct {
+	// Account counts refusals by the account's own limit or an ancestor
+	// account's: the request was over its budget (no Retry-After).
+	Account int64
+	// Pool counts refusals because the pool was full.
+	Pool int64
+	// HeapPressure counts refusals while the live heap was over the pool's
+	// heap-pressure threshold (PoolConfig.HeapPressure).
+	HeapPressure int64
+	// Shedding counts refusals past ShedSize while Shed was on.
+	Shedding int64
+}
+
 func (p *Pool) Stats() PoolStats {
 	return PoolStats{
+		RefusedBy: RefusedBy{
+			Account: p.refusedBy[scopeAccount].Load(), Pool: p.refusedBy[scopePool].Load(),
+			HeapPressure: p.refusedBy[scopeHeap].Load(), Shedding: p.refusedBy[scopeShed].Load(),
+		},
 		Limit:             p.limit,
 		Mode:              p.mode,
 		Used:              p.used.Load(),
@@ -548,6 +569,7 @@ func (a *Account) noteRefused(n int64, err error) {
 	if !ok {
 		return
 	}
+	a.pool.refusedBy[a.pool.refusalScope(e)].Add(1)
 	e.Requested = n
 	if e.RetryAfter > 0 {
 		// The pool was full, under heap pressure or shedding: a retry can
@@ -563,6 +585,28 @@ func (a *Account) noteRefused(n int64, err error) {
 		u := max(x.used.Load(), 0) + x.kids.Load()
 		notePeak(&x.refusedAt, u+min(n, math.MaxInt64-u))
 	}
+}
+
+// The scopes a refusal is counted under (PoolStats.RefusedBy).
+const (
+	scopeAccount = iota
+	scopePool
+	scopeHeap
+	scopeShed
+)
+
+// refusalScope tells which scope refused with e: the pool (its name alone),
+// heap pressure, shedding, or an account.
+func (p *Pool) refusalScope(e *ExhaustedError) int {
+	switch {
+	case e.Scope == p.name:
+		return scopePool
+	case e.Scope == p.heapScope:
+		return scopeHeap
+	case strings.HasSuffix(e.Scope, " (shedding)"):
+		return scopeShed
+	}
+	return scopeAccount
 }
 
 // noteObserved counts a Grow let through in ModeObserve or ModeOff, and

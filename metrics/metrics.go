@@ -44,22 +44,30 @@
 //	memctl_thp_info{state,policy,system}      gauge    1; the process's THP state, the policy applied, the system mode
 //	memctl_c_heap_in_use_bytes{allocator}     gauge    bytes in live C heap blocks
 //	memctl_c_heap_retained_bytes{allocator}   gauge    bytes the C allocator holds that no live block uses
-//	memctl_misuse_total                       counter  wiring mistakes (memctl.Stats.Misuse)
+//	memctl_misuse_total                       counter  misuse: wiring mistakes, an end of Begin called twice (memctl.Stats.Misuse)
+//	memctl_trim_cpu_seconds_total             counter  CPU the trims caused: what the 2% rate limit counts
+//	memctl_trim_lazy_released_bytes_total     counter  bytes released lazily (GODEBUG=madvdontneed=0)
+//	memctl_trims_deferred_total               counter  trims the CPU rate limit deferred past the max wait
+//	memctl_pressure_events_total{kind}        counter  kind spiral: GC death-spiral episodes; kind kernel: kernel pressure signals
+//	memctl_gc_death_spiral                    gauge    1 during a death-spiral episode
+//	memctl_gc_cpu_share                       gauge    the GC's CPU share over the detector's window (0 to 1)
+//	memctl_gomemlimit_lifted_bytes            gauge    bytes a death-spiral lift adds to GOMEMLIMIT now
+//	memctl_cgroup_memory_events_total{event}  counter  cgroup v2 memory.events (low, high, max, oom, oom_kill, oom_group_kill)
 //
 // and per budget pool, labelled pool with the name given in Pool:
 //
 //	memctl_budget_limit_bytes                 gauge    the pool's limit; absent when it has none
 //	memctl_budget_in_use_bytes                gauge    bytes the pool's accounts hold (with their reserved chunks)
 //	memctl_budget_peak_bytes                  gauge    the highest in-use bytes since the pool was made
-//	memctl_budget_refusals_total              counter  Grow calls refused with resource_exhausted, any scope of the pool
+//	memctl_budget_refusals_total{scope}       counter  Grow calls refused with resource_exhausted; scope account, pool, heap_pressure, shedding
 //	memctl_budget_canceled_total              counter  request contexts canceled under heap pressure
 //	memctl_budget_misuse_total                counter  Shrink calls below zero or of a negative size
 //	memctl_heap_pressure                      gauge    1 while the live heap is above the pool's heap threshold
+//	memctl_budget_observed_total              counter  refusals let through by MEMCTL_BUDGETS=observe or off
+//	memctl_budget_leaked_accounts_total       counter  accounts closed with bytes still grown
+//	memctl_budget_leaked_bytes_total          counter  bytes still grown in accounts when they were closed
 //
-// Not yet exported, because memctl does not count them yet: the trims' CPU
-// time (memctl_trim_cpu_seconds_total) and kernel memory-pressure events
-// (memctl_pressure_events_total). Adding a metric is one entry in
-// controllerMetrics or poolMetrics.
+// Adding a metric is one entry in controllerMetrics or poolMetrics.
 package metrics
 
 import (
@@ -71,6 +79,7 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/pressure"
 )
 
 // Pool names a budget pool for the collector.
@@ -118,6 +127,25 @@ func counter[T any](name, help string, read func(*T) int64) metric[T] {
 		read: func(s *T) (float64, []string, bool) { return float64(read(s)), nil, true }}
 }
 
+// pressureEvents is memctl_pressure_events_total for one kind of event.
+func pressureEvents(kind string, read func(*pressure.Stats) int64) metric[controller] {
+	return metric[controller]{name: "memctl_pressure_events_total", kind: prometheus.CounterValue, labels: []string{"kind"},
+		help: "Pressure events: kind spiral counts GC death-spiral episodes, kind kernel the kernel memory-pressure signals (PSI, cgroup v1 pressure level, systemd).",
+		read: func(c *controller) (float64, []string, bool) {
+			return float64(read(&c.stats.Pressure)), []string{kind}, c.live
+		}}
+}
+
+// refusals is memctl_budget_refusals_total for one scope: what refused the
+// Grow (limits.RefusedBy).
+func refusals(scope string, read func(*limits.RefusedBy) int64) metric[limits.PoolStats] {
+	return metric[limits.PoolStats]{name: "memctl_budget_refusals_total", kind: prometheus.CounterValue, labels: []string{"scope"},
+		help: "Grow calls refused with resource_exhausted, by scope: account (the request's own budget), pool (the pool was full), heap_pressure, shedding (a GC death spiral).",
+		read: func(s *limits.PoolStats) (float64, []string, bool) {
+			return float64(read(&s.RefusedBy)), []string{scope}, true
+		}}
+}
+
 func boolValue(b bool) float64 {
 	if b {
 		return 1
@@ -125,12 +153,21 @@ func boolValue(b bool) float64 {
 	return 0
 }
 
+// memoryEvents are the cgroup v2 memory.events counters, by their key.
+var memoryEvents = []struct {
+	key  string
+	read func(e *pressure.MemoryEvents) int64
+}{
+	{"low", func(e *pressure.MemoryEvents) int64 { return e.Low }},
+	{"high", func(e *pressure.MemoryEvents) int64 { return e.High }},
+	{"max", func(e *pressure.MemoryEvents) int64 { return e.Max }},
+	{"oom", func(e *pressure.MemoryEvents) int64 { return e.OOM }},
+	{"oom_kill", func(e *pressure.MemoryEvents) int64 { return e.OOMKill }},
+	{"oom_group_kill", func(e *pressure.MemoryEvents) int64 { return e.OOMGroupKill }},
+}
+
 // controllerMetrics are read from Controller.Stats and Report at each
 // scrape. To add one, add an entry.
-//
-// Left for the fields other issues add: memctl_trim_cpu_seconds_total
-// (the trims' CPU time), memctl_pressure_events_total{kind} (package
-// pressure).
 var controllerMetrics = []metric[controller]{
 	gauge("memctl_enabled", "1 when memctl.Start ran and MEMCTL did not switch memctl off.",
 		func(c *controller) (float64, bool) { return boolValue(c.live && !c.report.Off), true }),
@@ -185,8 +222,35 @@ var controllerMetrics = []metric[controller]{
 			h := c.stats.CHeap
 			return float64(h.Retained), []string{h.Allocator}, h.Retained >= 0
 		}},
-	counter("memctl_misuse_total", "Wiring mistakes: AfterBurst or Begin with no live controller, Start while another was live.",
+	counter("memctl_misuse_total", "Misuse: AfterBurst or Begin with no live controller, Start while another was live, an end of Begin called twice.",
 		func(c *controller) int64 { return c.stats.Misuse }),
+	{name: "memctl_trim_cpu_seconds_total", kind: prometheus.CounterValue,
+		help: "CPU time the trims caused (GC and scavenger CPU plus the calling thread's, at most the process's), in seconds: what the 2% rate limit counts.",
+		read: func(c *controller) (float64, []string, bool) { return c.stats.Trim.TotalCPU.Seconds(), nil, true }},
+	counter("memctl_trim_lazy_released_bytes_total", "Bytes the trims released lazily (GODEBUG=madvdontneed=0: MADV_FREE, RSS falls only under memory pressure).",
+		func(c *controller) int64 { return c.stats.Trim.TotalLazy }),
+	counter("memctl_trims_deferred_total", "Trims the CPU rate limit deferred past the max wait.",
+		func(c *controller) int64 { return c.stats.Trim.Deferred }),
+	pressureEvents("spiral", func(s *pressure.Stats) int64 { return s.Spirals }),
+	pressureEvents("kernel", func(s *pressure.Stats) int64 { return s.Signals }),
+	gauge("memctl_gc_death_spiral", "1 during a GC death-spiral episode.",
+		func(c *controller) (float64, bool) { return boolValue(c.stats.Pressure.InSpiral), c.live }),
+	gauge("memctl_gc_cpu_share", "The GC's share of the CPU over the death-spiral detector's window, at the last GC end (0 to 1).",
+		func(c *controller) (float64, bool) { return c.stats.Pressure.GCShare, c.live }),
+	gauge("memctl_gomemlimit_lifted_bytes", "Bytes a death-spiral lift adds to GOMEMLIMIT now; 0 when it is not lifted.",
+		func(c *controller) (float64, bool) { return float64(c.stats.Pressure.Lifted), c.live }),
+}
+
+func init() {
+	for _, e := range memoryEvents {
+		controllerMetrics = append(controllerMetrics, metric[controller]{
+			name: "memctl_cgroup_memory_events_total", kind: prometheus.CounterValue, labels: []string{"event"},
+			help: "The cgroup v2 memory.events counters (low, high, max, oom, oom_kill, oom_group_kill); absent on cgroup v1 and where the kernel does not write the counter.",
+			read: func(c *controller) (float64, []string, bool) {
+				v := e.read(&c.stats.Pressure.MemoryEvents)
+				return float64(v), []string{e.key}, v >= 0
+			}})
+	}
 }
 
 // poolMetrics are read from limits.Pool.Stats at each scrape, one series
@@ -200,14 +264,22 @@ var poolMetrics = []metric[limits.PoolStats]{
 		func(s *limits.PoolStats) (float64, bool) { return float64(s.Used), true }),
 	gauge("memctl_budget_peak_bytes", "The highest in-use bytes since the pool was made.",
 		func(s *limits.PoolStats) (float64, bool) { return float64(s.Peak), true }),
-	counter("memctl_budget_refusals_total", "Grow calls refused with resource_exhausted by any scope of the pool.",
-		func(s *limits.PoolStats) int64 { return s.Refused }),
+	refusals("account", func(r *limits.RefusedBy) int64 { return r.Account }),
+	refusals("pool", func(r *limits.RefusedBy) int64 { return r.Pool }),
+	refusals("heap_pressure", func(r *limits.RefusedBy) int64 { return r.HeapPressure }),
+	refusals("shedding", func(r *limits.RefusedBy) int64 { return r.Shedding }),
 	counter("memctl_budget_canceled_total", "Request contexts canceled under heap pressure.",
 		func(s *limits.PoolStats) int64 { return s.Canceled }),
 	counter("memctl_budget_misuse_total", "Shrink calls below zero or of a negative size.",
 		func(s *limits.PoolStats) int64 { return s.Misuse }),
 	gauge("memctl_heap_pressure", "1 while the live heap is above the pool's heap threshold (end of the last GC).",
 		func(s *limits.PoolStats) (float64, bool) { return boolValue(s.UnderHeapPressure), true }),
+	counter("memctl_budget_observed_total", "Grows that would have been refused, let through by MEMCTL_BUDGETS=observe or off.",
+		func(s *limits.PoolStats) int64 { return s.Observed }),
+	counter("memctl_budget_leaked_accounts_total", "Accounts closed with bytes still grown.",
+		func(s *limits.PoolStats) int64 { return s.Leaked }),
+	counter("memctl_budget_leaked_bytes_total", "Bytes still grown in accounts when they were closed.",
+		func(s *limits.PoolStats) int64 { return s.LeakedBytes }),
 }
 
 // NewCollector returns a collector for ctl (the controller memctl.Start

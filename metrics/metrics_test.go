@@ -153,6 +153,11 @@ func TestControllerMetricsFollowTrims(t *testing.T) {
 	assert.Equal(t, float64(want.TotalReleased), value(t, mfs, "memctl_trim_released_bytes_total"))
 	assert.Greater(t, value(t, mfs, "memctl_trim_released_bytes_total"), 0.0, "the trim released the burst")
 	assert.Equal(t, want.LastDuration.Seconds(), value(t, mfs, "memctl_trim_last_duration_seconds"))
+	assert.Equal(t, want.TotalCPU.Seconds(), value(t, mfs, "memctl_trim_cpu_seconds_total"))
+	assert.Greater(t, value(t, mfs, "memctl_trim_cpu_seconds_total"), 0.0, "a trim costs CPU, and the rate limit counts it")
+	ps := ctl.Stats().Pressure
+	assert.Equal(t, float64(ps.Signals), value(t, mfs, "memctl_pressure_events_total", "kind", "kernel"))
+	assert.Equal(t, float64(ps.Spirals), value(t, mfs, "memctl_pressure_events_total", "kind", "spiral"))
 
 	debug.SetMemoryLimit(300 << 20)
 	mfs = gather(t, c)
@@ -179,8 +184,9 @@ func TestPoolMetrics(t *testing.T) {
 	assert.ErrorIs(t, acct.Grow(2<<20), limits.ErrResourceExhausted)
 
 	mfs := gather(t, c)
-	assert.Equal(t, 2.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "a"))
-	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "b"))
+	assert.Equal(t, 2.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "a", "scope", "pool"), "the pool was full")
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "a", "scope", "account"))
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_refusals_total", "pool", "b", "scope", "pool"))
 	assert.Equal(t, float64(a.Stats().Used), value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"))
 	assert.GreaterOrEqual(t, value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"), float64(100<<10))
 	assert.Equal(t, float64(1<<20), value(t, mfs, "memctl_budget_limit_bytes", "pool", "a"))

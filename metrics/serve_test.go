@@ -39,7 +39,7 @@ func TestServeMetrics(t *testing.T) {
 		"# TYPE memctl_trim_released_bytes_total counter",
 		"memctl_enabled 1",
 		`memctl_budget_limit_bytes{pool="http"} 8.388608e+06`,
-		`memctl_budget_refusals_total{pool="http"} 0`,
+		`memctl_budget_refusals_total{pool="http",scope="account"} 0`,
 		"memctl_trim_delay_seconds 0.01",
 	} {
 		assert.Contains(t, text, want)
