@@ -3,11 +3,12 @@ module github.com/memctl/memctl/metrics
 go 1.26.0
 
 // For development in this repository: the metrics module builds against the
-// memctl module next to it. A release of metrics pins a tagged memctl.
+// memctl module next to it (users get the v0.1.0 it requires; the tag
+// metrics/v0.1.0 releases this module).
 replace github.com/memctl/memctl => ../
 
 require (
-	github.com/memctl/memctl v0.0.0-00010101000000-000000000000
+	github.com/memctl/memctl v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/stretchr/testify v1.12.1
