@@ -56,10 +56,11 @@
 //	memctl_budget_misuse_total                counter  Shrink calls below zero or of a negative size
 //	memctl_heap_pressure                      gauge    1 while the live heap is above the pool's heap threshold
 //
-// Not yet exported, because memctl does not count them yet: the trims' CPU
-// time (memctl_trim_cpu_seconds_total) and kernel memory-pressure events
-// (memctl_pressure_events_total). Adding a metric is one entry in
-// controllerMetrics or poolMetrics.
+// Not yet exported, though memctl counts them (memctl.Stats.Trim.TotalCPU,
+// and Stats.Pressure: Spirals, Lifts, Signals, Acted): the trims' CPU time
+// (memctl_trim_cpu_seconds_total) and the death-spiral and kernel
+// memory-pressure events (memctl_pressure_events_total). Adding a metric is
+// one entry in controllerMetrics or poolMetrics.
 package metrics
 
 import (
