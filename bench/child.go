@@ -37,7 +37,7 @@ type arm struct {
 // arms are run in this order, interleaved: A B C D A B C D ...
 var arms = []arm{
 	{"plain", "plain", "Go defaults: no GOMEMLIMIT, no trim"},
-	{"gomemlimit", "GOMEMLIMIT only", "limits.SetGoMemLimit alone (90% of the cgroup limit, through automemlimit)"},
+	{"gomemlimit", "GOMEMLIMIT only", "limits.SetGoMemLimit alone (90% of the cgroup limit, less memory outside the Go runtime)"},
 	{"memctl", "memctl", "memctl.Start() with defaults; AfterBurst after each burst; the budget middleware in http"},
 	{"memctl-aa", "memctl (A/A)", "identical to memctl, run as a separate arm: the noise floor"},
 }

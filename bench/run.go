@@ -111,7 +111,12 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 				if err != nil {
 					return nil, err
 				}
-				memLimits[a.Key] = res.GoMemLimit
+				if _, seen := memLimits[a.Key]; !seen {
+					// The first scenario's: the load scenarios run in
+					// larger cgroups (loadParams.CgroupLimit), and the arms
+					// table states the common cgroup limit.
+					memLimits[a.Key] = res.GoMemLimit
+				}
 				for _, f := range s.Figures {
 					if o, ok := figs[f.Key]; ok {
 						obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)

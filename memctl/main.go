@@ -170,8 +170,9 @@
 //     regions the program advises with madvise(MADV_HUGEPAGE); keep leaves
 //     the flag as inherited.
 //   - -ratio (default 0.9): GOMEMLIMIT is set to this share of the cgroup
-//     memory limit memctl and the program are in (package limits, through
-//     automemlimit). It is not set when there is no limit, when GOMEMLIMIT
+//     memory limit memctl and the program are in (package limits: the
+//     smallest of memory.max and memory.high on v2, limit_in_bytes on v1).
+//     It is not set when there is no limit, when GOMEMLIMIT
 //     is already set (an empty GOMEMLIMIT is unset, as for the Go runtime),
 //     or when AUTOMEMLIMIT=off; a ratio in AUTOMEMLIMIT wins over -ratio.
 //     The variable does nothing for programs not written in Go.
