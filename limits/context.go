@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"fmt"
+	"log/slog"
 )
 
 type accountKey struct{}
@@ -23,7 +24,8 @@ func FromContext(ctx context.Context) *Account {
 // Grow charges n bytes to the account in ctx (see Account.Grow). With no
 // account in ctx it counts nothing and returns nil, so that code written for
 // budgets runs unchanged where none is configured; the call is counted in
-// PoolStats.Unguarded, so that a handler left outside the middleware shows
+// PoolStats.Unguarded, and the first one in the process is logged at WARN
+// through slog.Default, so that a handler left outside the middleware shows
 // up. A negative n is still an error matching ErrInvalidSize. A handler
 // that charges a request body's size checks http.Request.ContentLength
 // first: net/http sets it to -1 when the length is unknown (a chunked
@@ -35,7 +37,11 @@ func Grow(ctx context.Context, n int64) error {
 	if n < 0 {
 		return fmt.Errorf("%w: Grow(%d): negative size", ErrInvalidSize, n)
 	}
-	unguarded.Add(1)
+	if unguarded.Add(1) == 1 {
+		slog.Default().Warn("limits: Grow on a context with no account: this request has no budget " +
+			"(wrap the handler with Pool.Middleware, or bind an account with WithAccount); " +
+			"counted in PoolStats.Unguarded, only the first is logged")
+	}
 	return nil
 }
 

@@ -67,6 +67,10 @@
 //	memctl_budget_leaked_accounts_total       counter  accounts closed with bytes still grown
 //	memctl_budget_leaked_bytes_total          counter  bytes still grown in accounts when they were closed
 //
+// and, once for the process when a pool is given:
+//
+//	memctl_budget_unguarded_total             counter  limits.Grow calls with no account in the context
+//
 // Adding a metric is one entry in controllerMetrics or poolMetrics.
 package metrics
 
@@ -97,6 +101,7 @@ type Collector struct {
 	pools     []Pool
 	ctlDescs  []*prometheus.Desc
 	poolDescs []*prometheus.Desc
+	procDescs []*prometheus.Desc
 }
 
 // controller is what one scrape reads from the controller.
@@ -282,6 +287,13 @@ var poolMetrics = []metric[limits.PoolStats]{
 		func(s *limits.PoolStats) int64 { return s.LeakedBytes }),
 }
 
+// processMetrics are read once per scrape from the first pool's Stats: they
+// count for the whole process, not per pool.
+var processMetrics = []metric[limits.PoolStats]{
+	counter("memctl_budget_unguarded_total", "limits.Grow calls on a context with no account (a handler outside the budget middleware), in the whole process.",
+		func(s *limits.PoolStats) int64 { return s.Unguarded }),
+}
+
 // NewCollector returns a collector for ctl (the controller memctl.Start
 // returned) and pools. A nil ctl is allowed (for example when the auto
 // package started memctl): the scrape then has GOMEMLIMIT, the C heap and
@@ -306,6 +318,11 @@ func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
 	}
 	for _, m := range poolMetrics {
 		c.poolDescs = append(c.poolDescs, prometheus.NewDesc(m.name, m.help, append([]string{"pool"}, m.labels...), nil))
+	}
+	if len(pools) > 0 {
+		for _, m := range processMetrics {
+			c.procDescs = append(c.procDescs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
+		}
 	}
 	return c, nil
 }
@@ -334,6 +351,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.poolDescs {
 		ch <- d
 	}
+	for _, d := range c.procDescs {
+		ch <- d
+	}
 }
 
 // Collect reads the controller's and the pools' statistics once and sends
@@ -344,9 +364,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		snap.report = c.ctl.Report()
 	}
 	emit(ch, controllerMetrics, c.ctlDescs, &snap)
-	for _, p := range c.pools {
+	for i, p := range c.pools {
 		st := p.Pool.Stats()
 		emit(ch, poolMetrics, c.poolDescs, &st, p.Name)
+		if i == 0 {
+			emit(ch, processMetrics, c.procDescs, &st)
+		}
 	}
 }
 

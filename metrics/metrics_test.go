@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"log/slog"
 	"math"
 	"runtime/debug"
@@ -192,6 +193,10 @@ func TestPoolMetrics(t *testing.T) {
 	assert.Equal(t, float64(1<<20), value(t, mfs, "memctl_budget_limit_bytes", "pool", "a"))
 	assert.Len(t, mfs["memctl_budget_limit_bytes"].GetMetric(), 1, "pool b has no limit (Unlimited): absent, not MaxInt64")
 	assert.Equal(t, 0.0, value(t, mfs, "memctl_enabled"), "no controller given")
+	before := value(t, mfs, "memctl_budget_unguarded_total")
+	require.NoError(t, limits.Grow(context.Background(), 1), "a Grow with no account in the context")
+	assert.Equal(t, before+1, value(t, gather(t, c), "memctl_budget_unguarded_total"), "counted once for the process")
+	assert.Len(t, gather(t, c)["memctl_budget_unguarded_total"].GetMetric(), 1, "one series, not one per pool")
 	acct.Close()
 	mfs = gather(t, c)
 	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"))
