@@ -268,6 +268,7 @@ type MemLimiter struct {
 	before  int64      // GOMEMLIMIT before memctl set it
 	limit   int64      // the limit behind applied
 	lift    int64      // bytes added over the decision while lifted (Lift)
+	outside int64      // the last estimate of memory outside the Go runtime
 	seen    map[string]bool
 	stopped bool
 }
@@ -480,7 +481,14 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, source, file
 	want := int64(min(float64(limit)*m.ratio, math.MaxInt64))
 	if m.headroom && uerr == nil {
-		d.Outside = max(0, rss-goMapped)
+		// RSS below what the runtime has mapped (heap the runtime mapped
+		// during a burst and the kernel has not backed yet) says nothing
+		// about the memory outside it: keep the last estimate rather than
+		// drop it to 0 and raise GOMEMLIMIT exactly when the heap is large.
+		if rss >= goMapped {
+			m.outside = rss - goMapped
+		}
+		d.Outside = m.outside
 		want -= d.Outside
 	}
 	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, source, why)

@@ -794,3 +794,30 @@ func TestLiftHuge(t *testing.T) {
 		assert.Equal(t, base, to)
 	}
 }
+
+// While a burst has the runtime map more than the kernel has backed yet
+// (RSS below the runtime's mapped memory), the headroom for memory outside
+// the Go runtime keeps its last estimate instead of dropping to 0, which
+// raised GOMEMLIMIT in the middle of a burst (found by the new-user trial:
+// 234835822 -> 241591910 in a 256 MiB cgroup).
+func TestHeadroomKeptWhileRSSBelowMapped(t *testing.T) {
+	keepMemoryLimit(t)
+	rss, mapped := int64(40<<20), int64(32<<20) // 8 MiB outside
+	cfg := cfgFor(fixedLimit(1, 256<<20))
+	cfg.usage = func() (int64, int64, error) { return rss, mapped, nil }
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	base := ninetyPct(256 << 20)
+	require.Equal(t, base-8<<20, d.GoMemLimit)
+
+	rss, mapped = 120<<20, 150<<20 // a burst: mapped, not yet resident
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(8<<20), d.Outside, "the last estimate is kept")
+	assert.Equal(t, base-8<<20, d.GoMemLimit)
+
+	rss, mapped = 36<<20, 32<<20 // the C heap shrank to 4 MiB
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(4<<20), d.Outside, "a real reading replaces it")
+}
