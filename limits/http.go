@@ -44,7 +44,8 @@ type HTTPConfig struct {
 	// that reached BurstThreshold. Nothing is wired automatically: to
 	// return the burst's freed memory to the OS a few seconds later, pass
 	// memctl.AfterBurst (the trimmer of memctl.Start). It should return
-	// quickly. Default: nil (nothing is called).
+	// quickly. Default: nil (nothing is called; Middleware says so once at
+	// INFO through the pool's logger).
 	AfterBurst func()
 }
 
@@ -95,6 +96,10 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 		if cfg.Limit != Unlimited {
 			threshold = max(min(threshold, cfg.Limit/2), 1)
 		}
+	}
+	if cfg.AfterBurst == nil {
+		p.log.Info("limits: HTTPConfig.AfterBurst is nil: a request that peaks high does not end a burst for the trimmer (pass memctl.AfterBurst)",
+			"pool", p.name)
 	}
 	var seq atomic.Int64
 	return func(next http.Handler) http.Handler {
