@@ -16,10 +16,9 @@
 // memory limit (package limits: v1, or v2's memory.max and memory.high,
 // less the memory outside the Go runtime, never under a 64 MiB floor, and
 // re-read at the end of a GC cycle at most every 10 s, so a resized pod is
-// followed without a goroutine) and starts a trimmer
-// that returns freed memory to the OS two seconds after the last burst ends
-// (debug.FreeOSMemory, and the C heap of the allocator that owns malloc;
-// package trim). It logs one INFO line through log/slog that says what it
+// followed without a goroutine) and starts a trimmer that returns freed
+// memory to the OS two seconds after the last burst ends (debug.FreeOSMemory,
+// and the C heap of the allocator that owns malloc; package trim). It logs one INFO line through log/slog that says what it
 // decided. Package limits also has per-request memory budgets that refuse
 // the request that would exceed its share with a resource_exhausted error.
 //
@@ -28,10 +27,9 @@
 // CPU over 10 s with the live heap at 90% or more of GOMEMLIMIT), logs one
 // WARN per episode and, when GOMEMLIMIT came from the cgroup, lifts it by
 // 10% (never above the cgroup limit, kept by the refresh) for a minute; and
-// one goroutine
-// blocked in poll(2) waits for the kernel's memory pressure signal (PSI,
-// the cgroup v1 pressure level, or systemd's $MEMORY_PRESSURE_WATCH) and
-// trims at once, at most every 2 s. Controller.Subscribe delivers both as
+// one goroutine blocked in poll(2) waits for the kernel's memory pressure
+// signal (PSI, the cgroup v1 pressure level, or systemd's
+// $MEMORY_PRESSURE_WATCH) and trims at once, at most every 2 s. Controller.Subscribe delivers both as
 // events. WithPressure configures it.
 //
 // Why: a Go process that served a 1 GiB burst keeps about 1 GiB of RSS for
@@ -66,7 +64,7 @@
 //	                                   on is disable, off is keep: memctl
 //	                                   leaves the flag alone)
 //	MEMCTL_TRIM_DELAY=2s|on|off        trim delay after the last burst
-//	                                   (at least 1ms; 0 is off, on is 2s)
+//	                                   (1ms to 24h; 0 is off, on is 2s)
 //	MEMCTL_ARENA_MAX=2|on|off          glibc arena cap (cgo, glibc only;
 //	                                   0 is off, on is 2)
 //	GOMEMLIMIT                         set by the operator: left as it is
@@ -88,9 +86,9 @@
 // action and lifting no limit: an action's part is off (an invalid MEMCTL
 // switches all of memctl off; likewise THP, the trim, the arena cap, the
 // refresh and the pressure watch), GOMEMLIMIT is left as it was, and
-// budgets (MEMCTL_BUDGETS, package limits) stay enforced. The options follow the
-// same rule: WithTrimDelay(0) is off, and WithTrimDelay(-1s) or a delay
-// below 1ms is invalid.
+// budgets (MEMCTL_BUDGETS, package limits) stay enforced. The options
+// follow the same rule: WithTrimDelay(0) is off, and WithTrimDelay(-1s) or
+// a delay below 1ms is invalid.
 //
 // # Wiring mistakes
 //
@@ -101,6 +99,8 @@
 // controller serves AfterBurst and Begin, and when it is closed the latest
 // earlier controller still live serves them again. Both are counted in
 // Stats.Misuse.
+//
+// # GOMEMLIMIT
 //
 // GOMEMLIMIT follows the cgroup limit: it is re-read at the end of a GC
 // cycle at most every MEMCTL_REFRESH (no goroutine, no timer), so a pod
