@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/memctl/memctl/internal/safefs"
 )
@@ -91,8 +92,25 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 
 // sameMountNS reports whether the process of proc is in the caller's mount
 // namespace (then Limit paths need no /proc/PID/root prefix).
+//
+// The process's link can be unreadable for a moment (EACCES while it is in
+// execve, as a wrapper that execs its program is right after start): the
+// read is tried a few times over about 50 ms; when it still fails the
+// answer is false, and the paths keep the /proc/PID/root prefix, which is
+// longer but still right.
 func sameMountNS(proc *safefs.Dir) bool {
-	other, err1 := proc.Readlink("ns/mnt")
-	self, err2 := os.Readlink("/proc/self/ns/mnt")
-	return err1 == nil && err2 == nil && self == other
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return false
+	}
+	for try := 0; ; try++ {
+		other, err := proc.Readlink("ns/mnt")
+		if err == nil {
+			return self == other
+		}
+		if try == 10 {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
