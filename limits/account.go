@@ -216,7 +216,7 @@ func (a *Account) Open(name string, limit int64) (*Account, error) {
 // Grow(0) returns nil. Within the account's reserved chunk Grow costs one
 // atomic add and allocates nothing; an error allocates.
 func (a *Account) Grow(n int64) error {
-	if n > 0 {
+	if n > 0 && n <= a.reserved.Load() {
 		// Fast path: add, then check against what the account holds. A
 		// release or Close lowers reserved and then re-reads used; we
 		// raise used and then read reserved: one of us sees the other.
@@ -233,6 +233,14 @@ func (a *Account) Grow(n int64) error {
 		// Not held (or closed, or u < n: the sum wrapped past
 		// math.MaxInt64): take the bytes back and grow under the lock.
 		a.undo(n)
+		return a.growSlow(n)
+	}
+	if n > 0 {
+		// Larger than all the account holds (or closed): it cannot fit,
+		// and its passing bytes on the fast path could make a concurrent
+		// misuse (a Shrink of up to n more than the account grew, such as
+		// Shrink(math.MaxInt64) beside Grow(math.MaxInt64)) look
+		// legitimate.
 		return a.growSlow(n)
 	}
 	if n == 0 {

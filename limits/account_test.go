@@ -625,12 +625,20 @@ func TestMisuseCountingOnPassingBytes(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { testHookGrow = nil })
-	require.NoError(t, a.Grow(mib))
+	// 64 KiB: no more than a holds (one chunk), so it takes the fast path,
+	// and with the 10 bytes it does not fit. A Grow larger than all the
+	// account holds goes straight to the lock, with no passing bytes.
+	require.NoError(t, a.Grow(64*kib))
 	assert.Equal(t, 1, hooked)
 	assert.Equal(t, int64(1), p.Stats().Misuse)
-	assert.Equal(t, mib, a.Used(), "the misuse took the 10 bytes a grew, no more")
+	assert.Equal(t, 64*kib, a.Used(), "the misuse took the 10 bytes a grew, no more")
 	testHookGrow = nil
-	a.Shrink(mib)
+	hooked = 0
+	testHookGrow = func() { hooked++ }
+	require.NoError(t, a.Grow(mib))
+	assert.Zero(t, hooked, "a Grow past all the account holds never adds passing bytes")
+	testHookGrow = nil
+	a.Shrink(mib + 64*kib)
 	a.Close()
 	assert.Zero(t, p.Used())
 	assert.Equal(t, int64(1), p.Stats().Misuse)
