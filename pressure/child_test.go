@@ -150,7 +150,7 @@ func runSpiral(t *testing.T, liveMiB int, env ...string) (map[string]string, str
 // TestDeathSpiralChild: a child whose live heap sits at about 196 MiB
 // under GOMEMLIMIT 200 MiB, churning, gets one WARN within the 10 s
 // window; the 20 MiB-live control gets none. GOMEMLIMIT is the operator's
-// here, so no lift. 140 MiB of objects read as about 196 MiB of live heap
+// here, so no lift. 148 MiB of objects read as 180 to 210 MiB of live heap
 // (/gc/heap/live counts what is allocated during the mark, and the GC
 // marks almost all the time).
 func TestDeathSpiralChild(t *testing.T) {
@@ -160,7 +160,7 @@ func TestDeathSpiralChild(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory and slowdown change the GC figures")
 	}
-	rep, out := runSpiral(t, 140, "GOMEMLIMIT=200MiB")
+	rep, out := runSpiral(t, 148, "GOMEMLIMIT=200MiB")
 	t.Logf("spiral: %v", rep)
 	// The live heap at the GC end that decided, and over the run (the
 	// mean includes the first second, when it is still being built).

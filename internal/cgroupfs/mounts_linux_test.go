@@ -45,9 +45,34 @@ func TestManyMounts(t *testing.T) {
 		// thread only, which ends with it: a goroutine that exits locked
 		// ends its thread. The test's own thread stays in the host's
 		// namespace, so that TempDir can be removed.
+		//
+		// The goroutine can run on the main thread, which the runtime
+		// parks instead of ending: that would leave the process's
+		// /proc/self/ns/mnt in the test's namespace and make later tests
+		// in this binary see their children in "another" namespace. So the
+		// thread goes back to the host's namespace (setns) before it is
+		// unlocked.
 		runtime.LockOSThread()
 		var r result
 		defer func() { ch <- r }()
+		host, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if r.err = err; err != nil {
+			return
+		}
+		cwd, err := unix.Open(".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if r.err = err; err != nil {
+			unix.Close(host)
+			return
+		}
+		defer func() {
+			// setns also moves the thread's working directory to "/":
+			// back to the test's before the thread serves other goroutines.
+			if unix.Setns(host, unix.CLONE_NEWNS) == nil && unix.Fchdir(cwd) == nil {
+				runtime.UnlockOSThread()
+			}
+			unix.Close(host)
+			unix.Close(cwd)
+		}()
 		if r.err = unix.Unshare(unix.CLONE_NEWNS); r.err != nil {
 			return
 		}
