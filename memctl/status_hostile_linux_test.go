@@ -25,13 +25,10 @@ import (
 // secretMarker is the content of a file only root can read.
 const secretMarker = "SECRET-MARKER-i9-3f1c"
 
-// hostileSetup is the shell the hostile process runs before it says READY
-// and waits for its standard input to close. It finds its memory cgroup
-// (v1 memory controller, else v2) and the hierarchy's mount point, mounts a
-// tmpfs over the mount point's parent (/sys/fs/cgroup on a v1 host) and
-// makes, in place of the cgroup's limit file, what $KIND says. Mounts made
-// here never propagate to the host (rprivate).
-const hostileSetup = `set -eu
+// findCgroupSetup is the start of both hostile scripts: a private mount
+// namespace, and in it the process's memory cgroup (cg), the mount point
+// of its hierarchy (point) and its limit file (file), v1 or v2.
+const findCgroupSetup = `set -eu
 mount --make-rprivate /
 cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
 if [ -n "$cg" ]; then
@@ -42,7 +39,15 @@ else
 	point=$(awk '/ - cgroup2 / {print $5; exit}' /proc/self/mountinfo)
 	file=memory.max
 fi
-[ -n "$point" ] || { echo "NO-CGROUP-MOUNT"; exit 1; }
+`
+
+// hostileSetup is the shell the hostile process runs before it says READY
+// and waits for its standard input to close. It finds its memory cgroup
+// (v1 memory controller, else v2) and the hierarchy's mount point, mounts a
+// tmpfs over the mount point's parent (/sys/fs/cgroup on a v1 host) and
+// makes, in place of the cgroup's limit file, what $KIND says. Mounts made
+// here never propagate to the host (rprivate).
+const hostileSetup = findCgroupSetup + `[ -n "$point" ] || { echo "NO-CGROUP-MOUNT"; exit 1; }
 mount -t tmpfs none "$(dirname "$point")"
 d="$point$cg"
 mkdir -p "$d"
@@ -62,18 +67,7 @@ read x || true
 // namespace, to a mount point whose name holds terminal escapes, and puts in
 // place of the cgroup's limit file under it what $KIND says: a FIFO, a
 // value with escapes, or 45000 bytes of them.
-const escSetup = `set -eu
-mount --make-rprivate /
-cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
-if [ -n "$cg" ]; then
-	point=$(awk '/ - cgroup / && $NF ~ /(^|,)memory(,|$)/ {print $5; exit}' /proc/self/mountinfo)
-	file=memory.limit_in_bytes
-else
-	cg=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
-	point=$(awk '/ - cgroup2 / {print $5; exit}' /proc/self/mountinfo)
-	file=memory.max
-fi
-[ "$cg" != "/" ] || { echo "CGROUP-IS-ROOT"; exit 1; }
+const escSetup = findCgroupSetup + `[ "$cg" != "/" ] || { echo "CGROUP-IS-ROOT"; exit 1; }
 esc="$ESCDIR/$(printf 'evil\033[2J\033]0;owned\007\302\233name')"
 mkdir -p "$esc"
 mount --bind "$point" "$esc"
