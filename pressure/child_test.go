@@ -150,7 +150,7 @@ func runSpiral(t *testing.T, liveMiB int, env ...string) (map[string]string, str
 // TestDeathSpiralChild: a child whose live heap sits at about 196 MiB
 // under GOMEMLIMIT 200 MiB, churning, gets one WARN within the 10 s
 // window; the 20 MiB-live control gets none. GOMEMLIMIT is the operator's
-// here, so no lift. 148 MiB of objects read as 180 to 210 MiB of live heap
+// here, so no lift. 148 MiB of objects read as 180 to 230 MiB of live heap
 // (/gc/heap/live counts what is allocated during the mark, and the GC
 // marks almost all the time).
 func TestDeathSpiralChild(t *testing.T) {
@@ -164,9 +164,15 @@ func TestDeathSpiralChild(t *testing.T) {
 	t.Logf("spiral: %v", rep)
 	// The live heap at the GC end that decided, and over the run (the
 	// mean includes the first second, when it is still being built).
+	// The detector decides on the median of recent readings against
+	// DefaultLiveRatio × GOMEMLIMIT; the event carries one GC's reading,
+	// which the mark-time allocations push above the 148 MiB held (180 to
+	// 227 MiB seen, CI included): the bound below is a little under the
+	// detector's floor (0.9, on the median), above 1.25 × GOMEMLIMIT.
 	live, err := strconv.ParseInt(rep["SPIRAL_LIVE"], 10, 64)
 	require.NoError(t, err)
-	assert.InDelta(t, 196, live>>20, 16, "live heap near 196 MiB")
+	assert.GreaterOrEqual(t, float64(live), 0.85*200*mib, "live heap near GOMEMLIMIT when the spiral was reported")
+	assert.LessOrEqual(t, live, int64(250*mib), "live heap not far above GOMEMLIMIT")
 	meanLive, err := strconv.ParseInt(rep["MEAN_LIVE"], 10, 64)
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, meanLive, int64(160*mib))
