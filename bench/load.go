@@ -7,18 +7,16 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/metrics"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/cpuquota"
 	"github.com/memctl/memctl/internal/procfs"
 )
 
@@ -146,11 +144,11 @@ func loadScenario(name string, contended bool) scenario {
 			if !contended {
 				return nil
 			}
-			g, err := newCPUCgroup(fmt.Sprintf("memctl-bench-cpu%s-%d-probe", tagSuffix(), os.Getpid()), 100000, 100000)
+			g, err := cpuquota.New(fmt.Sprintf("memctl-bench-cpu%s-%d-probe", tagSuffix(), os.Getpid()), 100000, 100000)
 			if err != nil {
 				return err
 			}
-			return g.remove()
+			return g.Remove()
 		},
 	}
 }
@@ -260,15 +258,15 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	rate := lp.Rate
 	if contended {
 		rate = lp.ContendedRate
-		g, err := newCPUCgroup(fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-")), lp.Quota, lp.QuotaPeriod)
+		g, err := cpuquota.New(fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-")), lp.Quota, lp.QuotaPeriod)
 		if err != nil {
 			return nil, err
 		}
-		defer func() { err = errors.Join(err, g.remove()) }()
-		if err := g.add(pr.pid); err != nil {
+		defer func() { err = errors.Join(err, g.Remove()) }()
+		if err := g.Add(pr.pid); err != nil {
 			return nil, err
 		}
-		if err := g.startBusy(); err != nil {
+		if err := g.StartBusy(); err != nil {
 			return nil, err
 		}
 	}
@@ -385,79 +383,6 @@ func tagSuffix() string {
 		return "-" + t
 	}
 	return ""
-}
-
-// cpuRoot is the cgroup v1 cpu controller's mount point.
-const cpuRoot = "/sys/fs/cgroup/cpu"
-
-// cpuCgroup is a cgroup v1 cpu child with a CFS quota, and the busy loop
-// that shares it.
-type cpuCgroup struct {
-	dir  string
-	busy *exec.Cmd
-}
-
-// newCPUCgroup makes the cpu child name with the given quota and period
-// (microseconds). The error says why when there is no cgroup v1 cpu
-// controller or it is not writable.
-func newCPUCgroup(name string, quota, period int) (*cpuCgroup, error) {
-	if _, err := os.Stat(filepath.Join(cpuRoot, "cpu.cfs_quota_us")); err != nil {
-		return nil, fmt.Errorf("bench: the contended scenario needs the cgroup v1 cpu controller at %s: %w", cpuRoot, err)
-	}
-	g := &cpuCgroup{dir: filepath.Join(cpuRoot, name)}
-	if err := os.Mkdir(g.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	for _, kv := range [][2]string{{"cpu.cfs_period_us", strconv.Itoa(period)}, {"cpu.cfs_quota_us", strconv.Itoa(quota)}} {
-		if err := os.WriteFile(filepath.Join(g.dir, kv[0]), []byte(kv[1]), 0); err != nil {
-			return nil, errors.Join(fmt.Errorf("bench: %w", err), g.remove())
-		}
-	}
-	return g, nil
-}
-
-// add moves the process pid (all its threads) into the cgroup.
-func (g *cpuCgroup) add(pid int) error {
-	if err := os.WriteFile(filepath.Join(g.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		return fmt.Errorf("bench: move %d into %s: %w", pid, g.dir, err)
-	}
-	return nil
-}
-
-// startBusy starts the busy loop and moves it into the cgroup.
-func (g *cpuCgroup) startBusy() error {
-	g.busy = exec.Command("sh", "-c", "while :; do :; done")
-	if err := g.busy.Start(); err != nil {
-		g.busy = nil
-		return fmt.Errorf("bench: busy loop: %w", err)
-	}
-	return g.add(g.busy.Process.Pid)
-}
-
-// remove kills the busy loop, moves what is left in the cgroup to the root
-// cgroup and removes it.
-func (g *cpuCgroup) remove() error {
-	var errs []error
-	if g.busy != nil {
-		_ = g.busy.Process.Kill()
-		_ = g.busy.Wait()
-		g.busy = nil
-	}
-	if b, err := os.ReadFile(filepath.Join(g.dir, "cgroup.procs")); err == nil {
-		for _, pid := range strings.Fields(string(b)) {
-			if err := os.WriteFile(filepath.Join(cpuRoot, "cgroup.procs"), []byte(pid), 0); err != nil {
-				errs = append(errs, fmt.Errorf("bench: move %s out of %s: %w", pid, g.dir, err))
-			}
-		}
-	}
-	var err error
-	for range 50 { // a process just moved out may still be counted for a moment
-		if err = os.Remove(g.dir); err == nil || os.IsNotExist(err) {
-			return errors.Join(errs...)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return errors.Join(append(errs, fmt.Errorf("bench: remove %s: %w", g.dir, err))...)
 }
 
 // loadTargets checks issue 13's targets for the load scenarios.

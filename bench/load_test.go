@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memctl/memctl/internal/cpuquota"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -134,27 +136,27 @@ func TestCPUCgroup(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make a cgroup v1 cpu child")
 	}
-	if _, err := os.Stat(filepath.Join(cpuRoot, "cpu.cfs_quota_us")); err != nil {
+	if _, err := os.Stat(filepath.Join(cpuquota.Root, "cpu.cfs_quota_us")); err != nil {
 		t.Skipf("no cgroup v1 cpu controller: %v", err)
 	}
 	name := "memctl-bench-cpu-test-" + strconv.Itoa(os.Getpid())
-	g, err := newCPUCgroup(name, 10000, 100000)
+	g, err := cpuquota.New(name, 10000, 100000)
 	require.NoError(t, err)
-	defer func() { _ = g.remove() }()
-	b, err := os.ReadFile(filepath.Join(g.dir, "cpu.cfs_quota_us"))
+	defer func() { _ = g.Remove() }()
+	b, err := os.ReadFile(filepath.Join(g.Dir, "cpu.cfs_quota_us"))
 	require.NoError(t, err)
 	assert.Equal(t, "10000", strings.TrimSpace(string(b)))
 	sleep := exec.Command("sleep", "30")
 	require.NoError(t, sleep.Start())
 	defer func() { _ = sleep.Process.Kill(); _ = sleep.Wait() }()
-	require.NoError(t, g.add(sleep.Process.Pid))
-	require.NoError(t, g.startBusy())
-	b, err = os.ReadFile(filepath.Join(g.dir, "cgroup.procs"))
+	require.NoError(t, g.Add(sleep.Process.Pid))
+	require.NoError(t, g.StartBusy())
+	b, err = os.ReadFile(filepath.Join(g.Dir, "cgroup.procs"))
 	require.NoError(t, err)
 	assert.Contains(t, strings.Fields(string(b)), strconv.Itoa(sleep.Process.Pid))
 	assert.Len(t, strings.Fields(string(b)), 2, "the process and the busy loop")
-	require.NoError(t, g.remove())
-	_, err = os.Stat(g.dir)
+	require.NoError(t, g.Remove())
+	_, err = os.Stat(g.Dir)
 	assert.True(t, os.IsNotExist(err), "the cgroup is gone")
 	assert.NoError(t, sleep.Process.Signal(syscall.Signal(0)), "the process moved out lives on")
 }

@@ -2,13 +2,14 @@ package main
 
 import (
 	"bytes"
-	"github.com/memctl/memctl/internal/cgroupfs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cpuquota"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -93,7 +94,7 @@ func TestQuickRun(t *testing.T) {
 				ours = append(ours, d)
 			}
 		}
-		cpuLeft, _ := filepath.Glob(filepath.Join(cpuRoot, "memctl-bench-cpu*-"+strconv.Itoa(os.Getpid())+"-*"))
+		cpuLeft, _ := filepath.Glob(filepath.Join(cpuquota.Root, "memctl-bench-cpu*-"+strconv.Itoa(os.Getpid())+"-*"))
 		ours = append(ours, cpuLeft...)
 		assert.Empty(t, ours, "every arm's cgroup was removed")
 		gml := rep.Arms[1].GoMemLimit
