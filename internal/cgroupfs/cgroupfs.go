@@ -161,6 +161,11 @@ func (s *source) read() (Limit, error) {
 // lines, cgroups(7)) and returns the path of the v1 memory controller's
 // cgroup and of the v2 cgroup ("0::path"), each "" when absent.
 func (s *source) parseCgroupFile(name string) (v1, v2 string, err error) {
+	return s.parseCgroupFileFor(name, "memory")
+}
+
+// parseCgroupFileFor is parseCgroupFile for the v1 controller ctrl.
+func (s *source) parseCgroupFileFor(name, ctrl string) (v1, v2 string, err error) {
 	b, err := s.proc.ReadFile(s.cgroupRel, safefs.MaxProcFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		// A kernel without cgroups has no /proc/PID/cgroup.
@@ -169,10 +174,16 @@ func (s *source) parseCgroupFile(name string) (v1, v2 string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("cgroupfs: %w", err)
 	}
-	return parseCgroup(bytes.NewReader(b), name)
+	return parseCgroupFor(bytes.NewReader(b), name, ctrl)
 }
 
 func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
+	return parseCgroupFor(r, name, "memory")
+}
+
+// parseCgroupFor parses a /proc/PID/cgroup file and returns the cgroup of
+// the v1 controller ctrl and the v2 cgroup.
+func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 	sc := bufio.NewScanner(r)
 	n := 0
 	for sc.Scan() {
@@ -193,7 +204,7 @@ func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {
-			if c == "memory" {
+			if c == ctrl {
 				v1 = parts[2]
 			}
 		}
@@ -225,12 +236,15 @@ type mount struct {
 	superOpts           []string
 }
 
-func isV1Memory(m mount) bool {
+func isV1Memory(m mount) bool { return isV1(m, "memory") }
+
+// isV1 reports whether m is a v1 hierarchy with controller ctrl.
+func isV1(m mount, ctrl string) bool {
 	if m.fstype != "cgroup" {
 		return false
 	}
 	for _, o := range m.superOpts {
-		if o == "memory" {
+		if o == ctrl {
 			return true
 		}
 	}

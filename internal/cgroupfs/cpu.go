@@ -1,0 +1,124 @@
+package cgroupfs
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memctl/memctl/internal/safefs"
+)
+
+// ErrNoThrottleCounter is matched (errors.Is) by the error of CPUStatFile
+// when the process has no CPU cgroup here, and of ParseThrottled when a
+// cpu.stat holds no throttled time (a v2 cgroup without the cpu
+// controller has a cpu.stat with only the usage fields).
+var ErrNoThrottleCounter = errors.New("cgroupfs: no CPU throttling counter")
+
+// CPUStatFile returns the cpu.stat file of the CPU cgroup of the process
+// whose /proc/PID/cgroup and /proc/PID/mountinfo are cgroupFile and
+// mountinfoFile (root as in Read): the v1 cpu controller's cgroup when
+// cgroupFile lists it and it is mounted, else the v2 cgroup. The file
+// holds the kernel's count of the time the cgroup's CFS quota held it off
+// the CPU (see ParseThrottled). Only the process's own cgroup is named: a
+// quota set on an ancestor alone throttles the ancestor, whose counter is
+// not read. Errors name the file; when neither hierarchy is mounted the
+// error matches ErrNoThrottleCounter. It only reads files, so it is safe
+// for concurrent use.
+func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
+	s, err := openSource(cgroupFile, mountinfoFile, root)
+	if err != nil {
+		return "", err
+	}
+	defer s.close()
+	v1, v2, err := s.parseCgroupFileFor(cgroupFile, "cpu")
+	if err != nil {
+		return "", err
+	}
+	mounts, err := s.parseMountinfoFile(mountinfoFile)
+	if err != nil {
+		return "", err
+	}
+	var why []string
+	if v1 != "" {
+		dir, _, err := cgroupDir(mounts, v1, func(m mount) bool { return isV1(m, "cpu") }, root)
+		if err == nil {
+			return filepath.Join(dir, "cpu.stat"), nil
+		}
+		why = append(why, "v1 cpu: "+err.Error())
+	}
+	if v2 != "" {
+		dir, _, err := cgroupDir(mounts, v2, isV2, root)
+		if err == nil {
+			return filepath.Join(dir, "cpu.stat"), nil
+		}
+		why = append(why, "v2: "+err.Error())
+	}
+	if len(why) == 0 {
+		why = append(why, cgroupFile+" lists neither the cpu controller nor a cgroup v2 hierarchy")
+	}
+	return "", fmt.Errorf("%w: %s", ErrNoThrottleCounter, strings.Join(why, "; "))
+}
+
+// ReadThrottled reads the cpu.stat file path (as CPUStatFile names it,
+// inside "/", through no symlink, at most safefs.MaxCgroupFile bytes) and
+// returns its throttled time; see ParseThrottled. Safe for concurrent use.
+func ReadThrottled(path string) (time.Duration, error) {
+	d, err := safefs.OpenDir("/", safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return 0, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer d.Close()
+	d.FSTypes = FSTypes
+	b, err := d.ReadFile(path, safefs.MaxCgroupFile)
+	if err != nil {
+		return 0, fmt.Errorf("cgroupfs: %w", err)
+	}
+	return ParseThrottled(bytes.NewReader(b), path)
+}
+
+// ParseThrottled parses a cpu.stat file ("key value" lines) named name and
+// returns the cumulative time the CFS bandwidth controller held the cgroup
+// throttled, summed over CPUs: v1's throttled_time (nanoseconds,
+// Documentation/scheduler/sched-bwc.rst) or v2's throttled_usec
+// (microseconds, Documentation/admin-guide/cgroup-v2.rst). A file with
+// neither field gives an error matching ErrNoThrottleCounter; a malformed
+// line, a negative or overflowing value gives an error naming the file and
+// quoting the line.
+func ParseThrottled(r io.Reader, name string) (time.Duration, error) {
+	sc := bufio.NewScanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
+		if sc.Text() == "" {
+			continue
+		}
+		key, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || key == "" {
+			return 0, fmt.Errorf("cgroupfs: %s: line %d: malformed, want \"key value\": %s", name, n, safefs.Quote(sc.Text()))
+		}
+		var unit time.Duration
+		switch key {
+		case "throttled_time":
+			unit = time.Nanosecond
+		case "throttled_usec":
+			unit = time.Microsecond
+		default:
+			continue
+		}
+		v, err := strconv.ParseInt(val, 10, 64)
+		if err != nil || v < 0 || v > int64(1<<63-1)/int64(unit) {
+			return 0, fmt.Errorf("cgroupfs: %s: line %d: %s is not a count of %v that fits in int64 nanoseconds: %s", name, n, key, unit, safefs.Quote(sc.Text()))
+		}
+		return time.Duration(v) * unit, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("cgroupfs: %s: %w", name, err)
+	}
+	return 0, fmt.Errorf("%w: %s has neither throttled_time (v1) nor throttled_usec (v2; the cpu controller is not enabled)", ErrNoThrottleCounter, name)
+}
