@@ -48,6 +48,7 @@
 //	memctl_trim_cpu_seconds_total             counter  CPU the trims caused: what the 2% rate limit counts
 //	memctl_trim_lazy_released_bytes_total     counter  bytes released lazily (GODEBUG=madvdontneed=0)
 //	memctl_trims_deferred_total               counter  trims the CPU rate limit deferred past the max wait
+//	memctl_trims_early_total                  counter  trims started at half the delay: the CPU cgroup was throttled
 //	memctl_pressure_events_total{kind}        counter  kind spiral: GC death-spiral episodes; kind kernel: kernel pressure signals
 //	memctl_gc_death_spiral                    gauge    1 during a death-spiral episode
 //	memctl_gc_cpu_share                       gauge    the GC's CPU share over the detector's window (0 to 1)
@@ -236,6 +237,8 @@ var controllerMetrics = []metric[controller]{
 		func(c *controller) int64 { return c.stats.Trim.TotalLazy }),
 	counter("memctl_trims_deferred_total", "Trims the CPU rate limit deferred past the max wait.",
 		func(c *controller) int64 { return c.stats.Trim.Deferred }),
+	counter("memctl_trims_early_total", "Trims started at half the delay because the CPU cgroup was throttled (its cpu.stat throttled time grew by 10% of the wall time or more while the trim waited).",
+		func(c *controller) int64 { return c.stats.Trim.EarlyStarts }),
 	pressureEvents("spiral", func(s *pressure.Stats) int64 { return s.Spirals }),
 	pressureEvents("kernel", func(s *pressure.Stats) int64 { return s.Signals }),
 	gauge("memctl_gc_death_spiral", "1 during a GC death-spiral episode.",

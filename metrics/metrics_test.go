@@ -155,6 +155,7 @@ func TestControllerMetricsFollowTrims(t *testing.T) {
 	assert.Greater(t, value(t, mfs, "memctl_trim_released_bytes_total"), 0.0, "the trim released the burst")
 	assert.Equal(t, want.LastDuration.Seconds(), value(t, mfs, "memctl_trim_last_duration_seconds"))
 	assert.Equal(t, want.TotalCPU.Seconds(), value(t, mfs, "memctl_trim_cpu_seconds_total"))
+	assert.Equal(t, float64(want.EarlyStarts), value(t, mfs, "memctl_trims_early_total"))
 	assert.Greater(t, value(t, mfs, "memctl_trim_cpu_seconds_total"), 0.0, "a trim costs CPU, and the rate limit counts it")
 	ps := ctl.Stats().Pressure
 	assert.Equal(t, float64(ps.Signals), value(t, mfs, "memctl_pressure_events_total", "kind", "kernel"))

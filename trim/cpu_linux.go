@@ -4,6 +4,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,3 +32,26 @@ func processCPU() time.Duration {
 }
 
 func getenvGODEBUG() string { return os.Getenv("GODEBUG") }
+
+// newThrottleReader returns the default Config.throttled: the throttled
+// time of the process's CPU cgroup (cgroupfs.CPUStatFile and
+// ReadThrottled), found again when fresh is set, unknown when there is no
+// such counter.
+func newThrottleReader() func(fresh bool) (time.Duration, bool) {
+	var path string
+	return func(fresh bool) (time.Duration, bool) {
+		if fresh || path == "" {
+			p, err := cgroupfs.CPUStatFile("/proc/self/cgroup", "/proc/self/mountinfo", "")
+			if err != nil {
+				path = ""
+				return 0, false
+			}
+			path = p
+		}
+		d, err := cgroupfs.ReadThrottled(path)
+		if err != nil {
+			return 0, false
+		}
+		return d, true
+	}
+}

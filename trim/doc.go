@@ -30,7 +30,11 @@
 // default 8 MiB; an unknown C heap figure runs the C step). Trims are limited
 // by the CPU they cause, not their wall time, so a CPU-throttled container
 // still trims: over any window W, the CPU charged to the trims that start in
-// it is at most 2% of W plus one trim. No pattern of calls starves a trim:
+// it is at most 2% of W plus one trim. A throttled CPU cgroup (its cpu.stat
+// throttled time growing by 10% of the wall time or more while the trim is
+// pending) starts the trim at half the delay, since a throttled trim takes
+// many times its CPU time to finish (Config.FixedDelay turns that off).
+// No pattern of calls starves a trim:
 // it runs at the latest MaxWait (20 s by default) after the first AfterBurst
 // or Begin of its pending period, even while bursts overlap.
 //

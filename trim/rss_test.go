@@ -23,6 +23,7 @@ func TestMain(m *testing.M) {
 			"burst-trim":   func() { burstChild(true) },
 			"burst-notrim": func() { burstChild(false) },
 			"lazy":         lazyChild,
+			"throttled":    throttledChild,
 		})
 	}
 	goleak.VerifyTestMain(m)

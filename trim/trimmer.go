@@ -59,6 +59,13 @@ const (
 	// costFactor is 1/CPUShare: a trim that cost c of CPU makes the next
 	// one wait c·costFactor from its start.
 	costFactor = 50
+
+	// ThrottledShare is the throttled time, as a share of the wall time
+	// since a pending period began, from which the Trimmer takes its CPU
+	// cgroup as throttled and starts the trim at half the delay (see
+	// Trimmer): 10%. The kernel sums the throttled time over CPUs, so a
+	// cgroup held off one CPU 10% of the time, or two CPUs 5%, reaches it.
+	ThrottledShare = 0.10
 )
 
 const (
@@ -129,6 +136,11 @@ type Config struct {
 	// ErrCHeapUnavailable. Default (nil): logs nothing.
 	Logger *slog.Logger
 
+	// FixedDelay makes the trim wait the whole Delay even when the CPU
+	// cgroup is throttled (see Trimmer). Default: false (a throttled
+	// Trimmer starts its trims at Delay/2).
+	FixedDelay bool
+
 	// Strict makes misuse (an end func called more often than Begin) panic
 	// with "trim: burst ended more often than begun" instead of being
 	// counted and logged. It is meant for tests, which should fail on
@@ -141,6 +153,9 @@ type Config struct {
 	cpuClock func() time.Duration // CPU a trim is charged with, read before and after
 	lazy     func() (bool, string)
 	lazyFree func() int64 // LazyFree bytes of the process, -1 if unknown
+	// throttled returns the CPU cgroup's cumulative throttled time, ok
+	// false when unknown; fresh asks to find the cgroup again first.
+	throttled func(fresh bool) (d time.Duration, ok bool)
 }
 
 // NeverSkip is a Config.MinRelease that makes every due trim run both its
@@ -175,6 +190,10 @@ type Stats struct {
 	// Deferred counts the due trims that the CPU limit held past the max
 	// wait (the first is logged at INFO).
 	Deferred int64
+	// EarlyStarts counts the trims started at Delay/2 because the CPU
+	// cgroup was throttled while they were pending (see Trimmer; the first
+	// is logged at INFO).
+	EarlyStarts int64
 	// LastReleased is the bytes the last trim released: the growth of
 	// /memory/classes/heap/released:bytes across the Go step, plus the C
 	// heap step's own figure when it can tell.
@@ -238,6 +257,21 @@ type Stats struct {
 // at most CPUShare (2%) of W plus the charge of one trim. A trim that this
 // limit holds past the max wait is counted in Stats.Deferred.
 //
+// A throttled CPU cgroup starts the trim at half the delay. Under a CFS
+// quota a trim takes many times its CPU time in wall time (20 times at a 10%
+// quota shared with a busy loop, ../shared/MEASURED.md; 1.4 to 2 s for a
+// trim of a 1 GiB heap, BENCHMARKS.md), so a trim started at Delay would
+// bring RSS down long after it would on a free CPU. While a trim is
+// pending, the Trimmer reads its cgroup's throttled time (cpu.stat: v1
+// throttled_time, v2 throttled_usec) when the pending period begins and
+// from Delay/2 on; when it grew by at least ThrottledShare (10%) of the wall
+// time in between, the trim starts Delay/2 after the last call instead of
+// Delay (counted in Stats.EarlyStarts, the first logged at INFO). Only the
+// process's own cgroup is read, and only on Linux; without a counter
+// (no cpu controller, another system) or with Config.FixedDelay, the
+// trim waits the whole Delay. The max wait and the CPU limit apply as
+// always.
+//
 // While no trim is pending a Trimmer has no goroutine, timer or ticker. While
 // one is pending, a timer wakes a short-lived goroutine every Delay/20.
 //
@@ -275,11 +309,12 @@ type Trimmer struct {
 	estimate   func() int64
 	readCPU    func() cpuMark
 	lazyFree   func() int64
+	throttled  func(fresh bool) (time.Duration, bool)
 	lazy       bool
 	endFns     [2]func() // t.end0, t.end1, made once so Begin does not allocate
 	tickFn     func()    // t.tick, made once
 	base       time.Time // clock origin
-	logOnce    [3]atomic.Bool
+	logOnce    [4]atomic.Bool
 
 	mu     sync.Mutex // guards the fields below; never held across a trim
 	timer  *time.Timer
@@ -295,6 +330,9 @@ type Trimmer struct {
 	deferred   bool       // this pending period was already counted in Deferred
 	liveFloor  int64      // /gc/heap/live:bytes right after the last trim (or at New)
 	liveKnown  bool
+	thr0       time.Duration // throttled time when the pending period began
+	thrAt      int64         // when thr0 was read; 0 when unknown
+	early      bool          // this pending period's trim starts at Delay/2
 }
 
 // Indexes of Trimmer.logOnce.
@@ -302,6 +340,7 @@ const (
 	onceMisuse = iota
 	onceStale
 	onceDeferred
+	onceEarly
 )
 
 // New returns a Trimmer configured by cfg (the zero Config is the
@@ -348,7 +387,14 @@ func New(cfg Config) (*Trimmer, error) {
 		estimate:   c.estimate,
 		readCPU:    readCPU,
 		lazyFree:   c.lazyFree,
+		throttled:  c.throttled,
 		base:       time.Now(),
+	}
+	switch {
+	case c.FixedDelay:
+		t.throttled = nil
+	case t.throttled == nil:
+		t.throttled = newThrottleReader()
 	}
 	if t.goStep == nil {
 		t.goStep = freeOSMemory
@@ -560,6 +606,9 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	c := t.clock(now)
 	// A call happened between the previous tick and now: count the quiet
 	// time from now, the latest it can have been.
+	if t.quietSince == 0 {
+		t.beginThrottleWatch(c)
+	}
 	if t.dirty.Swap(0) != 0 || t.quietSince == 0 {
 		t.quietSince = c
 	}
@@ -570,7 +619,15 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	}
 	t.checkStale(c)
 	bound := addSat(since, int64(t.maxWait))
-	due := min(addSat(t.quietSince, int64(t.delay)), bound)
+	half := addSat(t.quietSince, int64(t.delay/2))
+	if !t.early && t.thrAt != 0 && c >= half {
+		t.early = t.throttledSince(c)
+	}
+	wait := t.delay
+	if t.early {
+		wait = t.delay / 2
+	}
+	due := min(addSat(t.quietSince, int64(wait)), bound)
 	if c < bound && t.inFlight() > 0 {
 		due = bound // the burst's end calls AfterBurst: look again each interval
 	}
@@ -584,10 +641,50 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if c < due {
 		return min(time.Duration(due-c), t.interval), false
 	}
-	t.quietSince, t.deferred = 0, false
+	early := t.early
+	t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 	t.since.Store(0)
+	if early {
+		t.noteEarly()
+	}
 	t.trimLocked(false)
 	return 0, true
+}
+
+// beginThrottleWatch reads the CPU cgroup's throttled time at c, the first
+// tick of a pending period (finding the cgroup again: the process may have
+// moved). t.run must be held.
+func (t *Trimmer) beginThrottleWatch(c int64) {
+	t.early, t.thrAt = false, 0
+	if t.throttled == nil {
+		return
+	}
+	if d, ok := t.throttled(true); ok {
+		t.thr0, t.thrAt = d, c
+	}
+}
+
+// throttledSince reports whether the throttled time grew by at least
+// ThrottledShare of the wall time since beginThrottleWatch. t.run must be
+// held.
+func (t *Trimmer) throttledSince(c int64) bool {
+	d, ok := t.throttled(false)
+	if !ok || c <= t.thrAt {
+		return false
+	}
+	return float64(d-t.thr0) >= ThrottledShare*float64(c-t.thrAt)
+}
+
+// noteEarly counts a trim started at Delay/2 and logs the first at INFO.
+func (t *Trimmer) noteEarly() {
+	t.mu.Lock()
+	t.stats.EarlyStarts++
+	t.mu.Unlock()
+	if t.log != nil && t.logOnce[onceEarly].CompareAndSwap(false, true) {
+		t.log.LogAttrs(context.Background(), slog.LevelInfo,
+			"trim: the CPU cgroup is throttled: trims start at half the delay while it is; counted in Stats.EarlyStarts, logged once",
+			slog.Duration("delay", t.delay), slog.Duration("start_after", t.delay/2))
+	}
 }
 
 // noteDeferred counts a trim held past the max wait by the CPU limit and

@@ -72,11 +72,12 @@ func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
 
 // fakeConfig is the Config of a strict Trimmer with delay testDelay whose
 // Go heap step is f.run, charged by f's CPU clock, whose estimate always
-// says there is plenty to release, without C heap step and with eager
-// release.
+// says there is plenty to release, without C heap step, with eager
+// release and no CPU throttling counter.
 func fakeConfig(f *fakeStep) Config {
 	c := Config{Delay: testDelay, NoCHeap: true, Strict: true, goStep: f.run,
-		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock}
+		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock,
+		throttled: func(bool) (time.Duration, bool) { return 0, false }}
 	return withLazy(c, false, nil)
 }
 
