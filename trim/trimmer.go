@@ -81,7 +81,9 @@ const (
 type Config struct {
 	// Delay is how long after the last AfterBurst the trim runs, in
 	// [MinDelay, MaxDelay]. The trim fires between Delay and Delay +
-	// Delay/20 after the last call (plus the timer's scheduling latency). To
+	// Delay/20 after the last call (plus the timer's scheduling latency),
+	// or from Delay/2 on while the CPU cgroup is throttled (see Trimmer and
+	// FixedDelay). To
 	// turn trimming off, do not create a Trimmer (a nil *Trimmer does
 	// nothing). New returns an error naming a negative value or one outside
 	// that range. Default (0): DefaultDelay (2 s).
@@ -464,7 +466,8 @@ func (t *Trimmer) MaxWait() time.Duration {
 }
 
 // AfterBurst marks the end of a burst: a trim runs Delay after the last call
-// (between Delay and Delay + Delay/20, plus timer latency), unless another
+// (between Delay and Delay + Delay/20, plus timer latency; Delay/2 while the
+// CPU cgroup is throttled, see Trimmer), unless another
 // call comes first, and at the latest MaxWait after the first call of the
 // pending period. It allocates nothing and starts no goroutine. While a
 // trim is pending it is one atomic load and takes no lock (under a
