@@ -2,7 +2,6 @@ package trim
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -180,13 +179,18 @@ func runThrottledChild(t *testing.T, quota bool) map[string]string {
 	require.NoError(t, err)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	var errb bytes.Buffer
-	cmd.Stderr = &errb
+	// A file, not a buffer: the child writes it without a goroutine of
+	// ours, so it can be read at any time.
+	errf, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer errf.Close()
+	cmd.Stderr = errf
+	stderr := func() string { b, _ := os.ReadFile(errf.Name()); return string(b) }
 	require.NoError(t, cmd.Start())
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	r := bufio.NewReader(out)
 	line, err := r.ReadString('\n')
-	require.NoError(t, err, errb.String())
+	require.NoError(t, err, stderr())
 	require.Equal(t, "READY=1\n", line)
 	if quota {
 		g, err := cpuquota.New(fmt.Sprintf("memctl-test-trim-%d", os.Getpid()), 10000, 100000)
@@ -199,7 +203,7 @@ func runThrottledChild(t *testing.T, quota bool) map[string]string {
 	require.NoError(t, err)
 	rest, err := io.ReadAll(r)
 	require.NoError(t, err)
-	require.NoError(t, cmd.Wait(), errb.String())
+	require.NoError(t, cmd.Wait(), stderr())
 	return childtest.ParseReport(rest)
 }
 
