@@ -87,13 +87,13 @@ type cpuMark struct {
 func readCPU() cpuMark {
 	s := [...]metrics.Sample{{Name: metricGCCPU}, {Name: metricScavengeCPU}}
 	metrics.Read(s[:])
-	var sec float64
-	for i := range s {
+	f := func(i int) time.Duration {
 		if s[i].Value.Kind() == metrics.KindFloat64 {
-			sec += s[i].Value.Float64()
+			return time.Duration(s[i].Value.Float64() * 1e9)
 		}
+		return 0
 	}
-	return cpuMark{gc: time.Duration(sec * 1e9), thread: threadCPU(), process: processCPU()}
+	return cpuMark{gc: f(0) + f(1), thread: threadCPU(), process: processCPU()}
 }
 
 // charge returns the CPU a trim between the readings m and now is charged

@@ -140,6 +140,11 @@ func TestThrottledDebounceAndNextPeriod(t *testing.T) {
 		assert.Equal(t, int64(2), s.Trims)
 		assert.Equal(t, 2, c.fresh)
 		assert.Equal(t, 1, lb.count("INFO", "the CPU cgroup is throttled"))
+		// Each trim's DEBUG line shows what its charge was made of.
+		assert.Equal(t, 2, lb.count("DEBUG", "trim: done"))
+		for _, k := range []string{"cpu=", "gc_cpu=", "thread_cpu=", "process_cpu="} {
+			assert.Contains(t, lb.String(), " "+k)
+		}
 	})
 }
 

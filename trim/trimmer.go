@@ -798,7 +798,8 @@ func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
 			released += r
 		}
 	}
-	cpu := cpu0.charge(t.readCPU())
+	cpu1 := t.readCPU()
+	cpu := cpu0.charge(cpu1)
 	end := time.Now()
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
@@ -832,6 +833,8 @@ func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
 		ctx := context.Background()
 		t.log.LogAttrs(ctx, slog.LevelDebug, "trim: done",
 			slog.Duration("took", d), slog.Duration("cpu", cpu),
+			slog.Duration("gc_cpu", cpu1.gc-cpu0.gc), slog.Duration("thread_cpu", cpu1.thread-cpu0.thread),
+			slog.Duration("process_cpu", cpu1.process-cpu0.process),
 			slog.Int64("released_bytes", released), slog.Int64("lazy_bytes", lazy),
 			slog.Bool("go_step", runGo), slog.Bool("c_step", runC),
 			slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst))
