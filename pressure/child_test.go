@@ -423,7 +423,7 @@ func TestDeathSpiralLift(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory and slowdown change the GC figures")
 	}
-	rep, out := runSpiral(t, 140, "LIFT=215")
+	rep, out := runSpiral(t, 148, "LIFT=215")
 	t.Logf("lift: %v", rep)
 	assert.Positive(t, mustFloat(t, rep["SPIRAL_AFTER_S"]))
 	assert.Equal(t, strconv.Itoa(215*mib), rep["LIFTED_TO"], "+10% capped at the ceiling")
