@@ -35,23 +35,18 @@ func getenvGODEBUG() string { return os.Getenv("GODEBUG") }
 
 // newThrottleReader returns the default Config.throttled: the throttled
 // time of the process's CPU cgroup (cgroupfs.CPUStatFile and
-// ReadThrottled), found again when fresh is set, unknown when there is no
-// such counter.
-func newThrottleReader() func(fresh bool) (time.Duration, bool) {
+// ReadThrottled), the cgroup found again when fresh is set.
+func newThrottleReader() func(fresh bool) (time.Duration, error) {
 	var path string
-	return func(fresh bool) (time.Duration, bool) {
+	return func(fresh bool) (time.Duration, error) {
 		if fresh || path == "" {
 			p, err := cgroupfs.CPUStatFile("/proc/self/cgroup", "/proc/self/mountinfo", "")
 			if err != nil {
 				path = ""
-				return 0, false
+				return 0, err
 			}
 			path = p
 		}
-		d, err := cgroupfs.ReadThrottled(path)
-		if err != nil {
-			return 0, false
-		}
-		return d, true
+		return cgroupfs.ReadThrottled(path)
 	}
 }

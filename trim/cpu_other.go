@@ -2,7 +2,11 @@
 
 package trim
 
-import "time"
+import (
+	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+)
 
 const linux = false
 
@@ -17,6 +21,6 @@ func getenvGODEBUG() string { return "" }
 
 // newThrottleReader returns a reader that never knows: CPU cgroups are
 // Linux only.
-func newThrottleReader() func(fresh bool) (time.Duration, bool) {
-	return func(bool) (time.Duration, bool) { return 0, false }
+func newThrottleReader() func(fresh bool) (time.Duration, error) {
+	return func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }
 }

@@ -50,7 +50,11 @@
 // the first call after idle, which reads the clock (the start of the max
 // wait) and sets the timer, about 230 ns. While nothing is pending a Trimmer has
 // no goroutine, timer or ticker; while a trim is pending a timer wakes every
-// Delay/20.
+// Delay/20. On Linux each pending period also reads /proc/self/cgroup and
+// the cgroup mounts of /proc/self/mountinfo once, and its cgroup's cpu.stat
+// at its first tick and at each tick from Delay/2 on until the trim (about
+// 110 µs, then 36 µs a read, measured on the test machine): none of it on
+// the AfterBurst path or while idle.
 //
 // # Configuration
 //

@@ -2,6 +2,8 @@ package trim
 
 import (
 	"bufio"
+	"cmp"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/cpuquota"
 	"github.com/stretchr/testify/assert"
@@ -25,17 +28,21 @@ type throttleClock struct {
 	t0     time.Time
 	share  float64
 	known  bool
-	fresh  int // reads that asked to find the cgroup again
+	err    error // returned when known is false; default ErrNoThrottleCounter
+	fresh  int   // reads that asked to find the cgroup again
 	reads  int
 	offset time.Duration
 }
 
-func (c *throttleClock) read(fresh bool) (time.Duration, bool) {
+func (c *throttleClock) read(fresh bool) (time.Duration, error) {
 	c.reads++
 	if fresh {
 		c.fresh++
 	}
-	return c.offset + time.Duration(c.share*float64(time.Since(c.t0))), c.known
+	if !c.known {
+		return 0, cmp.Or(c.err, cgroupfs.ErrNoThrottleCounter)
+	}
+	return c.offset + time.Duration(c.share*float64(time.Since(c.t0))), nil
 }
 
 // trimAfterBurst runs one AfterBurst on a fake Trimmer with the throttled
@@ -75,11 +82,15 @@ func TestThrottledStartsAtHalfDelay(t *testing.T) {
 		{"throttled 5%", 0.05, true, false, false},
 		{"not throttled", 0, true, false, false},
 		{"no counter", 0.9, false, false, false},
+		{"read error", 0.9, false, false, false},
 		{"FixedDelay", 0.9, true, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				c := &throttleClock{share: tc.share, known: tc.known, offset: 5 * time.Hour}
+				if tc.name == "read error" {
+					c.err = errors.New("cgroupfs: open \"cpu.stat\": permission denied")
+				}
 				at, s, lb := trimAfterBurst(t, c, tc.fixed, true)
 				t.Logf("trim at +%v, reads %d (fresh %d)", at, c.reads, c.fresh)
 				if tc.early {
@@ -92,6 +103,12 @@ func TestThrottledStartsAtHalfDelay(t *testing.T) {
 					assert.Zero(t, s.EarlyStarts)
 					assert.Zero(t, lb.count("INFO", "the CPU cgroup is throttled"))
 				}
+				// Only an error other than "no counter" is logged, once.
+				wantErrLog := 0
+				if c.err != nil {
+					wantErrLog = 1
+				}
+				assert.Equal(t, wantErrLog, lb.count("INFO", "cannot read the CPU cgroup's throttled time"))
 				if tc.fixed {
 					assert.Zero(t, c.reads, "FixedDelay reads no counter")
 				} else {
@@ -104,8 +121,9 @@ func TestThrottledStartsAtHalfDelay(t *testing.T) {
 	}
 }
 
-// Calls after the decision still push the trim back, by Delay/2; each
-// pending period decides again, and the INFO line comes once.
+// A call before the decision moves the quiet time; the decision at Delay/2
+// after it starts the trim then. Each pending period decides again, and
+// the INFO line comes once.
 func TestThrottledDebounceAndNextPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStep{}
@@ -145,6 +163,50 @@ func TestThrottledDebounceAndNextPeriod(t *testing.T) {
 		for _, k := range []string{"cpu=", "gc_cpu=", "thread_cpu=", "process_cpu="} {
 			assert.Contains(t, lb.String(), " "+k)
 		}
+	})
+}
+
+// A trim held to the max wait by a burst in flight, or deferred by the CPU
+// limit, is not an early start, though the cgroup was throttled.
+func TestThrottledHeldTrimIsNotEarly(t *testing.T) {
+	t.Run("burst in flight", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &fakeStep{}
+			c := &throttleClock{share: 0.9, known: true}
+			cfg := fakeConfig(f)
+			cfg.throttled = c.read
+			tr := mustNew(t, cfg)
+			defer tr.Close()
+			c.t0 = time.Now()
+			end := tr.Begin()
+			tr.AfterBurst()
+			time.Sleep(DefaultMaxWaitFactor*testDelay + 5*time.Second)
+			got := since(c.t0, f.starts())
+			require.Len(t, got, 1)
+			assert.GreaterOrEqual(t, got[0], DefaultMaxWaitFactor*testDelay, "held to the max wait")
+			assert.Zero(t, tr.Stats().EarlyStarts)
+			end()
+			time.Sleep(time.Minute)
+		})
+	})
+	t.Run("CPU limit", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &fakeStep{cpu: 100 * time.Millisecond}
+			c := &throttleClock{share: 0.9, known: true}
+			cfg := fakeConfig(f)
+			cfg.throttled = c.read
+			tr := mustNew(t, cfg)
+			defer tr.Close()
+			c.t0 = time.Now()
+			_, err := tr.TrimNow() // charged 100 ms: the next trim 5 s after it
+			require.NoError(t, err)
+			tr.AfterBurst()
+			time.Sleep(time.Minute)
+			got := since(c.t0, f.starts())
+			require.Len(t, got, 2)
+			assert.GreaterOrEqual(t, got[1], costFactor*100*time.Millisecond, "deferred by the CPU limit")
+			assert.Zero(t, tr.Stats().EarlyStarts)
+		})
 	})
 }
 
@@ -233,7 +295,18 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, at, DefaultDelay.Seconds(), "the trim started before the delay")
 
+	// The control runs in this test's own cgroup, which CI may throttle.
+	self, err := cgroupfs.CPUStatFile("/proc/self/cgroup", "/proc/self/mountinfo", "")
+	require.NoError(t, err)
+	thr0, err := cgroupfs.ReadThrottled(self)
+	require.NoError(t, err)
+	t0 := time.Now()
 	rep = runThrottledChild(t, false)
+	thr1, err := cgroupfs.ReadThrottled(self)
+	require.NoError(t, err)
+	if float64(thr1-thr0) >= ThrottledShare*float64(time.Since(t0)) {
+		t.Skipf("this test's own cgroup %s was throttled during the control (%v): no control", self, thr1-thr0)
+	}
 	t.Logf("no quota: %v", rep)
 	assert.Equal(t, "1", rep["TRIMS"])
 	assert.Equal(t, "0", rep["EARLY"])

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 const (
@@ -155,9 +157,10 @@ type Config struct {
 	cpuClock func() time.Duration // CPU a trim is charged with, read before and after
 	lazy     func() (bool, string)
 	lazyFree func() int64 // LazyFree bytes of the process, -1 if unknown
-	// throttled returns the CPU cgroup's cumulative throttled time, ok
-	// false when unknown; fresh asks to find the cgroup again first.
-	throttled func(fresh bool) (d time.Duration, ok bool)
+	// throttled returns the CPU cgroup's cumulative throttled time, or an
+	// error (matching cgroupfs.ErrNoThrottleCounter when there is none);
+	// fresh asks to find the cgroup again first.
+	throttled func(fresh bool) (time.Duration, error)
 }
 
 // NeverSkip is a Config.MinRelease that makes every due trim run both its
@@ -192,9 +195,10 @@ type Stats struct {
 	// Deferred counts the due trims that the CPU limit held past the max
 	// wait (the first is logged at INFO).
 	Deferred int64
-	// EarlyStarts counts the trims started at Delay/2 because the CPU
-	// cgroup was throttled while they were pending (see Trimmer; the first
-	// is logged at INFO).
+	// EarlyStarts counts the trims that started before the whole delay
+	// because the CPU cgroup was throttled while they were pending (see
+	// Trimmer; the first is logged at INFO). Trims held to the max wait by
+	// a burst in flight, or deferred by the CPU limit, are not counted.
 	EarlyStarts int64
 	// LastReleased is the bytes the last trim released: the growth of
 	// /memory/classes/heap/released:bytes across the Go step, plus the C
@@ -260,19 +264,24 @@ type Stats struct {
 // limit holds past the max wait is counted in Stats.Deferred.
 //
 // A throttled CPU cgroup starts the trim at half the delay. Under a CFS
-// quota a trim takes many times its CPU time in wall time (20 times at a 10%
-// quota shared with a busy loop, ../shared/MEASURED.md; 1.4 to 2 s for a
-// trim of a 1 GiB heap, BENCHMARKS.md), so a trim started at Delay would
-// bring RSS down long after it would on a free CPU. While a trim is
+// quota a trim takes many times its CPU time in wall time (about 20 times
+// at a 10% quota shared with a busy loop, measured on this repository's
+// test machine; 1.5 to 5 s for a trim of a 1 GiB heap, BENCHMARKS.md), so
+// a trim started at Delay would bring RSS down long after it would on a
+// free CPU. While a trim is
 // pending, the Trimmer reads its cgroup's throttled time (cpu.stat: v1
 // throttled_time, v2 throttled_usec) when the pending period begins and
 // from Delay/2 on; when it grew by at least ThrottledShare (10%) of the wall
 // time in between, the trim starts Delay/2 after the last call instead of
-// Delay (counted in Stats.EarlyStarts, the first logged at INFO). Only the
-// process's own cgroup is read, and only on Linux; without a counter
-// (no cpu controller, another system) or with Config.FixedDelay, the
-// trim waits the whole Delay. The max wait and the CPU limit apply as
-// always.
+// Delay (counted in Stats.EarlyStarts when that made it start sooner, the
+// first logged at INFO). The share is taken over the whole pending period
+// and summed over CPUs, as the kernel counts it, so throttling at the
+// start of a long period, or a little on each of many CPUs, counts too.
+// Only the process's own cgroup is read, and only on Linux; without a
+// counter (no cpu controller, another system) or with Config.FixedDelay,
+// the trim waits the whole Delay; another read error (logged once at INFO)
+// does the same. The max wait, bursts in flight and the CPU limit apply
+// as always.
 //
 // While no trim is pending a Trimmer has no goroutine, timer or ticker. While
 // one is pending, a timer wakes a short-lived goroutine every Delay/20.
@@ -311,12 +320,12 @@ type Trimmer struct {
 	estimate   func() int64
 	readCPU    func() cpuMark
 	lazyFree   func() int64
-	throttled  func(fresh bool) (time.Duration, bool)
+	throttled  func(fresh bool) (time.Duration, error)
 	lazy       bool
 	endFns     [2]func() // t.end0, t.end1, made once so Begin does not allocate
 	tickFn     func()    // t.tick, made once
 	base       time.Time // clock origin
-	logOnce    [4]atomic.Bool
+	logOnce    [5]atomic.Bool
 
 	mu     sync.Mutex // guards the fields below; never held across a trim
 	timer  *time.Timer
@@ -343,6 +352,7 @@ const (
 	onceStale
 	onceDeferred
 	onceEarly
+	onceThrottleErr
 )
 
 // New returns a Trimmer configured by cfg (the zero Config is the
@@ -626,11 +636,11 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if !t.early && t.thrAt != 0 && c >= half {
 		t.early = t.throttledSince(c)
 	}
-	wait := t.delay
+	full := min(addSat(t.quietSince, int64(t.delay)), bound)
+	due := full
 	if t.early {
-		wait = t.delay / 2
+		due = min(addSat(t.quietSince, int64(t.delay/2)), bound)
 	}
-	due := min(addSat(t.quietSince, int64(wait)), bound)
 	if c < bound && t.inFlight() > 0 {
 		due = bound // the burst's end calls AfterBurst: look again each interval
 	}
@@ -644,13 +654,13 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if c < due {
 		return min(time.Duration(due-c), t.interval), false
 	}
-	early := t.early
+	// The early start decided this trim only if it runs before the whole
+	// delay would have let it (a burst in flight or the CPU limit can hold
+	// it to then or later).
+	early := t.early && c < full
 	t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 	t.since.Store(0)
-	if early {
-		t.noteEarly()
-	}
-	t.trimLocked(false)
+	t.trimLocked(false, early)
 	return 0, true
 }
 
@@ -662,8 +672,10 @@ func (t *Trimmer) beginThrottleWatch(c int64) {
 	if t.throttled == nil {
 		return
 	}
-	if d, ok := t.throttled(true); ok {
+	if d, err := t.throttled(true); err == nil {
 		t.thr0, t.thrAt = d, c
+	} else {
+		t.noteThrottleErr(err)
 	}
 }
 
@@ -671,18 +683,31 @@ func (t *Trimmer) beginThrottleWatch(c int64) {
 // ThrottledShare of the wall time since beginThrottleWatch. t.run must be
 // held.
 func (t *Trimmer) throttledSince(c int64) bool {
-	d, ok := t.throttled(false)
-	if !ok || c <= t.thrAt {
+	d, err := t.throttled(false)
+	if err != nil {
+		t.noteThrottleErr(err)
+		return false
+	}
+	if c <= t.thrAt {
 		return false
 	}
 	return float64(d-t.thr0) >= ThrottledShare*float64(c-t.thrAt)
 }
 
-// noteEarly counts a trim started at Delay/2 and logs the first at INFO.
-func (t *Trimmer) noteEarly() {
-	t.mu.Lock()
-	t.stats.EarlyStarts++
-	t.mu.Unlock()
+// noteThrottleErr logs, once at INFO, an error reading the throttled time
+// other than the absence of a counter (no CPU cgroup here, a v2 cgroup
+// without the cpu controller), which is quiet.
+func (t *Trimmer) noteThrottleErr(err error) {
+	if errors.Is(err, cgroupfs.ErrNoThrottleCounter) || t.log == nil || !t.logOnce[onceThrottleErr].CompareAndSwap(false, true) {
+		return
+	}
+	t.log.LogAttrs(context.Background(), slog.LevelInfo,
+		"trim: cannot read the CPU cgroup's throttled time: trims wait the whole delay while it fails; logged once",
+		slog.Any("error", err))
+}
+
+// logEarly logs the first trim started at Delay/2 at INFO.
+func (t *Trimmer) logEarly() {
 	if t.log != nil && t.logOnce[onceEarly].CompareAndSwap(false, true) {
 		t.log.LogAttrs(context.Background(), slog.LevelInfo,
 			"trim: the CPU cgroup is throttled: trims start at half the delay while it is; counted in Stats.EarlyStarts, logged once",
@@ -746,9 +771,10 @@ func (t *Trimmer) goIdle() {
 }
 
 // trimLocked runs the steps of a trim that have enough to release (all of
-// them when force is set), charges it to the CPU limit and records it.
-// t.run must be held.
-func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
+// them when force is set), charges it to the CPU limit and records it;
+// early says the throttled start at Delay/2 decided it (counted in
+// Stats.EarlyStarts when a step runs). t.run must be held.
+func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	goEst := t.estimate()
 	cEst := int64(-1)
 	if t.cheap != nil {
@@ -810,6 +836,9 @@ func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
 
 	t.mu.Lock()
 	t.stats.Trims++
+	if early {
+		t.stats.EarlyStarts++
+	}
 	if !runGo {
 		t.stats.GoSkipped++
 	}
@@ -828,6 +857,9 @@ func (t *Trimmer) trimLocked(force bool) (released int64, cErr error) {
 		t.stats.CHeapErr = cErr
 	}
 	t.mu.Unlock()
+	if early {
+		t.logEarly()
+	}
 
 	if t.log != nil {
 		ctx := context.Background()
@@ -859,7 +891,7 @@ func (t *Trimmer) TrimNow() (released int64, err error) {
 	}
 	t.run.Lock()
 	defer t.run.Unlock()
-	released, err = t.trimLocked(true)
+	released, err = t.trimLocked(true, false)
 	if errors.Is(err, ErrCHeapUnavailable) {
 		err = nil
 	}

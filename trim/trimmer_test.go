@@ -14,6 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -77,7 +78,7 @@ func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
 func fakeConfig(f *fakeStep) Config {
 	c := Config{Delay: testDelay, NoCHeap: true, Strict: true, goStep: f.run,
 		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock,
-		throttled: func(bool) (time.Duration, bool) { return 0, false }}
+		throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
 	return withLazy(c, false, nil)
 }
 
