@@ -133,12 +133,7 @@ func countEqual(xs []float64, v float64) int {
 // TestCPUCgroup makes the contended scenario's cgroup, puts a process in
 // it, reads its quota back and removes it.
 func TestCPUCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup v1 cpu child")
-	}
-	if _, err := os.Stat(filepath.Join(cpuquota.Root, "cpu.cfs_quota_us")); err != nil {
-		t.Skipf("no cgroup v1 cpu controller: %v", err)
-	}
+	cpuquota.SkipUnlessAvailable(t)
 	name := "memctl-bench-cpu-test-" + strconv.Itoa(os.Getpid())
 	g, err := cpuquota.New(name, 10000, 100000)
 	require.NoError(t, err)

@@ -166,18 +166,23 @@ func TestThrottledDebounceAndNextPeriod(t *testing.T) {
 	})
 }
 
+// newThrottledFake returns a Trimmer of fakeConfig(f) whose CPU cgroup is
+// throttled 90% of the time from now on, and its throttled counter.
+func newThrottledFake(t *testing.T, f *fakeStep) (*Trimmer, *throttleClock) {
+	c := &throttleClock{share: 0.9, known: true, t0: time.Now()}
+	cfg := fakeConfig(f)
+	cfg.throttled = c.read
+	return mustNew(t, cfg), c
+}
+
 // A trim held to the max wait by a burst in flight, or deferred by the CPU
 // limit, is not an early start, though the cgroup was throttled.
 func TestThrottledHeldTrimIsNotEarly(t *testing.T) {
 	t.Run("burst in flight", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := &fakeStep{}
-			c := &throttleClock{share: 0.9, known: true}
-			cfg := fakeConfig(f)
-			cfg.throttled = c.read
-			tr := mustNew(t, cfg)
+			tr, c := newThrottledFake(t, f)
 			defer tr.Close()
-			c.t0 = time.Now()
 			end := tr.Begin()
 			tr.AfterBurst()
 			time.Sleep(DefaultMaxWaitFactor*testDelay + 5*time.Second)
@@ -192,12 +197,8 @@ func TestThrottledHeldTrimIsNotEarly(t *testing.T) {
 	t.Run("CPU limit", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := &fakeStep{cpu: 100 * time.Millisecond}
-			c := &throttleClock{share: 0.9, known: true}
-			cfg := fakeConfig(f)
-			cfg.throttled = c.read
-			tr := mustNew(t, cfg)
+			tr, c := newThrottledFake(t, f)
 			defer tr.Close()
-			c.t0 = time.Now()
 			_, err := tr.TrimNow() // charged 100 ms: the next trim 5 s after it
 			require.NoError(t, err)
 			tr.AfterBurst()
@@ -281,12 +282,7 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs two children for about 2 s each")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup v1 cpu child")
-	}
-	if _, err := os.Stat(filepath.Join(cpuquota.Root, "cpu.cfs_quota_us")); err != nil {
-		t.Skipf("needs the cgroup v1 cpu controller: %v", err)
-	}
+	cpuquota.SkipUnlessAvailable(t)
 	rep := runThrottledChild(t, true)
 	t.Logf("10%% quota and a busy loop: %v", rep)
 	assert.Equal(t, "1", rep["TRIMS"])

@@ -17,12 +17,7 @@ import (
 // CPUStatFile names the child's cpu.stat for the busy loop, and its
 // throttled time grows by most of the wall time.
 func TestReadThrottledReal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup v1 cpu child")
-	}
-	if _, err := os.Stat(filepath.Join(cpuquota.Root, "cpu.cfs_quota_us")); err != nil {
-		t.Skipf("needs the cgroup v1 cpu controller: %v", err)
-	}
+	cpuquota.SkipUnlessAvailable(t)
 	self, err := CPUStatFile("/proc/self/cgroup", "/proc/self/mountinfo", "")
 	require.NoError(t, err)
 	self0, err := ReadThrottled(self)

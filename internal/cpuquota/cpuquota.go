@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -25,6 +26,18 @@ type Group struct {
 	// Dir is the cgroup's directory.
 	Dir  string
 	busy *exec.Cmd
+}
+
+// SkipUnlessAvailable skips the test unless it runs as root with the
+// cgroup v1 cpu controller at Root, saying which is missing.
+func SkipUnlessAvailable(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup v1 cpu child")
+	}
+	if _, err := os.Stat(filepath.Join(Root, "cpu.cfs_quota_us")); err != nil {
+		t.Skipf("needs the cgroup v1 cpu controller: %v", err)
+	}
 }
 
 // New makes the cpu child name with the given quota and period

@@ -15,12 +15,7 @@ import (
 // A Group has the quota written, holds the busy loop, and Remove kills the
 // loop and leaves no directory behind.
 func TestGroupLifecycle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup v1 cpu child")
-	}
-	if _, err := os.Stat(filepath.Join(Root, "cpu.cfs_quota_us")); err != nil {
-		t.Skipf("needs the cgroup v1 cpu controller: %v", err)
-	}
+	SkipUnlessAvailable(t)
 	g, err := New(fmt.Sprintf("memctl-test-cpuquota-%d", os.Getpid()), 10000, 100000)
 	require.NoError(t, err)
 	for file, want := range map[string]string{"cpu.cfs_quota_us": "10000", "cpu.cfs_period_us": "100000"} {
@@ -42,12 +37,7 @@ func TestGroupLifecycle(t *testing.T) {
 }
 
 func TestNewRefusesAnExistingName(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup v1 cpu child")
-	}
-	if _, err := os.Stat(filepath.Join(Root, "cpu.cfs_quota_us")); err != nil {
-		t.Skipf("needs the cgroup v1 cpu controller: %v", err)
-	}
+	SkipUnlessAvailable(t)
 	name := fmt.Sprintf("memctl-test-cpuquota-dup-%d", os.Getpid())
 	g, err := New(name, 10000, 100000)
 	require.NoError(t, err)
