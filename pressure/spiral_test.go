@@ -304,24 +304,27 @@ func TestEpisodeActions(t *testing.T) {
 	assert.Empty(t, ch, "episode() publishes nothing; gcEnd does")
 }
 
+// liftOnce runs one lift of m as an episode would, under its action lock.
+func liftOnce(m *Monitor) (to int64, why string) {
+	m.actMu.Lock()
+	defer m.actMu.Unlock()
+	return m.liftLocked()
+}
+
 func TestLiftBounds(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
 	t.Run("ceiling", func(t *testing.T) {
 		t.Setenv("GOMEMLIMIT", "")
 		m := newTestMonitor(t, Config{LiftCeiling: 240 * mib})
 		debug.SetMemoryLimit(230 * mib)
-		m.actMu.Lock()
-		to, _ := m.liftLocked()
-		m.actMu.Unlock()
+		to, _ := liftOnce(m)
 		assert.Equal(t, int64(240*mib), to, "never above the cgroup limit")
 	})
 	t.Run("no room", func(t *testing.T) {
 		t.Setenv("GOMEMLIMIT", "")
 		m := newTestMonitor(t, Config{LiftCeiling: 200 * mib})
 		debug.SetMemoryLimit(230 * mib)
-		m.actMu.Lock()
-		to, why := m.liftLocked()
-		m.actMu.Unlock()
+		to, why := liftOnce(m)
 		assert.Zero(t, to)
 		assert.Contains(t, why, "no room")
 		assert.Equal(t, int64(230*mib), debug.SetMemoryLimit(-1))
@@ -330,9 +333,7 @@ func TestLiftBounds(t *testing.T) {
 		t.Setenv("GOMEMLIMIT", "230MiB")
 		m := newTestMonitor(t, Config{LiftCeiling: 256 * mib})
 		debug.SetMemoryLimit(230 * mib)
-		m.actMu.Lock()
-		to, why := m.liftLocked()
-		m.actMu.Unlock()
+		to, why := liftOnce(m)
 		assert.Zero(t, to)
 		assert.Contains(t, why, "operator")
 	})
@@ -340,9 +341,7 @@ func TestLiftBounds(t *testing.T) {
 		t.Setenv("GOMEMLIMIT", "")
 		m := newTestMonitor(t, Config{LiftCeiling: 256 * mib, LiftOff: true})
 		debug.SetMemoryLimit(230 * mib)
-		m.actMu.Lock()
-		to, _ := m.liftLocked()
-		m.actMu.Unlock()
+		to, _ := liftOnce(m)
 		assert.Zero(t, to)
 	})
 	t.Run("changed meanwhile", func(t *testing.T) {
@@ -365,9 +364,7 @@ func TestLiftBounds(t *testing.T) {
 		t.Setenv("GOMEMLIMIT", "")
 		m := newTestMonitor(t, Config{LiftCeiling: 256 * mib, LiftFor: time.Second})
 		debug.SetMemoryLimit(230 * mib)
-		m.actMu.Lock()
-		to, _ := m.liftLocked()
-		m.actMu.Unlock()
+		to, _ := liftOnce(m)
 		require.Equal(t, int64(253*mib), to)
 		require.Eventually(t, func() bool { return debug.SetMemoryLimit(-1) == 230*mib }, 10*time.Second, 20*time.Millisecond)
 		assert.Zero(t, m.Stats().Lifted)

@@ -149,11 +149,8 @@ func TestCPUShareOverAnyWindow(t *testing.T) {
 // once at INFO.
 func TestDeferredPastMaxWaitLoggedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logger := newLog()
 		f := &fakeStep{cpu: time.Second} // next trim 50 s after
-		cfg := fakeConfig(f)
-		cfg.Logger = logger
-		tr := mustNew(t, cfg)
+		tr, logs := newFakeLogged(t, f)
 		defer tr.Close()
 		for range 3 {
 			tr.AfterBurst()
@@ -197,11 +194,8 @@ func TestBackToBackRequestsDoNotStarve(t *testing.T) {
 // stale (each is ended within 3 s).
 func TestOverlappingStreamsDoNotStarve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logger := newLog()
 		f := &fakeStep{}
-		cfg := fakeConfig(f)
-		cfg.Logger = logger
-		tr := mustNew(t, cfg)
+		tr, logs := newFakeLogged(t, f)
 		defer tr.Close()
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -233,11 +227,8 @@ func TestOverlappingStreamsDoNotStarve(t *testing.T) {
 // wait, and the lost end is reported once (WARN and Stats.StaleBegins).
 func TestLostEndIsReportedAndDoesNotStarve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logger := newLog()
 		f := &fakeStep{}
-		cfg := fakeConfig(f)
-		cfg.Logger = logger
-		tr := mustNew(t, cfg)
+		tr, logs := newFakeLogged(t, f)
 		defer tr.Close()
 		t0 := time.Now()
 		_ = tr.Begin() // its end is lost

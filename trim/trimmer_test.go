@@ -85,6 +85,16 @@ func fakeConfig(f *fakeStep) Config {
 // newFake returns a Trimmer of fakeConfig(f).
 func newFake(t *testing.T, f *fakeStep) *Trimmer { t.Helper(); return mustNew(t, fakeConfig(f)) }
 
+// newFakeLogged returns a Trimmer of fakeConfig(f) that logs, from DEBUG
+// on, to the returned buffer.
+func newFakeLogged(t *testing.T, f *fakeStep) (*Trimmer, *logBuf) {
+	t.Helper()
+	logs, logger := newLog()
+	cfg := fakeConfig(f)
+	cfg.Logger = logger
+	return mustNew(t, cfg), logs
+}
+
 // mustNew returns New(c) and fails the test on an error.
 func mustNew(t *testing.T, c Config) *Trimmer {
 	t.Helper()
