@@ -41,6 +41,7 @@ type config struct {
 	trim      trim.Config
 	arenaMax  int
 	pressure  pressure.Config
+	autoBurst trim.AutoBurstConfig
 }
 
 // WithPressure configures the GC death-spiral detector and the kernel
@@ -150,6 +151,9 @@ type Report struct {
 	// example "cgroup v1 /sys/fs/cgroup/memory/app/memory.pressure_level
 	// low"), "none" when there is none.
 	Pressure string
+	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,
+	// MEMCTL_AUTOBURST); false when that or trimming is off.
+	AutoBurst bool
 }
 
 // Stats is a snapshot of the controller's counters.
@@ -174,6 +178,8 @@ type Stats struct {
 	// Pressure holds the death-spiral and kernel-pressure counters and the
 	// cgroup v2 memory.events counters (all -1 elsewhere).
 	Pressure pressure.Stats
+	// AutoBurst holds the burst detector's counters (zero when it is off).
+	AutoBurst trim.AutoBurstStats
 }
 
 // Controller owns what Start set up: the trimmer and the GOMEMLIMIT refresh.
@@ -184,6 +190,7 @@ type Controller struct {
 	trimmer   *trim.Trimmer
 	limiter   *limits.MemLimiter
 	monitor   *pressure.Monitor
+	auto      *trim.AutoBurst
 	once      sync.Once
 	startedBy string // Start's caller, for the second-Start warning
 }
@@ -197,8 +204,9 @@ type Controller struct {
 //   - GOMEMLIMIT: 90% of the cgroup memory limit less the memory outside
 //     the Go runtime, re-read at GC end at most every 10 s, unless the
 //     operator set GOMEMLIMIT or AUTOMEMLIMIT;
-//   - a trimmer that returns freed memory DefaultTrimDelay after a burst
-//     (AfterBurst).
+//   - a trimmer that returns freed memory DefaultTrimDelay after a burst:
+//     one it detects at GC end (trim.AutoBurst, unless MEMCTL_AUTOBURST or
+//     WithAutoBurst turns that off), or one marked with AfterBurst or Begin.
 //
 // It logs one INFO line that states what it decided, and one WARN line for
 // each part it had to skip (so the caller need not log the error again). It
@@ -325,6 +333,8 @@ func Start(opts ...Option) (*Controller, error) {
 			c.report.TrimDelay = delay
 		}
 	}
+	c.auto = startAutoBurst(cfg.autoBurst, c.trimmer, fail)
+	c.report.AutoBurst = c.auto != nil
 	c.report.CHeap = cheap.Detect().Allocator()
 	c.monitor = startPressure(cfg, c, fail)
 	c.report.Pressure = cmp.Or(c.monitor.Source(), "none")
@@ -358,6 +368,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("gomemlimit_refresh", delayOrOff(r.MemLimitRefresh)),
 		slog.String("gomemlimit_reason", r.MemLimit.Reason),
 		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
+		slog.String("auto_burst", onOff(r.AutoBurst)),
 		slog.String("c_heap", r.CHeap),
 		slog.String("c_heap_stats", c.Stats().CHeap.String()),
 		slog.String("pressure", r.Pressure),
@@ -508,7 +519,7 @@ func (c *Controller) Stats() Stats {
 		s.Trim = c.trimmer.Stats()
 	}
 	if c != nil {
-		s.Pressure = c.monitor.Stats()
+		s.Pressure, s.AutoBurst = c.monitor.Stats(), c.auto.Stats()
 	}
 	s.Misuse += looseMisuse.Load() + s.Trim.Misuse
 	return s
@@ -525,6 +536,7 @@ func (c *Controller) Close() error {
 	c.once.Do(func() {
 		unregister(c)
 		_ = c.monitor.Close()
+		c.auto.Close()
 		c.limiter.Close()
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()

@@ -1,0 +1,46 @@
+package memctl
+
+import (
+	"fmt"
+
+	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/trim"
+)
+
+// WithAutoBurst configures the burst detector (trim.AutoBurst): at the end
+// of each GC cycle it compares the live heap with its recent floor, and a
+// heap at twice its floor (and 32 MiB over it) is a burst, trimmed one trim
+// delay after the last GC end that saw it, through the same skip rule and
+// 2% CPU limit as a trim after AfterBurst. Set cfg.Off to turn it off;
+// AfterBurst and Begin work either way and add precision. An invalid field
+// follows the one rule for invalid values: no detector, Start logs the
+// error at WARN and returns it. It needs a trimmer (no detector when
+// trimming is off). Default: the zero trim.AutoBurstConfig (on, rise 2,
+// at least 32 MiB). Environment: MEMCTL_AUTOBURST=on|off, which wins over
+// cfg.Off.
+func WithAutoBurst(cfg trim.AutoBurstConfig) Option { return func(c *config) { c.autoBurst = cfg } }
+
+// startAutoBurst starts the burst detector on tr unless MEMCTL_AUTOBURST or
+// cfg says off (an invalid MEMCTL_AUTOBURST is reported through fail and
+// leaves it off).
+func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)) *trim.AutoBurst {
+	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
+		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
+		if err != nil {
+			fail(fmt.Errorf("memctl: %w; burst detection is off", err))
+		}
+		cfg.Off = !on
+	}
+	a, err := trim.StartAutoBurst(tr, cfg)
+	if err != nil {
+		fail(fmt.Errorf("memctl: %w; burst detection is off", err))
+	}
+	return a
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}

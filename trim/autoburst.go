@@ -1,0 +1,293 @@
+package trim
+
+import (
+	"fmt"
+	"math"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/memctl/memctl/internal/gcend"
+)
+
+const (
+	// DefaultBurstRise is the factor by which the live heap at the end of a
+	// GC cycle must exceed its recent floor to be taken as a burst in
+	// progress (see AutoBurst): 2. With GOGC=100 a heap whose objects all
+	// stay live reaches the next GC at about twice the live heap of the
+	// previous one, so a burst held in memory passes this factor by its
+	// second GC cycle; a flat live heap stays within a few MiB of its floor
+	// however fast it allocates (TestAutoBurstSteadyLoad, BENCHMARKS.md).
+	// It is also the doubling of the "at most one trim per doubling" bound
+	// for a heap that grows for good.
+	DefaultBurstRise = 2.0
+
+	// DefaultBurstMinRise is the least rise of the live heap over its floor,
+	// in bytes, that counts as a burst: 32 MiB. Below it a trim returns
+	// less than it costs in the common case: the runtime keeps a few MiB of
+	// free spans in normal operation and a trim's Go step skips below
+	// DefaultMinRelease (8 MiB); and it keeps the GC-to-GC noise of a
+	// small live heap (under 1 MiB at 20 MiB live with 64 MiB/s of garbage,
+	// TestAutoBurstSteadyLoad) far from a detection, including at start-up
+	// where the floor is the first GC's live heap.
+	DefaultBurstMinRise int64 = 32 << 20
+)
+
+// AutoBurstConfig configures a burst detector (StartAutoBurst). The zero
+// value is the default: on, a rise of DefaultBurstRise (2×) and at least
+// DefaultBurstMinRise (32 MiB).
+type AutoBurstConfig struct {
+	// Off turns burst detection off: StartAutoBurst returns a nil
+	// *AutoBurst, and only AfterBurst and Begin start trims. Default: false
+	// (on). Environment (package memctl): MEMCTL_AUTOBURST=off.
+	Off bool
+	// Rise is the factor over the floor, in [1.25, 1000], at which the live
+	// heap is a burst. Default (0): DefaultBurstRise (2).
+	Rise float64
+	// MinRise is the least rise over the floor, in bytes, that is a burst;
+	// at least 1 MiB. Default (0): DefaultBurstMinRise (32 MiB).
+	MinRise int64
+}
+
+// AutoBurstStats are a detector's counters (AutoBurst.Stats).
+type AutoBurstStats struct {
+	// Bursts counts the bursts detected: rises of the live heap to Rise
+	// times its floor (and MinRise over it).
+	Bursts int64
+	// Drops counts the GC cycles that collected a burst outside a detected
+	// one: the live heap fell to 1/Rise of the level a forced GC (a trim
+	// during the burst) had left as the floor.
+	Drops int64
+	// Marks counts the GC ends that called the Trimmer's AfterBurst (each
+	// GC end that saw a burst in progress or its collection).
+	Marks int64
+	// Settled counts the bursts that were taken as growth for good: the
+	// live heap stayed at the burst's level past the Trimmer's max wait plus
+	// its delay with no forced GC in between, and became the floor.
+	Settled int64
+	// Floor is the floor now, in bytes: the live heap the next rise is
+	// measured from.
+	Floor int64
+	// GCEnds counts the GC ends the detector looked at.
+	GCEnds int64
+}
+
+// AutoBurst detects bursts at the end of GC cycles and calls the Trimmer's
+// AfterBurst for them, so that a program that never calls AfterBurst still
+// has its bursts trimmed. It has no goroutine and no timer: it is a
+// subscriber of the GC-end hook (internal/gcend), so an idle process runs
+// none of it; each GC end costs one runtime/metrics read of two counters
+// and allocates nothing (BenchmarkAutoBurstObserve).
+//
+// The rule, at each GC end, with L the live heap (/gc/heap/live:bytes) and
+// F the floor:
+//
+//   - A forced GC cycle (/gc/cycles/forced:gc-cycles grew: a trim's
+//     debug.FreeOSMemory, or the program's runtime.GC) makes L the floor: it
+//     is the heap's true level after a full collection. A burst in progress
+//     ends there; if its memory is still live (a heap that grows for good,
+//     or a burst held through the trim) the floor rises to it, so the next
+//     burst must double again: a growing heap causes at most one trim per
+//     doubling.
+//   - A burst starts when L ≥ Rise·F and L − F ≥ MinRise. Every GC end that
+//     sees L ≥ Rise·F (F as it was when the burst started) calls
+//     AfterBurst: the debounced trim runs one Delay after the last GC end
+//     that saw the burst, as after an AfterBurst there.
+//   - The burst ends at the first GC end with L below Rise·F: that cycle
+//     collected it, calls AfterBurst once more (its garbage is now free
+//     pages for the trim to return) and L is the floor again.
+//   - A burst still at its level after the Trimmer's MaxWait plus Delay
+//     with no forced GC (the trim ran and was skipped, or was deferred) is
+//     growth for good: L becomes the floor, counted in Stats.Settled.
+//   - Outside a burst the floor follows L down (F = min(F, L)); a GC that
+//     finds L at 1/Rise of the floor (and MinRise under it) collected a
+//     burst that a forced GC had counted as live, and calls AfterBurst.
+//
+// A flat live heap never rises to twice its floor however fast it
+// allocates: it gets no automatic trim. Every trim that a detection causes
+// is an ordinary debounced trim: it passes the Trimmer's skip rule and its
+// 2% CPU limit.
+//
+// An AutoBurst is safe for concurrent use; a nil *AutoBurst does nothing.
+type AutoBurst struct {
+	onBurst  func()
+	rise     float64
+	minRise  int64
+	settle   time.Duration
+	sub      *gcend.Subscription
+	mu       sync.Mutex // held by observe; guards the samples and the state
+	samples  [2]metrics.Sample
+	forced0  uint64
+	st       burstState
+	base     time.Time
+	bursts   atomic.Int64
+	drops    atomic.Int64
+	marks    atomic.Int64
+	settled  atomic.Int64
+	floor    atomic.Int64
+	gcEnds   atomic.Int64
+	closed   atomic.Bool
+}
+
+// burstState is the detector's state between GC ends.
+type burstState struct {
+	floor   int64 // F
+	prev    int64 // L at the previous GC end
+	inBurst bool
+	base    int64 // F when the burst started
+	since   int64 // clock (ns since AutoBurst.base) when the burst started
+}
+
+const (
+	metricForcedGC = "/gc/cycles/forced:gc-cycles"
+	minBurstRise   = 1.25
+	maxBurstRise   = 1000
+	minBurstBytes  = 1 << 20
+)
+
+// StartAutoBurst starts a burst detector that calls t.AfterBurst (see
+// AutoBurst). It returns nil and no error when cfg.Off is set or t is nil
+// (trimming off), and an error naming the field for a Rise outside
+// [1.25, 1000] or a MinRise under 1 MiB (nothing is started then). The floor
+// starts at the live heap of the last GC cycle. Close stops it.
+func StartAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*AutoBurst, error) {
+	if cfg.Off || t == nil {
+		return nil, nil
+	}
+	a, err := newAutoBurst(cfg, t.AfterBurst, t.MaxWait()+t.Delay())
+	if err != nil {
+		return nil, err
+	}
+	a.sub = gcend.Subscribe(a.gcEnd)
+	return a, nil
+}
+
+// newAutoBurst checks cfg and returns a detector that calls onBurst, not
+// yet subscribed.
+func newAutoBurst(cfg AutoBurstConfig, onBurst func(), settle time.Duration) (*AutoBurst, error) {
+	rise := cfg.Rise
+	switch {
+	case rise == 0:
+		rise = DefaultBurstRise
+	case !(rise >= minBurstRise && rise <= maxBurstRise): // NaN fails too
+		return nil, fmt.Errorf("trim: AutoBurstConfig.Rise %g: want 0 (the default, %g) or from %g to %d", cfg.Rise, DefaultBurstRise, minBurstRise, maxBurstRise)
+	}
+	minRise := cfg.MinRise
+	switch {
+	case minRise == 0:
+		minRise = DefaultBurstMinRise
+	case minRise < minBurstBytes:
+		return nil, fmt.Errorf("trim: AutoBurstConfig.MinRise %d: want 0 (the default, %d) or at least %d bytes", cfg.MinRise, DefaultBurstMinRise, minBurstBytes)
+	}
+	a := &AutoBurst{onBurst: onBurst, rise: rise, minRise: minRise, settle: settle, base: time.Now()}
+	a.samples[0].Name = metricHeapLive
+	a.samples[1].Name = metricForcedGC
+	live, forced, ok := a.read()
+	if ok {
+		a.forced0 = forced
+		a.st.floor, a.st.prev = live, live
+		a.floor.Store(live)
+	}
+	return a, nil
+}
+
+// read returns the live heap and the count of forced GC cycles. a.mu must
+// be held, or a not yet shared.
+func (a *AutoBurst) read() (live int64, forced uint64, ok bool) {
+	metrics.Read(a.samples[:])
+	if a.samples[0].Value.Kind() != metrics.KindUint64 || a.samples[1].Value.Kind() != metrics.KindUint64 {
+		return 0, 0, false
+	}
+	return int64(min(a.samples[0].Value.Uint64(), math.MaxInt64)), a.samples[1].Value.Uint64(), true
+}
+
+// gcEnd is the GC-end subscriber.
+func (a *AutoBurst) gcEnd() bool {
+	if a.closed.Load() {
+		return false
+	}
+	a.mu.Lock()
+	live, forced, ok := a.read()
+	if !ok {
+		a.mu.Unlock()
+		return false // this runtime lacks the metrics: nothing to detect with
+	}
+	wasForced := forced != a.forced0
+	a.forced0 = forced
+	mark := a.observe(live, wasForced, max(int64(time.Since(a.base)), 1))
+	a.mu.Unlock()
+	if mark {
+		a.onBurst()
+	}
+	return true
+}
+
+// observe applies the rule (see AutoBurst) to one GC end: the live heap,
+// whether a forced cycle completed since the last one, and the clock. It
+// reports whether the GC end saw a burst (AfterBurst is due). a.mu must be
+// held.
+func (a *AutoBurst) observe(live int64, forced bool, now int64) (mark bool) {
+	s := &a.st
+	a.gcEnds.Add(1)
+	defer func() {
+		s.prev = live
+		a.floor.Store(s.floor)
+		if mark {
+			a.marks.Add(1)
+		}
+	}()
+	if forced {
+		s.floor, s.inBurst = live, false
+		return false
+	}
+	if s.inBurst {
+		if a.high(live, s.base) {
+			if now-s.since > int64(a.settle) {
+				s.floor, s.inBurst = live, false
+				a.settled.Add(1)
+				return false
+			}
+			return true
+		}
+		s.floor, s.inBurst = live, false
+		return true // this cycle collected the burst
+	}
+	if a.high(live, s.floor) && live-s.floor >= a.minRise {
+		s.inBurst, s.base, s.since = true, s.floor, now
+		a.bursts.Add(1)
+		return true
+	}
+	if a.high(s.floor, live) && s.floor-live >= a.minRise {
+		s.floor = live
+		a.drops.Add(1)
+		return true
+	}
+	s.floor = min(s.floor, live)
+	return false
+}
+
+// high reports whether x ≥ rise·f.
+func (a *AutoBurst) high(x, f int64) bool { return float64(x) >= a.rise*float64(f) }
+
+// Stats returns the detector's counters. Safe for concurrent use; a nil
+// *AutoBurst returns zeros.
+func (a *AutoBurst) Stats() AutoBurstStats {
+	if a == nil {
+		return AutoBurstStats{}
+	}
+	return AutoBurstStats{
+		Bursts: a.bursts.Load(), Drops: a.drops.Load(), Marks: a.marks.Load(),
+		Settled: a.settled.Load(), Floor: a.floor.Load(), GCEnds: a.gcEnds.Load(),
+	}
+}
+
+// Close stops the detector: no AfterBurst follows once it returns, except
+// one from a GC end already running. It is idempotent; a nil *AutoBurst
+// does nothing.
+func (a *AutoBurst) Close() {
+	if a == nil || a.closed.Swap(true) {
+		return
+	}
+	a.sub.Stop()
+}

@@ -1,0 +1,251 @@
+package trim
+
+import (
+	"math"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/gcend"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const mb = 1 << 20
+
+// detector returns an unsubscribed detector with the default rule, a func
+// that reads its count of marks, and a settle time of 22 s (the default max wait plus
+// delay).
+func detector(t *testing.T) (*AutoBurst, func() int) {
+	t.Helper()
+	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, 22*time.Second)
+	require.NoError(t, err)
+	a.st = burstState{floor: 20 * mb, prev: 20 * mb}
+	return a, func() int { return int(a.Stats().Marks) }
+}
+
+// gc is one GC end seen by the detector at second sec.
+type gc struct {
+	live   int64
+	forced bool
+	sec    float64
+}
+
+func feed(a *AutoBurst, gcs []gc) (marked []bool) {
+	for _, g := range gcs {
+		marked = append(marked, a.observe(g.live, g.forced, int64(g.sec*float64(time.Second))))
+	}
+	return marked
+}
+
+// A 1 GiB burst held in memory over 20 MiB live: its GC cycles come at
+// about 1.9 times the previous live heap. Every GC end from the one at twice
+// the floor on marks the burst, and the trim's forced GC ends it.
+func TestAutoBurstHeldBurst(t *testing.T) {
+	a, marks := detector(t)
+	got := feed(a, []gc{
+		{38 * mb, false, 0.1}, {72 * mb, false, 0.2}, {137 * mb, false, 0.3},
+		{260 * mb, false, 0.4}, {494 * mb, false, 0.5}, {940 * mb, false, 0.6},
+		{21 * mb, true, 2.7}, // the trim
+		{22 * mb, false, 30}, {21 * mb, false, 60},
+	})
+	assert.Equal(t, []bool{false, true, true, true, true, true, false, false, false}, got)
+	assert.Equal(t, 5, marks())
+	s := a.Stats()
+	assert.Equal(t, int64(1), s.Bursts)
+	assert.Equal(t, int64(21*mb), s.Floor, "the trim's GC sets the floor")
+}
+
+// A burst that the next natural GC collects: that GC saw it too, and marks.
+func TestAutoBurstCollectedBurst(t *testing.T) {
+	a, _ := detector(t)
+	got := feed(a, []gc{{80 * mb, false, 0.1}, {160 * mb, false, 0.2}, {25 * mb, false, 0.3}, {24 * mb, false, 0.4}})
+	assert.Equal(t, []bool{true, true, true, false}, got)
+	assert.Equal(t, int64(24*mb), a.Stats().Floor)
+}
+
+// The whole kind of "no burst": a flat live heap with GC-to-GC noise, a
+// rise to twice the floor that is under MinRise, a slow drift under twice
+// the floor, and the first GC of a process (floor 0) under MinRise.
+func TestAutoBurstNoBurst(t *testing.T) {
+	a, marks := detector(t)
+	for i := range 10000 {
+		feed(a, []gc{{20*mb + int64(i%7)*mb/2, false, float64(i) / 100}})
+	}
+	assert.Zero(t, marks(), "flat live heap")
+
+	small, smallMarks := detector(t)
+	small.st = burstState{floor: 4 * mb, prev: 4 * mb}
+	feed(small, []gc{{30 * mb, false, 1}, {8 * mb, false, 2}, {35 * mb, false, 3}})
+	assert.Zero(t, smallMarks(), "a rise of under 32 MiB, however large a factor")
+
+	drift, driftMarks := detector(t)
+	for i := range 100 {
+		feed(drift, []gc{{20*mb + int64(i)*mb/5, false, float64(i)}}) // to 39.8 MiB
+	}
+	assert.Zero(t, driftMarks(), "a drift under twice the floor")
+
+	start, startMarks := detector(t)
+	start.st = burstState{}
+	feed(start, []gc{{4 * mb, false, 0.01}, {9 * mb, false, 0.02}, {20 * mb, false, 0.03}})
+	assert.Zero(t, startMarks(), "start-up: a floor of 0 and a heap under 32 MiB")
+}
+
+// Issue 19: a heap that grows for good (a cache warming up) causes at most
+// one trim per doubling. The trimmer is simulated: a trim (a forced GC
+// end) follows a mark by the delay when no mark came in between, or by the
+// max wait after the first mark of its pending period.
+func TestAutoBurstGrowthForGood(t *testing.T) {
+	for _, growth := range []struct {
+		name  string
+		every float64 // seconds between GC ends
+		ratio float64 // live heap growth per GC end
+	}{
+		{"fast", 0.05, 1.9}, {"steady", 0.5, 1.05}, {"slow", 3, 1.02}, {"very slow", 30, 1.1},
+	} {
+		t.Run(growth.name, func(t *testing.T) {
+			a, _ := detector(t)
+			const delay, maxWait = 2.0, 20.0
+			live, now := float64(20*mb), 0.0
+			var trims []float64 // live heap at each trim
+			lastMark, firstMark := -1.0, -1.0
+			for live < 4<<30 {
+				now += growth.every
+				due := -1.0
+				if lastMark >= 0 {
+					due = math.Min(lastMark+delay, firstMark+maxWait)
+				}
+				if due >= 0 && due <= now {
+					feed(a, []gc{{int64(live), true, due}})
+					trims = append(trims, live)
+					lastMark, firstMark = -1, -1
+				}
+				live *= growth.ratio
+				if feed(a, []gc{{int64(live), false, now}})[0] {
+					if firstMark < 0 {
+						firstMark = now
+					}
+					lastMark = now
+				}
+			}
+			doublings := math.Log2(live / (20 * mb))
+			t.Logf("%d trims while the heap grew %.1f doublings (live at each trim: %v MiB)", len(trims), doublings, mibs(trims))
+			assert.LessOrEqual(t, float64(len(trims)), math.Floor(doublings))
+			for i := 1; i < len(trims); i++ {
+				assert.GreaterOrEqual(t, trims[i], 2*trims[i-1], "trim %d came before the heap doubled", i)
+			}
+		})
+	}
+}
+
+func mibs(v []float64) []int {
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x / mb)
+	}
+	return out
+}
+
+// A burst that stays at its level with no forced GC (the trim was skipped
+// or deferred) settles after the max wait plus the delay: it becomes the
+// floor and marks stop, so a skipped trim is not asked for again and again.
+func TestAutoBurstSettles(t *testing.T) {
+	a, marks := detector(t)
+	for i := range 100 {
+		feed(a, []gc{{200 * mb, false, float64(i)}})
+	}
+	assert.Equal(t, 23, marks(), "marks from 0 s to 22 s, then settled")
+	assert.Equal(t, int64(1), a.Stats().Settled)
+	assert.Equal(t, int64(200*mb), a.Stats().Floor)
+	// The burst then goes: the GC that collects it marks (a drop).
+	assert.Equal(t, []bool{true, false}, feed(a, []gc{{21 * mb, false, 101}, {21 * mb, false, 102}}))
+	assert.Equal(t, int64(1), a.Stats().Drops)
+}
+
+// A trim that came while the burst was still live set the floor to the
+// burst: the GC that later collects it marks, so its pages are trimmed.
+func TestAutoBurstDropAfterForced(t *testing.T) {
+	a, _ := detector(t)
+	got := feed(a, []gc{{100 * mb, false, 1}, {300 * mb, true, 3}, {300 * mb, false, 4}, {22 * mb, false, 9}})
+	assert.Equal(t, []bool{true, false, false, true}, got)
+}
+
+func TestAutoBurstConfig(t *testing.T) {
+	for _, c := range []AutoBurstConfig{{Rise: 1.1}, {Rise: 1001}, {Rise: math.NaN()}, {Rise: -2}, {MinRise: 1}, {MinRise: -1}} {
+		_, err := newAutoBurst(c, func() {}, time.Second)
+		assert.Error(t, err, "%+v", c)
+	}
+	a, err := StartAutoBurst(nil, AutoBurstConfig{})
+	assert.NoError(t, err)
+	assert.Nil(t, a, "no trimmer, no detector")
+	tr, err := New(Config{NoCHeap: true})
+	require.NoError(t, err)
+	defer tr.Close()
+	a, err = StartAutoBurst(tr, AutoBurstConfig{Off: true})
+	assert.NoError(t, err)
+	assert.Nil(t, a)
+	a.Close() // nil: nothing
+	assert.Zero(t, a.Stats())
+}
+
+// The real thing: a detector on a real Trimmer in this process, a 256 MiB
+// burst held over a small live heap and dropped, and no AfterBurst: the
+// detector sees the burst at GC end and the Trimmer trims it one delay
+// later; Close unsubscribes.
+func TestAutoBurstRealTrim(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a 256 MiB burst under the race detector takes too long")
+	}
+	n := gcend.Active()
+	tr, err := New(Config{Delay: 200 * time.Millisecond, NoCHeap: true})
+	require.NoError(t, err)
+	defer tr.Close()
+	a, err := StartAutoBurst(tr, AutoBurstConfig{})
+	require.NoError(t, err)
+	require.Equal(t, n+1, gcend.Active())
+	b := burst.Alloc(256 << 20)
+	runtime.KeepAlive(b)
+	b = nil
+	deadline := time.Now().Add(5 * time.Second)
+	for tr.Stats().Trims == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	s := a.Stats()
+	t.Logf("detector: %+v; trimmer: %d trims, %d MiB released", s, tr.Stats().Trims, tr.Stats().TotalReleased>>20)
+	assert.Equal(t, int64(1), s.Bursts)
+	assert.GreaterOrEqual(t, s.Marks, int64(1))
+	assert.Equal(t, int64(1), tr.Stats().Trims, "one trim, with no AfterBurst")
+	assert.Greater(t, tr.Stats().TotalReleased, int64(200<<20))
+	a.Close()
+	a.Close()
+	assert.Equal(t, n, gcend.Active())
+}
+
+// The detector's work at a GC end allocates nothing.
+func TestAutoBurstNoAlloc(t *testing.T) {
+	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
+	require.NoError(t, err)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { a.gcEnd() }))
+}
+
+// BenchmarkAutoBurstGCEnd is the detector's cost per GC end (a
+// runtime/metrics read of two counters and the rule), beside
+// BenchmarkAutoBurstGC, the GC cycle it runs after (a runtime.GC() of this
+// benchmark's small heap, without the detector): their ratio is what the
+// detector adds to a GC end.
+func BenchmarkAutoBurstGCEnd(b *testing.B) {
+	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
+	require.NoError(b, err)
+	b.ReportAllocs()
+	for b.Loop() {
+		a.gcEnd()
+	}
+}
+
+func BenchmarkAutoBurstGC(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		runtime.GC()
+	}
+}
