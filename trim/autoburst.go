@@ -111,23 +111,23 @@ type AutoBurstStats struct {
 //
 // An AutoBurst is safe for concurrent use; a nil *AutoBurst does nothing.
 type AutoBurst struct {
-	onBurst  func()
-	rise     float64
-	minRise  int64
-	settle   time.Duration
-	sub      *gcend.Subscription
-	mu       sync.Mutex // held by observe; guards the samples and the state
-	samples  [2]metrics.Sample
-	forced0  uint64
-	st       burstState
-	base     time.Time
-	bursts   atomic.Int64
-	drops    atomic.Int64
-	marks    atomic.Int64
-	settled  atomic.Int64
-	floor    atomic.Int64
-	gcEnds   atomic.Int64
-	closed   atomic.Bool
+	onBurst func()
+	rise    float64
+	minRise int64
+	settle  time.Duration
+	sub     *gcend.Subscription
+	mu      sync.Mutex // held by observe; guards the samples and the state
+	samples [2]metrics.Sample
+	forced0 uint64
+	st      burstState
+	base    time.Time
+	bursts  atomic.Int64
+	drops   atomic.Int64
+	marks   atomic.Int64
+	settled atomic.Int64
+	floor   atomic.Int64
+	gcEnds  atomic.Int64
+	closed  atomic.Bool
 }
 
 // burstState is the detector's state between GC ends.
