@@ -1,0 +1,5 @@
+//go:build !race
+
+package auto_test
+
+const raceEnabled = false
