@@ -2,6 +2,8 @@ package memctl
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/trim"
@@ -43,4 +45,13 @@ func onOff(on bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// warnUnknownEnv logs one WARN for each MEMCTL_* variable memctl does not
+// read (a typo such as MEMCTL_TRIMDELAY is otherwise ignored without a
+// word), naming the closest one it reads.
+func warnUnknownEnv(l *slog.Logger) {
+	for _, u := range envflag.Unknown(os.Environ()) {
+		l.Warn("memctl: unknown environment variable ignored", "name", u.Name, "closest", u.Closest)
+	}
 }

@@ -18,7 +18,13 @@
 // re-read at the end of a GC cycle at most every 10 s, so a resized pod is
 // followed without a goroutine) and starts a trimmer that returns freed
 // memory to the OS two seconds after the last burst ends (debug.FreeOSMemory,
-// and the C heap of the allocator that owns malloc; package trim). It logs one INFO line through log/slog that says what it
+// and the C heap of the allocator that owns malloc; package trim). It finds
+// the bursts itself: at the end of each GC cycle a live heap at twice its
+// recent floor (and 32 MiB over it) is a burst in progress, and the trim
+// comes two seconds after the last GC cycle that saw it (trim.AutoBurst; no
+// goroutine or timer while idle). AfterBurst and Begin mark bursts the
+// detector cannot see (garbage that no GC cycle found live) and set the
+// trim's time exactly. It logs one INFO line through log/slog that says what it
 // decided. Package limits also has per-request memory budgets that refuse
 // the request that would exceed its share with a resource_exhausted error.
 //
@@ -65,6 +71,9 @@
 //	                                   leaves the flag alone)
 //	MEMCTL_TRIM_DELAY=2s|on|off        trim delay after the last burst
 //	                                   (1ms to 24h; 0 is off, on is 2s)
+//	MEMCTL_AUTOBURST=on|off            burst detection at GC end (default
+//	                                   on; off: only AfterBurst and Begin
+//	                                   start trims)
 //	MEMCTL_ARENA_MAX=2|on|off          glibc arena cap (cgo, glibc only;
 //	                                   0 is off, on is 2)
 //	GOMEMLIMIT                         set by the operator: left as it is
@@ -77,6 +86,11 @@
 //	MEMCTL_BUDGETS=enforce|observe|off per-request budgets (package limits)
 //	MALLOC_ARENA_MAX, GLIBC_TUNABLES   an arena cap set by the operator:
 //	                                   memctl sets none
+//
+// A MEMCTL_* variable that memctl does not read (a typo such as
+// MEMCTL_TRIMDELAY or MEMCTL_BUDGET) is logged at WARN once per Start,
+// naming the closest one it reads; it is not an error. MEMCTL_TEST_* and
+// MEMCTL_BENCH_* are left to memctl's own tests and harness.
 //
 // One grammar for every switch: "on" and "off", "yes" and "no", and the
 // strconv.ParseBool spellings (1, t, true; 0, f, false), in any case, with

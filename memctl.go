@@ -234,6 +234,7 @@ func Start(opts ...Option) (*Controller, error) {
 	}
 	c := &Controller{startedBy: caller(2)}
 	var errs []error
+	warnUnknownEnv(cfg.logger)
 	if v, ok := envflag.Lookup("MEMCTL"); ok {
 		on, err := envflag.Bool("MEMCTL", v)
 		if err != nil {

@@ -57,6 +57,7 @@ func childStart() {
 	childtest.Say("ARENA_NOTE", r.ArenaMaxNote)
 	childtest.Say("C_HEAP", r.CHeap)
 	childtest.Say("PRESSURE", r.Pressure)
+	childtest.Say("AUTOBURST", r.AutoBurst)
 	if err := ctl.Close(); err != nil {
 		childtest.Fail("close: %v", err)
 	}
@@ -66,7 +67,7 @@ func childStart() {
 // records it wrote.
 func runStart(t *testing.T, g *cgrouptest.Group, env ...string) (map[string]string, []map[string]any) {
 	t.Helper()
-	cmd := childtest.Command(t, "start", []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX", "MEMCTL_PRESSURE", "GOMEMLIMIT", "AUTOMEMLIMIT", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "LD_PRELOAD"}, env...)
+	cmd := childtest.Command(t, "start", []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_AUTOBURST", "MEMCTL_ARENA_MAX", "MEMCTL_PRESSURE", "GOMEMLIMIT", "AUTOMEMLIMIT", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "LD_PRELOAD"}, env...)
 	if g != nil {
 		g.Wrap(cmd)
 	}

@@ -36,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -168,4 +169,83 @@ func Ratio(name, v string, def float64) (r float64, err error) {
 		return 0, nil
 	}
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a ratio in (0, 1] such as "%g"`, def)}
+}
+
+// Known is every MEMCTL_* variable memctl reads (package memctl's doc
+// lists them), in the order of that list. A package that reads a new one
+// adds it here, so that Unknown does not report it.
+var Known = []string{
+	"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_AUTOBURST", "MEMCTL_ARENA_MAX",
+	"MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR", "MEMCTL_PRESSURE", "MEMCTL_BUDGETS",
+}
+
+// ReservedPrefixes are the prefixes of the variables of memctl's own tests
+// and benchmark harness (MEMCTL_TEST_CHILD, MEMCTL_BENCH_TAG, ...), which
+// Unknown does not report.
+var ReservedPrefixes = []string{"MEMCTL_TEST_", "MEMCTL_BENCH_"}
+
+// Unrecognized is a MEMCTL_* variable that memctl does not read, and the
+// known variable whose name is closest to it.
+type Unrecognized struct {
+	Name    string // as set, e.g. "MEMCTL_BUDGET"
+	Closest string // e.g. "MEMCTL_BUDGETS"
+}
+
+// Unknown returns the variables of environ (KEY=VALUE entries, as
+// os.Environ returns them) whose name starts with "MEMCTL" and that are
+// neither in Known nor under ReservedPrefixes, each with the known name
+// closest to it (fewest single-character insertions, deletions,
+// substitutions and swaps of neighbours, ignoring case; the first in Known
+// on a tie), in the order of environ, each name once. A typo such as
+// MEMCTL_TRIMDELAY or MEMCTL_BUDGET is otherwise ignored without a word.
+func Unknown(environ []string) []Unrecognized {
+	var out []Unrecognized
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(strings.ToUpper(name), "MEMCTL") || slices.Contains(Known, name) || seen(out, name) {
+			continue
+		}
+		if slices.ContainsFunc(ReservedPrefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+			continue
+		}
+		best, bestD := "", 1<<30
+		for _, k := range Known {
+			if d := distance(strings.ToUpper(name), k); d < bestD {
+				best, bestD = k, d
+			}
+		}
+		out = append(out, Unrecognized{Name: name, Closest: best})
+	}
+	return out
+}
+
+func seen(u []Unrecognized, name string) bool {
+	return slices.ContainsFunc(u, func(x Unrecognized) bool { return x.Name == name })
+}
+
+// distance is the optimal-string-alignment edit distance between a and b,
+// in bytes: insertions, deletions, substitutions and swaps of two
+// neighbours each count 1.
+func distance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }

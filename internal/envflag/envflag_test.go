@@ -110,3 +110,46 @@ func TestRatio(t *testing.T) {
 		assert.Contains(t, err.Error(), `(0, 1]`)
 	}
 }
+
+// Issue 19: typos of memctl's variables were ignored without a word. Each
+// unknown MEMCTL_* variable is reported once with the closest known name.
+func TestUnknown(t *testing.T) {
+	env := []string{
+		"PATH=/bin", "MEMCTL=on", "MEMCTL_THP=keep",
+		"MEMCTL_BUDGET=observe",                       // the reported typos
+		"MEMCTL_TRIMDELAY=5s",                         //
+		"MEMCTL_TRIM_DEALY=5s",                        // a swap
+		"MEMCTL_thp=keep",                             // case
+		"MEMCTL_AUTO_BURST=off",                       // an extra underscore
+		"MEMCTL_PRESURE=off",                          // a letter missing
+		"MEMCTL_GOMEMLIMITFLOOR=1GiB",                 //
+		"MEMCTLTHP=keep",                              //
+		"MEMCTL_ARENAMAX=4",                           //
+		"MEMCTL_REFRESH_=1s",                          //
+		"MEMCTL_BUDGET=enforce",                       // the same name again: once
+		"MEMCTL_TEST_CHILD=x", "MEMCTL_BENCH_TAG=i19", // reserved
+		"memctl_budgets=off", // lower case: still ours, still unknown
+		"MEMCTLX", "XMEMCTL_THP=keep",
+	}
+	want := []Unrecognized{
+		{"MEMCTL_BUDGET", "MEMCTL_BUDGETS"},
+		{"MEMCTL_TRIMDELAY", "MEMCTL_TRIM_DELAY"},
+		{"MEMCTL_TRIM_DEALY", "MEMCTL_TRIM_DELAY"},
+		{"MEMCTL_thp", "MEMCTL_THP"},
+		{"MEMCTL_AUTO_BURST", "MEMCTL_AUTOBURST"},
+		{"MEMCTL_PRESURE", "MEMCTL_PRESSURE"},
+		{"MEMCTL_GOMEMLIMITFLOOR", "MEMCTL_GOMEMLIMIT_FLOOR"},
+		{"MEMCTLTHP", "MEMCTL_THP"},
+		{"MEMCTL_ARENAMAX", "MEMCTL_ARENA_MAX"},
+		{"MEMCTL_REFRESH_", "MEMCTL_REFRESH"},
+		{"memctl_budgets", "MEMCTL_BUDGETS"},
+		{"MEMCTLX", "MEMCTL"},
+	}
+	assert.Equal(t, want, Unknown(env))
+	var known []string
+	for _, k := range Known {
+		known = append(known, k+"=x")
+	}
+	assert.Empty(t, Unknown(known), "every known name is known")
+	assert.Empty(t, Unknown(nil))
+}
