@@ -17,20 +17,27 @@ const (
 	// progress (see AutoBurst): 2. With GOGC=100 a heap whose objects all
 	// stay live reaches the next GC at about twice the live heap of the
 	// previous one, so a burst held in memory passes this factor by its
-	// second GC cycle; a flat live heap stays within a few MiB of its floor
-	// however fast it allocates (TestAutoBurstSteadyLoad, BENCHMARKS.md).
-	// It is also the doubling of the "at most one trim per doubling" bound
-	// for a heap that grows for good.
+	// second GC cycle (the 1 GiB burst over 20 MiB live of
+	// auto.TestImportTrimsBurstWithoutAfterBurst is detected at its GC
+	// ends at about 72, 137, 260, 494 and 940 MiB), while a flat live heap
+	// stays within a few percent of its floor however fast it allocates:
+	// 20.2 to 20.9 MiB at 208 GC ends in 60 s of 1,000 requests per second
+	// of 64 KiB garbage each (auto.TestNoBurstNoTrim, measured on this
+	// repository's 2-core test machine). It is also the doubling of the
+	// "at most one trim per doubling" bound for a heap that grows for good.
 	DefaultBurstRise = 2.0
 
 	// DefaultBurstMinRise is the least rise of the live heap over its floor,
 	// in bytes, that counts as a burst: 32 MiB. Below it a trim returns
 	// less than it costs in the common case: the runtime keeps a few MiB of
 	// free spans in normal operation and a trim's Go step skips below
-	// DefaultMinRelease (8 MiB); and it keeps the GC-to-GC noise of a
-	// small live heap (under 1 MiB at 20 MiB live with 64 MiB/s of garbage,
-	// TestAutoBurstSteadyLoad) far from a detection, including at start-up
-	// where the floor is the first GC's live heap.
+	// DefaultMinRelease (8 MiB), and a trim with 20 MiB live costs about
+	// 4 ms of GC CPU and 25 ms of wall time whatever it returns
+	// (../shared/MEASURED.md figures, BENCHMARKS.md); and it keeps the
+	// GC-to-GC noise of a small live heap (0.7 MiB at 20 MiB live with
+	// 64 MiB/s of garbage, auto.TestNoBurstNoTrim) and the doubling of a
+	// tiny heap at start-up (the runtime's first GC cycles run at 4 MiB)
+	// far from a detection.
 	DefaultBurstMinRise int64 = 32 << 20
 )
 
@@ -150,7 +157,8 @@ const (
 // AutoBurst). It returns nil and no error when cfg.Off is set or t is nil
 // (trimming off), and an error naming the field for a Rise outside
 // [1.25, 1000] or a MinRise under 1 MiB (nothing is started then). The floor
-// starts at the live heap of the last GC cycle. Close stops it.
+// starts at the live heap of the last GC cycle, or of the next one when
+// none has run yet. Close stops it.
 func StartAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*AutoBurst, error) {
 	if cfg.Off || t == nil {
 		return nil, nil
@@ -237,7 +245,7 @@ func (a *AutoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 			a.marks.Add(1)
 		}
 	}()
-	if forced {
+	if forced || s.floor == 0 { // 0: no GC cycle had run at the start
 		s.floor, s.inBurst = live, false
 		return false
 	}

@@ -88,8 +88,9 @@ func TestAutoBurstNoBurst(t *testing.T) {
 
 	start, startMarks := detector(t)
 	start.st = burstState{}
-	feed(start, []gc{{4 * mb, false, 0.01}, {9 * mb, false, 0.02}, {20 * mb, false, 0.03}})
-	assert.Zero(t, startMarks(), "start-up: a floor of 0 and a heap under 32 MiB")
+	feed(start, []gc{{50 * mb, false, 0.01}, {60 * mb, false, 0.02}, {55 * mb, false, 0.03}})
+	assert.Zero(t, startMarks(), "start-up: no GC cycle before the detector, then a flat heap")
+	assert.Equal(t, int64(50*mb), start.Stats().Floor, "the first GC end sets the floor")
 }
 
 // Issue 19: a heap that grows for good (a cache warming up) causes at most
