@@ -31,9 +31,8 @@ const (
 	// in bytes, that counts as a burst: 32 MiB. Below it a trim returns
 	// less than it costs in the common case: the runtime keeps a few MiB of
 	// free spans in normal operation and a trim's Go step skips below
-	// DefaultMinRelease (8 MiB), and a trim with 20 MiB live costs about
-	// 4 ms of GC CPU and 25 ms of wall time whatever it returns
-	// (../shared/MEASURED.md figures, BENCHMARKS.md); and it keeps the
+	// DefaultMinRelease (8 MiB), and a trim costs a full GC whatever it
+	// returns (see DefaultMinRelease and BENCHMARKS.md); and it keeps the
 	// GC-to-GC noise of a small live heap (0.7 MiB at 20 MiB live with
 	// 64 MiB/s of garbage, auto.TestNoBurstNoTrim) and the doubling of a
 	// tiny heap at start-up (the runtime's first GC cycles run at 4 MiB)
