@@ -31,7 +31,8 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring})
+	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring,
+		"three-requests": childThreeRequests})
 }
 
 // childStart runs Start with a JSON logger on standard error and reports

@@ -34,14 +34,24 @@ type HTTPConfig struct {
 	// or when a Grow of the request was refused with ErrResourceExhausted
 	// and what the account used plus the refused size reached it (code that
 	// allocates before it reports leaves that much garbage; code that
-	// reports first was about to). Negative means never. Default: 0, which
+	// reports first was about to). Requests that reach it together end a
+	// burst too: once two of the middleware's requests were in flight at
+	// once, and the pool's use (Pool.Used, what all its accounts hold, in
+	// 64 KiB chunks by default) has peaked at BurstThreshold or more since
+	// the last burst they ended, the request whose end leaves it under half
+	// of BurstThreshold calls AfterBurst (three concurrent
+	// requests of 31 MB each under a 32 MiB threshold end one burst when
+	// the last of them ends, TestMiddlewareBurstAcrossRequests). A steady
+	// load that keeps the pool above half the threshold ends no burst
+	// until it falls. Negative means never. Default: 0, which
 	// means DefaultBurstThreshold (64 MiB), or Limit/2 when Limit is set and
 	// Limit/2 is smaller (at least 1 byte): a request never holds more than
 	// Limit, so a request limited to 32 MiB ends a burst at 16 MiB.
 	// Unlimited counts as no limit here.
 	BurstThreshold int64
 	// AfterBurst is called, on the request's goroutine, after a request
-	// that reached BurstThreshold. Nothing is wired automatically: to
+	// that reached BurstThreshold, alone or together with others (see
+	// BurstThreshold). Nothing is wired automatically: to
 	// return the burst's freed memory to the OS a few seconds later, pass
 	// memctl.AfterBurst (the trimmer of memctl.Start). It should return
 	// quickly. Default: nil (nothing is called; Middleware says so once at
@@ -102,6 +112,10 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			"pool", p.name)
 	}
 	var seq atomic.Int64
+	// inflight counts the requests in the handler; overlapped is set when
+	// two were at once since the last burst they ended together.
+	var inflight atomic.Int64
+	var overlapped atomic.Bool
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var a *Account
@@ -126,6 +140,9 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			} else {
 				ctx = NewContext(r.Context(), a)
 			}
+			if inflight.Add(1) > 1 && !overlapped.Load() {
+				overlapped.Store(true)
+			}
 			defer func() {
 				reached := max(a.Peak(), a.refusedAt.Load())
 				var leak string
@@ -135,7 +152,12 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 					leak = a.close(nil)
 					p.workEnded(a)
 				}
-				if threshold > 0 && reached >= threshold && cfg.AfterBurst != nil {
+				left := inflight.Add(-1)
+				together := threshold > 0 && overlapped.Load() && p.endBurstTogether(threshold)
+				if together {
+					overlapped.Store(left > 1)
+				}
+				if threshold > 0 && (reached >= threshold || together) && cfg.AfterBurst != nil {
 					cfg.AfterBurst()
 				}
 				// A handler's own panic goes on (net/http logs it, or
@@ -149,6 +171,19 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			returned = true
 		})
 	}, nil
+}
+
+// endBurstTogether reports whether the pool's requests together peaked at
+// threshold or more since the last burst they ended and the pool's use is
+// now under half of it; the one caller that sees it so restarts the peak
+// from the use now.
+func (p *Pool) endBurstTogether(threshold int64) bool {
+	peak := p.burstPeak.Load()
+	if peak < threshold {
+		return false
+	}
+	used := p.used.Load()
+	return used < threshold/2 && p.burstPeak.CompareAndSwap(peak, used)
 }
 
 // staleHeaders are the headers WriteError deletes: those of the content the

@@ -264,10 +264,13 @@ type PoolStats struct {
 // Close it when done; the zero value is not usable.
 type Pool struct {
 	// used is the sum of the reservations of the pool's top-level accounts.
-	used     atomic.Int64
-	peak     atomic.Int64
-	pressure atomic.Bool
-	_        [47]byte // keep the shared counters on their own cache line
+	used atomic.Int64
+	peak atomic.Int64
+	// burstPeak is the highest used since the last burst that the
+	// middleware's requests ended together (see Middleware).
+	burstPeak atomic.Int64
+	pressure  atomic.Bool
+	_         [39]byte // keep the shared counters on their own cache line
 
 	// Read on every Grow, written once: a line of its own that stays
 	// shared in every core's cache.
@@ -553,6 +556,7 @@ func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 		}
 		if p.used.CompareAndSwap(cur, cur+got) {
 			notePeak(&p.peak, cur+got)
+			notePeak(&p.burstPeak, cur+got)
 			return got, nil
 		}
 	}

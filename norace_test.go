@@ -1,0 +1,5 @@
+//go:build !race
+
+package memctl
+
+const raceEnabled = false
