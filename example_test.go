@@ -12,9 +12,10 @@ import (
 
 // exampleLogger prints slog records on standard output and keeps only the
 // attributes that are the same on every machine: the real startup line
-// also has the THP state, GOMEMLIMIT and where it came from, and the C heap.
+// also has the THP state and policy (except-advised from Linux 6.18,
+// disable before), GOMEMLIMIT and where it came from, and the C heap.
 func exampleLogger() *slog.Logger {
-	keep := map[string]bool{slog.LevelKey: true, slog.MessageKey: true, "thp_policy": true, "trim_delay": true}
+	keep := map[string]bool{slog.LevelKey: true, slog.MessageKey: true, "trim_delay": true, "auto_burst": true}
 	return slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if !keep[a.Key] {
@@ -43,29 +44,33 @@ func waitTrims(ctl *memctl.Controller, n int64) int64 {
 	return ctl.Stats().Trim.Trims
 }
 
-// Start at the top of main: THP off for the process, GOMEMLIMIT from the
-// cgroup limit, and a trimmer. Start logs its decisions itself (one INFO
+// Start at the top of main: THP off for the process except where it asks
+// for huge pages (and its children, which inherit the flag), GOMEMLIMIT from
+// the cgroup limit, and a trimmer that finds bursts itself. Start logs its decisions itself (one INFO
 // line, one WARN per part it skipped), so main need not log its error.
 func ExampleStart() {
 	ctl, _ := memctl.Start(memctl.WithLogger(exampleLogger()))
 	defer ctl.Close()
 
 	r := ctl.Report()
-	fmt.Println("THP policy:", r.THPPolicy)
 	fmt.Println("trim delay:", r.TrimDelay)
+	fmt.Println("burst detection:", r.AutoBurst)
 	// Output:
-	// level=INFO msg="memctl started" thp_policy=disable trim_delay=2s
-	// THP policy: disable
+	// level=INFO msg="memctl started" trim_delay=2s auto_burst=on
 	// trim delay: 2s
+	// burst detection: true
 }
 
 // AfterBurst where a burst of work ends: the trim runs once, the trim delay
 // after the last call. The short delay and trim.NeverSkip (trim even when
-// little would be released) make the example quick and certain.
+// little would be released) make the example quick and certain; the burst
+// detector, which would see this 64 MiB burst at GC end and trim it on its
+// own too, is off so that the count is exact.
 func ExampleAfterBurst() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
+		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}),
+		memctl.WithAutoBurst(trim.AutoBurstConfig{Off: true}))
 	defer ctl.Close()
 
 	work(64 << 20)

@@ -35,6 +35,7 @@ type Option func(*config)
 type config struct {
 	logger    *slog.Logger
 	thp       thp.Policy
+	thpSet    bool // WithTHP was given
 	memLimit  limits.MemLimitConfig
 	trimDelay time.Duration
 	delayFrom string // the option that set trimDelay, for its error
@@ -65,10 +66,14 @@ const DefaultArenaMax = 2
 // Default: slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithTHP sets what Start does with the process's THP flag.
-// Default: thp.PolicyDisable. Environment: MEMCTL_THP (off means
-// thp.PolicyKeep: memctl leaves the flag as it is).
-func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp = p } }
+// WithTHP sets what Start does with the process's THP flag. The flag is
+// inherited by child processes (fork and exec). Default:
+// thp.PolicyExceptAdvised where the kernel has it (Linux 6.18), else
+// thp.PolicyDisable, keeping an operator's GLIBC_TUNABLES
+// glibc.malloc.hugetlb=1 (see Start). Environment: MEMCTL_THP, which wins
+// (off means thp.PolicyKeep: memctl leaves the flag as it is; on means the
+// default).
+func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp, c.thpSet = p, true } }
 
 // WithMemLimit configures GOMEMLIMIT from the cgroup limit (ratio, floor,
 // system fallback, refresh interval, headroom); see limits.SetGoMemLimit.
@@ -127,9 +132,12 @@ type Report struct {
 	// THPPolicy is the policy applied, THPState the process state read back
 	// after it (PR_GET_THP_DISABLE), THPSystem the system mode
 	// (/sys/kernel/mm/transparent_hugepage/enabled, "" if unknown).
+	// THPNote says why the policy was chosen when it is not the one asked
+	// for or the default, and that child processes inherit the flag.
 	THPPolicy thp.Policy
 	THPState  thp.State
 	THPSystem string
+	THPNote   string
 	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never
 	// empty); MemLimitRefresh the least time between two re-reads of the
 	// limit at GC end, 0 when there is no refresh (MEMCTL_REFRESH=off, the
@@ -199,8 +207,15 @@ type Controller struct {
 // that owns them; call it once, at the top of main (the THP flag does not split
 // pages that are already huge) and defer its Close:
 //
-//   - THP: thp.PolicyDisable (prctl PR_SET_THP_DISABLE) unless MEMCTL_THP or
-//     WithTHP says otherwise;
+//   - THP: no huge pages except where the program asked for them with
+//     madvise(MADV_HUGEPAGE) (thp.PolicyExceptAdvised, prctl
+//     PR_SET_THP_DISABLE with PR_THP_DISABLE_EXCEPT_ADVISED, Linux 6.18),
+//     or none at all (thp.PolicyDisable) on an older kernel, unless MEMCTL_THP
+//     or WithTHP says otherwise. The flag is inherited by child processes
+//     (fork and exec): a child keeps its own advised regions' huge pages
+//     under the default. An operator's GLIBC_TUNABLES glibc.malloc.hugetlb=1
+//     (glibc advises its heap) is kept: on an older kernel the flag is then
+//     left as it is, and the startup line's thp_note says so;
 //   - GOMEMLIMIT: 90% of the cgroup memory limit less the memory outside
 //     the Go runtime, re-read at GC end at most every 10 s, unless the
 //     operator set GOMEMLIMIT or AUTOMEMLIMIT;
@@ -282,25 +297,7 @@ func Start(opts ...Option) (*Controller, error) {
 	}
 
 	// THP next: the flag affects only memory faulted in after it is set.
-	policy, thpOK := cfg.thp, true
-	if v, ok := envflag.Lookup("MEMCTL_THP"); ok {
-		p, err := parseTHP(v)
-		if err != nil {
-			fail(fmt.Errorf("memctl: %w; THP flag left as it is", err))
-			thpOK = false
-		}
-		policy = p
-	}
-	c.report.THPPolicy = policy
-	if thpOK {
-		st, err := policy.Apply()
-		if err != nil {
-			fail(err)
-		}
-		c.report.THPState = st
-	} else if st, err := thp.Process(); err == nil {
-		c.report.THPState = st // as inherited
-	}
+	c.report.THPPolicy, c.report.THPState, c.report.THPNote = applyTHP(cfg.thp, cfg.thpSet, fail)
 	if s, err := thp.System(); err == nil {
 		c.report.THPSystem = string(s.Enabled)
 	}
@@ -362,6 +359,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("thp", r.THPState.String()),
 		slog.String("thp_policy", r.THPPolicy.String()),
 		slog.String("thp_system", cmp.Or(r.THPSystem, "unknown")),
+		slog.String("thp_note", r.THPNote),
 		slog.String("gomemlimit", bytesOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_source", r.MemLimit.Source.String()),
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
@@ -408,24 +406,6 @@ func delayOrOff(d time.Duration) string {
 		return "off"
 	}
 	return d.String()
-}
-
-// parseTHP parses MEMCTL_THP: a thp.Policy word, or a switch word: off
-// means memctl leaves the flag alone (thp.PolicyKeep; it does not mean
-// "THP off"), on means the default (thp.PolicyDisable).
-func parseTHP(v string) (thp.Policy, error) {
-	if on, ok := envflag.Switch(v); ok {
-		if on {
-			return thp.PolicyDisable, nil
-		}
-		return thp.PolicyKeep, nil
-	}
-	p, err := thp.ParsePolicy(v)
-	if err != nil {
-		return thp.PolicyKeep, &envflag.Error{Name: "MEMCTL_THP", Value: v,
-			Want: `keep, disable, except-advised, or "on" (disable) or "off" (keep)`}
-	}
-	return p, nil
 }
 
 func cmpOr(l, def *slog.Logger) *slog.Logger {

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		_ = thp.Enable()
 	}
 	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring,
-		"three-requests": childThreeRequests})
+		"three-requests": childThreeRequests, "thp-start": childTHPStart, "thp-advise": childTHPAdvise})
 }
 
 // childStart runs Start with a JSON logger on standard error and reports
@@ -92,12 +92,17 @@ func infoLines(recs []map[string]any) (n int, last map[string]any) {
 func TestStartDefaults(t *testing.T) {
 	r, recs := runStart(t, nil)
 	assert.Equal(t, "<nil>", r["ERR"])
-	assert.Equal(t, "0", r["THP_ENABLED"], "THP_enabled in the child's /proc/self/status")
+	// Issue 19: except-advised on this kernel (6.18), so that a child's
+	// advised regions keep their huge pages; THP_enabled reads 1 under it.
+	assert.Equal(t, "disabled-except-advised", r["THP_REPORT"], "PR_GET_THP_DISABLE in the child")
+	assert.Equal(t, "1", r["THP_ENABLED"], "THP_enabled in the child's /proc/self/status")
 	assert.Equal(t, "2s", r["TRIM_DELAY"])
 	n, line := infoLines(recs)
 	require.Equal(t, 1, n, "exactly one INFO line: %v", recs)
 	assert.Equal(t, "memctl started", line["msg"])
-	assert.Equal(t, "disabled", line["thp"])
+	assert.Equal(t, "disabled-except-advised", line["thp"])
+	assert.Equal(t, "except-advised", line["thp_policy"])
+	assert.Contains(t, line["thp_note"], "inherited by child processes")
 	for _, k := range []string{"gomemlimit", "gomemlimit_source", "trim_delay", "c_heap", "thp_system"} {
 		assert.Contains(t, line, k)
 	}
@@ -203,7 +208,7 @@ func TestStartEnvironmentEdgeCases(t *testing.T) {
 
 	r, _ = runStart(t, nil, "MEMCTL_THP=", "MEMCTL_TRIM_DELAY=", "MEMCTL_ARENA_MAX=", "MEMCTL=")
 	assert.Equal(t, "<nil>", r["ERR"], "empty means unset")
-	assert.Equal(t, "0", r["THP_ENABLED"])
+	assert.Equal(t, "disabled-except-advised", r["THP_REPORT"], "the default")
 	assert.Equal(t, "2s", r["TRIM_DELAY"])
 
 	r, _ = runStart(t, nil, "MEMCTL_THP= Keep ", "MEMCTL_TRIM_DELAY=500us")

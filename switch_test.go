@@ -35,7 +35,7 @@ func TestSwitchGrammarMEMCTL(t *testing.T) {
 		r, _ := runStart(t, nil, "MEMCTL="+v)
 		assert.Equal(t, "false", r["OFF"], "MEMCTL=%q", v)
 		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL=%q", v)
-		assert.Equal(t, "0", r["THP_ENABLED"], "MEMCTL=%q: memctl on", v)
+		assert.Equal(t, "disabled-except-advised", r["THP_REPORT"], "MEMCTL=%q: memctl on", v)
 	}
 	for _, v := range []string{"flase", "2", "disable", "of"} {
 		r, _ := runStart(t, nil, "MEMCTL="+v)
@@ -51,12 +51,15 @@ func TestSwitchGrammarParts(t *testing.T) {
 		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL_THP=%q", v)
 		assert.Equal(t, "1", r["THP_ENABLED"], "MEMCTL_THP=%q keeps the inherited flag", v)
 	}
-	for _, v := range []string{"on", "true", "1", "Disable"} {
+	for _, v := range []string{"on", "true", "1"} {
 		r, _ := runStart(t, nil, "MEMCTL_THP="+v)
 		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL_THP=%q", v)
-		assert.Equal(t, "0", r["THP_ENABLED"], "MEMCTL_THP=%q is the default, disable", v)
+		assert.Equal(t, "disabled-except-advised", r["THP_REPORT"], "MEMCTL_THP=%q is the default, except-advised on this kernel", v)
 	}
-	r, _ := runStart(t, nil, "MEMCTL_THP=2")
+	r, _ := runStart(t, nil, "MEMCTL_THP=Disable")
+	assert.Equal(t, "<nil>", r["ERR"])
+	assert.Equal(t, "0", r["THP_ENABLED"], "disable")
+	r, _ = runStart(t, nil, "MEMCTL_THP=2")
 	assert.Contains(t, r["ERR"], `MEMCTL_THP="2"`)
 	assert.Equal(t, "1", r["THP_ENABLED"])
 

@@ -12,15 +12,17 @@ import (
 //	import _ "github.com/memctl/memctl/auto"
 //
 // has run memctl.Start with its defaults before main: the THP flag is off
-// for the process, and the package-level memctl.AfterBurst and memctl.Begin
-// reach the controller auto started (the startup line went to slog.Default).
+// for the process except where it asks for huge pages (except-advised on
+// Linux 6.18, disable before), bursts are detected at GC end, and the
+// package-level memctl.AfterBurst and memctl.Begin reach the controller
+// auto started (the startup line went to slog.Default).
 func Example() {
 	end := memctl.Begin() // a burst of work in flight: no trim runs
 	// ... the burst ...
 	end() // the trim follows two seconds later
 
 	state, err := thp.Process() // PR_GET_THP_DISABLE
-	fmt.Println("THP for this process:", state, err)
+	fmt.Println("THP off for this process:", state != thp.StateEnabled, err)
 	// Output:
-	// THP for this process: disabled <nil>
+	// THP off for this process: true <nil>
 }

@@ -1,0 +1,100 @@
+package memctl
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/thp"
+)
+
+// thpInherited is the part of Report.THPNote that is always true.
+const thpInherited = "the flag is inherited by child processes (fork and exec)"
+
+// applyTHP decides and applies the THP policy: MEMCTL_THP when set,
+// otherwise the WithTHP policy when given (set), otherwise the default
+// (except-advised where the kernel has it, else disable). An operator's
+// GLIBC_TUNABLES glibc.malloc.hugetlb=1 asks glibc to advise its heap with
+// MADV_HUGEPAGE: under except-advised it gets its huge pages; a disable
+// that MEMCTL_THP did not ask for would take them away, so it becomes
+// except-advised, or keep on an older kernel. It returns the policy
+// applied, the state read back, and the note for the report.
+func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, string) {
+	fromEnv := false
+	if v, ok := envflag.Lookup("MEMCTL_THP"); ok {
+		ep, def, err := parseTHP(v)
+		if err != nil {
+			fail(fmt.Errorf("memctl: %w; THP flag left as it is", err))
+			st, _ := thp.Process() // as inherited
+			return thp.PolicyKeep, st, thpInherited
+		}
+		p, set, fromEnv = ep, !def, !def
+	}
+	notes := []string{thpInherited}
+	hugetlb := glibcHugeTLB(os.Getenv("GLIBC_TUNABLES"))
+	chosen := !set // memctl chose except-advised: it may fall back
+	switch {
+	case !set:
+		p = thp.PolicyExceptAdvised
+	case p == thp.PolicyDisable && hugetlb == "1" && fromEnv:
+		notes = append(notes, "GLIBC_TUNABLES glibc.malloc.hugetlb=1 gets no huge pages under MEMCTL_THP=disable")
+	case p == thp.PolicyDisable && hugetlb == "1":
+		p, chosen = thp.PolicyExceptAdvised, true
+		notes = append(notes, "except-advised rather than WithTHP's disable: the operator's GLIBC_TUNABLES asks for glibc.malloc.hugetlb=1")
+	}
+	if chosen && hugetlb == "1" && len(notes) == 1 {
+		notes = append(notes, "GLIBC_TUNABLES glibc.malloc.hugetlb=1 kept: glibc's advised heap gets huge pages under except-advised")
+	}
+	st, err := p.Apply()
+	if err != nil && errors.Is(err, errors.ErrUnsupported) && chosen {
+		// An older kernel: no except-advised.
+		if hugetlb == "1" {
+			p = thp.PolicyKeep
+			notes = append(notes[:1], "left as it is: GLIBC_TUNABLES asks for glibc.malloc.hugetlb=1 and this kernel has no PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18)")
+		} else {
+			p = thp.PolicyDisable
+			notes = append(notes, "disable: this kernel has no PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18)")
+		}
+		st, err = p.Apply()
+	}
+	if err != nil {
+		fail(err)
+	}
+	if hugetlb != "" && hugetlb != "0" && hugetlb != "1" {
+		notes = append(notes, "GLIBC_TUNABLES glibc.malloc.hugetlb="+hugetlb+" (hugetlbfs pages) is not affected by the flag")
+	}
+	return p, st, strings.Join(notes, "; ")
+}
+
+// glibcHugeTLB returns the value of glibc.malloc.hugetlb in a GLIBC_TUNABLES
+// string ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=2"), "" when it is
+// not set; the last one given wins, as glibc reads them.
+func glibcHugeTLB(tunables string) string {
+	v := ""
+	for _, kv := range strings.Split(tunables, ":") {
+		if k, val, ok := strings.Cut(kv, "="); ok && strings.TrimSpace(k) == "glibc.malloc.hugetlb" {
+			v = strings.TrimSpace(val)
+		}
+	}
+	return v
+}
+
+// parseTHP parses MEMCTL_THP: a thp.Policy word, or a switch word: off
+// means memctl leaves the flag alone (thp.PolicyKeep; it does not mean
+// "THP off"), on means the default (def is true: Start's default policy).
+func parseTHP(v string) (p thp.Policy, def bool, err error) {
+	if on, ok := envflag.Switch(v); ok {
+		if on {
+			return thp.PolicyExceptAdvised, true, nil
+		}
+		return thp.PolicyKeep, false, nil
+	}
+	p, err = thp.ParsePolicy(v)
+	if err != nil {
+		return thp.PolicyKeep, false, &envflag.Error{Name: "MEMCTL_THP", Value: v,
+			Want: `keep, disable, except-advised, or "on" (the default) or "off" (keep)`}
+	}
+	return p, false, nil
+}
