@@ -22,7 +22,6 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-
 const (
 	threeRequests = 3
 	requestBytes  = 31_000_000 // 29.6 MiB: under the 32 MiB threshold of a 64 MiB budget

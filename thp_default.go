@@ -22,6 +22,12 @@ const thpInherited = "the flag is inherited by child processes (fork and exec)"
 // except-advised, or keep on an older kernel. It returns the policy
 // applied, the state read back, and the note for the report.
 func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, string) {
+	return decideTHP(p, set, os.Getenv("GLIBC_TUNABLES"), thp.Policy.Apply, fail)
+}
+
+// decideTHP is applyTHP with the tunables and the prctl injected, for
+// tests.
+func decideTHP(p thp.Policy, set bool, tunables string, apply func(thp.Policy) (thp.State, error), fail func(error)) (thp.Policy, thp.State, string) {
 	fromEnv := false
 	if v, ok := envflag.Lookup("MEMCTL_THP"); ok {
 		ep, def, err := parseTHP(v)
@@ -33,7 +39,7 @@ func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, 
 		p, set, fromEnv = ep, !def, !def
 	}
 	notes := []string{thpInherited}
-	hugetlb := glibcHugeTLB(os.Getenv("GLIBC_TUNABLES"))
+	hugetlb := glibcHugeTLB(tunables)
 	chosen := !set // memctl chose except-advised: it may fall back
 	switch {
 	case !set:
@@ -47,7 +53,7 @@ func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, 
 	if chosen && hugetlb == "1" && len(notes) == 1 {
 		notes = append(notes, "GLIBC_TUNABLES glibc.malloc.hugetlb=1 kept: glibc's advised heap gets huge pages under except-advised")
 	}
-	st, err := p.Apply()
+	st, err := apply(p)
 	if err != nil && errors.Is(err, errors.ErrUnsupported) && chosen {
 		// An older kernel: no except-advised.
 		if hugetlb == "1" {
@@ -57,7 +63,7 @@ func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, 
 			p = thp.PolicyDisable
 			notes = append(notes, "disable: this kernel has no PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18)")
 		}
-		st, err = p.Apply()
+		st, err = apply(p)
 	}
 	if err != nil {
 		fail(err)
