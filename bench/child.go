@@ -231,13 +231,26 @@ type trimCounts struct {
 	mu    sync.Mutex
 	n     int64
 	total time.Duration
+	spans []span // each trim's wall-clock interval
 }
 
-func (c *trimCounts) add(d time.Duration) {
+// add counts a trim that took d and ended at end.
+func (c *trimCounts) add(d time.Duration, end time.Time) {
 	c.mu.Lock()
 	c.n++
 	c.total += d
+	c.spans = append(c.spans, span{end.Add(-d).UnixNano(), end.UnixNano()})
 	c.mu.Unlock()
+}
+
+// spans returns the trims' intervals so far; none in an arm without memctl.
+func (st *armState) spans() []span {
+	if st.log == nil {
+		return []span{}
+	}
+	st.log.counts.mu.Lock()
+	defer st.log.counts.mu.Unlock()
+	return append([]span{}, st.log.counts.spans...)
 }
 
 func (c *trimCounts) get() (int64, time.Duration) {
@@ -264,7 +277,11 @@ func (h *trimLog) Handle(ctx context.Context, r slog.Record) error {
 		if !found {
 			return errors.New("bench: \"trim: done\" record without a took duration")
 		}
-		h.counts.add(took)
+		end := r.Time // when the trimmer logged it: just after the trim
+		if end.IsZero() {
+			end = time.Now()
+		}
+		h.counts.add(took, end)
 		return nil
 	}
 	if r.Level < slog.LevelInfo {

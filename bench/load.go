@@ -97,6 +97,11 @@ var loadFigures = []figureDef{
 	{"p99", "p99 latency", unitLatency},
 	{"p999", "p99.9 latency", unitLatency},
 	{"p99_vs_plain", "p99 / plain's p99 (same round)", unitRatio},
+	{"p99_trim", "p99 of requests overlapping a trim", unitLatency},
+	{"p99_clear", "p99 of the other requests", unitLatency},
+	{"p99_trim_ratio", "p99 overlapping a trim / p99 of the others (same run)", unitRatio},
+	{"p99_placebo_ratio", "the same for windows without a trim (trims' windows + half the burst period): its A/A", unitRatio},
+	{"overlapping", "requests overlapping a trim", unitCount},
 	{"failed", "failed requests", unitCount},
 	{"trims", "trims run", unitCount},
 	{"gc_cycles", "GC cycles (forced ones included)", unitCount},
@@ -232,6 +237,9 @@ func loadChild(p params, st *armState, c *childIO) (childResult, error) {
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
+	if err := c.say(formatSpans(st.spans())); err != nil {
+		return r, err
+	}
 	if err := c.say("end"); err != nil {
 		return r, err
 	}
@@ -282,8 +290,17 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 		defer close(done)
 		samples, serr = sampleRSS(pr.pid, start, p.Sample, lp.For+time.Minute, stop)
 	}()
-	lat, failed := openLoop("http://"+addr+"/", rate, lp.For, lp.Timeout, lp.MaxInFlight)
-	_, err = pr.expect("end", lp.For+2*time.Minute)
+	lat, failed, sent := openLoop("http://"+addr+"/", rate, lp.For, lp.Timeout, lp.MaxInFlight)
+	var spans []span
+	line, err = pr.next(lp.For + 2*time.Minute)
+	if err == nil {
+		if spans, err = parseSpans(line); err != nil {
+			err = pr.failure(err.Error())
+		}
+	}
+	if err == nil {
+		_, err = pr.expect("end", time.Minute)
+	}
 	close(stop)
 	<-done
 	if err != nil {
@@ -292,22 +309,25 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	if serr != nil {
 		return nil, serr
 	}
+	figs = map[string]Obs{}
+	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, rate, spans, nil)
+	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, rate, shiftSpans(spans, lp.Period/2), spans)
 	slices.Sort(lat)
-	return map[string]Obs{
-		"p50":      {Value: percentile(lat, 50)},
-		"p99":      {Value: percentile(lat, 99)},
-		"p999":     {Value: percentile(lat, 99.9)},
-		"failed":   {Value: float64(failed)},
-		"mean_rss": meanRSS(samples),
-	}, nil
+	figs["p50"] = Obs{Value: percentile(lat, 50)}
+	figs["p99"] = Obs{Value: percentile(lat, 99)}
+	figs["p999"] = Obs{Value: percentile(lat, 99.9)}
+	figs["failed"] = Obs{Value: float64(failed)}
+	figs["mean_rss"] = meanRSS(samples)
+	return figs, nil
 }
 
 // openLoop sends rate requests per second to url for d, each at its due
 // time whatever the server's pace, and returns each request's latency from
-// its due time in seconds (Timeout for a failed one) and the number that
-// failed: an error, a status other than 200, or more than maxInFlight
-// outstanding when it was due.
-func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight int) ([]float64, int) {
+// its due time in seconds (Timeout for a failed one), the number that
+// failed (an error, a status other than 200, or more than maxInFlight
+// outstanding when it was due) and the start: the i-th request was due at
+// start + i/rate.
+func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight int) ([]float64, int, time.Time) {
 	n := int(rate * d.Seconds())
 	lat := make([]float64, n)
 	var failed atomic.Int64
@@ -346,7 +366,7 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 		})
 	}
 	wg.Wait()
-	return lat, int(failed.Load())
+	return lat, int(failed.Load()), start
 }
 
 // gcCycles returns /gc/cycles/total:gc-cycles.

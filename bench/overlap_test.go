@@ -1,0 +1,59 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSpansLine(t *testing.T) {
+	s := []span{{1, 2}, {30, 45}}
+	got, err := parseSpans(formatSpans(s))
+	require.NoError(t, err)
+	assert.Equal(t, s, got)
+	got, err = parseSpans(formatSpans([]span{}))
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	_, err = parseSpans("end")
+	assert.Error(t, err)
+	_, err = parseSpans("trims [[1,")
+	assert.Error(t, err)
+}
+
+// 100 requests per second for 10 s, 10 ms each, except the 20 that
+// overlap a trim from 2 s to 2.1 s (due from 1.99 s on) and take 50 ms:
+// they are the overlapping ones, and their p99 is 5 times the others'.
+func TestOverlapFigures(t *testing.T) {
+	start := time.Unix(1000, 0)
+	lat := make([]float64, 1000)
+	for i := range lat {
+		lat[i] = 0.010
+		if i >= 199 && i <= 210 {
+			lat[i] = 0.050
+		}
+	}
+	trim := []span{{start.Add(2 * time.Second).UnixNano(), start.Add(2100 * time.Millisecond).UnixNano()}}
+	in, out, ratio, n := overlapFigures(lat, start, 100, trim, nil)
+	assert.Equal(t, 0.050, in.Value)
+	assert.Equal(t, 0.010, out.Value)
+	assert.InDelta(t, 5.0, ratio.Value, 1e-9)
+	// Due from 1.99 s (its 50 ms reach into the trim) through 2.1 s: 199 to
+	// 210; those due before 1.99 s end before the trim starts.
+	assert.Equal(t, 12.0, n.Value)
+
+	// The placebo: the same window half a period later holds no slow
+	// request, and the requests of the real trim are left out: a ratio of 1.
+	_, _, placebo, _ := overlapFigures(lat, start, 100, shiftSpans(trim, 5*time.Second), trim)
+	assert.Equal(t, 1.0, placebo.Value)
+
+	// No trim, or every request overlapping: not observed.
+	in, _, ratio, n = overlapFigures(lat, start, 100, nil, nil)
+	assert.True(t, in.NA && ratio.NA)
+	assert.Zero(t, n.Value)
+	all := []span{{start.UnixNano(), start.Add(time.Minute).UnixNano()}}
+	_, _, ratio, n = overlapFigures(lat, start, 100, all, nil)
+	assert.True(t, ratio.NA)
+	assert.Equal(t, 1000.0, n.Value)
+}
