@@ -84,7 +84,12 @@ type AutoBurstStats struct {
 // has its bursts trimmed. It has no goroutine and no timer: it is a
 // subscriber of the GC-end hook (internal/gcend), so an idle process runs
 // none of it; each GC end costs one runtime/metrics read of two counters
-// and allocates nothing (BenchmarkAutoBurstObserve).
+// and allocates nothing: 0.7 to 1.1 µs and 0 allocations
+// (BenchmarkAutoBurstGCEnd), against 4.4 to 8.7 ms for the GC cycle it
+// follows (BenchmarkAutoBurstGC: runtime.GC of the benchmark's small heap,
+// no detector), in the same run (go test -run '^$' -bench AutoBurst
+// -benchmem -count 5 ./trim/, on this repository's shared 2-core test
+// machine): under 0.03% of a GC cycle.
 //
 // The rule, at each GC end, with L the live heap (/gc/heap/live:bytes) and
 // F the floor:

@@ -38,6 +38,14 @@
 // it runs at the latest MaxWait (20 s by default) after the first AfterBurst
 // or Begin of its pending period, even while bursts overlap.
 //
+// A program need not call AfterBurst at all: StartAutoBurst subscribes a
+// burst detector to the end of each GC cycle, which takes a live heap at
+// twice its recent floor (and 32 MiB over it) for a burst in progress and
+// calls AfterBurst for it, so the trim comes one Delay after the last GC
+// cycle that saw the burst (see AutoBurst for the rule and its figures).
+// memctl.Start starts it by default. A flat live heap gets no trim from it,
+// however fast it allocates.
+//
 // Misuse (an end func called twice) is counted in Stats.Misuse and logged
 // once; it panics only under Config.Strict, for tests.
 //
