@@ -11,8 +11,12 @@
 //		memctl.AfterBurst()
 //	}
 //
-// Start switches transparent huge pages (THP) off for the process
-// (prctl PR_SET_THP_DISABLE, package thp), sets GOMEMLIMIT from the cgroup
+// Start switches transparent huge pages (THP) off for the process except
+// in regions it advises with MADV_HUGEPAGE (prctl PR_SET_THP_DISABLE with
+// PR_THP_DISABLE_EXCEPT_ADVISED on Linux 6.18 and later, the whole flag
+// before; package thp; the flag is inherited by child processes, whose
+// advised regions keep their huge pages, and an operator's GLIBC_TUNABLES
+// glibc.malloc.hugetlb=1 is kept), sets GOMEMLIMIT from the cgroup
 // memory limit (package limits: v1, or v2's memory.max and memory.high,
 // less the memory outside the Go runtime, never under a 64 MiB floor, and
 // re-read at the end of a GC cycle at most every 10 s, so a resized pod is
@@ -65,10 +69,11 @@
 //
 //	MEMCTL=on|off                      off: memctl does nothing at all
 //	MEMCTL_THP=keep|disable|except-advised|on|off
-//	                                   the THP flag (default disable;
-//	                                   except-advised needs Linux 6.18;
-//	                                   on is disable, off is keep: memctl
-//	                                   leaves the flag alone)
+//	                                   the THP flag, inherited by child
+//	                                   processes (default except-advised
+//	                                   on Linux 6.18 and later, disable
+//	                                   before; on is the default, off is
+//	                                   keep: memctl leaves the flag alone)
 //	MEMCTL_TRIM_DELAY=2s|on|off        trim delay after the last burst
 //	                                   (1ms to 24h; 0 is off, on is 2s)
 //	MEMCTL_AUTOBURST=on|off            burst detection at GC end (default
