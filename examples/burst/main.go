@@ -45,7 +45,7 @@ const (
 var rowsAt = []time.Duration{time.Second, 4 * time.Second}
 
 // armEnv names the arm in a child process; the parent sets it.
-const armEnv = "MEMCTL_BURST_ARM"
+const armEnv = "BURST_DEMO_ARM" // not MEMCTL_*: memctl warns about those it does not read
 
 func main() {
 	if arm := os.Getenv(armEnv); arm != "" {
