@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -31,8 +32,10 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring,
-		"three-requests": childThreeRequests, "thp-start": childTHPStart, "thp-advise": childTHPAdvise})
+	children := map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring,
+		"three-requests": childThreeRequests}
+	maps.Copy(children, moreChildren)
+	childtest.Main(m, children)
 }
 
 // childStart runs Start with a JSON logger on standard error and reports
