@@ -243,18 +243,26 @@ func TestNoBurstNoTrim(t *testing.T) {
 	})
 	t.Run("idle", func(t *testing.T) {
 		t.Parallel()
-		memctlSw, plainSw := idlePair(t, steadyFor)
-		t.Logf("idle %v: voluntary context switches, memctl %d, plain Go (MEMCTL=off) %d", steadyFor, memctlSw, plainSw)
+		sw := idleSwitches(t, steadyFor)
+		t.Logf("idle %v: voluntary context switches, memctl's defaults %d, memctl with MEMCTL_PRESSURE=off %d, plain Go (MEMCTL=off) %d",
+			steadyFor, sw[0], sw[1], sw[2])
 		// The Go runtime itself wakes (sysmon backs off to 10 ms, the forced
-		// GC every 2 minutes, the scavenger): the two must match within
-		// noise, a few dozen switches in a minute.
-		assert.LessOrEqual(t, memctlSw, plainSw+max(plainSw/4, 30))
+		// GC every 2 minutes, the scavenger): memctl must match plain Go
+		// within noise, a few dozen switches in a minute. The defaults add
+		// the kernel pressure watch, which trims on every PSI event: on a
+		// shared machine a neighbour's memory pressure wakes it (620
+		// switches in a minute once here), which is that watch's rule to
+		// decide, not idleness; the check is on memctl without it, the
+		// detector, the trimmer and the GOMEMLIMIT refresh.
+		assert.LessOrEqual(t, sw[1], sw[2]+max(sw[2]/4, 30), "memctl without the pressure watch")
 	})
 }
 
-// idlePair starts an idle memctl child and an idle MEMCTL=off child, and
-// returns the voluntary context switches of all their threads over d.
-func idlePair(t *testing.T, d time.Duration) (withMemctl, plain int64) {
+// idleSwitches starts three idle children at once: memctl's defaults,
+// memctl with MEMCTL_PRESSURE=off, and MEMCTL=off (plain Go), and returns
+// the voluntary context switches of all their threads over d, in that
+// order.
+func idleSwitches(t *testing.T, d time.Duration) [3]int64 {
 	type child struct {
 		cmd   *exec.Cmd
 		stdin io.WriteCloser
@@ -272,17 +280,22 @@ func idlePair(t *testing.T, d time.Duration) (withMemctl, plain int64) {
 		require.Equal(t, "READY\n", line)
 		return child{cmd, in}
 	}
-	m := start("MEMCTL_PRESSURE=off")
-	p := start("MEMCTL=off")
+	cs := []child{start(), start("MEMCTL_PRESSURE=off"), start("MEMCTL=off")}
 	defer func() {
-		for _, c := range []child{m, p} {
+		for _, c := range cs {
 			_ = c.stdin.Close()
 			assert.NoError(t, c.cmd.Wait())
 		}
 	}()
-	m0, p0 := voluntary(t, m.cmd.Process.Pid), voluntary(t, p.cmd.Process.Pid)
+	var sw [3]int64
+	for i, c := range cs {
+		sw[i] = -voluntary(t, c.cmd.Process.Pid)
+	}
 	time.Sleep(d)
-	return voluntary(t, m.cmd.Process.Pid) - m0, voluntary(t, p.cmd.Process.Pid) - p0
+	for i, c := range cs {
+		sw[i] += voluntary(t, c.cmd.Process.Pid)
+	}
+	return sw
 }
 
 // voluntary sums voluntary_ctxt_switches over the threads of pid.
