@@ -110,7 +110,7 @@ type AutoBurstStats struct {
 //     pages for the trim to return) and L is the floor again.
 //   - A burst still at its level after the Trimmer's MaxWait plus Delay
 //     with no forced GC (the trim ran and was skipped, or was deferred) is
-//     growth for good: L becomes the floor, counted in Stats.Settled.
+//     growth for good: L becomes the floor, counted in AutoBurstStats.Settled.
 //   - Outside a burst the floor follows L down (F = min(F, L)); a GC that
 //     finds L at 1/Rise of the floor (and MinRise under it) collected a
 //     burst that a forced GC had counted as live, and calls AfterBurst.
