@@ -104,6 +104,11 @@ type Step struct {
 	why       string // why the step is unavailable; "" when it is available
 	unsup     bool   // unavailable because of the OS: the error matches errors.ErrUnsupported
 	sys       sysStep
+	ownerBase uintptr // load address of the owner's object, as dladdr gives it
+
+	// list holds every allocator found (the owner first), rescanned when
+	// the loader's counts change (see Heaps).
+	list heapList
 
 	// glibc: the C heap's resident bytes beyond its live blocks right
 	// after the last Release (see glibcRetained); valid when baseSet.
@@ -167,38 +172,49 @@ func (s *Step) Err() error {
 	}
 }
 
-// Release asks the allocator to return freed memory to the OS (see the
-// package doc for each allocator's call) and returns the bytes released by
-// the allocator's own account: jemalloc's stats.resident before minus after,
-// tcmalloc's unmapped page heap bytes after minus before, mimalloc's
-// committed bytes before minus after. glibc's malloc_trim does not count
-// what it returns, so released is -1 there; read RSS around the call to
-// measure it. The error matches ErrUnavailable when the step cannot run, and
-// otherwise names the call that failed. Safe for concurrent use.
-func (s *Step) Release() (released int64, err error) {
-	if err := s.Err(); err != nil {
-		return 0, err
-	}
-	released, err = s.sys.release()
-	if err == nil && s.allocator == Glibc {
-		if st := s.sys.stats(); st.InUse >= 0 {
-			if extra, ok := cResidentExtra(st.InUse); ok {
-				s.base.Store(extra)
-				s.baseSet.Store(true)
-			}
+// Release asks every allocator found in the process (see Heaps: the one
+// that owns malloc, and any other one whose entry points memctl can reach)
+// to return freed memory to the OS (see the package doc for each
+// allocator's call) and returns the bytes released by the allocators' own
+// accounts: jemalloc's stats.resident before minus after, tcmalloc's
+// unmapped page heap bytes after minus before, mimalloc's committed bytes
+// before minus after, summed. glibc's malloc_trim does not count what it
+// returns, so released is -1 when glibc alone was released; read RSS
+// around the call to measure it. The error matches ErrUnavailable when the
+// step cannot run, and otherwise names the calls that failed. It is
+// ReleaseOver(-1). Safe for concurrent use.
+func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
+
+// setGlibcBase records the C heap's resident excess right after glibc's
+// release (see glibcRetained).
+func (s *Step) setGlibcBase() {
+	if st := s.sys.stats(); st.InUse >= 0 {
+		if extra, ok := cResidentExtra(st.InUse); ok {
+			s.base.Store(extra)
+			s.baseSet.Store(true)
 		}
 	}
-	return released, err
 }
 
-// Retained returns the bytes the allocator holds that no live block uses
-// (Stats.Retained), or -1 when it cannot tell or the step is unavailable.
+// Retained returns the bytes that the allocators found in the process
+// (see Heaps) hold and no live block uses: the sum of their
+// Stats.Retained, or -1 when one of them cannot tell (mimalloc) or the step
+// is unavailable. Allocators present and not trimmed are left out.
 func (s *Step) Retained() int64 {
-	st, err := s.Stats()
-	if err != nil {
+	if s == nil {
 		return -1
 	}
-	return st.Retained
+	var vs []int64
+	for _, h := range s.refresh() {
+		if h.info.Trimmed {
+			vs = append(vs, s.heapRetained(h))
+		}
+	}
+	sum, unknown := sumKnown(vs...)
+	if unknown || len(vs) == 0 {
+		return -1
+	}
+	return sum
 }
 
 // Stats reads the allocator's statistics now. Figures the allocator does not
@@ -299,6 +315,14 @@ type Stats struct {
 	// kernel's page (os.Getpagesize): slabs are then coarser and a partly
 	// filled slab keeps more memory, which shows as Active far above InUse.
 	PageWarning bool
+}
+
+// addKnown returns a+b, or -1 when either is unknown or the sum overflows.
+func addKnown(a, b int64) int64 {
+	if a < 0 || b < 0 || a > 1<<63-1-b {
+		return -1
+	}
+	return a + b
 }
 
 func unknownStats(allocator, library string) Stats {
