@@ -31,7 +31,11 @@ func TestMain(m *testing.M) {
 		// when the tests themselves run under a disabled one.
 		_ = thp.Enable()
 	}
-	childtest.Main(m, map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring})
+	children := map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring}
+	for k, f := range extraChildren {
+		children[k] = f
+	}
+	childtest.Main(m, children)
 }
 
 // childStart runs Start with a JSON logger on standard error and reports

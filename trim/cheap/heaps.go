@@ -325,3 +325,21 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	}
 	return released, errors.Join(errs...)
 }
+
+// Name names the heap in a few words: the allocator, its prefix, its
+// object, and whether it owns malloc or is not trimmed, for example
+// "jemalloc je_ in /usr/lib/libfoo.so" or "glibc in /lib/x86_64-linux-gnu/libc.so.6 (owns malloc)".
+func (h Heap) Name() string {
+	s := h.Allocator
+	if h.Prefix != "" {
+		s += " " + h.Prefix
+	}
+	s += " in " + h.Library
+	switch {
+	case h.OwnsMalloc:
+		s += " (owns malloc)"
+	case !h.Trimmed:
+		s += " (present, not trimmed)"
+	}
+	return s
+}

@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/dlburst"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/trim"
 	"github.com/memctl/memctl/trim/cheap"
-	"github.com/memctl/memctl/trim/cheap/internal/cburst"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -48,7 +48,7 @@ func childDlopenTrim() {
 	}
 	defer tr.Close()
 	childtest.Say("RSS_START", childRSS())
-	if err := cburst.DlopenBurst(os.Getenv("CHEAP_DL_PATH"), os.Getenv("CHEAP_DL_LOCAL") == "1", os.Getenv("CHEAP_DL_PREFIX"),
+	if err := dlburst.Run(os.Getenv("CHEAP_DL_PATH"), os.Getenv("CHEAP_DL_LOCAL") == "1", os.Getenv("CHEAP_DL_PREFIX"),
 		500<<20, 4<<10, 64<<10); err != nil {
 		childtest.Fail("%v", err)
 	}

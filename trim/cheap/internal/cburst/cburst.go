@@ -179,50 +179,62 @@ static int cburst_glibc_arenas(void) {
 	return n;
 }
 
-// cburst_dl_burst opens path with flags (RTLD_LOCAL or RTLD_GLOBAL, with
-// RTLD_NOW), allocates total bytes through the malloc that the handle
-// finds (prefix + "malloc") in blocks of min to max bytes (a fixed
-// pseudo-random sequence), writes them, and frees them all with the
-// handle's prefix + "free". It keeps the handle open. It returns 0, or
-// -1 when dlopen fails (*err then holds dlerror), -2 when a symbol is
-// missing, -3 when malloc fails.
-static char cburst_dlerr[512];
-static const char *cburst_dlerror(void) { return cburst_dlerr; }
-static int cburst_dl_burst(const char *path, int local, const char *prefix, long long total, size_t min, size_t max) {
-	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
-	if (h == NULL) {
-		snprintf(cburst_dlerr, sizeof cburst_dlerr, "%s", dlerror());
-		return -1;
+// The prober: one C thread that mallocs and frees blocks of 2 KiB to
+// 512 KiB in turn (past glibc's tcache and tcmalloc's thread cache for the
+// larger ones, so that it takes the allocator's locks) and keeps the
+// longest malloc+free pair.
+#include <stdatomic.h>
+#include <time.h>
+static atomic_int cburst_probe_run;
+static pthread_t cburst_probe_tid;
+static long long cburst_probe_max, cburst_probe_n, cburst_probe_t0, cburst_probe_at, cburst_probe_size;
+
+static long long cburst_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *cburst_probe(void *arg) {
+	static const size_t sizes[4] = {2 << 10, 16 << 10, 100 << 10, 512 << 10};
+	(void)arg;
+	for (long i = 0; atomic_load(&cburst_probe_run); i++) {
+		long long t0 = cburst_ns();
+		void *p = malloc(sizes[i & 3]);
+		if (p != NULL) *(volatile char *)p = 1;
+		free(p);
+		long long d = cburst_ns() - t0;
+		if (d > cburst_probe_max) {
+			cburst_probe_max = d;
+			cburst_probe_at = t0 - cburst_probe_t0;
+			cburst_probe_size = (long long)sizes[i & 3];
+		}
+		cburst_probe_n++;
 	}
-	char name[64];
-	snprintf(name, sizeof name, "%smalloc", prefix);
-	void *(*m)(size_t) = (void *(*)(size_t))dlsym(h, name);
-	snprintf(name, sizeof name, "%sfree", prefix);
-	void (*f)(void *) = (void (*)(void *))dlsym(h, name);
-	if (m == NULL || f == NULL) return -2;
-	long cap = (long)(total / (long long)min) + 1;
-	void **p = calloc((size_t)cap, sizeof(void *));
-	if (p == NULL) return -3;
-	unsigned long long x = 88172645463325252ull;
-	long n = 0;
-	for (long long done = 0; done < total && n < cap; n++) {
-		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-		size_t sz = min + (size_t)(x % (unsigned long long)(max - min + 1));
-		p[n] = m(sz);
-		if (p[n] == NULL) return -3;
-		memset(p[n], 0x5a, sz);
-		done += (long long)sz;
-	}
-	for (long i = 0; i < n; i++) f(p[i]);
-	free(p);
-	return 0;
+	return NULL;
+}
+
+static int cburst_probe_start(void) {
+	cburst_probe_max = cburst_probe_n = cburst_probe_at = cburst_probe_size = 0;
+	cburst_probe_t0 = cburst_ns();
+	atomic_store(&cburst_probe_run, 1);
+	return pthread_create(&cburst_probe_tid, NULL, cburst_probe, NULL);
+}
+
+static void cburst_probe_stop(long long out[4]) {
+	atomic_store(&cburst_probe_run, 0);
+	pthread_join(cburst_probe_tid, NULL);
+	out[0] = cburst_probe_max;
+	out[1] = cburst_probe_n;
+	out[2] = cburst_probe_at;
+	out[3] = cburst_probe_size;
 }
 */
 import "C"
 
 import (
 	"fmt"
-	"unsafe"
+	"time"
 )
 
 // Burst runs threads C threads at once; each allocates blocks blocks of size
@@ -268,29 +280,22 @@ func PlainMallocTrim() int { return int(C.cburst_plain_trim()) }
 // malloc_info's report, or -1 when it cannot tell.
 func GlibcArenas() int { return int(C.cburst_glibc_arenas()) }
 
-// DlopenBurst opens the library at path with dlopen (RTLD_LOCAL when local,
-// else RTLD_GLOBAL; the handle stays open), allocates total bytes through
-// the handle's prefix+"malloc" (looked up with dlsym on that handle, so
-// they do not come from the allocator that owns the process's malloc) in
-// blocks of minSize to maxSize bytes, writes them, and frees them all with
-// the handle's prefix+"free".
-func DlopenBurst(path string, local bool, prefix string, total, minSize, maxSize int64) error {
-	if total < 1 || minSize < 1 || maxSize < minSize {
-		return fmt.Errorf("cburst: bad dlopen burst total=%d min=%d max=%d", total, minSize, maxSize)
+// StartProbe starts a C thread that mallocs and frees blocks of 2 KiB,
+// 16 KiB, 100 KiB and 512 KiB in turn, as fast as it can, timing each pair;
+// StopProbe stops it and returns the longest pair and the pairs made. One
+// probe at a time.
+func StartProbe() error {
+	if rc := C.cburst_probe_start(); rc != 0 {
+		return fmt.Errorf("cburst: pthread_create: %d", int(rc))
 	}
-	cp, cpre := C.CString(path), C.CString(prefix)
-	defer C.free(unsafe.Pointer(cp))
-	defer C.free(unsafe.Pointer(cpre))
-	l := C.int(0)
-	if local {
-		l = 1
-	}
-	switch rc := C.cburst_dl_burst(cp, l, cpre, C.longlong(total), C.size_t(minSize), C.size_t(maxSize)); rc {
-	case 0:
-		return nil
-	case -1:
-		return fmt.Errorf("cburst: dlopen %s: %s", path, C.GoString(C.cburst_dlerror()))
-	default:
-		return fmt.Errorf("cburst: dlopen burst through %s failed (code %d)", path, int(rc))
-	}
+	return nil
+}
+
+// StopProbe stops the probe StartProbe started and returns the longest
+// pair, the pairs made, when the longest began (since StartProbe) and its
+// block size.
+func StopProbe() (longest time.Duration, pairs int64, at time.Duration, size int64) {
+	var out [4]C.longlong
+	C.cburst_probe_stop(&out[0])
+	return time.Duration(out[0]), int64(out[1]), time.Duration(out[2]), int64(out[3])
 }
