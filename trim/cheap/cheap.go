@@ -25,6 +25,70 @@
 // errors.ErrUnsupported), under musl, in a static binary, and when malloc
 // belongs to no allocator above.
 //
+// # Every allocator, not only malloc's owner
+//
+// A process can carry allocators besides the one that owns malloc: a
+// library that bundles jemalloc (RocksDB), a jemalloc linked with a prefix
+// (je_mallctl in Badger's jemalloc build, _rjem_mallctl from
+// tikv-jemallocator), one a plugin dlopened with RTLD_LOCAL. Their freed
+// memory never passes through malloc. Step.Heaps lists them all; the C step
+// releases each with its own estimate (Step.ReleaseOver), and memctl's
+// Report, Stats, startup line and metrics name each. They are found by
+// walking the loaded objects (dl_iterate_phdr) and reading each object's
+// dynamic symbol table from its file: every defined p+"mallctl" that has a
+// p+"mallctlnametomib" beside it is a jemalloc with prefix p (any prefix, ""
+// included), mi_collect a mimalloc, MallocExtension_ReleaseToSystem a
+// tcmalloc. Each entry point is then looked up by the object's own handle
+// (dlopen with RTLD_NOLOAD, then dlsym on that handle, so that an object
+// loaded with RTLD_LOCAL is reached) and kept only where dladdr places it in
+// that object. memctl keeps that handle: the object stays mapped while
+// memctl may call it, and a later dlclose of it does not unload it.
+//
+// The executable is also searched in its full symbol table (.symtab): a Go
+// program links its C code statically and exports none of it, so a
+// statically linked je_ jemalloc is reached by address there, unless the
+// binary was stripped (go build -ldflags=-s, and go test's binaries). An
+// object that exports no entry point but whose read-only data holds an
+// allocator's messages (jemalloc's "<jemalloc>: " prefix, mimalloc's and
+// tcmalloc's own) is searched the same way, and when that fails it is
+// reported present and not trimmed (Heap.Trimmed false), never as handled:
+// a library that bundles a hidden copy and is stripped, as Debian strips
+// its libraries. The hint reads the file, not memory, so it faults nothing
+// in. It does not see a copy whose messages were compiled out, nor an
+// allocator of an object loaded in another namespace (dlmopen).
+//
+// The objects are scanned at Detect and again whenever the loader's counts
+// of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr
+// entry, about a microsecond) changed since the last scan, at the next
+// Heaps, Retained or Release; never from trim.Trimmer.AfterBurst. A scan
+// takes a few milliseconds (each object's symbols are read from its file).
+//
+// # Stalls
+//
+// A release holds the allocator's locks, and a C thread that calls malloc
+// meanwhile waits. Each release is made in slices where the allocator
+// allows it, and Heap.LastSlices and LastMaxSlice report them:
+//
+//	jemalloc  one arena.<i>.purge per arena (arenas.narenas); a thread of another arena never waits
+//	tcmalloc  MallocExtension_ReleaseToSystem(SliceBytes), 1 ms apart, until the page heap has no free page, instead of ReleaseFreeMemory, which holds the page-heap lock for the whole heap
+//	glibc     malloc_trim(0): not sliceable from outside; it locks one arena at a time, so a thread waits for its own arena's trim only
+//	mimalloc  mi_collect(true): one call
+//
+// Measured with the stall harness (BenchmarkReleaseStall: 16 threads leave
+// 2 GiB free, every 64th 16 KiB block live, no arena cap; a C thread mallocs
+// and frees 2 KiB to 512 KiB blocks across the release), on this
+// repository's 2-core test machine: tcmalloc's whole release
+// (ReleaseFreeMemory, 94-114 ms) made that thread wait 88-108 ms; the
+// sliced one (63-80 slices of at most 2-5 ms, 1 ms apart: tcmalloc's page
+// heap lock is not fair, and without the pause the waiter slept through
+// all the slices, 104-108 ms) 2.3-2.8 ms, 190-210 ms in all. glibc's
+// malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
+// without a release, on the shared machine: 5-44 ms): its own arena's
+// share of 2 GiB over 16 arenas. A glibc heap that keeps much more in one
+// arena (one thread's burst, or arenas capped at 2) stalls that arena's
+// threads for that arena's whole trim, about 25 ms per 100 MiB here; that
+// cannot be sliced without glibc's // internals.
+//
 // # What a release can return
 //
 // Every allocator returns only whole free pages: glibc's malloc_trim
@@ -51,8 +115,9 @@
 //
 // # Cost
 //
-// Detection runs once per process (Detect) and takes tens of microseconds
-// (dlsym walks every loaded object for each name). A release takes from a
+// Detection runs once per process (Detect) and takes a few milliseconds
+// (the owner's lookup, tens of microseconds; then each loaded object's
+// symbols, read from its file). A release takes from a
 // few to about a hundred milliseconds on a heap of a few hundred megabytes
 // and holds the allocator's locks meanwhile: call it after a burst, not on a
 // hot path. Stats takes about a microsecond on a small heap and under a
@@ -94,9 +159,10 @@ const (
 )
 
 // Step is the C heap step of this process: the allocator found to own malloc
-// and its calls. A Step is immutable after Detect and safe for concurrent
-// use; the allocators' own calls take their locks. The zero value is an
-// unavailable step.
+// and its calls, and every other allocator found (see Heaps). A Step is
+// safe for concurrent use; its list of allocators is rescanned under its
+// own lock, releases are serialized, and the allocators' own calls take
+// their locks. The zero value is an unavailable step.
 type Step struct {
 	allocator string // one of the names above
 	library   string // path of the object that provides malloc, as dladdr names it
