@@ -1,4 +1,7 @@
-//go:build linux && cgo
+//go:build linux && cgo && !race
+
+// Not under -race: its shadow memory is never returned, so RSS figures
+// mean nothing there.
 
 package memctl
 

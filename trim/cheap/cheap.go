@@ -86,8 +86,8 @@
 // without a release, on the shared machine: 5-44 ms): its own arena's
 // share of 2 GiB over 16 arenas. A glibc heap that keeps much more in one
 // arena (one thread's burst, or arenas capped at 2) stalls that arena's
-// threads for that arena's whole trim, about 25 ms per 100 MiB here; that
-// cannot be sliced without glibc's // internals.
+// threads for that arena's whole trim (15-25 ms per 100 MiB here, from the
+// whole trims above); that cannot be sliced without glibc's internals.
 //
 // # What a release can return
 //
