@@ -49,6 +49,14 @@ static int dlburst_dl_burst(const char *path, int local, const char *prefix, lon
 	return 0;
 }
 
+static int dlburst_open(const char *path, int local) {
+	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+	if (h == NULL) {
+		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+		return -1;
+	}
+	return 0;
+}
 */
 import "C"
 
@@ -82,4 +90,19 @@ func Run(path string, local bool, prefix string, total, minSize, maxSize int64) 
 	default:
 		return fmt.Errorf("dlburst: dlopen burst through %s failed (code %d)", path, int(rc))
 	}
+}
+
+// Open dlopens the library at path (RTLD_LOCAL when local) and keeps it
+// loaded.
+func Open(path string, local bool) error {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	l := C.int(0)
+	if local {
+		l = 1
+	}
+	if C.dlburst_open(cp, l) != 0 {
+		return fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	}
+	return nil
 }

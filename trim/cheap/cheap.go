@@ -60,8 +60,11 @@
 // The objects are scanned at Detect and again whenever the loader's counts
 // of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr
 // entry, about a microsecond) changed since the last scan, at the next
-// Heaps, Retained or Release; never from trim.Trimmer.AfterBurst. A scan
-// takes a few milliseconds (each object's symbols are read from its file).
+// Heaps, Retained or Release; never from trim.Trimmer.AfterBurst. A rescan
+// reads only the objects loaded since. Reading an object (its symbol
+// tables and read-only data, from its file) costs: the nine objects of this
+// package's test binary took 3.3 ms and 0.9 MB of short-lived Go heap
+// (BenchmarkScan); Heaps with nothing new loaded 2.3 µs (BenchmarkHeaps).
 //
 // # Stalls
 //
@@ -116,8 +119,8 @@
 // # Cost
 //
 // Detection runs once per process (Detect) and takes a few milliseconds
-// (the owner's lookup, tens of microseconds; then each loaded object's
-// symbols, read from its file). A release takes from a
+// (the owner's lookup, about 0.1 ms; then the scan of every loaded object,
+// above). A release takes from a
 // few to about a hundred milliseconds on a heap of a few hundred megabytes
 // and holds the allocator's locks meanwhile: call it after a burst, not on a
 // hot path. Stats takes about a microsecond on a small heap and under a

@@ -78,6 +78,7 @@ func childBurst() {
 	childtest.Say("ALLOCATOR", s.Allocator())
 	childtest.Say("LIBRARY", s.Library())
 	childtest.Say("VERSION", s.Version())
+	childtest.Say("HEAPS", len(s.Heaps()))
 	childtest.Say("RSS_START", rss())
 	if err := cburst.Burst(threads, burstBlocks, burstSize, keep); err != nil {
 		childtest.Fail("%v", err)
@@ -255,6 +256,7 @@ func runBurst(t *testing.T, c burstCase) map[string]string {
 	if c.preload != "" {
 		assert.Equal(t, c.preload, r["LIBRARY"])
 	}
+	assert.Equal(t, "1", r["HEAPS"], "the owner found through malloc is not listed again by the scan of its object")
 	start, burst, rel := num(t, r, "RSS_START"), num(t, r, "RSS_BURST"), num(t, r, "RSS_RELEASE")
 	d := time.Duration(num(t, r, "RELEASE_NS"))
 	msg := "%s %s: RSS start %s, after burst %s"

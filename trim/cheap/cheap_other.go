@@ -9,7 +9,7 @@ import (
 )
 
 // sysStep is empty where the step cannot run.
-type sysStep struct{ handle any }
+type sysStep struct{}
 
 func detect() *Step {
 	if runtime.GOOS != "linux" {
@@ -24,9 +24,7 @@ func (sysStep) release(bool) (int64, int64, time.Duration, error) {
 
 func loadCounts() [2]uint64 { return [2]uint64{} }
 
-func scanHeaps(*Step) []*heap { return nil }
-
-func closeHandle(*heap) {}
+func scanHeaps(*Step, map[string][]*heap) ([]*heap, map[string][]*heap) { return nil, nil }
 
 func (sysStep) stats() Stats { return unknownStats(None, "") }
 

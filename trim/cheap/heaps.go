@@ -113,7 +113,6 @@ const SliceBytes = 16 << 20
 type heap struct {
 	info Heap // Stats' figures are not kept here: read at each Heaps call
 	sys  sysStep
-	key  string // object and allocator, to keep counters across rescans
 }
 
 // heapList is the part of Step that changes: the allocators found, and the
@@ -124,6 +123,7 @@ type heapList struct {
 	heaps   []*heap    // the owner first, when there is one
 	counts  [2]uint64  // dl_iterate_phdr's dlpi_adds and dlpi_subs at the last scan
 	scanned bool
+	seen    map[string][]*heap // the allocators of each object scanned, by object (see scanHeaps)
 }
 
 // sumKnown returns the sum of the values >= 0 and whether any was < 0.
@@ -153,8 +153,8 @@ func sliceBytes(whole bool) int64 {
 // refresh returns the allocators of the process, the owner first, after a
 // new scan of the loaded objects when the loader's counts changed since
 // the last one (a dl_iterate_phdr call that stops at its first entry:
-// about a microsecond). A rescan keeps the counters of the allocators
-// found again.
+// about a microsecond). A rescan reads only the objects loaded since, and
+// keeps the entries, and counters, of the others.
 func (s *Step) refresh() []*heap {
 	l := &s.list
 	l.mu.Lock()
@@ -168,7 +168,7 @@ func (s *Step) refresh() []*heap {
 		if len(l.heaps) > 0 && l.heaps[0].info.OwnsMalloc {
 			found = append(found, l.heaps[0])
 		} else {
-			h := &heap{key: "owner", sys: s.sys}
+			h := &heap{sys: s.sys}
 			h.info = Heap{Version: s.version, OwnsMalloc: true, Trimmed: true,
 				Note: "owns malloc: found through dlsym(RTLD_DEFAULT, \"malloc\") and dladdr"}
 			h.info.Allocator, h.info.Library = s.allocator, s.library
@@ -176,33 +176,9 @@ func (s *Step) refresh() []*heap {
 			found = append(found, h)
 		}
 	}
-	old := map[string]*heap{}
-	for _, h := range l.heaps {
-		old[h.key] = h
-	}
-	held := map[any]bool{} // handles of the entries kept
-	for _, h := range found {
-		held[h.sys.handle] = true
-	}
-	var dup []*heap
-	for _, h := range scanHeaps(s) {
-		if o, ok := old[h.key]; ok {
-			dup = append(dup, h)
-			h = o
-		} else {
-			h.info.LastEstimate, h.info.LastReleased = -1, -1
-		}
-		held[h.sys.handle] = true
-		found = append(found, h)
-	}
-	closed := map[any]bool{}
-	for _, h := range dup {
-		// The scan took a new reference to an object already held.
-		if !held[h.sys.handle] && !closed[h.sys.handle] {
-			closed[h.sys.handle] = true
-			closeHandle(h)
-		}
-	}
+	hs, seen := scanHeaps(s, l.seen)
+	found = append(found, hs...)
+	l.seen = seen
 	l.heaps, l.counts, l.scanned = found, c, true
 	return found
 }
@@ -224,9 +200,9 @@ func (s *Step) heapRetained(h *heap) int64 {
 // malloc first (when there is one), then the others in the order of the
 // loaded objects, each with its figures read now and what the C heap step
 // did with it (see Heap). The objects are scanned again when the loader's
-// counts of loaded and unloaded objects changed since the last scan (a few
-// milliseconds: each object's symbol table is read from its file); else
-// the cost is each allocator's Stats. memctl holds a reference (dlopen) on
+// counts of loaded and unloaded objects changed since the last scan (only
+// the new objects are read; see the package doc); else the cost is the
+// loader's counts and each allocator's Stats (2.3 µs with glibc alone). memctl holds a reference (dlopen) on
 // each object in which it found an allocator to call, so a dlclose of that
 // object does not unmap it. An empty list means the step is unavailable or
 // found nothing. Safe for concurrent use.

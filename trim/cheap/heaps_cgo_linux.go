@@ -97,9 +97,14 @@ import (
 	"debug/elf"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"unsafe"
 )
+
+// objectScans counts the objects scanned, for the tests.
+var objectScans atomic.Int64
 
 func loadCounts() [2]uint64 {
 	var out [2]C.ulonglong
@@ -260,7 +265,9 @@ func markersIn(f *elf.File) []string {
 }
 
 // scanHeaps walks the loaded objects and returns the allocators found in
-// each, other than the owner (the object at s.ownerBase with s's
+// each, other than the owner; an object listed in seen (by name and load
+// address: the same object, still loaded) is not scanned again, its
+// allocators are taken from there. next is seen for the objects loaded now (the object at s.ownerBase with s's
 // allocator). For each object it reads the dynamic symbol table from the
 // object's file; for every allocator entry point it names, it takes a new
 // reference to the object (dlopen with RTLD_NOLOAD) and looks the entry
@@ -269,18 +276,27 @@ func markersIn(f *elf.File) []string {
 // itself. An object with no exported entry point whose read-only data holds
 // an allocator's marker is searched in its full symbol table (.symtab,
 // where the file has one: not stripped), and reported present and not
-// trimmed when that does not find the entry point either. The executable is
-// always searched in .symtab: a Go program links its C code statically and
-// exports none of it.
-func scanHeaps(s *Step) []*heap {
-	var out []*heap
+// trimmed when that does not find the entry point either. That is how the
+// executable is searched too: a Go program links its C code statically and
+// exports none of it, so a statically linked jemalloc is found only in
+// .symtab, and only once its messages showed it is there (a Go binary's
+// .symtab is large).
+func scanHeaps(s *Step, seen map[string][]*heap) (out []*heap, next map[string][]*heap) {
+	next = map[string][]*heap{}
 	for _, o := range listObjects() {
 		if strings.HasPrefix(o.name, "linux-vdso") || strings.HasPrefix(o.name, "linux-gate") {
 			continue
 		}
-		out = append(out, scanObject(s, o)...)
+		key := o.name + "\x00" + strconv.FormatUint(uint64(o.addr), 16)
+		hs, ok := seen[key]
+		if !ok {
+			objectScans.Add(1)
+			hs = scanObject(s, o)
+		}
+		next[key] = hs
+		out = append(out, hs...)
 	}
-	return out
+	return out, next
 }
 
 func scanObject(s *Step, o object) []*heap {
@@ -302,7 +318,7 @@ func scanObject(s *Step, o object) []*heap {
 	if len(cands) == 0 {
 		marks = markersIn(f)
 	}
-	if len(cands) == 0 && (o.name == "" || len(marks) > 0) {
+	if len(cands) == 0 && len(marks) > 0 {
 		if syms, err := f.Symbols(); err == nil {
 			fs := funcSymbols(syms)
 			cands = candidates(fs, true)
@@ -322,8 +338,8 @@ func scanObject(s *Step, o object) []*heap {
 			have[c.allocator] = true
 			continue // the owner, found through RTLD_DEFAULT
 		}
-		h := &heap{key: lib + "\x00" + c.allocator + "\x00" + c.prefix}
-		h.info = Heap{Prefix: c.prefix, Trimmed: true}
+		h := &heap{}
+		h.info = Heap{Prefix: c.prefix, Trimmed: true, LastEstimate: -1, LastReleased: -1}
 		h.info.Allocator, h.info.Library = c.allocator, lib
 		var lookup func(name string) unsafe.Pointer
 		if c.static {
@@ -377,18 +393,11 @@ func scanObject(s *Step, o object) []*heap {
 		if have[a] {
 			continue
 		}
-		h := &heap{key: lib + "\x00" + a + "\x00?"}
-		h.info = Heap{Stats: unknownStats(a, lib),
+		h := &heap{}
+		h.info = Heap{Stats: unknownStats(a, lib), LastEstimate: -1, LastReleased: -1,
 			Note: "its messages are in the object's read-only data but it exports no entry point and its file has no symbol table naming one (a static, hidden copy)"}
 		h.sys = sysStep{allocator: a}
 		out = append(out, h)
 	}
 	return out
-}
-
-// closeHandle drops the reference scanHeaps took for h's object.
-func closeHandle(h *heap) {
-	if h.sys.handle != nil {
-		C.cheap_close(h.sys.handle)
-	}
 }

@@ -3,9 +3,14 @@
 package cheap
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 
+	"github.com/memctl/memctl/internal/dlburst"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestJemallocPrefixes: any prefix of a C name before mallctl counts when
@@ -30,5 +35,47 @@ func TestJemallocPrefixes(t *testing.T) {
 func TestMarkersNotInOwnBinary(t *testing.T) {
 	for _, h := range Detect().Heaps() {
 		assert.NotContains(t, h.Library, ".test", "found %s in the test binary", h.Allocator)
+	}
+}
+
+// TestRescanOnlyWhenLoaded: with no object loaded since the last scan,
+// Heaps and Retained scan nothing; after a dlopen, only the new object is
+// read.
+func TestRescanOnlyWhenLoaded(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skipf("needs gcc to build a library to load: %v", err)
+	}
+	dir := t.TempDir()
+	src, so := filepath.Join(dir, "nothing.c"), filepath.Join(dir, "libnothing21.so")
+	require.NoError(t, os.WriteFile(src, []byte("int nothing21(void) { return 21; }\n"), 0o644))
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	s := Detect()
+	s.Heaps()
+	n := objectScans.Load()
+	s.Heaps()
+	s.Retained()
+	assert.Equal(t, n, objectScans.Load(), "nothing loaded: nothing scanned")
+	require.NoError(t, dlburst.Open(so, true))
+	s.Heaps()
+	assert.Equal(t, n+1, objectScans.Load(), "only the new object is scanned")
+}
+
+// BenchmarkHeaps is the cost of Heaps with nothing loaded since the last
+// scan: the loader's counts, and each allocator's figures.
+func BenchmarkHeaps(b *testing.B) {
+	s := Detect()
+	for b.Loop() {
+		s.Heaps()
+	}
+}
+
+// BenchmarkScan is one scan of every loaded object (what Detect does, and a
+// rescan for each new object).
+func BenchmarkScan(b *testing.B) {
+	s := Detect()
+	for b.Loop() {
+		scanHeaps(s, nil)
 	}
 }
