@@ -163,6 +163,12 @@ func TestDlopenLocalJemalloc(t *testing.T) {
 // copy (RocksDB), reached only through its own wrapper, hidden_alloc and
 // hidden_free.
 func buildJemallocSO(t *testing.T, dir, prefix string, hidden bool) string {
+	return buildJemalloc(t, dir, prefix, hidden, false)
+}
+
+// buildJemalloc is buildJemallocSO; with archiveOnly it returns the
+// renamed static archive (je2.a) instead of linking a shared object.
+func buildJemalloc(t *testing.T, dir, prefix string, hidden, archiveOnly bool) string {
 	t.Helper()
 	if _, err := os.Stat(jemallocPIC); err != nil {
 		t.Skipf("needs Debian's libjemalloc-dev (%s): %v", jemallocPIC, err)
@@ -205,6 +211,9 @@ void hidden_free(void *p) { `+prefix+`free(p); }
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "syms"), []byte(strings.Join(redefine, "\n")+"\n"), 0o644))
 	run("objcopy", "--redefine-syms=syms", a, filepath.Join(dir, "je2.a"))
+	if archiveOnly {
+		return filepath.Join(dir, "je2.a")
+	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "v.map"), []byte("{ global: "+exported+"; local: *; };\n"), 0o644))
 	so := filepath.Join(dir, "libjetest.so")
 	run("gcc", "-shared", "-o", so, "wrap.c", "-Wl,--whole-archive", "je2.a", "-Wl,--no-whole-archive",
@@ -246,4 +255,139 @@ func TestHiddenJemalloc(t *testing.T) {
 	assert.Equal(t, "0", r[k+"_RELEASES"])
 	assert.Contains(t, r[k], "present, not trimmed")
 	assert.Greater(t, mib(r, "RSS_AFTER"), 150.0, "nothing could release it")
+}
+
+// staticMain is a Go program that links a je_-prefixed jemalloc statically
+// through cgo, as Badger's -tags=jemalloc build does: nothing of it is
+// exported, so only the executable's symbol table names je_mallctl. It
+// allocates 500 MiB through je_malloc in 4 to 64 KiB blocks, frees them,
+// and releases with memctl's C heap step.
+const staticMain = `package main
+
+/*
+#cgo LDFLAGS: ${SRCDIR}/je2.a -lpthread -ldl -lm
+#include <stdlib.h>
+#include <string.h>
+void *je_malloc(size_t);
+void je_free(void *);
+static int burst(long long total) {
+	long cap = (long)(total / 4096) + 1;
+	void **p = calloc((size_t)cap, sizeof(void *));
+	if (p == NULL) return -1;
+	unsigned long long x = 88172645463325252ull;
+	long n = 0;
+	for (long long done = 0; done < total && n < cap; n++) {
+		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+		size_t sz = 4096 + (size_t)(x % (60 * 1024 + 1));
+		p[n] = je_malloc(sz);
+		if (p[n] == NULL) return -2;
+		memset(p[n], 0x5a, sz);
+		done += (long long)sz;
+	}
+	for (long i = 0; i < n; i++) je_free(p[i]);
+	free(p);
+	return 0;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/memctl/memctl/trim/cheap"
+)
+
+func rss() int64 {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(l, "VmRSS:")), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return -1
+}
+
+func main() {
+	if C.burst(500 << 20) != 0 {
+		fmt.Println("FAIL=burst")
+		os.Exit(1)
+	}
+	fmt.Printf("RSS_BURST=%d\n", rss())
+	s := cheap.Detect()
+	released, err := s.Release()
+	fmt.Printf("RELEASED=%d\nERR=%v\nRSS_AFTER=%d\n", released, err, rss())
+	for i, h := range s.Heaps() {
+		fmt.Printf("HEAP%d=%s\nHEAP%d_NOTE=%s\n", i, h, i, h.Note)
+	}
+}
+`
+
+// TestStaticPrefixedJemallocInExecutable: a je_ jemalloc linked into a Go
+// executable is found in its symbol table and released; in a stripped
+// executable (-ldflags=-s) it is reported present and not trimmed.
+func TestStaticPrefixedJemallocInExecutable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a Go program and makes a 500 MiB burst")
+	}
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set for the tests themselves")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skipf("needs the go command: %v", err)
+	}
+	dir := t.TempDir()
+	buildJemalloc(t, dir, "je_", false, true)
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module jestatic\n\ngo 1.26.0\n\nrequire github.com/memctl/memctl v0.0.0\n\nreplace github.com/memctl/memctl => "+root+"\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(staticMain), 0o644))
+	for _, stripped := range []bool{false, true} {
+		name := "symtab"
+		if stripped {
+			name = "stripped"
+		}
+		t.Run(name, func(t *testing.T) {
+			exe := filepath.Join(dir, "jestatic-"+name)
+			args := []string{"build", "-mod=mod", "-o", exe}
+			if stripped {
+				args = append(args, "-ldflags=-s")
+			}
+			build := exec.Command("go", append(args, ".")...)
+			build.Dir = dir
+			build.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS=")
+			out, err := build.CombinedOutput()
+			require.NoError(t, err, "go build: %s", out)
+			cmd := exec.Command(exe)
+			cmd.Env = childtest.Env("", []string{"LD_PRELOAD", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", childtest.EnvVar})
+			out, err = cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			r := map[string]string{}
+			for _, l := range strings.Split(string(out), "\n") {
+				if k, v, ok := strings.Cut(l, "="); ok {
+					r[k] = v
+				}
+			}
+			t.Logf("%s", out)
+			assert.Equal(t, "<nil>", r["ERR"])
+			assert.Contains(t, r["HEAP1"], "jestatic-"+name)
+			burst, after := mib(r, "RSS_BURST"), mib(r, "RSS_AFTER")
+			require.Greater(t, burst, 150.0, "the freed burst stays resident in the static jemalloc")
+			if stripped {
+				assert.Contains(t, r["HEAP1"], "jemalloc (")
+				assert.Contains(t, r["HEAP1"], "present, not trimmed")
+				assert.Greater(t, after, 150.0, "nothing could release it")
+				return
+			}
+			assert.Contains(t, r["HEAP1"], "jemalloc (prefix je_)")
+			assert.Contains(t, r["HEAP1_NOTE"], "symbol table")
+			assert.Less(t, after, 30.0, "released")
+		})
+	}
 }
