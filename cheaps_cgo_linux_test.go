@@ -89,3 +89,24 @@ func TestCHeapsRTLDLocal(t *testing.T) {
 	assert.Contains(t, r["STATS_CHEAPS"], `libjemalloc.so.2"): arena`)
 	assert.Contains(t, r["STATS_CHEAPS"], "released ")
 }
+
+// TestStartLineCHeaps: the startup line names every allocator found; with
+// jemalloc preloaded it owns malloc, and glibc is not listed (its malloc is
+// not used).
+func TestStartLineCHeaps(t *testing.T) {
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set for the tests themselves")
+	}
+	_, recs := runStart(t, nil)
+	_, line := infoLines(recs)
+	assert.Contains(t, line["c_heaps"], "glibc in /", "the owner of malloc")
+	assert.Contains(t, line["c_heaps"], "(owns malloc)")
+
+	const so = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	if _, err := os.Stat(so); err != nil {
+		t.Skipf("needs Debian's libjemalloc2: %v", err)
+	}
+	_, recs = runStart(t, nil, "LD_PRELOAD="+so)
+	_, line = infoLines(recs)
+	assert.Equal(t, "jemalloc in "+so+" (owns malloc)", line["c_heaps"])
+}

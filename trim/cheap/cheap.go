@@ -87,10 +87,16 @@
 // all the slices, 104-108 ms) 2.3-2.8 ms, 190-210 ms in all. glibc's
 // malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
 // without a release, on the shared machine: 5-44 ms): its own arena's
-// share of 2 GiB over 16 arenas. A glibc heap that keeps much more in one
-// arena (one thread's burst, or arenas capped at 2) stalls that arena's
-// threads for that arena's whole trim (15-25 ms per 100 MiB here, from the
-// whole trims above); that cannot be sliced without glibc's internals.
+// share of 2 GiB over 16 arenas. When one arena holds it all (one thread
+// made the burst; or arenas capped at 2), that arena's threads wait for
+// its whole trim: 0.2-0.5 s for 2 GiB in one arena here, up to 1.8 s while
+// the machine was loaded (glibc-1arena in the harness). That cannot be
+// sliced without glibc's internals: malloc_trim takes no arena and no
+// size, and its free-chunk walk runs under the arena's lock. jemalloc's
+// purge does not block malloc in the same way (it takes the decayed
+// extents out under the arena's lock and madvises them outside it): the
+// probe waited 11-25 ms whether the 8 arenas were purged in one call or
+// one by one (the control: 8-70 ms).
 //
 // # What a release can return
 //

@@ -494,12 +494,21 @@ func init() { ExtraChildren["stall"] = childStall }
 //	go test -run '^$' -bench ReleaseStall -benchtime 1x ./trim/cheap/
 //
 // Each sub-benchmark runs childStall in a child process: 16 threads leave
-// 2 GiB free in the allocator (glibc without an arena cap, or tcmalloc
-// preloaded), then a C thread's malloc latency is measured during 200 ms
+// 2 GiB free in the allocator (glibc without an arena cap, tcmalloc or
+// jemalloc preloaded; glibc-1arena: one thread, so one arena holds it all),
+// then a C thread's malloc latency is measured during 200 ms
 // with no release (control-worst-ms) and across a release (worst-ms), the
 // release whole (one call: ReleaseFreeMemory, malloc_trim) or in slices.
 func BenchmarkReleaseStall(b *testing.B) {
-	for _, c := range []struct{ name, preload string }{{"glibc", ""}, {"tcmalloc", tcmallocSO}} {
+	for _, c := range []struct {
+		name, preload   string
+		threads, blocks int
+	}{
+		{"glibc", "", 16, 8192},
+		{"glibc-1arena", "", 1, 16 * 8192}, // one thread: all 2 GiB in one arena
+		{"tcmalloc", tcmallocSO, 16, 8192},
+		{"jemalloc", jemallocSO, 16, 8192},
+	} {
 		for _, whole := range []bool{true, false} {
 			name := c.name + "/sliced"
 			if whole {
@@ -515,7 +524,7 @@ func BenchmarkReleaseStall(b *testing.B) {
 					}
 				}
 				for b.Loop() {
-					env := []string{"CHEAP_THREADS=16", "CHEAP_BLOCKS=8192"}
+					env := []string{"CHEAP_THREADS=" + strconv.Itoa(c.threads), "CHEAP_BLOCKS=" + strconv.Itoa(c.blocks)}
 					if c.preload != "" {
 						env = append(env, "LD_PRELOAD="+c.preload)
 					}
