@@ -55,7 +55,9 @@
 // a library that bundles a hidden copy and is stripped, as Debian strips
 // its libraries. The hint reads the file, not memory, so it faults nothing
 // in. It does not see a copy whose messages were compiled out, nor an
-// allocator of an object loaded in another namespace (dlmopen).
+// allocator of an object loaded in another namespace (dlmopen). Reading
+// the figures of a jemalloc found this way that never served an
+// allocation initializes it, as any of its calls does.
 //
 // The objects are scanned at Detect and again whenever the loader's counts
 // of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr
