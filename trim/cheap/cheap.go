@@ -83,10 +83,10 @@
 // 2 GiB free, every 64th 16 KiB block live, no arena cap; a C thread mallocs
 // and frees 2 KiB to 512 KiB blocks across the release), on this
 // repository's 2-core test machine: tcmalloc's whole release
-// (ReleaseFreeMemory, 94-114 ms) made that thread wait 88-108 ms; the
-// sliced one (63-80 slices of at most 2-5 ms, 1 ms apart: tcmalloc's page
+// (ReleaseFreeMemory, 94-142 ms) made that thread wait 88-131 ms; the
+// sliced one (63-80 slices of at most 2-13 ms, 1 ms apart: tcmalloc's page
 // heap lock is not fair, and without the pause the waiter slept through
-// all the slices, 104-108 ms) 2.3-2.8 ms, 190-210 ms in all. glibc's
+// all the slices, 104-108 ms) 2.3-8 ms, 190-470 ms in all. glibc's
 // malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
 // without a release, on the shared machine: 5-44 ms): its own arena's
 // share of 2 GiB over 16 arenas. When one arena holds it all (one thread
@@ -97,8 +97,8 @@
 // size, and its free-chunk walk runs under the arena's lock. jemalloc's
 // purge does not block malloc in the same way (it takes the decayed
 // extents out under the arena's lock and madvises them outside it): the
-// probe waited 11-25 ms whether the 8 arenas were purged in one call or
-// one by one (the control: 8-70 ms).
+// probe waited 5-25 ms whether the 8 arenas were purged in one call or
+// one by one (the control: 0.3-70 ms).
 //
 // # What a release can return
 //
