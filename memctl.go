@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,6 +151,13 @@ type Report struct {
 	// releases: "glibc", "jemalloc", "mimalloc", "tcmalloc", or "none" when
 	// the C heap step is unavailable (cgo off, musl, not Linux).
 	CHeap string
+	// CHeaps names every allocator found in the process (cheap.Heap.Name):
+	// the owner of malloc first, then those other objects carry (a
+	// library's own jemalloc, one dlopened with RTLD_LOCAL, a prefixed
+	// copy), with those present and not trimmed marked so. Report fills it
+	// at each call, as found then; empty when the C heap step is
+	// unavailable.
+	CHeaps []string
 	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
 	// says why not (switched off, operator's setting, not glibc, cgo off, an
 	// invalid value) when it is 0.
@@ -183,6 +191,11 @@ type Stats struct {
 	// off, musl, not Linux). Reading them costs about a microsecond
 	// (mallinfo2 walks glibc's arenas; see cheap.Step.Stats).
 	CHeap cheap.Stats
+	// CHeaps holds every allocator found in the process, the owner of
+	// malloc first, each with its figures and what the trims released from
+	// it (see cheap.Step.Heaps: about 2 µs more with glibc alone, and a
+	// scan of the objects loaded since the last call, if any).
+	CHeaps []cheap.Heap
 	// Pressure holds the death-spiral and kernel-pressure counters and the
 	// cgroup v2 memory.events counters (all -1 elsewhere).
 	Pressure pressure.Stats
@@ -370,6 +383,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("auto_burst", onOff(r.AutoBurst)),
 		slog.String("c_heap", r.CHeap),
 		slog.String("c_heap_stats", c.Stats().CHeap.String()),
+		slog.String("c_heaps", cmp.Or(strings.Join(c.Report().CHeaps, "; "), "none")),
 		slog.String("pressure", r.Pressure),
 	}
 	if r.ArenaMax > 0 {
@@ -428,12 +442,19 @@ func parseDelay(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// Report returns what Start decided.
+// Report returns what Start decided, and the allocators found now
+// (CHeaps).
 func (c *Controller) Report() Report {
 	if c == nil {
 		return Report{Off: true}
 	}
-	return c.report
+	r := c.report
+	if !r.Off {
+		for _, h := range cheap.Detect().Heaps() {
+			r.CHeaps = append(r.CHeaps, h.Name())
+		}
+	}
+	return r
 }
 
 // AfterBurst marks the end of a burst of work: the trim runs once, the trim
@@ -496,6 +517,7 @@ func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
 func (c *Controller) Stats() Stats {
 	s := Stats{GoMemLimit: debug.SetMemoryLimit(-1), Misuse: misuse.Load()}
 	s.CHeap, _ = cheap.Detect().Stats() // all -1 when unavailable
+	s.CHeaps = cheap.Detect().Heaps()
 	if c != nil && c.trimmer != nil {
 		s.Trim = c.trimmer.Stats()
 	}

@@ -44,6 +44,12 @@
 //	memctl_thp_info{state,policy,system}      gauge    1; the process's THP state, the policy applied, the system mode
 //	memctl_c_heap_in_use_bytes{allocator}     gauge    bytes in live C heap blocks
 //	memctl_c_heap_retained_bytes{allocator}   gauge    bytes the C allocator holds that no live block uses
+//	memctl_c_allocator_info{allocator,object,prefix,owner,trimmed}  gauge  1 for every allocator found in the process (memctl.Stats.CHeaps)
+//	memctl_c_allocator_retained_bytes{allocator,object,prefix}       gauge  bytes that allocator holds that no live block uses
+//	memctl_c_allocator_resident_bytes{allocator,object,prefix}       gauge  its resident bytes, by its own account
+//	memctl_c_allocator_released_bytes_total{allocator,object,prefix} counter bytes the trims released from it, by its own account
+//	memctl_c_allocator_releases_total{allocator,object,prefix}       counter trims that released it
+//	memctl_c_allocator_last_max_slice_seconds{allocator,object,prefix} gauge the longest single call of its last release (the longest memctl held one of its locks)
 //	memctl_misuse_total                       counter  misuse: wiring mistakes, an end of Begin called twice (memctl.Stats.Misuse)
 //	memctl_trim_cpu_seconds_total             counter  CPU the trims caused: what the 2% rate limit counts
 //	memctl_trim_lazy_released_bytes_total     counter  bytes released lazily (GODEBUG=madvdontneed=0)
@@ -72,19 +78,27 @@
 //
 //	memctl_budget_unguarded_total             counter  limits.Grow calls with no account in the context
 //
-// Adding a metric is one entry in controllerMetrics or poolMetrics.
+// The memctl_c_allocator_ families have one series per allocator found
+// (glibc, jemalloc, mimalloc, tcmalloc; object is the file that holds its
+// code), so that an allocator a library carries beside the one that owns
+// malloc is seen, and one present but not trimmed shows trimmed="false".
+//
+// Adding a metric is one entry in controllerMetrics, poolMetrics or
+// heapMetrics.
 package metrics
 
 import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/pressure"
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 // Pool names a budget pool for the collector.
@@ -101,6 +115,7 @@ type Collector struct {
 	ctl       *memctl.Controller
 	pools     []Pool
 	ctlDescs  []*prometheus.Desc
+	heapDescs []*prometheus.Desc
 	poolDescs []*prometheus.Desc
 	procDescs []*prometheus.Desc
 }
@@ -261,6 +276,27 @@ func init() {
 	}
 }
 
+// heapMetrics are read from memctl.Stats.CHeaps at each scrape, one series
+// per allocator (labels allocator, object, prefix). To add one, add an
+// entry.
+var heapMetrics = []metric[cheap.Heap]{
+	{name: "memctl_c_allocator_info", kind: prometheus.GaugeValue, labels: []string{"owner", "trimmed"},
+		help: "1 for every C allocator found in the process: owner is true for the one that owns malloc, trimmed false for one present that memctl cannot reach (a static, hidden copy).",
+		read: func(h *cheap.Heap) (float64, []string, bool) {
+			return 1, []string{strconv.FormatBool(h.OwnsMalloc), strconv.FormatBool(h.Trimmed)}, true
+		}},
+	gauge("memctl_c_allocator_retained_bytes", "Bytes the allocator holds that no live block uses; absent when it does not tell.",
+		func(h *cheap.Heap) (float64, bool) { return float64(h.Retained), h.Retained >= 0 }),
+	gauge("memctl_c_allocator_resident_bytes", "The allocator's resident bytes by its own account; absent when it does not tell.",
+		func(h *cheap.Heap) (float64, bool) { return float64(h.Resident), h.Resident >= 0 }),
+	counter("memctl_c_allocator_released_bytes_total", "Bytes the trims released from the allocator, by its own account (glibc does not count them).",
+		func(h *cheap.Heap) int64 { return h.TotalReleased }),
+	counter("memctl_c_allocator_releases_total", "Trims that released the allocator.",
+		func(h *cheap.Heap) int64 { return h.Releases }),
+	gauge("memctl_c_allocator_last_max_slice_seconds", "The longest single call of the allocator's last release, in seconds: the longest memctl held one of its locks; absent before the first.",
+		func(h *cheap.Heap) (float64, bool) { return h.LastMaxSlice.Seconds(), h.Releases > 0 }),
+}
+
 // poolMetrics are read from limits.Pool.Stats at each scrape, one series
 // per pool (label pool). To add one, add an entry.
 var poolMetrics = []metric[limits.PoolStats]{
@@ -319,6 +355,9 @@ func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
 	for _, m := range controllerMetrics {
 		c.ctlDescs = append(c.ctlDescs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
 	}
+	for _, m := range heapMetrics {
+		c.heapDescs = append(c.heapDescs, prometheus.NewDesc(m.name, m.help, append([]string{"allocator", "object", "prefix"}, m.labels...), nil))
+	}
 	for _, m := range poolMetrics {
 		c.poolDescs = append(c.poolDescs, prometheus.NewDesc(m.name, m.help, append([]string{"pool"}, m.labels...), nil))
 	}
@@ -354,6 +393,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.poolDescs {
 		ch <- d
 	}
+	for _, d := range c.heapDescs {
+		ch <- d
+	}
 	for _, d := range c.procDescs {
 		ch <- d
 	}
@@ -367,6 +409,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		snap.report = c.ctl.Report()
 	}
 	emit(ch, controllerMetrics, c.ctlDescs, &snap)
+	for i := range snap.stats.CHeaps {
+		h := &snap.stats.CHeaps[i]
+		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, h.Library, h.Prefix)
+	}
 	for i, p := range c.pools {
 		st := p.Pool.Stats()
 		emit(ch, poolMetrics, c.poolDescs, &st, p.Name)

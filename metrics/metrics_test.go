@@ -19,6 +19,7 @@ import (
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 // start runs memctl.Start in this process with a short trim delay and no
@@ -230,4 +231,24 @@ func TestBadPools(t *testing.T) {
 	require.NoError(t, err)
 	_, err = Register(reg, nil)
 	assert.Error(t, err, "a second collector with the same metrics")
+}
+
+// TestCAllocatorMetrics: one series per allocator found, labelled with its
+// object; the owner of malloc is marked.
+func TestCAllocatorMetrics(t *testing.T) {
+	ctl := start(t)
+	hs := ctl.Stats().CHeaps
+	if len(hs) == 0 {
+		t.Skip("no C allocator found (cgo off or not Linux)")
+	}
+	c, err := NewCollector(ctl)
+	require.NoError(t, err)
+	mfs := gather(t, c)
+	h := hs[0]
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_c_allocator_info", "allocator", h.Allocator, "object", h.Library, "owner", "true", "trimmed", "true"))
+	_, err = cheap.Detect().Release()
+	require.NoError(t, err)
+	mfs = gather(t, c)
+	assert.GreaterOrEqual(t, value(t, mfs, "memctl_c_allocator_releases_total", "allocator", h.Allocator, "object", h.Library), 1.0)
+	assert.Greater(t, value(t, mfs, "memctl_c_allocator_last_max_slice_seconds", "allocator", h.Allocator, "object", h.Library), 0.0)
 }

@@ -33,3 +33,14 @@ type CHeapStater interface {
 	CHeap
 	Stats() (cheap.Stats, error)
 }
+
+// CHeapOver is a CHeap that holds several allocators (the step of
+// DefaultCHeap is one: see cheap.Step.Heaps) and releases each one whose
+// own estimate reaches a threshold. A due trim runs its C step when
+// Retained, the sum of the estimates, reaches Config.MinRelease (or is
+// unknown), and then calls ReleaseOver(Config.MinRelease), so an allocator
+// with little to give is left alone; TrimNow calls ReleaseOver(-1).
+type CHeapOver interface {
+	CHeap
+	ReleaseOver(minRelease int64) (released int64, err error)
+}

@@ -819,7 +819,15 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	}
 	if runC {
 		var r int64
-		r, cErr = t.cheap.Release()
+		if o, ok := t.cheap.(CHeapOver); ok {
+			over := t.minRelease
+			if force {
+				over = NeverSkip
+			}
+			r, cErr = o.ReleaseOver(over)
+		} else {
+			r, cErr = t.cheap.Release()
+		}
 		if r > 0 {
 			released += r
 		}

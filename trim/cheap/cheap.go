@@ -25,6 +25,81 @@
 // errors.ErrUnsupported), under musl, in a static binary, and when malloc
 // belongs to no allocator above.
 //
+// # Every allocator, not only malloc's owner
+//
+// A process can carry allocators besides the one that owns malloc: a
+// library that bundles jemalloc (RocksDB), a jemalloc linked with a prefix
+// (je_mallctl in Badger's jemalloc build, _rjem_mallctl from
+// tikv-jemallocator), one a plugin dlopened with RTLD_LOCAL. Their freed
+// memory never passes through malloc. Step.Heaps lists them all; the C step
+// releases each with its own estimate (Step.ReleaseOver), and memctl's
+// Report, Stats, startup line and metrics name each. They are found by
+// walking the loaded objects (dl_iterate_phdr) and reading each object's
+// dynamic symbol table from its file: every defined p+"mallctl" that has a
+// p+"mallctlnametomib" beside it is a jemalloc with prefix p (any prefix, ""
+// included), mi_collect a mimalloc, MallocExtension_ReleaseToSystem a
+// tcmalloc. Each entry point is then looked up by the object's own handle
+// (dlopen with RTLD_NOLOAD, then dlsym on that handle, so that an object
+// loaded with RTLD_LOCAL is reached) and kept only where dladdr places it in
+// that object. memctl keeps that handle: the object stays mapped while
+// memctl may call it, and a later dlclose of it does not unload it.
+//
+// The executable is also searched in its full symbol table (.symtab): a Go
+// program links its C code statically and exports none of it, so a
+// statically linked je_ jemalloc is reached by address there, unless the
+// binary was stripped (go build -ldflags=-s, and go test's binaries). An
+// object that exports no entry point but whose read-only data holds an
+// allocator's messages (jemalloc's "<jemalloc>: " prefix, mimalloc's and
+// tcmalloc's own) is searched the same way, and when that fails it is
+// reported present and not trimmed (Heap.Trimmed false), never as handled:
+// a library that bundles a hidden copy and is stripped, as Debian strips
+// its libraries. The hint reads the file, not memory, so it faults nothing
+// in. It does not see a copy whose messages were compiled out, nor an
+// allocator of an object loaded in another namespace (dlmopen). Reading
+// the figures of a jemalloc found this way that never served an
+// allocation initializes it, as any of its calls does.
+//
+// The objects are scanned at Detect and again whenever the loader's counts
+// of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr
+// entry, about a microsecond) changed since the last scan, at the next
+// Heaps, Retained or Release; never from trim.Trimmer.AfterBurst. A rescan
+// reads only the objects loaded since. Reading an object (its symbol
+// tables and read-only data, from its file) costs: the nine objects of this
+// package's test binary took 3.3 ms and 0.9 MB of short-lived Go heap
+// (BenchmarkScan); Heaps with nothing new loaded 2.3 µs (BenchmarkHeaps).
+//
+// # Stalls
+//
+// A release holds the allocator's locks, and a C thread that calls malloc
+// meanwhile waits. Each release is made in slices where the allocator
+// allows it, and Heap.LastSlices and LastMaxSlice report them:
+//
+//	jemalloc  one arena.<i>.purge per arena (arenas.narenas); a thread of another arena never waits
+//	tcmalloc  MallocExtension_ReleaseToSystem(SliceBytes), 1 ms apart, until the page heap has no free page, instead of ReleaseFreeMemory, which holds the page-heap lock for the whole heap
+//	glibc     malloc_trim(0): not sliceable from outside; it locks one arena at a time, so a thread waits for its own arena's trim only
+//	mimalloc  mi_collect(true): one call
+//
+// Measured with the stall harness (BenchmarkReleaseStall: 16 threads leave
+// 2 GiB free, every 64th 16 KiB block live, no arena cap; a C thread mallocs
+// and frees 2 KiB to 512 KiB blocks across the release), on this
+// repository's 2-core test machine: tcmalloc's whole release
+// (ReleaseFreeMemory, 94-142 ms) made that thread wait 88-131 ms; the
+// sliced one (63-80 slices of at most 2-13 ms, 1 ms apart: tcmalloc's page
+// heap lock is not fair, and without the pause the waiter slept through
+// all the slices, 104-108 ms) 2.3-8 ms, 190-470 ms in all. glibc's
+// malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
+// without a release, on the shared machine: 5-44 ms): its own arena's
+// share of 2 GiB over 16 arenas. When one arena holds it all (one thread
+// made the burst; or arenas capped at 2), that arena's threads wait for
+// its whole trim: 0.2-0.5 s for 2 GiB in one arena here, up to 1.8 s while
+// the machine was loaded (glibc-1arena in the harness). That cannot be
+// sliced without glibc's internals: malloc_trim takes no arena and no
+// size, and its free-chunk walk runs under the arena's lock. jemalloc's
+// purge does not block malloc in the same way (it takes the decayed
+// extents out under the arena's lock and madvises them outside it): the
+// probe waited 5-25 ms whether the 8 arenas were purged in one call or
+// one by one (the control: 0.3-70 ms).
+//
 // # What a release can return
 //
 // Every allocator returns only whole free pages: glibc's malloc_trim
@@ -38,7 +113,7 @@
 //	glibc, every 64th block kept:     443 MB resident after the burst, 136 MB after malloc_trim(0) (55-66 ms)
 //	jemalloc 5.3, every block freed:   76 MB, 25 MB after the purge (6-9 ms); malloc_trim(0) releases nothing
 //	mimalloc 2.0.9, every block freed: 334-434 MB, 8 MB after mi_collect(true) (30-170 ms); malloc_trim(0) releases nothing
-//	tcmalloc (gperftools 2.10), freed: 402-409 MB, 16 MB after ReleaseFreeMemory (33-37 ms)
+//	tcmalloc (gperftools 2.10), freed: 402-409 MB, 16 MB after ReleaseFreeMemory (33-37 ms); 21 MB after the release in 16 MiB slices (46 ms)
 //	jemalloc, every 64th block kept:  167 MB, 127 MB after the purge; retained 109 MiB
 //	mimalloc, every 64th block kept:  430 MB, 420-430 MB after mi_collect(true)
 //
@@ -51,8 +126,9 @@
 //
 // # Cost
 //
-// Detection runs once per process (Detect) and takes tens of microseconds
-// (dlsym walks every loaded object for each name). A release takes from a
+// Detection runs once per process (Detect) and takes a few milliseconds
+// (the owner's lookup, about 0.1 ms; then the scan of every loaded object,
+// above). A release takes from a
 // few to about a hundred milliseconds on a heap of a few hundred megabytes
 // and holds the allocator's locks meanwhile: call it after a burst, not on a
 // hot path. Stats takes about a microsecond on a small heap and under a
@@ -94,9 +170,10 @@ const (
 )
 
 // Step is the C heap step of this process: the allocator found to own malloc
-// and its calls. A Step is immutable after Detect and safe for concurrent
-// use; the allocators' own calls take their locks. The zero value is an
-// unavailable step.
+// and its calls, and every other allocator found (see Heaps). A Step is
+// safe for concurrent use; its list of allocators is rescanned under its
+// own lock, releases are serialized, and the allocators' own calls take
+// their locks. The zero value is an unavailable step.
 type Step struct {
 	allocator string // one of the names above
 	library   string // path of the object that provides malloc, as dladdr names it
@@ -104,6 +181,11 @@ type Step struct {
 	why       string // why the step is unavailable; "" when it is available
 	unsup     bool   // unavailable because of the OS: the error matches errors.ErrUnsupported
 	sys       sysStep
+	ownerBase uintptr // load address of the owner's object, as dladdr gives it
+
+	// list holds every allocator found (the owner first), rescanned when
+	// the loader's counts change (see Heaps).
+	list heapList
 
 	// glibc: the C heap's resident bytes beyond its live blocks right
 	// after the last Release (see glibcRetained); valid when baseSet.
@@ -167,38 +249,49 @@ func (s *Step) Err() error {
 	}
 }
 
-// Release asks the allocator to return freed memory to the OS (see the
-// package doc for each allocator's call) and returns the bytes released by
-// the allocator's own account: jemalloc's stats.resident before minus after,
-// tcmalloc's unmapped page heap bytes after minus before, mimalloc's
-// committed bytes before minus after. glibc's malloc_trim does not count
-// what it returns, so released is -1 there; read RSS around the call to
-// measure it. The error matches ErrUnavailable when the step cannot run, and
-// otherwise names the call that failed. Safe for concurrent use.
-func (s *Step) Release() (released int64, err error) {
-	if err := s.Err(); err != nil {
-		return 0, err
-	}
-	released, err = s.sys.release()
-	if err == nil && s.allocator == Glibc {
-		if st := s.sys.stats(); st.InUse >= 0 {
-			if extra, ok := cResidentExtra(st.InUse); ok {
-				s.base.Store(extra)
-				s.baseSet.Store(true)
-			}
+// Release asks every allocator found in the process (see Heaps: the one
+// that owns malloc, and any other one whose entry points memctl can reach)
+// to return freed memory to the OS (see the package doc for each
+// allocator's call) and returns the bytes released by the allocators' own
+// accounts: jemalloc's stats.resident before minus after, tcmalloc's
+// unmapped page heap bytes after minus before, mimalloc's committed bytes
+// before minus after, summed. glibc's malloc_trim does not count what it
+// returns, so released is -1 when glibc alone was released; read RSS
+// around the call to measure it. The error matches ErrUnavailable when the
+// step cannot run, and otherwise names the calls that failed. It is
+// ReleaseOver(-1). Safe for concurrent use.
+func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
+
+// setGlibcBase records the C heap's resident excess right after glibc's
+// release (see glibcRetained).
+func (s *Step) setGlibcBase() {
+	if st := s.sys.stats(); st.InUse >= 0 {
+		if extra, ok := cResidentExtra(st.InUse); ok {
+			s.base.Store(extra)
+			s.baseSet.Store(true)
 		}
 	}
-	return released, err
 }
 
-// Retained returns the bytes the allocator holds that no live block uses
-// (Stats.Retained), or -1 when it cannot tell or the step is unavailable.
+// Retained returns the bytes that the allocators found in the process
+// (see Heaps) hold and no live block uses: the sum of their
+// Stats.Retained, or -1 when one of them cannot tell (mimalloc) or the step
+// is unavailable. Allocators present and not trimmed are left out.
 func (s *Step) Retained() int64 {
-	st, err := s.Stats()
-	if err != nil {
+	if s == nil {
 		return -1
 	}
-	return st.Retained
+	var vs []int64
+	for _, h := range s.refresh() {
+		if h.info.Trimmed {
+			vs = append(vs, s.heapRetained(h))
+		}
+	}
+	sum, unknown := sumKnown(vs...)
+	if unknown || len(vs) == 0 {
+		return -1
+	}
+	return sum
 }
 
 // Stats reads the allocator's statistics now. Figures the allocator does not
@@ -299,6 +392,14 @@ type Stats struct {
 	// kernel's page (os.Getpagesize): slabs are then coarser and a partly
 	// filled slab keeps more memory, which shows as Active far above InUse.
 	PageWarning bool
+}
+
+// addKnown returns a+b, or -1 when either is unknown or the sum overflows.
+func addKnown(a, b int64) int64 {
+	if a < 0 || b < 0 || a > 1<<63-1-b {
+		return -1
+	}
+	return a + b
 }
 
 func unknownStats(allocator, library string) Stats {

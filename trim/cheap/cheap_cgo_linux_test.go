@@ -78,6 +78,7 @@ func childBurst() {
 	childtest.Say("ALLOCATOR", s.Allocator())
 	childtest.Say("LIBRARY", s.Library())
 	childtest.Say("VERSION", s.Version())
+	childtest.Say("HEAPS", len(s.Heaps()))
 	childtest.Say("RSS_START", rss())
 	if err := cburst.Burst(threads, burstBlocks, burstSize, keep); err != nil {
 		childtest.Fail("%v", err)
@@ -168,7 +169,7 @@ func childArenas() {
 	childtest.Say("RSS_RELEASE", rss())
 }
 
-func num(t *testing.T, r map[string]string, key string) int64 {
+func num(t testing.TB, r map[string]string, key string) int64 {
 	t.Helper()
 	v, err := strconv.ParseInt(r[key], 10, 64)
 	require.NoError(t, err, "child report %s in %v", key, r)
@@ -255,6 +256,7 @@ func runBurst(t *testing.T, c burstCase) map[string]string {
 	if c.preload != "" {
 		assert.Equal(t, c.preload, r["LIBRARY"])
 	}
+	assert.Equal(t, "1", r["HEAPS"], "the owner found through malloc is not listed again by the scan of its object")
 	start, burst, rel := num(t, r, "RSS_START"), num(t, r, "RSS_BURST"), num(t, r, "RSS_RELEASE")
 	d := time.Duration(num(t, r, "RELEASE_NS"))
 	msg := "%s %s: RSS start %s, after burst %s"
@@ -431,6 +433,119 @@ func BenchmarkDetect(b *testing.B) {
 	for b.Loop() {
 		if s := detect(); s.allocator == "" && s.why == "" {
 			b.Fatal("empty step")
+		}
+	}
+}
+
+// childStall is the stall harness: CHEAP_THREADS threads allocate
+// CHEAP_BLOCKS blocks of 16 KiB each, keep every 64th and free the rest
+// (2 GiB in all with 16 threads of 8192 blocks); then a probe thread
+// mallocs and frees for 200 ms without a release (the control), and again
+// across a release (whole when CHEAP_WHOLE=1, else in slices).
+func childStall() {
+	s := Detect()
+	childtest.Say("ALLOCATOR", s.Allocator())
+	if err := cburst.Burst(int(envInt("CHEAP_THREADS")), envInt("CHEAP_BLOCKS"), 16<<10, keepEvery); err != nil {
+		childtest.Fail("%v", err)
+	}
+	noSlice.Store(os.Getenv("CHEAP_WHOLE") == "1")
+	st, _ := s.Stats()
+	childtest.Say("RETAINED", st.Retained)
+	childtest.Say("RSS_BURST", rss())
+	probe := func(release bool) (time.Duration, int64, time.Duration) {
+		if err := cburst.StartProbe(); err != nil {
+			childtest.Fail("%v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		var d time.Duration
+		if release {
+			t0 := time.Now()
+			if _, err := s.Release(); err != nil {
+				childtest.Fail("release: %v", err)
+			}
+			d = time.Since(t0)
+		} else {
+			time.Sleep(150 * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond)
+		worst, n, at, size := cburst.StopProbe()
+		childtest.Say("AT_NS", at.Nanoseconds())
+		childtest.Say("SIZE", size)
+		return worst, n, d
+	}
+	worst, n, _ := probe(false)
+	childtest.Say("CONTROL_WORST_NS", worst.Nanoseconds())
+	childtest.Say("CONTROL_PAIRS", n)
+	worst, n, d := probe(true)
+	childtest.Say("WORST_NS", worst.Nanoseconds())
+	childtest.Say("PAIRS", n)
+	childtest.Say("RELEASE_NS", d.Nanoseconds())
+	h := s.Heaps()[0]
+	childtest.Say("SLICES", h.LastSlices)
+	childtest.Say("LONGEST_SLICE_NS", h.LastMaxSlice.Nanoseconds())
+	childtest.Say("RSS_RELEASE", rss())
+}
+
+func init() { ExtraChildren["stall"] = childStall }
+
+// BenchmarkReleaseStall is the stall harness (not a timed test: run it by
+// hand, one iteration each):
+//
+//	go test -run '^$' -bench ReleaseStall -benchtime 1x ./trim/cheap/
+//
+// Each sub-benchmark runs childStall in a child process: 16 threads leave
+// 2 GiB free in the allocator (glibc without an arena cap, tcmalloc or
+// jemalloc preloaded; glibc-1arena: one thread, so one arena holds it all),
+// then a C thread's malloc latency is measured during 200 ms
+// with no release (control-worst-ms) and across a release (worst-ms), the
+// release whole (one call: ReleaseFreeMemory, malloc_trim) or in slices.
+func BenchmarkReleaseStall(b *testing.B) {
+	for _, c := range []struct {
+		name, preload   string
+		threads, blocks int
+	}{
+		{"glibc", "", 16, 8192},
+		{"glibc-1arena", "", 1, 16 * 8192}, // one thread: all 2 GiB in one arena
+		{"tcmalloc", tcmallocSO, 16, 8192},
+		{"jemalloc", jemallocSO, 16, 8192},
+	} {
+		for _, whole := range []bool{true, false} {
+			name := c.name + "/sliced"
+			if whole {
+				name = c.name + "/whole"
+			}
+			b.Run(name, func(b *testing.B) {
+				if os.Getenv("LD_PRELOAD") != "" {
+					b.Skip("LD_PRELOAD is set")
+				}
+				if c.preload != "" {
+					if _, err := os.Stat(c.preload); err != nil {
+						b.Skip(err)
+					}
+				}
+				for b.Loop() {
+					env := []string{"CHEAP_THREADS=" + strconv.Itoa(c.threads), "CHEAP_BLOCKS=" + strconv.Itoa(c.blocks)}
+					if c.preload != "" {
+						env = append(env, "LD_PRELOAD="+c.preload)
+					}
+					if whole {
+						env = append(env, "CHEAP_WHOLE=1")
+					}
+					r := childtest.Report(b, childtest.Command(b, "stall", childEnv, env...))
+					ms := func(k string) float64 {
+						v, _ := strconv.ParseInt(r[k], 10, 64)
+						return float64(v) / 1e6
+					}
+					b.ReportMetric(ms("WORST_NS"), "worst-ms")
+					b.ReportMetric(ms("AT_NS"), "worst-at-ms")
+					b.ReportMetric(float64(num(b, r, "SIZE")), "worst-size-B")
+					b.ReportMetric(ms("CONTROL_WORST_NS"), "control-worst-ms")
+					b.ReportMetric(ms("RELEASE_NS"), "release-ms")
+					b.ReportMetric(ms("LONGEST_SLICE_NS"), "longest-slice-ms")
+					b.ReportMetric(float64(num(b, r, "SLICES")), "slices")
+					b.ReportMetric(float64(num(b, r, "RSS_BURST")-num(b, r, "RSS_RELEASE"))/(1<<20), "released-MiB")
+				}
+			})
 		}
 	}
 }

@@ -5,6 +5,7 @@ package cheap
 import (
 	"fmt"
 	"runtime"
+	"time"
 )
 
 // sysStep is empty where the step cannot run.
@@ -17,9 +18,13 @@ func detect() *Step {
 	return &Step{why: "cgo is off (built with CGO_ENABLED=0)"}
 }
 
-func (sysStep) release() (int64, error) {
-	return 0, fmt.Errorf("%w: not built in", ErrUnavailable)
+func (sysStep) release(bool) (int64, int64, time.Duration, error) {
+	return 0, 0, 0, fmt.Errorf("%w: not built in", ErrUnavailable)
 }
+
+func loadCounts() [2]uint64 { return [2]uint64{} }
+
+func scanHeaps(*Step, map[string][]*heap) ([]*heap, map[string][]*heap) { return nil, nil }
 
 func (sysStep) stats() Stats { return unknownStats(None, "") }
 

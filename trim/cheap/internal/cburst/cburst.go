@@ -178,10 +178,64 @@ static int cburst_glibc_arenas(void) {
 	free(buf);
 	return n;
 }
+
+// The prober: one C thread that mallocs and frees blocks of 2 KiB to
+// 512 KiB in turn (past glibc's tcache and tcmalloc's thread cache for the
+// larger ones, so that it takes the allocator's locks) and keeps the
+// longest malloc+free pair.
+#include <stdatomic.h>
+#include <time.h>
+static atomic_int cburst_probe_run;
+static pthread_t cburst_probe_tid;
+static long long cburst_probe_max, cburst_probe_n, cburst_probe_t0, cburst_probe_at, cburst_probe_size;
+
+static long long cburst_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *cburst_probe(void *arg) {
+	static const size_t sizes[4] = {2 << 10, 16 << 10, 100 << 10, 512 << 10};
+	(void)arg;
+	for (long i = 0; atomic_load(&cburst_probe_run); i++) {
+		long long t0 = cburst_ns();
+		void *p = malloc(sizes[i & 3]);
+		if (p != NULL) *(volatile char *)p = 1;
+		free(p);
+		long long d = cburst_ns() - t0;
+		if (d > cburst_probe_max) {
+			cburst_probe_max = d;
+			cburst_probe_at = t0 - cburst_probe_t0;
+			cburst_probe_size = (long long)sizes[i & 3];
+		}
+		cburst_probe_n++;
+	}
+	return NULL;
+}
+
+static int cburst_probe_start(void) {
+	cburst_probe_max = cburst_probe_n = cburst_probe_at = cburst_probe_size = 0;
+	cburst_probe_t0 = cburst_ns();
+	atomic_store(&cburst_probe_run, 1);
+	return pthread_create(&cburst_probe_tid, NULL, cburst_probe, NULL);
+}
+
+static void cburst_probe_stop(long long out[4]) {
+	atomic_store(&cburst_probe_run, 0);
+	pthread_join(cburst_probe_tid, NULL);
+	out[0] = cburst_probe_max;
+	out[1] = cburst_probe_n;
+	out[2] = cburst_probe_at;
+	out[3] = cburst_probe_size;
+}
 */
 import "C"
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Burst runs threads C threads at once; each allocates blocks blocks of size
 // bytes with malloc, writes them, then frees every block except every
@@ -225,3 +279,23 @@ func PlainMallocTrim() int { return int(C.cburst_plain_trim()) }
 // GlibcArenas returns the number of glibc malloc arenas, counted in
 // malloc_info's report, or -1 when it cannot tell.
 func GlibcArenas() int { return int(C.cburst_glibc_arenas()) }
+
+// StartProbe starts a C thread that mallocs and frees blocks of 2 KiB,
+// 16 KiB, 100 KiB and 512 KiB in turn, as fast as it can, timing each pair;
+// StopProbe stops it and returns the longest pair and the pairs made. One
+// probe at a time.
+func StartProbe() error {
+	if rc := C.cburst_probe_start(); rc != 0 {
+		return fmt.Errorf("cburst: pthread_create: %d", int(rc))
+	}
+	return nil
+}
+
+// StopProbe stops the probe StartProbe started and returns the longest
+// pair, the pairs made, when the longest began (since StartProbe) and its
+// block size.
+func StopProbe() (longest time.Duration, pairs int64, at time.Duration, size int64) {
+	var out [4]C.longlong
+	C.cburst_probe_stop(&out[0])
+	return time.Duration(out[0]), int64(out[1]), time.Duration(out[2]), int64(out[3])
+}

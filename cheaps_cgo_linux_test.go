@@ -1,0 +1,112 @@
+//go:build linux && cgo && !race
+
+// Not under -race: its shadow memory is never returned, so RSS figures
+// mean nothing there.
+
+package memctl
+
+import (
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/dlburst"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// childCHeaps: Start, a library's jemalloc dlopened with RTLD_LOCAL, 500
+// MiB allocated through it in 4 to 64 KiB blocks and freed, AfterBurst;
+// VmRSS 4 s later, and what Report and Stats say of the C heaps.
+func childCHeaps() {
+	ctl, err := Start(WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))))
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	defer ctl.Close()
+	rss := func() int64 {
+		n, err := procfs.RSS(0)
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		return n
+	}
+	if err := dlburst.Run(os.Getenv("CHEAPS_SO"), true, "", 500<<20, 4<<10, 64<<10); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("RSS_BURST", rss())
+	AfterBurst()
+	time.Sleep(4 * time.Second)
+	childtest.Say("RSS_AFTER", rss())
+	childtest.Say("REPORT_CHEAPS", strings.Join(ctl.Report().CHeaps, "; "))
+	st := ctl.Stats()
+	var hs []string
+	for _, h := range st.CHeaps {
+		hs = append(hs, h.String())
+	}
+	childtest.Say("STATS_CHEAPS", strings.Join(hs, "; "))
+	childtest.Say("TRIMS", st.Trim.Trims)
+}
+
+func init() { extraChildren["cheaps"] = childCHeaps }
+
+// TestCHeapsRTLDLocal is issue 21's input 1 through the facade: VmRSS under
+// 30 MiB 4 s after AfterBurst, and Report and Stats name both allocators.
+func TestCHeapsRTLDLocal(t *testing.T) {
+	const so = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	if testing.Short() {
+		t.Skip("a 500 MiB burst and a 4 s wait")
+	}
+	if _, err := os.Stat(so); err != nil {
+		t.Skipf("needs Debian's libjemalloc2: %v", err)
+	}
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set for the tests themselves")
+	}
+	// Debian's jemalloc uses initial-exec TLS: dlopen after the start
+	// needs room in the static TLS block.
+	r := childtest.Report(t, childtest.Command(t, "cheaps",
+		[]string{"MEMCTL", "MEMCTL_TRIM_DELAY", "GOMEMLIMIT", "GLIBC_TUNABLES", "LD_PRELOAD", "MALLOC_ARENA_MAX"},
+		"CHEAPS_SO="+so, "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536"))
+	t.Logf("RSS after the burst %s, 4 s after AfterBurst %s; Report.CHeaps: %s; Stats.CHeaps: %s", r["RSS_BURST"], r["RSS_AFTER"], r["REPORT_CHEAPS"], r["STATS_CHEAPS"])
+	// One trim from AfterBurst; a kernel pressure signal on the shared
+	// machine can add another.
+	trims, err := strconv.ParseInt(r["TRIMS"], 10, 64)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, trims, int64(1))
+	after, err := strconv.ParseInt(r["RSS_AFTER"], 10, 64)
+	require.NoError(t, err)
+	assert.Less(t, after, int64(30<<20))
+	assert.Contains(t, r["REPORT_CHEAPS"], "glibc in /")
+	assert.Contains(t, r["REPORT_CHEAPS"], "jemalloc in /usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+	assert.Contains(t, r["STATS_CHEAPS"], "glibc 2.")
+	assert.Contains(t, r["STATS_CHEAPS"], `jemalloc 5.`)
+	assert.Contains(t, r["STATS_CHEAPS"], `libjemalloc.so.2"): arena`)
+	assert.Contains(t, r["STATS_CHEAPS"], "released ")
+}
+
+// TestStartLineCHeaps: the startup line names every allocator found; with
+// jemalloc preloaded it owns malloc, and glibc is not listed (its malloc is
+// not used).
+func TestStartLineCHeaps(t *testing.T) {
+	if os.Getenv("LD_PRELOAD") != "" {
+		t.Skip("LD_PRELOAD is set for the tests themselves")
+	}
+	_, recs := runStart(t, nil)
+	_, line := infoLines(recs)
+	assert.Contains(t, line["c_heaps"], "glibc in /", "the owner of malloc")
+	assert.Contains(t, line["c_heaps"], "(owns malloc)")
+
+	const so = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+	if _, err := os.Stat(so); err != nil {
+		t.Skipf("needs Debian's libjemalloc2: %v", err)
+	}
+	_, recs = runStart(t, nil, "LD_PRELOAD="+so)
+	_, line = infoLines(recs)
+	assert.Equal(t, "jemalloc in "+so+" (owns malloc)", line["c_heaps"])
+}

@@ -1,0 +1,108 @@
+//go:build linux && cgo
+
+package dlburst
+
+/*
+#cgo LDFLAGS: -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// dlburst_dl_burst opens path with flags (RTLD_LOCAL or RTLD_GLOBAL, with
+// RTLD_NOW), allocates total bytes through the malloc that the handle
+// finds (prefix + "malloc") in blocks of min to max bytes (a fixed
+// pseudo-random sequence), writes them, and frees them all with the
+// handle's prefix + "free". It keeps the handle open. It returns 0, or
+// -1 when dlopen fails (*err then holds dlerror), -2 when a symbol is
+// missing, -3 when malloc fails.
+static char dlburst_dlerr[512];
+static const char *dlburst_dlerror(void) { return dlburst_dlerr; }
+static int dlburst_dl_burst(const char *path, int local, const char *prefix, long long total, size_t min, size_t max) {
+	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+	if (h == NULL) {
+		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+		return -1;
+	}
+	char name[64];
+	snprintf(name, sizeof name, "%smalloc", prefix);
+	void *(*m)(size_t) = (void *(*)(size_t))dlsym(h, name);
+	snprintf(name, sizeof name, "%sfree", prefix);
+	void (*f)(void *) = (void (*)(void *))dlsym(h, name);
+	if (m == NULL || f == NULL) return -2;
+	long cap = (long)(total / (long long)min) + 1;
+	void **p = calloc((size_t)cap, sizeof(void *));
+	if (p == NULL) return -3;
+	unsigned long long x = 88172645463325252ull;
+	long n = 0;
+	for (long long done = 0; done < total && n < cap; n++) {
+		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+		size_t sz = min + (size_t)(x % (unsigned long long)(max - min + 1));
+		p[n] = m(sz);
+		if (p[n] == NULL) return -3;
+		memset(p[n], 0x5a, sz);
+		done += (long long)sz;
+	}
+	for (long i = 0; i < n; i++) f(p[i]);
+	free(p);
+	return 0;
+}
+
+static int dlburst_open(const char *path, int local) {
+	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+	if (h == NULL) {
+		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+		return -1;
+	}
+	return 0;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Run opens the library at path with dlopen (RTLD_LOCAL when local,
+// else RTLD_GLOBAL; the handle stays open), allocates total bytes through
+// the handle's prefix+"malloc" (looked up with dlsym on that handle, so
+// they do not come from the allocator that owns the process's malloc) in
+// blocks of minSize to maxSize bytes, writes them, and frees them all with
+// the handle's prefix+"free".
+func Run(path string, local bool, prefix string, total, minSize, maxSize int64) error {
+	if total < 1 || minSize < 1 || maxSize < minSize {
+		return fmt.Errorf("dlburst: bad dlopen burst total=%d min=%d max=%d", total, minSize, maxSize)
+	}
+	cp, cpre := C.CString(path), C.CString(prefix)
+	defer C.free(unsafe.Pointer(cp))
+	defer C.free(unsafe.Pointer(cpre))
+	l := C.int(0)
+	if local {
+		l = 1
+	}
+	switch rc := C.dlburst_dl_burst(cp, l, cpre, C.longlong(total), C.size_t(minSize), C.size_t(maxSize)); rc {
+	case 0:
+		return nil
+	case -1:
+		return fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	default:
+		return fmt.Errorf("dlburst: dlopen burst through %s failed (code %d)", path, int(rc))
+	}
+}
+
+// Open dlopens the library at path (RTLD_LOCAL when local) and keeps it
+// loaded.
+func Open(path string, local bool) error {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	l := C.int(0)
+	if local {
+		l = 1
+	}
+	if C.dlburst_open(cp, l) != 0 {
+		return fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	}
+	return nil
+}

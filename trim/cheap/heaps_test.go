@@ -1,0 +1,34 @@
+package cheap
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestHeapNameString(t *testing.T) {
+	st := unknownStats(Jemalloc, "/x/libfoo.so")
+	st.Resident, st.Retained = 8<<20, 6<<20
+	h := Heap{Stats: st, Prefix: "je_", Version: "5.3.0", Trimmed: true,
+		Releases: 1, LastReleased: 240 << 20, LastDuration: 19 * time.Millisecond, LastSlices: 9, LastMaxSlice: 18 * time.Millisecond}
+	assert.Equal(t, "jemalloc je_ in /x/libfoo.so", h.Name())
+	assert.Equal(t, `jemalloc (prefix je_) 5.3.0 ("/x/libfoo.so"): resident 8.0 MiB, retained 6.0 MiB; released 240.0 MiB in 19ms (9 slices, longest 18ms)`, h.String())
+
+	g := Heap{Stats: unknownStats(Glibc, "/lib/libc.so.6"), OwnsMalloc: true, Trimmed: true, Releases: 1, LastReleased: -1, LastSlices: 1}
+	assert.Equal(t, "glibc in /lib/libc.so.6 (owns malloc)", g.Name())
+	assert.Contains(t, g.String(), "released (uncounted)")
+
+	hidden := Heap{Stats: unknownStats(Jemalloc, "/x/librocks.so"), Note: "a static, hidden copy"}
+	assert.Equal(t, "jemalloc in /x/librocks.so (present, not trimmed)", hidden.Name())
+	assert.Equal(t, `jemalloc ("/x/librocks.so"): present, not trimmed: a static, hidden copy`, hidden.String())
+}
+
+func TestSumKnown(t *testing.T) {
+	sum, unknown := sumKnown(3, -1, 4)
+	assert.Equal(t, int64(7), sum)
+	assert.True(t, unknown)
+	sum, unknown = sumKnown()
+	assert.Zero(t, sum)
+	assert.False(t, unknown)
+}
