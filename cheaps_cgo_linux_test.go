@@ -53,7 +53,7 @@ func childCHeaps() {
 	childtest.Say("TRIMS", st.Trim.Trims)
 }
 
-func init() { extraChildren["cheaps"] = childCHeaps }
+func init() { moreChildren["cheaps"] = childCHeaps }
 
 // TestCHeapsRTLDLocal is issue 21's input 1 through the facade: VmRSS under
 // 30 MiB 4 s after AfterBurst, and Report and Stats name both allocators.

@@ -35,7 +35,6 @@ func TestMain(m *testing.M) {
 	children := map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring,
 		"three-requests": childThreeRequests}
 	maps.Copy(children, moreChildren)
-	maps.Copy(children, extraChildren)
 	childtest.Main(m, children)
 }
 

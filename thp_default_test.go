@@ -10,7 +10,8 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// moreChildren are children that platform files add to TestMain's.
+// moreChildren are child processes that test files building only in some
+// configurations (a platform, cgo) add to TestMain's.
 var moreChildren = map[string]func(){}
 
 // The choice on a kernel without PR_THP_DISABLE_EXCEPT_ADVISED (before
