@@ -151,6 +151,14 @@ type Config struct {
 	// misuse; a production service should not crash on it. Default: false.
 	Strict bool
 
+	// OnTrim, when set, is called after each trim and each skipped trim
+	// (debounced or TrimNow), once its counters are in Stats, on the
+	// goroutine that ran it, before the next trim can start: it may call
+	// Stats, must not call TrimNow (which would wait for it) and should be
+	// short. The facade uses it to republish its
+	// state record (memctl status -pid). Default (nil): nothing is called.
+	OnTrim func()
+
 	// Test hooks; nil means the real thing.
 	goStep   func() int64         // the Go heap step; returns bytes released
 	estimate func() int64         // Go heap releasable bytes, -1 if unknown
@@ -316,6 +324,7 @@ type Trimmer struct {
 	strict     bool
 	cheap      CHeap
 	log        *slog.Logger
+	onTrim     func()
 	goStep     func() int64
 	estimate   func() int64
 	readCPU    func() cpuMark
@@ -395,6 +404,7 @@ func New(cfg Config) (*Trimmer, error) {
 		strict:     c.Strict,
 		cheap:      c.CHeap,
 		log:        c.Logger,
+		onTrim:     c.OnTrim,
 		goStep:     c.goStep,
 		estimate:   c.estimate,
 		readCPU:    readCPU,
@@ -796,6 +806,9 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 				slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
 				slog.Int64("min_release_bytes", t.minRelease))
 		}
+		if t.onTrim != nil {
+			t.onTrim()
+		}
 		return 0, nil
 	}
 
@@ -874,6 +887,9 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 			t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 				slog.String("allocator", t.stats.CHeapAllocator), slog.Any("error", cErr))
 		}
+	}
+	if t.onTrim != nil {
+		t.onTrim()
 	}
 	return released, cErr
 }
