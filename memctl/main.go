@@ -35,7 +35,11 @@
 //     namespace has cgroup v2 without the memory controller and no v1
 //     memory mount (a container on a hybrid host), the v1 memory cgroup
 //     that /proc/PID/cgroup lists is read in memctl's own mount namespace
-//     instead, and the table says so;
+//     instead, and the table says so. A process chrooted in memctl's own
+//     mount namespace, whose root shows no cgroup mount (its mountinfo is
+//     empty), has its cgroup from /proc/PID/cgroup read from memctl's own
+//     root: the same mounts, and nothing the process arranged in its root
+//     is trusted;
 //   - the memory settings in the environment the process started with
 //     (/proc/PID/environ): GOMEMLIMIT, GOGC, GODEBUG, AUTOMEMLIMIT, MEMCTL*,
 //     MALLOC_* (MALLOC_ARENA_MAX, jemalloc's MALLOC_CONF), MIMALLOC_* and
@@ -88,7 +92,7 @@
 //	    "dir": "/sys/fs/cgroup/system.slice/app.service",
 //	    "limit_bytes": 1073741824,        // null: no limit
 //	    "limit_file": "/sys/fs/cgroup/system.slice/memory.max", // null: no limit
-//	    "view": "process"                 // "memctl": read in memctl's mount namespace (hybrid host)
+//	    "view": "process"                 // "memctl": read in memctl's mount namespace (hybrid host); "memctl-root": from memctl's root (chrooted process)
 //	  },
 //	  "cgroup_error": "...",              // only when "cgroup" is null: why
 //	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set; null when unknown

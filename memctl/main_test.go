@@ -45,6 +45,7 @@ func TestMain(m *testing.M) {
 		"report":  reportChild,
 		"service": serviceChild,
 		"forge":   forgeChild,
+		"chroot":  chrootChild,
 	})
 }
 

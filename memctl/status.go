@@ -147,7 +147,9 @@ type memCgroup struct {
 	LimitBytes *int64  `json:"limit_bytes"`
 	LimitFile  *string `json:"limit_file"`
 	// View is "process" when the files were read in the process's mount
-	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller).
+	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller: a
+	// hybrid host), "memctl-root" when in memctl's root (ViewCallerRoot: a
+	// process chrooted in memctl's mount namespace).
 	View string `json:"view"`
 }
 
@@ -336,8 +338,11 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 	switch {
 	case err == nil:
 		c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir, View: "process"}
-		if view == cgroupfs.ViewCaller {
+		if view != cgroupfs.ViewProcess {
 			c.View = "memctl"
+			if view == cgroupfs.ViewCallerRoot {
+				c.View = "memctl-root"
+			}
 		}
 		if l.Bytes != cgroupfs.NoLimit {
 			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
@@ -386,7 +391,7 @@ func readEnv(proc *safefs.Dir, st *statusReport) error {
 // namespace view names, with parseMemoryEvents.
 func readMemoryEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st *statusReport) error {
 	root, prefix := proc, proc.Name()+"/root"
-	if view == cgroupfs.ViewCaller {
+	if view != cgroupfs.ViewProcess {
 		self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
 		if err != nil {
 			return err
@@ -496,8 +501,11 @@ func writeTable(w io.Writer, st *statusReport) {
 	bytesRow("VmHWM", "vm_hwm_bytes", st.VmHWMBytes)
 	if c := st.Cgroup; c != nil {
 		v := fmt.Sprintf("v%d %s", c.Version, safefs.Quote(c.Path))
-		if c.View == "memctl" {
+		switch c.View {
+		case "memctl":
 			v += " (read in memctl's mount namespace: the process's own has cgroup v2 without the memory controller and no v1 memory mount)"
+		case "memctl-root":
+			v += " (read from memctl's root: the process is chrooted in memctl's mount namespace and its root shows no cgroup mount)"
 		}
 		row("cgroup", v)
 		if c.LimitBytes == nil {
