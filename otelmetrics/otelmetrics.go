@@ -145,7 +145,9 @@ var controllerInstruments = []instrument{
 	gauge("memctl.enabled", "1", "memctl_enabled", "1 when memctl.Start ran and MEMCTL did not switch memctl off.",
 		func(s *snapshot) (float64, bool) { return boolValue(s.live && !s.report.Off), true }),
 	gauge("memctl.gomemlimit", "By", "memctl_gomemlimit_bytes", "GOMEMLIMIT now (debug.SetMemoryLimit); not observed when no limit is set.",
-		func(s *snapshot) (float64, bool) { return float64(s.stats.GoMemLimit), s.stats.GoMemLimit != math.MaxInt64 }),
+		func(s *snapshot) (float64, bool) {
+			return float64(s.stats.GoMemLimit), s.stats.GoMemLimit != math.MaxInt64
+		}),
 	{name: "memctl.gomemlimit.info", unit: "1", prom: "memctl_gomemlimit_info",
 		desc: "1, with the source of the limit behind GOMEMLIMIT: none, cgroup v1, cgroup v2, system or env.",
 		read: func(s *snapshot, o observe) {
@@ -256,7 +258,9 @@ var controllerInstruments = []instrument{
 // series per pool (attribute pool, added by the callback).
 var poolInstruments = []instrument{
 	gauge("memctl.budget.limit", "By", "memctl_budget_limit_bytes", "The budget pool's limit; not observed when it has none.",
-		func(s *snapshot) (float64, bool) { return float64(s.pool.Limit), s.pool.Limit > 0 && s.pool.Limit != limits.Unlimited }),
+		func(s *snapshot) (float64, bool) {
+			return float64(s.pool.Limit), s.pool.Limit > 0 && s.pool.Limit != limits.Unlimited
+		}),
 	gauge("memctl.budget.in_use", "By", "memctl_budget_in_use_bytes", "Bytes the pool's accounts hold, including the chunks they reserved.",
 		func(s *snapshot) (float64, bool) { return float64(s.pool.Used), true }),
 	gauge("memctl.budget.peak", "By", "memctl_budget_peak_bytes", "The highest in-use bytes since the pool was made.",
