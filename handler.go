@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/memctl/memctl/internal/state"
 )
@@ -20,7 +21,8 @@ import (
 // counters are current: "gomemlimit" (bytes, null for none, source, file,
 // reason), "thp", "trim" (delay, trims run and skipped, bytes released),
 // "pools" (name, mode, limit_bytes), "pressure" (the source watched) and
-// "c_heap"; keys are only added, never renamed. With no controller live it
+// "c_heap"; keys are only added, never renamed. "updated" is the time of
+// the request and "seq" is 0 (they number the published records). With no controller live it
 // serves "closed": true and GOMEMLIMIT as it is. It answers GET and HEAD
 // (405 otherwise) and registers nothing by itself. Safe for concurrent use.
 func Handler() http.Handler { return http.HandlerFunc(serveState) }
@@ -32,7 +34,7 @@ func serveState(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r := current.Load().record()
-	r.Version, r.PID = state.Version, os.Getpid()
+	r.Version, r.PID, r.Updated = state.Version, os.Getpid(), time.Now().UTC()
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	enc := json.NewEncoder(w)

@@ -167,7 +167,8 @@
 // It refuses a file that is not a regular file (a FIFO, a device such as
 // /dev/zero, a socket; the open uses O_NONBLOCK, so a FIFO cannot block it),
 // a symlink, a file larger than a cap (64 KiB for a cgroup file or a /proc
-// file, 1 MiB for mountinfo, 4 MiB for environ), and a read that takes
+// file, 32 MiB for mountinfo, read as a stream, 6 MiB for environ; see
+// safefs.MaxMountinfo and safefs.MaxEnviron), and a read that takes
 // longer than 5 s (a FUSE file the process serves); the field is then
 // unknown with the reason (exit status 3). An error quotes at most 200 bytes
 // of a file or name, escaped. On a kernel without openat2 (before Linux
@@ -275,7 +276,8 @@ const usageText = `usage:
   memctl exec [-thp disable|except-advised|keep] [-ratio R] [-arena-max N] [-v] [--] PROGRAM [ARGS...]
 
 status shows the THP settings, RSS, cgroup memory limit and memory
-environment of a process. exec runs PROGRAM with THP disabled, GOMEMLIMIT
+environment of a process, and what the memctl library inside it reported
+deciding. exec runs PROGRAM with THP disabled, GOMEMLIMIT
 set from the cgroup limit, and optionally a glibc arena cap.
 Run "memctl status -h" or "memctl exec -h" for the flags.
 `

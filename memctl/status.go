@@ -31,7 +31,7 @@ import (
 const statusUsage = `usage: memctl status [-pid PID] [-json]
 
 Show the THP settings, RSS, cgroup memory limit and memory environment of a
-process. Flags:
+process, and what the memctl library inside it reported deciding. Flags:
 `
 
 // statusReport is the document "memctl status -json" prints; see the

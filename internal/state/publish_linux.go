@@ -21,7 +21,10 @@ func init() { pub.fd = -1 }
 // and Updated are filled in. It writes r into a new sealed memfd and moves
 // that onto the record's descriptor with dup3(2), so a reader sees the old
 // record or the new one whole. The error says what failed; the previous
-// record, if any, then stays. About 10 µs. Safe for concurrent use.
+// record, if any, then stays. It costs 35 to 130 µs and 3 allocations for a
+// record of about 1 KiB on this project's loaded 2-core machine (go test
+// -run '^$' -bench Publish -count 5 ./internal/state), once per decision.
+// Safe for concurrent use.
 func Publish(r *Record) error {
 	pub.mu.Lock()
 	defer pub.mu.Unlock()

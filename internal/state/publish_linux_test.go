@@ -104,3 +104,21 @@ func readLinks() (map[string]int, error) {
 	}
 	return m, nil
 }
+
+// BenchmarkPublish measures one publish of a record of the usual size
+// (about 1 KiB, two pools): what each decision change costs the process.
+func BenchmarkPublish(b *testing.B) {
+	gml, lim := int64(241591910), int64(120<<20)
+	r := &Record{PID: 1, GoMemLimit: GoMemLimit{Bytes: &gml, Source: "cgroup v1",
+		File: "/sys/fs/cgroup/memory/system.slice/app.service/memory.limit_in_bytes", MemoryLimitBytes: 256 << 20, Ratio: 0.9,
+		RefreshSeconds: 10, Reason: "default ratio 0.9 of the cgroup v1 limit from /sys/fs/cgroup/memory/system.slice/app.service/memory.limit_in_bytes, minus 3.7 MiB outside the Go runtime"},
+		THP: THP{Policy: "disable", State: "disabled", System: "madvise"}, Trim: Trim{DelaySeconds: 2, Trims: 10},
+		Pools:    []Pool{{Name: "http", Mode: "enforce", LimitBytes: &lim}, {Name: "grpc", Mode: "observe", LimitBytes: &lim}},
+		Pressure: Pressure{Source: "cgroup v1 /sys/fs/cgroup/memory/system.slice/app.service/memory.pressure_level low"}, CHeap: "glibc"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Publish(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
