@@ -42,7 +42,7 @@ const (
 	// Config.MinRelease) below which a step of a due trim is skipped: 8 MiB.
 	// The Go step forces a full GC (measured on this repository's test
 	// machine: 0.7 to 2.7 ms with 20 MiB live and nothing to release, about
-	// 170 ms of GC CPU with 1 GiB live, see BENCHMARKS.md), and the Go
+	// 170 ms of GC CPU with 1 GiB live, see docs/benchmarks.md), and the Go
 	// runtime holds a few MiB of free spans and allocation headroom in
 	// normal operation, so below 8 MiB (four 2 MiB huge pages) the GC costs
 	// more than the pages are worth. It is a judgement, not a measured
@@ -274,7 +274,7 @@ type Stats struct {
 // A throttled CPU cgroup starts the trim at half the delay. Under a CFS
 // quota a trim takes many times its CPU time in wall time (about 20 times
 // at a 10% quota shared with a busy loop, measured on this repository's
-// test machine; 1.5 to 5 s for a trim of a 1 GiB heap, BENCHMARKS.md), so
+// test machine; 1.5 to 5 s for a trim of a 1 GiB heap, docs/benchmarks.md), so
 // a trim started at Delay would bring RSS down long after it would on a
 // free CPU. While a trim is
 // pending, the Trimmer reads its cgroup's throttled time (cpu.stat: v1
