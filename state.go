@@ -103,9 +103,14 @@ func (c *Controller) recordOr(closed *Controller) *state.Record {
 
 // startRecord publishes c's first record and watches, at the end of each GC
 // cycle, for a change of GOMEMLIMIT or of the pools (an atomic read and a
-// short list; no goroutine, no timer).
+// short list; no goroutine, no timer). A controller that MEMCTL=off
+// switched off publishes once and watches nothing.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l
+	if c.report.Off {
+		c.publish() // MEMCTL=off: one record that says so, and no watch
+		return
+	}
 	c.rec.last = fingerprint()
 	c.rec.sub = gcend.Subscribe(func() bool {
 		if f := fingerprint(); f != c.rec.last {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/safefs"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
@@ -139,4 +140,21 @@ func TestStateRecordIdle(t *testing.T) {
 	runtime.GC()
 	r1 := ownRecord(t)
 	assert.Equal(t, r0.Seq, r1.Seq)
+}
+
+// MEMCTL=off: one record that says so, and no GC-end watch (memctl does
+// nothing at all).
+func TestStateRecordOff(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	t.Setenv("MEMCTL", "off")
+	before := gcend.Active()
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer ctl.Close()
+	assert.Equal(t, before, gcend.Active(), "no watch while off")
+	r := ownRecord(t)
+	assert.True(t, r.Off)
+	assert.Equal(t, "keep", r.THP.Policy)
 }
