@@ -131,9 +131,14 @@ func TestStateRecordIdle(t *testing.T) {
 	if prev, err := thp.Process(); err == nil {
 		defer restoreTHP(prev)
 	}
+	// No pressure watch: system PSI from other processes would trim, and a
+	// trim is a decision that is published.
+	t.Setenv("MEMCTL_PRESSURE", "off")
 	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
 	require.NoError(t, err)
 	defer ctl.Close()
+	runtime.GC() // pools dropped by earlier tests leave the list now
+	time.Sleep(50 * time.Millisecond)
 	r0 := ownRecord(t)
 	time.Sleep(300 * time.Millisecond)
 	runtime.GC() // a GC cycle with nothing changed publishes nothing
