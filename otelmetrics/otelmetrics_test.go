@@ -79,6 +79,7 @@ func TestInstrumentsReadBack(t *testing.T) {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
+	t.Setenv("MEMCTL_PRESSURE", "off") // no pressure trims from other processes' PSI between collect and Stats
 	discard := slog.New(slog.DiscardHandler)
 	ctl, err := memctl.Start(memctl.WithLogger(discard), memctl.WithTrimDelay(10*time.Millisecond))
 	require.NoError(t, err)
