@@ -48,6 +48,17 @@
 // without GOMEMLIMIT the garbage collector does not know the container's
 // limit. examples/burst shows the first effect on this machine.
 //
+// # Seeing what it decided
+//
+// Controller.Report says what Start decided and Controller.Stats what it
+// did since; Handler serves both as JSON at a /debug/memctl of the
+// service's choosing. The same document, the state record, is published
+// where `memctl status -pid PID` reads it from outside the process (a
+// sealed memfd, replaced whole when a decision changes: at Start, after
+// each trim, when GOMEMLIMIT or the pools change, at Close; never on a
+// timer or a hot path). The nested modules metrics and otelmetrics export
+// the figures to Prometheus and OpenTelemetry.
+//
 // # Configuration
 //
 // Start takes functional options, because nearly every caller passes none:

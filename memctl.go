@@ -213,7 +213,8 @@ type Controller struct {
 	monitor   *pressure.Monitor
 	auto      *trim.AutoBurst
 	once      sync.Once
-	startedBy string // Start's caller, for the second-Start warning
+	startedBy string   // Start's caller, for the second-Start warning
+	rec       recorder // the state record (state.go)
 }
 
 // Start applies memctl's settings to this process and returns the controller
@@ -336,6 +337,7 @@ func Start(opts ...Option) (*Controller, error) {
 	if delay > 0 {
 		tc := cfg.trim
 		tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, cfg.logger), tc.Strict || strict.Load()
+		tc.OnTrim = chain(tc.OnTrim, c.publish)
 		tr, err := trim.New(tc)
 		if err != nil {
 			fail(err)
@@ -359,6 +361,7 @@ func Start(opts ...Option) (*Controller, error) {
 	}
 	c.logStarted(cfg.logger)
 	register(c, cfg.logger)
+	c.startRecord(cfg.logger)
 	return c, errors.Join(errs...)
 }
 
@@ -406,6 +409,7 @@ func (c *Controller) startOff(l *slog.Logger, why string) {
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
 		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.GoMemLimit)))
 	register(c, l)
+	c.startRecord(l)
 }
 
 func bytesOrNone(b int64) string {
@@ -538,12 +542,14 @@ func (c *Controller) Close() error {
 	}
 	c.once.Do(func() {
 		unregister(c)
+		c.rec.sub.Stop() // before the trimmer's Close: no republish after it
 		_ = c.monitor.Close()
 		c.auto.Close()
 		c.limiter.Close()
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()
 		}
+		c.stopRecord()
 	})
 	return nil
 }

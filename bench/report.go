@@ -89,7 +89,7 @@ const notJudgedQuick = "quick run"
 // burstFloor is the share of the burst that may stay resident after the
 // trim: the Go runtime keeps the metadata of a heap that once reached the
 // burst's size (span structures, per-arena metadata), about 4.5 MiB for a
-// 1 GiB burst (0.44%), measured from /proc/PID/smaps (see BENCHMARKS.md).
+// 1 GiB burst (0.44%), measured from /proc/PID/smaps (see docs/benchmarks.md).
 const burstFloor = 0.005
 
 // writeJSON writes rep as indented JSON.

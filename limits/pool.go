@@ -72,7 +72,17 @@ const heapRefreshInterval = time.Second
 const maxChunkSize = 1 << 30
 
 // Mode is what a pool does with a Grow past a budget, set by the operator
-// with MEMCTL_BUDGETS (see the package doc).
+// with MEMCTL_BUDGETS, read by NewPool (spaces trimmed, any case):
+//
+//   - enforce (also on, yes, true, 1, t; the default when unset): refuse;
+//   - observe: account, count (PoolStats.Observed) and log, at most once per
+//     ObserveLogInterval, what would have been refused, without refusing:
+//     the safe way to roll budgets out;
+//   - off (also no, false, 0, f): refuse nothing, run no heap watch.
+//
+// MEMCTL=off turns budgets off too. Any other value is logged at WARN and
+// budgets are enforced, where memctl's other switches turn their part off:
+// a budget is a limit, and a typo must not lift it.
 type Mode int
 
 const (

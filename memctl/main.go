@@ -35,11 +35,28 @@
 //     namespace has cgroup v2 without the memory controller and no v1
 //     memory mount (a container on a hybrid host), the v1 memory cgroup
 //     that /proc/PID/cgroup lists is read in memctl's own mount namespace
-//     instead, and the table says so;
+//     instead, and the table says so. A process chrooted in memctl's own
+//     mount namespace, whose root shows no cgroup mount (its mountinfo is
+//     empty), has its cgroup from /proc/PID/cgroup read from memctl's own
+//     root: the same mounts, and nothing the process arranged in its root
+//     is trusted;
 //   - the memory settings in the environment the process started with
 //     (/proc/PID/environ): GOMEMLIMIT, GOGC, GODEBUG, AUTOMEMLIMIT, MEMCTL*,
 //     MALLOC_* (MALLOC_ARENA_MAX, jemalloc's MALLOC_CONF), MIMALLOC_* and
-//     GLIBC_TUNABLES.
+//     GLIBC_TUNABLES;
+//   - what the memctl library inside the process decided, when the process
+//     uses it: its state record (package internal/state), which memctl.Start
+//     publishes in a sealed memfd named "memctl-state" and replaces whole
+//     when a decision changes (GOMEMLIMIT in force, its source and reason,
+//     the THP policy, the trims run and skipped, the budget pools, the
+//     pressure source). The record is what the process says of itself, not
+//     a fact memctl checked: the table shows it under "memctl" as
+//     "reported by the process (not checked)", every string in it quoted.
+//     A record that is not one JSON object of the known types and version,
+//     that is larger than 64 KiB, or that holds a negative size or count,
+//     is rejected whole (never shown in part): "memctl" is unknown with the
+//     reason (exit status 3). A process without a record is not an error
+//     ("memctl": null, exit status 0).
 //
 // Reading another user's process needs root. A PID that does not exist, or
 // whose /proc/PID/status cannot be read, is an error naming it (exit status
@@ -75,12 +92,28 @@
 //	    "dir": "/sys/fs/cgroup/system.slice/app.service",
 //	    "limit_bytes": 1073741824,        // null: no limit
 //	    "limit_file": "/sys/fs/cgroup/system.slice/memory.max", // null: no limit
-//	    "view": "process"                 // "memctl": read in memctl's mount namespace (hybrid host)
+//	    "view": "process"                 // "memctl": read in memctl's mount namespace (hybrid host); "memctl-root": from memctl's root (chrooted process)
 //	  },
 //	  "cgroup_error": "...",              // only when "cgroup" is null: why
 //	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set; null when unknown
 //	  "env_base64": ["TUFMTE9DX1g9/w=="], // only when a variable is not valid UTF-8, see below
 //	  "memory_events": {"oom_kill": 0},   // cgroup v2 memory.events counters, when read
+//	  "memctl": {                         // the library's state record; null when none
+//	    "reported_by": "process",         // always: the values are the process's own word
+//	    "file": "/proc/1234/fd/5",        // where it was read
+//	    "version": 1, "pid": 1, "seq": 3, "updated": "2026-12-01T10:00:00Z",
+//	    "off": false, "closed": false,
+//	    "gomemlimit": {"bytes": 237670254, "source": "cgroup v1", "file": "...",
+//	      "memory_limit_bytes": 268435456, "ratio": 0.9, "outside_bytes": 3921656,
+//	      "refresh_seconds": 10, "reason": "..."},  // bytes: null for no limit
+//	    "thp": {"policy": "disable", "state": "disabled", "system": "madvise"},
+//	    "trim": {"delay_seconds": 2, "trims": 1, "skipped": 0, "go_skipped": 0,
+//	      "c_skipped": 1, "released_bytes": 34119680, "last_released_bytes": 34119680,
+//	      "cpu_seconds": 0.0026, "deferred": 0, "early_starts": 0},
+//	    "pools": [{"name": "api", "mode": "enforce", "limit_bytes": 118798263}],
+//	    "pressure": {"source": "cgroup v1 .../memory.pressure_level low"},
+//	    "c_heap": "glibc"                 // newer libraries add keys; this memctl shows those it knows
+//	  },
 //	  "unknown": {                        // only when a field could not be read:
 //	    "anon_huge_pages_bytes": "procfs: open \"/proc/1/smaps_rollup\": permission denied"
 //	  }                                   // its key and the reason (exit status 3)
@@ -88,7 +121,7 @@
 //
 // The keys of "unknown" are those of the fields above: thp_system,
 // thp_enabled, anon_huge_pages_bytes, vm_rss_bytes, vm_hwm_bytes, env,
-// cgroup, memory_events. The JSON text escapes every character that is not
+// cgroup, memory_events, memctl. The JSON text escapes every character that is not
 // printable (\u escapes, strconv.IsPrint), so a C1 control such as U+009B
 // never reaches a terminal raw; the values are unchanged.
 //
@@ -121,12 +154,21 @@
 //     through no symlink at all (a cgroup file is never one), and only
 //     from a cgroup or cgroup2 file system (fstatfs(2)): a file the
 //     process bind-mounted over its own cgroup file is refused;
-//   - the system THP settings in memctl's own /sys.
+//   - the system THP settings in memctl's own /sys;
+//   - the state record: the entries of /proc/PID/fd are listed (at most
+//     65536) and their links read; the first that reads "/memfd:memctl-state
+//     (deleted)" is opened through the link with O_PATH (no driver's open
+//     runs), and read only when it is a regular file of tmpfs or hugetlbfs
+//     (a memfd's file systems) of at most 64 KiB, checked before a byte is
+//     read (a process that swaps the descriptor for a FIFO, a device or a
+//     file of a terabyte is refused). Reading /proc/PID/fd needs what
+//     reading /proc/PID/environ needs.
 //
 // It refuses a file that is not a regular file (a FIFO, a device such as
 // /dev/zero, a socket; the open uses O_NONBLOCK, so a FIFO cannot block it),
 // a symlink, a file larger than a cap (64 KiB for a cgroup file or a /proc
-// file, 1 MiB for mountinfo, 4 MiB for environ), and a read that takes
+// file, 32 MiB for mountinfo, read as a stream, 6 MiB for environ; see
+// safefs.MaxMountinfo and safefs.MaxEnviron), and a read that takes
 // longer than 5 s (a FUSE file the process serves); the field is then
 // unknown with the reason (exit status 3). An error quotes at most 200 bytes
 // of a file or name, escaped. On a kernel without openat2 (before Linux
@@ -234,7 +276,8 @@ const usageText = `usage:
   memctl exec [-thp disable|except-advised|keep] [-ratio R] [-arena-max N] [-v] [--] PROGRAM [ARGS...]
 
 status shows the THP settings, RSS, cgroup memory limit and memory
-environment of a process. exec runs PROGRAM with THP disabled, GOMEMLIMIT
+environment of a process, and what the memctl library inside it reported
+deciding. exec runs PROGRAM with THP disabled, GOMEMLIMIT
 set from the cgroup limit, and optionally a glibc arena cap.
 Run "memctl status -h" or "memctl exec -h" for the flags.
 `

@@ -40,9 +40,12 @@ func TestMain(m *testing.M) {
 		}
 	}
 	childtest.Main(m, map[string]func(){
-		"memctl": memctlChild,
-		"hold":   holdChild,
-		"report": reportChild,
+		"memctl":  memctlChild,
+		"hold":    holdChild,
+		"report":  reportChild,
+		"service": serviceChild,
+		"forge":   forgeChild,
+		"chroot":  chrootChild,
 	})
 }
 

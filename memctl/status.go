@@ -24,13 +24,14 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/safefs"
+	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/thp"
 )
 
 const statusUsage = `usage: memctl status [-pid PID] [-json]
 
 Show the THP settings, RSS, cgroup memory limit and memory environment of a
-process. Flags:
+process, and what the memctl library inside it reported deciding. Flags:
 `
 
 // statusReport is the document "memctl status -json" prints; see the
@@ -54,6 +55,11 @@ type statusReport struct {
 	// low, high, max, oom, oom_kill, oom_group_kill), read when
 	// parseMemoryEvents is set; null otherwise.
 	MemoryEvents map[string]int64 `json:"memory_events,omitempty"`
+	// Memctl is the state record that the memctl library inside the
+	// process published (package internal/state), as the process reported
+	// it: null when none was found (the process does not use the library,
+	// or an older one). See readRecord.
+	Memctl *memctlRecord `json:"memctl"`
 	// Unknown names each field that could not be read (by its JSON key)
 	// with the reason. Absent when everything was read; then the exit
 	// status is 0, and otherwise exitPartial.
@@ -89,6 +95,41 @@ func parseMemoryEvents(b []byte, file string) (map[string]int64, error) {
 	return m, nil
 }
 
+// memctlRecord is the state record in the JSON document: the parsed record's
+// keys, after "reported_by" (always "process": the values are what the
+// process wrote, not checked against the kernel) and "file" (where it was
+// read).
+type memctlRecord struct {
+	ReportedBy string `json:"reported_by"`
+	File       string `json:"file"`
+	*state.Record
+}
+
+// readRecord reads the process's state record: the memfd named
+// state.MemfdName among its descriptors (safefs.Dir.ReadMemfd: through
+// /proc/PID/fd, a regular tmpfs file only, at most state.MaxSize bytes),
+// parsed with state.Parse, which rejects the whole record on any wrong
+// type, size or version. No record is not an error (st.Memctl stays nil);
+// a record that cannot be read or parsed is (the field is unknown, exit
+// status 3). A process's own record cannot be trusted: every string of it
+// is shown quoted and the table labels it "reported by the process".
+func readRecord(proc *safefs.Dir, st *statusReport) error {
+	path, b, err := proc.ReadMemfd(state.MemfdName, state.MaxSize)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	r, err := state.Parse(b)
+	if err != nil {
+		// Quoted: a parse error may hold bytes of the record.
+		return fmt.Errorf("state record %s rejected: %s", safefs.Quote(path), safefs.Quote(err.Error()))
+	}
+	st.Memctl = &memctlRecord{ReportedBy: "process", File: path, Record: r}
+	return nil
+}
+
 // thpSystem is thp.Settings in the JSON document.
 type thpSystem struct {
 	Enabled      string `json:"enabled"`
@@ -106,7 +147,9 @@ type memCgroup struct {
 	LimitBytes *int64  `json:"limit_bytes"`
 	LimitFile  *string `json:"limit_file"`
 	// View is "process" when the files were read in the process's mount
-	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller).
+	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller: a
+	// hybrid host), "memctl-root" when in memctl's root (ViewCallerRoot: a
+	// process chrooted in memctl's mount namespace).
 	View string `json:"view"`
 }
 
@@ -286,14 +329,20 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 			unknown("env", err)
 			st.Env = nil
 		}
+		if err := readRecord(proc, st); err != nil {
+			unknown("memctl", err)
+		}
 	}
 
 	l, view, err := cgroupfs.OfProc(proc)
 	switch {
 	case err == nil:
 		c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir, View: "process"}
-		if view == cgroupfs.ViewCaller {
+		if view != cgroupfs.ViewProcess {
 			c.View = "memctl"
+			if view == cgroupfs.ViewCallerRoot {
+				c.View = "memctl-root"
+			}
 		}
 		if l.Bytes != cgroupfs.NoLimit {
 			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
@@ -342,7 +391,7 @@ func readEnv(proc *safefs.Dir, st *statusReport) error {
 // namespace view names, with parseMemoryEvents.
 func readMemoryEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st *statusReport) error {
 	root, prefix := proc, proc.Name()+"/root"
-	if view == cgroupfs.ViewCaller {
+	if view != cgroupfs.ViewProcess {
 		self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
 		if err != nil {
 			return err
@@ -452,8 +501,11 @@ func writeTable(w io.Writer, st *statusReport) {
 	bytesRow("VmHWM", "vm_hwm_bytes", st.VmHWMBytes)
 	if c := st.Cgroup; c != nil {
 		v := fmt.Sprintf("v%d %s", c.Version, safefs.Quote(c.Path))
-		if c.View == "memctl" {
+		switch c.View {
+		case "memctl":
 			v += " (read in memctl's mount namespace: the process's own has cgroup v2 without the memory controller and no v1 memory mount)"
+		case "memctl-root":
+			v += " (read from memctl's root: the process is chrooted in memctl's mount namespace and its root shows no cgroup mount)"
 		}
 		row("cgroup", v)
 		if c.LimitBytes == nil {
@@ -488,6 +540,7 @@ func writeTable(w io.Writer, st *statusReport) {
 	} else if len(keys) == 0 {
 		row(label, "none of GOMEMLIMIT, GOGC, GODEBUG, AUTOMEMLIMIT, MEMCTL*, MALLOC_*, MIMALLOC_*, GLIBC_TUNABLES")
 	}
+	writeRecord(row, st)
 	tw.Flush()
 }
 
@@ -529,4 +582,87 @@ func size(n *int64) string {
 		i++
 	}
 	return fmt.Sprintf("%d bytes (%.1f %s)", b, f, units[i])
+}
+
+// writeRecord writes the rows of the state record, each labeled as reported
+// by the process; every string in it is quoted (safefs.Quote, cut to 200
+// bytes).
+func writeRecord(row func(k, v string), st *statusReport) {
+	if r, ok := st.Unknown["memctl"]; ok {
+		row("memctl", "unknown: "+r)
+		return
+	}
+	m := st.Memctl
+	if m == nil {
+		row("memctl", "none: no memctl state record (the process does not use the memctl library, or one older than the record)")
+		return
+	}
+	q := safefs.Quote
+	r := m.Record
+	note := ""
+	switch {
+	case r.Off:
+		note = ", memctl is off (MEMCTL=off)"
+	case r.Closed:
+		note = ", controller closed"
+	}
+	row("memctl", fmt.Sprintf("reported by the process (not checked): record %s, version %d, seq %d, updated %s%s",
+		q(m.File), r.Version, r.Seq, r.Updated.Format(time.RFC3339), note))
+	g := r.GoMemLimit
+	lim := "none"
+	if g.Bytes != nil {
+		lim = size(g.Bytes)
+	}
+	src := "source " + q(g.Source)
+	if g.File != "" {
+		src += " " + q(g.File)
+	}
+	if g.MemoryLimitBytes > 0 {
+		src += fmt.Sprintf(", %.2f of %s", g.Ratio, size(&g.MemoryLimitBytes))
+	}
+	if g.OutsideBytes > 0 {
+		src += ", less " + size(&g.OutsideBytes) + " outside the Go runtime"
+	}
+	refresh := "no refresh"
+	if g.RefreshSeconds > 0 {
+		refresh = "re-read at GC end at most every " + seconds(g.RefreshSeconds)
+	}
+	row("  GOMEMLIMIT", lim+"; "+src+"; "+refresh)
+	row("  GOMEMLIMIT reason", q(g.Reason))
+	row("  THP", fmt.Sprintf("policy %s, process %s, system %s", q(r.THP.Policy), q(r.THP.State), q(r.THP.System)))
+	t := r.Trim
+	if t.DelaySeconds <= 0 {
+		row("  trims", "off")
+	} else {
+		row("  trims", fmt.Sprintf("%d run, %d skipped (below the threshold); Go step skipped %d, C step skipped %d; %s released (last %s); %s of CPU; delay %s",
+			t.Trims, t.Skipped, t.GoSkipped, t.CSkipped, size(&t.ReleasedBytes), size(&t.LastReleasedBytes),
+			seconds(t.CPUSeconds), seconds(t.DelaySeconds)))
+		if t.Deferred > 0 || t.EarlyStarts > 0 {
+			row("", fmt.Sprintf("%d deferred by the CPU limit, %d started early (CPU cgroup throttled)", t.Deferred, t.EarlyStarts))
+		}
+	}
+	if len(r.Pools) == 0 {
+		row("  pools", "none")
+	}
+	for i, p := range r.Pools {
+		label := ""
+		if i == 0 {
+			label = "  pools"
+		}
+		lim := "unlimited"
+		if p.LimitBytes != nil {
+			lim = size(p.LimitBytes)
+		}
+		row(label, fmt.Sprintf("%s %s, limit %s", q(p.Name), q(p.Mode), lim))
+	}
+	if r.PoolsOmitted > 0 {
+		row("", fmt.Sprintf("and %d more", r.PoolsOmitted))
+	}
+	row("  pressure", q(r.Pressure.Source))
+	row("  C heap", q(r.CHeap))
+}
+
+// seconds formats a count of seconds (float64) as a duration.
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()
 }

@@ -42,7 +42,7 @@ const (
 	// Config.MinRelease) below which a step of a due trim is skipped: 8 MiB.
 	// The Go step forces a full GC (measured on this repository's test
 	// machine: 0.7 to 2.7 ms with 20 MiB live and nothing to release, about
-	// 170 ms of GC CPU with 1 GiB live, see BENCHMARKS.md), and the Go
+	// 170 ms of GC CPU with 1 GiB live, see docs/benchmarks.md), and the Go
 	// runtime holds a few MiB of free spans and allocation headroom in
 	// normal operation, so below 8 MiB (four 2 MiB huge pages) the GC costs
 	// more than the pages are worth. It is a judgement, not a measured
@@ -150,6 +150,14 @@ type Config struct {
 	// counted and logged. It is meant for tests, which should fail on
 	// misuse; a production service should not crash on it. Default: false.
 	Strict bool
+
+	// OnTrim, when set, is called after each trim and each skipped trim
+	// (debounced or TrimNow), once its counters are in Stats, on the
+	// goroutine that ran it, before the next trim can start: it may call
+	// Stats, must not call TrimNow (which would wait for it) and should be
+	// short. The facade uses it to republish its
+	// state record (memctl status -pid). Default (nil): nothing is called.
+	OnTrim func()
 
 	// Test hooks; nil means the real thing.
 	goStep   func() int64         // the Go heap step; returns bytes released
@@ -266,7 +274,7 @@ type Stats struct {
 // A throttled CPU cgroup starts the trim at half the delay. Under a CFS
 // quota a trim takes many times its CPU time in wall time (about 20 times
 // at a 10% quota shared with a busy loop, measured on this repository's
-// test machine; 1.5 to 5 s for a trim of a 1 GiB heap, BENCHMARKS.md), so
+// test machine; 1.5 to 5 s for a trim of a 1 GiB heap, docs/benchmarks.md), so
 // a trim started at Delay would bring RSS down long after it would on a
 // free CPU. While a trim is
 // pending, the Trimmer reads its cgroup's throttled time (cpu.stat: v1
@@ -316,6 +324,7 @@ type Trimmer struct {
 	strict     bool
 	cheap      CHeap
 	log        *slog.Logger
+	onTrim     func()
 	goStep     func() int64
 	estimate   func() int64
 	readCPU    func() cpuMark
@@ -395,6 +404,7 @@ func New(cfg Config) (*Trimmer, error) {
 		strict:     c.Strict,
 		cheap:      c.CHeap,
 		log:        c.Logger,
+		onTrim:     c.OnTrim,
 		goStep:     c.goStep,
 		estimate:   c.estimate,
 		readCPU:    readCPU,
@@ -796,6 +806,9 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 				slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
 				slog.Int64("min_release_bytes", t.minRelease))
 		}
+		if t.onTrim != nil {
+			t.onTrim()
+		}
 		return 0, nil
 	}
 
@@ -882,6 +895,9 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 			t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 				slog.String("allocator", t.stats.CHeapAllocator), slog.Any("error", cErr))
 		}
+	}
+	if t.onTrim != nil {
+		t.onTrim()
 	}
 	return released, cErr
 }

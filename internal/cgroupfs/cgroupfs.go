@@ -351,7 +351,7 @@ func (p *mountinfoParser) line(line string) error {
 // mounts returns the cgroup mounts not shadowed by a later mount.
 func (p *mountinfoParser) mounts() ([]mount, error) {
 	if p.n == 0 {
-		return nil, fmt.Errorf("cgroupfs: %s: empty", p.name)
+		return nil, fmt.Errorf("cgroupfs: %s: %w", p.name, errEmptyMountinfo)
 	}
 	var mounts []mount
 	for i, m := range p.all {

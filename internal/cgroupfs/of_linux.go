@@ -43,6 +43,11 @@ func Of(pid int) (Limit, error) {
 // as "no limit": OfProc looks for the v1 memory cgroup of the process
 // instead, in the caller's mount namespace (ViewCaller), and when there is
 // none returns an error matching ErrNoCgroup that says so.
+//
+// A process in the caller's mount namespace whose root (a chroot) shows no
+// cgroup mount (an empty mountinfo, or no mount of its hierarchy) is read in
+// the caller's mountinfo and root instead (ViewCallerRoot): the same mounts,
+// seen from the caller's root.
 func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
@@ -60,27 +65,22 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 		root: root, rootName: rootName,
 	}
 	l, err := s.read()
+	chrooted := errors.Is(err, errEmptyMountinfo) || errors.Is(err, ErrNoCgroup) && !errors.Is(err, errNoV2Memory)
+	if rootName == "" && chrooted {
+		// The same mount namespace, and the process's root shows no
+		// cgroup mount (chrooted): the same mounts, read in the caller's
+		// root. When the caller finds none either, the process's own
+		// error stands.
+		if c, err2 := callerLimit(proc); err2 == nil {
+			return c, ViewCallerRoot, nil
+		}
+		return l, ViewProcess, err
+	}
 	if !errors.Is(err, errNoV2Memory) {
 		return l, ViewProcess, err
 	}
 	why := err.Error()
-	self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
-	if err != nil {
-		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
-	}
-	defer self.Close()
-	selfRoot, err := self.Sub("root", safefs.InRoot|safefs.NoSymlinks)
-	if err != nil {
-		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
-	}
-	defer selfRoot.Close()
-	selfRoot.FSTypes = FSTypes
-	c := &source{
-		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
-		mountinfo: self, mountinfoRel: "mountinfo", mountinfoFile: "/proc/self/mountinfo",
-		root: selfRoot,
-	}
-	v1, err := c.read()
+	v1, err := callerLimit(proc)
 	switch {
 	case err == nil && v1.Version == 1:
 		return v1, ViewCaller, nil
@@ -88,6 +88,30 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 		return Limit{}, ViewProcess, fmt.Errorf("%w: %s, and no v1 memory cgroup of the process is mounted, in its mount namespace or memctl's", ErrNoCgroup, why)
 	}
 	return Limit{}, ViewProcess, fmt.Errorf("%s; v1: %w", why, err)
+}
+
+// callerLimit reads the memory limit of the cgroup that proc's
+// /proc/PID/cgroup lists (paths relative to the caller's cgroup namespace)
+// through the caller's own mountinfo and root directory.
+func callerLimit(proc *safefs.Dir) (Limit, error) {
+	self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
+	if err != nil {
+		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer self.Close()
+	selfRoot, err := self.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer selfRoot.Close()
+	selfRoot.FSTypes = FSTypes
+	selfRoot.Timeout = proc.Timeout
+	c := &source{
+		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
+		mountinfo: self, mountinfoRel: "mountinfo", mountinfoFile: "/proc/self/mountinfo",
+		root: selfRoot,
+	}
+	return c.read()
 }
 
 // sameMountNS reports whether the process of proc is in the caller's mount

@@ -1,6 +1,7 @@
 package cgroupfs
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -122,7 +123,18 @@ const (
 	// are relative to the caller's cgroup namespace, so they are found in
 	// the caller's mounts.
 	ViewCaller
+	// ViewCallerRoot: the caller's own mount namespace and root, for a
+	// process in the same mount namespace whose root directory (a chroot)
+	// shows no cgroup mount: its mountinfo is empty, or lists no mount of
+	// its cgroup's hierarchy. The mounts are the same ones, so the
+	// caller's view reads the same cgroup files, and trusts nothing the
+	// process could arrange inside its root.
+	ViewCallerRoot
 )
+
+// errEmptyMountinfo is matched by the error of a mountinfo with no line,
+// which a chrooted process has when no mount point lies under its root.
+var errEmptyMountinfo = errors.New("empty")
 
 // FSTypes are the file systems of cgroup files (safefs.Dir.FSTypes): cgroup
 // v1 and v2.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strconv"
 	"strings"
 
@@ -195,6 +196,12 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 		return nil, err
 	}
 	defer unix.Close(fd)
+	return readFD(fd, path, max)
+}
+
+// readFD reads fd to its end: at most max bytes, or an error matching
+// ErrTooLarge.
+func readFD(fd int, path string, max int64) ([]byte, error) {
 	buf := make([]byte, 0, min(max+1, 4096))
 	for int64(len(buf)) <= max {
 		if len(buf) == cap(buf) {
@@ -317,4 +324,102 @@ func (d *Dir) Readlink(name string) (string, error) {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+// ReadMemfd finds, among the open descriptors of the process whose
+// /proc/PID directory d is, the first (in /proc/PID/fd order) whose link
+// reads "/memfd:NAME (deleted)", and returns its path ("/proc/PID/fd/N")
+// and content: at most max bytes, or an error matching ErrTooLarge (a
+// longer file is not read at all). The descriptor is opened through its
+// magic link with O_PATH, which runs no driver's open; only a regular file
+// of the memfd file systems (tmpfs, hugetlbfs) is read, so a descriptor
+// that the process swapped for a FIFO, a device or a file on FUSE after
+// the link was read is refused (ErrNotRegular, ErrFileSystem). At most
+// MaxFDs descriptors are looked at (then an error matching ErrTooLarge).
+// With none found, the error matches fs.ErrNotExist. name is the caller's.
+func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
+	_, err = d.do("open", "fd", func(dirfd int) ([]byte, error) {
+		path, b, err = readMemfd(dirfd, d, name, max)
+		return nil, err
+	})
+	return path, b, err
+}
+
+// MaxFDs is the most entries of /proc/PID/fd that ReadMemfd looks at: a
+// process may hold up to its RLIMIT_NOFILE (often 1048576) descriptors,
+// and each look is a readlink(2) of about 1 µs.
+const MaxFDs = 1 << 16
+
+// Magic numbers of the file systems a memfd lives on (linux/magic.h).
+const (
+	TmpfsMagic     = 0x01021994
+	HugetlbfsMagic = 0x958458f6
+)
+
+func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error) {
+	dir := d.join("fd")
+	dfd, err := unix.Openat(dirfd, "fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, &PathError{Op: "open", Path: dir, Err: wrapErrno(err)}
+	}
+	defer unix.Close(dfd)
+	want := "/memfd:" + name + " (deleted)"
+	link := make([]byte, len(want)+1)
+	buf := make([]byte, 8192)
+	seen := 0
+	for {
+		n, err := unix.ReadDirent(dfd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return "", nil, &PathError{Op: "read", Path: dir, Err: wrapErrno(err)}
+		}
+		if n == 0 {
+			return "", nil, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
+		}
+		var names []string
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		for _, fdName := range names {
+			if seen++; seen > MaxFDs {
+				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, MaxFDs)}
+			}
+			m, err := unix.Readlinkat(dfd, fdName, link)
+			if err != nil || string(link[:m]) != want {
+				continue // closed meanwhile, or another file
+			}
+			path := dir + "/" + fdName
+			b, err := readMagic(dfd, fdName, path, max)
+			return path, b, err
+		}
+	}
+}
+
+// readMagic reads the regular file of the magic link name of dfd (a
+// /proc/PID/fd directory), with the checks of ReadMemfd.
+func readMagic(dfd int, name, path string, max int64) ([]byte, error) {
+	pfd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: wrapErrno(err)}
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, &PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
+		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
+	}
+	if err := fsCheck(pfd, []int64{TmpfsMagic, HugetlbfsMagic}); err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	if st.Size > max {
+		return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes (%d bytes)", ErrTooLarge, max, st.Size)}
+	}
+	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	return readFD(fd, path, max)
 }

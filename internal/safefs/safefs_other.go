@@ -43,3 +43,8 @@ func statDir(dirfd int, d *Dir, name string) error {
 func (d *Dir) Readlink(name string) (string, error) {
 	return "", &PathError{Op: "readlink", Path: d.join(name), Err: errUnsupported}
 }
+
+// ReadMemfd returns an error matching errors.ErrUnsupported off Linux.
+func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
+	return "", nil, &PathError{Op: "open", Path: d.join("fd"), Err: errUnsupported}
+}

@@ -1,0 +1,300 @@
+package main
+
+// Issue 22: memctl status shows what the memctl library inside a process
+// decided (its state record), as reported by the process, and treats a
+// forged record as the untrusted input it is.
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	memctllib "github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/state"
+	"github.com/memctl/memctl/limits"
+)
+
+var sink []byte
+
+// serviceChild is a small service: it calls Start, opens a budget pool,
+// serves one 64 MiB burst and waits for its trim, then says what Start
+// decided, READY, and waits until its standard input is closed.
+func serviceChild() {
+	ctl, err := memctllib.Start(memctllib.WithLogger(slog.New(slog.DiscardHandler)), memctllib.WithTrimDelay(20*time.Millisecond))
+	if err != nil {
+		childtest.Fail("Start: %v", err)
+	}
+	defer ctl.Close()
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "api", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		childtest.Fail("NewPool: %v", err)
+	}
+	defer pool.Close()
+	for range 8 {
+		sink = make([]byte, 8<<20)
+		for i := 0; i < len(sink); i += 4096 {
+			sink[i] = 1
+		}
+	}
+	sink = nil
+	ctl.AfterBurst()
+	for deadline := time.Now().Add(20 * time.Second); ctl.Stats().Trim.Trims == 0; {
+		if time.Now().After(deadline) {
+			childtest.Fail("no trim in 20 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ml := ctl.Report().MemLimit
+	s := ctl.Stats().Trim
+	childtest.Say("GOMEMLIMIT", ml.GoMemLimit)
+	childtest.Say("SOURCE", ml.Source.String())
+	childtest.Say("FILE", ml.File)
+	childtest.Say("TRIMS", s.Trims)
+	childtest.Say("SKIPPED", s.Skipped)
+	childtest.Say("POOL_LIMIT", pool.Limit())
+	childtest.Say("PID", os.Getpid())
+	childtest.Say("READY", 1)
+	_, _ = io.ReadAll(os.Stdin)
+}
+
+// forgeChild publishes a forged record: a memfd named as the library's
+// holding the file MEMCTL_TEST_FORGE names, stretched to MEMCTL_TEST_FORGE_SIZE
+// bytes when that is set; then READY, and it waits for its standard input.
+func forgeChild() {
+	b, err := os.ReadFile(os.Getenv("MEMCTL_TEST_FORGE"))
+	if err != nil {
+		childtest.Fail("MEMCTL_TEST_FORGE: %v", err)
+	}
+	fd, err := unix.MemfdCreate(state.MemfdName, unix.MFD_CLOEXEC)
+	if err != nil {
+		childtest.Fail("memfd_create: %v", err)
+	}
+	if _, err := unix.Write(fd, b); err != nil {
+		childtest.Fail("write: %v", err)
+	}
+	if n := os.Getenv("MEMCTL_TEST_FORGE_SIZE"); n != "" {
+		size, _ := strconv.ParseInt(n, 10, 64)
+		if err := unix.Ftruncate(fd, size); err != nil {
+			childtest.Fail("ftruncate: %v", err)
+		}
+	}
+	childtest.Say("PID", os.Getpid())
+	childtest.Say("READY", 1)
+	_, _ = io.ReadAll(os.Stdin)
+	runtime.KeepAlive(fd)
+}
+
+// startReady starts cmd, waits until it says READY and returns its report.
+// The child's standard input is closed when the test ends.
+func startReady(t *testing.T, cmd *exec.Cmd) map[string]string {
+	t.Helper()
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("%s child: %v", cmd.Env, err)
+		}
+	})
+	lines := make(chan map[string]string, 1)
+	go func() {
+		r := map[string]string{}
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			for k, v := range childtest.ParseReport([]byte(sc.Text())) {
+				r[k] = v
+			}
+			if r["READY"] != "" {
+				break
+			}
+		}
+		lines <- r
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case r := <-lines:
+		require.NotEmpty(t, r["READY"], "child report: %v", r)
+		return r
+	case <-time.After(60 * time.Second):
+		t.Fatal("child did not get ready in 60 s")
+	}
+	return nil
+}
+
+// TestStatusShowsLibraryRecord is issue 22's first check: a service that
+// called Start in a 256 MiB cgroup; status and status -json show the
+// GOMEMLIMIT the library set, its source and the trims, labeled as reported
+// by the process.
+func TestStatusShowsLibraryRecord(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a service in a cgroup (-short)")
+	}
+	g := cgrouptest.New(t, 256<<20)
+	cmd := childtest.Command(t, "service", operatorVars)
+	g.Wrap(cmd)
+	rep := startReady(t, cmd)
+	pid := rep["PID"]
+	gml, err := strconv.ParseInt(rep["GOMEMLIMIT"], 10, 64)
+	require.NoError(t, err)
+	require.Equal(t, "cgroup v"+strconv.Itoa(g.Version), rep["SOURCE"], "Start took GOMEMLIMIT from the cgroup")
+	assert.Greater(t, gml, int64(200<<20))
+	assert.LessOrEqual(t, gml, int64(241591910), "0.9 of 256 MiB less what is outside the Go runtime")
+	trims, err := strconv.ParseInt(rep["TRIMS"], 10, 64)
+	require.NoError(t, err)
+	require.Positive(t, trims)
+
+	out, _, code := result(t, memctl(t, nil, "status", "-json", "-pid", pid))
+	require.Equal(t, 0, code)
+	var doc statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &doc))
+	assert.Empty(t, doc.Unknown)
+	require.NotNil(t, doc.Memctl, "the record")
+	m := doc.Memctl
+	assert.Equal(t, "process", m.ReportedBy)
+	assert.Regexp(t, `^/proc/`+pid+`/fd/\d+$`, m.File)
+	require.NotNil(t, m.GoMemLimit.Bytes)
+	assert.Equal(t, gml, *m.GoMemLimit.Bytes)
+	assert.Equal(t, rep["SOURCE"], m.GoMemLimit.Source)
+	assert.Equal(t, rep["FILE"], m.GoMemLimit.File)
+	assert.Equal(t, int64(256<<20), m.GoMemLimit.MemoryLimitBytes)
+	assert.GreaterOrEqual(t, m.Trim.Trims, trims)
+	assert.Equal(t, 0.02, m.Trim.DelaySeconds)
+	require.Len(t, m.Pools, 1)
+	assert.Equal(t, "api", m.Pools[0].Name)
+	require.NotNil(t, m.Pools[0].LimitBytes)
+	assert.Equal(t, rep["POOL_LIMIT"], strconv.FormatInt(*m.Pools[0].LimitBytes, 10))
+	assert.Equal(t, "disable", m.THP.Policy)
+	var raw struct{ Memctl map[string]any }
+	require.NoError(t, json.Unmarshal([]byte(out), &raw))
+	assert.Equal(t, "process", raw.Memctl["reported_by"], "the key is in the document")
+	assert.Equal(t, float64(state.Version), raw.Memctl["version"])
+
+	out, _, code = result(t, memctl(t, nil, "status", "-pid", pid))
+	require.Equal(t, 0, code)
+	assert.Regexp(t, `(?m)^memctl +reported by the process \(not checked\): record "/proc/`+pid+`/fd/\d+", version 1, `, out)
+	file := strconv.Quote(filepath.Join(g.Dir, filepath.Base(rep["FILE"])))
+	assert.Regexp(t, `(?m)^  GOMEMLIMIT +`+strconv.FormatInt(gml, 10)+` bytes \(\d+\.\d MiB\); source "cgroup v\d" `+regexpQuote(file)+`, 0\.90 of 268435456 bytes`, out)
+	assert.Regexp(t, `(?m)^  trims +`+strconv.FormatInt(m.Trim.Trims, 10)+` run, \d+ skipped`, out)
+	assert.Regexp(t, `(?m)^  pools +"api" "enforce", limit \d+ bytes`, out)
+	assert.NotContains(t, out, "GOMEMLIMIT=", "the environment says nothing: the library decided")
+}
+
+func regexpQuote(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `.`, `\.`, `(`, `\(`, `)`, `\)`, `[`, `\[`, `+`, `\+`, `*`, `\*`, `?`, `\?`, `$`, `\$`, `^`, `\^`, `|`, `\|`)
+	return r.Replace(s)
+}
+
+// TestStatusForgedRecord is issue 22's second check: a process forges the
+// record. Wrong types, huge sizes and bad versions are rejected whole
+// (unknown, exit status 3); escape sequences and long strings in a
+// well-formed record are shown quoted and cut (exit status 0).
+func TestStatusForgedRecord(t *testing.T) {
+	long := strings.Repeat("A", 30<<10)
+	esc := "\x1b[2J\x1b]0;owned\x07\u009b31m\u202eevil"
+	valid := func(reason, source, pool string) string {
+		return `{"version":1,"pid":1,"seq":1,"updated":"2026-12-01T10:00:00Z","gomemlimit":{"bytes":1,"source":` +
+			jsonString(source) + `,"reason":` + jsonString(reason) + `},"trim":{"delay_seconds":2},"pools":[{"name":` +
+			jsonString(pool) + `,"mode":"enforce","limit_bytes":5}],"pressure":{"source":"none"},"c_heap":"glibc","extra":{"ignored":true}}`
+	}
+	for name, tc := range map[string]struct {
+		record string
+		size   int64  // stretch the memfd to this size
+		code   int    // exit status
+		reason string // in unknown["memctl"]
+	}{
+		"wrong type":      {record: `{"version":1,"gomemlimit":{"bytes":"9999999999999999999999"}}`, code: exitPartial, reason: "cannot unmarshal"},
+		"wrong type nest": {record: `{"version":1,"pools":[{"name":["\u001b[2J"]}]}`, code: exitPartial, reason: "cannot unmarshal"},
+		"huge":            {record: `{"version":1}`, size: 1 << 40, code: exitPartial, reason: "file larger than the cap of 65536 bytes (1099511627776 bytes)"},
+		"just too large":  {record: `{"version":1}`, size: state.MaxSize + 1, code: exitPartial, reason: "file larger than the cap"},
+		"not JSON":        {record: "\x1b[2J\xff\xfe", code: exitPartial, reason: "invalid character"},
+		"version":         {record: `{"version":"\u001b[2J` + long + `"}`, code: exitPartial, reason: "unknown record version"},
+		"negative":        {record: `{"version":1,"trim":{"trims":-1}}`, code: exitPartial, reason: "trim.trims -1 is negative"},
+		"escapes":         {record: valid(esc, esc, esc), code: exitOK},
+		"long":            {record: valid(long, "cgroup v1", long), code: exitOK},
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "record")
+			require.NoError(t, os.WriteFile(file, []byte(tc.record), 0o600))
+			env := []string{"MEMCTL_TEST_FORGE=" + file}
+			if tc.size > 0 {
+				env = append(env, "MEMCTL_TEST_FORGE_SIZE="+strconv.FormatInt(tc.size, 10))
+			}
+			pid := startReady(t, childtest.Command(t, "forge", operatorVars, env...))["PID"]
+			for _, args := range [][]string{{"-json"}, nil} {
+				start := time.Now()
+				out, errOut, code := result(t, memctl(t, nil, append([]string{"status", "-pid", pid}, args...)...))
+				assert.Less(t, time.Since(start), 20*time.Second)
+				assert.Equal(t, tc.code, code)
+				assert.Empty(t, errOut)
+				// Nothing unquoted: no control character, C1 control or
+				// bidirectional override reaches the terminal.
+				for _, bad := range []string{"\x1b", "\x07", "\u009b", "\u202e", "\xff"} {
+					assert.NotContains(t, out, bad)
+				}
+				// Nothing unbounded: the output of a 64 KiB record, or
+				// of a 1 TiB memfd, stays small.
+				if args == nil {
+					for line := range strings.SplitSeq(out, "\n") {
+						assert.Less(t, len(line), 1200, "a table line: %.100q", line)
+					}
+				} else {
+					assert.Less(t, len(out), 8*state.MaxSize)
+				}
+				if args == nil {
+					if tc.code == exitOK {
+						assert.Contains(t, out, "reported by the process (not checked)")
+					} else {
+						assert.Regexp(t, `(?m)^memctl +unknown: `, out)
+					}
+					if name == "escapes" {
+						assert.Contains(t, out, `"\x1b[2J\x1b]0;owned\a\u009b31m\u202eevil"`)
+					}
+					if name == "long" {
+						assert.Contains(t, out, `...(30720 bytes)`)
+					}
+					continue
+				}
+				var doc statusReport
+				require.NoError(t, json.Unmarshal([]byte(out), &doc))
+				if tc.code == exitOK {
+					require.NotNil(t, doc.Memctl)
+					assert.Equal(t, "process", doc.Memctl.ReportedBy)
+					if name == "escapes" {
+						assert.Equal(t, esc, doc.Memctl.GoMemLimit.Reason, "the value is unchanged, only escaped")
+						assert.Contains(t, out, `\u001b[2J`)
+						assert.Contains(t, out, `\u009b31m\u202eevil`)
+					}
+					continue
+				}
+				assert.Nil(t, doc.Memctl)
+				assert.Contains(t, doc.Unknown["memctl"], tc.reason)
+				assert.Len(t, doc.Unknown, 1)
+				assert.Less(t, len(doc.Unknown["memctl"]), 1000, "the reason is cut")
+			}
+		})
+	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

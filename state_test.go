@@ -1,0 +1,166 @@
+package memctl
+
+import (
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/safefs"
+	"github.com/memctl/memctl/internal/state"
+	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/thp"
+)
+
+// ownRecord reads this process's state record as memctl status does.
+func ownRecord(t *testing.T) *state.Record {
+	t.Helper()
+	proc, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
+	require.NoError(t, err)
+	defer proc.Close()
+	_, b, err := proc.ReadMemfd(state.MemfdName, state.MaxSize)
+	require.NoError(t, err)
+	r, err := state.Parse(b)
+	require.NoError(t, err)
+	return r
+}
+
+// waitRecord waits up to 10 s, running a GC cycle each time, for a record
+// that ok accepts.
+func waitRecord(t *testing.T, what string, ok func(*state.Record) bool) *state.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := ownRecord(t)
+		if ok(r) || time.Now().After(deadline) {
+			require.True(t, ok(r), "%s: record %+v", what, r)
+			return r
+		}
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The record follows the controller: Start, a trim, a skipped trim, a
+// GOMEMLIMIT change and a new pool seen at the end of a GC cycle, Close.
+func TestStateRecord(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "GOMEMLIMIT"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	t.Setenv("MEMCTL_PRESSURE", "off") // no pressure trims from other processes' PSI: the counts are exact
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
+	require.NoError(t, err)
+	rep := ctl.Report()
+	r := ownRecord(t)
+	assert.Equal(t, os.Getpid(), r.PID)
+	assert.False(t, r.Closed)
+	assert.Equal(t, rep.MemLimit.Source.String(), r.GoMemLimit.Source)
+	assert.Equal(t, rep.MemLimit.Reason, r.GoMemLimit.Reason)
+	assert.Equal(t, rep.THPPolicy.String(), r.THP.Policy)
+	assert.Equal(t, rep.THPState.String(), r.THP.State)
+	assert.Equal(t, 3600.0, r.Trim.DelaySeconds)
+	assert.Equal(t, rep.Pressure, r.Pressure.Source)
+	assert.Equal(t, rep.CHeap, r.CHeap)
+	seq := r.Seq
+
+	// A trim publishes at once, with its counters.
+	_, err = ctl.trimmer.TrimNow()
+	require.NoError(t, err)
+	r = ownRecord(t)
+	assert.Equal(t, int64(1), r.Trim.Trims)
+	assert.Equal(t, ctl.Stats().Trim.TotalReleased, r.Trim.ReleasedBytes)
+	assert.Greater(t, r.Seq, seq)
+
+	// GOMEMLIMIT changed by the program and a pool opened: the next GC
+	// cycle's end publishes them.
+	debug.SetMemoryLimit(1 << 40)
+	p, err := limits.NewPool(limits.PoolConfig{Name: "state-test", Limit: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	r = waitRecord(t, "GOMEMLIMIT and the pool", func(r *state.Record) bool {
+		return r.GoMemLimit.Bytes != nil && *r.GoMemLimit.Bytes == 1<<40 && len(r.Pools) > 0
+	})
+	var found bool
+	for _, sp := range r.Pools {
+		if sp.Name == "state-test" {
+			found = true
+			require.NotNil(t, sp.LimitBytes)
+			assert.Equal(t, int64(64<<20), *sp.LimitBytes)
+			assert.Equal(t, p.Mode().String(), sp.Mode)
+		}
+	}
+	assert.True(t, found, "pools %+v", r.Pools)
+	p.Close()
+	waitRecord(t, "the pool closed", func(r *state.Record) bool {
+		for _, sp := range r.Pools {
+			if sp.Name == "state-test" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Close: the last record says so and keeps the counters.
+	require.NoError(t, ctl.Close())
+	r = ownRecord(t)
+	assert.True(t, r.Closed)
+	assert.Equal(t, int64(1), r.Trim.Trims)
+}
+
+// Idle means idle: publishing happens on decisions only, so an idle
+// controller's record does not change.
+func TestStateRecordIdle(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	// No pressure watch: system PSI from other processes would trim, and a
+	// trim is a decision that is published.
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer ctl.Close()
+	runtime.GC() // pools dropped by earlier tests leave the list now
+	time.Sleep(50 * time.Millisecond)
+	r0 := ownRecord(t)
+	time.Sleep(300 * time.Millisecond)
+	runtime.GC() // a GC cycle with nothing changed publishes nothing
+	runtime.GC()
+	r1 := ownRecord(t)
+	assert.Equal(t, r0.Seq, r1.Seq)
+}
+
+// MEMCTL=off: one record that says so, and no GC-end watch (memctl does
+// nothing at all).
+func TestStateRecordOff(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	t.Setenv("MEMCTL", "off")
+	before := gcend.Active()
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer ctl.Close()
+	assert.Equal(t, before, gcend.Active(), "no watch while off")
+	r := ownRecord(t)
+	assert.True(t, r.Off)
+	assert.Equal(t, "keep", r.THP.Policy)
+}
