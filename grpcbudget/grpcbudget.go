@@ -45,10 +45,13 @@
 // in the middleware. When the pool is closed, a call is answered with
 // UNAVAILABLE without running the handler.
 //
-// The interceptors cost 2 allocations a call without CancelLargest (the
-// account and the context value) and a few more with it
-// (BenchmarkInterceptor in this package measures them against the same
-// server without them).
+// The interceptors add 5 allocations (about 430 bytes) to a unary call on
+// a pool without CancelLargest: the Work, the account, the context value
+// and the interceptor's closures (BenchmarkInterceptor in
+// grpcbudget/example, against the same server without them); a 1 KiB call
+// over loopback took 0.89 to 1.13 times as long with them as without, 0.99
+// in the median of 6 runs (BenchmarkInterceptorRatio, which alternates the
+// two servers call by call on this project's shared 2-core machine).
 package grpcbudget
 
 import (

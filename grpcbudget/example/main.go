@@ -15,9 +15,8 @@
 //	Hold               charges n and holds it until the caller cancels
 //	AllocStream        server streaming: charges n, sends n back, once
 //
-// Run it and call it with grpcurl (which needs the descriptors: pass
-// -proto with a hand-written store.proto, or use any client that sends
-// Int64Value):
+// Run it, and call it with any gRPC client that sends an Int64Value (the
+// tests in main_test.go use grpc-go's ClientConn.Invoke):
 //
 //	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:50051 -request-budget 64MiB
 //

@@ -65,28 +65,28 @@ func startServer(t testing.TB, pc limits.PoolConfig, budget int64) *server {
 
 // call is one unary call of method with size n; it returns the answer, the
 // error and the trailer.
-func (s *server) call(ctx context.Context, method string, n int64) (int64, error, metadata.MD) {
+func (s *server) call(ctx context.Context, method string, n int64) (int64, metadata.MD, error) {
 	var trailer metadata.MD
 	out := new(wrapperspb.Int64Value)
 	err := s.conn.Invoke(ctx, "/"+ServiceName+"/"+method, wrapperspb.Int64(n), out, grpc.Trailer(&trailer))
-	return out.GetValue(), err, trailer
+	return out.GetValue(), trailer, err
 }
 
 // stream calls AllocStream with size n and returns its one answer.
-func (s *server) stream(ctx context.Context, n int64) (int64, error, metadata.MD) {
+func (s *server) stream(ctx context.Context, n int64) (int64, metadata.MD, error) {
 	st, err := s.conn.NewStream(ctx, &storeDesc.Streams[0], "/"+ServiceName+"/AllocStream")
 	if err != nil {
-		return 0, err, nil
+		return 0, nil, err
 	}
 	if err := st.SendMsg(wrapperspb.Int64(n)); err != nil {
-		return 0, err, nil
+		return 0, nil, err
 	}
 	if err := st.CloseSend(); err != nil {
-		return 0, err, nil
+		return 0, nil, err
 	}
 	out := new(wrapperspb.Int64Value)
 	err = st.RecvMsg(out)
-	return out.GetValue(), err, st.Trailer()
+	return out.GetValue(), st.Trailer(), err
 }
 
 // smallCalls sends 64 KiB Alloc calls in a loop until stop is called, which
@@ -99,7 +99,7 @@ func (s *server) smallCalls() (stop func() (ok int64, failed []error)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	wg.Go(func() {
 		for ctx.Err() == nil {
-			got, err, _ := s.call(ctx, "Alloc", 64*kib)
+			got, _, err := s.call(ctx, "Alloc", 64*kib)
 			switch {
 			case err == nil && got == 64*kib:
 				n.Add(1)
@@ -145,20 +145,20 @@ func TestOverBudget(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
-		call func() (int64, error, metadata.MD)
+		call func() (int64, metadata.MD, error)
 	}{
-		{"as is", func() (int64, error, metadata.MD) { return s.call(ctx, "Alloc", gib) }},
-		{"wrapped", func() (int64, error, metadata.MD) { return s.call(ctx, "AllocWrapped", gib) }},
-		{"stream", func() (int64, error, metadata.MD) { return s.stream(ctx, gib) }},
+		{"as is", func() (int64, metadata.MD, error) { return s.call(ctx, "Alloc", gib) }},
+		{"wrapped", func() (int64, metadata.MD, error) { return s.call(ctx, "AllocWrapped", gib) }},
+		{"stream", func() (int64, metadata.MD, error) { return s.stream(ctx, gib) }},
 	} {
-		_, err, trailer := tc.call()
+		_, trailer, err := tc.call()
 		t.Logf("%s: %v; trailer %v", tc.name, err, trailer)
 		assert.Empty(t, requireExhausted(t, err, trailer, "grpc/req-", "1073741824"), "no pushback over the call's own budget")
-		got, err, _ := s.call(ctx, "Alloc", mib)
+		got, _, err := s.call(ctx, "Alloc", mib)
 		require.NoError(t, err, "a small call after %s", tc.name)
 		assert.Equal(t, mib, got)
 	}
-	got, err, _ := s.stream(ctx, mib)
+	got, _, err := s.stream(ctx, mib)
 	require.NoError(t, err)
 	assert.Equal(t, mib, got)
 	ok, failed := stop()
@@ -199,12 +199,12 @@ func TestWithoutInterceptors(t *testing.T) {
 	defer conn.Close()
 	s := &server{pool: pool, conn: conn}
 	for _, m := range []string{"Alloc", "AllocWrapped"} {
-		_, err, _ := s.call(context.Background(), m, gib)
+		_, _, err := s.call(context.Background(), m, gib)
 		assert.Equal(t, codes.Unknown, status.Code(err), "%s: %v", m, err)
 	}
 	if !testing.Short() {
 		debug.SetMemoryLimit(256 * mib)
-		_, err, _ := s.call(context.Background(), "AllocUndercharged", gib)
+		_, _, err := s.call(context.Background(), "AllocUndercharged", gib)
 		assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
 	}
 }
@@ -222,20 +222,20 @@ func TestPoolFull(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return s.pool.Used() >= 120*mib }, 10*time.Second, time.Millisecond)
 	ctx := context.Background()
-	_, err, trailer := s.call(ctx, "Alloc", 32*mib)
+	_, trailer, err := s.call(ctx, "Alloc", 32*mib)
 	t.Logf("pool full: %v; trailer %v", err, trailer)
 	assert.Equal(t, []string{"1000"}, requireExhausted(t, err, trailer, "grpc: ", "33554432"))
-	_, err, trailer = s.stream(ctx, 32*mib)
+	_, trailer, err = s.stream(ctx, 32*mib)
 	assert.Equal(t, []string{"1000"}, requireExhausted(t, err, trailer, "grpc: ", "33554432"))
 	// A call larger than the whole pool cannot succeed on a retry: no pushback.
 	big := startServer(t, limits.PoolConfig{Limit: 32 * mib}, limits.Unlimited)
-	_, err, trailer = big.call(ctx, "Alloc", 64*mib)
+	_, trailer, err = big.call(ctx, "Alloc", 64*mib)
 	assert.Empty(t, requireExhausted(t, err, trailer, "grpc: ", "67108864"))
 
 	release()
 	held.Wait()
 	require.Eventually(t, func() bool { return s.pool.Used() == 0 }, 10*time.Second, time.Millisecond, "the holders' handlers end")
-	got, err, _ := s.call(ctx, "Alloc", 32*mib)
+	got, _, err := s.call(ctx, "Alloc", 32*mib)
 	require.NoError(t, err)
 	assert.Equal(t, 32*mib, got)
 	assert.Equal(t, int64(2), s.pool.Stats().RefusedBy.Pool)
@@ -254,13 +254,13 @@ func TestHeapCancel(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(256 * mib))
 	s := startServer(t, limits.PoolConfig{Limit: 128 * mib, CancelLargest: true}, 64*mib)
 	ctx := context.Background()
-	_, err, trailer := s.call(ctx, "AllocUndercharged", gib)
+	_, trailer, err := s.call(ctx, "AllocUndercharged", gib)
 	t.Logf("heap cancel: %v; trailer %v", err, trailer)
 	assert.Equal(t, []string{"1000"}, requireExhausted(t, err, trailer, "grpc/req-", ""))
 	assert.Contains(t, status.Convert(err).Message(), "context canceled: limits: resource_exhausted in grpc/req-1 (heap pressure)")
 	assert.Equal(t, int64(1), s.pool.Stats().Canceled)
 	require.Eventually(t, func() bool {
-		_, err, _ := s.call(ctx, "Alloc", mib)
+		_, _, err := s.call(ctx, "Alloc", mib)
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond, "small calls are served again")
 	// The streaming form.
@@ -293,7 +293,7 @@ func TestConfigAndStatus(t *testing.T) {
 	// A closed pool: UNAVAILABLE, the handler does not run.
 	s := startServer(t, limits.PoolConfig{Limit: 128 * mib}, 64*mib)
 	s.pool.Close()
-	_, err, _ = s.call(context.Background(), "Alloc", kib)
+	_, _, err = s.call(context.Background(), "Alloc", kib)
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 }
 
@@ -311,10 +311,42 @@ func BenchmarkInterceptor(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err, _ := s.call(ctx, "Alloc", kib); err != nil {
+				if _, _, err := s.call(ctx, "Alloc", kib); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 	}
+}
+
+// BenchmarkInterceptorRatio: the interceptors' cost as a ratio, measured so
+// that the shared machine's drift cancels: each iteration makes one 1 KiB
+// Alloc call to the server without the interceptors and one to the same
+// server with them (alternating which goes first), timing each, and
+// reports the ratio of the sums (budget/plain).
+func BenchmarkInterceptorRatio(b *testing.B) {
+	plain := startServer(b, limits.PoolConfig{Limit: 512 * mib}, 0)
+	budget := startServer(b, limits.PoolConfig{Limit: 512 * mib}, 64*mib)
+	ctx := context.Background()
+	var tPlain, tBudget time.Duration
+	timed := func(s *server) time.Duration {
+		start := time.Now()
+		if _, _, err := s.call(ctx, "Alloc", kib); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	i := 0
+	for b.Loop() {
+		if i++; i%2 == 0 {
+			tPlain += timed(plain)
+			tBudget += timed(budget)
+		} else {
+			tBudget += timed(budget)
+			tPlain += timed(plain)
+		}
+	}
+	b.ReportMetric(float64(tBudget)/float64(tPlain), "budget/plain")
+	b.ReportMetric(float64(tPlain.Nanoseconds())/float64(i), "plain-ns/call")
+	b.ReportMetric(float64(tBudget.Nanoseconds())/float64(i), "budget-ns/call")
 }
