@@ -1,12 +1,15 @@
 package limits
 
 import (
-	"context"
-	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -62,37 +65,46 @@ func TestPeakHistogramAboveQuantile(t *testing.T) {
 	assert.Equal(t, int64(0), (&PeakHistogram{}).Quantile(0.5))
 }
 
-// peakLoad runs 1,000 jobs on pool p, 8 at a time, whose peaks go from 1 to
-// 60 MiB (job i peaks at 1+(i·37 mod 60) MiB), each charged 1 MiB at a time
-// under a 32 MiB budget, and returns how many were refused.
-func peakLoad(t *testing.T, p *Pool) (refused int64) {
+// peakLoad sends 1,000 HTTP requests over loopback, 8 at a time, to a
+// server whose handler, behind p's middleware with a budget of limit bytes,
+// charges 1 MiB at a time up to the request's peak, from 1 to 60 MiB
+// (request i peaks at 1+(i·37 mod 60) MiB); it returns how many got 429.
+func peakLoad(t *testing.T, p *Pool, limit int64) (refused int64) {
 	t.Helper()
+	mw, err := p.Middleware(HTTPConfig{Limit: limit})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peak, _ := strconv.ParseInt(r.URL.Query().Get("peak"), 10, 64)
+		var held int64
+		defer func() { Shrink(r.Context(), held) }()
+		for held < peak {
+			if err := Grow(r.Context(), mib); err != nil {
+				WriteError(w, err)
+				return
+			}
+			held += mib
+		}
+	})))
+	defer srv.Close()
 	var wg sync.WaitGroup
-	var mu sync.Mutex
+	var n atomic.Int64
 	jobs := make(chan int)
 	for range 8 {
 		wg.Go(func() {
 			for i := range jobs {
-				peak := int64(1+(i*37)%60) * mib
-				err := p.Do(context.Background(), WorkConfig{Limit: 32 * mib}, func(ctx context.Context) error {
-					var held int64
-					defer func() { Shrink(ctx, held) }()
-					for held < peak {
-						if err := Grow(ctx, mib); err != nil {
-							return err
-						}
-						held += mib
-					}
-					return nil
-				})
+				resp, err := http.Get(srv.URL + "/?peak=" + strconv.FormatInt(int64(1+(i*37)%60)*mib, 10))
 				if err != nil {
-					mu.Lock()
-					if errors.Is(err, ErrResourceExhausted) {
-						refused++
-					} else {
-						t.Errorf("job %d: %v", i, err)
-					}
-					mu.Unlock()
+					t.Errorf("request %d: %v", i, err)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+				case http.StatusTooManyRequests:
+					n.Add(1)
+				default:
+					t.Errorf("request %d: %s", i, resp.Status)
 				}
 			}
 		})
@@ -102,46 +114,53 @@ func peakLoad(t *testing.T, p *Pool) (refused int64) {
 	}
 	close(jobs)
 	wg.Wait()
-	return refused
+	return n.Load()
 }
 
-// TestPeaksPredictRefusals: the histogram of 1,000 jobs with peaks from 1
-// to 60 MiB in observe mode predicts exactly the refusals of enforce mode
-// on the same load, at the budget of 32 MiB (a bucket bound); both modes
-// record the same buckets, since a refused job's peak is what it asked
-// for.
+// TestPeaksPredictRefusals (issue 20): the histogram of 1,000 requests
+// with peaks from 1 to 60 MiB in observe mode predicts exactly the
+// refusals of enforce mode on the same load, at budgets of 16 and 32 MiB
+// (bucket bounds); up to the budget both modes record the same buckets,
+// and the same count above it, since a refused request's peak is what it
+// asked for.
 func TestPeaksPredictRefusals(t *testing.T) {
-	run := func(mode string) (PoolStats, int64) {
+	run := func(mode string, limit int64) (PoolStats, int64) {
 		t.Setenv("MEMCTL_BUDGETS", mode)
 		p := newTestPool(t, PoolConfig{Limit: Unlimited})
-		refused := peakLoad(t, p)
+		refused := peakLoad(t, p, limit)
 		return p.Stats(), refused
 	}
-	obs, obsRefused := run("observe")
-	enf, enfRefused := run("enforce")
+	obs, obsRefused := run("observe", 32*mib)
 	require.Equal(t, ModeObserve, obs.Mode)
-	require.Equal(t, ModeEnforce, enf.Mode)
 	assert.Equal(t, int64(0), obsRefused, "observe refuses nothing")
-	var b strings.Builder
-	for i, c := range obs.Peaks.Counts {
-		if c != 0 || enf.Peaks.Counts[i] != 0 {
-			fmt.Fprintf(&b, "  le %6d MiB: observe %4d, enforce %4d\n", PeakBucketBound(i)>>20, c, enf.Peaks.Counts[i])
-		}
-	}
-	predicted := obs.Peaks.Above(32 * mib)
-	t.Logf("peak histogram of 1000 jobs, 1-60 MiB:\n%sobserve predicts %d refusals at 32 MiB (observed %d let through); enforce refused %d (RefusedBy.Account %d)",
-		b.String(), predicted, obs.Observed, enfRefused, enf.RefusedBy.Account)
 	assert.Equal(t, int64(1000), obs.Peaks.Count)
-	assert.Equal(t, obs.Peaks.Counts, enf.Peaks.Counts, "the same buckets in both modes (the sums differ: a refused job stops at its first refusal)")
-	// Jobs peaking at 33..60 MiB: 28 of every 60.
-	want := int64(0)
-	for i := range 1000 {
-		if 1+(i*37)%60 > 32 {
-			want++
+	for _, limit := range []int64{32 * mib, 16 * mib} {
+		enf, enfRefused := run("enforce", limit)
+		require.Equal(t, ModeEnforce, enf.Mode)
+		var b strings.Builder
+		for i, c := range obs.Peaks.Counts {
+			if c != 0 || enf.Peaks.Counts[i] != 0 {
+				fmt.Fprintf(&b, "  le %6d MiB: observe %4d, enforce %4d\n", PeakBucketBound(i)>>20, c, enf.Peaks.Counts[i])
+			}
 		}
+		predicted := obs.Peaks.Above(limit)
+		t.Logf("peak histogram of 1000 requests, 1-60 MiB, budget %d MiB:\n%sobserve predicts %d refusals (it let %d Grows through); enforce refused %d (RefusedBy.Account %d)",
+			limit>>20, b.String(), predicted, obs.Observed, enfRefused, enf.RefusedBy.Account)
+		// Up to the budget, the same buckets in both modes; above it,
+		// enforce shows where each refused request was stopped (its first
+		// refused Grow), observe its whole demand.
+		top := peakBucket(limit)
+		assert.Equal(t, obs.Peaks.Counts[:top+1], enf.Peaks.Counts[:top+1])
+		assert.Equal(t, predicted, enf.Peaks.Above(limit), "and the same count above it")
+		want := int64(0)
+		for i := range 1000 {
+			if int64(1+(i*37)%60)*mib > limit {
+				want++
+			}
+		}
+		assert.Equal(t, want, predicted)
+		assert.Equal(t, predicted, enfRefused, "observe predicts enforce")
+		assert.Equal(t, predicted, enf.RefusedBy.Account)
+		assert.GreaterOrEqual(t, obs.Observed, predicted, "observe counts every Grow past the budget, several per request")
 	}
-	assert.Equal(t, want, predicted)
-	assert.Equal(t, predicted, enfRefused, "observe predicts enforce")
-	assert.Equal(t, predicted, enf.RefusedBy.Account)
-	assert.GreaterOrEqual(t, obs.Observed, predicted, "observe counts every Grow past the budget, several per job")
 }

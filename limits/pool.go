@@ -155,7 +155,10 @@ func parseMode(getenv func(string) string) (Mode, error) {
 // named "pool" limited to half of GOMEMLIMIT (or the fallback below), 64 KiB
 // chunks, heap pressure at 90% of GOMEMLIMIT.
 type PoolConfig struct {
-	// Name is the first element of every scope in errors. Default: "pool".
+	// Name is the pool's one name: the first element of every scope in
+	// its errors, PoolStats.Name, and the pool label of its metrics (package
+	// github.com/memctl/memctl/metrics). NewPool logs at WARN when another
+	// open pool has the same name. Default: "pool".
 	Name string
 	// Limit is the pool's budget in bytes, shared by all its accounts.
 	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT as read by NewPool
@@ -469,8 +472,18 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 			return true
 		})
 	}
+	if p.mode != ModeOff && poolNamed(p.name) {
+		p.log.Warn("limits: another open pool has the same name: the errors, Stats and metrics of the two cannot be told apart (set PoolConfig.Name)", "pool", p.name)
+	}
 	registerPool(p)
 	return p, nil
+}
+
+// poolNamed reports whether an open pool is named name.
+func poolNamed(name string) bool {
+	found := false
+	eachPool(func(q *Pool) { found = found || (q.name == name && !q.closed.Load()) })
+	return found
 }
 
 // defaultLimit returns the limit of a pool configured with Limit 0, given

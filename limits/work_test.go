@@ -179,3 +179,21 @@ func TestStartWorkNumbersPerPool(t *testing.T) {
 		require.NoError(t, w.Finish(nil))
 	}
 }
+
+// TestPoolNameOnce: a second open pool of the same name is said at WARN
+// (its errors and metrics could not be told apart); once the first is
+// closed, the name is free.
+func TestPoolNameOnce(t *testing.T) {
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	a := newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
+	assert.NotContains(t, logs.String(), "same name")
+	b := newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
+	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"), logs.String())
+	assert.Contains(t, logs.String(), "pool=i20-unique")
+	a.Close()
+	b.Close()
+	newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
+	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"))
+	assert.Equal(t, "i20-unique", b.Stats().Name)
+}

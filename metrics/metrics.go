@@ -308,7 +308,7 @@ var poolMetrics = []metric[limits.PoolStats]{
 		func(s *limits.PoolStats) int64 { return s.LeakedBytes }),
 	gauge("memctl_budget_in_flight", "Top-level accounts open in the pool: requests, RPCs and jobs in progress.",
 		func(s *limits.PoolStats) (float64, bool) { return float64(s.InFlight), true }),
-	counter("memctl_budget_undercharged_total", "GC cycles at whose end, with requests in flight, the live heap beyond its baseline was more than the pool's charge ratio (4) times what its accounts held: the charges look too small.",
+	counter("memctl_budget_undercharged_total", "GC cycles at whose end, with requests in flight, the live heap beyond its baseline was more than the pool's charge ratio (PoolConfig.ChargeRatio, default 4) times what its accounts held: the charges look too small.",
 		func(s *limits.PoolStats) int64 { return s.Undercharged }),
 	gauge("memctl_budget_heap_baseline_bytes", "The live heap, in bytes, that the charge check takes as the service's own; absent before the first GC cycle or with the check off.",
 		func(s *limits.PoolStats) (float64, bool) { return float64(s.HeapBaseline), s.HeapBaseline >= 0 }),
