@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -303,6 +304,33 @@ func TestHeapCancel(t *testing.T) {
 	code, _, body := s.raw(t, "AllocUndercharged", gib)
 	assert.Equal(t, http.StatusTooManyRequests, code, body)
 	assert.Equal(t, int64(3), s.pool.Stats().Canceled)
+}
+
+// TestAfterBurst: a call whose peak, or refused Grow, reached the burst
+// threshold (32 MiB, half the 64 MiB budget) calls AfterBurst after the
+// handler returns, unary and streaming; a small call does not.
+func TestAfterBurst(t *testing.T) {
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "connect", Limit: 512 * mib, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer pool.Close()
+	var bursts atomic.Int64
+	i, err := connectbudget.NewInterceptor(pool, connectbudget.Config{Limit: 64 * mib, AfterBurst: func() { bursts.Add(1) }})
+	require.NoError(t, err)
+	srv := httptest.NewServer(NewHandler(connect.WithInterceptors(i)))
+	defer srv.Close()
+	s := &server{pool: pool, url: srv.URL, h1: srv.Client()}
+	ctx := context.Background()
+	_, err = s.call(ctx, "Alloc", mib, false)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), bursts.Load())
+	_, err = s.call(ctx, "Alloc", 40*mib, false)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), bursts.Load())
+	_, err = s.stream(ctx, 40*mib, false)
+	require.NoError(t, err)
+	_, err = s.call(ctx, "Alloc", gib, false)
+	require.Error(t, err)
+	assert.Eventually(t, func() bool { return bursts.Load() == 3 }, 5*time.Second, time.Millisecond, "a refused 1 GiB Grow ends a burst too")
 }
 
 // TestConfigAndError: a budget of 0 or less is an error; Error maps only

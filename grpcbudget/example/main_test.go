@@ -271,6 +271,39 @@ func TestHeapCancel(t *testing.T) {
 	require.NoError(t, st.RecvMsg(new(wrapperspb.Int64Value)))
 }
 
+// TestAfterBurst: a call whose peak reached the burst threshold (32 MiB,
+// half the 64 MiB budget), or whose refused Grow did, calls AfterBurst
+// after the handler returns, unary and streaming; a small call does not.
+func TestAfterBurst(t *testing.T) {
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "grpc", Limit: 512 * mib, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer pool.Close()
+	var bursts atomic.Int64
+	opts, err := Options(pool, grpcbudget.Config{Limit: 64 * mib, AfterBurst: func() { bursts.Add(1) }})
+	require.NoError(t, err)
+	srv := NewServer(opts...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	s := &server{pool: pool, conn: conn}
+	ctx := context.Background()
+	_, _, err = s.call(ctx, "Alloc", mib)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), bursts.Load())
+	_, _, err = s.call(ctx, "Alloc", 40*mib)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), bursts.Load())
+	_, _, err = s.stream(ctx, 40*mib)
+	require.NoError(t, err)
+	_, _, err = s.call(ctx, "Alloc", gib)
+	require.Error(t, err)
+	assert.Eventually(t, func() bool { return bursts.Load() == 3 }, 5*time.Second, time.Millisecond, "a refused 1 GiB Grow ends a burst too")
+}
+
 // TestConfigAndStatus: a budget of 0 or less is an error; Status maps only
 // budget errors.
 func TestConfigAndStatus(t *testing.T) {
