@@ -242,6 +242,7 @@ func TestPoolFull(t *testing.T) {
 		held.Go(func() { _, _ = s.call(hctx, "Hold", 60*mib, false) })
 	}
 	require.Eventually(t, func() bool { return s.pool.Used() >= 120*mib }, 10*time.Second, time.Millisecond)
+	stop := s.smallCalls() // 64 KiB calls fit in what the holders leave
 	ctx := context.Background()
 	for _, grpc := range []bool{false, true} {
 		_, err := s.call(ctx, "Alloc", 32*mib, grpc)
@@ -265,6 +266,9 @@ func TestPoolFull(t *testing.T) {
 	assert.Empty(t, ra)
 	assert.Empty(t, pb)
 
+	ok, failed := stop()
+	assert.Empty(t, failed, "small calls while the pool is nearly full")
+	assert.Positive(t, ok)
 	release()
 	held.Wait()
 	require.Eventually(t, func() bool { return s.pool.Used() == 0 }, 10*time.Second, time.Millisecond)

@@ -221,6 +221,7 @@ func TestPoolFull(t *testing.T) {
 		held.Go(func() { _, _, _ = s.call(hctx, "Hold", 60*mib) })
 	}
 	require.Eventually(t, func() bool { return s.pool.Used() >= 120*mib }, 10*time.Second, time.Millisecond)
+	stop := s.smallCalls() // 64 KiB calls fit in what the holders leave
 	ctx := context.Background()
 	_, trailer, err := s.call(ctx, "Alloc", 32*mib)
 	t.Logf("pool full: %v; trailer %v", err, trailer)
@@ -232,6 +233,9 @@ func TestPoolFull(t *testing.T) {
 	_, trailer, err = big.call(ctx, "Alloc", 64*mib)
 	assert.Empty(t, requireExhausted(t, err, trailer, "grpc: ", "67108864"))
 
+	ok, failed := stop()
+	assert.Empty(t, failed, "small calls while the pool is nearly full")
+	assert.Positive(t, ok)
 	release()
 	held.Wait()
 	require.Eventually(t, func() bool { return s.pool.Used() == 0 }, 10*time.Second, time.Millisecond, "the holders' handlers end")
