@@ -12,8 +12,8 @@
 //
 //	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
 //	AllocWrapped       the same, the error wrapped with %w
-//	AllocUndercharged  builds n bytes in 8 MiB steps but charges only 1 MiB a step; on a
-//	                   heap-watch cancel it returns ctx.Err()
+//	AllocUndercharged  charges 32 MiB once, then builds n bytes in 8 MiB steps; when the heap
+//	                   watch cancels it, it returns ctx.Err()
 //	Hold               charges n and holds it until the caller cancels
 //	AllocStream        server streaming: charges n, sends n back, once
 //
@@ -192,26 +192,26 @@ func allocWrapped(ctx context.Context, n int64) (int64, error) {
 	return int64(len(b)), nil
 }
 
-// allocUndercharged builds n bytes in steps of 8 MiB and charges 1 MiB a
-// step; when its context ends (the heap watch canceled it), it returns
-// ctx.Err(), as most handlers do.
+// allocUndercharged charges a guess, 32 MiB, once, then builds n bytes in steps of
+// 8 MiB, checking its context between steps: the handler whose real size
+// only the heap watch sees. When its context ends (the heap watch canceled
+// it, PoolConfig.CancelLargest) it returns ctx.Err(), as most handlers do.
 func allocUndercharged(ctx context.Context, n int64) (int64, error) {
-	const step, charge = 8 << 20, 1 << 20
+	const guess, step = 32 << 20, 8 << 20
+	if err := limits.Grow(ctx, guess); err != nil {
+		return 0, err
+	}
+	defer limits.Shrink(ctx, guess)
 	var steps [][]byte
-	var charged int64
-	defer func() { limits.Shrink(ctx, charged) }()
 	for built := int64(0); built < n; built += step {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		if err := limits.Grow(ctx, charge); err != nil {
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			return 0, err
+		b := make([]byte, step)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1 // touch every page, as real work would
 		}
-		charged += charge
-		steps = append(steps, make([]byte, step))
+		steps = append(steps, b)
 	}
 	return int64(len(steps)) * step, nil
 }
