@@ -50,7 +50,10 @@ type PeakHistogram struct {
 	Counts [PeakBuckets + 1]int64
 	// Count is the number of peaks recorded: the sum of Counts.
 	Count int64
-	// Sum is the sum of the peaks, in bytes (saturating at math.MaxInt64).
+	// Sum is the sum of the peaks up to the last bound (64 GiB), in bytes:
+	// a peak above it (a client's absurd size, refused) is counted in
+	// Counts[PeakBuckets] only, so that one such request does not swamp
+	// the sum. It saturates at math.MaxInt64.
 	Sum int64
 }
 
@@ -103,7 +106,11 @@ func peakBucket(v int64) int {
 
 // record adds one peak of v bytes (v ≥ 0).
 func (h *peakHistogram) record(v int64) {
-	h.counts[peakBucket(v)].Add(1)
+	b := peakBucket(v)
+	h.counts[b].Add(1)
+	if b == PeakBuckets {
+		return
+	}
 	for {
 		s := h.sum.Load()
 		if h.sum.CompareAndSwap(s, s+min(v, math.MaxInt64-s)) { // saturating

@@ -315,7 +315,7 @@ var poolMetrics = []metric[limits.PoolStats]{
 }
 
 // peakHelp is the help of memctl_budget_request_peak_bytes.
-const peakHelp = "The peaks of the pool's requests, in bytes: what each request, RPC or job reached or asked for (a refused Grow counts), recorded when it ends, in every budget mode."
+const peakHelp = "The peaks of the pool's requests, in bytes: what each request, RPC or job reached or asked for (a refused Grow counts), recorded when it ends, in every budget mode (the sum leaves out peaks above the last bound, 64 GiB)."
 
 // processMetrics are read once per scrape from the first pool's Stats: they
 // count for the whole process, not per pool.
