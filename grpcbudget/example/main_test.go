@@ -247,6 +247,43 @@ func TestPoolFull(t *testing.T) {
 	assert.Equal(t, int64(2), s.pool.Stats().RefusedBy.Pool)
 }
 
+// TestPushbackRetry: a grpc-go client whose retry policy lists
+// RESOURCE_EXHAUSTED (with a 10 ms backoff of its own) waits the server's
+// pushback, 1 s, after a pool-full refusal, and its retry succeeds once
+// the holders have ended.
+func TestPushbackRetry(t *testing.T) {
+	s := startServer(t, limits.PoolConfig{Limit: 128 * mib}, 64*mib)
+	hctx, release := context.WithCancel(context.Background())
+	defer release()
+	var held sync.WaitGroup
+	for range 2 {
+		held.Go(func() { _, _, _ = s.call(hctx, "Hold", 60*mib) })
+	}
+	require.Eventually(t, func() bool { return s.pool.Used() >= 120*mib }, 10*time.Second, time.Millisecond)
+	conn, err := grpc.NewClient(s.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"methodConfig":[{"name":[{"service":"`+ServiceName+`"}],"retryPolicy":{
+			"maxAttempts":2,"initialBackoff":"0.01s","maxBackoff":"0.01s","backoffMultiplier":1,
+			"retryableStatusCodes":["RESOURCE_EXHAUSTED"]}}]}`))
+	require.NoError(t, err)
+	defer conn.Close()
+	retrying := &server{pool: s.pool, conn: conn}
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := retrying.call(context.Background(), "Alloc", 32*mib)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return s.pool.Stats().RefusedBy.Pool == 1 }, 10*time.Second, time.Millisecond, "the first attempt is refused")
+	release()
+	held.Wait()
+	require.Eventually(t, func() bool { return s.pool.Used() == 0 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, <-done, "the retry after the pushback succeeds")
+	elapsed := time.Since(start)
+	t.Logf("refused, then served by the client's retry after %v", elapsed.Round(time.Millisecond))
+	assert.GreaterOrEqual(t, elapsed, 900*time.Millisecond, "the client waited the pushback, not its own 10 ms backoff")
+	assert.Equal(t, int64(1), s.pool.Stats().RefusedBy.Pool)
+}
+
 // TestHeapCancel: with GOMEMLIMIT at 256 MiB, a 1 GiB call whose handler
 // under-charges (32 MiB charged) is canceled by the heap watch
 // (PoolConfig.CancelLargest) before it reaches its 64 MiB budget; the
