@@ -186,14 +186,17 @@ func Error(err error) *connect.Error {
 	if err == nil || !errors.Is(err, limits.ErrResourceExhausted) {
 		return nil
 	}
-	var ce *connect.Error
-	if errors.As(err, &ce) && ce.Code() == connect.CodeResourceExhausted {
-		return ce // the handler answered itself
-	}
-	out := connect.NewError(connect.CodeResourceExhausted, err)
+	out, ok := errors.AsType[*connect.Error](err)
+	if !ok || out.Code() != connect.CodeResourceExhausted {
+		out = connect.NewError(connect.CodeResourceExhausted, err)
+	} // else the handler answered with the code itself: its error, with the pushback
 	if e, ok := errors.AsType[*limits.ExhaustedError](err); ok && e.RetryAfter > 0 {
-		out.Meta().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
-		out.Meta().Set(PushbackKey, strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+		if out.Meta().Get("Retry-After") == "" {
+			out.Meta().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
+		}
+		if out.Meta().Get(PushbackKey) == "" {
+			out.Meta().Set(PushbackKey, strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+		}
 	}
 	return out
 }

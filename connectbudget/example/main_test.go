@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -368,6 +369,14 @@ func TestConfigAndError(t *testing.T) {
 	assert.Equal(t, connect.CodeResourceExhausted, e.Code())
 	assert.Equal(t, "2", e.Meta().Get("Retry-After"))
 	assert.Equal(t, "1500", e.Meta().Get(connectbudget.PushbackKey))
+	// A handler that answered with the code itself keeps its error, and
+	// gets the pushback.
+	own := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("query: %w", &limits.ExhaustedError{Scope: "connect", RetryAfter: time.Second}))
+	assert.Same(t, own, connectbudget.Error(own))
+	assert.Equal(t, "1", own.Meta().Get("Retry-After"))
+	// Another code wrapping a budget error becomes resource_exhausted.
+	other := connect.NewError(connect.CodeInternal, &limits.ExhaustedError{Scope: "connect"})
+	assert.Equal(t, connect.CodeResourceExhausted, connectbudget.Error(other).Code())
 	s := startServer(t, limits.PoolConfig{Limit: 128 * mib}, 64*mib)
 	s.pool.Close()
 	_, err = s.call(context.Background(), "Alloc", kib, false)
