@@ -166,6 +166,10 @@ func (a *Account) Used() int64 {
 // Peak returns the highest Used since Open. It is kept after Close.
 func (a *Account) Peak() int64 { return a.peak.Load() }
 
+// demand is what the account reached or asked for: the higher of its peak
+// and Used plus the size of its largest refused Grow.
+func (a *Account) demand() int64 { return max(a.peak.Load(), a.refusedAt.Load()) }
+
 // Open opens an account nested in a, named name, with its own limit in bytes
 // (Unlimited: none; a's limit and the pool's still apply). Its scope is a's
 // scope followed by "/" and name, and what it holds counts in a's Used.
@@ -647,6 +651,10 @@ func (a *Account) closeSelf(cause error) (kids *Account, leak string, ok bool) {
 	}
 	if u := a.used.Load(); u > 0 && cause == nil {
 		leak = a.pool.noteLeak(a.scope(), u)
+	}
+	if a.parent == nil {
+		a.pool.inFlight.Add(-1)
+		a.pool.peaks.record(a.demand())
 	}
 	return kids, leak, true
 }

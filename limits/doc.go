@@ -54,6 +54,29 @@
 // Leaked, the first of each logged at WARN); PoolConfig.Strict makes it
 // panic, for tests.
 //
+// Outside net/http: Pool.Do runs one job (a queue message, a batch step)
+// under an account of its own, and Pool.StartWork with Work.Finish is the
+// same in two halves, on which the gRPC and Connect interceptors are built
+// (the nested modules github.com/memctl/memctl/grpcbudget and
+// .../connectbudget: code 8 RESOURCE_EXHAUSTED, Connect resource_exhausted,
+// with the retry pushback where a retry can succeed). Package limitstest
+// gives a handler under test a budget without the middleware.
+//
+// # Sizing budgets
+//
+// Each top-level account's peak (what the request reached or asked for) is
+// recorded when it closes, in every mode, in PoolStats.Peaks, a histogram
+// by powers of two: run with MEMCTL_BUDGETS=observe, and
+// PeakHistogram.Above(limit) says how many requests a budget of limit bytes
+// would refuse. At the end of each GC cycle the pool also compares what its
+// accounts hold with the live heap beyond its baseline, and says once at
+// WARN (PoolStats.Undercharged counts it) when the heap is far larger: the
+// charges look too small and the budgets protect nothing. How to pick the
+// pool and the per-request budget from the histogram, what the default pool
+// means in a small cgroup, and how far the charge check can be trusted:
+// docs/sizing.md in the repository
+// (https://github.com/memctl/memctl/blob/main/docs/sizing.md).
+//
 // # Configuration
 //
 // PoolConfig, HTTPConfig and MemLimitConfig are structs whose zero value is

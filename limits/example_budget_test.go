@@ -28,11 +28,10 @@ func ExampleExhaustedError() {
 		fmt.Println(e.Scope, e.Requested, e.Used, e.Limit)
 		fmt.Println(e.Code(), e.HTTPStatus(), limits.GRPCCodeResourceExhausted)
 		fmt.Println(err)
-		// A gRPC server answers it with
-		//	return nil, status.Error(codes.ResourceExhausted, err.Error())
-		// and a Connect server with
-		//	return nil, connect.NewError(connect.CodeResourceExhausted, err)
-		// (both are code 8, which Connect's HTTP mapping sends as 429).
+		// The interceptors of the modules .../grpcbudget and
+		// .../connectbudget answer it with code 8 RESOURCE_EXHAUSTED
+		// (Connect: resource_exhausted, HTTP 429); a handler outside
+		// them maps it with grpcbudget.Status or connectbudget.Error.
 	}
 	// Output:
 	// true

@@ -68,6 +68,23 @@ const DefaultRetryAfter = time.Second
 // second, and none while the program's own allocation runs the collector.
 const heapRefreshInterval = time.Second
 
+// DefaultChargeRatio is how many times more than the pool's accounts hold
+// together the live heap beyond its baseline must be, at the end of a GC
+// cycle with requests in flight, before the pool says the charges look too
+// small, when PoolConfig.ChargeRatio is 0 (see there). Code that reports
+// its structures' sizes (8·n for n int64, len(b) for a []byte) under-counts
+// the runtime's overhead by well under 2x (map buckets, slice capacity,
+// pointer-rich nodes); 4x is past that, and a handler that charges 8 bytes
+// for each 1 KiB row (128x) is far past it.
+const DefaultChargeRatio = 4
+
+// ChargeCheckFloor is the fewest bytes, beyond the baseline, that the live
+// heap must hold for the charge check to speak (16 MiB, or an eighth of
+// GOMEMLIMIT when that is more): below it, connection buffers, goroutine
+// stacks and the runtime's own growth with the load are not told from
+// under-reported requests.
+const ChargeCheckFloor = 16 << 20
+
 // maxChunkSize bounds PoolConfig.ChunkSize.
 const maxChunkSize = 1 << 30
 
@@ -148,7 +165,10 @@ func parseMode(getenv func(string) string) (Mode, error) {
 // named "pool" limited to half of GOMEMLIMIT (or the fallback below), 64 KiB
 // chunks, heap pressure at 90% of GOMEMLIMIT.
 type PoolConfig struct {
-	// Name is the first element of every scope in errors. Default: "pool".
+	// Name is the pool's one name: the first element of every scope in
+	// its errors, PoolStats.Name, and the pool label of its metrics (package
+	// github.com/memctl/memctl/metrics). NewPool logs at WARN when another
+	// open pool has the same name. Default: "pool".
 	Name string
 	// Limit is the pool's budget in bytes, shared by all its accounts.
 	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT as read by NewPool
@@ -200,6 +220,19 @@ type PoolConfig struct {
 	// CancelLargest, the kernel's pressure: of the Go memory, see there).
 	// Default: 0 (means DefaultCancelShare, 0.05).
 	CancelShare float64
+	// ChargeRatio is the check of the charges against the heap: at the end
+	// of each GC cycle (with the heap watch: HeapPressure not negative and
+	// budgets not off), when requests are in flight and the live heap
+	// beyond its baseline is more than ChargeRatio times what the pool's
+	// accounts hold together, and more than ChargeCheckFloor, the pool
+	// counts the cycle (PoolStats.Undercharged) and logs one WARN line, the
+	// first time only, with the figures: the requests hold far more than
+	// they report, and their budgets protect nothing. The baseline is the
+	// live heap at the last GC end with no account open, lowered whenever
+	// the live heap falls under it (PoolStats.HeapBaseline); what is
+	// reliable and what is not is in docs/sizing.md. A negative value turns
+	// the check off. Default: 0 (means DefaultChargeRatio, 4).
+	ChargeRatio float64
 	// ShedSize is the most bytes an account (its own and its children's)
 	// may reach while Shed is on (a GC death spiral; see Shed); Grows past
 	// it are refused. Default: 0 (means DefaultShedSize, 64 MiB, or a
@@ -266,6 +299,24 @@ type PoolStats struct {
 	GCCycles int64
 	// Canceled counts contexts canceled by CancelLargest.
 	Canceled int64
+	// Name is the pool's name (PoolConfig.Name): the first element of the
+	// scope of its errors, and the pool label of its metrics.
+	Name string
+	// InFlight is the number of top-level accounts open: the requests,
+	// RPCs and jobs in progress (and any long-lived account).
+	InFlight int64
+	// Peaks is the distribution of the peaks of the pool's closed top-level
+	// accounts, in every mode: the data to size budgets from (see
+	// PeakHistogram and docs/sizing.md).
+	Peaks PeakHistogram
+	// Undercharged counts the GC cycles at whose end the live heap beyond
+	// HeapBaseline was more than PoolConfig.ChargeRatio times Used, with
+	// requests in flight: charges that look too small.
+	Undercharged int64
+	// HeapBaseline is the live Go heap in bytes that the charge check takes
+	// as the service's own (see PoolConfig.ChargeRatio); -1 before the
+	// first GC cycle the watch saw or when the check is off.
+	HeapBaseline int64
 }
 
 // Pool is a shared memory budget in bytes from which accounts are opened.
@@ -306,11 +357,18 @@ type Pool struct {
 	leakLogged    atomic.Bool
 	outsideLogged atomic.Bool  // reset when the pressure ends
 	kernelWarnAt  atomic.Int64 // UnixNano of CancelLargest's last no-cancel WARN
+	inFlight      atomic.Int64 // open top-level accounts
+	baseline      atomic.Int64 // the charge check's heap baseline; -1: none yet
+	undercharged  atomic.Int64
+	chargeLogged  atomic.Bool
+	peaks         peakHistogram
+	seq           atomic.Int64 // numbers the accounts of StartWork and Do
 
 	name          string
 	heapScope     string
 	heapRatio     float64
 	cancelShare   float64
+	chargeRatio   float64
 	shedSize      int64
 	cancelLargest bool
 	strict        bool
@@ -364,12 +422,16 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if !(cfg.CancelShare >= 0 && cfg.CancelShare <= 1) {
 		return nil, fmt.Errorf("limits: PoolConfig.CancelShare %v is not in (0.0, 1.0] (0: default)", cfg.CancelShare)
 	}
+	if math.IsNaN(cfg.ChargeRatio) || math.IsInf(cfg.ChargeRatio, 0) {
+		return nil, fmt.Errorf("limits: PoolConfig.ChargeRatio %v is not a finite number (0: default, negative: off)", cfg.ChargeRatio)
+	}
 	p := &Pool{
 		name:          cfg.Name,
 		limit:         cfg.Limit,
 		chunk:         cfg.ChunkSize,
 		heapRatio:     cfg.HeapPressure,
 		cancelShare:   cfg.CancelShare,
+		chargeRatio:   cfg.ChargeRatio,
 		cancelLargest: cfg.CancelLargest,
 		strict:        cfg.Strict,
 		log:           cfg.Logger,
@@ -387,6 +449,10 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if p.cancelShare == 0 {
 		p.cancelShare = DefaultCancelShare
 	}
+	if p.chargeRatio == 0 {
+		p.chargeRatio = DefaultChargeRatio
+	}
+	p.baseline.Store(-1)
 	mode, err := parseMode(os.Getenv)
 	if err != nil {
 		p.log.Warn("limits: bad MEMCTL_BUDGETS", "pool", p.name, "error", err)
@@ -419,8 +485,18 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 			return true
 		})
 	}
+	if p.mode != ModeOff && poolNamed(p.name) {
+		p.log.Warn("limits: another open pool has the same name: the errors, Stats and metrics of the two cannot be told apart (set PoolConfig.Name)", "pool", p.name)
+	}
 	registerPool(p)
 	return p, nil
+}
+
+// poolNamed reports whether an open pool is named name.
+func poolNamed(name string) bool {
+	found := false
+	eachPool(func(q *Pool) { found = found || (q.name == name && !q.closed.Load()) })
+	return found
 }
 
 // defaultLimit returns the limit of a pool configured with Limit 0, given
@@ -495,6 +571,11 @@ func (p *Pool) Stats() PoolStats {
 		HeapThreshold:     p.heapThreshold.Load(),
 		GCCycles:          p.heapCycles.Load(),
 		Canceled:          p.canceled.Load(),
+		Name:              p.name,
+		InFlight:          p.inFlight.Load(),
+		Peaks:             p.peaks.snapshot(),
+		Undercharged:      p.undercharged.Load(),
+		HeapBaseline:      p.baseline.Load(),
 	}
 }
 
@@ -516,6 +597,7 @@ func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
 	if p.closed.Load() {
 		return nil, fmt.Errorf("%w: %s: Open(%q)", ErrClosed, p.name, name)
 	}
+	p.inFlight.Add(1)
 	return newAccount(p, nil, name, seq, limit), nil
 }
 

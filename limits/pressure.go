@@ -58,6 +58,7 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 	over := threshold > 0 && live > threshold
 	p.pressure.Store(over)
 	p.heapCycles.Add(1)
+	p.checkCharges(live, gomemlimit)
 	if !over {
 		p.outsideLogged.Store(false)
 		return
@@ -201,4 +202,38 @@ func (p *Pool) mayWarnNoCancel(kernel bool) bool {
 	now := time.Now().UnixNano()
 	last := p.kernelWarnAt.Load()
 	return (last == 0 || now-last >= int64(kernelWarnInterval)) && p.kernelWarnAt.CompareAndSwap(last, now)
+}
+
+// checkCharges compares, at the end of a GC cycle, what the pool's accounts
+// hold with what the live heap holds beyond its baseline (see
+// PoolConfig.ChargeRatio). Called with heapMu held.
+func (p *Pool) checkCharges(live, gomemlimit int64) {
+	if p.chargeRatio < 0 {
+		return
+	}
+	base := p.baseline.Load()
+	inFlight := p.inFlight.Load()
+	if base < 0 || inFlight <= 0 || live < base {
+		// No baseline yet, nothing in flight (what the heap holds now is
+		// the service's own), or less than the baseline (it was taken
+		// with work in flight, or the service shrank).
+		p.baseline.Store(live)
+		return
+	}
+	beyond := live - base
+	floor := int64(ChargeCheckFloor)
+	if gomemlimit > 0 && gomemlimit != math.MaxInt64 {
+		floor = max(floor, gomemlimit/8)
+	}
+	held := p.used.Load()
+	if beyond <= floor || float64(beyond) <= p.chargeRatio*float64(held) {
+		return
+	}
+	p.undercharged.Add(1)
+	if p.chargeLogged.CompareAndSwap(false, true) {
+		p.log.Warn("limits: the live heap is far larger than what the pool's accounts hold: charges look too small, and budgets do not protect this service "+
+			"(check what the handlers pass to Grow; counted in PoolStats.Undercharged, only the first is logged)",
+			"pool", p.name, "heap_live", live, "heap_baseline", base, "beyond_baseline", beyond,
+			"accounted", held, "in_flight", inFlight, "ratio", p.chargeRatio, "gomemlimit", gomemlimit)
+	}
 }

@@ -25,7 +25,7 @@ func Example() {
 	}
 	defer pool.Close()
 
-	if _, err := metrics.Register(prometheus.DefaultRegisterer, ctl, metrics.Pool{Name: "http", Pool: pool}); err != nil {
+	if _, err := metrics.Register(prometheus.DefaultRegisterer, ctl, metrics.Pool{Pool: pool}); err != nil {
 		log.Fatal(err)
 	}
 	http.Handle("/metrics", promhttp.Handler())

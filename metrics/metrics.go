@@ -10,8 +10,8 @@
 //
 //	ctl, _ := memctl.Start()
 //	defer ctl.Close()
-//	pool, _ := limits.NewPool(limits.PoolConfig{})
-//	if _, err := metrics.Register(prometheus.DefaultRegisterer, ctl, metrics.Pool{Name: "http", Pool: pool}); err != nil {
+//	pool, _ := limits.NewPool(limits.PoolConfig{Name: "http"})
+//	if _, err := metrics.Register(prometheus.DefaultRegisterer, ctl, metrics.Pool{Pool: pool}); err != nil {
 //		...
 //	}
 //	http.Handle("/metrics", promhttp.Handler())
@@ -61,7 +61,8 @@
 //	memctl_gomemlimit_lifted_bytes            gauge    bytes a death-spiral lift adds to GOMEMLIMIT now
 //	memctl_cgroup_memory_events_total{event}  counter  cgroup v2 memory.events (low, high, max, oom, oom_kill, oom_group_kill)
 //
-// and per budget pool, labelled pool with the name given in Pool:
+// and per budget pool, labelled pool with the pool's name (PoolConfig.Name,
+// the first element of the scope of its errors: one name per pool):
 //
 //	memctl_budget_limit_bytes                 gauge    the pool's limit; absent when it has none
 //	memctl_budget_in_use_bytes                gauge    bytes the pool's accounts hold (with their reserved chunks)
@@ -73,6 +74,10 @@
 //	memctl_budget_observed_total              counter  refusals let through by MEMCTL_BUDGETS=observe or off
 //	memctl_budget_leaked_accounts_total       counter  accounts closed with bytes still grown
 //	memctl_budget_leaked_bytes_total          counter  bytes still grown in accounts when they were closed
+//	memctl_budget_in_flight                   gauge    top-level accounts open: requests, RPCs and jobs in progress
+//	memctl_budget_request_peak_bytes          histogram per-request peaks (what each asked for), in every mode: the data to size budgets (docs/sizing.md)
+//	memctl_budget_undercharged_total          counter  GC cycles at whose end the live heap far exceeded what the accounts held: charges too small
+//	memctl_budget_heap_baseline_bytes         gauge    the live heap the charge check takes as the service's own; absent before the first GC
 //
 // and, once for the process when a pool is given:
 //
@@ -88,7 +93,6 @@
 package metrics
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -101,10 +105,12 @@ import (
 	"github.com/memctl/memctl/trim/cheap"
 )
 
-// Pool names a budget pool for the collector.
+// Pool is a budget pool for the collector.
 type Pool struct {
-	// Name is the value of the pool label: non-empty and unique among the
-	// pools of one collector.
+	// Name is the value of the pool label. It must be the pool's own name
+	// (PoolConfig.Name, limits.Pool.Name), so that a pool has one name in
+	// its errors, its Stats and its metrics; the names must be unique among
+	// the pools of one collector. Default: "" (means Pool.Name()).
 	Name string
 	Pool *limits.Pool
 }
@@ -118,7 +124,19 @@ type Collector struct {
 	heapDescs []*prometheus.Desc
 	poolDescs []*prometheus.Desc
 	procDescs []*prometheus.Desc
+	peakDesc  *prometheus.Desc
 }
+
+// peakBounds are the upper bounds of memctl_budget_request_peak_bytes, in
+// bytes: limits.PeakBucketBound(0) to (limits.PeakBuckets-1), 64 KiB to
+// 64 GiB by powers of two.
+var peakBounds = func() []float64 {
+	b := make([]float64, limits.PeakBuckets)
+	for i := range b {
+		b[i] = float64(limits.PeakBucketBound(i))
+	}
+	return b
+}()
 
 // controller is what one scrape reads from the controller.
 type controller struct {
@@ -324,7 +342,16 @@ var poolMetrics = []metric[limits.PoolStats]{
 		func(s *limits.PoolStats) int64 { return s.Leaked }),
 	counter("memctl_budget_leaked_bytes_total", "Bytes still grown in accounts when they were closed.",
 		func(s *limits.PoolStats) int64 { return s.LeakedBytes }),
+	gauge("memctl_budget_in_flight", "Top-level accounts open in the pool: requests, RPCs and jobs in progress.",
+		func(s *limits.PoolStats) (float64, bool) { return float64(s.InFlight), true }),
+	counter("memctl_budget_undercharged_total", "GC cycles at whose end, with requests in flight, the live heap beyond its baseline was more than the pool's charge ratio (PoolConfig.ChargeRatio, default 4) times what its accounts held: the charges look too small.",
+		func(s *limits.PoolStats) int64 { return s.Undercharged }),
+	gauge("memctl_budget_heap_baseline_bytes", "The live heap, in bytes, that the charge check takes as the service's own; absent before the first GC cycle or with the check off.",
+		func(s *limits.PoolStats) (float64, bool) { return float64(s.HeapBaseline), s.HeapBaseline >= 0 }),
 }
+
+// peakHelp is the help of memctl_budget_request_peak_bytes.
+const peakHelp = "The peaks of the pool's requests, in bytes: what each request, RPC or job reached or asked for (a refused Grow counts), recorded when it ends, in every budget mode (the sum leaves out peaks above the last bound, 64 GiB)."
 
 // processMetrics are read once per scrape from the first pool's Stats: they
 // count for the whole process, not per pool.
@@ -336,22 +363,27 @@ var processMetrics = []metric[limits.PoolStats]{
 // NewCollector returns a collector for ctl (the controller memctl.Start
 // returned) and pools. A nil ctl is allowed (for example when the auto
 // package started memctl): the scrape then has GOMEMLIMIT, the C heap and
-// the misuse count, and memctl_enabled is 0. It returns an error for a pool
-// with an empty or repeated name or a nil Pool.
+// the misuse count, and memctl_enabled is 0. It returns an error for a nil
+// Pool, a Name other than the pool's own, and two pools of the same name
+// (name them with PoolConfig.Name).
 func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
 	seen := map[string]bool{}
-	for _, p := range pools {
+	pools = append([]Pool(nil), pools...)
+	for i, p := range pools {
 		switch {
-		case p.Name == "":
-			return nil, errors.New("metrics: a pool with an empty name")
-		case seen[p.Name]:
-			return nil, fmt.Errorf("metrics: pool name %q given twice", p.Name)
 		case p.Pool == nil:
 			return nil, fmt.Errorf("metrics: pool %q is nil", p.Name)
+		case p.Name == "":
+			pools[i].Name = p.Pool.Name()
+		case p.Name != p.Pool.Name():
+			return nil, fmt.Errorf("metrics: pool %q is named %q in its errors and Stats: one name per pool (set PoolConfig.Name to %q, or leave Pool.Name empty)", p.Name, p.Pool.Name(), p.Name)
 		}
-		seen[p.Name] = true
+		if seen[pools[i].Name] {
+			return nil, fmt.Errorf("metrics: two pools named %q: name each with PoolConfig.Name", pools[i].Name)
+		}
+		seen[pools[i].Name] = true
 	}
-	c := &Collector{ctl: ctl, pools: append([]Pool(nil), pools...)}
+	c := &Collector{ctl: ctl, pools: pools}
 	for _, m := range controllerMetrics {
 		c.ctlDescs = append(c.ctlDescs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
 	}
@@ -361,6 +393,7 @@ func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
 	for _, m := range poolMetrics {
 		c.poolDescs = append(c.poolDescs, prometheus.NewDesc(m.name, m.help, append([]string{"pool"}, m.labels...), nil))
 	}
+	c.peakDesc = prometheus.NewDesc("memctl_budget_request_peak_bytes", peakHelp, []string{"pool"}, nil)
 	if len(pools) > 0 {
 		for _, m := range processMetrics {
 			c.procDescs = append(c.procDescs, prometheus.NewDesc(m.name, m.help, m.labels, nil))
@@ -399,6 +432,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.procDescs {
 		ch <- d
 	}
+	if len(c.pools) > 0 {
+		ch <- c.peakDesc
+	}
 }
 
 // Collect reads the controller's and the pools' statistics once and sends
@@ -416,6 +452,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i, p := range c.pools {
 		st := p.Pool.Stats()
 		emit(ch, poolMetrics, c.poolDescs, &st, p.Name)
+		ch <- peakHistogram(c.peakDesc, &st.Peaks, p.Name)
 		if i == 0 {
 			emit(ch, processMetrics, c.procDescs, &st)
 		}
@@ -430,4 +467,16 @@ func emit[T any](ch chan<- prometheus.Metric, table []metric[T], descs []*promet
 		}
 		ch <- prometheus.MustNewConstMetric(descs[i], m.kind, v, append(append([]string(nil), fixed...), labels...)...)
 	}
+}
+
+// peakHistogram is memctl_budget_request_peak_bytes for one pool: the
+// cumulative counts of limits.PeakHistogram at each bound.
+func peakHistogram(desc *prometheus.Desc, h *limits.PeakHistogram, pool string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(peakBounds))
+	var n uint64
+	for i, b := range peakBounds {
+		n += uint64(max(h.Counts[i], 0))
+		buckets[b] = n
+	}
+	return prometheus.MustNewConstHistogram(desc, uint64(max(h.Count, 0)), float64(h.Sum), buckets, pool)
 }

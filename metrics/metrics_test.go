@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -103,7 +104,7 @@ func hasLabels(m *dto.Metric, kv []string) bool {
 
 func TestLint(t *testing.T) {
 	ctl := start(t)
-	pool, err := limits.NewPool(limits.PoolConfig{Limit: 1 << 20})
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "http", Limit: 1 << 20})
 	require.NoError(t, err)
 	defer pool.Close()
 	c, err := NewCollector(ctl, Pool{Name: "http", Pool: pool})
@@ -177,7 +178,7 @@ func TestPoolMetrics(t *testing.T) {
 	b, err := limits.NewPool(limits.PoolConfig{Name: "b", Limit: limits.Unlimited, HeapPressure: -1})
 	require.NoError(t, err)
 	defer b.Close()
-	c, err := NewCollector(nil, Pool{Name: "a", Pool: a}, Pool{Name: "b", Pool: b})
+	c, err := NewCollector(nil, Pool{Name: "a", Pool: a}, Pool{Pool: b})
 	require.NoError(t, err)
 
 	acct, err := a.Open("req", limits.Unlimited)
@@ -199,9 +200,85 @@ func TestPoolMetrics(t *testing.T) {
 	require.NoError(t, limits.Grow(context.Background(), 1), "a Grow with no account in the context")
 	assert.Equal(t, before+1, value(t, gather(t, c), "memctl_budget_unguarded_total"), "counted once for the process")
 	assert.Len(t, gather(t, c)["memctl_budget_unguarded_total"].GetMetric(), 1, "one series, not one per pool")
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_budget_in_flight", "pool", "a"))
 	acct.Close()
 	mfs = gather(t, c)
 	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_in_use_bytes", "pool", "a"))
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_in_flight", "pool", "a"))
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_budget_undercharged_total", "pool", "a"))
+}
+
+// The peak histogram: one per pool, with the pool's buckets, cumulative,
+// as limits.PeakHistogram counts them; the request refused at 2 MiB asked
+// for 2 MiB + 100 KiB and is counted there.
+func TestPeakHistogramMetric(t *testing.T) {
+	p, err := limits.NewPool(limits.PoolConfig{Name: "jobs", Limit: 256 << 20, HeapPressure: -1})
+	require.NoError(t, err)
+	defer p.Close()
+	for _, n := range []int64{0, 100 << 10, 1 << 20, 3 << 20} {
+		require.NoError(t, p.Do(context.Background(), limits.WorkConfig{Limit: 2 << 20}, func(ctx context.Context) error {
+			if err := limits.Grow(ctx, n); err != nil {
+				return nil // refused: counted at what it asked for
+			}
+			limits.Shrink(ctx, n)
+			return nil
+		}))
+	}
+	c, err := NewCollector(nil, Pool{Pool: p})
+	require.NoError(t, err)
+	mfs := gather(t, c)
+	mf := mfs["memctl_budget_request_peak_bytes"]
+	require.NotNil(t, mf)
+	require.Len(t, mf.GetMetric(), 1)
+	m := mf.GetMetric()[0]
+	assert.Equal(t, "jobs", m.GetLabel()[0].GetValue())
+	h := m.GetHistogram()
+	assert.Equal(t, uint64(4), h.GetSampleCount())
+	assert.Equal(t, float64(100<<10+1<<20+3<<20), h.GetSampleSum())
+	got := map[float64]uint64{}
+	for _, b := range h.GetBucket() {
+		got[b.GetUpperBound()] = b.GetCumulativeCount()
+	}
+	assert.Len(t, got, limits.PeakBuckets)
+	assert.Equal(t, uint64(1), got[64<<10])
+	assert.Equal(t, uint64(2), got[128<<10])
+	assert.Equal(t, uint64(3), got[1<<20])
+	assert.Equal(t, uint64(3), got[2<<20])
+	assert.Equal(t, uint64(4), got[4<<20])
+	assert.Equal(t, uint64(4), got[64<<30])
+}
+
+// The charge check's counter follows PoolStats.Undercharged, from a real
+// heap: a job that holds 64 MiB and charges 64 KiB of it, through real GC
+// cycles.
+func TestUnderchargedMetric(t *testing.T) {
+	prev := debug.SetMemoryLimit(math.MaxInt64)
+	defer debug.SetMemoryLimit(prev)
+	p, err := limits.NewPool(limits.PoolConfig{Name: "jobs", Limit: 1 << 30})
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := NewCollector(nil, Pool{Pool: p})
+	require.NoError(t, err)
+	runtime.GC()
+	runtime.GC() // the baseline, nothing in flight
+	var rows [][]byte
+	require.NoError(t, p.Do(context.Background(), limits.WorkConfig{Limit: 1 << 30}, func(ctx context.Context) error {
+		for range 64 {
+			rows = append(rows, make([]byte, 1<<20))
+			if err := limits.Grow(ctx, 1<<10); err != nil {
+				return err
+			}
+			runtime.GC()
+		}
+		defer limits.Shrink(ctx, 64<<10)
+		assert.Eventually(t, func() bool { runtime.GC(); return p.Stats().Undercharged > 0 }, 10*time.Second, time.Millisecond)
+		return nil
+	}))
+	runtime.KeepAlive(rows)
+	mfs := gather(t, c)
+	assert.Equal(t, float64(p.Stats().Undercharged), value(t, mfs, "memctl_budget_undercharged_total", "pool", "jobs"))
+	assert.Positive(t, value(t, mfs, "memctl_budget_undercharged_total", "pool", "jobs"))
+	assert.GreaterOrEqual(t, value(t, mfs, "memctl_budget_heap_baseline_bytes", "pool", "jobs"), 0.0)
 }
 
 // work allocates n bytes in 1 MiB pieces, every page touched; all of it is
@@ -222,10 +299,20 @@ func TestBadPools(t *testing.T) {
 	p, err := limits.NewPool(limits.PoolConfig{HeapPressure: -1})
 	require.NoError(t, err)
 	defer p.Close()
-	for _, pools := range [][]Pool{{{Name: "", Pool: p}}, {{Name: "x", Pool: p}, {Name: "x", Pool: p}}, {{Name: "x"}}} {
+	q, err := limits.NewPool(limits.PoolConfig{HeapPressure: -1})
+	require.NoError(t, err)
+	defer q.Close()
+	for _, pools := range [][]Pool{
+		{{Name: "x", Pool: p}}, // p is named "pool": one name per pool
+		{{Pool: p}, {Pool: q}}, // two pools named "pool"
+		{{Pool: p}, {Name: "pool", Pool: p}},
+		{{Name: "x"}},
+	} {
 		_, err := NewCollector(nil, pools...)
 		assert.Error(t, err, "%v", pools)
 	}
+	_, err = NewCollector(nil, Pool{Pool: p})
+	assert.NoError(t, err, "an empty Name is the pool's own")
 	reg := prometheus.NewRegistry()
 	_, err = Register(reg, nil)
 	require.NoError(t, err)

@@ -1,0 +1,246 @@
+// Command example is a Connect server (connectrpc.com/connect) whose calls
+// each run under a memory budget of their own (package
+// github.com/memctl/memctl/connectbudget): a call that would need more
+// than its budget, or more than the shared pool has left, gets
+// resource_exhausted (HTTP 429 in the Connect protocol, code 8 in gRPC) and
+// the server keeps serving everyone else.
+//
+// Its service, memctl.example.Store, needs no generated code: each
+// procedure is a connect.NewUnaryHandler (or NewServerStreamHandler) of
+// google.protobuf.Int64Value, which connect's protobuf and JSON codecs
+// handle. Each takes a size n in bytes:
+//
+//	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
+//	AllocWrapped       the same, the error wrapped with %w
+//	AllocUndercharged  charges 32 MiB once, then builds n bytes in 8 MiB steps; when the heap
+//	                   watch cancels it, it returns ctx.Err()
+//	Hold               charges n and holds it until the caller cancels
+//	AllocStream        server streaming: charges n, sends n back, once
+//
+// Run it and call it with curl (the Connect protocol's JSON form):
+//
+//	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:8080 -request-budget 64MiB
+//	curl -si -H 'Content-Type: application/json' -d '"1073741824"' http://127.0.0.1:8080/memctl.example.Store/Alloc
+//
+// which answers 429 {"code":"resource_exhausted","message":"limits:
+// resource_exhausted in connect/req-1: requested 1073741824 bytes, 0 in
+// use, limit 67108864"}, with no Retry-After; a call refused because the
+// pool is full carries Retry-After: 1. The server speaks HTTP/1.1 and
+// HTTP/2 without TLS (h2c), so gRPC clients reach it too.
+//
+// Flags:
+//
+//	-addr            listen address (default 127.0.0.1:8080; port 0 picks one)
+//	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
+//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
+//	-budgets         run the interceptor (default true; false: the same server without it)
+//
+// The server prints "listening on http://ADDR" once it accepts
+// connections, and stops on SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/connectbudget"
+	"github.com/memctl/memctl/limits"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "example:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("example", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
+	budget := fs.String("request-budget", "64MiB", "each call's budget in bytes (KiB, MiB, GiB suffixes)")
+	poolSize := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
+	budgets := fs.Bool("budgets", true, "run the budget interceptor")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	limit, err := parseBytes(*budget)
+	if err != nil || limit == 0 {
+		return fmt.Errorf("-request-budget %q: want a positive byte count", *budget)
+	}
+	size, err := parseBytes(*poolSize)
+	if err != nil {
+		return fmt.Errorf("-pool: %w", err)
+	}
+	ctl, err := memctl.Start() // THP off, GOMEMLIMIT from the cgroup, the trimmer
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "connect", Limit: size, CancelLargest: true})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var opts []connect.HandlerOption
+	if *budgets {
+		i, err := connectbudget.NewInterceptor(pool, connectbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst})
+		if err != nil {
+			return err
+		}
+		opts = append(opts, connect.WithInterceptors(i))
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := NewServer(NewHandler(opts...))
+	fmt.Fprintf(stdout, "listening on http://%s\n", ln.Addr())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Shutdown(context.Background())
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// NewServer returns an HTTP server for h that speaks HTTP/1.1 and HTTP/2
+// without TLS (h2c, for gRPC clients).
+func NewServer(h http.Handler) *http.Server {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Server{Handler: h, Protocols: &p}
+}
+
+// ServiceName is the Store service's full name.
+const ServiceName = "memctl.example.Store"
+
+// Procedure returns the path of the Store's method name.
+func Procedure(name string) string { return "/" + ServiceName + "/" + name }
+
+// NewHandler returns a mux with the Store's procedures, each with opts.
+func NewHandler(opts ...connect.HandlerOption) *http.ServeMux {
+	mux := http.NewServeMux()
+	for name, fn := range map[string]func(context.Context, int64) (int64, error){
+		"Alloc":             allocN,
+		"AllocWrapped":      allocWrapped,
+		"AllocUndercharged": allocUndercharged,
+		"Hold":              hold,
+	} {
+		mux.Handle(Procedure(name), connect.NewUnaryHandler(Procedure(name),
+			func(ctx context.Context, req *connect.Request[wrapperspb.Int64Value]) (*connect.Response[wrapperspb.Int64Value], error) {
+				n, err := fn(ctx, req.Msg.GetValue())
+				if err != nil {
+					return nil, err
+				}
+				return connect.NewResponse(wrapperspb.Int64(n)), nil
+			}, opts...))
+	}
+	mux.Handle(Procedure("AllocStream"), connect.NewServerStreamHandler(Procedure("AllocStream"),
+		func(ctx context.Context, req *connect.Request[wrapperspb.Int64Value], st *connect.ServerStream[wrapperspb.Int64Value]) error {
+			n, err := allocN(ctx, req.Msg.GetValue())
+			if err != nil {
+				return err
+			}
+			return st.Send(wrapperspb.Int64(n))
+		}, opts...))
+	return mux
+}
+
+// alloc charges n bytes to the call's budget and builds them.
+func alloc(ctx context.Context, n int64) ([]byte, error) {
+	if err := limits.Grow(ctx, n); err != nil {
+		return nil, err
+	}
+	defer limits.Shrink(ctx, n)
+	b := make([]byte, n)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1 // touch every page
+	}
+	return b, nil
+}
+
+func allocN(ctx context.Context, n int64) (int64, error) {
+	b, err := alloc(ctx, n)
+	return int64(len(b)), err
+}
+
+func allocWrapped(ctx context.Context, n int64) (int64, error) {
+	b, err := alloc(ctx, n)
+	if err != nil {
+		return 0, fmt.Errorf("store: alloc %d bytes: %w", n, err)
+	}
+	return int64(len(b)), nil
+}
+
+// allocUndercharged charges a guess, 32 MiB, once, then builds n bytes in steps of
+// 8 MiB, checking its context between steps: the handler whose real size
+// only the heap watch sees. When its context ends (the heap watch canceled
+// it, PoolConfig.CancelLargest) it returns ctx.Err(), as most handlers do.
+func allocUndercharged(ctx context.Context, n int64) (int64, error) {
+	const guess, step = 32 << 20, 8 << 20
+	if err := limits.Grow(ctx, guess); err != nil {
+		return 0, err
+	}
+	defer limits.Shrink(ctx, guess)
+	var steps [][]byte
+	for built := int64(0); built < n; built += step {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		b := make([]byte, step)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1 // touch every page, as real work would
+		}
+		steps = append(steps, b)
+	}
+	return int64(len(steps)) * step, nil
+}
+
+// hold charges n bytes and holds them until the caller cancels.
+func hold(ctx context.Context, n int64) (int64, error) {
+	if err := limits.Grow(ctx, n); err != nil {
+		return 0, err
+	}
+	defer limits.Shrink(ctx, n)
+	<-ctx.Done()
+	return n, ctx.Err()
+}
+
+// parseBytes parses "123", "64KiB", "64MiB" or "1GiB".
+func parseBytes(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, errors.New("not a byte count (want for example 1048576, 64KiB, 64MiB or 1GiB)")
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,269 @@
+// Command example is a gRPC server whose calls each run under a memory
+// budget of their own (package github.com/memctl/memctl/grpcbudget): a call
+// that would need more than its budget, or more than the shared pool has
+// left, gets status 8 RESOURCE_EXHAUSTED and the server keeps serving
+// everyone else.
+//
+// Its service, memctl.example.Store, is written by hand (a grpc.ServiceDesc
+// with google.protobuf.Int64Value messages), so that it builds without
+// protoc. Each method takes a size n in bytes:
+//
+//	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
+//	AllocWrapped       the same, the error wrapped with %w
+//	AllocUndercharged  charges 32 MiB once, then builds n bytes in 8 MiB steps; when the heap
+//	                   watch cancels it, it returns ctx.Err()
+//	Hold               charges n and holds it until the caller cancels
+//	AllocStream        server streaming: charges n, sends n back, once
+//
+// Run it, and call it with any gRPC client that sends an Int64Value (the
+// tests in main_test.go use grpc-go's ClientConn.Invoke):
+//
+//	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:50051 -request-budget 64MiB
+//
+// A call of 1 GiB (1073741824) to Alloc gets code 8 with the message
+// "limits: resource_exhausted in grpc/req-1: requested 1073741824 bytes, 0
+// in use, limit 67108864" and no retry pushback; a call refused because the
+// pool is full carries grpc-retry-pushback-ms: 1000.
+//
+// Flags:
+//
+//	-addr            listen address (default 127.0.0.1:50051; port 0 picks one)
+//	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
+//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
+//	-budgets         run the interceptors (default true; false: the same server without them)
+//
+// The server prints "listening on ADDR" once it accepts connections, and
+// stops on SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/grpcbudget"
+	"github.com/memctl/memctl/limits"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "example:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("example", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:50051", "listen address")
+	budget := fs.String("request-budget", "64MiB", "each call's budget in bytes (KiB, MiB, GiB suffixes)")
+	poolSize := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
+	budgets := fs.Bool("budgets", true, "run the budget interceptors")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	limit, err := parseBytes(*budget)
+	if err != nil || limit == 0 {
+		return fmt.Errorf("-request-budget %q: want a positive byte count", *budget)
+	}
+	size, err := parseBytes(*poolSize)
+	if err != nil {
+		return fmt.Errorf("-pool: %w", err)
+	}
+	ctl, err := memctl.Start() // THP off, GOMEMLIMIT from the cgroup, the trimmer
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "grpc", Limit: size, CancelLargest: true})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var opts []grpc.ServerOption
+	if *budgets {
+		if opts, err = Options(pool, grpcbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst}); err != nil {
+			return err
+		}
+	}
+	srv := NewServer(opts...)
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "listening on %s\n", ln.Addr())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		srv.GracefulStop()
+	}()
+	return srv.Serve(ln)
+}
+
+// Options returns the server options that install the unary and stream
+// budget interceptors.
+func Options(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
+	unary, err := grpcbudget.UnaryServerInterceptor(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	stream, err := grpcbudget.StreamServerInterceptor(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream)}, nil
+}
+
+// NewServer returns a gRPC server with the Store service registered.
+func NewServer(opts ...grpc.ServerOption) *grpc.Server {
+	srv := grpc.NewServer(opts...)
+	srv.RegisterService(&storeDesc, store{})
+	return srv
+}
+
+// ServiceName is the Store service's full name.
+const ServiceName = "memctl.example.Store"
+
+// store implements the Store service.
+type store struct{}
+
+// alloc charges n bytes to the call's budget and builds them.
+func alloc(ctx context.Context, n int64) ([]byte, error) {
+	if err := limits.Grow(ctx, n); err != nil {
+		return nil, err
+	}
+	defer limits.Shrink(ctx, n)
+	b := make([]byte, n)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1 // touch every page
+	}
+	return b, nil
+}
+
+func (store) Alloc(ctx context.Context, n int64) (int64, error) {
+	b, err := alloc(ctx, n)
+	return int64(len(b)), err
+}
+
+func (store) AllocWrapped(ctx context.Context, n int64) (int64, error) {
+	b, err := alloc(ctx, n)
+	if err != nil {
+		return 0, fmt.Errorf("store: alloc %d bytes: %w", n, err)
+	}
+	return int64(len(b)), nil
+}
+
+// AllocUndercharged charges a guess, 32 MiB, once, then builds n bytes in steps of
+// 8 MiB, checking its context between steps: the handler whose real size
+// only the heap watch sees. When its context ends (the heap watch canceled
+// it, PoolConfig.CancelLargest) it returns ctx.Err(), as most handlers do.
+func (store) AllocUndercharged(ctx context.Context, n int64) (int64, error) {
+	const guess, step = 32 << 20, 8 << 20
+	if err := limits.Grow(ctx, guess); err != nil {
+		return 0, err
+	}
+	defer limits.Shrink(ctx, guess)
+	var steps [][]byte
+	for built := int64(0); built < n; built += step {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		b := make([]byte, step)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1 // touch every page, as real work would
+		}
+		steps = append(steps, b)
+	}
+	return int64(len(steps)) * step, nil
+}
+
+// Hold charges n bytes and holds them until the caller cancels.
+func (store) Hold(ctx context.Context, n int64) (int64, error) {
+	if err := limits.Grow(ctx, n); err != nil {
+		return 0, err
+	}
+	defer limits.Shrink(ctx, n)
+	<-ctx.Done()
+	return n, ctx.Err()
+}
+
+func unary(name string, fn func(store, context.Context, int64) (int64, error)) grpc.MethodDesc {
+	return grpc.MethodDesc{
+		MethodName: name,
+		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.Int64Value)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			call := func(ctx context.Context, req any) (any, error) {
+				n, err := fn(srv.(store), ctx, req.(*wrapperspb.Int64Value).GetValue())
+				if err != nil {
+					return nil, err
+				}
+				return wrapperspb.Int64(n), nil
+			}
+			if icpt == nil {
+				return call(ctx, in)
+			}
+			return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/" + ServiceName + "/" + name}, call)
+		},
+	}
+}
+
+var storeDesc = grpc.ServiceDesc{
+	ServiceName: ServiceName,
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{
+		unary("Alloc", store.Alloc),
+		unary("AllocWrapped", store.AllocWrapped),
+		unary("AllocUndercharged", store.AllocUndercharged),
+		unary("Hold", store.Hold),
+	},
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "AllocStream",
+		ServerStreams: true,
+		Handler: func(srv any, ss grpc.ServerStream) error {
+			in := new(wrapperspb.Int64Value)
+			if err := ss.RecvMsg(in); err != nil {
+				return err
+			}
+			b, err := alloc(ss.Context(), in.GetValue())
+			if err != nil {
+				return err
+			}
+			return ss.SendMsg(wrapperspb.Int64(int64(len(b))))
+		},
+	}},
+}
+
+// parseBytes parses "123", "64KiB", "64MiB" or "1GiB".
+func parseBytes(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, errors.New("not a byte count (want for example 1048576, 64KiB, 64MiB or 1GiB)")
+	}
+	return n * mult, nil
+}

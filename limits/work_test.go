@@ -1,0 +1,199 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDoCharges: Do runs the job under an account of its own named
+// "req-N" (or cfg.Name), a refused Grow comes back out of Do as is, and
+// the account is closed (its peak recorded, nothing in flight) when Do
+// returns.
+func TestDoCharges(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Name: "jobs", Limit: 256 * mib})
+	var inside *Account
+	err := p.Do(context.Background(), WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error {
+		inside = FromContext(ctx)
+		if err := Grow(ctx, 8*mib); err != nil {
+			return err
+		}
+		defer Shrink(ctx, 8*mib)
+		assert.Equal(t, int64(1), p.Stats().InFlight)
+		return Grow(ctx, 1<<30)
+	})
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	e, ok := errors.AsType[*ExhaustedError](err)
+	require.True(t, ok)
+	assert.Equal(t, "jobs/req-1", e.Scope)
+	assert.Equal(t, int64(1<<30), e.Requested)
+	assert.Zero(t, e.RetryAfter, "over its own budget: a retry cannot succeed")
+	require.NotNil(t, inside)
+	assert.Equal(t, int64(0), inside.Used(), "closed when Do returned")
+	st := p.Stats()
+	assert.Equal(t, int64(0), st.InFlight)
+	assert.Equal(t, int64(1), st.Peaks.Count)
+	assert.Equal(t, int64(1), st.Peaks.Counts[peakBucket(8*mib+1<<30)], "the peak is what the job asked for")
+	assert.Equal(t, "jobs", st.Name)
+
+	err = p.Do(context.Background(), WorkConfig{Limit: mib, Name: "msg-7f3a"}, func(ctx context.Context) error {
+		return fmt.Errorf("step 2: %w", Grow(ctx, 2*mib))
+	})
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	assert.Contains(t, err.Error(), "step 2: limits: resource_exhausted in jobs/msg-7f3a: requested 2097152 bytes, 0 in use, limit 1048576")
+
+	// Bad limits and a closed pool: fn is not called.
+	called := false
+	require.ErrorIs(t, p.Do(context.Background(), WorkConfig{}, func(context.Context) error { called = true; return nil }), ErrInvalidSize)
+	require.ErrorIs(t, p.Do(context.Background(), WorkConfig{Limit: -1}, func(context.Context) error { called = true; return nil }), ErrInvalidSize)
+	p.Close()
+	require.ErrorIs(t, p.Do(context.Background(), WorkConfig{Limit: mib}, func(context.Context) error { called = true; return nil }), ErrClosed)
+	assert.False(t, called)
+}
+
+// TestDoAfterBurst: the burst rule of the middleware: a job whose peak, or
+// a refused Grow, reached the threshold calls AfterBurst once its account
+// is closed; a small job does not.
+func TestDoAfterBurst(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 256 * mib})
+	var bursts atomic.Int64
+	var usedAtBurst int64 = -1
+	cfg := WorkConfig{Limit: 64 * mib, AfterBurst: func() { bursts.Add(1); usedAtBurst = p.Used() }}
+	job := func(n int64) func(context.Context) error {
+		return func(ctx context.Context) error {
+			if err := Grow(ctx, n); err != nil {
+				return err
+			}
+			Shrink(ctx, n)
+			return nil
+		}
+	}
+	require.NoError(t, p.Do(context.Background(), cfg, job(mib)))
+	assert.Equal(t, int64(0), bursts.Load(), "1 MiB is under the threshold, 32 MiB (half the limit)")
+	require.NoError(t, p.Do(context.Background(), cfg, job(32*mib)))
+	assert.Equal(t, int64(1), bursts.Load())
+	assert.Equal(t, int64(0), usedAtBurst, "called after the account is closed")
+	require.ErrorIs(t, p.Do(context.Background(), cfg, job(1<<30)), ErrResourceExhausted)
+	assert.Equal(t, int64(2), bursts.Load(), "a refused Grow past the threshold ends a burst too")
+	cfg.BurstThreshold = -1
+	require.NoError(t, p.Do(context.Background(), cfg, job(32*mib)))
+	assert.Equal(t, int64(2), bursts.Load(), "negative: never")
+}
+
+// TestDoPanicClosesAccount: a panic in the job closes the account and goes
+// on unchanged, even in a strict pool with the bytes still grown.
+func TestDoPanicClosesAccount(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 256 * mib})
+	var a *Account
+	func() {
+		defer func() { assert.Equal(t, "job failed", recover()) }()
+		_ = p.Do(context.Background(), WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error {
+			a = FromContext(ctx)
+			require.NoError(t, Grow(ctx, mib))
+			panic("job failed")
+		})
+	}()
+	assert.Equal(t, int64(0), a.Used())
+	assert.Equal(t, int64(0), p.Used())
+	assert.Equal(t, int64(0), p.Stats().InFlight)
+	// Returning with bytes grown is a leak: strict panics after closing.
+	assert.PanicsWithValue(t, "limits: pool/req-2: closed with 1024 bytes grown and not shrunk", func() {
+		_ = p.Do(context.Background(), WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error { return Grow(ctx, kib) })
+	})
+	assert.Equal(t, int64(0), p.Used())
+}
+
+// TestFinishMapsHeapCancel: after the heap watch canceled the work's
+// context, the work returning ctx.Err() (as is, wrapped, or any other
+// error) gets an error matching ErrResourceExhausted with the cancel's
+// cause, which still matches context.Canceled; a nil error stays nil, and
+// an error that matches ErrResourceExhausted already is returned as is.
+func TestFinishMapsHeapCancel(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Name: "rpc", Limit: 256 * mib, HeapPressure: 0.9, CancelLargest: true})
+	for _, tc := range []struct {
+		name string
+		ret  func(ctx context.Context) error
+		same bool // Finish returns the error unchanged
+	}{
+		{"ctx.Err", func(ctx context.Context) error { return ctx.Err() }, false},
+		{"wrapped", func(ctx context.Context) error { return fmt.Errorf("scan: %w", ctx.Err()) }, false},
+		{"other", func(context.Context) error { return errors.New("io: short read") }, false},
+		{"grow after cancel", func(ctx context.Context) error { return Grow(ctx, mib) }, true},
+		{"nil", func(context.Context) error { return nil }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, w, err := p.StartWork(context.Background(), WorkConfig{Limit: 64 * mib})
+			require.NoError(t, err)
+			require.NoError(t, Grow(ctx, 32*mib))
+			p.observeHeap(95*mib, 100*mib) // over 90%: the largest is canceled
+			<-ctx.Done()
+			require.Eventually(t, func() bool { return w.Account().Used() == 0 }, 5*time.Second, time.Millisecond)
+			ret := tc.ret(ctx)
+			got := w.Finish(ret)
+			p.observeHeap(10*mib, 100*mib) // pressure over
+			if tc.same {
+				assert.Equal(t, ret, got)
+			}
+			if ret == nil {
+				return
+			}
+			require.ErrorIs(t, got, ErrResourceExhausted)
+			e, ok := errors.AsType[*ExhaustedError](got)
+			require.True(t, ok)
+			assert.True(t, strings.HasPrefix(e.Scope, "rpc/req-"), e.Scope)
+			assert.True(t, strings.HasSuffix(e.Scope, " (heap pressure)"), e.Scope)
+			assert.Equal(t, DefaultRetryAfter, e.RetryAfter)
+			if errors.Is(ret, context.Canceled) {
+				assert.ErrorIs(t, got, context.Canceled)
+			}
+			assert.Equal(t, got, w.Finish(got), "a second Finish does nothing")
+		})
+	}
+	// A client that went away is not a budget error.
+	parent, cancel := context.WithCancel(context.Background())
+	ctx, w, err := p.StartWork(parent, WorkConfig{Limit: 64 * mib})
+	require.NoError(t, err)
+	cancel()
+	<-ctx.Done()
+	got := w.Finish(ctx.Err())
+	assert.ErrorIs(t, got, context.Canceled)
+	assert.NotErrorIs(t, got, ErrResourceExhausted)
+}
+
+// TestStartWorkNumbersPerPool: numbered accounts count per pool, from 1,
+// shared by every StartWork and Do of that pool.
+func TestStartWorkNumbersPerPool(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Name: "grpc", Limit: 256 * mib, Logger: slog.New(slog.DiscardHandler)})
+	for i := 1; i <= 3; i++ {
+		_, w, err := p.StartWork(context.Background(), WorkConfig{Limit: mib})
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("grpc/req-%d", i), w.Account().Name())
+		require.NoError(t, w.Finish(nil))
+	}
+}
+
+// TestPoolNameOnce: a second open pool of the same name is said at WARN
+// (its errors and metrics could not be told apart); once the first is
+// closed, the name is free.
+func TestPoolNameOnce(t *testing.T) {
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	a := newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
+	assert.NotContains(t, logs.String(), "same name")
+	b := newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
+	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"), logs.String())
+	assert.Contains(t, logs.String(), "pool=i20-unique")
+	a.Close()
+	b.Close()
+	newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
+	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"))
+	assert.Equal(t, "i20-unique", b.Stats().Name)
+}
