@@ -265,3 +265,42 @@ func ReadMemoryStat(dir string) (MemoryStat, error) {
 	}
 	return parseMemoryStat(b, file)
 }
+
+// ReadKmemUsage reads the cgroup v1 memory.kmem.usage_in_bytes of the
+// cgroup directory dir: the kernel memory charged to the cgroup and its
+// descendants (slab, kernel stacks, page tables), in bytes, which v1's
+// memory.stat does not break down (Documentation/admin-guide/cgroup-v1/
+// memory.rst, 2.7 "Kernel Memory Extension"). It includes reclaimable slab
+// (dentries, inodes), so as an estimate of what the kernel cannot reclaim it
+// errs high. The file is read as ReadMemoryStat reads memory.stat; the error
+// names it and matches fs.ErrNotExist when it is absent (a kernel built
+// without kmem accounting, or v2). Safe for concurrent use.
+func ReadKmemUsage(dir string) (int64, error) {
+	file := filepath.Join(dir, "memory.kmem.usage_in_bytes")
+	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return 0, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer d.Close()
+	d.FSTypes = FSTypes
+	b, err := d.ReadFile("memory.kmem.usage_in_bytes", safefs.MaxCgroupFile)
+	if err != nil {
+		return 0, fmt.Errorf("cgroupfs: %w", err)
+	}
+	return ParseKmemUsage(string(b), file)
+}
+
+// ParseKmemUsage parses the value of a memory.kmem.usage_in_bytes file
+// (decimal bytes and a newline); name is used in errors. Anything else, or a
+// value over math.MaxInt64, is an error that quotes it.
+func ParseKmemUsage(s, name string) (int64, error) {
+	v := strings.TrimSuffix(s, "\n")
+	if !isDecimal(v) {
+		return 0, fmt.Errorf("cgroupfs: %s: malformed usage %s, want bytes", safefs.Quote(name), safefs.Quote(s))
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("cgroupfs: %s: usage out of range: %s", safefs.Quote(name), safefs.Quote(s))
+	}
+	return n, nil
+}

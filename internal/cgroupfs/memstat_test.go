@@ -139,3 +139,33 @@ func TestReadMemoryStatReal(t *testing.T) {
 	_, err = ReadMemoryStat(dir)
 	assert.Error(t, err)
 }
+
+func TestParseKmemUsage(t *testing.T) {
+	n, err := ParseKmemUsage("12345678\n", "k")
+	require.NoError(t, err)
+	assert.Equal(t, int64(12345678), n)
+	for _, bad := range []string{"", "\n", "-1\n", "1 2\n", "0x10\n", "9223372036854775808\n", " 5\n"} {
+		_, err := ParseKmemUsage(bad, "k")
+		assert.ErrorContains(t, err, "cgroupfs: \"k\": ", "%q", bad)
+	}
+}
+
+// TestReadKmemUsageReal reads the calling process's v1 cgroup's kernel
+// memory and checks it against memory.usage_in_bytes, which counts it.
+func TestReadKmemUsageReal(t *testing.T) {
+	l, err := Of(0)
+	if err != nil || l.Version != 1 {
+		t.Skipf("no v1 memory cgroup: %v", err)
+	}
+	k, err := ReadKmemUsage(l.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("no memory.kmem.usage_in_bytes in %s", l.Dir)
+	}
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(l.Dir, "memory.usage_in_bytes"))
+	require.NoError(t, err)
+	usage, err := ParseKmemUsage(string(b), "usage")
+	require.NoError(t, err)
+	assert.Positive(t, k, "a cgroup with a running process has kernel stacks")
+	assert.LessOrEqual(t, k, usage+1<<20, "kernel memory is part of the usage")
+}
