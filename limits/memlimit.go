@@ -579,6 +579,14 @@ func inMiB(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f',
 // SourceNone, not an error.
 func (m *MemLimiter) probe() (limit int64, source Source, file, why string, err error) {
 	l, err := m.read()
+	if err == nil && l.HighErr != nil {
+		// A malformed memory.high is not the kernel's; memory.max,
+		// read without it, is still honoured.
+		m.warn(false, l.HighErr.Error(), fmt.Errorf("limits: memory.high ignored: %w", l.HighErr))
+		if l.Bytes == cgroupfs.NoLimit {
+			return 0, SourceNone, "", "", fmt.Errorf("limits: memory limit: %w", l.HighErr)
+		}
+	}
 	switch {
 	case err == nil && l.Bytes != cgroupfs.NoLimit:
 		source, file = SourceCgroupV1, l.File
