@@ -108,7 +108,16 @@ type memCgroup struct {
 	// View is "process" when the files were read in the process's mount
 	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller).
 	View string `json:"view"`
+	// LimitUnknown is true when no visible cgroup sets a limit but the
+	// topmost visible one is not the hierarchy's root (the top of a
+	// private cgroup namespace has a memory.max): a limit may be set
+	// above it, out of sight (cgroupfs.Limit.TopNotRoot).
+	LimitUnknown bool `json:"limit_unknown,omitempty"`
 }
+
+// limitUnknownNote is the table's "memory limit" for LimitUnknown.
+const limitUnknownNote = "unknown: none up to the top of this cgroup namespace, which is not the root; a limit may be set above it " +
+	"(give the process GOMEMLIMIT from the downward API, or use memctl's SystemFallback)"
 
 // readTimeout bounds each read of a file of the process (safefs.Dir.Timeout).
 const readTimeout = 5 * time.Second
@@ -297,6 +306,8 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 		}
 		if l.Bytes != cgroupfs.NoLimit {
 			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
+		} else {
+			c.LimitUnknown = l.TopNotRoot
 		}
 		st.Cgroup = c
 		if l.Version == 2 {
@@ -456,7 +467,9 @@ func writeTable(w io.Writer, st *statusReport) {
 			v += " (read in memctl's mount namespace: the process's own has cgroup v2 without the memory controller and no v1 memory mount)"
 		}
 		row("cgroup", v)
-		if c.LimitBytes == nil {
+		if c.LimitUnknown {
+			row("memory limit", limitUnknownNote)
+		} else if c.LimitBytes == nil {
 			row("memory limit", "none")
 		} else {
 			row("memory limit", size(c.LimitBytes)+" from "+safefs.Quote(*c.LimitFile))
