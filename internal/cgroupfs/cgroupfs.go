@@ -394,6 +394,9 @@ type mountinfoParser struct {
 	// of the last cgroup mount on it, or -1 when a later mount of another
 	// file system shadows it.
 	last map[string]int
+	// each, when set (tests), is called with every mount parsed, cgroup
+	// or not.
+	each func(mount)
 }
 
 func newMountinfoParser(name string) *mountinfoParser {
@@ -425,6 +428,9 @@ func (p *mountinfoParser) line(line string) error {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, %w: %s", name, n, cmp.Or(rerr, perr), safefs.Quote(line))
 	}
 	m := mount{root: root, point: point, fstype: b[0]}
+	if p.each != nil {
+		p.each(m)
+	}
 	if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
 	}
