@@ -4,10 +4,13 @@
 //
 // SetGoMemLimit sets GOMEMLIMIT to a share (default 0.9) of the cgroup
 // memory limit: cgroup v1 (memory.limit_in_bytes and the hierarchy's
-// tightest limit) or cgroup v2 (the smallest memory.max or memory.high of
-// the cgroup and its ancestors), less the memory outside the Go runtime (C
-// heap), never under a floor (64 MiB), and re-reads it at the end of GC
-// cycles at most every 10 s (MemLimiter). Without GOMEMLIMIT the Go
+// tightest limit) or cgroup v2 (the smallest memory.max of the cgroup and
+// its ancestors, with a memory.high under it as a target held above 1.5 x
+// the live heap), less what the cgroup is charged that the Go runtime does
+// not hold and the kernel cannot reclaim (C heap, other processes'
+// anonymous memory, shmem and tmpfs, kernel memory, from memory.stat; the
+// page cache is not subtracted), never under a floor (64 MiB), and re-reads
+// it at the end of GC cycles at most every 10 s (MemLimiter). Without GOMEMLIMIT the Go
 // garbage collector does not know the container's limit, lets the heap grow to
 // twice the live heap (GOGC=100) and a burst ends in an OOM kill; with it, the
 // collector works harder as the heap nears the limit. The operator wins: a
