@@ -688,8 +688,14 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	// Hysteresis: a memory.high that falls step by step (a proactive
 	// reclaim agent) is followed in steps of at least 1/20 of GOMEMLIMIT,
 	// not at each refresh; the hard limit is followed at once.
-	falling := highDriven && m.applied != 0 && limit == m.limit && want < m.applied && m.applied-want < m.applied/20
-	if !falling && (m.applied == 0 || limit != m.limit || !within(want, m.applied, 100)) {
+	// hard is the limit a change of which is followed at once: memory.max
+	// (or v1's), not a memory.high alone.
+	hard := limit
+	if !hasHard {
+		hard = noLimit
+	}
+	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20
+	if !falling && (m.applied == 0 || hard != m.limit || !within(want, m.applied, 100)) {
 		prev := debug.SetMemoryLimit(want)
 		if m.applied == 0 {
 			m.before = prev
@@ -697,7 +703,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		if !first && prev != want {
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", want, prev, d.Reason))
 		}
-		m.applied, m.limit = want, limit
+		m.applied, m.limit = want, hard
 	} else {
 		d.GoMemLimit = m.applied // moved by less than 1% (5% down toward memory.high): left as it is
 	}

@@ -149,8 +149,14 @@ func (e assertErr) Error() string { return string(e) }
 // the live heap: it stops at 1.5 x the 100 MiB live heap (or within 1/20
 // above it).
 func TestHighFallingHysteresis(t *testing.T) {
+	for name, hardMax := range map[string]int64{"under memory.max": 4 * gib, "alone": cgroupfs.NoLimit} {
+		t.Run(name, func(t *testing.T) { testHighFalling(t, hardMax) })
+	}
+}
+
+func testHighFalling(t *testing.T, hardMax int64) {
 	keepMemoryLimit(t)
-	c := &v2Cgroup{max: 4 * gib, high: 2 * gib, rss: 150 * mib, live: 100 * mib}
+	c := &v2Cgroup{max: hardMax, high: 2 * gib, rss: 150 * mib, live: 100 * mib}
 	rec := &recorder{}
 	m, d, err := start(t, c.cfg(rec))
 	require.NoError(t, err)
