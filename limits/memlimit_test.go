@@ -684,6 +684,31 @@ func BenchmarkRefresh(b *testing.B) {
 			m.mu.Unlock()
 		}
 	})
+	// The same decision without the cgroup's account (issue 18 added the
+	// memory.stat read): the ratio of reread to this is its cost.
+	n, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour, read: read, charge: noCharge})
+	if err != nil {
+		b.Skip(err)
+	}
+	defer n.Close()
+	b.Run("reread-no-charge", func(b *testing.B) {
+		for b.Loop() {
+			n.mu.Lock()
+			_, _ = n.decide(false)
+			n.mu.Unlock()
+		}
+	})
+	b.Run("charge", func(b *testing.B) {
+		l, err := cgroupfs.Of(0)
+		if err != nil {
+			b.Skip(err)
+		}
+		for b.Loop() {
+			if _, err := readCharge(l.Version, l.Dir); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("cgroup", func(b *testing.B) {
 		for b.Loop() {
 			_, _ = m.read()
