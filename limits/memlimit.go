@@ -582,7 +582,6 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		return d, err
 	}
 	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, f.source, file
-	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, f.source, f.why)
 
 	outside := int64(0)
 	if m.headroom && uerr == nil {
@@ -609,12 +608,35 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		}
 		return max(c.total()-goResident, 0), c
 	}
-	floor := min(m.floor, limit)
+	floor := min(m.floor, limit) // never over the tightest limit
 	want := int64(math.MaxInt64)
+	why := f.why
+	var hardCharged int64 // of the hard limit followed
+	var hc charge
 	if hasHard {
-		hardCharged, hc := charged(file)
+		// Every hard limit on the path binds: the one that leaves the
+		// least once its cgroup's charge is taken off is followed (a pod's
+		// limit, with sidecars charged to the pod, can leave less than
+		// the container's own).
+		bounds := f.bounds
+		if len(bounds) == 0 {
+			bounds = []cgroupfs.Bound{{Bytes: limit, File: file}}
+		}
+		for i, b := range bounds {
+			c, cc := charged(b.File)
+			w := int64(min(float64(b.Bytes)*m.ratio, math.MaxInt64)) - max(outside, c)
+			if i == 0 || w < want {
+				want, hardCharged, hc, limit, file = w, c, cc, b.Bytes, b.File
+			}
+		}
+		if f.maxFile != "" && file != f.maxFile {
+			why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", file, f.maxFile)
+		}
+		d.MemoryLimit, d.File = limit, file
 		d.Outside = max(outside, hardCharged)
-		want = int64(min(float64(limit)*m.ratio, math.MaxInt64)) - d.Outside
+	}
+	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, f.source, why)
+	if hasHard {
 		if hardCharged > outside {
 			d.Charged = hardCharged
 			d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(hardCharged), hc)
@@ -765,6 +787,7 @@ func inMiB(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f',
 type found struct {
 	max, high         int64
 	maxFile, highFile string
+	bounds            []cgroupfs.Bound // every hard limit on the path
 	source            Source
 	version           int
 	why               string
@@ -801,7 +824,7 @@ func (m *MemLimiter) probe() (found, error) {
 		if l.Version == 2 {
 			f.source = SourceCgroupV2
 		}
-		f.max, f.maxFile, f.high, f.highFile = l.Max, l.MaxFile, l.High, l.HighFile
+		f.max, f.maxFile, f.high, f.highFile, f.bounds = l.Max, l.MaxFile, l.High, l.HighFile, l.Bounds
 		if f.max != noLimit {
 			f.why = "from " + f.maxFile
 		} else {

@@ -93,6 +93,14 @@ type Limit struct {
 	// HighFile is the file it came from ("" with NoLimit).
 	High     int64
 	HighFile string
+	// Bounds are every hard limit on the path, nearest first: each
+	// memory.limit_in_bytes (v1) or memory.max (v2) of the cgroup and its
+	// ancestors that sets one, and in v1 the hierarchical_memory_limit of
+	// the cgroup's memory.stat when it is tighter than all of them. Max is
+	// the smallest; a looser one can still be the one the OOM killer
+	// enforces first when the cgroups under it (a pod's sidecars) are
+	// charged more. Empty when Max is NoLimit.
+	Bounds []Bound `json:",omitempty"`
 	// HighErr is the error of a memory.high whose value is malformed (not
 	// bytes nor "max"; it names the file and quotes the value): such a
 	// file is left out of High and Bytes, so that memory.max is still
@@ -105,6 +113,13 @@ type Limit struct {
 	// pod-level resources, podman's service cgroup) is then not visible,
 	// so NoLimit in Bytes means "unknown", not "none".
 	TopNotRoot bool `json:",omitempty"`
+}
+
+// Bound is one hard memory limit: Bytes from File, whose directory is the
+// cgroup it applies to (for v1's memory.stat, the process's own cgroup).
+type Bound struct {
+	Bytes int64
+	File  string
 }
 
 // Read returns the memory limit of the process whose /proc/PID/cgroup file
@@ -227,6 +242,7 @@ func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error))
 		}
 		out.TopNotRoot = out.TopNotRoot && l.TopNotRoot
 		out.HighErr = cmp.Or(out.HighErr, l.HighErr)
+		out.Bounds = append(out.Bounds, l.Bounds...)
 		if tighter(l.Max, out.Max) {
 			out.Max, out.MaxFile = l.Max, l.MaxFile
 		}
@@ -610,6 +626,9 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 		if err != nil {
 			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
 		}
+		if v != NoLimit {
+			l.Bounds = append(l.Bounds, Bound{v, file})
+		}
 		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
 			l.Bytes, l.File = v, file
 		}
@@ -621,6 +640,7 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	}
 	if ok && h != NoLimit && (l.Bytes == NoLimit || h < l.Bytes) {
 		l.Bytes, l.File = h, stat
+		l.Bounds = append(l.Bounds, Bound{h, stat})
 	}
 	l.Max, l.MaxFile, l.High = l.Bytes, l.File, NoLimit
 	return l, nil
@@ -691,6 +711,9 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 			l.Bytes, l.File = v, file
 		}
 		if isMax {
+			if v != NoLimit {
+				l.Bounds = append(l.Bounds, Bound{v, file})
+			}
 			if tighter(v, l.Max) {
 				l.Max, l.MaxFile = v, file
 			}

@@ -94,7 +94,24 @@ func TestReadFixtures(t *testing.T) {
 				// Max is Bytes where no memory.high is tighter.
 				tc.want.Max, tc.want.MaxFile = tc.want.Bytes, tc.want.File
 			}
+			// Bounds hold every hard limit; the smallest is Max.
+			bounds := got.Bounds
+			got.Bounds = nil
 			assert.Equal(t, tc.want, got)
+			if got.Max == NoLimit {
+				assert.Empty(t, bounds)
+			} else {
+				assert.Contains(t, bounds, Bound{got.Max, got.MaxFile})
+				for _, b := range bounds {
+					assert.GreaterOrEqual(t, b.Bytes, got.Max)
+				}
+			}
+			if tc.dir == "v1-parent-tighter" {
+				assert.Equal(t, []Bound{
+					{1 << 30, root(tc.dir, "sys/fs/cgroup/memory/kubepods/pod1/ctr/memory.limit_in_bytes")},
+					{512 << 20, root(tc.dir, "sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes")},
+				}, bounds, "nearest first")
+			}
 		})
 	}
 }
