@@ -238,8 +238,10 @@ type MemLimit struct {
 //
 // GOMEMLIMIT = Ratio × limit − memory outside the Go runtime and charged to
 // the cgroup (see MemLimitConfig.NoHeadroom), never under the floor
-// (MemLimitConfig.Floor, 64 MiB) nor over the limit. The limit is the hard
-// one, above which the OOM killer runs: v1's, or v2's memory.max. A v2
+// (MemLimitConfig.Floor, 64 MiB) nor over the limit. The limit is a hard
+// one, above which the OOM killer runs: v1's, or v2's memory.max; each
+// one on the path to the root is taken with its own cgroup's charge, and
+// the one that leaves the least is followed (MemLimit.File names it). A v2
 // memory.high under it is a target, not a limit: above it the kernel
 // throttles and reclaims but kills nothing, and systemd's MemoryHigh= or a
 // proactive-reclaim agent may set it under the usage on purpose. GOMEMLIMIT
@@ -509,7 +511,8 @@ func dueAfter(now, every time.Duration) int64 {
 //
 //	outside(cg) = max(RSS − Go mapped,                           this process outside the Go runtime
 //	                  anon + shmem + kernel − Go resident)      the cgroup's memory.stat (chargeOf)
-//	hard        = Ratio × memory.max − outside(memory.max's cgroup), raised to the floor
+//	hard        = min over each hard limit L on the path (memory.max, v1's limit) of
+//	              Ratio × L − outside(L's cgroup), raised to the floor
 //	target      = max(Ratio × memory.high − outside(memory.high's cgroup),
 //	                  LiveHeapFactor × live heap, floor)
 //	GOMEMLIMIT  = min(hard, target)       (target only when memory.high is under memory.max)
