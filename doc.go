@@ -17,8 +17,9 @@
 // before; package thp; the flag is inherited by child processes, whose
 // advised regions keep their huge pages, and an operator's GLIBC_TUNABLES
 // glibc.malloc.hugetlb=1 is kept), sets GOMEMLIMIT from the cgroup
-// memory limit (package limits: v1, or v2's memory.max and memory.high,
-// less the memory outside the Go runtime, never under a 64 MiB floor, and
+// memory limit (package limits: v1, or v2's memory.max with memory.high as
+// a target, less what the cgroup is charged outside the Go runtime, never
+// under a 64 MiB floor, and
 // re-read at the end of a GC cycle at most every 10 s, so a resized pod is
 // followed without a goroutine) and starts a trimmer that returns freed
 // memory to the OS two seconds after the last burst ends (debug.FreeOSMemory,

@@ -33,8 +33,12 @@
 // Read on, on the types:
 //
 //   - SetGoMemLimit and MemLimiter: GOMEMLIMIT from cgroup v1 or v2 (ratio
-//     0.9, less the memory outside the Go runtime, a 64 MiB floor, re-read
-//     at GC end at most every 10 s; the operator's GOMEMLIMIT and
+//     0.9 of the tightest memory.max, with a memory.high under it as a
+//     target held above 1.5x the live heap, less what the cgroup is charged
+//     that the Go runtime does not hold and the kernel cannot reclaim: C
+//     heap, other processes' anonymous memory, shmem and tmpfs, kernel
+//     memory, from memory.stat, page cache not subtracted; a 64 MiB floor;
+//     re-read at GC end at most every 10 s; the operator's GOMEMLIMIT and
 //     AUTOMEMLIMIT win), and MemLimit, what was decided and why.
 //   - Pool and PoolConfig: the shared budget (by default half of
 //     GOMEMLIMIT; without it, half of 90% of the cgroup limit or of the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -49,9 +50,13 @@ const DefaultFloor = 64 << 20
 const DefaultRefresh = 10 * time.Second
 
 // ErrImplausibleLimit is matched (errors.Is) by the error for a memory limit
-// that this process could not be running under: 0, or not above the memory
-// it already uses (RSS). Such a value comes from a cgroup file that is
-// wrong or not this process's; GOMEMLIMIT is left as it was.
+// that this process could not be running under: a hard limit (v1's limit,
+// memory.max) of 0 or not above the memory it already uses (RSS), or a
+// memory.high of 0 or 1. Such a value comes from a cgroup file that is
+// wrong or not this process's: GOMEMLIMIT is left as it was, except that a
+// malformed memory.high beside a memory.max is only warned about and
+// memory.max is followed. A memory.high under the usage is not
+// implausible: it is a throttle target (see SetGoMemLimit).
 var ErrImplausibleLimit = errors.New("limits: implausible memory limit")
 
 // Source says where the memory limit behind GOMEMLIMIT came from.
@@ -63,8 +68,10 @@ const (
 	// SourceCgroupV1: the cgroup v1 memory controller (memory.limit_in_bytes,
 	// hierarchical_memory_limit in memory.stat).
 	SourceCgroupV1
-	// SourceCgroupV2: the smallest cgroup v2 memory.max or memory.high of
-	// the process's cgroup and its ancestors; MemLimit.File says which.
+	// SourceCgroupV2: the smallest cgroup v2 memory.max of the process's
+	// cgroup and its ancestors, or, with none, their smallest memory.high;
+	// MemLimit.File says which, MemLimit.High a memory.high followed as a
+	// target under memory.max.
 	SourceCgroupV2
 	// SourceSystem: total system memory (MemLimitConfig.SystemFallback).
 	SourceSystem
@@ -108,8 +115,8 @@ func (s *Source) UnmarshalText(b []byte) error {
 }
 
 // MemLimitConfig configures SetGoMemLimit and NewMemLimiter. The zero value
-// is the default: 90% of the cgroup limit less the memory outside the Go
-// runtime, never under 64 MiB, re-read at most every 10 s at the end of a
+// is the default: 90% of the cgroup limit less what the cgroup is charged
+// outside the Go runtime, never under 64 MiB, re-read at most every 10 s at the end of a
 // GC cycle, no system fallback, no logging.
 type MemLimitConfig struct {
 	// Ratio is the share of the memory limit used for GOMEMLIMIT, in
@@ -132,19 +139,35 @@ type MemLimitConfig struct {
 	// turns the refresh off. Default: 0 (means DefaultRefresh, 10 s).
 	// Environment (through memctl.Start): MEMCTL_REFRESH=off|<duration>.
 	Refresh time.Duration
-	// NoHeadroom turns off the headroom for memory outside the Go runtime:
-	// by default GOMEMLIMIT is Ratio of the limit minus what the process
-	// holds that the Go runtime did not map (VmRSS minus the runtime/metrics
-	// /memory/classes/total:bytes less /memory/classes/heap/released:bytes:
-	// C heap, C thread stacks, the binary), read again at each refresh.
+	// NoHeadroom turns off the headroom for memory outside the Go runtime.
+	// By default GOMEMLIMIT is Ratio of the limit minus the larger of two
+	// readings, both taken again at each refresh:
+	//
+	//   - what this process holds that the Go runtime did not map (VmRSS
+	//     minus the runtime/metrics /memory/classes/total:bytes less
+	//     /memory/classes/heap/released:bytes: C heap, C thread stacks,
+	//     the binary);
+	//   - what the cgroup whose limit applies is charged that neither the
+	//     Go runtime holds nor the kernel can reclaim, from its own
+	//     account (memory.stat; see readCharge for the fields): other
+	//     processes' anonymous memory (a sidecar in a pod cgroup), shmem
+	//     and tmpfs (Kubernetes emptyDir medium Memory), unreclaimable
+	//     kernel memory (slab, stacks, page tables, sockets), less the Go
+	//     runtime's resident memory (the smaller of VmRSS and its mapped
+	//     memory). The OOM killer counts all of it; the page cache is not
+	//     subtracted, as the kernel reclaims it before it kills.
+	//
 	// It is on by default because the cgroup charges that memory as it
-	// charges the Go heap: a pure-Go process gives up only a few MiB (3.6
-	// to 4.9 MiB for this repo's test children, TestRealCgroupLimit and
-	// TestStartSetsGOMEMLIMITInCgroup), while a cgo process holding 300 MiB
-	// of C heap in a 1 GiB cgroup gets 615 MiB instead of 921 MiB, the
-	// difference it would otherwise lose to the OOM killer
-	// (TestHeadroomForCHeap). Turn it off where GOMEMLIMIT is computed for
-	// another process (memctl exec). Default: false (headroom on).
+	// charges the Go heap: a pure-Go process alone in its cgroup gives up
+	// only a few MiB (3.6 to 4.9 MiB for this repo's test children,
+	// TestRealCgroupLimit and TestStartSetsGOMEMLIMITInCgroup), while a
+	// cgo process holding 300 MiB of C heap in a 1 GiB cgroup gets 615 MiB
+	// instead of 921 MiB (TestHeadroomForCHeap), and a 512 MiB cgroup
+	// with 300 MiB in a tmpfs gets about 163 MiB instead of 458 MiB
+	// (TestChargedByOthers), the difference it would otherwise lose to the
+	// OOM killer. A headroom over half the limit is logged at WARN once.
+	// Turn it off where GOMEMLIMIT is computed for another process (memctl
+	// exec). Default: false (headroom on).
 	NoHeadroom bool
 	// Logger receives what happens after the first decision: each change of
 	// GOMEMLIMIT once at INFO, each distinct failure and each floor
@@ -158,6 +181,10 @@ type MemLimitConfig struct {
 	read       func() (cgroupfs.Limit, error)
 	usage      func() (rss, goMapped int64, err error)
 	cgroupFile string
+	// charge reads a cgroup directory's account (readCharge), live the
+	// live heap (readLive); tests replace them.
+	charge func(version int, dir string) (charge, error)
+	live   func() int64
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.
@@ -176,10 +203,25 @@ type MemLimit struct {
 	// memory.max or memory.high (v2).
 	Source Source
 	File   string `json:",omitempty"`
-	// Outside is the memory outside the Go runtime subtracted from the
-	// limit (RSS minus the runtime's mapped, unreleased memory), in bytes;
-	// 0 with MemLimitConfig.NoHeadroom.
+	// Outside is what was subtracted from the limit, in bytes: the larger
+	// of the process's memory outside the Go runtime (RSS minus the
+	// runtime's mapped, unreleased memory) and Charged; 0 with
+	// MemLimitConfig.NoHeadroom.
 	Outside int64 `json:",omitempty"`
+	// Charged is the part of Outside read from the cgroup's own account
+	// (memory.stat of the cgroup whose limit applies): what the cgroup is
+	// charged that the Go runtime does not hold and the kernel cannot
+	// reclaim (see MemLimitConfig.NoHeadroom), in bytes; 0 when the
+	// process's own reading (RSS minus Go mapped) was the larger.
+	Charged int64 `json:",omitempty"`
+	// High and HighFile are the cgroup v2 memory.high that GOMEMLIMIT was
+	// lowered toward (a target under memory.max, or alone), in bytes; 0
+	// and "" when memory.high did not lower it.
+	High     int64  `json:",omitempty"`
+	HighFile string `json:",omitempty"`
+	// LiveFloor is true when memory.high asked for less than
+	// LiveHeapFactor × the live heap and GOMEMLIMIT was held there.
+	LiveFloor bool `json:",omitempty"`
 	// AtFloor is true when GoMemLimit was raised to the floor (or to
 	// MemoryLimit when the limit is under the floor): the GC will run
 	// often.
@@ -194,12 +236,26 @@ type MemLimit struct {
 // memory.max or memory.high of the cgroup and its ancestors), v1 when the
 // v2 hierarchy has no memory controller (a hybrid host).
 //
-// GOMEMLIMIT = Ratio × limit − memory outside the Go runtime (see
-// MemLimitConfig.NoHeadroom), never under the floor (MemLimitConfig.Floor,
-// 64 MiB) nor over the limit. A limit that this process could not run under
-// (0, or not above its RSS) is a malformed file: GOMEMLIMIT is left as it
-// was and the error, which names the file and the value, matches
-// ErrImplausibleLimit.
+// GOMEMLIMIT = Ratio × limit − memory outside the Go runtime and charged to
+// the cgroup (see MemLimitConfig.NoHeadroom), never under the floor
+// (MemLimitConfig.Floor, 64 MiB) nor over the limit. The limit is a hard
+// one, above which the OOM killer runs: v1's, or v2's memory.max; each
+// one on the path to the root is taken with its own cgroup's charge, and
+// the one that leaves the least is followed (MemLimit.File names it). A v2
+// memory.high under it is a target, not a limit: above it the kernel
+// throttles and reclaims but kills nothing, and systemd's MemoryHigh= or a
+// proactive-reclaim agent may set it under the usage on purpose. GOMEMLIMIT
+// is then lowered toward Ratio × memory.high less its cgroup's charge, but
+// never under LiveHeapFactor × the live heap (so that GOMEMLIMIT is never
+// the cause of a GC death spiral) nor the floor, and never over what
+// memory.max gives; a memory.high that keeps falling is followed in steps
+// of at least 1/20 of GOMEMLIMIT (hysteresis), a memory.max at once. A hard
+// limit that this process could not run under (0, or not above its RSS),
+// or a memory.high of 0 or 1, is a malformed file (see ErrImplausibleLimit).
+// When a private cgroup namespace's visible top has a memory.max and
+// nothing up to it sets a limit, the limit is unknown (it may be set above
+// the namespace): Source is SourceNone and Reason says so and names the
+// remedies (GOMEMLIMIT from the downward API, SystemFallback).
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
 // AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a numeric
@@ -227,13 +283,17 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 // limit: NewMemLimiter sets it once, and then, at the end of a GC cycle at
 // most once per MemLimitConfig.Refresh (internal/gcend: no goroutine, no
 // timer), it re-reads the limit and the memory outside the Go runtime and
-// sets GOMEMLIMIT again when the limit changed or the result moved by 1% or
-// more. The re-read runs on the runtime's cleanup goroutine, which it holds
+// sets GOMEMLIMIT again when the hard limit changed or the result moved by
+// 1% or more (a fall toward memory.high: 5%, see SetGoMemLimit). The
+// re-read runs on the runtime's cleanup goroutine, which it holds
 // for a few small file reads (/proc/self/cgroup, mountinfo, the limit files
-// up the hierarchy, /proc/self/status): 0.12 to 0.15 ms and 50 KiB of
-// garbage on this repo's loaded 2-core machine, once per interval; every
-// other GC end costs one atomic load, 3 to 5 ns (BenchmarkRefresh: go test
-// ./limits -run XXX -bench BenchmarkRefresh -benchmem -count 8). The
+// up the hierarchy, /proc/self/status, and the limiting cgroup's
+// memory.stat, in v1 also memory.kmem.usage_in_bytes): 0.25 to 0.36 ms and
+// 83 KiB of garbage on this repo's loaded 2-core machine, once per interval,
+// of which the cgroup's account is 57 to 77 µs and 18 KiB (the same
+// decision without it: 0.20 to 0.52 ms, 65 KiB, in the same run); every
+// other GC end costs one atomic load, 3 to 6 ns (BenchmarkRefresh: go test
+// ./limits -run XXX -bench BenchmarkRefresh -benchmem -count 6). The
 // files are kernel pseudo-files, which do not block on I/O. An idle process
 // runs no GC and re-reads nothing (the runtime still forces a GC every two
 // minutes).
@@ -256,19 +316,22 @@ type MemLimiter struct {
 	read      func() (cgroupfs.Limit, error)
 	usage     func() (rss, goMapped int64, err error)
 	cgFile    string
+	charge    func(version int, dir string) (charge, error)
+	live      func() int64
 
 	epoch time.Time
 	next  atomic.Int64 // nanoseconds since epoch of the next due re-read
 	last  atomic.Pointer[MemLimit]
 	sub   *gcend.Subscription
 
-	on      bool       // the configuration is valid and the operator did not take over
-	mu      sync.Mutex // serializes decisions; the fields below
-	applied int64      // GOMEMLIMIT memctl set last; 0: none yet
-	before  int64      // GOMEMLIMIT before memctl set it
-	limit   int64      // the limit behind applied
-	lift    int64      // bytes added over the decision while lifted (Lift)
-	outside int64      // the last estimate of memory outside the Go runtime
+	on      bool              // the configuration is valid and the operator did not take over
+	mu      sync.Mutex        // serializes decisions; the fields below
+	applied int64             // GOMEMLIMIT memctl set last; 0: none yet
+	before  int64             // GOMEMLIMIT before memctl set it
+	limit   int64             // the limit behind applied
+	lift    int64             // bytes added over the decision while lifted (Lift)
+	outside int64             // the last estimate of memory outside the Go runtime
+	charges map[string]charge // the last account read from each cgroup directory
 	seen    map[string]bool
 	stopped bool
 }
@@ -286,7 +349,14 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m := &MemLimiter{
 		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
 		read: cfg.read, usage: cfg.usage, cgFile: cfg.cgroupFile, epoch: time.Now(),
-		seen: make(map[string]bool),
+		charge: cfg.charge, live: cfg.live,
+		seen: make(map[string]bool), charges: make(map[string]charge),
+	}
+	if m.charge == nil {
+		m.charge = readCharge
+	}
+	if m.live == nil {
+		m.live = readLive
 	}
 	if m.read == nil {
 		m.read, m.cgFile = func() (cgroupfs.Limit, error) { return cgroupfs.Of(0) }, "/proc/self/cgroup"
@@ -436,6 +506,19 @@ func dueAfter(now, every time.Duration) int64 {
 // decide reads the limit and the memory outside the Go runtime, sets
 // GOMEMLIMIT, records and returns the decision. first is the call of
 // NewMemLimiter: its errors are returned, not logged. Called with m.mu held.
+//
+// The arithmetic, all in bytes:
+//
+//	outside(cg) = max(RSS − Go mapped,                           this process outside the Go runtime
+//	                  anon + shmem + kernel − Go resident)      the cgroup's memory.stat (chargeOf)
+//	hard        = min over each hard limit L on the path (memory.max, v1's limit) of
+//	              Ratio × L − outside(L's cgroup), raised to the floor
+//	target      = max(Ratio × memory.high − outside(memory.high's cgroup),
+//	                  LiveHeapFactor × live heap, floor)
+//	GOMEMLIMIT  = min(hard, target)       (target only when memory.high is under memory.max)
+//
+// A fall of the target is followed only when it is at least 1/20 of
+// GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
 func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	cur := debug.SetMemoryLimit(-1)
 	d := MemLimit{GoMemLimit: cur}
@@ -446,21 +529,21 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		m.store(d)
 		return d, nil
 	}
-	limit, source, file, why, err := m.probe()
+	f, err := m.probe()
 	if err != nil {
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		m.store(d)
 		m.warn(first, err.Error(), err)
 		return d, err
 	}
-	if source == SourceNone {
-		d.Reason = why + "; GOMEMLIMIT left as it was"
+	if f.source == SourceNone {
+		d.Reason = f.why + "; GOMEMLIMIT left as it was"
 		if m.applied != 0 {
 			// The limit memctl followed is gone (a resize to no limit):
 			// back to what GOMEMLIMIT was before memctl set it.
 			debug.SetMemoryLimit(m.before)
-			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, why))
-			d.GoMemLimit, d.Reason = m.before, why+"; GOMEMLIMIT back to its value before memctl set it"
+			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, f.why))
+			d.GoMemLimit, d.Reason = m.before, f.why+"; GOMEMLIMIT back to its value before memctl set it"
 			m.applied, m.limit = 0, 0
 		}
 		m.store(d)
@@ -470,16 +553,40 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	if uerr != nil {
 		rss = goMapped // no RSS here: judge by the Go runtime's share alone
 	}
-	if limit <= 0 || limit <= rss {
+	// limit is the hard limit when there is one (memory.max, v1's
+	// limit), else memory.high alone; high is memory.high when it is
+	// under the hard limit (or there is none).
+	limit, file, high, highFile := f.max, f.maxFile, f.high, f.highFile
+	if high != noLimit && high <= 1 {
+		// 0 and 1 are not a target any process could run under: a
+		// malformed file. memory.max is honoured without it.
+		err := fmt.Errorf("%w: %s says %d bytes; it is not followed", ErrImplausibleLimit, highFile, high)
+		if limit == noLimit {
+			d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
+			m.store(d)
+			m.warn(first, fmt.Sprintf("implausible %s %d", highFile, high), err)
+			return d, err
+		}
+		m.warn(false, fmt.Sprintf("implausible %s %d", highFile, high), fmt.Errorf("limits: memory.high ignored: %w", err))
+		high, highFile = noLimit, ""
+	}
+	hasHard := limit != noLimit
+	if !hasHard {
+		limit, file = high, highFile
+	} else if high != noLimit && high >= limit {
+		high, highFile = noLimit, ""
+	}
+	if hasHard && (limit <= 0 || limit <= rss) {
 		err := fmt.Errorf("%w: %s says %d bytes, but this process already uses %d bytes (RSS); GOMEMLIMIT left at %d",
-			ErrImplausibleLimit, cmpString(file, source.String()), limit, rss, cur)
+			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, rss, cur)
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		m.store(d)
 		m.warn(first, fmt.Sprintf("implausible %s %d", file, limit), err)
 		return d, err
 	}
-	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, source, file
-	want := int64(min(float64(limit)*m.ratio, math.MaxInt64))
+	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, f.source, file
+
+	outside := int64(0)
 	if m.headroom && uerr == nil {
 		// RSS below what the runtime has mapped (heap the runtime mapped
 		// during a burst and the kernel has not backed yet) says nothing
@@ -488,32 +595,134 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		if rss >= goMapped {
 			m.outside = rss - goMapped
 		}
-		d.Outside = m.outside
-		want -= d.Outside
+		outside = m.outside
 	}
-	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, source, why)
-	if d.Outside > 0 {
-		d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(d.Outside))
-	}
-	if floor := min(m.floor, limit); want < floor {
-		want, d.AtFloor = floor, true
-		if floor < m.floor {
-			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(m.floor))
-		} else {
-			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+	// The cgroup's own account, from the cgroup whose limit applies:
+	// what it is charged that the Go runtime does not hold and the kernel
+	// cannot reclaim.
+	goResident := min(goMapped, rss)
+	charged := func(cgFile string) (int64, charge) {
+		if !m.headroom || cgFile == "" {
+			return 0, charge{}
 		}
-		m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
-			fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
+		c, ok := m.chargeOf(f.version, filepath.Dir(cgFile))
+		if !ok {
+			return 0, charge{}
+		}
+		return max(c.total()-goResident, 0), c
+	}
+	floor := min(m.floor, limit) // never over the tightest limit
+	want := int64(math.MaxInt64)
+	why := f.why
+	var hardCharged int64 // of the hard limit followed
+	var hc charge
+	if hasHard {
+		// Every hard limit on the path binds: the one that leaves the
+		// least once its cgroup's charge is taken off is followed (a pod's
+		// limit, with sidecars charged to the pod, can leave less than
+		// the container's own).
+		bounds := f.bounds
+		if len(bounds) == 0 {
+			bounds = []cgroupfs.Bound{{Bytes: limit, File: file}}
+		}
+		for i, b := range bounds {
+			c, cc := charged(b.File)
+			w := int64(min(float64(b.Bytes)*m.ratio, math.MaxInt64)) - max(outside, c)
+			if i == 0 || w < want {
+				want, hardCharged, hc, limit, file = w, c, cc, b.Bytes, b.File
+			}
+		}
+		if f.maxFile != "" && file != f.maxFile {
+			why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", file, f.maxFile)
+		}
+		d.MemoryLimit, d.File = limit, file
+		d.Outside = max(outside, hardCharged)
+	}
+	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, f.source, why)
+	if hasHard {
+		if hardCharged > outside {
+			d.Charged = hardCharged
+			d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(hardCharged), hc)
+		} else if d.Outside > 0 {
+			d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(d.Outside))
+		}
+		if d.Outside > limit/2 {
+			m.warn(false, "headroom "+file, fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", inMiB(d.Outside), inMiB(limit), file, d.Reason))
+		}
+		if want < floor {
+			want, d.AtFloor = floor, true
+			if floor < m.floor {
+				d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(m.floor))
+			} else {
+				d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
+			}
+			m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
+				fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
+		}
+	}
+	highDriven := false
+	if high != noLimit {
+		// memory.high is a target: above it the kernel throttles and
+		// reclaims but kills nothing, so GOMEMLIMIT follows it down only
+		// as far as the live heap allows.
+		highCharged, hc := charged(highFile)
+		highOut := max(outside, highCharged)
+		target := int64(min(float64(high)*m.ratio, math.MaxInt64)) - highOut
+		why := ""
+		if hasHard {
+			why = fmt.Sprintf(", toward memory.high %s (%s: the throttle limit, a target under memory.max)", inMiB(high), highFile)
+		} else {
+			d.Outside = highOut
+		}
+		if highCharged > outside {
+			d.Charged = max(d.Charged, highCharged)
+			why += fmt.Sprintf(", minus %s charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(highCharged), hc)
+		} else if !hasHard && highOut > 0 {
+			why += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(highOut))
+		}
+		live := m.live()
+		if liveFloor := int64(min(float64(live)*LiveHeapFactor, math.MaxInt64/2)); target < liveFloor {
+			target, d.LiveFloor = liveFloor, true
+			why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", LiveHeapFactor, inMiB(live))
+		}
+		// Above memory.high the kernel throttles, it does not kill: the
+		// floor is capped by the hard limit only.
+		tfloor := m.floor
+		if hasHard {
+			tfloor = floor
+		}
+		if target < tfloor {
+			target = tfloor
+			why += fmt.Sprintf(", held at the floor %s", inMiB(tfloor))
+		}
+		if target < want {
+			want, highDriven, d.AtFloor = target, true, false
+			d.High, d.HighFile = high, highFile
+			d.Reason += why
+		}
 	}
 	if m.lift > 0 {
-		// want and the lift capped at limit (under 2^62) cannot
-		// overflow: Lift(math.MaxInt64) means all the way up.
-		lift := min(m.lift, limit-want)
+		// The lift ends at the limit less what the cgroup is charged
+		// outside the Go runtime (a lift to the limit itself with 300 MiB
+		// of tmpfs in a 512 MiB cgroup was an OOM kill); want and the lift
+		// capped at limit (under 2^62) cannot overflow:
+		// Lift(math.MaxInt64) means all the way up.
+		lift := min(m.lift, max(limit-d.Outside-want, 0))
 		want += lift
 		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
 	d.GoMemLimit = want
-	if m.applied == 0 || limit != m.limit || !within(want, m.applied, 100) {
+	// Hysteresis: a memory.high that falls step by step (a proactive
+	// reclaim agent) is followed in steps of at least 1/20 of GOMEMLIMIT,
+	// not at each refresh; the hard limit is followed at once.
+	// hard is the limit a change of which is followed at once: memory.max
+	// (or v1's), not a memory.high alone.
+	hard := limit
+	if !hasHard {
+		hard = noLimit
+	}
+	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20
+	if !falling && (m.applied == 0 || hard != m.limit || !within(want, m.applied, 100)) {
 		prev := debug.SetMemoryLimit(want)
 		if m.applied == 0 {
 			m.before = prev
@@ -521,9 +730,9 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		if !first && prev != want {
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", want, prev, d.Reason))
 		}
-		m.applied, m.limit = want, limit
+		m.applied, m.limit = want, hard
 	} else {
-		d.GoMemLimit = m.applied // moved by less than 1%: left as it is
+		d.GoMemLimit = m.applied // moved by less than 1% (5% down toward memory.high): left as it is
 	}
 	m.store(d)
 	return d, nil
@@ -574,37 +783,77 @@ func cmpString(s, def string) string {
 
 func inMiB(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }
 
-// probe returns the limit, its source and file, and a phrase on where it
-// came from (or, for SourceNone, why there is none). A missing cgroup is
-// SourceNone, not an error.
-func (m *MemLimiter) probe() (limit int64, source Source, file, why string, err error) {
+// found is what probe found: the hard limit (memory.max or v1's limit)
+// and memory.high apart, each noLimit when absent, the source, the cgroup
+// version, and a phrase on where the limit came from (or, for SourceNone,
+// why there is none).
+type found struct {
+	max, high         int64
+	maxFile, highFile string
+	bounds            []cgroupfs.Bound // every hard limit on the path
+	source            Source
+	version           int
+	why               string
+}
+
+const noLimit = cgroupfs.NoLimit
+
+// probe returns the limit and where it came from. A missing cgroup is
+// SourceNone, not an error; so is a v2 cgroup namespace whose visible top
+// sets no limit, with a why that says the limit is unknown.
+func (m *MemLimiter) probe() (found, error) {
 	l, err := m.read()
+	if err == nil && l.HighErr != nil {
+		// A malformed memory.high is not the kernel's; memory.max,
+		// read without it, is still honoured.
+		m.warn(false, l.HighErr.Error(), fmt.Errorf("limits: memory.high ignored: %w", l.HighErr))
+		if l.Bytes == cgroupfs.NoLimit {
+			return found{}, fmt.Errorf("limits: memory limit: %w", l.HighErr)
+		}
+	}
+	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
+		// A Limit with Bytes and File only (made by hand): File says
+		// which kind of limit Bytes is.
+		l.Max, l.MaxFile, l.High = l.Bytes, l.File, noLimit
+		if filepath.Base(l.File) == "memory.high" {
+			l.Max, l.MaxFile, l.High, l.HighFile = noLimit, "", l.Bytes, l.File
+		}
+	}
+	f := found{max: noLimit, high: noLimit, version: l.Version}
+	var why string
 	switch {
 	case err == nil && l.Bytes != cgroupfs.NoLimit:
-		source, file = SourceCgroupV1, l.File
+		f.source = SourceCgroupV1
 		if l.Version == 2 {
-			source = SourceCgroupV2
+			f.source = SourceCgroupV2
 		}
-		why = "from " + l.File
-		if filepath.Base(l.File) == "memory.high" {
-			why += " (memory.high, the throttle limit, is under every memory.max)"
+		f.max, f.maxFile, f.high, f.highFile, f.bounds = l.Max, l.MaxFile, l.High, l.HighFile, l.Bounds
+		if f.max != noLimit {
+			f.why = "from " + f.maxFile
+		} else {
+			f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set)"
 		}
-		return l.Bytes, source, file, why, nil
+		return f, nil
+	case err == nil && l.TopNotRoot:
+		why = fmt.Sprintf("no cgroup memory limit up to %s, the top of this cgroup namespace: the limit is unknown (it may be set above the namespace, as Kubernetes pod-level resources and podman's service cgroup do); "+
+			"set GOMEMLIMIT from the downward API (resources.limits.memory), or use SystemFallback", l.Cgroup)
 	case err == nil:
 		why = fmt.Sprintf("no cgroup memory limit: cgroup v%d %s and its ancestors set none", l.Version, l.Cgroup)
 	case m.noCgroup(err):
 		why = "no cgroup memory limit: " + err.Error()
 	default:
-		return 0, SourceNone, "", "", fmt.Errorf("limits: memory limit: %w", err)
+		return found{}, fmt.Errorf("limits: memory limit: %w", err)
 	}
+	f.why = why
 	if !m.fallback {
-		return 0, SourceNone, "", why, nil
+		return f, nil
 	}
 	sys, serr := memlimit.FromSystem()
 	if serr != nil || sys == 0 {
-		return 0, SourceNone, "", why, nil
+		return f, nil
 	}
-	return int64(min(sys, 1<<62)), SourceSystem, "", "(total memory; " + why + ")", nil
+	f.source, f.max, f.why = SourceSystem, int64(min(sys, 1<<62)), "(total memory; "+why+")"
+	return f, nil
 }
 
 // noCgroup reports whether err from the cgroup read means there is no
@@ -650,4 +899,85 @@ func readUsage() (rss, goMapped int64, err error) {
 	goMapped = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
 	rss, err = procfs.RSS(0)
 	return rss, goMapped, err
+}
+
+// LiveHeapFactor is how far above the live heap a memory.high target may
+// bring GOMEMLIMIT down, at the least: 1.5 × the live heap
+// (/gc/heap/live:bytes at the last GC). GOMEMLIMIT bounds the whole Go
+// runtime, so a limit at 1.5 × live leaves the GC half the live heap of new
+// allocation between cycles, twice as many cycles as GOGC=100's default
+// goal of 2 × live, and well clear of the death-spiral detector's
+// threshold (package pressure reports a spiral once the live heap passes
+// 0.85 × GOMEMLIMIT). A memory.high under that is left to the kernel's
+// throttling and reclaim: GOMEMLIMIT is never the cause of a spiral.
+const LiveHeapFactor = 1.5
+
+// charge is the part of a cgroup's account that neither the Go runtime
+// holds nor the kernel can reclaim, in bytes, with the file it came from.
+type charge struct {
+	anon, shmem, kernel int64 // kernel: 0 when the file has none
+	file                string
+}
+
+func (c charge) total() int64 { return c.anon + c.shmem + c.kernel }
+
+func (c charge) String() string {
+	return fmt.Sprintf("%s: anon %s, shmem %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.shmem), inMiB(c.kernel))
+}
+
+// chargeOf returns the account of the cgroup directory dir, read now; on a
+// read error other than "not there" it is logged at WARN once (naming the
+// file) and the last account read from dir is used. ok is false when there
+// is none (no memory.stat: the v2 root, a made-up Limit).
+func (m *MemLimiter) chargeOf(version int, dir string) (charge, bool) {
+	c, err := m.charge(version, dir)
+	if err == nil {
+		m.charges[dir] = c
+		return c, true
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		m.warn(false, "charge "+dir, fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w", err))
+	}
+	c, ok := m.charges[dir]
+	return c, ok
+}
+
+// readCharge reads the account of the cgroup directory dir from its
+// memory.stat (cgroupfs.ReadMemoryStat): anonymous memory (v2 "anon", v1
+// "total_rss"), shmem and tmpfs ("shmem"), both charged to the cgroup and
+// never reclaimed without swap, and the kernel memory it cannot reclaim:
+// in v2 slab_unreclaimable, kernel_stack, pagetables, sec_pagetables,
+// percpu, vmalloc and sock (Documentation/admin-guide/cgroup-v2.rst,
+// "memory.stat"); in v1, whose memory.stat has none, all of
+// memory.kmem.usage_in_bytes (cgroup-v1/memory.rst, 2.7), reclaimable slab
+// included (an estimate that errs high). The page cache (active_file,
+// inactive_file) is reclaimed by the kernel before it kills: it is not
+// counted.
+func readCharge(version int, dir string) (charge, error) {
+	st, err := cgroupfs.ReadMemoryStat(dir)
+	if err != nil {
+		return charge{}, err
+	}
+	c := charge{anon: st.Anon, shmem: max(st.Shmem, 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
+	if st.Version == 1 || version == 1 {
+		k, err := cgroupfs.ReadKmemUsage(dir)
+		switch {
+		case err == nil:
+			c.kernel = k
+		case !errors.Is(err, fs.ErrNotExist):
+			return charge{}, err
+		}
+	}
+	return c, nil
+}
+
+// readLive returns the live heap at the last GC (runtime/metrics
+// /gc/heap/live:bytes), in bytes.
+func readLive() int64 {
+	s := [1]metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s[:])
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -77,7 +78,32 @@ func pureGo() (int64, int64, error) { return 32 << 20, 32 << 20, nil }
 // cfgFor is the configuration of a test: limit from read, usage pureGo, no
 // refresh unless the test sets one.
 func cfgFor(read func() (cgroupfs.Limit, error)) MemLimitConfig {
-	return MemLimitConfig{read: read, usage: pureGo, Refresh: -1, cgroupFile: "testdata/none/cgroup"}
+	return MemLimitConfig{read: read, usage: pureGo, Refresh: -1, cgroupFile: "testdata/none/cgroup", charge: noCharge, live: func() int64 { return 16 << 20 }}
+}
+
+// noCharge is a cgroup without memory.stat (a made-up Limit's directory).
+func noCharge(int, string) (charge, error) { return charge{}, fs.ErrNotExist }
+
+// fixtureCharge reads a fixture's memory.stat (and v1
+// memory.kmem.usage_in_bytes) as readCharge reads a cgroup's, without
+// readCharge's check that the files are on a cgroup file system.
+func fixtureCharge(version int, dir string) (charge, error) {
+	f, err := os.Open(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return charge{}, err
+	}
+	defer f.Close()
+	st, err := cgroupfs.ParseMemoryStat(f, f.Name())
+	if err != nil {
+		return charge{}, err
+	}
+	c := charge{anon: st.Anon, shmem: max(st.Shmem, 0), kernel: max(st.KernelUnreclaimable(), 0), file: f.Name()}
+	if b, err := os.ReadFile(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err == nil {
+		if c.kernel, err = cgroupfs.ParseKmemUsage(string(b), "kmem"); err != nil {
+			return charge{}, err
+		}
+	}
+	return c, nil
 }
 
 func start(t *testing.T, cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
@@ -234,6 +260,7 @@ func TestFixtureTable(t *testing.T) {
 				return cgroupfs.Read(filepath.Join(dir, "cgroup"), filepath.Join(dir, "mountinfo"), filepath.Join(dir, "root"))
 			})
 			cfg.cgroupFile = filepath.Join(dir, "cgroup")
+			cfg.charge = fixtureCharge
 			rec := &recorder{}
 			cfg.Logger = slog.New(rec)
 			_, d, err := start(t, cfg)
@@ -655,6 +682,31 @@ func BenchmarkRefresh(b *testing.B) {
 			m.mu.Lock()
 			_, _ = m.decide(false)
 			m.mu.Unlock()
+		}
+	})
+	// The same decision without the cgroup's account (issue 18 added the
+	// memory.stat read): the ratio of reread to this is its cost.
+	n, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour, read: read, charge: noCharge})
+	if err != nil {
+		b.Skip(err)
+	}
+	defer n.Close()
+	b.Run("reread-no-charge", func(b *testing.B) {
+		for b.Loop() {
+			n.mu.Lock()
+			_, _ = n.decide(false)
+			n.mu.Unlock()
+		}
+	})
+	b.Run("charge", func(b *testing.B) {
+		l, err := cgroupfs.Of(0)
+		if err != nil {
+			b.Skip(err)
+		}
+		for b.Loop() {
+			if _, err := readCharge(l.Version, l.Dir); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 	b.Run("cgroup", func(b *testing.B) {

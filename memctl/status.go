@@ -151,7 +151,16 @@ type memCgroup struct {
 	// hybrid host), "memctl-root" when in memctl's root (ViewCallerRoot: a
 	// process chrooted in memctl's mount namespace).
 	View string `json:"view"`
+	// LimitUnknown is true when no visible cgroup sets a limit but the
+	// topmost visible one is not the hierarchy's root (the top of a
+	// private cgroup namespace has a memory.max): a limit may be set
+	// above it, out of sight (cgroupfs.Limit.TopNotRoot).
+	LimitUnknown bool `json:"limit_unknown,omitempty"`
 }
+
+// limitUnknownNote is the table's "memory limit" for LimitUnknown.
+const limitUnknownNote = "unknown: none up to the top of this cgroup namespace, which is not the root; a limit may be set above it " +
+	"(give the process GOMEMLIMIT from the downward API, or use memctl's SystemFallback)"
 
 // readTimeout bounds each read of a file of the process (safefs.Dir.Timeout).
 const readTimeout = 5 * time.Second
@@ -346,6 +355,8 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 		}
 		if l.Bytes != cgroupfs.NoLimit {
 			c.LimitBytes, c.LimitFile = &l.Bytes, &l.File
+		} else {
+			c.LimitUnknown = l.TopNotRoot
 		}
 		st.Cgroup = c
 		if l.Version == 2 {
@@ -508,7 +519,9 @@ func writeTable(w io.Writer, st *statusReport) {
 			v += " (read from memctl's root: the process is chrooted in memctl's mount namespace and its root shows no cgroup mount)"
 		}
 		row("cgroup", v)
-		if c.LimitBytes == nil {
+		if c.LimitUnknown {
+			row("memory limit", limitUnknownNote)
+		} else if c.LimitBytes == nil {
 			row("memory limit", "none")
 		} else {
 			row("memory limit", size(c.LimitBytes)+" from "+safefs.Quote(*c.LimitFile))

@@ -23,11 +23,13 @@ package cgroupfs
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -77,6 +79,47 @@ type Limit struct {
 	// (a limit set above the mounted part of the hierarchy). Empty when
 	// Bytes is NoLimit.
 	File string
+	// Max is the hard limit in bytes, above which the OOM killer runs: in
+	// v1 the same as Bytes, in v2 the smallest memory.max of the cgroup
+	// and its ancestors (memory.high left out). NoLimit when none sets
+	// one. MaxFile is the file it came from ("" with NoLimit).
+	Max     int64
+	MaxFile string
+	// High is the throttle limit in bytes: the smallest v2 memory.high of
+	// the cgroup and its ancestors, NoLimit when none sets one and in v1
+	// (which has none). Above it the kernel reclaims from the cgroup and
+	// stalls its allocating tasks, but kills nothing
+	// (Documentation/admin-guide/cgroup-v2.rst, "memory.high").
+	// HighFile is the file it came from ("" with NoLimit).
+	High     int64
+	HighFile string
+	// Bounds are every hard limit on the path, nearest first: each
+	// memory.limit_in_bytes (v1) or memory.max (v2) of the cgroup and its
+	// ancestors that sets one, and in v1 the hierarchical_memory_limit of
+	// the cgroup's memory.stat when it is tighter than all of them. Max is
+	// the smallest; a looser one can still be the one the OOM killer
+	// enforces first when the cgroups under it (a pod's sidecars) are
+	// charged more. Empty when Max is NoLimit.
+	Bounds []Bound `json:",omitempty"`
+	// HighErr is the error of a memory.high whose value is malformed (not
+	// bytes nor "max"; it names the file and quotes the value): such a
+	// file is left out of High and Bytes, so that memory.max is still
+	// read. nil when every memory.high parsed.
+	HighErr error `json:"-"`
+	// TopNotRoot is true in v2 when the topmost cgroup this process can
+	// see (its mount point, the top of a private cgroup namespace) is not
+	// the hierarchy's root: it has a memory.max file, which the root
+	// cgroup never has. A limit set on a cgroup above it (Kubernetes
+	// pod-level resources, podman's service cgroup) is then not visible,
+	// so NoLimit in Bytes means "unknown", not "none".
+	TopNotRoot bool `json:",omitempty"`
+}
+
+// Bound is one hard memory limit: Bytes from File, whose directory is the
+// cgroup it applies to (for v1's memory.stat, the process's own cgroup).
+type Bound struct {
+	Bytes int64
+	File  string
 }
 
 // Read returns the memory limit of the process whose /proc/PID/cgroup file
@@ -89,20 +132,28 @@ type Limit struct {
 // the hierarchy's mount point; in v1 the kernel's hierarchical_memory_limit
 // (memory.stat) also counts, which covers ancestors above the mount. In v2
 // a limit set above the mounted part (a container with its own cgroup
-// namespace) is not visible, memory.high counts as a limit (see
-// v2LimitFiles), and a cgroup directory without memory.max (the memory
-// controller not enabled for it, or the root) sets no limit. v1 is read
+// namespace) is not visible (Limit.TopNotRoot says when one may be),
+// memory.high counts as a limit in Bytes and apart in High (see
+// v2LimitFiles; a malformed memory.high is kept aside in HighErr, so that
+// memory.max is still read), and a cgroup directory without memory.max (the
+// memory controller not enabled for it, or the root) sets no limit. When
+// the hierarchy is mounted several times, every mount that holds the cgroup
+// is read and the tightest limit kept (one may show ancestors another does
+// not); a cgroup path that climbs ("/../../x", outside the reader's cgroup
+// namespace) is held by a mount whose root climbs as far. v1 is read
 // when /proc/PID/cgroup lists the memory controller and it is mounted; v2
 // only when its mounted cgroup has the memory controller
 // (cgroup.controllers), so a hybrid host whose v2 hierarchy has none gives
 // the v1 limit or ErrNoCgroup, never a false "no limit" from v2.
 //
-// Errors name the file: a file that cannot be read, a malformed line or
-// value. A "." or ".." element in a mount point, or after a name in a mount
-// root or cgroup path, is malformed: the kernel never writes one, and it
-// could lead outside root. When no memory cgroup can be found, the error
-// matches ErrNoCgroup (a cgroup or mount root that starts with "/..", the
-// kernel's way to show it lies outside the reader's cgroup namespace).
+// Errors name the file: a file that cannot be read for any reason but "not
+// there" (cgroup.controllers unreadable to an LSM included), a malformed
+// line or value. A "." or ".." element in a mount point, or after a name in
+// a mount root or cgroup path, is malformed: the kernel never writes one,
+// and it could lead outside root. mountinfo fields are split on ' ' alone
+// and only octal escapes of a byte are undone, as the kernel writes them. When no memory cgroup can be found, the error
+// matches ErrNoCgroup (not mounted, or a cgroup that no mount's root holds,
+// such as one that starts with "/.." where no mount root climbs as far).
 // Read only reads files, so it is safe for concurrent use.
 //
 // cgroupFile and mountinfoFile are read as the caller names them (symlinks
@@ -133,19 +184,29 @@ func (s *source) read() (Limit, error) {
 	}
 	var why []string
 	if v1 != "" {
-		dir, top, err := cgroupDir(mounts, v1, isV1Memory, root)
+		cands, err := cgroupDirs(mounts, v1, isV1Memory, root)
 		if err == nil {
-			return s.readV1(v1, dir, top)
+			return s.readAll(cands, func(c candidate) (Limit, error) { return s.readV1(v1, c.dir, c.top) })
 		}
 		why = append(why, "v1 memory: "+err.Error())
 	}
 	if v2 != "" {
-		dir, top, err := cgroupDir(mounts, v2, isV2, root)
+		cands, err := cgroupDirs(mounts, v2, isV2, root)
 		if err == nil {
-			err = s.v2Memory(top)
-		}
-		if err == nil {
-			return s.readV2(v2, dir, top)
+			var l Limit
+			l, err = s.readAll(cands, func(c candidate) (Limit, error) {
+				if err := s.v2Memory(c.top); err != nil {
+					return Limit{}, err
+				}
+				return s.readV2(v2, c.dir, c.top)
+			})
+			if !errors.Is(err, ErrNoCgroup) {
+				// A limit, or a file that could not be read for
+				// another reason than "not there" (EACCES from an
+				// LSM on cgroup.controllers): an error that names
+				// the file, never "no cgroup".
+				return l, err
+			}
 		}
 		why = append(why, "v2: "+err.Error())
 		if errors.Is(err, errNoV2Memory) {
@@ -156,6 +217,47 @@ func (s *source) read() (Limit, error) {
 	}
 	return Limit{}, fmt.Errorf("%w: %s", ErrNoCgroup, strings.Join(why, "; "))
 }
+
+// candidate is one mount that holds the process's cgroup: dir is the
+// cgroup's directory through it, top its mount point (root prefixed).
+type candidate struct{ dir, top string }
+
+// readAll reads the limit through every candidate mount of the same
+// hierarchy and keeps the tightest: a hierarchy can be mounted several times
+// (a bind mount of a sub-cgroup beside the whole tree, a chroot's own
+// mount), and one that shows more ancestors can show a limit set on one of
+// them that the others cannot. The first candidate's error is returned as
+// it is; Dir is the first candidate's, TopNotRoot is true only when no
+// candidate shows the root.
+func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error)) (Limit, error) {
+	var out Limit
+	for i, c := range cands {
+		l, err := read(c)
+		if err != nil {
+			return Limit{}, err
+		}
+		if i == 0 {
+			out = l
+			continue
+		}
+		out.TopNotRoot = out.TopNotRoot && l.TopNotRoot
+		out.HighErr = cmp.Or(out.HighErr, l.HighErr)
+		out.Bounds = append(out.Bounds, l.Bounds...)
+		if tighter(l.Max, out.Max) {
+			out.Max, out.MaxFile = l.Max, l.MaxFile
+		}
+		if tighter(l.High, out.High) {
+			out.High, out.HighFile = l.High, l.HighFile
+		}
+		if tighter(l.Bytes, out.Bytes) {
+			out.Bytes, out.File = l.Bytes, l.File
+		}
+	}
+	return out, nil
+}
+
+// tighter reports whether limit a (NoLimit or bytes) is tighter than b.
+func tighter(a, b int64) bool { return a != NoLimit && (b == NoLimit || a < b) }
 
 // parseCgroupFile reads a /proc/PID/cgroup file ("ID:controllers:path"
 // lines, cgroups(7)) and returns the path of the v1 memory controller's
@@ -308,6 +410,9 @@ type mountinfoParser struct {
 	// of the last cgroup mount on it, or -1 when a later mount of another
 	// file system shadows it.
 	last map[string]int
+	// each, when set (tests), is called with every mount parsed, cgroup
+	// or not.
+	each func(mount)
 }
 
 func newMountinfoParser(name string) *mountinfoParser {
@@ -322,12 +427,26 @@ func (p *mountinfoParser) line(line string) error {
 	}
 	name, n := p.name, p.n
 	// "36 35 98:0 /root /point rw,noatime [optional...] - fstype source superopts"
+	// The kernel separates the fields with one ' ' and escapes only ' ',
+	// '\t', '\n' and '\\' in paths (show_mountinfo, mangle: "\040" and
+	// so on, proc_pid_mountinfo(5)); any other byte, a '\r', U+00A0 or
+	// U+3000, is part of a field. The source may be empty and the super
+	// options, last, may hold raw spaces (cifs writes its unc= so): they
+	// are the rest of the line.
 	pre, post, ok := strings.Cut(line, " - ")
-	a, b := strings.Fields(pre), strings.Fields(post)
-	if !ok || len(a) < 6 || len(b) < 2 || !isDecimal(a[0]) {
+	a, b := strings.Split(pre, " "), strings.SplitN(post, " ", 3)
+	if !ok || len(a) < 6 || len(b) < 3 || !isDecimal(a[0]) || slices.Contains(a, "") || b[0] == "" {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line: %s", name, n, safefs.Quote(line))
 	}
-	m := mount{root: unescape(a[3]), point: unescape(a[4]), fstype: b[0]}
+	root, rerr := unescape(a[3])
+	point, perr := unescape(a[4])
+	if rerr != nil || perr != nil {
+		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, %w: %s", name, n, cmp.Or(rerr, perr), safefs.Quote(line))
+	}
+	m := mount{root: root, point: point, fstype: b[0]}
+	if p.each != nil {
+		p.each(m)
+	}
 	if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
 	}
@@ -340,9 +459,7 @@ func (p *mountinfoParser) line(line string) error {
 		}
 		return nil
 	}
-	if len(b) >= 3 {
-		m.superOpts = strings.Split(b[2], ",")
-	}
+	m.superOpts = strings.Split(b[2], ",")
 	p.last[m.point] = len(p.all)
 	p.all = append(p.all, m)
 	return nil
@@ -362,24 +479,31 @@ func (p *mountinfoParser) mounts() ([]mount, error) {
 	return mounts, nil
 }
 
-// unescape undoes mountinfo's octal escapes (\040 for a space, \011, \012,
-// \134); anything else is kept as is.
-func unescape(s string) string {
+// unescape undoes mountinfo's octal escapes in a path (\040 for a space,
+// \011, \012, \134: the kernel's mangle). The kernel escapes every '\\',
+// so a '\\' that does not start three octal digits of a byte value is not
+// the kernel's: an error.
+func unescape(s string) (string, error) {
 	if !strings.Contains(s, `\`) {
-		return s
+		return s, nil
 	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
+		if s[i] != '\\' {
+			b.WriteByte(s[i])
+			continue
 		}
-		b.WriteByte(s[i])
+		if i+3 >= len(s) {
+			return "", errors.New("bad octal escape")
+		}
+		v, err := strconv.ParseUint(s[i+1:i+4], 8, 8)
+		if err != nil {
+			return "", errors.New("bad octal escape")
+		}
+		b.WriteByte(byte(v))
+		i += 3
 	}
-	return b.String()
+	return b.String(), nil
 }
 
 // cleanPath reports whether the absolute path p has no "." element and no
@@ -403,13 +527,31 @@ func cleanPath(p string, up bool) bool {
 }
 
 // cgroupDir returns the directory of cgroup cg in the first mount that
-// matches and contains it, and the directory of the mount point (root
-// prefixed to both).
+// matches and holds it, and the directory of the mount point (root
+// prefixed to both); see cgroupDirs.
 func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
-	if outsideNamespace(cg) {
-		return "", "", fmt.Errorf("cgroup %s is outside this cgroup namespace", safefs.Quote(cg))
+	cands, err := cgroupDirs(mounts, cg, match, root)
+	if err != nil {
+		return "", "", err
 	}
+	return cands[0].dir, cands[0].top, nil
+}
+
+// cgroupDirs returns, in mountinfo order, every mount that matches and
+// holds cgroup cg: its root is "/" or a path prefix of cg, and what is left
+// of cg below the root does not climb ("..").
+//
+// A cgroup outside the reader's cgroup namespace reads "/../../x"
+// (cgroup_path_ns); a mount made in another namespace, or a bind mount of a
+// cgroup above the namespace's root, has a root that climbs too
+// ("/../../.."). Such a mount holds the cgroup when its root climbs at least
+// as far: root "/../.." holds "/../../x" as "/x", as the Go runtime
+// (internal/runtime/cgroup) resolves it; root "/" or "/.." does not. The
+// error says whether no mount matched, or none held cg; it does not match
+// ErrNoCgroup (the caller wraps it).
+func cgroupDirs(mounts []mount, cg string, match func(mount) bool, root string) ([]candidate, error) {
 	found := false
+	var out []candidate
 	for _, m := range mounts {
 		if !match(m) {
 			continue
@@ -426,17 +568,26 @@ func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (
 		default:
 			continue
 		}
-		top = filepath.Join(root, m.point)
-		return filepath.Join(top, filepath.FromSlash(rel)), top, nil
+		if outsideNamespace(rel) {
+			continue // climbs above the mount's root: not reachable through it
+		}
+		top := filepath.Join(root, m.point)
+		out = append(out, candidate{filepath.Join(top, filepath.FromSlash(rel)), top})
 	}
-	if !found {
-		return "", "", errors.New("hierarchy not mounted")
+	switch {
+	case len(out) > 0:
+		return out, nil
+	case !found:
+		return nil, errors.New("hierarchy not mounted")
+	case outsideNamespace(cg):
+		return nil, fmt.Errorf("cgroup %s is outside this cgroup namespace, and no mount root reaches it", safefs.Quote(cg))
 	}
-	return "", "", fmt.Errorf("cgroup %s is outside the mounted part of the hierarchy", safefs.Quote(cg))
+	return nil, fmt.Errorf("cgroup %s is outside the mounted part of the hierarchy", safefs.Quote(cg))
 }
 
-// outsideNamespace reports whether cgroup path p climbs with "..": /proc/PID/cgroup
-// shows a process outside the reader's cgroup namespace that way.
+// outsideNamespace reports whether cgroup path p climbs with "..":
+// /proc/PID/cgroup shows a process outside the reader's cgroup namespace
+// that way, and a mount made in another namespace has such a root.
 func outsideNamespace(p string) bool {
 	for _, e := range strings.Split(p, "/") {
 		if e == ".." {
@@ -475,6 +626,9 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 		if err != nil {
 			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
 		}
+		if v != NoLimit {
+			l.Bounds = append(l.Bounds, Bound{v, file})
+		}
 		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
 			l.Bytes, l.File = v, file
 		}
@@ -486,7 +640,9 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	}
 	if ok && h != NoLimit && (l.Bytes == NoLimit || h < l.Bytes) {
 		l.Bytes, l.File = h, stat
+		l.Bounds = append(l.Bounds, Bound{h, stat})
 	}
+	l.Max, l.MaxFile, l.High = l.Bytes, l.File, NoLimit
 	return l, nil
 }
 
@@ -525,7 +681,8 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	if err := s.stat(dir); err != nil {
 		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
-	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit}
+	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit, Max: NoLimit, High: NoLimit}
+	topMax := filepath.Join(top, "memory.max")
 	for _, file := range v2LimitFiles(ancestors(dir, top)) {
 		b, err := s.readFile(file)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -534,12 +691,34 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 		if err != nil {
 			return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 		}
+		if file == topMax {
+			l.TopNotRoot = true // the root cgroup has no memory.max
+		}
 		v, err := parseLimit(string(b), true)
+		isMax := filepath.Base(file) == "memory.max"
+		if err != nil && !isMax {
+			// A bad memory.high must not hide memory.max (the OOM
+			// killer's limit): kept aside for the caller to report.
+			if l.HighErr == nil {
+				l.HighErr = fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
+			}
+			continue
+		}
 		if err != nil {
 			return Limit{}, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
 		}
-		if v != NoLimit && (l.Bytes == NoLimit || v < l.Bytes) {
+		if tighter(v, l.Bytes) {
 			l.Bytes, l.File = v, file
+		}
+		if isMax {
+			if v != NoLimit {
+				l.Bounds = append(l.Bounds, Bound{v, file})
+			}
+			if tighter(v, l.Max) {
+				l.Max, l.MaxFile = v, file
+			}
+		} else if tighter(v, l.High) {
+			l.High, l.HighFile = v, file
 		}
 	}
 	return l, nil

@@ -33,29 +33,33 @@ func TestReadFixtures(t *testing.T) {
 			// The parent's 512 MiB wins over the child's 1 GiB; memory.stat
 			// says the same and the file that sets it is named.
 			File: root("v1-parent-tighter", "sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes"),
+			High: NoLimit,
 		}},
 		{"v1-container-hidden-parent", Limit{
 			Version: 1, Cgroup: "/docker/abc",
 			Dir:   root("v1-container-hidden-parent", "sys/fs/cgroup/memory"),
 			Bytes: 256 << 20,
 			File:  root("v1-container-hidden-parent", "sys/fs/cgroup/memory/memory.stat"),
+			High:  NoLimit,
 		}},
 		{"v2-nested", Limit{
 			Version: 2, Cgroup: "/system.slice/app.service",
 			Dir:   root("v2-nested", "sys/fs/cgroup/system.slice/app.service"),
 			Bytes: 1 << 30,
 			File:  root("v2-nested", "sys/fs/cgroup/system.slice/memory.max"),
+			High:  NoLimit,
 		}},
 		{"v2-max", Limit{
 			Version: 2, Cgroup: "/user.slice/user-0.slice/session-1.scope",
 			Dir:   root("v2-max", "sys/fs/cgroup/user.slice/user-0.slice/session-1.scope"),
-			Bytes: NoLimit,
+			Bytes: NoLimit, High: NoLimit,
 		}},
 		{"hybrid", Limit{
 			Version: 1, Cgroup: "/process_api/c9ca",
 			Dir:   root("hybrid", "sys/fs/cgroup/memory/process_api/c9ca"),
 			Bytes: 256 << 20,
 			File:  root("hybrid", "sys/fs/cgroup/memory/process_api/c9ca/memory.limit_in_bytes"),
+			High:  NoLimit,
 		}},
 		{"v2-memory-high", Limit{
 			Version: 2, Cgroup: "/kubepods.slice/pod1/ctr",
@@ -64,24 +68,50 @@ func TestReadFixtures(t *testing.T) {
 			// 1600 MiB of the pod: the kernel throttles from 1400 MiB on.
 			Bytes: 1468006400,
 			File:  root("v2-memory-high", "sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.high"),
+			// Each apart: the hard limit is the pod's memory.max.
+			Max: 1677721600, MaxFile: root("v2-memory-high", "sys/fs/cgroup/kubepods.slice/pod1/memory.max"),
+			High: 1468006400, HighFile: root("v2-memory-high", "sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.high"),
 		}},
 		{"v2-high-equal", Limit{
 			Version: 2, Cgroup: "/a",
 			Dir:   root("v2-high-equal", "sys/fs/cgroup/a"),
 			Bytes: 512 << 20,
 			File:  root("v2-high-equal", "sys/fs/cgroup/a/memory.max"), // the hard limit is named on a tie
+			High:  512 << 20, HighFile: root("v2-high-equal", "sys/fs/cgroup/a/memory.high"),
 		}},
 		{"v2-escaped-shadowed", Limit{
 			Version: 2, Cgroup: "/a",
 			Dir:   root("v2-escaped-shadowed", "cg two/a"),
 			Bytes: 100 << 20,
 			File:  root("v2-escaped-shadowed", "cg two/a/memory.max"),
+			High:  NoLimit,
 		}},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			got, err := readFixture(t, tc.dir)
 			require.NoError(t, err)
+			if tc.want.MaxFile == "" && tc.want.Max == 0 {
+				// Max is Bytes where no memory.high is tighter.
+				tc.want.Max, tc.want.MaxFile = tc.want.Bytes, tc.want.File
+			}
+			// Bounds hold every hard limit; the smallest is Max.
+			bounds := got.Bounds
+			got.Bounds = nil
 			assert.Equal(t, tc.want, got)
+			if got.Max == NoLimit {
+				assert.Empty(t, bounds)
+			} else {
+				assert.Contains(t, bounds, Bound{got.Max, got.MaxFile})
+				for _, b := range bounds {
+					assert.GreaterOrEqual(t, b.Bytes, got.Max)
+				}
+			}
+			if tc.dir == "v1-parent-tighter" {
+				assert.Equal(t, []Bound{
+					{1 << 30, root(tc.dir, "sys/fs/cgroup/memory/kubepods/pod1/ctr/memory.limit_in_bytes")},
+					{512 << 20, root(tc.dir, "sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes")},
+				}, bounds, "nearest first")
+			}
 		})
 	}
 }
@@ -203,9 +233,19 @@ func TestParseCgroup(t *testing.T) {
 }
 
 func TestUnescape(t *testing.T) {
-	assert.Equal(t, "a b\tc\\d", unescape(`a\040b\011c\134d`))
-	assert.Equal(t, `a\b\04`, unescape(`a\b\04`), "not an octal escape: kept")
-	assert.Equal(t, `\999`, unescape(`\999`))
+	got, err := unescape(`a\040b\011c\134d\012`)
+	require.NoError(t, err)
+	assert.Equal(t, "a b\tc\\d\n", got)
+	got, err = unescape("a\rb\u00a0c\u3000d")
+	require.NoError(t, err)
+	assert.Equal(t, "a\rb\u00a0c\u3000d", got, "the kernel escapes only space, tab, newline and backslash")
+	// The kernel escapes every backslash: one that starts no octal
+	// escape of a byte is not the kernel's (the Go runtime refuses it
+	// too, internal/runtime/cgroup errInvalidEscape).
+	for _, bad := range []string{`a\b\04`, `\999`, `\400`, `x\`, `\04`} {
+		_, err := unescape(bad)
+		assert.Error(t, err, "%q", bad)
+	}
 }
 
 func TestAncestors(t *testing.T) {

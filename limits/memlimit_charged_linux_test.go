@@ -1,0 +1,280 @@
+package limits
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+)
+
+const (
+	chargedTmpfs = 300 << 20 // written to a tmpfs in the cgroup (memory.stat shmem)
+	chargedAnon  = 200 << 20 // held by a neighbour process in the cgroup
+	chargedCache = 300 << 20 // page cache in the cgroup: a file read once
+	chargedLive  = 150 << 20 // the Go child's live heap
+)
+
+func init() {
+	// charged is issue 18's case 1: it first makes the cgroup carry
+	// memory it does not map (MEMCTL_TEST_MODE tmpfs: 300 MiB written to
+	// a tmpfs mounted at MEMCTL_TEST_DIR, in the private mount namespace
+	// the parent started it in; cache: a 300 MiB file in MEMCTL_TEST_DIR
+	// written, dropped from the cache and read once; none: nothing), then
+	// sets GOMEMLIMIT with the default configuration, as memctl.Start does,
+	// builds a 150 MiB live heap and makes garbage for MEMCTL_TEST_CHURN.
+	children["charged"] = func() {
+		dir := os.Getenv("MEMCTL_TEST_DIR")
+		switch mode := os.Getenv("MEMCTL_TEST_MODE"); mode {
+		case "tmpfs":
+			if err := unix.Mount("memctl-test", dir, "tmpfs", 0, "size=400m"); err != nil {
+				if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+					childtest.Say("SKIP", "mount tmpfs: "+err.Error())
+					return
+				}
+				childtest.Fail("mount tmpfs on %s: %v", dir, err)
+			}
+			fillFile(filepath.Join(dir, "f"), chargedTmpfs, false)
+		case "cache":
+			file := filepath.Join(dir, "cache")
+			fillFile(file, chargedCache, true)
+			f, err := os.Open(file)
+			if err != nil {
+				childtest.Fail("%v", err)
+			}
+			if _, err := io.Copy(io.Discard, f); err != nil {
+				childtest.Fail("%v", err)
+			}
+			f.Close()
+		case "none":
+		default:
+			childtest.Fail("unknown MEMCTL_TEST_MODE %q", mode)
+		}
+		l, err := cgroupfs.Of(0)
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		if st, err := cgroupfs.ReadMemoryStat(l.Dir); err == nil {
+			childtest.Say("STAT_ANON", st.Anon)
+			childtest.Say("STAT_SHMEM", st.Shmem)
+			childtest.Say("STAT_FILE_LRU", st.Reclaimable())
+		}
+		_, d, err := NewMemLimiter(MemLimitConfig{})
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
+		childtest.Say("OUTSIDE", d.Outside)
+		childtest.Say("CHARGED", d.Charged)
+		childtest.Say("REASON", d.Reason)
+		churn, err := time.ParseDuration(os.Getenv("MEMCTL_TEST_CHURN"))
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		live := make([][]byte, chargedLive>>20)
+		for i := range live {
+			live[i] = touched(1 << 20)
+		}
+		// About 1 GB/s of garbage in 1 MiB objects, all pages written:
+		// with 150 MiB live under a GOMEMLIMIT of about 163 MiB (the
+		// tmpfs case) the GC runs hundreds of times a second.
+		var sink []byte
+		for start := time.Now(); time.Since(start) < churn; {
+			sink = touched(1 << 20) // garbage
+			time.Sleep(time.Millisecond)
+		}
+		runtime.KeepAlive(live)
+		runtime.KeepAlive(sink)
+		childtest.Say("GOMEMLIMIT_END", debug.SetMemoryLimit(-1))
+		childtest.Say("SURVIVED", 1)
+	}
+	// holdAnon is the anonymous neighbour: it holds 200 MiB of touched
+	// anonymous memory, says READY, and waits to be killed.
+	children["holdAnon"] = func() {
+		b, err := unix.Mmap(-1, 0, chargedAnon, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		childtest.Say("READY", 1)
+		time.Sleep(10 * time.Minute)
+	}
+}
+
+// touched returns n bytes, each page written.
+func touched(n int) []byte {
+	b := make([]byte, n)
+	for i := 0; i < n; i += 4096 {
+		b[i] = 1
+	}
+	return b
+}
+
+// fillFile writes n bytes to file; with drop, it then syncs and drops the
+// file from the page cache (posix_fadvise DONTNEED), so that a read charges
+// it again to the reader's cgroup.
+func fillFile(file string, n int, drop bool) {
+	f, err := os.Create(file)
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	buf := bytes.Repeat([]byte{1}, 1<<20)
+	for i := 0; i < n>>20; i++ {
+		if _, err := f.Write(buf); err != nil {
+			childtest.Fail("%v", err)
+		}
+	}
+	if drop {
+		if err := f.Sync(); err != nil {
+			childtest.Fail("%v", err)
+		}
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			childtest.Fail("%v", err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		childtest.Fail("%v", err)
+	}
+}
+
+// TestChargedByOthers is issue 18's case 1 on a real 512 MiB cgroup, three
+// cgroups at once: (tmpfs) 300 MiB in a tmpfs of a private mount namespace,
+// charged to the cgroup as shmem and in no process's RSS; (anon) a second
+// process holding 200 MiB of anonymous memory; (cache) the control, 300 MiB
+// of page cache, which the kernel reclaims before it kills. Before the fix
+// GOMEMLIMIT was 481007060 in all three and the first two were OOM-killed in
+// their first second of churn with 150 MiB live. Now: no OOM kill in 30 s
+// of churn, GOMEMLIMIT within 16 MiB of 0.9 x 512 MiB less the neighbour's
+// charge, and the control's GOMEMLIMIT as without it.
+func TestChargedByOthers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30 s of churn in three real cgroups; skipped in -short")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory does not fit a 512 MiB cgroup test")
+	}
+	const limit = 512 << 20
+	churn := "30s"
+	cacheDir := t.TempDir()
+	var fsInfo unix.Statfs_t
+	require.NoError(t, unix.Statfs(cacheDir, &fsInfo))
+	if fsInfo.Type == unix.TMPFS_MAGIC {
+		t.Skipf("%s is a tmpfs: its files are shmem, not page cache", cacheDir)
+	}
+
+	type result struct {
+		r      map[string]string
+		err    error
+		stderr string
+		kills  int64
+		before cgroupfs.MemoryStat // the cgroup before the Go child started
+	}
+	modes := []string{"tmpfs", "anon", "cache"}
+	results := make(map[string]*result)
+	groups := make(map[string]*cgrouptest.Group)
+	for _, mode := range modes {
+		groups[mode] = cgrouptest.New(t, limit)
+		results[mode] = &result{}
+	}
+	var wg sync.WaitGroup
+	for _, mode := range modes {
+		g, res := groups[mode], results[mode]
+		env := []string{"MEMCTL_TEST_CHURN=" + churn, "MEMCTL_TEST_MODE=" + mode}
+		var neighbour *exec.Cmd
+		switch mode {
+		case "tmpfs":
+			env = append(env, "MEMCTL_TEST_DIR="+t.TempDir())
+		case "anon":
+			env[1] = "MEMCTL_TEST_MODE=none"
+			neighbour = childtest.Command(t, "holdAnon", nil)
+			g.Wrap(neighbour)
+			out, err := neighbour.StdoutPipe()
+			require.NoError(t, err)
+			require.NoError(t, neighbour.Start())
+			t.Cleanup(func() { _ = neighbour.Process.Kill(); _ = neighbour.Wait() })
+			sc := bufio.NewScanner(out)
+			require.True(t, sc.Scan(), "the neighbour says READY")
+			require.Equal(t, "READY=1", sc.Text())
+			st, err := cgroupfs.ReadMemoryStat(g.Dir)
+			require.NoError(t, err)
+			res.before = st
+		case "cache":
+			env = append(env, "MEMCTL_TEST_DIR="+cacheDir)
+		}
+		cmd := childtest.Command(t, "charged", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", "GOGC"}, env...)
+		g.Wrap(cmd)
+		if mode == "tmpfs" {
+			// A private mount namespace (Go makes its mounts private), so
+			// the tmpfs lives and dies with the child.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			res.err = cmd.Run()
+			res.r, res.stderr = childtest.ParseReport(stdout.Bytes()), stderr.String()
+			res.kills, _ = g.OOMKills()
+		}()
+	}
+	wg.Wait()
+
+	num := func(r map[string]string, k string) int64 {
+		n, err := strconv.ParseInt(r[k], 10, 64)
+		require.NoError(t, err, "%s=%q", k, r[k])
+		return n
+	}
+	ratio := ninetyPct(limit)
+	for _, mode := range modes {
+		res := results[mode]
+		t.Run(mode, func(t *testing.T) {
+			if why := res.r["SKIP"]; why != "" || errors.Is(res.err, syscall.EPERM) {
+				t.Skipf("no private mount namespace with a tmpfs here (a container without CAP_SYS_ADMIN?): %s %v", why, res.err)
+			}
+			require.NoError(t, res.err, "child: %s\nstdout: %v", res.stderr, res.r)
+			assert.Zero(t, res.kills, "no OOM kill in %s of churn", churn)
+			assert.Equal(t, "1", res.r["SURVIVED"])
+			got := num(res.r, "GOMEMLIMIT")
+			var neighbour int64
+			switch mode {
+			case "tmpfs":
+				neighbour = num(res.r, "STAT_SHMEM")
+				assert.GreaterOrEqual(t, neighbour, int64(chargedTmpfs), "the tmpfs is charged as shmem")
+			case "anon":
+				neighbour = res.before.Anon
+				assert.GreaterOrEqual(t, neighbour, int64(chargedAnon), "the neighbour is charged as anon")
+			case "cache":
+				assert.GreaterOrEqual(t, num(res.r, "STAT_FILE_LRU"), int64(chargedCache*9/10), "the file is in the cgroup's page cache")
+			}
+			want := ratio - neighbour
+			assert.InDelta(t, want, got, 16<<20, "GOMEMLIMIT %d within 16 MiB of 0.9 x 512 MiB less the neighbour's %d; %s", got, neighbour, res.r["REASON"])
+			if mode == "cache" {
+				assert.Zero(t, num(res.r, "CHARGED"), "page cache is not subtracted: %s", res.r["REASON"])
+			} else {
+				assert.Contains(t, res.r["REASON"], "charged to the cgroup")
+			}
+			t.Logf("%s: GOMEMLIMIT %d (%.1f MiB; 0.9 x 512 MiB less %.1f MiB = %.1f MiB), at the end %s; %s",
+				mode, got, float64(got)/(1<<20), float64(neighbour)/(1<<20), float64(want)/(1<<20), res.r["GOMEMLIMIT_END"], res.r["REASON"])
+		})
+	}
+}
