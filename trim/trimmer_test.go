@@ -77,7 +77,7 @@ func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
 // release and no CPU throttling counter.
 func fakeConfig(f *fakeStep) Config {
 	c := Config{Delay: testDelay, NoCHeap: true, Strict: true, goStep: f.run,
-		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock,
+		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock, scan: func() int64 { return 0 },
 		throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
 	return withLazy(c, false, nil)
 }
