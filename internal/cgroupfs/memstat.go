@@ -1,0 +1,267 @@
+package cgroupfs
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/memctl/memctl/internal/safefs"
+)
+
+// MemoryStat holds the figures of a cgroup's memory.stat file that tell
+// what the cgroup is charged for: anonymous memory, page cache, shmem and
+// tmpfs, and kernel memory. Every figure is in bytes, never negative; a
+// figure the file does not have (a v1 file has no kernel-memory lines, an
+// older kernel lacks some v2 lines) is -1, so that absent is never read as
+// zero.
+//
+// The field names are the kernel's:
+//
+//   - cgroup v2: Documentation/admin-guide/cgroup-v2.rst, "memory.stat".
+//     The figures are hierarchical (the cgroup and its descendants).
+//   - cgroup v1: Documentation/admin-guide/cgroup-v1/memory.rst, section
+//     5.2 "stat file". A plain line ("rss") counts the cgroup's own pages,
+//     its "total_" twin ("total_rss") the cgroup and its descendants
+//     (hierarchical); the total_ line is taken when the file has it.
+//
+// The zero value is not a parsed file (every figure 0); see ParseMemoryStat.
+type MemoryStat struct {
+	// Version is the cgroup version whose names the file uses: 1 (v1
+	// "rss"/"cache") or 2 (v2 "anon"/"file").
+	Version int
+	// Anon is anonymous memory, not shmem: v2 "anon" ("anonymous mappings
+	// such as brk(), sbrk(), and mmap(MAP_ANONYMOUS)"), v1 "rss" ("anonymous
+	// and swap cache memory (includes transparent hugepages)").
+	Anon int64
+	// File is all file-backed memory, shmem and tmpfs included: v2 "file"
+	// ("filesystem data, including tmpfs and shared memory"), v1 "cache"
+	// ("page cache, including tmpfs (shmem)").
+	File int64
+	// Shmem is shmem, tmpfs and shared anonymous mappings (v2 and v1
+	// "shmem"). It is part of File but lives on the anon LRU lists: it is
+	// not reclaimed unless swapped out.
+	Shmem int64
+	// ActiveFile and InactiveFile are the file-backed pages on the file
+	// LRU lists ("active_file", "inactive_file"): the page cache the
+	// kernel reclaims under pressure. Shmem is not on these lists.
+	ActiveFile, InactiveFile int64
+	// ActiveAnon and InactiveAnon are the anon LRU lists ("active_anon",
+	// "inactive_anon"), shmem included.
+	ActiveAnon, InactiveAnon int64
+	// Unevictable is memory that cannot be reclaimed at all
+	// ("unevictable": mlocked pages, ramfs, SHM_LOCK).
+	Unevictable int64
+	// Kernel is v2 "kernel", all kernel memory (Linux 5.18 and later).
+	Kernel int64
+	// SlabReclaimable and SlabUnreclaimable are v2 "slab_reclaimable"
+	// (dentries, inodes) and "slab_unreclaimable".
+	SlabReclaimable, SlabUnreclaimable int64
+	// KernelStack, PageTables, SecPageTables, Percpu, Sock and Vmalloc are
+	// the v2 lines of the same names ("kernel_stack", "pagetables",
+	// "sec_pagetables", "percpu", "sock", "vmalloc"): kernel memory the
+	// kernel cannot reclaim.
+	KernelStack, PageTables, SecPageTables, Percpu, Sock, Vmalloc int64
+}
+
+// Reclaimable returns the page cache the kernel can reclaim, ActiveFile +
+// InactiveFile in bytes (shmem is not on the file lists), or -1 when the
+// file has neither.
+func (m MemoryStat) Reclaimable() int64 {
+	return sumKnown(m.ActiveFile, m.InactiveFile)
+}
+
+// KernelUnreclaimable returns the kernel memory the cgroup is charged for
+// that the kernel cannot reclaim, in bytes: SlabUnreclaimable + KernelStack
+// + PageTables + SecPageTables + Percpu + Vmalloc + Sock, the absent ones
+// left out; -1 when all are absent (a v1 file, whose kernel memory is in
+// memory.kmem.usage_in_bytes, not memory.stat).
+func (m MemoryStat) KernelUnreclaimable() int64 {
+	return sumKnown(m.SlabUnreclaimable, m.KernelStack, m.PageTables, m.SecPageTables, m.Percpu, m.Vmalloc, m.Sock)
+}
+
+// sumKnown sums the values that are not -1; -1 when all are.
+func sumKnown(vs ...int64) int64 {
+	sum, any := int64(0), false
+	for _, v := range vs {
+		if v >= 0 {
+			sum, any = sum+v, true
+		}
+	}
+	if !any {
+		return -1
+	}
+	return sum
+}
+
+func missingMemoryStat() MemoryStat {
+	return MemoryStat{
+		Anon: -1, File: -1, Shmem: -1, ActiveFile: -1, InactiveFile: -1,
+		ActiveAnon: -1, InactiveAnon: -1, Unevictable: -1, Kernel: -1,
+		SlabReclaimable: -1, SlabUnreclaimable: -1, KernelStack: -1,
+		PageTables: -1, SecPageTables: -1, Percpu: -1, Sock: -1, Vmalloc: -1,
+	}
+}
+
+// field returns the figure of m for a memory.stat key without any
+// "total_" prefix, and the version whose name it is (0 for both).
+func (m *MemoryStat) field(key string) (*int64, int) {
+	switch key {
+	case "anon":
+		return &m.Anon, 2
+	case "rss":
+		return &m.Anon, 1
+	case "file":
+		return &m.File, 2
+	case "cache":
+		return &m.File, 1
+	case "shmem":
+		return &m.Shmem, 0
+	case "active_file":
+		return &m.ActiveFile, 0
+	case "inactive_file":
+		return &m.InactiveFile, 0
+	case "active_anon":
+		return &m.ActiveAnon, 0
+	case "inactive_anon":
+		return &m.InactiveAnon, 0
+	case "unevictable":
+		return &m.Unevictable, 0
+	case "kernel":
+		return &m.Kernel, 2
+	case "slab_reclaimable":
+		return &m.SlabReclaimable, 2
+	case "slab_unreclaimable":
+		return &m.SlabUnreclaimable, 2
+	case "kernel_stack":
+		return &m.KernelStack, 2
+	case "pagetables":
+		return &m.PageTables, 2
+	case "sec_pagetables":
+		return &m.SecPageTables, 2
+	case "percpu":
+		return &m.Percpu, 2
+	case "sock":
+		return &m.Sock, 2
+	case "vmalloc":
+		return &m.Vmalloc, 2
+	}
+	return nil, 0
+}
+
+// ParseMemoryStat parses a cgroup memory.stat file (v1 or v2, see
+// MemoryStat) from r; name is used in errors. Every line must be "key
+// value": a key of lower-case letters, digits and '_', one space, a value
+// in decimal digits (the kernel writes no other kind); keys MemoryStat does not hold are skipped. In a v1 file a
+// "total_" line wins over its plain twin, whatever their order. A line of
+// another shape, a value of a held key over math.MaxInt64, a held key
+// given twice, v1 and v2 names mixed, a file with neither "anon" nor "rss",
+// or one over safefs.MaxCgroupFile bytes is an error that names name and
+// the line; every figure is then -1.
+func ParseMemoryStat(r io.Reader, name string) (MemoryStat, error) {
+	b, err := io.ReadAll(io.LimitReader(r, safefs.MaxCgroupFile+1))
+	if err != nil {
+		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: %w", name, err)
+	}
+	if len(b) > safefs.MaxCgroupFile {
+		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.stat file", name, safefs.MaxCgroupFile)
+	}
+	return parseMemoryStat(b, name)
+}
+
+func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
+	m := missingMemoryStat()
+	fail := func(format string, args ...any) (MemoryStat, error) {
+		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: "+format, append([]any{safefs.Quote(name)}, args...)...)
+	}
+	seen := make(map[string]bool)
+	fromTotal := make(map[*int64]bool) // figures set from a v1 total_ line
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	n := 0
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		key, val, ok := strings.Cut(line, " ")
+		if !ok || !isStatKey(key) || !isDecimal(val) {
+			return fail("line %d: malformed, want \"key bytes\": %s", n, safefs.Quote(line))
+		}
+		if seen[key] {
+			return fail("line %d: %s given twice", n, safefs.Quote(key))
+		}
+		seen[key] = true
+		base, total := strings.CutPrefix(key, "total_")
+		p, ver := m.field(base)
+		if p == nil || (total && ver == 2) {
+			continue // v2 has no total_ lines: total_anon is not anon
+		}
+		v, err := strconv.ParseInt(val, 10, 64)
+		if err != nil {
+			return fail("line %d: value out of range: %s", n, safefs.Quote(line))
+		}
+		if total {
+			ver = 1
+		}
+		if ver != 0 {
+			if m.Version != 0 && m.Version != ver {
+				return fail("line %d: %s mixes cgroup v1 and v2 names", n, safefs.Quote(key))
+			}
+			m.Version = ver
+		}
+		switch {
+		case total:
+			*p, fromTotal[p] = v, true
+		case !fromTotal[p]:
+			*p = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fail("%w", err)
+	}
+	if m.Anon < 0 {
+		return fail("neither \"anon\" (v2) nor \"rss\" (v1): not a memory.stat file")
+	}
+	return m, nil
+}
+
+// isStatKey reports whether s is a memory.stat key as the kernel writes
+// them: lower-case letters, digits and '_'.
+func isStatKey(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// ReadMemoryStat reads and parses the memory.stat file of the cgroup
+// directory dir (for example "/sys/fs/cgroup/memory/app", v1, or
+// "/sys/fs/cgroup/app.slice", v2); see ParseMemoryStat. The file is read
+// through package safefs (no symlink, regular files of a cgroup file system
+// only, at most safefs.MaxCgroupFile bytes). The error names the file and
+// matches fs.ErrNotExist when it is absent (the memory controller not
+// enabled for dir, or the v2 root on an old kernel). It only reads, so it
+// is safe for concurrent use.
+func ReadMemoryStat(dir string) (MemoryStat, error) {
+	file := filepath.Join(dir, "memory.stat")
+	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return missingMemoryStat(), fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer d.Close()
+	d.FSTypes = FSTypes
+	b, err := d.ReadFile("memory.stat", safefs.MaxCgroupFile)
+	if err != nil {
+		return missingMemoryStat(), fmt.Errorf("cgroupfs: %w", err)
+	}
+	return parseMemoryStat(b, file)
+}

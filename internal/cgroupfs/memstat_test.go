@@ -1,0 +1,141 @@
+package cgroupfs
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func parseMemoryStatFile(t *testing.T, name string) (MemoryStat, error) {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", "memstat", name))
+	require.NoError(t, err)
+	defer f.Close()
+	return ParseMemoryStat(f, name)
+}
+
+func TestParseMemoryStatFixtures(t *testing.T) {
+	v2 := MemoryStat{
+		Version: 2, Anon: 157286400, File: 419430400, Shmem: 314572800,
+		ActiveFile: 31457280, InactiveFile: 73400320,
+		ActiveAnon: 157286400, InactiveAnon: 314572800, Unevictable: 0,
+		Kernel: 12582912, SlabReclaimable: 6291456, SlabUnreclaimable: 2621440,
+		KernelStack: 1048576, PageTables: 2097152, SecPageTables: 0,
+		Percpu: 524288, Sock: 262144, Vmalloc: 131072,
+	}
+	v54 := v2
+	v54.Kernel, v54.SecPageTables, v54.Percpu, v54.Vmalloc = -1, -1, -1, -1
+	v1Missing := func(m MemoryStat) MemoryStat {
+		m.Kernel, m.SlabReclaimable, m.SlabUnreclaimable, m.KernelStack = -1, -1, -1, -1
+		m.PageTables, m.SecPageTables, m.Percpu, m.Sock, m.Vmalloc = -1, -1, -1, -1, -1
+		return m
+	}
+	for _, tc := range []struct {
+		file                     string
+		want                     MemoryStat
+		reclaimable, kernelUnrec int64
+	}{
+		// Linux 6.18, the v2 layout: every held line present.
+		{"v2-6.18", v2, 31457280 + 73400320, 2621440 + 1048576 + 2097152 + 524288 + 131072 + 262144},
+		// Linux 5.4: no kernel, sec_pagetables, percpu, vmalloc lines:
+		// absent, not zero, and left out of the sum.
+		{"v2-5.4", v54, 31457280 + 73400320, 2621440 + 1048576 + 2097152 + 262144},
+		// The v1 root of this host (Linux 6.18): total_ lines win over
+		// the root's own; no kernel memory lines in v1.
+		{"v1-root-6.18", v1Missing(MemoryStat{
+			Version: 1, Anon: 15818752, File: 248762368, Shmem: 9580544,
+			ActiveFile: 105152512, InactiveFile: 134029312,
+			ActiveAnon: 1593344, InactiveAnon: 8327168, Unevictable: 15446016,
+		}), 105152512 + 134029312, -1},
+		// total_ lines before their plain twins still win.
+		{"v1-total-first", v1Missing(MemoryStat{
+			Version: 1, Anon: 209715200, File: 314572800, Shmem: 314572800,
+			ActiveFile: 0, InactiveFile: 0, ActiveAnon: -1, InactiveAnon: -1, Unevictable: -1,
+		}), 0, -1},
+		// A key a newer kernel adds is skipped, even with a value over
+		// 64 bits.
+		{"v2-unknown-key", func() MemoryStat {
+			m := missingMemoryStat()
+			m.Version, m.Anon, m.File = 2, 1, 2
+			return m
+		}(), -1, -1},
+		// v2 has no total_ lines: total_anon is an unknown key, not anon.
+		{"v2-total-name", func() MemoryStat {
+			m := missingMemoryStat()
+			m.Version, m.Anon, m.File = 2, 1, 2
+			return m
+		}(), -1, -1},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			got, err := parseMemoryStatFile(t, tc.file)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.reclaimable, got.Reclaimable(), "Reclaimable")
+			assert.Equal(t, tc.kernelUnrec, got.KernelUnreclaimable(), "KernelUnreclaimable")
+		})
+	}
+}
+
+func TestParseMemoryStatMalformed(t *testing.T) {
+	entries, err := os.ReadDir(filepath.Join("testdata", "memstat"))
+	require.NoError(t, err)
+	n := 0
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "bad-") {
+			continue
+		}
+		n++
+		t.Run(e.Name(), func(t *testing.T) {
+			got, err := parseMemoryStatFile(t, e.Name())
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), e.Name(), "the error names the file")
+			assert.Equal(t, missingMemoryStat(), got, "every figure -1 on error")
+		})
+	}
+	assert.GreaterOrEqual(t, n, 10)
+}
+
+func TestParseMemoryStatTooLarge(t *testing.T) {
+	big := "anon 1\n" + strings.Repeat("x 1\n", 20000)
+	_, err := ParseMemoryStat(strings.NewReader(big), "big")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not a memory.stat file")
+}
+
+// TestReadMemoryStatReal reads a real memory.stat (the calling process's
+// cgroup) and checks its figures against the kernel's own other account of
+// the same cgroup: v1 memory.usage_in_bytes, v2 memory.current.
+func TestReadMemoryStatReal(t *testing.T) {
+	l, err := Of(0)
+	if err != nil {
+		t.Skipf("no memory cgroup: %v", err)
+	}
+	m, err := ReadMemoryStat(l.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("no memory.stat in %s", l.Dir)
+	}
+	require.NoError(t, err)
+	assert.Equal(t, l.Version, m.Version)
+	for _, v := range []int64{m.Anon, m.File, m.Shmem, m.ActiveFile, m.InactiveFile} {
+		assert.GreaterOrEqual(t, v, int64(0))
+	}
+	assert.LessOrEqual(t, m.Shmem, m.File, "shmem is part of file")
+	assert.LessOrEqual(t, m.Reclaimable(), m.File, "the file LRU lists hold file pages only")
+	if l.Version == 2 {
+		assert.GreaterOrEqual(t, m.KernelUnreclaimable(), int64(0))
+	}
+
+	_, err = ReadMemoryStat(filepath.Join(l.Dir, "no-such-child-18"))
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	// Not a cgroup file system: refused, as Read refuses it.
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "memory.stat"), []byte("anon 1\n"), 0o644))
+	_, err = ReadMemoryStat(dir)
+	assert.Error(t, err)
+}
