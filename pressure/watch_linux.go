@@ -77,7 +77,8 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		l, err := cgroupfs.Of(0)
 		switch {
 		case err != nil:
-			ownWhy = append(ownWhy, fmt.Errorf("%w: %w", errNoController, err))
+			ownWhy = append(ownWhy, ownError{errNoController, err})
+			why = append(why, err)
 		case l.Version == 2:
 			own = l.Dir
 			p := filepath.Join(l.Dir, "memory.pressure")
@@ -94,7 +95,8 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 			// No limit: "low" then fires on any reclaim of the host's page
 			// cache, which a busy host does all the time; PSI measures stalls.
 			own = l.Dir
-			ownWhy = append(ownWhy, fmt.Errorf("%w: cgroup v1 %s", errNoLimit, l.Dir))
+			e := ownError{errNoLimit, fmt.Errorf("pressure: cgroup v1 %s has no memory limit: watching PSI instead", l.Dir)}
+			ownWhy, why = append(ownWhy, e), append(why, e)
 		default:
 			own = l.Dir
 			cands = append(cands, source{kind: srcV1Level, path: l.Dir, dir: l.Dir,
@@ -127,7 +129,6 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 			return nil, fmt.Errorf("pressure: eventfd: %w", err)
 		}
 		wt.wake, wt.done = wake, make(chan struct{})
-		why = append(why, ownWhy...)
 		if len(why) > 0 {
 			// An earlier source did not work; say why once, then go on: a
 			// WARN when the service manager named one (its intent was not
@@ -388,6 +389,13 @@ var (
 	errNoController = errors.New("no memory controller")
 	errNoLimit      = errors.New("no memory limit")
 )
+
+// ownError is a reason (errNoController, errNoLimit) with its detail; its
+// text is the detail alone, the reason leads the note.
+type ownError struct{ reason, detail error }
+
+func (e ownError) Error() string   { return e.detail.Error() }
+func (e ownError) Unwrap() []error { return []error{e.reason, e.detail} }
 
 // hostWideNote says why the host-wide PSI is watched instead of the
 // process's own cgroup: the read-only mount, no memory controller, no

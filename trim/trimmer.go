@@ -110,8 +110,11 @@ type Config struct {
 	//     /memory/classes/heap/objects:bytes − live, where live is the
 	//     smaller of /gc/heap/live:bytes and the live heap read right after
 	//     the previous trim (or at New): a GC that ran during a burst counts
-	//     the burst's objects as live until the next GC, so the estimate
-	//     errs on the side of trimming. When runtime/metrics cannot be read
+	//     the burst's objects as live until the next GC, so after a burst
+	//     the program marked (a debounced trim, TrimNow, a Request while one
+	//     is pending) the estimate errs on the side of trimming. A Request
+	//     with no burst pending takes /gc/heap/live:bytes alone, so that a
+	//     heap grown since the previous trim is not taken for garbage. When runtime/metrics cannot be read
 	//     the step runs.
 	//   - the C step runs when the C heap step's Retained reaches
 	//     MinRelease, or is unknown (-1).
@@ -331,7 +334,7 @@ type Trimmer struct {
 	cheap      CHeap
 	log        *slog.Logger
 	goStep     func() int64
-	estimate   func() int64
+	estimate   func(floor bool) int64 // see estimateGo
 	readCPU    func() cpuMark
 	lazyFree   func() int64
 	throttled  func(fresh bool) (time.Duration, error)
@@ -414,7 +417,6 @@ func New(cfg Config) (*Trimmer, error) {
 		cheap:      c.CHeap,
 		log:        c.Logger,
 		goStep:     c.goStep,
-		estimate:   c.estimate,
 		readCPU:    readCPU,
 		lazyFree:   c.lazyFree,
 		throttled:  c.throttled,
@@ -434,8 +436,9 @@ func New(cfg Config) (*Trimmer, error) {
 	if t.goStep == nil {
 		t.goStep = freeOSMemory
 	}
-	if t.estimate == nil {
-		t.estimate = t.estimateGo
+	t.estimate = t.estimateGo
+	if c.estimate != nil {
+		t.estimate = func(bool) int64 { return c.estimate() }
 	}
 	if c.cpuClock != nil {
 		t.readCPU = func() cpuMark { v := c.cpuClock(); return cpuMark{gc: v, process: v} }
@@ -811,7 +814,11 @@ func (t *Trimmer) goIdle() {
 // records it; early says the throttled start at Delay/2 decided it (counted
 // in Stats.EarlyStarts when a step runs). t.run must be held.
 func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
-	goEst := t.estimate()
+	// The live-heap floor stands for a burst the program marked: a
+	// debounced trim, TrimNow, or a Request while one is pending. A Request
+	// with no burst marked takes the live heap as the last GC saw it: a
+	// service that grew its heap since the floor was read is not garbage.
+	goEst := t.estimate(o == OriginDebounced || o == OriginByName || t.state.Load() == statePending)
 	cEst := int64(-1)
 	if t.cheap != nil {
 		cEst = t.cheap.Retained()

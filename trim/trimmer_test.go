@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"strings"
 	"sync"
@@ -442,7 +443,7 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 	_, err = tr.TrimNow() // sets the live floor
 	require.NoError(t, err)
 	tr.run.Lock()
-	before := tr.estimateGo()
+	before := tr.estimateGo(true)
 	tr.run.Unlock()
 
 	// A burst that a GC sees live, then dropped: /gc/heap/live still counts
@@ -456,10 +457,41 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 	require.GreaterOrEqual(t, h.live, int64(64<<20), "the GC saw the burst live")
 	runtime.KeepAlive(burst) // dropped from here on
 	tr.run.Lock()
-	after := tr.estimateGo()
+	after := tr.estimateGo(true)
+	grown := tr.estimateGo(false)
 	tr.run.Unlock()
-	t.Logf("estimate before burst %d MiB, after %d MiB", before>>20, after>>20)
+	t.Logf("estimate before burst %d MiB, after %d MiB; without the floor %d MiB", before>>20, after>>20, grown>>20)
 	assert.GreaterOrEqual(t, after-before, int64(60<<20))
+
+	// Without a burst marked (a Request while nothing is pending), the
+	// live heap the GC saw is live: a heap grown since the floor was read
+	// is not garbage (issue 17 case 1: 826 MB estimated, 0.8 MiB released).
+	assert.Less(t, grown, after-int64(60<<20))
+}
+
+// A request with no burst pending does not take a heap grown since New for
+// garbage; one while a debounced trim is pending does (the burst).
+func TestRequestEstimateFloor(t *testing.T) {
+	tr, err := New(Config{NoCHeap: true, Delay: time.Hour})
+	require.NoError(t, err)
+	defer tr.Close()
+	debug.FreeOSMemory() // no free spans left by earlier tests
+	tr.run.Lock()
+	tr.liveFloor, tr.liveKnown = 1<<20, true // as read at New by a service that grows after Start
+	tr.run.Unlock()
+	grown := make([][]byte, 0, 1024)
+	for range 1024 {
+		grown = append(grown, make([]byte, 64<<10))
+	}
+	runtime.GC()
+	r := tr.Request(OriginPressure)
+	assert.False(t, r.Ran, "%+v", r)
+	assert.Less(t, r.Estimate, int64(32<<20), "the grown 64 MiB is live")
+	tr.AfterBurst()
+	r = tr.Request(OriginPressure)
+	assert.True(t, r.Ran, "%+v", r)
+	assert.GreaterOrEqual(t, r.Estimate, int64(60<<20), "a burst marked: the floor stands")
+	runtime.KeepAlive(grown)
 }
 
 type fakeCHeap struct {
