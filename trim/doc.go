@@ -30,11 +30,12 @@
 // below Config.MinRelease (default 8 MiB; an unknown C heap figure runs it),
 // the Go step below the larger of MinRelease and what its full GC is worth.
 // That GC marks the whole live heap whatever it releases, and its cost
-// follows the pointers to scan: 3 to 8 ms for 1 GiB of 64 KiB []byte
-// objects, 3.2 to 5 s for 1 GiB of 16.7M two-pointer nodes, measured here;
-// so the Go step must be expected to release ReleasePerCPUSecond (64 MiB)
-// per second of estimated GC CPU (12 ns per scannable byte,
-// /gc/scan/total:bytes, until a trim measures it). Skips are counted by
+// follows the pointers to scan: about 1 ms of CPU for 1 GiB of 64 KiB
+// []byte objects, about 0.5 s for 1 GiB of 16.7M two-pointer nodes,
+// measured here (TestScanCost); so the Go step must be expected to
+// release ReleasePerCPUSecond (64 MiB) per second of estimated GC CPU
+// (2 ns per scannable byte, /gc/scan/total:bytes, until a trim measures
+// it). Skips are counted by
 // reason (Stats.SkippedBy).
 //
 // One gate for every trim, whoever asks. Automatic trims other than the

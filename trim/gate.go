@@ -131,26 +131,29 @@ type Result struct {
 // The cost rule of the Go step. A trim's Go step is debug.FreeOSMemory: a
 // whole GC cycle, which marks the entire live heap whatever it then
 // releases. What that costs follows the pointers to scan, not the bytes:
-// measured on this repository's test machine (Go 1.26, 2 cores; the
-// program is in BENCHMARKS.md), a GC of 1 GiB live in 64 KiB []byte
-// objects (nothing to scan) took 3 to 8 ms, and one of 1 GiB in 16.7M
-// nodes of two pointers and 48 bytes (254 MiB scannable,
-// /gc/scan/total:bytes) took 3.2 to 5.0 s of GC CPU (see also
-// ../shared/MEASURED.md: about 4 s for that heap, 170 ms for 1 GiB of
-// 64 KiB objects beside small pointer-linked nodes). Hence:
+// measured on this repository's test machine (Go 1.26, 2 cores, loaded;
+// MEMCTL_SCAN_COST=1 go test ./trim -run TestScanCost -v), a full GC of
+// 1 GiB live in 64 KiB []byte objects (nothing to scan) is charged 0.7 to
+// 2.2 ms of CPU, one of 1 GiB in 16.7M nodes of two pointers and 48 bytes
+// (255 MiB scannable, /gc/scan/total:bytes) 0.47 to 0.49 s: 1.8 ns per
+// scannable byte. (Charged as a trim is, see Stats.LastCPU: at most the
+// process's CPU. The runtime/metrics GC figure alone read 0.5 to 1.1 s
+// there, and 3 to 6 s in a program beside other load: it counts GC
+// workers' time off the CPU; ../shared/MEASURED.md has about 4 s for that
+// heap and 170 ms for 1 GiB of 64 KiB objects beside small pointer-linked
+// nodes, from that figure.) Hence:
 //
-//	cost = ScanCost × /gc/scan/total:bytes
+//	cost = scan cost × /gc/scan/total:bytes
 //	need = max(MinRelease, cost × ReleasePerCPUSecond)
 //
 // and the Go step runs when the estimate of releasable bytes reaches need.
-// After each Go step that ran on at least 8 MiB of scannable heap, ScanCost
-// is replaced by what that trim actually cost per scannable byte, so the
-// rule follows the machine it runs on.
+// The scan cost is DefaultScanCost until a Go step runs on at least 8 MiB
+// of scannable heap; from then on it is what the last such trim was
+// charged per scannable byte, so the rule follows the machine it runs on.
 const (
-	// DefaultScanCost is the GC CPU per scannable byte assumed before the
-	// first trim calibrates it: 12 ns, the 3.2 s measured for 254 MiB
-	// scannable (above).
-	DefaultScanCost = 12 * time.Nanosecond
+	// DefaultScanCost is the CPU per scannable byte assumed before the
+	// first trim measures it: 2 ns, the 1.8 ns measured (above) rounded up.
+	DefaultScanCost = 2 * time.Nanosecond
 
 	// ReleasePerCPUSecond is the bytes a trim must be expected to release
 	// per second of CPU it costs: 64 MiB. The exchange rate is a
@@ -160,9 +163,9 @@ const (
 	// GC every 2 minutes and the scavenger then returns the pages on its
 	// own; half of that is counted). A CPU-second is then worth
 	// 4 GiB × 1 s / 60 s ≈ 68 MiB held for the minute; 64 MiB is that,
-	// rounded. With it, a trim of the 1 GiB pointer-rich heap above (3.2 s)
-	// runs only to release at least 205 MiB, one of a 20 MiB heap
-	// (a few ms) whenever MinRelease is reached.
+	// rounded. With it, a trim of the 1 GiB pointer-rich heap above
+	// (about 0.5 s) runs only to release at least 34 MiB; one of a heap
+	// with under 64 MiB scannable whenever MinRelease (8 MiB) is reached.
 	ReleasePerCPUSecond int64 = 64 << 20
 
 	// calibrateMinScan is the scannable heap from which a trim's CPU
