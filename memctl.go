@@ -159,7 +159,10 @@ type Report struct {
 
 // Stats is a snapshot of the controller's counters.
 type Stats struct {
-	// Trim holds the trimmer's counters (zero when trimming is off).
+	// Trim holds the trimmer's counters (zero when trimming is off):
+	// Trim.Origins[trim.OriginPressure] counts the trims asked for on
+	// kernel pressure, run and skipped, and their CPU, apart from the
+	// debounced ones; Trim.SkippedBy the skips by reason.
 	Trim trim.Stats
 	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
 	GoMemLimit int64

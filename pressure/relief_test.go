@@ -324,6 +324,9 @@ func skipLong(t *testing.T) {
 	if raceEnabled {
 		t.Skip("CPU figures: the race detector multiplies the GC's cost")
 	}
+	if !cgoEnabled {
+		t.Skip("runs once in CI, in the cgo build: nothing in it depends on cgo, and it takes 100 s")
+	}
 	if l, err := cgroupfs.Of(0); err != nil || l.Version != 1 {
 		t.Skipf("needs a cgroup v1 memory controller (this process: %+v, %v)", l, err)
 	}
@@ -487,12 +490,16 @@ func TestSystemdTriggerArmed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits up to 30 s for host-wide pressure")
 	}
+	if !cgoEnabled {
+		t.Skip("runs once in CI, in the cgo build: nothing in it depends on cgo")
+	}
 	if _, err := os.Stat("/proc/pressure/memory"); err != nil {
 		t.Skipf("the kernel has no PSI: %v", err)
 	}
 	if l, err := cgroupfs.Of(0); err != nil || l.Version != 1 {
 		t.Skipf("the neighbour needs a cgroup v1 memory controller (this process: %+v, %v)", l, err)
 	}
+	t.Parallel() // beside the 60 s scenarios: their pressure only helps
 	env := []string{"MEMORY_PRESSURE_WATCH=/proc/pressure/memory", "WAIT_S=30",
 		"MEMORY_PRESSURE_WRITE=" + base64.StdEncoding.EncodeToString([]byte("some 200000 2000000"))}
 	userns := childtest.Command(t, "armed", memctlUnset, env...)
