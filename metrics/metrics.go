@@ -200,7 +200,7 @@ var controllerMetrics = []metric[controller]{
 		func(c *controller) (float64, bool) { return c.report.TrimDelay.Seconds(), c.live }),
 	counter("memctl_trims_total", "Trims run.",
 		func(c *controller) int64 { return c.stats.Trim.Trims }),
-	counter("memctl_trims_skipped_total", "Due trims skipped because too little could be released.",
+	counter("memctl_trims_skipped_total", "Trims skipped by the gate, every origin and reason (see memctl_trims_skipped_reason_total).",
 		func(c *controller) int64 { return c.stats.Trim.Skipped }),
 	counter("memctl_trim_released_bytes_total", "Bytes the trims released to the OS (Go heap and C heap).",
 		func(c *controller) int64 { return c.stats.Trim.TotalReleased }),
