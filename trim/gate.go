@@ -6,7 +6,10 @@ import (
 	"log/slog"
 	"math"
 	"runtime/metrics"
+	"sync/atomic"
 	"time"
+
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 // Origin says who asked for a trim. Every origin but OriginByName goes
@@ -287,4 +290,48 @@ func (t *Trimmer) reportBadOrigin(o Origin) {
 			"trim: Request with an origin that is not automatic; treated as pressure, counted in Stats.Misuse, logged once",
 			slog.String("origin", o.String()))
 	}
+}
+
+// gcLive holds the live heap (/gc/heap/live:bytes) at the last two GC ends
+// the Trimmer saw, read by a hook at GC end (internal/gcend: no goroutine,
+// nothing while the process does not allocate; one runtime/metrics read
+// per cycle). A GC that runs during a burst counts the burst's objects as
+// live until the next GC, and a snapshot cannot tell them from a heap
+// that grew for good: the cycle before can. An idle service whose live
+// heap is the same at two GCs (the runtime forces one every 2 minutes)
+// has nothing the estimate takes for garbage; a burst the last GC saw in
+// flight is counted as releasable down to the GC before it.
+type gcLive struct {
+	last, prev atomic.Int64 // bytes; -1 before the first GC end seen
+}
+
+// watchGC starts the hook; Close stops it.
+func (t *Trimmer) watchGC() {
+	t.gc.last.Store(-1)
+	t.gc.prev.Store(-1)
+	t.gcSub = gcend.Subscribe(t.gcEnd)
+}
+
+// gcEnd runs at each GC end, on the runtime's cleanup goroutine.
+func (t *Trimmer) gcEnd() bool {
+	s := [...]metrics.Sample{{Name: metricHeapLive}}
+	metrics.Read(s[:])
+	if s[0].Value.Kind() == metrics.KindUint64 {
+		t.gc.prev.Store(t.gc.last.Load())
+		t.gc.last.Store(int64(min(s[0].Value.Uint64(), math.MaxInt64)))
+	}
+	return t.state.Load() != stateClosed
+}
+
+// previous returns the live heap at the GC end before the one that read
+// live (the current /gc/heap/live:bytes), or live when unknown.
+func (g *gcLive) previous(live int64) int64 {
+	last, prev := g.last.Load(), g.prev.Load()
+	switch {
+	case last == live && prev >= 0:
+		return prev
+	case last >= 0 && last != live:
+		return last // the hook has not run yet for the GC that read live
+	}
+	return live
 }

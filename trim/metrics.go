@@ -64,13 +64,14 @@ func freeOSMemory() int64 {
 // now, or -1 when runtime/metrics cannot be read; see Config.MinRelease.
 // floor says whether the live heap read right after the previous trim (or
 // at New) may stand for the live heap: only after a burst the program
-// marked (see trimLocked). t.run must be held.
+// marked (see trimLocked). Either way the live heap is the smaller of what
+// the last two GC cycles saw (see gcLive). t.run must be held.
 func (t *Trimmer) estimateGo(floor bool) int64 {
 	h, ok := readHeap()
 	if !ok {
 		return -1
 	}
-	live := h.live
+	live := min(h.live, t.gc.previous(h.live))
 	if floor && t.liveKnown {
 		live = min(live, t.liveFloor)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 const (
@@ -364,6 +365,9 @@ type Trimmer struct {
 	early      bool          // this pending period's trim starts at Delay/2
 	served     bool          // a Request ran this pending period's trim
 	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
+
+	gc    gcLive // the live heap at the last two GC ends (gate.go)
+	gcSub *gcend.Subscription
 }
 
 // Indexes of Trimmer.logOnce.
@@ -457,6 +461,7 @@ func New(cfg Config) (*Trimmer, error) {
 	if h, ok := readHeap(); ok {
 		t.liveFloor, t.liveKnown = h.live, true
 	}
+	t.watchGC()
 	if t.cheap != nil {
 		t.stats.CHeapAllocator = t.cheap.Allocator()
 	}
@@ -1003,6 +1008,7 @@ func (t *Trimmer) Close() error {
 		}
 	}
 	t.mu.Unlock()
+	t.gcSub.Stop()
 	t.ticks.Wait()
 	return nil
 }
