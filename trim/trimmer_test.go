@@ -475,7 +475,7 @@ func TestRequestEstimateFloor(t *testing.T) {
 	require.NoError(t, err)
 	defer tr.Close()
 	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // only the GCs of the test
-	debug.FreeOSMemory()                              // no free spans left by earlier tests
+	debug.FreeOSMemory()                             // no free spans left by earlier tests
 	waitHook := func() {
 		t.Helper()
 		require.Eventually(t, func() bool { h, _ := readHeap(); return tr.gc.last.Load() == h.live }, time.Second, time.Millisecond)
