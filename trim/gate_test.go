@@ -1,6 +1,7 @@
 package trim
 
 import (
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -287,4 +288,26 @@ func TestOriginAndReasonNames(t *testing.T) {
 		names = append(names, r.String())
 	}
 	assert.Equal(t, []string{"none", "min_release", "cost", "budget", "running", "closed"}, names)
+}
+
+// The GC-end hook's cost per cycle (one runtime/metrics read), against
+// reading the same sample alone, in the same run.
+func BenchmarkGCEndHook(b *testing.B) {
+	tr, err := New(Config{NoCHeap: true})
+	require.NoError(b, err)
+	defer tr.Close()
+	tr.gcSub.Stop() // the benchmark is the only caller of gcEnd
+	b.Run("hook", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tr.gcEnd()
+		}
+	})
+	b.Run("read", func(b *testing.B) {
+		b.ReportAllocs()
+		s := []metrics.Sample{{Name: metricHeapLive}}
+		for b.Loop() {
+			metrics.Read(s)
+		}
+	})
 }

@@ -109,13 +109,15 @@ type Config struct {
 	//     larger of MinRelease and what its full GC is worth (the cost
 	//     rule, see ReleasePerCPUSecond): /memory/classes/heap/free:bytes +
 	//     /memory/classes/heap/objects:bytes − live, where live is the
-	//     smaller of /gc/heap/live:bytes and the live heap read right after
-	//     the previous trim (or at New): a GC that ran during a burst counts
-	//     the burst's objects as live until the next GC, so after a burst
+	//     smaller of /gc/heap/live:bytes at the last two GC ends (a hook at
+	//     GC end reads it) and the live heap read right after the previous
+	//     trim (or at New): a GC that ran during a burst counts the burst's
+	//     objects as live until the next GC, so after a burst
 	//     the program marked (a debounced trim, TrimNow, a Request while one
 	//     is pending) the estimate errs on the side of trimming. A Request
-	//     with no burst pending takes /gc/heap/live:bytes alone, so that a
-	//     heap grown since the previous trim is not taken for garbage. When runtime/metrics cannot be read
+	//     with no burst pending leaves the previous trim's figure out, so
+	//     that a heap grown since then and seen live by two GCs is not
+	//     taken for garbage. When runtime/metrics cannot be read
 	//     the step runs.
 	//   - the C step runs when the C heap step's Retained reaches
 	//     MinRelease, or is unknown (-1).
@@ -381,8 +383,10 @@ const (
 )
 
 // New returns a Trimmer configured by cfg (the zero Config is the
-// default). The error names the invalid field and its value; New starts
-// nothing.
+// default). The error names the invalid field and its value. New starts
+// no goroutine or timer; it registers a hook at GC end (internal/gcend:
+// one runtime/metrics read per GC cycle, the live heap the estimate uses,
+// see Config.MinRelease) that Close removes.
 func New(cfg Config) (*Trimmer, error) {
 	c := cfg
 	switch {
