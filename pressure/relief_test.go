@@ -112,13 +112,16 @@ func sayStats(ctl *memctl.Controller, cpu0 time.Duration, s0 memctl.Stats) {
 // childPointerHeap (case 1): an idle service holding NODES pointer-rich
 // nodes, no garbage, for DURATION_S after READY.
 func childPointerHeap() {
-	ctl := startChild()
+	// The heap is built, and seen live by two GCs, before Start, so that
+	// the minute measured is the steady state of an idle service that has
+	// been up a while (the runtime forces a GC every 2 minutes), whatever
+	// the host's pressure while the heap grew: a pressure trim of a growing
+	// heap may run, as its new objects are not known to be live before a
+	// GC sees them (TestRequestEstimateFloor in package trim).
 	buildNodes(envInt("NODES"))
-	// An idle service that has been up a while has had the runtime's
-	// forced GC every 2 minutes: two GCs that saw the same live heap,
-	// which is then not taken for a burst (trim.gcLive).
 	runtime.GC()
 	runtime.GC()
+	ctl := startChild()
 	childtest.Say("READY", 1)
 	cpu0, s0 := cpuTime(), ctl.Stats()
 	time.Sleep(time.Duration(envInt("DURATION_S")) * time.Second)
@@ -127,23 +130,53 @@ func childPointerHeap() {
 	_ = ctl.Close()
 }
 
-// childReader (case 1's neighbour): reads FILE over and over for
-// DURATION_S, in its own small cgroup.
+// childReader (case 1's neighbour): READERS goroutines read FILE over
+// and over for DURATION_S, in its own small cgroup.
 func childReader() {
-	buf := make([]byte, 1<<20)
 	until := time.Now().Add(time.Duration(envInt("DURATION_S")) * time.Second)
 	childtest.Say("READY", 1)
-	var n int64
-	for time.Now().Before(until) {
-		f, err := os.Open(os.Getenv("FILE"))
-		if err != nil {
-			childtest.Fail("%v", err)
-		}
-		c, _ := io.CopyBuffer(io.Discard, f, buf)
-		n += c
-		f.Close()
+	var wg sync.WaitGroup
+	for range envInt("READERS") {
+		wg.Go(func() {
+			buf := make([]byte, 1<<20)
+			for time.Now().Before(until) {
+				f, err := os.Open(os.Getenv("FILE"))
+				if err != nil {
+					childtest.Fail("%v", err)
+				}
+				_, _ = io.CopyBuffer(io.Discard, f, buf)
+				f.Close()
+			}
+		})
 	}
-	childtest.Say("READ_BYTES", n)
+	wg.Wait()
+}
+
+// neighbour starts the page-cache reader of case 1 in its own 64 MiB v1
+// cgroup: three readers of a 512 MiB file, which held system PSI "some"
+// (avg10) at about 25% on this repository's test machine, above the
+// issue's 10-16% (one reader gave 3-4% here, two 6-15%).
+func neighbour(t *testing.T, secs int) *armChild {
+	t.Helper()
+	file := writeUncached(t, t.TempDir(), 512<<20)
+	reader := childtest.Command(t, "reader", nil, "FILE="+file, "READERS=3", "DURATION_S="+strconv.Itoa(secs))
+	newGroup(t, 64<<20).Wrap(reader)
+	return startArm(t, reader)
+}
+
+// psiSome returns the system-wide PSI "some" avg60 (percent), -1 unknown.
+func psiSome() float64 {
+	b, err := os.ReadFile("/proc/pressure/memory")
+	if err != nil {
+		return -1
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, "avg60="); ok {
+			x, _ := strconv.ParseFloat(v, 64)
+			return x
+		}
+	}
+	return -1
 }
 
 // childStreamer (case 2): a service with 64 MiB live in its 256 MiB
@@ -362,7 +395,6 @@ func TestNeighbourPageCacheCostsNothing(t *testing.T) {
 		t.Skipf("the kernel has no PSI: %v", err)
 	}
 	t.Parallel()
-	file := writeUncached(t, t.TempDir(), 512<<20)
 	dur := strconv.Itoa(reliefSecs)
 	heap := func(env ...string) *exec.Cmd {
 		return childtest.Command(t, "pointerheap", memctlUnset, append(env, "NODES=16700000", "DURATION_S="+dur)...)
@@ -370,10 +402,9 @@ func TestNeighbourPageCacheCostsNothing(t *testing.T) {
 	arm, ctl := startArm(t, heap()), startArm(t, heap("MEMCTL_PRESSURE=off"))
 	<-arm.ready
 	<-ctl.ready
-	reader := childtest.Command(t, "reader", nil, "FILE="+file, "DURATION_S="+strconv.Itoa(reliefSecs+5))
-	newGroup(t, 64<<20).Wrap(reader)
-	rd := startArm(t, reader)
+	rd := neighbour(t, reliefSecs+5)
 	a, c := arm.wait(t), ctl.wait(t)
+	some := psiSome()
 	_ = rd.cmd.Process.Kill()
 	t.Logf("memctl: %v", a)
 	t.Logf("control: %v", c)
@@ -384,9 +415,10 @@ func TestNeighbourPageCacheCostsNothing(t *testing.T) {
 	assert.Zero(t, num(t, a, "P_TRIMS"), "no pressure trim runs")
 	assert.Zero(t, num(t, a, "TRIMS"))
 	assert.Equal(t, num(t, a, "ACTED"), num(t, a, "P_SKIPPED"), "each action's trim is counted as skipped")
+	assert.Equal(t, num(t, a, "P_SKIPPED"), num(t, a, "SKIP_MIN_RELEASE")+num(t, a, "SKIP_COST"), "skipped by the estimate")
 	diff := num(t, a, "CPU_S") - num(t, c, "CPU_S")
-	t.Logf("case 1: CPU over %d s: memctl %.2f s, control %.2f s: %+.2f s (%.2f%% of one CPU); %v signals, %v actions, %v trims skipped (min_release %v, cost %v, budget %v), last estimate %v B",
-		reliefSecs, num(t, a, "CPU_S"), num(t, c, "CPU_S"), diff, 100*diff/reliefSecs,
+	t.Logf("case 1: CPU over %d s: memctl %.2f s, control %.2f s: %+.2f s (%.2f%% of one CPU); PSI some avg60 %.1f%%; %v signals, %v actions, %v trims skipped (min_release %v, cost %v, budget %v), last estimate %v B",
+		reliefSecs, num(t, a, "CPU_S"), num(t, c, "CPU_S"), diff, 100*diff/reliefSecs, some,
 		a["SIGNALS"], a["ACTED"], a["P_SKIPPED"], a["SKIP_MIN_RELEASE"], a["SKIP_COST"], a["SKIP_BUDGET"], a["LAST_ESTIMATE"])
 	assert.LessOrEqual(t, diff, 0.02*reliefSecs, "within 2% of one CPU of the control")
 }
@@ -413,9 +445,12 @@ func TestPageCacheAtLimitCostsNothing(t *testing.T) {
 	t.Logf("control: %v", c)
 	assert.Contains(t, a["SOURCE"], "cgroup v1")
 	require.Positive(t, num(t, a, "SIGNALS"), "the page cache filled the cgroup")
-	diff := num(t, a, "CPU_S") - num(t, c, "CPU_S")
-	t.Logf("case 2: CPU over %d s: memctl %.2f s, control %.2f s: %+.2f s (%.2f%% of one CPU); %v signals, %v actions, %v left to the kernel, %v pressure trims (%v s CPU, %v B released), %v skipped",
-		reliefSecs, num(t, a, "CPU_S"), num(t, c, "CPU_S"), diff, 100*diff/reliefSecs,
+	// The arms stream for the same time, not the same bytes: the
+	// control's CPU is scaled to the bytes memctl's arm streamed.
+	scaled := num(t, c, "CPU_S") * num(t, a, "STREAMED") / num(t, c, "STREAMED")
+	diff := num(t, a, "CPU_S") - scaled
+	t.Logf("case 2: CPU over %d s: memctl %.2f s, control %.2f s (%.2f s for memctl's %.1f GB against its %.1f GB): %+.2f s (%.2f%% of one CPU); %v signals, %v actions, %v left to the kernel, %v pressure trims (%v s CPU, %v B released), %v skipped",
+		reliefSecs, num(t, a, "CPU_S"), num(t, c, "CPU_S"), scaled, num(t, a, "STREAMED")/1e9, num(t, c, "STREAMED")/1e9, diff, 100*diff/reliefSecs,
 		a["SIGNALS"], a["ACTED"], a["LEFT"], a["P_TRIMS"], a["P_CPU_S"], a["P_RELEASED"], a["P_SKIPPED"])
 	assert.LessOrEqual(t, diff, 0.02*reliefSecs, "within 2% of one CPU of the control")
 	assert.LessOrEqual(t, num(t, a, "P_CPU_S"), 0.02*reliefSecs+0.5, "the pressure trims stay in the 2% budget")
@@ -515,10 +550,7 @@ func TestSystemdTriggerArmed(t *testing.T) {
 	p := startArm(t, plain)
 	<-u.ready
 	<-p.ready
-	file := writeUncached(t, t.TempDir(), 512<<20)
-	reader := childtest.Command(t, "reader", nil, "FILE="+file, "DURATION_S=35")
-	newGroup(t, 64<<20).Wrap(reader)
-	rd := startArm(t, reader)
+	rd := neighbour(t, 35)
 	ur, pr := u.wait(t), p.wait(t)
 	_ = rd.cmd.Process.Kill()
 	t.Logf("user namespace: %v", ur)
