@@ -40,8 +40,11 @@
 // 10% (never above the cgroup limit, kept by the refresh) for a minute; and
 // one goroutine blocked in poll(2) waits for the kernel's memory pressure
 // signal (PSI, the cgroup v1 pressure level, or systemd's
-// $MEMORY_PRESSURE_WATCH) and trims at once, at most every 2 s. Controller.Subscribe delivers both as
-// events. WithPressure configures it.
+// $MEMORY_PRESSURE_WATCH) and, at most every 2 s, when the memory under
+// pressure is mostly anonymous rather than page cache, asks for a trim
+// through the trimmer's one gate (trim.Trimmer.Request: skipped when too
+// little would be released for its GC, charged to the same 2% CPU budget).
+// Controller.Subscribe delivers both as events. WithPressure configures it.
 //
 // Why: a Go process that served a 1 GiB burst keeps about 1 GiB of RSS for
 // minutes, because freed pages go back to the OS only through the background

@@ -48,7 +48,8 @@ type config struct {
 
 // WithPressure configures the GC death-spiral detector and the kernel
 // memory-pressure watcher (package pressure). Start fills in what the
-// zero Config leaves to it: the logger, Trim (the trimmer's TrimNow), Shed
+// zero Config leaves to it: the logger, Trim (the trimmer's
+// Request(trim.OriginPressure), which passes the one trim gate), Shed
 // (limits.Shed: every pool refuses Grows past its ShedSize during a death
 // spiral), CancelLargest (limits.CancelLargest: pools configured with
 // CancelLargest cancel their largest request on kernel pressure), and
@@ -165,8 +166,12 @@ type Report struct {
 	ArenaMaxNote string
 	// Pressure names the kernel memory-pressure source watched (for
 	// example "cgroup v1 /sys/fs/cgroup/memory/app/memory.pressure_level
-	// low"), "none" when there is none.
-	Pressure string
+	// low"), "none" when there is none. The system-wide PSI is named
+	// "host-wide PSI ...", and PressureNote then says why the cgroup's own
+	// signal could not be used (a read-only cgroup mount, no memory
+	// controller, no limit; see pressure.Monitor.SourceNote).
+	Pressure     string
+	PressureNote string
 	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,
 	// MEMCTL_AUTOBURST); false when that or trimming is off.
 	AutoBurst bool
@@ -174,7 +179,10 @@ type Report struct {
 
 // Stats is a snapshot of the controller's counters.
 type Stats struct {
-	// Trim holds the trimmer's counters (zero when trimming is off).
+	// Trim holds the trimmer's counters (zero when trimming is off):
+	// Trim.Origins[trim.OriginPressure] counts the trims asked for on
+	// kernel pressure, run and skipped, and their CPU, apart from the
+	// debounced ones; Trim.SkippedBy the skips by reason.
 	Trim trim.Stats
 	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
 	GoMemLimit int64
@@ -350,7 +358,7 @@ func Start(opts ...Option) (*Controller, error) {
 	c.report.AutoBurst = c.auto != nil
 	c.report.CHeap = cheap.Detect().Allocator()
 	c.monitor = startPressure(cfg, c, fail)
-	c.report.Pressure = cmp.Or(c.monitor.Source(), "none")
+	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
 
 	if c.report.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
 		c.report.MemLimit.GoMemLimit = debug.SetMemoryLimit(-1)
@@ -388,6 +396,9 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("c_heap_stats", c.Stats().CHeap.String()),
 		slog.String("c_heaps", cmp.Or(strings.Join(c.Report().CHeaps, "; "), "none")),
 		slog.String("pressure", r.Pressure),
+	}
+	if r.PressureNote != "" {
+		attrs = append(attrs, slog.String("pressure_note", r.PressureNote))
 	}
 	if r.ArenaMax > 0 {
 		attrs = append(attrs, slog.String("arena_max", strconv.Itoa(r.ArenaMax)))
@@ -681,7 +692,8 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 }
 
 // pressureConfig fills what cfg.pressure leaves to the facade: the logger,
-// the trimmer's TrimNow as the trim, limits.Shed as the death spiral's
+// the trimmer's Request(trim.OriginPressure) as the trim (through the gate
+// of every trim: the estimate, the cost rule, the 2% CPU budget), limits.Shed as the death spiral's
 // shedding, limits.CancelLargest as the kernel pressure's cancel (it acts
 // on pools configured with CancelLargest), and, when GOMEMLIMIT came from the
 // cgroup, the cgroup limit as the ceiling of a GOMEMLIMIT lift, applied
@@ -690,7 +702,7 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 	pc := cfg.pressure
 	pc.Logger = cmpOr(pc.Logger, cfg.logger)
 	if tr := c.trimmer; pc.Trim == nil && tr != nil {
-		pc.Trim = func() { _, _ = tr.TrimNow() }
+		pc.Trim = func() { tr.Request(trim.OriginPressure) } // the gate of every trim, never TrimNow
 	}
 	if pc.Shed == nil {
 		pc.Shed = limits.Shed // pools refuse new large work during a death spiral

@@ -50,7 +50,8 @@ func TestStartWiresPressure(t *testing.T) {
 		if l.Bytes != cgroupfs.NoLimit {
 			assert.Contains(t, r.Pressure, "cgroup v1 "+l.Dir+"/memory.pressure_level")
 		} else if _, err := os.Stat("/proc/pressure/memory"); err == nil {
-			assert.Contains(t, r.Pressure, "system PSI", "a v1 cgroup without a limit: PSI")
+			assert.Contains(t, r.Pressure, "host-wide PSI", "a v1 cgroup without a limit: PSI")
+			assert.Contains(t, line["pressure_note"], "no memory limit", "the startup line says why")
 		}
 		assert.Equal(t, int64(-1), ctl.Stats().Pressure.MemoryEvents.OOMKill, "no memory.events in v1")
 	}

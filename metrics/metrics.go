@@ -36,7 +36,12 @@
 //	memctl_memory_limit_bytes                 gauge    the memory limit GOMEMLIMIT was derived from; absent when none was found
 //	memctl_trim_delay_seconds                 gauge    the trim delay; 0 when trimming is off
 //	memctl_trims_total                        counter  trims run
-//	memctl_trims_skipped_total                counter  due trims skipped: too little to release
+//	memctl_trims_skipped_total                counter  due or requested trims skipped (every origin and reason)
+//	memctl_trims_origin_total{origin}         counter  trims run, by origin: debounced, pressure, spiral, by_name (TrimNow)
+//	memctl_trims_origin_skipped_total{origin} counter  trims skipped, by origin
+//	memctl_trim_origin_cpu_seconds_total{origin} counter CPU charged to the trims, by origin
+//	memctl_trims_skipped_reason_total{reason} counter  trims skipped, by reason: min_release, cost, budget, running
+//	memctl_pressure_left_to_kernel_total      counter  kernel signals not acted on: the cgroup's memory was mostly page cache
 //	memctl_trim_released_bytes_total          counter  bytes the trims released (Go heap and C heap)
 //	memctl_trim_last_duration_seconds         gauge    wall time of the last trim; absent before the first
 //	memctl_trim_pending                       gauge    1 while a trim is scheduled
@@ -102,6 +107,7 @@ import (
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/pressure"
+	"github.com/memctl/memctl/trim"
 	"github.com/memctl/memctl/trim/cheap"
 )
 
@@ -227,7 +233,7 @@ var controllerMetrics = []metric[controller]{
 		func(c *controller) (float64, bool) { return c.report.TrimDelay.Seconds(), c.live }),
 	counter("memctl_trims_total", "Trims run.",
 		func(c *controller) int64 { return c.stats.Trim.Trims }),
-	counter("memctl_trims_skipped_total", "Due trims skipped because too little could be released.",
+	counter("memctl_trims_skipped_total", "Trims skipped by the gate, every origin and reason (see memctl_trims_skipped_reason_total).",
 		func(c *controller) int64 { return c.stats.Trim.Skipped }),
 	counter("memctl_trim_released_bytes_total", "Bytes the trims released to the OS (Go heap and C heap).",
 		func(c *controller) int64 { return c.stats.Trim.TotalReleased }),
@@ -274,6 +280,8 @@ var controllerMetrics = []metric[controller]{
 		func(c *controller) int64 { return c.stats.Trim.EarlyStarts }),
 	pressureEvents("spiral", func(s *pressure.Stats) int64 { return s.Spirals }),
 	pressureEvents("kernel", func(s *pressure.Stats) int64 { return s.Signals }),
+	counter("memctl_pressure_left_to_kernel_total", "Kernel pressure signals not acted on because the cgroup's memory was mostly reclaimable page cache (memory.stat).",
+		func(c *controller) int64 { return c.stats.Pressure.LeftToKernel }),
 	gauge("memctl_gc_death_spiral", "1 during a GC death-spiral episode.",
 		func(c *controller) (float64, bool) { return boolValue(c.stats.Pressure.InSpiral), c.live }),
 	gauge("memctl_gc_cpu_share", "The GC's share of the CPU over the death-spiral detector's window, at the last GC end (0 to 1).",
@@ -283,6 +291,28 @@ var controllerMetrics = []metric[controller]{
 }
 
 func init() {
+	for o := trim.Origin(0); o < trim.NumOrigins; o++ {
+		lv := []string{o.String()}
+		controllerMetrics = append(controllerMetrics,
+			metric[controller]{name: "memctl_trims_origin_total", kind: prometheus.CounterValue, labels: []string{"origin"},
+				help: "Trims run, by who asked: debounced (after AfterBurst), pressure (kernel memory pressure), spiral (GC death spiral), by_name (TrimNow).",
+				read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.Origins[o].Trims), lv, true }},
+			metric[controller]{name: "memctl_trims_origin_skipped_total", kind: prometheus.CounterValue, labels: []string{"origin"},
+				help: "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked.",
+				read: func(c *controller) (float64, []string, bool) {
+					return float64(c.stats.Trim.Origins[o].Skipped), lv, true
+				}},
+			metric[controller]{name: "memctl_trim_origin_cpu_seconds_total", kind: prometheus.CounterValue, labels: []string{"origin"},
+				help: "CPU time charged to the trims, in seconds, by who asked; all origins share the one 2% budget.",
+				read: func(c *controller) (float64, []string, bool) { return c.stats.Trim.Origins[o].CPU.Seconds(), lv, true }})
+	}
+	for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
+		lv := []string{r.String()}
+		controllerMetrics = append(controllerMetrics, metric[controller]{
+			name: "memctl_trims_skipped_reason_total", kind: prometheus.CounterValue, labels: []string{"reason"},
+			help: "Trims skipped, by reason: min_release (estimate under MinRelease), cost (not worth its GC), budget (2% CPU budget), running (another trim answered).",
+			read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.SkippedBy[r]), lv, true }})
+	}
 	for _, e := range memoryEvents {
 		controllerMetrics = append(controllerMetrics, metric[controller]{
 			name: "memctl_cgroup_memory_events_total", kind: prometheus.CounterValue, labels: []string{"event"},

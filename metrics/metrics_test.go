@@ -159,7 +159,21 @@ func TestControllerMetricsFollowTrims(t *testing.T) {
 	assert.Equal(t, want.TotalCPU.Seconds(), value(t, mfs, "memctl_trim_cpu_seconds_total"))
 	assert.Equal(t, float64(want.EarlyStarts), value(t, mfs, "memctl_trims_early_total"))
 	assert.Greater(t, value(t, mfs, "memctl_trim_cpu_seconds_total"), 0.0, "a trim costs CPU, and the rate limit counts it")
+	// By origin and reason, apart: the debounced trim is not a pressure trim.
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_trims_origin_total", "origin", "debounced"))
+	for o := trim.Origin(0); o < trim.NumOrigins; o++ {
+		ost := want.Origins[o]
+		assert.Equal(t, float64(ost.Trims), value(t, mfs, "memctl_trims_origin_total", "origin", o.String()))
+		assert.Equal(t, float64(ost.Skipped), value(t, mfs, "memctl_trims_origin_skipped_total", "origin", o.String()))
+		assert.Equal(t, ost.CPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", o.String()))
+	}
+	assert.Equal(t, 0.0, value(t, mfs, "memctl_trims_origin_total", "origin", "pressure"))
+	assert.Equal(t, want.TotalCPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", "debounced"))
+	for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
+		assert.Equal(t, float64(want.SkippedBy[r]), value(t, mfs, "memctl_trims_skipped_reason_total", "reason", r.String()))
+	}
 	ps := ctl.Stats().Pressure
+	assert.Equal(t, float64(ps.LeftToKernel), value(t, mfs, "memctl_pressure_left_to_kernel_total"))
 	assert.Equal(t, float64(ps.Signals), value(t, mfs, "memctl_pressure_events_total", "kind", "kernel"))
 	assert.Equal(t, float64(ps.Spirals), value(t, mfs, "memctl_pressure_events_total", "kind", "spiral"))
 

@@ -40,6 +40,13 @@ func TestMain(m *testing.M) {
 		"plain":  childPlain,
 		"v1trim": childV1Trim,
 		"thrash": childThrash,
+		// relief_test.go (issue 17)
+		"pointerheap": childPointerHeap,
+		"reader":      childReader,
+		"streamer":    childStreamer,
+		"owngarbage":  childOwnGarbage,
+		"armed":       childArmed,
+		"rocgroup":    childReadOnlyCgroup,
 	})
 }
 

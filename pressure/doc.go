@@ -30,18 +30,45 @@
 //
 // The watcher uses the first of these that applies: systemd's memory
 // pressure protocol ($MEMORY_PRESSURE_WATCH, $MEMORY_PRESSURE_WRITE; see
-// https://systemd.io/MEMORY_PRESSURE/), the cgroup's PSI trigger (cgroup v2
-// memory.pressure), the cgroup v1 memory.pressure_level through
-// cgroup.event_control and an eventfd, and the system-wide PSI trigger on
-// /proc/pressure/memory (Documentation/accounting/psi.rst). Its goroutine
+// https://systemd.io/MEMORY_PRESSURE/; a decoded trigger for a PSI file
+// gets its terminating NUL when it lacks one, and a value that is no PSI
+// trigger is a WARN naming the variable, then the next source), the
+// cgroup's PSI trigger (cgroup v2 memory.pressure), cgroup v2
+// memory.events (read-only, polled for the kernel's change notification,
+// its high, max, oom and oom_kill counters: for a read-only cgroup mount
+// where memory.pressure cannot be opened for writing), the cgroup v1
+// memory.pressure_level through cgroup.event_control and an eventfd, and
+// the system-wide PSI trigger on /proc/pressure/memory
+// (Documentation/accounting/psi.rst). The last is the whole host's
+// pressure, not the container's: it is named "host-wide PSI", and
+// Monitor.SourceNote (in memctl's startup line, pressure_note) says why
+// the cgroup's own signal could not be used: a read-only cgroup mount (the
+// Docker and Kubernetes default: EROFS), no memory controller, no limit. Its goroutine
 // blocks in poll(2) with no timeout while nothing happens; after it acts it
 // ignores the source for Config.MinInterval (the poll then has a timeout:
 // that is the only timer, and only under pressure), so that the v1 `low`
 // level, which fires hundreds of times a second at a cgroup's limit (2,523
 // signals in 10.5 s gave 11 actions at a 1 s interval here; see
-// TestV1LevelRateLimited), gives one action per interval. To act is to
-// call Config.Trim, then Config.CancelLargest, and to publish a KindKernel
-// event.
+// TestV1LevelRateLimited), gives one action per interval.
+//
+// It acts only on the pressure the process can relieve. On each signal it
+// reads what the memory under pressure is made of (Makeup): the watched
+// cgroup's memory.stat, anonymous memory ("anon", v1 "total_rss") against
+// reclaimable page cache ("active_file" + "inactive_file"), or
+// /proc/meminfo for host-wide PSI. While a cgroup's page cache is at least
+// its anonymous memory, the kernel is reclaiming cache at the limit, which
+// is its job and no fault of the Go heap: the signal is left to the
+// kernel (Stats.LeftToKernel). Otherwise it calls Config.Trim, which the
+// facade routes through the trimmer's one gate (trim.Trimmer.Request: no
+// trim with too little to release for its cost, none past the 2% CPU
+// budget), then Config.CancelLargest only when anonymous memory is the
+// problem (a host-wide signal with mostly cache asks for the trim alone,
+// Stats.CancelsHeld), and publishes a KindKernel event. Measured here
+// (TestNeighbourPageCacheCostsNothing, TestPageCacheAtLimitCostsNothing):
+// a neighbour's page cache and a cgroup filled with page cache cost a
+// service with memctl no more CPU than its control with
+// MEMCTL_PRESSURE=off, while its own 180 MiB of garbage at its cgroup's
+// limit is trimmed at the first signal (TestOwnGarbagePressureTrims).
 //
 // # Subscription
 //

@@ -132,12 +132,18 @@ type Config struct {
 
 	// Watch selects the kernel pressure source. Default: WatchAuto.
 	Watch Watch
-	// Trim is called on a kernel signal, in the watcher's goroutine, to
-	// return freed memory at once (the facade passes the trimmer's TrimNow).
+	// Trim is called on a kernel signal that the process can relieve (see
+	// Makeup.Anonymous; for host-wide PSI on every signal), in the
+	// watcher's goroutine, to return freed memory. It must pass the gate of
+	// every trim: the facade passes the trimmer's
+	// Request(trim.OriginPressure), which skips a trim with too little to
+	// release or past the 2% CPU budget, never a forced TrimNow.
 	// Default: nil.
 	Trim func()
-	// CancelLargest is called on a kernel signal after Trim, to cancel the
-	// largest request in flight. Default: nil.
+	// CancelLargest is called after Trim on a kernel signal whose memory
+	// is mostly anonymous (Makeup.Anonymous: more anonymous memory than
+	// reclaimable page cache, for host-wide PSI in /proc/meminfo), to
+	// cancel the largest request in flight. Default: nil.
 	CancelLargest func()
 	// MinInterval is the least time between two actions on kernel signals,
 	// in [100ms, 1m]; signals in between are counted and coalesced.
@@ -149,6 +155,10 @@ type Config struct {
 	// of 2 s need CAP_SYS_RESOURCE. Default: DefaultStall (200 ms) and
 	// DefaultStallWindow (2 s).
 	Stall, StallWindow time.Duration
+
+	// makeup replaces the reading of what the memory under pressure is
+	// made of; for tests (export_test.go).
+	makeup func() (Makeup, error)
 }
 
 // Kind is the kind of an Event.
@@ -194,6 +204,10 @@ type Event struct {
 	// coalesced during MinInterval).
 	Source  string
 	Signals int64
+	// Makeup is what the memory under pressure was made of when the
+	// watcher acted (KindKernel): anonymous memory and reclaimable page
+	// cache, -1 when unknown.
+	Makeup Makeup
 }
 
 // MemoryEvents are the cgroup v2 memory.events counters (see the kernel's
@@ -219,9 +233,17 @@ type Stats struct {
 	// lifted by now, 0 when it is not.
 	Lifts  int64
 	Lifted int64
-	// Signals counts kernel signals, Acted the actions taken on them.
+	// Signals counts kernel signals, Acted the actions taken on them (at
+	// most one per MinInterval; each asks for a trim through its gate).
 	Signals int64
 	Acted   int64
+	// LeftToKernel counts the times the watcher did not act on a cgroup's
+	// signal because its memory was mostly reclaimable page cache (see
+	// Makeup.Anonymous): the kernel reclaiming cache at the limit, which
+	// neither a trim nor a cancel relieves. CancelsHeld counts host-wide
+	// signals acted on without CancelLargest for the same reason.
+	LeftToKernel int64
+	CancelsHeld  int64
 	// Dropped counts events not delivered because a subscriber's channel
 	// was full.
 	Dropped int64
@@ -251,6 +273,7 @@ type Monitor struct {
 
 	spirals, lifts, lifted  atomic.Int64
 	signals, acted, dropped atomic.Int64
+	leftToKernel, held      atomic.Int64
 	inSpiral                atomic.Bool
 	lastShare               atomic.Uint64 // float64 bits
 	lastLive, lastCycles    atomic.Int64
@@ -332,12 +355,27 @@ func (c *Config) fill() error {
 	return errors.Join(errs...)
 }
 
-// Source names the kernel source watched, "" when none.
+// Source names the kernel source watched, "" when none. The system-wide
+// PSI is named "host-wide PSI ...": it is the whole host's pressure, not
+// the container's (see SourceNote).
 func (m *Monitor) Source() string {
 	if m == nil || m.watch == nil {
 		return ""
 	}
 	return m.watch.name
+}
+
+// SourceNote says, when the source is the host-wide PSI, why the
+// process's own cgroup could not be watched: "read-only cgroup mount", "no
+// memory controller", "no memory limit" (cgroup v1, whose pressure level
+// then fires on any reclaim of the host's cache), "the cgroup's own source
+// failed" or "Config.Watch is WatchSystem", followed by the errors; ""
+// for any other source.
+func (m *Monitor) SourceNote() string {
+	if m == nil || m.watch == nil {
+		return ""
+	}
+	return m.watch.note
 }
 
 // Subscribe returns a channel that receives every event from now on, with
@@ -399,17 +437,19 @@ func (m *Monitor) Stats() Stats {
 		return Stats{MemoryEvents: MemoryEvents{-1, -1, -1, -1, -1, -1}}
 	}
 	s := Stats{
-		Source:   m.Source(),
-		Spirals:  m.spirals.Load(),
-		InSpiral: m.inSpiral.Load(),
-		GCShare:  math.Float64frombits(m.lastShare.Load()),
-		LiveHeap: m.lastLive.Load(),
-		GCCycles: m.lastCycles.Load(),
-		Lifts:    m.lifts.Load(),
-		Lifted:   m.lifted.Load(),
-		Signals:  m.signals.Load(),
-		Acted:    m.acted.Load(),
-		Dropped:  m.dropped.Load(),
+		Source:       m.Source(),
+		Spirals:      m.spirals.Load(),
+		InSpiral:     m.inSpiral.Load(),
+		GCShare:      math.Float64frombits(m.lastShare.Load()),
+		LiveHeap:     m.lastLive.Load(),
+		GCCycles:     m.lastCycles.Load(),
+		Lifts:        m.lifts.Load(),
+		Lifted:       m.lifted.Load(),
+		Signals:      m.signals.Load(),
+		Acted:        m.acted.Load(),
+		LeftToKernel: m.leftToKernel.Load(),
+		CancelsHeld:  m.held.Load(),
+		Dropped:      m.dropped.Load(),
 	}
 	s.MemoryEvents = MemoryEvents{-1, -1, -1, -1, -1, -1}
 	if m.events != "" {
@@ -456,14 +496,28 @@ func (m *Monitor) Close() error {
 
 var bg = context.Background()
 
-// act answers kernel signals: Trim, CancelLargest, then the event.
-func (m *Monitor) act(source string, signals int64) {
+// act answers kernel signals of w with what the process can relieve, mk
+// being what the memory under pressure is made of: a cgroup's signal while
+// its memory is mostly page cache is left to the kernel (false);
+// otherwise Trim (through its gate), CancelLargest when the memory is
+// mostly anonymous, then the event (true).
+func (m *Monitor) act(w *watcher, signals int64, mk Makeup) bool {
+	anon := mk.Anonymous()
+	if !anon && !w.hostWide {
+		m.leftToKernel.Add(1)
+		return false
+	}
 	m.acted.Add(1)
 	if m.cfg.Trim != nil {
 		m.cfg.Trim()
 	}
 	if m.cfg.CancelLargest != nil {
-		m.cfg.CancelLargest()
+		if anon {
+			m.cfg.CancelLargest()
+		} else {
+			m.held.Add(1)
+		}
 	}
-	m.publish(Event{Kind: KindKernel, Time: time.Now(), Source: source, Signals: signals})
+	m.publish(Event{Kind: KindKernel, Time: time.Now(), Source: w.name, Signals: signals, Makeup: mk})
+	return true
 }

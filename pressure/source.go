@@ -1,8 +1,10 @@
 package pressure
 
 import (
+	"bytes"
 	"encoding/base64"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -14,6 +16,7 @@ const (
 	srcPSI     sourceKind = iota + 1 // write a trigger, poll POLLPRI
 	srcV1Level                       // cgroup.event_control + eventfd
 	srcSystemd                       // $MEMORY_PRESSURE_WATCH
+	srcEvents                        // cgroup v2 memory.events, read-only, poll POLLPRI
 )
 
 // source is a kernel pressure source to open.
@@ -25,6 +28,10 @@ type source struct {
 	// systemd's decoded $MEMORY_PRESSURE_WRITE); empty: nothing.
 	write []byte
 	name  string
+	// dir is the cgroup directory the source belongs to ("" for the
+	// host-wide PSI and systemd's); hostWide marks the host-wide PSI.
+	dir      string
+	hostWide bool
 }
 
 // psiTrigger returns the PSI trigger "some STALL_US WINDOW_US" with its
@@ -64,4 +71,47 @@ func systemdSource(getenv func(string) string) (s source, ok, off bool, err erro
 		s.write = b
 	}
 	return s, true, false, nil
+}
+
+// The kernel's bounds of a PSI trigger's window (kernel/sched/psi.c
+// WINDOW_MIN_US, WINDOW_MAX_US).
+const (
+	psiWindowMinUS = 500_000
+	psiWindowMaxUS = 10_000_000
+)
+
+// systemdTrigger checks that b, the decoded $MEMORY_PRESSURE_WRITE for a
+// PSI file, is a PSI trigger ("some|full STALL_US WINDOW_US", the window in
+// [500000, 10000000] µs, the stall in (0, window]) and returns it with its
+// terminating NUL, appended when b lacks it. systemd writes the value as
+// given (https://systemd.io/MEMORY_PRESSURE/), and the kernel overwrites
+// the last byte written with NUL (psi_write): a value written by hand
+// without one, "some 200000 2000000", is armed as "some 200000 200000" (a
+// 100% stall threshold) by a writer with CAP_SYS_RESOURCE and refused with
+// EINVAL by others. A trailing newline (echo ... | base64) is dropped
+// too. The error names the variable and quotes the value.
+func systemdTrigger(b []byte) ([]byte, error) {
+	t := bytes.TrimSuffix(bytes.TrimSuffix(b, []byte{0}), []byte{'\n'}) // echo | base64 ends in a newline
+	bad := func(why string) error {
+		return fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE decodes to %q, not a PSI trigger (want \"some|full STALL_US WINDOW_US\"): %s", b, why)
+	}
+	f := strings.Split(string(t), " ")
+	if len(f) != 3 || (f[0] != "some" && f[0] != "full") {
+		return nil, bad("want three fields, the first some or full")
+	}
+	var us [2]int64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || v[0] == '+' {
+			return nil, bad(fmt.Sprintf("%q is not a count of microseconds", v))
+		}
+		us[i] = n
+	}
+	switch stall, window := us[0], us[1]; {
+	case window < psiWindowMinUS || window > psiWindowMaxUS:
+		return nil, bad(fmt.Sprintf("window %d µs is not in [%d, %d]", window, psiWindowMinUS, psiWindowMaxUS))
+	case stall == 0 || stall > window:
+		return nil, bad(fmt.Sprintf("stall %d µs is not in (0, %d]", stall, window))
+	}
+	return append(append([]byte(nil), t...), 0), nil
 }

@@ -1,6 +1,7 @@
 package pressure
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,8 +29,17 @@ const v1Level = "low"
 // watcher is the kernel watcher: one goroutine blocked in poll(2) on the
 // source's fd and on wake, an eventfd that close writes to.
 type watcher struct {
-	m      *Monitor
-	name   string
+	m    *Monitor
+	name string
+	// note says why the process's own cgroup is not watched, when the
+	// source is host-wide ("" otherwise).
+	note string
+	// hostWide is set for the system-wide PSI: the host's pressure.
+	hostWide bool
+	// makeup reads what the memory under pressure is made of.
+	makeup func() (Makeup, error)
+	// last are the memory.events counters last read (srcEvents).
+	last   cgroupfs.Events
 	fd     int
 	others []int // fds held open for the source (the v1 pressure_level)
 	events int16 // POLLPRI (PSI) or POLLIN (eventfd, FIFO, socket)
@@ -61,36 +71,58 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		}
 	}
 	systemdFailed := len(why) > 0 // $MEMORY_PRESSURE_* set but unusable
+	own := ""                     // the process's memory cgroup directory, "" when none
+	var ownWhy []error
 	if w == WatchAuto || w == WatchCgroup {
 		l, err := cgroupfs.Of(0)
 		switch {
 		case err != nil:
+			ownWhy = append(ownWhy, ownError{errNoController, err})
 			why = append(why, err)
 		case l.Version == 2:
+			own = l.Dir
 			p := filepath.Join(l.Dir, "memory.pressure")
-			cands = append(cands, source{kind: srcPSI, path: p, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow),
+			cands = append(cands, source{kind: srcPSI, path: p, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow), dir: l.Dir,
 				name: fmt.Sprintf("cgroup v2 PSI %s (some %v in %v)", p, m.cfg.Stall, m.cfg.StallWindow)})
+			if l.Bytes != cgroupfs.NoLimit {
+				// Read-only: usable where memory.pressure cannot be opened
+				// for writing (a read-only cgroup mount).
+				e := filepath.Join(l.Dir, "memory.events")
+				cands = append(cands, source{kind: srcEvents, path: e, dir: l.Dir,
+					name: fmt.Sprintf("cgroup v2 %s (high, max, oom)", e)})
+			}
 		case l.Bytes == cgroupfs.NoLimit && w == WatchAuto:
 			// No limit: "low" then fires on any reclaim of the host's page
 			// cache, which a busy host does all the time; PSI measures stalls.
-			why = append(why, fmt.Errorf("pressure: cgroup v1 %s has no memory limit: watching PSI instead", l.Dir))
+			own = l.Dir
+			e := ownError{errNoLimit, fmt.Errorf("pressure: cgroup v1 %s has no memory limit: watching PSI instead", l.Dir)}
+			ownWhy, why = append(ownWhy, e), append(why, e)
 		default:
-			cands = append(cands, source{kind: srcV1Level, path: l.Dir,
+			own = l.Dir
+			cands = append(cands, source{kind: srcV1Level, path: l.Dir, dir: l.Dir,
 				name: fmt.Sprintf("cgroup v1 %s/memory.pressure_level %s", l.Dir, v1Level)})
 		}
 	}
 	if w == WatchAuto || w == WatchSystem {
-		cands = append(cands, source{kind: srcPSI, path: procPressure, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow),
-			name: fmt.Sprintf("system PSI %s (some %v in %v)", procPressure, m.cfg.Stall, m.cfg.StallWindow)})
+		cands = append(cands, source{kind: srcPSI, path: procPressure, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow), hostWide: true,
+			name: fmt.Sprintf("host-wide PSI %s (some %v in %v)", procPressure, m.cfg.Stall, m.cfg.StallWindow)})
 	}
 	for _, s := range cands {
 		wt, err := openSource(s)
 		if err != nil {
 			why = append(why, err)
+			if s.kind != srcSystemd {
+				ownWhy = append(ownWhy, err)
+			}
 			systemdFailed = systemdFailed || s.kind == srcSystemd
 			continue
 		}
 		wt.m = m
+		wt.hostWide = s.hostWide
+		wt.makeup = makeupFunc(m, s, own)
+		if s.hostWide {
+			wt.note = hostWideNote(w, ownWhy)
+		}
 		wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 		if err != nil {
 			wt.closeFDs()
@@ -127,6 +159,8 @@ func openSource(s source) (*watcher, error) {
 		err = w.openV1(s.path)
 	case srcSystemd:
 		err = w.openSystemd(s.path, s.write)
+	case srcEvents:
+		err = w.openEvents(s.path)
 	}
 	if err != nil {
 		w.closeFDs()
@@ -204,7 +238,14 @@ func (w *watcher) openSystemd(path string, write []byte) error {
 		}
 		w.fd, w.events = fd, unix.POLLIN
 	default:
-		return w.openPSI(path, write)
+		if len(write) == 0 {
+			return fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q is a PSI file and $MEMORY_PRESSURE_WRITE is empty: no trigger to arm", path)
+		}
+		trig, err := systemdTrigger(write)
+		if err != nil {
+			return err
+		}
+		return w.openPSI(path, trig)
 	}
 	if len(write) > 0 {
 		if _, err := unix.Write(w.fd, write); err != nil {
@@ -225,6 +266,8 @@ func (w *watcher) drain() int64 {
 			return 0
 		}
 		return int64(min(binary.NativeEndian.Uint64(b[:]), 1<<62))
+	case w.kind == srcEvents:
+		return w.readEvents()
 	case w.events == unix.POLLIN:
 		var b [512]byte
 		got := int64(0)
@@ -253,7 +296,7 @@ func (w *watcher) run() {
 	fds := []unix.PollFd{{Fd: int32(w.fd), Events: w.events}, {Fd: int32(w.wake), Events: unix.POLLIN}}
 	var until time.Time // end of the quiet interval; zero: none
 	inPressure := false
-	var stretchSignals, stretchActs int64
+	var stretchSignals, stretchActs, stretchLeft int64
 	for {
 		timeout := -1
 		fds[0].Fd = int32(w.fd)
@@ -282,11 +325,15 @@ func (w *watcher) run() {
 			if timeout == 0 && inPressure {
 				inPressure = false
 				m.log.LogAttrs(bg, slog.LevelInfo, "memctl: kernel memory pressure eased", slog.String("source", w.name),
-					slog.Int64("signals", stretchSignals), slog.Int64("actions", stretchActs))
+					slog.Int64("signals", stretchSignals), slog.Int64("actions", stretchActs),
+					slog.Int64("left_to_kernel", stretchLeft))
 			}
 			continue
 		}
 		re := fds[0].Revents
+		if w.kind == srcEvents && re&unix.POLLPRI != 0 {
+			re &^= unix.POLLERR // kernfs signals a change with POLLERR|POLLPRI
+		}
 		if re&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 || re&w.events == 0 {
 			m.log.Warn("memctl: memory pressure watcher stopped: source gone", "source", w.name, "revents", re)
 			return
@@ -301,12 +348,21 @@ func (w *watcher) run() {
 		}
 		m.signals.Add(got)
 		stretchSignals += got
+		mk, mkErr := w.makeup()
 		if !inPressure {
-			inPressure, stretchSignals, stretchActs = true, got, 0
-			m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure: trimming", slog.String("source", w.name))
+			inPressure, stretchSignals, stretchActs, stretchLeft = true, got, 0, 0
+			attrs := []slog.Attr{slog.String("source", w.name), slog.Int64("anon_bytes", mk.Anon),
+				slog.Int64("page_cache_bytes", mk.Cache), slog.String("makeup_from", mk.From)}
+			if mkErr != nil {
+				attrs = append(attrs, slog.Any("makeup_error", mkErr))
+			}
+			m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure", attrs...)
 		}
-		stretchActs++
-		m.act(w.name, got)
+		if m.act(w, got, mk) {
+			stretchActs++
+		} else {
+			stretchLeft++
+		}
 		until = time.Now().Add(m.cfg.MinInterval)
 	}
 }
@@ -326,4 +382,107 @@ func (w *watcher) closeFDs() {
 			_ = unix.Close(fd)
 		}
 	}
+}
+
+// Why the process's own cgroup is not watched (hostWideNote).
+var (
+	errNoController = errors.New("no memory controller")
+	errNoLimit      = errors.New("no memory limit")
+)
+
+// ownError is a reason (errNoController, errNoLimit) with its detail; its
+// text is the detail alone, the reason leads the note.
+type ownError struct{ reason, detail error }
+
+func (e ownError) Error() string   { return e.detail.Error() }
+func (e ownError) Unwrap() []error { return []error{e.reason, e.detail} }
+
+// hostWideNote says why the host-wide PSI is watched instead of the
+// process's own cgroup: the read-only mount, no memory controller, no
+// limit, or the Config, followed by the errors.
+func hostWideNote(w Watch, ownWhy []error) string {
+	if w == WatchSystem {
+		return "Config.Watch is WatchSystem"
+	}
+	reason := "no memory controller"
+	for _, err := range ownWhy {
+		switch {
+		case errors.Is(err, unix.EROFS):
+			reason = "read-only cgroup mount"
+		case errors.Is(err, errNoLimit) && reason != "read-only cgroup mount":
+			reason = "no memory limit"
+		case errors.Is(err, errNoController):
+		default:
+			if reason == "no memory controller" {
+				reason = "the cgroup's own source failed"
+			}
+		}
+	}
+	if len(ownWhy) == 0 {
+		return reason
+	}
+	return reason + ": " + errors.Join(ownWhy...).Error()
+}
+
+// makeupFunc returns how the watcher of s reads what the memory under
+// pressure is made of: the watched cgroup's memory.stat (for a systemd
+// source, the process's own cgroup, own, when known), the host's
+// /proc/meminfo for host-wide PSI.
+func makeupFunc(m *Monitor, s source, own string) func() (Makeup, error) {
+	if m.cfg.makeup != nil {
+		return m.cfg.makeup
+	}
+	dir := s.dir
+	if s.kind == srcSystemd {
+		if l, err := cgroupfs.Of(0); err == nil {
+			dir = l.Dir
+		} else {
+			dir = own
+		}
+	}
+	if s.hostWide || dir == "" {
+		return func() (Makeup, error) { return meminfoMakeup("/proc/meminfo") }
+	}
+	return func() (Makeup, error) { return cgroupMakeup(dir) }
+}
+
+// openEvents opens a cgroup v2 memory.events file read-only: the kernel
+// signals a change of its counters with POLLPRI (kernfs_notify), no write
+// needed (Documentation/admin-guide/cgroup-v2.rst: "A value change in this
+// file generates a file modified event").
+func (w *watcher) openEvents(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "pressure: open", Path: path, Err: err}
+	}
+	w.fd, w.events = fd, unix.POLLPRI
+	e, err := w.preadEvents()
+	if err != nil {
+		return err
+	}
+	w.last = e
+	return nil
+}
+
+// preadEvents reads the memory.events counters from the start of w.fd
+// (which also clears kernfs's change flag for the next poll).
+func (w *watcher) preadEvents() (cgroupfs.Events, error) {
+	var b [1024]byte
+	n, err := unix.Pread(w.fd, b[:], 0)
+	if err != nil {
+		return cgroupfs.Events{}, fmt.Errorf("pressure: read %s: %w", w.name, err)
+	}
+	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.name)
+}
+
+// readEvents returns the growth of the counters that mean pressure
+// (eventsGrowth) since the last read.
+func (w *watcher) readEvents() int64 {
+	e, err := w.preadEvents()
+	if err != nil {
+		return 0
+	}
+	d := eventsGrowth(w.last, e)
+	w.last = e
+	return d
 }

@@ -3,7 +3,10 @@
 package pressure
 
 // watcher is the kernel watcher; there is none off Linux.
-type watcher struct{ name string }
+type watcher struct {
+	name, note string
+	hostWide   bool
+}
 
 func startWatcher(*Monitor, func(string) string) (*watcher, error) { return nil, ErrNoSource }
 

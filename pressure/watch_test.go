@@ -60,6 +60,9 @@ func TestSystemPSITrigger(t *testing.T) {
 	var trims atomic.Int64
 	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchSystem, SpiralOff: true, Logger: discard,
 		Trim: func() { trims.Add(1) }})
+	if m != nil {
+		assert.Equal(t, "Config.Watch is WatchSystem", m.SourceNote())
+	}
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		t.Skipf("PSI is disabled (psi=0): %v", err)
 	}
@@ -68,7 +71,7 @@ func TestSystemPSITrigger(t *testing.T) {
 	}
 	require.NoError(t, err)
 	defer m.Close()
-	assert.Equal(t, "system PSI /proc/pressure/memory (some 200ms in 2s)", m.Source())
+	assert.Equal(t, "host-wide PSI /proc/pressure/memory (some 200ms in 2s)", m.Source())
 	ch, _ := m.Subscribe(16)
 
 	g := cgrouptest.New(t, 256<<20)
@@ -100,7 +103,7 @@ func TestPSITriggerWindows(t *testing.T) {
 		Stall: 50 * time.Millisecond, StallWindow: 500 * time.Millisecond})
 	if hasCap(t, unix.CAP_SYS_RESOURCE) {
 		require.NoError(t, err)
-		assert.Equal(t, "system PSI /proc/pressure/memory (some 50ms in 500ms)", m.Source())
+		assert.Equal(t, "host-wide PSI /proc/pressure/memory (some 50ms in 500ms)", m.Source())
 	} else {
 		t.Log("no CAP_SYS_RESOURCE: a 500 ms window must be refused")
 		require.ErrorIs(t, err, unix.EINVAL)
@@ -135,8 +138,9 @@ func TestSystemdFIFO(t *testing.T) {
 	t.Setenv("MEMORY_PRESSURE_WATCH", fifo)
 	t.Setenv("MEMORY_PRESSURE_WRITE", "")
 	var trims, cancels atomic.Int64
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true, Logger: discard,
-		Trim: func() { trims.Add(1) }, CancelLargest: func() { cancels.Add(1) }, MinInterval: 100 * time.Millisecond})
+	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true, Logger: discard,
+		Trim: func() { trims.Add(1) }, CancelLargest: func() { cancels.Add(1) }, MinInterval: 100 * time.Millisecond},
+		pressure.AnonMakeup))
 	require.NoError(t, err)
 	defer m.Close()
 	assert.Equal(t, "systemd "+fifo, m.Source(), "systemd's variables win over the cgroup")
@@ -170,7 +174,8 @@ func TestSystemdSocket(t *testing.T) {
 	defer ln.Close()
 	t.Setenv("MEMORY_PRESSURE_WATCH", sock)
 	t.Setenv("MEMORY_PRESSURE_WRITE", base64.StdEncoding.EncodeToString([]byte("some 150000 2000000")))
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard},
+		pressure.AnonMakeup))
 	require.NoError(t, err)
 	defer m.Close()
 	conn, err := ln.Accept()
@@ -242,8 +247,10 @@ func TestV1LevelRateLimited(t *testing.T) {
 	}
 	defer goleak.VerifyNone(t)
 	var trims atomic.Int64
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchCgroup, SpiralOff: true, Logger: discard,
-		MinInterval: time.Second, Trim: func() { trims.Add(1) }})
+	// The makeup is fixed as anonymous: this test is about the rate limit
+	// (TestMakeup* are about the makeup).
+	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchCgroup, SpiralOff: true, Logger: discard,
+		MinInterval: time.Second, Trim: func() { trims.Add(1) }}, pressure.AnonMakeup))
 	require.NoError(t, err)
 	defer m.Close()
 	g := cgrouptest.New(t, 256<<20)
@@ -276,4 +283,100 @@ func TestAutoFallsBack(t *testing.T) {
 	assert.NotContains(t, m.Source(), "systemd")
 	assert.Contains(t, buf.String(), "memory pressure source skipped")
 	assert.Contains(t, buf.String(), missing)
+}
+
+// A cgroup's signal while its memory is mostly page cache is left to the
+// kernel: no trim, no cancel, no event, counted in Stats.LeftToKernel; the
+// same signal with anonymous memory acts.
+func TestLeftToKernel(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	fifo := filepath.Join(t.TempDir(), "memory-pressure")
+	require.NoError(t, unix.Mkfifo(fifo, 0o600))
+	t.Setenv("MEMORY_PRESSURE_WATCH", fifo)
+	t.Setenv("MEMORY_PRESSURE_WRITE", "")
+	var trims, cancels atomic.Int64
+	var cache atomic.Bool
+	cache.Store(true)
+	makeup := func() (pressure.Makeup, error) {
+		if cache.Load() {
+			return pressure.Makeup{Anon: 64 << 20, Cache: 180 << 20, From: "test"}, nil
+		}
+		return pressure.AnonMakeup()
+	}
+	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard,
+		Trim: func() { trims.Add(1) }, CancelLargest: func() { cancels.Add(1) }, MinInterval: 100 * time.Millisecond}, makeup))
+	require.NoError(t, err)
+	defer m.Close()
+	ch, _ := m.Subscribe(4)
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer w.Close()
+	_, err = w.Write([]byte("x"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return m.Stats().LeftToKernel == 1 }, 5*time.Second, 10*time.Millisecond)
+	s := m.Stats()
+	assert.Equal(t, int64(1), s.Signals)
+	assert.Zero(t, s.Acted)
+	assert.Zero(t, trims.Load())
+	assert.Zero(t, cancels.Load())
+	select {
+	case e := <-ch:
+		t.Fatalf("event %+v for pressure left to the kernel", e)
+	default:
+	}
+
+	cache.Store(false)
+	time.Sleep(200 * time.Millisecond)
+	_, err = w.Write([]byte("x"))
+	require.NoError(t, err)
+	e := waitKernel(t, ch, 5*time.Second)
+	assert.Equal(t, int64(200<<20), e.Makeup.Anon)
+	assert.Equal(t, int64(1), trims.Load())
+	assert.Equal(t, int64(1), cancels.Load())
+	require.NoError(t, m.Close())
+}
+
+// Input (issue 17, case 3): $MEMORY_PRESSURE_WRITE = base64 of "some
+// 200000 2000000" with no NUL, on /proc/pressure/memory. Without
+// CAP_SYS_RESOURCE (this machine's root) the kernel refused the write with
+// EINVAL before the NUL was appended; now it is armed. (With the
+// capability it was armed as "some 200000 200000": TestSystemdTriggerArmed
+// runs that in a user namespace.) A value that is no trigger is a WARN
+// naming the variable, and the watcher falls back.
+func TestSystemdWriteWithoutNUL(t *testing.T) {
+	if _, err := os.Stat("/proc/pressure/memory"); err != nil {
+		t.Skipf("the kernel has no PSI (CONFIG_PSI): %v", err)
+	}
+	defer goleak.VerifyNone(t)
+	t.Setenv("MEMORY_PRESSURE_WATCH", "/proc/pressure/memory")
+	t.Setenv("MEMORY_PRESSURE_WRITE", base64.StdEncoding.EncodeToString([]byte("some 200000 2000000")))
+	var buf bytes.Buffer
+	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true,
+		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if errors.Is(err, os.ErrPermission) {
+		t.Skipf("writing a PSI trigger needs root here: %v", err)
+	}
+	require.NoError(t, err)
+	assert.Equal(t, "systemd /proc/pressure/memory", m.Source())
+	assert.NotContains(t, buf.String(), "level=WARN")
+	require.NoError(t, m.Close())
+
+	for _, bad := range []string{"hello", "some 200000", "some 200000 20000000"} {
+		buf.Reset()
+		t.Setenv("MEMORY_PRESSURE_WRITE", base64.StdEncoding.EncodeToString([]byte(bad)))
+		m, err = pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true,
+			Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Logf("no fallback source here: %v", err)
+		}
+		assert.NotContains(t, m.Source(), "systemd", "%q: fell back", bad)
+		assert.Contains(t, buf.String(), "level=WARN")
+		assert.Contains(t, buf.String(), "$MEMORY_PRESSURE_WRITE", "the WARN names the variable")
+		require.NoError(t, m.Close())
+	}
+	// Only systemd asked for: an error naming the variable.
+	m, err = pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+	require.ErrorIs(t, err, pressure.ErrNoSource)
+	assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_WRITE")
+	require.NoError(t, m.Close())
 }

@@ -129,3 +129,71 @@ func readyBytes() int64 {
 	metrics.Read(s)
 	return int64(s[0].Value.Uint64() - s[1].Value.Uint64())
 }
+
+// scanNode is the pointer-rich live heap of TestScanCost (and of issue
+// 17's case 1): two pointers and 48 bytes.
+type scanNode struct {
+	a, b *scanNode
+	_    [48]byte
+}
+
+// TestScanCost measures the figures behind the cost rule (see
+// ReleasePerCPUSecond and DefaultScanCost): the GC CPU of a full GC
+// (runtime.GC, as the trim's FreeOSMemory runs one) with about 1 GiB live,
+// first as 64 KiB []byte objects (nothing to scan), then as 16.7M nodes of
+// two pointers and 48 bytes, against /gc/scan/total:bytes. It needs about
+// 2 GiB and half a minute, so it runs only with MEMCTL_SCAN_COST=1:
+//
+//	MEMCTL_SCAN_COST=1 go test ./trim/ -run TestScanCost -v -count 1
+func TestScanCost(t *testing.T) {
+	if os.Getenv("MEMCTL_SCAN_COST") != "1" {
+		t.Skip("set MEMCTL_SCAN_COST=1 to measure (about 2 GiB, half a minute)")
+	}
+	if raceEnabled {
+		t.Skip("the race detector distorts CPU")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	gcCPU := func() time.Duration {
+		s := []metrics.Sample{{Name: metricGCCPU}}
+		metrics.Read(s)
+		return time.Duration(s[0].Value.Float64() * 1e9)
+	}
+	measure := func(name string) (cost time.Duration, scan int64) {
+		runtime.GC()
+		for i := range 3 {
+			c0, m0 := gcCPU(), readCPU()
+			runtime.GC()
+			c, m1 := gcCPU()-c0, readCPU()
+			scan = scanBytes()
+			h, _ := readHeap()
+			// The charge of a trim: GC CPU, at most the process's CPU (the
+			// GC figure counts workers' time off CPU on a loaded machine).
+			ch := m0.charge(m1)
+			t.Logf("%s: GC %d: %v of GC CPU, %v charged (process CPU %v), live %d MiB, scannable %d MiB",
+				name, i, c, ch, m1.process-m0.process, h.live>>20, scan>>20)
+			cost = max(cost, ch)
+		}
+		return cost, scan
+	}
+	var bufs [][]byte
+	for range 16384 {
+		bufs = append(bufs, make([]byte, 64<<10))
+	}
+	noscan, _ := measure("1 GiB of 64 KiB []byte")
+	runtime.KeepAlive(bufs)
+	bufs = nil
+	var head *scanNode
+	for i := range 16_700_000 {
+		x := &scanNode{a: head}
+		if i%3 == 0 && head != nil {
+			x.b = head.a
+		}
+		head = x
+	}
+	rich, scan := measure("1 GiB of 16.7M two-pointer nodes")
+	runtime.KeepAlive(head)
+	t.Logf("charged CPU per scannable byte: %.1f ns (DefaultScanCost %v); noscan heap %v, pointer-rich %v: %.0fx",
+		float64(rich)/float64(scan), DefaultScanCost, noscan, rich, float64(rich)/float64(max(noscan, 1)))
+	require.Greater(t, rich, 10*noscan, "the GC's cost follows the pointers, not the bytes")
+}

@@ -26,11 +26,28 @@
 //
 // A trim has two steps: debug.FreeOSMemory for the Go heap, then the C heap
 // step (CHeap, for memory that cgo code got from malloc). Each step is
-// skipped when its own figures show too little to give back (Config.MinRelease,
-// default 8 MiB; an unknown C heap figure runs the C step). Trims are limited
-// by the CPU they cause, not their wall time, so a CPU-throttled container
-// still trims: over any window W, the CPU charged to the trims that start in
-// it is at most 2% of W plus one trim. A throttled CPU cgroup (its cpu.stat
+// skipped when its own figures show too little to give back: the C step
+// below Config.MinRelease (default 8 MiB; an unknown C heap figure runs it),
+// the Go step below the larger of MinRelease and what its full GC is worth.
+// That GC marks the whole live heap whatever it releases, and its cost
+// follows the pointers to scan: about 1 ms of CPU for 1 GiB of 64 KiB
+// []byte objects, about 0.5 s for 1 GiB of 16.7M two-pointer nodes,
+// measured here (TestScanCost); so the Go step must be expected to
+// release ReleasePerCPUSecond (64 MiB) per second of estimated GC CPU
+// (2 ns per scannable byte, /gc/scan/total:bytes, until a trim measures
+// it). Skips are counted by
+// reason (Stats.SkippedBy).
+//
+// One gate for every trim, whoever asks. Automatic trims other than the
+// debounced one (on kernel memory pressure, from the GC death-spiral
+// detector) call Request with their Origin: it may run a trim sooner than
+// the delay, never one with too little to release or past the CPU budget.
+// Only TrimNow, for a caller who asks for a trim by name, is forced.
+// Trims of every origin are limited together by the CPU they cause, not
+// their wall time, so a CPU-throttled container still trims: over any
+// window W, the CPU charged to the trims that start in it is at most 2% of
+// W plus one trim. Stats.Origins counts each origin's trims, skips and CPU
+// apart. A throttled CPU cgroup (its cpu.stat
 // throttled time growing by 10% of the wall time or more while the trim is
 // pending) starts the trim at half the delay, since a throttled trim takes
 // many times its CPU time to finish (Config.FixedDelay turns that off).

@@ -62,14 +62,17 @@ func freeOSMemory() int64 {
 
 // estimateGo returns an estimate of the bytes the Go step would release
 // now, or -1 when runtime/metrics cannot be read; see Config.MinRelease.
-// t.run must be held.
-func (t *Trimmer) estimateGo() int64 {
+// floor says whether the live heap read right after the previous trim (or
+// at New) may stand for the live heap: only after a burst the program
+// marked (see trimLocked). Either way the live heap is the smaller of what
+// the last two GC cycles saw (see gcLive). t.run must be held.
+func (t *Trimmer) estimateGo(floor bool) int64 {
 	h, ok := readHeap()
 	if !ok {
 		return -1
 	}
-	live := h.live
-	if t.liveKnown {
+	live := min(h.live, t.gc.previous(h.live))
+	if floor && t.liveKnown {
 		live = min(live, t.liveFloor)
 	}
 	return h.free + max(h.objects-live, 0)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 const (
@@ -39,14 +40,12 @@ const (
 	MaxDelay = 24 * time.Hour
 
 	// DefaultMinRelease is the estimate of releasable bytes (see
-	// Config.MinRelease) below which a step of a due trim is skipped: 8 MiB.
-	// The Go step forces a full GC (measured on this repository's test
-	// machine: 0.7 to 2.7 ms with 20 MiB live and nothing to release, about
-	// 170 ms of GC CPU with 1 GiB live, see docs/benchmarks.md), and the Go
-	// runtime holds a few MiB of free spans and allocation headroom in
-	// normal operation, so below 8 MiB (four 2 MiB huge pages) the GC costs
-	// more than the pages are worth. It is a judgement, not a measured
-	// optimum.
+	// Config.MinRelease) below which a step of a trim is skipped whatever
+	// its cost: 8 MiB. The Go runtime holds a few MiB of free spans and
+	// allocation headroom in normal operation, so below 8 MiB (four 2 MiB
+	// huge pages) nothing worth a GC cycle is left. It is a floor and a
+	// judgement, not a measured optimum; above it the Go step must also
+	// pay for its GC (see ReleasePerCPUSecond).
 	DefaultMinRelease int64 = 8 << 20
 
 	// CPUShare is the share of one CPU's time that trims may use, over any
@@ -102,25 +101,32 @@ type Config struct {
 	// delay).
 	MaxWait time.Duration
 
-	// MinRelease is the threshold, in bytes, below which a step of a due
-	// trim is skipped. Each step decides for itself:
+	// MinRelease is the floor, in bytes, below which a step of a trim
+	// (debounced or requested) is skipped. Each step decides for itself:
 	//
 	//   - the Go step runs when the estimate of releasable Go heap bytes,
-	//     read from runtime/metrics just before the trim, reaches
-	//     MinRelease: /memory/classes/heap/free:bytes +
+	//     read from runtime/metrics just before the trim, reaches the
+	//     larger of MinRelease and what its full GC is worth (the cost
+	//     rule, see ReleasePerCPUSecond): /memory/classes/heap/free:bytes +
 	//     /memory/classes/heap/objects:bytes − live, where live is the
-	//     smaller of /gc/heap/live:bytes and the live heap read right after
-	//     the previous trim (or at New): a GC that ran during a burst counts
-	//     the burst's objects as live until the next GC, so the estimate
-	//     errs on the side of trimming. When runtime/metrics cannot be read
+	//     smaller of /gc/heap/live:bytes at the last two GC ends (a hook at
+	//     GC end reads it) and the live heap read right after the previous
+	//     trim (or at New): a GC that ran during a burst counts the burst's
+	//     objects as live until the next GC, so after a burst
+	//     the program marked (a debounced trim, TrimNow, a Request while one
+	//     is pending) the estimate errs on the side of trimming. A Request
+	//     with no burst pending leaves the previous trim's figure out, so
+	//     that a heap grown since then and seen live by two GCs is not
+	//     taken for garbage. When runtime/metrics cannot be read
 	//     the step runs.
 	//   - the C step runs when the C heap step's Retained reaches
 	//     MinRelease, or is unknown (-1).
 	//
-	// A due trim whose two steps are both skipped counts in Stats.Skipped;
-	// one step skipped counts in Stats.GoSkipped or Stats.CSkipped. A
-	// negative value (NeverSkip) means never skip. Default (0):
-	// DefaultMinRelease (8 MiB).
+	// A trim whose two steps are both skipped counts in Stats.Skipped (and
+	// Stats.SkippedBy: SkipMinRelease below the floor, SkipCost below the
+	// cost rule); one step skipped counts in Stats.GoSkipped or
+	// Stats.CSkipped. A negative value (NeverSkip) means never skip, the
+	// cost rule included. Default (0): DefaultMinRelease (8 MiB).
 	MinRelease int64
 
 	// CHeap is the C heap step that runs after the Go heap step of each
@@ -169,6 +175,7 @@ type Config struct {
 	// error (matching cgroupfs.ErrNoThrottleCounter when there is none);
 	// fresh asks to find the cgroup again first.
 	throttled func(fresh bool) (time.Duration, error)
+	scan      func() int64 // scannable bytes at the last GC, -1 if unknown
 }
 
 // NeverSkip is a Config.MinRelease that makes every due trim run both its
@@ -177,13 +184,21 @@ const NeverSkip int64 = -1
 
 // Stats is a snapshot of a Trimmer's counters, from Trimmer.Stats.
 type Stats struct {
-	// Trims is the number of trims run (debounced and TrimNow) in which at
-	// least one step ran.
+	// Trims is the number of trims run (every origin: debounced, Request,
+	// TrimNow) in which at least one step ran.
 	Trims int64
-	// Skipped is the number of due trims whose two steps were both skipped
-	// because their estimates were below the threshold (see
-	// Config.MinRelease).
-	Skipped int64
+	// Skipped is the number of due or requested trims that did not run:
+	// both steps' estimates below what they must release (see
+	// Config.MinRelease and ReleasePerCPUSecond), or, for a Request, the
+	// CPU budget or a trim already running. SkippedBy splits it by reason
+	// (indexed by SkipReason; SkipNone and SkipClosed stay 0).
+	Skipped   int64
+	SkippedBy [NumSkipReasons]int64
+	// Origins splits Trims, Skipped, TotalCPU and TotalReleased by who
+	// asked for the trim, indexed by Origin: Origins[OriginPressure] holds
+	// the trims asked for on kernel memory pressure, apart from the
+	// debounced ones in Origins[OriginDebounced].
+	Origins [NumOrigins]OriginStats
 	// GoSkipped and CSkipped count the trims that ran without their Go or
 	// their C heap step, that step's estimate being below the threshold.
 	GoSkipped, CSkipped int64
@@ -255,7 +270,10 @@ type Stats struct {
 // the end of a burst, and calls during the wait push the trim back, so a run
 // of bursts gives one trim. A trim is the Go heap step (debug.FreeOSMemory)
 // followed by the C heap step (see CHeap); each is skipped when its own
-// estimate shows too little to release (see Config.MinRelease).
+// estimate shows too little to release (see Config.MinRelease and
+// ReleasePerCPUSecond). Automatic origins other than AfterBurst (kernel
+// pressure, the death spiral) ask with Request, which passes the same
+// gate: the estimate, the cost rule and the CPU limit below.
 //
 // No pattern of calls starves a trim: a pending trim runs at the latest
 // MaxWait (see Config.MaxWait, 20 s by default) after the first AfterBurst or
@@ -265,10 +283,12 @@ type Stats struct {
 //
 // Trims are limited by the CPU they cause, not by their wall time, so a
 // CPU-throttled container still trims. Each trim is charged with its CPU
-// (see Stats.LastCPU), and the next debounced trim starts no sooner than
-// 50 times that charge after the start of the trim charged. Hence, over any
-// window of W wall time, the CPU charged to the trims that start in it is
-// at most CPUShare (2%) of W plus the charge of one trim. A trim that this
+// (see Stats.LastCPU), and the next trim of any origin but TrimNow starts
+// no sooner than 50 times that charge after the start of the trim charged
+// (a debounced trim waits for it; a Request is skipped, SkipBudget).
+// Hence, over any window of W wall time, the CPU charged to the trims that
+// start in it, debounced and requested together, is at most CPUShare (2%)
+// of W plus the charge of one trim. A trim that this
 // limit holds past the max wait is counted in Stats.Deferred.
 //
 // A throttled CPU cgroup starts the trim at half the delay. Under a CFS
@@ -326,7 +346,7 @@ type Trimmer struct {
 	log        *slog.Logger
 	onTrim     func()
 	goStep     func() int64
-	estimate   func() int64
+	estimate   func(floor bool) int64 // see estimateGo
 	readCPU    func() cpuMark
 	lazyFree   func() int64
 	throttled  func(fresh bool) (time.Duration, error)
@@ -334,7 +354,8 @@ type Trimmer struct {
 	endFns     [2]func() // t.end0, t.end1, made once so Begin does not allocate
 	tickFn     func()    // t.tick, made once
 	base       time.Time // clock origin
-	logOnce    [5]atomic.Bool
+	scan       func() int64
+	logOnce    [6]atomic.Bool
 
 	mu     sync.Mutex // guards the fields below; never held across a trim
 	timer  *time.Timer
@@ -353,6 +374,11 @@ type Trimmer struct {
 	thr0       time.Duration // throttled time when the pending period began
 	thrAt      int64         // when thr0 was read; 0 when unknown
 	early      bool          // this pending period's trim starts at Delay/2
+	served     bool          // a Request ran this pending period's trim
+	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
+
+	gc    gcLive // the live heap at the last two GC ends (gate.go)
+	gcSub *gcend.Subscription
 }
 
 // Indexes of Trimmer.logOnce.
@@ -362,11 +388,14 @@ const (
 	onceDeferred
 	onceEarly
 	onceThrottleErr
+	onceBadOrigin
 )
 
 // New returns a Trimmer configured by cfg (the zero Config is the
-// default). The error names the invalid field and its value; New starts
-// nothing.
+// default). The error names the invalid field and its value. New starts
+// no goroutine or timer; it registers a hook at GC end (internal/gcend:
+// one runtime/metrics read per GC cycle, the live heap the estimate uses,
+// see Config.MinRelease) that Close removes.
 func New(cfg Config) (*Trimmer, error) {
 	c := cfg
 	switch {
@@ -406,11 +435,15 @@ func New(cfg Config) (*Trimmer, error) {
 		log:        c.Logger,
 		onTrim:     c.OnTrim,
 		goStep:     c.goStep,
-		estimate:   c.estimate,
 		readCPU:    readCPU,
 		lazyFree:   c.lazyFree,
 		throttled:  c.throttled,
+		scan:       c.scan,
+		scanCost:   float64(DefaultScanCost),
 		base:       time.Now(),
+	}
+	if t.scan == nil {
+		t.scan = scanBytes
 	}
 	switch {
 	case c.FixedDelay:
@@ -421,8 +454,9 @@ func New(cfg Config) (*Trimmer, error) {
 	if t.goStep == nil {
 		t.goStep = freeOSMemory
 	}
-	if t.estimate == nil {
-		t.estimate = t.estimateGo
+	t.estimate = t.estimateGo
+	if c.estimate != nil {
+		t.estimate = func(bool) int64 { return c.estimate() }
 	}
 	if c.cpuClock != nil {
 		t.readCPU = func() cpuMark { v := c.cpuClock(); return cpuMark{gc: v, process: v} }
@@ -441,6 +475,7 @@ func New(cfg Config) (*Trimmer, error) {
 	if h, ok := readHeap(); ok {
 		t.liveFloor, t.liveKnown = h.live, true
 	}
+	t.watchGC()
 	if t.cheap != nil {
 		t.stats.CHeapAllocator = t.cheap.Allocator()
 	}
@@ -627,6 +662,19 @@ func (t *Trimmer) tick() {
 // or skip; otherwise how long until the next tick. t.run must be held.
 func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	c := t.clock(now)
+	if t.served {
+		// A Request ran this pending period's trim sooner. Done, unless
+		// AfterBurst came during or after it or a burst is in flight: then
+		// a new period begins now.
+		t.served = false
+		if t.dirty.Swap(0) == 0 && t.inFlight() == 0 {
+			t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
+			t.since.Store(0)
+			return 0, true
+		}
+		t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
+		t.since.Store(c)
+	}
 	// A call happened between the previous tick and now: count the quiet
 	// time from now, the latest it can have been.
 	if t.quietSince == 0 {
@@ -670,7 +718,7 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	early := t.early && c < full
 	t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 	t.since.Store(0)
-	t.trimLocked(false, early)
+	t.trimLocked(OriginDebounced, false, early)
 	return 0, true
 }
 
@@ -780,12 +828,16 @@ func (t *Trimmer) goIdle() {
 	}
 }
 
-// trimLocked runs the steps of a trim that have enough to release (all of
-// them when force is set), charges it to the CPU limit and records it;
-// early says the throttled start at Delay/2 decided it (counted in
-// Stats.EarlyStarts when a step runs). t.run must be held.
-func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
-	goEst := t.estimate()
+// trimLocked runs the steps of a trim of origin o that have enough to
+// release (all of them when force is set), charges it to the CPU limit and
+// records it; early says the throttled start at Delay/2 decided it (counted
+// in Stats.EarlyStarts when a step runs). t.run must be held.
+func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
+	// The live-heap floor stands for a burst the program marked: a
+	// debounced trim, TrimNow, or a Request while one is pending. A Request
+	// with no burst marked takes the live heap as the last GC saw it: a
+	// service that grew its heap since the floor was read is not garbage.
+	goEst := t.estimate(o == OriginDebounced || o == OriginByName || t.state.Load() == statePending)
 	cEst := int64(-1)
 	if t.cheap != nil {
 		cEst = t.cheap.Retained()
@@ -794,22 +846,33 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	if goEst >= 0 || cEst >= 0 {
 		est = max(goEst, 0) + max(cEst, 0)
 	}
-	runGo := force || goEst < 0 || goEst >= t.minRelease
+	scan := t.scan()
+	cost, need := t.costOf(scan)
+	runGo := force || goEst < 0 || goEst >= need
 	runC := t.cheap != nil && (force || cEst < 0 || cEst >= t.minRelease)
 	if !runGo && !runC {
-		t.mu.Lock()
-		t.stats.Skipped++
-		t.stats.LastEstimate = est
-		t.mu.Unlock()
+		why := SkipCost
+		if goEst < t.minRelease {
+			why = SkipMinRelease
+		}
+		t.countSkip(o, why, est)
 		if t.log != nil {
 			t.log.LogAttrs(context.Background(), slog.LevelDebug, "trim: skipped",
+				slog.String("origin", o.String()), slog.String("reason", why.String()),
 				slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
+				slog.Int64("need_bytes", need), slog.Duration("cost_estimate", cost),
 				slog.Int64("min_release_bytes", t.minRelease))
 		}
 		if t.onTrim != nil {
 			t.onTrim()
 		}
-		return 0, nil
+		return Result{Skip: why, Estimate: est, Need: need, Cost: cost}
+	}
+	if o != OriginDebounced && o != OriginByName && t.state.Load() == statePending {
+		// This trim is the pending one, run sooner: calls from now on
+		// start a new pending period (see step).
+		t.dirty.Store(0)
+		t.served = true
 	}
 
 	// Lock the thread so that its CPU clock, read before and after, covers
@@ -817,7 +880,8 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	runtime.LockOSThread()
 	start := time.Now()
 	cpu0 := t.readCPU()
-	var lazy int64
+	var lazy, released int64
+	var cErr error
 	if runGo {
 		lazy0 := int64(-1)
 		if t.lazy {
@@ -851,12 +915,19 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
 	t.nextOK = addSat(t.clock(start), costFactor*min(int64(cpu), (1<<63-1)/costFactor))
-	if h, ok := readHeap(); ok && runGo {
-		t.liveFloor, t.liveKnown = h.live, true // accurate: FreeOSMemory just ran a GC
+	if runGo {
+		if h, ok := readHeap(); ok {
+			t.liveFloor, t.liveKnown = h.live, true // accurate: FreeOSMemory just ran a GC
+		}
+		t.calibrate(t.scan(), cpu)
 	}
 
 	t.mu.Lock()
 	t.stats.Trims++
+	ost := &t.stats.Origins[o]
+	ost.Trims++
+	ost.CPU += cpu
+	ost.Released += released
 	if early {
 		t.stats.EarlyStarts++
 	}
@@ -885,12 +956,14 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	if t.log != nil {
 		ctx := context.Background()
 		t.log.LogAttrs(ctx, slog.LevelDebug, "trim: done",
+			slog.String("origin", o.String()),
 			slog.Duration("took", d), slog.Duration("cpu", cpu),
 			slog.Duration("gc_cpu", cpu1.gc-cpu0.gc), slog.Duration("thread_cpu", cpu1.thread-cpu0.thread),
 			slog.Duration("process_cpu", cpu1.process-cpu0.process),
 			slog.Int64("released_bytes", released), slog.Int64("lazy_bytes", lazy),
 			slog.Bool("go_step", runGo), slog.Bool("c_step", runC),
-			slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst))
+			slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
+			slog.Int64("need_bytes", need), slog.Duration("cost_estimate", cost))
 		if cErr != nil && !errors.Is(cErr, ErrCHeapUnavailable) {
 			t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 				slog.String("allocator", t.stats.CHeapAllocator), slog.Any("error", cErr))
@@ -899,12 +972,16 @@ func (t *Trimmer) trimLocked(force, early bool) (released int64, cErr error) {
 	if t.onTrim != nil {
 		t.onTrim()
 	}
-	return released, cErr
+	return Result{Ran: true, Estimate: est, Need: need, Cost: cost, Released: released, CPU: cpu, cErr: cErr}
 }
 
 // TrimNow runs both steps of a trim in the calling goroutine at once,
-// ignoring the delay, bursts in flight, the thresholds and the CPU limit
-// (but its CPU counts for the limit of the next debounced trim). It returns
+// ignoring the delay, bursts in flight, the thresholds, the cost rule and
+// the CPU limit (but its CPU counts for the limit of the next trim of any
+// origin). It is a forced trim for a caller who asks for one by name
+// (OriginByName in Stats.Origins); nothing in memctl calls it on its own:
+// automatic trims (kernel pressure, the death spiral) go through Request
+// and its gate. It returns
 // the bytes released, as in Stats.LastReleased, and the C heap step's error
 // unless that matches ErrCHeapUnavailable (which is recorded in Stats only).
 // It works after Close. It waits for a trim already running. Safe for
@@ -915,7 +992,8 @@ func (t *Trimmer) TrimNow() (released int64, err error) {
 	}
 	t.run.Lock()
 	defer t.run.Unlock()
-	released, err = t.trimLocked(true, false)
+	r := t.trimLocked(OriginByName, true, false)
+	released, err = r.Released, r.cErr
 	if errors.Is(err, ErrCHeapUnavailable) {
 		err = nil
 	}
@@ -958,6 +1036,7 @@ func (t *Trimmer) Close() error {
 		}
 	}
 	t.mu.Unlock()
+	t.gcSub.Stop()
 	t.ticks.Wait()
 	return nil
 }

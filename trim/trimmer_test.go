@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"strings"
 	"sync"
@@ -77,7 +78,7 @@ func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
 // release and no CPU throttling counter.
 func fakeConfig(f *fakeStep) Config {
 	c := Config{Delay: testDelay, NoCHeap: true, Strict: true, goStep: f.run,
-		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock,
+		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock, scan: func() int64 { return 0 },
 		throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
 	return withLazy(c, false, nil)
 }
@@ -442,7 +443,7 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 	_, err = tr.TrimNow() // sets the live floor
 	require.NoError(t, err)
 	tr.run.Lock()
-	before := tr.estimateGo()
+	before := tr.estimateGo(true)
 	tr.run.Unlock()
 
 	// A burst that a GC sees live, then dropped: /gc/heap/live still counts
@@ -456,10 +457,54 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 	require.GreaterOrEqual(t, h.live, int64(64<<20), "the GC saw the burst live")
 	runtime.KeepAlive(burst) // dropped from here on
 	tr.run.Lock()
-	after := tr.estimateGo()
+	after := tr.estimateGo(true)
+	grown := tr.estimateGo(false)
 	tr.run.Unlock()
-	t.Logf("estimate before burst %d MiB, after %d MiB", before>>20, after>>20)
+	t.Logf("estimate before burst %d MiB, after %d MiB; without the floor %d MiB", before>>20, after>>20, grown>>20)
 	assert.GreaterOrEqual(t, after-before, int64(60<<20))
+
+	_ = grown // without the floor: down to what the GC before saw (TestRequestEstimateFloor)
+}
+
+// A request with no burst pending counts a burst that the last GC saw live
+// down to what the GC before it saw, but does not take a heap that two GCs
+// saw live (grown since New) for garbage; one while a debounced trim is
+// pending uses the floor (the burst the program marked).
+func TestRequestEstimateFloor(t *testing.T) {
+	tr, err := New(Config{NoCHeap: true, Delay: time.Hour})
+	require.NoError(t, err)
+	defer tr.Close()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // only the GCs of the test
+	debug.FreeOSMemory()                             // no free spans left by earlier tests
+	waitHook := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { h, _ := readHeap(); return tr.gc.last.Load() == h.live }, time.Second, time.Millisecond)
+	}
+	waitHook()
+	tr.run.Lock()
+	tr.liveFloor, tr.liveKnown = 1<<20, true // as read at New by a service that grows after Start
+	tr.run.Unlock()
+	grown := make([][]byte, 0, 1024)
+	for range 1024 {
+		grown = append(grown, make([]byte, 64<<10))
+	}
+	runtime.GC() // sees the 64 MiB live; the GC before saw none of it
+	waitHook()
+	tr.run.Lock()
+	burst := tr.estimateGo(false)
+	tr.run.Unlock()
+	assert.GreaterOrEqual(t, burst, int64(60<<20), "a burst the last GC saw in flight counts")
+
+	runtime.GC() // a second GC sees it live: grown for good
+	waitHook()
+	r := tr.Request(OriginPressure)
+	assert.False(t, r.Ran, "%+v", r)
+	assert.Less(t, r.Estimate, int64(16<<20), "the grown 64 MiB is live")
+	tr.AfterBurst()
+	r = tr.Request(OriginPressure)
+	assert.True(t, r.Ran, "%+v", r)
+	assert.GreaterOrEqual(t, r.Estimate, int64(60<<20), "a burst marked: the floor stands")
+	runtime.KeepAlive(grown)
 }
 
 type fakeCHeap struct {

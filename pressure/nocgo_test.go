@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package pressure_test
+
+const cgoEnabled = false

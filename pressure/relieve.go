@@ -1,0 +1,91 @@
+package pressure
+
+import (
+	"fmt"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/procfs"
+)
+
+// Makeup is what the memory under pressure is made of, where the kernel
+// says it: the watched cgroup's memory.stat, or /proc/meminfo for
+// host-wide PSI. Bytes; -1 when unknown.
+type Makeup struct {
+	// Anon is anonymous memory: memory.stat "anon" (v2) or "total_rss"
+	// (v1, hierarchical; "rss" without hierarchy), /proc/meminfo
+	// AnonPages. Shmem and tmpfs are not in it.
+	Anon int64
+	// Cache is the page cache the kernel reclaims under pressure:
+	// "active_file" + "inactive_file" (v1 "total_" lines), /proc/meminfo
+	// Active(file) + Inactive(file). Shmem is on the anon LRU lists and is
+	// not in it.
+	Cache int64
+	// From names the file read ("" when none could be).
+	From string
+}
+
+// Anonymous reports whether anonymous memory is the problem: known, and
+// more than the reclaimable page cache. While the cache is at least as
+// large, the kernel reclaims cache first (it is what it does at a cgroup's
+// limit, cgroup-v1/memory.rst and cgroup-v2.rst "memory.high"), and a trim
+// or a cancel would cost the service for pressure its Go heap did not
+// cause. An unknown makeup is taken as anonymous: the gate of the trim
+// still decides whether the trim is worth its cost.
+func (m Makeup) Anonymous() bool {
+	if m.Anon < 0 || m.Cache < 0 {
+		return true
+	}
+	return m.Anon > m.Cache
+}
+
+func unknownMakeup() Makeup { return Makeup{Anon: -1, Cache: -1} }
+
+// makeupOfStat returns the makeup of a parsed memory.stat.
+func makeupOfStat(s cgroupfs.MemoryStat, from string) Makeup {
+	return Makeup{Anon: s.Anon, Cache: s.Reclaimable(), From: from}
+}
+
+// cgroupMakeup reads the makeup of the cgroup directory dir.
+func cgroupMakeup(dir string) (Makeup, error) {
+	s, err := cgroupfs.ReadMemoryStat(dir)
+	if err != nil {
+		return unknownMakeup(), err
+	}
+	return makeupOfStat(s, dir+"/memory.stat"), nil
+}
+
+// meminfoMakeup reads the host's makeup from /proc/meminfo.
+func meminfoMakeup(path string) (Makeup, error) {
+	f, err := procfs.ReadFile(path)
+	if err != nil {
+		return unknownMakeup(), err
+	}
+	return meminfoFields(f)
+}
+
+func meminfoFields(f procfs.Fields) (Makeup, error) {
+	var v [3]int64
+	for i, k := range []string{"AnonPages", "Active(file)", "Inactive(file)"} {
+		n, err := f.Bytes(k)
+		if err != nil {
+			return unknownMakeup(), fmt.Errorf("pressure: %w", err)
+		}
+		v[i] = n
+	}
+	return Makeup{Anon: v[0], Cache: v[1] + v[2], From: f.File}, nil
+}
+
+// eventsGrowth returns how much the memory.events counters that mean
+// pressure the cgroup's processes feel (high: throttled over memory.high;
+// max: at the limit; oom, oom_kill) grew from a to b; "low" (protection
+// breached by others' pressure) does not count. A counter absent in
+// either is left out; one that went down (a new cgroup) counts 0.
+func eventsGrowth(a, b cgroupfs.Events) int64 {
+	var d int64
+	for _, p := range [...][2]int64{{a.High, b.High}, {a.Max, b.Max}, {a.OOM, b.OOM}, {a.OOMKill, b.OOMKill}} {
+		if p[0] >= 0 && p[1] > p[0] {
+			d += p[1] - p[0]
+		}
+	}
+	return d
+}

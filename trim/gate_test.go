@@ -1,0 +1,313 @@
+package trim
+
+import (
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Input (issue 17, case 1): a kernel-pressure trim with under 100 KiB to
+// release does not run: it is skipped and counted as skipped, by reason
+// and by origin, and costs no GC.
+func TestRequestSkipsSmallEstimate(t *testing.T) {
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	cfg.estimate = func() int64 { return 90 << 10 }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	for range 12 {
+		r := tr.Request(OriginPressure)
+		assert.False(t, r.Ran)
+		assert.Equal(t, SkipMinRelease, r.Skip)
+		assert.Equal(t, int64(90<<10), r.Estimate)
+	}
+	assert.Empty(t, f.starts(), "no GC forced")
+	s := tr.Stats()
+	assert.Equal(t, int64(12), s.Skipped)
+	assert.Equal(t, int64(12), s.SkippedBy[SkipMinRelease])
+	assert.Equal(t, OriginStats{Skipped: 12}, s.Origins[OriginPressure])
+	assert.Equal(t, OriginStats{}, s.Origins[OriginDebounced])
+	assert.Zero(t, s.Trims)
+	assert.Zero(t, s.TotalCPU)
+}
+
+// The cost rule (issue 19 item 4): above MinRelease, the Go step must
+// return ReleasePerCPUSecond per second of its estimated GC. 1 GiB
+// live of which 254 MiB scannable (the pointer-rich heap measured in
+// gate.go): about 0.53 s of GC, so 20 MiB to release is not worth it and
+// 100 MiB is; with nothing to scan, 10 MiB is.
+func TestCostRule(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		scan, est int64
+		want      SkipReason
+	}{
+		{"pointer-rich heap, 20 MiB garbage", 254 << 20, 20 << 20, SkipCost},
+		{"pointer-rich heap, 100 MiB garbage", 254 << 20, 100 << 20, SkipNone},
+		{"noscan heap, 10 MiB garbage", 0, 10 << 20, SkipNone},
+		{"noscan heap, 4 MiB garbage", 0, 4 << 20, SkipMinRelease},
+		{"unknown scan, 10 MiB garbage", -1, 10 << 20, SkipNone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeStep{}
+			cfg := fakeConfig(f)
+			cfg.estimate = func() int64 { return tc.est }
+			cfg.scan = func() int64 { return tc.scan }
+			tr := mustNew(t, cfg)
+			defer tr.Close()
+			r := tr.Request(OriginPressure)
+			assert.Equal(t, tc.want, r.Skip)
+			assert.Equal(t, tc.want == SkipNone, r.Ran)
+			if tc.scan > 0 {
+				assert.InDelta(t, float64(tc.scan)*2, float64(r.Cost), 1, "DefaultScanCost per scannable byte")
+				assert.Equal(t, max(DefaultMinRelease, int64(r.Cost.Seconds()*float64(ReleasePerCPUSecond))), r.Need)
+			} else {
+				assert.Equal(t, DefaultMinRelease, r.Need)
+			}
+			if tc.want != SkipNone {
+				assert.Equal(t, int64(1), tr.Stats().SkippedBy[tc.want])
+			}
+		})
+	}
+	// NeverSkip turns the cost rule off too.
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	cfg.MinRelease = NeverSkip
+	cfg.estimate = func() int64 { return 1 }
+	cfg.scan = func() int64 { return 1 << 30 }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	assert.True(t, tr.Request(OriginPressure).Ran)
+}
+
+// The debounced path uses the same rule: a burst whose trim would not pay
+// for its GC is skipped by reason SkipCost.
+func TestDebouncedUsesCostRule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{}
+		cfg := fakeConfig(f)
+		cfg.estimate = func() int64 { return 20 << 20 }
+		cfg.scan = func() int64 { return 254 << 20 }
+		tr := mustNew(t, cfg)
+		defer tr.Close()
+		tr.AfterBurst()
+		time.Sleep(time.Minute)
+		assert.Empty(t, f.starts())
+		s := tr.Stats()
+		assert.Equal(t, int64(1), s.SkippedBy[SkipCost])
+		assert.Equal(t, int64(1), s.Origins[OriginDebounced].Skipped)
+	})
+}
+
+// A trim's measured CPU per scannable byte replaces DefaultScanCost.
+func TestCostCalibrates(t *testing.T) {
+	f := &fakeStep{cpu: 500 * time.Millisecond}
+	cfg := fakeConfig(f)
+	cfg.scan = func() int64 { return 100 << 20 }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	r := tr.Request(OriginPressure)
+	require.True(t, r.Ran)
+	assert.InDelta(t, float64(100<<20)*2, float64(r.Cost), 1)
+	tr.run.Lock()
+	cost, _ := tr.costOf(100 << 20)
+	tr.run.Unlock()
+	assert.InDelta(t, float64(500*time.Millisecond), float64(cost), float64(time.Microsecond), "the measured 500 ms")
+}
+
+// Requests are charged to the same 2% budget as debounced trims: a request
+// right after a trim of 200 ms of CPU is skipped (SkipBudget) until 10 s
+// after that trim's start, and a debounced trim after a request waits the
+// same way.
+func TestRequestSharesBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: 10 * time.Millisecond, cpu: 200 * time.Millisecond}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		require.True(t, tr.Request(OriginPressure).Ran)
+		time.Sleep(time.Second)
+		r := tr.Request(OriginPressure)
+		assert.Equal(t, SkipBudget, r.Skip)
+		tr.AfterBurst() // due at 3 s, allowed at 10 s
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 2)
+		assert.GreaterOrEqual(t, got[1], 10*time.Second)
+		s := tr.Stats()
+		assert.Equal(t, int64(1), s.SkippedBy[SkipBudget])
+		assert.Equal(t, OriginStats{Trims: 1, Skipped: 1, CPU: 200 * time.Millisecond, Released: 1 << 20}, s.Origins[OriginPressure])
+		assert.Equal(t, int64(1), s.Origins[OriginDebounced].Trims)
+		assert.Equal(t, 400*time.Millisecond, s.TotalCPU)
+	})
+}
+
+// Requests of every origin, mixed with debounced trims, for 10 minutes:
+// over every window between two trim starts the CPU charged is at most 2%
+// of the window (so over any window at most 2% plus one trim).
+func TestAllOriginsWithinCPUShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: time.Millisecond, cpu: 60 * time.Millisecond}
+		cfg := fakeConfig(f)
+		cfg.Delay = 200 * time.Millisecond
+		tr := mustNew(t, cfg)
+		defer tr.Close()
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		var stop atomic.Bool
+		wg.Go(func() {
+			for !stop.Load() {
+				tr.Request(OriginPressure)
+				time.Sleep(300 * time.Millisecond)
+			}
+		})
+		wg.Go(func() {
+			for !stop.Load() {
+				tr.Request(OriginSpiral)
+				time.Sleep(700 * time.Millisecond)
+			}
+		})
+		for time.Since(t0) < 10*time.Minute {
+			tr.AfterBurst()
+			time.Sleep(250 * time.Millisecond)
+		}
+		stop.Store(true)
+		wg.Wait()
+		time.Sleep(time.Minute)
+		starts := f.starts()
+		require.Greater(t, len(starts), 50)
+		for i := range starts {
+			for j := i + 1; j < len(starts); j++ {
+				w := starts[j].Sub(starts[i])
+				charged := time.Duration(j-i) * f.cpu
+				assert.LessOrEqual(t, float64(charged), 0.02*float64(w)+1, "trims %d..%d", i, j)
+			}
+		}
+		s := tr.Stats()
+		for _, o := range []Origin{OriginDebounced, OriginPressure, OriginSpiral} {
+			assert.Positive(t, s.Origins[o].Skipped+s.Origins[o].Trims, o.String())
+		}
+		assert.Positive(t, s.SkippedBy[SkipBudget])
+	})
+}
+
+// A request while a debounced trim is pending runs that trim sooner: the
+// pending period ends with it, no second trim follows Delay after.
+func TestRequestServesPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: time.Millisecond, cpu: time.Millisecond}
+		tr := newFake(t, f)
+		defer tr.Close()
+		t0 := time.Now()
+		tr.AfterBurst()
+		time.Sleep(500 * time.Millisecond)
+		require.True(t, tr.Request(OriginPressure).Ran)
+		time.Sleep(time.Minute)
+		got := since(t0, f.starts())
+		require.Len(t, got, 1, "the pending trim was the one requested")
+		assert.Less(t, got[0], time.Second)
+		assert.True(t, tr.quiet(), "%+v", tr.Stats())
+
+		// AfterBurst after the request's trim: a new period, one more trim
+		// Delay after it.
+		tr.AfterBurst()
+		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // > the 50 ms budget of a 1 ms trim
+		require.True(t, tr.Request(OriginPressure).Ran)
+		t1 := time.Now()
+		tr.AfterBurst()
+		time.Sleep(time.Minute)
+		got = since(t1, f.starts())
+		require.Len(t, got, 3)
+		assertWindow(t, got[2], 0)
+	})
+}
+
+// A request that finds a trim running does not wait: that trim answers it.
+func TestRequestWhileRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{took: time.Second}
+		tr := newFake(t, f)
+		defer tr.Close()
+		go tr.TrimNow()
+		time.Sleep(100 * time.Millisecond)
+		r := tr.Request(OriginPressure)
+		assert.Equal(t, SkipRunning, r.Skip)
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, int64(1), tr.Stats().SkippedBy[SkipRunning])
+	})
+}
+
+func TestRequestMisuseAndClosed(t *testing.T) {
+	f := &fakeStep{}
+	tr := newFake(t, f) // strict
+	assert.PanicsWithValue(t, "trim: Request(by_name): want OriginPressure or OriginSpiral", func() { tr.Request(OriginByName) })
+	require.NoError(t, tr.Close())
+	assert.Equal(t, SkipClosed, tr.Request(OriginPressure).Skip)
+	var nilT *Trimmer
+	assert.Equal(t, SkipClosed, nilT.Request(OriginPressure).Skip)
+	assert.Empty(t, f.starts())
+
+	cfg := fakeConfig(f)
+	cfg.Strict = false
+	tr = mustNew(t, cfg)
+	defer tr.Close()
+	assert.True(t, tr.Request(Origin(99)).Ran, "treated as pressure")
+	s := tr.Stats()
+	assert.Equal(t, int64(1), s.Misuse)
+	assert.Equal(t, int64(1), s.Origins[OriginPressure].Trims)
+}
+
+// TrimNow is forced and counted by name.
+func TestTrimNowByName(t *testing.T) {
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	cfg.estimate = func() int64 { return 0 }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	_, err := tr.TrimNow()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), tr.Stats().Origins[OriginByName].Trims)
+	assert.Len(t, f.starts(), 1)
+}
+
+func TestOriginAndReasonNames(t *testing.T) {
+	var names []string
+	for o := range NumOrigins {
+		names = append(names, o.String())
+	}
+	assert.Equal(t, []string{"debounced", "pressure", "spiral", "by_name"}, names)
+	names = nil
+	for r := range NumSkipReasons {
+		names = append(names, r.String())
+	}
+	assert.Equal(t, []string{"none", "min_release", "cost", "budget", "running", "closed"}, names)
+}
+
+// The GC-end hook's cost per cycle (one runtime/metrics read), against
+// reading the same sample alone, in the same run.
+func BenchmarkGCEndHook(b *testing.B) {
+	tr, err := New(Config{NoCHeap: true})
+	require.NoError(b, err)
+	defer tr.Close()
+	tr.gcSub.Stop() // the benchmark is the only caller of gcEnd
+	b.Run("hook", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tr.gcEnd()
+		}
+	})
+	b.Run("read", func(b *testing.B) {
+		b.ReportAllocs()
+		s := []metrics.Sample{{Name: metricHeapLive}}
+		for b.Loop() {
+			metrics.Read(s)
+		}
+	})
+}
