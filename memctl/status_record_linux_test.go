@@ -67,6 +67,7 @@ func serviceChild() {
 	childtest.Say("TRIMS", s.Trims)
 	childtest.Say("SKIPPED", s.Skipped)
 	childtest.Say("POOL_LIMIT", pool.Limit())
+	childtest.Say("THP_POLICY", ctl.Report().THPPolicy.String())
 	childtest.Say("PID", os.Getpid())
 	childtest.Say("READY", 1)
 	_, _ = io.ReadAll(os.Stdin)
@@ -182,7 +183,7 @@ func TestStatusShowsLibraryRecord(t *testing.T) {
 	assert.Equal(t, "api", m.Pools[0].Name)
 	require.NotNil(t, m.Pools[0].LimitBytes)
 	assert.Equal(t, rep["POOL_LIMIT"], strconv.FormatInt(*m.Pools[0].LimitBytes, 10))
-	assert.Equal(t, "disable", m.THP.Policy)
+	assert.Equal(t, rep["THP_POLICY"], m.THP.Policy, "the policy Start applied (except-advised on 6.18+)")
 	var raw struct{ Memctl map[string]any }
 	require.NoError(t, json.Unmarshal([]byte(out), &raw))
 	assert.Equal(t, "process", raw.Memctl["reported_by"], "the key is in the document")
