@@ -58,6 +58,20 @@
 //	memctl.gc.cpu_share              gauge    1, the GC's CPU share (0 to 1)
 //	memctl.gomemlimit.lifted         gauge    By, a death-spiral lift
 //	memctl.cgroup.memory_events      counter  attribute event (cgroup v2 memory.events)
+//	memctl.pressure.left_to_kernel   counter  kernel signals left to the kernel: mostly page cache
+//	memctl.trims.origin              counter  trims run, attribute origin: debounced, pressure, spiral, by_name
+//	memctl.trims.origin.skipped      counter  trims skipped, attribute origin
+//	memctl.trim.origin.cpu           counter  s, trim CPU, attribute origin
+//	memctl.trims.skipped_reason      counter  trims skipped, attribute reason: min_release, cost, budget, running
+//
+// and per C allocator found (attributes allocator, object, prefix):
+//
+//	memctl.c_allocator.info          gauge    1, attributes owner, trimmed
+//	memctl.c_allocator.retained      gauge    By
+//	memctl.c_allocator.resident      gauge    By
+//	memctl.c_allocator.released      counter  By
+//	memctl.c_allocator.releases      counter
+//	memctl.c_allocator.last_max_slice gauge   s, the longest single call of its last release
 //
 // and per pool, with attribute pool:
 //
@@ -71,6 +85,12 @@
 //	memctl.budget.observed           counter
 //	memctl.budget.leaked_accounts    counter
 //	memctl.budget.leaked             counter  By
+//	memctl.budget.in_flight          gauge    requests, RPCs and jobs in progress
+//	memctl.budget.undercharged       counter  GC cycles at which the charges looked too small
+//	memctl.budget.heap_baseline      gauge    By
+//	memctl.budget.request_peaks      counter  cumulative per-request peaks, attribute le (bytes, or +Inf):
+//	                                          the Prometheus histogram as counters (the OTel API has
+//	                                          no asynchronous histogram)
 //
 // and once for the process when a pool is given: memctl.budget.unguarded
 // (counter).
@@ -78,22 +98,27 @@ package otelmetrics
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
+	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/trim"
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 // ScopeName is the instrumentation scope (the meter's name).
 const ScopeName = "github.com/memctl/memctl/otelmetrics"
 
-// Pool names a budget pool: Name is the value of the pool attribute,
-// non-empty and unique among the pools of one Register.
+// Pool is a budget pool for Register. Name is the value of the pool
+// attribute; it must be the pool's own name (PoolConfig.Name,
+// limits.Pool.Name), so that a pool has one name in its errors, its Stats
+// and its metrics, and unique among the pools of one Register. Default: ""
+// (means Pool.Name()).
 type Pool struct {
 	Name string
 	Pool *limits.Pool
@@ -252,6 +277,82 @@ var controllerInstruments = []instrument{
 				}
 			}
 		}},
+	{name: "memctl.pressure.left_to_kernel", unit: "{signal}", counter: true, prom: "memctl_pressure_left_to_kernel_total",
+		desc: "Kernel pressure signals not acted on because the cgroup's memory was mostly reclaimable page cache (memory.stat).",
+		read: func(s *snapshot, o observe) {
+			if s.live {
+				o(float64(s.stats.Pressure.LeftToKernel))
+			}
+		}},
+	{name: "memctl.trims.origin", unit: "{trim}", counter: true, prom: "memctl_trims_origin_total",
+		desc: "Trims run, by who asked (attribute origin): debounced, pressure, spiral, by_name (TrimNow).",
+		read: func(s *snapshot, o observe) {
+			for i, st := range s.stats.Trim.Origins {
+				o(float64(st.Trims), attribute.String("origin", trim.Origin(i).String()))
+			}
+		}},
+	{name: "memctl.trims.origin.skipped", unit: "{trim}", counter: true, prom: "memctl_trims_origin_skipped_total",
+		desc: "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked (attribute origin).",
+		read: func(s *snapshot, o observe) {
+			for i, st := range s.stats.Trim.Origins {
+				o(float64(st.Skipped), attribute.String("origin", trim.Origin(i).String()))
+			}
+		}},
+	{name: "memctl.trim.origin.cpu", unit: "s", float: true, counter: true, prom: "memctl_trim_origin_cpu_seconds_total",
+		desc: "CPU time charged to the trims, by who asked (attribute origin); all origins share the one 2% budget.",
+		read: func(s *snapshot, o observe) {
+			for i, st := range s.stats.Trim.Origins {
+				o(st.CPU.Seconds(), attribute.String("origin", trim.Origin(i).String()))
+			}
+		}},
+	{name: "memctl.trims.skipped_reason", unit: "{trim}", counter: true, prom: "memctl_trims_skipped_reason_total",
+		desc: "Trims skipped, by reason (attribute reason): min_release, cost, budget, running.",
+		read: func(s *snapshot, o observe) {
+			for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
+				o(float64(s.stats.Trim.SkippedBy[r]), attribute.String("reason", r.String()))
+			}
+		}},
+	heapInstrument("memctl.c_allocator.info", "1", false, false, "memctl_c_allocator_info",
+		"1 for every C allocator found in the process, with attributes allocator, object, prefix, owner (it owns malloc) and trimmed (false: present, memctl cannot reach it).",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) {
+			return 1, []attribute.KeyValue{attribute.Bool("owner", h.OwnsMalloc), attribute.Bool("trimmed", h.Trimmed)}, true
+		}),
+	heapInstrument("memctl.c_allocator.retained", "By", false, false, "memctl_c_allocator_retained_bytes",
+		"Bytes the allocator holds that no live block uses; not observed when it does not tell.",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) {
+			return float64(h.Retained), nil, h.Retained >= 0
+		}),
+	heapInstrument("memctl.c_allocator.resident", "By", false, false, "memctl_c_allocator_resident_bytes",
+		"The allocator's resident bytes by its own account; not observed when it does not tell.",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) {
+			return float64(h.Resident), nil, h.Resident >= 0
+		}),
+	heapInstrument("memctl.c_allocator.released", "By", false, true, "memctl_c_allocator_released_bytes_total",
+		"Bytes the trims released from the allocator, by its own account (glibc does not count them).",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) { return float64(h.TotalReleased), nil, true }),
+	heapInstrument("memctl.c_allocator.releases", "{release}", false, true, "memctl_c_allocator_releases_total",
+		"Trims that released the allocator.",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) { return float64(h.Releases), nil, true }),
+	heapInstrument("memctl.c_allocator.last_max_slice", "s", true, false, "memctl_c_allocator_last_max_slice_seconds",
+		"The longest single call of the allocator's last release: the longest memctl held one of its locks; not observed before the first.",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) {
+			return h.LastMaxSlice.Seconds(), nil, h.Releases > 0
+		}),
+}
+
+// heapInstrument is an instrument with one observation per C allocator of
+// memctl.Stats.CHeaps, with attributes allocator, object and prefix first.
+func heapInstrument(name, unit string, float, counter bool, prom, desc string, read func(*cheap.Heap) (float64, []attribute.KeyValue, bool)) instrument {
+	return instrument{name: name, unit: unit, float: float, counter: counter, prom: prom, desc: desc,
+		read: func(s *snapshot, o observe) {
+			for i := range s.stats.CHeaps {
+				h := &s.stats.CHeaps[i]
+				v, attrs, ok := read(h)
+				if ok {
+					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", h.Library), attribute.String("prefix", h.Prefix)}, attrs...)...)
+				}
+			}
+		}}
 }
 
 // poolInstruments are read from limits.Pool.Stats at each collection, one
@@ -286,6 +387,23 @@ var poolInstruments = []instrument{
 		func(s *snapshot) int64 { return s.pool.Leaked }),
 	count("memctl.budget.leaked", "By", "memctl_budget_leaked_bytes_total", "Bytes still grown in accounts when they were closed.",
 		func(s *snapshot) int64 { return s.pool.LeakedBytes }),
+	gauge("memctl.budget.in_flight", "{request}", "memctl_budget_in_flight", "Top-level accounts open in the pool: requests, RPCs and jobs in progress.",
+		func(s *snapshot) (float64, bool) { return float64(s.pool.InFlight), true }),
+	count("memctl.budget.undercharged", "{cycle}", "memctl_budget_undercharged_total", "GC cycles at whose end, with requests in flight, the live heap beyond its baseline was more than the pool's charge ratio times what its accounts held: the charges look too small.",
+		func(s *snapshot) int64 { return s.pool.Undercharged }),
+	gauge("memctl.budget.heap_baseline", "By", "memctl_budget_heap_baseline_bytes", "The live heap that the charge check takes as the service's own; not observed before the first GC cycle or with the check off.",
+		func(s *snapshot) (float64, bool) { return float64(s.pool.HeapBaseline), s.pool.HeapBaseline >= 0 }),
+	{name: "memctl.budget.request_peaks", unit: "{request}", counter: true, prom: "memctl_budget_request_peak_bytes",
+		desc: "Per-request peaks (what each asked for), in every mode, as cumulative counts by upper bound in bytes (attribute le, \"+Inf\" for all): the Prometheus histogram memctl_budget_request_peak_bytes as counters, since the OpenTelemetry API has no asynchronous histogram. The data to size budgets (docs/sizing.md).",
+		read: func(s *snapshot, o observe) {
+			h := &s.pool.Peaks
+			var n int64
+			for i := 0; i < limits.PeakBuckets; i++ {
+				n += max(h.Counts[i], 0)
+				o(float64(n), attribute.String("le", strconv.FormatInt(limits.PeakBucketBound(i), 10)))
+			}
+			o(float64(max(h.Count, 0)), attribute.String("le", "+Inf"))
+		}},
 }
 
 // processInstruments are read once per collection from the first pool's
@@ -305,18 +423,21 @@ var processInstruments = []instrument{
 // use; the callback is safe to run concurrently with the service.
 func Register(mp metric.MeterProvider, ctl *memctl.Controller, pools ...Pool) (metric.Registration, error) {
 	seen := map[string]bool{}
-	for _, p := range pools {
+	pools = append([]Pool(nil), pools...)
+	for i, p := range pools {
 		switch {
-		case p.Name == "":
-			return nil, errors.New("otelmetrics: a pool with an empty name")
-		case seen[p.Name]:
-			return nil, fmt.Errorf("otelmetrics: pool name %q given twice", p.Name)
 		case p.Pool == nil:
 			return nil, fmt.Errorf("otelmetrics: pool %q is nil", p.Name)
+		case p.Name == "":
+			pools[i].Name = p.Pool.Name()
+		case p.Name != p.Pool.Name():
+			return nil, fmt.Errorf("otelmetrics: pool %q is named %q in its errors and Stats: one name per pool (set PoolConfig.Name to %q, or leave Pool.Name empty)", p.Name, p.Pool.Name(), p.Name)
 		}
-		seen[p.Name] = true
+		if seen[pools[i].Name] {
+			return nil, fmt.Errorf("otelmetrics: two pools named %q: name each with PoolConfig.Name", pools[i].Name)
+		}
+		seen[pools[i].Name] = true
 	}
-	pools = append([]Pool(nil), pools...)
 	m := mp.Meter(ScopeName)
 	ctlObs, err := create(m, controllerInstruments)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/trim"
 )
 
 var sink []byte
@@ -154,6 +156,25 @@ func TestInstrumentsReadBack(t *testing.T) {
 	v, _ = one(t, got, "memctl.budget.refusals", api, attribute.String("scope", "pool"))
 	assert.Zero(t, v)
 	_, _ = one(t, got, "memctl.budget.unguarded")
+	v, _ = one(t, got, "memctl.budget.in_flight", api)
+	assert.Equal(t, ps.InFlight, v)
+	assert.Equal(t, int64(1), v, "req-1 is open")
+	v, mono = one(t, got, "memctl.budget.request_peaks", api, attribute.String("le", "+Inf"))
+	assert.Equal(t, ps.Peaks.Count, v)
+	assert.True(t, mono)
+	v, _ = one(t, got, "memctl.trims.origin", attribute.String("origin", trim.OriginDebounced.String()))
+	assert.Equal(t, st.Trim.Origins[trim.OriginDebounced].Trims, v)
+	var skipped int64
+	for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
+		v, _ = one(t, got, "memctl.trims.skipped_reason", attribute.String("reason", r.String()))
+		skipped += v
+	}
+	assert.Equal(t, st.Trim.Skipped, skipped, "the reasons add up to the skips")
+	for _, h := range st.CHeaps {
+		v, _ = one(t, got, "memctl.c_allocator.info", attribute.String("allocator", h.Allocator), attribute.String("object", h.Library),
+			attribute.String("prefix", h.Prefix), attribute.Bool("owner", h.OwnsMalloc), attribute.Bool("trimmed", h.Trimmed))
+		assert.Equal(t, int64(1), v)
+	}
 
 	// Nothing outside the tables, and what always exists is there.
 	names := map[string]bool{}
@@ -174,6 +195,18 @@ func TestInstrumentsReadBack(t *testing.T) {
 	require.ErrorIs(t, acct.Grow(8<<20), limits.ErrResourceExhausted)
 	v, _ = one(t, collect(t, reader), "memctl.budget.refusals", api, attribute.String("scope", "account"))
 	assert.Equal(t, int64(2), v)
+	acct2, err := pool.Open("req-2", 8<<20)
+	require.NoError(t, err)
+	require.NoError(t, acct2.Grow(3<<20))
+	acct2.Shrink(3 << 20)
+	acct2.Close()
+	got = collect(t, reader)
+	v, _ = one(t, got, "memctl.budget.request_peaks", api, attribute.String("le", "+Inf"))
+	assert.Equal(t, int64(1), v, "req-2's peak, recorded when it closed")
+	v, _ = one(t, got, "memctl.budget.request_peaks", api, attribute.String("le", strconv.FormatInt(4<<20, 10)))
+	assert.Equal(t, int64(1), v, "3 MiB is at or under the 4 MiB bound")
+	v, _ = one(t, got, "memctl.budget.request_peaks", api, attribute.String("le", strconv.FormatInt(2<<20, 10)))
+	assert.Zero(t, v, "and over the 2 MiB bound")
 
 	require.NoError(t, reg.Unregister())
 	assert.Empty(t, collect(t, reader), "nothing observed after Unregister")
@@ -203,15 +236,15 @@ func TestNilController(t *testing.T) {
 func TestRegisterErrors(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider()
 	defer mp.Shutdown(context.Background())
-	pool, err := limits.NewPool(limits.PoolConfig{Limit: 1 << 20, Logger: slog.New(slog.DiscardHandler)})
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "a", Limit: 1 << 20, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	defer pool.Close()
 	for _, tc := range []struct {
 		pools []Pool
 		want  string
 	}{
-		{[]Pool{{Name: "", Pool: pool}}, "empty name"},
-		{[]Pool{{Name: "a", Pool: pool}, {Name: "a", Pool: pool}}, `"a" given twice`},
+		{[]Pool{{Name: "b", Pool: pool}}, `pool "b" is named "a"`},
+		{[]Pool{{Name: "a", Pool: pool}, {Pool: pool}}, `two pools named "a"`},
 		{[]Pool{{Name: "a"}}, `pool "a" is nil`},
 	} {
 		_, err := Register(mp, nil, tc.pools...)
