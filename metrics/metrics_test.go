@@ -141,7 +141,7 @@ func TestControllerMetricsFollowTrims(t *testing.T) {
 	assert.NotContains(t, mfs, "memctl_trim_last_duration_seconds", "no trim yet")
 	st, err := thp.Process()
 	require.NoError(t, err)
-	assert.Equal(t, 1.0, value(t, mfs, "memctl_thp_info", "state", st.String(), "policy", "disable"))
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_thp_info", "state", st.String(), "policy", ctl.Report().THPPolicy.String()))
 
 	work(32 << 20)
 	memctl.AfterBurst()
