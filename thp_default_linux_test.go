@@ -36,6 +36,16 @@ const (
 func init() {
 	moreChildren["thp-start"] = childTHPStart
 	moreChildren["thp-advise"] = childTHPAdvise
+	if os.Getenv(childtest.EnvVar) == "thp-start" && os.Getenv(thpDo) == "glibc" {
+		// The glibc child mallocs on the main thread, whose arena is
+		// glibc's main arena (grown with sbrk, advised under
+		// glibc.malloc.hugetlb=1): another thread's first malloc opens an
+		// arena of its own, mmapped and not advised, which gave 0 MiB of
+		// huge pages in one CI run whichever THP flag was set. LockOSThread
+		// in an init makes main (and so TestMain and the child) run on the
+		// main thread.
+		runtime.LockOSThread()
+	}
 }
 
 func childTHPStart() {
