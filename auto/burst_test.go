@@ -218,9 +218,29 @@ func steadyChild() {
 func idleChild() {
 	live := burst.Alloc(liveBytes)
 	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/scavenge/background:cpu-seconds"}}
+	metrics.Read(s)
+	gcs, scav := s[0].Value.Uint64(), s[1].Value.Float64()
 	fmt.Println("READY")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	runtime.KeepAlive(live)
+	// What ran while idle, for the parent's log: GC cycles, the runtime's
+	// background scavenger, memctl's trims.
+	metrics.Read(s)
+	st := memctl.CurrentStats()
+	fmt.Printf("gc_cycles=%d scavenger_cpu_s=%.4f trims=%d skipped=%d pending=%v auto_bursts=%d pressure_signals=%d threads=%d\n",
+		s[0].Value.Uint64()-gcs, s[1].Value.Float64()-scav, st.Trim.Trims, st.Trim.Skipped, st.Trim.Pending,
+		st.AutoBurst.Bursts, st.Pressure.Signals, threads())
+}
+
+// threads returns the number of this process's threads (/proc/self/task),
+// or -1.
+func threads() int {
+	d, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return -1
+	}
+	return len(d)
 }
 
 // Issue 19: a steady load over a flat live heap (1,000 requests per second
@@ -263,9 +283,11 @@ func TestNoBurstNoTrim(t *testing.T) {
 // the voluntary context switches of all their threads over d, in that
 // order.
 func idleSwitches(t *testing.T, d time.Duration) [3]int64 {
+	const idleSettle = 3 * time.Second
 	type child struct {
 		cmd   *exec.Cmd
 		stdin io.WriteCloser
+		out   *bufio.Reader
 	}
 	start := func(env ...string) child {
 		cmd := childtest.Command(t, "idle", childEnv, env...)
@@ -275,18 +297,24 @@ func idleSwitches(t *testing.T, d time.Duration) [3]int64 {
 		require.NoError(t, err)
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())
-		line, err := bufio.NewReader(out).ReadString('\n')
+		r := bufio.NewReader(out)
+		line, err := r.ReadString('\n')
 		require.NoError(t, err)
 		require.Equal(t, "READY\n", line)
-		return child{cmd, in}
+		return child{cmd, in, r}
 	}
 	cs := []child{start(), start("MEMCTL_PRESSURE=off"), start("MEMCTL=off")}
 	defer func() {
-		for _, c := range cs {
+		for i, c := range cs {
 			_ = c.stdin.Close()
+			rest, _ := io.ReadAll(c.out)
+			t.Logf("idle arm %d while idle: %s", i, strings.TrimSpace(string(rest)))
 			assert.NoError(t, c.cmd.Wait())
 		}
 	}()
+	// Let each child's start settle (the background scavenger returns the
+	// start's garbage, memctl's first GOMEMLIMIT refresh) before counting.
+	time.Sleep(idleSettle)
 	var sw [3]int64
 	for i, c := range cs {
 		sw[i] = -voluntary(t, c.cmd.Process.Pid)

@@ -17,7 +17,9 @@ type CHeap interface {
 	// unavailable.
 	Allocator() string
 	// Retained returns the bytes the allocator holds that no live block uses,
-	// or -1 when it cannot tell.
+	// or -1 when it cannot tell; 0 when the step has nothing it can release
+	// (a due trim's C step runs when Retained reaches Config.MinRelease or
+	// is -1).
 	Retained() int64
 	// Release asks the allocator to return freed memory to the OS and
 	// returns the bytes it released by its own account (-1 when it cannot

@@ -1,6 +1,7 @@
 package trim
 
 import (
+	"runtime/debug"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 // Input (issue 17, case 1): a kernel-pressure trim with under 100 KiB to
@@ -310,4 +313,30 @@ func BenchmarkGCEndHook(b *testing.B) {
 			metrics.Read(s)
 		}
 	})
+}
+
+// Found by the idle test of the auto package: with CGO_ENABLED=0 (or no
+// allocator the C heap step can reach) the step's estimate was -1,
+// "unknown", and every kernel-pressure Request of an idle service ran a
+// trim of nothing (8 in a minute of a neighbour's pressure). With the
+// process's real default step and an idle heap, a Request runs no trim in
+// either build: the Go estimate is under MinRelease, and the C step runs
+// only for what it can release.
+func TestRequestIdleDefaultStepRunsNothing(t *testing.T) {
+	tr, err := New(Config{MaxWait: time.Minute})
+	require.NoError(t, err)
+	defer tr.Close()
+	c := DefaultCHeap()
+	// Let the C heap and the Go heap both hold nothing to release first.
+	_, _ = c.Release()
+	debug.FreeOSMemory()
+	if r := c.Retained(); r >= DefaultMinRelease || r < 0 && cheap.Detect().Err() == nil {
+		t.Skipf("the C heap step's estimate is %d B after a release (%s): a trim may have something to do", r, c.Allocator())
+	}
+	for range 5 {
+		r := tr.Request(OriginPressure)
+		assert.False(t, r.Ran, "allocator %s, estimate %d B, need %d B", c.Allocator(), r.Estimate, r.Need)
+		assert.Contains(t, []SkipReason{SkipMinRelease, SkipCost}, r.Skip)
+	}
+	assert.Zero(t, tr.Stats().Trims)
 }

@@ -275,11 +275,15 @@ func (s *Step) setGlibcBase() {
 
 // Retained returns the bytes that the allocators found in the process
 // (see Heaps) hold and no live block uses: the sum of their
-// Stats.Retained, or -1 when one of them cannot tell (mimalloc) or the step
-// is unavailable. Allocators present and not trimmed are left out.
+// Stats.Retained, or -1 when one of them cannot tell (mimalloc).
+// Allocators present and not trimmed are left out, so a step with no
+// allocator it can release (unavailable: cgo off, no known allocator)
+// returns 0: a trim's C step has nothing to do, and an automatic trim is
+// not run for it (before, -1 there made every pressure signal of a
+// CGO_ENABLED=0 service run a trim of nothing).
 func (s *Step) Retained() int64 {
 	if s == nil {
-		return -1
+		return 0
 	}
 	var vs []int64
 	for _, h := range s.refresh() {
@@ -288,7 +292,7 @@ func (s *Step) Retained() int64 {
 		}
 	}
 	sum, unknown := sumKnown(vs...)
-	if unknown || len(vs) == 0 {
+	if unknown {
 		return -1
 	}
 	return sum

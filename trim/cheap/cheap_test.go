@@ -192,7 +192,7 @@ func TestSetArenaMaxOperatorWins(t *testing.T) {
 func TestZeroStepIsUnavailable(t *testing.T) {
 	for _, s := range []*Step{nil, {}} {
 		assert.Equal(t, None, s.Allocator())
-		assert.Equal(t, int64(-1), s.Retained())
+		assert.Zero(t, s.Retained(), "nothing to release")
 		released, err := s.Release()
 		assert.Zero(t, released)
 		assert.ErrorIs(t, err, ErrUnavailable)
