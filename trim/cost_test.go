@@ -29,12 +29,12 @@ type costNode struct {
 // time, the CPU a trim is charged with (trimCPU: GC and scavenger CPU from
 // runtime/metrics plus the calling thread's CPU), GC cycles run and RSS
 // after. It needs about 2.5 GiB and a minute, so it runs only with
-// MEMCTL_TRIM_COST=1:
+// MEMCTL_TEST_TRIM_COST=1:
 //
-//	MEMCTL_TRIM_COST=1 go test ./trim/ -run TestTrimCost -v -count 1
+//	MEMCTL_TEST_TRIM_COST=1 go test ./trim/ -run TestTrimCost -v -count 1
 func TestTrimCost(t *testing.T) {
-	if os.Getenv("MEMCTL_TRIM_COST") != "1" {
-		t.Skip("set MEMCTL_TRIM_COST=1 to measure (about 2.5 GiB, a minute)")
+	if os.Getenv("MEMCTL_TEST_TRIM_COST") != "1" {
+		t.Skip("set MEMCTL_TEST_TRIM_COST=1 to measure (about 2.5 GiB, a minute)")
 	}
 	if raceEnabled {
 		t.Skip("the race detector distorts CPU and RSS")
@@ -142,12 +142,12 @@ type scanNode struct {
 // (runtime.GC, as the trim's FreeOSMemory runs one) with about 1 GiB live,
 // first as 64 KiB []byte objects (nothing to scan), then as 16.7M nodes of
 // two pointers and 48 bytes, against /gc/scan/total:bytes. It needs about
-// 2 GiB and half a minute, so it runs only with MEMCTL_SCAN_COST=1:
+// 2 GiB and half a minute, so it runs only with MEMCTL_TEST_SCAN_COST=1:
 //
-//	MEMCTL_SCAN_COST=1 go test ./trim/ -run TestScanCost -v -count 1
+//	MEMCTL_TEST_SCAN_COST=1 go test ./trim/ -run TestScanCost -v -count 1
 func TestScanCost(t *testing.T) {
-	if os.Getenv("MEMCTL_SCAN_COST") != "1" {
-		t.Skip("set MEMCTL_SCAN_COST=1 to measure (about 2 GiB, half a minute)")
+	if os.Getenv("MEMCTL_TEST_SCAN_COST") != "1" {
+		t.Skip("set MEMCTL_TEST_SCAN_COST=1 to measure (about 2 GiB, half a minute)")
 	}
 	if raceEnabled {
 		t.Skip("the race detector distorts CPU")

@@ -135,7 +135,7 @@ type Result struct {
 // whole GC cycle, which marks the entire live heap whatever it then
 // releases. What that costs follows the pointers to scan, not the bytes:
 // measured on this repository's test machine (Go 1.26, 2 cores, loaded;
-// MEMCTL_SCAN_COST=1 go test ./trim -run TestScanCost -v), a full GC of
+// MEMCTL_TEST_SCAN_COST=1 go test ./trim -run TestScanCost -v), a full GC of
 // 1 GiB live in 64 KiB []byte objects (nothing to scan) is charged 0.7 to
 // 2.2 ms of CPU, one of 1 GiB in 16.7M nodes of two pointers and 48 bytes
 // (255 MiB scannable, /gc/scan/total:bytes) 0.47 to 0.49 s: 1.8 ns per
