@@ -7,12 +7,14 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/trim"
 )
 
 // The state record: what the controller decided, published for `memctl
@@ -31,8 +33,12 @@ type recorder struct {
 	log    *slog.Logger
 }
 
-// record returns the state record of c (nil c: no controller live).
+// record returns the state record of c (nil c: no controller live). Every
+// string is cut to state.MaxString bytes; the lists are cut to
+// state.MaxPools and state.MaxCHeaps (state.Encode cuts them further when
+// the record would not fit in state.MaxSize).
 func (c *Controller) record() *state.Record {
+	cut := state.Cut
 	r := &state.Record{PID: os.Getpid(), Pressure: state.Pressure{Source: "none"}, CHeap: "none"}
 	gml := debug.SetMemoryLimit(-1)
 	if gml != math.MaxInt64 {
@@ -49,27 +55,54 @@ func (c *Controller) record() *state.Record {
 			ml = l // the refresh's latest decision
 		}
 		r.Off, r.Closed = rep.Off, c.rec.closed.Load()
-		r.GoMemLimit = state.GoMemLimit{Bytes: r.GoMemLimit.Bytes, Source: ml.Source.String(), File: ml.File,
+		r.GoMemLimit = state.GoMemLimit{Bytes: r.GoMemLimit.Bytes, Source: cut(ml.Source.String()), File: cut(ml.File),
 			MemoryLimitBytes: ml.MemoryLimit, Ratio: ml.Ratio, OutsideBytes: ml.Outside,
-			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: ml.Reason}
-		r.THP = state.THP{Policy: rep.THPPolicy.String(), State: rep.THPState.String(), System: rep.THPSystem}
+			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: cut(ml.Reason), LimitUnknown: ml.LimitUnknown}
+		r.THP = state.THP{Policy: cut(rep.THPPolicy.String()), State: cut(rep.THPState.String()), System: cut(rep.THPSystem)}
 		t := st.Trim
+		origin := func(o trim.Origin) state.Origin {
+			s := t.Origins[o]
+			return state.Origin{Trims: s.Trims, Skipped: s.Skipped, CPUSeconds: s.CPU.Seconds(), ReleasedBytes: s.Released}
+		}
 		r.Trim = state.Trim{DelaySeconds: rep.TrimDelay.Seconds(), Trims: t.Trims, Skipped: t.Skipped,
 			GoSkipped: t.GoSkipped, CSkipped: t.CSkipped, ReleasedBytes: t.TotalReleased,
 			LastReleasedBytes: t.LastReleased, CPUSeconds: t.TotalCPU.Seconds(),
-			Deferred: t.Deferred, EarlyStarts: t.EarlyStarts}
-		r.Pressure.Source = cmp.Or(rep.Pressure, "none")
-		r.CHeap = cmp.Or(rep.CHeap, "none")
+			Deferred: t.Deferred, EarlyStarts: t.EarlyStarts,
+			Origins: state.Origins{Debounced: origin(trim.OriginDebounced), Pressure: origin(trim.OriginPressure),
+				Spiral: origin(trim.OriginSpiral), ByName: origin(trim.OriginByName)},
+			SkippedBy: state.SkippedBy{MinRelease: t.SkippedBy[trim.SkipMinRelease], Cost: t.SkippedBy[trim.SkipCost],
+				Budget: t.SkippedBy[trim.SkipBudget], Running: t.SkippedBy[trim.SkipRunning]}}
+		ps := st.Pressure
+		r.Pressure = state.Pressure{Source: cut(cmp.Or(rep.Pressure, "none")), Signals: ps.Signals, Acted: ps.Acted,
+			LeftToKernel: ps.LeftToKernel, CancelsHeld: ps.CancelsHeld, Spirals: ps.Spirals, Lifts: ps.Lifts,
+			LiftedBytes: max(ps.Lifted, 0)}
+		r.CHeap = cut(cmp.Or(rep.CHeap, "none"))
+		for _, h := range st.CHeaps {
+			if len(r.CHeaps) == state.MaxCHeaps {
+				r.CHeapsOmitted++
+				continue
+			}
+			r.CHeaps = append(r.CHeaps, state.CHeap{Allocator: cut(h.Allocator), Library: cut(h.Library),
+				OwnsMalloc: h.OwnsMalloc, Trimmed: h.Trimmed, Note: cut(h.Note), Releases: h.Releases,
+				Skipped: h.Skipped, ReleasedBytes: max(h.TotalReleased, 0), RetainedBytes: max(h.Retained, -1)})
+		}
+		a := st.AutoBurst
+		r.AutoBurst = state.AutoBurst{Bursts: a.Bursts, Drops: a.Drops, Marks: a.Marks, Settled: a.Settled,
+			FloorBytes: max(a.Floor, 0), GCEnds: a.GCEnds}
 	}
 	for _, p := range limits.Pools() {
 		if len(r.Pools) == state.MaxPools {
 			r.PoolsOmitted++
 			continue
 		}
-		sp := state.Pool{Name: p.Name(), Mode: p.Mode().String()}
-		if l := p.Limit(); l != limits.Unlimited {
-			sp.LimitBytes = &l
+		s := p.Stats()
+		sp := state.Pool{Name: cut(s.Name), Mode: cut(s.Mode.String()), UsedBytes: max(s.Used, 0),
+			PeakBytes: max(s.Peak, 0), InFlight: max(s.InFlight, 0), Refused: s.Refused, Observed: s.Observed,
+			Canceled: s.Canceled, Undercharged: s.Undercharged}
+		if s.Limit != limits.Unlimited {
+			sp.LimitBytes = &s.Limit
 		}
+		sp.Peaks.Set(slices.Clone(s.Peaks.Counts[:]))
 		r.Pools = append(r.Pools, sp)
 	}
 	return r
@@ -111,9 +144,9 @@ func (c *Controller) startRecord(l *slog.Logger) {
 		c.publish() // MEMCTL=off: one record that says so, and no watch
 		return
 	}
-	c.rec.last = fingerprint()
+	c.rec.last = c.fingerprint()
 	c.rec.sub = gcend.Subscribe(func() bool {
-		if f := fingerprint(); f != c.rec.last {
+		if f := c.fingerprint(); f != c.rec.last {
 			c.rec.last = f
 			c.publish()
 		}
@@ -129,12 +162,27 @@ func (c *Controller) stopRecord() {
 	c.publish()
 }
 
-// fingerprint sums what the GC-end watch compares: GOMEMLIMIT and each
-// open pool's limit and name.
-func fingerprint() uint64 {
+// fingerprint sums what the GC-end watch compares: GOMEMLIMIT, each open
+// pool's limit, name and counters, and the pressure and burst detectors'
+// counters (a change publishes at most once per GC cycle; an idle process
+// changes nothing).
+func (c *Controller) fingerprint() uint64 {
 	h := uint64(debug.SetMemoryLimit(-1))
+	mix := func(v int64) { h = h*1000003 ^ uint64(v) }
 	for _, p := range limits.Pools() {
-		h = h*31 + uint64(p.Limit()) + uint64(len(p.Name()))<<1
+		s := p.Stats()
+		mix(s.Limit)
+		mix(int64(len(s.Name)))
+		mix(s.Refused)
+		mix(s.Observed)
+		mix(s.Canceled)
+		mix(s.Undercharged)
+		mix(s.Peaks.Count)
+	}
+	ps, a := c.monitor.Counters(), c.auto.Stats()
+	for _, v := range []int64{ps.Signals, ps.Acted, ps.LeftToKernel, ps.CancelsHeld, ps.Spirals, ps.Lifts, ps.Lifted,
+		a.Bursts, a.Drops, a.Settled} {
+		mix(v)
 	}
 	return h
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
+	"github.com/memctl/memctl/trim"
 )
 
 // ownRecord reads this process's state record as memctl status does.
@@ -85,6 +86,30 @@ func TestStateRecord(t *testing.T) {
 	assert.Equal(t, int64(1), r.Trim.Trims)
 	assert.Equal(t, ctl.Stats().Trim.TotalReleased, r.Trim.ReleasedBytes)
 	assert.Greater(t, r.Seq, seq)
+	// By origin (issue 17): the trim by name, nothing else.
+	assert.Equal(t, int64(1), r.Trim.Origins.ByName.Trims)
+	assert.Equal(t, ctl.Stats().Trim.Origins[trim.OriginByName].Released, r.Trim.Origins.ByName.ReleasedBytes)
+	assert.Zero(t, r.Trim.Origins.Debounced.Trims+r.Trim.Origins.Pressure.Trims+r.Trim.Origins.Spiral.Trims)
+	// The C heaps (issue 21) as Stats lists them, the owner of malloc first.
+	heaps := ctl.Stats().CHeaps
+	require.Len(t, r.CHeaps, min(len(heaps), state.MaxCHeaps))
+	for i, h := range r.CHeaps {
+		assert.Equal(t, heaps[i].Allocator, h.Allocator)
+		assert.Equal(t, heaps[i].Library, h.Library)
+		assert.Equal(t, heaps[i].OwnsMalloc, h.OwnsMalloc)
+		assert.Equal(t, heaps[i].Trimmed, h.Trimmed)
+		assert.Equal(t, heaps[i].Releases, h.Releases)
+	}
+	// A skipped request (issue 17): counted by reason, published at once.
+	ctl.trimmer.Request(trim.OriginPressure)
+	st := ctl.Stats().Trim
+	r = ownRecord(t)
+	assert.Equal(t, st.Origins[trim.OriginPressure].Trims, r.Trim.Origins.Pressure.Trims)
+	assert.Equal(t, st.Origins[trim.OriginPressure].Skipped, r.Trim.Origins.Pressure.Skipped)
+	assert.Equal(t, st.SkippedBy[trim.SkipMinRelease], r.Trim.SkippedBy.MinRelease)
+	assert.Equal(t, st.SkippedBy[trim.SkipBudget], r.Trim.SkippedBy.Budget)
+	assert.Equal(t, st.SkippedBy[trim.SkipCost], r.Trim.SkippedBy.Cost)
+	assert.Equal(t, int64(1), r.Trim.Origins.Pressure.Trims+r.Trim.Origins.Pressure.Skipped, "one request")
 
 	// GOMEMLIMIT changed by the program and a pool opened: the next GC
 	// cycle's end publishes them.
@@ -104,6 +129,36 @@ func TestStateRecord(t *testing.T) {
 		}
 	}
 	assert.True(t, found, "pools %+v", r.Pools)
+
+	// Requests (issue 20): peaks of 1, 3 and 5 MiB and one refused at the
+	// pool's 64 MiB; the next GC end publishes the counters and the
+	// histogram, whose quantiles are the pool's own.
+	for _, n := range []int64{1 << 20, 3 << 20, 5 << 20, 100 << 20} {
+		a, err := p.Open("req", limits.Unlimited)
+		require.NoError(t, err)
+		_ = a.Grow(n)
+		a.Close()
+	}
+	ps := p.Stats()
+	require.Equal(t, int64(1), ps.Refused)
+	r = waitRecord(t, "the pool's requests", func(r *state.Record) bool {
+		for _, sp := range r.Pools {
+			if sp.Name == "state-test" {
+				return sp.Peaks.Count == ps.Peaks.Count && sp.Refused == 1
+			}
+		}
+		return false
+	})
+	for _, sp := range r.Pools {
+		if sp.Name == "state-test" {
+			assert.Equal(t, ps.Peaks.Counts[:], sp.Peaks.Counts)
+			assert.Equal(t, ps.Peaks.Quantile(0.5), sp.Peaks.P50Bytes)
+			assert.Equal(t, ps.Peaks.Quantile(0.99), sp.Peaks.P99Bytes)
+			assert.Equal(t, ps.Peaks.Quantile(1), sp.Peaks.MaxBytes)
+			assert.Equal(t, ps.Peak, sp.PeakBytes)
+			assert.Zero(t, sp.InFlight)
+		}
+	}
 	p.Close()
 	waitRecord(t, "the pool closed", func(r *state.Record) bool {
 		for _, sp := range r.Pools {
