@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"os"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -17,8 +18,8 @@ var pub struct {
 
 func init() { pub.fd = -1 }
 
-// Publish makes r the process's record (see the package doc): Seq, Version
-// and Updated are filled in. It writes r into a new sealed memfd and moves
+// Publish makes r the process's record (see the package doc): PID, Seq,
+// Version and Updated are filled in. It writes r into a new sealed memfd and moves
 // that onto the record's descriptor with dup3(2), so a reader sees the old
 // record or the new one whole. The error says what failed; the previous
 // record, if any, then stays. It costs 35 to 130 µs and 3 allocations for a
@@ -29,7 +30,7 @@ func Publish(r *Record) error {
 	pub.mu.Lock()
 	defer pub.mu.Unlock()
 	pub.seq++
-	r.Seq = pub.seq
+	r.Seq, r.PID = pub.seq, os.Getpid()
 	r.Updated = now().UTC()
 	b, err := Encode(r)
 	if err != nil {

@@ -409,13 +409,23 @@ func (r *Record) check() error {
 			errs = append(errs, fmt.Errorf("%s %v is not a duration", name, f))
 		}
 	}
+	type field struct {
+		name string
+		n    int64
+	}
+	negs := func(prefix string, fs ...field) {
+		for _, f := range fs {
+			neg(prefix+f.name, f.n)
+		}
+	}
+	// What Publish always writes.
+	if r.PID <= 0 || r.Seq <= 0 || r.Updated.IsZero() {
+		errs = append(errs, fmt.Errorf("pid %d, seq %d, updated %s: not a published record (each is set by Publish)",
+			r.PID, r.Seq, r.Updated.Format(time.RFC3339)))
+	}
 	g, t, p, a := r.GoMemLimit, r.Trim, r.Pressure, r.AutoBurst
-	neg("pid", int64(r.PID))
-	neg("seq", r.Seq)
-	neg("pools_omitted", int64(r.PoolsOmitted))
-	neg("c_heaps_omitted", int64(r.CHeapsOmitted))
-	neg("gomemlimit.memory_limit_bytes", g.MemoryLimitBytes)
-	neg("gomemlimit.outside_bytes", g.OutsideBytes)
+	negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
+	negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes})
 	secs("gomemlimit.refresh_seconds", g.RefreshSeconds)
 	if g.Bytes != nil {
 		neg("gomemlimit.bytes", *g.Bytes)
@@ -423,63 +433,48 @@ func (r *Record) check() error {
 	if !(g.Ratio >= 0 && g.Ratio <= 1) {
 		errs = append(errs, fmt.Errorf("gomemlimit.ratio %v is not in [0, 1]", g.Ratio))
 	}
-	for name, n := range map[string]int64{
-		"trim.trims": t.Trims, "trim.skipped": t.Skipped, "trim.go_skipped": t.GoSkipped,
-		"trim.c_skipped": t.CSkipped, "trim.released_bytes": t.ReleasedBytes,
-		"trim.last_released_bytes": t.LastReleasedBytes, "trim.deferred": t.Deferred,
-		"trim.early_starts":           t.EarlyStarts,
-		"trim.skipped_by.min_release": t.SkippedBy.MinRelease, "trim.skipped_by.cost": t.SkippedBy.Cost,
-		"trim.skipped_by.budget": t.SkippedBy.Budget, "trim.skipped_by.running": t.SkippedBy.Running,
-		"pressure.signals": p.Signals, "pressure.acted": p.Acted, "pressure.left_to_kernel": p.LeftToKernel,
-		"pressure.cancels_held": p.CancelsHeld, "pressure.spirals": p.Spirals, "pressure.lifts": p.Lifts,
-		"pressure.lifted_bytes": p.LiftedBytes,
-		"auto_burst.bursts":     a.Bursts, "auto_burst.drops": a.Drops, "auto_burst.marks": a.Marks,
-		"auto_burst.settled": a.Settled, "auto_burst.floor_bytes": a.FloorBytes, "auto_burst.gc_ends": a.GCEnds,
-	} {
-		neg(name, n)
-	}
+	negs("trim.", field{"trims", t.Trims}, field{"skipped", t.Skipped}, field{"go_skipped", t.GoSkipped},
+		field{"c_skipped", t.CSkipped}, field{"released_bytes", t.ReleasedBytes},
+		field{"last_released_bytes", t.LastReleasedBytes}, field{"deferred", t.Deferred},
+		field{"early_starts", t.EarlyStarts})
 	secs("trim.delay_seconds", t.DelaySeconds)
 	secs("trim.cpu_seconds", t.CPUSeconds)
-	for name, o := range map[string]Origin{"debounced": t.Origins.Debounced, "pressure": t.Origins.Pressure,
-		"spiral": t.Origins.Spiral, "by_name": t.Origins.ByName} {
-		neg("trim.origins."+name+".trims", o.Trims)
-		neg("trim.origins."+name+".skipped", o.Skipped)
-		neg("trim.origins."+name+".released_bytes", o.ReleasedBytes)
-		secs("trim.origins."+name+".cpu_seconds", o.CPUSeconds)
+	for _, o := range []struct {
+		name string
+		o    Origin
+	}{{"debounced", t.Origins.Debounced}, {"pressure", t.Origins.Pressure}, {"spiral", t.Origins.Spiral}, {"by_name", t.Origins.ByName}} {
+		prefix := "trim.origins." + o.name + "."
+		negs(prefix, field{"trims", o.o.Trims}, field{"skipped", o.o.Skipped}, field{"released_bytes", o.o.ReleasedBytes})
+		secs(prefix+"cpu_seconds", o.o.CPUSeconds)
 	}
+	negs("trim.skipped_by.", field{"min_release", t.SkippedBy.MinRelease}, field{"cost", t.SkippedBy.Cost},
+		field{"budget", t.SkippedBy.Budget}, field{"running", t.SkippedBy.Running})
+	negs("pressure.", field{"signals", p.Signals}, field{"acted", p.Acted}, field{"left_to_kernel", p.LeftToKernel},
+		field{"cancels_held", p.CancelsHeld}, field{"spirals", p.Spirals}, field{"lifts", p.Lifts},
+		field{"lifted_bytes", p.LiftedBytes})
+	negs("auto_burst.", field{"bursts", a.Bursts}, field{"drops", a.Drops}, field{"marks", a.Marks},
+		field{"settled", a.Settled}, field{"floor_bytes", a.FloorBytes}, field{"gc_ends", a.GCEnds})
 	for i, p := range r.Pools {
-		name := fmt.Sprintf("pools[%d].", i)
+		prefix := fmt.Sprintf("pools[%d].", i)
 		if p.LimitBytes != nil {
-			neg(name+"limit_bytes", *p.LimitBytes)
+			neg(prefix+"limit_bytes", *p.LimitBytes)
 		}
-		for k, n := range map[string]int64{"used_bytes": p.UsedBytes, "peak_bytes": p.PeakBytes,
-			"in_flight": p.InFlight, "refused": p.Refused, "observed": p.Observed, "canceled": p.Canceled,
-			"undercharged": p.Undercharged} {
-			neg(name+k, n)
-		}
+		negs(prefix, field{"used_bytes", p.UsedBytes}, field{"peak_bytes", p.PeakBytes}, field{"in_flight", p.InFlight},
+			field{"refused", p.Refused}, field{"observed", p.Observed}, field{"canceled", p.Canceled},
+			field{"undercharged", p.Undercharged})
 		if err := p.Peaks.check(); err != nil {
-			errs = append(errs, fmt.Errorf("%speaks: %w", name, err))
+			errs = append(errs, fmt.Errorf("%speaks: %w", prefix, err))
 		}
 	}
 	for i, h := range r.CHeaps {
-		name := fmt.Sprintf("c_heaps[%d].", i)
-		neg(name+"releases", h.Releases)
-		neg(name+"skipped", h.Skipped)
-		neg(name+"released_bytes", h.ReleasedBytes)
+		prefix := fmt.Sprintf("c_heaps[%d].", i)
+		negs(prefix, field{"releases", h.Releases}, field{"skipped", h.Skipped}, field{"released_bytes", h.ReleasedBytes})
 		if h.RetainedBytes < -1 {
-			errs = append(errs, fmt.Errorf("%sretained_bytes %d is neither a size nor -1", name, h.RetainedBytes))
+			errs = append(errs, fmt.Errorf("%sretained_bytes %d is neither a size nor -1", prefix, h.RetainedBytes))
 		}
 	}
 	if len(errs) > 0 {
-		// The first by name, so that the same record always gets the same
-		// error (the maps above are not ordered).
-		first := errs[0]
-		for _, err := range errs[1:] {
-			if err.Error() < first.Error() {
-				first = err
-			}
-		}
-		return first
+		return errs[0]
 	}
 	return nil
 }
