@@ -148,7 +148,8 @@ type memCgroup struct {
 	LimitBytes *int64  `json:"limit_bytes"`
 	LimitFile  *string `json:"limit_file"`
 	// View is "process" when the files were read in the process's mount
-	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller: a
+	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller: the
+	// process's own mounts no hierarchy with its memory controller, as on a
 	// hybrid host), "memctl-root" when in memctl's root (ViewCallerRoot: a
 	// process chrooted in memctl's mount namespace).
 	View string `json:"view"`
@@ -515,7 +516,7 @@ func writeTable(w io.Writer, st *statusReport) {
 		v := fmt.Sprintf("v%d %s", c.Version, safefs.Quote(c.Path))
 		switch c.View {
 		case "memctl":
-			v += " (read in memctl's mount namespace: the process's own has cgroup v2 without the memory controller and no v1 memory mount)"
+			v += " (read in memctl's mount namespace: the process's own mounts no hierarchy with its memory controller)"
 		case "memctl-root":
 			v += " (read from memctl's root: the process is chrooted in memctl's mount namespace and its root shows no cgroup mount)"
 		}

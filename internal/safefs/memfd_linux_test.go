@@ -69,3 +69,38 @@ func TestReadMemfd(t *testing.T) {
 	_, _, err = proc.ReadMemfd(name, 64)
 	require.ErrorIs(t, err, ErrTooLarge)
 }
+
+// ReadMemfd looks at most maxFDs descriptors: a process holding more before
+// its memfd gets an error matching ErrTooLarge, not a scan of a million
+// readlinks; one holding fewer has its memfd found after all of them.
+func TestReadMemfdManyFDs(t *testing.T) {
+	proc, err := OpenDir("/proc/self", NoSymlinks)
+	require.NoError(t, err)
+	defer proc.Close()
+	defer func(n int) { maxFDs = n }(maxFDs)
+	maxFDs = 300
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for range 400 {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		require.NoError(t, err)
+		fds = append(fds, fd)
+	}
+	name := "safefs-many-" + strconv.Itoa(unix.Getpid())
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	fds = append(fds, fd)
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	require.NoError(t, err)
+	_, _, err = proc.ReadMemfd(name, 64)
+	require.ErrorIs(t, err, ErrTooLarge)
+	assert.Contains(t, err.Error(), "more than 300 descriptors")
+	maxFDs = 1000
+	path, _, err := proc.ReadMemfd(name, 64)
+	require.NoError(t, err)
+	assert.Equal(t, "/proc/self/fd/"+strconv.Itoa(fd), path)
+}

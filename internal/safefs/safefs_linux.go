@@ -352,6 +352,9 @@ func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err erro
 // and each look is a readlink(2) of about 1 µs.
 const MaxFDs = 1 << 16
 
+// maxFDs is MaxFDs; tests lower it.
+var maxFDs = MaxFDs
+
 // Magic numbers of the file systems a memfd lives on (linux/magic.h).
 const (
 	TmpfsMagic     = 0x01021994
@@ -383,8 +386,8 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 		var names []string
 		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 		for _, fdName := range names {
-			if seen++; seen > MaxFDs {
-				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, MaxFDs)}
+			if seen++; seen > maxFDs {
+				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
 			}
 			m, err := unix.Readlinkat(dfd, fdName, link)
 			if err != nil || string(link[:m]) != want {
