@@ -418,11 +418,12 @@ func (r *Record) check() error {
 			neg(prefix+f.name, f.n)
 		}
 	}
-	// What Publish always writes.
-	if r.PID <= 0 || r.Seq <= 0 || r.Updated.IsZero() {
-		errs = append(errs, fmt.Errorf("pid %d, seq %d, updated %s: not a published record (each is set by Publish)",
-			r.PID, r.Seq, r.Updated.Format(time.RFC3339)))
+	// What Publish (and memctl.Handler's page) always writes.
+	if r.PID <= 0 || r.Updated.IsZero() {
+		errs = append(errs, fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
+			r.PID, r.Updated.Format(time.RFC3339)))
 	}
+	neg("seq", r.Seq)
 	g, t, p, a := r.GoMemLimit, r.Trim, r.Pressure, r.AutoBurst
 	negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
 	negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes})
