@@ -19,9 +19,10 @@ import (
 
 // The state record: what the controller decided, published for `memctl
 // status -pid` (package internal/state: a sealed memfd, replaced whole) at
-// Start, after each trim and skipped trim, when GOMEMLIMIT or the set of
-// pools changed at the end of a GC cycle, and at Close. Nothing runs on a
-// timer or on the hot paths.
+// Start, after each trim and skipped trim, when GOMEMLIMIT, the set of
+// pools or a counter of the record (pool refusals, peaks and undercharges,
+// pressure signals, detected bursts) changed at the end of a GC cycle, and
+// at Close. Nothing runs on a timer or on the hot paths.
 
 // recorder is a controller's part of the state record.
 type recorder struct {

@@ -25,8 +25,8 @@
 //     clean up.
 //   - It costs nothing while idle and nothing on hot paths: the library
 //     publishes only when a decision changes (at Start, after a trim or a
-//     skipped trim, when GOMEMLIMIT or the set of pools changed at the end
-//     of a GC cycle, at Close), 35 to 130 µs each time (BenchmarkPublish); no
+//     skipped trim, when GOMEMLIMIT, the set of pools or a counter of the
+//     record changed at the end of a GC cycle, at Close), 35 to 130 µs each time (BenchmarkPublish); no
 //     goroutine, no timer, nothing on AfterBurst or Account.Grow.
 //   - Reading it needs what reading /proc/PID/environ needs (the ptrace
 //     read check: the same user, or root), so it shows nothing that
@@ -43,10 +43,10 @@
 // says its unit and source.
 //
 // The record is input from the process it describes, not a fact: a process
-// can forge it. memctl status reads it with Read (a regular file of the
-// memfd's file system only, bounded), parses it with Parse (any error
-// rejects the whole record) and shows every string quoted, labeled
-// "reported by the process".
+// can forge it. memctl status reads it with safefs.Dir.ReadMemfd (a regular
+// file of the memfd's file systems only, sealed against writes, bounded),
+// parses it with Parse (any error rejects the whole record) and shows every
+// string quoted, labeled "reported by the process".
 package state
 
 import (
@@ -351,9 +351,11 @@ var ErrVersion = errors.New("unknown record version")
 
 // Parse parses a record read from another process. Anything but one JSON
 // object of the known types is an error, and so is a record longer than
-// MaxSize, a version other than Version (ErrVersion), more than MaxPools
-// pools, a negative size or count, or a duration that is negative or not a
-// number: the whole record is rejected, never shown in part. Unknown keys
+// MaxSize, a version other than Version (ErrVersion), one without a pid
+// and a publication time, more than MaxPools pools or MaxCHeaps C heaps, a
+// negative size or count, a duration that is negative or not a number, or
+// a pool's Peaks whose counts, count and quantiles disagree: the whole
+// record is rejected, never shown in part. Unknown keys
 // are ignored. The strings are as the process wrote them (any bytes that
 // JSON can carry): quote them when showing them.
 func Parse(b []byte) (*Record, error) {
