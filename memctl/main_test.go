@@ -50,6 +50,7 @@ func TestMain(m *testing.M) {
 		"republish": republishChild,
 		"rewrite":   rewriteChild,
 		"fds":       fdsChild,
+		"pidreuse":  pidReuseChild,
 	})
 }
 

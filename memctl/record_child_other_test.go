@@ -11,3 +11,4 @@ func chrootChild()    { childtest.Fail("the chroot child is Linux only") }
 func republishChild() { childtest.Fail("the republish child is Linux only") }
 func rewriteChild()   { childtest.Fail("the rewrite child is Linux only") }
 func fdsChild()       { childtest.Fail("the fds child is Linux only") }
+func pidReuseChild()  { childtest.Fail("the pidreuse child is Linux only") }

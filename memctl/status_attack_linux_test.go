@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -291,4 +292,70 @@ func TestStatusChrootedRecord(t *testing.T) {
 	require.Equal(t, exitOK, code, out)
 	assert.Regexp(t, `(?m)^  C heap +"chrooted"$`, out)
 	assert.Contains(t, out, "read from memctl's root")
+}
+
+// pidReuseChild runs as PID 1 of a new PID namespace (with its own /proc):
+// it starts a process, reads it with readStatus, and between the start
+// time's read and the rest kills it and starts another that gets the same
+// PID (ns_last_pid, which is the namespace's own). It says REUSED (1 when
+// the second process got the PID) and RESULT (the error, or "read").
+func pidReuseChild() {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		childtest.Fail("make-rprivate: %v", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		childtest.Fail("mount proc: %v", err)
+	}
+	first := exec.Command("/bin/sleep", "60")
+	if err := first.Start(); err != nil {
+		childtest.Fail("start: %v", err)
+	}
+	pid := first.Process.Pid
+	var second *exec.Cmd
+	testHookAfterStart = func() {
+		_ = first.Process.Kill()
+		_ = first.Wait()
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0); err != nil {
+			childtest.Fail("ns_last_pid: %v", err)
+		}
+		second = exec.Command("/bin/sleep", "60")
+		if err := second.Start(); err != nil {
+			childtest.Fail("start: %v", err)
+		}
+	}
+	_, err := readStatus(pid)
+	reused := 0
+	if second != nil && second.Process.Pid == pid {
+		reused = 1
+	}
+	childtest.Say("REUSED", reused)
+	if err != nil {
+		childtest.Say("RESULT", err.Error())
+	} else {
+		childtest.Say("RESULT", "read")
+	}
+	if second != nil {
+		_ = second.Process.Kill()
+		_ = second.Wait()
+	}
+}
+
+// TestStatusPIDReused: the process exits while status reads it and another
+// gets its PID at once (forced in a PID namespace of the test's own with
+// ns_last_pid): status does not show the second process's files as the
+// first's; it gives the one error that the process exited.
+func TestStatusPIDReused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a PID namespace")
+	}
+	cmd := childtest.Command(t, "pidreuse", operatorVars)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	if err != nil && strings.Contains(string(out), "operation not permitted") {
+		t.Skipf("no PID namespace here: %s", out)
+	}
+	require.NoError(t, err, "%s", out)
+	rep := childtest.ParseReport(out)
+	require.Equal(t, "1", rep["REUSED"], "the second process got the PID: %s", out)
+	assert.Regexp(t, `^process \d+ exited while memctl read it$`, rep["RESULT"])
 }
