@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,4 +219,59 @@ func TestStateRecordOff(t *testing.T) {
 	r := ownRecord(t)
 	assert.True(t, r.Off)
 	assert.Equal(t, "keep", r.THP.Policy)
+}
+
+// The record carries a limit the library could not see (issue 18's
+// limit_unknown) as a field, and cuts the strings of a report to
+// state.MaxString: a limit file or reason of 10 KiB still publishes.
+func TestStateRecordLimitUnknownAndCut(t *testing.T) {
+	long := strings.Repeat("/deep", 2000)
+	c := &Controller{report: Report{MemLimit: limits.MemLimit{Source: limits.SourceNone, LimitUnknown: true,
+		File: long, Reason: "no cgroup memory limit up to /, the top of this cgroup namespace: the limit is unknown" + long}}}
+	r := c.record()
+	assert.True(t, r.GoMemLimit.LimitUnknown)
+	assert.LessOrEqual(t, len(r.GoMemLimit.File), state.MaxString)
+	assert.LessOrEqual(t, len(r.GoMemLimit.Reason), state.MaxString)
+	assert.True(t, strings.HasSuffix(r.GoMemLimit.Reason, "..."))
+	r.Updated = time.Now() // as Publish sets it
+	b, err := state.Encode(r)
+	require.NoError(t, err)
+	got, err := state.Parse(b)
+	require.NoError(t, err)
+	assert.True(t, got.GoMemLimit.LimitUnknown)
+}
+
+// A pool named with 100 KiB (NewPool takes any name) made the record longer
+// than state.MaxSize: Publish failed and the record stayed stale. The name
+// is cut and the record publishes.
+func TestStateRecordLongPoolName(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
+	require.NoError(t, err)
+	defer ctl.Close()
+	name := strings.Repeat("p", 100<<10)
+	p, err := limits.NewPool(limits.PoolConfig{Name: name, Limit: 1 << 20, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	r := waitRecord(t, "the long-named pool", func(r *state.Record) bool {
+		for _, sp := range r.Pools {
+			if strings.HasPrefix(sp.Name, "ppp") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, sp := range r.Pools {
+		if strings.HasPrefix(sp.Name, "ppp") {
+			assert.Equal(t, state.Cut(name), sp.Name)
+		}
+	}
 }
