@@ -275,3 +275,34 @@ func TestStateRecordLongPoolName(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFingerprint measures what the record's GC-end watch costs each
+// GC cycle with two pools open: the fingerprint of GOMEMLIMIT, the pools'
+// limits, names and counters and the detectors' counters, beside the
+// earlier one of GOMEMLIMIT and the pools' limits and names alone.
+func BenchmarkFingerprint(b *testing.B) {
+	for _, name := range []string{"bench-a", "bench-b"} {
+		p, err := limits.NewPool(limits.PoolConfig{Name: name, Limit: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(b, err)
+		defer p.Close()
+	}
+	c := &Controller{}
+	var sink uint64
+	b.Run("record", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			sink += c.fingerprint()
+		}
+	})
+	b.Run("limits-and-names", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			h := uint64(debug.SetMemoryLimit(-1))
+			for _, p := range limits.Pools() {
+				h = h*31 + uint64(p.Limit()) + uint64(len(p.Name()))<<1
+			}
+			sink += h
+		}
+	})
+	_ = sink
+}
