@@ -306,3 +306,12 @@ func BenchmarkFingerprint(b *testing.B) {
 	})
 	_ = sink
 }
+
+// The record's peak buckets are limits.PeakHistogram's: same count, same
+// bounds (internal/state cannot import limits).
+func TestStatePeakBucketsMatchLimits(t *testing.T) {
+	require.Equal(t, limits.PeakBuckets+1, state.PeakCounts)
+	for i := range state.PeakCounts {
+		assert.Equal(t, limits.PeakBucketBound(i), state.PeakBound(i), "bucket %d", i)
+	}
+}
