@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/state"
@@ -26,12 +27,16 @@ import (
 
 // recorder is a controller's part of the state record.
 type recorder struct {
-	mu     sync.Mutex
-	sub    *gcend.Subscription
-	last   uint64 // fingerprint of what the GC-end watch compares
-	warned bool
-	closed atomic.Bool
-	log    *slog.Logger
+	mu  sync.Mutex
+	sub *gcend.Subscription
+	// What the GC-end watch compares: the decisions (GOMEMLIMIT, the
+	// pools' set and limits) and the counters, and when the counters were
+	// last published by it.
+	lastDecisions, lastCounters uint64
+	countersAt                  time.Time
+	warned                      bool
+	closed                      atomic.Bool
+	log                         *slog.Logger
 }
 
 // record returns the state record of c (nil c: no controller live). Every
@@ -135,22 +140,38 @@ func (c *Controller) recordOr(closed *Controller) *state.Record {
 	return c.record()
 }
 
+// countersEvery is the least time between two records that the GC-end
+// watch publishes for changed counters alone (pool refusals and peaks,
+// pressure signals, bursts): a busy service that runs 100 GC cycles a
+// second publishes once a second, not 100 times (BenchmarkPublish: 20 to
+// 130 µs each). A changed decision (GOMEMLIMIT, the pools' set or limits)
+// is published at the first GC end that sees it.
+const countersEvery = time.Second
+
 // startRecord publishes c's first record and watches, at the end of each GC
-// cycle, for a change of GOMEMLIMIT or of the pools (an atomic read and a
-// short list; no goroutine, no timer). A controller that MEMCTL=off
-// switched off publishes once and watches nothing.
+// cycle, for a change of GOMEMLIMIT, of the pools or of the record's
+// counters (atomic reads and a short list, 215 to 292 ns with two pools:
+// BenchmarkFingerprint; no goroutine, no timer). A controller that
+// MEMCTL=off switched off publishes once and watches nothing.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l
 	if c.report.Off {
 		c.publish() // MEMCTL=off: one record that says so, and no watch
 		return
 	}
-	c.rec.last = c.fingerprint()
+	c.rec.lastDecisions, c.rec.lastCounters = c.fingerprint()
+	c.rec.countersAt = time.Now()
 	c.rec.sub = gcend.Subscribe(func() bool {
-		if f := c.fingerprint(); f != c.rec.last {
-			c.rec.last = f
-			c.publish()
+		d, n := c.fingerprint()
+		if d == c.rec.lastDecisions && n == c.rec.lastCounters {
+			return true
 		}
+		now := time.Now()
+		if d == c.rec.lastDecisions && now.Sub(c.rec.countersAt) < countersEvery {
+			return true // the counters alone: at the first GC end a second after
+		}
+		c.rec.lastDecisions, c.rec.lastCounters, c.rec.countersAt = d, n, now
+		c.publish()
 		return true
 	})
 	c.publish()
@@ -163,29 +184,27 @@ func (c *Controller) stopRecord() {
 	c.publish()
 }
 
-// fingerprint sums what the GC-end watch compares: GOMEMLIMIT, each open
-// pool's limit, name and counters, and the pressure and burst detectors'
-// counters (a change publishes at most once per GC cycle; an idle process
-// changes nothing).
-func (c *Controller) fingerprint() uint64 {
-	h := uint64(debug.SetMemoryLimit(-1))
-	mix := func(v int64) { h = h*1000003 ^ uint64(v) }
+// fingerprint returns hashes of what the GC-end watch compares: the
+// decisions (GOMEMLIMIT, each open pool's limit and name) and the counters
+// (each pool's refusals, observations, cancels, undercharges and peaks, the
+// pressure and burst detectors' counters). An idle process changes neither.
+func (c *Controller) fingerprint() (decisions, counters uint64) {
+	d, n := uint64(debug.SetMemoryLimit(-1)), uint64(0)
+	mix := func(h *uint64, v int64) { *h = *h*1000003 ^ uint64(v) }
 	for _, p := range limits.Pools() {
 		s := p.Stats()
-		mix(s.Limit)
-		mix(int64(len(s.Name)))
-		mix(s.Refused)
-		mix(s.Observed)
-		mix(s.Canceled)
-		mix(s.Undercharged)
-		mix(s.Peaks.Count)
+		mix(&d, s.Limit)
+		mix(&d, int64(len(s.Name)))
+		for _, v := range []int64{s.Refused, s.Observed, s.Canceled, s.Undercharged, s.Peaks.Count} {
+			mix(&n, v)
+		}
 	}
 	ps, a := c.monitor.Counters(), c.auto.Stats()
 	for _, v := range []int64{ps.Signals, ps.Acted, ps.LeftToKernel, ps.CancelsHeld, ps.Spirals, ps.Lifts, ps.Lifted,
 		a.Bursts, a.Drops, a.Settled} {
-		mix(v)
+		mix(&n, v)
 	}
-	return h
+	return d, n
 }
 
 // chain returns a func that calls f (when set) and then g.

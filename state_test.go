@@ -291,7 +291,8 @@ func BenchmarkFingerprint(b *testing.B) {
 	b.Run("record", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			sink += c.fingerprint()
+			d, n := c.fingerprint()
+			sink += d + n
 		}
 	})
 	b.Run("limits-and-names", func(b *testing.B) {
@@ -314,4 +315,52 @@ func TestStatePeakBucketsMatchLimits(t *testing.T) {
 	for i := range state.PeakCounts {
 		assert.Equal(t, limits.PeakBucketBound(i), state.PeakBound(i), "bucket %d", i)
 	}
+}
+
+// Counters that change at every GC cycle (a request per cycle) publish at
+// most once per countersEvery, not once per cycle; the last change is
+// published at the first GC end after that.
+func TestStateRecordCountersRateLimited(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	t.Setenv("MEMCTL_AUTOBURST", "off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
+	require.NoError(t, err)
+	defer ctl.Close()
+	p, err := limits.NewPool(limits.PoolConfig{Name: "rate-test", Limit: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	waitRecord(t, "the pool", func(r *state.Record) bool { return len(r.Pools) > 0 })
+	seq0 := ownRecord(t).Seq
+	start := time.Now()
+	const cycles = 40
+	for range cycles {
+		a, err := p.Open("req", limits.Unlimited)
+		require.NoError(t, err)
+		require.NoError(t, a.Grow(1<<20))
+		a.Close()
+		runtime.GC()
+	}
+	elapsed := time.Since(start)
+	published := ownRecord(t).Seq - seq0
+	// One per countersEvery elapsed, plus one at each end of the window.
+	bound := int64(elapsed/countersEvery) + 2
+	assert.LessOrEqual(t, published, bound, "%d records for %d GC cycles in %v", published, cycles, elapsed)
+	t.Logf("%d records for %d cycles with a change each, in %v", published, cycles, elapsed)
+	// The last count reaches the record at a GC end after countersEvery.
+	waitRecord(t, "the last count", func(r *state.Record) bool {
+		for _, sp := range r.Pools {
+			if sp.Name == "rate-test" {
+				return sp.Peaks.Count == cycles
+			}
+		}
+		return false
+	})
 }
