@@ -23,7 +23,9 @@ import (
 // Start, after each trim and skipped trim, when GOMEMLIMIT, the set of
 // pools or a counter of the record (pool refusals, peaks and undercharges,
 // pressure signals, detected bursts) changed at the end of a GC cycle, and
-// at Close. Nothing runs on a timer or on the hot paths.
+// at Close. Nothing runs on the hot paths; the only timer is the one-shot
+// that publishes counters held back by countersEvery, armed after a change
+// and gone once it fired (an idle process has none).
 
 // recorder is a controller's part of the state record.
 type recorder struct {
@@ -34,9 +36,15 @@ type recorder struct {
 	// last published by it.
 	lastDecisions, lastCounters uint64
 	countersAt                  time.Time
-	warned                      bool
-	closed                      atomic.Bool
-	log                         *slog.Logger
+	// watchMu guards the fields above and flush, the one-shot timer that
+	// publishes counters held back (nil when none is pending); flushes
+	// counts it until its func returned, for Close to wait.
+	watchMu sync.Mutex
+	flush   *time.Timer
+	flushes sync.WaitGroup
+	warned  bool
+	closed  atomic.Bool
+	log     *slog.Logger
 }
 
 // record returns the state record of c (nil c: no controller live). Every
@@ -162,18 +170,43 @@ func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.lastDecisions, c.rec.lastCounters = c.fingerprint()
 	c.rec.countersAt = time.Now()
 	c.rec.sub = gcend.Subscribe(func() bool {
-		d, n := c.fingerprint()
-		if d == c.rec.lastDecisions && n == c.rec.lastCounters {
-			return true
-		}
-		now := time.Now()
-		if d == c.rec.lastDecisions && now.Sub(c.rec.countersAt) < countersEvery {
-			return true // the counters alone: at the first GC end a second after
-		}
-		c.rec.lastDecisions, c.rec.lastCounters, c.rec.countersAt = d, n, now
-		c.publish()
+		c.watch(false)
 		return true
 	})
+	c.publish()
+}
+
+// watch publishes the record when the decisions changed, or when the
+// counters did and countersEvery passed since the watch last published
+// them; counters held back are published by a one-shot timer at the end
+// of the window (so that an idle process that just served requests shows
+// them within countersEvery, not at its next GC two minutes later). flush
+// is true in that timer's call.
+func (c *Controller) watch(flush bool) {
+	c.rec.watchMu.Lock()
+	defer c.rec.watchMu.Unlock()
+	if flush {
+		c.rec.flush = nil
+	}
+	if c.rec.closed.Load() {
+		return
+	}
+	d, n := c.fingerprint()
+	if d == c.rec.lastDecisions && n == c.rec.lastCounters {
+		return
+	}
+	now := time.Now()
+	if wait := countersEvery - now.Sub(c.rec.countersAt); d == c.rec.lastDecisions && wait > 0 {
+		if c.rec.flush == nil {
+			c.rec.flushes.Add(1)
+			c.rec.flush = time.AfterFunc(wait, func() {
+				defer c.rec.flushes.Done()
+				c.watch(true)
+			})
+		}
+		return
+	}
+	c.rec.lastDecisions, c.rec.lastCounters, c.rec.countersAt = d, n, now
 	c.publish()
 }
 
@@ -181,6 +214,13 @@ func (c *Controller) startRecord(l *slog.Logger) {
 // that now serves the package-level functions, or c's last one.
 func (c *Controller) stopRecord() {
 	c.rec.closed.Store(true)
+	c.rec.watchMu.Lock()
+	if c.rec.flush != nil && c.rec.flush.Stop() {
+		c.rec.flushes.Done() // stopped before its func ran
+	}
+	c.rec.flush = nil
+	c.rec.watchMu.Unlock()
+	c.rec.flushes.Wait()
 	c.publish()
 }
 
