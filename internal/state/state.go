@@ -25,9 +25,12 @@
 //     clean up.
 //   - It costs nothing while idle and nothing on hot paths: the library
 //     publishes only when a decision changes (at Start, after a trim or a
-//     skipped trim, when GOMEMLIMIT, the set of pools or a counter of the
-//     record changed at the end of a GC cycle, at Close), 35 to 130 µs each time (BenchmarkPublish); no
-//     goroutine, no timer, nothing on AfterBurst or Account.Grow.
+//     skipped trim, when GOMEMLIMIT or the set of pools changed at the end
+//     of a GC cycle, when a counter of the record changed, at most once a
+//     second, at Close), 35 to 130 µs each time (BenchmarkPublish); no
+//     goroutine or ticker of its own (only a one-shot timer for counters
+//     held back by the once-a-second limit), nothing on AfterBurst or
+//     Account.Grow.
 //   - Reading it needs what reading /proc/PID/environ needs (the ptrace
 //     read check: the same user, or root), so it shows nothing that
 //     `memctl status` could not already see.
