@@ -69,6 +69,8 @@ func TestHandler(t *testing.T) {
 	}
 	assert.Equal(t, rep.THPPolicy.String(), r.THP.Policy)
 	assert.Equal(t, int64(1), r.Trim.Trims, "the TrimNow above")
+	assert.Equal(t, int64(1), r.Trim.Origins.ByName.Trims, "by origin: the TrimNow is by name")
+	assert.Len(t, r.CHeaps, min(len(st.CHeaps), state.MaxCHeaps), "the C heaps")
 	assert.Equal(t, st.Trim.TotalReleased, r.Trim.ReleasedBytes)
 	var found bool
 	for _, p := range r.Pools {

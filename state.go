@@ -7,32 +7,52 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/trim"
 )
 
 // The state record: what the controller decided, published for `memctl
 // status -pid` (package internal/state: a sealed memfd, replaced whole) at
-// Start, after each trim and skipped trim, when GOMEMLIMIT or the set of
-// pools changed at the end of a GC cycle, and at Close. Nothing runs on a
-// timer or on the hot paths.
+// Start, after each trim and skipped trim, when GOMEMLIMIT, the set of
+// pools or a counter of the record (pool refusals, peaks and undercharges,
+// pressure signals, detected bursts) changed at the end of a GC cycle, and
+// at Close. Nothing runs on the hot paths; the only timer is the one-shot
+// that publishes counters held back by countersEvery, armed after a change
+// and gone once it fired (an idle process has none).
 
 // recorder is a controller's part of the state record.
 type recorder struct {
-	mu     sync.Mutex
-	sub    *gcend.Subscription
-	last   uint64 // fingerprint of what the GC-end watch compares
-	warned bool
-	closed atomic.Bool
-	log    *slog.Logger
+	mu  sync.Mutex
+	sub *gcend.Subscription
+	// What the GC-end watch compares: the decisions (GOMEMLIMIT, the
+	// pools' set and limits) and the counters, and when the counters were
+	// last published by it.
+	lastDecisions, lastCounters uint64
+	countersAt                  time.Time
+	// watchMu guards the fields above and flush, the one-shot timer that
+	// publishes counters held back (nil when none is pending); flushes
+	// counts it until its func returned, for Close to wait.
+	watchMu sync.Mutex
+	flush   *time.Timer
+	flushes sync.WaitGroup
+	warned  bool
+	closed  atomic.Bool
+	log     *slog.Logger
 }
 
-// record returns the state record of c (nil c: no controller live).
+// record returns the state record of c (nil c: no controller live). Every
+// string is cut to state.MaxString bytes; the lists are cut to
+// state.MaxPools and state.MaxCHeaps (state.Encode cuts them further when
+// the record would not fit in state.MaxSize).
 func (c *Controller) record() *state.Record {
+	cut := state.Cut
 	r := &state.Record{PID: os.Getpid(), Pressure: state.Pressure{Source: "none"}, CHeap: "none"}
 	gml := debug.SetMemoryLimit(-1)
 	if gml != math.MaxInt64 {
@@ -49,27 +69,54 @@ func (c *Controller) record() *state.Record {
 			ml = l // the refresh's latest decision
 		}
 		r.Off, r.Closed = rep.Off, c.rec.closed.Load()
-		r.GoMemLimit = state.GoMemLimit{Bytes: r.GoMemLimit.Bytes, Source: ml.Source.String(), File: ml.File,
+		r.GoMemLimit = state.GoMemLimit{Bytes: r.GoMemLimit.Bytes, Source: cut(ml.Source.String()), File: cut(ml.File),
 			MemoryLimitBytes: ml.MemoryLimit, Ratio: ml.Ratio, OutsideBytes: ml.Outside,
-			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: ml.Reason}
-		r.THP = state.THP{Policy: rep.THPPolicy.String(), State: rep.THPState.String(), System: rep.THPSystem}
+			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: cut(ml.Reason), LimitUnknown: ml.LimitUnknown}
+		r.THP = state.THP{Policy: cut(rep.THPPolicy.String()), State: cut(rep.THPState.String()), System: cut(rep.THPSystem)}
 		t := st.Trim
+		origin := func(o trim.Origin) state.Origin {
+			s := t.Origins[o]
+			return state.Origin{Trims: s.Trims, Skipped: s.Skipped, CPUSeconds: s.CPU.Seconds(), ReleasedBytes: s.Released}
+		}
 		r.Trim = state.Trim{DelaySeconds: rep.TrimDelay.Seconds(), Trims: t.Trims, Skipped: t.Skipped,
 			GoSkipped: t.GoSkipped, CSkipped: t.CSkipped, ReleasedBytes: t.TotalReleased,
 			LastReleasedBytes: t.LastReleased, CPUSeconds: t.TotalCPU.Seconds(),
-			Deferred: t.Deferred, EarlyStarts: t.EarlyStarts}
-		r.Pressure.Source = cmp.Or(rep.Pressure, "none")
-		r.CHeap = cmp.Or(rep.CHeap, "none")
+			Deferred: t.Deferred, EarlyStarts: t.EarlyStarts,
+			Origins: state.Origins{Debounced: origin(trim.OriginDebounced), Pressure: origin(trim.OriginPressure),
+				Spiral: origin(trim.OriginSpiral), ByName: origin(trim.OriginByName)},
+			SkippedBy: state.SkippedBy{MinRelease: t.SkippedBy[trim.SkipMinRelease], Cost: t.SkippedBy[trim.SkipCost],
+				Budget: t.SkippedBy[trim.SkipBudget], Running: t.SkippedBy[trim.SkipRunning]}}
+		ps := st.Pressure
+		r.Pressure = state.Pressure{Source: cut(cmp.Or(rep.Pressure, "none")), Signals: ps.Signals, Acted: ps.Acted,
+			LeftToKernel: ps.LeftToKernel, CancelsHeld: ps.CancelsHeld, Spirals: ps.Spirals, Lifts: ps.Lifts,
+			LiftedBytes: max(ps.Lifted, 0)}
+		r.CHeap = cut(cmp.Or(rep.CHeap, "none"))
+		for _, h := range st.CHeaps {
+			if len(r.CHeaps) == state.MaxCHeaps {
+				r.CHeapsOmitted++
+				continue
+			}
+			r.CHeaps = append(r.CHeaps, state.CHeap{Allocator: cut(h.Allocator), Library: cut(h.Library),
+				OwnsMalloc: h.OwnsMalloc, Trimmed: h.Trimmed, Note: cut(h.Note), Releases: h.Releases,
+				Skipped: h.Skipped, ReleasedBytes: max(h.TotalReleased, 0), RetainedBytes: max(h.Retained, -1)})
+		}
+		a := st.AutoBurst
+		r.AutoBurst = state.AutoBurst{Bursts: a.Bursts, Drops: a.Drops, Marks: a.Marks, Settled: a.Settled,
+			FloorBytes: max(a.Floor, 0), GCEnds: a.GCEnds}
 	}
 	for _, p := range limits.Pools() {
 		if len(r.Pools) == state.MaxPools {
 			r.PoolsOmitted++
 			continue
 		}
-		sp := state.Pool{Name: p.Name(), Mode: p.Mode().String()}
-		if l := p.Limit(); l != limits.Unlimited {
-			sp.LimitBytes = &l
+		s := p.Stats()
+		sp := state.Pool{Name: cut(s.Name), Mode: cut(s.Mode.String()), UsedBytes: max(s.Used, 0),
+			PeakBytes: max(s.Peak, 0), InFlight: max(s.InFlight, 0), Refused: s.Refused, Observed: s.Observed,
+			Canceled: s.Canceled, Undercharged: s.Undercharged}
+		if s.Limit != limits.Unlimited {
+			sp.LimitBytes = &s.Limit
 		}
+		sp.Peaks.Set(slices.Clone(s.Peaks.Counts[:]))
 		r.Pools = append(r.Pools, sp)
 	}
 	return r
@@ -101,24 +148,65 @@ func (c *Controller) recordOr(closed *Controller) *state.Record {
 	return c.record()
 }
 
+// countersEvery is the least time between two records that the GC-end
+// watch publishes for changed counters alone (pool refusals and peaks,
+// pressure signals, bursts): a busy service that runs 100 GC cycles a
+// second publishes once a second, not 100 times (BenchmarkPublish: 20 to
+// 130 µs each). A changed decision (GOMEMLIMIT, the pools' set or limits)
+// is published at the first GC end that sees it.
+const countersEvery = time.Second
+
 // startRecord publishes c's first record and watches, at the end of each GC
-// cycle, for a change of GOMEMLIMIT or of the pools (an atomic read and a
-// short list; no goroutine, no timer). A controller that MEMCTL=off
-// switched off publishes once and watches nothing.
+// cycle, for a change of GOMEMLIMIT, of the pools or of the record's
+// counters (atomic reads and a short list, 215 to 292 ns with two pools:
+// BenchmarkFingerprint; no goroutine, no timer). A controller that
+// MEMCTL=off switched off publishes once and watches nothing.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l
 	if c.report.Off {
 		c.publish() // MEMCTL=off: one record that says so, and no watch
 		return
 	}
-	c.rec.last = fingerprint()
+	c.rec.lastDecisions, c.rec.lastCounters = c.fingerprint()
+	c.rec.countersAt = time.Now()
 	c.rec.sub = gcend.Subscribe(func() bool {
-		if f := fingerprint(); f != c.rec.last {
-			c.rec.last = f
-			c.publish()
-		}
+		c.watch(false)
 		return true
 	})
+	c.publish()
+}
+
+// watch publishes the record when the decisions changed, or when the
+// counters did and countersEvery passed since the watch last published
+// them; counters held back are published by a one-shot timer at the end
+// of the window (so that an idle process that just served requests shows
+// them within countersEvery, not at its next GC two minutes later). flush
+// is true in that timer's call.
+func (c *Controller) watch(flush bool) {
+	c.rec.watchMu.Lock()
+	defer c.rec.watchMu.Unlock()
+	if flush {
+		c.rec.flush = nil
+	}
+	if c.rec.closed.Load() {
+		return
+	}
+	d, n := c.fingerprint()
+	if d == c.rec.lastDecisions && n == c.rec.lastCounters {
+		return
+	}
+	now := time.Now()
+	if wait := countersEvery - now.Sub(c.rec.countersAt); d == c.rec.lastDecisions && wait > 0 {
+		if c.rec.flush == nil {
+			c.rec.flushes.Add(1)
+			c.rec.flush = time.AfterFunc(wait, func() {
+				defer c.rec.flushes.Done()
+				c.watch(true)
+			})
+		}
+		return
+	}
+	c.rec.lastDecisions, c.rec.lastCounters, c.rec.countersAt = d, n, now
 	c.publish()
 }
 
@@ -126,17 +214,37 @@ func (c *Controller) startRecord(l *slog.Logger) {
 // that now serves the package-level functions, or c's last one.
 func (c *Controller) stopRecord() {
 	c.rec.closed.Store(true)
+	c.rec.watchMu.Lock()
+	if c.rec.flush != nil && c.rec.flush.Stop() {
+		c.rec.flushes.Done() // stopped before its func ran
+	}
+	c.rec.flush = nil
+	c.rec.watchMu.Unlock()
+	c.rec.flushes.Wait()
 	c.publish()
 }
 
-// fingerprint sums what the GC-end watch compares: GOMEMLIMIT and each
-// open pool's limit and name.
-func fingerprint() uint64 {
-	h := uint64(debug.SetMemoryLimit(-1))
+// fingerprint returns hashes of what the GC-end watch compares: the
+// decisions (GOMEMLIMIT, each open pool's limit and name) and the counters
+// (each pool's refusals, observations, cancels, undercharges and peaks, the
+// pressure and burst detectors' counters). An idle process changes neither.
+func (c *Controller) fingerprint() (decisions, counters uint64) {
+	d, n := uint64(debug.SetMemoryLimit(-1)), uint64(0)
+	mix := func(h *uint64, v int64) { *h = *h*1000003 ^ uint64(v) }
 	for _, p := range limits.Pools() {
-		h = h*31 + uint64(p.Limit()) + uint64(len(p.Name()))<<1
+		s := p.Stats()
+		mix(&d, s.Limit)
+		mix(&d, int64(len(s.Name)))
+		for _, v := range []int64{s.Refused, s.Observed, s.Canceled, s.Undercharged, s.Peaks.Count} {
+			mix(&n, v)
+		}
 	}
-	return h
+	ps, a := c.monitor.Counters(), c.auto.Stats()
+	for _, v := range []int64{ps.Signals, ps.Acted, ps.LeftToKernel, ps.CancelsHeld, ps.Spirals, ps.Lifts, ps.Lifted,
+		a.Bursts, a.Drops, a.Settled} {
+		mix(&n, v)
+	}
+	return d, n
 }
 
 // chain returns a func that calls f (when set) and then g.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
+	"github.com/memctl/memctl/trim"
 )
 
 // ownRecord reads this process's state record as memctl status does.
@@ -85,6 +87,30 @@ func TestStateRecord(t *testing.T) {
 	assert.Equal(t, int64(1), r.Trim.Trims)
 	assert.Equal(t, ctl.Stats().Trim.TotalReleased, r.Trim.ReleasedBytes)
 	assert.Greater(t, r.Seq, seq)
+	// By origin (issue 17): the trim by name, nothing else.
+	assert.Equal(t, int64(1), r.Trim.Origins.ByName.Trims)
+	assert.Equal(t, ctl.Stats().Trim.Origins[trim.OriginByName].Released, r.Trim.Origins.ByName.ReleasedBytes)
+	assert.Zero(t, r.Trim.Origins.Debounced.Trims+r.Trim.Origins.Pressure.Trims+r.Trim.Origins.Spiral.Trims)
+	// The C heaps (issue 21) as Stats lists them, the owner of malloc first.
+	heaps := ctl.Stats().CHeaps
+	require.Len(t, r.CHeaps, min(len(heaps), state.MaxCHeaps))
+	for i, h := range r.CHeaps {
+		assert.Equal(t, heaps[i].Allocator, h.Allocator)
+		assert.Equal(t, heaps[i].Library, h.Library)
+		assert.Equal(t, heaps[i].OwnsMalloc, h.OwnsMalloc)
+		assert.Equal(t, heaps[i].Trimmed, h.Trimmed)
+		assert.Equal(t, heaps[i].Releases, h.Releases)
+	}
+	// A skipped request (issue 17): counted by reason, published at once.
+	ctl.trimmer.Request(trim.OriginPressure)
+	st := ctl.Stats().Trim
+	r = ownRecord(t)
+	assert.Equal(t, st.Origins[trim.OriginPressure].Trims, r.Trim.Origins.Pressure.Trims)
+	assert.Equal(t, st.Origins[trim.OriginPressure].Skipped, r.Trim.Origins.Pressure.Skipped)
+	assert.Equal(t, st.SkippedBy[trim.SkipMinRelease], r.Trim.SkippedBy.MinRelease)
+	assert.Equal(t, st.SkippedBy[trim.SkipBudget], r.Trim.SkippedBy.Budget)
+	assert.Equal(t, st.SkippedBy[trim.SkipCost], r.Trim.SkippedBy.Cost)
+	assert.Equal(t, int64(1), r.Trim.Origins.Pressure.Trims+r.Trim.Origins.Pressure.Skipped, "one request")
 
 	// GOMEMLIMIT changed by the program and a pool opened: the next GC
 	// cycle's end publishes them.
@@ -104,6 +130,36 @@ func TestStateRecord(t *testing.T) {
 		}
 	}
 	assert.True(t, found, "pools %+v", r.Pools)
+
+	// Requests (issue 20): peaks of 1, 3 and 5 MiB and one refused at the
+	// pool's 64 MiB; the next GC end publishes the counters and the
+	// histogram, whose quantiles are the pool's own.
+	for _, n := range []int64{1 << 20, 3 << 20, 5 << 20, 100 << 20} {
+		a, err := p.Open("req", limits.Unlimited)
+		require.NoError(t, err)
+		_ = a.Grow(n)
+		a.Close()
+	}
+	ps := p.Stats()
+	require.Equal(t, int64(1), ps.Refused)
+	r = waitRecord(t, "the pool's requests", func(r *state.Record) bool {
+		for _, sp := range r.Pools {
+			if sp.Name == "state-test" {
+				return sp.Peaks.Count == ps.Peaks.Count && sp.Refused == 1
+			}
+		}
+		return false
+	})
+	for _, sp := range r.Pools {
+		if sp.Name == "state-test" {
+			assert.Equal(t, ps.Peaks.Counts[:], sp.Peaks.Counts)
+			assert.Equal(t, ps.Peaks.Quantile(0.5), sp.Peaks.P50Bytes)
+			assert.Equal(t, ps.Peaks.Quantile(0.99), sp.Peaks.P99Bytes)
+			assert.Equal(t, ps.Peaks.Quantile(1), sp.Peaks.MaxBytes)
+			assert.Equal(t, ps.Peak, sp.PeakBytes)
+			assert.Zero(t, sp.InFlight)
+		}
+	}
 	p.Close()
 	waitRecord(t, "the pool closed", func(r *state.Record) bool {
 		for _, sp := range r.Pools {
@@ -163,4 +219,155 @@ func TestStateRecordOff(t *testing.T) {
 	r := ownRecord(t)
 	assert.True(t, r.Off)
 	assert.Equal(t, "keep", r.THP.Policy)
+}
+
+// The record carries a limit the library could not see (issue 18's
+// limit_unknown) as a field, and cuts the strings of a report to
+// state.MaxString: a limit file or reason of 10 KiB still publishes.
+func TestStateRecordLimitUnknownAndCut(t *testing.T) {
+	long := strings.Repeat("/deep", 2000)
+	c := &Controller{report: Report{MemLimit: limits.MemLimit{Source: limits.SourceNone, LimitUnknown: true,
+		File: long, Reason: "no cgroup memory limit up to /, the top of this cgroup namespace: the limit is unknown" + long}}}
+	r := c.record()
+	assert.True(t, r.GoMemLimit.LimitUnknown)
+	assert.LessOrEqual(t, len(r.GoMemLimit.File), state.MaxString)
+	assert.LessOrEqual(t, len(r.GoMemLimit.Reason), state.MaxString)
+	assert.True(t, strings.HasSuffix(r.GoMemLimit.Reason, "..."))
+	r.Updated = time.Now() // as Publish sets it
+	b, err := state.Encode(r)
+	require.NoError(t, err)
+	got, err := state.Parse(b)
+	require.NoError(t, err)
+	assert.True(t, got.GoMemLimit.LimitUnknown)
+}
+
+// A pool named with 100 KiB (NewPool takes any name) made the record longer
+// than state.MaxSize: Publish failed and the record stayed stale. The name
+// is cut and the record publishes.
+func TestStateRecordLongPoolName(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
+	require.NoError(t, err)
+	defer ctl.Close()
+	name := strings.Repeat("p", 100<<10)
+	p, err := limits.NewPool(limits.PoolConfig{Name: name, Limit: 1 << 20, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	r := waitRecord(t, "the long-named pool", func(r *state.Record) bool {
+		for _, sp := range r.Pools {
+			if strings.HasPrefix(sp.Name, "ppp") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, sp := range r.Pools {
+		if strings.HasPrefix(sp.Name, "ppp") {
+			assert.Equal(t, state.Cut(name), sp.Name)
+		}
+	}
+}
+
+// BenchmarkFingerprint measures what the record's GC-end watch costs each
+// GC cycle with two pools open: the fingerprint of GOMEMLIMIT, the pools'
+// limits, names and counters and the detectors' counters, beside the
+// earlier one of GOMEMLIMIT and the pools' limits and names alone.
+func BenchmarkFingerprint(b *testing.B) {
+	for _, name := range []string{"bench-a", "bench-b"} {
+		p, err := limits.NewPool(limits.PoolConfig{Name: name, Limit: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(b, err)
+		defer p.Close()
+	}
+	c := &Controller{}
+	var sink uint64
+	b.Run("record", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			d, n := c.fingerprint()
+			sink += d + n
+		}
+	})
+	b.Run("limits-and-names", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			h := uint64(debug.SetMemoryLimit(-1))
+			for _, p := range limits.Pools() {
+				h = h*31 + uint64(p.Limit()) + uint64(len(p.Name()))<<1
+			}
+			sink += h
+		}
+	})
+	_ = sink
+}
+
+// The record's peak buckets are limits.PeakHistogram's: same count, same
+// bounds (internal/state cannot import limits).
+func TestStatePeakBucketsMatchLimits(t *testing.T) {
+	require.Equal(t, limits.PeakBuckets+1, state.PeakCounts)
+	for i := range state.PeakCounts {
+		assert.Equal(t, limits.PeakBucketBound(i), state.PeakBound(i), "bucket %d", i)
+	}
+}
+
+// Counters that change at every GC cycle (a request per cycle) publish at
+// most once per countersEvery, not once per cycle; the last change is
+// published by the one-shot timer at the end of the window, with no GC.
+func TestStateRecordCountersRateLimited(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the state record is Linux only")
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	if prev, err := thp.Process(); err == nil {
+		defer restoreTHP(prev)
+	}
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	t.Setenv("MEMCTL_AUTOBURST", "off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
+	require.NoError(t, err)
+	defer ctl.Close()
+	p, err := limits.NewPool(limits.PoolConfig{Name: "rate-test", Limit: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer p.Close()
+	waitRecord(t, "the pool", func(r *state.Record) bool { return len(r.Pools) > 0 })
+	seq0 := ownRecord(t).Seq
+	start := time.Now()
+	const cycles = 40
+	for range cycles {
+		a, err := p.Open("req", limits.Unlimited)
+		require.NoError(t, err)
+		require.NoError(t, a.Grow(1<<20))
+		a.Close()
+		runtime.GC()
+	}
+	elapsed := time.Since(start)
+	published := ownRecord(t).Seq - seq0
+	// One per countersEvery elapsed, plus one at each end of the window.
+	bound := int64(elapsed/countersEvery) + 2
+	assert.LessOrEqual(t, published, bound, "%d records for %d GC cycles in %v", published, cycles, elapsed)
+	t.Logf("%d records for %d cycles with a change each, in %v", published, cycles, elapsed)
+	// The last count reaches the record within countersEvery with no GC
+	// cycle: the one-shot timer publishes what was held back.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var count int64
+		for _, sp := range ownRecord(t).Pools {
+			if sp.Name == "rate-test" {
+				count = sp.Peaks.Count
+			}
+		}
+		if count == cycles {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the last count (%d) never reached the record without a GC", count)
+		time.Sleep(20 * time.Millisecond) // polling a file; no GC is run here
+	}
 }

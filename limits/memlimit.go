@@ -226,6 +226,13 @@ type MemLimit struct {
 	// MemoryLimit when the limit is under the floor): the GC will run
 	// often.
 	AtFloor bool `json:",omitempty"`
+	// LimitUnknown is true when no cgroup up to the top of the process's
+	// cgroup namespace sets a memory limit but that top is not the
+	// hierarchy's root: a limit may be set above it, out of sight (as
+	// Kubernetes pod-level resources and podman's service cgroup do).
+	// Source is then SourceNone, or SourceSystem with
+	// MemLimitConfig.SystemFallback.
+	LimitUnknown bool `json:",omitempty"`
 	// Reason is one human-readable sentence about the decision.
 	Reason string
 }
@@ -530,6 +537,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		return d, nil
 	}
 	f, err := m.probe()
+	d.LimitUnknown = f.unknown
 	if err != nil {
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		m.store(d)
@@ -794,6 +802,7 @@ type found struct {
 	source            Source
 	version           int
 	why               string
+	unknown           bool // the limit may be set above the cgroup namespace
 }
 
 const noLimit = cgroupfs.NoLimit
@@ -844,7 +853,7 @@ func (m *MemLimiter) probe() (found, error) {
 	default:
 		return found{}, fmt.Errorf("limits: memory limit: %w", err)
 	}
-	f.why = why
+	f.why, f.unknown = why, err == nil && l.TopNotRoot
 	if !m.fallback {
 		return f, nil
 	}

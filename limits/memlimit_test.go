@@ -873,3 +873,24 @@ func TestHeadroomKeptWhileRSSBelowMapped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(4<<20), d.Outside, "a real reading replaces it")
 }
+
+// TestLimitUnknownFlag: a cgroup namespace whose visible top sets no limit
+// (cgroupfs.Limit.TopNotRoot) is reported as LimitUnknown, with or without
+// SystemFallback, so that the state record can say so (issue 22); a real
+// root that sets none is not.
+func TestLimitUnknownFlag(t *testing.T) {
+	keepMemoryLimit(t)
+	for _, tc := range []struct {
+		top, fallback bool
+		source        Source
+	}{{true, false, SourceNone}, {true, true, SourceSystem}, {false, false, SourceNone}} {
+		cfg := cfgFor(func() (cgroupfs.Limit, error) {
+			return cgroupfs.Limit{Version: 2, Cgroup: "/", Bytes: cgroupfs.NoLimit, TopNotRoot: tc.top}, nil
+		})
+		cfg.SystemFallback = tc.fallback
+		_, ml, err := start(t, cfg)
+		require.NoError(t, err)
+		assert.Equal(t, tc.source, ml.Source, "%+v", tc)
+		assert.Equal(t, tc.top, ml.LimitUnknown, "%+v: %s", tc, ml.Reason)
+	}
+}

@@ -35,7 +35,9 @@
 //     namespace has cgroup v2 without the memory controller and no v1
 //     memory mount (a container on a hybrid host), the v1 memory cgroup
 //     that /proc/PID/cgroup lists is read in memctl's own mount namespace
-//     instead, and the table says so. A process chrooted in memctl's own
+//     instead, and the table says so; so is the cgroup of a process in
+//     another mount namespace that shows no mount of its hierarchy at all
+//     (a container without /sys/fs/cgroup). A process chrooted in memctl's own
 //     mount namespace, whose root shows no cgroup mount (its mountinfo is
 //     empty), has its cgroup from /proc/PID/cgroup read from memctl's own
 //     root: the same mounts, and nothing the process arranged in its root
@@ -48,13 +50,18 @@
 //     uses it: its state record (package internal/state), which memctl.Start
 //     publishes in a sealed memfd named "memctl-state" and replaces whole
 //     when a decision changes (GOMEMLIMIT in force, its source and reason,
-//     the THP policy, the trims run and skipped, the budget pools, the
-//     pressure source). The record is what the process says of itself, not
+//     whether the limit is unknown, the THP policy, the trims run and
+//     skipped by origin and reason, the bursts detected at GC end, the
+//     budget pools with their refusals, charge check and request peaks,
+//     the pressure source and what it did, each C allocator found). The
+//     record is what the process says of itself, not
 //     a fact memctl checked: the table shows it under "memctl" as
 //     "reported by the process (not checked)", every string in it quoted.
 //     A record that is not one JSON object of the known types and version,
-//     that is larger than 64 KiB, or that holds a negative size or count,
-//     is rejected whole (never shown in part): "memctl" is unknown with the
+//     that is larger than 64 KiB, that lists more than 64 pools or 16 C
+//     heaps, that holds a negative size or count, or whose peak histogram
+//     disagrees with its own quantiles, is rejected whole (never shown in
+//     part): "memctl" is unknown with the
 //     reason (exit status 3). A process without a record is not an error
 //     ("memctl": null, exit status 0).
 //
@@ -92,7 +99,7 @@
 //	    "dir": "/sys/fs/cgroup/system.slice/app.service",
 //	    "limit_bytes": 1073741824,        // null: no limit
 //	    "limit_file": "/sys/fs/cgroup/system.slice/memory.max", // null: no limit
-//	    "view": "process"                 // "memctl": read in memctl's mount namespace (hybrid host); "memctl-root": from memctl's root (chrooted process)
+//	    "view": "process"                 // "memctl": read in memctl's mount namespace (the process's mounts no hierarchy with its memory controller); "memctl-root": from memctl's root (chrooted process)
 //	  },
 //	  "cgroup_error": "...",              // only when "cgroup" is null: why
 //	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set; null when unknown
@@ -105,14 +112,32 @@
 //	    "off": false, "closed": false,
 //	    "gomemlimit": {"bytes": 237670254, "source": "cgroup v1", "file": "...",
 //	      "memory_limit_bytes": 268435456, "ratio": 0.9, "outside_bytes": 3921656,
-//	      "refresh_seconds": 10, "reason": "..."},  // bytes: null for no limit
-//	    "thp": {"policy": "disable", "state": "disabled", "system": "madvise"},
+//	      "refresh_seconds": 10, "reason": "...",  // bytes: null for no limit
+//	      "limit_unknown": false},        // true: none up to a cgroup namespace top that is not the root
+//	    "thp": {"policy": "except-advised", "state": "disabled-except-advised", "system": "madvise"},
 //	    "trim": {"delay_seconds": 2, "trims": 1, "skipped": 0, "go_skipped": 0,
 //	      "c_skipped": 1, "released_bytes": 34119680, "last_released_bytes": 34119680,
-//	      "cpu_seconds": 0.0026, "deferred": 0, "early_starts": 0},
-//	    "pools": [{"name": "api", "mode": "enforce", "limit_bytes": 118798263}],
-//	    "pressure": {"source": "cgroup v1 .../memory.pressure_level low"},
-//	    "c_heap": "glibc"                 // newer libraries add keys; this memctl shows those it knows
+//	      "cpu_seconds": 0.0026, "deferred": 0, "early_starts": 0,
+//	      "origins": {                    // who asked: debounced, pressure, spiral, by_name (TrimNow)
+//	        "debounced": {"trims": 1, "skipped": 0, "cpu_seconds": 0.0026, "released_bytes": 34119680},
+//	        "pressure": {...}, "spiral": {...}, "by_name": {...}},
+//	      "skipped_by": {"min_release": 0, "cost": 0, "budget": 0, "running": 0}},
+//	    "pools": [{"name": "api", "mode": "enforce", "limit_bytes": 118798263,
+//	      "used_bytes": 0, "peak_bytes": 3145728, "in_flight": 0,
+//	      "refused": 1, "observed": 0, "canceled": 0, "undercharged": 0,
+//	      "peaks": {"count": 3, "p50_bytes": 2097152, "p99_bytes": 4194304,
+//	        "max_bytes": 4194304,        // bucket bounds: 64 KiB << i; 9223372036854775807 above 64 GiB
+//	        "counts": [0, 0, 0, 0, 1, 1, 1, 0, ...]}}],  // 22 buckets, absent when count is 0
+//	    "pools_omitted": 0,               // only when more pools than the record lists (64)
+//	    "pressure": {"source": "cgroup v1 .../memory.pressure_level low",
+//	      "signals": 0, "acted": 0, "left_to_kernel": 0, "cancels_held": 0,
+//	      "spirals": 0, "lifts": 0, "lifted_bytes": 0},
+//	    "c_heap": "glibc",
+//	    "c_heaps": [{"allocator": "glibc", "library": "/lib/x86_64-linux-gnu/libc.so.6",
+//	      "owns_malloc": true, "trimmed": true, "note": "...", "releases": 0,
+//	      "skipped": 0, "released_bytes": 0, "retained_bytes": 656112}],  // retained -1: unknown; at most 16
+//	    "auto_burst": {"bursts": 0, "drops": 0, "marks": 0, "settled": 0,
+//	      "floor_bytes": 258000, "gc_ends": 4}  // newer libraries add keys; this memctl shows those it knows
 //	  },
 //	  "unknown": {                        // only when a field could not be read:
 //	    "anon_huge_pages_bytes": "procfs: open \"/proc/1/smaps_rollup\": permission denied"
@@ -161,8 +186,11 @@
 //     runs), and read only when it is a regular file of tmpfs or hugetlbfs
 //     (a memfd's file systems) of at most 64 KiB, checked before a byte is
 //     read (a process that swaps the descriptor for a FIFO, a device or a
-//     file of a terabyte is refused). Reading /proc/PID/fd needs what
-//     reading /proc/PID/environ needs.
+//     file of a terabyte is refused), and sealed against writes, growth
+//     and shrinking as the library seals it (F_SEAL_WRITE, F_SEAL_GROW,
+//     F_SEAL_SHRINK: the content cannot change while it is read; a plain
+//     tmpfs file whose link reads the same is refused). Reading
+//     /proc/PID/fd needs what reading /proc/PID/environ needs.
 //
 // It refuses a file that is not a regular file (a FIFO, a device such as
 // /dev/zero, a socket; the open uses O_NONBLOCK, so a FIFO cannot block it),

@@ -46,6 +46,11 @@ func TestMain(m *testing.M) {
 		"service": serviceChild,
 		"forge":   forgeChild,
 		"chroot":  chrootChild,
+		// Issue 22's hostile targets (status_attack_linux_test.go).
+		"republish": republishChild,
+		"rewrite":   rewriteChild,
+		"fds":       fdsChild,
+		"pidreuse":  pidReuseChild,
 	})
 }
 

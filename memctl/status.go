@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -147,7 +148,8 @@ type memCgroup struct {
 	LimitBytes *int64  `json:"limit_bytes"`
 	LimitFile  *string `json:"limit_file"`
 	// View is "process" when the files were read in the process's mount
-	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller: a
+	// namespace, "memctl" when in memctl's (cgroupfs.ViewCaller: the
+	// process's own mounts no hierarchy with its memory controller, as on a
 	// hybrid host), "memctl-root" when in memctl's root (ViewCallerRoot: a
 	// process chrooted in memctl's mount namespace).
 	View string `json:"view"`
@@ -514,7 +516,7 @@ func writeTable(w io.Writer, st *statusReport) {
 		v := fmt.Sprintf("v%d %s", c.Version, safefs.Quote(c.Path))
 		switch c.View {
 		case "memctl":
-			v += " (read in memctl's mount namespace: the process's own has cgroup v2 without the memory controller and no v1 memory mount)"
+			v += " (read in memctl's mount namespace: the process's own mounts no hierarchy with its memory controller)"
 		case "memctl-root":
 			v += " (read from memctl's root: the process is chrooted in memctl's mount namespace and its root shows no cgroup mount)"
 		}
@@ -641,6 +643,9 @@ func writeRecord(row func(k, v string), st *statusReport) {
 		refresh = "re-read at GC end at most every " + seconds(g.RefreshSeconds)
 	}
 	row("  GOMEMLIMIT", lim+"; "+src+"; "+refresh)
+	if g.LimitUnknown {
+		row("  memory limit", "unknown to the library: none up to the top of its cgroup namespace, which is not the root; a limit may be set above it")
+	}
 	row("  GOMEMLIMIT reason", q(g.Reason))
 	row("  THP", fmt.Sprintf("policy %s, process %s, system %s", q(r.THP.Policy), q(r.THP.State), q(r.THP.System)))
 	t := r.Trim
@@ -654,6 +659,21 @@ func writeRecord(row func(k, v string), st *statusReport) {
 			row("", fmt.Sprintf("%d deferred by the CPU limit, %d started early (CPU cgroup throttled)", t.Deferred, t.EarlyStarts))
 		}
 	}
+	var origins []string
+	for _, o := range []struct {
+		name string
+		o    state.Origin
+	}{{"debounced", t.Origins.Debounced}, {"pressure", t.Origins.Pressure}, {"spiral", t.Origins.Spiral}, {"by name", t.Origins.ByName}} {
+		origins = append(origins, fmt.Sprintf("%s %d run, %d skipped, %s released, %s of CPU",
+			o.name, o.o.Trims, o.o.Skipped, size(&o.o.ReleasedBytes), seconds(o.o.CPUSeconds)))
+	}
+	row("  trims by origin", strings.Join(origins, "; "))
+	sb := t.SkippedBy
+	row("  trims skipped by", fmt.Sprintf("min_release %d (too little to release), cost %d (less than the GC is worth), budget %d (2%% CPU budget), running %d (a trim was running)",
+		sb.MinRelease, sb.Cost, sb.Budget, sb.Running))
+	a := r.AutoBurst
+	row("  auto-burst", fmt.Sprintf("%d bursts detected at GC end, %d marked for a trim, %d settled as growth, %d collected outside one; floor %s; %d GC ends seen",
+		a.Bursts, a.Marks, a.Settled, a.Drops, size(&a.FloorBytes), a.GCEnds))
 	if len(r.Pools) == 0 {
 		row("  pools", "none")
 	}
@@ -666,13 +686,58 @@ func writeRecord(row func(k, v string), st *statusReport) {
 		if p.LimitBytes != nil {
 			lim = size(p.LimitBytes)
 		}
-		row(label, fmt.Sprintf("%s %s, limit %s", q(p.Name), q(p.Mode), lim))
+		row(label, fmt.Sprintf("%s %s, limit %s; used %s, peak %s, %d in flight; %d refused, %d observed, %d canceled",
+			q(p.Name), q(p.Mode), lim, size(&p.UsedBytes), size(&p.PeakBytes), p.InFlight, p.Refused, p.Observed, p.Canceled))
+		if pk := p.Peaks; pk.Count > 0 {
+			row("", fmt.Sprintf("request peaks: %d, p50 %s, p99 %s, max %s", pk.Count, peakBound(pk.P50Bytes), peakBound(pk.P99Bytes), peakBound(pk.MaxBytes)))
+		}
+		if p.Undercharged > 0 {
+			row("", fmt.Sprintf("undercharged: %d GC ends saw far more live heap than the requests were charged (their charges look too small)", p.Undercharged))
+		}
 	}
 	if r.PoolsOmitted > 0 {
 		row("", fmt.Sprintf("and %d more", r.PoolsOmitted))
 	}
-	row("  pressure", q(r.Pressure.Source))
+	pr := r.Pressure
+	row("  pressure", fmt.Sprintf("%s; %d signals, %d acted on, %d left to the kernel (mostly page cache), %d cancels held; %d GC death spirals, %d GOMEMLIMIT lifts (lifted by %s now)",
+		q(pr.Source), pr.Signals, pr.Acted, pr.LeftToKernel, pr.CancelsHeld, pr.Spirals, pr.Lifts, size(&pr.LiftedBytes)))
 	row("  C heap", q(r.CHeap))
+	for i, h := range r.CHeaps {
+		label := ""
+		if i == 0 {
+			label = "  C heaps"
+		}
+		var what []string
+		if h.OwnsMalloc {
+			what = append(what, "owns malloc")
+		}
+		if h.Trimmed {
+			what = append(what, "trimmed")
+		} else {
+			what = append(what, "not trimmed")
+		}
+		retained := "unknown"
+		if h.RetainedBytes >= 0 {
+			retained = size(&h.RetainedBytes)
+		}
+		v := fmt.Sprintf("%s in %s, %s; %d releases, %d skipped, %s released; retained %s",
+			q(h.Allocator), q(h.Library), strings.Join(what, ", "), h.Releases, h.Skipped, size(&h.ReleasedBytes), retained)
+		if h.Note != "" {
+			v += "; " + q(h.Note)
+		}
+		row(label, v)
+	}
+	if r.CHeapsOmitted > 0 {
+		row("", fmt.Sprintf("and %d more", r.CHeapsOmitted))
+	}
+}
+
+// peakBound formats the upper bound of a peak histogram's bucket.
+func peakBound(b int64) string {
+	if b == math.MaxInt64 {
+		return "over 64 GiB"
+	}
+	return "<= " + size(&b)
 }
 
 // seconds formats a count of seconds (float64) as a duration.

@@ -13,10 +13,12 @@ import (
 
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/state"
 )
 
-// chrootChild chroots into MEMCTL_TEST_CHROOT (an empty directory), says
-// PID and READY, and waits until its standard input is closed.
+// chrootChild chroots into MEMCTL_TEST_CHROOT (an empty directory), publishes
+// a state record there when MEMCTL_TEST_CHROOT_RECORD is set, says PID and
+// READY, and waits until its standard input is closed.
 func chrootChild() {
 	dir := os.Getenv("MEMCTL_TEST_CHROOT")
 	if err := unix.Chroot(dir); err != nil {
@@ -24,6 +26,12 @@ func chrootChild() {
 	}
 	if err := unix.Chdir("/"); err != nil {
 		childtest.Fail("chdir: %v", err)
+	}
+	if os.Getenv("MEMCTL_TEST_CHROOT_RECORD") != "" {
+		// Published from inside the chroot, as a library there would.
+		if err := state.Publish(&state.Record{CHeap: "chrooted"}); err != nil {
+			childtest.Fail("Publish: %v", err)
+		}
 	}
 	childtest.Say("PID", os.Getpid())
 	childtest.Say("READY", 1)

@@ -433,6 +433,19 @@ func (m *Monitor) publish(e Event) {
 // Stats returns a snapshot of the counters, and reads memory.events in
 // cgroup v2 (a few microseconds; all -1 otherwise or on error).
 func (m *Monitor) Stats() Stats {
+	s := m.Counters()
+	if m != nil && m.events != "" {
+		if e, err := cgroupfs.ReadEvents(m.events); err == nil {
+			s.MemoryEvents = MemoryEvents(e)
+		}
+	}
+	return s
+}
+
+// Counters returns Stats without reading memory.events (its counters all
+// -1): atomic loads only, for a caller at the end of every GC cycle. Safe
+// for concurrent use.
+func (m *Monitor) Counters() Stats {
 	if m == nil {
 		return Stats{MemoryEvents: MemoryEvents{-1, -1, -1, -1, -1, -1}}
 	}
@@ -452,11 +465,6 @@ func (m *Monitor) Stats() Stats {
 		Dropped:      m.dropped.Load(),
 	}
 	s.MemoryEvents = MemoryEvents{-1, -1, -1, -1, -1, -1}
-	if m.events != "" {
-		if e, err := cgroupfs.ReadEvents(m.events); err == nil {
-			s.MemoryEvents = MemoryEvents(e)
-		}
-	}
 	return s
 }
 

@@ -252,6 +252,7 @@ func (t *Trimmer) Request(o Origin) Result {
 	}
 	if !t.run.TryLock() {
 		t.countSkip(o, SkipRunning, 0)
+		t.notify()
 		return Result{Skip: SkipRunning}
 	}
 	defer t.run.Unlock()
@@ -262,6 +263,7 @@ func (t *Trimmer) Request(o Origin) Result {
 				slog.String("origin", o.String()), slog.String("reason", SkipBudget.String()),
 				slog.Duration("budget_allows_in", time.Duration(t.nextOK-c)))
 		}
+		t.notify()
 		return Result{Skip: SkipBudget}
 	}
 	return t.trimLocked(o, false, false)
@@ -277,6 +279,14 @@ func (t *Trimmer) countSkip(o Origin, r SkipReason, est int64) {
 		t.stats.LastEstimate = est
 	}
 	t.mu.Unlock()
+}
+
+// notify calls Config.OnTrim for a request skipped before the trim's own
+// path (SkipBudget, SkipRunning), as the trim's path calls it for the rest.
+func (t *Trimmer) notify() {
+	if t.onTrim != nil {
+		t.onTrim()
+	}
 }
 
 // reportBadOrigin reports a Request with an origin that is not automatic.

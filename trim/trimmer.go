@@ -158,8 +158,10 @@ type Config struct {
 	Strict bool
 
 	// OnTrim, when set, is called after each trim and each skipped trim
-	// (debounced or TrimNow), once its counters are in Stats, on the
-	// goroutine that ran it, before the next trim can start: it may call
+	// (debounced, TrimNow or Request, for every SkipReason but SkipClosed),
+	// once its counters are in Stats, on the goroutine that ran or asked
+	// for it; before the next trim can start, except for a Request skipped
+	// with SkipRunning, whose call runs while that trim does. It may call
 	// Stats, must not call TrimNow (which would wait for it) and should be
 	// short. The facade uses it to republish its
 	// state record (memctl status -pid). Default (nil): nothing is called.

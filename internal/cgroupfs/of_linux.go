@@ -47,7 +47,9 @@ func Of(pid int) (Limit, error) {
 // A process in the caller's mount namespace whose root (a chroot) shows no
 // cgroup mount (an empty mountinfo, or no mount of its hierarchy) is read in
 // the caller's mountinfo and root instead (ViewCallerRoot): the same mounts,
-// seen from the caller's root.
+// seen from the caller's root. A process in another mount namespace whose
+// view shows no mount of its hierarchy is read in the caller's mount
+// namespace (ViewCaller), as for the hybrid case above.
 func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
@@ -73,6 +75,17 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 		// error stands.
 		if c, err2 := callerLimit(proc); err2 == nil {
 			return c, ViewCallerRoot, nil
+		}
+		return l, ViewProcess, err
+	}
+	if rootName != "" && chrooted {
+		// Another mount namespace whose view shows no mount of the
+		// process's hierarchy (a container without /sys/fs/cgroup, or a
+		// chroot in one): its /proc/PID/cgroup, which the kernel writes
+		// relative to the caller's cgroup namespace, is found in the
+		// caller's own mounts. Nothing the process arranged is read.
+		if c, err2 := callerLimit(proc); err2 == nil {
+			return c, ViewCaller, nil
 		}
 		return l, ViewProcess, err
 	}

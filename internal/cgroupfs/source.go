@@ -119,9 +119,11 @@ const (
 	// when the process's namespace shows a cgroup v2 hierarchy without
 	// the memory controller and no v1 memory hierarchy (a hybrid host
 	// whose container mounts only cgroup2), while /proc/PID/cgroup lists
-	// the process's v1 memory cgroup: the caller's /proc/PID/cgroup paths
-	// are relative to the caller's cgroup namespace, so they are found in
-	// the caller's mounts.
+	// the process's v1 memory cgroup, or when the process is in another
+	// mount namespace that shows no mount of its cgroup's hierarchy at
+	// all (a container without /sys/fs/cgroup): the caller's
+	// /proc/PID/cgroup paths are relative to the caller's cgroup
+	// namespace, so they are found in the caller's mounts.
 	ViewCaller
 	// ViewCallerRoot: the caller's own mount namespace and root, for a
 	// process in the same mount namespace whose root directory (a chroot)

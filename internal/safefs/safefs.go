@@ -100,6 +100,12 @@ var (
 	// Dir refuses (NoSymlinks, a magic link, or any symlink on a kernel
 	// without openat2). The kernel's ELOOP is wrapped.
 	ErrSymlink = errors.New("symlink refused")
+	// ErrNotSealed is matched by the error of ReadMemfd for a file that is
+	// not sealed against writes, growth and shrinking (F_SEAL_WRITE,
+	// F_SEAL_GROW, F_SEAL_SHRINK): it could change while it is read, and
+	// it is not what the library publishes (a plain tmpfs file named like
+	// a memfd, or a memfd left writable).
+	ErrNotSealed = errors.New("not a sealed memfd")
 )
 
 // Mode says how a Dir resolves names.

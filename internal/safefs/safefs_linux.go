@@ -334,7 +334,9 @@ func (d *Dir) Readlink(name string) (string, error) {
 // magic link with O_PATH, which runs no driver's open; only a regular file
 // of the memfd file systems (tmpfs, hugetlbfs) is read, so a descriptor
 // that the process swapped for a FIFO, a device or a file on FUSE after
-// the link was read is refused (ErrNotRegular, ErrFileSystem). At most
+// the link was read is refused (ErrNotRegular, ErrFileSystem), and so is
+// one not sealed against writes, growth and shrinking (ErrNotSealed): the
+// content read is the content the process sealed. At most
 // MaxFDs descriptors are looked at (then an error matching ErrTooLarge).
 // With none found, the error matches fs.ErrNotExist. name is the caller's.
 func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
@@ -349,6 +351,9 @@ func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err erro
 // process may hold up to its RLIMIT_NOFILE (often 1048576) descriptors,
 // and each look is a readlink(2) of about 1 µs.
 const MaxFDs = 1 << 16
+
+// maxFDs is MaxFDs; tests lower it.
+var maxFDs = MaxFDs
 
 // Magic numbers of the file systems a memfd lives on (linux/magic.h).
 const (
@@ -381,8 +386,8 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 		var names []string
 		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 		for _, fdName := range names {
-			if seen++; seen > MaxFDs {
-				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, MaxFDs)}
+			if seen++; seen > maxFDs {
+				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
 			}
 			m, err := unix.Readlinkat(dfd, fdName, link)
 			if err != nil || string(link[:m]) != want {
@@ -421,5 +426,16 @@ func readMagic(dfd int, name, path string, max int64) ([]byte, error) {
 		return nil, &PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
+	// Sealed: its content cannot change while it is read, whatever the
+	// process does meanwhile (a plain tmpfs file has F_SEAL_SEAL alone).
+	const want = unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&want != want {
+		why := fmt.Errorf("%w: seals %#x, want %#x", ErrNotSealed, seals, want)
+		if err != nil {
+			why = fmt.Errorf("%w: F_GET_SEALS: %w", ErrNotSealed, err)
+		}
+		return nil, &PathError{Op: "open", Path: path, Err: why}
+	}
 	return readFD(fd, path, max)
 }

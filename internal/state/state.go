@@ -26,8 +26,11 @@
 //   - It costs nothing while idle and nothing on hot paths: the library
 //     publishes only when a decision changes (at Start, after a trim or a
 //     skipped trim, when GOMEMLIMIT or the set of pools changed at the end
-//     of a GC cycle, at Close), 35 to 130 µs each time (BenchmarkPublish); no
-//     goroutine, no timer, nothing on AfterBurst or Account.Grow.
+//     of a GC cycle, when a counter of the record changed, at most once a
+//     second, at Close), 35 to 130 µs each time (BenchmarkPublish); no
+//     goroutine or ticker of its own (only a one-shot timer for counters
+//     held back by the once-a-second limit), nothing on AfterBurst or
+//     Account.Grow.
 //   - Reading it needs what reading /proc/PID/environ needs (the ptrace
 //     read check: the same user, or root), so it shows nothing that
 //     `memctl status` could not already see.
@@ -43,17 +46,20 @@
 // says its unit and source.
 //
 // The record is input from the process it describes, not a fact: a process
-// can forge it. memctl status reads it with Read (a regular file of the
-// memfd's file system only, bounded), parses it with Parse (any error
-// rejects the whole record) and shows every string quoted, labeled
-// "reported by the process".
+// can forge it. memctl status reads it with safefs.Dir.ReadMemfd (a regular
+// file of the memfd's file systems only, sealed against writes, bounded),
+// parses it with Parse (any error rejects the whole record) and shows every
+// string quoted, labeled "reported by the process".
 package state
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Version is the record format's version.
@@ -70,6 +76,30 @@ const MaxSize = 64 << 10
 // MaxPools is the most pools a record lists; Record.PoolsOmitted counts the
 // rest.
 const MaxPools = 64
+
+// MaxCHeaps is the most C heaps a record lists; Record.CHeapsOmitted counts
+// the rest.
+const MaxCHeaps = 16
+
+// MaxString is the longest string, in bytes, that Publish writes: a longer
+// one (a pool name, a library path, a reason) is cut at a rune boundary and
+// ends with "...". Parse accepts longer ones (the record's size bounds
+// them); memctl status shows every string quoted and cut.
+const MaxString = 512
+
+// PeakCounts is the length of Peaks.Counts: the buckets of
+// limits.PeakHistogram (PeakBuckets bounded ones, 64 KiB << i, and one
+// above 64 GiB).
+const PeakCounts = 22
+
+// PeakBound returns the upper bound of Peaks.Counts[i] in bytes: 64 KiB << i
+// for i < PeakCounts-1, math.MaxInt64 for the last bucket (above 64 GiB).
+func PeakBound(i int) int64 {
+	if i >= PeakCounts-1 {
+		return math.MaxInt64
+	}
+	return 64 << 10 << i
+}
 
 // Record is what the library decided. Sizes are bytes, durations are
 // seconds (float64), counts are int64.
@@ -97,6 +127,11 @@ type Record struct {
 	Pressure     Pressure `json:"pressure"`
 	// CHeap names the allocator that owns malloc ("glibc", "none", ...).
 	CHeap string `json:"c_heap"`
+	// CHeaps are the allocators found in the process (trim/cheap.Heap), the
+	// owner of malloc first, at most MaxCHeaps.
+	CHeaps        []CHeap   `json:"c_heaps"`
+	CHeapsOmitted int       `json:"c_heaps_omitted,omitempty"`
+	AutoBurst     AutoBurst `json:"auto_burst"`
 }
 
 // GoMemLimit is the GOMEMLIMIT decision (limits.MemLimit).
@@ -119,6 +154,10 @@ type GoMemLimit struct {
 	RefreshSeconds float64 `json:"refresh_seconds"`
 	// Reason is the decision's one sentence.
 	Reason string `json:"reason"`
+	// LimitUnknown is true when no cgroup up to the top of the process's
+	// cgroup namespace sets a limit and that top is not the root: a limit
+	// may be set above it, out of sight (limits.MemLimit.LimitUnknown).
+	LimitUnknown bool `json:"limit_unknown"`
 }
 
 // THP is the transparent huge pages decision.
@@ -145,6 +184,82 @@ type Trim struct {
 	CPUSeconds  float64 `json:"cpu_seconds"`
 	Deferred    int64   `json:"deferred"`
 	EarlyStarts int64   `json:"early_starts"`
+	// Origins splits the trims run and skipped, their CPU and the bytes
+	// released by who asked (trim.Stats.Origins); SkippedBy splits Skipped
+	// by reason (trim.Stats.SkippedBy).
+	Origins   Origins   `json:"origins"`
+	SkippedBy SkippedBy `json:"skipped_by"`
+}
+
+// Origins is Trim.Origins, one entry per trim.Origin.
+type Origins struct {
+	Debounced Origin `json:"debounced"` // Delay after the last burst
+	Pressure  Origin `json:"pressure"`  // asked for on kernel memory pressure
+	Spiral    Origin `json:"spiral"`    // asked for by the GC death-spiral detector
+	ByName    Origin `json:"by_name"`   // TrimNow, forced
+}
+
+// Origin counts the trims of one origin (trim.OriginStats).
+type Origin struct {
+	Trims         int64   `json:"trims"`
+	Skipped       int64   `json:"skipped"`
+	CPUSeconds    float64 `json:"cpu_seconds"`
+	ReleasedBytes int64   `json:"released_bytes"`
+}
+
+// SkippedBy is Trim.SkippedBy, one count per trim.SkipReason.
+type SkippedBy struct {
+	MinRelease int64 `json:"min_release"` // estimate below MinRelease
+	Cost       int64 `json:"cost"`        // estimate below what the trim's GC is worth
+	Budget     int64 `json:"budget"`      // the 2% CPU budget did not allow it yet
+	Running    int64 `json:"running"`     // another trim was running
+}
+
+// AutoBurst is the GC-end burst detector's counters (trim.AutoBurstStats);
+// all 0 when it is off.
+type AutoBurst struct {
+	Bursts     int64 `json:"bursts"`      // rises of the live heap detected
+	Drops      int64 `json:"drops"`       // collections of a burst outside a detected one
+	Marks      int64 `json:"marks"`       // GC ends that called AfterBurst
+	Settled    int64 `json:"settled"`     // bursts taken as growth for good
+	FloorBytes int64 `json:"floor_bytes"` // the live heap the next rise is measured from
+	GCEnds     int64 `json:"gc_ends"`     // GC ends looked at
+}
+
+// CHeap is one allocator found in the process (trim/cheap.Heap).
+type CHeap struct {
+	Allocator string `json:"allocator"` // "glibc", "jemalloc", ...
+	Library   string `json:"library"`   // the object that holds its code
+	// OwnsMalloc is true for the allocator that serves malloc; Trimmed
+	// when the C heap step runs its release call (false: present, not
+	// trimmed; Note says why, or how it was found).
+	OwnsMalloc bool   `json:"owns_malloc"`
+	Trimmed    bool   `json:"trimmed"`
+	Note       string `json:"note,omitempty"`
+	// Releases and Skipped count the C heap steps that released it or
+	// left it alone; ReleasedBytes is what the releases returned by the
+	// allocator's own account (0 when it cannot tell: glibc).
+	Releases      int64 `json:"releases"`
+	Skipped       int64 `json:"skipped"`
+	ReleasedBytes int64 `json:"released_bytes"`
+	// RetainedBytes is what it holds that no live block uses, -1 unknown.
+	RetainedBytes int64 `json:"retained_bytes"`
+}
+
+// Peaks is a pool's distribution of request peaks (limits.PeakHistogram):
+// the data to size its budget from.
+type Peaks struct {
+	// Count is the number of peaks recorded (closed top-level accounts).
+	Count int64 `json:"count"`
+	// P50Bytes, P99Bytes and MaxBytes are the upper bounds of the buckets
+	// that hold the median, the 99th percentile and the largest peak
+	// (PeakBound: math.MaxInt64 above 64 GiB); 0 when Count is 0.
+	P50Bytes int64 `json:"p50_bytes"`
+	P99Bytes int64 `json:"p99_bytes"`
+	MaxBytes int64 `json:"max_bytes"`
+	// Counts[i] counts the peaks in (PeakBound(i-1), PeakBound(i)]; it is
+	// empty when Count is 0, else of length PeakCounts, summing to Count.
+	Counts []int64 `json:"counts,omitempty"`
 }
 
 // Pool is one budget pool (limits.Pool).
@@ -153,26 +268,84 @@ type Pool struct {
 	Mode string `json:"mode"` // enforce, observe, off
 	// LimitBytes is the pool's limit; null means unlimited.
 	LimitBytes *int64 `json:"limit_bytes"`
+	// UsedBytes and PeakBytes are the bytes the pool's accounts hold and
+	// the most they held (limits.PoolStats.Used, Peak); InFlight the
+	// requests in progress.
+	UsedBytes int64 `json:"used_bytes"`
+	PeakBytes int64 `json:"peak_bytes"`
+	InFlight  int64 `json:"in_flight"`
+	// Refused counts the Grow calls refused with resource_exhausted,
+	// Observed those let through in observe or off mode, Canceled the
+	// contexts CancelLargest canceled.
+	Refused  int64 `json:"refused"`
+	Observed int64 `json:"observed"`
+	Canceled int64 `json:"canceled"`
+	// Undercharged counts the GC ends whose live heap beyond the baseline
+	// was more than the charge ratio times Used (limits.PoolStats): the
+	// requests' charges look too small.
+	Undercharged int64 `json:"undercharged"`
+	Peaks        Peaks `json:"peaks"`
 }
 
-// Pressure is the kernel memory-pressure watch.
+// Pressure is the kernel memory-pressure watch and the GC death-spiral
+// detector (pressure.Stats).
 type Pressure struct {
 	// Source names the signal watched, "none" when none is.
 	Source string `json:"source"`
+	// Signals counts the kernel's signals, Acted the actions taken on them
+	// (each a trim request through the gate), LeftToKernel the signals not
+	// acted on because the cgroup's memory was mostly page cache, and
+	// CancelsHeld the host-wide ones acted on without canceling for the
+	// same reason.
+	Signals      int64 `json:"signals"`
+	Acted        int64 `json:"acted"`
+	LeftToKernel int64 `json:"left_to_kernel"`
+	CancelsHeld  int64 `json:"cancels_held"`
+	// Spirals counts GC death-spiral episodes, Lifts the GOMEMLIMIT lifts,
+	// LiftedBytes what GOMEMLIMIT is lifted by now (0: not lifted).
+	Spirals     int64 `json:"spirals"`
+	Lifts       int64 `json:"lifts"`
+	LiftedBytes int64 `json:"lifted_bytes"`
 }
 
-// Encode returns r as the record's JSON text, with Version set. A record
-// longer than MaxSize is an error.
+// Encode returns r as the record's JSON text, with Version set. When the
+// text would be longer than MaxSize, the last pools and then the last C
+// heaps are left out (counted in PoolsOmitted and CHeapsOmitted) until it
+// fits; a record that does not fit even then is an error.
 func Encode(r *Record) ([]byte, error) {
 	r.Version = Version
-	b, err := json.Marshal(r)
-	if err != nil {
-		return nil, err
+	for {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, err
+		}
+		if len(b) <= MaxSize {
+			return b, nil
+		}
+		switch {
+		case len(r.Pools) > 0:
+			r.Pools = r.Pools[:len(r.Pools)-1]
+			r.PoolsOmitted++
+		case len(r.CHeaps) > 0:
+			r.CHeaps = r.CHeaps[:len(r.CHeaps)-1]
+			r.CHeapsOmitted++
+		default:
+			return nil, fmt.Errorf("state: record of %d bytes, more than %d", len(b), MaxSize)
+		}
 	}
-	if len(b) > MaxSize {
-		return nil, fmt.Errorf("state: record of %d bytes, more than %d", len(b), MaxSize)
+}
+
+// Cut returns s cut to at most MaxString bytes at a rune boundary, the cut
+// one ending with "...".
+func Cut(s string) string {
+	if len(s) <= MaxString {
+		return s
 	}
-	return b, nil
+	n := MaxString - len("...")
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strings.ToValidUTF8(s[:n], "") + "..."
 }
 
 // ErrVersion is matched by the error of Parse for a record of a version
@@ -181,9 +354,11 @@ var ErrVersion = errors.New("unknown record version")
 
 // Parse parses a record read from another process. Anything but one JSON
 // object of the known types is an error, and so is a record longer than
-// MaxSize, a version other than Version (ErrVersion), more than MaxPools
-// pools, a negative size or count, or a duration that is negative or not a
-// number: the whole record is rejected, never shown in part. Unknown keys
+// MaxSize, a version other than Version (ErrVersion), one without a pid
+// and a publication time, more than MaxPools pools or MaxCHeaps C heaps, a
+// negative size or count, a duration that is negative or not a number, or
+// a pool's Peaks whose counts, count and quantiles disagree: the whole
+// record is rejected, never shown in part. Unknown keys
 // are ignored. The strings are as the process wrote them (any bytes that
 // JSON can carry): quote them when showing them.
 func Parse(b []byte) (*Record, error) {
@@ -215,6 +390,9 @@ func Parse(b []byte) (*Record, error) {
 	if len(r.Pools) > MaxPools {
 		return nil, fmt.Errorf("record: %d pools, more than %d", len(r.Pools), MaxPools)
 	}
+	if len(r.CHeaps) > MaxCHeaps {
+		return nil, fmt.Errorf("record: %d c_heaps, more than %d", len(r.CHeaps), MaxCHeaps)
+	}
 	if err := r.check(); err != nil {
 		return nil, fmt.Errorf("record: %w", err)
 	}
@@ -222,48 +400,160 @@ func Parse(b []byte) (*Record, error) {
 }
 
 // check returns an error naming the first field whose value no library
-// writes: a negative size, count or duration, or a ratio outside [0, 1].
+// writes: a negative size, count or duration, a ratio outside [0, 1], or a
+// pool's peaks whose figures do not agree with each other.
 func (r *Record) check() error {
-	neg := func(name string, n int64) error {
+	var errs []error
+	neg := func(name string, n int64) {
 		if n < 0 {
-			return fmt.Errorf("%s %d is negative", name, n)
+			errs = append(errs, fmt.Errorf("%s %d is negative", name, n))
 		}
-		return nil
 	}
-	secs := func(name string, f float64) error {
+	secs := func(name string, f float64) {
 		if !(f >= 0 && f < 1e9) {
-			return fmt.Errorf("%s %v is not a duration", name, f)
+			errs = append(errs, fmt.Errorf("%s %v is not a duration", name, f))
 		}
-		return nil
 	}
-	g, t := r.GoMemLimit, r.Trim
-	errs := []error{
-		neg("pid", int64(r.PID)), neg("seq", r.Seq), neg("pools_omitted", int64(r.PoolsOmitted)),
-		neg("gomemlimit.memory_limit_bytes", g.MemoryLimitBytes), neg("gomemlimit.outside_bytes", g.OutsideBytes),
-		secs("gomemlimit.refresh_seconds", g.RefreshSeconds),
-		neg("trim.trims", t.Trims), neg("trim.skipped", t.Skipped), neg("trim.go_skipped", t.GoSkipped),
-		neg("trim.c_skipped", t.CSkipped), neg("trim.released_bytes", t.ReleasedBytes),
-		neg("trim.last_released_bytes", t.LastReleasedBytes), neg("trim.deferred", t.Deferred),
-		neg("trim.early_starts", t.EarlyStarts),
-		secs("trim.delay_seconds", t.DelaySeconds), secs("trim.cpu_seconds", t.CPUSeconds),
+	type field struct {
+		name string
+		n    int64
 	}
+	negs := func(prefix string, fs ...field) {
+		for _, f := range fs {
+			neg(prefix+f.name, f.n)
+		}
+	}
+	// What Publish (and memctl.Handler's page) always writes.
+	if r.PID <= 0 || r.Updated.IsZero() {
+		errs = append(errs, fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
+			r.PID, r.Updated.Format(time.RFC3339)))
+	}
+	neg("seq", r.Seq)
+	g, t, p, a := r.GoMemLimit, r.Trim, r.Pressure, r.AutoBurst
+	negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
+	negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes})
+	secs("gomemlimit.refresh_seconds", g.RefreshSeconds)
 	if g.Bytes != nil {
-		errs = append(errs, neg("gomemlimit.bytes", *g.Bytes))
+		neg("gomemlimit.bytes", *g.Bytes)
 	}
 	if !(g.Ratio >= 0 && g.Ratio <= 1) {
 		errs = append(errs, fmt.Errorf("gomemlimit.ratio %v is not in [0, 1]", g.Ratio))
 	}
+	negs("trim.", field{"trims", t.Trims}, field{"skipped", t.Skipped}, field{"go_skipped", t.GoSkipped},
+		field{"c_skipped", t.CSkipped}, field{"released_bytes", t.ReleasedBytes},
+		field{"last_released_bytes", t.LastReleasedBytes}, field{"deferred", t.Deferred},
+		field{"early_starts", t.EarlyStarts})
+	secs("trim.delay_seconds", t.DelaySeconds)
+	secs("trim.cpu_seconds", t.CPUSeconds)
+	for _, o := range []struct {
+		name string
+		o    Origin
+	}{{"debounced", t.Origins.Debounced}, {"pressure", t.Origins.Pressure}, {"spiral", t.Origins.Spiral}, {"by_name", t.Origins.ByName}} {
+		prefix := "trim.origins." + o.name + "."
+		negs(prefix, field{"trims", o.o.Trims}, field{"skipped", o.o.Skipped}, field{"released_bytes", o.o.ReleasedBytes})
+		secs(prefix+"cpu_seconds", o.o.CPUSeconds)
+	}
+	negs("trim.skipped_by.", field{"min_release", t.SkippedBy.MinRelease}, field{"cost", t.SkippedBy.Cost},
+		field{"budget", t.SkippedBy.Budget}, field{"running", t.SkippedBy.Running})
+	negs("pressure.", field{"signals", p.Signals}, field{"acted", p.Acted}, field{"left_to_kernel", p.LeftToKernel},
+		field{"cancels_held", p.CancelsHeld}, field{"spirals", p.Spirals}, field{"lifts", p.Lifts},
+		field{"lifted_bytes", p.LiftedBytes})
+	negs("auto_burst.", field{"bursts", a.Bursts}, field{"drops", a.Drops}, field{"marks", a.Marks},
+		field{"settled", a.Settled}, field{"floor_bytes", a.FloorBytes}, field{"gc_ends", a.GCEnds})
 	for i, p := range r.Pools {
+		prefix := fmt.Sprintf("pools[%d].", i)
 		if p.LimitBytes != nil {
-			errs = append(errs, neg(fmt.Sprintf("pools[%d].limit_bytes", i), *p.LimitBytes))
+			neg(prefix+"limit_bytes", *p.LimitBytes)
+		}
+		negs(prefix, field{"used_bytes", p.UsedBytes}, field{"peak_bytes", p.PeakBytes}, field{"in_flight", p.InFlight},
+			field{"refused", p.Refused}, field{"observed", p.Observed}, field{"canceled", p.Canceled},
+			field{"undercharged", p.Undercharged})
+		if err := p.Peaks.check(); err != nil {
+			errs = append(errs, fmt.Errorf("%speaks: %w", prefix, err))
 		}
 	}
-	for _, err := range errs {
-		if err != nil {
-			return err
+	for i, h := range r.CHeaps {
+		prefix := fmt.Sprintf("c_heaps[%d].", i)
+		negs(prefix, field{"releases", h.Releases}, field{"skipped", h.Skipped}, field{"released_bytes", h.ReleasedBytes})
+		if h.RetainedBytes < -1 {
+			errs = append(errs, fmt.Errorf("%sretained_bytes %d is neither a size nor -1", prefix, h.RetainedBytes))
+		}
+	}
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
+}
+
+// check returns an error when the figures of h disagree: counts of another
+// length than PeakCounts, negative or not summing to Count, or quantiles
+// that are not the bounds of the buckets the counts put them in.
+func (h *Peaks) check() error {
+	if h.Count < 0 {
+		return fmt.Errorf("count %d is negative", h.Count)
+	}
+	if h.Count == 0 {
+		if len(h.Counts) > 0 || h.P50Bytes != 0 || h.P99Bytes != 0 || h.MaxBytes != 0 {
+			return errors.New("no peaks recorded, but counts or quantiles given")
+		}
+		return nil
+	}
+	if len(h.Counts) != PeakCounts {
+		return fmt.Errorf("%d counts, want %d", len(h.Counts), PeakCounts)
+	}
+	var sum int64
+	for i, c := range h.Counts {
+		if c < 0 || sum > math.MaxInt64-c {
+			return fmt.Errorf("counts[%d] %d is negative or overflows", i, c)
+		}
+		sum += c
+	}
+	if sum != h.Count {
+		return fmt.Errorf("counts sum to %d, not count %d", sum, h.Count)
+	}
+	want := h.quantiles()
+	for _, q := range []struct {
+		name      string
+		got, want int64
+	}{{"p50_bytes", h.P50Bytes, want[0]}, {"p99_bytes", h.P99Bytes, want[1]}, {"max_bytes", h.MaxBytes, want[2]}} {
+		if q.got != q.want {
+			return fmt.Errorf("%s %d is not %d, the bound of its bucket", q.name, q.got, q.want)
 		}
 	}
 	return nil
+}
+
+// quantiles returns the bounds of the buckets of the median, the 99th
+// percentile and the largest peak of h.Counts (limits.PeakHistogram's
+// Quantile rule: at least a share q of the peaks at or under the bound).
+func (h *Peaks) quantiles() [3]int64 {
+	var out [3]int64
+	for j, q := range []float64{0.5, 0.99, 1} {
+		want := int64(math.Ceil(q * float64(h.Count)))
+		var n int64
+		for i, c := range h.Counts {
+			if n += c; n >= want && n > 0 {
+				out[j] = PeakBound(i)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Set fills h from a histogram's counts (len PeakCounts) and the
+// quantiles that Parse checks; it is what Publish writes.
+func (h *Peaks) Set(counts []int64) {
+	*h = Peaks{}
+	for _, c := range counts {
+		h.Count += c
+	}
+	if h.Count == 0 {
+		return
+	}
+	h.Counts = counts
+	q := h.quantiles()
+	h.P50Bytes, h.P99Bytes, h.MaxBytes = q[0], q[1], q[2]
 }
 
 // now is time.Now; tests replace it.
