@@ -10,6 +10,7 @@ package cheap
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -407,17 +408,29 @@ func diff(a, b int64) int64 {
 
 // resolve fills the entry points of s's allocator with lookup and reports
 // whether the release call was found; it sets *version where the allocator
-// tells one.
-func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, version *string) bool {
+// tells one. untrusted is set, with the reason, when the entry points are
+// there but do not answer as the allocator's do: s must then not be called.
+func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, version, untrusted *string) bool {
 	switch s.allocator {
 	case Jemalloc:
 		s.mallctl = lookup(prefix + symMallctl)
 		if s.mallctl == nil {
 			return false
 		}
-		if v := C.cheap_je_version(s.mallctl); v != nil {
-			*version = C.GoString(v)
+		// A function named mallctl is not always jemalloc's (a shim, a
+		// stub, another library's control call): before any call that
+		// writes or purges, it must answer the read-only "version" with a
+		// string that lives in the same object's image, as jemalloc's
+		// does (its JEMALLOC_VERSION constant).
+		v := C.cheap_je_version(s.mallctl)
+		_, fb, ok := where(s.mallctl)
+		_, vb, vok := where(unsafe.Pointer(v))
+		if v == nil || !ok || !vok || vb != fb {
+			*untrusted = fmt.Sprintf("%smallctl(\"version\") did not return a version string of the same object, so it is not taken for jemalloc's and is never called", prefix)
+			*s = sysStep{allocator: s.allocator}
+			return true
 		}
+		*version = C.GoStringN(v, C.int(C.strnlen(v, 128)))
 	case Mimalloc:
 		s.miCollect = lookup(symMiCollect)
 		if s.miCollect == nil {

@@ -32,7 +32,36 @@ typedef struct {
 	char *name;      // dlpi_name, strdup'ed ("" for the executable)
 	uintptr_t addr;  // dlpi_addr: the load bias
 	uintptr_t start; // where the first PT_LOAD segment is mapped (dladdr's dli_fbase)
+	uintptr_t end;   // the end of the last PT_LOAD segment in memory
+	unsigned char id[64]; // the GNU build ID in the loaded image (its first idlen bytes)
+	int idlen;
 } cheap_obj;
+
+// cheap_build_id copies the NT_GNU_BUILD_ID note of the loaded image to e
+// (called under dl_iterate_phdr, so the image stays mapped).
+static void cheap_build_id(struct dl_phdr_info *info, cheap_obj *e) {
+	e->idlen = 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_NOTE) continue;
+		const unsigned char *p = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr);
+		size_t left = ph->p_memsz;
+		while (left >= sizeof(ElfW(Nhdr))) {
+			const ElfW(Nhdr) *n = (const ElfW(Nhdr) *)p;
+			size_t namesz = (n->n_namesz + 3) & ~(size_t)3, descsz = (n->n_descsz + 3) & ~(size_t)3;
+			size_t sz = sizeof *n + namesz + descsz;
+			if (namesz < n->n_namesz || descsz < n->n_descsz || sz > left) break;
+			if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 && memcmp(p + sizeof *n, "GNU", 4) == 0 &&
+				n->n_descsz > 0 && n->n_descsz <= sizeof e->id) {
+				memcpy(e->id, p + sizeof *n + namesz, n->n_descsz);
+				e->idlen = (int)n->n_descsz;
+				return;
+			}
+			p += sz;
+			left -= sz;
+		}
+	}
+}
 
 typedef struct {
 	cheap_obj *v;
@@ -51,9 +80,12 @@ static int cheap_list_cb(struct dl_phdr_info *info, size_t size, void *data) {
 		o->v = v;
 		o->cap = cap;
 	}
-	uintptr_t low = UINTPTR_MAX;
+	uintptr_t low = UINTPTR_MAX, high = 0;
 	for (int i = 0; i < info->dlpi_phnum; i++) {
-		if (info->dlpi_phdr[i].p_type == PT_LOAD && info->dlpi_phdr[i].p_vaddr < low) low = info->dlpi_phdr[i].p_vaddr;
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD) continue;
+		if (ph->p_vaddr < low) low = ph->p_vaddr;
+		if (ph->p_vaddr + ph->p_memsz > high) high = ph->p_vaddr + ph->p_memsz;
 	}
 	if (low == UINTPTR_MAX) return 0;
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -65,6 +97,8 @@ static int cheap_list_cb(struct dl_phdr_info *info, size_t size, void *data) {
 	}
 	e->addr = info->dlpi_addr;
 	e->start = info->dlpi_addr + (low & ~(page - 1));
+	e->end = info->dlpi_addr + high;
+	cheap_build_id(info, e);
 	o->n++;
 	return 0;
 }
@@ -89,12 +123,92 @@ static void *cheap_open(const char *name) { return dlopen(name[0] ? name : NULL,
 static void *cheap_hsym(void *h, const char *name) { return dlsym(h, name); }
 static void cheap_close(void *h) { dlclose(h); }
 static void *cheap_ptr(uintptr_t a) { return (void *)a; }
+
+// The dynamic symbol table of a loaded object, read from its image in
+// memory (through the link map of a handle held on it, so that it stays
+// mapped): for an object whose file is gone or is not the file loaded.
+typedef struct {
+	const ElfW(Sym) *sym;
+	const char *str;
+	size_t strsz, n;
+} cheap_dsyms;
+
+// cheap_dptr returns the address a d_ptr value of the dynamic section
+// points to: glibc relocates those of a writable dynamic section in place
+// (adds the load bias), not those of a read-only one, so a value inside
+// the image [lo, hi) is taken as it is, else the bias is added.
+static uintptr_t cheap_dptr(uintptr_t v, uintptr_t bias, uintptr_t lo, uintptr_t hi) {
+	if (v >= lo && v < hi) return v;
+	return v + bias;
+}
+
+// cheap_gnu_count returns the number of symbols of a DT_GNU_HASH table
+// (one past the last symbol of the longest chain), 0 when it is malformed.
+static size_t cheap_gnu_count(const uint32_t *gh, uintptr_t lo, uintptr_t hi) {
+	uint32_t nbuckets = gh[0], symoffset = gh[1], bloom = gh[2];
+	const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(gh + 4) + bloom);
+	const uint32_t *chain = buckets + nbuckets;
+	if ((uintptr_t)(chain) < lo || (uintptr_t)chain > hi) return 0;
+	uint32_t last = 0;
+	for (uint32_t i = 0; i < nbuckets; i++) {
+		if (buckets[i] > last) last = buckets[i];
+	}
+	if (last < symoffset) return symoffset;
+	for (;;) {
+		const uint32_t *c = &chain[last - symoffset];
+		if ((uintptr_t)(c + 1) > hi) return 0;
+		if (*c & 1) return (size_t)last + 1;
+		last++;
+	}
+}
+
+// cheap_dsyms_of fills d from the dynamic section of the object that h
+// holds, when it is the object loaded at bias addr spanning [lo, hi); it
+// returns 0 on success, -1 when the handle holds another object or the
+// section lacks a table.
+static int cheap_dsyms_of(void *h, uintptr_t addr, uintptr_t lo, uintptr_t hi, cheap_dsyms *d) {
+	struct link_map *lm = NULL;
+	memset(d, 0, sizeof *d);
+	if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || lm == NULL || lm->l_addr != addr || lm->l_ld == NULL) return -1;
+	const uint32_t *hash = NULL, *gnu = NULL;
+	for (const ElfW(Dyn) *dyn = lm->l_ld; dyn->d_tag != DT_NULL; dyn++) {
+		uintptr_t v = (uintptr_t)dyn->d_un.d_ptr;
+		switch (dyn->d_tag) {
+		case DT_SYMTAB: d->sym = (const ElfW(Sym) *)cheap_dptr(v, addr, lo, hi); break;
+		case DT_STRTAB: d->str = (const char *)cheap_dptr(v, addr, lo, hi); break;
+		case DT_STRSZ: d->strsz = (size_t)dyn->d_un.d_val; break;
+		case DT_HASH: hash = (const uint32_t *)cheap_dptr(v, addr, lo, hi); break;
+		case DT_GNU_HASH: gnu = (const uint32_t *)cheap_dptr(v, addr, lo, hi); break;
+		}
+	}
+	if (d->sym == NULL || d->str == NULL || (uintptr_t)d->sym < lo || (uintptr_t)d->sym >= hi ||
+		(uintptr_t)d->str < lo || (uintptr_t)d->str >= hi || d->strsz > hi - (uintptr_t)d->str) return -1;
+	if (hash != NULL && (uintptr_t)hash >= lo && (uintptr_t)hash + 8 <= hi) {
+		d->n = hash[1]; // nchain: one entry per symbol
+	} else if (gnu != NULL && (uintptr_t)gnu >= lo && (uintptr_t)gnu + 16 <= hi) {
+		d->n = cheap_gnu_count(gnu, lo, hi);
+	}
+	if (d->n > (hi - (uintptr_t)d->sym) / sizeof(ElfW(Sym))) d->n = (hi - (uintptr_t)d->sym) / sizeof(ElfW(Sym));
+	return d->n > 0 ? 0 : -1;
+}
+
+// cheap_dsym_at returns symbol i's name (its length in *len) when it is a
+// defined function, with its value in *value; else NULL.
+static const char *cheap_dsym_at(cheap_dsyms d, size_t i, uint64_t *value, size_t *len) {
+	const ElfW(Sym) *s = &d.sym[i];
+	if ((s->st_info & 0xf) != STT_FUNC || s->st_shndx == SHN_UNDEF || s->st_value == 0 || s->st_name >= d.strsz) return NULL;
+	*value = s->st_value;
+	*len = strnlen(d.str + s->st_name, d.strsz - s->st_name);
+	return d.str + s->st_name;
+}
 */
 import "C"
 
 import (
 	"bytes"
 	"debug/elf"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -114,8 +228,9 @@ func loadCounts() [2]uint64 {
 
 // object is one loaded object as dl_iterate_phdr lists it.
 type object struct {
-	name        string // "" for the executable
-	addr, start uintptr
+	name             string // "" for the executable
+	addr, start, end uintptr
+	buildID          []byte // the GNU build ID of the loaded image, nil when it has none
 }
 
 func listObjects() []object {
@@ -124,7 +239,11 @@ func listObjects() []object {
 	out := make([]object, 0, int(o.n))
 	for i := 0; i < int(o.n); i++ {
 		e := C.cheap_list_at(o, C.int(i))
-		out = append(out, object{name: C.GoString(e.name), addr: uintptr(e.addr), start: uintptr(e.start)})
+		ob := object{name: C.GoString(e.name), addr: uintptr(e.addr), start: uintptr(e.start), end: uintptr(e.end)}
+		if e.idlen > 0 {
+			ob.buildID = C.GoBytes(unsafe.Pointer(&e.id[0]), e.idlen)
+		}
+		out = append(out, ob)
 	}
 	return out
 }
@@ -264,6 +383,82 @@ func markersIn(f *elf.File) []string {
 	return out
 }
 
+// openObject returns a new reference to the loaded object name ("" the
+// executable), nil when it is not loaded.
+func openObject(name string) unsafe.Pointer {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	return C.cheap_open(cs)
+}
+
+func closeObject(h unsafe.Pointer) { C.cheap_close(h) }
+
+// errString is err's text with a path in it kept as it is.
+func errString(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return "its file " + strconv.Quote(pe.Path) + ": " + pe.Err.Error()
+	}
+	return "its file is " + err.Error()
+}
+
+// buildID returns the GNU build ID of the ELF file f (its NT_GNU_BUILD_ID
+// note in a PT_NOTE segment), nil when it has none.
+func buildID(f *elf.File) []byte {
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_NOTE || p.Filesz > 1<<20 {
+			continue
+		}
+		b, err := io.ReadAll(p.Open())
+		if err != nil {
+			continue
+		}
+		for len(b) >= 12 {
+			namesz, descsz, typ := f.ByteOrder.Uint32(b), f.ByteOrder.Uint32(b[4:]), f.ByteOrder.Uint32(b[8:])
+			n, d := (uint64(namesz)+3)&^3, (uint64(descsz)+3)&^3
+			if 12+n+d > uint64(len(b)) {
+				break
+			}
+			if typ == 3 && namesz == 4 && string(b[12:15]) == "GNU" { // NT_GNU_BUILD_ID
+				return b[12+n : 12+n+uint64(descsz)]
+			}
+			b = b[12+n+d:]
+		}
+	}
+	return nil
+}
+
+// sameImage reports whether f is the file o was loaded from, as far as the
+// build IDs tell: when the loaded image carries one, f must carry the same
+// one (a file replaced on disk by another build does not); when it carries
+// none there is nothing to compare and f is taken.
+func sameImage(f *elf.File, o object) bool {
+	if len(o.buildID) == 0 {
+		return true
+	}
+	return bytes.Equal(buildID(f), o.buildID)
+}
+
+// memorySymbols returns the defined functions of the dynamic symbol table
+// of the object that h holds, read from its loaded image, by name with
+// their values; false when h holds another object than o or the image has
+// no table to read.
+func memorySymbols(h unsafe.Pointer, o object) (map[string]uint64, bool) {
+	var d C.cheap_dsyms
+	if C.cheap_dsyms_of(h, C.uintptr_t(o.addr), C.uintptr_t(o.start), C.uintptr_t(o.end), &d) != 0 {
+		return nil, false
+	}
+	m := map[string]uint64{}
+	for i := C.size_t(0); i < d.n; i++ {
+		var v C.uint64_t
+		var n C.size_t
+		if p := C.cheap_dsym_at(d, i, &v, &n); p != nil {
+			m[C.GoStringN(p, C.int(n))] = uint64(v)
+		}
+	}
+	return m, true
+}
+
 // scanHeaps walks the loaded objects and returns the allocators found in
 // each, other than the owner; an object listed in seen (by name and load
 // address: the same object, still loaded) is not scanned again, its
@@ -307,31 +502,60 @@ func scanObject(s *Step, o object) []*heap {
 			lib = exe
 		}
 	}
-	f, err := elf.Open(path)
-	if err != nil {
-		return nil
+	var handle unsafe.Pointer
+	openHandle := func() unsafe.Pointer {
+		if handle == nil {
+			handle = openObject(o.name)
+		}
+		return handle
 	}
-	defer f.Close()
-	dyn, _ := f.DynamicSymbols()
-	cands := candidates(funcSymbols(dyn), false)
+	var cands []candidate
 	var marks []string
-	if len(cands) == 0 {
-		marks = markersIn(f)
+	memNote := ""
+	f, err := elf.Open(path)
+	if err == nil && !sameImage(f, o) {
+		f.Close()
+		f, err = nil, errors.New("not the loaded build")
 	}
-	if len(cands) == 0 && len(marks) > 0 {
-		if syms, err := f.Symbols(); err == nil {
-			fs := funcSymbols(syms)
-			cands = candidates(fs, true)
-			for i := range cands {
-				cands[i].addrs = map[string]uintptr{}
-				for name, v := range fs {
-					cands[i].addrs[name] = o.addr + uintptr(v)
+	if err != nil {
+		// The file is gone (deleted after the dlopen, a memfd closed since),
+		// is another build (replaced on disk), or the name is relative to
+		// a directory the process has left: read the exported symbols from
+		// the loaded image itself, through a handle that keeps it mapped.
+		// There is no .symtab and no read-only data to search then.
+		h := openHandle()
+		if h == nil {
+			return nil // unloaded meanwhile
+		}
+		funcs, ok := memorySymbols(h, o)
+		if !ok {
+			C.cheap_close(h)
+			return nil
+		}
+		cands = candidates(funcs, false)
+		memNote = fmt.Sprintf("; symbols read from the loaded image (%v)", errString(err))
+	} else {
+		defer f.Close()
+		dyn, _ := f.DynamicSymbols()
+		cands = candidates(funcSymbols(dyn), false)
+		if len(cands) == 0 {
+			marks = markersIn(f)
+		}
+		if len(cands) == 0 && len(marks) > 0 {
+			if syms, err := f.Symbols(); err == nil {
+				fs := funcSymbols(syms)
+				cands = candidates(fs, true)
+				for i := range cands {
+					cands[i].addrs = map[string]uintptr{}
+					for name, v := range fs {
+						cands[i].addrs[name] = o.addr + uintptr(v)
+					}
 				}
 			}
 		}
 	}
 	var out []*heap
-	var handle unsafe.Pointer
+	called := false // an allocator of the object will be called
 	have := map[string]bool{}
 	for _, c := range cands {
 		if o.start == s.ownerBase && c.allocator == s.allocator && c.prefix == "" {
@@ -356,15 +580,10 @@ func scanObject(s *Step, o object) []*heap {
 				return p
 			}
 		} else {
-			if handle == nil {
-				cs := C.CString(o.name)
-				handle = C.cheap_open(cs)
-				C.free(unsafe.Pointer(cs))
-				if handle == nil {
-					break // unloaded meanwhile
-				}
+			if openHandle() == nil {
+				break // unloaded meanwhile
 			}
-			h.info.Note = "found by dlsym on the object's own handle (dlopen RTLD_NOLOAD)"
+			h.info.Note = "found by dlsym on the object's own handle (dlopen RTLD_NOLOAD)" + memNote
 			hd := handle
 			lookup = func(name string) unsafe.Pointer {
 				cs := C.CString(name)
@@ -380,14 +599,22 @@ func scanObject(s *Step, o object) []*heap {
 			}
 		}
 		h.sys = sysStep{allocator: c.allocator, handle: handle}
-		if !h.sys.resolve(c.prefix, lookup, &h.info.Version) {
+		untrusted := ""
+		if !h.sys.resolve(c.prefix, lookup, &h.info.Version, &untrusted) {
 			continue
 		}
 		have[c.allocator] = true
+		if untrusted != "" {
+			h.info.Stats = unknownStats(c.allocator, lib)
+			h.info.Trimmed, h.info.Note = false, untrusted
+			out = append(out, h)
+			continue
+		}
+		called = true
 		out = append(out, h)
 	}
-	if handle != nil && len(out) == 0 {
-		C.cheap_close(handle)
+	if handle != nil && !called {
+		C.cheap_close(handle) // nothing of it will be called: the object may be unloaded
 	}
 	for _, a := range marks {
 		if have[a] {

@@ -3,11 +3,16 @@
 package cheap
 
 import (
+	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/dlburst"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -77,5 +82,114 @@ func BenchmarkScan(b *testing.B) {
 	s := Detect()
 	for b.Loop() {
 		scanHeaps(s, nil)
+	}
+}
+
+// TestMemorySymbolsMatchFile: for every loaded object whose file is the
+// loaded build, the defined functions read from the loaded image's dynamic
+// section (hash or GNU hash table) are those of the file's .dynsym.
+func TestMemorySymbolsMatchFile(t *testing.T) {
+	checked := 0
+	for _, o := range listObjects() {
+		if strings.HasPrefix(o.name, "linux-vdso") || strings.HasPrefix(o.name, "linux-gate") {
+			continue
+		}
+		path := o.name
+		if path == "" {
+			path = "/proc/self/exe"
+		}
+		f, err := elf.Open(path)
+		if err != nil {
+			continue
+		}
+		if !sameImage(f, o) {
+			f.Close()
+			continue
+		}
+		dyn, _ := f.DynamicSymbols()
+		want := funcSymbols(dyn)
+		f.Close()
+		h := openObject(o.name)
+		require.NotNil(t, h, "dlopen RTLD_NOLOAD %q", o.name)
+		got, ok := memorySymbols(h, o)
+		closeObject(h)
+		if len(want) == 0 && !ok {
+			continue
+		}
+		require.True(t, ok, "%q: no dynamic symbol table read from memory", o.name)
+		assert.Equal(t, want, got, "%q", o.name)
+		checked++
+	}
+	t.Logf("%d objects compared", checked)
+	assert.GreaterOrEqual(t, checked, 2, "at least the C library and one more object compared")
+}
+
+// stubMallctl is a library that exports mallctl and mallctlnametomib but is
+// not jemalloc: each variant answers "version" its own way, and aborts the
+// process on any other call (epoch, stats, purge), which memctl must then
+// never make.
+const stubMallctl = `#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+int mallctlnametomib(const char *n, size_t *m, size_t *ml) { abort(); }
+int mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
+	if (strcmp(n, "version") != 0) abort();
+#if STUB == 1
+	return ENOENT;
+#elif STUB == 2
+	*(const char **)o = strdup("5.3.0-stub"); // a version, but from the heap, not the object's image
+	return 0;
+#else
+	return 0; // success, and nothing written
+#endif
+}
+`
+
+// childStubMallctl loads CHEAP_STUB_PATH with RTLD_LOCAL, releases every
+// allocator found, and reports them.
+func childStubMallctl() {
+	if err := dlburst.Open(os.Getenv("CHEAP_STUB_PATH"), true); err != nil {
+		childtest.Fail("%v", err)
+	}
+	s := Detect()
+	_, err := s.ReleaseOver(-1)
+	childtest.Say("ERR", fmt.Sprint(err))
+	for _, h := range s.Heaps() {
+		if strings.HasSuffix(h.Library, "libstub21.so") {
+			childtest.Say("STUB", h.String())
+			childtest.Say("STUB_TRIMMED", h.Trimmed)
+			childtest.Say("STUB_RELEASES", h.Releases)
+		}
+	}
+}
+
+func init() { ExtraChildren["stub-mallctl"] = childStubMallctl }
+
+// TestStubMallctlNotTrusted: an object exporting jemalloc's two control
+// names whose mallctl does not answer "version" with a string of its own
+// image is reported present and not trimmed, and nothing but "version" is
+// ever called in it (the stub aborts otherwise). Before the fix it was
+// taken for jemalloc: epoch, stats and purge were called (an abort here;
+// in a real shim, calls with jemalloc's argument layout into a function of
+// another), and it was reported as trimmed.
+func TestStubMallctlNotTrusted(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skipf("needs gcc to build the stub: %v", err)
+	}
+	for i, name := range []string{"enoent", "heap-string", "nothing-written"} {
+		v := i + 1 // STUB in stubMallctl
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			src, so := filepath.Join(dir, "stub.c"), filepath.Join(dir, "libstub21.so")
+			require.NoError(t, os.WriteFile(src, []byte(stubMallctl), 0o644))
+			out, err := exec.Command("gcc", "-shared", "-fPIC", "-DSTUB="+strconv.Itoa(v), "-o", so, src).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			r := childtest.Report(t, childtest.Command(t, "stub-mallctl", childEnv, "CHEAP_STUB_PATH="+so))
+			t.Logf("%s", r["STUB"])
+			assert.Equal(t, "<nil>", r["ERR"])
+			assert.Equal(t, "false", r["STUB_TRIMMED"])
+			assert.Equal(t, "0", r["STUB_RELEASES"])
+			assert.Contains(t, r["STUB"], "present, not trimmed")
+		})
 	}
 }
