@@ -101,6 +101,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -325,7 +326,8 @@ func init() {
 }
 
 // heapMetrics are read from memctl.Stats.CHeaps at each scrape, one series
-// per allocator (labels allocator, object, prefix). To add one, add an
+// per allocator (labels allocator, object, prefix; object is the path with
+// bytes that are not UTF-8 replaced by U+FFFD). To add one, add an
 // entry.
 var heapMetrics = []metric[cheap.Heap]{
 	{name: "memctl_c_allocator_info", kind: prometheus.GaugeValue, labels: []string{"owner", "trimmed"},
@@ -477,7 +479,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(ch, controllerMetrics, c.ctlDescs, &snap)
 	for i := range snap.stats.CHeaps {
 		h := &snap.stats.CHeaps[i]
-		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, h.Library, h.Prefix)
+		// A label value must be UTF-8 (else the whole scrape fails); an
+		// object's path need not be.
+		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, strings.ToValidUTF8(h.Library, "\uFFFD"), h.Prefix)
 	}
 	for i, p := range c.pools {
 		st := p.Pool.Stats()

@@ -101,6 +101,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -349,7 +350,7 @@ func heapInstrument(name, unit string, float, counter bool, prom, desc string, r
 				h := &s.stats.CHeaps[i]
 				v, attrs, ok := read(h)
 				if ok {
-					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", h.Library), attribute.String("prefix", h.Prefix)}, attrs...)...)
+					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", strings.ToValidUTF8(h.Library, "\uFFFD")), attribute.String("prefix", h.Prefix)}, attrs...)...)
 				}
 			}
 		}}

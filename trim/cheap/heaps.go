@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Heap is one allocator found in the process and what the C heap step did
@@ -74,7 +76,7 @@ func (h Heap) String() string {
 	if h.Version != "" {
 		b.WriteString(" " + h.Version)
 	}
-	b.WriteString(" (" + strconv.Quote(h.Library))
+	b.WriteString(" (" + strconv.Quote(boundPath(h.Library)))
 	if h.OwnsMalloc {
 		b.WriteString(", owns malloc")
 	}
@@ -99,6 +101,39 @@ func (h Heap) String() string {
 		b.WriteString(" (" + strconv.FormatInt(h.LastSlices, 10) + " slices, longest " + h.LastMaxSlice.Round(time.Microsecond).String() + ")")
 	}
 	return b.String()
+}
+
+// MaxPathText is the longest object path, in bytes, that Heap.Name and
+// Heap.String print whole; a longer one keeps its first and last
+// MaxPathText/2 bytes around "...".
+const MaxPathText = 256
+
+// boundPath cuts p in its middle to at most about MaxPathText bytes (on
+// UTF-8 boundaries where p is valid UTF-8).
+func boundPath(p string) string {
+	if len(p) <= MaxPathText {
+		return p
+	}
+	head, tail := MaxPathText/2, len(p)-MaxPathText/2
+	for head > 0 && !utf8.RuneStart(p[head]) {
+		head--
+	}
+	for tail < len(p) && !utf8.RuneStart(p[tail]) {
+		tail++
+	}
+	return p[:head] + "..." + p[tail:]
+}
+
+// pathText is p for a line of text: bounded (boundPath), and quoted when it
+// holds a byte that could end or forge the line or the list it is in.
+func pathText(p string) string {
+	p = boundPath(p)
+	if !utf8.ValidString(p) || strings.ContainsFunc(p, func(r rune) bool {
+		return r < 0x20 || r == 0x7f || r == '"' || r == ';' || r == '\\' || unicode.Is(unicode.Bidi_Control, r) || r == 0x85 || r == 0x2028 || r == 0x2029
+	}) {
+		return strconv.Quote(p)
+	}
+	return p
 }
 
 // SliceBytes is how much one call of gperftools' MallocExtension_ReleaseToSystem
@@ -281,7 +316,7 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 			s.setGlibcBase()
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, h.info.Library, err))
+			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, pathText(h.info.Library), err))
 			r = 0
 		}
 		s.list.mu.Lock()
@@ -306,12 +341,17 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 // Name names the heap in a few words: the allocator, its prefix, its
 // object, and whether it owns malloc or is not trimmed, for example
 // "jemalloc je_ in /usr/lib/libfoo.so" or "glibc in /lib/x86_64-linux-gnu/libc.so.6 (owns malloc)".
+// An object path longer than MaxPathText bytes is cut in its middle, and
+// one with a control character, a quote, a ';' (the separator of the
+// startup line's list) or invalid UTF-8 is quoted as a Go string, so that a
+// hostile file name cannot forge a log line. The full path stays in
+// Library.
 func (h Heap) Name() string {
 	s := h.Allocator
 	if h.Prefix != "" {
 		s += " " + h.Prefix
 	}
-	s += " in " + h.Library
+	s += " in " + pathText(h.Library)
 	switch {
 	case h.OwnsMalloc:
 		s += " (owns malloc)"

@@ -397,7 +397,7 @@ func closeObject(h unsafe.Pointer) { C.cheap_close(h) }
 func errString(err error) string {
 	var pe *os.PathError
 	if errors.As(err, &pe) {
-		return "its file " + strconv.Quote(pe.Path) + ": " + pe.Err.Error()
+		return "its file " + strconv.Quote(boundPath(pe.Path)) + ": " + pe.Err.Error()
 	}
 	return "its file is " + err.Error()
 }

@@ -1,0 +1,49 @@
+//go:build linux && cgo
+
+package metrics
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/memctl/memctl/internal/dlburst"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCAllocatorObjectNotUTF8: an allocator's object whose path is not
+// valid UTF-8 (a Latin-1 directory name) is still scraped: its object label
+// has the invalid bytes replaced. Before the fix MustNewConstMetric
+// panicked in Collect (Prometheus label values must be UTF-8), which took
+// the process down at the first scrape.
+func TestCAllocatorObjectNotUTF8(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skipf("needs gcc to build a library to load: %v", err)
+	}
+	dir := filepath.Join(t.TempDir(), "caf\xe9")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	src, so := filepath.Join(t.TempDir(), "hidden.c"), filepath.Join(dir, "libhidden21.so")
+	// A library carrying a hidden copy of jemalloc: its messages, no entry
+	// point (the marker is split so that this test binary does not hold it).
+	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((used)) const char hidden21_msg[] = "<jemalloc" ">: hidden copy";`+"\n"), 0o644))
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NoError(t, dlburst.Open(so, true))
+
+	ctl := start(t)
+	found := false
+	for _, h := range ctl.Stats().CHeaps {
+		found = found || h.Library == so
+	}
+	require.True(t, found, "the hidden copy at %q is in Stats.CHeaps", so)
+	c, err := NewCollector(ctl)
+	require.NoError(t, err)
+	mfs := gather(t, c)
+	want := strings.ToValidUTF8(so, "\uFFFD")
+	assert.True(t, utf8.ValidString(want))
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_c_allocator_info", "allocator", "jemalloc", "object", want, "trimmed", "false"))
+}
