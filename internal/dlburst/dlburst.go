@@ -6,6 +6,7 @@ package dlburst
 #cgo LDFLAGS: -ldl
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,20 @@ static int dlburst_open(const char *path, int local) {
 	}
 	return 0;
 }
+
+static void *dlburst_load(const char *path, int local) {
+	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+	if (h == NULL) snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+	return h;
+}
+
+static int dlburst_unload(uintptr_t h) {
+	if (dlclose((void *)h) != 0) {
+		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+		return -1;
+	}
+	return 0;
+}
 */
 import "C"
 
@@ -103,6 +118,30 @@ func Open(path string, local bool) error {
 	}
 	if C.dlburst_open(cp, l) != 0 {
 		return fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	}
+	return nil
+}
+
+// Load dlopens the library at path (RTLD_LOCAL when local) and returns the
+// handle, for Unload.
+func Load(path string, local bool) (uintptr, error) {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	l := C.int(0)
+	if local {
+		l = 1
+	}
+	h := C.dlburst_load(cp, l)
+	if h == nil {
+		return 0, fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	}
+	return uintptr(h), nil
+}
+
+// Unload drops the reference that Load took (dlclose).
+func Unload(h uintptr) error {
+	if C.dlburst_unload(C.uintptr_t(h)) != 0 {
+		return fmt.Errorf("dlburst: dlclose: %s", C.GoString(C.dlburst_dlerror()))
 	}
 	return nil
 }

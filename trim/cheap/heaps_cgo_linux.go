@@ -460,8 +460,8 @@ func memorySymbols(h unsafe.Pointer, o object) (map[string]uint64, bool) {
 }
 
 // scanHeaps walks the loaded objects and returns the allocators found in
-// each, other than the owner; an object listed in seen (by name and load
-// address: the same object, still loaded) is not scanned again, its
+// each, other than the owner; an object listed in seen (by name, load
+// address, extent and build ID: the same object, still loaded) is not scanned again, its
 // allocators are taken from there. next is seen for the objects loaded now (the object at s.ownerBase with s's
 // allocator). For each object it reads the dynamic symbol table from the
 // object's file; for every allocator entry point it names, it takes a new
@@ -482,7 +482,10 @@ func scanHeaps(s *Step, seen map[string][]*heap) (out []*heap, next map[string][
 		if strings.HasPrefix(o.name, "linux-vdso") || strings.HasPrefix(o.name, "linux-gate") {
 			continue
 		}
-		key := o.name + "\x00" + strconv.FormatUint(uint64(o.addr), 16)
+		// The same object, still loaded: the same name, address, extent and
+		// build (another build loaded from the same path after a dlclose
+		// may land at the same address).
+		key := o.name + "\x00" + strconv.FormatUint(uint64(o.addr), 16) + "-" + strconv.FormatUint(uint64(o.end), 16) + "\x00" + string(o.buildID)
 		hs, ok := seen[key]
 		if !ok {
 			objectScans.Add(1)

@@ -193,3 +193,57 @@ func TestStubMallctlNotTrusted(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadOtherBuildSameAddress: a library reported as carrying a hidden
+// jemalloc is unloaded, and another build of it (with no allocator) is
+// loaded from the same path, at the same address: the list follows the new
+// build. Before the fix the objects already scanned were keyed by name and
+// load address only, so the old build's entry was kept.
+func TestReloadOtherBuildSameAddress(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skipf("needs gcc to build a library to load: %v", err)
+	}
+	dir := t.TempDir()
+	so := filepath.Join(dir, "libreload21.so")
+	build := func(body string) {
+		src := filepath.Join(dir, "reload.c")
+		require.NoError(t, os.WriteFile(src, []byte(body), 0o644))
+		tmp := so + ".new"
+		out, err := exec.Command("gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", tmp, src).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.NoError(t, os.Rename(tmp, so))
+	}
+	// The same size and layout in both builds; only the message differs.
+	build(`__attribute__((used)) const char reload21_msg[] = "<jemalloc" ">: a hidden copy";` + "\n")
+	s := Detect()
+	h, err := dlburst.Load(so, true)
+	require.NoError(t, err)
+	addr1, n := loadedAt(so), 0
+	for _, hp := range s.Heaps() {
+		if hp.Library == so {
+			n++
+		}
+	}
+	require.Equal(t, 1, n, "the hidden copy is reported")
+	require.NoError(t, dlburst.Unload(h))
+	build(`__attribute__((used)) const char reload21_msg[] = "<no-alloc" ">: a plain message";` + "\n")
+	h, err = dlburst.Load(so, true)
+	require.NoError(t, err)
+	defer func() { _ = dlburst.Unload(h) }()
+	if addr2 := loadedAt(so); addr2 != addr1 {
+		t.Skipf("the new build was loaded at %#x, not at %#x as the old one: the case needs the same address", addr2, addr1)
+	}
+	for _, hp := range s.Heaps() {
+		assert.NotEqual(t, so, hp.Library, "the old build's allocator is still listed: %s", hp)
+	}
+}
+
+// loadedAt returns the load address of the object named name, 0 if none.
+func loadedAt(name string) uintptr {
+	for _, o := range listObjects() {
+		if o.name == name {
+			return o.addr
+		}
+	}
+	return 0
+}
