@@ -54,6 +54,7 @@
 //	memctl_c_allocator_resident_bytes{allocator,object,prefix}       gauge  its resident bytes, by its own account
 //	memctl_c_allocator_released_bytes_total{allocator,object,prefix} counter bytes the trims released from it, by its own account
 //	memctl_c_allocator_releases_total{allocator,object,prefix}       counter trims that released it
+//	memctl_c_allocator_release_failures_total{allocator,object,prefix} counter trims whose release call of it returned an error
 //	memctl_c_allocator_last_max_slice_seconds{allocator,object,prefix} gauge the longest single call of its last release (the longest memctl held one of its locks)
 //	memctl_misuse_total                       counter  misuse: wiring mistakes, an end of Begin called twice (memctl.Stats.Misuse)
 //	memctl_trim_cpu_seconds_total             counter  CPU the trims caused: what the 2% rate limit counts
@@ -343,6 +344,8 @@ var heapMetrics = []metric[cheap.Heap]{
 		func(h *cheap.Heap) int64 { return h.TotalReleased }),
 	counter("memctl_c_allocator_releases_total", "Trims that released the allocator.",
 		func(h *cheap.Heap) int64 { return h.Releases }),
+	counter("memctl_c_allocator_release_failures_total", "Trims whose release call of the allocator returned an error (not counted in releases).",
+		func(h *cheap.Heap) int64 { return h.Failures }),
 	gauge("memctl_c_allocator_last_max_slice_seconds", "The longest single call of the allocator's last release, in seconds: the longest memctl held one of its locks; absent before the first.",
 		func(h *cheap.Heap) (float64, bool) { return h.LastMaxSlice.Seconds(), h.Releases > 0 }),
 }

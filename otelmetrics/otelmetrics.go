@@ -71,6 +71,7 @@
 //	memctl.c_allocator.resident      gauge    By
 //	memctl.c_allocator.released      counter  By
 //	memctl.c_allocator.releases      counter
+//	memctl.c_allocator.release_failures counter
 //	memctl.c_allocator.last_max_slice gauge   s, the longest single call of its last release
 //
 // and per pool, with attribute pool:
@@ -334,6 +335,9 @@ var controllerInstruments = []instrument{
 	heapInstrument("memctl.c_allocator.releases", "{release}", false, true, "memctl_c_allocator_releases_total",
 		"Trims that released the allocator.",
 		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) { return float64(h.Releases), nil, true }),
+	heapInstrument("memctl.c_allocator.release_failures", "{release}", false, true, "memctl_c_allocator_release_failures_total",
+		"Trims whose release call of the allocator returned an error (not counted in releases).",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) { return float64(h.Failures), nil, true }),
 	heapInstrument("memctl.c_allocator.last_max_slice", "s", true, false, "memctl_c_allocator_last_max_slice_seconds",
 		"The longest single call of the allocator's last release: the longest memctl held one of its locks; not observed before the first.",
 		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) {

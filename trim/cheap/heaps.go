@@ -47,8 +47,12 @@ type Heap struct {
 
 	// Releases counts the C heap steps that released this allocator;
 	// Skipped those that left it alone because its estimate (Retained) was
-	// below the threshold of Step.ReleaseOver.
-	Releases, Skipped int64
+	// below the threshold of Step.ReleaseOver; Failures those whose
+	// release call returned an error (LastError, "" after a release that
+	// succeeded). A failed release is not counted in Releases and leaves
+	// the Last figures as they were, but for LastEstimate.
+	Releases, Skipped, Failures int64
+	LastError                   string
 	// LastEstimate is its Retained read before the last release or skip,
 	// -1 when unknown.
 	LastEstimate int64
@@ -99,6 +103,9 @@ func (h Heap) String() string {
 		}
 		b.WriteString(" in " + h.LastDuration.Round(time.Microsecond).String())
 		b.WriteString(" (" + strconv.FormatInt(h.LastSlices, 10) + " slices, longest " + h.LastMaxSlice.Round(time.Microsecond).String() + ")")
+	}
+	if h.LastError != "" {
+		b.WriteString("; " + strconv.FormatInt(h.Failures, 10) + " release(s) failed, the last: " + h.LastError)
 	}
 	return b.String()
 }
@@ -317,10 +324,15 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, pathText(h.info.Library), err))
-			r = 0
+			s.list.mu.Lock()
+			h.info.Failures++
+			h.info.LastEstimate, h.info.LastError = est, err.Error()
+			s.list.mu.Unlock()
+			continue
 		}
 		s.list.mu.Lock()
 		h.info.Releases++
+		h.info.LastError = ""
 		h.info.LastEstimate, h.info.LastReleased = est, r
 		if r > 0 {
 			h.info.TotalReleased += r

@@ -117,9 +117,36 @@ static void cheap_list_free(cheap_objs o) {
 
 static cheap_obj cheap_list_at(cheap_objs o, int i) { return o.v[i]; }
 
+// cheap_is_at reports whether handle h holds the object loaded at bias
+// addr (a handle is closed when it does not).
+static int cheap_is_at(void *h, uintptr_t addr) {
+	struct link_map *lm = NULL;
+	if (h == NULL) return 0;
+	if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != NULL && lm->l_addr == addr) return 1;
+	dlclose(h);
+	return 0;
+}
+
 // cheap_open returns a new reference to the loaded object name ("" the
-// executable) without loading anything, or NULL.
-static void *cheap_open(const char *name) { return dlopen(name[0] ? name : NULL, RTLD_LAZY | RTLD_NOLOAD); }
+// executable) at bias addr whose first segment starts at start, without
+// loading anything, or NULL. By name in the main namespace first; an
+// object of another link-map namespace (dlmopen), or one whose name the
+// main namespace gives to another object, is opened in its own namespace,
+// found from its address (glibc).
+static void *cheap_open(const char *name, uintptr_t addr, uintptr_t start) {
+	void *h = dlopen(name[0] ? name : NULL, RTLD_LAZY | RTLD_NOLOAD);
+	if (cheap_is_at(h, addr)) return h;
+#ifdef __GLIBC__
+	Dl_info info;
+	struct link_map *at = NULL;
+	Lmid_t ns = 0;
+	if (name[0] == 0 || dladdr1((void *)start, &info, (void **)&at, RTLD_DL_LINKMAP) == 0 || at == NULL || at->l_addr != addr) return NULL;
+	if (dlinfo(at, RTLD_DI_LMID, &ns) != 0) return NULL; // a glibc handle is its link map
+	h = dlmopen(ns, name, RTLD_LAZY | RTLD_NOLOAD);
+	if (cheap_is_at(h, addr)) return h;
+#endif
+	return NULL;
+}
 static void *cheap_hsym(void *h, const char *name) { return dlsym(h, name); }
 static void cheap_close(void *h) { dlclose(h); }
 static void *cheap_ptr(uintptr_t a) { return (void *)a; }
@@ -383,12 +410,12 @@ func markersIn(f *elf.File) []string {
 	return out
 }
 
-// openObject returns a new reference to the loaded object name ("" the
-// executable), nil when it is not loaded.
-func openObject(name string) unsafe.Pointer {
-	cs := C.CString(name)
+// openObject returns a new reference to the loaded object o (in its own
+// link-map namespace), nil when it is not loaded any more.
+func openObject(o object) unsafe.Pointer {
+	cs := C.CString(o.name)
 	defer C.free(unsafe.Pointer(cs))
-	return C.cheap_open(cs)
+	return C.cheap_open(cs, C.uintptr_t(o.addr), C.uintptr_t(o.start))
 }
 
 func closeObject(h unsafe.Pointer) { C.cheap_close(h) }
@@ -508,7 +535,7 @@ func scanObject(s *Step, o object) []*heap {
 	var handle unsafe.Pointer
 	openHandle := func() unsafe.Pointer {
 		if handle == nil {
-			handle = openObject(o.name)
+			handle = openObject(o)
 		}
 		return handle
 	}

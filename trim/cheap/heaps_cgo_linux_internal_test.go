@@ -109,7 +109,7 @@ func TestMemorySymbolsMatchFile(t *testing.T) {
 		dyn, _ := f.DynamicSymbols()
 		want := funcSymbols(dyn)
 		f.Close()
-		h := openObject(o.name)
+		h := openObject(o)
 		require.NotNil(t, h, "dlopen RTLD_NOLOAD %q", o.name)
 		got, ok := memorySymbols(h, o)
 		closeObject(h)
@@ -146,7 +146,7 @@ int mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
 `
 
 // childStubMallctl loads CHEAP_STUB_PATH with RTLD_LOCAL, releases every
-// allocator found, and reports them.
+// allocator found, and reports the one of that object.
 func childStubMallctl() {
 	if err := dlburst.Open(os.Getenv("CHEAP_STUB_PATH"), true); err != nil {
 		childtest.Fail("%v", err)
@@ -155,10 +155,14 @@ func childStubMallctl() {
 	_, err := s.ReleaseOver(-1)
 	childtest.Say("ERR", fmt.Sprint(err))
 	for _, h := range s.Heaps() {
-		if strings.HasSuffix(h.Library, "libstub21.so") {
+		if h.Library == os.Getenv("CHEAP_STUB_PATH") {
 			childtest.Say("STUB", h.String())
 			childtest.Say("STUB_TRIMMED", h.Trimmed)
 			childtest.Say("STUB_RELEASES", h.Releases)
+			childtest.Say("STUB_FAILURES", h.Failures)
+			childtest.Say("STUB_LAST_ERROR", h.LastError)
+			childtest.Say("STUB_VERSION", h.Version)
+			childtest.Say("STUB_RETAINED", h.Retained)
 		}
 	}
 }
@@ -246,4 +250,46 @@ func loadedAt(name string) uintptr {
 		}
 	}
 	return 0
+}
+
+// failingJemalloc answers "version" as jemalloc does (a string of its own
+// image) and refuses every other call: a jemalloc whose controls fail
+// (built without stats, a mallctl that returns errors).
+const failingJemalloc = `#include <errno.h>
+#include <string.h>
+static const char version[] = "5.3.0-failing";
+int mallctlnametomib(const char *n, size_t *m, size_t *ml) { return ENOENT; }
+int mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
+	if (strcmp(n, "version") == 0 && o != NULL && ol != NULL && *ol == sizeof(const char *)) {
+		*(const char **)o = version;
+		return 0;
+	}
+	return EFAULT;
+}
+`
+
+// TestFailingJemallocReported: a jemalloc whose purge fails is trimmed
+// (the release is tried) and the failure is reported as one: ReleaseOver
+// returns its error, Failures and LastError say so, Releases stays 0 and
+// its figures unknown. Before the fix a failed release counted as a
+// release of 0 bytes.
+func TestFailingJemallocReported(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skipf("needs gcc to build the stub: %v", err)
+	}
+	dir := t.TempDir()
+	src, so := filepath.Join(dir, "failing.c"), filepath.Join(dir, "libfailing21.so")
+	require.NoError(t, os.WriteFile(src, []byte(failingJemalloc), 0o644))
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	r := childtest.Report(t, childtest.Command(t, "stub-mallctl", childEnv, "CHEAP_STUB_PATH="+so))
+	t.Logf("%s; ReleaseOver: %s", r["STUB"], r["ERR"])
+	assert.Contains(t, r["ERR"], "libfailing21.so")
+	assert.Equal(t, "true", r["STUB_TRIMMED"])
+	assert.Equal(t, "5.3.0-failing", r["STUB_VERSION"])
+	assert.Equal(t, "0", r["STUB_RELEASES"])
+	assert.Equal(t, "1", r["STUB_FAILURES"])
+	assert.Contains(t, r["STUB_LAST_ERROR"], "purge")
+	assert.Equal(t, "-1", r["STUB_RETAINED"], "no stats: unknown")
+	assert.Contains(t, r["STUB"], "1 release(s) failed")
 }
