@@ -42,7 +42,17 @@
 // (dlopen with RTLD_NOLOAD, then dlsym on that handle, so that an object
 // loaded with RTLD_LOCAL is reached) and kept only where dladdr places it in
 // that object. memctl keeps that handle: the object stays mapped while
-// memctl may call it, and a later dlclose of it does not unload it.
+// memctl may call it, and a later dlclose of it does not unload it. When
+// the file is not the loaded image (deleted after the dlopen, a memfd
+// closed since, a relative name opened from a directory the process has
+// left, or another build renamed over it: its GNU build ID differs from
+// the loaded one's), the dynamic symbols are read from the loaded image
+// instead (its dynamic section's hash table), and the Note says so. A
+// mallctl is trusted only when it answers the read-only "version" with a
+// string of its own object's image, as jemalloc's does; otherwise it is
+// reported present and not trimmed and nothing else is called in it. A
+// release call that fails is counted in Heap.Failures with its error,
+// not as a release.
 //
 // The executable is also searched in its full symbol table (.symtab): a Go
 // program links its C code statically and exports none of it, so a
@@ -57,7 +67,9 @@
 // in. It does not see a copy whose messages were compiled out, nor an
 // allocator of an object loaded in another namespace (dlmopen). Reading
 // the figures of a jemalloc found this way that never served an
-// allocation initializes it, as any of its calls does.
+// allocation initializes it, as any of its calls does. A namespace made
+// with dlmopen is not listed by dl_iterate_phdr (glibc lists the caller's
+// namespace only), so its objects are neither trimmed nor reported.
 //
 // The objects are scanned at Detect and again whenever the loader's counts
 // of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr
