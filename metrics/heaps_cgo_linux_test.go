@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -46,4 +47,42 @@ func TestCAllocatorObjectNotUTF8(t *testing.T) {
 	want := strings.ToValidUTF8(so, "\uFFFD")
 	assert.True(t, utf8.ValidString(want))
 	assert.Equal(t, 1.0, value(t, mfs, "memctl_c_allocator_info", "allocator", "jemalloc", "object", want, "trimmed", "false"))
+}
+
+// TestCAllocatorSamePathTwoNamespaces: one library loaded twice from the
+// same path, in the main namespace and in one dlmopen made, gives two
+// allocators with the same allocator, path and prefix: their series differ
+// by the namespace in the object label. Before, the scrape failed (two
+// series with the same labels).
+func TestCAllocatorSamePathTwoNamespaces(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skipf("needs gcc to build a library to load: %v", err)
+	}
+	dir := t.TempDir()
+	src, so := filepath.Join(dir, "hidden.c"), filepath.Join(dir, "libhiddenns21.so")
+	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((used)) const char hidden21_msg[] = "<jemalloc" ">: hidden copy";`+"\n"), 0o644))
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NoError(t, dlburst.Open(so, true))
+	_, err = dlburst.LoadNamespace(so)
+	require.NoError(t, err)
+
+	ctl := start(t)
+	var nss []int64
+	for _, h := range ctl.Stats().CHeaps {
+		if h.Library == so {
+			nss = append(nss, h.Namespace)
+		}
+	}
+	require.Len(t, nss, 2, "both copies are listed")
+	require.NotEqual(t, nss[0], nss[1])
+	c, err := NewCollector(ctl)
+	require.NoError(t, err)
+	mfs := gather(t, c) // fails on two series with the same labels
+	assert.Equal(t, 1.0, value(t, mfs, "memctl_c_allocator_info", "allocator", "jemalloc", "object", so, "trimmed", "false"))
+	for _, ns := range nss {
+		if ns != 0 {
+			assert.Equal(t, 1.0, value(t, mfs, "memctl_c_allocator_info", "allocator", "jemalloc", "object", so+" (namespace "+strconv.FormatInt(ns, 10)+")"))
+		}
+	}
 }

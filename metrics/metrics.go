@@ -327,9 +327,8 @@ func init() {
 }
 
 // heapMetrics are read from memctl.Stats.CHeaps at each scrape, one series
-// per allocator (labels allocator, object, prefix; object is the path with
-// bytes that are not UTF-8 replaced by U+FFFD). To add one, add an
-// entry.
+// per allocator (labels allocator, object, prefix; object is the path as
+// objectLabel makes it). To add one, add an entry.
 var heapMetrics = []metric[cheap.Heap]{
 	{name: "memctl_c_allocator_info", kind: prometheus.GaugeValue, labels: []string{"owner", "trimmed"},
 		help: "1 for every C allocator found in the process: owner is true for the one that owns malloc, trimmed false for one present that memctl cannot reach (a static, hidden copy).",
@@ -482,9 +481,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(ch, controllerMetrics, c.ctlDescs, &snap)
 	for i := range snap.stats.CHeaps {
 		h := &snap.stats.CHeaps[i]
-		// A label value must be UTF-8 (else the whole scrape fails); an
-		// object's path need not be.
-		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, strings.ToValidUTF8(h.Library, "\uFFFD"), h.Prefix)
+		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, objectLabel(h), h.Prefix)
 	}
 	for i, p := range c.pools {
 		st := p.Pool.Stats()
@@ -494,6 +491,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			emit(ch, processMetrics, c.procDescs, &st)
 		}
 	}
+}
+
+// objectLabel is the object label of h: its path made UTF-8 (a label value
+// must be, else the whole scrape fails; a path need not be), with
+// " (namespace N)" after it for an object of a dlmopen namespace (the same
+// path can be loaded in two, and two series must not have the same
+// labels).
+func objectLabel(h *cheap.Heap) string {
+	s := strings.ToValidUTF8(h.Library, "\uFFFD")
+	if h.Namespace != 0 {
+		s += " (namespace " + strconv.FormatInt(h.Namespace, 10) + ")"
+	}
+	return s
 }
 
 func emit[T any](ch chan<- prometheus.Metric, table []metric[T], descs []*prometheus.Desc, s *T, fixed ...string) {

@@ -345,6 +345,18 @@ var controllerInstruments = []instrument{
 		}),
 }
 
+// objectAttr is the object attribute of h: its path made UTF-8 (OTLP
+// strings must be), with " (namespace N)" after it for an object of a
+// dlmopen namespace (the same path can be loaded in two), as the
+// Prometheus collector's object label.
+func objectAttr(h *cheap.Heap) string {
+	s := strings.ToValidUTF8(h.Library, "\uFFFD")
+	if h.Namespace != 0 {
+		s += " (namespace " + strconv.FormatInt(h.Namespace, 10) + ")"
+	}
+	return s
+}
+
 // heapInstrument is an instrument with one observation per C allocator of
 // memctl.Stats.CHeaps, with attributes allocator, object and prefix first.
 func heapInstrument(name, unit string, float, counter bool, prom, desc string, read func(*cheap.Heap) (float64, []attribute.KeyValue, bool)) instrument {
@@ -354,7 +366,7 @@ func heapInstrument(name, unit string, float, counter bool, prom, desc string, r
 				h := &s.stats.CHeaps[i]
 				v, attrs, ok := read(h)
 				if ok {
-					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", strings.ToValidUTF8(h.Library, "\uFFFD")), attribute.String("prefix", h.Prefix)}, attrs...)...)
+					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", objectAttr(h)), attribute.String("prefix", h.Prefix)}, attrs...)...)
 				}
 			}
 		}}

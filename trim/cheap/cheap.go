@@ -64,12 +64,13 @@
 // reported present and not trimmed (Heap.Trimmed false), never as handled:
 // a library that bundles a hidden copy and is stripped, as Debian strips
 // its libraries. The hint reads the file, not memory, so it faults nothing
-// in. It does not see a copy whose messages were compiled out, nor an
-// allocator of an object loaded in another namespace (dlmopen). Reading
+// in. It does not see a copy whose messages were compiled out. Reading
 // the figures of a jemalloc found this way that never served an
 // allocation initializes it, as any of its calls does. A namespace made
 // with dlmopen is not listed by dl_iterate_phdr (glibc lists the caller's
-// namespace only), so its objects are neither trimmed nor reported.
+// namespace only): its objects are found on glibc's chain of namespaces
+// (r_debug_extended, glibc 2.35+; not seen before 2.35), opened in their
+// namespace, and reported with it (Heap.Namespace).
 //
 // The objects are scanned at Detect and again whenever the loader's counts
 // of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr

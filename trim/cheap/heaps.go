@@ -34,6 +34,10 @@ type Heap struct {
 	// OwnsMalloc is true for the allocator that serves the process's
 	// malloc (the one Step.Allocator names).
 	OwnsMalloc bool
+	// Namespace is the link-map namespace of its object (glibc's Lmid_t):
+	// 0 for the main one, n > 0 for one that dlmopen made (the same path
+	// can then be loaded twice), -1 when the loader does not tell.
+	Namespace int64
 	// Trimmed is true when the C heap step can reach the allocator's
 	// release call and runs it; false for an allocator present and not
 	// trimmed: a static copy whose entry points the object does not export
@@ -81,6 +85,9 @@ func (h Heap) String() string {
 		b.WriteString(" " + h.Version)
 	}
 	b.WriteString(" (" + strconv.Quote(boundPath(h.Library)))
+	if h.Namespace != 0 {
+		b.WriteString(", namespace " + strconv.FormatInt(h.Namespace, 10))
+	}
 	if h.OwnsMalloc {
 		b.WriteString(", owns malloc")
 	}
@@ -364,6 +371,9 @@ func (h Heap) Name() string {
 		s += " " + h.Prefix
 	}
 	s += " in " + pathText(h.Library)
+	if h.Namespace != 0 {
+		s += " (namespace " + strconv.FormatInt(h.Namespace, 10) + ")"
+	}
 	switch {
 	case h.OwnsMalloc:
 		s += " (owns malloc)"

@@ -7,6 +7,7 @@ package cheap
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ typedef struct {
 	uintptr_t end;   // the end of the last PT_LOAD segment in memory
 	unsigned char id[64]; // the GNU build ID in the loaded image (its first idlen bytes)
 	int idlen;
+	long ns; // the link-map namespace (Lmid_t): 0 for the main one
 } cheap_obj;
 
 // cheap_build_id copies the NT_GNU_BUILD_ID note of the loaded image to e
@@ -98,15 +100,84 @@ static int cheap_list_cb(struct dl_phdr_info *info, size_t size, void *data) {
 	e->addr = info->dlpi_addr;
 	e->start = info->dlpi_addr + (low & ~(page - 1));
 	e->end = info->dlpi_addr + high;
+	e->ns = 0;
 	cheap_build_id(info, e);
 	o->n++;
 	return 0;
 }
 
-// cheap_list returns the loaded objects (free it with cheap_list_free).
+// The objects of the link-map namespaces other than the first (those
+// dlmopen made), which dl_iterate_phdr does not list: glibc 2.35+ chains
+// one r_debug_extended per namespace from _r_debug (r_version 2). The walk
+// runs inside a dl_iterate_phdr callback, where the loader's list lock is
+// held, so no link map is freed under it; and so it calls nothing there
+// that takes the loader's other lock (dlsym, dladdr: a concurrent dlopen
+// takes the two in the other order). _dl_find_object is lock-free, and
+// dlinfo's RTLD_DI_LMID reads the link map.
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
+#define CHEAP_NS 1
+typedef int (*cheap_find_fn)(void *, struct dl_find_object *);
+
+typedef struct {
+	cheap_objs *o;
+	struct r_debug_extended *r;
+	cheap_find_fn find;
+	int done;
+} cheap_ns_walk;
+
+static void cheap_list_ns(cheap_ns_walk *w) {
+	cheap_objs *o = w->o;
+	if (w->r == NULL || w->find == NULL || w->r->base.r_version < 2) return;
+	long page = sysconf(_SC_PAGESIZE);
+	int guard = 0;
+	for (struct r_debug_extended *r = w->r->r_next; r != NULL && guard < 1 << 16; r = r->r_next, guard++) {
+		for (struct link_map *lm = r->base.r_map; lm != NULL && guard < 1 << 16; lm = lm->l_next, guard++) {
+			struct dl_find_object fo;
+			if (lm->l_name == NULL || lm->l_name[0] == 0 || lm->l_ld == NULL) continue;
+			if (w->find((void *)lm->l_ld, &fo) != 0 || fo.dlfo_link_map != lm || fo.dlfo_map_start == NULL) continue;
+			// The ELF header and program headers, in the first page of
+			// the first mapping (file offset 0 for any object ld makes).
+			const ElfW(Ehdr) *eh = fo.dlfo_map_start;
+			if (memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_phentsize != sizeof(ElfW(Phdr)) || eh->e_phnum == 0 ||
+				eh->e_phoff + (size_t)eh->e_phnum * sizeof(ElfW(Phdr)) > (size_t)page) continue;
+			struct dl_phdr_info pi;
+			memset(&pi, 0, sizeof pi);
+			pi.dlpi_addr = lm->l_addr;
+			pi.dlpi_name = lm->l_name;
+			pi.dlpi_phdr = (const ElfW(Phdr) *)((const char *)eh + eh->e_phoff);
+			pi.dlpi_phnum = eh->e_phnum;
+			int n = o->n;
+			if (cheap_list_cb(&pi, offsetof(struct dl_phdr_info, dlpi_adds), o) != 0) return;
+			Lmid_t ns = -1;
+			if (o->n > n) {
+				if (dlinfo(lm, RTLD_DI_LMID, &ns) != 0) ns = -1; // a glibc handle is its link map
+				o->v[n].ns = (long)ns;
+			}
+		}
+	}
+}
+
+static int cheap_list_all_cb(struct dl_phdr_info *info, size_t size, void *data) {
+	cheap_ns_walk *w = data;
+	int r = cheap_list_cb(info, size, w->o);
+	if (!w->done) {
+		w->done = 1;
+		cheap_list_ns(w);
+	}
+	return r;
+}
+#endif
+
+// cheap_list returns the loaded objects of every namespace (free it with
+// cheap_list_free).
 static cheap_objs cheap_list(void) {
 	cheap_objs o = {0};
+#ifdef CHEAP_NS
+	cheap_ns_walk w = {&o, dlsym(RTLD_DEFAULT, "_r_debug"), (cheap_find_fn)dlsym(RTLD_DEFAULT, "_dl_find_object"), 0};
+	dl_iterate_phdr(cheap_list_all_cb, &w);
+#else
 	dl_iterate_phdr(cheap_list_cb, &o);
+#endif
 	return o;
 }
 
@@ -258,6 +329,7 @@ type object struct {
 	name             string // "" for the executable
 	addr, start, end uintptr
 	buildID          []byte // the GNU build ID of the loaded image, nil when it has none
+	ns               int64  // the link-map namespace: 0 the main one, -1 unknown
 }
 
 func listObjects() []object {
@@ -266,7 +338,7 @@ func listObjects() []object {
 	out := make([]object, 0, int(o.n))
 	for i := 0; i < int(o.n); i++ {
 		e := C.cheap_list_at(o, C.int(i))
-		ob := object{name: C.GoString(e.name), addr: uintptr(e.addr), start: uintptr(e.start), end: uintptr(e.end)}
+		ob := object{name: C.GoString(e.name), addr: uintptr(e.addr), start: uintptr(e.start), end: uintptr(e.end), ns: int64(e.ns)}
 		if e.idlen > 0 {
 			ob.buildID = C.GoBytes(unsafe.Pointer(&e.id[0]), e.idlen)
 		}
@@ -512,7 +584,7 @@ func scanHeaps(s *Step, seen map[string][]*heap) (out []*heap, next map[string][
 		// The same object, still loaded: the same name, address, extent and
 		// build (another build loaded from the same path after a dlclose
 		// may land at the same address).
-		key := o.name + "\x00" + strconv.FormatUint(uint64(o.addr), 16) + "-" + strconv.FormatUint(uint64(o.end), 16) + "\x00" + string(o.buildID)
+		key := o.name + "\x00" + strconv.FormatUint(uint64(o.addr), 16) + "-" + strconv.FormatUint(uint64(o.end), 16) + "\x00" + strconv.FormatInt(o.ns, 10) + "\x00" + string(o.buildID)
 		hs, ok := seen[key]
 		if !ok {
 			objectScans.Add(1)
@@ -593,7 +665,7 @@ func scanObject(s *Step, o object) []*heap {
 			continue // the owner, found through RTLD_DEFAULT
 		}
 		h := &heap{}
-		h.info = Heap{Prefix: c.prefix, Trimmed: true, LastEstimate: -1, LastReleased: -1}
+		h.info = Heap{Prefix: c.prefix, Trimmed: true, LastEstimate: -1, LastReleased: -1, Namespace: o.ns}
 		h.info.Allocator, h.info.Library = c.allocator, lib
 		var lookup func(name string) unsafe.Pointer
 		if c.static {
@@ -651,7 +723,7 @@ func scanObject(s *Step, o object) []*heap {
 			continue
 		}
 		h := &heap{}
-		h.info = Heap{Stats: unknownStats(a, lib), LastEstimate: -1, LastReleased: -1,
+		h.info = Heap{Stats: unknownStats(a, lib), LastEstimate: -1, LastReleased: -1, Namespace: o.ns,
 			Note: "its messages are in the object's read-only data but it exports no entry point and its file has no symbol table naming one (a static, hidden copy)"}
 		h.sys = sysStep{allocator: a}
 		out = append(out, h)

@@ -208,17 +208,18 @@ func TestReloadOtherBuildSameAddress(t *testing.T) {
 		t.Skipf("needs gcc to build a library to load: %v", err)
 	}
 	dir := t.TempDir()
-	so := filepath.Join(dir, "libreload21.so")
-	build := func(body string) {
+	so, next := filepath.Join(dir, "libreload21.so"), filepath.Join(dir, "next.so")
+	build := func(out, body string) {
 		src := filepath.Join(dir, "reload.c")
 		require.NoError(t, os.WriteFile(src, []byte(body), 0o644))
-		tmp := so + ".new"
-		out, err := exec.Command("gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", tmp, src).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.NoError(t, os.Rename(tmp, so))
+		b, err := exec.Command("gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", out, src).CombinedOutput()
+		require.NoError(t, err, "%s", b)
 	}
 	// The same size and layout in both builds; only the message differs.
-	build(`__attribute__((used)) const char reload21_msg[] = "<jemalloc" ">: a hidden copy";` + "\n")
+	// Both are built first, so that nothing is mapped between the unload
+	// and the load (the new build then takes the hole the old one left).
+	build(so, `__attribute__((used)) const char reload21_msg[] = "<jemalloc" ">: a hidden copy";`+"\n")
+	build(next, `__attribute__((used)) const char reload21_msg[] = "<no-alloc" ">: a plain message";`+"\n")
 	s := Detect()
 	h, err := dlburst.Load(so, true)
 	require.NoError(t, err)
@@ -229,8 +230,8 @@ func TestReloadOtherBuildSameAddress(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, n, "the hidden copy is reported")
+	require.NoError(t, os.Rename(next, so))
 	require.NoError(t, dlburst.Unload(h))
-	build(`__attribute__((used)) const char reload21_msg[] = "<no-alloc" ">: a plain message";` + "\n")
 	h, err = dlburst.Load(so, true)
 	require.NoError(t, err)
 	defer func() { _ = dlburst.Unload(h) }()

@@ -61,8 +61,13 @@ func childDlopenTrim() {
 		}
 		path = "./" + base
 	}
-	if err := dlburst.Run(path, os.Getenv("CHEAP_DL_LOCAL") == "1", os.Getenv("CHEAP_DL_PREFIX"),
-		500<<20, 4<<10, 64<<10); err != nil {
+	run := func(path, prefix string, total, minSize, maxSize int64) error {
+		return dlburst.Run(path, os.Getenv("CHEAP_DL_LOCAL") == "1", prefix, total, minSize, maxSize)
+	}
+	if os.Getenv("CHEAP_DL_LOCAL") == "namespace" {
+		run = dlburst.RunNamespace
+	}
+	if err := run(path, os.Getenv("CHEAP_DL_PREFIX"), 500<<20, 4<<10, 64<<10); err != nil {
 		childtest.Fail("%v", err)
 	}
 	if err := afterLoad(then, path); err != nil {
@@ -89,6 +94,7 @@ func childDlopenTrim() {
 		childtest.Say(k+"_RELEASED", h.LastReleased)
 		childtest.Say(k+"_RELEASES", h.Releases)
 		childtest.Say(k+"_NOTE", h.Note)
+		childtest.Say(k+"_NAMESPACE", h.Namespace)
 	}
 }
 
@@ -122,6 +128,7 @@ func afterLoad(then, path string) error {
 type dlCase struct {
 	path, prefix, then string
 	local              bool
+	namespace          bool // dlmopen in a new namespace (local is then ignored)
 }
 
 func runDlopen(t *testing.T, c dlCase) map[string]string {
@@ -133,7 +140,10 @@ func runDlopen(t *testing.T, c dlCase) map[string]string {
 		t.Skip("the child needs glibc to own malloc")
 	}
 	env := []string{staticTLS, "CHEAP_DL_PATH=" + c.path, "CHEAP_DL_PREFIX=" + c.prefix, "CHEAP_DL_THEN=" + c.then}
-	if c.local {
+	switch {
+	case c.namespace:
+		env = append(env, "CHEAP_DL_LOCAL=namespace")
+	case c.local:
 		env = append(env, "CHEAP_DL_LOCAL=1")
 	}
 	r := childtest.Report(t, childtest.Command(t, "dlopen-trim", []string{"LD_PRELOAD", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "GODEBUG", "GOGC"}, env...))
@@ -192,6 +202,26 @@ func TestDlopenLocalJemalloc(t *testing.T) {
 	}
 	r := runDlopen(t, dlCase{path: jemallocSO, local: true})
 	checkDlopen(t, r, "libjemalloc.so.2", "")
+}
+
+// TestDlmopenJemalloc: a jemalloc loaded in a new link-map namespace
+// (dlmopen, a plugin isolated with its own C library), which
+// dl_iterate_phdr does not list, is found through glibc's namespace chain,
+// released and reported with its namespace. Before the fix it was neither
+// trimmed nor reported (VmRSS stayed at 207 MiB).
+func TestDlmopenJemalloc(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 500 MiB burst and a 4 s wait")
+	}
+	if _, err := os.Stat(jemallocSO); err != nil {
+		t.Skipf("needs Debian's libjemalloc2: %v", err)
+	}
+	r := runDlopen(t, dlCase{path: jemallocSO, namespace: true})
+	checkDlopen(t, r, "libjemalloc.so.2", "")
+	k := "HEAP" + strconv.Itoa(findHeap(r, cheap.Jemalloc, "libjemalloc.so.2", ""))
+	ns, _ := strconv.Atoi(r[k+"_NAMESPACE"])
+	assert.Greater(t, ns, 0, "the namespace dlmopen made")
+	assert.Contains(t, r[k], "namespace")
 }
 
 // TestDlopenJemallocFileGone: the library's file is not the loaded image
