@@ -286,10 +286,12 @@ func (s *Step) setGlibcBase() {
 	}
 }
 
-// Retained returns the bytes that the allocators found in the process
-// (see Heaps) hold and no live block uses: the sum of their
-// Stats.Retained, or -1 when one of them cannot tell (mimalloc) or the step
-// is unavailable. Allocators present and not trimmed are left out.
+// Retained returns the bytes that a release of the allocators found in the
+// process (see Heaps) can return: the sum of their estimates (Releasable
+// for jemalloc and tcmalloc, where they tell it, else Retained; see
+// Stats), or -1 when one of them cannot tell (mimalloc) or the step is
+// unavailable. Allocators present and not trimmed are left out. It is the
+// C estimate of a trim (trim.CHeap).
 func (s *Step) Retained() int64 {
 	if s == nil {
 		return -1
@@ -373,11 +375,18 @@ func cResidentExtra(inUse int64) (extra int64, ok bool) {
 //	Mapped     hblkhd                -1                        -1                                             -1
 //	InUse      uordblks + hblkhd     stats.allocated           generic.current_allocated_bytes                -1
 //	Free       fordblks              -1                        tcmalloc.pageheap_free_bytes                   -1
-//	Releasable keepcost              -1                        -1                                             -1
+//	Releasable keepcost              (pdirty + pmuzzy) × page  tcmalloc.pageheap_free_bytes                   -1
 //	Active     -1                    stats.active              -1                                             -1
 //	Resident   -1                    stats.resident            heap_size - tcmalloc.pageheap_unmapped_bytes   -1
 //	Retained   see below             resident - allocated      Resident - InUse                               -1
 //	Page       -1                    arenas.page               -1                                             -1
+//
+// The estimate of a release (Heap.LastEstimate, Step.Retained, the floor
+// of Step.ReleaseOver) is Releasable for jemalloc and tcmalloc, where the
+// allocator tells it, else Retained: their Retained also counts what no
+// release returns (partly filled slabs, thread and central caches), which
+// stays after a release (a fragmented heap: 108 MiB of jemalloc's, 190 MiB
+// of tcmalloc's, with nothing left to purge).
 //
 // glibc's Free (fordblks) counts the free bytes inside its arenas,
 // including free pages that malloc_trim already returned to the OS (mallinfo2
@@ -395,7 +404,7 @@ type Stats struct {
 	Mapped     int64 // glibc: bytes in blocks that malloc mmapped on their own
 	InUse      int64 // bytes in live blocks
 	Free       int64 // bytes in free blocks the allocator keeps
-	Releasable int64 // glibc: bytes at the top of the main arena that malloc_trim can unmap
+	Releasable int64 // glibc: bytes at the top of the main arena that malloc_trim can unmap; jemalloc: its dirty and muzzy pages (stats.arenas.<all>.pdirty and .pmuzzy), what a purge returns; tcmalloc: its page heap's free bytes, what a release returns
 	Active     int64 // jemalloc: bytes in active pages (live blocks and the slabs around them)
 	Resident   int64 // bytes of the heap resident in RAM by the allocator's account
 	Retained   int64 // bytes the allocator holds that no live block uses

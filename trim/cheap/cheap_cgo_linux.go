@@ -103,16 +103,19 @@ static int cheap_je_purge_sliced(void *f, int whole, int64_t out[2]) {
 }
 
 // cheap_je_stats advances the epoch and reads stats.allocated, stats.active,
-// stats.resident, stats.mapped and arenas.page into out; a figure jemalloc
-// does not give (a build without stats) is left as it was. It returns the
-// error of the epoch write.
-static int cheap_je_stats(void *f, int64_t out[5]) {
+// stats.resident, stats.mapped, arenas.page, and the dirty and muzzy pages
+// of all arenas merged (stats.arenas.4096.pdirty and .pmuzzy, 4096 =
+// MALLCTL_ARENAS_ALL: what a purge returns) into out; a figure jemalloc
+// does not give (a build without stats, jemalloc 4) is left as it was. It
+// returns the error of the epoch write.
+static int cheap_je_stats(void *f, int64_t out[7]) {
 	cheap_mallctl_fn mallctl = (cheap_mallctl_fn)f;
 	uint64_t epoch = 1;
 	size_t sz = sizeof epoch;
 	int rc = mallctl("epoch", &epoch, &sz, &epoch, sz);
-	static const char *names[5] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped", "arenas.page"};
-	for (int i = 0; i < 5; i++) {
+	static const char *names[7] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped", "arenas.page",
+		"stats.arenas.4096.pdirty", "stats.arenas.4096.pmuzzy"};
+	for (int i = 0; i < 7; i++) {
 		size_t v;
 		sz = sizeof v;
 		if (mallctl(names[i], &v, &sz, NULL, 0) == 0 && sz == sizeof v && v <= (size_t)INT64_MAX) out[i] = (int64_t)v;
@@ -496,11 +499,14 @@ func (s sysStep) stats() Stats {
 		st.Releasable = clampSize(mi.keepcost)
 		st.Retained = st.Free
 	case Jemalloc:
-		out := [5]C.int64_t{-1, -1, -1, -1, -1}
+		out := [7]C.int64_t{-1, -1, -1, -1, -1, -1, -1}
 		if C.cheap_je_stats(s.mallctl, &out[0]) != 0 {
 			return st // no epoch: the figures would be stale
 		}
 		st.InUse, st.Active, st.Resident, st.Arena, st.Page = int64(out[0]), int64(out[1]), int64(out[2]), int64(out[3]), int64(out[4])
+		if pages := addKnown(int64(out[5]), int64(out[6])); pages >= 0 && st.Page > 0 && pages <= (1<<63-1)/st.Page {
+			st.Releasable = pages * st.Page
+		}
 		st.Retained = diff(st.Resident, st.InUse)
 		st.PageWarning = st.Page > int64(os.Getpagesize())
 	case Mimalloc:
@@ -509,6 +515,7 @@ func (s sysStep) stats() Stats {
 		st.InUse = s.tcProp(0)
 		st.Arena = s.tcProp(1)
 		st.Free = s.tcProp(2)
+		st.Releasable = st.Free // what ReleaseToSystem returns: the page heap's free spans
 		st.Resident = diff(st.Arena, s.tcProp(3))
 		st.Retained = diff(st.Resident, st.InUse)
 	}

@@ -232,15 +232,19 @@ func (s *Step) refresh() []*heap {
 	return found
 }
 
-// heapRetained returns h's Retained now (see Stats.Retained), -1 when
-// unknown or not trimmed.
+// heapRetained returns h's release estimate now: its Releasable for
+// jemalloc and tcmalloc where known (what their release returns), else its
+// Retained (see Stats); -1 when unknown or not trimmed.
 func (s *Step) heapRetained(h *heap) int64 {
 	if !h.info.Trimmed {
 		return -1
 	}
 	st := h.sys.stats()
-	if h.info.OwnsMalloc && s.allocator == Glibc {
+	switch {
+	case h.info.OwnsMalloc && s.allocator == Glibc:
 		return s.glibcRetained(st)
+	case (h.info.Allocator == Jemalloc || h.info.Allocator == Tcmalloc) && st.Releasable >= 0:
+		return st.Releasable
 	}
 	return st.Retained
 }
