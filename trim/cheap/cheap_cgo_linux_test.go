@@ -445,7 +445,11 @@ func BenchmarkDetect(b *testing.B) {
 func childStall() {
 	s := Detect()
 	childtest.Say("ALLOCATOR", s.Allocator())
-	if err := cburst.Burst(int(envInt("CHEAP_THREADS")), envInt("CHEAP_BLOCKS"), 16<<10, keepEvery); err != nil {
+	keep := int64(keepEvery)
+	if os.Getenv("CHEAP_STALL_KEEP") != "" {
+		keep = envInt("CHEAP_STALL_KEEP")
+	}
+	if err := cburst.Burst(int(envInt("CHEAP_THREADS")), envInt("CHEAP_BLOCKS"), 16<<10, keep); err != nil {
 		childtest.Fail("%v", err)
 	}
 	noSlice.Store(os.Getenv("CHEAP_WHOLE") == "1")
@@ -503,11 +507,14 @@ func BenchmarkReleaseStall(b *testing.B) {
 	for _, c := range []struct {
 		name, preload   string
 		threads, blocks int
+		keep            string // CHEAP_STALL_KEEP: "" every 64th block kept, "0" none
 	}{
-		{"glibc", "", 16, 8192},
-		{"glibc-1arena", "", 1, 16 * 8192}, // one thread: all 2 GiB in one arena
-		{"tcmalloc", tcmallocSO, 16, 8192},
-		{"jemalloc", jemallocSO, 16, 8192},
+		{"glibc", "", 16, 8192, ""},
+		{"glibc-1arena", "", 1, 16 * 8192, ""}, // one thread: all 2 GiB in one arena
+		{"tcmalloc", tcmallocSO, 16, 8192, ""},
+		{"tcmalloc-allfreed", tcmallocSO, 16, 8192, "0"}, // free spans coalesce into large ones
+		{"jemalloc", jemallocSO, 16, 8192, ""},
+		{"jemalloc-allfreed", jemallocSO, 16, 8192, "0"},
 	} {
 		for _, whole := range []bool{true, false} {
 			name := c.name + "/sliced"
@@ -530,6 +537,9 @@ func BenchmarkReleaseStall(b *testing.B) {
 					}
 					if whole {
 						env = append(env, "CHEAP_WHOLE=1")
+					}
+					if c.keep != "" {
+						env = append(env, "CHEAP_STALL_KEEP="+c.keep)
 					}
 					r := childtest.Report(b, childtest.Command(b, "stall", childEnv, env...))
 					ms := func(k string) float64 {
