@@ -441,9 +441,20 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		}
 		s.miProcessInfo = lookup("mi_process_info")
 		s.miThreadInit = lookup("mi_thread_init")
-		if v := lookup("mi_version"); v != nil {
-			*version = strconv.Itoa(int(C.cheap_mi_version(v)))
+		// As for mallctl: a function named mi_collect is trusted only
+		// beside mimalloc's mi_version answering a version of mimalloc's
+		// shape (major*100 + minor*10 + patch, 1.x to 9.x).
+		v := lookup("mi_version")
+		n := 0
+		if v != nil {
+			n = int(C.cheap_mi_version(v))
 		}
+		if n < 100 || n >= 1000 {
+			*untrusted = fmt.Sprintf("mi_collect has no mi_version beside it answering a mimalloc version (got %d), so it is not taken for mimalloc's and is never called", n)
+			*s = sysStep{allocator: s.allocator}
+			return true
+		}
+		*version = strconv.Itoa(n)
 	case Tcmalloc:
 		s.tcReleaseN = lookup(symTcRelease)
 		s.tcRelease = lookup("MallocExtension_ReleaseFreeMemory")

@@ -145,6 +145,16 @@ int mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
 }
 `
 
+// stubMiCollect exports mi_collect but is not mimalloc: with STUB 1 it has
+// no mi_version, with 2 one that answers 0. mi_collect aborts.
+const stubMiCollect = `#include <stdbool.h>
+#include <stdlib.h>
+void mi_collect(bool force) { abort(); }
+#if STUB == 2
+int mi_version(void) { return 0; }
+#endif
+`
+
 // childStubMallctl loads CHEAP_STUB_PATH with RTLD_LOCAL, releases every
 // allocator found, and reports the one of that object.
 func childStubMallctl() {
@@ -172,7 +182,8 @@ func init() { ExtraChildren["stub-mallctl"] = childStubMallctl }
 // TestStubMallctlNotTrusted: an object exporting jemalloc's two control
 // names whose mallctl does not answer "version" with a string of its own
 // image is reported present and not trimmed, and nothing but "version" is
-// ever called in it (the stub aborts otherwise). Before the fix it was
+// ever called in it (the stub aborts otherwise); the same for an object
+// exporting mi_collect without a mimalloc mi_version beside it. Before the fix it was
 // taken for jemalloc: epoch, stats and purge were called (an abort here;
 // in a real shim, calls with jemalloc's argument layout into a function of
 // another), and it was reported as trimmed.
@@ -180,12 +191,18 @@ func TestStubMallctlNotTrusted(t *testing.T) {
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skipf("needs gcc to build the stub: %v", err)
 	}
-	for i, name := range []string{"enoent", "heap-string", "nothing-written"} {
-		v := i + 1 // STUB in stubMallctl
+	for _, c := range []struct {
+		name, src string
+		v         int // STUB in src
+	}{
+		{"mallctl-enoent", stubMallctl, 1}, {"mallctl-heap-string", stubMallctl, 2}, {"mallctl-nothing-written", stubMallctl, 3},
+		{"mi_collect-no-version", stubMiCollect, 1}, {"mi_collect-version-0", stubMiCollect, 2},
+	} {
+		name, v := c.name, c.v
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			src, so := filepath.Join(dir, "stub.c"), filepath.Join(dir, "libstub21.so")
-			require.NoError(t, os.WriteFile(src, []byte(stubMallctl), 0o644))
+			require.NoError(t, os.WriteFile(src, []byte(c.src), 0o644))
 			out, err := exec.Command("gcc", "-shared", "-fPIC", "-DSTUB="+strconv.Itoa(v), "-o", so, src).CombinedOutput()
 			require.NoError(t, err, "%s", out)
 			r := childtest.Report(t, childtest.Command(t, "stub-mallctl", childEnv, "CHEAP_STUB_PATH="+so))
