@@ -54,6 +54,7 @@
 //	memctl_c_allocator_resident_bytes{allocator,object,prefix}       gauge  its resident bytes, by its own account
 //	memctl_c_allocator_released_bytes_total{allocator,object,prefix} counter bytes the trims released from it, by its own account
 //	memctl_c_allocator_releases_total{allocator,object,prefix}       counter trims that released it
+//	memctl_c_allocator_release_failures_total{allocator,object,prefix} counter trims whose release call of it returned an error
 //	memctl_c_allocator_last_max_slice_seconds{allocator,object,prefix} gauge the longest single call of its last release (the longest memctl held one of its locks)
 //	memctl_misuse_total                       counter  misuse: wiring mistakes, an end of Begin called twice (memctl.Stats.Misuse)
 //	memctl_trim_cpu_seconds_total             counter  CPU the trims caused: what the 2% rate limit counts
@@ -101,6 +102,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -325,8 +327,8 @@ func init() {
 }
 
 // heapMetrics are read from memctl.Stats.CHeaps at each scrape, one series
-// per allocator (labels allocator, object, prefix). To add one, add an
-// entry.
+// per allocator (labels allocator, object, prefix; object is the path as
+// objectLabel makes it). To add one, add an entry.
 var heapMetrics = []metric[cheap.Heap]{
 	{name: "memctl_c_allocator_info", kind: prometheus.GaugeValue, labels: []string{"owner", "trimmed"},
 		help: "1 for every C allocator found in the process: owner is true for the one that owns malloc, trimmed false for one present that memctl cannot reach (a static, hidden copy).",
@@ -341,6 +343,8 @@ var heapMetrics = []metric[cheap.Heap]{
 		func(h *cheap.Heap) int64 { return h.TotalReleased }),
 	counter("memctl_c_allocator_releases_total", "Trims that released the allocator.",
 		func(h *cheap.Heap) int64 { return h.Releases }),
+	counter("memctl_c_allocator_release_failures_total", "Trims whose release call of the allocator returned an error (not counted in releases).",
+		func(h *cheap.Heap) int64 { return h.Failures }),
 	gauge("memctl_c_allocator_last_max_slice_seconds", "The longest single call of the allocator's last release, in seconds: the longest memctl held one of its locks; absent before the first.",
 		func(h *cheap.Heap) (float64, bool) { return h.LastMaxSlice.Seconds(), h.Releases > 0 }),
 }
@@ -477,7 +481,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(ch, controllerMetrics, c.ctlDescs, &snap)
 	for i := range snap.stats.CHeaps {
 		h := &snap.stats.CHeaps[i]
-		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, h.Library, h.Prefix)
+		emit(ch, heapMetrics, c.heapDescs, h, h.Allocator, objectLabel(h), h.Prefix)
 	}
 	for i, p := range c.pools {
 		st := p.Pool.Stats()
@@ -487,6 +491,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			emit(ch, processMetrics, c.procDescs, &st)
 		}
 	}
+}
+
+// objectLabel is the object label of h: its path made UTF-8 (a label value
+// must be, else the whole scrape fails; a path need not be), with
+// " (namespace N)" after it for an object of a dlmopen namespace (the same
+// path can be loaded in two, and two series must not have the same
+// labels).
+func objectLabel(h *cheap.Heap) string {
+	s := strings.ToValidUTF8(h.Library, "\uFFFD")
+	if h.Namespace != 0 {
+		s += " (namespace " + strconv.FormatInt(h.Namespace, 10) + ")"
+	}
+	return s
 }
 
 func emit[T any](ch chan<- prometheus.Metric, table []metric[T], descs []*prometheus.Desc, s *T, fixed ...string) {

@@ -71,6 +71,7 @@
 //	memctl.c_allocator.resident      gauge    By
 //	memctl.c_allocator.released      counter  By
 //	memctl.c_allocator.releases      counter
+//	memctl.c_allocator.release_failures counter
 //	memctl.c_allocator.last_max_slice gauge   s, the longest single call of its last release
 //
 // and per pool, with attribute pool:
@@ -101,6 +102,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -333,11 +335,26 @@ var controllerInstruments = []instrument{
 	heapInstrument("memctl.c_allocator.releases", "{release}", false, true, "memctl_c_allocator_releases_total",
 		"Trims that released the allocator.",
 		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) { return float64(h.Releases), nil, true }),
+	heapInstrument("memctl.c_allocator.release_failures", "{release}", false, true, "memctl_c_allocator_release_failures_total",
+		"Trims whose release call of the allocator returned an error (not counted in releases).",
+		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) { return float64(h.Failures), nil, true }),
 	heapInstrument("memctl.c_allocator.last_max_slice", "s", true, false, "memctl_c_allocator_last_max_slice_seconds",
 		"The longest single call of the allocator's last release: the longest memctl held one of its locks; not observed before the first.",
 		func(h *cheap.Heap) (float64, []attribute.KeyValue, bool) {
 			return h.LastMaxSlice.Seconds(), nil, h.Releases > 0
 		}),
+}
+
+// objectAttr is the object attribute of h: its path made UTF-8 (OTLP
+// strings must be), with " (namespace N)" after it for an object of a
+// dlmopen namespace (the same path can be loaded in two), as the
+// Prometheus collector's object label.
+func objectAttr(h *cheap.Heap) string {
+	s := strings.ToValidUTF8(h.Library, "\uFFFD")
+	if h.Namespace != 0 {
+		s += " (namespace " + strconv.FormatInt(h.Namespace, 10) + ")"
+	}
+	return s
 }
 
 // heapInstrument is an instrument with one observation per C allocator of
@@ -349,7 +366,7 @@ func heapInstrument(name, unit string, float, counter bool, prom, desc string, r
 				h := &s.stats.CHeaps[i]
 				v, attrs, ok := read(h)
 				if ok {
-					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", h.Library), attribute.String("prefix", h.Prefix)}, attrs...)...)
+					o(v, append([]attribute.KeyValue{attribute.String("allocator", h.Allocator), attribute.String("object", objectAttr(h)), attribute.String("prefix", h.Prefix)}, attrs...)...)
 				}
 			}
 		}}

@@ -171,8 +171,8 @@ func TestInstrumentsReadBack(t *testing.T) {
 	}
 	assert.Equal(t, st.Trim.Skipped, skipped, "the reasons add up to the skips")
 	for _, h := range st.CHeaps {
-		v, _ = one(t, got, "memctl.c_allocator.info", attribute.String("allocator", h.Allocator), attribute.String("object", h.Library),
-			attribute.String("prefix", h.Prefix), attribute.Bool("owner", h.OwnsMalloc), attribute.Bool("trimmed", h.Trimmed))
+		v, _ = one(t, got, "memctl.c_allocator.info", attribute.String("allocator", h.Allocator),
+			attribute.String("object", objectAttr(&h)), attribute.String("prefix", h.Prefix), attribute.Bool("owner", h.OwnsMalloc), attribute.Bool("trimmed", h.Trimmed))
 		assert.Equal(t, int64(1), v)
 	}
 

@@ -6,12 +6,13 @@ package dlburst
 #cgo LDFLAGS: -ldl
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-// dlburst_dl_burst opens path with flags (RTLD_LOCAL or RTLD_GLOBAL, with
-// RTLD_NOW), allocates total bytes through the malloc that the handle
+// dlburst_dl_burst opens path with flags (local: 0 RTLD_GLOBAL, 1
+// RTLD_LOCAL, 2 dlmopen in a new namespace; with RTLD_NOW), allocates total bytes through the malloc that the handle
 // finds (prefix + "malloc") in blocks of min to max bytes (a fixed
 // pseudo-random sequence), writes them, and frees them all with the
 // handle's prefix + "free". It keeps the handle open. It returns 0, or
@@ -19,8 +20,13 @@ package dlburst
 // missing, -3 when malloc fails.
 static char dlburst_dlerr[512];
 static const char *dlburst_dlerror(void) { return dlburst_dlerr; }
+static void *dlburst_dlopen(const char *path, int local) {
+	if (local == 2) return dlmopen(LM_ID_NEWLM, path, RTLD_NOW);
+	return dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+}
+
 static int dlburst_dl_burst(const char *path, int local, const char *prefix, long long total, size_t min, size_t max) {
-	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+	void *h = dlburst_dlopen(path, local);
 	if (h == NULL) {
 		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
 		return -1;
@@ -57,6 +63,20 @@ static int dlburst_open(const char *path, int local) {
 	}
 	return 0;
 }
+
+static void *dlburst_load(const char *path, int local) {
+	void *h = dlburst_dlopen(path, local);
+	if (h == NULL) snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+	return h;
+}
+
+static int dlburst_unload(uintptr_t h) {
+	if (dlclose((void *)h) != 0) {
+		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+		return -1;
+	}
+	return 0;
+}
 */
 import "C"
 
@@ -72,17 +92,30 @@ import (
 // blocks of minSize to maxSize bytes, writes them, and frees them all with
 // the handle's prefix+"free".
 func Run(path string, local bool, prefix string, total, minSize, maxSize int64) error {
+	return run(path, boolInt(local), prefix, total, minSize, maxSize)
+}
+
+// RunNamespace is Run with the library loaded in a new link-map namespace
+// (dlmopen with LM_ID_NEWLM), where it gets its own copy of the C library.
+func RunNamespace(path, prefix string, total, minSize, maxSize int64) error {
+	return run(path, 2, prefix, total, minSize, maxSize)
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func run(path string, mode C.int, prefix string, total, minSize, maxSize int64) error {
 	if total < 1 || minSize < 1 || maxSize < minSize {
 		return fmt.Errorf("dlburst: bad dlopen burst total=%d min=%d max=%d", total, minSize, maxSize)
 	}
 	cp, cpre := C.CString(path), C.CString(prefix)
 	defer C.free(unsafe.Pointer(cp))
 	defer C.free(unsafe.Pointer(cpre))
-	l := C.int(0)
-	if local {
-		l = 1
-	}
-	switch rc := C.dlburst_dl_burst(cp, l, cpre, C.longlong(total), C.size_t(minSize), C.size_t(maxSize)); rc {
+	switch rc := C.dlburst_dl_burst(cp, mode, cpre, C.longlong(total), C.size_t(minSize), C.size_t(maxSize)); rc {
 	case 0:
 		return nil
 	case -1:
@@ -103,6 +136,31 @@ func Open(path string, local bool) error {
 	}
 	if C.dlburst_open(cp, l) != 0 {
 		return fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	}
+	return nil
+}
+
+// Load dlopens the library at path (RTLD_LOCAL when local) and returns the
+// handle, for Unload.
+func Load(path string, local bool) (uintptr, error) { return load(path, boolInt(local)) }
+
+// LoadNamespace is Load into a new link-map namespace (dlmopen).
+func LoadNamespace(path string) (uintptr, error) { return load(path, 2) }
+
+func load(path string, mode C.int) (uintptr, error) {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	h := C.dlburst_load(cp, mode)
+	if h == nil {
+		return 0, fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
+	}
+	return uintptr(h), nil
+}
+
+// Unload drops the reference that Load took (dlclose).
+func Unload(h uintptr) error {
+	if C.dlburst_unload(C.uintptr_t(h)) != 0 {
+		return fmt.Errorf("dlburst: dlclose: %s", C.GoString(C.dlburst_dlerror()))
 	}
 	return nil
 }

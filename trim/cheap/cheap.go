@@ -42,7 +42,17 @@
 // (dlopen with RTLD_NOLOAD, then dlsym on that handle, so that an object
 // loaded with RTLD_LOCAL is reached) and kept only where dladdr places it in
 // that object. memctl keeps that handle: the object stays mapped while
-// memctl may call it, and a later dlclose of it does not unload it.
+// memctl may call it, and a later dlclose of it does not unload it. When
+// the file is not the loaded image (deleted after the dlopen, a memfd
+// closed since, a relative name opened from a directory the process has
+// left, or another build renamed over it: its GNU build ID differs from
+// the loaded one's), the dynamic symbols are read from the loaded image
+// instead (its dynamic section's hash table), and the Note says so. A
+// mallctl is trusted only when it answers the read-only "version" with a
+// string of its own object's image, as jemalloc's does; otherwise it is
+// reported present and not trimmed and nothing else is called in it. A
+// release call that fails is counted in Heap.Failures with its error,
+// not as a release.
 //
 // The executable is also searched in its full symbol table (.symtab): a Go
 // program links its C code statically and exports none of it, so a
@@ -54,10 +64,13 @@
 // reported present and not trimmed (Heap.Trimmed false), never as handled:
 // a library that bundles a hidden copy and is stripped, as Debian strips
 // its libraries. The hint reads the file, not memory, so it faults nothing
-// in. It does not see a copy whose messages were compiled out, nor an
-// allocator of an object loaded in another namespace (dlmopen). Reading
+// in. It does not see a copy whose messages were compiled out. Reading
 // the figures of a jemalloc found this way that never served an
-// allocation initializes it, as any of its calls does.
+// allocation initializes it, as any of its calls does. A namespace made
+// with dlmopen is not listed by dl_iterate_phdr (glibc lists the caller's
+// namespace only): its objects are found on glibc's chain of namespaces
+// (r_debug_extended, glibc 2.35+; not seen before 2.35), opened in their
+// namespace, and reported with it (Heap.Namespace).
 //
 // The objects are scanned at Detect and again whenever the loader's counts
 // of loaded and unloaded objects (dlpi_adds, dlpi_subs: one dl_iterate_phdr
@@ -273,14 +286,15 @@ func (s *Step) setGlibcBase() {
 	}
 }
 
-// Retained returns the bytes that the allocators found in the process
-// (see Heaps) hold and no live block uses: the sum of their
-// Stats.Retained, or -1 when one of them cannot tell (mimalloc).
-// Allocators present and not trimmed are left out, so a step with no
-// allocator it can release (unavailable: cgo off, no known allocator)
-// returns 0: a trim's C step has nothing to do, and an automatic trim is
-// not run for it (before, -1 there made every pressure signal of a
-// CGO_ENABLED=0 service run a trim of nothing).
+// Retained returns the bytes that a release of the allocators found in the
+// process (see Heaps) can return: the sum of their estimates (Releasable
+// for jemalloc and tcmalloc, where they tell it, else Retained; see
+// Stats), or -1 when one of them cannot tell (mimalloc). Allocators
+// present and not trimmed are left out, so a step with no allocator it can
+// release (unavailable: cgo off, no known allocator) returns 0: a trim's C
+// step has nothing to do, and an automatic trim is not run for it (before,
+// -1 there made every pressure signal of a CGO_ENABLED=0 service run a
+// trim of nothing). It is the C estimate of a trim (trim.CHeap).
 func (s *Step) Retained() int64 {
 	if s == nil {
 		return 0
@@ -364,11 +378,18 @@ func cResidentExtra(inUse int64) (extra int64, ok bool) {
 //	Mapped     hblkhd                -1                        -1                                             -1
 //	InUse      uordblks + hblkhd     stats.allocated           generic.current_allocated_bytes                -1
 //	Free       fordblks              -1                        tcmalloc.pageheap_free_bytes                   -1
-//	Releasable keepcost              -1                        -1                                             -1
+//	Releasable keepcost              (pdirty + pmuzzy) × page  tcmalloc.pageheap_free_bytes                   -1
 //	Active     -1                    stats.active              -1                                             -1
 //	Resident   -1                    stats.resident            heap_size - tcmalloc.pageheap_unmapped_bytes   -1
 //	Retained   see below             resident - allocated      Resident - InUse                               -1
 //	Page       -1                    arenas.page               -1                                             -1
+//
+// The estimate of a release (Heap.LastEstimate, Step.Retained, the floor
+// of Step.ReleaseOver) is Releasable for jemalloc and tcmalloc, where the
+// allocator tells it, else Retained: their Retained also counts what no
+// release returns (partly filled slabs, thread and central caches), which
+// stays after a release (a fragmented heap: 108 MiB of jemalloc's, 190 MiB
+// of tcmalloc's, with nothing left to purge).
 //
 // glibc's Free (fordblks) counts the free bytes inside its arenas,
 // including free pages that malloc_trim already returned to the OS (mallinfo2
@@ -386,7 +407,7 @@ type Stats struct {
 	Mapped     int64 // glibc: bytes in blocks that malloc mmapped on their own
 	InUse      int64 // bytes in live blocks
 	Free       int64 // bytes in free blocks the allocator keeps
-	Releasable int64 // glibc: bytes at the top of the main arena that malloc_trim can unmap
+	Releasable int64 // glibc: bytes at the top of the main arena that malloc_trim can unmap; jemalloc: its dirty and muzzy pages (stats.arenas.<all>.pdirty and .pmuzzy), what a purge returns; tcmalloc: its page heap's free bytes, what a release returns
 	Active     int64 // jemalloc: bytes in active pages (live blocks and the slabs around them)
 	Resident   int64 // bytes of the heap resident in RAM by the allocator's account
 	Retained   int64 // bytes the allocator holds that no live block uses

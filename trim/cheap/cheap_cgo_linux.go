@@ -10,6 +10,7 @@ package cheap
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -102,16 +103,19 @@ static int cheap_je_purge_sliced(void *f, int whole, int64_t out[2]) {
 }
 
 // cheap_je_stats advances the epoch and reads stats.allocated, stats.active,
-// stats.resident, stats.mapped and arenas.page into out; a figure jemalloc
-// does not give (a build without stats) is left as it was. It returns the
-// error of the epoch write.
-static int cheap_je_stats(void *f, int64_t out[5]) {
+// stats.resident, stats.mapped, arenas.page, and the dirty and muzzy pages
+// of all arenas merged (stats.arenas.4096.pdirty and .pmuzzy, 4096 =
+// MALLCTL_ARENAS_ALL: what a purge returns) into out; a figure jemalloc
+// does not give (a build without stats, jemalloc 4) is left as it was. It
+// returns the error of the epoch write.
+static int cheap_je_stats(void *f, int64_t out[7]) {
 	cheap_mallctl_fn mallctl = (cheap_mallctl_fn)f;
 	uint64_t epoch = 1;
 	size_t sz = sizeof epoch;
 	int rc = mallctl("epoch", &epoch, &sz, &epoch, sz);
-	static const char *names[5] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped", "arenas.page"};
-	for (int i = 0; i < 5; i++) {
+	static const char *names[7] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped", "arenas.page",
+		"stats.arenas.4096.pdirty", "stats.arenas.4096.pmuzzy"};
+	for (int i = 0; i < 7; i++) {
 		size_t v;
 		sz = sizeof v;
 		if (mallctl(names[i], &v, &sz, NULL, 0) == 0 && sz == sizeof v && v <= (size_t)INT64_MAX) out[i] = (int64_t)v;
@@ -407,17 +411,29 @@ func diff(a, b int64) int64 {
 
 // resolve fills the entry points of s's allocator with lookup and reports
 // whether the release call was found; it sets *version where the allocator
-// tells one.
-func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, version *string) bool {
+// tells one. untrusted is set, with the reason, when the entry points are
+// there but do not answer as the allocator's do: s must then not be called.
+func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, version, untrusted *string) bool {
 	switch s.allocator {
 	case Jemalloc:
 		s.mallctl = lookup(prefix + symMallctl)
 		if s.mallctl == nil {
 			return false
 		}
-		if v := C.cheap_je_version(s.mallctl); v != nil {
-			*version = C.GoString(v)
+		// A function named mallctl is not always jemalloc's (a shim, a
+		// stub, another library's control call): before any call that
+		// writes or purges, it must answer the read-only "version" with a
+		// string that lives in the same object's image, as jemalloc's
+		// does (its JEMALLOC_VERSION constant).
+		v := C.cheap_je_version(s.mallctl)
+		_, fb, ok := where(s.mallctl)
+		_, vb, vok := where(unsafe.Pointer(v))
+		if v == nil || !ok || !vok || vb != fb {
+			*untrusted = fmt.Sprintf("%smallctl(\"version\") did not return a version string of the same object, so it is not taken for jemalloc's and is never called", prefix)
+			*s = sysStep{allocator: s.allocator}
+			return true
 		}
+		*version = C.GoStringN(v, C.int(C.strnlen(v, 128)))
 	case Mimalloc:
 		s.miCollect = lookup(symMiCollect)
 		if s.miCollect == nil {
@@ -425,9 +441,20 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		}
 		s.miProcessInfo = lookup("mi_process_info")
 		s.miThreadInit = lookup("mi_thread_init")
-		if v := lookup("mi_version"); v != nil {
-			*version = strconv.Itoa(int(C.cheap_mi_version(v)))
+		// As for mallctl: a function named mi_collect is trusted only
+		// beside mimalloc's mi_version answering a version of mimalloc's
+		// shape (major*100 + minor*10 + patch, 1.x to 9.x).
+		v := lookup("mi_version")
+		n := 0
+		if v != nil {
+			n = int(C.cheap_mi_version(v))
 		}
+		if n < 100 || n >= 1000 {
+			*untrusted = fmt.Sprintf("mi_collect has no mi_version beside it answering a mimalloc version (got %d), so it is not taken for mimalloc's and is never called", n)
+			*s = sysStep{allocator: s.allocator}
+			return true
+		}
+		*version = strconv.Itoa(n)
 	case Tcmalloc:
 		s.tcReleaseN = lookup(symTcRelease)
 		s.tcRelease = lookup("MallocExtension_ReleaseFreeMemory")
@@ -483,11 +510,14 @@ func (s sysStep) stats() Stats {
 		st.Releasable = clampSize(mi.keepcost)
 		st.Retained = st.Free
 	case Jemalloc:
-		out := [5]C.int64_t{-1, -1, -1, -1, -1}
+		out := [7]C.int64_t{-1, -1, -1, -1, -1, -1, -1}
 		if C.cheap_je_stats(s.mallctl, &out[0]) != 0 {
 			return st // no epoch: the figures would be stale
 		}
 		st.InUse, st.Active, st.Resident, st.Arena, st.Page = int64(out[0]), int64(out[1]), int64(out[2]), int64(out[3]), int64(out[4])
+		if pages := addKnown(int64(out[5]), int64(out[6])); pages >= 0 && st.Page > 0 && pages <= (1<<63-1)/st.Page {
+			st.Releasable = pages * st.Page
+		}
 		st.Retained = diff(st.Resident, st.InUse)
 		st.PageWarning = st.Page > int64(os.Getpagesize())
 	case Mimalloc:
@@ -496,6 +526,7 @@ func (s sysStep) stats() Stats {
 		st.InUse = s.tcProp(0)
 		st.Arena = s.tcProp(1)
 		st.Free = s.tcProp(2)
+		st.Releasable = st.Free // what ReleaseToSystem returns: the page heap's free spans
 		st.Resident = diff(st.Arena, s.tcProp(3))
 		st.Retained = diff(st.Resident, st.InUse)
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Heap is one allocator found in the process and what the C heap step did
@@ -32,6 +34,10 @@ type Heap struct {
 	// OwnsMalloc is true for the allocator that serves the process's
 	// malloc (the one Step.Allocator names).
 	OwnsMalloc bool
+	// Namespace is the link-map namespace of its object (glibc's Lmid_t):
+	// 0 for the main one, n > 0 for one that dlmopen made (the same path
+	// can then be loaded twice), -1 when the loader does not tell.
+	Namespace int64
 	// Trimmed is true when the C heap step can reach the allocator's
 	// release call and runs it; false for an allocator present and not
 	// trimmed: a static copy whose entry points the object does not export
@@ -45,8 +51,12 @@ type Heap struct {
 
 	// Releases counts the C heap steps that released this allocator;
 	// Skipped those that left it alone because its estimate (Retained) was
-	// below the threshold of Step.ReleaseOver.
-	Releases, Skipped int64
+	// below the threshold of Step.ReleaseOver; Failures those whose
+	// release call returned an error (LastError, "" after a release that
+	// succeeded). A failed release is not counted in Releases and leaves
+	// the Last figures as they were, but for LastEstimate.
+	Releases, Skipped, Failures int64
+	LastError                   string
 	// LastEstimate is its Retained read before the last release or skip,
 	// -1 when unknown.
 	LastEstimate int64
@@ -74,7 +84,10 @@ func (h Heap) String() string {
 	if h.Version != "" {
 		b.WriteString(" " + h.Version)
 	}
-	b.WriteString(" (" + strconv.Quote(h.Library))
+	b.WriteString(" (" + strconv.Quote(boundPath(h.Library)))
+	if h.Namespace != 0 {
+		b.WriteString(", namespace " + strconv.FormatInt(h.Namespace, 10))
+	}
 	if h.OwnsMalloc {
 		b.WriteString(", owns malloc")
 	}
@@ -98,7 +111,43 @@ func (h Heap) String() string {
 		b.WriteString(" in " + h.LastDuration.Round(time.Microsecond).String())
 		b.WriteString(" (" + strconv.FormatInt(h.LastSlices, 10) + " slices, longest " + h.LastMaxSlice.Round(time.Microsecond).String() + ")")
 	}
+	if h.LastError != "" {
+		b.WriteString("; " + strconv.FormatInt(h.Failures, 10) + " release(s) failed, the last: " + h.LastError)
+	}
 	return b.String()
+}
+
+// MaxPathText is the longest object path, in bytes, that Heap.Name and
+// Heap.String print whole; a longer one keeps its first and last
+// MaxPathText/2 bytes around "...".
+const MaxPathText = 256
+
+// boundPath cuts p in its middle to at most about MaxPathText bytes (on
+// UTF-8 boundaries where p is valid UTF-8).
+func boundPath(p string) string {
+	if len(p) <= MaxPathText {
+		return p
+	}
+	head, tail := MaxPathText/2, len(p)-MaxPathText/2
+	for head > 0 && !utf8.RuneStart(p[head]) {
+		head--
+	}
+	for tail < len(p) && !utf8.RuneStart(p[tail]) {
+		tail++
+	}
+	return p[:head] + "..." + p[tail:]
+}
+
+// pathText is p for a line of text: bounded (boundPath), and quoted when it
+// holds a byte that could end or forge the line or the list it is in.
+func pathText(p string) string {
+	p = boundPath(p)
+	if !utf8.ValidString(p) || strings.ContainsFunc(p, func(r rune) bool {
+		return r < 0x20 || r == 0x7f || r == '"' || r == ';' || r == '\\' || unicode.Is(unicode.Bidi_Control, r) || r == 0x85 || r == 0x2028 || r == 0x2029
+	}) {
+		return strconv.Quote(p)
+	}
+	return p
 }
 
 // SliceBytes is how much one call of gperftools' MallocExtension_ReleaseToSystem
@@ -183,15 +232,19 @@ func (s *Step) refresh() []*heap {
 	return found
 }
 
-// heapRetained returns h's Retained now (see Stats.Retained), -1 when
-// unknown or not trimmed.
+// heapRetained returns h's release estimate now: its Releasable for
+// jemalloc and tcmalloc where known (what their release returns), else its
+// Retained (see Stats); -1 when unknown or not trimmed.
 func (s *Step) heapRetained(h *heap) int64 {
 	if !h.info.Trimmed {
 		return -1
 	}
 	st := h.sys.stats()
-	if h.info.OwnsMalloc && s.allocator == Glibc {
+	switch {
+	case h.info.OwnsMalloc && s.allocator == Glibc:
 		return s.glibcRetained(st)
+	case (h.info.Allocator == Jemalloc || h.info.Allocator == Tcmalloc) && st.Releasable >= 0:
+		return st.Releasable
 	}
 	return st.Retained
 }
@@ -281,11 +334,16 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 			s.setGlibcBase()
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, h.info.Library, err))
-			r = 0
+			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, pathText(h.info.Library), err))
+			s.list.mu.Lock()
+			h.info.Failures++
+			h.info.LastEstimate, h.info.LastError = est, err.Error()
+			s.list.mu.Unlock()
+			continue
 		}
 		s.list.mu.Lock()
 		h.info.Releases++
+		h.info.LastError = ""
 		h.info.LastEstimate, h.info.LastReleased = est, r
 		if r > 0 {
 			h.info.TotalReleased += r
@@ -306,12 +364,20 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 // Name names the heap in a few words: the allocator, its prefix, its
 // object, and whether it owns malloc or is not trimmed, for example
 // "jemalloc je_ in /usr/lib/libfoo.so" or "glibc in /lib/x86_64-linux-gnu/libc.so.6 (owns malloc)".
+// An object path longer than MaxPathText bytes is cut in its middle, and
+// one with a control character, a quote, a ';' (the separator of the
+// startup line's list) or invalid UTF-8 is quoted as a Go string, so that a
+// hostile file name cannot forge a log line. The full path stays in
+// Library.
 func (h Heap) Name() string {
 	s := h.Allocator
 	if h.Prefix != "" {
 		s += " " + h.Prefix
 	}
-	s += " in " + h.Library
+	s += " in " + pathText(h.Library)
+	if h.Namespace != 0 {
+		s += " (namespace " + strconv.FormatInt(h.Namespace, 10) + ")"
+	}
 	switch {
 	case h.OwnsMalloc:
 		s += " (owns malloc)"

@@ -6,6 +6,7 @@
 package cheap_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +30,7 @@ const (
 	// staticTLS lets dlopen load Debian's jemalloc, built with
 	// initial-exec TLS, after the start.
 	staticTLS = "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536"
+	libcSO    = "/lib/x86_64-linux-gnu/libc.so.6"
 )
 
 func childRSS() int64 {
@@ -51,8 +53,24 @@ func childDlopenTrim() {
 	}
 	defer tr.Close()
 	childtest.Say("RSS_START", childRSS())
-	if err := dlburst.Run(os.Getenv("CHEAP_DL_PATH"), os.Getenv("CHEAP_DL_LOCAL") == "1", os.Getenv("CHEAP_DL_PREFIX"),
-		500<<20, 4<<10, 64<<10); err != nil {
+	path, then := os.Getenv("CHEAP_DL_PATH"), os.Getenv("CHEAP_DL_THEN")
+	if then == "chdir" {
+		dir, base := filepath.Split(path)
+		if err := os.Chdir(dir); err != nil {
+			childtest.Fail("%v", err)
+		}
+		path = "./" + base
+	}
+	run := func(path, prefix string, total, minSize, maxSize int64) error {
+		return dlburst.Run(path, os.Getenv("CHEAP_DL_LOCAL") == "1", prefix, total, minSize, maxSize)
+	}
+	if os.Getenv("CHEAP_DL_LOCAL") == "namespace" {
+		run = dlburst.RunNamespace
+	}
+	if err := run(path, os.Getenv("CHEAP_DL_PREFIX"), 500<<20, 4<<10, 64<<10); err != nil {
+		childtest.Fail("%v", err)
+	}
+	if err := afterLoad(then, path); err != nil {
 		childtest.Fail("%v", err)
 	}
 	childtest.Say("RSS_BURST", childRSS())
@@ -75,14 +93,42 @@ func childDlopenTrim() {
 		childtest.Say(k+"_TRIMMED", h.Trimmed)
 		childtest.Say(k+"_RELEASED", h.LastReleased)
 		childtest.Say(k+"_RELEASES", h.Releases)
+		childtest.Say(k+"_NOTE", h.Note)
+		childtest.Say(k+"_NAMESPACE", h.Namespace)
 	}
 }
 
 func init() { cheap.ExtraChildren["dlopen-trim"] = childDlopenTrim }
 
+// afterLoad does to the loaded library's file what CHEAP_DL_THEN says:
+// "delete" removes it, "chdir" leaves the directory that its relative name
+// was opened from, "replace" renames another build (the C library) over it,
+// as a package upgrade does; "" nothing.
+func afterLoad(then, path string) error {
+	switch then {
+	case "":
+		return nil
+	case "delete":
+		return os.Remove(path)
+	case "chdir":
+		return os.Chdir("/")
+	case "replace":
+		data, err := os.ReadFile(libcSO)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(path+".new", data, 0o755); err != nil {
+			return err
+		}
+		return os.Rename(path+".new", path)
+	}
+	return fmt.Errorf("CHEAP_DL_THEN=%q: not delete, chdir or replace", then)
+}
+
 type dlCase struct {
-	path, prefix string
-	local        bool
+	path, prefix, then string
+	local              bool
+	namespace          bool // dlmopen in a new namespace (local is then ignored)
 }
 
 func runDlopen(t *testing.T, c dlCase) map[string]string {
@@ -93,8 +139,11 @@ func runDlopen(t *testing.T, c dlCase) map[string]string {
 	if cheap.Detect().Allocator() != cheap.Glibc {
 		t.Skip("the child needs glibc to own malloc")
 	}
-	env := []string{staticTLS, "CHEAP_DL_PATH=" + c.path, "CHEAP_DL_PREFIX=" + c.prefix}
-	if c.local {
+	env := []string{staticTLS, "CHEAP_DL_PATH=" + c.path, "CHEAP_DL_PREFIX=" + c.prefix, "CHEAP_DL_THEN=" + c.then}
+	switch {
+	case c.namespace:
+		env = append(env, "CHEAP_DL_LOCAL=namespace")
+	case c.local:
 		env = append(env, "CHEAP_DL_LOCAL=1")
 	}
 	r := childtest.Report(t, childtest.Command(t, "dlopen-trim", []string{"LD_PRELOAD", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "GODEBUG", "GOGC"}, env...))
@@ -153,6 +202,55 @@ func TestDlopenLocalJemalloc(t *testing.T) {
 	}
 	r := runDlopen(t, dlCase{path: jemallocSO, local: true})
 	checkDlopen(t, r, "libjemalloc.so.2", "")
+}
+
+// TestDlmopenJemalloc: a jemalloc loaded in a new link-map namespace
+// (dlmopen, a plugin isolated with its own C library), which
+// dl_iterate_phdr does not list, is found through glibc's namespace chain,
+// released and reported with its namespace. Before the fix it was neither
+// trimmed nor reported (VmRSS stayed at 207 MiB).
+func TestDlmopenJemalloc(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 500 MiB burst and a 4 s wait")
+	}
+	if _, err := os.Stat(jemallocSO); err != nil {
+		t.Skipf("needs Debian's libjemalloc2: %v", err)
+	}
+	r := runDlopen(t, dlCase{path: jemallocSO, namespace: true})
+	checkDlopen(t, r, "libjemalloc.so.2", "")
+	k := "HEAP" + strconv.Itoa(findHeap(r, cheap.Jemalloc, "libjemalloc.so.2", ""))
+	ns, _ := strconv.Atoi(r[k+"_NAMESPACE"])
+	assert.Greater(t, ns, 0, "the namespace dlmopen made")
+	assert.Contains(t, r[k], "namespace")
+}
+
+// TestDlopenJemallocFileGone: the library's file is not the loaded image
+// any more when memctl scans: deleted after the dlopen (a plugin extracted
+// to a temporary file), opened by a relative name from a directory the
+// process has left, or replaced on disk by another build (an upgrade). Its
+// jemalloc is still found (its symbols read from the loaded image) and
+// released. Before the fix it was neither trimmed nor reported.
+func TestDlopenJemallocFileGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 500 MiB burst and a 4 s wait in each case")
+	}
+	data, err := os.ReadFile(jemallocSO)
+	if err != nil {
+		t.Skipf("needs Debian's libjemalloc2: %v", err)
+	}
+	if _, err := os.Stat(libcSO); err != nil {
+		t.Skipf("needs %s for the replacement build: %v", libcSO, err)
+	}
+	for _, then := range []string{"delete", "chdir", "replace"} {
+		t.Run(then, func(t *testing.T) {
+			so := filepath.Join(t.TempDir(), "libjcopy21.so")
+			require.NoError(t, os.WriteFile(so, data, 0o755))
+			r := runDlopen(t, dlCase{path: so, local: true, then: then})
+			checkDlopen(t, r, "libjcopy21.so", "")
+			k := "HEAP" + strconv.Itoa(findHeap(r, cheap.Jemalloc, "libjcopy21.so", ""))
+			assert.Contains(t, r[k+"_NOTE"], "symbols read from the loaded image")
+		})
+	}
 }
 
 // buildJemallocSO links Debian's static jemalloc (libjemalloc_pic.a) into

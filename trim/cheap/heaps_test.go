@@ -1,8 +1,11 @@
 package cheap
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -31,4 +34,26 @@ func TestSumKnown(t *testing.T) {
 	sum, unknown = sumKnown()
 	assert.Zero(t, sum)
 	assert.False(t, unknown)
+}
+
+// TestHeapNameHostilePath: an object path with a newline, a ';' (the
+// startup line's separator) or invalid UTF-8 is quoted in Name, and one
+// longer than MaxPathText is cut in its middle in Name and String; Library
+// keeps it whole.
+func TestHeapNameHostilePath(t *testing.T) {
+	for _, p := range []string{"/tmp/x\nlevel=ERROR msg=forged/libjemalloc.so", "/tmp/a; glibc in /lib/libc.so.6 (owns malloc)", "/tmp/\xff.so", "/tmp/\u202eos.cilbil"} {
+		h := Heap{Stats: unknownStats(Jemalloc, p), Note: "x"}
+		assert.Equal(t, "jemalloc in "+strconv.Quote(p)+" (present, not trimmed)", h.Name())
+		assert.NotContains(t, h.String(), "\n")
+		assert.Equal(t, p, h.Library)
+	}
+	long := "/" + strings.Repeat("d\u00e9", 2000) + "/libjemalloc.so.2"
+	h := Heap{Stats: unknownStats(Jemalloc, long), Trimmed: true}
+	n := h.Name()
+	assert.Less(t, len(n), MaxPathText+40)
+	assert.True(t, utf8.ValidString(n), "cut on UTF-8 boundaries")
+	assert.Contains(t, n, "...")
+	assert.True(t, strings.HasSuffix(n, "/libjemalloc.so.2"), "the file name is kept: %s", n)
+	assert.Less(t, len(h.String()), MaxPathText+60)
+	assert.Equal(t, "jemalloc in /usr/lib/libjemalloc.so.2", Heap{Stats: unknownStats(Jemalloc, "/usr/lib/libjemalloc.so.2"), Trimmed: true}.Name(), "a plain path is not quoted")
 }
