@@ -55,7 +55,7 @@ func TestMakeupAnonymous(t *testing.T) {
 	assert.Equal(t, pressure.Makeup{Anon: 190 << 20, Cache: 50 << 20, From: "v2"}, mk)
 	assert.True(t, mk.Anonymous(), "a 180 MiB burst of the process's own garbage")
 
-	assert.True(t, pressure.Makeup{Anon: -1, Cache: 5}.Anonymous(), "unknown: the trim's gate decides")
+	assert.False(t, pressure.Makeup{Anon: -1, Cache: 5}.Anonymous(), "unknown: the trim's gate decides, no cancel on it")
 	assert.False(t, pressure.Makeup{Anon: 5, Cache: 5}.Anonymous(), "a tie is cache: the kernel reclaims it first")
 
 	mk, err = pressure.MeminfoMakeup("testdata/meminfo")

@@ -143,7 +143,8 @@ type Config struct {
 	// CancelLargest is called after Trim on a kernel signal whose memory
 	// is mostly anonymous (Makeup.Anonymous: more anonymous memory than
 	// reclaimable page cache, for host-wide PSI in /proc/meminfo), to
-	// cancel the largest request in flight. Default: nil.
+	// cancel the largest request in flight; never when the makeup could
+	// not be read (Stats.CancelsHeld). Default: nil.
 	CancelLargest func()
 	// MinInterval is the least time between two actions on kernel signals,
 	// in [100ms, 1m]; signals in between are counted and coalesced.
@@ -240,8 +241,11 @@ type Stats struct {
 	// LeftToKernel counts the times the watcher did not act on a cgroup's
 	// signal because its memory was mostly reclaimable page cache (see
 	// Makeup.Anonymous): the kernel reclaiming cache at the limit, which
-	// neither a trim nor a cancel relieves. CancelsHeld counts host-wide
-	// signals acted on without CancelLargest for the same reason.
+	// neither a trim nor a cancel relieves. CancelsHeld counts signals
+	// acted on without CancelLargest: host-wide ones for the same reason,
+	// and any whose makeup could not be read (a memory.stat or
+	// /proc/meminfo unreadable, malformed or lacking a line; one WARN
+	// names the file).
 	LeftToKernel int64
 	CancelsHeld  int64
 	// Dropped counts events not delivered because a subscriber's channel
@@ -498,12 +502,13 @@ var bg = context.Background()
 
 // act answers kernel signals of w with what the process can relieve, mk
 // being what the memory under pressure is made of: a cgroup's signal while
-// its memory is mostly page cache is left to the kernel (false);
-// otherwise Trim (through its gate), CancelLargest when the memory is
-// mostly anonymous, then the event (true).
+// its memory is known to be mostly page cache is left to the kernel
+// (false); otherwise Trim (through its gate), CancelLargest only when the
+// memory is known to be mostly anonymous (held on an unknown makeup), then
+// the event (true).
 func (m *Monitor) act(w *watcher, signals int64, mk Makeup) bool {
 	anon := mk.Anonymous()
-	if !anon && !w.hostWide {
+	if mk.Known() && !anon && !w.hostWide {
 		m.leftToKernel.Add(1)
 		return false
 	}
