@@ -211,7 +211,10 @@ type Stats struct {
 	// thread's own CPU time (CLOCK_THREAD_CPUTIME_ID, Linux only), which
 	// holds the forced scavenge and the C heap step; but at most the
 	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
-	// since a CPU quota inflates the runtime's GC figures.
+	// since a CPU quota inflates the runtime's GC figures. It is at least
+	// 1 ms, and at least the Go step's cost estimate (Result.Cost) when
+	// that step ran: a clock that reads too little does not make a trim
+	// free for the 2% budget.
 	LastCPU time.Duration
 	// TotalCPU is the sum of LastCPU over all trims.
 	TotalCPU time.Duration
@@ -910,7 +913,11 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		}
 	}
 	cpu1 := t.readCPU()
-	cpu := cpu0.charge(cpu1)
+	measured := cpu0.charge(cpu1)
+	cpu := max(measured, minTrimCharge)
+	if runGo {
+		cpu = max(cpu, cost)
+	}
 	end := time.Now()
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
@@ -919,7 +926,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		if h, ok := readHeap(); ok {
 			t.liveFloor, t.liveKnown = h.live, true // accurate: FreeOSMemory just ran a GC
 		}
-		t.calibrate(t.scan(), cpu)
+		t.calibrate(t.scan(), measured)
 	}
 
 	t.mu.Lock()

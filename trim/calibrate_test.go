@@ -1,0 +1,87 @@
+package trim
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Attack input (issue 17, cost rule): one trim charged an absurd CPU time
+// (30 s for a Go step on 8 MiB of scannable heap: the process's CPU
+// clock across a trim that a busy service's other threads shared). Before,
+// the scan cost became 3.6 µs per byte, a 1 GiB pointer-rich heap then
+// needed 60 TiB of garbage to be worth a trim, so no Go step ran again and
+// nothing could correct the figure: trims were off for good. Now the
+// calibrated scan cost stays within [DefaultScanCost/8, 8×DefaultScanCost]:
+// a trim with 8 times the garbage the default would need still runs, and
+// re-measures.
+func TestCalibrationHugeCannotDisableTrims(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStep{cpu: 30 * time.Second}
+		cfg := fakeConfig(f)
+		var scan, est int64 = 8 << 20, 1 << 30
+		cfg.scan = func() int64 { return scan }
+		cfg.estimate = func() int64 { return est }
+		tr := mustNew(t, cfg)
+		defer tr.Close()
+		require.True(t, tr.Request(OriginPressure).Ran)
+
+		f.cpu = 500 * time.Millisecond // the true cost of the next trim
+		scan, est = 255<<20, 300<<20   // 300 MiB of garbage over a pointer-rich heap
+		time.Sleep(time.Hour)          // past the budget of the 30 s trim
+		r := tr.Request(OriginPressure)
+		assert.True(t, r.Ran, "%+v", r)
+		assert.InDelta(t, 8*float64(scan)*float64(DefaultScanCost)/1e9*float64(ReleasePerCPUSecond), float64(r.Need), 1<<10, "at most 8 times what the default rule needs")
+
+		// The trim re-measured: 500 ms on 255 MiB, about 1.9 ns per byte.
+		time.Sleep(time.Hour)
+		est = 20 << 20
+		r = tr.Request(OriginPressure)
+		assert.Equal(t, SkipCost, r.Skip, "20 MiB is not worth 0.5 s")
+		assert.InDelta(t, float64(500*time.Millisecond), float64(r.Cost), float64(time.Millisecond))
+	})
+}
+
+// Attack input (issue 17, budget): trims whose CPU clock reads 0 (or
+// next to nothing) across a trim. Before, each was charged 0, so the 2%
+// budget allowed the next at once: a Request every millisecond ran a
+// forced GC every millisecond. Now a trim is charged at least its cost
+// estimate and at least minTrimCharge (1 ms), and the scan cost it
+// calibrates stays at DefaultScanCost/8 or more.
+func TestCalibrationZeroCannotEscapeBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cpu  time.Duration
+		scan int64
+	}{
+		{"clock reads 0, nothing to scan", 0, 0},
+		{"clock reads 1 ns, 100 MiB to scan", time.Nanosecond, 100 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := &fakeStep{cpu: tc.cpu}
+				cfg := fakeConfig(f)
+				cfg.scan = func() int64 { return tc.scan }
+				tr := mustNew(t, cfg)
+				defer tr.Close()
+				t0 := time.Now()
+				for time.Since(t0) < 10*time.Second {
+					tr.Request(OriginPressure)
+					time.Sleep(time.Millisecond)
+				}
+				s := tr.Stats()
+				floor := time.Millisecond
+				if tc.scan > 0 {
+					floor = max(floor, time.Duration(float64(tc.scan)*float64(DefaultScanCost)/8))
+				}
+				t.Logf("%d trims in 10 s, %v charged, %d skipped by the budget", s.Trims, s.TotalCPU, s.SkippedBy[SkipBudget])
+				assert.LessOrEqual(t, s.Trims, int64(10*time.Second/(costFactor*floor))+1,
+					"at most one trim per 50 times its least charge")
+				assert.GreaterOrEqual(t, s.TotalCPU, time.Duration(s.Trims)*floor)
+			})
+		})
+	}
+}
