@@ -1,12 +1,16 @@
 package trim
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // Attack input (issue 17, cost rule): one trim charged an absurd CPU time
@@ -84,4 +88,108 @@ func TestCalibrationZeroCannotEscapeBudget(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Attack input (issue 17, gate): every automatic origin at once (pressure
+// and spiral Requests from several goroutines, AfterBurst as a program and
+// the GC-end detector call it) with trims of very different costs (0 to
+// 2 s of CPU, some taking a second of wall time so that others find them
+// running), then Close while a trim is pending and another running. Over
+// every window between two trim starts, the CPU charged to the trims that
+// started in it is at most 2% of the window; no trim starts after Close.
+func TestGateAllOriginsVariedCost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		costs := []time.Duration{0, time.Nanosecond, 3 * time.Millisecond, 2 * time.Second, 40 * time.Millisecond, 700 * time.Millisecond}
+		var mu sync.Mutex
+		var starts []time.Time
+		var charges []time.Duration
+		var clock atomic.Int64
+		var closed atomic.Bool
+		var afterClose atomic.Int64
+		n := 0
+		step := func() int64 {
+			if closed.Load() {
+				afterClose.Add(1)
+			}
+			mu.Lock()
+			c := costs[n%len(costs)]
+			took := time.Duration(0)
+			if n%4 == 3 {
+				took = time.Second
+			}
+			n++
+			starts = append(starts, time.Now())
+			mu.Unlock()
+			time.Sleep(took)
+			clock.Add(int64(c))
+			return 32 << 20
+		}
+		cfg := Config{Delay: 100 * time.Millisecond, NoCHeap: true, Strict: true, goStep: step,
+			estimate: func() int64 { return 1 << 30 }, cpuClock: func() time.Duration { return time.Duration(clock.Load()) },
+			scan: func() int64 { return 0 },
+			throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
+		cfg = withLazy(cfg, false, nil)
+		tr := mustNew(t, cfg)
+		var wg sync.WaitGroup
+		var stop atomic.Bool
+		for i, o := range []Origin{OriginPressure, OriginPressure, OriginSpiral} {
+			wg.Go(func() {
+				for !stop.Load() {
+					tr.Request(o)
+					time.Sleep(time.Duration(97+i*61) * time.Millisecond)
+				}
+			})
+		}
+		wg.Go(func() {
+			for !stop.Load() {
+				end := tr.Begin()
+				time.Sleep(30 * time.Millisecond)
+				end()
+				time.Sleep(170 * time.Millisecond)
+			}
+		})
+		t0 := time.Now()
+		for time.Since(t0) < 20*time.Minute {
+			tr.AfterBurst()
+			time.Sleep(90 * time.Millisecond)
+		}
+		stop.Store(true)
+		wg.Wait()
+		tr.AfterBurst() // pending when Close comes
+		go tr.Request(OriginPressure)
+		time.Sleep(time.Millisecond)
+		closed.Store(true)
+		require.NoError(t, tr.Close())
+		time.Sleep(time.Minute)
+		assert.Zero(t, afterClose.Load(), "no trim starts after Close")
+
+		s := tr.Stats()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Greater(t, len(starts), 20)
+		// Charges as the Trimmer charged them.
+		for _, c := range costs {
+			charges = append(charges, max(c, minTrimCharge))
+		}
+		charge := func(k int) time.Duration { return charges[k%len(costs)] }
+		var sum time.Duration
+		for k := range starts {
+			sum += charge(k)
+		}
+		assert.Equal(t, sum, s.TotalCPU, "each trim charged as expected")
+		for i := range starts {
+			var c time.Duration
+			for j := i + 1; j < len(starts); j++ {
+				c += charge(j - 1)
+				w := starts[j].Sub(starts[i])
+				if float64(c) > 0.02*float64(w)+1 {
+					t.Fatalf("trims %d..%d: %v charged in %v (over 2%%)", i, j-1, c, w)
+				}
+			}
+		}
+		for _, o := range []Origin{OriginDebounced, OriginPressure, OriginSpiral} {
+			assert.Positive(t, s.Origins[o].Trims+s.Origins[o].Skipped, o.String())
+		}
+		t.Logf("%d trims, %v charged over 20 min; skipped by reason %v", len(starts), s.TotalCPU, s.SkippedBy)
+	})
 }
