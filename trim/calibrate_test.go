@@ -126,7 +126,7 @@ func TestGateAllOriginsVariedCost(t *testing.T) {
 		}
 		cfg := Config{Delay: 100 * time.Millisecond, NoCHeap: true, Strict: true, goStep: step,
 			estimate: func() int64 { return 1 << 30 }, cpuClock: func() time.Duration { return time.Duration(clock.Load()) },
-			scan: func() int64 { return 0 },
+			scan:      func() int64 { return 0 },
 			throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
 		cfg = withLazy(cfg, false, nil)
 		tr := mustNew(t, cfg)

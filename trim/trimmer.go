@@ -379,6 +379,9 @@ type Trimmer struct {
 	early      bool          // this pending period's trim starts at Delay/2
 	served     bool          // a Request ran this pending period's trim
 	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
+	// decisions counts the trims decided on their estimate, run or
+	// skipped (trimLocked), for the burst detector (AutoBurst).
+	decisions atomic.Int64
 
 	gc    gcLive // the live heap at the last two GC ends (gate.go)
 	gcSub *gcend.Subscription
@@ -836,6 +839,7 @@ func (t *Trimmer) goIdle() {
 // records it; early says the throttled start at Delay/2 decided it (counted
 // in Stats.EarlyStarts when a step runs). t.run must be held.
 func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
+	t.decisions.Add(1)
 	// The live-heap floor stands for a burst the program marked: a
 	// debounced trim, TrimNow, or a Request while one is pending. A Request
 	// with no burst marked takes the live heap as the last GC saw it: a
