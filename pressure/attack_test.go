@@ -263,3 +263,29 @@ func TestSystemdTriggerShortestForm(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_WRITE")
 }
+
+// Attack inputs (issue 17): "/dev/null" spelled otherwise still turns
+// watching off (before, "//dev/null" was opened as a PSI file and armed
+// for nothing; with the PSI-file check it would have fallen back to
+// watching against the service manager's word), and a
+// $MEMORY_PRESSURE_WRITE without its base64 padding is decoded.
+func TestSystemdDevNullAndPadding(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, p := range []string{"//dev/null", "/dev/null/", "/dev/../dev/null", " /dev/null "} {
+		t.Setenv("MEMORY_PRESSURE_WATCH", p)
+		var logs syncBuf
+		m, err := pressure.Start(pressure.Config{SpiralOff: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		require.NoError(t, err, "%q", p)
+		assert.Empty(t, m.Source(), "%q: watching turned off", p)
+		assert.NotContains(t, logs.String(), "level=WARN", "%q", p)
+		require.NoError(t, m.Close())
+	}
+	fifo := filepath.Join(t.TempDir(), "mp")
+	require.NoError(t, unix.Mkfifo(fifo, 0o600))
+	t.Setenv("MEMORY_PRESSURE_WATCH", fifo)
+	t.Setenv("MEMORY_PRESSURE_WRITE", base64.RawStdEncoding.EncodeToString([]byte("some 200000 2000000")))
+	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+	require.NoError(t, err)
+	assert.Equal(t, "systemd "+fifo, m.Source())
+	require.NoError(t, m.Close())
+}

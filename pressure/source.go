@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -49,18 +50,20 @@ func psiTrigger(stall, window time.Duration) []byte {
 // $MEMORY_PRESSURE_WATCH is the path to open (a PSI file, a FIFO or an
 // AF_UNIX socket), $MEMORY_PRESSURE_WRITE, base64, what to write to it
 // first. ok is false when the variable is unset. A watch path of
-// "/dev/null" means the service manager turned watching off: off is true.
-// A path that is not absolute or a write that is not base64 is an error.
+// "/dev/null" (in any spelling filepath.Clean makes it) means the service
+// manager turned watching off: off is true. A path that is not absolute,
+// or a write that is not base64 (padded or not) or decodes to over 4 KiB,
+// is an error that names the variable.
 func systemdSource(getenv func(string) string) (s source, ok, off bool, err error) {
 	path := strings.TrimSpace(getenv("MEMORY_PRESSURE_WATCH"))
 	if path == "" {
 		return source{}, false, false, nil
 	}
-	if path == "/dev/null" {
-		return source{}, true, true, nil
-	}
 	if !strings.HasPrefix(path, "/") {
 		return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: want an absolute path", path)
+	}
+	if filepath.Clean(path) == "/dev/null" { // "//dev/null" and "/dev/null/" too, as systemd's path_equal
+		return source{}, true, true, nil
 	}
 	s = source{kind: srcSystemd, path: path, name: "systemd " + path}
 	if w := strings.TrimSpace(getenv("MEMORY_PRESSURE_WRITE")); w != "" {
@@ -68,6 +71,9 @@ func systemdSource(getenv func(string) string) (s source, ok, off bool, err erro
 			return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE is %d bytes of base64: over the %d bytes decoded that memctl writes (a PSI trigger is at most 32)", len(w), maxSystemdWrite)
 		}
 		b, err := base64.StdEncoding.DecodeString(w)
+		if err != nil && !strings.HasSuffix(w, "=") {
+			b, err = base64.RawStdEncoding.DecodeString(w) // padding left off
+		}
 		if err != nil {
 			return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE=%q: not base64: %w", w, err)
 		}
