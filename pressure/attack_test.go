@@ -289,3 +289,27 @@ func TestSystemdDevNullAndPadding(t *testing.T) {
 	assert.Equal(t, "systemd "+fifo, m.Source())
 	require.NoError(t, m.Close())
 }
+
+// Attack input (issue 17): $MEMORY_PRESSURE_WATCH a socket file nobody
+// listens on any more (a service manager restarted): a WARN naming the
+// variable and a fallback.
+func TestSystemdStaleSocket(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	sock := filepath.Join(t.TempDir(), "mp.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: sock}))
+	require.NoError(t, unix.Close(fd)) // the file stays, nothing listens
+	t.Setenv("MEMORY_PRESSURE_WATCH", sock)
+	t.Setenv("MEMORY_PRESSURE_WRITE", "")
+	var logs syncBuf
+	m, err := pressure.Start(pressure.Config{SpiralOff: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Logf("no fallback source here: %v", err)
+	}
+	assert.NotContains(t, m.Source(), "systemd")
+	assert.Contains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "$MEMORY_PRESSURE_WATCH")
+	assert.Contains(t, logs.String(), "connection refused")
+	require.NoError(t, m.Close())
+}
