@@ -192,7 +192,7 @@ func (w *watcher) openPSI(path string, trigger []byte) error {
 		perr := &os.PathError{Op: fmt.Sprintf("pressure: write trigger %q to", trigger), Path: path, Err: err}
 		var kind string
 		var stall, window int64
-		if n, _ := fmt.Sscanf(string(trigger), "%s %d %d", &kind, &stall, &window); err == unix.EINVAL && n == 3 && window%2_000_000 != 0 {
+		if n, _ := fmt.Sscanf(string(trigger), "%s %d %d", &kind, &stall, &window); errors.Is(err, unix.EINVAL) && n == 3 && window%2_000_000 != 0 {
 			// Linux 6.5 and later (kernel/sched/psi.c psi_trigger_create).
 			return fmt.Errorf("%w (a window that is not a multiple of 2 s needs CAP_SYS_RESOURCE)", perr)
 		}
