@@ -52,9 +52,9 @@ func TestCalibrationHugeCannotDisableTrims(t *testing.T) {
 // Attack input (issue 17, budget): trims whose CPU clock reads 0 (or
 // next to nothing) across a trim. Before, each was charged 0, so the 2%
 // budget allowed the next at once: a Request every millisecond ran a
-// forced GC every millisecond. Now a trim is charged at least its cost
-// estimate and at least minTrimCharge (1 ms), and the scan cost it
-// calibrates stays at DefaultScanCost/8 or more.
+// forced GC every millisecond. Now a trim is charged at least
+// minTrimCharge (1 ms) and at least the least its GC can cost
+// (DefaultScanCost/8 per scannable byte).
 func TestCalibrationZeroCannotEscapeBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -154,9 +154,9 @@ type Result struct {
 // of scannable heap; from then on it is what the last such trim was
 // charged per scannable byte, so the rule follows the machine it runs on,
 // kept within an eighth of DefaultScanCost and 8 times it (see
-// maxScanCost). A trim is charged at least its estimated cost and at least
-// 1 ms (see Stats.LastCPU), so that a CPU clock reading too little cannot
-// take it out of the 2% budget.
+// maxScanCost). A trim is charged at least 1 ms and at least minScanCost
+// per scannable byte (see Stats.LastCPU), so that a CPU clock reading too
+// little cannot take it out of the 2% budget.
 const (
 	// DefaultScanCost is the CPU per scannable byte assumed before the
 	// first trim measures it: 2 ns, the 1.8 ns measured (above) rounded up.

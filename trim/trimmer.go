@@ -212,9 +212,9 @@ type Stats struct {
 	// holds the forced scavenge and the C heap step; but at most the
 	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
 	// since a CPU quota inflates the runtime's GC figures. It is at least
-	// 1 ms, and at least the Go step's cost estimate (Result.Cost) when
-	// that step ran: a clock that reads too little does not make a trim
-	// free for the 2% budget.
+	// 1 ms, and when the Go step ran at least the least its GC can cost
+	// (an eighth of DefaultScanCost per scannable byte): a clock that reads
+	// too little does not make a trim free for the 2% budget.
 	LastCPU time.Duration
 	// TotalCPU is the sum of LastCPU over all trims.
 	TotalCPU time.Duration
@@ -919,8 +919,8 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	cpu1 := t.readCPU()
 	measured := cpu0.charge(cpu1)
 	cpu := max(measured, minTrimCharge)
-	if runGo {
-		cpu = max(cpu, cost)
+	if runGo && scan > 0 {
+		cpu = max(cpu, time.Duration(float64(scan)*minScanCost)) // the least its GC can cost
 	}
 	end := time.Now()
 	runtime.UnlockOSThread()
