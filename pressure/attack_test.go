@@ -313,3 +313,13 @@ func TestSystemdStaleSocket(t *testing.T) {
 	assert.Contains(t, logs.String(), "connection refused")
 	require.NoError(t, m.Close())
 }
+
+// Attack input (issue 17): memory.events counters that jump by more than
+// math.MaxInt64 together. Before, their growth wrapped negative, which the
+// watcher reads as its source gone: it stopped watching for good.
+func TestEventsGrowthSaturates(t *testing.T) {
+	const big = int64(1<<63 - 1)
+	a := cgroupfs.Events{Low: 0, High: 0, Max: 0, OOM: 0, OOMKill: 0, OOMGroupKill: 0}
+	b := cgroupfs.Events{Low: 0, High: big, Max: big, OOM: big, OOMKill: big, OOMGroupKill: 0}
+	assert.Equal(t, big, pressure.EventsGrowth(a, b))
+}

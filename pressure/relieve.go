@@ -101,12 +101,14 @@ func meminfoFields(f procfs.Fields) (Makeup, error) {
 // pressure the cgroup's processes feel (high: throttled over memory.high;
 // max: at the limit; oom, oom_kill) grew from a to b; "low" (protection
 // breached by others' pressure) does not count. A counter absent in
-// either is left out; one that went down (a new cgroup) counts 0.
+// either is left out; one that went down (a new cgroup) counts 0. The sum
+// saturates at math.MaxInt64 (a negative count would read as the source
+// gone and stop the watcher).
 func eventsGrowth(a, b cgroupfs.Events) int64 {
 	var d int64
 	for _, p := range [...][2]int64{{a.High, b.High}, {a.Max, b.Max}, {a.OOM, b.OOM}, {a.OOMKill, b.OOMKill}} {
 		if p[0] >= 0 && p[1] > p[0] {
-			d += p[1] - p[0]
+			d = addSat(d, p[1]-p[0])
 		}
 	}
 	return d
