@@ -178,7 +178,13 @@ func TestSystemdWatchNotPSI(t *testing.T) {
 	link := filepath.Join(dir, "link")
 	require.NoError(t, os.Symlink(reg, link))
 	trig := base64.StdEncoding.EncodeToString([]byte("some 200000 2000000"))
-	for _, path := range []string{reg, link, dir, "/dev/zero", "/proc/self/status"} {
+	paths := []string{reg, link, dir, "/dev/zero", "/proc/self/status"}
+	if l, err := cgroupfs.Of(0); err == nil && l.Version == 1 {
+		// A cgroup file that is no PSI file; memory.force_empty would act
+		// on any write, so the harmless memory.pressure_level stands for it.
+		paths = append(paths, filepath.Join(l.Dir, "memory.pressure_level"))
+	}
+	for _, path := range paths {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			t.Setenv("MEMORY_PRESSURE_WATCH", path)
 			t.Setenv("MEMORY_PRESSURE_WRITE", trig)

@@ -207,7 +207,9 @@ func (w *watcher) openPSI(path string, trigger []byte) error {
 // ENOTTY for "a regular file outside of the procfs or cgroupfs file
 // systems"). Any other file would take the trigger as data (a regular file
 // on disk would be written to) and never signal POLLPRI: armed, silently,
-// for nothing.
+// for nothing; so would another file of those file systems, some of which
+// act on any write (memory.force_empty). Hence also the name: a file of
+// /proc/pressure, or a cgroup file named *.pressure.
 func checkPSIFile(fd int, path string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -220,11 +222,22 @@ func checkPSIFile(fd int, path string) error {
 	if err := unix.Fstatfs(fd, &fs); err != nil {
 		return &os.PathError{Op: "pressure: fstatfs", Path: path, Err: err}
 	}
+	clean := filepath.Clean(path)
 	switch int64(fs.Type) {
-	case unix.PROC_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC:
-		return nil
+	case unix.PROC_SUPER_MAGIC:
+		if filepath.Base(filepath.Dir(clean)) == "pressure" { // /proc/pressure/memory
+			return nil
+		}
+	case unix.CGROUP2_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC:
+		if strings.HasSuffix(filepath.Base(clean), ".pressure") { // memory.pressure
+			return nil
+		}
+	default:
+		return fmt.Errorf("pressure: %s is a regular file on a file system of type %#x, not procfs or cgroupfs: not a PSI file", path, fs.Type)
 	}
-	return fmt.Errorf("pressure: %s is a regular file on a file system of type %#x, not procfs or cgroupfs: not a PSI file", path, fs.Type)
+	// Another procfs or cgroup file: some act on any write
+	// (memory.force_empty reclaims the cgroup, cgroup.procs moves tasks).
+	return fmt.Errorf("pressure: %s is not a PSI file (/proc/pressure/*, a cgroup's *.pressure): no trigger written to it", path)
 }
 
 // fileKind names the type of a file mode, for errors.
