@@ -144,7 +144,11 @@ type Config struct {
 	// is mostly anonymous (Makeup.Anonymous: more anonymous memory than
 	// reclaimable page cache, for host-wide PSI in /proc/meminfo), to
 	// cancel the largest request in flight; never when the makeup could
-	// not be read (Stats.CancelsHeld). Default: nil.
+	// not be read, and for host-wide PSI only when this process holds at
+	// least half of the host's anonymous memory (RssAnon in
+	// /proc/self/status against AnonPages: a neighbour's anonymous memory
+	// is not relieved by a cancel here); see Stats.CancelsHeld.
+	// Default: nil.
 	CancelLargest func()
 	// MinInterval is the least time between two actions on kernel signals,
 	// in [100ms, 1m]; signals in between are counted and coalesced.
@@ -242,7 +246,8 @@ type Stats struct {
 	// signal because its memory was mostly reclaimable page cache (see
 	// Makeup.Anonymous): the kernel reclaiming cache at the limit, which
 	// neither a trim nor a cancel relieves. CancelsHeld counts signals
-	// acted on without CancelLargest: host-wide ones for the same reason,
+	// acted on without CancelLargest: host-wide ones for the same reason
+	// or because the host's anonymous memory is mostly not this process's,
 	// and any whose makeup could not be read (a memory.stat or
 	// /proc/meminfo unreadable, malformed or lacking a line; one WARN
 	// names the file).
@@ -504,8 +509,8 @@ var bg = context.Background()
 // being what the memory under pressure is made of: a cgroup's signal while
 // its memory is known to be mostly page cache is left to the kernel
 // (false); otherwise Trim (through its gate), CancelLargest only when the
-// memory is known to be mostly anonymous (held on an unknown makeup), then
-// the event (true).
+// memory is known to be mostly anonymous (held on an unknown makeup) and,
+// for host-wide PSI, mostly this process's, then the event (true).
 func (m *Monitor) act(w *watcher, signals int64, mk Makeup) bool {
 	anon := mk.Anonymous()
 	if mk.Known() && !anon && !w.hostWide {
@@ -517,7 +522,7 @@ func (m *Monitor) act(w *watcher, signals int64, mk Makeup) bool {
 		m.cfg.Trim()
 	}
 	if m.cfg.CancelLargest != nil {
-		if anon {
+		if anon && (!w.hostWide || mk.ownsHostAnon()) {
 			m.cfg.CancelLargest()
 		} else {
 			m.held.Add(1)

@@ -21,6 +21,11 @@ type Makeup struct {
 	// Active(file) + Inactive(file). Shmem is on the anon LRU lists and is
 	// not in it.
 	Cache int64
+	// Own is this process's own anonymous memory (/proc/self/status
+	// RssAnon), read for host-wide PSI only: whether the host's anonymous
+	// memory is this process's (see Monitor's CancelLargest rule); -1 when
+	// not read.
+	Own int64
 	// From names the file read ("" when none could be).
 	From string
 }
@@ -44,14 +49,14 @@ func (m Makeup) Anonymous() bool {
 }
 
 // unknownMakeup is the makeup when the file from could not be read.
-func unknownMakeup(from string) Makeup { return Makeup{Anon: -1, Cache: -1, From: from} }
+func unknownMakeup(from string) Makeup { return Makeup{Anon: -1, Cache: -1, Own: -1, From: from} }
 
 // makeupOfStat returns the makeup of a parsed memory.stat. The cache is
 // unknown (-1) unless the file has both active_file and inactive_file: one
 // list alone would understate the cache and make the memory look
 // anonymous. The sum saturates at math.MaxInt64.
 func makeupOfStat(s cgroupfs.MemoryStat, from string) Makeup {
-	mk := Makeup{Anon: s.Anon, Cache: -1, From: from}
+	mk := Makeup{Anon: s.Anon, Cache: -1, Own: -1, From: from}
 	if s.ActiveFile >= 0 && s.InactiveFile >= 0 {
 		mk.Cache = addSat(s.ActiveFile, s.InactiveFile)
 	}
@@ -76,6 +81,29 @@ func cgroupMakeup(dir string) (Makeup, error) {
 	return makeupOfStat(s, file), nil
 }
 
+// hostMakeup reads the host's makeup from /proc/meminfo and this
+// process's own anonymous memory from status (/proc/self/status RssAnon;
+// Own stays -1 when it cannot be read).
+func hostMakeup(meminfo, status string) (Makeup, error) {
+	mk, err := meminfoMakeup(meminfo)
+	if err == nil {
+		if n, err := procfs.ReadBytes(status, "RssAnon"); err == nil {
+			mk.Own = n
+		}
+	}
+	return mk, err
+}
+
+// ownsHostAnon reports whether this process holds at least half of the
+// host's anonymous memory: then a host-wide signal whose memory is mostly
+// anonymous is the process's own doing, and cancelling its largest request
+// relieves it. Otherwise the host is short of a neighbour's anonymous
+// memory, which a cancel here would not give back: the service would pay
+// for it (the kind of issue 17's case 1, with anonymous memory).
+func (m Makeup) ownsHostAnon() bool {
+	return m.Own >= 0 && m.Anon >= 0 && m.Own >= m.Anon-m.Own
+}
+
 // meminfoMakeup reads the host's makeup from /proc/meminfo.
 func meminfoMakeup(path string) (Makeup, error) {
 	f, err := procfs.ReadFile(path)
@@ -94,7 +122,7 @@ func meminfoFields(f procfs.Fields) (Makeup, error) {
 		}
 		v[i] = n
 	}
-	return Makeup{Anon: v[0], Cache: addSat(v[1], v[2]), From: f.File}, nil
+	return Makeup{Anon: v[0], Cache: addSat(v[1], v[2]), Own: -1, From: f.File}, nil
 }
 
 // eventsGrowth returns how much the memory.events counters that mean

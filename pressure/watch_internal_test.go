@@ -3,6 +3,7 @@
 package pressure
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -30,4 +31,62 @@ func TestSystemdFIFOOwnWriteIsNoSignal(t *testing.T) {
 	_, err = unix.Write(wr, []byte("x"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), w.drain())
+}
+
+// Attack input (issue 17): host-wide PSI while the host is short of a
+// neighbour's anonymous memory (AnonPages far above the page cache, this
+// process holding little of it). Before, every such signal also cancelled
+// this service's largest request, which gives the neighbour nothing back.
+// Now the cancel needs this process to hold at least half of the host's
+// anonymous memory; the trim is asked for either way (its gate decides).
+func TestHostWideCancelNeedsOwnAnon(t *testing.T) {
+	var trims, cancels int
+	m := &Monitor{cfg: Config{Trim: func() { trims++ }, CancelLargest: func() { cancels++ }}}
+	m.subs.Store(new([]*subscriber))
+	host := &watcher{name: "host-wide PSI test", hostWide: true}
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		name   string
+		mk     Makeup
+		cancel bool
+	}{
+		{"a neighbour's anonymous memory", Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 1 * gib}, false},
+		{"this process's anonymous memory", Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 12 * gib}, true},
+		{"half of it", Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 10 * gib}, true},
+		{"own unknown", Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: -1}, false},
+		{"mostly page cache", Makeup{Anon: 2 * gib, Cache: 20 * gib, Own: 2 * gib}, false},
+		{"unknown", Makeup{Anon: -1, Cache: -1, Own: -1}, false},
+	} {
+		trims, cancels = 0, 0
+		held := m.held.Load()
+		assert.True(t, m.act(host, 1, tc.mk), tc.name)
+		assert.Equal(t, 1, trims, "%s: the trim is asked for", tc.name)
+		want := 0
+		if tc.cancel {
+			want = 1
+		}
+		assert.Equal(t, want, cancels, tc.name)
+		assert.Equal(t, int64(1-want), m.held.Load()-held, "%s: counted as held", tc.name)
+	}
+	// A cgroup's own signal: its memory is the cgroup's, Own is not needed.
+	trims, cancels = 0, 0
+	assert.True(t, m.act(&watcher{name: "cgroup"}, 1, Makeup{Anon: 200 << 20, Cache: 10 << 20, Own: -1}))
+	assert.Equal(t, 1, cancels)
+}
+
+// hostMakeup reads RssAnon from the status file beside /proc/meminfo.
+func TestHostMakeupOwn(t *testing.T) {
+	dir := t.TempDir()
+	status := filepath.Join(dir, "status")
+	require.NoError(t, os.WriteFile(status, []byte("Name:\tx\nRssAnon:\t  1024 kB\n"), 0o600))
+	mk, err := hostMakeup("testdata/meminfo", status)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1<<20), mk.Own)
+	mk, err = hostMakeup("testdata/meminfo", filepath.Join(dir, "missing"))
+	require.NoError(t, err, "the host's makeup stands without the process's")
+	assert.Equal(t, int64(-1), mk.Own)
+	mk, err = hostMakeup("/proc/meminfo", "/proc/self/status")
+	require.NoError(t, err)
+	assert.Positive(t, mk.Own, "this process's real RssAnon")
+	assert.Less(t, mk.Own, mk.Anon+1)
 }

@@ -435,7 +435,8 @@ func (w *watcher) run() {
 		if !inPressure {
 			inPressure, stretchSignals, stretchActs, stretchLeft = true, got, 0, 0
 			m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure", slog.String("source", w.name),
-				slog.Int64("anon_bytes", mk.Anon), slog.Int64("page_cache_bytes", mk.Cache), slog.String("makeup_from", mk.From))
+				slog.Int64("anon_bytes", mk.Anon), slog.Int64("page_cache_bytes", mk.Cache), slog.Int64("own_anon_bytes", mk.Own),
+				slog.String("makeup_from", mk.From))
 		}
 		if m.act(w, got, mk) {
 			stretchActs++
@@ -531,7 +532,7 @@ func hostWideNote(w Watch, ownWhy []error) string {
 // makeupFunc returns how the watcher of s reads what the memory under
 // pressure is made of: the watched cgroup's memory.stat (for a systemd
 // source, the process's own cgroup, own, when known), the host's
-// /proc/meminfo for host-wide PSI.
+// /proc/meminfo and the process's RssAnon for host-wide PSI.
 func makeupFunc(m *Monitor, s source, own string) func() (Makeup, error) {
 	if m.cfg.makeup != nil {
 		return m.cfg.makeup
@@ -545,7 +546,7 @@ func makeupFunc(m *Monitor, s source, own string) func() (Makeup, error) {
 		}
 	}
 	if s.hostWide || dir == "" {
-		return func() (Makeup, error) { return meminfoMakeup("/proc/meminfo") }
+		return func() (Makeup, error) { return hostMakeup("/proc/meminfo", "/proc/self/status") }
 	}
 	return func() (Makeup, error) { return cgroupMakeup(dir) }
 }
