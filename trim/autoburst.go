@@ -125,10 +125,10 @@ type AutoBurstStats struct {
 // allocates: it gets no automatic trim. With GOGC=off a GC cycle runs only
 // at GOMEMLIMIT, so a burst that stays under it has no GC end and is not
 // seen (the runtime keeps its garbage until the limit too; AfterBurst
-// still trims it): measured here with the 1 GiB burst of
-// auto.TestImportTrimsBurstWithoutAfterBurst, GOGC=off and
-// GOMEMLIMIT=1536MiB gave no GC end and 1,060 MiB resident after it, while
-// GOGC=off and GOMEMLIMIT=512MiB gave 24 GC ends, one trim and 36 MiB. Every trim that a detection causes
+// still trims it): measured here with the 1 GiB burst over 20 MiB live of
+// auto.TestImportGOGCOff, GOGC=off and GOMEMLIMIT=1536MiB gave no GC end
+// and 1,060 MiB resident 3 s after it, while GOGC=off and
+// GOMEMLIMIT=512MiB gave 23 to 28 GC ends, one trim and 36 MiB. Every trim that a detection causes
 // is an ordinary debounced trim: it passes the Trimmer's skip rule and its
 // 2% CPU limit.
 //

@@ -17,7 +17,7 @@ import (
 // (30 s for a Go step on 8 MiB of scannable heap: the process's CPU
 // clock across a trim that a busy service's other threads shared). Before,
 // the scan cost became 3.6 µs per byte, a 1 GiB pointer-rich heap then
-// needed 60 TiB of garbage to be worth a trim, so no Go step ran again and
+// needed 60 GiB of garbage to be worth a trim, so no Go step ran again and
 // nothing could correct the figure: trims were off for good. Now the
 // calibrated scan cost stays within [DefaultScanCost/8, 8×DefaultScanCost]:
 // a trim with 8 times the garbage the default would need still runs, and

@@ -186,9 +186,9 @@ const (
 	// can be absurd: the process's CPU clock across a trim counts the
 	// other threads of a busy service, and a clock that cannot be read
 	// gives 0. Unbounded, a reading 1000 times too high made every later
-	// Go step need terabytes, so no trim ran again to correct it; one too
-	// low made every trim look free. Bounded, a trim releasing 8 times what
-	// the default rule asks always runs, and re-measures.
+	// Go step need tens of GiB, so no trim ran again to correct it; one too
+	// low made every trim look worth its GC. Bounded, a trim releasing 8
+	// times what the default rule asks always runs, and re-measures.
 	minScanCost = float64(DefaultScanCost) / 8
 	maxScanCost = float64(DefaultScanCost) * 8
 
