@@ -343,3 +343,22 @@ func voluntary(t *testing.T, pid int) int64 {
 	}
 	return n
 }
+
+// Attack input (issue 19): GOGC=off, the GC driven by GOMEMLIMIT alone.
+// Under GOMEMLIMIT=512MiB the 1 GiB burst makes GC cycles run at the limit
+// and is detected and trimmed like the default's; under 1536MiB no GC cycle
+// runs at all, so no GC end sees it (the limit trim.AutoBurst's doc states:
+// if this starts to detect, the doc is stale).
+func TestImportGOGCOff(t *testing.T) {
+	skipLong(t)
+	at := childtest.Report(t, childtest.Command(t, "burst", childEnv, "MEMCTL_PRESSURE=off", "GOGC=off", "GOMEMLIMIT=512MiB"))
+	under := childtest.Report(t, childtest.Command(t, "burst", childEnv, "MEMCTL_PRESSURE=off", "GOGC=off", "GOMEMLIMIT=1536MiB"))
+	for name, r := range map[string]map[string]string{"GOMEMLIMIT=512MiB": at, "GOMEMLIMIT=1536MiB": under} {
+		t.Logf("GOGC=off %s: RSS before %d MiB, peak %d MiB, after %d MiB; %s trims, %s bursts, %s GC ends",
+			name, num(t, r, "BEFORE")>>20, num(t, r, "PEAK")>>20, num(t, r, "AFTER")>>20, r["TRIMS"], r["BURSTS"], r["GCENDS"])
+	}
+	assert.Equal(t, int64(1), num(t, at, "BURSTS"))
+	assert.LessOrEqual(t, num(t, at, "AFTER"), num(t, at, "BEFORE")+burstBytes/200, "RSS before + 0.5% of the burst")
+	assert.Zero(t, num(t, under, "GCENDS"), "no GC cycle under the limit")
+	assert.Greater(t, num(t, under, "AFTER"), num(t, under, "BEFORE")+burstBytes/2)
+}

@@ -62,7 +62,8 @@
 // facade routes through the trimmer's one gate (trim.Trimmer.Request: no
 // trim with too little to release for its cost, none past the 2% CPU
 // budget), then Config.CancelLargest only when anonymous memory is the
-// problem (a host-wide signal with mostly cache asks for the trim alone,
+// problem (a host-wide signal with mostly cache, or whose anonymous
+// memory is mostly not this process's, asks for the trim alone,
 // Stats.CancelsHeld), and publishes a KindKernel event. Measured here
 // (TestNeighbourPageCacheCostsNothing, TestPageCacheAtLimitCostsNothing):
 // a neighbour's page cache and a cgroup filled with page cache cost a

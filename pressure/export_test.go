@@ -8,7 +8,12 @@ func WithMakeup(cfg Config, f func() (Makeup, error)) Config {
 }
 
 // AnonMakeup is a makeup that is mostly anonymous memory.
-func AnonMakeup() (Makeup, error) { return Makeup{Anon: 200 << 20, Cache: 10 << 20, From: "test"}, nil }
+func AnonMakeup() (Makeup, error) {
+	return Makeup{Anon: 200 << 20, Cache: 10 << 20, Own: 190 << 20, From: "test"}, nil
+}
+
+// HostMakeup is hostMakeup, for tests.
+var HostMakeup = hostMakeup
 
 // SystemdTrigger is systemdTrigger, for tests.
 var SystemdTrigger = systemdTrigger

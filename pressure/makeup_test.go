@@ -44,7 +44,7 @@ func TestMakeupAnonymous(t *testing.T) {
 	s, err := cgroupfs.ParseMemoryStat(strings.NewReader(v1), "v1")
 	require.NoError(t, err)
 	mk := pressure.MakeupOfStat(s, "v1")
-	assert.Equal(t, pressure.Makeup{Anon: 64 << 20, Cache: 192 << 20, From: "v1"}, mk, "hierarchical total_ lines")
+	assert.Equal(t, pressure.Makeup{Anon: 64 << 20, Cache: 192 << 20, Own: -1, From: "v1"}, mk, "hierarchical total_ lines")
 	assert.False(t, mk.Anonymous(), "issue 17 case 2: page cache fills a 256 MiB cgroup beside 64 MiB")
 
 	// v2: shmem (tmpfs) is in file but not reclaimable, and not anon.
@@ -52,15 +52,15 @@ func TestMakeupAnonymous(t *testing.T) {
 	s, err = cgroupfs.ParseMemoryStat(strings.NewReader(v2), "v2")
 	require.NoError(t, err)
 	mk = pressure.MakeupOfStat(s, "v2")
-	assert.Equal(t, pressure.Makeup{Anon: 190 << 20, Cache: 50 << 20, From: "v2"}, mk)
+	assert.Equal(t, pressure.Makeup{Anon: 190 << 20, Cache: 50 << 20, Own: -1, From: "v2"}, mk)
 	assert.True(t, mk.Anonymous(), "a 180 MiB burst of the process's own garbage")
 
-	assert.True(t, pressure.Makeup{Anon: -1, Cache: 5}.Anonymous(), "unknown: the trim's gate decides")
+	assert.False(t, pressure.Makeup{Anon: -1, Cache: 5}.Anonymous(), "unknown: the trim's gate decides, no cancel on it")
 	assert.False(t, pressure.Makeup{Anon: 5, Cache: 5}.Anonymous(), "a tie is cache: the kernel reclaims it first")
 
 	mk, err = pressure.MeminfoMakeup("testdata/meminfo")
 	require.NoError(t, err)
-	assert.Equal(t, pressure.Makeup{Anon: 2097152 << 10, Cache: (1048576 + 3145728) << 10, From: "testdata/meminfo"}, mk)
+	assert.Equal(t, pressure.Makeup{Anon: 2097152 << 10, Cache: (1048576 + 3145728) << 10, Own: -1, From: "testdata/meminfo"}, mk)
 	assert.False(t, mk.Anonymous())
 	_, err = pressure.MeminfoMakeup("testdata/missing")
 	require.Error(t, err)

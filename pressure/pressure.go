@@ -143,7 +143,12 @@ type Config struct {
 	// CancelLargest is called after Trim on a kernel signal whose memory
 	// is mostly anonymous (Makeup.Anonymous: more anonymous memory than
 	// reclaimable page cache, for host-wide PSI in /proc/meminfo), to
-	// cancel the largest request in flight. Default: nil.
+	// cancel the largest request in flight; never when the makeup could
+	// not be read, and for host-wide PSI only when this process holds at
+	// least half of the host's anonymous memory (RssAnon in
+	// /proc/self/status against AnonPages: a neighbour's anonymous memory
+	// is not relieved by a cancel here); see Stats.CancelsHeld.
+	// Default: nil.
 	CancelLargest func()
 	// MinInterval is the least time between two actions on kernel signals,
 	// in [100ms, 1m]; signals in between are counted and coalesced.
@@ -240,8 +245,12 @@ type Stats struct {
 	// LeftToKernel counts the times the watcher did not act on a cgroup's
 	// signal because its memory was mostly reclaimable page cache (see
 	// Makeup.Anonymous): the kernel reclaiming cache at the limit, which
-	// neither a trim nor a cancel relieves. CancelsHeld counts host-wide
-	// signals acted on without CancelLargest for the same reason.
+	// neither a trim nor a cancel relieves. CancelsHeld counts signals
+	// acted on without CancelLargest: host-wide ones for the same reason
+	// or because the host's anonymous memory is mostly not this process's,
+	// and any whose makeup could not be read (a memory.stat or
+	// /proc/meminfo unreadable, malformed or lacking a line; one WARN
+	// names the file).
 	LeftToKernel int64
 	CancelsHeld  int64
 	// Dropped counts events not delivered because a subscriber's channel
@@ -506,12 +515,13 @@ var bg = context.Background()
 
 // act answers kernel signals of w with what the process can relieve, mk
 // being what the memory under pressure is made of: a cgroup's signal while
-// its memory is mostly page cache is left to the kernel (false);
-// otherwise Trim (through its gate), CancelLargest when the memory is
-// mostly anonymous, then the event (true).
+// its memory is known to be mostly page cache is left to the kernel
+// (false); otherwise Trim (through its gate), CancelLargest only when the
+// memory is known to be mostly anonymous (held on an unknown makeup) and,
+// for host-wide PSI, mostly this process's, then the event (true).
 func (m *Monitor) act(w *watcher, signals int64, mk Makeup) bool {
 	anon := mk.Anonymous()
-	if !anon && !w.hostWide {
+	if mk.Known() && !anon && !w.hostWide {
 		m.leftToKernel.Add(1)
 		return false
 	}
@@ -520,7 +530,7 @@ func (m *Monitor) act(w *watcher, signals int64, mk Makeup) bool {
 		m.cfg.Trim()
 	}
 	if m.cfg.CancelLargest != nil {
-		if anon {
+		if anon && (!w.hostWide || mk.ownsHostAnon()) {
 			m.cfg.CancelLargest()
 		} else {
 			m.held.Add(1)

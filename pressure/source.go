@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -49,29 +50,46 @@ func psiTrigger(stall, window time.Duration) []byte {
 // $MEMORY_PRESSURE_WATCH is the path to open (a PSI file, a FIFO or an
 // AF_UNIX socket), $MEMORY_PRESSURE_WRITE, base64, what to write to it
 // first. ok is false when the variable is unset. A watch path of
-// "/dev/null" means the service manager turned watching off: off is true.
-// A path that is not absolute or a write that is not base64 is an error.
+// "/dev/null" (in any spelling filepath.Clean makes it) means the service
+// manager turned watching off: off is true. A path that is not absolute,
+// or a write that is not base64 (padded or not) or decodes to over 4 KiB,
+// is an error that names the variable.
 func systemdSource(getenv func(string) string) (s source, ok, off bool, err error) {
 	path := strings.TrimSpace(getenv("MEMORY_PRESSURE_WATCH"))
 	if path == "" {
 		return source{}, false, false, nil
 	}
-	if path == "/dev/null" {
-		return source{}, true, true, nil
-	}
 	if !strings.HasPrefix(path, "/") {
 		return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: want an absolute path", path)
 	}
+	if filepath.Clean(path) == "/dev/null" { // "//dev/null" and "/dev/null/" too, as systemd's path_equal
+		return source{}, true, true, nil
+	}
 	s = source{kind: srcSystemd, path: path, name: "systemd " + path}
 	if w := strings.TrimSpace(getenv("MEMORY_PRESSURE_WRITE")); w != "" {
+		if len(w) > maxSystemdWrite*4/3+4 {
+			return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE is %d bytes of base64: over the %d bytes decoded that memctl writes (a PSI trigger is at most 32)", len(w), maxSystemdWrite)
+		}
 		b, err := base64.StdEncoding.DecodeString(w)
+		if err != nil && !strings.HasSuffix(w, "=") {
+			b, err = base64.RawStdEncoding.DecodeString(w) // padding left off
+		}
 		if err != nil {
 			return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE=%q: not base64: %w", w, err)
+		}
+		if len(b) > maxSystemdWrite {
+			return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE decodes to %d bytes: over the %d that memctl writes (a PSI trigger is at most 32)", len(b), maxSystemdWrite)
 		}
 		s.write = b
 	}
 	return s, true, false, nil
 }
+
+// maxSystemdWrite is the most bytes of decoded $MEMORY_PRESSURE_WRITE
+// memctl writes: the kernel reads at most 32 bytes of a PSI trigger
+// (kernel/sched/psi.c psi_write), and a FIFO or socket of the service
+// manager needs no more than a line.
+const maxSystemdWrite = 4096
 
 // The kernel's bounds of a PSI trigger's window (kernel/sched/psi.c
 // WINDOW_MIN_US, WINDOW_MAX_US).
@@ -89,7 +107,9 @@ const (
 // without one, "some 200000 2000000", is armed as "some 200000 200000" (a
 // 100% stall threshold) by a writer with CAP_SYS_RESOURCE and refused with
 // EINVAL by others. A trailing newline (echo ... | base64) is dropped
-// too. The error names the variable and quotes the value.
+// too, and the numbers are written in their shortest form (leading zeros
+// would push the window past the 32 bytes the kernel reads). The error
+// names the variable and quotes the value.
 func systemdTrigger(b []byte) ([]byte, error) {
 	t := bytes.TrimSuffix(bytes.TrimSuffix(b, []byte{0}), []byte{'\n'}) // echo | base64 ends in a newline
 	bad := func(why string) error {
@@ -113,5 +133,8 @@ func systemdTrigger(b []byte) ([]byte, error) {
 	case stall == 0 || stall > window:
 		return nil, bad(fmt.Sprintf("stall %d µs is not in (0, %d]", stall, window))
 	}
-	return append(append([]byte(nil), t...), 0), nil
+	// Written as the kernel reads it, without leading zeros: psi_write
+	// copies at most 32 bytes and overwrites the last with NUL, so
+	// "some 000000000000200000 10000000" would be armed as a 1 s window.
+	return fmt.Appendf(nil, "%s %d %d\x00", f[0], us[0], us[1]), nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +39,8 @@ type watcher struct {
 	hostWide bool
 	// makeup reads what the memory under pressure is made of.
 	makeup func() (Makeup, error)
+	// makeupBad is set while the makeup cannot be read (readMakeup).
+	makeupBad bool
 	// last are the memory.events counters last read (srcEvents).
 	last   cgroupfs.Events
 	fd     int
@@ -159,6 +162,9 @@ func openSource(s source) (*watcher, error) {
 		err = w.openV1(s.path)
 	case srcSystemd:
 		err = w.openSystemd(s.path, s.write)
+		if err != nil && !strings.Contains(err.Error(), "$MEMORY_PRESSURE_") {
+			err = fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: %w", s.path, err)
+		}
 	case srcEvents:
 		err = w.openEvents(s.path)
 	}
@@ -179,10 +185,80 @@ func (w *watcher) openPSI(path string, trigger []byte) error {
 		return &os.PathError{Op: "pressure: open", Path: path, Err: err}
 	}
 	w.fd, w.events = fd, unix.POLLPRI
+	if err := checkPSIFile(fd, path); err != nil {
+		return err
+	}
 	if _, err := unix.Write(fd, trigger); err != nil {
-		return &os.PathError{Op: fmt.Sprintf("pressure: write trigger %q to", trigger), Path: path, Err: err}
+		perr := &os.PathError{Op: fmt.Sprintf("pressure: write trigger %q to", trigger), Path: path, Err: err}
+		var kind string
+		var stall, window int64
+		if n, _ := fmt.Sscanf(string(trigger), "%s %d %d", &kind, &stall, &window); errors.Is(err, unix.EINVAL) && n == 3 && window%2_000_000 != 0 {
+			// Linux 6.5 and later (kernel/sched/psi.c psi_trigger_create).
+			return fmt.Errorf("%w (a window that is not a multiple of 2 s needs CAP_SYS_RESOURCE)", perr)
+		}
+		return perr
 	}
 	return nil
+}
+
+// checkPSIFile checks that the open fd is a PSI file: a regular file of
+// procfs (/proc/pressure/*) or of a cgroup file system (memory.pressure),
+// as systemd checks $MEMORY_PRESSURE_WATCH (sd_event_add_memory_pressure(3):
+// ENOTTY for "a regular file outside of the procfs or cgroupfs file
+// systems"). Any other file would take the trigger as data (a regular file
+// on disk would be written to) and never signal POLLPRI: armed, silently,
+// for nothing; so would another file of those file systems, some of which
+// act on any write (memory.force_empty). Hence also the name: a file of
+// /proc/pressure, or a cgroup file named *.pressure.
+func checkPSIFile(fd int, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "pressure: fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("pressure: %s is a %s, not a PSI file", path, fileKind(st.Mode))
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return &os.PathError{Op: "pressure: fstatfs", Path: path, Err: err}
+	}
+	clean := filepath.Clean(path)
+	switch int64(fs.Type) {
+	case unix.PROC_SUPER_MAGIC:
+		if filepath.Base(filepath.Dir(clean)) == "pressure" { // /proc/pressure/memory
+			return nil
+		}
+	case unix.CGROUP2_SUPER_MAGIC, unix.CGROUP_SUPER_MAGIC:
+		if strings.HasSuffix(filepath.Base(clean), ".pressure") { // memory.pressure
+			return nil
+		}
+	default:
+		return fmt.Errorf("pressure: %s is a regular file on a file system of type %#x, not procfs or cgroupfs: not a PSI file", path, fs.Type)
+	}
+	// Another procfs or cgroup file: some act on any write
+	// (memory.force_empty reclaims the cgroup, cgroup.procs moves tasks).
+	return fmt.Errorf("pressure: %s is not a PSI file (/proc/pressure/*, a cgroup's *.pressure): no trigger written to it", path)
+}
+
+// fileKind names the type of a file mode, for errors.
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "regular file"
+	case unix.S_IFDIR:
+		return "directory"
+	case unix.S_IFCHR:
+		return "character device"
+	case unix.S_IFBLK:
+		return "block device"
+	case unix.S_IFIFO:
+		return "FIFO"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFLNK:
+		return "symbolic link"
+	}
+	return fmt.Sprintf("file of mode %#o", mode&unix.S_IFMT)
 }
 
 // openV1 registers an eventfd for the cgroup v1 memory.pressure_level of
@@ -237,7 +313,7 @@ func (w *watcher) openSystemd(path string, write []byte) error {
 			return &os.PathError{Op: "pressure: open", Path: path, Err: err}
 		}
 		w.fd, w.events = fd, unix.POLLIN
-	default:
+	case unix.S_IFREG:
 		if len(write) == 0 {
 			return fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q is a PSI file and $MEMORY_PRESSURE_WRITE is empty: no trigger to arm", path)
 		}
@@ -246,10 +322,17 @@ func (w *watcher) openSystemd(path string, write []byte) error {
 			return err
 		}
 		return w.openPSI(path, trig)
+	default:
+		return fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q is a %s: want a PSI file, a FIFO or an AF_UNIX socket", path, fileKind(st.Mode))
 	}
 	if len(write) > 0 {
 		if _, err := unix.Write(w.fd, write); err != nil {
 			return &os.PathError{Op: "pressure: write", Path: path, Err: err}
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFIFO {
+			// The FIFO is open for reading too: what was just written is
+			// not a signal from the service manager.
+			w.drain()
 		}
 	}
 	return nil
@@ -348,15 +431,12 @@ func (w *watcher) run() {
 		}
 		m.signals.Add(got)
 		stretchSignals += got
-		mk, mkErr := w.makeup()
+		mk := w.readMakeup()
 		if !inPressure {
 			inPressure, stretchSignals, stretchActs, stretchLeft = true, got, 0, 0
-			attrs := []slog.Attr{slog.String("source", w.name), slog.Int64("anon_bytes", mk.Anon),
-				slog.Int64("page_cache_bytes", mk.Cache), slog.String("makeup_from", mk.From)}
-			if mkErr != nil {
-				attrs = append(attrs, slog.Any("makeup_error", mkErr))
-			}
-			m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure", attrs...)
+			m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure", slog.String("source", w.name),
+				slog.Int64("anon_bytes", mk.Anon), slog.Int64("page_cache_bytes", mk.Cache), slog.Int64("own_anon_bytes", mk.Own),
+				slog.String("makeup_from", mk.From))
 		}
 		if m.act(w, got, mk) {
 			stretchActs++
@@ -365,6 +445,31 @@ func (w *watcher) run() {
 		}
 		until = time.Now().Add(m.cfg.MinInterval)
 	}
+}
+
+// readMakeup reads what the memory under pressure is made of. A read that
+// fails, or gives an unknown figure, is an unknown makeup (see
+// Makeup.Anonymous: the trim still passes its gate, no request is
+// cancelled), and is said in one WARN naming the file when the makeup
+// turns unknown, not at each signal; one more when it turns unknown again
+// after a good read. Only the watcher's goroutine calls it.
+func (w *watcher) readMakeup() Makeup {
+	mk, err := w.makeup()
+	if err == nil && mk.Known() {
+		w.makeupBad = false
+		return mk
+	}
+	mk.Anon, mk.Cache = -1, -1
+	if !w.makeupBad {
+		w.makeupBad = true
+		if err == nil {
+			err = errors.New("active_file or inactive_file missing")
+		}
+		w.m.log.LogAttrs(bg, slog.LevelWarn,
+			"memctl: cannot tell what the memory under pressure is made of; pressure trims still pass the trim gate, CancelLargest is held until it can",
+			slog.String("source", w.name), slog.String("file", mk.From), slog.Any("error", err))
+	}
+	return mk
 }
 
 // close wakes the goroutine, waits for it and closes the fds.
@@ -427,7 +532,7 @@ func hostWideNote(w Watch, ownWhy []error) string {
 // makeupFunc returns how the watcher of s reads what the memory under
 // pressure is made of: the watched cgroup's memory.stat (for a systemd
 // source, the process's own cgroup, own, when known), the host's
-// /proc/meminfo for host-wide PSI.
+// /proc/meminfo and the process's RssAnon for host-wide PSI.
 func makeupFunc(m *Monitor, s source, own string) func() (Makeup, error) {
 	if m.cfg.makeup != nil {
 		return m.cfg.makeup
@@ -441,7 +546,7 @@ func makeupFunc(m *Monitor, s source, own string) func() (Makeup, error) {
 		}
 	}
 	if s.hostWide || dir == "" {
-		return func() (Makeup, error) { return meminfoMakeup("/proc/meminfo") }
+		return func() (Makeup, error) { return hostMakeup("/proc/meminfo", "/proc/self/status") }
 	}
 	return func() (Makeup, error) { return cgroupMakeup(dir) }
 }

@@ -108,6 +108,7 @@ func TestPSITriggerWindows(t *testing.T) {
 		t.Log("no CAP_SYS_RESOURCE: a 500 ms window must be refused")
 		require.ErrorIs(t, err, unix.EINVAL)
 		assert.Contains(t, err.Error(), `"some 50000 500000\x00"`)
+		assert.Contains(t, err.Error(), "needs CAP_SYS_RESOURCE", "the error says why")
 		require.NotNil(t, m)
 		assert.Empty(t, m.Source())
 	}

@@ -69,8 +69,9 @@ type AutoBurstStats struct {
 	// GC end that saw a burst in progress or its collection).
 	Marks int64
 	// Settled counts the bursts that were taken as growth for good: the
-	// live heap stayed at the burst's level past the Trimmer's max wait plus
-	// its delay with no forced GC in between, and became the floor.
+	// live heap stayed at the burst's level after a trim decided on its
+	// estimate (and skipped its GC), or past the Trimmer's max wait plus its
+	// delay, with no forced GC in between, and became the floor.
 	Settled int64
 	// Floor is the floor now, in bytes: the live heap the next rise is
 	// measured from.
@@ -108,37 +109,51 @@ type AutoBurstStats struct {
 //   - The burst ends at the first GC end with L below Rise·F: that cycle
 //     collected it, calls AfterBurst once more (its garbage is now free
 //     pages for the trim to return) and L is the floor again.
-//   - A burst still at its level after the Trimmer's MaxWait plus Delay
-//     with no forced GC (the trim ran and was skipped, or was deferred) is
-//     growth for good: L becomes the floor, counted in AutoBurstStats.Settled.
+//   - A burst still at its level once the Trimmer has decided a trim on
+//     its estimate since the burst began, with no forced GC (the trim was
+//     skipped: its estimate saw the burst's memory live), or after the
+//     Trimmer's MaxWait plus Delay (the trim was deferred), is growth for
+//     good: L becomes the floor, counted in AutoBurstStats.Settled. So a
+//     heap that grows for good gets one trim decision per doubling, not one
+//     per GC end while it grows; should the burst's memory be freed later,
+//     the GC that collects it marks again (the drop below).
 //   - Outside a burst the floor follows L down (F = min(F, L)); a GC that
 //     finds L at 1/Rise of the floor (and MinRise under it) collected a
 //     burst that a forced GC had counted as live, and calls AfterBurst.
 //
 // A flat live heap never rises to twice its floor however fast it
-// allocates: it gets no automatic trim. Every trim that a detection causes
+// allocates: it gets no automatic trim. With GOGC=off a GC cycle runs only
+// at GOMEMLIMIT, so a burst that stays under it has no GC end and is not
+// seen (the runtime keeps its garbage until the limit too; AfterBurst
+// still trims it): measured here with the 1 GiB burst over 20 MiB live of
+// auto.TestImportGOGCOff, GOGC=off and GOMEMLIMIT=1536MiB gave no GC end
+// and 1,060 MiB resident 3 s after it, while GOGC=off and
+// GOMEMLIMIT=512MiB gave 23 to 28 GC ends, one trim and 36 MiB. Every trim that a detection causes
 // is an ordinary debounced trim: it passes the Trimmer's skip rule and its
 // 2% CPU limit.
 //
 // An AutoBurst is safe for concurrent use; a nil *AutoBurst does nothing.
 type AutoBurst struct {
 	onBurst func()
-	rise    float64
-	minRise int64
-	settle  time.Duration
-	sub     *gcend.Subscription
-	mu      sync.Mutex // held by observe; guards the samples and the state
-	samples [2]metrics.Sample
-	forced0 uint64
-	st      burstState
-	base    time.Time
-	bursts  atomic.Int64
-	drops   atomic.Int64
-	marks   atomic.Int64
-	settled atomic.Int64
-	floor   atomic.Int64
-	gcEnds  atomic.Int64
-	closed  atomic.Bool
+	// decisions returns the Trimmer's count of trims decided on their
+	// estimate (run or skipped; nil: none known).
+	decisions func() int64
+	rise      float64
+	minRise   int64
+	settle    time.Duration
+	sub       *gcend.Subscription
+	mu        sync.Mutex // held by observe; guards the samples and the state
+	samples   [2]metrics.Sample
+	forced0   uint64
+	st        burstState
+	base      time.Time
+	bursts    atomic.Int64
+	drops     atomic.Int64
+	marks     atomic.Int64
+	settled   atomic.Int64
+	floor     atomic.Int64
+	gcEnds    atomic.Int64
+	closed    atomic.Bool
 }
 
 // burstState is the detector's state between GC ends.
@@ -148,6 +163,8 @@ type burstState struct {
 	inBurst bool
 	base    int64 // F when the burst started
 	since   int64 // clock (ns since AutoBurst.base) when the burst started
+	// decided is the Trimmer's count of decisions when the burst started.
+	decided int64
 }
 
 const (
@@ -171,6 +188,7 @@ func StartAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*AutoBurst, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.decisions = t.decisions.Load
 	a.sub = gcend.Subscribe(a.gcEnd)
 	return a, nil
 }
@@ -255,7 +273,7 @@ func (a *AutoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	}
 	if s.inBurst {
 		if a.high(live, s.base) {
-			if now-s.since > int64(a.settle) {
+			if now-s.since > int64(a.settle) || a.decided() != s.decided {
 				s.floor, s.inBurst = live, false
 				a.settled.Add(1)
 				return false
@@ -266,7 +284,7 @@ func (a *AutoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 		return true // this cycle collected the burst
 	}
 	if a.high(live, s.floor) && live-s.floor >= a.minRise {
-		s.inBurst, s.base, s.since = true, s.floor, now
+		s.inBurst, s.base, s.since, s.decided = true, s.floor, now, a.decided()
 		a.bursts.Add(1)
 		return true
 	}
@@ -277,6 +295,15 @@ func (a *AutoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	}
 	s.floor = min(s.floor, live)
 	return false
+}
+
+// decided returns the Trimmer's count of trims decided on their estimate,
+// 0 when unknown.
+func (a *AutoBurst) decided() int64 {
+	if a.decisions == nil {
+		return 0
+	}
+	return a.decisions()
 }
 
 // high reports whether x ≥ rise·f.

@@ -227,7 +227,22 @@ func TestAutoBurstRealTrim(t *testing.T) {
 func TestAutoBurstNoAlloc(t *testing.T) {
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
 	require.NoError(t, err)
+	var tr Trimmer
+	a.decisions = tr.decisions.Load // as StartAutoBurst sets it
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { a.gcEnd() }))
+	// The rule through a burst, its settling on a decision and a drop.
+	i := int64(0)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		i++
+		a.mu.Lock()
+		a.observe(20*mb, false, i)
+		a.observe(200*mb, false, i)
+		tr.decisions.Add(1)
+		a.observe(200*mb, false, i)
+		a.observe(20*mb, false, i)
+		a.mu.Unlock()
+	}))
+	assert.Positive(t, a.Stats().Settled)
 }
 
 // BenchmarkAutoBurstGCEnd is the detector's cost per GC end (a
@@ -238,6 +253,8 @@ func TestAutoBurstNoAlloc(t *testing.T) {
 func BenchmarkAutoBurstGCEnd(b *testing.B) {
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
 	require.NoError(b, err)
+	var tr Trimmer
+	a.decisions = tr.decisions.Load // as StartAutoBurst sets it
 	b.ReportAllocs()
 	for b.Loop() {
 		a.gcEnd()

@@ -152,7 +152,11 @@ type Result struct {
 // and the Go step runs when the estimate of releasable bytes reaches need.
 // The scan cost is DefaultScanCost until a Go step runs on at least 8 MiB
 // of scannable heap; from then on it is what the last such trim was
-// charged per scannable byte, so the rule follows the machine it runs on.
+// charged per scannable byte, so the rule follows the machine it runs on,
+// kept within an eighth of DefaultScanCost and 8 times it (see
+// maxScanCost). A trim is charged at least 1 ms and at least minScanCost
+// per scannable byte (see Stats.LastCPU), so that a CPU clock reading too
+// little cannot take it out of the 2% budget.
 const (
 	// DefaultScanCost is the CPU per scannable byte assumed before the
 	// first trim measures it: 2 ns, the 1.8 ns measured (above) rounded up.
@@ -175,6 +179,25 @@ const (
 	// replaces the assumed scan cost: below it the fixed costs of a GC
 	// cycle dominate.
 	calibrateMinScan = 8 << 20
+
+	// minScanCost and maxScanCost bound the calibrated scan cost: an
+	// eighth of DefaultScanCost and 8 times it (0.25 to 16 ns per
+	// scannable byte, around the 1.8 ns measured). One trim's CPU reading
+	// can be absurd: the process's CPU clock across a trim counts the
+	// other threads of a busy service, and a clock that cannot be read
+	// gives 0. Unbounded, a reading 1000 times too high made every later
+	// Go step need tens of GiB, so no trim ran again to correct it; one too
+	// low made every trim look worth its GC. Bounded, a trim releasing 8
+	// times what the default rule asks always runs, and re-measures.
+	minScanCost = float64(DefaultScanCost) / 8
+	maxScanCost = float64(DefaultScanCost) * 8
+
+	// minTrimCharge is the least CPU a trim is charged with (see
+	// Stats.LastCPU): 1 ms, about the cost of a full GC of a heap with
+	// nothing to scan (0.7 to 2.2 ms for 1 GiB of []byte, measured above).
+	// A trim whose CPU clocks read 0 would otherwise be free for the 2%
+	// budget, which would then allow the next at once.
+	minTrimCharge = time.Millisecond
 
 	metricScanTotal = "/gc/scan/total:bytes"
 )
@@ -215,7 +238,7 @@ func (t *Trimmer) costOf(scan int64) (cost time.Duration, need int64) {
 // on scan scannable bytes that was charged cpu. t.run must be held.
 func (t *Trimmer) calibrate(scan int64, cpu time.Duration) {
 	if scan >= calibrateMinScan && cpu > 0 {
-		t.scanCost = float64(cpu) / float64(scan)
+		t.scanCost = min(max(float64(cpu)/float64(scan), minScanCost), maxScanCost)
 	}
 }
 

@@ -213,7 +213,10 @@ type Stats struct {
 	// thread's own CPU time (CLOCK_THREAD_CPUTIME_ID, Linux only), which
 	// holds the forced scavenge and the C heap step; but at most the
 	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
-	// since a CPU quota inflates the runtime's GC figures.
+	// since a CPU quota inflates the runtime's GC figures. It is at least
+	// 1 ms, and when the Go step ran at least the least its GC can cost
+	// (an eighth of DefaultScanCost per scannable byte): a clock that reads
+	// too little does not make a trim free for the 2% budget.
 	LastCPU time.Duration
 	// TotalCPU is the sum of LastCPU over all trims.
 	TotalCPU time.Duration
@@ -378,6 +381,9 @@ type Trimmer struct {
 	early      bool          // this pending period's trim starts at Delay/2
 	served     bool          // a Request ran this pending period's trim
 	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
+	// decisions counts the trims decided on their estimate, run or
+	// skipped (trimLocked), for the burst detector (AutoBurst).
+	decisions atomic.Int64
 
 	gc    gcLive // the live heap at the last two GC ends (gate.go)
 	gcSub *gcend.Subscription
@@ -835,6 +841,7 @@ func (t *Trimmer) goIdle() {
 // records it; early says the throttled start at Delay/2 decided it (counted
 // in Stats.EarlyStarts when a step runs). t.run must be held.
 func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
+	t.decisions.Add(1)
 	// The live-heap floor stands for a burst the program marked: a
 	// debounced trim, TrimNow, or a Request while one is pending. A Request
 	// with no burst marked takes the live heap as the last GC saw it: a
@@ -912,7 +919,11 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		}
 	}
 	cpu1 := t.readCPU()
-	cpu := cpu0.charge(cpu1)
+	measured := cpu0.charge(cpu1)
+	cpu := max(measured, minTrimCharge)
+	if runGo && scan > 0 {
+		cpu = max(cpu, time.Duration(float64(scan)*minScanCost)) // the least its GC can cost
+	}
 	end := time.Now()
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
@@ -921,7 +932,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		if h, ok := readHeap(); ok {
 			t.liveFloor, t.liveKnown = h.live, true // accurate: FreeOSMemory just ran a GC
 		}
-		t.calibrate(t.scan(), cpu)
+		t.calibrate(t.scan(), measured)
 	}
 
 	t.mu.Lock()
