@@ -150,12 +150,17 @@ type MemLimitConfig struct {
 	//   - what the cgroup whose limit applies is charged that neither the
 	//     Go runtime holds nor the kernel can reclaim, from its own
 	//     account (memory.stat; see readCharge for the fields): other
-	//     processes' anonymous memory (a sidecar in a pod cgroup), shmem
-	//     and tmpfs (Kubernetes emptyDir medium Memory), unreclaimable
-	//     kernel memory (slab, stacks, page tables, sockets), less the Go
-	//     runtime's resident memory (the smaller of VmRSS and its mapped
-	//     memory). The OOM killer counts all of it; the page cache is not
-	//     subtracted, as the kernel reclaims it before it kills.
+	//     processes' anonymous memory (a sidecar in a pod cgroup), file
+	//     memory off the page-cache lists (shmem and tmpfs, Kubernetes
+	//     emptyDir medium Memory; ramfs; mlocked files), unreclaimable
+	//     kernel memory (slab, stacks, page tables, sockets, zswap), less
+	//     the Go runtime's resident memory (the smaller of VmRSS and its
+	//     mapped memory). The OOM killer counts all of it; the page cache
+	//     is not subtracted, as the kernel reclaims it before it kills.
+	//     When memory.stat cannot be read or parsed, the cgroup's usage
+	//     (memory.current, memory.usage_in_bytes) stands in for it, page
+	//     cache included, with a WARN naming the file: GOMEMLIMIT then errs
+	//     low, never high.
 	//
 	// It is on by default because the cgroup charges that memory as it
 	// charges the Go heap: a pure-Go process alone in its cgroup gives up
@@ -163,8 +168,8 @@ type MemLimitConfig struct {
 	// TestRealCgroupLimit and TestStartSetsGOMEMLIMITInCgroup), while a
 	// cgo process holding 300 MiB of C heap in a 1 GiB cgroup gets 615 MiB
 	// instead of 921 MiB (TestHeadroomForCHeap), and a 512 MiB cgroup
-	// with 300 MiB in a tmpfs gets about 163 MiB instead of 458 MiB
-	// (TestChargedByOthers), the difference it would otherwise lose to the
+	// with 300 MiB in a tmpfs or a ramfs gets about 163 MiB instead of
+	// 458 MiB (TestChargedByOthers), the difference it would otherwise lose to the
 	// OOM killer. A headroom over half the limit is logged at WARN once.
 	// Turn it off where GOMEMLIMIT is computed for another process (memctl
 	// exec). Default: false (headroom on).
@@ -915,14 +920,23 @@ const LiveHeapFactor = 1.5
 // charge is the part of a cgroup's account that neither the Go runtime
 // holds nor the kernel can reclaim, in bytes, with the file it came from.
 type charge struct {
-	anon, shmem, kernel int64 // kernel: 0 when the file has none
-	file                string
+	anon   int64 // anonymous memory; with fromUsage, the whole usage
+	kept   int64 // file-backed memory off the file LRU lists: shmem, tmpfs, ramfs
+	kernel int64 // 0 when the file has none
+	file   string
+	// statErr, when not nil, is why memory.stat could not be used: the
+	// charge is then the cgroup's usage counter (file), page cache
+	// included.
+	statErr error
 }
 
-func (c charge) total() int64 { return c.anon + c.shmem + c.kernel }
+func (c charge) total() int64 { return c.anon + c.kept + c.kernel }
 
 func (c charge) String() string {
-	return fmt.Sprintf("%s: anon %s, shmem %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.shmem), inMiB(c.kernel))
+	if c.statErr != nil {
+		return fmt.Sprintf("%s: %s, page cache included, as memory.stat could not be read", c.file, inMiB(c.anon))
+	}
+	return fmt.Sprintf("%s: anon %s, shmem, tmpfs and ramfs %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.kept), inMiB(c.kernel))
 }
 
 // chargeOf returns the account of the cgroup directory dir, read now; on a
@@ -932,6 +946,9 @@ func (c charge) String() string {
 func (m *MemLimiter) chargeOf(version int, dir string) (charge, bool) {
 	c, err := m.charge(version, dir)
 	if err == nil {
+		if c.statErr != nil {
+			m.warn(false, "charge "+dir, fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file))
+		}
 		m.charges[dir] = c
 		return c, true
 	}
@@ -942,25 +959,59 @@ func (m *MemLimiter) chargeOf(version int, dir string) (charge, bool) {
 	return c, ok
 }
 
+// chargeFiles are the reads behind readCharge (the fixture table's read
+// plain files).
+type chargeFiles struct {
+	stat  func(dir string) (cgroupfs.MemoryStat, error)
+	kmem  func(dir string) (int64, error)
+	usage func(version int, dir string) (int64, string, error)
+}
+
+var cgroupCharge = chargeFiles{cgroupfs.ReadMemoryStat, cgroupfs.ReadKmemUsage, cgroupfs.ReadUsage}
+
 // readCharge reads the account of the cgroup directory dir from its
 // memory.stat (cgroupfs.ReadMemoryStat): anonymous memory (v2 "anon", v1
-// "total_rss"), shmem and tmpfs ("shmem"), both charged to the cgroup and
-// never reclaimed without swap, and the kernel memory it cannot reclaim:
-// in v2 slab_unreclaimable, kernel_stack, pagetables, sec_pagetables,
-// percpu, vmalloc and sock (Documentation/admin-guide/cgroup-v2.rst,
-// "memory.stat"); in v1, whose memory.stat has none, all of
-// memory.kmem.usage_in_bytes (cgroup-v1/memory.rst, 2.7), reclaimable slab
-// included (an estimate that errs high). The page cache (active_file,
-// inactive_file) is reclaimed by the kernel before it kills: it is not
-// counted.
-func readCharge(version int, dir string) (charge, error) {
-	st, err := cgroupfs.ReadMemoryStat(dir)
+// "total_rss"); file-backed memory the kernel cannot reclaim as page cache
+// (MemoryStat.FileUnreclaimable: "file" less the file LRU lists, that is
+// shmem and tmpfs, ramfs, mlocked files), both charged to the cgroup and
+// never reclaimed without swap; and the kernel memory it cannot reclaim:
+// in v2 "kernel" less slab_reclaimable, plus sock (on kernels before 5.18
+// slab_unreclaimable, kernel_stack, pagetables, sec_pagetables, percpu,
+// vmalloc and sock; MemoryStat.KernelUnreclaimable;
+// Documentation/admin-guide/cgroup-v2.rst, "memory.stat"); in v1, whose
+// memory.stat has none, all of memory.kmem.usage_in_bytes
+// (cgroup-v1/memory.rst, 2.7), reclaimable slab included (an estimate that
+// errs high). The page cache (active_file, inactive_file) is reclaimed by
+// the kernel before it kills: it is not counted.
+//
+// When memory.stat (or v1's memory.kmem.usage_in_bytes) is there but cannot
+// be read or parsed (EACCES from an LSM, a malformed line), the cgroup's
+// usage counter (cgroupfs.ReadUsage: memory.current, memory.usage_in_bytes)
+// is the charge, with charge.statErr set: it counts the page cache too, so
+// GOMEMLIMIT errs low, never high. The error is memory.stat's when neither
+// can be read.
+func readCharge(version int, dir string) (charge, error) { return cgroupCharge.read(version, dir) }
+
+func (r chargeFiles) read(version int, dir string) (charge, error) {
+	c, err := r.fromStat(version, dir)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return c, err
+	}
+	u, file, uerr := r.usage(version, dir)
+	if uerr != nil {
+		return charge{}, fmt.Errorf("%w (and %w)", err, uerr)
+	}
+	return charge{anon: u, file: file, statErr: err}, nil
+}
+
+func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
+	st, err := r.stat(dir)
 	if err != nil {
 		return charge{}, err
 	}
-	c := charge{anon: st.Anon, shmem: max(st.Shmem, 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
+	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
 	if st.Version == 1 || version == 1 {
-		k, err := cgroupfs.ReadKmemUsage(dir)
+		k, err := r.kmem(dir)
 		switch {
 		case err == nil:
 			c.kernel = k

@@ -42,7 +42,8 @@ func TestParseMemoryStatFixtures(t *testing.T) {
 		reclaimable, kernelUnrec int64
 	}{
 		// Linux 6.18, the v2 layout: every held line present.
-		{"v2-6.18", v2, 31457280 + 73400320, 2621440 + 1048576 + 2097152 + 524288 + 131072 + 262144},
+		// "kernel" less slab_reclaimable, plus sock (not in "kernel").
+		{"v2-6.18", v2, 31457280 + 73400320, 12582912 - 6291456 + 262144},
 		// Linux 5.4: no kernel, sec_pagetables, percpu, vmalloc lines:
 		// absent, not zero, and left out of the sum.
 		{"v2-5.4", v54, 31457280 + 73400320, 2621440 + 1048576 + 2097152 + 262144},
@@ -168,4 +169,44 @@ func TestReadKmemUsageReal(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, k, "a cgroup with a running process has kernel stacks")
 	assert.LessOrEqual(t, k, usage+1<<20, "kernel memory is part of the usage")
+}
+
+// TestUnreclaimableKinds: memory the cgroup is charged for that the kernel
+// cannot reclaim, whatever line it is on. Each input here was missed before
+// (attack on issue 18): a ramfs file is "cache" and "unevictable", not
+// "shmem"; zswap's compressed pages (and any other __GFP_ACCOUNT
+// allocation without a line of its own) are in "kernel" only.
+func TestUnreclaimableKinds(t *testing.T) {
+	for _, tc := range []struct {
+		file              string
+		wantFile, wantKer int64
+	}{
+		// This host's v1 memory.stat of a 512 MiB cgroup after 300 MiB
+		// written to a ramfs (captured: unshare -m, mount -t ramfs, dd).
+		{"v1-ramfs-6.18", 314572800, -1},
+		// v2-6.18 with 200 MiB in zswap: "kernel" holds it.
+		{"v2-zswap", 314572800, 222298112 - 6291456 + 262144},
+		// v2 as before: shmem is the file memory off the LRU lists.
+		{"v2-6.18", 314572800, 12582912 - 6291456 + 262144},
+		// Linux 5.4: no "kernel" line, the sum of the lines there are.
+		{"v2-5.4", 314572800, 2621440 + 1048576 + 2097152 + 262144},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			got, err := parseMemoryStatFile(t, tc.file)
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantFile, got.FileUnreclaimable(), "FileUnreclaimable")
+			assert.Equal(t, tc.wantKer, got.KernelUnreclaimable(), "KernelUnreclaimable")
+		})
+	}
+	// Without the LRU lines, shmem alone; with nothing, -1.
+	m := missingMemoryStat()
+	assert.Equal(t, int64(-1), m.FileUnreclaimable())
+	m.Shmem = 5
+	assert.Equal(t, int64(5), m.FileUnreclaimable())
+	// Counters read a moment apart can sum over "file": never below shmem
+	// nor 0.
+	m.File, m.ActiveFile, m.InactiveFile = 10, 8, 8
+	assert.Equal(t, int64(5), m.FileUnreclaimable())
+	m.Kernel, m.SlabReclaimable = 4, 6
+	assert.Equal(t, int64(0), m.KernelUnreclaimable())
 }
