@@ -51,12 +51,14 @@ const DefaultRefresh = 10 * time.Second
 
 // ErrImplausibleLimit is matched (errors.Is) by the error for a memory limit
 // that this process could not be running under: a hard limit (v1's limit,
-// memory.max) of 0 or not above the memory it already uses (RSS), or a
-// memory.high of 0 or 1. Such a value comes from a cgroup file that is
-// wrong or not this process's: GOMEMLIMIT is left as it was, except that a
-// malformed memory.high beside a memory.max is only warned about and
-// memory.max is followed. A memory.high under the usage is not
-// implausible: it is a throttle target (see SetGoMemLimit).
+// memory.max) of 0, or one not above the memory it already uses (RSS) when
+// first read, or a memory.high of 0 or 1. Such a value comes from a cgroup
+// file that is wrong or not this process's: GOMEMLIMIT is left as it was,
+// except that a malformed memory.high beside a memory.max is only warned
+// about and memory.max is followed. A memory.high under the usage is not
+// implausible: it is a throttle target (see SetGoMemLimit); nor is the hard
+// limit memctl already follows lowered under the RSS at run time (an
+// in-place resize): it is followed, with a WARN.
 var ErrImplausibleLimit = errors.New("limits: implausible memory limit")
 
 // Source says where the memory limit behind GOMEMLIMIT came from.
@@ -254,9 +256,12 @@ type MemLimit struct {
 // never under LiveHeapFactor × the live heap (so that GOMEMLIMIT is never
 // the cause of a GC death spiral) nor the floor, and never over what
 // memory.max gives; a memory.high that keeps falling is followed in steps
-// of at least 1/20 of GOMEMLIMIT (hysteresis), a memory.max at once. A hard
-// limit that this process could not run under (0, or not above its RSS),
-// or a memory.high of 0 or 1, is a malformed file (see ErrImplausibleLimit).
+// of at least 1/20 of GOMEMLIMIT (hysteresis, never holding GOMEMLIMIT over
+// what memory.max gives), a memory.max at once. A hard limit that this
+// process could not run under (0, or, when first read, not above its RSS),
+// or a memory.high of 0 or 1, is a malformed file (see ErrImplausibleLimit);
+// the hard limit already followed, lowered under the RSS at run time, is
+// followed with a WARN.
 // When a private cgroup namespace's visible top has a memory.max and
 // nothing up to it sets a limit, the limit is unknown (it may be set above
 // the namespace): Source is SourceNone and Reason says so and names the
@@ -334,6 +339,7 @@ type MemLimiter struct {
 	applied int64             // GOMEMLIMIT memctl set last; 0: none yet
 	before  int64             // GOMEMLIMIT before memctl set it
 	limit   int64             // the limit behind applied
+	maxFile string            // the hard limit's file behind applied ("" for none)
 	lift    int64             // bytes added over the decision while lifted (Lift)
 	outside int64             // the last estimate of memory outside the Go runtime
 	charges map[string]charge // the last account read from each cgroup directory
@@ -549,7 +555,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 			debug.SetMemoryLimit(m.before)
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, f.why))
 			d.GoMemLimit, d.Reason = m.before, f.why+"; GOMEMLIMIT back to its value before memctl set it"
-			m.applied, m.limit = 0, 0
+			m.applied, m.limit, m.maxFile = 0, 0, ""
 		}
 		m.store(d)
 		return d, nil
@@ -581,7 +587,13 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	} else if high != noLimit && high >= limit {
 		high, highFile = noLimit, ""
 	}
-	if hasHard && (limit <= 0 || limit <= rss) {
+	if hasHard && limit > 0 && limit <= rss && !first && m.applied != 0 && f.maxFile != "" && f.maxFile == m.maxFile {
+		// The hard limit memctl follows was lowered under the usage at
+		// run time (an in-place resize, set-property MemoryMax=): the
+		// kernel reclaims, or OOM-kills, above it, so it is honoured,
+		// not taken for a file that is not this process's.
+		m.warn(false, fmt.Sprintf("under usage %s", file), fmt.Errorf("limits: %s was lowered to %d bytes, under the %d bytes this process uses (RSS): followed; the kernel reclaims or OOM-kills above it", file, limit, rss))
+	} else if hasHard && (limit <= 0 || limit <= rss) {
 		err := fmt.Errorf("%w: %s says %d bytes, but this process already uses %d bytes (RSS); GOMEMLIMIT left at %d",
 			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, rss, cur)
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
@@ -665,6 +677,9 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 				fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
 		}
 	}
+	// hardWant is the most memory.max allows, charges taken off; the dead
+	// band below never holds GOMEMLIMIT above it.
+	hardWant := want
 	highDriven := false
 	if high != noLimit {
 		// memory.high is a target: above it the kernel throttles and
@@ -714,19 +729,23 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		// Lift(math.MaxInt64) means all the way up.
 		lift := min(m.lift, max(limit-d.Outside-want, 0))
 		want += lift
+		hardWant = min(hardWant, math.MaxInt64-lift) + lift
 		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
 	d.GoMemLimit = want
 	// Hysteresis: a memory.high that falls step by step (a proactive
 	// reclaim agent) is followed in steps of at least 1/20 of GOMEMLIMIT,
-	// not at each refresh; the hard limit is followed at once.
+	// not at each refresh; the hard limit is followed at once, and the
+	// value held is never over what it allows (hardWant: a memory.high
+	// just under memory.max, and more charged outside the Go runtime,
+	// lowers both).
 	// hard is the limit a change of which is followed at once: memory.max
 	// (or v1's), not a memory.high alone.
 	hard := limit
 	if !hasHard {
 		hard = noLimit
 	}
-	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20
+	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20 && m.applied <= hardWant
 	if !falling && (m.applied == 0 || hard != m.limit || !within(want, m.applied, 100)) {
 		prev := debug.SetMemoryLimit(want)
 		if m.applied == 0 {
@@ -735,7 +754,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		if !first && prev != want {
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", want, prev, d.Reason))
 		}
-		m.applied, m.limit = want, hard
+		m.applied, m.limit, m.maxFile = want, hard, f.maxFile
 	} else {
 		d.GoMemLimit = m.applied // moved by less than 1% (5% down toward memory.high): left as it is
 	}
