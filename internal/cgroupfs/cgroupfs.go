@@ -286,8 +286,9 @@ func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
 // parseCgroupFor parses a /proc/PID/cgroup file and returns the cgroup of
 // the v1 controller ctrl and the v2 cgroup.
 func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
-	sc := bufio.NewScanner(r)
+	sc := lines(r)
 	n := 0
+	seenV1, seenV2 := false, false
 	for sc.Scan() {
 		n++
 		line := sc.Text()
@@ -302,13 +303,20 @@ func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed cgroup path, \".\" or \"..\" after a name: %s", name, n, safefs.Quote(line))
 		}
 		if parts[0] == "0" && parts[1] == "" {
-			v2 = parts[2]
+			if seenV2 {
+				return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, a second cgroup v2 line (the kernel writes one line a hierarchy): %s", name, n, safefs.Quote(line))
+			}
+			v2, seenV2 = parts[2], true
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {
-			if c == ctrl {
-				v1 = parts[2]
+			if c != ctrl {
+				continue
 			}
+			if seenV1 {
+				return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, a second line for the %s controller (the kernel writes one line a hierarchy): %s", name, n, ctrl, safefs.Quote(line))
+			}
+			v1, seenV1 = parts[2], true
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -318,6 +326,25 @@ func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 		return "", "", fmt.Errorf("cgroupfs: %s: empty", name)
 	}
 	return v1, v2, nil
+}
+
+// lines returns a scanner of r's lines split at '\n' alone. bufio.ScanLines
+// also drops a '\r' before the '\n', but the kernel writes none there:
+// a '\r' at the end of a line of /proc/PID/cgroup is the last byte of a
+// cgroup's name (names may hold any byte but '/', and are not escaped), so
+// dropping it would name another cgroup's directory.
+func lines(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(r)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if atEOF && len(data) > 0 {
+			return len(data), data, nil
+		}
+		return 0, nil, nil
+	})
+	return sc
 }
 
 func isDecimal(s string) bool {
@@ -387,7 +414,7 @@ func (e parseError) Error() string { return e.err.Error() }
 // parseMountinfo is parseMountinfoFile on r.
 func parseMountinfo(r io.Reader, name string) ([]mount, error) {
 	p := newMountinfoParser(name)
-	sc := bufio.NewScanner(r)
+	sc := lines(r)
 	sc.Buffer(make([]byte, 0, 4096), safefs.MaxLine)
 	for sc.Scan() {
 		if err := p.line(sc.Text()); err != nil {
@@ -656,7 +683,7 @@ func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("cgroupfs: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc := lines(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, _ := strings.Cut(sc.Text(), " ")
 		if k != "hierarchical_memory_limit" {
@@ -679,6 +706,13 @@ func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 // but dir itself must exist.
 func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	if err := s.stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) && strings.HasSuffix(cg, deletedSuffix) {
+			// The kernel marks a removed v2 cgroup that still has a
+			// task (one that is exiting) so (proc_cgroup_show): its
+			// directory and limits are gone. A live cgroup whose name
+			// ends so was found above.
+			return Limit{}, fmt.Errorf("%w: cgroup %s was removed (the kernel marks it %q): its limit cannot be read", ErrNoCgroup, safefs.Quote(strings.TrimSuffix(cg, deletedSuffix)), deletedSuffix)
+		}
 		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
 	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit, Max: NoLimit, High: NoLimit}
@@ -723,6 +757,10 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	}
 	return l, nil
 }
+
+// deletedSuffix is what the kernel appends to a /proc/PID/cgroup v2 line
+// whose cgroup was removed.
+const deletedSuffix = " (deleted)"
 
 // parseLimit parses a limit file's value: a decimal byte count, or "max"
 // when allowMax (v2). Values of unlimitedFrom or more are NoLimit.

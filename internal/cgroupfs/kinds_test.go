@@ -212,3 +212,57 @@ func TestBadHighKeepsMax(t *testing.T) {
 	assert.Contains(t, l.HighErr.Error(), `malformed limit "lots"`)
 	assert.Contains(t, l.HighErr.Error(), "memory.high")
 }
+
+// TestCgroupNameEndsInCR (attack on issue 18): a cgroup whose name ends in
+// '\r' is "0::/app\r" in /proc/self/cgroup (names are not escaped there).
+// bufio.ScanLines dropped the '\r', and the limit of the sibling "app" was
+// read instead (256 MiB for 128 MiB).
+func TestCgroupNameEndsInCR(t *testing.T) {
+	for _, tc := range []struct{ cgroup, mountinfo string }{
+		{"0::/app\r\n", "30 22 0:26 / {{ROOT}}/cg rw - cgroup2 cgroup2 rw\n"},
+		{"4:memory:/app\r\n", "30 22 0:26 / {{ROOT}}/cg rw - cgroup cgroup rw,memory\n"},
+	} {
+		dir := tree(t, tc.cgroup, tc.mountinfo, map[string]string{
+			"cg/cgroup.controllers":          "memory\n",
+			"cg/app/memory.max":              "268435456\n",
+			"cg/app\r/memory.max":            "134217728\n",
+			"cg/app/memory.limit_in_bytes":   "268435456\n",
+			"cg/app\r/memory.limit_in_bytes": "134217728\n",
+			"cg/memory.limit_in_bytes":       "9223372036854771712\n",
+		})
+		l, err := readTree(dir)
+		require.NoError(t, err, "%q", tc.cgroup)
+		assert.Equal(t, int64(128<<20), l.Bytes, "%q", tc.cgroup)
+		assert.Equal(t, "/app\r", l.Cgroup)
+	}
+}
+
+// TestCgroupDeleted (attack on issue 18): the kernel appends " (deleted)"
+// to the v2 line of a task whose cgroup was removed (an exiting task,
+// proc_cgroup_show). That is no cgroup to read, said as such, not an open
+// error of a directory named "app (deleted)"; a live cgroup whose name
+// ends so is still read.
+func TestCgroupDeleted(t *testing.T) {
+	mi := "30 22 0:26 / {{ROOT}}/cg rw - cgroup2 cgroup2 rw\n"
+	dir := tree(t, "0::/app (deleted)\n", mi, map[string]string{"cg/cgroup.controllers": "memory\n", "cg/app/memory.max": "268435456\n"})
+	_, err := readTree(dir)
+	require.ErrorIs(t, err, ErrNoCgroup)
+	assert.ErrorContains(t, err, `cgroup "/app" was removed`)
+
+	dir = tree(t, "0::/app (deleted)\n", mi, map[string]string{"cg/cgroup.controllers": "memory\n", "cg/app (deleted)/memory.max": "268435456\n"})
+	l, err := readTree(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(256<<20), l.Bytes)
+}
+
+// TestCgroupLineTwice (attack on issue 18): the kernel writes one line a
+// hierarchy; a second v2 line, or a second line for the memory controller,
+// was taken silently (the last won). It is malformed.
+func TestCgroupLineTwice(t *testing.T) {
+	for _, cg := range []string{"0::/app\n0::/other\n", "4:memory:/app\n5:memory,cpu:/other\n0::/\n"} {
+		_, _, err := parseCgroup(strings.NewReader(cg), "cgroup")
+		require.Error(t, err, "%q", cg)
+		assert.ErrorContains(t, err, "line 2: malformed, a second")
+		assert.False(t, errors.Is(err, ErrNoCgroup))
+	}
+}

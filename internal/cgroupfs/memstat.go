@@ -1,7 +1,6 @@
 package cgroupfs
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -205,7 +204,7 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	}
 	seen := make(map[string]bool)
 	fromTotal := make(map[*int64]bool) // figures set from a v1 total_ line
-	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc := lines(bytes.NewReader(b))
 	n := 0
 	for sc.Scan() {
 		n++
