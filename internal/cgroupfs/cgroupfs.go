@@ -151,9 +151,13 @@ type Bound struct {
 // line or value. A "." or ".." element in a mount point, or after a name in
 // a mount root or cgroup path, is malformed: the kernel never writes one,
 // and it could lead outside root. mountinfo fields are split on ' ' alone
-// and only octal escapes of a byte are undone, as the kernel writes them. When no memory cgroup can be found, the error
-// matches ErrNoCgroup (not mounted, or a cgroup that no mount's root holds,
-// such as one that starts with "/.." where no mount root climbs as far).
+// and only octal escapes of a byte are undone, as the kernel writes them;
+// lines are split at '\n' alone (a '\r' before it is part of a cgroup's
+// name), and a second /proc/PID/cgroup line for one hierarchy is
+// malformed. When no memory cgroup can be found, the error matches
+// ErrNoCgroup (not mounted, a cgroup that no mount's root holds, such as
+// one that starts with "/.." where no mount root climbs as far, or a
+// removed v2 cgroup, which the kernel marks " (deleted)").
 // Read only reads files, so it is safe for concurrent use.
 //
 // cgroupFile and mountinfoFile are read as the caller names them (symlinks
