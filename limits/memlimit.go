@@ -856,6 +856,9 @@ func (m *MemLimiter) probe() (found, error) {
 			f.why = "from " + f.maxFile
 		} else {
 			f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set)"
+			if l.TopNotRoot {
+				f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set up to the top of this cgroup namespace, and one may be set above it: the hard limit is unknown)"
+			}
 		}
 		return f, nil
 	case err == nil && l.TopNotRoot:
