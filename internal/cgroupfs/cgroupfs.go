@@ -230,17 +230,27 @@ type candidate struct{ dir, top string }
 // hierarchy and keeps the tightest: a hierarchy can be mounted several times
 // (a bind mount of a sub-cgroup beside the whole tree, a chroot's own
 // mount), and one that shows more ancestors can show a limit set on one of
-// them that the others cannot. The first candidate's error is returned as
-// it is; Dir is the first candidate's, TopNotRoot is true only when no
-// candidate shows the root.
+// them that the others cannot. A mount whose files are not there (a mount
+// point over-mounted at a parent directory, a stale bind mount: mountinfo
+// still lists it) is passed over, and its error returned only when no
+// candidate can be read; any other error is returned as it is. Dir is the
+// first candidate read's, TopNotRoot is true only when no candidate shows
+// the root.
 func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error)) (Limit, error) {
 	var out Limit
-	for i, c := range cands {
+	var gone error
+	n := 0
+	for _, c := range cands {
 		l, err := read(c)
+		if err != nil && errors.Is(err, fs.ErrNotExist) && !errors.Is(err, ErrNoCgroup) {
+			gone = cmp.Or(gone, err)
+			continue
+		}
 		if err != nil {
 			return Limit{}, err
 		}
-		if i == 0 {
+		n++
+		if n == 1 {
 			out = l
 			continue
 		}
@@ -256,6 +266,9 @@ func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error))
 		if tighter(l.Bytes, out.Bytes) {
 			out.Bytes, out.File = l.Bytes, l.File
 		}
+	}
+	if n == 0 {
+		return Limit{}, gone
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package cgroupfs
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -265,4 +266,29 @@ func TestCgroupLineTwice(t *testing.T) {
 		assert.ErrorContains(t, err, "line 2: malformed, a second")
 		assert.False(t, errors.Is(err, ErrNoCgroup))
 	}
+}
+
+// TestSeveralMountsOneGone (attack on issue 18): of two mounts of the same
+// v2 hierarchy, one is not there when read (over-mounted at a parent
+// directory, a stale bind mount whose directory is gone): mountinfo still
+// lists it. Reading every mount made that one's "no such file" fail the
+// whole read, first or second; the mounts that can be read are used.
+func TestSeveralMountsOneGone(t *testing.T) {
+	good := "30 22 0:26 / {{ROOT}}/cg rw - cgroup2 cgroup2 rw\n"
+	gone := "31 22 0:26 / {{ROOT}}/gone/cg rw - cgroup2 cgroup2 rw\n"
+	files := map[string]string{"cg/cgroup.controllers": "memory\n", "cg/app/memory.max": "268435456\n"}
+	for name, mi := range map[string]string{"gone second": good + gone, "gone first": gone + good} {
+		t.Run(name, func(t *testing.T) {
+			dir := tree(t, "0::/app\n", mi, files)
+			l, err := readTree(dir)
+			require.NoError(t, err)
+			assert.Equal(t, int64(256<<20), l.Bytes)
+			assert.Equal(t, filepath.Join(dir, "cg/app"), l.Dir)
+		})
+	}
+	// None there: the first mount's error, naming its directory.
+	dir := tree(t, "0::/app\n", gone, nil)
+	_, err := readTree(dir)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	assert.ErrorContains(t, err, filepath.Join(dir, "gone/cg"))
 }
