@@ -943,7 +943,7 @@ const LiveHeapFactor = 1.5
 // holds nor the kernel can reclaim, in bytes, with the file it came from.
 type charge struct {
 	anon   int64 // anonymous memory; with fromUsage, the whole usage
-	kept   int64 // file-backed memory off the file LRU lists: shmem, tmpfs, ramfs
+	kept   int64 // file-backed memory off the file LRU lists (shmem, tmpfs, ramfs), and HugeTLB pages
 	kernel int64 // 0 when the file has none
 	file   string
 	// statErr, when not nil, is why memory.stat could not be used: the
@@ -958,7 +958,7 @@ func (c charge) String() string {
 	if c.statErr != nil {
 		return fmt.Sprintf("%s: %s, page cache included, as memory.stat could not be read", c.file, inMiB(c.anon))
 	}
-	return fmt.Sprintf("%s: anon %s, shmem, tmpfs and ramfs %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.kept), inMiB(c.kernel))
+	return fmt.Sprintf("%s: anon %s, shmem, tmpfs, ramfs and hugetlb %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.kept), inMiB(c.kernel))
 }
 
 // chargeOf returns the account of the cgroup directory dir, read now; on a
@@ -996,7 +996,9 @@ var cgroupCharge = chargeFiles{cgroupfs.ReadMemoryStat, cgroupfs.ReadKmemUsage, 
 // "total_rss"); file-backed memory the kernel cannot reclaim as page cache
 // (MemoryStat.FileUnreclaimable: "file" less the file LRU lists, that is
 // shmem and tmpfs, ramfs, mlocked files), both charged to the cgroup and
-// never reclaimed without swap; and the kernel memory it cannot reclaim:
+// never reclaimed without swap; HugeTLB pages, when the v2 hierarchy charges
+// them (v2 "hugetlb", the memory_hugetlb_accounting mount option); and the
+// kernel memory it cannot reclaim:
 // in v2 "kernel" less slab_reclaimable, plus sock (on kernels before 5.18
 // slab_unreclaimable, kernel_stack, pagetables, sec_pagetables, percpu,
 // vmalloc and sock; MemoryStat.KernelUnreclaimable;
@@ -1031,7 +1033,7 @@ func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
 	if err != nil {
 		return charge{}, err
 	}
-	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
+	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
 	if st.Version == 1 || version == 1 {
 		k, err := r.kmem(dir)
 		switch {

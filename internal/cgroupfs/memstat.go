@@ -64,6 +64,12 @@ type MemoryStat struct {
 	// "sec_pagetables", "percpu", "sock", "vmalloc"): kernel memory the
 	// kernel cannot reclaim.
 	KernelStack, PageTables, SecPageTables, Percpu, Sock, Vmalloc int64
+	// Hugetlb is v2 "hugetlb", HugeTLB pages charged to the cgroup: the
+	// line is there only when the cgroup2 hierarchy is mounted with
+	// memory_hugetlb_accounting (Linux 6.6 and later), which charges them
+	// to memory.current. They are in neither Anon nor File, and are never
+	// reclaimed.
+	Hugetlb int64
 }
 
 // Reclaimable returns the page cache the kernel can reclaim, ActiveFile +
@@ -128,6 +134,7 @@ func missingMemoryStat() MemoryStat {
 		ActiveAnon: -1, InactiveAnon: -1, Unevictable: -1, Kernel: -1,
 		SlabReclaimable: -1, SlabUnreclaimable: -1, KernelStack: -1,
 		PageTables: -1, SecPageTables: -1, Percpu: -1, Sock: -1, Vmalloc: -1,
+		Hugetlb: -1,
 	}
 }
 
@@ -173,6 +180,8 @@ func (m *MemoryStat) field(key string) (*int64, int) {
 		return &m.Sock, 2
 	case "vmalloc":
 		return &m.Vmalloc, 2
+	case "hugetlb":
+		return &m.Hugetlb, 2
 	}
 	return nil, 0
 }
