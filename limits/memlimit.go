@@ -835,6 +835,11 @@ func (m *MemLimiter) probe() (found, error) {
 			return found{}, fmt.Errorf("limits: memory limit: %w", l.HighErr)
 		}
 	}
+	if err == nil && l.StatErr != nil {
+		// v1's memory.stat adds only a limit set above the mount: the
+		// limit files read are still honoured.
+		m.warn(false, l.StatErr.Error(), fmt.Errorf("limits: hierarchical_memory_limit not read (a limit set above the mounted part of the hierarchy may be missed): %w", l.StatErr))
+	}
 	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
 		// A Limit with Bytes and File only (made by hand): File says
 		// which kind of limit Bytes is.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -26,7 +27,10 @@ import (
 // Before the fix the headroom was lost with a WARN: GOMEMLIMIT 483183820,
 // 0.9 x 512 MiB, with 200 MiB charged to others. Now the cgroup's usage
 // (memory.usage_in_bytes) stands in, page cache included, the WARN names
-// memory.stat, and GOMEMLIMIT is at most what memory.stat would give.
+// memory.stat, and GOMEMLIMIT is at most what memory.stat would give. The
+// limit is read as Start reads it: before the fix the unreadable
+// memory.stat (for hierarchical_memory_limit) failed the whole read too,
+// and GOMEMLIMIT was left unset.
 func TestMemoryStatEACCES(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to chmod a cgroup file and switch the file-system UID of a thread")
@@ -47,10 +51,23 @@ func TestMemoryStatEACCES(t *testing.T) {
 	require.True(t, sc.Scan(), "the neighbour says READY")
 	require.Equal(t, "READY=1", sc.Text())
 
-	limitFile := filepath.Join(g.Dir, "memory.limit_in_bytes")
-	cfg := cfgFor(func() (cgroupfs.Limit, error) {
-		return cgroupfs.Limit{Version: 1, Cgroup: "/x", Dir: g.Dir, Bytes: limit, File: limitFile}, nil
-	})
+	// The limit is read as Start reads it (cgroupfs.Read of the real
+	// mountinfo and cgroup files), for a /proc/self/cgroup that puts this
+	// process in the test's cgroup, in a directory nobody may read.
+	self, err := cgroupfs.Of(0)
+	require.NoError(t, err)
+	mountPoint, ok := strings.CutSuffix(self.Dir, self.Cgroup)
+	require.True(t, ok, "%s under %s", self.Cgroup, self.Dir)
+	rel, ok := strings.CutPrefix(g.Dir, mountPoint)
+	require.True(t, ok, "%s under %s", g.Dir, mountPoint)
+	tmp := t.TempDir()
+	for d := tmp; d != filepath.Dir(d) && d != os.TempDir(); d = filepath.Dir(d) {
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
+	cgroupFile := filepath.Join(tmp, "cgroup")
+	require.NoError(t, os.WriteFile(cgroupFile, []byte("4:memory:"+rel+"\n"), 0o644))
+	cfg := cfgFor(func() (cgroupfs.Limit, error) { return cgroupfs.Read(cgroupFile, "/proc/self/mountinfo", "") })
+	cfg.cgroupFile = cgroupFile
 	cfg.charge = readCharge
 	decide := func(nobody bool) (MemLimit, *recorder, error) {
 		rec := &recorder{}
@@ -99,12 +116,13 @@ func TestMemoryStatEACCES(t *testing.T) {
 	assert.Less(t, d.GoMemLimit, ninetyPct(limit)-(chargedAnon-32<<20)+(8<<20), "GOMEMLIMIT stays safe: %s", d.Reason)
 	assert.Equal(t, d.GoMemLimit, debug.SetMemoryLimit(-1))
 	assert.Contains(t, d.Reason, "memory.usage_in_bytes")
-	require.Equal(t, 1, rec.count(slog.LevelWarn), "one WARN")
-	var warn string
-	rec.mu.Lock()
-	rec.recs[0].Attrs(func(a slog.Attr) bool { warn += a.Value.String(); return true })
-	rec.mu.Unlock()
-	assert.Contains(t, warn, stat, "the WARN names memory.stat")
+	// Two WARNs, each naming memory.stat: hierarchical_memory_limit not
+	// read (memory.limit_in_bytes still is), and the account.
+	warn := rec.text()
+	require.Equal(t, 2, rec.count(slog.LevelWarn), "%s", warn)
+	assert.Contains(t, warn, "hierarchical_memory_limit not read")
+	assert.Contains(t, warn, "its usage")
+	assert.Equal(t, 2, strings.Count(warn, stat), "each WARN names memory.stat: %s", warn)
 	assert.Contains(t, warn, "permission denied")
 	t.Logf("control: GOMEMLIMIT %d, charged %s; memory.stat unreadable: GOMEMLIMIT %d, charged %s; WARN: %s",
 		ctl.GoMemLimit, inMiB(ctl.Charged), d.GoMemLimit, inMiB(d.Charged), warn)

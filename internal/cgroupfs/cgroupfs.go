@@ -106,6 +106,14 @@ type Limit struct {
 	// file is left out of High and Bytes, so that memory.max is still
 	// read. nil when every memory.high parsed.
 	HighErr error `json:"-"`
+	// StatErr is the error of a v1 memory.stat that is there but could
+	// not be read (EACCES from an LSM or for an unprivileged reader) or
+	// parsed for hierarchical_memory_limit (it names the file), when a
+	// memory.limit_in_bytes on the path sets a limit: that limit is
+	// returned, and only a tighter one set above the mounted part of the
+	// hierarchy may be missed. (When none sets one, the error is Read's.)
+	// nil when memory.stat was read, or is absent.
+	StatErr error `json:"-"`
 	// TopNotRoot is true in v2 when the topmost cgroup this process can
 	// see (its mount point, the top of a private cgroup namespace) is not
 	// the hierarchy's root: it has a memory.max file, which the root
@@ -256,6 +264,7 @@ func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error))
 		}
 		out.TopNotRoot = out.TopNotRoot && l.TopNotRoot
 		out.HighErr = cmp.Or(out.HighErr, l.HighErr)
+		out.StatErr = cmp.Or(out.StatErr, l.StatErr)
 		out.Bounds = append(out.Bounds, l.Bounds...)
 		if tighter(l.Max, out.Max) {
 			out.Max, out.MaxFile = l.Max, l.MaxFile
@@ -680,7 +689,12 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	stat := filepath.Join(dir, "memory.stat")
 	h, ok, err := s.hierarchicalLimit(stat)
 	if err != nil {
-		return Limit{}, err
+		if l.Bytes == NoLimit {
+			return Limit{}, err // "no limit" would be a guess
+		}
+		// A limit file sets one: memory.stat only adds a limit set
+		// above the mount, so its error must not hide it.
+		l.StatErr = err
 	}
 	if ok && h != NoLimit && (l.Bytes == NoLimit || h < l.Bytes) {
 		l.Bytes, l.File = h, stat
