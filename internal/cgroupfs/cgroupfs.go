@@ -102,9 +102,10 @@ type Limit struct {
 	// charged more. Empty when Max is NoLimit.
 	Bounds []Bound `json:",omitempty"`
 	// HighErr is the error of a memory.high whose value is malformed (not
-	// bytes nor "max"; it names the file and quotes the value): such a
-	// file is left out of High and Bytes, so that memory.max is still
-	// read. nil when every memory.high parsed.
+	// bytes nor "max"; it names the file and quotes the value) or that
+	// could not be read (EACCES; it names the file): such a file is left
+	// out of High and Bytes, so that memory.max is still read. nil when
+	// every memory.high parsed.
 	HighErr error `json:"-"`
 	// StatErr is the error of a v1 memory.stat that is there but could
 	// not be read (EACCES from an LSM or for an unprivileged reader) or
@@ -751,6 +752,14 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	for _, file := range v2LimitFiles(ancestors(dir, top)) {
 		b, err := s.readFile(file)
 		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil && filepath.Base(file) == "memory.high" {
+			// An unreadable memory.high (EACCES from an LSM) must not
+			// hide memory.max either: kept aside as a malformed one.
+			if l.HighErr == nil {
+				l.HighErr = fmt.Errorf("cgroupfs: %w", err)
+			}
 			continue
 		}
 		if err != nil {
