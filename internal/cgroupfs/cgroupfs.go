@@ -158,8 +158,9 @@ type Bound struct {
 // Errors name the file: a file that cannot be read for any reason but "not
 // there" (cgroup.controllers unreadable to an LSM included), a malformed
 // line or value. A "." or ".." element in a mount point, or after a name in
-// a mount root or cgroup path, is malformed: the kernel never writes one,
-// and it could lead outside root. mountinfo fields are split on ' ' alone
+// a cgroup mount's root or a cgroup path, is malformed: the kernel never
+// writes one, and it could lead outside root (another mount's root is not
+// used, and need not be a path: nsfs writes "net:[4026531833]"). mountinfo fields are split on ' ' alone
 // and only octal escapes of a byte are undone, as the kernel writes them;
 // lines are split at '\n' alone (a '\r' before it is part of a cgroup's
 // name), and a second /proc/PID/cgroup line for one hierarchy is
@@ -501,13 +502,18 @@ func (p *mountinfoParser) line(line string) error {
 	if p.each != nil {
 		p.each(m)
 	}
-	if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
+	// Only a cgroup mount's root is used, and another's need not be a
+	// path: a bind-mounted namespace file's is "net:[4026531833]" (nsfs:
+	// ip netns, the CNI plugins' /run/netns), as the kernel writes it.
+	// Every mount point is one (d_path).
+	cg := m.fstype == "cgroup" || m.fstype == "cgroup2"
+	if !strings.HasPrefix(m.point, "/") || (cg && !strings.HasPrefix(m.root, "/")) {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
 	}
-	if !cleanPath(m.root, true) || !cleanPath(m.point, false) {
+	if !cleanPath(m.point, false) || (cg && !cleanPath(m.root, true)) {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %s", name, n, safefs.Quote(line))
 	}
-	if m.fstype != "cgroup" && m.fstype != "cgroup2" {
+	if !cg {
 		if _, ok := p.last[m.point]; ok {
 			p.last[m.point] = -1
 		}
