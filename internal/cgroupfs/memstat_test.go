@@ -131,9 +131,12 @@ func TestReadMemoryStatReal(t *testing.T) {
 	// Each figure is its own counter, read a moment apart from the others
 	// and batched per CPU (MEMCG_CHARGE_BATCH, 64 pages a CPU, in
 	// mm/memcontrol.c): while the cgroup's page cache moves, one can be
-	// ahead of another by that much. Seen here: the file LRU lists one page
-	// over "total_cache" while another package's test ran.
-	slack := int64(64*os.Getpagesize()) * int64(runtime.NumCPU())
+	// ahead of another by that much, and more while a child cgroup's pages
+	// are freed or moved up on its removal (the tests' cgroups are this
+	// process's children). Seen here: the file LRU lists one page over
+	// "total_cache" while another package's test ran. The check is that
+	// the figures are file pages, not anon: 1/32 of File more is allowed.
+	slack := int64(64*os.Getpagesize())*int64(runtime.NumCPU()) + m.File/32
 	assert.LessOrEqual(t, m.Shmem, m.File+slack, "shmem is part of file")
 	assert.LessOrEqual(t, m.Reclaimable(), m.File+slack, "the file LRU lists hold file pages only")
 	assert.GreaterOrEqual(t, m.FileUnreclaimable(), max(m.Shmem, 0), "never under shmem")
