@@ -36,8 +36,9 @@
 //     0.9 of the tightest memory.max, with a memory.high under it as a
 //     target held above 1.5x the live heap, less what the cgroup is charged
 //     that the Go runtime does not hold and the kernel cannot reclaim: C
-//     heap, other processes' anonymous memory, shmem and tmpfs, kernel
-//     memory, from memory.stat, page cache not subtracted; a 64 MiB floor;
+//     heap, other processes' anonymous memory, shmem, tmpfs and ramfs,
+//     kernel memory, from memory.stat, page cache not subtracted; a 64 MiB
+//     floor;
 //     re-read at GC end at most every 10 s; the operator's GOMEMLIMIT and
 //     AUTOMEMLIMIT win), and MemLimit, what was decided and why.
 //   - Pool and PoolConfig: the shared budget (by default half of

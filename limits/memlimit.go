@@ -51,12 +51,14 @@ const DefaultRefresh = 10 * time.Second
 
 // ErrImplausibleLimit is matched (errors.Is) by the error for a memory limit
 // that this process could not be running under: a hard limit (v1's limit,
-// memory.max) of 0 or not above the memory it already uses (RSS), or a
-// memory.high of 0 or 1. Such a value comes from a cgroup file that is
-// wrong or not this process's: GOMEMLIMIT is left as it was, except that a
-// malformed memory.high beside a memory.max is only warned about and
-// memory.max is followed. A memory.high under the usage is not
-// implausible: it is a throttle target (see SetGoMemLimit).
+// memory.max) of 0, or one not above the memory it already uses (RSS) when
+// first read, or a memory.high of 0 or 1. Such a value comes from a cgroup
+// file that is wrong or not this process's: GOMEMLIMIT is left as it was,
+// except that a malformed memory.high beside a memory.max is only warned
+// about and memory.max is followed. A memory.high under the usage is not
+// implausible: it is a throttle target (see SetGoMemLimit); nor is the hard
+// limit memctl already follows lowered under the RSS at run time (an
+// in-place resize): it is followed, with a WARN.
 var ErrImplausibleLimit = errors.New("limits: implausible memory limit")
 
 // Source says where the memory limit behind GOMEMLIMIT came from.
@@ -150,12 +152,17 @@ type MemLimitConfig struct {
 	//   - what the cgroup whose limit applies is charged that neither the
 	//     Go runtime holds nor the kernel can reclaim, from its own
 	//     account (memory.stat; see readCharge for the fields): other
-	//     processes' anonymous memory (a sidecar in a pod cgroup), shmem
-	//     and tmpfs (Kubernetes emptyDir medium Memory), unreclaimable
-	//     kernel memory (slab, stacks, page tables, sockets), less the Go
-	//     runtime's resident memory (the smaller of VmRSS and its mapped
-	//     memory). The OOM killer counts all of it; the page cache is not
-	//     subtracted, as the kernel reclaims it before it kills.
+	//     processes' anonymous memory (a sidecar in a pod cgroup), file
+	//     memory off the page-cache lists (shmem and tmpfs, Kubernetes
+	//     emptyDir medium Memory; ramfs; mlocked files), unreclaimable
+	//     kernel memory (slab, stacks, page tables, sockets, zswap), less
+	//     the Go runtime's resident memory (the smaller of VmRSS and its
+	//     mapped memory). The OOM killer counts all of it; the page cache
+	//     is not subtracted, as the kernel reclaims it before it kills.
+	//     When memory.stat cannot be read or parsed, the cgroup's usage
+	//     (memory.current, memory.usage_in_bytes) stands in for it, page
+	//     cache included, with a WARN naming the file: GOMEMLIMIT then errs
+	//     low, never high.
 	//
 	// It is on by default because the cgroup charges that memory as it
 	// charges the Go heap: a pure-Go process alone in its cgroup gives up
@@ -163,8 +170,8 @@ type MemLimitConfig struct {
 	// TestRealCgroupLimit and TestStartSetsGOMEMLIMITInCgroup), while a
 	// cgo process holding 300 MiB of C heap in a 1 GiB cgroup gets 615 MiB
 	// instead of 921 MiB (TestHeadroomForCHeap), and a 512 MiB cgroup
-	// with 300 MiB in a tmpfs gets about 163 MiB instead of 458 MiB
-	// (TestChargedByOthers), the difference it would otherwise lose to the
+	// with 300 MiB in a tmpfs or a ramfs gets about 163 MiB instead of
+	// 458 MiB (TestChargedByOthers), the difference it would otherwise lose to the
 	// OOM killer. A headroom over half the limit is logged at WARN once.
 	// Turn it off where GOMEMLIMIT is computed for another process (memctl
 	// exec). Default: false (headroom on).
@@ -256,9 +263,12 @@ type MemLimit struct {
 // never under LiveHeapFactor × the live heap (so that GOMEMLIMIT is never
 // the cause of a GC death spiral) nor the floor, and never over what
 // memory.max gives; a memory.high that keeps falling is followed in steps
-// of at least 1/20 of GOMEMLIMIT (hysteresis), a memory.max at once. A hard
-// limit that this process could not run under (0, or not above its RSS),
-// or a memory.high of 0 or 1, is a malformed file (see ErrImplausibleLimit).
+// of at least 1/20 of GOMEMLIMIT (hysteresis, never holding GOMEMLIMIT over
+// what memory.max gives), a memory.max at once. A hard limit that this
+// process could not run under (0, or, when first read, not above its RSS),
+// or a memory.high of 0 or 1, is a malformed file (see ErrImplausibleLimit);
+// the hard limit already followed, lowered under the RSS at run time, is
+// followed with a WARN.
 // When a private cgroup namespace's visible top has a memory.max and
 // nothing up to it sets a limit, the limit is unknown (it may be set above
 // the namespace): Source is SourceNone and Reason says so and names the
@@ -336,6 +346,7 @@ type MemLimiter struct {
 	applied int64             // GOMEMLIMIT memctl set last; 0: none yet
 	before  int64             // GOMEMLIMIT before memctl set it
 	limit   int64             // the limit behind applied
+	maxFile string            // the hard limit's file behind applied ("" for none)
 	lift    int64             // bytes added over the decision while lifted (Lift)
 	outside int64             // the last estimate of memory outside the Go runtime
 	charges map[string]charge // the last account read from each cgroup directory
@@ -552,7 +563,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 			debug.SetMemoryLimit(m.before)
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, f.why))
 			d.GoMemLimit, d.Reason = m.before, f.why+"; GOMEMLIMIT back to its value before memctl set it"
-			m.applied, m.limit = 0, 0
+			m.applied, m.limit, m.maxFile = 0, 0, ""
 		}
 		m.store(d)
 		return d, nil
@@ -584,7 +595,13 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	} else if high != noLimit && high >= limit {
 		high, highFile = noLimit, ""
 	}
-	if hasHard && (limit <= 0 || limit <= rss) {
+	if hasHard && limit > 0 && limit <= rss && !first && m.applied != 0 && f.maxFile != "" && f.maxFile == m.maxFile {
+		// The hard limit memctl follows was lowered under the usage at
+		// run time (an in-place resize, set-property MemoryMax=): the
+		// kernel reclaims, or OOM-kills, above it, so it is honoured,
+		// not taken for a file that is not this process's.
+		m.warn(false, fmt.Sprintf("under usage %s", file), fmt.Errorf("limits: %s was lowered to %d bytes, under the %d bytes this process uses (RSS): followed; the kernel reclaims or OOM-kills above it", file, limit, rss))
+	} else if hasHard && (limit <= 0 || limit <= rss) {
 		err := fmt.Errorf("%w: %s says %d bytes, but this process already uses %d bytes (RSS); GOMEMLIMIT left at %d",
 			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, rss, cur)
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
@@ -668,6 +685,9 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 				fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
 		}
 	}
+	// hardWant is the most memory.max allows, charges taken off; the dead
+	// band below never holds GOMEMLIMIT above it.
+	hardWant := want
 	highDriven := false
 	if high != noLimit {
 		// memory.high is a target: above it the kernel throttles and
@@ -717,19 +737,23 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		// Lift(math.MaxInt64) means all the way up.
 		lift := min(m.lift, max(limit-d.Outside-want, 0))
 		want += lift
+		hardWant = min(hardWant, math.MaxInt64-lift) + lift
 		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
 	d.GoMemLimit = want
 	// Hysteresis: a memory.high that falls step by step (a proactive
 	// reclaim agent) is followed in steps of at least 1/20 of GOMEMLIMIT,
-	// not at each refresh; the hard limit is followed at once.
+	// not at each refresh; the hard limit is followed at once, and the
+	// value held is never over what it allows (hardWant: a memory.high
+	// just under memory.max, and more charged outside the Go runtime,
+	// lowers both).
 	// hard is the limit a change of which is followed at once: memory.max
 	// (or v1's), not a memory.high alone.
 	hard := limit
 	if !hasHard {
 		hard = noLimit
 	}
-	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20
+	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20 && m.applied <= hardWant
 	if !falling && (m.applied == 0 || hard != m.limit || !within(want, m.applied, 100)) {
 		prev := debug.SetMemoryLimit(want)
 		if m.applied == 0 {
@@ -738,7 +762,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		if !first && prev != want {
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", want, prev, d.Reason))
 		}
-		m.applied, m.limit = want, hard
+		m.applied, m.limit, m.maxFile = want, hard, f.maxFile
 	} else {
 		d.GoMemLimit = m.applied // moved by less than 1% (5% down toward memory.high): left as it is
 	}
@@ -820,6 +844,11 @@ func (m *MemLimiter) probe() (found, error) {
 			return found{}, fmt.Errorf("limits: memory limit: %w", l.HighErr)
 		}
 	}
+	if err == nil && l.StatErr != nil {
+		// v1's memory.stat adds only a limit set above the mount: the
+		// limit files read are still honoured.
+		m.warn(false, l.StatErr.Error(), fmt.Errorf("limits: hierarchical_memory_limit not read (a limit set above the mounted part of the hierarchy may be missed): %w", l.StatErr))
+	}
 	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
 		// A Limit with Bytes and File only (made by hand): File says
 		// which kind of limit Bytes is.
@@ -841,6 +870,9 @@ func (m *MemLimiter) probe() (found, error) {
 			f.why = "from " + f.maxFile
 		} else {
 			f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set)"
+			if l.TopNotRoot {
+				f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set up to the top of this cgroup namespace, and one may be set above it: the hard limit is unknown)"
+			}
 		}
 		return f, nil
 	case err == nil && l.TopNotRoot:
@@ -924,14 +956,23 @@ const LiveHeapFactor = 1.5
 // charge is the part of a cgroup's account that neither the Go runtime
 // holds nor the kernel can reclaim, in bytes, with the file it came from.
 type charge struct {
-	anon, shmem, kernel int64 // kernel: 0 when the file has none
-	file                string
+	anon   int64 // anonymous memory; with fromUsage, the whole usage
+	kept   int64 // file-backed memory off the file LRU lists (shmem, tmpfs, ramfs), and HugeTLB pages
+	kernel int64 // 0 when the file has none
+	file   string
+	// statErr, when not nil, is why memory.stat could not be used: the
+	// charge is then the cgroup's usage counter (file), page cache
+	// included.
+	statErr error
 }
 
-func (c charge) total() int64 { return c.anon + c.shmem + c.kernel }
+func (c charge) total() int64 { return c.anon + c.kept + c.kernel }
 
 func (c charge) String() string {
-	return fmt.Sprintf("%s: anon %s, shmem %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.shmem), inMiB(c.kernel))
+	if c.statErr != nil {
+		return fmt.Sprintf("%s: %s, page cache included, as memory.stat could not be read", c.file, inMiB(c.anon))
+	}
+	return fmt.Sprintf("%s: anon %s, shmem, tmpfs, ramfs and hugetlb %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.kept), inMiB(c.kernel))
 }
 
 // chargeOf returns the account of the cgroup directory dir, read now; on a
@@ -941,6 +982,9 @@ func (c charge) String() string {
 func (m *MemLimiter) chargeOf(version int, dir string) (charge, bool) {
 	c, err := m.charge(version, dir)
 	if err == nil {
+		if c.statErr != nil {
+			m.warn(false, "charge "+dir, fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file))
+		}
 		m.charges[dir] = c
 		return c, true
 	}
@@ -951,25 +995,61 @@ func (m *MemLimiter) chargeOf(version int, dir string) (charge, bool) {
 	return c, ok
 }
 
+// chargeFiles are the reads behind readCharge (the fixture table's read
+// plain files).
+type chargeFiles struct {
+	stat  func(dir string) (cgroupfs.MemoryStat, error)
+	kmem  func(dir string) (int64, error)
+	usage func(version int, dir string) (int64, string, error)
+}
+
+var cgroupCharge = chargeFiles{cgroupfs.ReadMemoryStat, cgroupfs.ReadKmemUsage, cgroupfs.ReadUsage}
+
 // readCharge reads the account of the cgroup directory dir from its
 // memory.stat (cgroupfs.ReadMemoryStat): anonymous memory (v2 "anon", v1
-// "total_rss"), shmem and tmpfs ("shmem"), both charged to the cgroup and
-// never reclaimed without swap, and the kernel memory it cannot reclaim:
-// in v2 slab_unreclaimable, kernel_stack, pagetables, sec_pagetables,
-// percpu, vmalloc and sock (Documentation/admin-guide/cgroup-v2.rst,
-// "memory.stat"); in v1, whose memory.stat has none, all of
-// memory.kmem.usage_in_bytes (cgroup-v1/memory.rst, 2.7), reclaimable slab
-// included (an estimate that errs high). The page cache (active_file,
-// inactive_file) is reclaimed by the kernel before it kills: it is not
-// counted.
-func readCharge(version int, dir string) (charge, error) {
-	st, err := cgroupfs.ReadMemoryStat(dir)
+// "total_rss"); file-backed memory the kernel cannot reclaim as page cache
+// (MemoryStat.FileUnreclaimable: "file" less the file LRU lists, that is
+// shmem and tmpfs, ramfs, mlocked files), both charged to the cgroup and
+// never reclaimed without swap; HugeTLB pages, when the v2 hierarchy charges
+// them (v2 "hugetlb", the memory_hugetlb_accounting mount option); and the
+// kernel memory it cannot reclaim:
+// in v2 "kernel" less slab_reclaimable, plus sock (on kernels before 5.18
+// slab_unreclaimable, kernel_stack, pagetables, sec_pagetables, percpu,
+// vmalloc and sock; MemoryStat.KernelUnreclaimable;
+// Documentation/admin-guide/cgroup-v2.rst, "memory.stat"); in v1, whose
+// memory.stat has none, all of memory.kmem.usage_in_bytes
+// (cgroup-v1/memory.rst, 2.7), reclaimable slab included (an estimate that
+// errs high). The page cache (active_file, inactive_file) is reclaimed by
+// the kernel before it kills: it is not counted.
+//
+// When memory.stat (or v1's memory.kmem.usage_in_bytes) is there but cannot
+// be read or parsed (EACCES from an LSM, a malformed line), the cgroup's
+// usage counter (cgroupfs.ReadUsage: memory.current, memory.usage_in_bytes)
+// is the charge, with charge.statErr set: it counts the page cache too, so
+// GOMEMLIMIT errs low, never high. The error is memory.stat's when neither
+// can be read.
+func readCharge(version int, dir string) (charge, error) { return cgroupCharge.read(version, dir) }
+
+func (r chargeFiles) read(version int, dir string) (charge, error) {
+	c, err := r.fromStat(version, dir)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return c, err
+	}
+	u, file, uerr := r.usage(version, dir)
+	if uerr != nil {
+		return charge{}, fmt.Errorf("%w (and %w)", err, uerr)
+	}
+	return charge{anon: u, file: file, statErr: err}, nil
+}
+
+func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
+	st, err := r.stat(dir)
 	if err != nil {
 		return charge{}, err
 	}
-	c := charge{anon: st.Anon, shmem: max(st.Shmem, 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
+	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
 	if st.Version == 1 || version == 1 {
-		k, err := cgroupfs.ReadKmemUsage(dir)
+		k, err := r.kmem(dir)
 		switch {
 		case err == nil:
 			c.kernel = k

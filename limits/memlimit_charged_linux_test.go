@@ -43,13 +43,17 @@ func init() {
 	children["charged"] = func() {
 		dir := os.Getenv("MEMCTL_TEST_DIR")
 		switch mode := os.Getenv("MEMCTL_TEST_MODE"); mode {
-		case "tmpfs":
-			if err := unix.Mount("memctl-test", dir, "tmpfs", 0, "size=400m"); err != nil {
+		case "tmpfs", "ramfs":
+			opts := "size=400m"
+			if mode == "ramfs" {
+				opts = "" // ramfs has no size limit
+			}
+			if err := unix.Mount("memctl-test", dir, mode, 0, opts); err != nil {
 				if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
-					childtest.Say("SKIP", "mount tmpfs: "+err.Error())
+					childtest.Say("SKIP", "mount "+mode+": "+err.Error())
 					return
 				}
-				childtest.Fail("mount tmpfs on %s: %v", dir, err)
+				childtest.Fail("mount %s on %s: %v", mode, dir, err)
 			}
 			fillFile(filepath.Join(dir, "f"), chargedTmpfs, false)
 		case "cache":
@@ -74,6 +78,7 @@ func init() {
 		if st, err := cgroupfs.ReadMemoryStat(l.Dir); err == nil {
 			childtest.Say("STAT_ANON", st.Anon)
 			childtest.Say("STAT_SHMEM", st.Shmem)
+			childtest.Say("STAT_KEPT", st.FileUnreclaimable())
 			childtest.Say("STAT_FILE_LRU", st.Reclaimable())
 		}
 		_, d, err := NewMemLimiter(MemLimitConfig{})
@@ -156,9 +161,11 @@ func fillFile(file string, n int, drop bool) {
 	}
 }
 
-// TestChargedByOthers is issue 18's case 1 on a real 512 MiB cgroup, three
+// TestChargedByOthers is issue 18's case 1 on a real 512 MiB cgroup, four
 // cgroups at once: (tmpfs) 300 MiB in a tmpfs of a private mount namespace,
-// charged to the cgroup as shmem and in no process's RSS; (anon) a second
+// charged to the cgroup as shmem and in no process's RSS; (ramfs) the same
+// in a ramfs, charged as "cache" and "unevictable", not "shmem" (missed
+// before the attack on issue 18: GOMEMLIMIT 483183820); (anon) a second
 // process holding 200 MiB of anonymous memory; (cache) the control, 300 MiB
 // of page cache, which the kernel reclaims before it kills. Before the fix
 // GOMEMLIMIT was 481007060 in all three and the first two were OOM-killed in
@@ -167,7 +174,7 @@ func fillFile(file string, n int, drop bool) {
 // charge, and the control's GOMEMLIMIT as without it.
 func TestChargedByOthers(t *testing.T) {
 	if testing.Short() {
-		t.Skip("30 s of churn in three real cgroups; skipped in -short")
+		t.Skip("30 s of churn in four real cgroups; skipped in -short")
 	}
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory does not fit a 512 MiB cgroup test")
@@ -188,7 +195,7 @@ func TestChargedByOthers(t *testing.T) {
 		kills  int64
 		before cgroupfs.MemoryStat // the cgroup before the Go child started
 	}
-	modes := []string{"tmpfs", "anon", "cache"}
+	modes := []string{"tmpfs", "ramfs", "anon", "cache"}
 	results := make(map[string]*result)
 	groups := make(map[string]*cgrouptest.Group)
 	for _, mode := range modes {
@@ -201,7 +208,7 @@ func TestChargedByOthers(t *testing.T) {
 		env := []string{"MEMCTL_TEST_CHURN=" + churn, "MEMCTL_TEST_MODE=" + mode}
 		var neighbour *exec.Cmd
 		switch mode {
-		case "tmpfs":
+		case "tmpfs", "ramfs":
 			env = append(env, "MEMCTL_TEST_DIR="+t.TempDir())
 		case "anon":
 			env[1] = "MEMCTL_TEST_MODE=none"
@@ -222,9 +229,9 @@ func TestChargedByOthers(t *testing.T) {
 		}
 		cmd := childtest.Command(t, "charged", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", "GOGC"}, env...)
 		g.Wrap(cmd)
-		if mode == "tmpfs" {
+		if mode == "tmpfs" || mode == "ramfs" {
 			// A private mount namespace (Go makes its mounts private), so
-			// the tmpfs lives and dies with the child.
+			// the tmpfs or ramfs lives and dies with the child.
 			cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 		}
 		wg.Add(1)
@@ -249,7 +256,7 @@ func TestChargedByOthers(t *testing.T) {
 		res := results[mode]
 		t.Run(mode, func(t *testing.T) {
 			if why := res.r["SKIP"]; why != "" || errors.Is(res.err, syscall.EPERM) {
-				t.Skipf("no private mount namespace with a tmpfs here (a container without CAP_SYS_ADMIN?): %s %v", why, res.err)
+				t.Skipf("no private mount namespace with a tmpfs or ramfs here (a container without CAP_SYS_ADMIN?): %s %v", why, res.err)
 			}
 			require.NoError(t, res.err, "child: %s\nstdout: %v", res.stderr, res.r)
 			assert.Zero(t, res.kills, "no OOM kill in %s of churn", churn)
@@ -260,6 +267,12 @@ func TestChargedByOthers(t *testing.T) {
 			case "tmpfs":
 				neighbour = num(res.r, "STAT_SHMEM")
 				assert.GreaterOrEqual(t, neighbour, int64(chargedTmpfs), "the tmpfs is charged as shmem")
+			case "ramfs":
+				// "cache" and "unevictable", not "shmem": missed before
+				// (GOMEMLIMIT 483183820, OOM-killed).
+				neighbour = num(res.r, "STAT_KEPT")
+				assert.GreaterOrEqual(t, neighbour, int64(chargedTmpfs), "the ramfs is charged as file memory off the LRU lists")
+				assert.Zero(t, num(res.r, "STAT_SHMEM"), "ramfs is not shmem")
 			case "anon":
 				neighbour = res.before.Anon
 				assert.GreaterOrEqual(t, neighbour, int64(chargedAnon), "the neighbour is charged as anon")

@@ -209,3 +209,109 @@ func (r *recorder) text() string {
 	}
 	return string(b)
 }
+
+// TestHighHysteresisUnderMax (attack on issue 18): the dead band that
+// holds GOMEMLIMIT while memory.high falls by less than 5% must never hold
+// it above what memory.max gives. memory.max 1000 MiB and memory.high
+// 980 MiB in one cgroup: GOMEMLIMIT follows memory.high (882 MiB); then 30
+// MiB more outside the Go runtime lowers both by 30 MiB, memory.high's
+// target by less than 5% (852 MiB) and memory.max's bound to 870 MiB, under
+// the 882 MiB held before the fix.
+func TestHighHysteresisUnderMax(t *testing.T) {
+	keepMemoryLimit(t)
+	c := &v2Cgroup{max: 1000 * mib, high: 980 * mib, rss: 150 * mib, live: 100 * mib}
+	rec := &recorder{}
+	cfg := c.cfg(rec)
+	var outside int64
+	cfg.usage = func() (int64, int64, error) { return 150*mib + outside, 150 * mib, nil }
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	require.Equal(t, ratioOf(980*mib), d.GoMemLimit, d.Reason)
+	outside = 30 * mib
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	hard := ratioOf(1000*mib) - outside
+	assert.LessOrEqual(t, debug.SetMemoryLimit(-1), hard, "never over memory.max's bound: %s", d.Reason)
+	assert.Equal(t, d.GoMemLimit, debug.SetMemoryLimit(-1))
+}
+
+// TestMaxLoweredUnderUsage (attack on issue 18): memory.max lowered at run
+// time under the usage (an in-place resize, systemd set-property
+// MemoryMax=; the kernel reclaims, or OOM-kills, above it), while
+// memory.high sits under the usage too. Before the fix the new memory.max
+// was "implausible" and GOMEMLIMIT stayed at 0.9 x the old 1 GiB: memory.max
+// stopped being honoured. The same file memctl already follows is now
+// followed, with one WARN; at Start (or from another file) a limit under
+// the RSS is still a malformed file.
+func TestMaxLoweredUnderUsage(t *testing.T) {
+	keepMemoryLimit(t)
+	c := &v2Cgroup{max: gib, high: 16 * mib, rss: 120 * mib, live: 40 * mib}
+	rec := &recorder{}
+	m, d, err := start(t, c.cfg(rec))
+	require.NoError(t, err)
+	require.Equal(t, int64(64*mib), d.GoMemLimit, "memory.high under the usage: the floor; %s", d.Reason)
+	c.set(func(c *v2Cgroup) { c.high = cgroupfs.NoLimit })
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	require.Equal(t, ratioOf(gib), d.GoMemLimit)
+
+	for _, lowered := range []int64{100 * mib, 90 * mib} {
+		c.set(func(c *v2Cgroup) { c.max = lowered })
+		d, err = m.Refresh()
+		require.NoError(t, err)
+		assert.Equal(t, ratioOf(lowered), debug.SetMemoryLimit(-1), "memory.max %d under the 120 MiB RSS is honoured: %s", lowered, d.Reason)
+		assert.Equal(t, lowered, d.MemoryLimit)
+	}
+	// memory.high under the usage again: its target (the floor) is lower.
+	c.set(func(c *v2Cgroup) { c.high = 16 * mib })
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(64*mib), debug.SetMemoryLimit(-1), d.Reason)
+	assert.Equal(t, 90*mib, d.MemoryLimit)
+	assert.Equal(t, 1, rec.count(slog.LevelWarn), "one WARN: %s", rec.text())
+	assert.Contains(t, rec.text(), "/sys/fs/cgroup/app/memory.max")
+
+	// Raised back: followed at once.
+	c.set(func(c *v2Cgroup) { c.max, c.high = gib, cgroupfs.NoLimit })
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, ratioOf(gib), d.GoMemLimit)
+
+	// At Start the same value is a malformed file, as before.
+	keepMemoryLimit(t)
+	debug.SetMemoryLimit(999 * mib)
+	c2 := &v2Cgroup{max: 100 * mib, high: cgroupfs.NoLimit, rss: 120 * mib, live: 40 * mib}
+	_, _, err = start(t, c2.cfg(&recorder{}))
+	require.ErrorIs(t, err, ErrImplausibleLimit)
+	assert.Equal(t, int64(999*mib), debug.SetMemoryLimit(-1))
+}
+
+// TestHeadroomOverLimitWarnsOnce (attack on issue 18; it held before): a
+// cgroup charged more outside the Go runtime than its whole limit, and more
+// at each refresh: GOMEMLIMIT stays at the floor, and the headroom and
+// floor WARNs are logged once each, not at every refresh.
+func TestHeadroomOverLimitWarnsOnce(t *testing.T) {
+	keepMemoryLimit(t)
+	rec := &recorder{}
+	cfg := cfgFor(func() (cgroupfs.Limit, error) {
+		return cgroupfs.Limit{Version: 1, Cgroup: "/x", Dir: "/sys/fs/cgroup/memory/x", Bytes: 512 * mib, File: "/sys/fs/cgroup/memory/x/memory.limit_in_bytes"}, nil
+	})
+	var n int64
+	cfg.charge = func(int, string) (charge, error) {
+		n++
+		return charge{anon: 600*mib + n*10*mib, file: "/sys/fs/cgroup/memory/x/memory.stat"}, nil
+	}
+	cfg.Logger = slog.New(rec)
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, int64(DefaultFloor), d.GoMemLimit)
+	for range 10 {
+		d, err = m.Refresh()
+		require.NoError(t, err)
+		assert.Equal(t, int64(DefaultFloor), debug.SetMemoryLimit(-1), d.Reason)
+		assert.True(t, d.AtFloor)
+	}
+	assert.Equal(t, 2, rec.count(slog.LevelWarn), "headroom and floor, once each: %s", rec.text())
+	assert.Contains(t, rec.text(), "most of it")
+	assert.Contains(t, rec.text(), "at the floor")
+}

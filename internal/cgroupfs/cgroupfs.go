@@ -102,10 +102,19 @@ type Limit struct {
 	// charged more. Empty when Max is NoLimit.
 	Bounds []Bound `json:",omitempty"`
 	// HighErr is the error of a memory.high whose value is malformed (not
-	// bytes nor "max"; it names the file and quotes the value): such a
-	// file is left out of High and Bytes, so that memory.max is still
-	// read. nil when every memory.high parsed.
+	// bytes nor "max"; it names the file and quotes the value) or that
+	// could not be read (EACCES; it names the file): such a file is left
+	// out of High and Bytes, so that memory.max is still read. nil when
+	// every memory.high parsed.
 	HighErr error `json:"-"`
+	// StatErr is the error of a v1 memory.stat that is there but could
+	// not be read (EACCES from an LSM or for an unprivileged reader) or
+	// parsed for hierarchical_memory_limit (it names the file), when a
+	// memory.limit_in_bytes on the path sets a limit: that limit is
+	// returned, and only a tighter one set above the mounted part of the
+	// hierarchy may be missed. (When none sets one, the error is Read's.)
+	// nil when memory.stat was read, or is absent.
+	StatErr error `json:"-"`
 	// TopNotRoot is true in v2 when the topmost cgroup this process can
 	// see (its mount point, the top of a private cgroup namespace) is not
 	// the hierarchy's root: it has a memory.max file, which the root
@@ -149,11 +158,16 @@ type Bound struct {
 // Errors name the file: a file that cannot be read for any reason but "not
 // there" (cgroup.controllers unreadable to an LSM included), a malformed
 // line or value. A "." or ".." element in a mount point, or after a name in
-// a mount root or cgroup path, is malformed: the kernel never writes one,
-// and it could lead outside root. mountinfo fields are split on ' ' alone
-// and only octal escapes of a byte are undone, as the kernel writes them. When no memory cgroup can be found, the error
-// matches ErrNoCgroup (not mounted, or a cgroup that no mount's root holds,
-// such as one that starts with "/.." where no mount root climbs as far).
+// a cgroup mount's root or a cgroup path, is malformed: the kernel never
+// writes one, and it could lead outside root (another mount's root is not
+// used, and need not be a path: nsfs writes "net:[4026531833]"). mountinfo fields are split on ' ' alone
+// and only octal escapes of a byte are undone, as the kernel writes them;
+// lines are split at '\n' alone (a '\r' before it is part of a cgroup's
+// name), and a second /proc/PID/cgroup line for one hierarchy is
+// malformed. When no memory cgroup can be found, the error matches
+// ErrNoCgroup (not mounted, a cgroup that no mount's root holds, such as
+// one that starts with "/.." where no mount root climbs as far, or a
+// removed v2 cgroup, which the kernel marks " (deleted)").
 // Read only reads files, so it is safe for concurrent use.
 //
 // cgroupFile and mountinfoFile are read as the caller names them (symlinks
@@ -226,22 +240,33 @@ type candidate struct{ dir, top string }
 // hierarchy and keeps the tightest: a hierarchy can be mounted several times
 // (a bind mount of a sub-cgroup beside the whole tree, a chroot's own
 // mount), and one that shows more ancestors can show a limit set on one of
-// them that the others cannot. The first candidate's error is returned as
-// it is; Dir is the first candidate's, TopNotRoot is true only when no
-// candidate shows the root.
+// them that the others cannot. A mount whose files are not there (a mount
+// point over-mounted at a parent directory, a stale bind mount: mountinfo
+// still lists it) is passed over, and its error returned only when no
+// candidate can be read; any other error is returned as it is. Dir is the
+// first candidate read's, TopNotRoot is true only when no candidate shows
+// the root.
 func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error)) (Limit, error) {
 	var out Limit
-	for i, c := range cands {
+	var gone error
+	n := 0
+	for _, c := range cands {
 		l, err := read(c)
+		if err != nil && errors.Is(err, fs.ErrNotExist) && !errors.Is(err, ErrNoCgroup) {
+			gone = cmp.Or(gone, err)
+			continue
+		}
 		if err != nil {
 			return Limit{}, err
 		}
-		if i == 0 {
+		n++
+		if n == 1 {
 			out = l
 			continue
 		}
 		out.TopNotRoot = out.TopNotRoot && l.TopNotRoot
 		out.HighErr = cmp.Or(out.HighErr, l.HighErr)
+		out.StatErr = cmp.Or(out.StatErr, l.StatErr)
 		out.Bounds = append(out.Bounds, l.Bounds...)
 		if tighter(l.Max, out.Max) {
 			out.Max, out.MaxFile = l.Max, l.MaxFile
@@ -252,6 +277,9 @@ func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error))
 		if tighter(l.Bytes, out.Bytes) {
 			out.Bytes, out.File = l.Bytes, l.File
 		}
+	}
+	if n == 0 {
+		return Limit{}, gone
 	}
 	return out, nil
 }
@@ -286,8 +314,9 @@ func parseCgroup(r io.Reader, name string) (v1, v2 string, err error) {
 // parseCgroupFor parses a /proc/PID/cgroup file and returns the cgroup of
 // the v1 controller ctrl and the v2 cgroup.
 func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
-	sc := bufio.NewScanner(r)
+	sc := lines(r)
 	n := 0
+	seenV1, seenV2 := false, false
 	for sc.Scan() {
 		n++
 		line := sc.Text()
@@ -302,13 +331,20 @@ func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed cgroup path, \".\" or \"..\" after a name: %s", name, n, safefs.Quote(line))
 		}
 		if parts[0] == "0" && parts[1] == "" {
-			v2 = parts[2]
+			if seenV2 {
+				return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, a second cgroup v2 line (the kernel writes one line a hierarchy): %s", name, n, safefs.Quote(line))
+			}
+			v2, seenV2 = parts[2], true
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {
-			if c == ctrl {
-				v1 = parts[2]
+			if c != ctrl {
+				continue
 			}
+			if seenV1 {
+				return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, a second line for the %s controller (the kernel writes one line a hierarchy): %s", name, n, ctrl, safefs.Quote(line))
+			}
+			v1, seenV1 = parts[2], true
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -318,6 +354,25 @@ func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 		return "", "", fmt.Errorf("cgroupfs: %s: empty", name)
 	}
 	return v1, v2, nil
+}
+
+// lines returns a scanner of r's lines split at '\n' alone. bufio.ScanLines
+// also drops a '\r' before the '\n', but the kernel writes none there:
+// a '\r' at the end of a line of /proc/PID/cgroup is the last byte of a
+// cgroup's name (names may hold any byte but '/', and are not escaped), so
+// dropping it would name another cgroup's directory.
+func lines(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(r)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if atEOF && len(data) > 0 {
+			return len(data), data, nil
+		}
+		return 0, nil, nil
+	})
+	return sc
 }
 
 func isDecimal(s string) bool {
@@ -387,7 +442,7 @@ func (e parseError) Error() string { return e.err.Error() }
 // parseMountinfo is parseMountinfoFile on r.
 func parseMountinfo(r io.Reader, name string) ([]mount, error) {
 	p := newMountinfoParser(name)
-	sc := bufio.NewScanner(r)
+	sc := lines(r)
 	sc.Buffer(make([]byte, 0, 4096), safefs.MaxLine)
 	for sc.Scan() {
 		if err := p.line(sc.Text()); err != nil {
@@ -447,13 +502,18 @@ func (p *mountinfoParser) line(line string) error {
 	if p.each != nil {
 		p.each(m)
 	}
-	if !strings.HasPrefix(m.root, "/") || !strings.HasPrefix(m.point, "/") {
+	// Only a cgroup mount's root is used, and another's need not be a
+	// path: a bind-mounted namespace file's is "net:[4026531833]" (nsfs:
+	// ip netns, the CNI plugins' /run/netns), as the kernel writes it.
+	// Every mount point is one (d_path).
+	cg := m.fstype == "cgroup" || m.fstype == "cgroup2"
+	if !strings.HasPrefix(m.point, "/") || (cg && !strings.HasPrefix(m.root, "/")) {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, root and mount point must be absolute: %s", name, n, safefs.Quote(line))
 	}
-	if !cleanPath(m.root, true) || !cleanPath(m.point, false) {
+	if !cleanPath(m.point, false) || (cg && !cleanPath(m.root, true)) {
 		return fmt.Errorf("cgroupfs: %s: line %d: malformed mountinfo line, \".\" or \"..\" in the root or mount point: %s", name, n, safefs.Quote(line))
 	}
-	if m.fstype != "cgroup" && m.fstype != "cgroup2" {
+	if !cg {
 		if _, ok := p.last[m.point]; ok {
 			p.last[m.point] = -1
 		}
@@ -636,7 +696,12 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	stat := filepath.Join(dir, "memory.stat")
 	h, ok, err := s.hierarchicalLimit(stat)
 	if err != nil {
-		return Limit{}, err
+		if l.Bytes == NoLimit {
+			return Limit{}, err // "no limit" would be a guess
+		}
+		// A limit file sets one: memory.stat only adds a limit set
+		// above the mount, so its error must not hide it.
+		l.StatErr = err
 	}
 	if ok && h != NoLimit && (l.Bytes == NoLimit || h < l.Bytes) {
 		l.Bytes, l.File = h, stat
@@ -656,7 +721,7 @@ func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("cgroupfs: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc := lines(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, _ := strings.Cut(sc.Text(), " ")
 		if k != "hierarchical_memory_limit" {
@@ -679,6 +744,13 @@ func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 // but dir itself must exist.
 func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	if err := s.stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) && strings.HasSuffix(cg, deletedSuffix) {
+			// The kernel marks a removed v2 cgroup that still has a
+			// task (one that is exiting) so (proc_cgroup_show): its
+			// directory and limits are gone. A live cgroup whose name
+			// ends so was found above.
+			return Limit{}, fmt.Errorf("%w: cgroup %s was removed (the kernel marks it %q): its limit cannot be read", ErrNoCgroup, safefs.Quote(strings.TrimSuffix(cg, deletedSuffix)), deletedSuffix)
+		}
 		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
 	l := Limit{Version: 2, Cgroup: cg, Dir: dir, Bytes: NoLimit, Max: NoLimit, High: NoLimit}
@@ -686,6 +758,14 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	for _, file := range v2LimitFiles(ancestors(dir, top)) {
 		b, err := s.readFile(file)
 		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil && filepath.Base(file) == "memory.high" {
+			// An unreadable memory.high (EACCES from an LSM) must not
+			// hide memory.max either: kept aside as a malformed one.
+			if l.HighErr == nil {
+				l.HighErr = fmt.Errorf("cgroupfs: %w", err)
+			}
 			continue
 		}
 		if err != nil {
@@ -723,6 +803,10 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	}
 	return l, nil
 }
+
+// deletedSuffix is what the kernel appends to a /proc/PID/cgroup v2 line
+// whose cgroup was removed.
+const deletedSuffix = " (deleted)"
 
 // parseLimit parses a limit file's value: a decimal byte count, or "max"
 // when allowMax (v2). Values of unlimitedFrom or more are NoLimit.

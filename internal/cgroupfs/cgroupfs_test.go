@@ -205,6 +205,10 @@ func TestParseMountinfo(t *testing.T) {
 	ms, err := parseMountinfo(strings.NewReader(in), "mi")
 	require.NoError(t, err)
 	require.Len(t, ms, 2, "ext4 left out, the first memory mount shadowed by the second")
+	// Another mount's root need not be a path: a bind-mounted namespace
+	// file's (this host's line, ip netns / CNI).
+	_, err = parseMountinfo(strings.NewReader(in+"66 46 0:4 net:[4026531833] /run/netns/x rw - nsfs nsfs rw\n"), "mi")
+	require.NoError(t, err)
 	assert.Equal(t, mount{root: "/", point: "/mnt/with space", fstype: "cgroup2", superOpts: []string{"rw"}}, ms[0])
 	assert.Equal(t, "/sys/fs/cgroup/memory", ms[1].point)
 	assert.True(t, isV1Memory(ms[1]))
@@ -213,7 +217,8 @@ func TestParseMountinfo(t *testing.T) {
 		"22 1 0:21 / / rw ext4 /dev/root rw",
 		"22 1 0:21 / - ext4 x rw",
 		"x 1 0:21 / / rw - ext4 /dev/root rw",
-		"22 1 0:21 root / rw - ext4 /dev/root rw",
+		"22 1 0:21 root /sys/fs/cgroup rw - cgroup2 cgroup2 rw", // a cgroup mount's root is a path
+		"22 1 0:21 / root rw - ext4 /dev/root rw",               // every mount point is one
 		"22 1 0:21 / / rw - ext4",
 	} {
 		_, err := parseMountinfo(strings.NewReader(bad), "mi")

@@ -1,7 +1,6 @@
 package cgroupfs
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -91,7 +90,7 @@ func ReadThrottled(path string) (time.Duration, error) {
 // line, a negative or overflowing value gives an error naming the file and
 // quoting the line.
 func ParseThrottled(r io.Reader, name string) (time.Duration, error) {
-	sc := bufio.NewScanner(r)
+	sc := lines(r)
 	n := 0
 	for sc.Scan() {
 		n++

@@ -1,7 +1,6 @@
 package cgroupfs
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -101,7 +100,7 @@ func ParseEvents(r io.Reader, name string) (Events, error) {
 	}
 	e := missingEvents()
 	found := 0
-	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc := lines(bytes.NewReader(b))
 	n := 0
 	for sc.Scan() {
 		n++

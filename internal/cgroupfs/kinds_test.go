@@ -2,6 +2,7 @@ package cgroupfs
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,4 +212,83 @@ func TestBadHighKeepsMax(t *testing.T) {
 	require.Error(t, l.HighErr)
 	assert.Contains(t, l.HighErr.Error(), `malformed limit "lots"`)
 	assert.Contains(t, l.HighErr.Error(), "memory.high")
+}
+
+// TestCgroupNameEndsInCR (attack on issue 18): a cgroup whose name ends in
+// '\r' is "0::/app\r" in /proc/self/cgroup (names are not escaped there).
+// bufio.ScanLines dropped the '\r', and the limit of the sibling "app" was
+// read instead (256 MiB for 128 MiB).
+func TestCgroupNameEndsInCR(t *testing.T) {
+	for _, tc := range []struct{ cgroup, mountinfo string }{
+		{"0::/app\r\n", "30 22 0:26 / {{ROOT}}/cg rw - cgroup2 cgroup2 rw\n"},
+		{"4:memory:/app\r\n", "30 22 0:26 / {{ROOT}}/cg rw - cgroup cgroup rw,memory\n"},
+	} {
+		dir := tree(t, tc.cgroup, tc.mountinfo, map[string]string{
+			"cg/cgroup.controllers":          "memory\n",
+			"cg/app/memory.max":              "268435456\n",
+			"cg/app\r/memory.max":            "134217728\n",
+			"cg/app/memory.limit_in_bytes":   "268435456\n",
+			"cg/app\r/memory.limit_in_bytes": "134217728\n",
+			"cg/memory.limit_in_bytes":       "9223372036854771712\n",
+		})
+		l, err := readTree(dir)
+		require.NoError(t, err, "%q", tc.cgroup)
+		assert.Equal(t, int64(128<<20), l.Bytes, "%q", tc.cgroup)
+		assert.Equal(t, "/app\r", l.Cgroup)
+	}
+}
+
+// TestCgroupDeleted (attack on issue 18): the kernel appends " (deleted)"
+// to the v2 line of a task whose cgroup was removed (an exiting task,
+// proc_cgroup_show). That is no cgroup to read, said as such, not an open
+// error of a directory named "app (deleted)"; a live cgroup whose name
+// ends so is still read.
+func TestCgroupDeleted(t *testing.T) {
+	mi := "30 22 0:26 / {{ROOT}}/cg rw - cgroup2 cgroup2 rw\n"
+	dir := tree(t, "0::/app (deleted)\n", mi, map[string]string{"cg/cgroup.controllers": "memory\n", "cg/app/memory.max": "268435456\n"})
+	_, err := readTree(dir)
+	require.ErrorIs(t, err, ErrNoCgroup)
+	assert.ErrorContains(t, err, `cgroup "/app" was removed`)
+
+	dir = tree(t, "0::/app (deleted)\n", mi, map[string]string{"cg/cgroup.controllers": "memory\n", "cg/app (deleted)/memory.max": "268435456\n"})
+	l, err := readTree(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(256<<20), l.Bytes)
+}
+
+// TestCgroupLineTwice (attack on issue 18): the kernel writes one line a
+// hierarchy; a second v2 line, or a second line for the memory controller,
+// was taken silently (the last won). It is malformed.
+func TestCgroupLineTwice(t *testing.T) {
+	for _, cg := range []string{"0::/app\n0::/other\n", "4:memory:/app\n5:memory,cpu:/other\n0::/\n"} {
+		_, _, err := parseCgroup(strings.NewReader(cg), "cgroup")
+		require.Error(t, err, "%q", cg)
+		assert.ErrorContains(t, err, "line 2: malformed, a second")
+		assert.False(t, errors.Is(err, ErrNoCgroup))
+	}
+}
+
+// TestSeveralMountsOneGone (attack on issue 18): of two mounts of the same
+// v2 hierarchy, one is not there when read (over-mounted at a parent
+// directory, a stale bind mount whose directory is gone): mountinfo still
+// lists it. Reading every mount made that one's "no such file" fail the
+// whole read, first or second; the mounts that can be read are used.
+func TestSeveralMountsOneGone(t *testing.T) {
+	good := "30 22 0:26 / {{ROOT}}/cg rw - cgroup2 cgroup2 rw\n"
+	gone := "31 22 0:26 / {{ROOT}}/gone/cg rw - cgroup2 cgroup2 rw\n"
+	files := map[string]string{"cg/cgroup.controllers": "memory\n", "cg/app/memory.max": "268435456\n"}
+	for name, mi := range map[string]string{"gone second": good + gone, "gone first": gone + good} {
+		t.Run(name, func(t *testing.T) {
+			dir := tree(t, "0::/app\n", mi, files)
+			l, err := readTree(dir)
+			require.NoError(t, err)
+			assert.Equal(t, int64(256<<20), l.Bytes)
+			assert.Equal(t, filepath.Join(dir, "cg/app"), l.Dir)
+		})
+	}
+	// None there: the first mount's error, naming its directory.
+	dir := tree(t, "0::/app\n", gone, nil)
+	_, err := readTree(dir)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	assert.ErrorContains(t, err, filepath.Join(dir, "gone/cg"))
 }

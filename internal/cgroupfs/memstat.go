@@ -1,7 +1,6 @@
 package cgroupfs
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -65,6 +64,12 @@ type MemoryStat struct {
 	// "sec_pagetables", "percpu", "sock", "vmalloc"): kernel memory the
 	// kernel cannot reclaim.
 	KernelStack, PageTables, SecPageTables, Percpu, Sock, Vmalloc int64
+	// Hugetlb is v2 "hugetlb", HugeTLB pages charged to the cgroup: the
+	// line is there only when the cgroup2 hierarchy is mounted with
+	// memory_hugetlb_accounting (Linux 6.6 and later), which charges them
+	// to memory.current. They are in neither Anon nor File, and are never
+	// reclaimed.
+	Hugetlb int64
 }
 
 // Reclaimable returns the page cache the kernel can reclaim, ActiveFile +
@@ -75,12 +80,38 @@ func (m MemoryStat) Reclaimable() int64 {
 }
 
 // KernelUnreclaimable returns the kernel memory the cgroup is charged for
-// that the kernel cannot reclaim, in bytes: SlabUnreclaimable + KernelStack
-// + PageTables + SecPageTables + Percpu + Vmalloc + Sock, the absent ones
-// left out; -1 when all are absent (a v1 file, whose kernel memory is in
-// memory.kmem.usage_in_bytes, not memory.stat).
+// that the kernel cannot reclaim, in bytes. With a "kernel" line (Linux
+// 5.18 and later) it is Kernel − SlabReclaimable + Sock: "kernel" is all the
+// kernel memory charged to the cgroup (every __GFP_ACCOUNT allocation and
+// object: slab, stacks, page tables, per-cpu, vmalloc, zswap's compressed
+// pages, pipe buffers and the rest that has no line of its own), and socket
+// buffers are charged beside it, not in it (mm/memcontrol.c: MEMCG_KMEM is
+// counted by memcg_account_kmem, MEMCG_SOCK by mem_cgroup_charge_skmem).
+// Without it (older kernels), the sum of the lines there are:
+// SlabUnreclaimable + KernelStack + PageTables + SecPageTables + Percpu +
+// Vmalloc + Sock, the absent ones left out; -1 when all are absent (a v1
+// file, whose kernel memory is in memory.kmem.usage_in_bytes, not
+// memory.stat).
 func (m MemoryStat) KernelUnreclaimable() int64 {
+	if m.Kernel >= 0 {
+		return max(m.Kernel-max(m.SlabReclaimable, 0), 0) + max(m.Sock, 0)
+	}
 	return sumKnown(m.SlabUnreclaimable, m.KernelStack, m.PageTables, m.SecPageTables, m.Percpu, m.Vmalloc, m.Sock)
+}
+
+// FileUnreclaimable returns the file-backed memory the cgroup is charged
+// for that is on neither file LRU list, so the kernel cannot reclaim it as
+// page cache, in bytes: File − ActiveFile − InactiveFile, and never less
+// than Shmem. That is shmem and tmpfs (on the anon lists), ramfs and other
+// unevictable file pages (mlocked files, SHM_LOCK; ramfs writes its pages
+// as "cache"/"file" and "unevictable", not "shmem"), and the few pages off
+// the lists for a moment (isolated for reclaim or migration). Without the
+// LRU lines it is Shmem; -1 when the file has none of these lines.
+func (m MemoryStat) FileUnreclaimable() int64 {
+	if m.File >= 0 && m.ActiveFile >= 0 && m.InactiveFile >= 0 {
+		return max(m.File-m.ActiveFile-m.InactiveFile, m.Shmem, 0)
+	}
+	return m.Shmem
 }
 
 // sumKnown sums the values that are not -1; -1 when all are.
@@ -103,6 +134,7 @@ func missingMemoryStat() MemoryStat {
 		ActiveAnon: -1, InactiveAnon: -1, Unevictable: -1, Kernel: -1,
 		SlabReclaimable: -1, SlabUnreclaimable: -1, KernelStack: -1,
 		PageTables: -1, SecPageTables: -1, Percpu: -1, Sock: -1, Vmalloc: -1,
+		Hugetlb: -1,
 	}
 }
 
@@ -148,6 +180,8 @@ func (m *MemoryStat) field(key string) (*int64, int) {
 		return &m.Sock, 2
 	case "vmalloc":
 		return &m.Vmalloc, 2
+	case "hugetlb":
+		return &m.Hugetlb, 2
 	}
 	return nil, 0
 }
@@ -179,7 +213,7 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	}
 	seen := make(map[string]bool)
 	fromTotal := make(map[*int64]bool) // figures set from a v1 total_ line
-	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc := lines(bytes.NewReader(b))
 	n := 0
 	for sc.Scan() {
 		n++
@@ -290,8 +324,38 @@ func ReadKmemUsage(dir string) (int64, error) {
 	return ParseKmemUsage(string(b), file)
 }
 
-// ParseKmemUsage parses the value of a memory.kmem.usage_in_bytes file
-// (decimal bytes and a newline); name is used in errors. Anything else, or a
+// ReadUsage reads the memory charged to the cgroup directory dir and its
+// descendants, in bytes: v1's memory.usage_in_bytes (kernel memory
+// included) or v2's memory.current (version 2), the counter the kernel
+// compares with the limit (cgroup-v1/memory.rst 5.5, cgroup-v2.rst
+// "memory.current"). It counts the page cache too, so as an estimate of
+// what the kernel cannot reclaim it errs high: it stands in for
+// memory.stat when that cannot be read. The file is read as ReadMemoryStat
+// reads memory.stat; the error names it and matches fs.ErrNotExist when it
+// is absent. Safe for concurrent use.
+func ReadUsage(version int, dir string) (int64, string, error) {
+	name := "memory.usage_in_bytes"
+	if version == 2 {
+		name = "memory.current"
+	}
+	file := filepath.Join(dir, name)
+	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return 0, file, fmt.Errorf("cgroupfs: %w", err)
+	}
+	defer d.Close()
+	d.FSTypes = FSTypes
+	b, err := d.ReadFile(name, safefs.MaxCgroupFile)
+	if err != nil {
+		return 0, file, fmt.Errorf("cgroupfs: %w", err)
+	}
+	n, err := ParseKmemUsage(string(b), file)
+	return n, file, err
+}
+
+// ParseKmemUsage parses the value of a memory.kmem.usage_in_bytes file, or
+// of any cgroup usage counter (memory.usage_in_bytes, memory.current):
+// decimal bytes and a newline; name is used in errors. Anything else, or a
 // value over math.MaxInt64, is an error that quotes it.
 func ParseKmemUsage(s, name string) (int64, error) {
 	v := strings.TrimSuffix(s, "\n")

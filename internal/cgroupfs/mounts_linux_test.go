@@ -34,6 +34,25 @@ func TestManyMounts(t *testing.T) {
 	// A long name makes lines of about 600 bytes: 2500 mounts are 1.5 MB.
 	dir := filepath.Join(t.TempDir(), strings.Repeat("many-mounts-", 20))
 	require.NoError(t, os.Mkdir(dir, 0o755))
+	size, got, err := inPrivateMounts(func() error {
+		for range 2500 {
+			if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Greater(t, size, 1<<20, "mountinfo over the old 1 MiB cap")
+	assert.Equal(t, want.Bytes, got.Bytes)
+	assert.Equal(t, want.Version, got.Version)
+	assert.Equal(t, want.Cgroup, got.Cgroup)
+}
+
+// inPrivateMounts makes a mount namespace for one thread, private from the
+// host's, runs mount in it, and reads the thread's cgroup limit there
+// (cgroupfs.OfProc of /proc/thread-self), with the size of its mountinfo.
+func inPrivateMounts(mount func() error) (size int, l cgroupfs.Limit, err error) {
 	type result struct {
 		size int
 		l    cgroupfs.Limit
@@ -79,10 +98,8 @@ func TestManyMounts(t *testing.T) {
 		if r.err = unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); r.err != nil {
 			return
 		}
-		for range 2500 {
-			if r.err = unix.Mount(dir, dir, "", unix.MS_BIND, ""); r.err != nil {
-				return
-			}
+		if r.err = mount(); r.err != nil {
+			return
 		}
 		b, err := os.ReadFile("/proc/thread-self/mountinfo")
 		if r.size, r.err = len(b), err; err != nil {
@@ -96,10 +113,45 @@ func TestManyMounts(t *testing.T) {
 		r.l, _, r.err = cgroupfs.OfProc(proc)
 	}()
 	r := <-ch
-	require.NoError(t, r.err)
-	require.Greater(t, r.size, 1<<20, "mountinfo over the old 1 MiB cap")
-	got := r.l
+	return r.size, r.l, r.err
+}
+
+// TestNsfsBindMount (attack on issue 18): a namespace file bind-mounted
+// somewhere (ip netns add, and the CNI plugins' /run/netns/cni-*, do so on
+// every Kubernetes node and Docker host) is a mountinfo line whose root is
+// not a path: "66 46 0:4 net:[4026531833] /run/netns/x rw - nsfs nsfs rw"
+// (seen here). The line was "malformed, root and mount point must be
+// absolute", and the whole read failed: no limit in any process of such a
+// host's mount namespace. Only the cgroup mounts' paths must be absolute.
+func TestNsfsBindMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	if _, err := os.Stat("/proc/thread-self/mountinfo"); err != nil {
+		t.Skipf("no /proc/thread-self: %v", err)
+	}
+	want, err := cgroupfs.Of(0)
+	if err != nil {
+		t.Skipf("no memory cgroup here: %v", err)
+	}
+	target := filepath.Join(t.TempDir(), "netns")
+	require.NoError(t, os.WriteFile(target, nil, 0o644))
+	var line string
+	_, got, err := inPrivateMounts(func() error {
+		if err := unix.Mount("/proc/thread-self/ns/net", target, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, " nsfs ") {
+				line = l
+			}
+		}
+		return err
+	})
+	require.NoError(t, err)
+	assert.Regexp(t, ` net:\[\d+\] `, line, "the nsfs line's root is not a path")
 	assert.Equal(t, want.Bytes, got.Bytes)
-	assert.Equal(t, want.Version, got.Version)
 	assert.Equal(t, want.Cgroup, got.Cgroup)
+	t.Logf("nsfs line: %q; limit %d from %s", line, got.Bytes, got.File)
 }

@@ -315,3 +315,56 @@ func TestPeerGoRuntime(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerSuitesCovered: every data file in ../shared/peersuites is read by
+// one of the ports above, so that a file added there is not silently left
+// out. A mountinfo file no port names is still checked the generic way
+// (every line parses as a mount); any other file fails the test, naming it.
+func TestPeerSuitesCovered(t *testing.T) {
+	dir := peerDir(t)
+	covered := map[string]bool{"README.md": true}
+	for _, n := range []string{"fedora", "ubuntu", "gentoo", "spaces"} {
+		covered["moby-sys/"+n+".mountinfo"] = true
+	}
+	for _, n := range []string{"fedora", "systemd", "bedrock", "cgroup2"} {
+		covered["opencontainers-cgroups/"+n+".mountinfo"] = true
+	}
+	for _, n := range []string{"cgroups/mountinfo", "cgroups/cgroup", "invalid-cgroup/cgroup", "invalid-mountinfo/mountinfo",
+		"untranslatable/mountinfo", "untranslatable/cgroup", "v2/mountinfo", "v2/mountinfo-v2", "v2/mountinfo-v1-v2",
+		"v2/cgroup-root", "v2/cgroup-subdir", "v2/cgroup-no-match", "v2/cgroup-invalid"} {
+		covered["uber-go-automaxprocs/testdata/proc/"+n] = true
+	}
+	// TestPeerAutomemlimit reads every file of these fixtures (Read walks
+	// the tree from the mountinfo).
+	memlimitDirs := []string{"v2_simple_limit", "v2_parent_limit", "v2_missing_memory_max", "v2_invalid_memory_max", "v1_conflicting_mounts"}
+	var uncovered []string
+	require.NoError(t, filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if covered[rel] {
+			return nil
+		}
+		for _, d := range memlimitDirs {
+			if strings.HasPrefix(rel, "kimmachinegun-automemlimit/testdata/cgroups/"+d+"/") {
+				return nil
+			}
+		}
+		if base := filepath.Base(rel); strings.HasSuffix(base, ".mountinfo") || strings.HasPrefix(base, "mountinfo") {
+			t.Run(rel, func(t *testing.T) {
+				all, _ := scanMountinfo(t, p)
+				assert.Len(t, all, nonEmptyLines(t, p), "every line is a mount")
+			})
+			t.Logf("%s: no port names it; checked as a mountinfo file only", rel)
+			return nil
+		}
+		uncovered = append(uncovered, rel)
+		return nil
+	}))
+	assert.Empty(t, uncovered, "peer-suite data files no port reads: port them (and list any disagreement)")
+}
