@@ -66,8 +66,8 @@ type Work struct {
 // for concurrent use.
 //
 // Call Finish exactly when the work ends, with the error it returned,
-// also when it panics (defer): the account is open until then, and counts
-// in PoolStats.InFlight.
+// or Abandon when it panics (defer): the account is open until then, and
+// counts in PoolStats.InFlight.
 func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, *Work, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "WorkConfig.Limit: StartWork" }); err != nil {
 		return ctx, nil, err
@@ -109,6 +109,14 @@ func (w *Work) Account() *Account { return w.a }
 // Account.Close). Only the first call does anything; a later one returns
 // err unchanged.
 func (w *Work) Finish(err error) error { return w.finish(err, true) }
+
+// Abandon ends work that panicked, from a deferred call while the panic
+// goes on: it does what Finish(nil) does (the account is closed, its bytes
+// go back to the pool, a leak is counted and logged), except that a leak
+// does not panic in strict mode, so that the work's own panic reaches the
+// recovery (for example a gRPC recovery interceptor) unchanged instead of
+// the leak's. Only the first call of Finish or Abandon does anything.
+func (w *Work) Abandon() { w.finish(nil, false) }
 
 // finish is Finish; returned is false when the work panicked, so that a
 // strict leak panic does not replace the work's own.
@@ -158,7 +166,7 @@ func (p *Pool) Do(ctx context.Context, cfg WorkConfig, fn func(ctx context.Conte
 	returned := false
 	defer func() {
 		if !returned {
-			w.finish(nil, false)
+			w.Abandon()
 		}
 	}()
 	err = fn(ctx)

@@ -111,6 +111,35 @@ func TestDoPanicClosesAccount(t *testing.T) {
 	assert.Equal(t, int64(0), p.Used())
 }
 
+// TestAbandonKeepsThePanic: work begun with StartWork that panics with
+// bytes grown and ends with Abandon (what the gRPC and Connect interceptors
+// defer) closes its account and counts the leak, and a strict pool does not
+// replace the work's panic with its own; a later Finish does nothing.
+func TestAbandonKeepsThePanic(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 256 * mib, Strict: true})
+	var w *Work
+	func() {
+		defer func() { assert.Equal(t, "handler failed", recover()) }()
+		ctx, work, err := p.StartWork(context.Background(), WorkConfig{Limit: 64 * mib})
+		require.NoError(t, err)
+		w = work
+		defer func() {
+			if r := recover(); r != nil {
+				w.Abandon()
+				panic(r)
+			}
+		}()
+		require.NoError(t, Grow(ctx, mib))
+		panic("handler failed")
+	}()
+	assert.Equal(t, int64(0), p.Used())
+	st := p.Stats()
+	assert.Equal(t, int64(0), st.InFlight)
+	assert.Equal(t, int64(1), st.Leaked)
+	assert.Equal(t, int64(1), st.Peaks.Count)
+	assert.NotPanics(t, func() { assert.NoError(t, w.Finish(nil)) })
+}
+
 // TestFinishMapsHeapCancel: after the heap watch canceled the work's
 // context, the work returning ctx.Err() (as is, wrapped, or any other
 // error) gets an error matching ErrResourceExhausted with the cancel's
