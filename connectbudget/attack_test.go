@@ -359,3 +359,48 @@ func TestPanicReleases(t *testing.T) {
 		assert.Equal(t, int64(6), s.pool.Stats().Leaked, "strict %v", strict)
 	}
 }
+
+// TestNestedInOuterWork: a call inside an account of the same pool that
+// the heap watch closed (an outer layer bound it, as the pool's HTTP
+// middleware does) gets resource_exhausted with the pushback, over each
+// protocol, without running the handler.
+func TestNestedInOuterWork(t *testing.T) {
+	var pool *limits.Pool
+	outer := connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			a, err := pool.Open("outer", 64*mib)
+			if err != nil {
+				return nil, err
+			}
+			pctx, cancel := context.WithCancelCause(ctx)
+			defer cancel(nil)
+			wctx, done := limits.WithAccount(pctx, a)
+			defer done()
+			cancel(&limits.ExhaustedError{Scope: "connect/outer (heap pressure)", Requested: 1, Used: 2, Limit: 3, RetryAfter: time.Second})
+			for a.Grow(1) == nil { // the close reaches a on a goroutine of its own
+				a.Shrink(1)
+				runtime.Gosched()
+			}
+			return next(wctx, req)
+		}
+	})
+	s := startAttack(t, limits.PoolConfig{Limit: 512 * mib}, 64*mib, connect.WithInterceptors(outer))
+	pool = s.pool
+	s.set(func() {
+		s.unary = func(context.Context, int64) (int64, error) {
+			t.Error("the handler ran")
+			return 0, nil
+		}
+	})
+	for _, proto := range protocols {
+		_, err := s.client("/t.Attack/Do", proto).CallUnary(context.Background(), connect.NewRequest(wrapperspb.Int64(mib)))
+		t.Logf("%s: %v", proto, err)
+		assert.Equal(t, connect.CodeResourceExhausted, code(err), proto)
+		var ce *connect.Error
+		if assert.True(t, errors.As(err, &ce)) {
+			assert.Contains(t, ce.Message(), "connect/outer (heap pressure)")
+			assert.Equal(t, "1000", ce.Meta().Get(connectbudget.PushbackKey), proto)
+		}
+	}
+	waitIdle(t, s.pool)
+}

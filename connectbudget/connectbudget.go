@@ -49,7 +49,11 @@
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
 // in the middleware. When the pool is closed a call is answered with
-// connect.CodeUnavailable without running the handler. Client-side calls
+// connect.CodeUnavailable without running the handler. A call whose context
+// already carries an account of the same pool (a handler behind the pool's
+// HTTP middleware) is nested in it (see limits.Pool.StartWork); when that
+// account was closed by the heap watch's cancel, the call is answered as a
+// budget error, without running the handler. Client-side calls
 // pass through untouched: the interceptor budgets the handlers it wraps.
 //
 // A 1 KiB unary call (Connect protocol, HTTP/1.1, loopback, about 130 µs)
@@ -132,6 +136,9 @@ func (i *Interceptor) start(ctx context.Context, procedure string) (context.Cont
 	}
 	ctx, work, err := i.pool.StartWork(ctx, w)
 	if err != nil {
+		if e := Error(err); e != nil {
+			return ctx, nil, e // inside work of the pool that the heap watch canceled
+		}
 		return ctx, nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	return ctx, work, nil

@@ -556,3 +556,59 @@ func TestOverBudgetNotRetried(t *testing.T) {
 	require.NoError(t, <-done, "retried after the pushback")
 	assert.Equal(t, int64(1), s.pool.Stats().RefusedBy.Pool)
 }
+
+// TestNestedInOuterWork: a call whose context already carries an account
+// of the same pool (bound by an outer layer, as the pool's HTTP middleware
+// does for a gRPC server mounted behind it) is nested in it: the outer
+// account's budget refuses what the call holds beyond it, and one request
+// counts. When the heap watch closed that outer account, the call gets
+// code 8 with the pushback, without running the handler.
+func TestNestedInOuterWork(t *testing.T) {
+	var pool *limits.Pool
+	var canceled sync.Map // call size → the outer account is closed with a heap-pressure cause first
+	outer := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		a, err := pool.Open("outer", 64*mib)
+		if err != nil {
+			return nil, err
+		}
+		pctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		wctx, done := limits.WithAccount(pctx, a)
+		defer done()
+		if _, ok := canceled.Load(req.(*wrapperspb.Int64Value).GetValue()); ok {
+			cancel(&limits.ExhaustedError{Scope: "grpc/outer (heap pressure)", Requested: 1, Used: 2, Limit: 3, RetryAfter: time.Second})
+			for a.Grow(1) == nil { // the close reaches a on a goroutine of its own
+				a.Shrink(1)
+				runtime.Gosched()
+			}
+		}
+		return handler(wctx, req)
+	}
+	s := startAttack(t, limits.PoolConfig{Limit: 512 * mib}, 128*mib, chain{unaryBefore: []grpc.UnaryServerInterceptor{outer}})
+	pool = s.pool
+	ran := 0
+	s.setUnary(func(ctx context.Context, n int64) (int64, error) {
+		ran++
+		assert.Equal(t, "grpc/outer/req-", limits.FromContext(ctx).Name()[:len("grpc/outer/req-")])
+		if err := limits.Grow(ctx, n); err != nil {
+			return 0, err
+		}
+		defer limits.Shrink(ctx, n)
+		return n, limits.Grow(ctx, n) // 2n in the call: within its 128 MiB, over the outer 64 MiB for n = 40 MiB
+	})
+	_, trailer, err := call(context.Background(), s.conn, 40*mib)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "limits: resource_exhausted in grpc/outer: requested 41943040 bytes")
+	assert.Equal(t, []string{"-1"}, trailer.Get(grpcbudget.PushbackKey))
+	waitIdle(t, s.pool)
+	assert.Equal(t, int64(1), s.pool.Stats().Peaks.Count, "one request")
+
+	canceled.Store(mib, true)
+	_, trailer, err = call(context.Background(), s.conn, mib)
+	t.Logf("outer canceled: %v; trailer %v", err, trailer)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "grpc/outer (heap pressure)")
+	assert.Equal(t, []string{"1000"}, trailer.Get(grpcbudget.PushbackKey))
+	assert.Equal(t, 1, ran, "the handler did not run")
+	waitIdle(t, s.pool)
+}

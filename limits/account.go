@@ -191,6 +191,9 @@ func (a *Account) open(name string, seq, limit int64) (*Account, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.reserved.Load() < 0 || a.pool.closed.Load() {
+		if seq > 0 {
+			name = "req-" + strconv.FormatInt(seq, 10)
+		}
 		return nil, a.closedError(fmt.Sprintf("Open(%q)", name))
 	}
 	c.sibNext = a.firstKid
