@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -291,4 +292,38 @@ func TestDoNested(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Contains(t, err.Error(), "heap/req-1 (heap pressure)", "the outer job was the one canceled")
 	assert.Equal(t, int64(1), hp.Stats().Canceled)
+}
+
+// TestWorkBadSizes: the sizes a job may pass to Grow and Shrink through
+// its context: negative, zero, math.MaxInt64 and a sum past it get a clear
+// error and change nothing; a Shrink past what was grown is misuse (it
+// changes nothing, and a strict pool panics); after Finish the context's
+// account refuses with ErrClosed, and a second Finish does nothing.
+func TestWorkBadSizes(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Name: "jobs", Limit: 256 * mib})
+	ctx, w, err := p.StartWork(context.Background(), WorkConfig{Limit: Unlimited})
+	require.NoError(t, err)
+	require.ErrorIs(t, Grow(ctx, -1), ErrInvalidSize)
+	require.NoError(t, Grow(ctx, 0))
+	err = Grow(ctx, math.MaxInt64)
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	e, _ := errors.AsType[*ExhaustedError](err)
+	require.NotNil(t, e)
+	assert.Equal(t, "jobs", e.Scope, "an unlimited job is limited by the pool")
+	assert.Zero(t, e.RetryAfter, "larger than the whole pool: a retry cannot succeed")
+	require.NoError(t, Grow(ctx, 8*mib))
+	require.ErrorIs(t, Grow(ctx, math.MaxInt64-4*mib), ErrResourceExhausted, "the sum wraps past math.MaxInt64")
+	assert.Equal(t, 8*mib, w.Account().Used(), "nothing counted by the refusals")
+	assert.PanicsWithValue(t, "limits: jobs/req-1: Shrink(16777216) below what it grew itself, 8388608", func() { Shrink(ctx, 16*mib) })
+	assert.Equal(t, 8*mib, w.Account().Used(), "nothing changed by the misuse")
+	Shrink(ctx, 8*mib)
+	require.NoError(t, w.Finish(nil))
+	require.ErrorIs(t, Grow(ctx, 1), ErrClosed, "after Finish")
+	Shrink(ctx, 1) // after Close: nothing, not misuse
+	assert.NoError(t, w.Finish(nil), "a second Finish does nothing")
+	st := p.Stats()
+	assert.Equal(t, int64(0), st.InFlight)
+	assert.Equal(t, int64(1), st.Peaks.Count)
+	assert.Equal(t, int64(1), st.Misuse)
+	assert.Equal(t, int64(0), p.Used())
 }
