@@ -18,9 +18,9 @@
 // # What the client sees
 //
 // The interceptor maps every error that matches limits.ErrResourceExhausted
-// (a refused Grow, as is or wrapped, or already inside a *connect.Error; the
-// ErrClosed error of a Grow after the heap watch canceled the call), and
-// any error the handler returns after the heap watch canceled the call's
+// (a refused Grow, as is, wrapped or joined, or inside a *connect.Error of
+// code unknown, canceled or resource_exhausted; the ErrClosed error of a
+// Grow after the heap watch canceled the call), and any error the handler returns after the heap watch canceled the call's
 // context (PoolConfig.CancelLargest; a handler that returns ctx.Err() then
 // would otherwise send canceled, HTTP 499), to
 // connect.CodeResourceExhausted with the error's text as the message: the
@@ -28,19 +28,32 @@
 // connect/req-17: requested 1073741824 bytes, 0 in use, limit 67108864".
 // Other errors pass unchanged.
 //
+// A handler that wraps the budget error in a *connect.Error of a code it
+// chose (connect.NewError(connect.CodeInvalidArgument, err), or the
+// catch-all CodeInternal) keeps that code, as a gRPC status does in
+// grpcbudget: only CodeUnknown, CodeCanceled (a context's end, as
+// connect.NewError(connect.CodeCanceled, ctx.Err()) makes it after the
+// heap watch's cancel) and CodeResourceExhausted itself become
+// resource_exhausted.
+//
 // When a retry can succeed (limits.ExhaustedError.RetryAfter: the pool was
 // full or under heap pressure, or the heap watch canceled the call), the
 // error's metadata carry Retry-After in whole seconds (RFC 9110; Connect
 // sends it as a response header of the 429) and grpc-retry-pushback-ms in
 // milliseconds (gRFC A6; the gRPC protocol sends it as a trailer); when it
 // cannot (the call was over its own budget, or asked for more than the
-// whole pool), neither is set: the same rule as the middleware's
-// Retry-After.
+// whole pool), there is no Retry-After and grpc-retry-pushback-ms is -1
+// (NoRetryPushback), gRFC A6's "do not retry", for gRPC clients with a
+// retry policy: the same rule as the middleware's Retry-After.
 //
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
 // in the middleware. When the pool is closed a call is answered with
-// connect.CodeUnavailable without running the handler. Client-side calls
+// connect.CodeUnavailable without running the handler. A call whose context
+// already carries an account of the same pool (a handler behind the pool's
+// HTTP middleware) is nested in it (see limits.Pool.StartWork); when that
+// account was closed by the heap watch's cancel, the call is answered as a
+// budget error, without running the handler. Client-side calls
 // pass through untouched: the interceptor budgets the handlers it wraps.
 //
 // A 1 KiB unary call (Connect protocol, HTTP/1.1, loopback, about 130 µs)
@@ -65,6 +78,11 @@ import (
 // PushbackKey is the metadata key of the retry pushback in milliseconds
 // (gRFC A6: "grpc-retry-pushback-ms").
 const PushbackKey = "grpc-retry-pushback-ms"
+
+// NoRetryPushback is the pushback sent when a retry cannot succeed: gRFC
+// A6 says a gRPC client must not retry on a negative pushback, and grpc-go
+// does not.
+const NoRetryPushback = "-1"
 
 // Config configures NewInterceptor. Limit must be set; the other fields'
 // zero values name accounts "req-N" and call no burst hook.
@@ -118,6 +136,9 @@ func (i *Interceptor) start(ctx context.Context, procedure string) (context.Cont
 	}
 	ctx, work, err := i.pool.StartWork(ctx, w)
 	if err != nil {
+		if e := Error(err); e != nil {
+			return ctx, nil, e // inside work of the pool that the heap watch canceled
+		}
 		return ctx, nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	return ctx, work, nil
@@ -136,7 +157,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		returned := false
 		defer func() {
 			if !returned {
-				w.Finish(nil) // the handler panicked: close the account, let the panic go on
+				w.Abandon() // the handler panicked: close the account, let its panic go on
 			}
 		}()
 		resp, err := next(wctx, req)
@@ -164,7 +185,7 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		returned := false
 		defer func() {
 			if !returned {
-				w.Finish(nil)
+				w.Abandon()
 			}
 		}()
 		err = next(wctx, conn)
@@ -179,24 +200,44 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 // Error returns the *connect.Error a budget error maps to:
 // connect.CodeResourceExhausted with err.Error() as the message and, when a
 // retry can succeed, Retry-After and grpc-retry-pushback-ms in its
-// metadata. For an error that does not match limits.ErrResourceExhausted,
-// and for nil, it returns nil. For handlers that answer outside the
-// interceptor. Safe for concurrent use.
+// metadata, or, when it cannot, grpc-retry-pushback-ms -1
+// (NoRetryPushback). For nil, an error that does not match
+// limits.ErrResourceExhausted, and an error that wraps a *connect.Error
+// whose code the handler chose (other than CodeUnknown, CodeCanceled and
+// CodeResourceExhausted), it returns nil: that error is the answer. A
+// *connect.Error with CodeResourceExhausted is returned itself, with the
+// pushback added. For handlers that answer outside the interceptor. Safe
+// for concurrent use.
 func Error(err error) *connect.Error {
 	if err == nil || !errors.Is(err, limits.ErrResourceExhausted) {
 		return nil
 	}
 	out, ok := errors.AsType[*connect.Error](err)
-	if !ok || out.Code() != connect.CodeResourceExhausted {
+	switch {
+	case !ok:
 		out = connect.NewError(connect.CodeResourceExhausted, err)
-	} // else the handler answered with the code itself: its error, with the pushback
-	if e, ok := errors.AsType[*limits.ExhaustedError](err); ok && e.RetryAfter > 0 {
+	case out.Code() == connect.CodeResourceExhausted:
+		// The handler answered with the code itself: its error, with the pushback.
+	case out.Code() == connect.CodeUnknown || out.Code() == connect.CodeCanceled:
+		// What a plain error and a context's end become
+		// (connect.NewError(connect.CodeCanceled, ctx.Err()) after the heap
+		// watch's cancel): not a code chosen for the budget error.
+		out = connect.NewError(connect.CodeResourceExhausted, err)
+	default:
+		return nil // the handler chose a code: its answer stands
+	}
+	e, ok := errors.AsType[*limits.ExhaustedError](err)
+	switch {
+	case !ok:
+	case e.RetryAfter > 0:
 		if out.Meta().Get("Retry-After") == "" {
 			out.Meta().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
 		}
 		if out.Meta().Get(PushbackKey) == "" {
 			out.Meta().Set(PushbackKey, strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
 		}
+	case out.Meta().Get(PushbackKey) == "":
+		out.Meta().Set(PushbackKey, NoRetryPushback)
 	}
 	return out
 }

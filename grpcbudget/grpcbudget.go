@@ -32,18 +32,33 @@
 // "limits: resource_exhausted in grpc/req-17: requested 1073741824 bytes, 0
 // in use, limit 67108864". Other errors pass unchanged.
 //
+// A handler that wraps the budget error in a status of its own with another
+// code (an error chain holding both, such as fmt.Errorf("%w: %w",
+// status.Error(codes.InvalidArgument, ...), err)) keeps its code: only
+// UNKNOWN (a plain error), CANCELLED (a context's end, as
+// status.FromContextError makes it) and RESOURCE_EXHAUSTED itself become
+// code 8. A budget error only written into a status's text
+// (status.Errorf(codes.Internal, "%v", err)) is no longer an error value
+// and passes unchanged.
+//
 // When a retry can succeed (limits.ExhaustedError.RetryAfter: the pool was
 // full or under heap pressure, or the heap watch canceled the call), the
 // status carries the trailer grpc-retry-pushback-ms (gRFC A6) with that
 // wait in milliseconds (1000); when it cannot (the call was over its own
-// budget, or asked for more than the whole pool), there is no pushback: the
-// same rule as the middleware's Retry-After. A grpc-go client whose retry
-// policy lists RESOURCE_EXHAUSTED waits that long before its retry.
+// budget, or asked for more than the whole pool) the trailer is -1
+// (NoRetryPushback), which gRFC A6 defines as "do not retry": the same rule
+// as the middleware's Retry-After, which is sent only where a retry can
+// succeed. A grpc-go client whose retry policy lists RESOURCE_EXHAUSTED
+// waits the pushback before its retry, and does not retry on -1.
 //
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
 // in the middleware. When the pool is closed, a call is answered with
-// UNAVAILABLE without running the handler.
+// UNAVAILABLE without running the handler. A call whose context already
+// carries an account of the same pool (a gRPC server behind the pool's
+// HTTP middleware) is nested in it (see limits.Pool.StartWork); when that
+// account was closed by the heap watch's cancel, the call is answered as a
+// budget error, without running the handler.
 //
 // The interceptors add 5 allocations (about 430 bytes) to a unary call on
 // a pool without CancelLargest: the Work, the account, the context value
@@ -73,6 +88,11 @@ import (
 // PushbackKey is the trailer that carries the server's retry pushback, in
 // milliseconds (gRFC A6: "grpc-retry-pushback-ms").
 const PushbackKey = "grpc-retry-pushback-ms"
+
+// NoRetryPushback is the pushback sent when a retry cannot succeed: gRFC
+// A6 says a client must not retry on a negative pushback, and grpc-go does
+// not (it counts the call as a failure for its retry throttling).
+const NoRetryPushback = "-1"
 
 // Config configures the interceptors. Limit must be set; the other fields'
 // zero values name accounts "req-N" and call no burst hook.
@@ -124,12 +144,12 @@ func UnaryServerInterceptor(pool *limits.Pool, cfg Config) (grpc.UnaryServerInte
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		wctx, w, err := pool.StartWork(ctx, cfg.work(info.FullMethod))
 		if err != nil {
-			return nil, status.Error(codes.Unavailable, err.Error())
+			return nil, startError(err, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) })
 		}
 		returned := false
 		defer func() {
 			if !returned {
-				w.Finish(nil) // the handler panicked: close the account, let the panic go on
+				w.Abandon() // the handler panicked: close the account, let its panic go on
 			}
 		}()
 		resp, err = handler(wctx, req)
@@ -158,12 +178,12 @@ func StreamServerInterceptor(pool *limits.Pool, cfg Config) (grpc.StreamServerIn
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		wctx, w, err := pool.StartWork(ss.Context(), cfg.work(info.FullMethod))
 		if err != nil {
-			return status.Error(codes.Unavailable, err.Error())
+			return startError(err, ss.SetTrailer)
 		}
 		returned := false
 		defer func() {
 			if !returned {
-				w.Finish(nil)
+				w.Abandon()
 			}
 		}()
 		err = handler(srv, &stream{ServerStream: ss, ctx: wctx})
@@ -179,6 +199,20 @@ func StreamServerInterceptor(pool *limits.Pool, cfg Config) (grpc.StreamServerIn
 	}, nil
 }
 
+// startError is the status of a call whose account could not be opened:
+// UNAVAILABLE when the pool is closed; the budget error's status when the
+// call runs inside work of the same pool whose context the heap watch
+// canceled (ErrClosed wrapping the cancel's cause).
+func startError(err error, setTrailer func(metadata.MD)) error {
+	if st, pushback := budgetStatus(err); st != nil {
+		if pushback != "" {
+			setTrailer(metadata.Pairs(PushbackKey, pushback))
+		}
+		return st.Err()
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
 // stream is a ServerStream whose context carries the call's account.
 type stream struct {
 	grpc.ServerStream
@@ -189,19 +223,44 @@ func (s *stream) Context() context.Context { return s.ctx }
 
 // Status returns the status a budget error maps to, RESOURCE_EXHAUSTED with
 // err.Error() as the message, and the value of the retry pushback trailer
-// in milliseconds ("" when a retry cannot succeed); for an error that does
-// not match limits.ErrResourceExhausted, and for nil, it returns nil and "".
+// in milliseconds: the wait when a retry can succeed, "-1" when it cannot
+// (gRFC A6: a negative pushback means do not retry), "" when err carries no
+// *limits.ExhaustedError to tell. For nil, an error that does not match
+// limits.ErrResourceExhausted, and an error that carries a gRPC status the
+// handler built with a code of its own (other than UNKNOWN, CANCELLED and
+// RESOURCE_EXHAUSTED), it returns nil and "": that error is the answer.
 // For handlers that answer outside the interceptors. Safe for concurrent
 // use.
 func Status(err error) (st *status.Status, pushback string) { return budgetStatus(err) }
+
+// grpcStatus is what status.FromError looks for in an error's chain.
+type grpcStatus interface {
+	error
+	GRPCStatus() *status.Status
+}
 
 func budgetStatus(err error) (*status.Status, string) {
 	if err == nil || !errors.Is(err, limits.ErrResourceExhausted) {
 		return nil, ""
 	}
+	if s, ok := errors.AsType[grpcStatus](err); ok {
+		switch s.GRPCStatus().Code() {
+		case codes.Unknown, codes.Canceled, codes.ResourceExhausted:
+			// UNKNOWN and CANCELLED are what a plain error and a context's
+			// end become (status.FromContextError, after the heap watch's
+			// cancel): not a code chosen for the budget error.
+		default:
+			return nil, "" // the handler chose a code: its answer stands
+		}
+	}
+	e, ok := errors.AsType[*limits.ExhaustedError](err)
 	var pushback string
-	if e, ok := errors.AsType[*limits.ExhaustedError](err); ok && e.RetryAfter > 0 {
+	switch {
+	case !ok:
+	case e.RetryAfter > 0:
 		pushback = strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10)
+	default:
+		pushback = NoRetryPushback
 	}
 	return status.New(codes.ResourceExhausted, err.Error()), pushback
 }

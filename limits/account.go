@@ -178,13 +178,22 @@ func (a *Account) demand() int64 { return max(a.peak.Load(), a.refusedAt.Load())
 // (wrapping the cause of the context a was bound to, as Grow's). Safe for
 // concurrent use.
 func (a *Account) Open(name string, limit int64) (*Account, error) {
+	return a.open(name, 0, limit)
+}
+
+// open is Open; seq > 0 names the account "req-<seq>" without building the
+// string (StartWork's default names).
+func (a *Account) open(name string, seq, limit int64) (*Account, error) {
 	if err := checkLimit(limit, func() string { return a.scope() + "/" + name + ": Open" }); err != nil {
 		return nil, err
 	}
-	c := newAccount(a.pool, a, name, 0, limit)
+	c := newAccount(a.pool, a, name, seq, limit)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.reserved.Load() < 0 || a.pool.closed.Load() {
+		if seq > 0 {
+			name = "req-" + strconv.FormatInt(seq, 10)
+		}
 		return nil, a.closedError(fmt.Sprintf("Open(%q)", name))
 	}
 	c.sibNext = a.firstKid

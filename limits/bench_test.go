@@ -189,3 +189,35 @@ func BenchmarkGrowShrinkContext(b *testing.B) {
 		Shrink(ctx, benchSize)
 	}
 }
+
+// BenchmarkStartWork is one unit of work begun and finished with
+// StartWork and Finish (what the gRPC and Connect interceptors do per
+// call) on a context eight values deep, as a gRPC server's is; part=lookup
+// is the look for an outer account of the pool (FromContext) alone, the
+// part nesting added.
+func BenchmarkStartWork(b *testing.B) {
+	type key int
+	ctx := context.Background()
+	for i := range 8 {
+		ctx = context.WithValue(ctx, key(i), i)
+	}
+	p := benchPool(b)
+	b.Run("part=whole", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, w, err := p.StartWork(ctx, WorkConfig{Limit: 1 << 30})
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = w.Finish(nil)
+		}
+	})
+	b.Run("part=lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if FromContext(ctx) != nil {
+				b.Fatal("an account")
+			}
+		}
+	})
+}

@@ -50,7 +50,8 @@ func burstThreshold(limit, t int64) int64 {
 type Work struct {
 	a          *Account
 	ctx        context.Context
-	end        func() string // WithAccount's end; nil without CancelLargest
+	end        func() string // WithAccount's end; nil without CancelLargest, and for nested work
+	mapCause   bool          // CancelLargest: Finish maps the heap watch's cancel
 	threshold  int64
 	afterBurst func()
 	finished   atomic.Bool
@@ -62,28 +63,46 @@ type Work struct {
 // account is bound to a cancelable context of its own (WithAccount) that
 // the heap watch may cancel with an *ExhaustedError as its cause. It
 // returns an error matching ErrInvalidSize for a cfg.Limit that is negative
-// or 0, and ErrClosed when the pool is closed; ctx and a nil Work then. Safe
-// for concurrent use.
+// or 0, and ErrClosed when the pool is closed, or when ctx carries an
+// account of p that is closed; ctx and a nil Work then. Safe for concurrent
+// use.
+//
+// Work started inside other work of the same pool (ctx carries an account
+// of p: a step of a job run with Do, a batch inside an RPC or an HTTP
+// request) is nested: its account is opened from that account
+// (Account.Open; scope "jobs/req-1/req-2"), so that what it holds counts
+// against the outer work's budget as well as its own, and in the outer
+// work's peak (PoolStats.Peaks, InFlight count it once, as one request).
+// The heap watch cancels the outer work's context, which ends the nested
+// work's too, and Finish maps that cancel as for the outer work. An account
+// of another pool in ctx is not an outer account: the work is top-level in
+// p.
 //
 // Call Finish exactly when the work ends, with the error it returned,
-// also when it panics (defer): the account is open until then, and counts
-// in PoolStats.InFlight.
+// or Abandon when it panics (defer): the account is open until then, and
+// counts in PoolStats.InFlight.
 func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, *Work, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "WorkConfig.Limit: StartWork" }); err != nil {
 		return ctx, nil, err
 	}
+	var seq int64
+	if cfg.Name == "" {
+		seq = p.seq.Add(1) // "req-N", built only if needed
+	}
 	var a *Account
 	var err error
-	if cfg.Name != "" {
-		a, err = p.Open(cfg.Name, cfg.Limit)
+	outer := FromContext(ctx)
+	nested := outer != nil && outer.pool == p
+	if nested {
+		a, err = outer.open(cfg.Name, seq, cfg.Limit)
 	} else {
-		a, err = p.open("", p.seq.Add(1), cfg.Limit) // "req-N", built only if needed
+		a, err = p.open(cfg.Name, seq, cfg.Limit)
 	}
 	if err != nil {
 		return ctx, nil, err
 	}
-	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst}
-	if p.cancelLargest {
+	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst, mapCause: p.cancelLargest}
+	if p.cancelLargest && !nested {
 		w.ctx, w.end = withAccount(ctx, a)
 	} else {
 		w.ctx = NewContext(ctx, a)
@@ -110,6 +129,14 @@ func (w *Work) Account() *Account { return w.a }
 // err unchanged.
 func (w *Work) Finish(err error) error { return w.finish(err, true) }
 
+// Abandon ends work that panicked, from a deferred call while the panic
+// goes on: it does what Finish(nil) does (the account is closed, its bytes
+// go back to the pool, a leak is counted and logged), except that a leak
+// does not panic in strict mode, so that the work's own panic reaches the
+// recovery (for example a gRPC recovery interceptor) unchanged instead of
+// the leak's. Only the first call of Finish or Abandon does anything.
+func (w *Work) Abandon() { w.finish(nil, false) }
+
 // finish is Finish; returned is false when the work panicked, so that a
 // strict leak panic does not replace the work's own.
 func (w *Work) finish(err error, returned bool) error {
@@ -119,7 +146,7 @@ func (w *Work) finish(err error, returned bool) error {
 	a, p := w.a, w.a.pool
 	reached := a.demand()
 	var cause error
-	if w.end != nil && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
+	if w.mapCause && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
 		if c, ok := context.Cause(w.ctx).(*ExhaustedError); ok {
 			cause = c
 		}
@@ -158,7 +185,7 @@ func (p *Pool) Do(ctx context.Context, cfg WorkConfig, fn func(ctx context.Conte
 	returned := false
 	defer func() {
 		if !returned {
-			w.finish(nil, false)
+			w.Abandon()
 		}
 	}()
 	err = fn(ctx)

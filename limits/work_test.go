@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -111,6 +112,35 @@ func TestDoPanicClosesAccount(t *testing.T) {
 	assert.Equal(t, int64(0), p.Used())
 }
 
+// TestAbandonKeepsThePanic: work begun with StartWork that panics with
+// bytes grown and ends with Abandon (what the gRPC and Connect interceptors
+// defer) closes its account and counts the leak, and a strict pool does not
+// replace the work's panic with its own; a later Finish does nothing.
+func TestAbandonKeepsThePanic(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 256 * mib, Strict: true})
+	var w *Work
+	func() {
+		defer func() { assert.Equal(t, "handler failed", recover()) }()
+		ctx, work, err := p.StartWork(context.Background(), WorkConfig{Limit: 64 * mib})
+		require.NoError(t, err)
+		w = work
+		defer func() {
+			if r := recover(); r != nil {
+				w.Abandon()
+				panic(r)
+			}
+		}()
+		require.NoError(t, Grow(ctx, mib))
+		panic("handler failed")
+	}()
+	assert.Equal(t, int64(0), p.Used())
+	st := p.Stats()
+	assert.Equal(t, int64(0), st.InFlight)
+	assert.Equal(t, int64(1), st.Leaked)
+	assert.Equal(t, int64(1), st.Peaks.Count)
+	assert.NotPanics(t, func() { assert.NoError(t, w.Finish(nil)) })
+}
+
 // TestFinishMapsHeapCancel: after the heap watch canceled the work's
 // context, the work returning ctx.Err() (as is, wrapped, or any other
 // error) gets an error matching ErrResourceExhausted with the cancel's
@@ -196,4 +226,104 @@ func TestPoolNameOnce(t *testing.T) {
 	newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
 	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"))
 	assert.Equal(t, "i20-unique", b.Stats().Name)
+}
+
+// TestDoNested: a job run with Do inside another job of the same pool
+// (a step of a batch) is charged to the outer job too: the outer budget
+// refuses what the two hold together, the scope shows the nesting, the
+// peak histogram and InFlight count one request, and the heap watch's
+// cancel of the outer job reaches the step's Finish as
+// resource_exhausted. A job of another pool inside is top-level there.
+func TestDoNested(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Name: "jobs", Limit: 256 * mib})
+	err := p.Do(context.Background(), WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error {
+		if err := Grow(ctx, 40*mib); err != nil {
+			return err
+		}
+		defer Shrink(ctx, 40*mib)
+		assert.Equal(t, int64(1), p.Stats().InFlight)
+		return p.Do(ctx, WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error {
+			assert.Equal(t, "jobs/req-1/req-2", FromContext(ctx).Name())
+			assert.Equal(t, int64(1), p.Stats().InFlight, "one request in flight")
+			require.NoError(t, Grow(ctx, 20*mib), "within both budgets")
+			defer Shrink(ctx, 20*mib)
+			return Grow(ctx, 20*mib) // 80 MiB in the outer job: over its 64 MiB
+		})
+	})
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	e, ok := errors.AsType[*ExhaustedError](err)
+	require.True(t, ok)
+	assert.Equal(t, "jobs/req-1", e.Scope, "the outer job's budget refused")
+	st := p.Stats()
+	assert.Equal(t, int64(0), st.InFlight)
+	assert.Equal(t, int64(0), p.Used())
+	assert.Equal(t, int64(1), st.Peaks.Count, "one request in the histogram")
+	assert.Equal(t, int64(1), st.Peaks.Above(64*mib), "its peak is what the two asked for together, 80 MiB")
+
+	// Another pool's account in ctx: top-level in p.
+	q := newTestPool(t, PoolConfig{Name: "other", Limit: 256 * mib})
+	require.NoError(t, q.Do(context.Background(), WorkConfig{Limit: mib}, func(ctx context.Context) error {
+		return p.Do(ctx, WorkConfig{Limit: 64 * mib, Name: "step"}, func(ctx context.Context) error {
+			assert.Equal(t, "jobs/step", FromContext(ctx).Name())
+			if err := Grow(ctx, 8*mib); err != nil { // over q's 1 MiB, within p's 64 MiB
+				return err
+			}
+			Shrink(ctx, 8*mib)
+			return nil
+		})
+	}))
+	assert.Equal(t, int64(2), p.Stats().Peaks.Count)
+
+	// The outer job's context canceled by the heap watch: the step that
+	// returns ctx.Err() gets resource_exhausted from its Finish.
+	hp := newTestPool(t, PoolConfig{Name: "heap", Limit: 256 * mib, HeapPressure: 0.9, CancelLargest: true})
+	err = hp.Do(context.Background(), WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error {
+		return hp.Do(ctx, WorkConfig{Limit: 64 * mib}, func(ctx context.Context) error {
+			if err := Grow(ctx, 32*mib); err != nil {
+				return err
+			}
+			defer Shrink(ctx, 32*mib)
+			hp.observeHeap(200*mib, 200*mib) // live heap over 0.9 × GOMEMLIMIT: the watch cancels the largest
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	})
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, err.Error(), "heap/req-1 (heap pressure)", "the outer job was the one canceled")
+	assert.Equal(t, int64(1), hp.Stats().Canceled)
+}
+
+// TestWorkBadSizes: the sizes a job may pass to Grow and Shrink through
+// its context: negative, zero, math.MaxInt64 and a sum past it get a clear
+// error and change nothing; a Shrink past what was grown is misuse (it
+// changes nothing, and a strict pool panics); after Finish the context's
+// account refuses with ErrClosed, and a second Finish does nothing.
+func TestWorkBadSizes(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Name: "jobs", Limit: 256 * mib})
+	ctx, w, err := p.StartWork(context.Background(), WorkConfig{Limit: Unlimited})
+	require.NoError(t, err)
+	require.ErrorIs(t, Grow(ctx, -1), ErrInvalidSize)
+	require.NoError(t, Grow(ctx, 0))
+	err = Grow(ctx, math.MaxInt64)
+	require.ErrorIs(t, err, ErrResourceExhausted)
+	e, _ := errors.AsType[*ExhaustedError](err)
+	require.NotNil(t, e)
+	assert.Equal(t, "jobs", e.Scope, "an unlimited job is limited by the pool")
+	assert.Zero(t, e.RetryAfter, "larger than the whole pool: a retry cannot succeed")
+	require.NoError(t, Grow(ctx, 8*mib))
+	require.ErrorIs(t, Grow(ctx, math.MaxInt64-4*mib), ErrResourceExhausted, "the sum wraps past math.MaxInt64")
+	assert.Equal(t, 8*mib, w.Account().Used(), "nothing counted by the refusals")
+	assert.PanicsWithValue(t, "limits: jobs/req-1: Shrink(16777216) below what it grew itself, 8388608", func() { Shrink(ctx, 16*mib) })
+	assert.Equal(t, 8*mib, w.Account().Used(), "nothing changed by the misuse")
+	Shrink(ctx, 8*mib)
+	require.NoError(t, w.Finish(nil))
+	require.ErrorIs(t, Grow(ctx, 1), ErrClosed, "after Finish")
+	Shrink(ctx, 1) // after Close: nothing, not misuse
+	assert.NoError(t, w.Finish(nil), "a second Finish does nothing")
+	st := p.Stats()
+	assert.Equal(t, int64(0), st.InFlight)
+	assert.Equal(t, int64(1), st.Peaks.Count)
+	assert.Equal(t, int64(1), st.Misuse)
+	assert.Equal(t, int64(0), p.Used())
 }

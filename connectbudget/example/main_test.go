@@ -160,7 +160,8 @@ func requireExhausted(t *testing.T, err error, scope, requested string) (retryAf
 // TestOverBudget: a 1 GiB call against a 64 MiB budget gets
 // resource_exhausted, HTTP 429, whether the handler returns the error as
 // is, wrapped, or from a server stream, over the Connect and the gRPC
-// protocols, with no retry pushback; small calls keep succeeding.
+// protocols, with no Retry-After and the pushback -1 (do not retry); small
+// calls keep succeeding.
 func TestOverBudget(t *testing.T) {
 	s := startServer(t, limits.PoolConfig{Limit: 512 * mib}, 64*mib)
 	stop := s.smallCalls()
@@ -178,7 +179,7 @@ func TestOverBudget(t *testing.T) {
 			t.Logf("%s (grpc %v): %v", tc.name, grpc, err)
 			ra, pb := requireExhausted(t, err, "connect/req-", "1073741824")
 			assert.Empty(t, ra, "no Retry-After over the call's own budget")
-			assert.Empty(t, pb)
+			assert.Equal(t, connectbudget.NoRetryPushback, pb, "gRFC A6: do not retry")
 			got, err := s.call(ctx, "Alloc", mib, grpc)
 			require.NoError(t, err)
 			assert.Equal(t, mib, got)
@@ -267,7 +268,7 @@ func TestPoolFull(t *testing.T) {
 	_, err := big.call(ctx, "Alloc", 64*mib, true)
 	ra, pb := requireExhausted(t, err, "connect: ", "67108864")
 	assert.Empty(t, ra)
-	assert.Empty(t, pb)
+	assert.Equal(t, connectbudget.NoRetryPushback, pb)
 
 	ok, failed := stop()
 	assert.Empty(t, failed, "small calls while the pool is nearly full")
@@ -374,9 +375,15 @@ func TestConfigAndError(t *testing.T) {
 	own := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("query: %w", &limits.ExhaustedError{Scope: "connect", RetryAfter: time.Second}))
 	assert.Same(t, own, connectbudget.Error(own))
 	assert.Equal(t, "1", own.Meta().Get("Retry-After"))
-	// Another code wrapping a budget error becomes resource_exhausted.
+	// A code the handler chose, wrapping a budget error, stands (as a gRPC
+	// status does in grpcbudget); unknown and canceled do not count as chosen.
 	other := connect.NewError(connect.CodeInternal, &limits.ExhaustedError{Scope: "connect"})
-	assert.Equal(t, connect.CodeResourceExhausted, connectbudget.Error(other).Code())
+	assert.Nil(t, connectbudget.Error(other))
+	for _, c := range []connect.Code{connect.CodeUnknown, connect.CodeCanceled} {
+		e := connectbudget.Error(connect.NewError(c, &limits.ExhaustedError{Scope: "connect"}))
+		assert.Equal(t, connect.CodeResourceExhausted, e.Code())
+		assert.Equal(t, connectbudget.NoRetryPushback, e.Meta().Get(connectbudget.PushbackKey))
+	}
 	s := startServer(t, limits.PoolConfig{Limit: 128 * mib}, 64*mib)
 	s.pool.Close()
 	_, err = s.call(context.Background(), "Alloc", kib, false)

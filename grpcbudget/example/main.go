@@ -22,8 +22,9 @@
 //
 // A call of 1 GiB (1073741824) to Alloc gets code 8 with the message
 // "limits: resource_exhausted in grpc/req-1: requested 1073741824 bytes, 0
-// in use, limit 67108864" and no retry pushback; a call refused because the
-// pool is full carries grpc-retry-pushback-ms: 1000.
+// in use, limit 67108864" and grpc-retry-pushback-ms: -1 (do not retry); a
+// call refused because the pool is full carries grpc-retry-pushback-ms:
+// 1000.
 //
 // Flags:
 //

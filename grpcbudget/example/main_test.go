@@ -138,7 +138,7 @@ func requireExhausted(t *testing.T, err error, trailer metadata.MD, scope string
 
 // TestOverBudget: a 1 GiB call against a 64 MiB budget gets code 8 whether
 // the handler returns the budget error as is, wrapped with %w, or from a
-// server stream, with no retry pushback (a retry meets the same budget);
+// server stream, with the pushback -1, do not retry (a retry meets the same budget);
 // small calls keep succeeding all along.
 func TestOverBudget(t *testing.T) {
 	s := startServer(t, limits.PoolConfig{Limit: 512 * mib}, 64*mib)
@@ -154,7 +154,7 @@ func TestOverBudget(t *testing.T) {
 	} {
 		_, trailer, err := tc.call()
 		t.Logf("%s: %v; trailer %v", tc.name, err, trailer)
-		assert.Empty(t, requireExhausted(t, err, trailer, "grpc/req-", "1073741824"), "no pushback over the call's own budget")
+		assert.Equal(t, []string{grpcbudget.NoRetryPushback}, requireExhausted(t, err, trailer, "grpc/req-", "1073741824"), "do not retry over the call's own budget")
 		got, _, err := s.call(ctx, "Alloc", mib)
 		require.NoError(t, err, "a small call after %s", tc.name)
 		assert.Equal(t, mib, got)
@@ -230,10 +230,10 @@ func TestPoolFull(t *testing.T) {
 	assert.Equal(t, []string{"1000"}, requireExhausted(t, err, trailer, "grpc: ", "33554432"))
 	_, trailer, err = s.stream(ctx, 32*mib)
 	assert.Equal(t, []string{"1000"}, requireExhausted(t, err, trailer, "grpc: ", "33554432"))
-	// A call larger than the whole pool cannot succeed on a retry: no pushback.
+	// A call larger than the whole pool cannot succeed on a retry: do not retry.
 	big := startServer(t, limits.PoolConfig{Limit: 32 * mib}, limits.Unlimited)
 	_, trailer, err = big.call(ctx, "Alloc", 64*mib)
-	assert.Empty(t, requireExhausted(t, err, trailer, "grpc: ", "67108864"))
+	assert.Equal(t, []string{grpcbudget.NoRetryPushback}, requireExhausted(t, err, trailer, "grpc: ", "67108864"))
 
 	ok, failed := stop()
 	assert.Empty(t, failed, "small calls while the pool is nearly full")

@@ -3,8 +3,10 @@ package limitstest_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -99,4 +101,43 @@ func TestContextReportsLeaksAndMisuse(t *testing.T) {
 			assert.True(t, strings.HasPrefix(r.errs[0], "limitstest: test/"+t.Name()), r.errs[0])
 		})
 	}
+}
+
+// fatalRecorder is a recorder whose Fatalf records and stops the
+// goroutine, as testing.T's does.
+type fatalRecorder struct {
+	recorder
+	fatal string
+}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.fatal = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// A budget of 0 or less fails the test at once with the reason; a leak in
+// an account opened from the test's account (a nested step of the code
+// under test) is reported as the test account's own would be.
+func TestContextBadLimitAndNestedLeak(t *testing.T) {
+	for _, limit := range []int64{0, -1, math.MinInt64} {
+		r := &fatalRecorder{recorder: recorder{TB: t}}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			limitstest.Context(r, context.Background(), limit)
+			t.Errorf("limit %d: Context returned", limit)
+		}()
+		<-done
+		r.end()
+		assert.Contains(t, r.fatal, "limitstest: limits: invalid size", "limit %d", limit)
+		assert.Contains(t, r.fatal, fmt.Sprint(limit), "the limit is named")
+	}
+	r := &recorder{TB: t}
+	_, a := limitstest.Context(r, context.Background(), 64<<20)
+	step, err := a.Open("step", limits.Unlimited)
+	require.NoError(t, err)
+	require.NoError(t, step.Grow(4096))
+	r.end()
+	require.Len(t, r.errs, 1)
+	assert.Contains(t, r.errs[0], "closed with 4096 bytes grown and not shrunk")
 }
