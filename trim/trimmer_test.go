@@ -478,7 +478,7 @@ func TestRequestEstimateFloor(t *testing.T) {
 	debug.FreeOSMemory()                             // no free spans left by earlier tests
 	waitHook := func() {
 		t.Helper()
-		require.Eventually(t, func() bool { h, _ := readHeap(); return tr.gc.last.Load() == h.live }, time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { h, _ := readHeap(); return tr.gc.last.Load() == h.live }, 10*time.Second, time.Millisecond) // a bound on a hang
 	}
 	waitHook()
 	tr.run.Lock()
