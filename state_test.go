@@ -49,17 +49,24 @@ func waitRecord(t *testing.T, what string, ok func(*state.Record) bool) *state.R
 	}
 }
 
-// The record follows the controller: Start, a trim, a skipped trim, a
-// GOMEMLIMIT change and a new pool seen at the end of a GC cycle, Close.
-func TestStateRecord(t *testing.T) {
+// recordTest skips off Linux (the state record is Linux only) and restores
+// GOMEMLIMIT and the process's THP flag, which Start changes, when t ends.
+func recordTest(t *testing.T) {
+	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("the state record is Linux only")
 	}
 	prevLimit := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(prevLimit)
+	t.Cleanup(func() { debug.SetMemoryLimit(prevLimit) })
 	if prev, err := thp.Process(); err == nil {
-		defer restoreTHP(prev)
+		t.Cleanup(func() { restoreTHP(prev) })
 	}
+}
+
+// The record follows the controller: Start, a trim, a skipped trim, a
+// GOMEMLIMIT change and a new pool seen at the end of a GC cycle, Close.
+func TestStateRecord(t *testing.T) {
+	recordTest(t)
 	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "GOMEMLIMIT"} {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
@@ -180,14 +187,7 @@ func TestStateRecord(t *testing.T) {
 // Idle means idle: publishing happens on decisions only, so an idle
 // controller's record does not change.
 func TestStateRecordIdle(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("the state record is Linux only")
-	}
-	prevLimit := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(prevLimit)
-	if prev, err := thp.Process(); err == nil {
-		defer restoreTHP(prev)
-	}
+	recordTest(t)
 	// No pressure watch: system PSI from other processes would trim, and a
 	// trim is a decision that is published.
 	t.Setenv("MEMCTL_PRESSURE", "off")
@@ -245,14 +245,7 @@ func TestStateRecordLimitUnknownAndCut(t *testing.T) {
 // than state.MaxSize: Publish failed and the record stayed stale. The name
 // is cut and the record publishes.
 func TestStateRecordLongPoolName(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("the state record is Linux only")
-	}
-	prevLimit := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(prevLimit)
-	if prev, err := thp.Process(); err == nil {
-		defer restoreTHP(prev)
-	}
+	recordTest(t)
 	t.Setenv("MEMCTL_PRESSURE", "off")
 	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
 	require.NoError(t, err)
@@ -321,14 +314,7 @@ func TestStatePeakBucketsMatchLimits(t *testing.T) {
 // most once per countersEvery, not once per cycle; the last change is
 // published by the one-shot timer at the end of the window, with no GC.
 func TestStateRecordCountersRateLimited(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("the state record is Linux only")
-	}
-	prevLimit := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(prevLimit)
-	if prev, err := thp.Process(); err == nil {
-		defer restoreTHP(prev)
-	}
+	recordTest(t)
 	t.Setenv("MEMCTL_PRESSURE", "off")
 	t.Setenv("MEMCTL_AUTOBURST", "off")
 	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(time.Hour))
