@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,9 +129,45 @@ func forgeChild() {
 		}
 	}
 	childtest.Say("PID", os.Getpid())
+	childtest.Say("UID", os.Getuid())
 	childtest.Say("READY", 1)
 	_, _ = io.ReadAll(os.Stdin)
 	runtime.KeepAlive(fd)
+}
+
+// nobodyRun holds a copy of the test binary that nobody (65534) may run,
+// in a directory nobody may read (and find the forged records in).
+type nobodyRun struct{ dir, exe string }
+
+// nobodyCopy returns a nobodyRun when the test runs as root, else nil (the
+// children then run as the test's own user). The copy is removed when t
+// ends.
+func nobodyCopy(t *testing.T) *nobodyRun {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	dir, err := os.MkdirTemp("", "memctl-i22-forger-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	b, err := os.ReadFile(exe)
+	require.NoError(t, err)
+	cp := filepath.Join(dir, "memctl.test")
+	require.NoError(t, os.WriteFile(cp, b, 0o755))
+	return &nobodyRun{dir: dir, exe: cp}
+}
+
+// wrap makes cmd run the copy as nobody; on a nil nobodyRun it does
+// nothing.
+func (n *nobodyRun) wrap(cmd *exec.Cmd) {
+	if n == nil {
+		return
+	}
+	cmd.Path, cmd.Args[0], cmd.Dir = n.exe, n.exe, n.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 }
 
 // startReady starts cmd, waits until it says READY and returns its report.
@@ -306,6 +343,10 @@ func TestStatusForgedRecord(t *testing.T) {
 			`"c_heap":` + q + `,"c_heaps":[{"allocator":` + q + `,"library":` + q + `,"note":` + q + `,"owns_malloc":true,"trimmed":false,"retained_bytes":-1}]`)
 	}
 	deep := strings.Repeat("[", 20000) + strings.Repeat("]", 20000)
+	// The forger is what attacks the command: a process of another user
+	// (nobody) when this test is root, as a container's process is to the
+	// operator who runs memctl status on the node.
+	forger := nobodyCopy(t)
 	for name, tc := range map[string]struct {
 		record string
 		size   int64  // stretch the memfd to this size
@@ -343,7 +384,10 @@ func TestStatusForgedRecord(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "record")
-			require.NoError(t, os.WriteFile(file, []byte(tc.record), 0o600))
+			if forger != nil {
+				file = filepath.Join(forger.dir, strings.ReplaceAll(name, " ", "-")+".record")
+			}
+			require.NoError(t, os.WriteFile(file, []byte(tc.record), 0o644))
 			env := []string{"MEMCTL_TEST_FORGE=" + file}
 			if tc.size > 0 {
 				env = append(env, "MEMCTL_TEST_FORGE_SIZE="+strconv.FormatInt(tc.size, 10))
@@ -351,7 +395,13 @@ func TestStatusForgedRecord(t *testing.T) {
 			if tc.noseal {
 				env = append(env, "MEMCTL_TEST_FORGE_NOSEAL=1")
 			}
-			pid := startReady(t, childtest.Command(t, "forge", operatorVars, env...))["PID"]
+			cmd := childtest.Command(t, "forge", operatorVars, env...)
+			forger.wrap(cmd)
+			rep := startReady(t, cmd)
+			pid := rep["PID"]
+			if forger != nil {
+				require.Equal(t, "65534", rep["UID"], "the forger runs as nobody")
+			}
 			for _, args := range [][]string{{"-json"}, nil} {
 				start := time.Now()
 				out, errOut, code := result(t, memctl(t, nil, append([]string{"status", "-pid", pid}, args...)...))
