@@ -196,7 +196,11 @@ type Event struct {
 	Kind Kind
 	Time time.Time
 	// GCShare is the GC's share of the available CPU over Span, in [0, 1];
-	// LiveHeap and GoMemLimit are in bytes at the GC end that decided;
+	// GoMemLimit is in bytes at the GC end that decided; LiveHeap is the
+	// live heap the rule compared with it, in bytes: for KindSpiral the
+	// median of the last 8 GC ends (at least LiveRatio × GoMemLimit; one
+	// GC end's figure swings by tens of MiB, as it counts what was
+	// allocated during the mark), for KindSpiralEnd the last GC end's;
 	// LimiterEngaged is true when the GC CPU limiter engaged within Span
 	// (KindSpiral, KindSpiralEnd).
 	GCShare        float64

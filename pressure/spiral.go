@@ -98,7 +98,10 @@ type verdict struct {
 	share   float64
 	span    time.Duration
 	limiter bool
-	change  int // +1: an episode began, -1: it ended, 0: neither
+	// live is the live heap the rule compared, in bytes: the median of the
+	// last liveCycles GC ends for a start, this GC end's for an end.
+	live   int64
+	change int // +1: an episode began, -1: it ended, 0: neither
 }
 
 // observe adds r to the window and returns the GC share over it and
@@ -124,9 +127,12 @@ func (s *spiral) observe(r reading) verdict {
 	}
 	v.limiter = r.limiter != 0 && r.limiter >= base.cycles
 	limited := r.limit > 0 && r.limit != math.MaxInt64
-	near := limited && float64(s.medianLive(r.live)) >= s.liveRatio*float64(r.limit)
+	median := s.medianLive(r.live)
+	near := limited && float64(median) >= s.liveRatio*float64(r.limit)
 	hot := v.share >= s.share || v.limiter
+	v.live = r.live
 	if !s.active {
+		v.live = median
 		if near && hot && v.span >= s.window/4 {
 			s.active, s.lowSince = true, -1
 			v.change = 1
@@ -196,7 +202,7 @@ func (m *Monitor) gcEnd() bool {
 		return true
 	}
 	e := Event{Kind: KindSpiral, Time: time.Now(), GCShare: v.share, Span: v.span,
-		LiveHeap: r.live, GoMemLimit: r.limit, LimiterEngaged: v.limiter}
+		LiveHeap: v.live, GoMemLimit: r.limit, LimiterEngaged: v.limiter}
 	if v.change < 0 {
 		e.Kind = KindSpiralEnd
 	} else {

@@ -427,3 +427,26 @@ func TestSpiralOneHighLiveReadingIsNotNear(t *testing.T) {
 	}
 	assert.Equal(t, int64(40*mib), s.medianLive(40*mib))
 }
+
+func TestSpiralStartCarriesTheMedianLive(t *testing.T) {
+	// The GC is hot from the start and the live heap sits at 196 MiB under
+	// GOMEMLIMIT 200 MiB; the GC end at which the window is long enough
+	// reads 150 MiB (a short mark). The episode starts there, on the
+	// median, and reports the median: the figure the rule compared, at
+	// least LiveRatio × GOMEMLIMIT (CI saw 176 MiB reported, the one GC
+	// end's figure, under a rule of 180).
+	s := newSpiral(DefaultWindow, DefaultGCShare, DefaultLiveRatio)
+	step := 10 * time.Millisecond
+	var start verdict
+	for i := 1; i <= 1000 && start.change == 0; i++ {
+		now := time.Duration(i) * step
+		live := int64(196 * mib)
+		if now >= DefaultWindow/4 {
+			live = 150 * mib
+		}
+		start = s.observe(reading{now: now, total: 2 * now.Seconds(), gc: 2 * now.Seconds() * 0.6, live: live, limit: 200 * mib, cycles: uint64(i)})
+	}
+	require.Equal(t, 1, start.change, "an episode began")
+	assert.Equal(t, int64(196*mib), start.live)
+	assert.GreaterOrEqual(t, float64(start.live), DefaultLiveRatio*200*mib)
+}
