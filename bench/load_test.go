@@ -106,18 +106,23 @@ func TestOpenLoop(t *testing.T) {
 	}
 
 	// Open loop: a server slower than the rate does not slow the sender;
-	// requests over the in-flight cap fail at once.
+	// requests over the in-flight cap fail at once. The server holds each
+	// request 1.5 s, so all 20 sends (200 ms of them) are made before a
+	// slot frees even when the sender's timers run 1 s late on a loaded
+	// machine (with 300 ms, 110 ms late freed one); a closed loop of 5
+	// would take 4 × 1.5 s.
+	const hold = 1500 * time.Millisecond
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(hold)
 	}))
 	defer slow.Close()
 	t0 := time.Now()
 	lat, failed, _ = openLoop(slow.URL, 100, 200*time.Millisecond, 5*time.Second, 5)
-	assert.Less(t, time.Since(t0), 2*time.Second)
+	assert.Less(t, time.Since(t0), 2*hold+time.Second, "the sender did not wait for the server")
 	require.Len(t, lat, 20)
 	assert.Equal(t, 15, failed, "5 in flight, 15 over the cap")
 	slices.Sort(lat)
-	assert.GreaterOrEqual(t, lat[0], 0.3)
+	assert.GreaterOrEqual(t, lat[0], hold.Seconds())
 }
 
 func countEqual(xs []float64, v float64) int {

@@ -23,8 +23,8 @@ import (
 	"github.com/memctl/memctl/trim/cheap"
 )
 
-// start runs memctl.Start in this process with a short trim delay and no
-// GOMEMLIMIT decision (AUTOMEMLIMIT=off), and restores GOMEMLIMIT and the
+// start runs memctl.Start in this process with a short trim delay, no
+// GOMEMLIMIT decision (AUTOMEMLIMIT=off) and no automatic trims, and restores GOMEMLIMIT and the
 // THP flag afterwards.
 func start(t *testing.T) *memctl.Controller {
 	t.Helper()
@@ -32,6 +32,11 @@ func start(t *testing.T) *memctl.Controller {
 		t.Setenv(k, "")
 	}
 	t.Setenv("AUTOMEMLIMIT", "off")
+	// No trims but the test's own: none on another process's PSI, none
+	// from a burst the detector finds in the test's allocations (the tests
+	// count trims exactly).
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	t.Setenv("MEMCTL_AUTOBURST", "off")
 	prev := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
 	if st, err := thp.Process(); err == nil {

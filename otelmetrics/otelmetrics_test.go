@@ -81,7 +81,10 @@ func TestInstrumentsReadBack(t *testing.T) {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
-	t.Setenv("MEMCTL_PRESSURE", "off") // no pressure trims from other processes' PSI between collect and Stats
+	// No trim between collect and Stats from other processes' PSI, nor
+	// from a burst the detector finds at a later GC end.
+	t.Setenv("MEMCTL_PRESSURE", "off")
+	t.Setenv("MEMCTL_AUTOBURST", "off")
 	discard := slog.New(slog.DiscardHandler)
 	ctl, err := memctl.Start(memctl.WithLogger(discard), memctl.WithTrimDelay(10*time.Millisecond))
 	require.NoError(t, err)

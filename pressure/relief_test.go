@@ -78,6 +78,16 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// threadCPUTime returns the calling thread's user plus system CPU time
+// (getrusage RUSAGE_THREAD).
+func threadCPUTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		childtest.Fail("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func startChild() *memctl.Controller {
 	ctl, err := memctl.Start(memctl.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
 	if err != nil {
@@ -188,7 +198,13 @@ func childStreamer() {
 	}
 	runtime.GC()
 	childtest.Say("READY", 1)
-	cpu0, s0 := cpuTime(), ctl.Stats()
+	// The streaming runs on a thread of its own, so that its CPU (the
+	// kernel's copy and reclaim, which varies by a second or more between
+	// two identical arms of 60 s) can be told from the rest of the
+	// process's: the GC, the runtime and memctl.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0, s0, thread0 := cpuTime(), ctl.Stats(), threadCPUTime()
 	until := time.Now().Add(time.Duration(envInt("DURATION_S")) * time.Second)
 	var n int64
 	for time.Now().Before(until) {
@@ -201,6 +217,7 @@ func childStreamer() {
 		f.Close()
 	}
 	childtest.Say("STREAMED", n)
+	childtest.Say("STREAM_CPU_S", (threadCPUTime() - thread0).Seconds())
 	sayStats(ctl, cpu0, s0)
 	runtime.KeepAlive(objKeep)
 	_ = ctl.Close()
@@ -444,8 +461,13 @@ func TestNeighbourPageCacheCostsNothing(t *testing.T) {
 // Input (issue 17, case 2): page cache at the cgroup limit is read as the
 // Go heap's fault. A child with 64 MiB live in a real 256 MiB v1 cgroup
 // streams a 2 GiB file for 60 s; its control (MEMCTL_PRESSURE=off) does
-// the same in a cgroup of its own at the same time. memctl's CPU is within
-// 2% of one CPU of the control's.
+// the same in a cgroup of its own at the same time. memctl's CPU outside
+// the streaming thread (the GC, the runtime, the watcher and any trim) is
+// within 2% of one CPU of the control's. The whole process's CPU is
+// logged, not bounded: the streaming thread's own (the kernel's copy and
+// reclaim, about 10 s) differs by about a second between two arms doing
+// the same thing (-0.93 s for memctl in one run, against a bound of 1.2 s).
+// The old code's 28 trims (7.2 s) ran outside that thread.
 func TestPageCacheAtLimitCostsNothing(t *testing.T) {
 	skipLong(t)
 	t.Parallel()
@@ -467,10 +489,17 @@ func TestPageCacheAtLimitCostsNothing(t *testing.T) {
 	// control's CPU is scaled to the bytes memctl's arm streamed.
 	scaled := num(t, c, "CPU_S") * num(t, a, "STREAMED") / num(t, c, "STREAMED")
 	diff := num(t, a, "CPU_S") - scaled
-	t.Logf("case 2: CPU over %d s: memctl %.2f s, control %.2f s (%.2f s for memctl's %.1f GB against its %.1f GB): %+.2f s (%.2f%% of one CPU); %v signals, %v actions, %v left to the kernel, %v pressure trims (%v s CPU, %v B released), %v skipped",
+	// Outside the streaming thread, scaled the same way (the GC's work
+	// follows the bytes streamed).
+	other := func(r map[string]string) float64 { return num(t, r, "CPU_S") - num(t, r, "STREAM_CPU_S") }
+	otherScaled := other(c) * num(t, a, "STREAMED") / num(t, c, "STREAMED")
+	otherDiff := other(a) - otherScaled
+	t.Logf("case 2: CPU over %d s: memctl %.2f s, control %.2f s (%.2f s for memctl's %.1f GB against its %.1f GB): %+.2f s (%.2f%% of one CPU); outside the streaming thread memctl %.2f s, control %.2f s: %+.2f s (%.2f%% of one CPU); %v signals, %v actions, %v left to the kernel, %v pressure trims (%v s CPU, %v B released), %v skipped",
 		reliefSecs, num(t, a, "CPU_S"), num(t, c, "CPU_S"), scaled, num(t, a, "STREAMED")/1e9, num(t, c, "STREAMED")/1e9, diff, 100*diff/reliefSecs,
+		other(a), other(c), otherDiff, 100*otherDiff/reliefSecs,
 		a["SIGNALS"], a["ACTED"], a["LEFT"], a["P_TRIMS"], a["P_CPU_S"], a["P_RELEASED"], a["P_SKIPPED"])
-	assert.LessOrEqual(t, diff, 0.02*reliefSecs, "within 2% of one CPU of the control")
+	assert.Positive(t, num(t, a, "STREAM_CPU_S"), "the streaming thread's CPU was read")
+	assert.LessOrEqual(t, otherDiff, 0.02*reliefSecs, "outside the streaming thread, within 2% of one CPU of the control")
 	assert.LessOrEqual(t, num(t, a, "P_CPU_S"), 0.02*reliefSecs+0.5, "the pressure trims stay in the 2% budget")
 }
 
