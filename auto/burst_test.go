@@ -58,12 +58,29 @@ func rss() int64 {
 	return r
 }
 
+// nonHeap returns the bytes the Go runtime has mapped for other than the
+// heap (/memory/classes/total less the heap's classes): the span
+// structures, per-arena metadata, stacks and the rest, which grow with
+// the heap's peak and which no trim returns (docs/benchmarks.md, "Why the
+// burst target allows 0.5% of the burst").
+func nonHeap() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
+	metrics.Read(s)
+	n := int64(s[0].Value.Uint64())
+	for _, x := range s[1:] {
+		n -= int64(x.Value.Uint64())
+	}
+	return n
+}
+
 // burstChild is a program that only imports auto: 20 MiB live, a 1 GiB
 // burst held and dropped, no AfterBurst anywhere. It reports VmRSS before
 // the burst and 3 s after the burst's last GC cycle.
 func burstChild() {
 	live := burst.Alloc(liveBytes)
-	before := rss()
+	before, nonHeapBefore := rss(), nonHeap()
 	b := burst.Alloc(burstBytes)
 	peak := rss()
 	runtime.KeepAlive(b)
@@ -71,9 +88,10 @@ func burstChild() {
 	var gs debug.GCStats
 	debug.ReadGCStats(&gs)
 	time.Sleep(time.Until(gs.LastGC.Add(afterLastGC)))
-	after := rss()
+	after, nonHeapAfter := rss(), nonHeap()
 	runtime.KeepAlive(live)
 	s := memctl.CurrentStats()
+	childtest.Say("NONHEAP_GROWTH", nonHeapAfter-nonHeapBefore)
 	childtest.Say("BEFORE", before)
 	childtest.Say("PEAK", peak)
 	childtest.Say("AFTER", after)
@@ -107,10 +125,15 @@ func num(t *testing.T, r map[string]string, k string) int64 {
 }
 
 // Issue 19: with only the auto import (20 MiB live, a 1 GiB burst, no
-// AfterBurst), VmRSS 3 s after the burst's last GC is at most the RSS
-// before plus 0.5% of the burst, as the memctl arm with AfterBurst does
-// (BENCHMARKS.md). The control is the same program with
-// MEMCTL_AUTOBURST=off: its burst stays resident.
+// AfterBurst), VmRSS 3 s after the burst's last GC is back to the RSS
+// before plus what the runtime mapped for other than the heap meanwhile
+// (the metadata of a heap that reached 1 GiB, which no trim returns:
+// about 4 MiB, 0.4% of the burst, docs/benchmarks.md) and 2 MiB; the
+// bench harness holds the 0.5% target itself. The 0.5% bound was met with
+// 1 MiB to spare (32 to 36 MiB for 5.1 MiB allowed), which a runtime that
+// kept a little more metadata would have missed with the trim working.
+// The control is the same program with MEMCTL_AUTOBURST=off: its burst
+// stays resident.
 func TestImportTrimsBurstWithoutAfterBurst(t *testing.T) {
 	skipLong(t)
 	// One after the other: two 1 GiB bursts at once on 2 cores would delay
@@ -123,7 +146,10 @@ func TestImportTrimsBurstWithoutAfterBurst(t *testing.T) {
 	}
 	assert.Positive(t, num(t, auto, "GCENDS"), "the detector ran")
 	assert.Zero(t, num(t, off, "GCENDS"), "no detector")
-	assert.LessOrEqual(t, num(t, auto, "AFTER"), num(t, auto, "BEFORE")+burstBytes/200, "RSS before + 0.5% of the burst")
+	t.Logf("auto: the runtime's non-heap memory grew %.1f MiB; RSS %.1f MiB above before (0.5%% of the burst is %.1f MiB)",
+		float64(num(t, auto, "NONHEAP_GROWTH"))/(1<<20), float64(num(t, auto, "AFTER")-num(t, auto, "BEFORE"))/(1<<20), float64(burstBytes/200)/(1<<20))
+	assert.LessOrEqual(t, num(t, auto, "NONHEAP_GROWTH"), int64(burstBytes/100), "the runtime's metadata for the burst's heap")
+	assert.LessOrEqual(t, num(t, auto, "AFTER"), num(t, auto, "BEFORE")+num(t, auto, "NONHEAP_GROWTH")+2<<20, "RSS before + the runtime's non-heap growth + 2 MiB: the heap is returned")
 	assert.Equal(t, int64(1), num(t, auto, "TRIMS"))
 	assert.Equal(t, int64(1), num(t, auto, "BURSTS"))
 	assert.Greater(t, num(t, off, "AFTER"), num(t, off, "BEFORE")+burstBytes/2, "the control keeps its burst")
