@@ -165,9 +165,14 @@ func TestDefaultTHPKeepsChildAdvisedHugePages(t *testing.T) {
 		t.Logf("%s: parent %s, child inherited %s, child's advised 64 MiB region: %d MiB of huge pages", name, r["STATE"], r["CHILD_STATE"], mibOf(t, r, "CHILD_HUGE"))
 	}
 	assert.Equal(t, "disabled-except-advised", def["CHILD_STATE"], "the child inherits the flag")
-	assert.Greater(t, mibOf(t, def, "CHILD_HUGE"), int64(thpRegion>>20/2), "the advised region is mostly huge pages")
-	assert.Greater(t, mibOf(t, off, "CHILD_HUGE"), int64(thpRegion>>20/2), "as without memctl")
 	assert.Zero(t, mibOf(t, dis, "CHILD_HUGE"), "disable takes them (the control)")
+	// Huge pages need free 2 MiB blocks, which a machine whose memory is
+	// fragmented (page cache from other tests) may not have at the time:
+	// the control without memctl says whether it had them.
+	if mibOf(t, off, "CHILD_HUGE") <= int64(thpRegion>>20/2) {
+		t.Skipf("the kernel gave the advised region %d MiB of huge pages even without memctl (fragmented memory?)", mibOf(t, off, "CHILD_HUGE"))
+	}
+	assert.Greater(t, mibOf(t, def, "CHILD_HUGE"), mibOf(t, off, "CHILD_HUGE")/2, "the advised region gets huge pages, as without memctl")
 	assert.Contains(t, def["NOTE"], "inherited by child processes")
 }
 
@@ -224,5 +229,7 @@ func TestDefaultTHPGoHeapUnderAlways(t *testing.T) {
 		mibOf(t, def, "HUGE"), def["STATE"], mibOf(t, keep, "HUGE"))
 	assert.Equal(t, "disabled-except-advised", def["STATE"])
 	assert.Zero(t, mibOf(t, def, "HUGE"), "the Go heap does not ask for huge pages")
-	assert.Greater(t, mibOf(t, keep, "HUGE"), int64(thpHeld>>20/4), "the control gets them")
+	if mibOf(t, keep, "HUGE") <= int64(thpHeld>>20/4) {
+		t.Skipf("the control (MEMCTL_THP=keep) got %d MiB of huge pages: no free 2 MiB blocks now (fragmented memory?), so the defaults' 0 says nothing", mibOf(t, keep, "HUGE"))
+	}
 }
