@@ -49,7 +49,10 @@
 // (NoRetryPushback), which gRFC A6 defines as "do not retry": the same rule
 // as the middleware's Retry-After, which is sent only where a retry can
 // succeed. A grpc-go client whose retry policy lists RESOURCE_EXHAUSTED
-// waits the pushback before its retry, and does not retry on -1.
+// waits the pushback before its retry, and does not retry on -1. A
+// pushback the handler set itself (grpc.SetTrailer, ServerStream.SetTrailer)
+// stands and the interceptor adds none: grpc-go retries nothing on a
+// trailer with two values.
 //
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
@@ -75,6 +78,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -152,13 +156,17 @@ func UnaryServerInterceptor(pool *limits.Pool, cfg Config) (grpc.UnaryServerInte
 				w.Abandon() // the handler panicked: close the account, let its panic go on
 			}
 		}()
+		var set pushbackSet
+		if sts := grpc.ServerTransportStreamFromContext(ctx); sts != nil {
+			wctx = grpc.NewContextWithServerTransportStream(wctx, &transportStream{ServerTransportStream: sts, set: &set})
+		}
 		resp, err = handler(wctx, req)
 		returned = true
 		st, pushback := budgetStatus(w.Finish(err))
 		if st == nil {
 			return resp, err
 		}
-		if pushback != "" {
+		if pushback != "" && !set.Load() {
 			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackKey, pushback))
 		}
 		return nil, st.Err()
@@ -186,13 +194,14 @@ func StreamServerInterceptor(pool *limits.Pool, cfg Config) (grpc.StreamServerIn
 				w.Abandon()
 			}
 		}()
-		err = handler(srv, &stream{ServerStream: ss, ctx: wctx})
+		wrapped := &stream{ServerStream: ss, ctx: wctx}
+		err = handler(srv, wrapped)
 		returned = true
 		st, pushback := budgetStatus(w.Finish(err))
 		if st == nil {
 			return err
 		}
-		if pushback != "" {
+		if pushback != "" && !wrapped.set.Load() {
 			ss.SetTrailer(metadata.Pairs(PushbackKey, pushback))
 		}
 		return st.Err()
@@ -213,13 +222,44 @@ func startError(err error, setTrailer func(metadata.MD)) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-// stream is a ServerStream whose context carries the call's account.
+// pushbackSet records whether the handler set the pushback trailer itself:
+// its value then stands, and the interceptor adds none (grpc-go does not
+// retry on a trailer with two values, whatever they are).
+type pushbackSet struct{ atomic.Bool }
+
+func (p *pushbackSet) see(md metadata.MD) {
+	if len(md.Get(PushbackKey)) > 0 {
+		p.Store(true)
+	}
+}
+
+// stream is a ServerStream whose context carries the call's account and
+// which records a pushback trailer the handler sets.
 type stream struct {
 	grpc.ServerStream
 	ctx context.Context
+	set pushbackSet
 }
 
 func (s *stream) Context() context.Context { return s.ctx }
+
+func (s *stream) SetTrailer(md metadata.MD) {
+	s.set.see(md)
+	s.ServerStream.SetTrailer(md)
+}
+
+// transportStream is a unary call's grpc.ServerTransportStream (what
+// grpc.SetTrailer writes to) that records a pushback trailer the handler
+// sets.
+type transportStream struct {
+	grpc.ServerTransportStream
+	set *pushbackSet
+}
+
+func (t *transportStream) SetTrailer(md metadata.MD) error {
+	t.set.see(md)
+	return t.ServerTransportStream.SetTrailer(md)
+}
 
 // Status returns the status a budget error maps to, RESOURCE_EXHAUSTED with
 // err.Error() as the message, and the value of the retry pushback trailer
