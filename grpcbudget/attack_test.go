@@ -613,30 +613,15 @@ func TestNestedInOuterWork(t *testing.T) {
 	waitIdle(t, s.pool)
 }
 
-// TestHandlerPushbackStands: a handler that sets grpc-retry-pushback-ms
-// itself and returns a budget error keeps its value; the interceptor adds
-// none. Two values in the trailer made grpc-go retry nothing ("Server
-// retry pushback specified multiple values; not retrying"), so a handler
-// that asked for a retry in 10 ms of an over-budget call got none.
+// TestHandlerPushbackStands: a streaming handler that sets
+// grpc-retry-pushback-ms itself (ServerStream.SetTrailer) and returns a
+// budget error keeps its value; the interceptor adds none. Two values in
+// the trailer made grpc-go retry nothing ("Server retry pushback specified
+// multiple values; not retrying"). A unary handler's grpc.SetTrailer is not
+// seen (the transport stream stays grpc-go's own, which
+// grpc.ClientSupportedCompressors needs: checked here too).
 func TestHandlerPushbackStands(t *testing.T) {
 	s := startAttack(t, limits.PoolConfig{Limit: 128 * mib}, 64*mib, chain{})
-	conn := s.dial(t, grpc.WithDefaultServiceConfig(`{"methodConfig":[{"name":[{"service":"`+svcName+`"}],"retryPolicy":{
-		"maxAttempts":3,"initialBackoff":"0.01s","maxBackoff":"0.01s","backoffMultiplier":1,
-		"retryableStatusCodes":["RESOURCE_EXHAUSTED"]}}]}`))
-	s.setUnary(func(ctx context.Context, n int64) (int64, error) {
-		if err := limits.Grow(ctx, n); err != nil {
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(grpcbudget.PushbackKey, "10"))
-			return 0, err
-		}
-		limits.Shrink(ctx, n)
-		return n, nil
-	})
-	_, trailer, err := call(context.Background(), conn, gib)
-	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-	assert.Equal(t, []string{"10"}, trailer.Get(grpcbudget.PushbackKey), "the handler's pushback, once")
-	assert.Equal(t, int64(3), s.pool.Stats().RefusedBy.Account, "the client retried on the handler's pushback")
-
-	// A stream handler, through ServerStream.SetTrailer.
 	s.setStream(func(ss grpc.ServerStream) error {
 		in := new(wrapperspb.Int64Value)
 		if err := ss.RecvMsg(in); err != nil {
@@ -657,8 +642,11 @@ func TestHandlerPushbackStands(t *testing.T) {
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
 	assert.Equal(t, []string{"20"}, st.Trailer().Get(grpcbudget.PushbackKey), "the stream handler's pushback, once")
 
-	// A handler that sets other trailers gets the interceptor's pushback.
+	// A handler that sets other trailers gets the interceptor's pushback;
+	// grpc-go's own transport stream is what the unary handler sees.
+	var compressorsErr error
 	s.setUnary(func(ctx context.Context, n int64) (int64, error) {
+		_, compressorsErr = grpc.ClientSupportedCompressors(ctx)
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-served-by", "a"))
 		if err := limits.Grow(ctx, n); err != nil {
 			return 0, err
@@ -666,8 +654,9 @@ func TestHandlerPushbackStands(t *testing.T) {
 		limits.Shrink(ctx, n)
 		return n, nil
 	})
-	_, trailer, err = call(context.Background(), s.conn, gib)
+	_, trailer, err := call(context.Background(), s.conn, gib)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
 	assert.Equal(t, []string{"-1"}, trailer.Get(grpcbudget.PushbackKey))
 	assert.Equal(t, []string{"a"}, trailer.Get("x-served-by"))
+	assert.NoError(t, compressorsErr, "grpc.ClientSupportedCompressors works in a unary handler")
 }

@@ -50,9 +50,12 @@
 // as the middleware's Retry-After, which is sent only where a retry can
 // succeed. A grpc-go client whose retry policy lists RESOURCE_EXHAUSTED
 // waits the pushback before its retry, and does not retry on -1. A
-// pushback the handler set itself (grpc.SetTrailer, ServerStream.SetTrailer)
-// stands and the interceptor adds none: grpc-go retries nothing on a
-// trailer with two values.
+// pushback a streaming handler set itself (ServerStream.SetTrailer) stands
+// and the interceptor adds none: grpc-go retries nothing on a trailer with
+// two values. A unary handler's grpc.SetTrailer cannot be seen without
+// replacing the call's transport stream, which grpc.SetSendCompressor and
+// grpc.ClientSupportedCompressors need as it is: a unary handler that
+// returns a budget error must leave the pushback to the interceptor.
 //
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
@@ -156,17 +159,13 @@ func UnaryServerInterceptor(pool *limits.Pool, cfg Config) (grpc.UnaryServerInte
 				w.Abandon() // the handler panicked: close the account, let its panic go on
 			}
 		}()
-		var set pushbackSet
-		if sts := grpc.ServerTransportStreamFromContext(ctx); sts != nil {
-			wctx = grpc.NewContextWithServerTransportStream(wctx, &transportStream{ServerTransportStream: sts, set: &set})
-		}
 		resp, err = handler(wctx, req)
 		returned = true
 		st, pushback := budgetStatus(w.Finish(err))
 		if st == nil {
 			return resp, err
 		}
-		if pushback != "" && !set.Load() {
+		if pushback != "" {
 			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackKey, pushback))
 		}
 		return nil, st.Err()
@@ -222,9 +221,9 @@ func startError(err error, setTrailer func(metadata.MD)) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-// pushbackSet records whether the handler set the pushback trailer itself:
-// its value then stands, and the interceptor adds none (grpc-go does not
-// retry on a trailer with two values, whatever they are).
+// pushbackSet records whether a streaming handler set the pushback trailer
+// itself: its value then stands, and the interceptor adds none (grpc-go
+// does not retry on a trailer with two values, whatever they are).
 type pushbackSet struct{ atomic.Bool }
 
 func (p *pushbackSet) see(md metadata.MD) {
@@ -246,19 +245,6 @@ func (s *stream) Context() context.Context { return s.ctx }
 func (s *stream) SetTrailer(md metadata.MD) {
 	s.set.see(md)
 	s.ServerStream.SetTrailer(md)
-}
-
-// transportStream is a unary call's grpc.ServerTransportStream (what
-// grpc.SetTrailer writes to) that records a pushback trailer the handler
-// sets.
-type transportStream struct {
-	grpc.ServerTransportStream
-	set *pushbackSet
-}
-
-func (t *transportStream) SetTrailer(md metadata.MD) error {
-	t.set.see(md)
-	return t.ServerTransportStream.SetTrailer(md)
 }
 
 // Status returns the status a budget error maps to, RESOURCE_EXHAUSTED with
