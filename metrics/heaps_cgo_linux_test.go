@@ -4,7 +4,6 @@ package metrics
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,17 +21,10 @@ import (
 // panicked in Collect (Prometheus label values must be UTF-8), which took
 // the process down at the first scrape.
 func TestCAllocatorObjectNotUTF8(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build a library to load: %v", err)
-	}
 	dir := filepath.Join(t.TempDir(), "caf\xe9")
 	require.NoError(t, os.Mkdir(dir, 0o755))
-	src, so := filepath.Join(t.TempDir(), "hidden.c"), filepath.Join(dir, "libhidden21.so")
-	// A library carrying a hidden copy of jemalloc: its messages, no entry
-	// point (the marker is split so that this test binary does not hold it).
-	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((used)) const char hidden21_msg[] = "<jemalloc" ">: hidden copy";`+"\n"), 0o644))
-	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	so := filepath.Join(dir, "libhidden21.so")
+	dlburst.Build(t, so, dlburst.HiddenJemalloc)
 	require.NoError(t, dlburst.Open(so, true))
 
 	ctl := start(t)
@@ -55,16 +47,10 @@ func TestCAllocatorObjectNotUTF8(t *testing.T) {
 // by the namespace in the object label. Before, the scrape failed (two
 // series with the same labels).
 func TestCAllocatorSamePathTwoNamespaces(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build a library to load: %v", err)
-	}
-	dir := t.TempDir()
-	src, so := filepath.Join(dir, "hidden.c"), filepath.Join(dir, "libhiddenns21.so")
-	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((used)) const char hidden21_msg[] = "<jemalloc" ">: hidden copy";`+"\n"), 0o644))
-	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	so := filepath.Join(t.TempDir(), "libhiddenns21.so")
+	dlburst.Build(t, so, dlburst.HiddenJemalloc)
 	require.NoError(t, dlburst.Open(so, true))
-	_, err = dlburst.LoadNamespace(so)
+	_, err := dlburst.LoadNamespace(so)
 	require.NoError(t, err)
 
 	ctl := start(t)

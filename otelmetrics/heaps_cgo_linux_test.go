@@ -6,7 +6,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -27,17 +26,10 @@ import (
 // UTF-8, and an exporter fails the whole export on one that is not. Before
 // the fix the attribute held the raw bytes.
 func TestCAllocatorObjectNotUTF8(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build a library to load: %v", err)
-	}
 	dir := filepath.Join(t.TempDir(), "caf\xe9")
 	require.NoError(t, os.Mkdir(dir, 0o755))
-	src, so := filepath.Join(t.TempDir(), "hidden.c"), filepath.Join(dir, "libhidden21.so")
-	// A library carrying a hidden copy of jemalloc: its messages, no entry
-	// point (the marker is split so that this test binary does not hold it).
-	require.NoError(t, os.WriteFile(src, []byte(`__attribute__((used)) const char hidden21_msg[] = "<jemalloc" ">: hidden copy";`+"\n"), 0o644))
-	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	so := filepath.Join(dir, "libhidden21.so")
+	dlburst.Build(t, so, dlburst.HiddenJemalloc)
 	require.NoError(t, dlburst.Open(so, true))
 
 	prevLimit := debug.SetMemoryLimit(-1)

@@ -6,7 +6,6 @@ import (
 	"debug/elf"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -47,14 +46,8 @@ func TestMarkersNotInOwnBinary(t *testing.T) {
 // Heaps and Retained scan nothing; after a dlopen, only the new object is
 // read.
 func TestRescanOnlyWhenLoaded(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build a library to load: %v", err)
-	}
-	dir := t.TempDir()
-	src, so := filepath.Join(dir, "nothing.c"), filepath.Join(dir, "libnothing21.so")
-	require.NoError(t, os.WriteFile(src, []byte("int nothing21(void) { return 21; }\n"), 0o644))
-	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	so := filepath.Join(t.TempDir(), "libnothing21.so")
+	dlburst.Build(t, so, "int nothing21(void) { return 21; }\n")
 
 	s := Detect()
 	s.Heaps()
@@ -188,9 +181,6 @@ func init() { ExtraChildren["stub-mallctl"] = childStubMallctl }
 // in a real shim, calls with jemalloc's argument layout into a function of
 // another), and it was reported as trimmed.
 func TestStubMallctlNotTrusted(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build the stub: %v", err)
-	}
 	for _, c := range []struct {
 		name, src string
 		v         int // STUB in src
@@ -200,11 +190,8 @@ func TestStubMallctlNotTrusted(t *testing.T) {
 	} {
 		name, v := c.name, c.v
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			src, so := filepath.Join(dir, "stub.c"), filepath.Join(dir, "libstub21.so")
-			require.NoError(t, os.WriteFile(src, []byte(c.src), 0o644))
-			out, err := exec.Command("gcc", "-shared", "-fPIC", "-DSTUB="+strconv.Itoa(v), "-o", so, src).CombinedOutput()
-			require.NoError(t, err, "%s", out)
+			so := filepath.Join(t.TempDir(), "libstub21.so")
+			dlburst.Build(t, so, c.src, "-DSTUB="+strconv.Itoa(v))
 			r := childtest.Report(t, childtest.Command(t, "stub-mallctl", childEnv, "CHEAP_STUB_PATH="+so))
 			t.Logf("%s", r["STUB"])
 			assert.Equal(t, "<nil>", r["ERR"])
@@ -221,17 +208,9 @@ func TestStubMallctlNotTrusted(t *testing.T) {
 // build. Before the fix the objects already scanned were keyed by name and
 // load address only, so the old build's entry was kept.
 func TestReloadOtherBuildSameAddress(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build a library to load: %v", err)
-	}
 	dir := t.TempDir()
 	so, next := filepath.Join(dir, "libreload21.so"), filepath.Join(dir, "next.so")
-	build := func(out, body string) {
-		src := filepath.Join(dir, "reload.c")
-		require.NoError(t, os.WriteFile(src, []byte(body), 0o644))
-		b, err := exec.Command("gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", out, src).CombinedOutput()
-		require.NoError(t, err, "%s", b)
-	}
+	build := func(out, body string) { dlburst.Build(t, out, body, "-Wl,--build-id") }
 	// The same size and layout in both builds; only the message differs.
 	// Both are built first, so that nothing is mapped between the unload
 	// and the load (the new build then takes the hole the old one left).
@@ -292,14 +271,8 @@ int mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
 // its figures unknown. Before the fix a failed release counted as a
 // release of 0 bytes.
 func TestFailingJemallocReported(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skipf("needs gcc to build the stub: %v", err)
-	}
-	dir := t.TempDir()
-	src, so := filepath.Join(dir, "failing.c"), filepath.Join(dir, "libfailing21.so")
-	require.NoError(t, os.WriteFile(src, []byte(failingJemalloc), 0o644))
-	out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", so, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	so := filepath.Join(t.TempDir(), "libfailing21.so")
+	dlburst.Build(t, so, failingJemalloc)
 	r := childtest.Report(t, childtest.Command(t, "stub-mallctl", childEnv, "CHEAP_STUB_PATH="+so))
 	t.Logf("%s; ReleaseOver: %s", r["STUB"], r["ERR"])
 	assert.Contains(t, r["ERR"], "libfailing21.so")
