@@ -39,6 +39,20 @@ func republishChild() {
 	if err := state.Publish(small); err != nil {
 		childtest.Fail("Publish: %v", err)
 	}
+	untilStdinClosed(func(i int) {
+		r := small
+		if i%2 == 1 {
+			r = big
+		}
+		if err := state.Publish(r); err != nil {
+			childtest.Fail("Publish: %v", err)
+		}
+	})
+}
+
+// untilStdinClosed reports the child's PID and that it is ready, then calls
+// step with 0, 1, 2... until its standard input is closed.
+func untilStdinClosed(step func(i int)) {
 	done := make(chan struct{})
 	go func() { _, _ = io.ReadAll(os.Stdin); close(done) }()
 	childtest.Say("PID", os.Getpid())
@@ -49,13 +63,7 @@ func republishChild() {
 			return
 		default:
 		}
-		r := small
-		if i%2 == 1 {
-			r = big
-		}
-		if err := state.Publish(r); err != nil {
-			childtest.Fail("Publish: %v", err)
-		}
+		step(i)
 	}
 }
 
@@ -71,20 +79,10 @@ func rewriteChild() {
 		[]byte(`{"version":1,"pid":1,"seq":1,"updated":"2026-12-01T10:00:00Z","c_heap":"short"}`),
 		[]byte(`{"version":1,"pid":1,"seq":2,"updated":"2026-12-01T10:00:00Z","c_heap":"` + strings.Repeat("long", 1000) + `"}`),
 	}
-	done := make(chan struct{})
-	go func() { _, _ = io.ReadAll(os.Stdin); close(done) }()
-	childtest.Say("PID", os.Getpid())
-	childtest.Say("READY", 1)
-	for i := 0; ; i++ {
-		select {
-		case <-done:
-			return
-		default:
-		}
-		b := recs[i%2]
+	untilStdinClosed(func(i int) {
 		_ = unix.Ftruncate(fd, 0)
-		_, _ = unix.Pwrite(fd, b, 0)
-	}
+		_, _ = unix.Pwrite(fd, recs[i%2], 0)
+	})
 }
 
 // fdsChild opens MEMCTL_TEST_FDS descriptors (dups of /dev/null, raising
