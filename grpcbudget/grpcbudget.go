@@ -221,29 +221,22 @@ func startError(err error, setTrailer func(metadata.MD)) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-// pushbackSet records whether a streaming handler set the pushback trailer
-// itself: its value then stands, and the interceptor adds none (grpc-go
-// does not retry on a trailer with two values, whatever they are).
-type pushbackSet struct{ atomic.Bool }
-
-func (p *pushbackSet) see(md metadata.MD) {
-	if len(md.Get(PushbackKey)) > 0 {
-		p.Store(true)
-	}
-}
-
 // stream is a ServerStream whose context carries the call's account and
-// which records a pushback trailer the handler sets.
+// which records whether the handler set the pushback trailer itself: its
+// value then stands, and the interceptor adds none (grpc-go does not retry
+// on a trailer with two values, whatever they are).
 type stream struct {
 	grpc.ServerStream
 	ctx context.Context
-	set pushbackSet
+	set atomic.Bool
 }
 
 func (s *stream) Context() context.Context { return s.ctx }
 
 func (s *stream) SetTrailer(md metadata.MD) {
-	s.set.see(md)
+	if len(md.Get(PushbackKey)) > 0 {
+		s.set.Store(true)
+	}
 	s.ServerStream.SetTrailer(md)
 }
 
