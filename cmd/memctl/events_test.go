@@ -13,14 +13,14 @@ import (
 // from the kernel's own format; this machine has no v2 memory controller,
 // so the files are fixtures (internal/cgroupfs/testdata/events).
 func TestStatusMemoryEvents(t *testing.T) {
-	b, err := os.ReadFile("../internal/cgroupfs/testdata/events/v5.4")
+	b, err := os.ReadFile("../../internal/cgroupfs/testdata/events/v5.4")
 	require.NoError(t, err)
 	m, err := parseMemoryEvents(b, "/sys/fs/cgroup/app/memory.events")
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int64{"low": 0, "high": 0, "max": 0, "oom": 0, "oom_kill": 0}, m,
 		"a counter the kernel does not write (oom_group_kill before 5.17) is left out, not shown as 0")
 
-	b, err = os.ReadFile("../internal/cgroupfs/testdata/events/v6.18")
+	b, err = os.ReadFile("../../internal/cgroupfs/testdata/events/v6.18")
 	require.NoError(t, err)
 	m, err = parseMemoryEvents(b, "/sys/fs/cgroup/app/memory.events")
 	require.NoError(t, err)

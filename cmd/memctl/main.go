@@ -5,7 +5,7 @@
 //
 // Install:
 //
-//	go install github.com/memctl/memctl/memctl@latest
+//	go install github.com/memctl/memctl/cmd/memctl@latest
 //
 // Usage:
 //
