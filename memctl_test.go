@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 // childStart runs Start with a JSON logger on standard error and reports
 // what the process's own /proc files and runtime say afterwards.
 func childStart() {
-	ctl, err := Start(WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))))
+	ctl, err := Start(WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	childtest.Say("ERR", strings.ReplaceAll(fmt.Sprint(err), "\n", "; "))
 	st, perr := procfs.ReadFile("/proc/self/status")
 	if perr != nil {
@@ -82,11 +82,20 @@ func runStart(t *testing.T, g *cgrouptest.Group, env ...string) (map[string]stri
 	return childtest.ParseReport(out), parseRecords(t, stderr.String())
 }
 
+// infoLines counts the INFO lines and returns the last, with the keys of
+// the DEBUG "memctl details" line that follows the startup line added.
 func infoLines(recs []map[string]any) (n int, last map[string]any) {
 	for _, r := range recs {
-		if r["level"] == "INFO" {
+		switch {
+		case r["level"] == "INFO":
 			n++
-			last = r
+			last = maps.Clone(r)
+		case r["msg"] == "memctl details" && last != nil:
+			for k, v := range r {
+				if k != "level" && k != "msg" && k != "time" {
+					last[k] = v
+				}
+			}
 		}
 	}
 	return n, last
@@ -123,14 +132,15 @@ func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	ratio := 0.9
 	want := int64(float64(g.Limit)*ratio) - outside
 	assert.Equal(t, strconv.FormatInt(want, 10), r["GOMEMLIMIT"])
-	assert.Equal(t, strconv.FormatInt(want, 10), line["gomemlimit"])
+	assert.Equal(t, strconv.FormatInt(want, 10), line["gomemlimit_bytes"])
+	assert.Equal(t, strconv.FormatFloat(float64(want)/(1<<20), 'f', 1, 64)+"MiB", line["gomemlimit"])
 	file := "memory.limit_in_bytes"
 	if g.Version == 2 {
 		file = "memory.max"
 	}
 	assert.Equal(t, filepath.Join(g.Dir, file), line["gomemlimit_file"])
 	assert.Equal(t, "10s", line["gomemlimit_refresh"], "refresh on by default")
-	assert.Equal(t, r["SOURCE"], line["gomemlimit_source"])
+	assert.Contains(t, line["gomemlimit_source"], "90% of "+r["SOURCE"]+" limit 256.0MiB less ")
 	assert.Contains(t, r["SOURCE"], "cgroup v")
 
 	r, _ = runStart(t, g, "GOMEMLIMIT=100MiB")

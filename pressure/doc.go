@@ -41,7 +41,7 @@
 // the system-wide PSI trigger on /proc/pressure/memory
 // (Documentation/accounting/psi.rst). The last is the whole host's
 // pressure, not the container's: it is named "host-wide PSI", and
-// Monitor.SourceNote (in memctl's startup line, pressure_note) says why
+// Monitor.SourceNote (in memctl's startup line, after the pressure source) says why
 // the cgroup's own signal could not be used: a read-only cgroup mount (the
 // Docker and Kubernetes default: EROFS), no memory controller, no limit. Its goroutine
 // blocks in poll(2) with no timeout while nothing happens; after it acts it
