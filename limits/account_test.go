@@ -458,32 +458,31 @@ func TestDefaultLimit(t *testing.T) {
 	var logs strings.Builder
 	p := &Pool{name: "pool", log: slog.New(slog.NewTextHandler(&logs, nil))}
 	for gml, want := range map[int64]int64{1 << 30: 512 << 20, 0: 1, 1: 1} {
-		got, err := p.defaultLimit(gml)
+		got, from, err := p.defaultLimit(gml)
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
+		assert.Contains(t, from, "half of GOMEMLIMIT")
 	}
-	assert.Empty(t, logs.String(), "GOMEMLIMIT set: nothing to say")
+	assert.Empty(t, logs.String(), "NewPool logs, defaultLimit does not")
 
 	t.Cleanup(func() { fromCgroup, fromSystem = memlimit.FromCgroup, memlimit.FromSystem })
 	fromCgroup = func() (uint64, error) { return 256 << 20, nil }
 	fromSystem = func() (uint64, error) { return 0, errors.New("not asked") }
-	got, err := p.defaultLimit(math.MaxInt64)
+	got, from, err := p.defaultLimit(math.MaxInt64)
 	require.NoError(t, err)
 	assert.Equal(t, int64(120795955), got)
-	assert.Contains(t, logs.String(), "level=INFO")
-	assert.Contains(t, logs.String(), "cgroup memory limit")
+	assert.Contains(t, from, "cgroup memory limit 256.0 MiB")
 
 	logs.Reset()
 	fromCgroup = func() (uint64, error) { return 0, memlimit.ErrNoLimit }
 	fromSystem = func() (uint64, error) { return 24 << 30, nil }
-	got, err = p.defaultLimit(math.MaxInt64)
+	got, from, err = p.defaultLimit(math.MaxInt64)
 	require.NoError(t, err)
 	assert.Equal(t, int64(11596411699), got)
-	assert.Equal(t, 1, strings.Count(logs.String(), "\n"), "one INFO line: %s", logs.String())
-	assert.Contains(t, logs.String(), "physical memory")
+	assert.Contains(t, from, "physical memory")
 
 	fromSystem = func() (uint64, error) { return 0, errors.New("no meminfo") }
-	_, err = p.defaultLimit(math.MaxInt64)
+	_, _, err = p.defaultLimit(math.MaxInt64)
 	require.Error(t, err, "never silently unlimited")
 	assert.Contains(t, err.Error(), "PoolConfig.Limit")
 
@@ -498,7 +497,9 @@ func TestDefaultLimit(t *testing.T) {
 	defer pool.Close()
 	assert.Less(t, pool.Limit(), Unlimited)
 	assert.Positive(t, pool.Limit())
-	assert.Contains(t, logs.String(), "GOMEMLIMIT is not set")
+	assert.Equal(t, 1, strings.Count(logs.String(), "\n"), "one INFO line: %s", logs.String())
+	assert.Contains(t, logs.String(), `msg="limits: pool made" pool=pool limit=`)
+	assert.Contains(t, logs.String(), "GOMEMLIMIT not set")
 	t.Logf("fallback limit %d: %s", pool.Limit(), logs.String())
 }
 

@@ -111,7 +111,6 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 		p.log.Info("limits: HTTPConfig.AfterBurst is nil: a request that peaks high does not end a burst for the trimmer (pass memctl.AfterBurst)",
 			"pool", p.name)
 	}
-	var seq atomic.Int64
 	// inflight counts the requests in the handler; overlapped is set when
 	// two were at once since the last burst they ended together.
 	var inflight atomic.Int64
@@ -123,7 +122,7 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			if cfg.Name != nil {
 				a, err = p.Open(cfg.Name(r), cfg.Limit)
 			} else {
-				a, err = p.open("", seq.Add(1), cfg.Limit) // "req-N", built only if needed
+				a, err = p.open("", p.seq.Add(1), cfg.Limit) // "req-N", built only if needed, numbered in the pool
 			}
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)

@@ -561,6 +561,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 			// The limit memctl followed is gone (a resize to no limit):
 			// back to what GOMEMLIMIT was before memctl set it.
 			debug.SetMemoryLimit(m.before)
+			noteMemLimitSet()
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, f.why))
 			d.GoMemLimit, d.Reason = m.before, f.why+"; GOMEMLIMIT back to its value before memctl set it"
 			m.applied, m.limit, m.maxFile = 0, 0, ""
@@ -756,6 +757,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20 && m.applied <= hardWant
 	if !falling && (m.applied == 0 || hard != m.limit || !within(want, m.applied, 100)) {
 		prev := debug.SetMemoryLimit(want)
+		noteMemLimitSet()
 		if m.applied == 0 {
 			m.before = prev
 		}

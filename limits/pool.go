@@ -337,9 +337,13 @@ type Pool struct {
 	// shared in every core's cache.
 	closed atomic.Bool
 	mode   Mode
-	limit  int64 // Unlimited when the pool has no limit
+	limit  atomic.Int64 // Unlimited when the pool has no limit
 	chunk  int64
-	_      [32]byte
+	// derived is true for a pool made with Limit 0: its limit follows
+	// GOMEMLIMIT. gen is the memLimitGen its limit was computed at.
+	derived bool
+	gen     atomic.Uint64
+	_       [16]byte
 
 	refused       atomic.Int64
 	refusedBy     [4]atomic.Int64 // by refusalScope
@@ -427,7 +431,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	p := &Pool{
 		name:          cfg.Name,
-		limit:         cfg.Limit,
+		derived:       cfg.Limit == 0,
 		chunk:         cfg.ChunkSize,
 		heapRatio:     cfg.HeapPressure,
 		cancelShare:   cfg.CancelShare,
@@ -461,13 +465,19 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if mode != ModeEnforce {
 		p.log.Info("limits: budgets are not enforced", "pool", p.name, "mode", mode.String())
 	}
-	if p.limit == 0 {
-		if p.limit, err = p.defaultLimit(debug.SetMemoryLimit(-1)); err != nil {
+	limit, from := cfg.Limit, "PoolConfig.Limit"
+	if limit == Unlimited {
+		from = "PoolConfig.Limit: Unlimited"
+	}
+	if p.derived {
+		p.gen.Store(memLimitGen.Load())
+		if limit, from, err = p.defaultLimit(debug.SetMemoryLimit(-1)); err != nil {
 			return nil, err
 		}
 	}
+	p.limit.Store(limit)
 	if p.shedSize = cfg.ShedSize; p.shedSize == 0 {
-		p.shedSize = shedSizeFor(p.limit, p.chunk)
+		p.shedSize = shedSizeFor(limit, p.chunk)
 	}
 	if p.heapRatio == 0 {
 		p.heapRatio = DefaultHeapPressure
@@ -488,8 +498,75 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if p.mode != ModeOff && poolNamed(p.name) {
 		p.log.Warn("limits: another open pool has the same name: the errors, Stats and metrics of the two cannot be told apart (set PoolConfig.Name)", "pool", p.name)
 	}
+	p.log.Info("limits: pool made", "pool", p.name, "limit", mibOrUnlimited(limit), "limit_source", from)
+	if other := derivedPool(); p.derived && p.mode != ModeOff && other != "" {
+		p.log.Warn("limits: a second pool with the default limit: each may use half of GOMEMLIMIT, together all of it; share one pool (the HTTP middleware, grpcbudget and connectbudget can) or set PoolConfig.Limit",
+			"pool", p.name, "other_pool", other)
+	}
 	registerPool(p)
 	return p, nil
+}
+
+// derivedPool returns the name of an open pool whose limit follows
+// GOMEMLIMIT, "" when there is none.
+func derivedPool() string {
+	name := ""
+	eachPool(func(q *Pool) {
+		if name == "" && q.derived && q.mode != ModeOff && !q.closed.Load() {
+			name = q.name
+		}
+	})
+	return name
+}
+
+// memLimitGen counts the changes of GOMEMLIMIT made by this package (the
+// MemLimiter's refresh): a pool whose limit follows GOMEMLIMIT compares it
+// with the generation its limit was computed at, one atomic load on the
+// pool's path (an account crossing a chunk boundary), never on Grow's
+// common path. Changes made elsewhere (the program's SetMemoryLimit, a
+// death-spiral lift) are seen at the next GC cycle's end (observeHeap).
+var memLimitGen atomic.Uint64
+
+// noteMemLimitSet is called after every debug.SetMemoryLimit of this
+// package that changes GOMEMLIMIT.
+func noteMemLimitSet() { memLimitGen.Add(1) }
+
+// curLimit returns the pool's limit, first following GOMEMLIMIT when it
+// was changed since the limit was computed (derived pools only).
+func (p *Pool) curLimit() int64 {
+	if p.derived {
+		if g := memLimitGen.Load(); g != p.gen.Load() {
+			p.follow(g, debug.SetMemoryLimit(-1))
+		}
+	}
+	return p.limit.Load()
+}
+
+// follow sets a derived pool's limit to DefaultPoolRatio of GOMEMLIMIT gml,
+// computed at generation g, and logs the change at INFO. A GOMEMLIMIT that
+// is no longer set keeps the limit as it is. Of concurrent callers with the
+// same g only one acts.
+func (p *Pool) follow(g uint64, gml int64) {
+	old := p.gen.Load()
+	if g != old && !p.gen.CompareAndSwap(old, g) {
+		return
+	}
+	if gml <= 0 || gml == math.MaxInt64 {
+		return
+	}
+	limit := max(int64(float64(gml)*DefaultPoolRatio), 1)
+	if prev := p.limit.Swap(limit); prev != limit && !within(limit, prev, 1000) {
+		p.log.Info("limits: pool limit follows GOMEMLIMIT", "pool", p.name, "limit", mibOrUnlimited(limit),
+			"was", mibOrUnlimited(prev), "gomemlimit", inMiB(gml))
+	}
+}
+
+// mibOrUnlimited gives a limit in MiB ("111.7 MiB"), or "unlimited".
+func mibOrUnlimited(n int64) string {
+	if n == Unlimited {
+		return "unlimited"
+	}
+	return inMiB(n)
 }
 
 // poolNamed reports whether an open pool is named name.
@@ -500,10 +577,11 @@ func poolNamed(name string) bool {
 }
 
 // defaultLimit returns the limit of a pool configured with Limit 0, given
-// GOMEMLIMIT gml (math.MaxInt64 when not set); see PoolConfig.Limit.
-func (p *Pool) defaultLimit(gml int64) (int64, error) {
+// GOMEMLIMIT gml (math.MaxInt64 when not set), and where it came from; see
+// PoolConfig.Limit.
+func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 	if gml != math.MaxInt64 {
-		return max(int64(float64(gml)*DefaultPoolRatio), 1), nil
+		return max(int64(float64(gml)*DefaultPoolRatio), 1), "half of GOMEMLIMIT " + inMiB(gml) + ", following it", nil
 	}
 	from := "cgroup memory limit"
 	base, err := fromCgroup()
@@ -511,22 +589,19 @@ func (p *Pool) defaultLimit(gml int64) (int64, error) {
 		from = "physical memory"
 		var err2 error
 		if base, err2 = fromSystem(); err2 != nil || base == 0 {
-			return 0, fmt.Errorf("limits: pool %s: no GOMEMLIMIT, no cgroup memory limit (%v) and no physical memory size (%v): set PoolConfig.Limit", p.name, err, err2)
+			return 0, "", fmt.Errorf("limits: pool %s: no GOMEMLIMIT, no cgroup memory limit (%v) and no physical memory size (%v): set PoolConfig.Limit", p.name, err, err2)
 		}
 	}
 	limit := max(int64(float64(min(base, math.MaxInt64))*DefaultRatio*DefaultPoolRatio), 1)
-	p.log.Info("limits: GOMEMLIMIT is not set; pool limit is half of 90% of the "+from,
-		"pool", p.name, "limit", limit, from, base)
-	return limit, nil
+	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + inMiB(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
 }
 
 // Name returns the pool's name, the first element of every scope.
 func (p *Pool) Name() string { return p.name }
 
 // Limit returns the pool's limit in bytes; Unlimited (math.MaxInt64) means
-// none. It is fixed at NewPool (see PoolConfig.Limit): a pool derived from
-// GOMEMLIMIT keeps the value GOMEMLIMIT had then.
-func (p *Pool) Limit() int64 { return p.limit }
+// none. A pool made with PoolConfig.Limit 0 follows GOMEMLIMIT (see there).
+func (p *Pool) Limit() int64 { return p.curLimit() }
 
 // Mode returns the pool's budget mode, read from the environment by NewPool.
 func (p *Pool) Mode() Mode { return p.mode }
@@ -556,7 +631,7 @@ func (p *Pool) Stats() PoolStats {
 			Account: p.refusedBy[scopeAccount].Load(), Pool: p.refusedBy[scopePool].Load(),
 			HeapPressure: p.refusedBy[scopeHeap].Load(), Shedding: p.refusedBy[scopeShed].Load(),
 		},
-		Limit:             p.limit,
+		Limit:             p.curLimit(),
 		Mode:              p.mode,
 		Used:              p.used.Load(),
 		Peak:              p.peak.Load(),
@@ -634,16 +709,17 @@ func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 			return 0, e
 		}
 	}
+	limit := p.curLimit()
 	for {
 		cur := p.used.Load()
 		got := want
-		if need > p.limit-cur {
-			e := &ExhaustedError{Requested: need, Used: cur, Limit: p.limit, Scope: p.name, RetryAfter: DefaultRetryAfter}
+		if need > limit-cur {
+			e := &ExhaustedError{Requested: need, Used: cur, Limit: limit, Scope: p.name, RetryAfter: DefaultRetryAfter}
 			if need > math.MaxInt64-cur || o.over(p, e) {
 				return 0, e
 			}
 			got = need // so that the next Grow past the limit is seen too
-		} else if want > p.limit-cur {
+		} else if want > limit-cur {
 			got = need
 		}
 		if p.used.CompareAndSwap(cur, cur+got) {
@@ -672,7 +748,7 @@ func (a *Account) noteRefused(n int64, err error) {
 		// succeed once that passes, unless this work alone does not fit in
 		// the pool's limit.
 		u := max(a.used.Load(), 0) + a.kids.Load()
-		if n > a.pool.limit-min(u, a.pool.limit) {
+		if l := a.pool.limit.Load(); n > l-min(u, l) {
 			e.RetryAfter = 0
 		}
 	}

@@ -58,6 +58,9 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 	over := threshold > 0 && live > threshold
 	p.pressure.Store(over)
 	p.heapCycles.Add(1)
+	if p.derived && gomemlimit > 0 && gomemlimit != math.MaxInt64 && heapThreshold(gomemlimit, DefaultPoolRatio) != p.limit.Load() {
+		p.follow(memLimitGen.Load(), gomemlimit) // a change made outside this package
+	}
 	p.checkCharges(live, gomemlimit)
 	if !over {
 		p.outsideLogged.Store(false)

@@ -378,23 +378,49 @@ func TestGrowAfterContextEndWrapsCause(t *testing.T) {
 	assert.Equal(t, "limits: closed: pool/req-4: Grow(1)", err.Error())
 }
 
-// TestPoolLimitFixedHeapThresholdFollowsGOMEMLIMIT: a pool's limit derived
-// from GOMEMLIMIT is read once, by NewPool; the heap-pressure threshold is
-// read from GOMEMLIMIT at every GC cycle, so it follows a refresh
-// (MemLimitConfig.Refresh calls debug.SetMemoryLimit).
-func TestPoolLimitFixedHeapThresholdFollowsGOMEMLIMIT(t *testing.T) {
+// TestPoolLimitAndHeapThresholdFollowGOMEMLIMIT (issue 27, item 6, after
+// OpenTelemetry Collector #15580): a pool made with Limit 0 and its
+// heap-pressure threshold both follow GOMEMLIMIT; a change made outside
+// this package (the program's SetMemoryLimit) is seen at the next GC
+// cycle's end. A pool with a Limit of its own keeps it.
+func TestPoolLimitAndHeapThresholdFollowGOMEMLIMIT(t *testing.T) {
 	prev := debug.SetMemoryLimit(4 * gib)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
-	p := newTestPool(t, PoolConfig{HeapPressure: 0.5})
+	var logs strings.Builder
+	p := newTestPool(t, PoolConfig{HeapPressure: 0.5, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	fixed := newTestPool(t, PoolConfig{Name: "fixed", Limit: gib, HeapPressure: 0.5})
 	assert.Equal(t, 2*gib, p.Limit(), "DefaultPoolRatio of GOMEMLIMIT at NewPool")
+	assert.Contains(t, logs.String(), `msg="limits: pool made" pool=pool limit="2048.0 MiB" limit_source="half of GOMEMLIMIT 4096.0 MiB, following it"`)
 	waitCycles(t, p, 1)
 	assert.Equal(t, 2*gib, p.Stats().HeapThreshold)
 
-	debug.SetMemoryLimit(8 * gib) // what a refresh does after a resize
+	debug.SetMemoryLimit(8 * gib) // the program's own change
 	waitCycles(t, p, 2)
 	assert.Equal(t, 4*gib, p.Stats().HeapThreshold, "the threshold follows GOMEMLIMIT")
-	assert.Equal(t, 2*gib, p.Limit(), "the pool's limit does not")
-	assert.Equal(t, 2*gib, p.Stats().Limit)
+	assert.Equal(t, 4*gib, p.Limit(), "so does the pool's limit")
+	assert.Equal(t, 4*gib, p.Stats().Limit)
+	assert.Contains(t, logs.String(), `msg="limits: pool limit follows GOMEMLIMIT" pool=pool limit="4096.0 MiB" was="2048.0 MiB"`)
+	assert.Equal(t, gib, fixed.Limit(), "PoolConfig.Limit is the pool's own")
+}
+
+// TestPoolFollowsMemLimiterWithoutGC: a change this package makes (the
+// MemLimiter's refresh) is seen by the pool's next reservation, with no GC
+// cycle between.
+func TestPoolFollowsMemLimiterWithoutGC(t *testing.T) {
+	prev := debug.SetMemoryLimit(4 * gib)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	p := newTestPool(t, PoolConfig{HeapPressure: -1})
+	assert.Equal(t, 2*gib, p.Limit())
+	debug.SetMemoryLimit(gib)
+	assert.Equal(t, 2*gib, p.Limit(), "no GC end, no generation: not seen yet")
+	noteMemLimitSet()
+	assert.Equal(t, gib/2, p.Limit(), "the generation changed: read at once")
+	a := mustOpen(t, p, "big", Unlimited)
+	defer a.Close()
+	err := a.Grow(gib/2 + 1)
+	var e *ExhaustedError
+	require.ErrorAs(t, err, &e)
+	assert.Equal(t, gib/2, e.Limit, "the refusal uses the limit followed")
 }
 
 // TestHeapThresholdClamped: HeapPressure 1 with a GOMEMLIMIT within 512

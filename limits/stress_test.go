@@ -25,8 +25,8 @@ import (
 // a child's reservation would add up to more than was ever held.
 func checkLimits(p *Pool, accts []*Account) []string {
 	var bad []string
-	if u, pk := p.Used(), p.peak.Load(); u > p.limit || pk > p.limit || u < 0 {
-		bad = append(bad, fmt.Sprintf("pool: used %d, peak %d, limit %d", u, pk, p.limit))
+	if u, pk, l := p.Used(), p.peak.Load(), p.limit.Load(); u > l || pk > l || u < 0 {
+		bad = append(bad, fmt.Sprintf("pool: used %d, peak %d, limit %d", u, pk, l))
 	}
 	for _, a := range accts {
 		a.mu.Lock()
@@ -228,7 +228,7 @@ func stress(t *testing.T, seed uint64) {
 
 	assert.Empty(t, violations, "limits exceeded while running")
 	t.Logf("seed %d: %d granted, %d refused, %d ErrClosed, %d closes, %d opens, %d limit checks, pool peak %d of %d, %d leaked",
-		seed, granted.Load(), refused.Load(), closedErrs.Load(), closes.Load(), opens.Load(), checks.Load(), p.peak.Load(), p.limit, p.Stats().Leaked)
+		seed, granted.Load(), refused.Load(), closedErrs.Load(), closes.Load(), opens.Load(), checks.Load(), p.peak.Load(), p.limit.Load(), p.Stats().Leaked)
 	require.Positive(t, refused.Load(), "the test must reach the limits")
 
 	// Quiescent: exact accounting. Every account's own counter is back to
