@@ -610,3 +610,25 @@ func TestClientContentLength(t *testing.T) {
 	}
 	assert.Equal(t, 3*mib, p.Used(), "the requests left nothing behind")
 }
+
+// Input (issue 27, item 4): request names repeated across transports in one
+// pool (req-2 from the HTTP middleware and req-2 from the gRPC
+// interceptor, which uses StartWork). They are numbered in the pool now:
+// two middlewares and StartWork on one pool give req-1, req-2, req-3.
+func TestRequestNamesUniqueInPool(t *testing.T) {
+	p := newTestPool(t, PoolConfig{Limit: 100 * mib})
+	var names []string
+	record := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		names = append(names, FromContext(r.Context()).Name())
+	})
+	for _, mw := range []func(http.Handler) http.Handler{
+		mustMiddleware(t, p, HTTPConfig{Limit: mib}), mustMiddleware(t, p, HTTPConfig{Limit: mib}),
+	} {
+		mw(record).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	ctx, w, err := p.StartWork(t.Context(), WorkConfig{Limit: mib})
+	require.NoError(t, err)
+	names = append(names, FromContext(ctx).Name())
+	w.Finish(nil)
+	assert.Equal(t, []string{"pool/req-1", "pool/req-2", "pool/req-3"}, names)
+}

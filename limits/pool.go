@@ -177,13 +177,17 @@ type PoolConfig struct {
 	// memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes, read by
 	// automemlimit's memlimit.FromCgroup), or, outside a limited cgroup, of
 	// the physical memory (memlimit.FromSystem: /proc/meminfo MemTotal on
-	// Linux); NewPool then logs one INFO line saying so, and fails when it
-	// cannot read either. Unlimited asks for no limit by name. Set
-	// GOMEMLIMIT (for example with SetGoMemLimit) before NewPool. The limit
-	// is fixed at NewPool: it does not follow a later change of GOMEMLIMIT
-	// (a MemLimitConfig.Refresh after an in-place resize), while the
-	// heap-pressure threshold does. A negative Limit is an error.
-	// Default: 0.
+	// Linux); NewPool fails when it cannot read either. Unlimited asks for
+	// no limit by name. A limit of 0 follows GOMEMLIMIT: after a change the
+	// MemLimiter makes (a refresh after an in-place resize), at the pool's
+	// next reservation or Limit or Stats call; after any other change (the
+	// program's SetMemoryLimit, a death-spiral lift), at the next GC
+	// cycle's end; each change of more than 0.1% is logged at INFO. NewPool
+	// logs the limit and where it came from at INFO, and a WARN when
+	// another open pool has a default limit too: each may use half of
+	// GOMEMLIMIT, together all of it; share one pool between transports
+	// (Middleware, grpcbudget, connectbudget) instead. A negative Limit is
+	// an error. Default: 0.
 	Limit int64
 	// ChunkSize is the granularity, in bytes, in which accounts reserve from
 	// the pool or their parent account, in [1, 1 GiB]. Grow and Shrink within
@@ -243,7 +247,9 @@ type PoolConfig struct {
 	// and an account closed with bytes it did not shrink. The panic comes
 	// after every lock is released. Tests turn it on. Default: false.
 	Strict bool
-	// Logger receives the pool's few log lines: the fallback limit (INFO),
+	// Logger receives the pool's few log lines: its limit and source at
+	// NewPool and each change that follows GOMEMLIMIT (INFO), a second pool
+	// with a default limit (WARN),
 	// a bad MEMCTL_BUDGETS (WARN), the first misuse and the first leak
 	// (WARN), pressure that cancels nothing (WARN, once per episode of heap
 	// pressure, at most once a minute for the kernel's: CancelLargest),
