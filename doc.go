@@ -140,8 +140,8 @@
 // cycle at most every MEMCTL_REFRESH (no goroutine, no timer), so a pod
 // resized in place gets a new GOMEMLIMIT within about that long of
 // allocating, and Controller.Refresh re-reads it on demand. No cgroup, or
-// one without a limit, is normal: the startup line says "no cgroup memory
-// limit" and why, at INFO. A limit of 0 or under the process's RSS is a
+// one without a limit, is normal: the startup line says gomemlimit=none
+// and "no memory limit found" at INFO, and why at DEBUG. A limit of 0 or under the process's RSS is a
 // malformed file (WARN, GOMEMLIMIT unchanged); a small one is applied with
 // the floor and a WARN that the GC will run often.
 //

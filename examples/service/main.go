@@ -25,13 +25,16 @@ import (
 
 func main() {
 	// THP off, GOMEMLIMIT from the cgroup limit, a trim 2 s after each
-	// burst. Start logs one INFO line with what it decided and a WARN line
-	// for each part it skipped; it never fails the service.
+	// burst. Start logs one short INFO line with what it decided and a
+	// WARN line for each part it skipped; it never fails the service.
 	ctl, _ := memctl.Start()
 	defer ctl.Close()
 
-	// The budget pool: half of GOMEMLIMIT, shared by all requests.
-	pool, err := limits.NewPool(limits.PoolConfig{Name: "http"})
+	// The budget pool: half of GOMEMLIMIT (following it), shared by all
+	// requests; one pool for every transport (pass it to grpcbudget and
+	// connectbudget too). Under heap pressure the largest request is
+	// canceled. NewPool logs its limit and where it came from.
+	pool, err := limits.NewPool(limits.PoolConfig{Name: "http", CancelLargest: true})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -32,6 +32,15 @@
 //	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
 //	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
 //	-budgets         run the interceptors (default true; false: the same server without them)
+//	-http            listen address of the HTTP side (default "": none): /alloc?n= behind the
+//	                 limits middleware and /debug/memctl, on the same pool as the gRPC calls
+//
+// One pool for every transport: the gRPC interceptors and the HTTP
+// middleware take the same *limits.Pool (HTTPHandler), so that a request
+// of either kind counts against one budget, with CancelLargest the same
+// for both and request names (req-N) numbered in the pool. Two pools made
+// with the default limit would each allow half of GOMEMLIMIT, together all
+// of it (NewPool warns about the second).
 //
 // The server prints "listening on ADDR" once it accepts connections, and
 // stops on SIGINT or SIGTERM.
@@ -45,11 +54,13 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -72,6 +83,7 @@ func run(args []string, stdout io.Writer) error {
 	budget := fs.String("request-budget", "64MiB", "each call's budget in bytes (KiB, MiB, GiB suffixes)")
 	poolSize := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
 	budgets := fs.Bool("budgets", true, "run the budget interceptors")
+	httpAddr := fs.String("http", "", "listen address of the HTTP side on the same pool (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -88,11 +100,27 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer ctl.Close()
+	// One pool for gRPC and HTTP; CancelLargest: under heap pressure the
+	// largest call or request is canceled, whatever its transport.
 	pool, err := limits.NewPool(limits.PoolConfig{Name: "grpc", Limit: size, CancelLargest: true})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if *httpAddr != "" {
+		h, err := HTTPHandler(pool, limit)
+		if err != nil {
+			return err
+		}
+		hln, err := net.Listen("tcp", *httpAddr)
+		if err != nil {
+			return err
+		}
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		defer hs.Close()
+		go func() { _ = hs.Serve(hln) }()
+		fmt.Fprintf(stdout, "http on %s\n", hln.Addr())
+	}
 	var opts []grpc.ServerOption
 	if *budgets {
 		if opts, err = Options(pool, grpcbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst}); err != nil {
@@ -112,6 +140,31 @@ func run(args []string, stdout io.Writer) error {
 		srv.GracefulStop()
 	}()
 	return srv.Serve(ln)
+}
+
+// HTTPHandler returns the HTTP side of the service on the gRPC calls' pool:
+// /alloc?n= charges and builds n bytes behind the pool's middleware (each
+// request's budget limit bytes, 429 resource_exhausted past it), and
+// /debug/memctl shows what memctl decided, the pool included.
+func HTTPHandler(pool *limits.Pool, limit int64) (http.Handler, error) {
+	budget, err := pool.Middleware(limits.HTTPConfig{Limit: limit, AfterBurst: memctl.AfterBurst})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/alloc", budget(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+		b, err := alloc(r.Context(), n)
+		if err != nil {
+			if !limits.WriteError(w, err) {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+			}
+			return
+		}
+		fmt.Fprintln(w, len(b))
+	})))
+	mux.Handle("/debug/memctl", memctl.Handler())
+	return mux, nil
 }
 
 // Options returns the server options that install the unary and stream

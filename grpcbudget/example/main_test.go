@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -437,4 +441,31 @@ func BenchmarkInterceptorRatio(b *testing.B) {
 	b.ReportMetric(float64(tBudget)/float64(tPlain), "budget/plain")
 	b.ReportMetric(float64(tPlain.Nanoseconds())/float64(i), "plain-ns/call")
 	b.ReportMetric(float64(tBudget.Nanoseconds())/float64(i), "budget-ns/call")
+}
+
+// Input (issue 27, item 4): the HTTP and gRPC examples each made a pool of
+// half of GOMEMLIMIT, and request names repeated across them. Here one pool
+// serves both: a 1 GiB HTTP request and a 1 GiB gRPC call are refused by
+// the same pool, under names numbered in it.
+func TestOnePoolForHTTPAndGRPC(t *testing.T) {
+	s := startServer(t, limits.PoolConfig{Limit: 512 * mib}, 64*mib)
+	h, err := HTTPHandler(s.pool, 64*mib)
+	require.NoError(t, err)
+	hs := httptest.NewServer(h)
+	defer hs.Close()
+	resp, err := http.Get(hs.URL + "/alloc?n=" + strconv.FormatInt(gib, 10))
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Contains(t, string(body), "resource_exhausted in grpc/req-1:")
+	_, trailer, err := s.call(context.Background(), "Alloc", gib)
+	requireExhausted(t, err, trailer, "grpc/req-2:", "1073741824")
+	resp, err = http.Get(hs.URL + "/alloc?n=" + strconv.FormatInt(mib, 10))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	st := s.pool.Stats()
+	assert.Equal(t, int64(2), st.RefusedBy.Account, "both transports in the one pool")
+	assert.Equal(t, int64(3), st.Peaks.Count, "three requests closed in the pool")
 }
