@@ -5,7 +5,7 @@
 //
 // memctl.Start sets GOMEMLIMIT; a service adds a pool and its middleware:
 //
-//	pool, err := limits.NewPool(limits.PoolConfig{Name: "http"}) // half of GOMEMLIMIT
+//	pool, err := limits.NewPool(limits.PoolConfig{Name: "http"}) // half of GOMEMLIMIT, following it
 //	if err != nil { ... }
 //	defer pool.Close()
 //	budget, err := pool.Middleware(limits.HTTPConfig{
@@ -32,26 +32,18 @@
 //
 // Read on, on the types:
 //
-//   - SetGoMemLimit and MemLimiter: GOMEMLIMIT from cgroup v1 or v2 (ratio
-//     0.9 of the tightest memory.max, with a memory.high under it as a
-//     target held above 1.5x the live heap, less what the cgroup is charged
-//     that the Go runtime does not hold and the kernel cannot reclaim: C
-//     heap, other processes' anonymous memory, shmem, tmpfs and ramfs,
-//     kernel memory, from memory.stat, page cache not subtracted; a 64 MiB
-//     floor;
-//     re-read at GC end at most every 10 s; the operator's GOMEMLIMIT and
-//     AUTOMEMLIMIT win), and MemLimit, what was decided and why.
+//   - SetGoMemLimit and MemLimiter: GOMEMLIMIT from the cgroup limit,
+//     followed as it changes; MemLimit: what was decided and why.
 //   - Pool and PoolConfig: the shared budget (by default half of
-//     GOMEMLIMIT; without it, half of 90% of the cgroup limit or of the
-//     physical memory, never silently unlimited) and its heap watch, which
-//     refuses growth when the live heap passes 90% of GOMEMLIMIT and can
-//     cancel the largest request (HeapPressure, CancelLargest).
+//     GOMEMLIMIT, following it) and its heap watch (HeapPressure,
+//     CancelLargest).
 //   - Account: one request's share, nesting, and the cost of Grow and
-//     Shrink (one atomic add or compare-and-swap within a 64 KiB chunk).
-//   - Pool.Middleware, HTTPConfig and WriteError: the HTTP side.
-//   - ExhaustedError and ErrResourceExhausted: what a refusal carries (the
-//     bytes asked for, in use and allowed, the scope); a negative size is
-//     ErrInvalidSize.
+//     Shrink.
+//   - Pool.Middleware, HTTPConfig and WriteError: the HTTP side; Pool.Do,
+//     Pool.StartWork and WorkConfig: a queue's job or an RPC (the
+//     grpcbudget and connectbudget modules are built on StartWork);
+//     package limitstest: a handler under test.
+//   - ExhaustedError and ErrResourceExhausted: what a refusal carries.
 //   - Mode: MEMCTL_BUDGETS=enforce|observe|off, the operator's switch;
 //     observe is the safe way to roll budgets out.
 //
@@ -59,27 +51,12 @@
 // Leaked, the first of each logged at WARN); PoolConfig.Strict makes it
 // panic, for tests.
 //
-// Outside net/http: Pool.Do runs one job (a queue message, a batch step)
-// under an account of its own, and Pool.StartWork with Work.Finish is the
-// same in two halves, on which the gRPC and Connect interceptors are built
-// (the nested modules github.com/memctl/memctl/grpcbudget and
-// .../connectbudget: code 8 RESOURCE_EXHAUSTED, Connect resource_exhausted,
-// with the retry pushback where a retry can succeed). Package limitstest
-// gives a handler under test a budget without the middleware.
-//
 // # Sizing budgets
 //
-// Each top-level account's peak (what the request reached or asked for) is
-// recorded when it closes, in every mode, in PoolStats.Peaks, a histogram
-// by powers of two: run with MEMCTL_BUDGETS=observe, and
-// PeakHistogram.Above(limit) says how many requests a budget of limit bytes
-// would refuse. At the end of each GC cycle the pool also compares what its
-// accounts hold with the live heap beyond its baseline, and says once at
-// WARN (PoolStats.Undercharged counts it) when the heap is far larger: the
-// charges look too small and the budgets protect nothing. How to pick the
-// pool and the per-request budget from the histogram, what the default pool
-// means in a small cgroup, and how far the charge check can be trusted:
-// docs/sizing.md in the repository
+// Run with MEMCTL_BUDGETS=observe: PoolStats.Peaks records each request's
+// peak, and PeakHistogram.Above(limit) says how many a budget of limit
+// bytes would refuse; PoolConfig.ChargeRatio says when the charges look
+// too small. How to pick the pool and the budgets: docs/sizing.md
 // (https://github.com/memctl/memctl/blob/main/docs/sizing.md).
 //
 // # Configuration

@@ -26,7 +26,7 @@ type HTTPConfig struct {
 	Limit int64
 	// Name returns the account name for a request, the element after the
 	// pool's name in error scopes. Default: nil (means "req-N", N counting
-	// the middleware's requests from 1).
+	// the pool's numbered requests from 1, whatever the transport).
 	Name func(*http.Request) string
 	// BurstThreshold is the size, in bytes, at or above which a request
 	// ends a burst: AfterBurst is called once the handler returns and the
@@ -72,30 +72,14 @@ type HTTPConfig struct {
 // for a cfg.Limit that is negative or 0. The middleware is safe for
 // concurrent use.
 //
-// A handler shrinks what it grew before it returns (defer limits.Shrink):
-// an account closed with bytes still grown counts as a leak
-// (PoolStats.Leaked; see Account.Close), and panics, after the account is
-// closed and AfterBurst called, when PoolConfig.Strict is set, unless the
-// handler itself panicked: its panic goes on, unchanged. An account
-// closed early because the request's context ended is not a leak.
-//
-// Handlers answer a Grow error with WriteError, and any error it does not
-// answer with their own status, for example:
-//
-//	if err := limits.Grow(r.Context(), n); err != nil {
-//		if !limits.WriteError(w, err) {
-//			http.Error(w, err.Error(), http.StatusInternalServerError)
-//		}
-//		return
-//	}
-//
-// With PoolConfig.CancelLargest, once the request's context has ended the
-// account is closed, and Grow fails with an error matching ErrClosed that
-// also wraps the context's cause: after a heap-pressure cancel it matches
-// ErrResourceExhausted, so WriteError answers 429; after the client went
-// away it matches context.Canceled, WriteError returns false, and nobody is
-// left to read the answer. Without it, a handler that should stop when the
-// client goes away checks r.Context().Err() as usual.
+// A handler shrinks what it grew before it returns (defer limits.Shrink)
+// and answers a Grow error with WriteError (the package example); a leak
+// is counted as in Account.Close and, with PoolConfig.Strict, panics after
+// the account is closed and AfterBurst called, unless the handler itself
+// panicked. With CancelLargest, a Grow after the request's context ended
+// fails as WithAccount says (429 after a heap-pressure cancel); without
+// it, a handler that should stop when the client goes away checks
+// r.Context().Err() as usual.
 func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "HTTPConfig.Limit: Middleware" }); err != nil {
 		return nil, err
@@ -210,11 +194,8 @@ type errorBody struct {
 // http.Error does, it keeps Content-Encoding, which a compressing
 // middleware sets for what it compresses (go.dev/issue/66343): a handler
 // that set Content-Encoding itself and compresses by hand deletes it first.
-// It sets Retry-After, in whole seconds, when a retry can succeed
-// (ExhaustedError.RetryAfter: the pool was full or under heap pressure, or
-// the heap watch canceled the request), and deletes it when a retry cannot
-// (the request was over its own budget or an ancestor account's, or asked
-// for more than the pool's whole limit).
+// It sets Retry-After from ExhaustedError.RetryAfter, in whole seconds,
+// and deletes it when that is 0 (a retry cannot succeed).
 //
 // For any other error, and for nil, it writes nothing and returns false,
 // and the caller answers: ErrInvalidSize is a bug of the caller (500),

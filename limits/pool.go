@@ -171,23 +171,18 @@ type PoolConfig struct {
 	// open pool has the same name. Default: "pool".
 	Name string
 	// Limit is the pool's budget in bytes, shared by all its accounts.
-	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT as read by NewPool
-	// (debug.SetMemoryLimit(-1)). When GOMEMLIMIT is not set either, it is
-	// 0.5 of what SetGoMemLimit would set: DefaultRatio (0.9) of the cgroup
-	// memory limit (cgroup v2 memory.max, v1 memory.limit_in_bytes, read by
-	// automemlimit's memlimit.FromCgroup), or, outside a limited cgroup, of
-	// the physical memory (memlimit.FromSystem: /proc/meminfo MemTotal on
-	// Linux); NewPool fails when it cannot read either. Unlimited asks for
-	// no limit by name. A limit of 0 follows GOMEMLIMIT: after a change the
-	// MemLimiter makes (a refresh after an in-place resize), at the pool's
-	// next reservation or Limit or Stats call; after any other change (the
-	// program's SetMemoryLimit, a death-spiral lift), at the next GC
-	// cycle's end; each change of more than 0.1% is logged at INFO. NewPool
-	// logs the limit and where it came from at INFO, and a WARN when
-	// another open pool has a default limit too: each may use half of
-	// GOMEMLIMIT, together all of it; share one pool between transports
-	// (Middleware, grpcbudget, connectbudget) instead. A negative Limit is
-	// an error. Default: 0.
+	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT, following it: a change
+	// the MemLimiter makes (a refresh after a resize) is seen at the pool's
+	// next reservation, Limit or Stats call, any other (SetMemoryLimit, a
+	// death-spiral lift) at the next GC cycle's end. Without GOMEMLIMIT it
+	// is 0.5 of DefaultRatio (0.9) of the cgroup memory limit (automemlimit's
+	// memlimit.FromCgroup) or of the physical memory (memlimit.FromSystem),
+	// until GOMEMLIMIT is set; NewPool fails when it can read neither.
+	// NewPool logs the limit and its source at INFO (each later change too),
+	// and a WARN when another open pool has a default limit: together they
+	// may use all of GOMEMLIMIT; share one pool between transports instead.
+	// Unlimited asks for no limit by name; a negative Limit is an error.
+	// Default: 0.
 	Limit int64
 	// ChunkSize is the granularity, in bytes, in which accounts reserve from
 	// the pool or their parent account, in [1, 1 GiB]. Grow and Shrink within
