@@ -26,7 +26,10 @@
 // resource_exhausted in connect/req-1: requested 1073741824 bytes, 0 in
 // use, limit 67108864"}, with no Retry-After; a call refused because the
 // pool is full carries Retry-After: 1. The server speaks HTTP/1.1 and
-// HTTP/2 without TLS (h2c), so gRPC clients reach it too.
+// HTTP/2 without TLS (h2c), so gRPC clients reach it too: one pool for
+// every transport, as a service that also serves plain HTTP routes passes
+// the same pool to limits.Pool.Middleware (a second pool with the default
+// limit would allow another half of GOMEMLIMIT; NewPool warns about it).
 //
 // Flags:
 //
