@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"sync"
 	"testing"
@@ -74,7 +75,8 @@ func (a *mutexAccount) Shrink(n int64) {
 }
 
 func benchPool(b *testing.B) *Pool {
-	p, err := NewPool(PoolConfig{Limit: 1 << 40, HeapPressure: -1})
+	// A discard logger: NewPool's INFO line would split the benchmark output.
+	p, err := NewPool(PoolConfig{Limit: 1 << 40, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

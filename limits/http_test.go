@@ -542,7 +542,7 @@ func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
 	p.pressure.Store(false)
 	Shed(true)
 	defer Shed(false)
-	for n, retry := range map[int64]time.Duration{p.shedSize: DefaultRetryAfter, 2 * mib: 0} {
+	for n, retry := range map[int64]time.Duration{p.shedLimit(): DefaultRetryAfter, 2 * mib: 0} {
 		var e *ExhaustedError
 		require.ErrorAs(t, a.Grow(n), &e)
 		assert.Equal(t, "pool/a (shedding)", e.Scope)

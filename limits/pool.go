@@ -374,7 +374,7 @@ type Pool struct {
 	heapRatio     float64
 	cancelShare   float64
 	chargeRatio   float64
-	shedSize      int64
+	shedSize      int64 // PoolConfig.ShedSize; 0: the default (shedLimit)
 	cancelLargest bool
 	strict        bool
 	log           *slog.Logger
@@ -477,9 +477,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		}
 	}
 	p.limit.Store(limit)
-	if p.shedSize = cfg.ShedSize; p.shedSize == 0 {
-		p.shedSize = shedSizeFor(limit, p.chunk)
-	}
+	p.shedSize = cfg.ShedSize // 0: shedSizeFor the limit now (shedLimit)
 	if p.heapRatio == 0 {
 		p.heapRatio = DefaultHeapPressure
 	}

@@ -131,13 +131,22 @@ func shedSizeFor(limit, chunk int64) int64 {
 	return max(min(DefaultShedSize, limit/16), chunk)
 }
 
+// shedLimit returns the pool's ShedSize: PoolConfig.ShedSize, or its
+// default for the pool's limit now (which follows GOMEMLIMIT).
+func (p *Pool) shedLimit() int64 {
+	if p.shedSize > 0 {
+		return p.shedSize
+	}
+	return shedSizeFor(p.curLimit(), p.chunk)
+}
+
 // shedError returns the refusal of a Grow of n over total while shedding,
 // or nil when the Grow stays within ShedSize.
 func (a *Account) shedError(n, total int64) *ExhaustedError {
 	if !shedding.Load() {
 		return nil
 	}
-	s := a.pool.shedSize
+	s := a.pool.shedLimit()
 	if n <= s-total {
 		return nil
 	}
@@ -153,7 +162,7 @@ func (a *Account) shedCap(want, need, held int64) int64 {
 	if !shedding.Load() {
 		return want
 	}
-	if room := a.pool.shedSize - held; want > room {
+	if room := a.pool.shedLimit() - held; want > room {
 		return max(room, need)
 	}
 	return want
