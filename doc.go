@@ -1,9 +1,17 @@
 // Package memctl keeps a pure-Go service's memory bounded and predictable on
-// Linux. One call at the top of main:
+// Linux. The one-line answer to a pod OOM-killed at its limit, or to RSS
+// that stays at its peak after a burst, is a blank import in main's
+// package, which runs Start with its defaults:
+//
+//	import _ "github.com/memctl/memctl/auto"
+//
+// For per-request budgets (package limits) or options, call Start at the
+// top of main instead:
 //
 //	func main() {
-//		// Start logs what it decided (INFO) and each part it skipped
-//		// (WARN); its error joins those, for tests and strict callers.
+//		// Start logs what it decided (one short INFO line, the details at
+//		// DEBUG) and each part it skipped (WARN); its error joins those,
+//		// for tests and strict callers.
 //		ctl, _ := memctl.Start()
 //		defer ctl.Close()
 //		...
@@ -29,8 +37,8 @@
 // comes two seconds after the last GC cycle that saw it (trim.AutoBurst; no
 // goroutine or timer while idle). AfterBurst and Begin mark bursts the
 // detector cannot see (garbage that no GC cycle found live) and set the
-// trim's time exactly. It logs one INFO line through log/slog that says what it
-// decided. Package limits also has per-request memory budgets that refuse
+// trim's time exactly. It logs one short INFO line through log/slog that
+// says what it decided, the details at DEBUG. Package limits also has per-request memory budgets that refuse
 // the request that would exceed its share with a resource_exhausted error.
 //
 // Start also watches for trouble (package pressure): at the end of each GC
