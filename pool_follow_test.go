@@ -48,7 +48,10 @@ func childPoolResize() {
 			time.Sleep(time.Millisecond)
 		}
 		if time.Since(last) > 20*time.Millisecond {
-			fmt.Printf("GOMEMLIMIT=%d POOL=%d\n", debug.SetMemoryLimit(-1), p.Stats().Limit)
+			// Reported only when no refresh came between the two reads.
+			if g, l := debug.SetMemoryLimit(-1), p.Stats().Limit; g == debug.SetMemoryLimit(-1) {
+				fmt.Printf("GOMEMLIMIT=%d POOL=%d\n", g, l)
+			}
 			last = time.Now()
 		}
 	}

@@ -255,8 +255,8 @@ type PoolConfig struct {
 
 // PoolStats is a snapshot of a pool's counters.
 type PoolStats struct {
-	// Limit is the pool's limit in bytes; Unlimited (math.MaxInt64) means
-	// no limit.
+	// Limit is the pool's limit in bytes now (a default pool's follows
+	// GOMEMLIMIT); Unlimited (math.MaxInt64) means no limit.
 	Limit int64
 	// Mode is the pool's budget mode (MEMCTL_BUDGETS).
 	Mode Mode
