@@ -517,3 +517,20 @@ func TestCancelLargestSpreadIsNotOutside(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(logs.String(), "none of which holds PoolConfig.CancelShare"), logs.String())
 	assert.NotContains(t, logs.String(), "outside")
 }
+
+// Input (issue 27, item 4): the HTTP and gRPC examples each made a pool
+// with the default limit, half of GOMEMLIMIT each, together all of it,
+// with no warning. The second such pool is warned about; a pool with a
+// Limit of its own is not.
+func TestSecondDefaultPoolWarned(t *testing.T) {
+	prev := debug.SetMemoryLimit(4 * gib)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	var logs strings.Builder
+	l := slog.New(slog.NewTextHandler(&logs, nil))
+	newTestPool(t, PoolConfig{Name: "http", Logger: l})
+	newTestPool(t, PoolConfig{Name: "sized", Limit: gib, Logger: l})
+	assert.NotContains(t, logs.String(), "level=WARN", "one default pool, one sized: nothing to warn about")
+	newTestPool(t, PoolConfig{Name: "grpc", Logger: l})
+	assert.Contains(t, logs.String(), `level=WARN msg="limits: a second pool with the default limit`)
+	assert.Contains(t, logs.String(), "pool=grpc other_pool=http")
+}
