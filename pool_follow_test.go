@@ -108,7 +108,7 @@ func TestPoolFollowsResizeInCgroup(t *testing.T) {
 		}
 	}
 	t.Logf("%s", made)
-	assert.Contains(t, made, "limit="+strconv.Quote(fmt.Sprintf("%.1f MiB", float64(first.pool)/(1<<20))))
+	assert.Contains(t, made, fmt.Sprintf("limit=%.1fMiB ", float64(first.pool)/(1<<20)))
 	assert.Contains(t, made, "limit_source=\"half of GOMEMLIMIT")
 
 	file := "memory.limit_in_bytes"

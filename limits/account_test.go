@@ -471,7 +471,7 @@ func TestDefaultLimit(t *testing.T) {
 	got, from, err := p.defaultLimit(math.MaxInt64)
 	require.NoError(t, err)
 	assert.Equal(t, int64(120795955), got)
-	assert.Contains(t, from, "cgroup memory limit 256.0 MiB")
+	assert.Contains(t, from, "cgroup memory limit 256.0MiB")
 
 	logs.Reset()
 	fromCgroup = func() (uint64, error) { return 0, memlimit.ErrNoLimit }

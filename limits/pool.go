@@ -556,17 +556,21 @@ func (p *Pool) follow(g uint64, gml int64) {
 	limit := max(int64(float64(gml)*DefaultPoolRatio), 1)
 	if prev := p.limit.Swap(limit); prev != limit && !within(limit, prev, 1000) {
 		p.log.Info("limits: pool limit follows GOMEMLIMIT", "pool", p.name, "limit", mibOrUnlimited(limit),
-			"was", mibOrUnlimited(prev), "gomemlimit", inMiB(gml))
+			"was", mibOrUnlimited(prev), "gomemlimit", inMiBTight(gml))
 	}
 }
 
-// mibOrUnlimited gives a limit in MiB ("111.7 MiB"), or "unlimited".
+// mibOrUnlimited gives a limit in MiB ("111.7MiB", as memctl's startup
+// line writes GOMEMLIMIT), or "unlimited".
 func mibOrUnlimited(n int64) string {
 	if n == Unlimited {
 		return "unlimited"
 	}
-	return inMiB(n)
+	return inMiBTight(n)
 }
+
+// inMiBTight gives n bytes in MiB with one decimal and no space ("111.7MiB").
+func inMiBTight(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + "MiB" }
 
 // poolNamed reports whether an open pool is named name.
 func poolNamed(name string) bool {
@@ -580,7 +584,7 @@ func poolNamed(name string) bool {
 // PoolConfig.Limit.
 func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 	if gml != math.MaxInt64 {
-		return max(int64(float64(gml)*DefaultPoolRatio), 1), "half of GOMEMLIMIT " + inMiB(gml) + ", following it", nil
+		return max(int64(float64(gml)*DefaultPoolRatio), 1), "half of GOMEMLIMIT " + inMiBTight(gml) + ", following it", nil
 	}
 	from := "cgroup memory limit"
 	base, err := fromCgroup()
@@ -592,7 +596,7 @@ func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 		}
 	}
 	limit := max(int64(float64(min(base, math.MaxInt64))*DefaultRatio*DefaultPoolRatio), 1)
-	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + inMiB(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
+	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + inMiBTight(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
 }
 
 // Name returns the pool's name, the first element of every scope.

@@ -390,7 +390,7 @@ func TestPoolLimitAndHeapThresholdFollowGOMEMLIMIT(t *testing.T) {
 	p := newTestPool(t, PoolConfig{HeapPressure: 0.5, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	fixed := newTestPool(t, PoolConfig{Name: "fixed", Limit: gib, HeapPressure: 0.5})
 	assert.Equal(t, 2*gib, p.Limit(), "DefaultPoolRatio of GOMEMLIMIT at NewPool")
-	assert.Contains(t, logs.String(), `msg="limits: pool made" pool=pool limit="2048.0 MiB" limit_source="half of GOMEMLIMIT 4096.0 MiB, following it"`)
+	assert.Contains(t, logs.String(), `msg="limits: pool made" pool=pool limit=2048.0MiB limit_source="half of GOMEMLIMIT 4096.0MiB, following it"`)
 	waitCycles(t, p, 1)
 	assert.Equal(t, 2*gib, p.Stats().HeapThreshold)
 
@@ -399,7 +399,7 @@ func TestPoolLimitAndHeapThresholdFollowGOMEMLIMIT(t *testing.T) {
 	assert.Equal(t, 4*gib, p.Stats().HeapThreshold, "the threshold follows GOMEMLIMIT")
 	assert.Equal(t, 4*gib, p.Limit(), "so does the pool's limit")
 	assert.Equal(t, 4*gib, p.Stats().Limit)
-	assert.Contains(t, logs.String(), `msg="limits: pool limit follows GOMEMLIMIT" pool=pool limit="4096.0 MiB" was="2048.0 MiB"`)
+	assert.Contains(t, logs.String(), `msg="limits: pool limit follows GOMEMLIMIT" pool=pool limit=4096.0MiB was=2048.0MiB`)
 	assert.Equal(t, gib, fixed.Limit(), "PoolConfig.Limit is the pool's own")
 }
 
