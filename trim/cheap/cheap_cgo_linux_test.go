@@ -621,3 +621,86 @@ func TestEstimateAfterReleaseFragmented(t *testing.T) {
 		})
 	}
 }
+
+// childChurn is issue 26's tcmalloc workload: a C thread churns
+// (malloc(64)/free, malloc(512 KiB)/free, 50 µs apart: cburst.StartChurn)
+// while 16 threads malloc and free 2 GiB in 1 KiB blocks; then the churn's
+// longest round is read over CHEAP_CONTROL_MS with no release (the
+// control), and across the C heap step's release, whose RSS is read back
+// 4 s after the release began. CHEAP_WHOLE=1 releases in one call.
+func childChurn() {
+	s := Detect()
+	childtest.Say("ALLOCATOR", s.Allocator())
+	noSlice.Store(os.Getenv("CHEAP_WHOLE") == "1")
+	childtest.Say("RSS_START", rss())
+	if err := cburst.StartChurn(); err != nil {
+		childtest.Fail("%v", err)
+	}
+	defer cburst.StopChurn()
+	if err := cburst.Burst(16, churnBytes/16/1024, 1024, 0); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("RSS_BURST", rss())
+	childtest.Say("ESTIMATE", s.Retained())
+	cburst.ChurnReset()
+	time.Sleep(time.Duration(envInt("CHEAP_CONTROL_MS")) * time.Millisecond)
+	worst, rounds, _ := cburst.ChurnReset()
+	childtest.Say("CONTROL_WORST_NS", worst.Nanoseconds())
+	childtest.Say("CONTROL_ROUNDS", rounds)
+	rssBefore := rss()
+	childtest.Say("RSS_BEFORE", rssBefore)
+	t0 := time.Now()
+	released, err := s.Release()
+	d := time.Since(t0)
+	if err != nil {
+		childtest.Fail("release: %v", err)
+	}
+	childtest.Say("RSS_RELEASE", rss())
+	worst, rounds, at := cburst.ChurnReset()
+	childtest.Say("WORST_NS", worst.Nanoseconds())
+	childtest.Say("WORST_AT_NS", (at - t0.Sub(t0)).Nanoseconds())
+	childtest.Say("ROUNDS", rounds)
+	childtest.Say("RELEASE_NS", d.Nanoseconds())
+	childtest.Say("RELEASED", released)
+	h := s.Heaps()[0]
+	childtest.Say("SLICES", h.LastSlices)
+	childtest.Say("LONGEST_SLICE_NS", h.LastMaxSlice.Nanoseconds())
+	childtest.Say("HEAP", h.String())
+	childtest.Say("CARVED", lastCarved.Load())
+	time.Sleep(time.Until(t0.Add(4 * time.Second)))
+	childtest.Say("RSS_4S", rss())
+	st, _ := s.Stats()
+	childtest.Say("FREE_4S", st.Free)
+}
+
+// churnBytes is what the 16 threads of childChurn malloc and free: 2 GiB.
+const churnBytes = 2 << 30
+
+func init() { ExtraChildren["churn"] = childChurn }
+
+// runChurn runs childChurn with tcmalloc preloaded and logs its figures.
+func runChurn(t testing.TB, whole bool) map[string]string {
+	t.Helper()
+	env := []string{"LD_PRELOAD=" + tcmallocSO, "CHEAP_CONTROL_MS=500"}
+	if whole {
+		env = append(env, "CHEAP_WHOLE=1")
+	}
+	r := childtest.Report(t, childtest.Command(t, "churn", childEnv, env...))
+	ms := func(k string) time.Duration { return time.Duration(num(t, r, k)) }
+	freed := num(t, r, "RSS_BURST") - num(t, r, "RSS_START")
+	t.Logf("tcmalloc, whole=%v: RSS start %s, after the burst %s (estimate %s B), before the release %s, after it %s, 4 s after %s (%.1f%% of the burst released); release %v in %s slices, longest %v, %s B carved; churn's worst round %v across the release (%s rounds), %v in the %v control; %s",
+		whole, mb(num(t, r, "RSS_START")), mb(num(t, r, "RSS_BURST")), r["ESTIMATE"], mb(num(t, r, "RSS_BEFORE")), mb(num(t, r, "RSS_RELEASE")), mb(num(t, r, "RSS_4S")),
+		100*float64(num(t, r, "RSS_BURST")-num(t, r, "RSS_4S"))/float64(freed),
+		ms("RELEASE_NS"), r["SLICES"], ms("LONGEST_SLICE_NS"), r["CARVED"], ms("WORST_NS"), r["ROUNDS"], ms("CONTROL_WORST_NS"), 500*time.Millisecond, r["HEAP"])
+	return r
+}
+
+func TestTcmallocChurnProbe(t *testing.T) {
+	needSO(t, tcmallocSO)
+	runChurn(t, false)
+}
+
+func TestTcmallocChurnProbeWhole(t *testing.T) {
+	needSO(t, tcmallocSO)
+	runChurn(t, true)
+}

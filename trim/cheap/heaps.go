@@ -157,6 +157,15 @@ func pathText(p string) string {
 // two calls through (see the package doc's Stalls).
 const SliceBytes = 16 << 20
 
+// carveBytes is the chunk of a tcmalloc carve (see the package doc's
+// Stalls): 1 MiB, tcmalloc's smallest "large" span (kMaxPages pages of
+// 8 KiB), so that every free span that large is carved, and the madvise
+// of one chunk (about 0.1 ms here) is short.
+const carveBytes = 1 << 20
+
+// lastCarved is the bytes the last tcmalloc carve madvised, for the tests.
+var lastCarved atomic.Int64
+
 // heap is one entry of a Step's list: what is fixed at discovery, the
 // allocator's entry points, and the counters (guarded by Step.mu).
 type heap struct {
