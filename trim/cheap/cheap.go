@@ -88,18 +88,74 @@
 // allows it, and Heap.LastSlices and LastMaxSlice report them:
 //
 //	jemalloc  one arena.<i>.purge per arena (arenas.narenas); a thread of another arena never waits
-//	tcmalloc  MallocExtension_ReleaseToSystem(SliceBytes), 1 ms apart, until the page heap has no free page, instead of ReleaseFreeMemory, which holds the page-heap lock for the whole heap
+//	tcmalloc  the carve (below), then MallocExtension_ReleaseToSystem(SliceBytes), 1 ms apart, while the page heap's free bytes fall; instead of ReleaseFreeMemory, which holds the page-heap lock for the whole heap
 //	glibc     malloc_trim(0): not sliceable from outside; it locks one arena at a time, so a thread waits for its own arena's trim only
 //	mimalloc  mi_collect(true): one call
 //
-// Measured with the stall harness (BenchmarkReleaseStall: 16 threads leave
-// 2 GiB free, every 64th 16 KiB block live, no arena cap; a C thread mallocs
-// and frees 2 KiB to 512 KiB blocks across the release), on this
-// repository's 2-core test machine: tcmalloc's whole release
-// (ReleaseFreeMemory, 94-142 ms) made that thread wait 88-131 ms; the
-// sliced one (63-80 slices of at most 2-13 ms, 1 ms apart: tcmalloc's page
-// heap lock is not fair, and without the pause the waiter slept through
-// all the slices, 104-108 ms) 2.3-8 ms, 190-470 ms in all. glibc's
+// tcmalloc (gperftools 2.10) releases whole free spans
+// (PageHeap::ReleaseAtLeastNPages; its source notes that a large span is
+// not split), and the spans a burst frees merge: one
+// ReleaseToSystem(16 MiB) released a span of 600+ MiB, madvising all of it
+// under the page-heap lock for 79-203 ms. No setting splits a span:
+// TCMALLOC_RELEASE_RATE paces only the incremental scavenger, which
+// releases whole spans too, and tcmalloc.aggressive_memory_decommit
+// madvises each span as it is freed, not those already free (and a span
+// freed beside an unmapped one then madvises its whole free neighbour under
+// the lock). So memctl carves the free spans first: it allocates the
+// page heap's free pages in 1 MiB chunks with the allocator's own
+// tc_malloc (a request above 256 KiB is carved from the best-fitting free
+// span of at least 1 MiB: a split under the lock, microseconds), madvises
+// each chunk served from free pages (MADV_DONTNEED, on memory it owns,
+// outside tcmalloc's locks: about 0.1 ms a chunk here), holds the chunks
+// until fewer than 1 MiB of free pages are left, then frees them (a merge
+// under the lock each). The spans are then free again with no resident
+// page, and the ReleaseToSystem slices that follow madvise them in
+// microseconds; they stop when tcmalloc.pageheap_free_bytes has not
+// reached a new low in 8 calls expected to release (another thread's
+// mallocs and frees move it both ways; a call that unmapped more than it
+// asked makes tcmalloc skip the next ones, which are not counted), and
+// after 2 × free/SliceBytes + 64 calls. The bound is on work: each hold of
+// the page-heap lock is one chunk's split or merge, or one ReleaseToSystem
+// call that madvises at most SliceBytes plus one span smaller than 1 MiB
+// of resident pages (spans under 1 MiB, as a fragmented heap leaves, are
+// not carved) plus the resident pages of spans other threads freed since
+// the carve. The carve holds the free pages for its duration (about 0.1 s per
+// GiB): another thread that needs pages meanwhile grows the heap, and the
+// carve's own last request may grow it by one chunk of address space.
+// There is no carve, and the release is the slices alone, when tc_malloc
+// and tc_free are not found, under a heap limit (TCMALLOC_HEAP_LIMIT_MB:
+// taking an unmapped span can then release others under the lock), and
+// when the heap (committed + unmapped) is within 1.25 MiB of a multiple of
+// 128 MiB (a request that grows the heap across one makes tcmalloc release
+// every free page at once: kForcedCoalesceInterval in PageHeap::New);
+// the carve also stops at the first request that grew the heap.
+//
+// Measured on issue 26's workload (BenchmarkTcmallocChurn: a C thread
+// loops malloc(64)/free and malloc(512 KiB)/free 50 µs apart while 16
+// threads malloc and free 2 GiB in 1 KiB blocks, then the release; 6 runs
+// each, interleaved with main bd95786 built with the same harness):
+// the sliced release returned 98.9-99.0% of what the burst left within
+// 4 s (main: 6.8-17.6% in 4 of 6 runs, its slice loop stopped when the
+// churn kept tcmalloc.pageheap_unmapped_bytes from growing), in 0.18-0.55
+// s and about 3,500 calls, the longest 0.23-2.3 ms; the churn's worst round
+// across it was 0.49-4.0 ms (main's slices: 2.1-427 ms; the whole release,
+// ReleaseFreeMemory: 92-843 ms, as long as the release itself; the
+// control, 500 ms with no release: 0.03-0.64 ms). With the stall harness
+// (BenchmarkReleaseStall: 16 threads leave 2 GiB free, every 64th 16 KiB
+// block live, no arena cap; a C thread mallocs and frees 2 KiB to 512 KiB
+// blocks across the release), most free spans are under 1 MiB and the
+// slices do the work (16 MiB of resident pages a call, as before): on the
+// machine under a load average of 12-20 (the probe's control with no
+// release: 4-192 ms), the longest slice was 5.5-576 ms with the carve
+// (median 25 ms, 13 runs) against 9.5-53 ms without it (8 runs), and the
+// probe's worst wait 17-527 ms against 19-96 ms: the carve adds about 500
+// short holds, and a thread preempted while it holds the lock makes the
+// waiters wait with it. Before the carve, on a quieter machine: 63-80
+// slices of at most 2-13 ms 1 ms apart (tcmalloc's page heap lock is not
+// fair, and without the pause the waiter slept through all the slices,
+// 104-108 ms), a worst wait of 2.3-8 ms against 88-131 ms for the whole
+// release. Figures on this repository's 2-core test machine, shared with
+// other load: they vary with it. glibc's
 // malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
 // without a release, on the shared machine: 5-44 ms): its own arena's
 // share of 2 GiB over 16 arenas. When one arena holds it all (one thread

@@ -184,11 +184,16 @@ static int cheap_tc_get(cheap_tc_prop_fn get, const char *name, size_t *v) {
 // first request that grew the heap. It stops too when fewer than chunk
 // bytes are free, after 1024 requests in a row served from unmapped spans
 // (best fit may prefer one), and at (free + unmapped)/chunk + 64
-// requests. out gets the calls that take the lock (see cheap_slice);
+// requests; there is none under a heap limit (see below). out gets the
+// calls that take the lock (see cheap_slice);
 // *carved the bytes madvised.
 static void cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t chunk, int64_t out[2], int64_t *carved) {
 	const size_t interval = (size_t)128 << 20, margin = (size_t)256 << 10;
-	size_t fr = 0, co = 0, un = 0;
+	size_t fr = 0, co = 0, un = 0, limit = 0;
+	// Under a heap limit (TCMALLOC_HEAP_LIMIT_MB), a chunk taken from an
+	// unmapped span can make tcmalloc release free spans under its lock
+	// to stay within the limit (PageHeap::EnsureLimit): no carve then.
+	if (cheap_tc_get(get, "tcmalloc.heap_limit_mb", &limit) && limit > 0) return;
 	if (mal == NULL || fre == NULL || chunk == 0 ||
 		!cheap_tc_get(get, "tcmalloc.pageheap_free_bytes", &fr) ||
 		!cheap_tc_get(get, "tcmalloc.pageheap_committed_bytes", &co) ||

@@ -626,8 +626,8 @@ func TestEstimateAfterReleaseFragmented(t *testing.T) {
 // (malloc(64)/free, malloc(512 KiB)/free, 50 µs apart: cburst.StartChurn)
 // while 16 threads malloc and free 2 GiB in 1 KiB blocks; then the churn's
 // longest round is read over CHEAP_CONTROL_MS with no release (the
-// control), and across the C heap step's release, whose RSS is read back
-// 4 s after the release began. CHEAP_WHOLE=1 releases in one call.
+// control), and across the C heap step's release and 50 ms after it, whose
+// RSS is read back 4 s after the release began. CHEAP_WHOLE=1 releases in one call.
 func childChurn() {
 	s := Detect()
 	childtest.Say("ALLOCATOR", s.Allocator())
@@ -656,9 +656,9 @@ func childChurn() {
 		childtest.Fail("release: %v", err)
 	}
 	childtest.Say("RSS_RELEASE", rss())
-	worst, rounds, at := cburst.ChurnReset()
+	time.Sleep(50 * time.Millisecond) // a round blocked by the release ends
+	worst, rounds, _ = cburst.ChurnReset()
 	childtest.Say("WORST_NS", worst.Nanoseconds())
-	childtest.Say("WORST_AT_NS", (at - t0.Sub(t0)).Nanoseconds())
 	childtest.Say("ROUNDS", rounds)
 	childtest.Say("RELEASE_NS", d.Nanoseconds())
 	childtest.Say("RELEASED", released)
@@ -695,12 +695,67 @@ func runChurn(t testing.TB, whole bool) map[string]string {
 	return r
 }
 
-func TestTcmallocChurnProbe(t *testing.T) {
+// TestTcmallocReleaseUnderChurn is issue 26's tcmalloc workload (see
+// childChurn). Before the fix, the slice loop stopped when
+// pageheap_unmapped_bytes stopped growing, which the churn's 512 KiB
+// allocations cause: 62-191 MiB of the 1.8 GiB freed was released and
+// 1.7 GiB stayed. Now at least 90% of what the burst left resident is
+// released within 4 s. The stall: the sliced release holds tcmalloc's
+// page-heap lock for a chunk's malloc or free, or for one
+// ReleaseToSystem(SliceBytes) of pages mostly already madvised (the package
+// doc's Stalls); the whole release (ReleaseFreeMemory, the control in the
+// same run) holds it for the madvise of every free page. So the churn's
+// worst round across the sliced release must stay under a quarter of the
+// control's whole release (the contract leaves a factor of about 100; the
+// quarter leaves room for a busy machine's scheduling). The absolute
+// figures are logged, and reported by BenchmarkTcmallocChurn.
+func TestTcmallocReleaseUnderChurn(t *testing.T) {
 	needSO(t, tcmallocSO)
-	runChurn(t, false)
+	sliced := runChurn(t, false)
+	whole := runChurn(t, true)
+	freed := num(t, sliced, "RSS_BURST") - num(t, sliced, "RSS_START")
+	require.Greater(t, freed, int64(churnBytes/2), "the burst leaves most of its 2 GiB resident for the test to mean anything")
+	assert.GreaterOrEqual(t, num(t, sliced, "RSS_BURST")-num(t, sliced, "RSS_4S"), freed*9/10,
+		"at least 90%% of the %s the burst left is released within 4 s", mb(freed))
+	assert.Positive(t, num(t, sliced, "CARVED"), "the free spans were carved")
+	assert.Less(t, num(t, sliced, "WORST_NS"), num(t, whole, "RELEASE_NS")/4,
+		"the churn's worst round across the sliced release is a fraction of the whole release's hold")
 }
 
-func TestTcmallocChurnProbeWhole(t *testing.T) {
-	needSO(t, tcmallocSO)
-	runChurn(t, true)
+// BenchmarkTcmallocChurn reports issue 26's tcmalloc workload (see
+// childChurn), one child per iteration, the release whole
+// (ReleaseFreeMemory) or sliced (the carve, then ReleaseToSystem slices):
+//
+//	go test -run '^$' -bench TcmallocChurn -benchtime 1x -count 6 ./trim/cheap/
+//
+// released-pct is the share of what the burst left resident that is gone
+// 4 s after the release began; worst-ms the churn thread's longest round
+// (malloc(64)/free, malloc(512 KiB)/free) across the release;
+// control-worst-ms the same over 500 ms with no release.
+func BenchmarkTcmallocChurn(b *testing.B) {
+	if os.Getenv("LD_PRELOAD") != "" {
+		b.Skip("LD_PRELOAD is set")
+	}
+	if _, err := os.Stat(tcmallocSO); err != nil {
+		b.Skip(err)
+	}
+	for _, whole := range []bool{false, true} {
+		name := "sliced"
+		if whole {
+			name = "whole"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				r := runChurn(b, whole)
+				ms := func(k string) float64 { return float64(num(b, r, k)) / 1e6 }
+				freed := num(b, r, "RSS_BURST") - num(b, r, "RSS_START")
+				b.ReportMetric(100*float64(num(b, r, "RSS_BURST")-num(b, r, "RSS_4S"))/float64(freed), "released-pct")
+				b.ReportMetric(ms("WORST_NS"), "worst-ms")
+				b.ReportMetric(ms("CONTROL_WORST_NS"), "control-worst-ms")
+				b.ReportMetric(ms("RELEASE_NS"), "release-ms")
+				b.ReportMetric(ms("LONGEST_SLICE_NS"), "longest-slice-ms")
+				b.ReportMetric(float64(num(b, r, "SLICES")), "slices")
+			}
+		})
+	}
 }
