@@ -125,10 +125,12 @@
 // There is no carve, and the release is the slices alone, when tc_malloc
 // and tc_free are not found, under a heap limit (TCMALLOC_HEAP_LIMIT_MB:
 // taking an unmapped span can then release others under the lock), and
-// when the heap (committed + unmapped) is within 1.25 MiB of a multiple of
+// when the heap (committed + unmapped) is within 768 KiB of a multiple of
 // 128 MiB (a request that grows the heap across one makes tcmalloc release
-// every free page at once: kForcedCoalesceInterval in PageHeap::New);
-// the carve also stops at the first request that grew the heap.
+// every free page at once: kForcedCoalesceInterval in PageHeap::New; within
+// 1.25 MiB of one, the chunks are made smaller, down to 512 KiB, so that
+// none can cross it); the carve also stops at the first request that grew
+// the heap.
 //
 // Measured on issue 26's workload (BenchmarkTcmallocChurn: a C thread
 // loops malloc(64)/free and malloc(512 KiB)/free 50 µs apart while 16

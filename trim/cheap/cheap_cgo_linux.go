@@ -178,11 +178,12 @@ static int cheap_tc_get(cheap_tc_prop_fn get, const char *name, size_t *v) {
 // A request that tcmalloc cannot serve from its free spans grows the heap;
 // one that grows it across a multiple of 128 MiB while much is free makes
 // tcmalloc release every free page at once, under its lock
-// (kForcedCoalesceInterval in PageHeap::New): no chunk is asked for when
-// the heap (committed + unmapped bytes) is within chunk + 256 KiB (the
-// largest tcmalloc page) of such a multiple, and the carve stops at the
-// first request that grew the heap. It stops too when fewer than chunk
-// bytes are free, after 1024 requests in a row served from unmapped spans
+// (kForcedCoalesceInterval in PageHeap::New): a chunk is made smaller
+// (down to 512 KiB) so that the heap (committed + unmapped bytes) plus the
+// chunk plus 256 KiB (the largest tcmalloc page) stays below the next
+// multiple (tcmalloc's heap often ends 1 MiB below one), and the carve
+// stops at the first request that grew the heap. It stops too when fewer
+// than a chunk's bytes are free, after 1024 requests in a row served from unmapped spans
 // (best fit may prefer one), and at (free + unmapped)/chunk + 64
 // requests; there is none under a heap limit (see below). out gets the
 // calls that take the lock (see cheap_slice);
@@ -206,11 +207,16 @@ static void cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t ch
 	long page = sysconf(_SC_PAGESIZE);
 	if (page <= 0) page = 4096;
 	size_t n = 0, misses = 0;
-	while (n < cap && fr >= chunk && misses < 1024) {
+	while (n < cap && misses < 1024) {
 		size_t sys = co + un;
-		if (sys % interval + chunk + margin >= interval) break;
+		// The largest request that cannot cross a multiple of 128 MiB,
+		// at most chunk, in 64 KiB steps; none under 512 KiB (requests
+		// of 256 KiB and less are served from tcmalloc's size classes).
+		size_t c = interval - sys % interval - margin - 1;
+		c = (c < chunk ? c : chunk) & ~(((size_t)64 << 10) - 1);
+		if (sys % interval + margin >= interval || c < ((size_t)512 << 10) || fr < c) break;
 		int64_t t0 = cheap_now_ns();
-		void *p = ((void *(*)(size_t))mal)(chunk);
+		void *p = ((void *(*)(size_t))mal)(c);
 		cheap_slice(out, cheap_now_ns() - t0);
 		if (p == NULL) break;
 		held[n++] = p;
@@ -219,11 +225,11 @@ static void cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t ch
 			!cheap_tc_get(get, "tcmalloc.pageheap_committed_bytes", &co) ||
 			!cheap_tc_get(get, "tcmalloc.pageheap_unmapped_bytes", &un)) break;
 		if (co + un > sys) break; // the heap grew: no free span was large enough
-		if (fr1 + chunk / 2 <= fr) {
+		if (fr1 + c / 2 <= fr) {
 			// Served from the free pages: return them (whole pages
 			// inside the chunk).
 			uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
-			uintptr_t hi = ((uintptr_t)p + chunk) & ~((uintptr_t)page - 1);
+			uintptr_t hi = ((uintptr_t)p + c) & ~((uintptr_t)page - 1);
 			if (hi > lo && madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0) *carved += (int64_t)(hi - lo);
 			misses = 0;
 		} else {
