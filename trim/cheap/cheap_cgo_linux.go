@@ -186,27 +186,27 @@ static int cheap_tc_get(cheap_tc_prop_fn get, const char *name, size_t *v) {
 // than a chunk's bytes are free, after 1024 requests in a row served from unmapped spans
 // (best fit may prefer one), and at (free + unmapped)/chunk + 64
 // requests; there is none under a heap limit (see below). out gets the
-// calls that take the lock (see cheap_slice);
-// *carved the bytes madvised.
-static void cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t chunk, int64_t out[2], int64_t *carved) {
+// calls that take the lock (see cheap_slice); *carved the bytes madvised.
+// It returns the chunks served from unmapped spans.
+static size_t cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t chunk, int64_t out[2], int64_t *carved) {
 	const size_t interval = (size_t)128 << 20, margin = (size_t)256 << 10;
 	size_t fr = 0, co = 0, un = 0, limit = 0;
 	// Under a heap limit (TCMALLOC_HEAP_LIMIT_MB), a chunk taken from an
 	// unmapped span can make tcmalloc release free spans under its lock
 	// to stay within the limit (PageHeap::EnsureLimit): no carve then.
-	if (cheap_tc_get(get, "tcmalloc.heap_limit_mb", &limit) && limit > 0) return;
+	if (cheap_tc_get(get, "tcmalloc.heap_limit_mb", &limit) && limit > 0) return 0;
 	if (mal == NULL || fre == NULL || chunk == 0 ||
 		!cheap_tc_get(get, "tcmalloc.pageheap_free_bytes", &fr) ||
 		!cheap_tc_get(get, "tcmalloc.pageheap_committed_bytes", &co) ||
-		!cheap_tc_get(get, "tcmalloc.pageheap_unmapped_bytes", &un)) return;
+		!cheap_tc_get(get, "tcmalloc.pageheap_unmapped_bytes", &un)) return 0;
 	size_t cap = (fr + un) / chunk + 64;
 	// The list of chunks held is mapped, not malloc'ed: malloc may be the
 	// allocator being released.
 	void **held = mmap(NULL, cap * sizeof(void *), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (held == MAP_FAILED) return;
+	if (held == MAP_FAILED) return 0;
 	long page = sysconf(_SC_PAGESIZE);
 	if (page <= 0) page = 4096;
-	size_t n = 0, misses = 0;
+	size_t n = 0, misses = 0, unmapped = 0;
 	while (n < cap && misses < 1024) {
 		size_t sys = co + un;
 		// The largest request that cannot cross a multiple of 128 MiB,
@@ -234,6 +234,7 @@ static void cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t ch
 			misses = 0;
 		} else {
 			misses++;
+			unmapped++;
 		}
 		fr = fr1;
 	}
@@ -243,6 +244,7 @@ static void cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t ch
 		cheap_slice(out, cheap_now_ns() - t0);
 	}
 	munmap(held, cap * sizeof(void *));
+	return unmapped;
 }
 
 // cheap_tc_release_sliced returns the page heap's free pages in slices:
@@ -267,9 +269,14 @@ static void cheap_tc_release_sliced(void *all, void *rel_n, void *prop, void *ma
 		cheap_slice(out, cheap_now_ns() - t0);
 		return;
 	}
-	if (fr >= chunk) {
-		cheap_tc_carve(mal, fre, get, chunk, out, carved);
+	// A chunk served from an unmapped span comes back as a free span with
+	// no resident page, and merges with its free neighbours: free spans
+	// that an unmapped one kept apart, resident, now form one. A second
+	// carve takes those apart again.
+	for (int pass = 0; pass < 2 && fr >= chunk / 2; pass++) {
+		size_t unmapped = cheap_tc_carve(mal, fre, get, chunk, out, carved);
 		if (!get("tcmalloc.pageheap_free_bytes", &fr)) return;
+		if (unmapped == 0) break;
 	}
 	size_t calls = 2 * (fr / slice) + 64, low = fr, surplus = 0;
 	int idle = 0;
