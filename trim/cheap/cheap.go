@@ -109,20 +109,25 @@
 // outside tcmalloc's locks: about 0.1 ms a chunk here), holds the chunks
 // until fewer than 1 MiB of free pages are left, then frees them (a merge
 // under the lock each). The spans are then free again with no resident
-// page, and the ReleaseToSystem slices that follow madvise them in
-// microseconds; they stop when tcmalloc.pageheap_free_bytes has not
-// reached a new low in 8 calls expected to release (another thread's
+// page. Best fit may serve a chunk from an unmapped span instead; freed,
+// it merges the resident free spans beside it (which it kept apart) into
+// one, so a carve that took any is made once more, and that one takes
+// the merged spans apart. The ReleaseToSystem slices that follow madvise
+// the carved spans in microseconds; they stop when
+// tcmalloc.pageheap_free_bytes has not reached a new low in 8 calls
+// expected to release (another thread's
 // mallocs and frees move it both ways; a call that unmapped more than it
 // asked makes tcmalloc skip the next ones, which are not counted), and
 // after 2 × free/SliceBytes + 64 calls. The bound is on work: each hold of
-// the page-heap lock is one chunk's split or merge, or one ReleaseToSystem
+// the page-heap lock is one chunk's split or merge (and the incremental
+// scavenge tcmalloc may run in a free, on carved spans), or one ReleaseToSystem
 // call that madvises at most SliceBytes plus one span smaller than 1 MiB
 // of resident pages (spans under 1 MiB, as a fragmented heap leaves, are
 // not carved) plus the resident pages of spans other threads freed since
-// the carve. The carve holds the free pages for its duration (about 0.1 s per
-// GiB): another thread that needs pages meanwhile grows the heap, and the
-// carve's own last request may grow it by one chunk of address space.
-// There is no carve, and the release is the slices alone, when tc_malloc
+// the carve. The carve holds the free pages for its duration (0.1-0.3 s
+// per GiB here): another thread that needs pages meanwhile grows the
+// heap, and the carve's own last request may grow it by one chunk of
+// address space. There is no carve, and the release is the slices alone, when tc_malloc
 // and tc_free are not found, under a heap limit (TCMALLOC_HEAP_LIMIT_MB:
 // taking an unmapped span can then release others under the lock), and
 // when the heap (committed + unmapped) is within 768 KiB of a multiple of
@@ -134,28 +139,33 @@
 //
 // Measured on issue 26's workload (BenchmarkTcmallocChurn: a C thread
 // loops malloc(64)/free and malloc(512 KiB)/free 50 µs apart while 16
-// threads malloc and free 2 GiB in 1 KiB blocks, then the release; 6 runs
-// each, interleaved with main bd95786 built with the same harness):
-// the sliced release returned 98.9-99.0% of what the burst left within
-// 4 s (main: 6.8-17.6% in 4 of 6 runs, its slice loop stopped when the
-// churn kept tcmalloc.pageheap_unmapped_bytes from growing), in 0.18-0.55
-// s and about 3,500 calls, the longest 0.23-2.3 ms; the churn's worst round
-// across it was 0.49-4.0 ms (main's slices: 2.1-427 ms; the whole release,
-// ReleaseFreeMemory: 92-843 ms, as long as the release itself; the
-// control, 500 ms with no release: 0.03-0.64 ms). With the stall harness
-// (BenchmarkReleaseStall: 16 threads leave 2 GiB free, every 64th 16 KiB
-// block live, no arena cap; a C thread mallocs and frees 2 KiB to 512 KiB
-// blocks across the release), most free spans are under 1 MiB and the
-// slices do the work (16 MiB of resident pages a call, as before): on the
-// machine under a load average of 12-20 (the probe's control with no
-// release: 4-192 ms), the longest slice was 5.5-576 ms with the carve
-// (median 25 ms, 13 runs) against 9.5-53 ms without it (8 runs), and the
-// probe's worst wait 17-527 ms against 19-96 ms: the carve adds about 500
-// short holds, and a thread preempted while it holds the lock makes the
-// waiters wait with it. Before the carve, on a quieter machine: 63-80
-// slices of at most 2-13 ms 1 ms apart (tcmalloc's page heap lock is not
-// fair, and without the pause the waiter slept through all the slices,
-// 104-108 ms), a worst wait of 2.3-8 ms against 88-131 ms for the whole
+// threads malloc and free 2 GiB in 1 KiB blocks, then the release; 10 runs
+// interleaved with main bd95786 built with the same harness, at load
+// averages of 8-20; the first 6 before the second carve and the smaller
+// chunks were added):
+//
+//	go test -run '^$' -bench TcmallocChurn -benchtime 1x -count 6 ./trim/cheap/
+//
+// the sliced release returned 98.9-99.1% of what the burst left within
+// 4 s (main: 6.8-19% in 6 of 10 runs: its slice loop stopped when the
+// churn kept tcmalloc.pageheap_unmapped_bytes from growing), in 0.18-0.74
+// s and 3,400-7,500 calls; the churn's worst round across it was 0.17-40
+// ms, under 4.1 ms in 8 of 10 runs (main's slices: 1.6-427 ms; the whole
+// release, ReleaseFreeMemory: 92-843 ms, as long as the release itself;
+// the control, 500 ms with no release: 0.03-0.64 ms). After the carve,
+// each ReleaseToSystem call lowered RSS by at most 2.5 MB (statm read
+// around each call, 6 runs), and the longest calls, 4 ms, released
+// nothing: the longer holds are the busy machine preempting the thread
+// that holds the lock, which makes the waiters wait with it. With the stall
+// harness (BenchmarkReleaseStall: 16 threads leave 2 GiB free, every 64th
+// 16 KiB block live, no arena cap; a C thread mallocs and frees 2 KiB to
+// 512 KiB blocks across the release; 7 runs, 4 interleaved with main):
+// the longest slice 1.4-15 ms and the worst wait 1.4-20 ms (main: 7.1-58
+// ms and 6.3-76 ms; the control with no release: 8-25 ms); with one carve
+// only, 5.5-576 ms. Before the carve, on a quieter machine: 63-80 slices
+// of at most 2-13 ms 1 ms apart (tcmalloc's page heap lock is not fair,
+// and without the pause the waiter slept through all the slices, 104-108
+// ms), a worst wait of 2.3-8 ms against 88-131 ms for the whole
 // release. Figures on this repository's 2-core test machine, shared with
 // other load: they vary with it. glibc's
 // malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
