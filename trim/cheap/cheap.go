@@ -194,7 +194,7 @@
 //	glibc, every 64th block kept:     443 MB resident after the burst, 136 MB after malloc_trim(0) (55-66 ms)
 //	jemalloc 5.3, every block freed:   76 MB, 25 MB after the purge (6-9 ms); malloc_trim(0) releases nothing
 //	mimalloc 2.0.9, every block freed: 334-434 MB, 8 MB after mi_collect(true) (30-170 ms); malloc_trim(0) releases nothing
-//	tcmalloc (gperftools 2.10), freed: 402-409 MB, 16 MB after ReleaseFreeMemory (33-37 ms); 21 MB after the release in 16 MiB slices (46 ms)
+//	tcmalloc (gperftools 2.10), freed: 399-409 MB, 16 MB after ReleaseFreeMemory (33-37 ms); 21 MB after the sliced release (carve and slices, 38-46 ms)
 //	jemalloc, every 64th block kept:  167 MB, 127 MB after the purge; retained 109 MiB
 //	mimalloc, every 64th block kept:  430 MB, 420-430 MB after mi_collect(true)
 //
