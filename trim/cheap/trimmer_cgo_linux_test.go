@@ -150,5 +150,5 @@ func TestTcmallocAfterBurstUnderChurn(t *testing.T) {
 	require.Equal(t, "tcmalloc", r["ALLOCATOR"])
 	require.Greater(t, left, int64(1<<30), "the freed burst is resident before the trim")
 	assert.Equal(t, int64(1), num("TRIMS"), "the due trim ran")
-	assert.GreaterOrEqual(t, num("RSS_BURST")-num("RSS_4S"), left*9/10, "at least 90%% of the burst is released within 4 s of AfterBurst")
+	assert.GreaterOrEqual(t, num("RSS_BURST")-num("RSS_4S"), left*9/10, "at least 90% of the burst is released within 4 s of AfterBurst")
 }
