@@ -88,18 +88,86 @@
 // allows it, and Heap.LastSlices and LastMaxSlice report them:
 //
 //	jemalloc  one arena.<i>.purge per arena (arenas.narenas); a thread of another arena never waits
-//	tcmalloc  MallocExtension_ReleaseToSystem(SliceBytes), 1 ms apart, until the page heap has no free page, instead of ReleaseFreeMemory, which holds the page-heap lock for the whole heap
+//	tcmalloc  the carve (below), then MallocExtension_ReleaseToSystem(SliceBytes), 1 ms apart, while the page heap's free bytes fall; instead of ReleaseFreeMemory, which holds the page-heap lock for the whole heap
 //	glibc     malloc_trim(0): not sliceable from outside; it locks one arena at a time, so a thread waits for its own arena's trim only
 //	mimalloc  mi_collect(true): one call
 //
-// Measured with the stall harness (BenchmarkReleaseStall: 16 threads leave
-// 2 GiB free, every 64th 16 KiB block live, no arena cap; a C thread mallocs
-// and frees 2 KiB to 512 KiB blocks across the release), on this
-// repository's 2-core test machine: tcmalloc's whole release
-// (ReleaseFreeMemory, 94-142 ms) made that thread wait 88-131 ms; the
-// sliced one (63-80 slices of at most 2-13 ms, 1 ms apart: tcmalloc's page
-// heap lock is not fair, and without the pause the waiter slept through
-// all the slices, 104-108 ms) 2.3-8 ms, 190-470 ms in all. glibc's
+// tcmalloc (gperftools 2.10) releases whole free spans
+// (PageHeap::ReleaseAtLeastNPages; its source notes that a large span is
+// not split), and the spans a burst frees merge: one
+// ReleaseToSystem(16 MiB) released a span of 600+ MiB, madvising all of it
+// under the page-heap lock for 79-203 ms. No setting splits a span:
+// TCMALLOC_RELEASE_RATE paces only the incremental scavenger, which
+// releases whole spans too, and tcmalloc.aggressive_memory_decommit
+// madvises each span as it is freed, not those already free (and a span
+// freed beside an unmapped one then madvises its whole free neighbour under
+// the lock). So memctl carves the free spans first: it allocates the
+// page heap's free pages in 1 MiB chunks with the allocator's own
+// tc_malloc (a request above 256 KiB is carved from the best-fitting free
+// span of at least 1 MiB: a split under the lock, microseconds), madvises
+// each chunk served from free pages (MADV_DONTNEED, on memory it owns,
+// outside tcmalloc's locks: about 0.1 ms a chunk here), holds the chunks
+// until fewer than 1 MiB of free pages are left, then frees them (a merge
+// under the lock each). The spans are then free again with no resident
+// page. Best fit may serve a chunk from an unmapped span instead; freed,
+// it merges the resident free spans beside it (which it kept apart) into
+// one, so a carve that took any is made once more, and that one takes
+// the merged spans apart. The ReleaseToSystem slices that follow madvise
+// the carved spans in microseconds; they stop when
+// tcmalloc.pageheap_free_bytes has not reached a new low in 8 calls
+// expected to release (another thread's
+// mallocs and frees move it both ways; a call that unmapped more than it
+// asked makes tcmalloc skip the next ones, which are not counted), and
+// after 2 × free/SliceBytes + 64 calls. The bound is on work: each hold of
+// the page-heap lock is one chunk's split or merge (and the incremental
+// scavenge tcmalloc may run in a free, on carved spans), or one ReleaseToSystem
+// call that madvises at most SliceBytes plus one span smaller than 1 MiB
+// of resident pages (spans under 1 MiB, as a fragmented heap leaves, are
+// not carved) plus the resident pages of spans other threads freed since
+// the carve. The carve holds the free pages for its duration (0.1-0.3 s
+// per GiB here): another thread that needs pages meanwhile grows the
+// heap, and the carve's own last request may grow it by one chunk of
+// address space. There is no carve, and the release is the slices alone, when tc_malloc
+// and tc_free are not found, under a heap limit (TCMALLOC_HEAP_LIMIT_MB:
+// taking an unmapped span can then release others under the lock), and
+// when the heap (committed + unmapped) is within 768 KiB of a multiple of
+// 128 MiB (a request that grows the heap across one makes tcmalloc release
+// every free page at once: kForcedCoalesceInterval in PageHeap::New; within
+// 1.25 MiB of one, the chunks are made smaller, down to 512 KiB, so that
+// none can cross it); the carve also stops at the first request that grew
+// the heap.
+//
+// Measured on issue 26's workload (BenchmarkTcmallocChurn: a C thread
+// loops malloc(64)/free and malloc(512 KiB)/free 50 µs apart while 16
+// threads malloc and free 2 GiB in 1 KiB blocks, then the release; 10 runs
+// interleaved with main bd95786 built with the same harness, at load
+// averages of 8-20; the first 6 before the second carve and the smaller
+// chunks were added):
+//
+//	go test -run '^$' -bench TcmallocChurn -benchtime 1x -count 6 ./trim/cheap/
+//
+// the sliced release returned 98.9-99.1% of what the burst left within
+// 4 s (main: 6.8-19% in 6 of 10 runs: its slice loop stopped when the
+// churn kept tcmalloc.pageheap_unmapped_bytes from growing), in 0.18-0.74
+// s and 3,400-7,500 calls; the churn's worst round across it was 0.17-40
+// ms, under 4.1 ms in 8 of 10 runs (main's slices: 1.6-427 ms; the whole
+// release, ReleaseFreeMemory: 92-843 ms, as long as the release itself;
+// the control, 500 ms with no release: 0.03-0.64 ms). After the carve,
+// each ReleaseToSystem call lowered RSS by at most 2.5 MB (statm read
+// around each call, 6 runs), and the longest calls, 4 ms, released
+// nothing: the longer holds are the busy machine preempting the thread
+// that holds the lock, which makes the waiters wait with it. With the stall
+// harness (BenchmarkReleaseStall: 16 threads leave 2 GiB free, every 64th
+// 16 KiB block live, no arena cap; a C thread mallocs and frees 2 KiB to
+// 512 KiB blocks across the release; 7 runs, 4 interleaved with main):
+// the longest slice 1.4-15 ms and the worst wait 1.4-20 ms (main: 7.1-58
+// ms and 6.3-76 ms; the control with no release: 8-25 ms); with one carve
+// only, 5.5-576 ms. Before the carve, on a quieter machine: 63-80 slices
+// of at most 2-13 ms 1 ms apart (tcmalloc's page heap lock is not fair,
+// and without the pause the waiter slept through all the slices, 104-108
+// ms), a worst wait of 2.3-8 ms against 88-131 ms for the whole
+// release. Figures on this repository's 2-core test machine, shared with
+// other load: they vary with it. glibc's
 // malloc_trim took 280-580 ms in all and made it wait 14-44 ms (the control
 // without a release, on the shared machine: 5-44 ms): its own arena's
 // share of 2 GiB over 16 arenas. When one arena holds it all (one thread
@@ -126,7 +194,7 @@
 //	glibc, every 64th block kept:     443 MB resident after the burst, 136 MB after malloc_trim(0) (55-66 ms)
 //	jemalloc 5.3, every block freed:   76 MB, 25 MB after the purge (6-9 ms); malloc_trim(0) releases nothing
 //	mimalloc 2.0.9, every block freed: 334-434 MB, 8 MB after mi_collect(true) (30-170 ms); malloc_trim(0) releases nothing
-//	tcmalloc (gperftools 2.10), freed: 402-409 MB, 16 MB after ReleaseFreeMemory (33-37 ms); 21 MB after the release in 16 MiB slices (46 ms)
+//	tcmalloc (gperftools 2.10), freed: 399-409 MB, 16 MB after ReleaseFreeMemory (33-37 ms); 21 MB after the sliced release (carve and slices, 38-46 ms)
 //	jemalloc, every 64th block kept:  167 MB, 127 MB after the purge; retained 109 MiB
 //	mimalloc, every 64th block kept:  430 MB, 420-430 MB after mi_collect(true)
 //

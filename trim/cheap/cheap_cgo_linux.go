@@ -12,6 +12,7 @@ package cheap
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 // glibc's struct mallinfo2 (glibc 2.33+), declared here so that the package
@@ -153,13 +154,113 @@ static int64_t cheap_mi_commit(void *f) {
 // gperftools tcmalloc
 typedef int (*cheap_tc_prop_fn)(const char *, size_t *);
 
-// cheap_tc_release_sliced returns the page heap's free pages with
-// MallocExtension_ReleaseToSystem(slice) until tcmalloc.pageheap_free_bytes
-// is 0 or a call unmaps nothing (at most free/slice + 64 calls), so that
-// the page-heap lock is dropped between calls; without rel_n, prop or a
-// slice it calls MallocExtension_ReleaseFreeMemory once. out gets the
-// calls and the longest (see cheap_slice).
-static void cheap_tc_release_sliced(void *all, void *rel_n, void *prop, size_t slice, int64_t out[2]) {
+// cheap_tc_get reads tcmalloc's numeric property name into *v.
+static int cheap_tc_get(cheap_tc_prop_fn get, const char *name, size_t *v) {
+	return get != NULL && get(name, v);
+}
+
+// cheap_tc_carve is the first part of a sliced release: it takes the free
+// pages of tcmalloc's page heap out of RSS without holding tcmalloc's
+// page-heap lock across a madvise. tcmalloc releases whole free spans
+// (PageHeap::ReleaseAtLeastNPages, gperftools 2.10), and the free spans
+// of a burst merge into spans of hundreds of MiB: one
+// MallocExtension_ReleaseToSystem call then madvises all of one under the
+// lock. Instead, memctl allocates the free pages in chunks of chunk bytes
+// with the allocator's own malloc (tc_malloc: a request above 256 KiB is
+// carved from the best-fitting free span, a short hold of the lock), and
+// madvises each chunk it got from the free pages (MADV_DONTNEED, on
+// memory memctl owns, outside the allocator's locks), holding them all
+// until the free pages are taken (so that the next request is not served
+// the same pages); then it frees them (each free merges back, a short
+// hold). The spans are then free and hold no resident page, and the
+// release calls that follow madvise them in microseconds.
+//
+// A request that tcmalloc cannot serve from its free spans grows the heap;
+// one that grows it across a multiple of 128 MiB while much is free makes
+// tcmalloc release every free page at once, under its lock
+// (kForcedCoalesceInterval in PageHeap::New): a chunk is made smaller
+// (down to 512 KiB) so that the heap (committed + unmapped bytes) plus the
+// chunk plus 256 KiB (the largest tcmalloc page) stays below the next
+// multiple (tcmalloc's heap often ends 1 MiB below one), and the carve
+// stops at the first request that grew the heap. It stops too when fewer
+// than a chunk's bytes are free, after 1024 requests in a row served from unmapped spans
+// (best fit may prefer one), and at (free + unmapped)/chunk + 64
+// requests; there is none under a heap limit (see below). out gets the
+// calls that take the lock (see cheap_slice); *carved the bytes madvised.
+// It returns the chunks served from unmapped spans.
+static size_t cheap_tc_carve(void *mal, void *fre, cheap_tc_prop_fn get, size_t chunk, int64_t out[2], int64_t *carved) {
+	const size_t interval = (size_t)128 << 20, margin = (size_t)256 << 10;
+	size_t fr = 0, co = 0, un = 0, limit = 0;
+	// Under a heap limit (TCMALLOC_HEAP_LIMIT_MB), a chunk taken from an
+	// unmapped span can make tcmalloc release free spans under its lock
+	// to stay within the limit (PageHeap::EnsureLimit): no carve then.
+	if (cheap_tc_get(get, "tcmalloc.heap_limit_mb", &limit) && limit > 0) return 0;
+	if (mal == NULL || fre == NULL || chunk == 0 ||
+		!cheap_tc_get(get, "tcmalloc.pageheap_free_bytes", &fr) ||
+		!cheap_tc_get(get, "tcmalloc.pageheap_committed_bytes", &co) ||
+		!cheap_tc_get(get, "tcmalloc.pageheap_unmapped_bytes", &un)) return 0;
+	size_t cap = (fr + un) / chunk + 64;
+	// The list of chunks held is mapped, not malloc'ed: malloc may be the
+	// allocator being released.
+	void **held = mmap(NULL, cap * sizeof(void *), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (held == MAP_FAILED) return 0;
+	long page = sysconf(_SC_PAGESIZE);
+	if (page <= 0) page = 4096;
+	size_t n = 0, misses = 0, unmapped = 0;
+	while (n < cap && misses < 1024) {
+		size_t sys = co + un;
+		// The largest request that cannot cross a multiple of 128 MiB,
+		// at most chunk, in 64 KiB steps; none under 512 KiB (requests
+		// of 256 KiB and less are served from tcmalloc's size classes).
+		size_t c = interval - sys % interval - margin - 1;
+		c = (c < chunk ? c : chunk) & ~(((size_t)64 << 10) - 1);
+		if (sys % interval + margin >= interval || c < ((size_t)512 << 10) || fr < c) break;
+		int64_t t0 = cheap_now_ns();
+		void *p = ((void *(*)(size_t))mal)(c);
+		cheap_slice(out, cheap_now_ns() - t0);
+		if (p == NULL) break;
+		held[n++] = p;
+		size_t fr1 = 0;
+		if (!cheap_tc_get(get, "tcmalloc.pageheap_free_bytes", &fr1) ||
+			!cheap_tc_get(get, "tcmalloc.pageheap_committed_bytes", &co) ||
+			!cheap_tc_get(get, "tcmalloc.pageheap_unmapped_bytes", &un)) break;
+		if (co + un > sys) break; // the heap grew: no free span was large enough
+		if (fr1 + c / 2 <= fr) {
+			// Served from the free pages: return them (whole pages
+			// inside the chunk).
+			uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+			uintptr_t hi = ((uintptr_t)p + c) & ~((uintptr_t)page - 1);
+			if (hi > lo && madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0) *carved += (int64_t)(hi - lo);
+			misses = 0;
+		} else {
+			misses++;
+			unmapped++;
+		}
+		fr = fr1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int64_t t0 = cheap_now_ns();
+		((void (*)(void *))fre)(held[i]);
+		cheap_slice(out, cheap_now_ns() - t0);
+	}
+	munmap(held, cap * sizeof(void *));
+	return unmapped;
+}
+
+// cheap_tc_release_sliced returns the page heap's free pages in slices:
+// first the carve (cheap_tc_carve, when mal, fre and chunk are given),
+// then MallocExtension_ReleaseToSystem(slice) calls, 1 ms apart, while
+// tcmalloc.pageheap_free_bytes says pages are free. Another thread's
+// allocations and frees move that figure both ways, so the loop ends when
+// it has not reached a new low in 8 calls that were expected to release
+// (a call that unmaps a span larger than asked makes tcmalloc count the
+// surplus against the next calls, which then release nothing: those are
+// not counted), and after 2 × free/slice + 64 calls in all. Without rel_n,
+// prop or a slice it calls MallocExtension_ReleaseFreeMemory once. out
+// gets the calls that take the page-heap lock and the longest (see
+// cheap_slice); *carved what the carve madvised.
+static void cheap_tc_release_sliced(void *all, void *rel_n, void *prop, void *mal, void *fre, size_t slice, size_t chunk,
+	int64_t out[2], int64_t *carved) {
 	cheap_tc_prop_fn get = (cheap_tc_prop_fn)prop;
 	size_t fr = 0;
 	if (rel_n == NULL || prop == NULL || slice == 0 || !get("tcmalloc.pageheap_free_bytes", &fr)) {
@@ -168,20 +269,36 @@ static void cheap_tc_release_sliced(void *all, void *rel_n, void *prop, size_t s
 		cheap_slice(out, cheap_now_ns() - t0);
 		return;
 	}
-	size_t start = 0, un0 = 0, un1 = 0;
-	if (!get("tcmalloc.pageheap_unmapped_bytes", &start)) start = 0;
-	un0 = start;
-	size_t calls = 2 * (fr / slice) + 64;
-	for (size_t i = 1; i <= calls && fr > 0; i++) {
+	// A chunk served from an unmapped span comes back as a free span with
+	// no resident page, and merges with its free neighbours: free spans
+	// that an unmapped one kept apart, resident, now form one. A second
+	// carve takes those apart again.
+	for (int pass = 0; pass < 2 && fr >= chunk / 2; pass++) {
+		size_t unmapped = cheap_tc_carve(mal, fre, get, chunk, out, carved);
+		if (!get("tcmalloc.pageheap_free_bytes", &fr)) return;
+		if (unmapped == 0) break;
+	}
+	size_t calls = 2 * (fr / slice) + 64, low = fr, surplus = 0;
+	int idle = 0;
+	for (size_t i = 1; i <= calls && fr > 0 && idle < 8; i++) {
+		size_t before = fr;
+		int expect = slice > surplus; // else tcmalloc only takes the slice off its surplus
 		int64_t t0 = cheap_now_ns();
 		((void (*)(size_t))rel_n)(slice);
 		cheap_slice(out, cheap_now_ns() - t0);
-		if (!get("tcmalloc.pageheap_unmapped_bytes", &un1) || !get("tcmalloc.pageheap_free_bytes", &fr)) break;
-		// A call that unmapped nothing ends the loop, unless an earlier
-		// call unmapped more than asked (a span larger than the slice):
-		// tcmalloc then counts that surplus against the next calls.
-		if (un1 <= un0 && un1 - start <= i * slice) break;
-		un0 = un1;
+		if (!get("tcmalloc.pageheap_free_bytes", &fr)) break;
+		size_t dropped = before > fr ? before - fr : 0;
+		if (!expect) {
+			surplus -= slice;
+		} else {
+			surplus = dropped > slice - surplus ? dropped - (slice - surplus) : 0;
+		}
+		if (fr < low) {
+			low = fr;
+			idle = 0;
+		} else if (expect) {
+			idle++;
+		}
 		// tcmalloc's page-heap SpinLock is not fair: a waiter woken by
 		// the unlock finds it taken again by the next call and sleeps
 		// again, so without a pause it waits for the whole loop (measured:
@@ -235,6 +352,7 @@ type sysStep struct {
 	miThreadInit                   unsafe.Pointer
 	tcRelease, tcProperty          unsafe.Pointer // tcmalloc
 	tcReleaseN                     unsafe.Pointer // MallocExtension_ReleaseToSystem
+	tcMalloc, tcFree               unsafe.Pointer // tc_malloc, tc_free: the carve (see carveBytes)
 
 	// handle is the dlopen handle held on the object of an allocator found
 	// by its own handle (it keeps the object loaded while memctl may call
@@ -349,6 +467,7 @@ func detect() *Step {
 	case Tcmalloc:
 		s.sys.tcRelease = symIn("MallocExtension_ReleaseFreeMemory", base)
 		s.sys.tcReleaseN = symIn("MallocExtension_ReleaseToSystem", base)
+		s.sys.tcMalloc, s.sys.tcFree = symIn("tc_malloc", base), symIn("tc_free", base)
 		s.sys.tcProperty = symIn("MallocExtension_GetNumericProperty", base)
 		if v := symIn("tc_version", base); v != nil {
 			if cs := C.cheap_tc_version(v); cs != nil {
@@ -385,7 +504,10 @@ func (s sysStep) release(whole bool) (released int64, slices int64, longest time
 		return diff(before, s.miCommit()), 0, 0, nil
 	case Tcmalloc:
 		before := s.tcProp(3)
-		C.cheap_tc_release_sliced(s.tcRelease, s.tcReleaseN, s.tcProperty, C.size_t(sliceBytes(whole)), &out[0])
+		var carved C.int64_t
+		C.cheap_tc_release_sliced(s.tcRelease, s.tcReleaseN, s.tcProperty, s.tcMalloc, s.tcFree,
+			C.size_t(sliceBytes(whole)), C.size_t(carveBytes), &out[0], &carved)
+		lastCarved.Store(int64(carved))
 		return diff(s.tcProp(3), before), 0, 0, nil
 	}
 	return 0, 0, 0, fmt.Errorf("%w: no allocator", ErrUnavailable)
@@ -457,6 +579,7 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		*version = strconv.Itoa(n)
 	case Tcmalloc:
 		s.tcReleaseN = lookup(symTcRelease)
+		s.tcMalloc, s.tcFree = lookup("tc_malloc"), lookup("tc_free")
 		s.tcRelease = lookup("MallocExtension_ReleaseFreeMemory")
 		s.tcProperty = lookup("MallocExtension_GetNumericProperty")
 		if s.tcReleaseN == nil || s.tcRelease == nil {

@@ -65,10 +65,13 @@ type Heap struct {
 	// release ran; TotalReleased sums the known ones.
 	LastReleased, TotalReleased int64
 	// LastDuration is the wall time of its last release; LastSlices the
-	// number of calls it was made of (jemalloc: one per arena; tcmalloc:
-	// one MallocExtension_ReleaseToSystem per SliceBytes; glibc and
-	// mimalloc: 1), and LastMaxSlice the longest of them: the longest time
-	// memctl held one of the allocator's locks in that release.
+	// number of calls it was made of that take the allocator's locks
+	// (jemalloc: one per arena; tcmalloc: the carve's tc_malloc and
+	// tc_free of each 1 MiB chunk, and one MallocExtension_ReleaseToSystem
+	// per SliceBytes; glibc and mimalloc: 1), and LastMaxSlice the longest
+	// of them: the longest time memctl held one of the allocator's locks
+	// in that release (the carve's madvise calls hold none and are not
+	// counted; see the package doc's Stalls).
 	LastDuration, LastMaxSlice time.Duration
 	LastSlices                 int64
 }
@@ -151,11 +154,23 @@ func pathText(p string) string {
 }
 
 // SliceBytes is how much one call of gperftools' MallocExtension_ReleaseToSystem
-// is asked to return in a release: 16 MiB (2-5 ms a call on the test
-// machine). tcmalloc holds its page-heap lock for the whole of one call,
-// so a release in slices, 1 ms apart, lets a thread that mallocs between
-// two calls through (see the package doc's Stalls).
+// is asked to return in a release: 16 MiB. tcmalloc holds its page-heap
+// lock for the whole of one call, so a release in slices, 1 ms apart, lets
+// a thread that mallocs between two calls through. tcmalloc releases whole
+// free spans, so one call can release far more than asked; the carve that
+// comes first (see the package doc's Stalls) leaves the spans of 1 MiB and
+// more with no resident page, so that a call madvises at most about
+// SliceBytes of resident pages.
 const SliceBytes = 16 << 20
+
+// carveBytes is the chunk of a tcmalloc carve (see the package doc's
+// Stalls): 1 MiB, tcmalloc's smallest "large" span (kMaxPages pages of
+// 8 KiB), so that every free span that large is carved, and the madvise
+// of one chunk (about 0.1 ms here) is short.
+const carveBytes = 1 << 20
+
+// lastCarved is the bytes the last tcmalloc carve madvised, for the tests.
+var lastCarved atomic.Int64
 
 // heap is one entry of a Step's list: what is fixed at discovery, the
 // allocator's entry points, and the counters (guarded by Step.mu).

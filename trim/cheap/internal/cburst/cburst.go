@@ -229,6 +229,58 @@ static void cburst_probe_stop(long long out[4]) {
 	out[2] = cburst_probe_at;
 	out[3] = cburst_probe_size;
 }
+// The churn: one C thread that loops malloc(64)/free, then
+// malloc(512 KiB)/free (past tcmalloc's thread cache: the page heap's
+// lock), pausing 50 us after each round, and keeps the longest round.
+// cburst_churn_reset restarts the longest.
+static atomic_int cburst_churn_run;
+static pthread_t cburst_churn_tid;
+static _Atomic long long cburst_churn_max, cburst_churn_n, cburst_churn_at;
+static long long cburst_churn_t0;
+
+static void *cburst_churn(void *arg) {
+	(void)arg;
+	while (atomic_load(&cburst_churn_run)) {
+		long long t0 = cburst_ns();
+		void *p = malloc(64);
+		if (p != NULL) *(volatile char *)p = 1;
+		free(p);
+		p = malloc(512 << 10);
+		if (p != NULL) *(volatile char *)p = 1;
+		free(p);
+		long long d = cburst_ns() - t0;
+		if (d > atomic_load(&cburst_churn_max)) {
+			atomic_store(&cburst_churn_max, d);
+			atomic_store(&cburst_churn_at, t0 - cburst_churn_t0);
+		}
+		atomic_fetch_add(&cburst_churn_n, 1);
+		struct timespec ts = {0, 50000};
+		nanosleep(&ts, NULL);
+	}
+	return NULL;
+}
+
+static int cburst_churn_start(void) {
+	atomic_store(&cburst_churn_max, 0);
+	atomic_store(&cburst_churn_n, 0);
+	atomic_store(&cburst_churn_at, 0);
+	cburst_churn_t0 = cburst_ns();
+	atomic_store(&cburst_churn_run, 1);
+	return pthread_create(&cburst_churn_tid, NULL, cburst_churn, NULL);
+}
+
+// cburst_churn_reset writes the longest round and the rounds since the
+// start or the last reset to out, then starts counting again.
+static void cburst_churn_reset(long long out[3]) {
+	out[0] = atomic_exchange(&cburst_churn_max, 0);
+	out[1] = atomic_exchange(&cburst_churn_n, 0);
+	out[2] = atomic_load(&cburst_churn_at);
+}
+
+static void cburst_churn_stop(void) {
+	atomic_store(&cburst_churn_run, 0);
+	pthread_join(cburst_churn_tid, NULL);
+}
 */
 import "C"
 
@@ -299,3 +351,25 @@ func StopProbe() (longest time.Duration, pairs int64, at time.Duration, size int
 	C.cburst_probe_stop(&out[0])
 	return time.Duration(out[0]), int64(out[1]), time.Duration(out[2]), int64(out[3])
 }
+
+// StartChurn starts a C thread that loops, until StopChurn, over
+// malloc(64)/free and malloc(512 KiB)/free with a 50 µs pause after each
+// round, timing each round (the two pairs). One churn at a time.
+func StartChurn() error {
+	if rc := C.cburst_churn_start(); rc != 0 {
+		return fmt.Errorf("cburst: pthread_create: %d", int(rc))
+	}
+	return nil
+}
+
+// ChurnReset returns the churn's longest round and its rounds since
+// StartChurn or the last ChurnReset, and when the longest began (since
+// StartChurn), then counts afresh.
+func ChurnReset() (longest time.Duration, rounds int64, at time.Duration) {
+	var out [3]C.longlong
+	C.cburst_churn_reset(&out[0])
+	return time.Duration(out[0]), int64(out[1]), time.Duration(out[2])
+}
+
+// StopChurn stops the thread StartChurn started.
+func StopChurn() { C.cburst_churn_stop() }
