@@ -403,6 +403,9 @@ func (c *Controller) logStarted(l *slog.Logger) {
 	if r.PressureNote != "" {
 		attrs = append(attrs, slog.String("pressure_note", r.PressureNote))
 	}
+	if r.MemLimit.Sandbox != "" {
+		attrs = append(attrs, slog.String("sandbox", r.MemLimit.Sandbox))
+	}
 	if r.ArenaMax > 0 {
 		attrs = append(attrs, slog.String("arena_max", strconv.Itoa(r.ArenaMax)))
 	} else {

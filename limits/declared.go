@@ -18,10 +18,14 @@ import (
 // Kubernetes downward API writes for resources.limits.memory with the
 // default divisor) or a size as GOMEMLIMIT writes it ("512MiB"; B, KiB,
 // MiB, GiB, TiB; Kubernetes' Ki, Mi, Gi, Ti too). memctl applies its ratio
-// and headroom to it as to a cgroup limit (Source SourceDeclared). A
-// cgroup limit that is smaller wins: both bind, and the smaller is the
-// one that kills first. A bad value (not a size, 0, negative, over 2^62
-// bytes) is logged at WARN and ignored.
+// and headroom to it as to a cgroup limit (Source SourceDeclared; MemLimit.File
+// is "MEMCTL_MEMORY_LIMIT=<value>"); the headroom is the process's own
+// memory outside the Go runtime, as the cgroup that holds the process may
+// be wider than what the declaration covers. A cgroup limit that is
+// smaller wins: both bind, and the smaller is the one that kills first
+// (each with its own headroom, as for every hard limit on the path). It is
+// read once, when the MemLimiter is made. A bad value (not a size, 0,
+// negative, over 2^62 bytes) is logged at WARN and ignored.
 const DeclaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
 
 // LambdaMemoryEnv is the variable in which AWS Lambda gives a function's
