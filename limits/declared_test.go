@@ -370,3 +370,28 @@ func reportAndWarns(t *testing.T, cmd *exec.Cmd) (map[string]string, []map[strin
 	}
 	return childtest.ParseReport(out), warns
 }
+
+// TestUnreadableMountWarns (issue 25 item 5): a second mount of the
+// hierarchy whose files cannot be read (cgroupfs.Limit.Unreadable) no
+// longer hides the limit a readable mount shows: the limit is followed,
+// and the unreadable mount is one WARN naming its file.
+func TestUnreadableMountWarns(t *testing.T) {
+	keepMemoryLimit(t)
+	const denied = "/mnt/other/app/memory.max"
+	read := func() (cgroupfs.Limit, error) {
+		l, err := fixedLimit(2, 256<<20)()
+		l.Unreadable = []error{fmt.Errorf("cgroupfs: open %q: %w", denied, fs.ErrPermission)}
+		return l, err
+	}
+	rec := &recorder{}
+	cfg := cfgFor(read)
+	cfg.Logger = slog.New(rec)
+	_, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, SourceCgroupV2, d.Source)
+	assert.Equal(t, ninetyPct(256<<20), d.GoMemLimit)
+	w := rec.texts(slog.LevelWarn)
+	require.Len(t, w, 1)
+	assert.Contains(t, w[0], denied)
+	assert.Contains(t, w[0], "permission denied")
+}

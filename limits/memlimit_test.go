@@ -627,7 +627,7 @@ func TestSourceText(t *testing.T) {
 	b, err = json.Marshal(MemLimit{GoMemLimit: 1, Source: SourceCgroupV2, File: "/f/memory.high", Outside: 3, AtFloor: true})
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"GoMemLimit":1,"MemoryLimit":0,"Ratio":0,"Source":"cgroup v2","File":"/f/memory.high","Outside":3,"AtFloor":true,"Reason":""}`, string(b))
-	for _, s := range []Source{SourceNone, SourceCgroupV1, SourceCgroupV2, SourceSystem, SourceEnv} {
+	for _, s := range []Source{SourceNone, SourceCgroupV1, SourceCgroupV2, SourceSystem, SourceEnv, SourceDeclared, SourceLambda} {
 		b, err := s.MarshalText()
 		require.NoError(t, err)
 		assert.Equal(t, s.String(), string(b))
