@@ -32,6 +32,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/memctl/memctl/internal/safefs"
 )
@@ -723,8 +725,9 @@ func searchMounts(mounts []mount, cg string, match func(mount) bool, root string
 	return out
 }
 
-// maxSearch bounds the directories source.resolve visits for one mount.
-const maxSearch = 1 << 14
+// maxSearch bounds the directories source.resolve visits for one mount
+// (a variable for tests).
+var maxSearch = 1 << 14
 
 // cgroupDirs returns the directories of cgroup cg: every mount that holds
 // it (the package-level cgroupDirs), and every mount whose root lies above
@@ -763,6 +766,15 @@ func (s *source) resolve(c candidate) (string, error) {
 		return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and the process's PID is not known to find its cgroup there", safefs.Quote(c.top), c.search, s.cgroupFile)
 	}
 	pid := []byte(strconv.Itoa(s.pid))
+	key := resolvedKey{s.rootName, c.top, c.below, c.search, s.pid}
+	if v, ok := resolved.Load(key); ok {
+		// Where the last search found it (a refresh re-reads every 10
+		// s): taken again when its cgroup.procs still lists the PID.
+		if dir := v.(string); s.lists(dir, pid) {
+			return dir, nil
+		}
+		resolved.Delete(key)
+	}
 	level := []string{c.top}
 	visited := 0
 	for i := 0; i < c.search; i++ {
@@ -789,25 +801,53 @@ func (s *source) resolve(c candidate) (string, error) {
 	}
 	var found []string
 	for _, d := range level {
-		dir := filepath.Join(d, filepath.FromSlash(c.below))
-		b, err := s.readFile(filepath.Join(dir, "cgroup.procs"))
-		if err != nil {
-			continue // not there (most), or not readable: not shown as ours
-		}
-		for _, line := range bytes.Split(b, []byte("\n")) {
-			if bytes.Equal(bytes.TrimSpace(line), pid) {
-				found = append(found, dir)
-				break
-			}
+		if dir := filepath.Join(d, filepath.FromSlash(c.below)); s.lists(dir, pid) {
+			found = append(found, dir)
 		}
 	}
 	switch len(found) {
 	case 1:
+		if resolvedLen.Add(1) <= maxResolved {
+			resolved.Store(key, found[0])
+		}
 		return found[0], nil
 	case 0:
 		return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and no cgroup %d levels below it with %s under it lists PID %d in cgroup.procs", safefs.Quote(c.top), c.search, s.cgroupFile, c.search, safefs.Quote(c.below), s.pid)
 	}
 	return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and %d cgroups list PID %d (%s, %s): ambiguous", safefs.Quote(c.top), c.search, s.cgroupFile, len(found), s.pid, safefs.Quote(found[0]), safefs.Quote(found[1]))
+}
+
+// lists reports whether the cgroup.procs of cgroup directory dir lists
+// pid; a cgroup.procs that is not there (most directories searched) or not
+// readable does not.
+func (s *source) lists(dir string, pid []byte) bool {
+	b, err := s.readFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return false
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if bytes.Equal(bytes.TrimSpace(line), pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// resolved remembers where resolve found a process's cgroup (resolvedKey
+// to the directory), so that a re-read looks there first instead of
+// searching the tree again; at most maxResolved entries are ever stored
+// (resolvedLen counts them), so that reading many processes (memctl
+// status) cannot grow it without bound.
+var (
+	resolved    sync.Map
+	resolvedLen atomic.Int64
+)
+
+const maxResolved = 256
+
+type resolvedKey struct {
+	root, top, below string
+	search, pid      int
 }
 
 // outsideNamespace reports whether cgroup path p climbs with "..":

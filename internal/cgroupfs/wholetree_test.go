@@ -1,6 +1,7 @@
 package cgroupfs
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -125,6 +126,9 @@ func TestWholeTreeNamespaceUnseen(t *testing.T) {
 		})
 	}
 	t.Run("too many cgroups", func(t *testing.T) {
+		prev := maxSearch
+		maxSearch = 64
+		t.Cleanup(func() { maxSearch = prev })
 		files := map[string]string{}
 		for i := 0; i <= maxSearch; i++ {
 			files["cg/d"+strconv.Itoa(i)] = "<dir>"
@@ -144,4 +148,27 @@ func TestClimbs(t *testing.T) {
 		assert.Equal(t, want, strconv.Itoa(n)+" "+rest, in)
 	}
 	assert.True(t, strings.HasPrefix(wholeTreeMount("/.."), "30 "))
+}
+
+// TestWholeTreeNamespaceMoved: the directory found is remembered for the
+// next read (a refresh), and checked again: a process moved to another
+// cgroup is found there, not at the remembered place.
+func TestWholeTreeNamespaceMoved(t *testing.T) {
+	const pid = 5151
+	dir := tree(t, "0::/pod\n", wholeTreeMount("/.."), map[string]string{
+		"cg/a/memory.max": "536870912\n", "cg/a/pod/cgroup.procs": "5151\n",
+		"cg/b/memory.max": "268435456\n", "cg/b/pod/cgroup.procs": "1\n",
+	})
+	l, err := readTreePID(dir, pid)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "cg/a/pod"), l.Dir)
+	l, err = readTreePID(dir, pid)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "cg/a/pod"), l.Dir, "again")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cg/a/pod/cgroup.procs"), []byte("1\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cg/b/pod/cgroup.procs"), []byte("5151\n"), 0o644))
+	l, err = readTreePID(dir, pid)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "cg/b/pod"), l.Dir, "moved")
+	assert.Equal(t, int64(256<<20), l.Bytes)
 }
