@@ -290,13 +290,20 @@ type MemLimit struct {
 // the hard limit already followed, lowered under the RSS at run time, is
 // followed with a WARN.
 // When a private cgroup namespace's visible top has a memory.max and
-// nothing up to it sets a limit, the limit is unknown (it may be set above
-// the namespace): Source is SourceNone and Reason says so and names the
-// remedies (GOMEMLIMIT from the downward API, SystemFallback).
+// nothing up to it sets a limit, or /proc/self/cgroup names a cgroup no
+// mount shows (cgroupfs.ErrUnseen), the limit is unknown, never "none":
+// Source is SourceNone, LimitUnknown is true, and Reason says so and names
+// the remedies (MEMCTL_MEMORY_LIMIT from the downward API,
+// SystemFallback). A limit the operator declares (DeclaredLimitEnv,
+// LambdaMemoryEnv) is followed as a cgroup limit where no cgroup shows
+// one, and beside a cgroup limit the smaller binds.
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
-// AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a numeric
-// AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
+// AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a
+// GOMEMLIMIT above what memctl would set from the limit (its ratio less
+// the memory charged outside the Go heap) is logged at WARN, naming
+// GOMEMLIMIT, the limit, its file and the headroom, and is still left as
+// set. A numeric AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
 // variables: surrounding space is ignored, "off" in any case, empty is unset
 // (as the Go runtime reads an empty GOMEMLIMIT). A process without a cgroup
 // limit (no cgroup mounted, no /proc/self/cgroup, a cgroup without a limit,
