@@ -31,7 +31,7 @@ func init() {
 			}
 		}
 		b, _ := os.ReadFile("/proc/self/cgroup")
-		childtest.Say("PROC_CGROUP", strings.TrimSpace(string(b)))
+		childtest.Say("PROC_CGROUP", strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "; "))
 		l, err := cgroupfs.Of(0)
 		childtest.Say("CG_BYTES", l.Bytes)
 		childtest.Say("CG_FILE", l.File)
