@@ -119,8 +119,9 @@ func TestV2WholeTreeNamespace(t *testing.T) {
 // TestV2ReadOnlyRemount: cgroup2 remounted read-only in a private cgroup
 // namespace (a container without privileges). A limit on the namespace
 // root is read through the read-only mount (never "unknown"); a limit
-// only above it (pod-level resources) is truly out of sight: "unknown",
-// naming MEMCTL_MEMORY_LIMIT as the remedy, and followed once declared.
+// only above it (pod-level resources, read-only or not) is truly out of
+// sight: "unknown", naming MEMCTL_MEMORY_LIMIT as the remedy, and followed
+// once declared.
 func TestV2ReadOnlyRemount(t *testing.T) {
 	cgrouptest.RequireV2(t)
 	const limit = 512 << 20
@@ -131,17 +132,28 @@ func TestV2ReadOnlyRemount(t *testing.T) {
 	assert.Equal(t, strconv.Itoa(limit), r["LIMIT"])
 	assert.Equal(t, "false", r["UNKNOWN"])
 
-	above := cgrouptest.Layout{Name: "readonly-pod", Namespace: true, Remount: true, ReadOnly: true, LimitAbove: true}
-	g = cgrouptest.NewV2(t, above, limit)
-	r = runV2Limit(t, func(cmd *exec.Cmd) { g.Wrap(t, cmd) })
+	readOnlyPod := cgrouptest.Layout{Name: "readonly-pod", Namespace: true, Remount: true, ReadOnly: true, LimitAbove: true}
+	for _, l := range []cgrouptest.Layout{readOnlyPod, cgrouptest.LayoutPod} {
+		t.Run(l.Name, func(t *testing.T) { limitAboveNamespace(t, l, limit) })
+	}
+}
+
+// limitAboveNamespace: a limit set only above the namespace's root, which
+// the namespace's own mount cannot show (pod-level resources): "unknown",
+// naming MEMCTL_MEMORY_LIMIT as the remedy, GOMEMLIMIT left unset; with
+// the variable set (as the downward API writes limits.memory), followed.
+func limitAboveNamespace(t *testing.T, l cgrouptest.Layout, limit int64) {
+	g := cgrouptest.NewV2(t, l, limit)
+	r := runV2Limit(t, func(cmd *exec.Cmd) { g.Wrap(t, cmd) })
 	assert.Equal(t, "none", r["SOURCE"])
 	assert.Equal(t, "true", r["UNKNOWN"])
 	assert.Contains(t, r["REASON"], "unknown")
 	assert.Contains(t, r["REASON"], DeclaredLimitEnv)
+	assert.NotContains(t, r["REASON"], "set GOMEMLIMIT")
 	assert.Equal(t, strconv.FormatInt(1<<63-1, 10), r["READBACK"])
 
-	r = runV2Limit(t, func(cmd *exec.Cmd) { g.Wrap(t, cmd) }, DeclaredLimitEnv+"="+strconv.Itoa(limit))
+	r = runV2Limit(t, func(cmd *exec.Cmd) { g.Wrap(t, cmd) }, DeclaredLimitEnv+"="+strconv.FormatInt(limit, 10))
 	assert.Equal(t, "declared", r["SOURCE"])
-	assert.Equal(t, strconv.Itoa(limit), r["LIMIT"])
+	assert.Equal(t, strconv.FormatInt(limit, 10), r["LIMIT"])
 	assert.Equal(t, "false", r["UNKNOWN"])
 }
