@@ -165,7 +165,14 @@ type Bound struct {
 // the hierarchy is mounted several times, every mount that holds the cgroup
 // is read and the tightest limit kept (one may show ancestors another does
 // not); a cgroup path that climbs ("/../../x", outside the reader's cgroup
-// namespace) is held by a mount whose root climbs as far. v1 is read
+// namespace) is held by a mount whose root climbs as far. A mount whose
+// root climbs further (a cgroup namespace made while the host's mount was
+// kept: root "/..", cgroup "/pod") holds the cgroup under names the kernel
+// does not show: it is the one directory at that depth, with the cgroup's
+// path below it, whose cgroup.procs lists the process's PID (known for
+// /proc/PID/cgroup and /proc/self/cgroup; at most 16384 directories are
+// searched, and the place found is looked at first next time); every
+// limit up to the mount point counts. v1 is read
 // when /proc/PID/cgroup lists the memory controller and it is mounted; v2
 // only when its mounted cgroup has the memory controller
 // (cgroup.controllers), so a hybrid host whose v2 hierarchy has none gives
@@ -183,7 +190,11 @@ type Bound struct {
 // malformed. When no memory cgroup can be found, the error matches
 // ErrNoCgroup (not mounted, a cgroup that no mount's root holds, such as
 // one that starts with "/.." where no mount root climbs as far, or a
-// removed v2 cgroup, which the kernel marks " (deleted)").
+// removed v2 cgroup, which the kernel marks " (deleted)"), and ErrUnseen
+// when /proc/PID/cgroup lists the cgroup but no mount shows it (the limit
+// is then unknown, not absent). When a mount's files cannot be read
+// (EACCES) and another mount of the hierarchy sets a limit, that limit is
+// returned with the error in Limit.Unreadable.
 // Read only reads files, so it is safe for concurrent use.
 //
 // cgroupFile and mountinfoFile are read as the caller names them (symlinks
