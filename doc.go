@@ -109,6 +109,12 @@
 //	MEMCTL_REFRESH=10s|off             least time between two re-reads of
 //	                                   the cgroup limit, at GC end
 //	MEMCTL_GOMEMLIMIT_FLOOR=64MiB      smallest GOMEMLIMIT memctl sets
+//	MEMCTL_MEMORY_LIMIT=512MiB         the container's limit where no
+//	                                   cgroup shows one (bytes, as the
+//	                                   downward API writes limits.memory,
+//	                                   or a size); AWS Lambda's
+//	                                   AWS_LAMBDA_FUNCTION_MEMORY_SIZE
+//	                                   is read the same way
 //	MEMCTL_PRESSURE=on|off             the death-spiral detector and the
 //	                                   kernel memory-pressure watcher
 //	MEMCTL_BUDGETS=enforce|observe|off per-request budgets (package limits)

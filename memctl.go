@@ -169,7 +169,10 @@ type Report struct {
 	// low"), "none" when there is none. The system-wide PSI is named
 	// "host-wide PSI ...", and PressureNote then says why the cgroup's own
 	// signal could not be used (a read-only cgroup mount, no memory
-	// controller, no limit; see pressure.Monitor.SourceNote).
+	// controller, no limit; see pressure.Monitor.SourceNote); when the
+	// cgroup's memory.events is watched because its PSI trigger was
+	// refused, PressureNote says why ("PSI trigger refused: EPERM at the
+	// cgroup namespace root (nsdelegate)").
 	Pressure     string
 	PressureNote string
 	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,
@@ -383,13 +386,20 @@ func Start(opts ...Option) (*Controller, error) {
 // on the WARN lines.
 func (c *Controller) logStarted(l *slog.Logger) {
 	r := c.report
-	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl started",
+	info := []slog.Attr{
 		slog.String("gomemlimit", mibOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_source", limitSource(r.MemLimit)),
 		slog.String("thp", r.THPState.String()),
 		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
 		slog.String("auto_burst", onOff(r.AutoBurst)),
-		slog.String("pressure", shortPressure(r.Pressure, r.PressureNote)))
+		slog.String("pressure", shortPressure(r.Pressure, r.PressureNote)),
+	}
+	if r.MemLimit.Sandbox != "" {
+		// A sandbox with a kernel of its own (gVisor) may show no cgroup
+		// limit: said here, as the likely reason a limit is missing.
+		info = append(info, slog.String("sandbox", r.MemLimit.Sandbox))
+	}
+	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl started", info...)
 	if !l.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}

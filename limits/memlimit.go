@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/sandbox"
 )
 
 // DefaultRatio is the share of the memory limit that becomes GOMEMLIMIT when
@@ -80,9 +83,17 @@ const (
 	// SourceEnv: the operator set GOMEMLIMIT (not empty), or
 	// AUTOMEMLIMIT=off, in the environment; memctl did not touch GOMEMLIMIT.
 	SourceEnv
+	// SourceDeclared: the operator declared the limit in
+	// MEMCTL_MEMORY_LIMIT (DeclaredLimitEnv); MemLimit.File is
+	// "MEMCTL_MEMORY_LIMIT=<value>".
+	SourceDeclared
+	// SourceLambda: AWS Lambda's AWS_LAMBDA_FUNCTION_MEMORY_SIZE
+	// (LambdaMemoryEnv), in MB of 2^20 bytes.
+	SourceLambda
 )
 
-// String returns "none", "cgroup v1", "cgroup v2", "system" or "env".
+// String returns "none", "cgroup v1", "cgroup v2", "system", "env",
+// "declared" or "lambda".
 func (s Source) String() string {
 	switch s {
 	case SourceNone:
@@ -95,6 +106,10 @@ func (s Source) String() string {
 		return "system"
 	case SourceEnv:
 		return "env"
+	case SourceDeclared:
+		return "declared"
+	case SourceLambda:
+		return "lambda"
 	}
 	return "Source(" + strconv.Itoa(int(s)) + ")"
 }
@@ -104,16 +119,16 @@ func (s Source) String() string {
 func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText parses a word that String returns ("none", "cgroup v1",
-// "cgroup v2", "system", "env"). Any other text is an error that quotes it,
-// and s is left as it was.
+// "cgroup v2", "system", "env", "declared", "lambda"). Any other text is an
+// error that quotes it, and s is left as it was.
 func (s *Source) UnmarshalText(b []byte) error {
-	for v := SourceNone; v <= SourceEnv; v++ {
+	for v := SourceNone; v <= SourceLambda; v++ {
 		if string(b) == v.String() {
 			*s = v
 			return nil
 		}
 	}
-	return fmt.Errorf("limits: unknown Source %q, want none, cgroup v1, cgroup v2, system or env", b)
+	return fmt.Errorf("limits: unknown Source %q, want none, cgroup v1, cgroup v2, system, env, declared or lambda", b)
 }
 
 // MemLimitConfig configures SetGoMemLimit and NewMemLimiter. The zero value
@@ -240,6 +255,11 @@ type MemLimit struct {
 	// Source is then SourceNone, or SourceSystem with
 	// MemLimitConfig.SystemFallback.
 	LimitUnknown bool `json:",omitempty"`
+	// Sandbox names the sandbox the process runs in when one is
+	// recognised ("gVisor", by the signs its docs give: see
+	// internal/sandbox), where the cgroup files may not carry the limit
+	// the host enforces; "" otherwise.
+	Sandbox string `json:",omitempty"`
 	// Reason is one human-readable sentence about the decision.
 	Reason string
 }
@@ -270,13 +290,20 @@ type MemLimit struct {
 // the hard limit already followed, lowered under the RSS at run time, is
 // followed with a WARN.
 // When a private cgroup namespace's visible top has a memory.max and
-// nothing up to it sets a limit, the limit is unknown (it may be set above
-// the namespace): Source is SourceNone and Reason says so and names the
-// remedies (GOMEMLIMIT from the downward API, SystemFallback).
+// nothing up to it sets a limit, or /proc/self/cgroup names a cgroup no
+// mount shows (cgroupfs.ErrUnseen), the limit is unknown, never "none":
+// Source is SourceNone, LimitUnknown is true, and Reason says so and names
+// the remedies (MEMCTL_MEMORY_LIMIT from the downward API,
+// SystemFallback). A limit the operator declares (DeclaredLimitEnv,
+// LambdaMemoryEnv) is followed as a cgroup limit where no cgroup shows
+// one, and beside a cgroup limit the smaller binds.
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
-// AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a numeric
-// AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
+// AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a
+// GOMEMLIMIT above what memctl would set from the limit (its ratio less
+// the memory charged outside the Go heap) is logged at WARN, naming
+// GOMEMLIMIT, the limit, its file and the headroom, and is still left as
+// set. A numeric AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
 // variables: surrounding space is ignored, "off" in any case, empty is unset
 // (as the Go runtime reads an empty GOMEMLIMIT). A process without a cgroup
 // limit (no cgroup mounted, no /proc/self/cgroup, a cgroup without a limit,
@@ -352,6 +379,10 @@ type MemLimiter struct {
 	charges map[string]charge // the last account read from each cgroup directory
 	seen    map[string]bool
 	stopped bool
+
+	decl    declared // the limit the environment declares (hasDecl)
+	hasDecl bool
+	sandbox string // internal/sandbox.Detect, read once
 }
 
 // maxSeen bounds how many distinct failures a MemLimiter remembers (and
@@ -383,17 +414,39 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 		m.usage = readUsage
 	}
 	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
+	m.sandbox = sandbox.Detect()
+	d.Sandbox = m.sandbox
+	var bad []error
+	m.decl, m.hasDecl, bad = readDeclared()
+	for _, err := range bad {
+		if m.log != nil {
+			m.log.Warn("limits: declared memory limit", "error", err)
+		}
+	}
+	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
+	if m.ratio == 0 {
+		m.ratio, m.ratioFrom = DefaultRatio, "default"
+	}
 	// An empty GOMEMLIMIT is no limit to the Go runtime
 	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
 	// other value is the operator's; the runtime has already parsed it.
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
 		d.Source, d.Reason = SourceEnv, fmt.Sprintf("GOMEMLIMIT=%s is set in the environment", v)
+		if validRatio(m.ratio) {
+			// The operator wins; a GOMEMLIMIT at (or near) the limit,
+			// leaving less than memctl's rule would, is said at WARN.
+			if w, err := m.operatorHeadroom(v, d.GoMemLimit, m.ratio); err != nil {
+				d.MemoryLimit, d.Ratio, d.File, d.Outside, d.Charged = w.MemoryLimit, w.Ratio, w.File, w.Outside, w.Charged
+				d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: ")
+				if m.log != nil {
+					m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
+						"gomemlimit", d.GoMemLimit, "limit", w.MemoryLimit, "limit_file", w.File,
+						"headroom", w.MemoryLimit-d.GoMemLimit, "ratio", w.Ratio, "outside", w.Outside)
+				}
+			}
+		}
 		m.store(d)
 		return m, d, nil
-	}
-	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
-	if m.ratio == 0 {
-		m.ratio, m.ratioFrom = DefaultRatio, "default"
 	}
 	if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
 		// automemlimit's variable, read with memctl's one grammar
@@ -548,7 +601,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		return d, nil
 	}
 	f, err := m.probe()
-	d.LimitUnknown = f.unknown
+	d.LimitUnknown, d.Sandbox = f.unknown, m.sandbox
 	if err != nil {
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		m.store(d)
@@ -628,10 +681,11 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	// cannot reclaim.
 	goResident := min(goMapped, rss)
 	charged := func(cgFile string) (int64, charge) {
-		if !m.headroom || cgFile == "" {
+		dir := f.chargeDir(cgFile)
+		if !m.headroom || dir == "" {
 			return 0, charge{}
 		}
-		c, ok := m.chargeOf(f.version, filepath.Dir(cgFile))
+		c, ok := m.chargeOf(f.version, dir)
 		if !ok {
 			return 0, charge{}
 		}
@@ -661,10 +715,10 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		if f.maxFile != "" && file != f.maxFile {
 			why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", file, f.maxFile)
 		}
-		d.MemoryLimit, d.File = limit, file
+		d.MemoryLimit, d.File, d.Source = limit, file, f.sourceOf(file)
 		d.Outside = max(outside, hardCharged)
 	}
-	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, f.source, why)
+	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, d.Source, why)
 	if hasHard {
 		if hardCharged > outside {
 			d.Charged = hardCharged
@@ -829,20 +883,29 @@ type found struct {
 	version           int
 	why               string
 	unknown           bool // the limit may be set above the cgroup namespace
+	// cgSource is the cgroup's Source (v1 or v2); decl and declSource
+	// the declared limit's file (declared.file) and Source.
+	cgSource   Source
+	decl       string
+	declSource Source
 }
 
 const noLimit = cgroupfs.NoLimit
 
 // probe returns the limit and where it came from. A missing cgroup is
 // SourceNone, not an error; so is a v2 cgroup namespace whose visible top
-// sets no limit, with a why that says the limit is unknown.
+// sets no limit, or a cgroup no mount shows (cgroupfs.ErrUnseen), with a
+// why that says the limit is unknown and names the remedies. A limit the
+// environment declares (MEMCTL_MEMORY_LIMIT, Lambda's) is one more hard
+// limit: alone where no cgroup shows one, and beside the cgroup's, the
+// smaller binding, when one does.
 func (m *MemLimiter) probe() (found, error) {
 	l, err := m.read()
 	if err == nil && l.HighErr != nil {
 		// A malformed memory.high is not the kernel's; memory.max,
 		// read without it, is still honoured.
 		m.warn(false, l.HighErr.Error(), fmt.Errorf("limits: memory.high ignored: %w", l.HighErr))
-		if l.Bytes == cgroupfs.NoLimit {
+		if l.Bytes == cgroupfs.NoLimit && !m.hasDecl {
 			return found{}, fmt.Errorf("limits: memory limit: %w", l.HighErr)
 		}
 	}
@@ -850,6 +913,13 @@ func (m *MemLimiter) probe() (found, error) {
 		// v1's memory.stat adds only a limit set above the mount: the
 		// limit files read are still honoured.
 		m.warn(false, l.StatErr.Error(), fmt.Errorf("limits: hierarchical_memory_limit not read (a limit set above the mounted part of the hierarchy may be missed): %w", l.StatErr))
+	}
+	if err == nil {
+		for _, u := range l.Unreadable {
+			// Another mount of the hierarchy showed the limit: the
+			// unreadable one is passed over, said once at WARN.
+			m.warn(false, u.Error(), fmt.Errorf("limits: a mount of the cgroup hierarchy could not be read, and the limit another mount shows is followed (a limit only this mount shows may be missed): %w", u))
+		}
 	}
 	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
 		// A Limit with Bytes and File only (made by hand): File says
@@ -860,6 +930,9 @@ func (m *MemLimiter) probe() (found, error) {
 		}
 	}
 	f := found{max: noLimit, high: noLimit, version: l.Version}
+	if m.hasDecl {
+		f.decl, f.declSource = m.decl.file(), m.decl.source
+	}
 	var why string
 	switch {
 	case err == nil && l.Bytes != cgroupfs.NoLimit:
@@ -867,6 +940,7 @@ func (m *MemLimiter) probe() (found, error) {
 		if l.Version == 2 {
 			f.source = SourceCgroupV2
 		}
+		f.cgSource = f.source
 		f.max, f.maxFile, f.high, f.highFile, f.bounds = l.Max, l.MaxFile, l.High, l.HighFile, l.Bounds
 		if f.max != noLimit {
 			f.why = "from " + f.maxFile
@@ -876,18 +950,51 @@ func (m *MemLimiter) probe() (found, error) {
 				f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set up to the top of this cgroup namespace, and one may be set above it: the hard limit is unknown)"
 			}
 		}
+		if m.hasDecl {
+			// Both bind: the declared limit is one more hard limit
+			// (the one that leaves the least is followed, decide).
+			if len(f.bounds) == 0 && f.max != noLimit {
+				f.bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
+			}
+			f.bounds = append(slices.Clone(f.bounds), cgroupfs.Bound{Bytes: m.decl.bytes, File: f.decl})
+			if f.max == noLimit || m.decl.bytes < f.max {
+				f.max, f.maxFile, f.source = m.decl.bytes, f.decl, m.decl.source
+				f.why = "from " + f.decl + " (declared; " + strings.TrimPrefix(f.why, "from ") + ")"
+			}
+		}
 		return f, nil
 	case err == nil && l.TopNotRoot:
 		why = fmt.Sprintf("no cgroup memory limit up to %s, the top of this cgroup namespace: the limit is unknown (it may be set above the namespace, as Kubernetes pod-level resources and podman's service cgroup do); "+
-			"set GOMEMLIMIT from the downward API (resources.limits.memory), or use SystemFallback", l.Cgroup)
+			"%s", l.Cgroup, remedy(m.sandbox))
 	case err == nil:
 		why = fmt.Sprintf("no cgroup memory limit: cgroup v%d %s and its ancestors set none", l.Version, l.Cgroup)
+		if m.sandbox != "" {
+			why += fmt.Sprintf(" (in a %s sandbox, whose cgroup files may not carry the limit its host enforces: %s)", m.sandbox, remedy(""))
+		}
+	case errors.Is(err, cgroupfs.ErrUnseen):
+		// The process has a memory cgroup that no mount here shows: a
+		// limit may apply, unknown, never "none".
+		why = fmt.Sprintf("the cgroup memory limit is unknown: %v; %s", err, remedy(m.sandbox))
 	case m.noCgroup(err):
 		why = "no cgroup memory limit: " + err.Error()
+		if m.sandbox != "" {
+			why += fmt.Sprintf(" (in a %s sandbox: %s)", m.sandbox, remedy(""))
+		}
+	case m.hasDecl:
+		// The cgroup files cannot be read; the declared limit stands,
+		// and the error is said once at WARN.
+		m.warn(false, err.Error(), fmt.Errorf("limits: memory limit: %w; %s is followed", err, f.decl))
+		why = "the cgroup memory limit could not be read"
 	default:
 		return found{}, fmt.Errorf("limits: memory limit: %w", err)
 	}
-	f.why, f.unknown = why, err == nil && l.TopNotRoot
+	f.why, f.unknown = why, err == nil && l.TopNotRoot || errors.Is(err, cgroupfs.ErrUnseen)
+	if m.hasDecl {
+		f.source, f.max, f.maxFile, f.unknown = m.decl.source, m.decl.bytes, f.decl, false
+		f.bounds = []cgroupfs.Bound{{Bytes: m.decl.bytes, File: f.decl}}
+		f.why = "from " + f.decl + " (declared; " + why + ")"
+		return f, nil
+	}
 	if !m.fallback {
 		return f, nil
 	}
@@ -897,6 +1004,18 @@ func (m *MemLimiter) probe() (found, error) {
 	}
 	f.source, f.max, f.why = SourceSystem, int64(min(sys, 1<<62)), "(total memory; "+why+")"
 	return f, nil
+}
+
+// remedy names what an operator can do where the limit is unknown: declare
+// it (the downward API's resources.limits.memory in MEMCTL_MEMORY_LIMIT),
+// or take total memory (SystemFallback). Setting GOMEMLIMIT to the limit
+// itself is not one: it leaves no room for memory outside the Go heap.
+func remedy(sandbox string) string {
+	s := "set " + DeclaredLimitEnv + " to the container's limit (the downward API's resources.limits.memory), or use SystemFallback"
+	if sandbox != "" {
+		s = "in a " + sandbox + " sandbox, " + s
+	}
+	return s
 }
 
 // noCgroup reports whether err from the cgroup read means there is no

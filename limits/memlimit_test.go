@@ -52,7 +52,7 @@ func init() {
 func keepMemoryLimit(t *testing.T) int64 {
 	prev := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
-	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT"} {
+	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv} {
 		if v, ok := os.LookupEnv(k); ok {
 			t.Setenv(k, v) // restores it afterwards
 			os.Unsetenv(k)
@@ -297,7 +297,14 @@ func TestFixtureTable(t *testing.T) {
 			}
 			if want == "unchanged" && level == "INFO" {
 				assert.Equal(t, SourceNone, d.Source)
-				assert.True(t, strings.HasPrefix(d.Reason, "no cgroup memory limit"), d.Reason)
+				if d.LimitUnknown {
+					// A cgroup no mount shows, or a namespace's top
+					// that is not the root: unknown, with the remedy.
+					assert.Contains(t, d.Reason, "unknown", d.Reason)
+					assert.Contains(t, d.Reason, DeclaredLimitEnv, "the remedy")
+				} else {
+					assert.True(t, strings.HasPrefix(d.Reason, "no cgroup memory limit"), d.Reason)
+				}
 			}
 		})
 	}
@@ -620,7 +627,7 @@ func TestSourceText(t *testing.T) {
 	b, err = json.Marshal(MemLimit{GoMemLimit: 1, Source: SourceCgroupV2, File: "/f/memory.high", Outside: 3, AtFloor: true})
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"GoMemLimit":1,"MemoryLimit":0,"Ratio":0,"Source":"cgroup v2","File":"/f/memory.high","Outside":3,"AtFloor":true,"Reason":""}`, string(b))
-	for _, s := range []Source{SourceNone, SourceCgroupV1, SourceCgroupV2, SourceSystem, SourceEnv} {
+	for _, s := range []Source{SourceNone, SourceCgroupV1, SourceCgroupV2, SourceSystem, SourceEnv, SourceDeclared, SourceLambda} {
 		b, err := s.MarshalText()
 		require.NoError(t, err)
 		assert.Equal(t, s.String(), string(b))

@@ -162,7 +162,7 @@ type memCgroup struct {
 
 // limitUnknownNote is the table's "memory limit" for LimitUnknown.
 const limitUnknownNote = "unknown: none up to the top of this cgroup namespace, which is not the root; a limit may be set above it " +
-	"(give the process GOMEMLIMIT from the downward API, or use memctl's SystemFallback)"
+	"(give the process MEMCTL_MEMORY_LIMIT from the downward API, or use memctl's SystemFallback)"
 
 // readTimeout bounds each read of a file of the process (safefs.Dir.Timeout).
 const readTimeout = 5 * time.Second

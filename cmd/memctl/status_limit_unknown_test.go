@@ -17,7 +17,7 @@ func TestStatusLimitUnknown(t *testing.T) {
 	st := &statusReport{Cgroup: &memCgroup{Version: 2, Path: "/", Dir: "/sys/fs/cgroup", View: "process", LimitUnknown: true}}
 	var out bytes.Buffer
 	writeTable(&out, st)
-	assert.Regexp(t, `(?m)^memory limit +unknown: none up to the top of this cgroup namespace, which is not the root; a limit may be set above it \(give the process GOMEMLIMIT from the downward API, or use memctl's SystemFallback\)$`, out.String())
+	assert.Regexp(t, `(?m)^memory limit +unknown: none up to the top of this cgroup namespace, which is not the root; a limit may be set above it \(give the process MEMCTL_MEMORY_LIMIT from the downward API, or use memctl's SystemFallback\)$`, out.String())
 	b, err := json.Marshal(st.Cgroup)
 	require.NoError(t, err)
 	assert.Contains(t, string(b), `"limit_unknown":true`)

@@ -32,6 +32,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/memctl/memctl/internal/safefs"
 )
@@ -52,6 +54,14 @@ const unlimitedFrom = 1 << 62
 // mount namespace, or its cgroup lies outside the mounted part (another
 // cgroup namespace). The limit is then unknown, not absent.
 var ErrNoCgroup = errors.New("cgroupfs: memory cgroup not found")
+
+// ErrUnseen is matched (errors.Is), with ErrNoCgroup, by the error of a
+// process whose /proc/PID/cgroup lists a memory cgroup (the v1 memory
+// controller or a v2 hierarchy) that no mount here shows: the hierarchy is
+// not mounted, or no mount holds the cgroup, or the cgroup could not be
+// found under a mount whose root lies above the reader's cgroup namespace.
+// A limit may apply that cannot be read: it is unknown, never "none".
+var ErrUnseen = fmt.Errorf("%w (its cgroup is not visible here: the limit is unknown)", ErrNoCgroup)
 
 // Limit is the memory limit of the cgroup a process is in.
 type Limit struct {
@@ -122,6 +132,12 @@ type Limit struct {
 	// pod-level resources, podman's service cgroup) is then not visible,
 	// so NoLimit in Bytes means "unknown", not "none".
 	TopNotRoot bool `json:",omitempty"`
+	// Unreadable are the errors of the other mounts of the hierarchy
+	// that hold the cgroup but whose files could not be read (EACCES;
+	// each names its file), passed over because a readable mount sets a
+	// limit (see Read). A limit set on an ancestor only they show may be
+	// missed. nil when every mount was read.
+	Unreadable []error `json:"-"`
 }
 
 // Bound is one hard memory limit: Bytes from File, whose directory is the
@@ -149,7 +165,14 @@ type Bound struct {
 // the hierarchy is mounted several times, every mount that holds the cgroup
 // is read and the tightest limit kept (one may show ancestors another does
 // not); a cgroup path that climbs ("/../../x", outside the reader's cgroup
-// namespace) is held by a mount whose root climbs as far. v1 is read
+// namespace) is held by a mount whose root climbs as far. A mount whose
+// root climbs further (a cgroup namespace made while the host's mount was
+// kept: root "/..", cgroup "/pod") holds the cgroup under names the kernel
+// does not show: it is the one directory at that depth, with the cgroup's
+// path below it, whose cgroup.procs lists the process's PID (known for
+// /proc/PID/cgroup and /proc/self/cgroup; at most 16384 directories are
+// searched, and the place found is looked at first next time); every
+// limit up to the mount point counts. v1 is read
 // when /proc/PID/cgroup lists the memory controller and it is mounted; v2
 // only when its mounted cgroup has the memory controller
 // (cgroup.controllers), so a hybrid host whose v2 hierarchy has none gives
@@ -167,7 +190,11 @@ type Bound struct {
 // malformed. When no memory cgroup can be found, the error matches
 // ErrNoCgroup (not mounted, a cgroup that no mount's root holds, such as
 // one that starts with "/.." where no mount root climbs as far, or a
-// removed v2 cgroup, which the kernel marks " (deleted)").
+// removed v2 cgroup, which the kernel marks " (deleted)"), and ErrUnseen
+// when /proc/PID/cgroup lists the cgroup but no mount shows it (the limit
+// is then unknown, not absent). When a mount's files cannot be read
+// (EACCES) and another mount of the hierarchy sets a limit, that limit is
+// returned with the error in Limit.Unreadable.
 // Read only reads files, so it is safe for concurrent use.
 //
 // cgroupFile and mountinfoFile are read as the caller names them (symlinks
@@ -198,14 +225,14 @@ func (s *source) read() (Limit, error) {
 	}
 	var why []string
 	if v1 != "" {
-		cands, err := cgroupDirs(mounts, v1, isV1Memory, root)
+		cands, err := s.cgroupDirs(mounts, v1, isV1Memory, root)
 		if err == nil {
 			return s.readAll(cands, func(c candidate) (Limit, error) { return s.readV1(v1, c.dir, c.top) })
 		}
 		why = append(why, "v1 memory: "+err.Error())
 	}
 	if v2 != "" {
-		cands, err := cgroupDirs(mounts, v2, isV2, root)
+		cands, err := s.cgroupDirs(mounts, v2, isV2, root)
 		if err == nil {
 			var l Limit
 			l, err = s.readAll(cands, func(c candidate) (Limit, error) {
@@ -229,12 +256,22 @@ func (s *source) read() (Limit, error) {
 			return Limit{}, fmt.Errorf("%w: %s", errNoV2Memory, strings.Join(why, "; "))
 		}
 	}
-	return Limit{}, fmt.Errorf("%w: %s", ErrNoCgroup, strings.Join(why, "; "))
+	// The process has a memory cgroup (/proc/PID/cgroup lists it), but
+	// no mount here shows it: its limit is unknown, not absent.
+	return Limit{}, fmt.Errorf("%w: %s", ErrUnseen, strings.Join(why, "; "))
 }
 
 // candidate is one mount that holds the process's cgroup: dir is the
 // cgroup's directory through it, top its mount point (root prefixed).
-type candidate struct{ dir, top string }
+// When search is more than 0, dir is not known yet: the cgroup is
+// top/N1/.../Nsearch/below, under search names that /proc/PID/cgroup does
+// not show (a mount whose root lies above the reader's cgroup namespace
+// root); source.resolve finds them.
+type candidate struct {
+	dir, top string
+	search   int
+	below    string
+}
 
 // readAll reads the limit through every candidate mount of the same
 // hierarchy and keeps the tightest: a hierarchy can be mounted several times
@@ -246,14 +283,27 @@ type candidate struct{ dir, top string }
 // candidate can be read; any other error is returned as it is. Dir is the
 // first candidate read's, TopNotRoot is true only when no candidate shows
 // the root.
+//
+// A mount whose files the reader may not read (EACCES: an LSM, a mount
+// with other permissions) is passed over when another mount of the
+// hierarchy is read and sets a limit: its error is kept in
+// Limit.Unreadable, naming the file, so that one unreadable mount does not
+// hide the limit a readable one shows. When no readable mount sets a
+// limit, its error is returned (the limit is unknown, not "none").
 func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error)) (Limit, error) {
 	var out Limit
-	var gone error
+	var gone, denied error
+	var unreadable []error
 	n := 0
 	for _, c := range cands {
 		l, err := read(c)
 		if err != nil && errors.Is(err, fs.ErrNotExist) && !errors.Is(err, ErrNoCgroup) {
 			gone = cmp.Or(gone, err)
+			continue
+		}
+		if err != nil && errors.Is(err, fs.ErrPermission) {
+			denied = cmp.Or(denied, err)
+			unreadable = append(unreadable, err)
 			continue
 		}
 		if err != nil {
@@ -278,9 +328,10 @@ func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error))
 			out.Bytes, out.File = l.Bytes, l.File
 		}
 	}
-	if n == 0 {
-		return Limit{}, gone
+	if n == 0 || (denied != nil && out.Bytes == NoLimit) {
+		return Limit{}, cmp.Or(denied, gone)
 	}
+	out.Unreadable = unreadable
 	return out, nil
 }
 
@@ -632,7 +683,7 @@ func cgroupDirs(mounts []mount, cg string, match func(mount) bool, root string) 
 			continue // climbs above the mount's root: not reachable through it
 		}
 		top := filepath.Join(root, m.point)
-		out = append(out, candidate{filepath.Join(top, filepath.FromSlash(rel)), top})
+		out = append(out, candidate{dir: filepath.Join(top, filepath.FromSlash(rel)), top: top})
 	}
 	switch {
 	case len(out) > 0:
@@ -643,6 +694,171 @@ func cgroupDirs(mounts []mount, cg string, match func(mount) bool, root string) 
 		return nil, fmt.Errorf("cgroup %s is outside this cgroup namespace, and no mount root reaches it", safefs.Quote(cg))
 	}
 	return nil, fmt.Errorf("cgroup %s is outside the mounted part of the hierarchy", safefs.Quote(cg))
+}
+
+// climbs returns how many ".." elements path p starts with, and the rest
+// of p after them ("/" when nothing is left).
+func climbs(p string) (int, string) {
+	n := 0
+	for strings.HasPrefix(p, "/..") && (len(p) == 3 || p[3] == '/') {
+		n, p = n+1, p[3:]
+	}
+	if p == "" {
+		p = "/"
+	}
+	return n, p
+}
+
+// searchMounts returns the mounts that match and whose root lies above the
+// cgroup namespace the paths are relative to, by more levels than cgroup cg
+// climbs: a cgroup namespace made (unshare -C, a container runtime) while
+// the hierarchy's mount stayed as it was (the host's /sys/fs/cgroup left
+// in the container's mount namespace). mountinfo then shows the mount's
+// root as "/.." (one level above the namespace root) and /proc/PID/cgroup
+// the cgroup relative to the namespace root ("/pod"): the cgroup is
+// top/N1/.../Nk/pod for k names the kernel does not show. Only a root of
+// ".." elements alone is such a mount: a root with a name after them
+// ("/../other") is a cgroup beside the namespace, which cannot hold it.
+// Each is returned with search k and below the rest of cg.
+func searchMounts(mounts []mount, cg string, match func(mount) bool, root string) []candidate {
+	b, below := climbs(cg)
+	var out []candidate
+	for _, m := range mounts {
+		if !match(m) {
+			continue
+		}
+		a, rest := climbs(m.root)
+		if rest != "/" || a <= b {
+			continue
+		}
+		out = append(out, candidate{top: filepath.Join(root, m.point), search: a - b, below: below})
+	}
+	return out
+}
+
+// maxSearch bounds the directories source.resolve visits for one mount
+// (a variable for tests).
+var maxSearch = 1 << 14
+
+// cgroupDirs returns the directories of cgroup cg: every mount that holds
+// it (the package-level cgroupDirs), and every mount whose root lies above
+// the reader's cgroup namespace (searchMounts) where the process's cgroup
+// is found by its PID (resolve). The error says why none was found; it
+// does not match ErrNoCgroup (the caller wraps it).
+func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool, root string) ([]candidate, error) {
+	cands, err := cgroupDirs(mounts, cg, match, root)
+	var why []string
+	for _, c := range searchMounts(mounts, cg, match, root) {
+		dir, serr := s.resolve(c)
+		if serr != nil {
+			why = append(why, serr.Error())
+			continue
+		}
+		c.dir, c.search = dir, 0
+		cands = append(cands, c)
+	}
+	if len(cands) > 0 {
+		return cands, nil
+	}
+	if len(why) > 0 {
+		return nil, fmt.Errorf("%w; %s", err, strings.Join(why, "; "))
+	}
+	return nil, err
+}
+
+// resolve finds the directory of the process's cgroup under the mount of
+// c (c.search > 0): the one directory c.search levels below c.top that has
+// c.below under it and whose cgroup.procs lists the process's PID (s.pid,
+// as the reader's PID namespace numbers it, as cgroup.procs does). At most
+// maxSearch directories are visited. The error names the mount and says
+// why nothing was found.
+func (s *source) resolve(c candidate) (string, error) {
+	if s.pid <= 0 {
+		return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and the process's PID is not known to find its cgroup there", safefs.Quote(c.top), c.search, s.cgroupFile)
+	}
+	pid := []byte(strconv.Itoa(s.pid))
+	key := resolvedKey{s.rootName, c.top, c.below, c.search, s.pid}
+	if v, ok := resolved.Load(key); ok {
+		// Where the last search found it (a refresh re-reads every 10
+		// s): taken again when its cgroup.procs still lists the PID.
+		if dir := v.(string); s.lists(dir, pid) {
+			return dir, nil
+		}
+		resolved.Delete(key)
+	}
+	level := []string{c.top}
+	visited := 0
+	for i := 0; i < c.search; i++ {
+		var next []string
+		for _, d := range level {
+			rel, err := s.rel(d)
+			if err != nil {
+				return "", err
+			}
+			rd, err := s.rootDir()
+			if err != nil {
+				return "", fmt.Errorf("cgroupfs: %w", err)
+			}
+			names, err := rd.SubDirs(rel, maxSearch-visited)
+			if err != nil {
+				return "", fmt.Errorf("cgroupfs: looking for the cgroup of PID %d under %s: %w", s.pid, safefs.Quote(c.top), err)
+			}
+			visited += len(names)
+			for _, n := range names {
+				next = append(next, filepath.Join(d, n))
+			}
+		}
+		level = next
+	}
+	var found []string
+	for _, d := range level {
+		if dir := filepath.Join(d, filepath.FromSlash(c.below)); s.lists(dir, pid) {
+			found = append(found, dir)
+		}
+	}
+	switch len(found) {
+	case 1:
+		if resolvedLen.Add(1) <= maxResolved {
+			resolved.Store(key, found[0])
+		}
+		return found[0], nil
+	case 0:
+		return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and no cgroup %d levels below it with %s under it lists PID %d in cgroup.procs", safefs.Quote(c.top), c.search, s.cgroupFile, c.search, safefs.Quote(c.below), s.pid)
+	}
+	return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and %d cgroups list PID %d (%s, %s): ambiguous", safefs.Quote(c.top), c.search, s.cgroupFile, len(found), s.pid, safefs.Quote(found[0]), safefs.Quote(found[1]))
+}
+
+// lists reports whether the cgroup.procs of cgroup directory dir lists
+// pid; a cgroup.procs that is not there (most directories searched) or not
+// readable does not.
+func (s *source) lists(dir string, pid []byte) bool {
+	b, err := s.readFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return false
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if bytes.Equal(bytes.TrimSpace(line), pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// resolved remembers where resolve found a process's cgroup (resolvedKey
+// to the directory), so that a re-read looks there first instead of
+// searching the tree again; at most maxResolved entries are ever stored
+// (resolvedLen counts them), so that reading many processes (memctl
+// status) cannot grow it without bound.
+var (
+	resolved    sync.Map
+	resolvedLen atomic.Int64
+)
+
+const maxResolved = 256
+
+type resolvedKey struct {
+	root, top, below string
+	search, pid      int
 }
 
 // outsideNamespace reports whether cgroup path p climbs with "..":

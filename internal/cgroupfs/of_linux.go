@@ -64,7 +64,7 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	s := &source{
 		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
 		mountinfo: proc, mountinfoRel: "mountinfo", mountinfoFile: proc.Name() + "/mountinfo",
-		root: root, rootName: rootName,
+		root: root, rootName: rootName, pid: pidOf(proc.Name() + "/cgroup"),
 	}
 	l, err := s.read()
 	chrooted := errors.Is(err, errEmptyMountinfo) || errors.Is(err, ErrNoCgroup) && !errors.Is(err, errNoV2Memory)
@@ -122,7 +122,7 @@ func callerLimit(proc *safefs.Dir) (Limit, error) {
 	c := &source{
 		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
 		mountinfo: self, mountinfoRel: "mountinfo", mountinfoFile: "/proc/self/mountinfo",
-		root: selfRoot,
+		root: selfRoot, pid: pidOf(proc.Name() + "/cgroup"),
 	}
 	return c.read()
 }

@@ -3,7 +3,9 @@ package cgroupfs
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/memctl/memctl/internal/safefs"
@@ -21,13 +23,38 @@ type source struct {
 	root                      *safefs.Dir
 	rootPath, rootName        string
 	owned                     []*safefs.Dir // closed by close
+	// pid is the process's PID in the reader's PID namespace, used to
+	// find its cgroup under a mount whose root lies above its cgroup
+	// namespace (resolve); 0 when not known (a fixture).
+	pid int
+}
+
+// pidOf returns the PID of /proc/PID/cgroup file name ("/proc/self/cgroup":
+// the caller's), or 0 when name is not such a file.
+func pidOf(name string) int {
+	rest, ok := strings.CutPrefix(filepath.Clean(name), "/proc/")
+	if !ok {
+		return 0
+	}
+	p, file, ok := strings.Cut(rest, "/")
+	if !ok || file != "cgroup" {
+		return 0
+	}
+	if p == "self" || p == "thread-self" {
+		return os.Getpid()
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
 }
 
 // openSource opens the files of Read(cgroupFile, mountinfoFile, root):
 // the first two as the caller names them, the cgroup files inside root
 // ("" is "/") through no symlink.
 func openSource(cgroupFile, mountinfoFile, root string) (*source, error) {
-	s := &source{cgroupFile: cgroupFile, mountinfoFile: mountinfoFile, rootName: root, rootPath: "/"}
+	s := &source{cgroupFile: cgroupFile, mountinfoFile: mountinfoFile, rootName: root, rootPath: "/", pid: pidOf(cgroupFile)}
 	var err error
 	if s.cgroupRel, err = filepath.Abs(cgroupFile); err != nil {
 		return nil, fmt.Errorf("cgroupfs: %w", err)

@@ -300,3 +300,18 @@ func (d *Dir) Stat(name string) error {
 	_, err := d.do("open", name, func(dirfd int) ([]byte, error) { return nil, statDir(dirfd, d, name) })
 	return err
 }
+
+// SubDirs returns the names of the directories in the directory name,
+// resolved in d with the rules of Stat (on one of d.FSTypes), in the order
+// the file system lists them: at most max of them, or an error matching
+// ErrTooLarge when there are more. Entries that are not directories
+// (files, symlinks) are left out. The error is a *PathError.
+func (d *Dir) SubDirs(name string, max int) ([]string, error) {
+	var out []string
+	_, err := d.do("readdir", name, func(dirfd int) ([]byte, error) {
+		var err error
+		out, err = subDirs(dirfd, d, name, max)
+		return nil, err
+	})
+	return out, err
+}

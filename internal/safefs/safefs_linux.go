@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"strconv"
 	"strings"
 
@@ -438,4 +439,38 @@ func readMagic(dfd int, name, path string, max int64) ([]byte, error) {
 		return nil, &PathError{Op: "open", Path: path, Err: why}
 	}
 	return readFD(fd, path, max)
+}
+
+func subDirs(dirfd int, d *Dir, name string, max int) ([]string, error) {
+	path := d.join(name)
+	fd, err := open(dirfd, d, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if err := fsCheck(fd, d.FSTypes); err != nil {
+		return nil, &PathError{Op: "open", Path: path, Err: err}
+	}
+	var out []string
+	for {
+		// d_type says which entries are directories (cgroupfs and
+		// tmpfs fill it in); an entry of unknown type is left out.
+		ents, err := f.ReadDir(256)
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			if len(out) == max {
+				return nil, &PathError{Op: "readdir", Path: path, Err: fmt.Errorf("%w: more than %d directories", ErrTooLarge, max)}
+			}
+			out = append(out, e.Name())
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(ents) == 0) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, &PathError{Op: "readdir", Path: path, Err: err}
+		}
+	}
 }

@@ -48,3 +48,7 @@ func (d *Dir) Readlink(name string) (string, error) {
 func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
 	return "", nil, &PathError{Op: "open", Path: d.join("fd"), Err: errUnsupported}
 }
+
+func subDirs(dirfd int, d *Dir, name string, max int) ([]string, error) {
+	return nil, &PathError{Op: "readdir", Path: d.join(name), Err: errUnsupported}
+}

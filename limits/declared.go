@@ -1,0 +1,186 @@
+package limits
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/envflag"
+)
+
+// DeclaredLimitEnv is the variable in which an operator declares the
+// container's memory limit where no cgroup shows one (gVisor, Cloud Run's
+// first generation, Fargate with memory.max "max" everywhere, a cgroup
+// namespace whose limit is set above it): bytes ("536870912", what the
+// Kubernetes downward API writes for resources.limits.memory with the
+// default divisor) or a size as GOMEMLIMIT writes it ("512MiB"; B, KiB,
+// MiB, GiB, TiB; Kubernetes' Ki, Mi, Gi, Ti too). memctl applies its ratio
+// and headroom to it as to a cgroup limit (Source SourceDeclared; MemLimit.File
+// is "MEMCTL_MEMORY_LIMIT=<value>"); the headroom is the process's own
+// memory outside the Go runtime, as the cgroup that holds the process may
+// be wider than what the declaration covers. A cgroup limit that is
+// smaller wins: both bind, and the smaller is the one that kills first
+// (each with its own headroom, as for every hard limit on the path). It is
+// read once, when the MemLimiter is made. A bad value (not a size, 0,
+// negative, over 2^62 bytes) is logged at WARN and ignored.
+const DeclaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
+
+// LambdaMemoryEnv is the variable in which AWS Lambda gives a function's
+// memory size, in MB of 2^20 bytes ("512"); memctl reads it as a declared
+// limit (Source SourceLambda) when DeclaredLimitEnv is not set.
+const LambdaMemoryEnv = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
+
+// maxDeclared is the largest declared limit taken, in bytes: 4 EiB, where
+// cgroupfs reads a limit as "none".
+const maxDeclared = 1 << 62
+
+// declared is a memory limit the environment declares.
+type declared struct {
+	bytes  int64
+	name   string // the variable, e.g. "MEMCTL_MEMORY_LIMIT"
+	value  string // as set
+	source Source
+}
+
+// file is what MemLimit.File says for it: "MEMCTL_MEMORY_LIMIT=512MiB".
+func (d declared) file() string { return d.name + "=" + d.value }
+
+// readDeclared returns the declared limit of the environment (ok false
+// when none is), and the errors of variables set to a bad value, each
+// naming the variable and quoting the value.
+func readDeclared() (d declared, ok bool, bad []error) {
+	if v, set := envflag.Lookup(DeclaredLimitEnv); set {
+		n, err := parseSize(v)
+		if err == nil {
+			return declared{n, DeclaredLimitEnv, v, SourceDeclared}, true, nil
+		}
+		bad = append(bad, fmt.Errorf("limits: %s=%q ignored: %w", DeclaredLimitEnv, v, err))
+	}
+	if v, set := envflag.Lookup(LambdaMemoryEnv); set {
+		mb, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch {
+		case err != nil:
+			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want a whole number of MB (2^20 bytes), as Lambda sets it", LambdaMemoryEnv, v))
+		case mb <= 0 || mb > maxDeclared>>20:
+			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want from 1 to %d MB (2^20 bytes)", LambdaMemoryEnv, v, int64(maxDeclared>>20)))
+		default:
+			return declared{mb << 20, LambdaMemoryEnv, v, SourceLambda}, true, bad
+		}
+	}
+	return declared{}, false, bad
+}
+
+// sizeUnits are the suffixes parseSize takes, longest first.
+var sizeUnits = []struct {
+	suffix string
+	shift  uint
+}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"Ti", 40}, {"Gi", 30}, {"Mi", 20}, {"Ki", 10}, {"B", 0}}
+
+// parseSize parses a byte count: decimal bytes, or a number with a suffix
+// of sizeUnits (case-insensitive), from 1 byte to maxDeclared.
+func parseSize(v string) (int64, error) {
+	s := strings.TrimSpace(v)
+	num, shift := s, uint(0)
+	for _, u := range sizeUnits {
+		if len(s) > len(u.suffix) && strings.EqualFold(s[len(s)-len(u.suffix):], u.suffix) {
+			num, shift = strings.TrimSpace(s[:len(s)-len(u.suffix)]), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	switch {
+	case err != nil && strings.HasPrefix(num, "-"), err == nil && n < 0:
+		return 0, fmt.Errorf("a negative size")
+	case err != nil && num != "" && strings.Trim(num, "0123456789") == "":
+		return 0, fmt.Errorf("over %d bytes", int64(maxDeclared))
+	case err != nil:
+		return 0, fmt.Errorf("want bytes (\"536870912\", as the downward API writes limits.memory) or a size such as \"512MiB\" (B, KiB, MiB, GiB, TiB; Ki, Mi, Gi, Ti)")
+	case n == 0:
+		return 0, fmt.Errorf("a limit of 0 bytes")
+	case n > maxDeclared>>shift:
+		return 0, fmt.Errorf("over %d bytes", int64(maxDeclared))
+	}
+	return n << shift, nil
+}
+
+// operatorHeadroom is the WARN for an operator's GOMEMLIMIT (cur bytes,
+// set in the environment as v) that leaves less room under the memory
+// limit than memctl's own rule would: nil when it leaves as much or more,
+// or when no limit is known. It reads the limit as a decision does,
+// changing nothing. Called with m.mu held or before m is shared.
+func (m *MemLimiter) operatorHeadroom(v string, cur int64, ratio float64) (MemLimit, error) {
+	f, err := m.probe()
+	if err != nil || f.max == noLimit || f.source == SourceSystem {
+		return MemLimit{}, nil
+	}
+	rss, goMapped, uerr := m.usage()
+	outside := int64(0)
+	if uerr == nil && rss >= goMapped {
+		outside = rss - goMapped
+	}
+	goResident := min(goMapped, rss)
+	bounds := f.bounds
+	if len(bounds) == 0 {
+		bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
+	}
+	var d MemLimit
+	want := int64(math.MaxInt64)
+	for _, b := range bounds {
+		c := int64(0)
+		if dir := f.chargeDir(b.File); dir != "" {
+			if cc, ok := m.chargeOf(f.version, dir); ok {
+				c = max(cc.total()-goResident, 0)
+			}
+		}
+		w := int64(min(float64(b.Bytes)*ratio, math.MaxInt64)) - max(outside, c)
+		if w < want {
+			want = w
+			d = MemLimit{GoMemLimit: cur, MemoryLimit: b.Bytes, Ratio: ratio, File: b.File, Source: f.sourceOf(b.File),
+				Outside: max(outside, c), Charged: c}
+		}
+	}
+	if cur <= want {
+		return MemLimit{}, nil
+	}
+	left := d.MemoryLimit - cur
+	return d, fmt.Errorf("limits: GOMEMLIMIT=%s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
+		"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
+		v, inMiB(cur), signedMiB(left), d.Source, inMiB(d.MemoryLimit), d.File, inMiB(d.MemoryLimit-want), ratio, inMiB(int64((1-ratio)*float64(d.MemoryLimit))), inMiB(d.Outside), DeclaredLimitEnv)
+}
+
+func signedMiB(n int64) string {
+	if n < 0 {
+		return "-" + inMiB(-n)
+	}
+	return inMiB(n)
+}
+
+// chargeDir returns the cgroup directory whose account is charged against
+// the hard limit of file: a cgroup file's own directory; "" for the
+// system's total memory and for a declared limit. A declared limit's
+// headroom is the process's own memory outside the Go runtime: the cgroup
+// that holds the process may be wider than what the declaration covers (a
+// host's shared cgroup), and its charge would not be this container's.
+func (f found) chargeDir(file string) string {
+	if f.decl != "" && file == f.decl {
+		return ""
+	}
+	if file == "" {
+		return ""
+	}
+	return filepath.Dir(file)
+}
+
+// sourceOf returns the Source of the hard limit of file.
+func (f found) sourceOf(file string) Source {
+	if f.decl != "" && file == f.decl {
+		return f.declSource
+	}
+	if f.cgSource != SourceNone {
+		return f.cgSource
+	}
+	return f.source
+}

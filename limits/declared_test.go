@@ -1,0 +1,397 @@
+package limits
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+)
+
+func init() {
+	// memlimitlog is the memlimit child with a JSON logger on stderr.
+	children["memlimitlog"] = func() {
+		_, d, err := NewMemLimiter(MemLimitConfig{Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))})
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		childtest.Say("BYTES", d.GoMemLimit)
+		childtest.Say("READBACK", debug.SetMemoryLimit(-1))
+		childtest.Say("LIMIT", d.MemoryLimit)
+		childtest.Say("SOURCE", d.Source)
+		childtest.Say("OUTSIDE", d.Outside)
+		childtest.Say("FILE", d.File)
+		childtest.Say("REASON", d.Reason)
+	}
+}
+
+// texts returns each record's message and attributes as one line.
+func (r *recorder) texts(level slog.Level) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, rec := range r.recs {
+		if rec.Level != level {
+			continue
+		}
+		var b strings.Builder
+		b.WriteString(rec.Message)
+		rec.Attrs(func(a slog.Attr) bool {
+			fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+			return true
+		})
+		out = append(out, b.String())
+	}
+	return out
+}
+
+// noLimitV2 is a cgroup v2 process whose cgroup and ancestors set none,
+// up to the hierarchy's root.
+func noLimitV2() (cgroupfs.Limit, error) {
+	return cgroupfs.Limit{Version: 2, Cgroup: "/app", Dir: "/sys/fs/cgroup/app", Bytes: cgroupfs.NoLimit, Max: cgroupfs.NoLimit, High: cgroupfs.NoLimit}, nil
+}
+
+// TestDeclaredLimit (issue 27 item 8): no cgroup limit, MEMCTL_MEMORY_LIMIT
+// set to 512MiB (or to the bytes the downward API writes, or Lambda's
+// variable to 512): GOMEMLIMIT is what a 512 MiB cgroup gives (ratio 0.9,
+// the same headroom), and its source is named in MemLimit, the reason and
+// File.
+func TestDeclaredLimit(t *testing.T) {
+	keepMemoryLimit(t)
+	_, cg, err := start(t, cfgFor(fixedLimit(2, 512<<20)))
+	require.NoError(t, err)
+	require.Equal(t, ninetyPct(512<<20), cg.GoMemLimit, "the 512 MiB cgroup control")
+	for _, tc := range []struct {
+		name, value string
+		src         Source
+	}{
+		{DeclaredLimitEnv, "512MiB", SourceDeclared},
+		{DeclaredLimitEnv, "536870912", SourceDeclared}, // the downward API's limits.memory
+		{DeclaredLimitEnv, " 512mib ", SourceDeclared},
+		{DeclaredLimitEnv, "512Mi", SourceDeclared},
+		{DeclaredLimitEnv, "524288KiB", SourceDeclared},
+		{LambdaMemoryEnv, "512", SourceLambda},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv(tc.name, tc.value)
+			rec := &recorder{}
+			cfg := cfgFor(noLimitV2)
+			cfg.Logger = slog.New(rec)
+			_, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, cg.GoMemLimit, d.GoMemLimit, "as for a 512 MiB cgroup: %s", d.Reason)
+			assert.Equal(t, d.GoMemLimit, debug.SetMemoryLimit(-1))
+			assert.Equal(t, int64(512<<20), d.MemoryLimit)
+			assert.Equal(t, tc.src, d.Source)
+			assert.Equal(t, tc.name+"="+strings.TrimSpace(tc.value), d.File)
+			assert.Contains(t, d.Reason, tc.src.String())
+			assert.Contains(t, d.Reason, tc.name)
+			assert.Contains(t, d.Reason, "no cgroup memory limit", "the reason says why the cgroup gave none")
+			assert.False(t, d.LimitUnknown)
+			assert.Empty(t, rec.texts(slog.LevelWarn))
+		})
+	}
+}
+
+// TestDeclaredBesideCgroup: a cgroup limit and a declared one both bind;
+// the smaller is followed, and named.
+func TestDeclaredBesideCgroup(t *testing.T) {
+	for _, tc := range []struct {
+		cgroup int64
+		src    Source
+		want   int64
+	}{
+		{256 << 20, SourceCgroupV2, 256 << 20},
+		{gib, SourceDeclared, 512 << 20},
+	} {
+		t.Run(strconv.FormatInt(tc.cgroup>>20, 10)+"MiB", func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv(DeclaredLimitEnv, "512MiB")
+			_, d, err := start(t, cfgFor(fixedLimit(2, tc.cgroup)))
+			require.NoError(t, err)
+			assert.Equal(t, tc.src, d.Source, d.Reason)
+			assert.Equal(t, tc.want, d.MemoryLimit)
+			assert.Equal(t, ninetyPct(tc.want), d.GoMemLimit)
+		})
+	}
+	// MEMCTL_MEMORY_LIMIT wins over Lambda's variable.
+	keepMemoryLimit(t)
+	t.Setenv(DeclaredLimitEnv, "256MiB")
+	t.Setenv(LambdaMemoryEnv, "512")
+	_, d, err := start(t, cfgFor(noLimitV2))
+	require.NoError(t, err)
+	assert.Equal(t, SourceDeclared, d.Source)
+	assert.Equal(t, int64(256<<20), d.MemoryLimit)
+}
+
+// TestDeclaredWhereUnknown: where the cgroup limit is unknown (a cgroup no
+// mount shows, a namespace's top that is not the root) the reason says so
+// and names MEMCTL_MEMORY_LIMIT as the remedy, never GOMEMLIMIT at the
+// limit; with the variable set, it is followed. A cgroup read that fails
+// is a WARN, and the declared limit stands.
+func TestDeclaredWhereUnknown(t *testing.T) {
+	unseen := func() (cgroupfs.Limit, error) {
+		return cgroupfs.Limit{}, fmt.Errorf("%w: v2: cgroup \"/pod\" is outside the mounted part of the hierarchy", cgroupfs.ErrUnseen)
+	}
+	top := func() (cgroupfs.Limit, error) {
+		l, _ := noLimitV2()
+		l.TopNotRoot = true
+		return l, nil
+	}
+	denied := func() (cgroupfs.Limit, error) {
+		return cgroupfs.Limit{}, fmt.Errorf("cgroupfs: open \"/sys/fs/cgroup/app/memory.max\": %w", fs.ErrPermission)
+	}
+	for name, read := range map[string]func() (cgroupfs.Limit, error){"unseen": unseen, "top not root": top} {
+		t.Run(name, func(t *testing.T) {
+			keepMemoryLimit(t)
+			debug.SetMemoryLimit(77 << 20)
+			_, d, err := start(t, cfgFor(read))
+			require.NoError(t, err)
+			assert.Equal(t, SourceNone, d.Source)
+			assert.True(t, d.LimitUnknown)
+			assert.Contains(t, d.Reason, "unknown")
+			assert.Contains(t, d.Reason, DeclaredLimitEnv)
+			assert.NotContains(t, d.Reason, "no cgroup memory limit:", "never \"none\"")
+			assert.NotContains(t, d.Reason, "set GOMEMLIMIT", "not the remedy that leads to GOMEMLIMIT at the limit")
+			assert.Equal(t, int64(77<<20), debug.SetMemoryLimit(-1), "left as it was")
+
+			t.Setenv(DeclaredLimitEnv, "512MiB")
+			_, d, err = start(t, cfgFor(read))
+			require.NoError(t, err)
+			assert.Equal(t, SourceDeclared, d.Source)
+			assert.False(t, d.LimitUnknown)
+			assert.Equal(t, ninetyPct(512<<20), d.GoMemLimit)
+		})
+	}
+	keepMemoryLimit(t)
+	t.Setenv(DeclaredLimitEnv, "512MiB")
+	rec := &recorder{}
+	cfg := cfgFor(denied)
+	cfg.Logger = slog.New(rec)
+	_, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, SourceDeclared, d.Source)
+	assert.Equal(t, ninetyPct(512<<20), d.GoMemLimit)
+	w := rec.texts(slog.LevelWarn)
+	require.Len(t, w, 1)
+	assert.Contains(t, w[0], "/sys/fs/cgroup/app/memory.max")
+}
+
+// TestDeclaredBadValues: a bad value (negative, 0, overflowing, garbage) is
+// a WARN naming the variable and quoting the value, and is ignored:
+// GOMEMLIMIT as without it.
+func TestDeclaredBadValues(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{DeclaredLimitEnv, "-1", "negative"},
+		{DeclaredLimitEnv, "-512MiB", "negative"},
+		{DeclaredLimitEnv, "0", "0 bytes"},
+		{DeclaredLimitEnv, "0MiB", "0 bytes"},
+		{DeclaredLimitEnv, "99999999999999999999", "over"},
+		{DeclaredLimitEnv, "8388608TiB", "over"},
+		{DeclaredLimitEnv, "4611686018427387905", "over"},
+		{DeclaredLimitEnv, "512MB", "want bytes"},
+		{DeclaredLimitEnv, "1e9", "want bytes"},
+		{DeclaredLimitEnv, "lots", "want bytes"},
+		{DeclaredLimitEnv, "0x100000", "want bytes"},
+		{DeclaredLimitEnv, "MiB", "want bytes"},
+		{DeclaredLimitEnv, "512 MiB of it", "want bytes"},
+		{DeclaredLimitEnv, "512.5MiB", "want bytes"},
+		{LambdaMemoryEnv, "0", "from 1"},
+		{LambdaMemoryEnv, "-128", "from 1"},
+		{LambdaMemoryEnv, "512MB", "whole number"},
+		{LambdaMemoryEnv, "99999999999999999999", "whole number"},
+		{LambdaMemoryEnv, "8796093022209", "from 1"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv(tc.name, tc.value)
+			rec := &recorder{}
+			cfg := cfgFor(fixedLimit(2, gib))
+			cfg.Logger = slog.New(rec)
+			_, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, SourceCgroupV2, d.Source, "ignored")
+			assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
+			w := rec.texts(slog.LevelWarn)
+			require.Len(t, w, 1, "one WARN")
+			assert.Contains(t, w[0], tc.name)
+			assert.Contains(t, w[0], strconv.Quote(strings.TrimSpace(tc.value)))
+			assert.Contains(t, w[0], tc.want)
+			assert.Contains(t, w[0], "ignored")
+		})
+	}
+	// Empty is unset: nothing said.
+	keepMemoryLimit(t)
+	t.Setenv(DeclaredLimitEnv, "")
+	rec := &recorder{}
+	cfg := cfgFor(fixedLimit(2, gib))
+	cfg.Logger = slog.New(rec)
+	_, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, SourceCgroupV2, d.Source)
+	assert.Empty(t, rec.texts(slog.LevelWarn))
+}
+
+// TestOperatorAtLimit (issue 27 item 7, unit): an operator's GOMEMLIMIT
+// that leaves less headroom than memctl's rule (ratio and outside charges)
+// is left as set and said at WARN, naming GOMEMLIMIT, the limit's file and
+// the headroom; one that leaves as much is not.
+func TestOperatorAtLimit(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		cur  int64
+		warn bool
+	}{
+		{"512MiB", 512 << 20, true},
+		{"500MiB", 500 << 20, true},
+		{"460MiB", 460 << 20, false},
+		{"1GiB", gib, true},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv("GOMEMLIMIT", tc.env)
+			debug.SetMemoryLimit(tc.cur) // as the runtime read it at start
+			rec := &recorder{}
+			cfg := cfgFor(fixedLimit(1, 512<<20))
+			cfg.Logger = slog.New(rec)
+			_, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, SourceEnv, d.Source)
+			assert.Equal(t, tc.cur, debug.SetMemoryLimit(-1), "the operator wins")
+			w := rec.texts(slog.LevelWarn)
+			if !tc.warn {
+				assert.Empty(t, w)
+				return
+			}
+			require.Len(t, w, 1)
+			for _, s := range []string{"GOMEMLIMIT=" + tc.env, "/sys/fs/cgroup/memory/x/memory.limit_in_bytes", "512.0 MiB", "ratio 0.9", "headroom=" + strconv.FormatInt((512<<20)-tc.cur, 10)} {
+				assert.Contains(t, w[0], s)
+			}
+			assert.Contains(t, d.Reason, "left as set")
+			assert.Equal(t, int64(512<<20), d.MemoryLimit)
+		})
+	}
+}
+
+// TestOperatorAtLimitRealCgroup (issue 27 item 7): GOMEMLIMIT=512MiB in a
+// real 512 MiB cgroup (v1 here): GOMEMLIMIT left as set, a WARN naming
+// GOMEMLIMIT, the cgroup limit's file and the headroom memctl's rule would
+// leave (ratio 0.9, what the child holds outside the Go runtime).
+func TestOperatorAtLimitRealCgroup(t *testing.T) {
+	g := cgrouptest.New(t, 512<<20)
+	file := "memory.limit_in_bytes"
+	if g.Version == 2 {
+		file = "memory.max"
+	}
+	cmd := childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, "GOMEMLIMIT=512MiB")
+	g.Wrap(cmd)
+	r, warns := reportAndWarns(t, cmd)
+	assert.Equal(t, strconv.Itoa(512<<20), r["READBACK"], "GOMEMLIMIT left as set")
+	assert.Equal(t, "env", r["SOURCE"])
+	require.Len(t, warns, 1, "one WARN")
+	w := warns[0]
+	assert.Contains(t, w["error"], "GOMEMLIMIT=512MiB")
+	assert.Equal(t, g.Dir+"/"+file, w["limit_file"])
+	assert.EqualValues(t, 512<<20, w["limit"])
+	assert.EqualValues(t, 0, w["headroom"], "GOMEMLIMIT at the limit leaves none")
+	assert.EqualValues(t, 0.9, w["ratio"])
+	assert.Contains(t, w["error"], "memctl's rule leaves")
+	t.Logf("WARN: %v", w["error"])
+
+	// The control: GOMEMLIMIT under memctl's own value says nothing.
+	cmd = childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, "GOMEMLIMIT=400MiB")
+	g.Wrap(cmd)
+	r, warns = reportAndWarns(t, cmd)
+	assert.Equal(t, strconv.Itoa(400<<20), r["READBACK"])
+	assert.Empty(t, warns)
+}
+
+// TestDeclaredLimitChild (issue 27 item 8): a child in a cgroup that sets
+// no limit (this test process's own, when it sets none) with
+// MEMCTL_MEMORY_LIMIT=512MiB, and with AWS_LAMBDA_FUNCTION_MEMORY_SIZE=512:
+// GOMEMLIMIT as for a 512 MiB cgroup (0.9 of it less what the child holds
+// outside the Go runtime), the source named; without them the control
+// leaves GOMEMLIMIT unset.
+func TestDeclaredLimitChild(t *testing.T) {
+	if l, err := cgroupfs.Of(0); err == nil && l.Bytes != cgroupfs.NoLimit {
+		t.Skipf("this process's cgroup sets a limit (%d bytes, %s): the child needs one that sets none", l.Bytes, l.File)
+	}
+	unset := []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}
+	r, _ := reportAndWarns(t, childtest.Command(t, "memlimitlog", unset))
+	assert.Equal(t, "none", r["SOURCE"], "the control: no limit")
+	assert.Equal(t, strconv.FormatInt(1<<63-1, 10), r["READBACK"])
+	for _, tc := range []struct{ env, source, file string }{
+		{DeclaredLimitEnv + "=512MiB", "declared", DeclaredLimitEnv + "=512MiB"},
+		{LambdaMemoryEnv + "=512", "lambda", LambdaMemoryEnv + "=512"},
+	} {
+		r, warns := reportAndWarns(t, childtest.Command(t, "memlimitlog", unset, tc.env))
+		assert.Empty(t, warns)
+		outside, err := strconv.ParseInt(r["OUTSIDE"], 10, 64)
+		require.NoError(t, err)
+		assert.Less(t, outside, int64(32<<20), "a pure Go child holds little outside the Go runtime")
+		want := strconv.FormatInt(ninetyPct(512<<20)-outside, 10)
+		assert.Equal(t, want, r["READBACK"], tc.env)
+		assert.Equal(t, strconv.Itoa(512<<20), r["LIMIT"])
+		assert.Equal(t, tc.source, r["SOURCE"])
+		assert.Equal(t, tc.file, r["FILE"])
+		t.Logf("%s: GOMEMLIMIT %s, %s", tc.env, r["READBACK"], r["REASON"])
+	}
+}
+
+// reportAndWarns runs cmd and returns its report and its WARN records.
+func reportAndWarns(t *testing.T, cmd *exec.Cmd) (map[string]string, []map[string]any) {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	var warns []map[string]any
+	sc := bufio.NewScanner(&stderr)
+	for sc.Scan() {
+		var rec map[string]any
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["level"] == "WARN" {
+			warns = append(warns, rec)
+		}
+	}
+	return childtest.ParseReport(out), warns
+}
+
+// TestUnreadableMountWarns (issue 25 item 5): a second mount of the
+// hierarchy whose files cannot be read (cgroupfs.Limit.Unreadable) no
+// longer hides the limit a readable mount shows: the limit is followed,
+// and the unreadable mount is one WARN naming its file.
+func TestUnreadableMountWarns(t *testing.T) {
+	keepMemoryLimit(t)
+	const denied = "/mnt/other/app/memory.max"
+	read := func() (cgroupfs.Limit, error) {
+		l, err := fixedLimit(2, 256<<20)()
+		l.Unreadable = []error{fmt.Errorf("cgroupfs: open %q: %w", denied, fs.ErrPermission)}
+		return l, err
+	}
+	rec := &recorder{}
+	cfg := cfgFor(read)
+	cfg.Logger = slog.New(rec)
+	_, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, SourceCgroupV2, d.Source)
+	assert.Equal(t, ninetyPct(256<<20), d.GoMemLimit)
+	w := rec.texts(slog.LevelWarn)
+	require.Len(t, w, 1)
+	assert.Contains(t, w[0], denied)
+	assert.Contains(t, w[0], "permission denied")
+}

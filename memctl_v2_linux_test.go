@@ -1,0 +1,329 @@
+package memctl
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/trim"
+)
+
+// The cgroup v2 suite of the facade: each TestV2 test runs a child of this
+// binary (childV2Probe) in a fresh cgroup in each layout containers use
+// (cgrouptest.Layouts) and reads back what memctl.Start did. They run on a
+// real cgroup v2 kernel under internal/v2vm and skip elsewhere.
+
+func init() { moreChildren["v2probe"] = childV2Probe }
+
+const mib = 1 << 20
+
+// childV2Probe calls Start (unless V2_NOSTART is set: a plain process that
+// only holds memory), holds V2_LIVE_MIB MiB live, allocates V2_CHURN_MIB
+// MiB of garbage every 100 ms, and prints, every 100 ms, a line
+// "TICK ms GOMEMLIMIT pressure_trims signals high_events max_events
+// released_bytes". Standard input takes commands: "burst N" allocates N
+// MiB of garbage at once; end of input exits.
+func childV2Probe() {
+	live, churn := envMiB("V2_LIVE_MIB", 16), envMiB("V2_CHURN_MIB", 0)
+	var ctl *Controller
+	if os.Getenv("V2_NOSTART") == "" {
+		var err error
+		ctl, err = Start(WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))))
+		r := ctl.Report()
+		childtest.Say("ERR", strings.ReplaceAll(fmt.Sprint(err), "\n", "; "))
+		childtest.Say("SOURCE", r.MemLimit.Source)
+		childtest.Say("REASON", strings.ReplaceAll(r.MemLimit.Reason, "\n", "; "))
+		childtest.Say("PRESSURE", r.Pressure)
+		childtest.Say("PRESSURE_NOTE", strings.ReplaceAll(r.PressureNote, "\n", "; "))
+	}
+	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
+	hold := make([][]byte, live)
+	for i := range hold {
+		hold[i] = touched(mib)
+	}
+	childtest.Say("READY", 1)
+	bursts := make(chan int, 4)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if n, ok := strings.CutPrefix(sc.Text(), "burst "); ok {
+				v, _ := strconv.Atoi(n)
+				bursts <- v
+			}
+		}
+		os.Exit(0)
+	}()
+	t0 := time.Now()
+	var sink []byte
+	for {
+		select {
+		case n := <-bursts:
+			for range n {
+				sink = touched(mib)
+			}
+			childtest.Say("BURST_DONE", time.Since(t0).Milliseconds())
+		default:
+		}
+		for range churn {
+			sink = touched(mib)
+		}
+		_ = sink
+		st := ctl.Stats()
+		p := st.Trim.Origins[trim.OriginPressure]
+		fmt.Printf("TICK %d %d %d %d %d %d %d\n", time.Since(t0).Milliseconds(), st.GoMemLimit, p.Trims,
+			st.Pressure.Signals, st.Pressure.MemoryEvents.High, st.Pressure.MemoryEvents.Max, st.Trim.TotalReleased)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func envMiB(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return v
+	}
+	return def
+}
+
+// touched returns n bytes with every page written, so that they are
+// charged to the cgroup.
+func touched(n int) []byte {
+	b := make([]byte, n)
+	for i := 0; i < n; i += 4096 {
+		b[i] = 1
+	}
+	return b
+}
+
+// v2Tick is one TICK line of childV2Probe.
+type v2Tick struct {
+	At                                              time.Duration
+	GoMemLimit, Trims, Signals, High, Max, Released int64
+}
+
+// v2Probe is a running childV2Probe.
+type v2Probe struct {
+	Report map[string]string // the KEY=VALUE lines before READY
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr *bytes.Buffer
+
+	mu    sync.Mutex
+	ticks []v2Tick
+	lines []string
+	done  chan struct{}
+}
+
+// startV2Probe starts childV2Probe in g with env added and waits for its
+// READY line (up to 60 s: the VM's CPU is slow). It is stopped at the end
+// of the test.
+func startV2Probe(t *testing.T, g *cgrouptest.V2, env ...string) *v2Probe {
+	t.Helper()
+	cmd := childtest.Command(t, "v2probe", []string{"GOMEMLIMIT", "GOGC", "MEMCTL", "MEMCTL_PRESSURE", "MEMORY_PRESSURE_WATCH"}, env...)
+	g.Wrap(t, cmd)
+	p := &v2Probe{Report: map[string]string{}, cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	cmd.Stderr = &lockedWriter{w: p.stderr, mu: &p.mu}
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	p.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	ready := make(chan struct{})
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(out)
+		isReady := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.lines = append(p.lines, line)
+			if f := strings.Fields(line); len(f) == 8 && f[0] == "TICK" {
+				var v [7]int64
+				for i := range v {
+					v[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+				}
+				p.ticks = append(p.ticks, v2Tick{time.Duration(v[0]) * time.Millisecond, v[1], v[2], v[3], v[4], v[5], v[6]})
+			} else if k, v, ok := strings.Cut(line, "="); ok && !isReady {
+				p.Report[k] = v
+				if k == "READY" {
+					isReady = true
+					close(ready)
+				}
+			}
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = p.stdin.Close()
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+		_ = cmd.Wait()
+	})
+	select {
+	case <-ready:
+	case <-p.done:
+		_ = cmd.Wait()
+		t.Fatalf("v2probe exited before READY (%v); stdout:\n%s\nstderr:\n%s", cmd.ProcessState, p.output(), p.errors())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("v2probe not READY in 60 s; stdout:\n%s\nstderr:\n%s", p.output(), p.errors())
+	}
+	return p
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (p *v2Probe) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
+}
+
+func (p *v2Probe) errors() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// last returns the last tick, ok false when none came yet.
+func (p *v2Probe) last() (v2Tick, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.ticks) == 0 {
+		return v2Tick{}, false
+	}
+	return p.ticks[len(p.ticks)-1], true
+}
+
+// waitFor waits up to d for a tick that satisfies ok and returns it and
+// when it came; found false (and the last tick) when none did, or when
+// the child exited.
+func (p *v2Probe) waitFor(d time.Duration, ok func(v2Tick) bool) (tk v2Tick, after time.Duration, found bool) {
+	t0 := time.Now()
+	for {
+		p.mu.Lock()
+		n := len(p.ticks)
+		if n > 0 {
+			tk = p.ticks[n-1]
+		}
+		p.mu.Unlock()
+		if n > 0 && ok(tk) {
+			return tk, time.Since(t0), true
+		}
+		select {
+		case <-p.done:
+			return tk, time.Since(t0), false
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Since(t0) > d {
+			return tk, time.Since(t0), false
+		}
+	}
+}
+
+func (p *v2Probe) send(t *testing.T, line string) {
+	t.Helper()
+	_, err := io.WriteString(p.stdin, line+"\n")
+	require.NoError(t, err)
+}
+
+func reportInt(t *testing.T, r map[string]string, k string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(r[k], 10, 64)
+	require.NoError(t, err, "%s=%q", k, r[k])
+	return n
+}
+
+// limitFound says whether the child's GOMEMLIMIT came from the cgroup
+// limit, within it.
+func limitFound(r map[string]string, limit int64) bool {
+	n, err := strconv.ParseInt(r["GOMEMLIMIT"], 10, 64)
+	return err == nil && r["SOURCE"] == "cgroup v2" && n > 0 && n <= limit
+}
+
+// skipIfLimitNotFound skips, naming the branch that fixes it, a layout
+// whose limit memctl does not find today (issue 25 item 5: the whole-tree
+// and pod layouts); it fails for any other layout.
+func skipIfLimitNotFound(t *testing.T, l cgrouptest.Layout, p *v2Probe, limit int64) {
+	t.Helper()
+	if limitFound(p.Report, limit) {
+		return
+	}
+	msg := fmt.Sprintf("layout %s: GOMEMLIMIT %s from %q (%s) with a %d-byte limit", l.Name, p.Report["GOMEMLIMIT"], p.Report["SOURCE"], p.Report["REASON"], limit)
+	if l.LimitAbove {
+		t.Skip("fixed by h6-limits: " + msg)
+	}
+	t.Fatal(msg)
+}
+
+// In every layout GOMEMLIMIT comes from the cgroup's limit, read back in
+// the child (debug.SetMemoryLimit(-1)) with its source.
+func TestV2GoMemLimitInLayouts(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * mib
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g)
+			t.Logf("layout %s: GOMEMLIMIT=%s SOURCE=%s PRESSURE=%s PRESSURE_NOTE=%s", l.Name, p.Report["GOMEMLIMIT"], p.Report["SOURCE"], p.Report["PRESSURE"], p.Report["PRESSURE_NOTE"])
+			skipIfLimitNotFound(t, l, p, limit)
+			// At least half the limit: 0.9 of it, less what is charged
+			// outside the Go heap (a few MiB here).
+			assert.Greater(t, reportInt(t, p.Report, "GOMEMLIMIT"), int64(limit/2))
+		})
+	}
+}
+
+// resizeBound is how long a changed memory.max may take to reach
+// GOMEMLIMIT while the process allocates: the limit is re-read at a GC end
+// at most every 10 s (limits.MemLimitConfig's refresh), plus the time to
+// the next GC end (about 1 s at this churn in the VM; 5 s allowed).
+const resizeBound = 15 * time.Second
+
+// memory.max lowered and raised at run time while the child allocates:
+// GOMEMLIMIT follows within resizeBound, in every layout.
+func TestV2MemoryMaxResize(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * mib
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
+			skipIfLimitNotFound(t, l, p, limit)
+			g.SetMax(t, 256*mib)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 256*mib })
+			require.True(t, ok, "memory.max lowered to 256 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
+			t.Logf("layout %s: lowered: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
+			g.SetMax(t, 768*mib)
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit > 512*mib })
+			require.True(t, ok, "memory.max raised to 768 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
+			t.Logf("layout %s: raised: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
+		})
+	}
+}
