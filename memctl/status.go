@@ -880,6 +880,26 @@ func writeRecord(row func(k, v string), st *statusReport) {
 	pr := r.Pressure
 	row("  pressure", fmt.Sprintf("%s; %d signals, %d acted on, %d left to the kernel (mostly page cache), %d cancels held; %d GC death spirals, %d GOMEMLIMIT lifts (lifted by %s now)",
 		q(pr.Source), pr.Signals, pr.Acted, pr.LeftToKernel, pr.CancelsHeld, pr.Spirals, pr.Lifts, size(&pr.LiftedBytes)))
+	if w := r.Swap; w != nil {
+		v := "VmSwap " + size(w.VmSwapBytes)
+		switch {
+		case w.CgroupVersion == 0:
+			v += "; cgroup swap not read: " + q(w.Note)
+		case w.MemoryPlusSwap:
+			v += "; cgroup memory plus swap (v1 memsw) " + size(w.CurrentBytes)
+		default:
+			v += "; cgroup swap " + size(w.CurrentBytes)
+		}
+		if w.CgroupVersion != 0 {
+			if w.MaxBytes != nil {
+				v += ", limit " + size(w.MaxBytes)
+			} else {
+				v += ", no limit"
+			}
+			v += " (" + q(w.File) + ")"
+		}
+		row("  swap", v+"; as of the record's update")
+	}
 	row("  C heap", q(r.CHeap))
 	for i, h := range r.CHeaps {
 		label := ""
