@@ -169,7 +169,10 @@ type Report struct {
 	// low"), "none" when there is none. The system-wide PSI is named
 	// "host-wide PSI ...", and PressureNote then says why the cgroup's own
 	// signal could not be used (a read-only cgroup mount, no memory
-	// controller, no limit; see pressure.Monitor.SourceNote).
+	// controller, no limit; see pressure.Monitor.SourceNote); when the
+	// cgroup's memory.events is watched because its PSI trigger was
+	// refused, PressureNote says why ("PSI trigger refused: EPERM at the
+	// cgroup namespace root (nsdelegate)").
 	Pressure     string
 	PressureNote string
 	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,

@@ -87,7 +87,7 @@ func (c *Controller) record() *state.Record {
 			SkippedBy: state.SkippedBy{MinRelease: t.SkippedBy[trim.SkipMinRelease], Cost: t.SkippedBy[trim.SkipCost],
 				Budget: t.SkippedBy[trim.SkipBudget], Running: t.SkippedBy[trim.SkipRunning]}}
 		ps := st.Pressure
-		r.Pressure = state.Pressure{Source: cut(cmp.Or(rep.Pressure, "none")), Signals: ps.Signals, Acted: ps.Acted,
+		r.Pressure = state.Pressure{Source: cut(cmp.Or(rep.Pressure, "none")), Note: cut(rep.PressureNote), Signals: ps.Signals, Acted: ps.Acted,
 			LeftToKernel: ps.LeftToKernel, CancelsHeld: ps.CancelsHeld, Spirals: ps.Spirals, Lifts: ps.Lifts,
 			LiftedBytes: max(ps.Lifted, 0)}
 		r.CHeap = cut(cmp.Or(rep.CHeap, "none"))

@@ -32,3 +32,22 @@ func TestHostWideNote(t *testing.T) {
 		assert.Equal(t, tc.want, hostWideNote(tc.w, tc.errs))
 	}
 }
+
+// The note beside a memory.events source says why the cgroup's own PSI
+// trigger was refused, in a few words for the startup line.
+func TestPSIRefusedNote(t *testing.T) {
+	perm := &os.PathError{Op: "pressure: write trigger", Path: "/sys/fs/cgroup/memory.pressure", Err: unix.EPERM}
+	for _, tc := range []struct {
+		err    error
+		nsRoot bool
+		want   string
+	}{
+		{perm, true, "PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)"},
+		{perm, false, "PSI trigger refused: permission denied"},
+		{&os.PathError{Op: "pressure: open", Path: "/sys/fs/cgroup/memory.pressure", Err: unix.EROFS}, true, "PSI trigger refused: read-only cgroup mount"},
+		{&os.PathError{Op: "pressure: open", Path: "/x/memory.pressure", Err: unix.ENOENT}, false, "no PSI in this kernel (CONFIG_PSI off or psi=0)"},
+		{errors.New("pressure: odd"), false, "PSI trigger refused: pressure: odd"},
+	} {
+		assert.Equal(t, tc.want, psiRefusedNote(tc.err, tc.nsRoot))
+	}
+}

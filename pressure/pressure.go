@@ -382,8 +382,11 @@ func (m *Monitor) Source() string {
 // process's own cgroup could not be watched: "read-only cgroup mount", "no
 // memory controller", "no memory limit" (cgroup v1, whose pressure level
 // then fires on any reclaim of the host's cache), "the cgroup's own source
-// failed" or "Config.Watch is WatchSystem", followed by the errors; ""
-// for any other source.
+// failed" or "Config.Watch is WatchSystem", followed by the errors; when
+// the source is the cgroup's memory.events because its PSI trigger was
+// refused, why in a few words ("PSI trigger refused: EPERM at the cgroup
+// namespace root (nsdelegate)", "... read-only cgroup mount", "no PSI in
+// this kernel ..."); "" for any other source.
 func (m *Monitor) SourceNote() string {
 	if m == nil || m.watch == nil {
 		return ""

@@ -75,6 +75,8 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 	}
 	systemdFailed := len(why) > 0 // $MEMORY_PRESSURE_* set but unusable
 	own := ""                     // the process's memory cgroup directory, "" when none
+	nsRoot := false               // the process's cgroup is "/": its cgroup namespace root
+	var psiWhy error              // why the cgroup's own PSI trigger was refused
 	var ownWhy []error
 	if w == WatchAuto || w == WatchCgroup {
 		l, err := cgroupfs.Of(0)
@@ -83,7 +85,7 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 			ownWhy = append(ownWhy, ownError{errNoController, err})
 			why = append(why, err)
 		case l.Version == 2:
-			own = l.Dir
+			own, nsRoot = l.Dir, l.Cgroup == "/"
 			p := filepath.Join(l.Dir, "memory.pressure")
 			cands = append(cands, source{kind: srcPSI, path: p, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow), dir: l.Dir,
 				name: fmt.Sprintf("cgroup v2 PSI %s (some %v in %v)", p, m.cfg.Stall, m.cfg.StallWindow)})
@@ -118,6 +120,9 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 				ownWhy = append(ownWhy, err)
 			}
 			systemdFailed = systemdFailed || s.kind == srcSystemd
+			if s.kind == srcPSI && !s.hostWide {
+				psiWhy = err
+			}
 			continue
 		}
 		wt.m = m
@@ -125,6 +130,8 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		wt.makeup = makeupFunc(m, s, own)
 		if s.hostWide {
 			wt.note = hostWideNote(w, ownWhy)
+		} else if s.kind == srcEvents && psiWhy != nil {
+			wt.note = psiRefusedNote(psiWhy, nsRoot)
 		}
 		wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 		if err != nil {
@@ -527,6 +534,27 @@ func hostWideNote(w Watch, ownWhy []error) string {
 		return reason
 	}
 	return reason + ": " + errors.Join(ownWhy...).Error()
+}
+
+// psiRefusedNote says in a few words, for the startup line, why the
+// cgroup's own PSI trigger was refused when memory.events is watched
+// instead: EPERM at a cgroup namespace root (the kernel refuses writes to
+// a namespace root's non-delegatable files when cgroup2 is mounted with
+// nsdelegate, as systemd mounts it: a process inside a Kubernetes
+// container), a read-only mount, no PSI in the kernel, or the error.
+func psiRefusedNote(err error, nsRoot bool) string {
+	const p = "PSI trigger refused: "
+	switch {
+	case errors.Is(err, unix.EPERM) && nsRoot:
+		return p + "EPERM at the cgroup namespace root (nsdelegate)"
+	case errors.Is(err, unix.EROFS):
+		return p + "read-only cgroup mount"
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EOPNOTSUPP):
+		return "no PSI in this kernel (CONFIG_PSI off or psi=0)"
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return p + "permission denied"
+	}
+	return p + err.Error()
 }
 
 // makeupFunc returns how the watcher of s reads what the memory under

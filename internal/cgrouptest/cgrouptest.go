@@ -4,6 +4,15 @@
 //
 // Tests that need it skip, with the reason, when the process is not root or
 // no writable memory cgroup exists.
+//
+// For cgroup v2 tests (named TestV2..., run on a real v2 kernel by
+// internal/v2vm) NewV2 makes a fresh cgroup laid out as containers use it
+// (Layouts: host namespace, a private cgroup namespace rooted at the
+// limit, a limit above the namespace root, a read-only mount, a namespace
+// that still sees the whole tree), and V2.Wrap starts a command (a child
+// of the test binary from internal/childtest, or any program) in it.
+// RequireV2 skips, naming the reason, where no writable v2 memory
+// controller exists (any cgroup v1 host).
 package cgrouptest
 
 import (

@@ -317,6 +317,9 @@ type Pool struct {
 type Pressure struct {
 	// Source names the signal watched, "none" when none is.
 	Source string `json:"source"`
+	// Note says why the cgroup's own PSI could not be used when another
+	// source is watched (Report.PressureNote), "" otherwise.
+	Note string `json:"note,omitempty"`
 	// Signals counts the kernel's signals, Acted the actions taken on them
 	// (each a trim request through the gate), LeftToKernel the signals not
 	// acted on because the cgroup's memory was mostly page cache, and

@@ -1,0 +1,254 @@
+package cgrouptest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+)
+
+// RequireV2 skips t, naming the reason, unless this process can make child
+// cgroups with a memory limit on a real cgroup v2 hierarchy: root, a cgroup2
+// mount, the memory controller listed in its cgroup's cgroup.controllers
+// and enabled (or enabled now) in its cgroup.subtree_control. It returns
+// the process's own cgroup directory, the parent NewV2 makes cgroups in.
+// The project's VM harness (internal/v2vm) runs the TestV2 tests where this
+// holds; on a cgroup v1 host they skip.
+func RequireV2(t testing.TB) string {
+	t.Helper()
+	p, err := cgroupfs.WritableParent()
+	if err != nil {
+		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): %v", err)
+	}
+	if p.Version != 2 {
+		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): this process's memory cgroup %s is cgroup v%d", p.Dir, p.Version)
+	}
+	b, err := os.ReadFile(filepath.Join(p.Dir, "cgroup.controllers"))
+	if err != nil || !slices.Contains(strings.Fields(string(b)), "memory") {
+		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): no memory controller in %s/cgroup.controllers (%v)", p.Dir, err)
+	}
+	return p.Dir
+}
+
+// V2 is a fresh cgroup v2 memory cgroup for one test, laid out as Layout:
+// Top (made for the test) and the leaf Dir below it where Wrap places a
+// command. The limit is on Dir, or on Top when Layout.LimitAbove. NewV2
+// makes it and the end of the test removes it, killing what still runs in
+// it. Not safe for concurrent use.
+type V2 struct {
+	Layout Layout
+	// Top is the cgroup made for the test, Dir's parent.
+	Top string
+	// Dir is the leaf cgroup the command runs in (host path); in the
+	// namespace layouts it is the child's cgroup namespace root.
+	Dir string
+	// LimitDir is where the limit was written: Dir, or Top when
+	// Layout.LimitAbove. SetMax and SetHigh write there.
+	LimitDir string
+	// Limit is the memory.max written at creation, in bytes.
+	Limit int64
+	// Mount is the cgroup2 mount point that holds Dir, for example
+	// /sys/fs/cgroup.
+	Mount string
+}
+
+// NewV2 makes Top and Dir under this process's cgroup (RequireV2, which
+// skips where there is none), writes limit bytes to LimitDir's memory.max
+// and 0 to memory.swap.max, and removes both at the end of the test.
+func NewV2(t testing.TB, l Layout, limit int64) *V2 {
+	t.Helper()
+	parent := RequireV2(t)
+	if limit <= 0 {
+		t.Fatalf("cgrouptest: limit %d: want a positive byte count", limit)
+	}
+	mnt, err := cgroup2Mount(parent)
+	if err != nil {
+		t.Skipf("cgrouptest: %v", err)
+	}
+	top := filepath.Join(parent, fmt.Sprintf("memctl-v2-%s-%d-%d", l.Name, os.Getpid(), time.Now().UnixNano()))
+	if err := os.Mkdir(top, 0o755); err != nil {
+		t.Fatalf("cgrouptest: %v", err)
+	}
+	g := &V2{Layout: l, Top: top, Dir: filepath.Join(top, "c"), Limit: limit, Mount: mnt}
+	t.Cleanup(func() {
+		for _, d := range []string{g.Dir, g.Top} {
+			if err := (&cgroupfs.Child{Dir: d, Version: 2}).Remove(); err != nil {
+				t.Errorf("cgrouptest: %v", err)
+			}
+		}
+	})
+	// The memory controller for Dir: Top holds no process, so this works.
+	g.write(t, filepath.Join(top, "cgroup.subtree_control"), "+memory")
+	if err := os.Mkdir(g.Dir, 0o755); err != nil {
+		t.Fatalf("cgrouptest: %v", err)
+	}
+	g.LimitDir = g.Dir
+	if l.LimitAbove {
+		g.LimitDir = top
+	}
+	g.SetMax(t, limit)
+	for _, d := range []string{top, g.Dir} {
+		// Absent without swap accounting: the limit is then memory only.
+		_ = os.WriteFile(filepath.Join(d, "memory.swap.max"), []byte("0"), 0)
+	}
+	return g
+}
+
+// SetMax writes bytes to LimitDir's memory.max; a negative value writes
+// "max" (no limit). It fails t on error.
+func (g *V2) SetMax(t testing.TB, bytes int64) {
+	t.Helper()
+	g.write(t, filepath.Join(g.LimitDir, "memory.max"), limitString(bytes))
+}
+
+// SetHigh writes bytes to LimitDir's memory.high; a negative value writes
+// "max" (no throttling). It fails t on error.
+func (g *V2) SetHigh(t testing.TB, bytes int64) {
+	t.Helper()
+	g.write(t, filepath.Join(g.LimitDir, "memory.high"), limitString(bytes))
+}
+
+func limitString(bytes int64) string {
+	if bytes < 0 {
+		return "max"
+	}
+	return strconv.FormatInt(bytes, 10)
+}
+
+func (g *V2) write(t testing.TB, path, value string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(value), 0); err != nil {
+		t.Fatalf("cgrouptest: write %q to %s: %v", value, path, err)
+	}
+}
+
+// Events returns the counters of memory.events in dir (Dir or LimitDir):
+// low, high, max, oom, oom_kill and whatever else the kernel lists. It
+// fails t on a malformed file.
+func (g *V2) Events(t testing.TB, dir string) map[string]int64 {
+	t.Helper()
+	path := filepath.Join(dir, "memory.events")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("cgrouptest: %v", err)
+	}
+	m := make(map[string]int64)
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if !ok || err != nil {
+			t.Fatalf("cgrouptest: %s: malformed line %q", path, line)
+		}
+		m[k] = n
+	}
+	return m
+}
+
+// Current returns Dir's memory.current in bytes.
+func (g *V2) Current(t testing.TB) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(g.Dir, "memory.current"))
+	if err != nil {
+		t.Fatalf("cgrouptest: %v", err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("cgrouptest: %s/memory.current: %v", g.Dir, err)
+	}
+	return n
+}
+
+// Wrap changes cmd (before cmd.Start) so that its process starts in Dir
+// and in the layout's namespaces: the kernel places it in Dir at clone
+// (clone3 CLONE_INTO_CGROUP, SysProcAttr.UseCgroupFD), so every page it
+// touches is charged there; in the namespace layouts it then unshares
+// CLONE_NEWCGROUP (rooted at Dir, as it is already in Dir) and, where
+// Layout.Remount, CLONE_NEWNS (Go makes / private in it first, so nothing
+// propagates back) with `/bin/sh -c` unmounting the host's cgroup2 and
+// mounting cgroup2 anew at the same place (read-only where
+// Layout.ReadOnly) before it execs cmd's program under the same PID. The
+// directory descriptor is closed at the end of the test. It skips t where
+// sh, mount or umount is missing for a remount.
+func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	f, err := os.Open(g.Dir)
+	if err != nil {
+		t.Fatalf("cgrouptest: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	a := cmd.SysProcAttr
+	a.UseCgroupFD, a.CgroupFD = true, int(f.Fd())
+	if !g.Layout.Namespace {
+		return
+	}
+	a.Unshareflags |= syscall.CLONE_NEWCGROUP
+	if !g.Layout.Remount {
+		return
+	}
+	a.Unshareflags |= syscall.CLONE_NEWNS
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skipf("cgrouptest: layout %s needs sh: %v", g.Layout.Name, err)
+	}
+	for _, p := range []string{"mount", "umount"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("cgrouptest: layout %s needs %s: %v", g.Layout.Name, p, err)
+		}
+	}
+	opts := "rw"
+	if g.Layout.ReadOnly {
+		opts = "ro"
+	}
+	path := cmd.Path
+	if path == "" && len(cmd.Args) > 0 {
+		path = cmd.Args[0]
+	}
+	script := `umount "$0" && mount -t cgroup2 -o ` + opts + ` cgroup2 "$0" && exec "$@"`
+	args := []string{"sh", "-c", script, g.Mount, path}
+	if len(cmd.Args) > 1 {
+		args = append(args, cmd.Args[1:]...)
+	}
+	cmd.Path, cmd.Args = sh, args
+}
+
+// cgroup2Mount returns the cgroup2 mount point (from /proc/self/mountinfo)
+// that holds dir: the longest one that is a prefix of it.
+func cgroup2Mount(dir string) (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	best := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		fields, postf := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(fields) < 5 || len(postf) < 1 || postf[0] != "cgroup2" {
+			continue
+		}
+		mp := fields[4]
+		if (dir == mp || strings.HasPrefix(dir, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
+			best = mp
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	if best == "" {
+		return "", fmt.Errorf("no cgroup2 mount holds %s in /proc/self/mountinfo", dir)
+	}
+	return best, nil
+}
