@@ -2,7 +2,12 @@ package memctl
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
 )
 
@@ -77,4 +84,67 @@ func TestSwapRecord(t *testing.T) {
 	r = swapRecord(SwapStats{VmSwap: 0, CgroupVersion: 1, Current: 1 << 20, Max: 1 << 30})
 	assert.Equal(t, int64(1<<30), *r.MaxBytes)
 	assert.True(t, r.MemoryPlusSwap)
+}
+
+func init() { moreChildren["swap"] = childSwap }
+
+// childSwap runs Start and reports GOMEMLIMIT, its source and file, and
+// Stats().Swap.
+func childSwap() {
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		childtest.Fail("Start: %v", err)
+	}
+	defer ctl.Close()
+	r := ctl.Report().MemLimit
+	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
+	childtest.Say("SOURCE", r.Source)
+	childtest.Say("FILE", r.File)
+	childtest.Say("MEMORY_LIMIT", r.MemoryLimit)
+	s := ctl.Stats().Swap
+	childtest.Say("VMSWAP", s.VmSwap)
+	childtest.Say("SWAP_VERSION", s.CgroupVersion)
+	childtest.Say("SWAP_CURRENT", s.Current)
+	childtest.Say("SWAP_MAX", s.Max)
+	childtest.Say("SWAP_FILE", s.CurrentFile)
+	childtest.Say("SWAP_ERR", strings.ReplaceAll(fmt.Sprint(s.CgroupErr), "\n", "; "))
+}
+
+// TestV2Swap: on a real cgroup v2 memory controller, a cgroup that may use
+// swap (memory.swap.max 512 MiB, or "max") under a 256 MiB memory.max:
+// GOMEMLIMIT is 0.9 of memory.max, never of memory plus swap, and Stats
+// shows the cgroup's memory.swap.current and memory.swap.max and VmSwap
+// (the VM has no swap device: 0 in swap). In the host layout and in a
+// container's own cgroup namespace and mount.
+func TestV2Swap(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 256 << 20
+	for _, l := range []cgrouptest.Layout{cgrouptest.LayoutHost, cgrouptest.LayoutContainer} {
+		for _, swapMax := range []int64{512 << 20, -1} {
+			t.Run(fmt.Sprintf("%s/swap.max=%d", l.Name, swapMax), func(t *testing.T) {
+				g := cgrouptest.NewV2(t, l, limit)
+				v := "max"
+				if swapMax >= 0 {
+					v = strconv.FormatInt(swapMax, 10)
+				}
+				require.NoError(t, os.WriteFile(filepath.Join(g.Dir, "memory.swap.max"), []byte(v), 0o644))
+				cmd := childtest.Command(t, "swap", []string{"MEMCTL", "GOMEMLIMIT", "AUTOMEMLIMIT", "MEMCTL_PRESSURE"})
+				g.Wrap(t, cmd)
+				rep := childtest.Report(t, cmd)
+				assert.Equal(t, "cgroup v2", rep["SOURCE"])
+				assert.Equal(t, "memory.max", filepath.Base(rep["FILE"]))
+				assert.Equal(t, strconv.Itoa(limit), rep["MEMORY_LIMIT"], "the limit is memory.max: swap is not memory")
+				gml, err := strconv.ParseInt(rep["GOMEMLIMIT"], 10, 64)
+				require.NoError(t, err)
+				assert.LessOrEqual(t, gml, int64(limit*9/10))
+				assert.Greater(t, gml, int64(limit*7/10))
+				assert.Equal(t, "<nil>", rep["SWAP_ERR"])
+				assert.Equal(t, "2", rep["SWAP_VERSION"])
+				assert.Equal(t, "0", rep["SWAP_CURRENT"], "no swap device in the VM")
+				assert.Equal(t, strconv.FormatInt(swapMax, 10), rep["SWAP_MAX"])
+				assert.Equal(t, "memory.swap.current", filepath.Base(rep["SWAP_FILE"]))
+				assert.Equal(t, "0", rep["VMSWAP"])
+			})
+		}
+	}
 }

@@ -566,7 +566,8 @@ func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgro
 	sw, err := cgroupfs.ReadSwapAt(r, l.Version, rel, l.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		cur, max := cgroupfs.SwapFiles(l.Version)
-		c.SwapNote = fmt.Sprintf("no %s or %s: the kernel does not account swap for this cgroup", cur, max)
+		c.SwapNote = fmt.Sprintf("no %s or %s: the kernel does not account swap for this cgroup (the root cgroup has none; "+
+			"nor has a kernel built without CONFIG_MEMCG_SWAP or booted with swapaccount=0)", cur, max)
 		return nil
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -26,7 +27,17 @@ type stallTarget struct {
 // is ready. It exits when the test ends.
 func startStall(t *testing.T, mib int) *stallTarget {
 	t.Helper()
+	return startStallIn(t, mib, nil)
+}
+
+// startStallIn is startStall with the command changed by wrap (when not
+// nil) before it starts.
+func startStallIn(t *testing.T, mib int, wrap func(*exec.Cmd)) *stallTarget {
+	t.Helper()
 	cmd := childtest.Command(t, "stall", operatorVars, envStallMiB+"="+strconv.Itoa(mib))
+	if wrap != nil {
+		wrap(cmd)
+	}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
@@ -76,7 +87,9 @@ func TestStatusSmapsOverThreshold(t *testing.T) {
 	doc := func(args ...string) statusReport {
 		t.Helper()
 		out, errOut, code := result(t, memctl(t, nil, append([]string{"status", "-json"}, args...)...))
-		require.Equal(t, exitOK, code, "stderr: %s\nstdout: %s", errOut, out)
+		// exitPartial where another field is unknown (the root cgroup of
+		// a VM has no memory.events); the smaps fields are checked below.
+		require.Contains(t, []int{exitOK, exitPartial}, code, "stderr: %s\nstdout: %s", errOut, out)
 		var st statusReport
 		require.NoError(t, json.Unmarshal([]byte(out), &st))
 		return st
@@ -88,7 +101,8 @@ func TestStatusSmapsOverThreshold(t *testing.T) {
 	assert.Contains(t, st.SmapsRollup.Why, "not read: VmRSS")
 	assert.Nil(t, st.AnonHugePagesBytes)
 	assert.Nil(t, st.PssBytes)
-	assert.Empty(t, st.Unknown, "not reading smaps_rollup by choice is not an unknown field")
+	assert.NotContains(t, st.Unknown, "anon_huge_pages_bytes", "not reading smaps_rollup by choice is not an unknown field")
+	assert.NotContains(t, st.Unknown, "pss_bytes")
 	require.NotNil(t, st.RssAnonBytes)
 	assert.GreaterOrEqual(t, *st.RssAnonBytes, int64(mib-8)<<20, "RssAnon from /proc/PID/status")
 	require.NotNil(t, st.VmSwapBytes)
@@ -101,7 +115,7 @@ func TestStatusSmapsOverThreshold(t *testing.T) {
 	assert.NotNil(t, st.AnonHugePagesBytes)
 
 	out, _, code := result(t, memctl(t, nil, "status", "-pid", strconv.Itoa(big.pid)))
-	assert.Equal(t, exitOK, code)
+	assert.Contains(t, []int{exitOK, exitPartial}, code)
 	assert.Regexp(t, `(?m)^smaps_rollup +not read: VmRSS \d+\.\d MiB is not under 256\.0 MiB, .*-smaps reads it anyway$`, out)
 	assert.Regexp(t, `(?m)^Pss, AnonHugePages +not read \(smaps_rollup\)$`, out)
 
