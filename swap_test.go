@@ -148,3 +148,15 @@ func TestV2Swap(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSwapRead is what Stats (and each publication of the state
+// record) pays for the swap figures: /proc/self/status and the cgroup's
+// two swap files, the cgroup found once.
+func BenchmarkSwapRead(b *testing.B) {
+	var s swapSource
+	s.read()
+	b.ReportAllocs()
+	for b.Loop() {
+		s.read()
+	}
+}
