@@ -113,11 +113,6 @@
 //	  "anon_huge_pages_bytes": 0,         // AnonHugePages in /proc/PID/smaps_rollup, null when not read
 //	  "vm_rss_bytes": 7745536,            // VmRSS in /proc/PID/status
 //	  "vm_hwm_bytes": 7745536,            // VmHWM in /proc/PID/status
-//	  "rss_anon_bytes": 1052672,          // RssAnon, RssFile, RssShmem, VmSwap in /proc/PID/status
-//	  "rss_file_bytes": 6692864, "rss_shmem_bytes": 0, "vm_swap_bytes": 0,
-//	  "pss_bytes": 5615616,               // Pss in /proc/PID/smaps_rollup, null when not read
-//	  "smaps_rollup": {"read": true,      // whether smaps_rollup was read, and why
-//	    "why": "read: VmRSS 7.4 MiB is under 256.0 MiB"},
 //	  "cgroup": {                         // null when no memory cgroup is found
 //	    "version": 2,                     // 1 or 2
 //	    "path": "/system.slice/app.service",      // as in /proc/PID/cgroup
@@ -134,6 +129,11 @@
 //	  },
 //	  "cgroup_error": "...",              // only when "cgroup" is null: why
 //	  "env": {"GOGC": "50", "GOMEMLIMIT": "241591910"}, // the variables that are set; null when unknown
+//	  "rss_anon_bytes": 1052672,          // RssAnon, RssFile, RssShmem, VmSwap in /proc/PID/status
+//	  "rss_file_bytes": 6692864, "rss_shmem_bytes": 0, "vm_swap_bytes": 0,
+//	  "pss_bytes": 5615616,               // Pss in /proc/PID/smaps_rollup, null when not read
+//	  "smaps_rollup": {"read": true,      // whether smaps_rollup was read, and why
+//	    "why": "read: VmRSS 7.4 MiB is under 256.0 MiB"},
 //	  "env_base64": ["TUFMTE9DX1g9/w=="], // only when a variable is not valid UTF-8, see below
 //	  "memory_events": {"oom_kill": 0},   // cgroup v2 memory.events counters, when read
 //	  "memctl": {                         // the library's state record; null when none

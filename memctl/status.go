@@ -41,12 +41,15 @@ mmap and munmap while the kernel walks its page tables. Flags:
 // statusReport is the document "memctl status -json" prints; see the
 // package doc. Pointers are null when the value is not available.
 type statusReport struct {
-	PID                int        `json:"pid"`
-	THPSystem          *thpSystem `json:"thp_system"`
-	THPEnabled         *int64     `json:"thp_enabled"`
-	AnonHugePagesBytes *int64     `json:"anon_huge_pages_bytes"`
-	VmRSSBytes         *int64     `json:"vm_rss_bytes"`
-	VmHWMBytes         *int64     `json:"vm_hwm_bytes"`
+	PID                int               `json:"pid"`
+	THPSystem          *thpSystem        `json:"thp_system"`
+	THPEnabled         *int64            `json:"thp_enabled"`
+	AnonHugePagesBytes *int64            `json:"anon_huge_pages_bytes"`
+	VmRSSBytes         *int64            `json:"vm_rss_bytes"`
+	VmHWMBytes         *int64            `json:"vm_hwm_bytes"`
+	Cgroup             *memCgroup        `json:"cgroup"`
+	CgroupError        string            `json:"cgroup_error,omitempty"`
+	Env                map[string]string `json:"env"`
 	// RssAnonBytes, RssFileBytes, RssShmemBytes and VmSwapBytes are the
 	// lines of /proc/PID/status (null before the kernel wrote them, or for
 	// a process without memory): VmSwap is the process's anonymous memory
@@ -60,10 +63,7 @@ type statusReport struct {
 	PssBytes *int64 `json:"pss_bytes"`
 	// SmapsRollup says whether /proc/PID/smaps_rollup was read and why
 	// (see smapsRule).
-	SmapsRollup smapsRollup       `json:"smaps_rollup"`
-	Cgroup      *memCgroup        `json:"cgroup"`
-	CgroupError string            `json:"cgroup_error,omitempty"`
-	Env         map[string]string `json:"env"`
+	SmapsRollup smapsRollup `json:"smaps_rollup"`
 	// EnvBase64 holds the variables whose name or value is not valid
 	// UTF-8, which JSON strings cannot carry: each NAME=value entry of
 	// /proc/PID/environ in standard base64 (RFC 4648), sorted. They are
