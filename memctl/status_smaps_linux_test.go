@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -129,7 +130,7 @@ func TestStatusSmapsOverThreshold(t *testing.T) {
 // mmap+munmap while `memctl status -pid` runs 20 times is within 10 ms
 // (the issue's bound) of its worst while the same command runs 20 times on
 // another process (the control arm: the same CPU load on the machine, no
-// reader of the target's mappings). The -smaps arm is the old behaviour,
+// reader of the target's mappings), the median of three rounds each. The -smaps arm is the old behaviour,
 // logged for the record. The target holds $MEMCTL_TEST_STALL_MIB MiB (1024
 // by default; 16384 reproduces the issue's figure by hand).
 func TestStatusStall(t *testing.T) {
@@ -152,13 +153,23 @@ func TestStatusStall(t *testing.T) {
 		}
 		return target.worst(t)
 	}
-	var control, def, smaps time.Duration
-	for round := 0; round < 2; round++ {
-		control = max(control, arm("-pid", self))
-		def = max(def, arm("-pid", strconv.Itoa(target.pid)))
-		smaps = max(smaps, arm("-pid", strconv.Itoa(target.pid), "-smaps"))
+	// Three rounds, the arms interleaved; each arm's figure is the median
+	// of its three worsts, so that one scheduling hiccup on a busy machine
+	// in one round does not decide.
+	var control, def, smaps []time.Duration
+	for round := 0; round < 3; round++ {
+		control = append(control, arm("-pid", self))
+		def = append(def, arm("-pid", strconv.Itoa(target.pid)))
+		smaps = append(smaps, arm("-pid", strconv.Itoa(target.pid), "-smaps"))
 	}
-	t.Logf("%d MiB target, worst mmap+munmap of 1 MiB over 2x20 runs: control (status of another process) %v, status %v, status -smaps %v",
+	t.Logf("%d MiB target, worst mmap+munmap of 1 MiB in each of 3 rounds of 20 runs: control (status of another process) %v, status %v, status -smaps %v",
 		mib, control, def, smaps)
-	assert.LessOrEqual(t, def, control+10*time.Millisecond, "status stalled the target beyond the issue's 10 ms")
+	assert.LessOrEqual(t, median(def), median(control)+10*time.Millisecond, "status stalled the target beyond the issue's 10 ms")
+}
+
+// median returns the median of three or more durations.
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
