@@ -100,6 +100,7 @@ func (c *Controller) record() *state.Record {
 				OwnsMalloc: h.OwnsMalloc, Trimmed: h.Trimmed, Note: cut(h.Note), Releases: h.Releases,
 				Skipped: h.Skipped, ReleasedBytes: max(h.TotalReleased, 0), RetainedBytes: max(h.Retained, -1)})
 		}
+		r.Swap = swapRecord(st.Swap)
 		a := st.AutoBurst
 		r.AutoBurst = state.AutoBurst{Bursts: a.Bursts, Drops: a.Drops, Marks: a.Marks, Settled: a.Settled,
 			FloorBytes: max(a.Floor, 0), GCEnds: a.GCEnds}

@@ -51,6 +51,8 @@ func TestMain(m *testing.M) {
 		"rewrite":   rewriteChild,
 		"fds":       fdsChild,
 		"pidreuse":  pidReuseChild,
+		// Issue 27 item 9's target (status_smaps_test.go).
+		"stall": stallChild,
 	})
 }
 

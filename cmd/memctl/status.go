@@ -29,10 +29,13 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-const statusUsage = `usage: memctl status [-pid PID] [-json]
+const statusUsage = `usage: memctl status [-pid PID] [-json] [-smaps]
 
-Show the THP settings, RSS, cgroup memory limit and memory environment of a
-process, and what the memctl library inside it reported deciding. Flags:
+Show the THP settings, RSS, swap, cgroup memory limit and memory environment
+of a process, and what the memctl library inside it reported deciding.
+/proc/PID/smaps_rollup (Pss, AnonHugePages) is read only for a process whose
+VmRSS is under 256 MiB, or with -smaps: reading it stalls the process's
+mmap and munmap while the kernel walks its page tables. Flags:
 `
 
 // statusReport is the document "memctl status -json" prints; see the
@@ -47,6 +50,20 @@ type statusReport struct {
 	Cgroup             *memCgroup        `json:"cgroup"`
 	CgroupError        string            `json:"cgroup_error,omitempty"`
 	Env                map[string]string `json:"env"`
+	// RssAnonBytes, RssFileBytes, RssShmemBytes and VmSwapBytes are the
+	// lines of /proc/PID/status (null before the kernel wrote them, or for
+	// a process without memory): VmSwap is the process's anonymous memory
+	// in swap, which VmRSS does not count.
+	RssAnonBytes  *int64 `json:"rss_anon_bytes"`
+	RssFileBytes  *int64 `json:"rss_file_bytes"`
+	RssShmemBytes *int64 `json:"rss_shmem_bytes"`
+	VmSwapBytes   *int64 `json:"vm_swap_bytes"`
+	// PssBytes is Pss in /proc/PID/smaps_rollup; null, as
+	// AnonHugePagesBytes, when SmapsRollup says it was not read.
+	PssBytes *int64 `json:"pss_bytes"`
+	// SmapsRollup says whether /proc/PID/smaps_rollup was read and why
+	// (see smapsRule).
+	SmapsRollup smapsRollup `json:"smaps_rollup"`
 	// EnvBase64 holds the variables whose name or value is not valid
 	// UTF-8, which JSON strings cannot carry: each NAME=value entry of
 	// /proc/PID/environ in standard base64 (RFC 4648), sorted. They are
@@ -158,11 +175,83 @@ type memCgroup struct {
 	// private cgroup namespace has a memory.max): a limit may be set
 	// above it, out of sight (cgroupfs.Limit.TopNotRoot).
 	LimitUnknown bool `json:"limit_unknown,omitempty"`
+	// Swap is the cgroup's swap accounting (cgroupfs.Swap): v2
+	// memory.swap.current and memory.swap.max, v1 memsw (memory plus
+	// swap). null when the files are absent (no swap accounting), and
+	// SwapNote says so; unknown ("swap") when they cannot be read.
+	Swap     *memSwap `json:"swap"`
+	SwapNote string   `json:"swap_note,omitempty"`
+}
+
+// memSwap is the cgroup's swap in the JSON document.
+type memSwap struct {
+	CurrentBytes int64  `json:"current_bytes"`
+	MaxBytes     *int64 `json:"max_bytes"` // null: no limit ("max")
+	CurrentFile  string `json:"current_file"`
+	MaxFile      string `json:"max_file"`
+	// MemoryPlusSwap is true in v1, whose memsw files count memory and
+	// swap together.
+	MemoryPlusSwap bool `json:"memory_plus_swap"`
 }
 
 // limitUnknownNote is the table's "memory limit" for LimitUnknown.
 const limitUnknownNote = "unknown: none up to the top of this cgroup namespace, which is not the root; a limit may be set above it " +
 	"(give the process MEMCTL_MEMORY_LIMIT from the downward API, or use memctl's SystemFallback)"
+
+// smapsRollup is the "smaps_rollup" of the JSON document.
+type smapsRollup struct {
+	Read bool   `json:"read"`
+	Why  string `json:"why"`
+}
+
+// smapsMaxRSS is the VmRSS, in bytes, under which status reads
+// /proc/PID/smaps_rollup without -smaps. The kernel fills smaps_rollup by
+// walking the page tables of every mapping while it holds the process's
+// mmap lock (for reading); the process's own mmap, munmap and page faults
+// that need the lock for writing wait for the walk. The walk's time grows
+// with the resident pages, and VmRSS, in /proc/PID/status, costs nothing
+// to read (no lock). Measured on this project's 2-core machine (kernel
+// 6.18; the target maps and unmaps 1 MiB in a loop, 20 reads): one read
+// of smaps_rollup took 0.9-3.8 ms at 256 MiB touched, 1.6-4.3 ms at
+// 512 MiB, 3-9.5 ms at 1 GiB, 20-78 ms at 4 GiB and 100-385 ms at 16 GiB;
+// the target's worst mmap+munmap during them was 3.5-4.4 ms at 256 MiB,
+// 1.8-11 ms at 512 MiB, 8.7-11.7 ms at 1 GiB, 50-75 ms at 4 GiB and
+// 322-373 ms at 16 GiB (0.04-2 ms with no reader; reading
+// /proc/PID/status: 0.01 ms, no stall). 16 GiB mapped but never touched
+// (VmSize 16 GiB, VmRSS a few MiB): 0.02-0.2 ms a read, no stall; the walk
+// follows the resident pages, so the rule is on VmRSS, not VmSize. The
+// figures come from a probe reading the file in a loop and TestStatusStall
+// (MEMCTL_TEST_STALL_MIB=4096 or 16384). 256 MiB keeps the stall under
+// half of the 10 ms an operator's look may cost (issue 27 item 9) with
+// room for a busier machine.
+const smapsMaxRSS = 256 << 20
+
+// smapsRule decides whether status reads /proc/PID/smaps_rollup: always
+// with -smaps (force), never for a process without memory (rss nil: a
+// kernel thread or a zombie; the caller reads nothing then), and
+// otherwise when VmRSS is under smapsMaxRSS. why says which, for the
+// output.
+func smapsRule(force bool, rss *int64) (read bool, why string) {
+	switch {
+	case force:
+		return true, "read: -smaps"
+	case rss == nil:
+		return false, "not read: no VmRSS (a kernel thread, a zombie, or VmRSS unknown)"
+	case *rss < smapsMaxRSS:
+		return true, fmt.Sprintf("read: VmRSS %s is under %s", mib(*rss), mib(smapsMaxRSS))
+	}
+	return false, fmt.Sprintf("not read: VmRSS %s is not under %s, and reading smaps_rollup would stall the process's mmap and munmap "+
+		"while the kernel walks its page tables (about 10-25 ms a GiB); -smaps reads it anyway", mib(*rss), mib(smapsMaxRSS))
+}
+
+// mib formats bytes as "N.N MiB".
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// statusOptions are the flags of status that change what is read.
+type statusOptions struct {
+	// smaps reads /proc/PID/smaps_rollup whatever the process's size.
+	smaps bool
+}
 
 // readTimeout bounds each read of a file of the process (safefs.Dir.Timeout).
 const readTimeout = 5 * time.Second
@@ -171,6 +260,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	pid := fs.Int("pid", 0, "show process `PID` (default: memctl itself)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
+	smaps := fs.Bool("smaps", false, "read /proc/PID/smaps_rollup (Pss, AnonHugePages) whatever the process's size: it stalls the process's mmap and munmap while the kernel walks its page tables (about 10-25 ms a GiB of RSS)")
 	if done, status := parseFlags(fs, args, statusUsage, stdout, stderr); done {
 		return status
 	}
@@ -183,7 +273,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if *pid == 0 {
 		*pid = os.Getpid()
 	}
-	st, err := readStatus(*pid)
+	st, err := readStatusOpts(*pid, statusOptions{smaps: *smaps})
 	if err != nil {
 		fmt.Fprintf(stderr, "memctl: %v\n", err)
 		return exitError
@@ -245,7 +335,10 @@ func errExited(pid int) error {
 // be read is left nil and named in Unknown with the reason; the error is
 // for a process that does not exist, exited while being read, or whose
 // /proc/PID/status cannot be read.
-func readStatus(pid int) (*statusReport, error) {
+func readStatus(pid int) (*statusReport, error) { return readStatusOpts(pid, statusOptions{}) }
+
+// readStatusOpts is readStatus with the flags of o.
+func readStatusOpts(pid int, o statusOptions) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
@@ -272,7 +365,7 @@ func readStatus(pid int) (*statusReport, error) {
 	if testHookAfterStart != nil {
 		testHookAfterStart()
 	}
-	st, err := readFields(pid, proc)
+	st, err := readFields(pid, proc, o)
 	after, err2 := readProcState(proc)
 	if err2 != nil || after.start != before.start || (isDead(after.state) && !isDead(before.state)) {
 		return nil, errExited(pid)
@@ -288,7 +381,7 @@ var testHookAfterStart func()
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
 
 // readFields reads the fields of readStatus through proc.
-func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
+func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, error) {
 	st := &statusReport{PID: pid, Env: map[string]string{}, envRaw: map[string]string{}, Unknown: map[string]string{}}
 	unknown := func(key string, err error) { st.Unknown[key] = err.Error() }
 	status, err := procfs.ReadFileIn(proc, "status")
@@ -325,16 +418,22 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 	if st.VmHWMBytes, err = optional(status.Bytes("VmHWM")); err != nil {
 		unknown("vm_hwm_bytes", err)
 	}
+	for _, f := range []struct {
+		line, key string
+		p         **int64
+	}{{"RssAnon", "rss_anon_bytes", &st.RssAnonBytes}, {"RssFile", "rss_file_bytes", &st.RssFileBytes},
+		{"RssShmem", "rss_shmem_bytes", &st.RssShmemBytes}, {"VmSwap", "vm_swap_bytes", &st.VmSwapBytes}} {
+		if *f.p, err = optional(status.Bytes(f.line)); err != nil {
+			unknown(f.key, err)
+		}
+	}
 	// A kernel thread or a zombie has no memory: no VmRSS, an empty
 	// smaps_rollup, no environment (ESRCH) and no mountinfo (EINVAL).
 	noMemory := st.VmRSSBytes == nil && rssErr == nil
+	st.SmapsRollup.Read, st.SmapsRollup.Why = smapsRule(o.smaps && !noMemory, st.VmRSSBytes)
 	if !noMemory {
-		rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
-		if err == nil {
-			st.AnonHugePagesBytes, err = optional(rollup.Bytes("AnonHugePages"))
-		}
-		if err != nil {
-			unknown("anon_huge_pages_bytes", err)
+		if st.SmapsRollup.Read {
+			readRollup(proc, st)
 		}
 		if err := readEnv(proc, st); err != nil {
 			unknown("env", err)
@@ -366,6 +465,9 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 				unknown("memory_events", err)
 			}
 		}
+		if err := readSwap(proc, l, view, c); err != nil {
+			unknown("swap", err)
+		}
 	case errors.Is(err, cgroupfs.ErrNoCgroup), noMemory:
 		st.CgroupError = err.Error()
 	default:
@@ -376,6 +478,23 @@ func readFields(pid int, proc *safefs.Dir) (*statusReport, error) {
 		st.Unknown = nil
 	}
 	return st, nil
+}
+
+// readRollup reads Pss and AnonHugePages of /proc/PID/smaps_rollup into
+// st; each that cannot be read is unknown with the reason.
+func readRollup(proc *safefs.Dir, st *statusReport) {
+	rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
+	if err != nil {
+		st.Unknown["anon_huge_pages_bytes"] = err.Error()
+		st.Unknown["pss_bytes"] = err.Error()
+		return
+	}
+	if st.AnonHugePagesBytes, err = optional(rollup.Bytes("AnonHugePages")); err != nil {
+		st.Unknown["anon_huge_pages_bytes"] = err.Error()
+	}
+	if st.PssBytes, err = optional(rollup.Bytes("Pss")); err != nil {
+		st.Unknown["pss_bytes"] = err.Error()
+	}
 }
 
 // readEnv reads the memory variables of /proc/PID/environ into st.
@@ -403,28 +522,66 @@ func readEnv(proc *safefs.Dir, st *statusReport) error {
 // readMemoryEvents reads memory.events of the cgroup l, in the mount
 // namespace view names, with parseMemoryEvents.
 func readMemoryEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st *statusReport) error {
+	r, rel, err := cgroupRoot(proc, l, view)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	file := l.Dir + "/memory.events"
+	b, err := r.ReadFile(rel+"/memory.events", safefs.MaxCgroupFile)
+	if err != nil {
+		return err
+	}
+	st.MemoryEvents, err = parseMemoryEvents(b, file)
+	return err
+}
+
+// cgroupRoot opens the root directory in which the cgroup directory of l
+// is read (the process's root, or memctl's for a view other than
+// ViewProcess) with RESOLVE_IN_ROOT, no symlinks and cgroup file systems
+// only (cgroupfs.FSTypes), and returns it with l.Dir relative to it.
+func cgroupRoot(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View) (*safefs.Dir, string, error) {
 	root, prefix := proc, proc.Name()+"/root"
 	if view != cgroupfs.ViewProcess {
 		self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		defer self.Close()
 		root = self
 	}
 	r, err := root.Sub("root", safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	defer r.Close()
 	r.FSTypes = cgroupfs.FSTypes
-	file := l.Dir + "/memory.events"
-	b, err := r.ReadFile(strings.TrimPrefix(file, prefix), safefs.MaxCgroupFile)
+	return r, strings.TrimPrefix(l.Dir, prefix), nil
+}
+
+// readSwap reads the swap files of the cgroup l (cgroupfs.ReadSwapAt,
+// inside the root cgroupRoot opens) into c. Absent files are not an
+// error: c.SwapNote says the cgroup has no swap accounting.
+func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgroup) error {
+	r, rel, err := cgroupRoot(proc, l, view)
 	if err != nil {
 		return err
 	}
-	st.MemoryEvents, err = parseMemoryEvents(b, file)
-	return err
+	defer r.Close()
+	sw, err := cgroupfs.ReadSwapAt(r, l.Version, rel, l.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		cur, max := cgroupfs.SwapFiles(l.Version)
+		c.SwapNote = fmt.Sprintf("no %s or %s: the kernel does not account swap for this cgroup (the root cgroup has none; "+
+			"nor has a kernel built without CONFIG_MEMCG_SWAP or booted with swapaccount=0)", cur, max)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c.Swap = &memSwap{CurrentBytes: sw.Current, CurrentFile: sw.CurrentFile, MaxFile: sw.MaxFile, MemoryPlusSwap: sw.MemoryPlusSwap}
+	if sw.Max != cgroupfs.NoLimit {
+		c.Swap.MaxBytes = &sw.Max
+	}
+	return nil
 }
 
 // optional returns &n, nil for a value, nil, nil for a key the kernel does
@@ -509,9 +666,21 @@ func writeTable(w io.Writer, st *statusReport) {
 	if st.VmRSSBytes == nil && !rssBad {
 		row("memory", "none (a kernel thread or a zombie)")
 	}
-	bytesRow("AnonHugePages", "anon_huge_pages_bytes", st.AnonHugePagesBytes)
 	bytesRow("VmRSS", "vm_rss_bytes", st.VmRSSBytes)
 	bytesRow("VmHWM", "vm_hwm_bytes", st.VmHWMBytes)
+	if st.VmRSSBytes != nil {
+		bytesRow("RssAnon", "rss_anon_bytes", st.RssAnonBytes)
+		bytesRow("RssFile", "rss_file_bytes", st.RssFileBytes)
+		bytesRow("RssShmem", "rss_shmem_bytes", st.RssShmemBytes)
+		bytesRow("VmSwap", "vm_swap_bytes", st.VmSwapBytes)
+	}
+	row("smaps_rollup", st.SmapsRollup.Why)
+	if st.SmapsRollup.Read {
+		bytesRow("Pss", "pss_bytes", st.PssBytes)
+		bytesRow("AnonHugePages", "anon_huge_pages_bytes", st.AnonHugePagesBytes)
+	} else if st.VmRSSBytes != nil {
+		row("Pss, AnonHugePages", "not read (smaps_rollup)")
+	}
 	if c := st.Cgroup; c != nil {
 		v := fmt.Sprintf("v%d %s", c.Version, safefs.Quote(c.Path))
 		switch c.View {
@@ -527,6 +696,21 @@ func writeTable(w io.Writer, st *statusReport) {
 			row("memory limit", "none")
 		} else {
 			row("memory limit", size(c.LimitBytes)+" from "+safefs.Quote(*c.LimitFile))
+		}
+		if r, ok := why("swap"); ok {
+			row("cgroup swap", r)
+		} else if sw := c.Swap; sw != nil {
+			what := "in swap"
+			if sw.MemoryPlusSwap {
+				what = "memory plus swap (v1 memsw)"
+			}
+			lim := "no limit"
+			if sw.MaxBytes != nil {
+				lim = "limit " + size(sw.MaxBytes)
+			}
+			row("cgroup swap", fmt.Sprintf("%s %s from %s; %s from %s", size(&sw.CurrentBytes), what, safefs.Quote(sw.CurrentFile), lim, safefs.Quote(sw.MaxFile)))
+		} else if c.SwapNote != "" {
+			row("cgroup swap", c.SwapNote)
 		}
 	} else if r, ok := why("cgroup"); ok {
 		row("cgroup", r)
@@ -701,6 +885,26 @@ func writeRecord(row func(k, v string), st *statusReport) {
 	pr := r.Pressure
 	row("  pressure", fmt.Sprintf("%s; %d signals, %d acted on, %d left to the kernel (mostly page cache), %d cancels held; %d GC death spirals, %d GOMEMLIMIT lifts (lifted by %s now)",
 		q(pr.Source), pr.Signals, pr.Acted, pr.LeftToKernel, pr.CancelsHeld, pr.Spirals, pr.Lifts, size(&pr.LiftedBytes)))
+	if w := r.Swap; w != nil {
+		v := "VmSwap " + size(w.VmSwapBytes)
+		switch {
+		case w.CgroupVersion == 0:
+			v += "; cgroup swap not read: " + q(w.Note)
+		case w.MemoryPlusSwap:
+			v += "; cgroup memory plus swap (v1 memsw) " + size(w.CurrentBytes)
+		default:
+			v += "; cgroup swap " + size(w.CurrentBytes)
+		}
+		if w.CgroupVersion != 0 {
+			if w.MaxBytes != nil {
+				v += ", limit " + size(w.MaxBytes)
+			} else {
+				v += ", no limit"
+			}
+			v += " (" + q(w.File) + ")"
+		}
+		row("  swap", v+"; as of the record's update")
+	}
 	row("  C heap", q(r.CHeap))
 	for i, h := range r.CHeaps {
 		label := ""

@@ -290,8 +290,9 @@ func TestStatusPartial(t *testing.T) {
 		assert.Contains(t, doc.Unknown["env"], "permission denied")
 		assert.Contains(t, doc.Unknown["cgroup"], "permission denied")
 		assert.Contains(t, doc.Unknown["memctl"], "permission denied", "/proc/PID/fd, where the state record is")
+		assert.Contains(t, doc.Unknown["pss_bytes"], "permission denied")
 		assert.Nil(t, doc.Env)
-		assert.Len(t, doc.Unknown, 4)
+		assert.Len(t, doc.Unknown, 5)
 	}
 }
 

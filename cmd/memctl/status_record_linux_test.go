@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	memctllib "github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/state"
@@ -282,6 +283,27 @@ func TestStatusShowsLibraryRecord(t *testing.T) {
 		assert.Equal(t, rep["CHEAP"], m.CHeaps[0].Allocator)
 		assert.True(t, m.CHeaps[0].OwnsMalloc)
 	}
+	// Swap (issue 25 item 6): the process's VmSwap and its cgroup's swap
+	// files, read by status from the kernel and reported in the record;
+	// GOMEMLIMIT is from the memory limit alone (asserted above).
+	require.NotNil(t, doc.VmSwapBytes)
+	require.NotNil(t, m.Swap, "the record has swap")
+	require.NotNil(t, m.Swap.VmSwapBytes)
+	swapCur, _ := cgroupfs.SwapFiles(g.Version)
+	if doc.Cgroup.Swap == nil {
+		assert.Contains(t, doc.Cgroup.SwapNote, "does not account swap")
+		assert.Equal(t, 0, m.Swap.CgroupVersion)
+		t.Logf("cgroup v%d without swap accounting: %s", g.Version, doc.Cgroup.SwapNote)
+	} else {
+		assert.Equal(t, filepath.Join(g.Dir, swapCur), doc.Cgroup.Swap.CurrentFile)
+		assert.Equal(t, g.Version == 1, doc.Cgroup.Swap.MemoryPlusSwap)
+		assert.Equal(t, g.Version, m.Swap.CgroupVersion)
+		assert.Equal(t, filepath.Join(g.Dir, swapCur), m.Swap.File)
+		require.NotNil(t, m.Swap.CurrentBytes)
+		if g.Version == 1 {
+			assert.Positive(t, doc.Cgroup.Swap.CurrentBytes, "memsw counts the service's memory")
+		}
+	}
 	var raw struct{ Memctl map[string]any }
 	require.NoError(t, json.Unmarshal([]byte(out), &raw))
 	assert.Equal(t, "process", raw.Memctl["reported_by"], "the key is in the document")
@@ -302,6 +324,8 @@ func TestStatusShowsLibraryRecord(t *testing.T) {
 	assert.Regexp(t, `(?m)^  GOMEMLIMIT +`+strconv.FormatInt(gml, 10)+` bytes \(\d+\.\d MiB\); source "cgroup v\d" `+regexpQuote(file)+`, 0\.90 of 268435456 bytes`, out)
 	assert.Regexp(t, `(?m)^  trims +`+strconv.FormatInt(m.Trim.Trims, 10)+` run, \d+ skipped`, out)
 	assert.Regexp(t, `(?m)^  pools +"api" "enforce", limit \d+ bytes .*; 1 refused, 0 observed, 0 canceled$`, out)
+	assert.Regexp(t, `(?m)^  swap +VmSwap \d+ bytes.*; as of the record's update$`, out)
+	assert.Regexp(t, `(?m)^cgroup swap +`, out)
 	assert.NotContains(t, out, "GOMEMLIMIT=", "the environment says nothing: the library decided")
 }
 

@@ -132,6 +132,31 @@ type Record struct {
 	CHeaps        []CHeap   `json:"c_heaps"`
 	CHeapsOmitted int       `json:"c_heaps_omitted,omitempty"`
 	AutoBurst     AutoBurst `json:"auto_burst"`
+	// Swap is the process's and its cgroup's swap when the record was
+	// published (Updated); null in a record of a library before it.
+	Swap *Swap `json:"swap,omitempty"`
+}
+
+// Swap is the swap of the process and of its cgroup (memctl.SwapStats),
+// as read when the record was published: the record is published when a
+// decision changes, not when swap does, so these figures may be old
+// (memctl status reads the kernel's own beside them). Sizes are bytes.
+type Swap struct {
+	// VmSwapBytes is VmSwap of /proc/self/status, null when unknown.
+	VmSwapBytes *int64 `json:"vm_swap_bytes"`
+	// CgroupVersion is 2 (memory.swap.current, memory.swap.max), 1
+	// (memory.memsw.*: memory plus swap, MemoryPlusSwap) or 0 when the
+	// cgroup's swap was not read (Note says why).
+	CgroupVersion  int    `json:"cgroup_version"`
+	MemoryPlusSwap bool   `json:"memory_plus_swap,omitempty"`
+	CurrentBytes   *int64 `json:"current_bytes"`
+	// MaxBytes is the cgroup's own limit, null when none is set (or not
+	// read).
+	MaxBytes *int64 `json:"max_bytes"`
+	// File is the usage file read, memory.swap.current or
+	// memory.memsw.usage_in_bytes.
+	File string `json:"file,omitempty"`
+	Note string `json:"note,omitempty"`
 }
 
 // GoMemLimit is the GOMEMLIMIT decision (limits.MemLimit).
@@ -480,6 +505,19 @@ func (r *Record) check() error {
 		negs(prefix, field{"releases", h.Releases}, field{"skipped", h.Skipped}, field{"released_bytes", h.ReleasedBytes})
 		if h.RetainedBytes < -1 {
 			errs = append(errs, fmt.Errorf("%sretained_bytes %d is neither a size nor -1", prefix, h.RetainedBytes))
+		}
+	}
+	if w := r.Swap; w != nil {
+		for _, f := range []struct {
+			name string
+			n    *int64
+		}{{"vm_swap_bytes", w.VmSwapBytes}, {"current_bytes", w.CurrentBytes}, {"max_bytes", w.MaxBytes}} {
+			if f.n != nil {
+				neg("swap."+f.name, *f.n)
+			}
+		}
+		if w.CgroupVersion < 0 || w.CgroupVersion > 2 {
+			errs = append(errs, fmt.Errorf("swap.cgroup_version %d is not 0, 1 or 2", w.CgroupVersion))
 		}
 	}
 	if len(errs) > 0 {

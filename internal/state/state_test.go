@@ -26,6 +26,8 @@ func TestEncodeParse(t *testing.T) {
 	r.AutoBurst = AutoBurst{Bursts: 2, Marks: 5, FloorBytes: 20 << 20, GCEnds: 100}
 	r.Pressure = Pressure{Source: "psi", Signals: 9, Acted: 2, LeftToKernel: 7}
 	r.CHeaps = []CHeap{{Allocator: "glibc", Library: "libc.so.6", OwnsMalloc: true, Trimmed: true, RetainedBytes: -1}}
+	swapped, swapMax := int64(300<<20), int64(1<<30)
+	r.Swap = &Swap{VmSwapBytes: &swapped, CgroupVersion: 2, CurrentBytes: &swapped, MaxBytes: &swapMax, File: "/sys/fs/cgroup/x/memory.swap.current"}
 	counts := make([]int64, PeakCounts)
 	counts[0], counts[4], counts[PeakCounts-1] = 98, 1, 1
 	r.Pools[0].Peaks.Set(counts)
@@ -143,6 +145,11 @@ func TestParseRejects(t *testing.T) {
 		"heaps not a list":   {rec(`"c_heaps":{"allocator":"glibc"}`), "cannot unmarshal"},
 		"pool refused":       {rec(`"pools":[{"refused":-1}]`), "pools[0].refused -1 is negative"},
 		"pool undercharged":  {rec(`"pools":[{"undercharged":-1}]`), "pools[0].undercharged -1 is negative"},
+		"swap vm negative":   {rec(`"swap":{"vm_swap_bytes":-1}`), "swap.vm_swap_bytes -1 is negative"},
+		"swap cur negative":  {rec(`"swap":{"cgroup_version":2,"current_bytes":-4096}`), "swap.current_bytes -4096 is negative"},
+		"swap max negative":  {rec(`"swap":{"cgroup_version":2,"max_bytes":-1}`), "swap.max_bytes -1 is negative"},
+		"swap cgroup v3":     {rec(`"swap":{"cgroup_version":3}`), "swap.cgroup_version 3 is not 0, 1 or 2"},
+		"swap type":          {rec(`"swap":{"vm_swap_bytes":"1 kB"}`), "cannot unmarshal"},
 		"peaks short":        {rec(`"pools":[{"peaks":{"count":1,"counts":[1]}}]`), "pools[0].peaks: 1 counts, want 22"},
 		"peaks long":         {rec(`"pools":[{"peaks":{"count":1,"counts":[` + strings.Repeat("0,", 1000) + `1]}}]`), "pools[0].peaks: 1001 counts, want 22"},
 		"peaks sum":          {rec(`"pools":[{"peaks":{"count":5,"p50_bytes":65536,"p99_bytes":65536,"max_bytes":65536,"counts":` + counts(1) + `}}]`), "counts sum to 1, not count 5"},
