@@ -440,10 +440,10 @@ func mibOrNone(b int64) string {
 	if b == math.MaxInt64 {
 		return "none"
 	}
-	return mib(b)
+	return inMiB(b)
 }
 
-func mib(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) + "MiB" }
+func inMiB(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) + "MiB" }
 
 // limitSource says in a few words where GOMEMLIMIT came from: the share of
 // which limit, less what, or why there is none. The full reason is
@@ -459,12 +459,12 @@ func limitSource(m limits.MemLimit) string {
 	case m.MemoryLimit <= 0:
 		return "none: no memory limit found"
 	}
-	s := fmt.Sprintf("%g%% of %s limit %s", m.Ratio*100, m.Source, mib(m.MemoryLimit))
+	s := fmt.Sprintf("%g%% of %s limit %s", m.Ratio*100, m.Source, inMiB(m.MemoryLimit))
 	if m.High > 0 {
-		s = fmt.Sprintf("memory.high %s", mib(m.High))
+		s = fmt.Sprintf("memory.high %s", inMiB(m.High))
 	}
 	if m.Outside > 0 {
-		s += " less " + mib(m.Outside) + " outside Go"
+		s += " less " + inMiB(m.Outside) + " outside Go"
 	}
 	if m.AtFloor {
 		s += ", at the floor"
