@@ -389,6 +389,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
 		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
 		slog.String("gomemlimit_refresh", delayOrOff(r.MemLimitRefresh)),
+		slog.String("gomemlimit_follow", cmp.Or(c.limiter.Following(), "none")),
 		slog.String("gomemlimit_reason", r.MemLimit.Reason),
 		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
 		slog.String("auto_burst", onOff(r.AutoBurst)),
@@ -709,6 +710,18 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 	}
 	if pc.CancelLargest == nil {
 		pc.CancelLargest = func() { limits.CancelLargest() } // pools with CancelLargest
+	}
+	if lim := c.limiter; lim != nil && lim.Interval() > 0 {
+		// Kernel pressure may mean a memory.high lowered under the usage,
+		// where the kernel throttles allocation and GC ends are rare:
+		// re-read the limit first (at most once a second), then trim.
+		trimFn := pc.Trim
+		pc.Trim = func() {
+			lim.Poke()
+			if trimFn != nil {
+				trimFn()
+			}
+		}
 	}
 	ml := c.report.MemLimit
 	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {

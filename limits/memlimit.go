@@ -192,6 +192,8 @@ type MemLimitConfig struct {
 	// live heap (readLive); tests replace them.
 	charge func(version int, dir string) (charge, error)
 	live   func() int64
+	// follower replaces the inotify follower in tests.
+	follower func() (follower, error)
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.
@@ -352,6 +354,17 @@ type MemLimiter struct {
 	charges map[string]charge // the last account read from each cgroup directory
 	seen    map[string]bool
 	stopped bool
+	dir     string   // the cgroup directory the last probe read ("" for none)
+	version int      // its cgroup version
+	files   []string // the files the last decision came from (bounds, memory.high)
+	follows int64    // re-reads by the follower
+
+	following  atomic.Pointer[string] // Following
+	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
+	folMu      sync.Mutex             // fol, folClosing
+	fol        follower               // nil until started
+	folClosing bool
+	folDone    chan struct{}
 }
 
 // maxSeen bounds how many distinct failures a MemLimiter remembers (and
@@ -432,6 +445,16 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	if m.every > 0 {
 		m.next.Store(int64(m.every))
 		m.sub = gcend.Subscribe(m.atGCEnd)
+		m.mu.Lock()
+		found := m.dir != "" && !m.stopped
+		m.mu.Unlock()
+		if found {
+			nf := cfg.follower
+			if nf == nil {
+				nf = newFollower
+			}
+			m.startFollow(nf)
+		}
 	}
 	return m, d, err
 }
@@ -483,6 +506,7 @@ func (m *MemLimiter) Interval() time.Duration {
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.sub.Stop()
+		m.closeFollow()
 	}
 }
 
@@ -538,7 +562,7 @@ func dueAfter(now, every time.Duration) int64 {
 // A fall of the target is followed only when it is at least 1/20 of
 // GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
 func (m *MemLimiter) decide(first bool) (MemLimit, error) {
-	cur := debug.SetMemoryLimit(-1)
+	cur := readGoMemLimit() // no heap lock, unlike debug.SetMemoryLimit(-1)
 	d := MemLimit{GoMemLimit: cur}
 	if m.applied != 0 && cur != m.applied {
 		m.stopped = true
@@ -549,6 +573,9 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	}
 	f, err := m.probe()
 	d.LimitUnknown = f.unknown
+	if err == nil {
+		m.dir, m.version, m.files = f.dir, f.version, f.files()
+	}
 	if err != nil {
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		m.store(d)
@@ -826,7 +853,24 @@ type found struct {
 	source            Source
 	version           int
 	why               string
-	unknown           bool // the limit may be set above the cgroup namespace
+	unknown           bool   // the limit may be set above the cgroup namespace
+	dir               string // the process's cgroup directory, "" when none was found
+}
+
+// files returns the files the limit came from: every hard limit on the
+// path and memory.high.
+func (f found) files() []string {
+	var out []string
+	for _, b := range f.bounds {
+		out = append(out, b.File)
+	}
+	if f.maxFile != "" && len(f.bounds) == 0 {
+		out = append(out, f.maxFile)
+	}
+	if f.highFile != "" {
+		out = append(out, f.highFile)
+	}
+	return out
 }
 
 const noLimit = cgroupfs.NoLimit
@@ -858,6 +902,9 @@ func (m *MemLimiter) probe() (found, error) {
 		}
 	}
 	f := found{max: noLimit, high: noLimit, version: l.Version}
+	if err == nil {
+		f.dir = l.Dir
+	}
 	var why string
 	switch {
 	case err == nil && l.Bytes != cgroupfs.NoLimit:
@@ -1058,6 +1105,18 @@ func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
 		}
 	}
 	return c, nil
+}
+
+// readGoMemLimit returns GOMEMLIMIT as runtime/metrics reports it
+// (/gc/gomemlimit:bytes, an atomic load in the runtime), the value
+// debug.SetMemoryLimit(-1) returns without taking the heap lock.
+func readGoMemLimit() int64 {
+	s := [1]metrics.Sample{{Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(s[:])
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return debug.SetMemoryLimit(-1)
+	}
+	return int64(min(s[0].Value.Uint64(), math.MaxInt64))
 }
 
 // readLive returns the live heap at the last GC (runtime/metrics
