@@ -192,8 +192,10 @@ type MemLimitConfig struct {
 	// live heap (readLive); tests replace them.
 	charge func(version int, dir string) (charge, error)
 	live   func() int64
-	// follower replaces the inotify follower in tests.
+	// follower replaces the inotify follower in tests; noGCEnd leaves
+	// out the refresh at GC end (a test in a synctest bubble).
 	follower func() (follower, error)
+	noGCEnd  bool
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.
@@ -444,7 +446,9 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m.mu.Unlock()
 	if m.every > 0 {
 		m.next.Store(int64(m.every))
-		m.sub = gcend.Subscribe(m.atGCEnd)
+		if !cfg.noGCEnd {
+			m.sub = gcend.Subscribe(m.atGCEnd)
+		}
 		m.mu.Lock()
 		found := m.dir != "" && !m.stopped
 		m.mu.Unlock()
