@@ -50,6 +50,7 @@ func init() {
 		switch os.Getenv("FOLLOW_MODE") {
 		case "churn":
 			go churn()
+			go seen(readGoMemLimit())
 		case "burst":
 			for in.Scan() {
 				if in.Text() == "burst" {
@@ -102,6 +103,20 @@ func churn() {
 	for {
 		touch(4 << 20)
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// seen polls GOMEMLIMIT every 100 ms and prints "SEEN bytes unixnano"
+// when it changes, stamped before the print: under memory.high a write to
+// stdout may itself be throttled for seconds, so the log line's arrival
+// is later than the change.
+func seen(last int64) {
+	for {
+		time.Sleep(100 * time.Millisecond)
+		if n := readGoMemLimit(); n != last {
+			last = n
+			fmt.Printf("SEEN %d %d\n", n, time.Now().UnixNano())
+		}
 	}
 }
 
@@ -205,6 +220,24 @@ func (c *followChild) waitChange(since time.Time, limit time.Duration) (n int64,
 	return 0, "", 0, false
 }
 
+// waitSeen waits up to limit for a SEEN line (a GOMEMLIMIT change seen in
+// the child) stamped after since; it returns the value and the child's
+// stamp.
+func (c *followChild) waitSeen(since time.Time, limit time.Duration) (int64, time.Time, bool) {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		c.mu.Lock()
+		for _, l := range c.lines {
+			var n, ns int64
+			if _, err := fmt.Sscanf(l.text, "SEEN %d %d", &n, &ns); err == nil && ns >= since.UnixNano() {
+				c.mu.Unlock()
+				return n, time.Unix(0, ns), true
+			}
+		}
+		c.mu.Unlock()
+	}
+	return 0, time.Time{}, false
+}
+
 func writeCgroup(t *testing.T, g *cgrouptest.Group, file string, v int64) time.Time {
 	t.Helper()
 	val := strconv.FormatInt(v, 10)
@@ -266,10 +299,13 @@ func TestV2FollowThrottledHigh(t *testing.T) {
 			time.Sleep(2 * time.Second)
 			at := writeCgroup(t, g, "memory.high", 64<<20)
 			t.Cleanup(func() { writeCgroup(t, g, "memory.high", -1) })
-			n, line, after, ok := c.waitChange(at, followWithin)
-			require.True(t, ok, "GOMEMLIMIT did not follow memory.high 64 MiB within %v (was %d)", followWithin, before)
-			t.Logf("followed in %v: %s", after, line)
+			n, when, ok := c.waitSeen(at, followWithin+5*time.Second)
+			require.True(t, ok, "GOMEMLIMIT did not move within %v of memory.high 64 MiB (was %d)", followWithin+5*time.Second, before)
+			t.Logf("GOMEMLIMIT %d (was %d) %v after the write", n, before, when.Sub(at))
+			assert.LessOrEqual(t, when.Sub(at), followWithin, "GOMEMLIMIT moved within %v", followWithin)
 			assert.Less(t, n, before)
+			_, line, _, ok := c.waitChange(at, 30*time.Second)
+			require.True(t, ok, "no log line of the change")
 			assert.Contains(t, line, "x the live heap", "held at LiveHeapFactor x the live heap")
 		})
 	}
