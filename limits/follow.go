@@ -5,12 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // Following a changed limit without a GC.
@@ -178,12 +174,6 @@ func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 	st.watched = key
 	list := limitFiles(version, dir, files)
 	st.all = f.watch(list)
-	m.mu.Lock()
-	m.quick = nil
-	if version == 2 && m.full.Version == 2 && m.full.Dir == dir {
-		m.quick = limitFiles(version, dir, nil)
-	}
-	m.mu.Unlock()
 	for _, file := range files {
 		st.all = st.all && !unwatchable(file)
 	}
@@ -240,9 +230,7 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 		m.mu.Lock()
 		if !m.stopped {
 			m.next.Store(dueAfter(now, m.every))
-			m.quickOn = changed
 			_, _ = m.decide(false)
-			m.quickOn = false
 			m.follows++
 		}
 		m.mu.Unlock()
@@ -287,9 +275,7 @@ func (m *MemLimiter) Poke() {
 		return
 	}
 	m.next.Store(dueAfter(now, m.every))
-	m.quickOn = true
 	_, _ = m.decide(false)
-	m.quickOn = false
 }
 
 // closeFollow stops the follower and waits for its goroutine.
@@ -303,79 +289,4 @@ func (m *MemLimiter) closeFollow() {
 	}
 	f.close()
 	<-m.folDone
-}
-
-// quickRead re-reads a v2 limit from its files alone (the memory.max and
-// memory.high of the cgroup and each ancestor, nearest first, as
-// cgroupfs reads them), with the rest of prev, the last full read: no
-// /proc/self/cgroup, no mountinfo. A re-read woken by a write, or by
-// kernel pressure, runs while the kernel may throttle this cgroup under
-// memory.high, where each system call that charges kernel memory to it
-// (a file opened, a seq_file buffer) can put the thread to sleep for up
-// to 2 s (mem_cgroup_handle_over_high, MEMCG_MAX_HIGH_DELAY_JIFFIES):
-// measured on Debian's 6.1 kernel, the full read took 2 to 8 s there,
-// in steps of 2 s. It reports false (and the full read is used) when a
-// file cannot be read or parsed, or when prev's files are not among
-// files; the next refresh at GC end reads the limit in full again.
-func quickRead(prev cgroupfs.Limit, files []string) (cgroupfs.Limit, bool) {
-	if prev.Version != 2 || len(files) == 0 || prev.HighErr != nil {
-		return prev, false
-	}
-	have := make(map[string]bool, len(files))
-	for _, f := range files {
-		have[f] = true
-	}
-	for _, b := range prev.Bounds {
-		if !have[b.File] {
-			return prev, false
-		}
-	}
-	if (prev.HighFile != "" && !have[prev.HighFile]) || (prev.MaxFile != "" && !have[prev.MaxFile]) {
-		return prev, false
-	}
-	l := cgroupfs.Limit{Version: 2, Cgroup: prev.Cgroup, Dir: prev.Dir, TopNotRoot: prev.TopNotRoot,
-		Bytes: cgroupfs.NoLimit, Max: cgroupfs.NoLimit, High: cgroupfs.NoLimit}
-	var buf [64]byte
-	tighter := func(a, b int64) bool { return a != cgroupfs.NoLimit && (b == cgroupfs.NoLimit || a < b) }
-	for _, f := range files {
-		n, ok := readSmall(f, buf[:])
-		if !ok {
-			return prev, false
-		}
-		v, ok := parseV2Limit(string(buf[:n]))
-		if !ok {
-			return prev, false
-		}
-		if tighter(v, l.Bytes) {
-			l.Bytes, l.File = v, f
-		}
-		if strings.HasSuffix(f, "/memory.max") {
-			if v != cgroupfs.NoLimit {
-				l.Bounds = append(l.Bounds, cgroupfs.Bound{Bytes: v, File: f})
-			}
-			if tighter(v, l.Max) {
-				l.Max, l.MaxFile = v, f
-			}
-		} else if tighter(v, l.High) {
-			l.High, l.HighFile = v, f
-		}
-	}
-	return l, true
-}
-
-// parseV2Limit parses a memory.max or memory.high value: "max" or bytes
-// (4 EiB or more is no limit, as cgroupfs reads it).
-func parseV2Limit(s string) (int64, bool) {
-	s = strings.TrimSpace(s)
-	if s == "max" {
-		return cgroupfs.NoLimit, true
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	if n >= 1<<62 {
-		return cgroupfs.NoLimit, true
-	}
-	return int64(n), true
 }

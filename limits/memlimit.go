@@ -356,13 +356,10 @@ type MemLimiter struct {
 	charges map[string]charge // the last account read from each cgroup directory
 	seen    map[string]bool
 	stopped bool
-	dir     string         // the cgroup directory the last probe read ("" for none)
-	full    cgroupfs.Limit // what the last full read of the limit gave
-	quick   []string       // the v2 limit files up the path, for quickRead (nil: none)
-	quickOn bool           // the next probe reads quickRead, not read
-	version int            // its cgroup version
-	files   []string       // the files the last decision came from (bounds, memory.high)
-	follows int64          // re-reads by the follower
+	dir     string   // the cgroup directory the last probe read ("" for none)
+	version int      // its cgroup version
+	files   []string // the files the last decision came from (bounds, memory.high)
+	follows int64    // re-reads by the follower
 
 	following  atomic.Pointer[string] // Following
 	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
@@ -886,18 +883,7 @@ const noLimit = cgroupfs.NoLimit
 // SourceNone, not an error; so is a v2 cgroup namespace whose visible top
 // sets no limit, with a why that says the limit is unknown.
 func (m *MemLimiter) probe() (found, error) {
-	var l cgroupfs.Limit
-	var err error
-	quick := false
-	if m.quickOn {
-		l, quick = quickRead(m.full, m.quick)
-	}
-	if !quick {
-		l, err = m.read()
-		if err == nil {
-			m.full = l
-		}
-	}
+	l, err := m.read()
 	if err == nil && l.HighErr != nil {
 		// A malformed memory.high is not the kernel's; memory.max,
 		// read without it, is still honoured.
