@@ -271,20 +271,29 @@ func repeats() int {
 // under it within 10 s.
 func TestV2FollowIdleMax(t *testing.T) {
 	for i := range repeats() {
-		t.Run(strconv.Itoa(i), func(t *testing.T) {
-			g := needV2(t, 512<<20)
-			c := startFollow(t, g, "FOLLOW_MODE=idle", "FOLLOW_LIVE=16")
-			before := c.readyLimit(t)
-			t.Logf("start: %s", c.ready)
-			time.Sleep(time.Second)
-			at := writeCgroup(t, g, "memory.max", 256<<20)
-			n, line, after, ok := c.waitChange(at, followWithin)
-			require.True(t, ok, "GOMEMLIMIT did not follow memory.max 512 -> 256 MiB within %v (was %d)", followWithin, before)
-			t.Logf("followed in %v: %s", after, line)
-			assert.Less(t, n, int64(256<<20), "GOMEMLIMIT under the new memory.max")
-			assert.Contains(t, line, "gc="+regexp.MustCompile(`gc=(\d+)`).FindStringSubmatch(c.ready)[1], "no GC ran: the follower, not a GC end, re-read it")
-		})
+		t.Run(strconv.Itoa(i), func(t *testing.T) { followIdle(t, needV2(t, 512<<20)) })
 	}
+}
+
+// The same wherever a memory cgroup can be made: on this repo's hosts, a
+// v1 memory.limit_in_bytes.
+func TestFollowIdleLimit(t *testing.T) { followIdle(t, cgrouptest.New(t, 512<<20)) }
+
+func followIdle(t *testing.T, g *cgrouptest.Group) {
+	c := startFollow(t, g, "FOLLOW_MODE=idle", "FOLLOW_LIVE=16")
+	before := c.readyLimit(t)
+	t.Logf("start: %s", c.ready)
+	time.Sleep(time.Second)
+	file := "memory.limit_in_bytes"
+	if g.Version == 2 {
+		file = "memory.max"
+	}
+	at := writeCgroup(t, g, file, 256<<20)
+	n, line, after, ok := c.waitChange(at, followWithin)
+	require.True(t, ok, "GOMEMLIMIT did not follow %s 512 -> 256 MiB within %v (was %d)", file, followWithin, before)
+	t.Logf("followed in %v: %s", after, line)
+	assert.Less(t, n, int64(256<<20), "GOMEMLIMIT under the new limit")
+	assert.Contains(t, line, "gc="+regexp.MustCompile(`gc=(\d+)`).FindStringSubmatch(c.ready)[1], "no GC ran: the follower, not a GC end, re-read it")
 }
 
 // A process the kernel throttles under memory.high (1 GiB memory.max,
