@@ -83,9 +83,12 @@ func idleWindow() time.Duration {
 // idleCost starts an idle child with memctl.Start and a plain Go one in
 // the cgroup g and compares their context switches over idleWindow. The
 // idle contract (DESIGN.md): no wake-up while idle but what following a
-// changed limit needs where the kernel gives no notification, at most one
-// every 10 s. Each such wake-up is allowed 4 switches (the timer's
-// thread, and sysmon waking with it), plus 4 for the window's edges.
+// changed limit needs where the kernel gives no notification. Where the
+// limit files are watched with inotify, that is none: the memctl child
+// switches no more than the plain one (2 switches of slack for the
+// window's edges). Where a timer is needed (no inotify instance left),
+// its frequency is TestFollowTimer's to check (a synctest clock); here
+// the figures are logged.
 func idleCost(t *testing.T, g *cgrouptest.Group) {
 	start := func(memctl bool) (*exec.Cmd, string) {
 		env := []string{}
@@ -121,8 +124,11 @@ func idleCost(t *testing.T, g *cgrouptest.Group) {
 	mv, pv := mv1-mv0, pv1-pv0
 	t.Logf("over %v idle in cgroup v%d: memctl %d voluntary, %d involuntary switches, %v CPU; plain Go %d voluntary, %d involuntary, %v CPU",
 		window, g.Version, mv, mi1-mi0, mcpu1-mcpu0, pv, pi1-pi0, pcpu1-pcpu0)
-	allowed := 4*int64(window/(10*time.Second)+1) + 4
-	assert.LessOrEqual(t, mv, pv+allowed, "memctl's idle child wakes no more than plain Go's, but for at most one wake-up every 10 s")
+	if !strings.HasPrefix(ready, "READY inotify") || strings.Contains(ready, "timer") {
+		t.Logf("a timer follows the limit here (%s): %.1f voluntary switches per 10 s", ready, float64(mv-pv)/(float64(window)/float64(10*time.Second)))
+		return
+	}
+	assert.LessOrEqual(t, mv, pv+2, "memctl's idle child, its limit files watched, wakes no more than plain Go's")
 }
 
 // TestIdleCostWithLimit: wherever a memory cgroup can be made (a v1 limit

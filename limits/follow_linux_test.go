@@ -40,7 +40,17 @@ func init() {
 		live := holdLive(envMiB("FOLLOW_LIVE"))
 		runtime.GC()
 		log := slog.New(gcHandler{slog.NewTextHandler(os.Stdout, nil)})
-		m, d, err := NewMemLimiter(MemLimitConfig{Logger: log})
+		cfg := MemLimitConfig{Logger: log}
+		if os.Getenv("FOLLOW_TIMER") != "" {
+			cfg.follower = noInotify
+		}
+		if os.Getenv("FOLLOW_MODE") == "plain" {
+			fmt.Println("READY plain")
+			for in := bufio.NewScanner(os.Stdin); in.Scan(); {
+			}
+			return
+		}
+		m, d, err := NewMemLimiter(cfg)
 		if err != nil {
 			childtest.Fail("%v", err)
 		}
@@ -367,4 +377,43 @@ func TestV2FollowResizeThenBurst(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, ck, "the control (GOMEMLIMIT fixed at the old value) was OOM-killed: without it this test proves nothing")
 	t.Logf("oom_kill: memctl %d, control %d", mk, ck)
+}
+
+// cpuNS returns the CPU time of every thread of pid, in nanoseconds
+// (/proc/PID/task/*/schedstat, first field).
+func cpuNS(t *testing.T, pid int) int64 {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	require.NoError(t, err)
+	var sum int64
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
+		sum += n
+	}
+	return sum
+}
+
+// TestFollowTimerCost logs what the timer costs an idle process where
+// inotify is not available: CPU beside a plain Go child over
+// FOLLOW_WINDOW (30 s), per wake-up (one per DefaultRefresh). A figure to
+// read, not a bound (CPU time on a shared machine).
+func TestFollowTimerCost(t *testing.T) {
+	g := cgrouptest.New(t, 512<<20)
+	window := 30 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("FOLLOW_WINDOW")); err == nil {
+		window = d
+	}
+	tc := startFollow(t, g, "FOLLOW_MODE=idle", "FOLLOW_TIMER=1")
+	pc := startFollow(t, g, "FOLLOW_MODE=plain")
+	require.Contains(t, tc.ready, "timer")
+	time.Sleep(time.Second)
+	t0, p0 := cpuNS(t, tc.cmd.Process.Pid), cpuNS(t, pc.cmd.Process.Pid)
+	time.Sleep(window)
+	t1, p1 := cpuNS(t, tc.cmd.Process.Pid), cpuNS(t, pc.cmd.Process.Pid)
+	wakes := float64(window) / float64(DefaultRefresh)
+	t.Logf("over %v: timer child %v CPU, plain child %v; %.3f ms per wake-up (%.0f wake-ups)", window,
+		time.Duration(t1-t0), time.Duration(p1-p0), float64((t1-t0)-(p1-p0))/wakes/1e6, wakes)
 }
