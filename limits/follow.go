@@ -152,9 +152,12 @@ func (m *MemLimiter) startFollow(newFollower func() (follower, error)) {
 
 // followState is what the follower's goroutine knows of its watches.
 type followState struct {
-	watched string // the key of the watched set
-	all     bool   // every file that matters is watched
-	limited bool   // GOMEMLIMIT follows a cgroup limit
+	list    []string // the files watched, or read at a timer's wake-up
+	snap    []byte   // their content at the last timer wake-up
+	buf     []byte   // reused by snapshot
+	watched string   // the key of the watched set
+	all     bool     // every file that matters is watched
+	limited bool     // GOMEMLIMIT follows a cgroup limit
 }
 
 // rewatch reads what the last decision found and, when it changed,
@@ -173,6 +176,7 @@ func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 	}
 	st.watched = key
 	list := limitFiles(version, dir, files)
+	st.list, st.snap = list, nil
 	st.all = f.watch(list)
 	for _, file := range files {
 		st.all = st.all && !unwatchable(file)
@@ -226,6 +230,17 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 		now := time.Since(m.epoch)
 		if !changed && int64(now) < m.next.Load() {
 			continue // a GC end re-read the limit meanwhile
+		}
+		if !changed {
+			// The timer: the whole re-read only when a limit file
+			// changed since its last wake-up.
+			var same bool
+			st.buf, same = snapshot(st.list, st.buf[:0], st.snap)
+			st.snap = append(st.snap[:0], st.buf...)
+			if same {
+				m.next.Store(dueAfter(now, m.every))
+				continue
+			}
 		}
 		m.mu.Lock()
 		if !m.stopped {
@@ -289,4 +304,19 @@ func (m *MemLimiter) closeFollow() {
 	}
 	f.close()
 	<-m.folDone
+}
+
+// snapshot appends the content of files to buf and reports whether it is
+// prev; a file that cannot be read, or is over 64 bytes (v1's memory.stat),
+// is never the same. It allocates nothing once buf has grown.
+func snapshot(files []string, buf, prev []byte) ([]byte, bool) {
+	ok := len(files) > 0
+	var small [64]byte
+	for _, f := range files {
+		n, read := readSmall(f, small[:])
+		ok = ok && read
+		buf = append(buf, small[:n]...)
+		buf = append(buf, 0)
+	}
+	return buf, ok && prev != nil && string(buf) == string(prev)
 }

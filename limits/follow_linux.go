@@ -76,3 +76,18 @@ func closedOr(err error) error {
 func (w *inotifyFollower) close() { w.once.Do(func() { _ = w.f.Close() }) }
 
 func (w *inotifyFollower) kind() string { return "inotify" }
+
+// readSmall reads the file at path into buf with three system calls and
+// no allocation; false when it cannot be read or does not fit.
+func readSmall(path string, buf []byte) (int, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n <= 0 || n == len(buf) {
+		return 0, false
+	}
+	return n, true
+}

@@ -417,3 +417,30 @@ func TestFollowTimerCost(t *testing.T) {
 	t.Logf("over %v: timer child %v CPU, plain child %v; %.3f ms per wake-up (%.0f wake-ups)", window,
 		time.Duration(t1-t0), time.Duration(p1-p0), float64((t1-t0)-(p1-p0))/wakes/1e6, wakes)
 }
+
+// BenchmarkTimerSnapshot is the timer's own work at a wake-up when no
+// limit file changed: reading the limit files of this process's cgroup
+// path (go test ./limits -run XXX -bench BenchmarkTimerSnapshot -benchmem
+// -count 6), beside the full re-read it saves (BenchmarkRefresh).
+func BenchmarkTimerSnapshot(b *testing.B) {
+	l, err := cgroupfs.Of(0)
+	if err != nil {
+		b.Skipf("no memory cgroup: %v", err)
+	}
+	files := limitFiles(l.Version, l.Dir, nil)
+	if len(files) == 0 {
+		b.Skip("no limit files")
+	}
+	var buf, prev []byte
+	buf, _ = snapshot(files, buf, nil)
+	prev = append(prev, buf...)
+	b.ReportAllocs()
+	for b.Loop() {
+		var same bool
+		buf, same = snapshot(files, buf[:0], prev)
+		if !same {
+			b.Fatal("changed")
+		}
+	}
+	b.ReportMetric(float64(len(files)), "files")
+}
