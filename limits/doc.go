@@ -39,7 +39,8 @@
 //     heap, other processes' anonymous memory, shmem, tmpfs and ramfs,
 //     kernel memory, from memory.stat, page cache not subtracted; a 64 MiB
 //     floor;
-//     re-read at GC end at most every 10 s; the operator's GOMEMLIMIT and
+//     re-read at GC end at most every 10 s and when a limit file is
+//     written (inotify; a timer where none); the operator's GOMEMLIMIT and
 //     AUTOMEMLIMIT win), and MemLimit, what was decided and why.
 //   - Pool and PoolConfig: the shared budget (by default half of
 //     GOMEMLIMIT; without it, half of 90% of the cgroup limit or of the
