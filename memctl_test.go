@@ -130,6 +130,7 @@ func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	}
 	assert.Equal(t, filepath.Join(g.Dir, file), line["gomemlimit_file"])
 	assert.Equal(t, "10s", line["gomemlimit_refresh"], "refresh on by default")
+	assert.NotEmpty(t, line["gomemlimit_follow"], "how a written limit is noticed between GC ends")
 	assert.Equal(t, r["SOURCE"], line["gomemlimit_source"])
 	assert.Contains(t, r["SOURCE"], "cgroup v")
 

@@ -246,7 +246,6 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 		if !m.stopped {
 			m.next.Store(dueAfter(now, m.every))
 			_, _ = m.decide(false)
-			m.follows++
 		}
 		m.mu.Unlock()
 	}

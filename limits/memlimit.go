@@ -392,7 +392,6 @@ type MemLimiter struct {
 	dir     string   // the cgroup directory the last probe read ("" for none)
 	version int      // its cgroup version
 	files   []string // the files the last decision came from (bounds, memory.high)
-	follows int64    // re-reads by the follower
 
 	following  atomic.Pointer[string] // Following
 	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
