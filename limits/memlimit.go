@@ -334,7 +334,7 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 // IDLE_WINDOW=60s in the project's VM). A write is followed at once: an
 // idle process's GOMEMLIMIT moved 12 to 114 ms after memory.max was
 // lowered, 10 of 10 runs (TestV2FollowIdleMax with FOLLOW_REPEAT=10); a
-// process throttled under memory.high, 2.2 to 8.6 s after it, 20 of 20
+// process throttled under memory.high, 0.06 to 8.6 s after it, 20 of 20
 // runs (TestV2FollowThrottledHigh): the follower wakes within
 // milliseconds, but the kernel puts the re-reading thread to sleep for
 // 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) at each of its own charges while
