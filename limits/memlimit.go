@@ -332,8 +332,8 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 // is written (an idle child with memctl.Start in a v2 cgroup switched
 // context 2 times in 60 s, as plain Go did: TestV2IdleCost with
 // IDLE_WINDOW=60s in the project's VM). A write is followed at once: an
-// idle process's GOMEMLIMIT moved 12 to 114 ms after memory.max was
-// lowered, 10 of 10 runs (TestV2FollowIdleMax with FOLLOW_REPEAT=10); a
+// idle process's GOMEMLIMIT moved 11 to 114 ms after memory.max was
+// lowered, 20 of 20 runs (TestV2FollowIdleMax with FOLLOW_REPEAT=10); a
 // process throttled under memory.high, 0.06 to 8.6 s after it, 20 of 20
 // runs (TestV2FollowThrottledHigh): the follower wakes within
 // milliseconds, but the kernel puts the re-reading thread to sleep for
