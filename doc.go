@@ -28,8 +28,8 @@
 // memory limit (package limits: v1, or v2's memory.max with memory.high as
 // a target, less what the cgroup is charged outside the Go runtime, never
 // under a 64 MiB floor, and
-// re-read at the end of a GC cycle at most every 10 s, so a resized pod is
-// followed without a goroutine) and starts a trimmer that returns freed
+// re-read at the end of a GC cycle at most every 10 s and when a limit
+// file is written, so a resized pod is followed within 10 s, idle or not) and starts a trimmer that returns freed
 // memory to the OS two seconds after the last burst ends (debug.FreeOSMemory,
 // and the C heap of the allocator that owns malloc; package trim). It finds
 // the bursts itself: at the end of each GC cycle a live heap at twice its
@@ -151,11 +151,15 @@
 // # GOMEMLIMIT
 //
 // GOMEMLIMIT follows the cgroup limit: it is re-read at the end of a GC
-// cycle at most every MEMCTL_REFRESH (no goroutine, no timer), so a pod
-// resized in place gets a new GOMEMLIMIT within about that long of
-// allocating, and Controller.Refresh re-reads it on demand. No cgroup, or
-// one without a limit, is normal: the startup line says gomemlimit=none
-// and "no memory limit found" at INFO, and why at DEBUG. A limit of 0 or under the process's RSS is a
+// cycle at most every MEMCTL_REFRESH, at once when a limit file
+// (memory.max, memory.high, memory.limit_in_bytes) is written (inotify:
+// no wake-up while idle; where inotify is not available, a timer wakes at
+// most every MEMCTL_REFRESH while a cgroup limit is followed), and on
+// kernel memory pressure, so a pod resized in place gets a new GOMEMLIMIT
+// within that long, idle or throttled, and Controller.Refresh re-reads it
+// on demand. No cgroup, or one without a limit, is normal: the startup
+// line says gomemlimit=none and "no memory limit found" at INFO, and why at
+// DEBUG. A limit of 0 or under the process's RSS is a
 // malformed file (WARN, GOMEMLIMIT unchanged); a small one is applied with
 // the floor and a WARN that the GC will run often.
 //

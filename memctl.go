@@ -81,7 +81,7 @@ func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp, c.thpSet = p
 // system fallback, refresh interval, headroom); see limits.SetGoMemLimit.
 // The refresh stops at Close. Default: the zero MemLimitConfig (ratio 0.9
 // less the memory outside the Go runtime, floor 64 MiB, re-read at GC end
-// at most every 10 s, no fallback). Environment: GOMEMLIMIT, AUTOMEMLIMIT,
+// at most every 10 s and when a limit file is written, no fallback). Environment: GOMEMLIMIT, AUTOMEMLIMIT,
 // MEMCTL_REFRESH, MEMCTL_GOMEMLIMIT_FLOOR.
 func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c.memLimit = cfg } }
 
@@ -143,7 +143,11 @@ type Report struct {
 	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never
 	// empty); MemLimitRefresh the least time between two re-reads of the
 	// limit at GC end, 0 when there is no refresh (MEMCTL_REFRESH=off, the
-	// operator's GOMEMLIMIT).
+	// operator's GOMEMLIMIT). Between GC ends a written limit file is
+	// followed at once (limits.MemLimiter: inotify, else a timer every
+	// MemLimitRefresh while a limit is followed; the startup line's
+	// gomemlimit_follow says which), and kernel memory pressure re-reads
+	// the limit (limits.MemLimiter.Poke) before the pressure trim.
 	MemLimit        limits.MemLimit
 	MemLimitRefresh time.Duration
 	// TrimDelay is the trim delay; 0 means trimming is off.
@@ -415,6 +419,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
 		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
 		slog.String("gomemlimit_refresh", delayOrOff(r.MemLimitRefresh)),
+		slog.String("gomemlimit_follow", cmp.Or(c.limiter.Following(), "none")),
 		slog.String("gomemlimit_reason", r.MemLimit.Reason),
 		slog.String("c_heap", r.CHeap),
 		slog.String("c_heap_stats", c.Stats().CHeap.String()),
@@ -785,6 +790,9 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 // on pools configured with CancelLargest), and, when GOMEMLIMIT came from the
 // cgroup, the cgroup limit as the ceiling of a GOMEMLIMIT lift, applied
 // through the limiter (limits.MemLimiter.Lift) so that the refresh keeps it.
+// With a GOMEMLIMIT refresh, the trim on kernel pressure first re-reads the
+// limit (limits.MemLimiter.Poke, at most once a second): the pressure may
+// be a memory.high just lowered under the usage.
 func pressureConfig(cfg config, c *Controller) pressure.Config {
 	pc := cfg.pressure
 	pc.Logger = cmpOr(pc.Logger, cfg.logger)
@@ -796,6 +804,18 @@ func pressureConfig(cfg config, c *Controller) pressure.Config {
 	}
 	if pc.CancelLargest == nil {
 		pc.CancelLargest = func() { limits.CancelLargest() } // pools with CancelLargest
+	}
+	if lim := c.limiter; lim != nil && lim.Interval() > 0 {
+		// Kernel pressure may mean a memory.high lowered under the usage,
+		// where the kernel throttles allocation and GC ends are rare:
+		// re-read the limit first (at most once a second), then trim.
+		trimFn := pc.Trim
+		pc.Trim = func() {
+			lim.Poke()
+			if trimFn != nil {
+				trimFn()
+			}
+		}
 	}
 	ml := c.report.MemLimit
 	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {

@@ -141,6 +141,7 @@ func TestStartSetsGOMEMLIMITInCgroup(t *testing.T) {
 	assert.Equal(t, filepath.Join(g.Dir, file), line["gomemlimit_file"])
 	assert.Equal(t, "10s", line["gomemlimit_refresh"], "refresh on by default")
 	assert.Contains(t, line["gomemlimit_source"], "90% of "+r["SOURCE"]+" limit 256.0MiB less ")
+	assert.NotEmpty(t, line["gomemlimit_follow"], "how a written limit is noticed between GC ends")
 	assert.Contains(t, r["SOURCE"], "cgroup v")
 
 	r, _ = runStart(t, g, "GOMEMLIMIT=100MiB")

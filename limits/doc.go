@@ -33,7 +33,8 @@
 // Read on, on the types:
 //
 //   - SetGoMemLimit and MemLimiter: GOMEMLIMIT from the cgroup limit,
-//     followed as it changes; MemLimit: what was decided and why.
+//     followed as it changes (at GC end, and at once when a limit file is
+//     written: inotify, or a timer where inotify is unavailable); MemLimit: what was decided and why.
 //   - Pool and PoolConfig: the shared budget (by default half of
 //     GOMEMLIMIT, following it) and its heap watch (HeapPressure,
 //     CancelLargest).

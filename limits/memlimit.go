@@ -49,7 +49,8 @@ const DefaultFloor = 64 << 20
 
 // DefaultRefresh is how often, at most, the limit is re-read when
 // MemLimitConfig.Refresh is 0: 10 s, so that an in-place pod resize is
-// followed within about 10 s by a process that allocates.
+// followed within about 10 s by a process that allocates; a write to a
+// limit file is followed at once, idle or not (see MemLimiter).
 const DefaultRefresh = 10 * time.Second
 
 // ErrImplausibleLimit is matched (errors.Is) by the error for a memory limit
@@ -134,7 +135,7 @@ func (s *Source) UnmarshalText(b []byte) error {
 // MemLimitConfig configures SetGoMemLimit and NewMemLimiter. The zero value
 // is the default: 90% of the cgroup limit less what the cgroup is charged
 // outside the Go runtime, never under 64 MiB, re-read at most every 10 s at the end of a
-// GC cycle, no system fallback, no logging.
+// GC cycle and when a limit file is written, no system fallback, no logging.
 type MemLimitConfig struct {
 	// Ratio is the share of the memory limit used for GOMEMLIMIT, in
 	// (0.0, 1.0]. An AUTOMEMLIMIT ratio in the environment wins over it.
@@ -149,11 +150,13 @@ type MemLimitConfig struct {
 	// SystemFallback uses total system memory as the limit when the process
 	// has no cgroup limit. Default: false.
 	SystemFallback bool
-	// Refresh is the least time between two re-reads of the limit; the
-	// re-read runs at the end of a GC cycle (no goroutine, no timer), so an
-	// idle process re-reads nothing and one that allocates follows a
-	// changed limit (an in-place pod resize) within about Refresh. Negative
-	// turns the refresh off. Default: 0 (means DefaultRefresh, 10 s).
+	// Refresh is the least time between two re-reads of the limit at the
+	// end of a GC cycle, and between two wake-ups of the follower's timer
+	// where one is needed (see MemLimiter): a process that allocates
+	// follows a changed limit (an in-place pod resize) within about
+	// Refresh, and a write to a limit file is followed at once, idle or
+	// throttled. Negative turns the refresh and the follower off.
+	// Default: 0 (means DefaultRefresh, 10 s).
 	// Environment (through memctl.Start): MEMCTL_REFRESH=off|<duration>.
 	Refresh time.Duration
 	// NoHeadroom turns off the headroom for memory outside the Go runtime.
@@ -207,6 +210,10 @@ type MemLimitConfig struct {
 	// live heap (readLive); tests replace them.
 	charge func(version int, dir string) (charge, error)
 	live   func() int64
+	// follower replaces the inotify follower in tests; noGCEnd leaves
+	// out the refresh at GC end (a test in a synctest bubble).
+	follower func() (follower, error)
+	noGCEnd  bool
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.
@@ -315,7 +322,8 @@ type MemLimit struct {
 // parsed) GOMEMLIMIT is unchanged, the returned MemLimit has GoMemLimit set to
 // it, and the error starts with "limits:". Unless cfg.Refresh is negative
 // or the operator set GOMEMLIMIT or AUTOMEMLIMIT=off, the limit is then
-// re-read at GC ends (see MemLimiter) until ctx is done. It is safe to call
+// re-read at GC ends and when a limit file is written (see MemLimiter)
+// until ctx is done. It is safe to call
 // from any goroutine, but GOMEMLIMIT is process-wide: the last call wins.
 func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 	m, d, err := NewMemLimiter(cfg)
@@ -325,8 +333,9 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 
 // MemLimiter keeps GOMEMLIMIT at its MemLimitConfig's share of the memory
 // limit: NewMemLimiter sets it once, and then, at the end of a GC cycle at
-// most once per MemLimitConfig.Refresh (internal/gcend: no goroutine, no
-// timer), it re-reads the limit and the memory outside the Go runtime and
+// most once per MemLimitConfig.Refresh (internal/gcend), and when its
+// follower sees a limit file written, it re-reads the limit and the
+// memory outside the Go runtime and
 // sets GOMEMLIMIT again when the hard limit changed or the result moved by
 // 1% or more (a fall toward memory.high: 5%, see SetGoMemLimit). The
 // re-read runs on the runtime's cleanup goroutine, which it holds
@@ -338,9 +347,37 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 // decision without it: 0.20 to 0.52 ms, 65 KiB, in the same run); every
 // other GC end costs one atomic load, 3 to 6 ns (BenchmarkRefresh: go test
 // ./limits -run XXX -bench BenchmarkRefresh -benchmem -count 6). The
-// files are kernel pseudo-files, which do not block on I/O. An idle process
-// runs no GC and re-reads nothing (the runtime still forces a GC every two
-// minutes).
+// files are kernel pseudo-files, which do not block on I/O.
+//
+// An idle process runs no GC, and one the kernel throttles under
+// memory.high runs few: when a memory cgroup was found, a MemLimiter also
+// runs one goroutine, its follower, stopped by Close. It watches
+// memory.max and memory.high (v2) or memory.limit_in_bytes (v1) of the
+// process's cgroup and each ancestor it can see with inotify (a write(2)
+// to them is IN_MODIFY, from any cgroup namespace), parked in the
+// runtime's network poller: no thread and no wake-up while no limit file
+// is written (an idle child with memctl.Start in a v2 cgroup switched
+// context 2 times in 60 s, as plain Go did: TestV2IdleCost with
+// IDLE_WINDOW=60s in the project's VM). A write is followed at once: an
+// idle process's GOMEMLIMIT moved 11 to 114 ms after memory.max was
+// lowered, 20 of 20 runs (TestV2FollowIdleMax with FOLLOW_REPEAT=10); a
+// process throttled under memory.high, 0.06 to 8.6 s after it, 20 of 20
+// runs (TestV2FollowThrottledHigh): the follower wakes within
+// milliseconds, but the kernel puts the re-reading thread to sleep for
+// 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) at each of its own charges while
+// the cgroup is over memory.high. Where inotify is not available (the
+// per-user limit fs.inotify.max_user_instances, 128 by default, is
+// shared by every process of that user on the node), a file cannot be
+// watched, or the limit is one no write reaches (v1's
+// hierarchical_memory_limit, set above the mounted hierarchy), a timer
+// takes over: only while GOMEMLIMIT follows a cgroup limit, at most once
+// per Refresh, reading the limit files (8 µs for 3 files,
+// BenchmarkTimerSnapshot) and re-reading in full only when one changed.
+// A Go timer's wake-up itself costs the runtime about 1.4 ms of CPU on
+// this repo's 2-core machines (TestFollowTimerCost; a bare Go program
+// with a 10 s timer, the same); Following says which way the limit is
+// followed. The follower reads GOMEMLIMIT through runtime/metrics, not
+// debug.SetMemoryLimit(-1), which takes the heap lock.
 //
 // It never overrides the operator (GOMEMLIMIT or AUTOMEMLIMIT=off in the
 // environment: no refresh at all), never replaces a limit the program set
@@ -382,7 +419,17 @@ type MemLimiter struct {
 
 	decl    declared // the limit the environment declares (hasDecl)
 	hasDecl bool
-	sandbox string // internal/sandbox.Detect, read once
+	sandbox string   // internal/sandbox.Detect, read once
+	dir     string   // the cgroup directory the last probe read ("" for none)
+	version int      // its cgroup version
+	files   []string // the files the last decision came from (bounds, memory.high)
+
+	following  atomic.Pointer[string] // Following
+	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
+	folMu      sync.Mutex             // fol, folClosing
+	fol        follower               // nil until started
+	folClosing bool
+	folDone    chan struct{}
 }
 
 // maxSeen bounds how many distinct failures a MemLimiter remembers (and
@@ -484,7 +531,19 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m.mu.Unlock()
 	if m.every > 0 {
 		m.next.Store(int64(m.every))
-		m.sub = gcend.Subscribe(m.atGCEnd)
+		if !cfg.noGCEnd {
+			m.sub = gcend.Subscribe(m.atGCEnd)
+		}
+		m.mu.Lock()
+		found := m.dir != "" && !m.stopped
+		m.mu.Unlock()
+		if found {
+			nf := cfg.follower
+			if nf == nil {
+				nf = newFollower
+			}
+			m.startFollow(nf)
+		}
 	}
 	return m, d, err
 }
@@ -531,11 +590,13 @@ func (m *MemLimiter) Interval() time.Duration {
 	return m.every
 }
 
-// Close stops the refresh; GOMEMLIMIT stays as it is. Idempotent, safe for
+// Close stops the refresh and the follower, and waits for the follower's
+// goroutine to exit; GOMEMLIMIT stays as it is. Idempotent, safe for
 // concurrent use.
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.sub.Stop()
+		m.closeFollow()
 	}
 }
 
@@ -591,7 +652,7 @@ func dueAfter(now, every time.Duration) int64 {
 // A fall of the target is followed only when it is at least 1/20 of
 // GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
 func (m *MemLimiter) decide(first bool) (MemLimit, error) {
-	cur := debug.SetMemoryLimit(-1)
+	cur := readGoMemLimit() // no heap lock, unlike debug.SetMemoryLimit(-1)
 	d := MemLimit{GoMemLimit: cur}
 	if m.applied != 0 && cur != m.applied {
 		m.stopped = true
@@ -602,6 +663,9 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	}
 	f, err := m.probe()
 	d.LimitUnknown, d.Sandbox = f.unknown, m.sandbox
+	if err == nil {
+		m.dir, m.version, m.files = f.dir, f.version, f.files()
+	}
 	if err != nil {
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		m.store(d)
@@ -888,6 +952,28 @@ type found struct {
 	cgSource   Source
 	decl       string
 	declSource Source
+	dir        string // the process's cgroup directory, "" when none was found
+}
+
+// files returns the cgroup files the limit came from: every hard limit on
+// the path and memory.high (a declared limit's "VAR=value" is no file).
+func (f found) files() []string {
+	var out []string
+	add := func(file string) {
+		if filepath.IsAbs(file) {
+			out = append(out, file)
+		}
+	}
+	for _, b := range f.bounds {
+		add(b.File)
+	}
+	if f.maxFile != "" && len(f.bounds) == 0 {
+		add(f.maxFile)
+	}
+	if f.highFile != "" {
+		add(f.highFile)
+	}
+	return out
 }
 
 const noLimit = cgroupfs.NoLimit
@@ -932,6 +1018,9 @@ func (m *MemLimiter) probe() (found, error) {
 	f := found{max: noLimit, high: noLimit, version: l.Version}
 	if m.hasDecl {
 		f.decl, f.declSource = m.decl.file(), m.decl.source
+	}
+	if err == nil {
+		f.dir = l.Dir
 	}
 	var why string
 	switch {
@@ -1179,6 +1268,18 @@ func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
 		}
 	}
 	return c, nil
+}
+
+// readGoMemLimit returns GOMEMLIMIT as runtime/metrics reports it
+// (/gc/gomemlimit:bytes, an atomic load in the runtime), the value
+// debug.SetMemoryLimit(-1) returns without taking the heap lock.
+func readGoMemLimit() int64 {
+	s := [1]metrics.Sample{{Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(s[:])
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return debug.SetMemoryLimit(-1)
+	}
+	return int64(min(s[0].Value.Uint64(), math.MaxInt64))
 }
 
 // readLive returns the live heap at the last GC (runtime/metrics

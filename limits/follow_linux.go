@@ -1,0 +1,93 @@
+package limits
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// inotifyFollower watches files for IN_MODIFY through an inotify file
+// read with the runtime's network poller.
+type inotifyFollower struct {
+	f    *os.File
+	wds  []int
+	buf  [4096]byte
+	once sync.Once
+}
+
+func newFollower() (follower, error) {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("inotify_init1: %w", err)
+	}
+	return &inotifyFollower{f: os.NewFile(uintptr(fd), "inotify")}, nil
+}
+
+func (w *inotifyFollower) watch(files []string) bool {
+	rc, err := w.f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	all := len(files) > 0
+	cerr := rc.Control(func(fd uintptr) {
+		for _, wd := range w.wds {
+			_, _ = unix.InotifyRmWatch(int(fd), uint32(wd))
+		}
+		w.wds = w.wds[:0]
+		for _, f := range files {
+			wd, err := unix.InotifyAddWatch(int(fd), f, unix.IN_MODIFY)
+			if err != nil {
+				all = false
+				continue
+			}
+			w.wds = append(w.wds, wd)
+		}
+	})
+	return all && cerr == nil
+}
+
+func (w *inotifyFollower) wait(deadline time.Time) (bool, error) {
+	if err := w.f.SetReadDeadline(deadline); err != nil {
+		return false, closedOr(err)
+	}
+	n, err := w.f.Read(w.buf[:])
+	if err != nil {
+		if os.IsTimeout(err) {
+			return false, nil
+		}
+		return false, closedOr(err)
+	}
+	// Any event counts: IN_MODIFY, and IN_IGNORED or IN_Q_OVERFLOW,
+	// after which the files are re-read and watched again.
+	return n > 0, nil
+}
+
+func closedOr(err error) error {
+	if errors.Is(err, os.ErrClosed) {
+		return errFollowClosed
+	}
+	return err
+}
+
+func (w *inotifyFollower) close() { w.once.Do(func() { _ = w.f.Close() }) }
+
+func (w *inotifyFollower) kind() string { return "inotify" }
+
+// readSmall reads the file at path into buf with three system calls and
+// no allocation; false when it cannot be read or does not fit.
+func readSmall(path string, buf []byte) (int, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n <= 0 || n == len(buf) {
+		return 0, false
+	}
+	return n, true
+}
