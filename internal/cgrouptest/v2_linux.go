@@ -252,3 +252,17 @@ func cgroup2Mount(dir string) (string, error) {
 	}
 	return best, nil
 }
+
+// PageCacheDevice returns a block device whose pages, written or read
+// through it, are page cache the kernel can reclaim at a cgroup's limit
+// (tmpfs pages are not, without swap): V2VM_BLOCKDEV, which the v2 VM sets
+// to its RAM disk. Its contents are scratch. It skips t, naming the
+// reason, where there is none.
+func PageCacheDevice(t testing.TB) string {
+	t.Helper()
+	d := os.Getenv("V2VM_BLOCKDEV")
+	if d == "" {
+		t.Skip("cgrouptest: no scratch block device for page cache (V2VM_BLOCKDEV, set in the v2 VM)")
+	}
+	return d
+}

@@ -42,3 +42,10 @@ func (g *V2) Current(t testing.TB) int64 { return 0 }
 
 // Wrap is never reached off Linux (NewV2 skips).
 func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {}
+
+// PageCacheDevice skips t: the v2 VM is Linux only.
+func PageCacheDevice(t testing.TB) string {
+	t.Helper()
+	t.Skip("cgrouptest: no scratch block device for page cache: Linux only")
+	return ""
+}

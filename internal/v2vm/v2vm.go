@@ -45,6 +45,9 @@ var initScript []byte
 type Assets struct {
 	Kernel  string // a vmlinuz
 	Busybox string // a statically linked busybox
+	// Brd is the kernel's RAM disk module (brd.ko) of the same package,
+	// "" when it could not be had: the guest then has no /dev/ram0.
+	Brd string
 }
 
 // DefaultCache is the cache directory for the Debian packages: V2VM_CACHE,
@@ -81,6 +84,17 @@ func Fetch(cache string) (Assets, error) {
 			if a.Kernel = newestKernel(root); a.Kernel == "" {
 				return a, fmt.Errorf("v2vm: %s has no /boot/vmlinuz-*", m[1])
 			}
+		}
+	}
+	// The RAM disk module gives the guest a block device whose page cache
+	// the kernel can reclaim (tmpfs is not reclaimable without swap):
+	// optional.
+	if mods, _ := filepath.Glob(filepath.Join(root, "lib", "modules", strings.TrimPrefix(filepath.Base(a.Kernel), "vmlinuz-"), "kernel", "drivers", "block", "brd.ko")); len(mods) > 0 {
+		a.Brd = mods[0]
+	} else if os.Getenv("KERNEL") == "" {
+		ver := strings.TrimPrefix(filepath.Base(a.Kernel), "vmlinuz-")
+		if err := unpack(cache, "linux-image-"+ver, "./lib/modules/"+ver+"/kernel/drivers/block/brd.ko"); err == nil {
+			a.Brd = filepath.Join(root, "lib", "modules", ver, "kernel", "drivers", "block", "brd.ko")
 		}
 	}
 	if a.Busybox == "" {
@@ -232,13 +246,14 @@ func Build(moduleDir, dir string, pkgs []Package, cmdPkg string) error {
 }
 
 // Initramfs writes the guest's initramfs (an uncompressed newc cpio) to w:
-// busybox, /init, the memctl command at /payload/bin/memctl when memctl is
+// busybox, /init, /lib/brd.ko when a.Brd is set, the memctl command at /payload/bin/memctl when memctl is
 // not empty, and for each package its test binary and testdata in
 // /payload/p/NN, with a /payload/run.sh that runs each binary in its
-// package's folder with -test.run '^TestV2' -test.v and timeout, between
+// package's folder with -test.run run (normally '^TestV2') -test.v and
+// timeout, between
 // "V2SUITE_PKG <import path>" and "V2SUITE_RC <import path> <exit code>"
 // lines.
-func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl string, timeout time.Duration) error {
+func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, timeout time.Duration) error {
 	c := &cpioWriter{w: w}
 	for _, d := range []string{"bin", "dev", "payload", "payload/bin", "payload/p"} {
 		c.entry(d, cpioDir|0o755, nil, 0, 0)
@@ -249,8 +264,12 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl string, timeout tim
 	if memctl != "" {
 		files["payload/bin/memctl"] = memctl
 	}
-	var run strings.Builder
-	run.WriteString("# Written by internal/v2vm: each package's TestV2 tests.\nrc=0\n")
+	if a.Brd != "" {
+		c.entry("lib", cpioDir|0o755, nil, 0, 0)
+		files["lib/brd.ko"] = a.Brd
+	}
+	var sh strings.Builder
+	sh.WriteString("# Written by internal/v2vm: each package's TestV2 tests.\nrc=0\n")
 	for i, p := range pkgs {
 		dir := fmt.Sprintf("payload/p/%02d", i)
 		c.entry(dir, cpioDir|0o755, nil, 0, 0)
@@ -258,11 +277,11 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl string, timeout tim
 		if err := addTree(c, filepath.Join(p.Dir, "testdata"), dir+"/testdata"); err != nil {
 			return err
 		}
-		fmt.Fprintf(&run, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '^TestV2' -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
-			p.ImportPath, dir, timeout, p.ImportPath)
+		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
+			p.ImportPath, dir, strings.ReplaceAll(run, "'", ""), timeout, p.ImportPath)
 	}
-	run.WriteString("exit $rc\n")
-	c.entry("payload/run.sh", cpioFile|0o755, []byte(run.String()), 0, 0)
+	sh.WriteString("exit $rc\n")
+	c.entry("payload/run.sh", cpioFile|0o755, []byte(sh.String()), 0, 0)
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
