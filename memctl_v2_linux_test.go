@@ -73,10 +73,14 @@ func childV2Probe() {
 	for {
 		select {
 		case n := <-bursts:
-			for range n {
-				sink = touched(mib)
-			}
-			childtest.Say("BURST_DONE", time.Since(t0).Milliseconds())
+			go func() { // the ticks go on meanwhile
+				var sink []byte
+				for range n {
+					sink = touched(mib)
+				}
+				_ = sink
+				childtest.Say("BURST_DONE", time.Since(t0).Milliseconds())
+			}()
 		default:
 		}
 		for range churn {
@@ -209,16 +213,6 @@ func (p *v2Probe) errors() string {
 	return p.stderr.String()
 }
 
-// last returns the last tick, ok false when none came yet.
-func (p *v2Probe) last() (v2Tick, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.ticks) == 0 {
-		return v2Tick{}, false
-	}
-	return p.ticks[len(p.ticks)-1], true
-}
-
 // waitFor waits up to d for a tick that satisfies ok and returns it and
 // when it came; found false (and the last tick) when none did, or when
 // the child exited.
@@ -326,4 +320,55 @@ func TestV2MemoryMaxResize(t *testing.T) {
 			t.Logf("layout %s: raised: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
 		})
 	}
+}
+
+// trimBound is how soon after its cgroup reaches memory.max a process in
+// a container must get its pressure trim (issue 25: "within 3 s").
+const trimBound = 3 * time.Second
+
+// Pressure inside a container: in a private cgroup namespace under
+// nsdelegate the PSI trigger on the namespace root's memory.pressure is
+// refused (EPERM), so memctl watches memory.events, and its startup line
+// names that source and why. A child that fills its 256 MiB limit with its
+// own garbage (GOGC=off and GOMEMLIMIT=off from the operator: no GC until
+// something asks for one; with swap, so that the kernel reclaims at the
+// limit rather than OOM-kill at once) gets a pressure trim within
+// trimBound of the first max event.
+func TestV2PressureTrimInContainer(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	cgrouptest.RequireSwap(t)
+	g := cgrouptest.NewV2(t, cgrouptest.LayoutContainer, 256*mib)
+	g.SetSwapMax(t, -1)
+
+	p := startV2Probe(t, g, "GOGC=off", "GOMEMLIMIT=off")
+	assert.Contains(t, p.Report["PRESSURE"], "memory.events", "the source watched")
+	assert.Equal(t, "PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)", p.Report["PRESSURE_NOTE"])
+	started := ""
+	for _, line := range strings.Split(p.errors(), "\n") {
+		if strings.Contains(line, `"msg":"memctl started"`) {
+			started = line
+		}
+	}
+	assert.Contains(t, started, `"pressure":"cgroup v2 /sys/fs/cgroup/memory.events`, "startup line")
+	assert.Contains(t, started, `"pressure_note":"PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)"`, "startup line")
+
+	before := g.Events(t, g.Dir)
+	p.send(t, "burst 1000")
+	var hit time.Time
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if e := g.Events(t, g.Dir); e["max"] > before["max"] || e["oom_kill"] > 0 {
+			hit = time.Now()
+			break
+		}
+	}
+	if hit.IsZero() {
+		tk, _, _ := p.waitFor(0, func(v2Tick) bool { return true })
+		t.Fatalf("the cgroup never reached memory.max; memory.current %d, last tick %+v", g.Current(t), tk)
+	}
+	tk, after, ok := p.waitFor(trimBound, func(tk v2Tick) bool { return tk.Trims > 0 })
+	e := g.Events(t, g.Dir)
+	t.Logf("first max event; pressure trim after %v: %+v; memory.events %v", after, tk, e)
+	require.Zero(t, e["oom_kill"], "OOM-killed")
+	require.True(t, ok, "no pressure trim within %v of the first max event (last tick %+v)\nstderr:\n%s", trimBound, tk, p.errors())
+	assert.Positive(t, tk.Released, "the trim released nothing")
 }

@@ -253,16 +253,22 @@ func cgroup2Mount(dir string) (string, error) {
 	return best, nil
 }
 
-// PageCacheDevice returns a block device whose pages, written or read
-// through it, are page cache the kernel can reclaim at a cgroup's limit
-// (tmpfs pages are not, without swap): V2VM_BLOCKDEV, which the v2 VM sets
-// to its RAM disk. Its contents are scratch. It skips t, naming the
-// reason, where there is none.
-func PageCacheDevice(t testing.TB) string {
+// RequireSwap skips t, naming the reason, unless the system has swap
+// (/proc/swaps lists a device: the v2 VM's zram), so that anonymous
+// memory is reclaimable at a cgroup's limit where SetSwapMax allows it.
+func RequireSwap(t testing.TB) {
 	t.Helper()
-	d := os.Getenv("V2VM_BLOCKDEV")
-	if d == "" {
-		t.Skip("cgrouptest: no scratch block device for page cache (V2VM_BLOCKDEV, set in the v2 VM)")
+	b, err := os.ReadFile("/proc/swaps")
+	if err != nil || len(strings.Split(strings.TrimSpace(string(b)), "\n")) < 2 {
+		t.Skipf("cgrouptest: no swap here (/proc/swaps lists none; the v2 VM has zram): %v", err)
 	}
-	return d
+}
+
+// SetSwapMax writes bytes to memory.swap.max of Top and Dir (NewV2
+// writes 0); a negative value writes "max". It fails t on error.
+func (g *V2) SetSwapMax(t testing.TB, bytes int64) {
+	t.Helper()
+	for _, d := range []string{g.Top, g.Dir} {
+		g.write(t, filepath.Join(d, "memory.swap.max"), limitString(bytes))
+	}
 }

@@ -45,9 +45,10 @@ var initScript []byte
 type Assets struct {
 	Kernel  string // a vmlinuz
 	Busybox string // a statically linked busybox
-	// Brd is the kernel's RAM disk module (brd.ko) of the same package,
-	// "" when it could not be had: the guest then has no /dev/ram0.
-	Brd string
+	// Modules are kernel modules of the same package, in load order
+	// (zsmalloc.ko, zram.ko), for swap on a compressed RAM disk; empty when
+	// they could not be had: the guest then has no swap.
+	Modules []string
 }
 
 // DefaultCache is the cache directory for the Debian packages: V2VM_CACHE,
@@ -86,15 +87,28 @@ func Fetch(cache string) (Assets, error) {
 			}
 		}
 	}
-	// The RAM disk module gives the guest a block device whose page cache
-	// the kernel can reclaim (tmpfs is not reclaimable without swap):
-	// optional.
-	if mods, _ := filepath.Glob(filepath.Join(root, "lib", "modules", strings.TrimPrefix(filepath.Base(a.Kernel), "vmlinuz-"), "kernel", "drivers", "block", "brd.ko")); len(mods) > 0 {
-		a.Brd = mods[0]
-	} else if os.Getenv("KERNEL") == "" {
-		ver := strings.TrimPrefix(filepath.Base(a.Kernel), "vmlinuz-")
-		if err := unpack(cache, "linux-image-"+ver, "./lib/modules/"+ver+"/kernel/drivers/block/brd.ko"); err == nil {
-			a.Brd = filepath.Join(root, "lib", "modules", ver, "kernel", "drivers", "block", "brd.ko")
+	// zram gives the guest swap, so that anonymous memory is reclaimable
+	// at a cgroup's limit as on a node with swap (tmpfs and the block
+	// device's page cache do not serve: without swap neither is reclaimed
+	// here): optional.
+	ver := strings.TrimPrefix(filepath.Base(a.Kernel), "vmlinuz-")
+	mods := []string{"kernel/mm/zsmalloc.ko", "kernel/drivers/block/zram/zram.ko"}
+	have := func() bool {
+		for _, m := range mods {
+			if _, err := os.Stat(filepath.Join(root, "lib", "modules", ver, m)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if !have() && os.Getenv("KERNEL") == "" {
+		for _, m := range mods {
+			_ = unpack(cache, "linux-image-"+ver, "./lib/modules/"+ver+"/"+m)
+		}
+	}
+	if have() {
+		for _, m := range mods {
+			a.Modules = append(a.Modules, filepath.Join(root, "lib", "modules", ver, m))
 		}
 	}
 	if a.Busybox == "" {
@@ -246,7 +260,7 @@ func Build(moduleDir, dir string, pkgs []Package, cmdPkg string) error {
 }
 
 // Initramfs writes the guest's initramfs (an uncompressed newc cpio) to w:
-// busybox, /init, /lib/brd.ko when a.Brd is set, the memctl command at /payload/bin/memctl when memctl is
+// busybox, /init, a.Modules in /lib (N-name.ko, loaded in order), the memctl command at /payload/bin/memctl when memctl is
 // not empty, and for each package its test binary and testdata in
 // /payload/p/NN, with a /payload/run.sh that runs each binary in its
 // package's folder with -test.run run (normally '^TestV2') -test.v and
@@ -264,9 +278,9 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, timeou
 	if memctl != "" {
 		files["payload/bin/memctl"] = memctl
 	}
-	if a.Brd != "" {
-		c.entry("lib", cpioDir|0o755, nil, 0, 0)
-		files["lib/brd.ko"] = a.Brd
+	c.entry("lib", cpioDir|0o755, nil, 0, 0)
+	for i, m := range a.Modules {
+		files[fmt.Sprintf("lib/%d-%s", i, filepath.Base(m))] = m
 	}
 	var sh strings.Builder
 	sh.WriteString("# Written by internal/v2vm: each package's TestV2 tests.\nrc=0\n")
