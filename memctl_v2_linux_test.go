@@ -372,3 +372,90 @@ func TestV2PressureTrimInContainer(t *testing.T) {
 	require.True(t, ok, "no pressure trim within %v of the first max event (last tick %+v)\nstderr:\n%s", trimBound, tk, p.errors())
 	assert.Positive(t, tk.Released, "the trim released nothing")
 }
+
+// memory.high above the usage, at it and under it, in every layout:
+// GOMEMLIMIT follows memory.high (down to the floor and the live-heap
+// bound), the kernel's high events are counted in memory.events and in
+// the child's Stats, the child is not OOM-killed, and GOMEMLIMIT comes
+// back when memory.high is lifted.
+func TestV2MemoryHigh(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * mib
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
+			skipIfLimitNotFound(t, l, p, limit)
+			g0 := reportInt(t, p.Report, "GOMEMLIMIT")
+
+			g.SetHigh(t, 384*mib) // above the usage (about 50 MiB)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 384*mib })
+			require.True(t, ok, "memory.high 384 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
+			t.Logf("layout %s: high above usage: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
+
+			cur := g.Current(t)
+			g.SetHigh(t, cur) // at the usage
+			// GOMEMLIMIT goes to the floor of 64 MiB (0.9 x the usage less
+			// what is outside Go is under it; 1.5 x the 16 MiB live heap too).
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 96*mib })
+			require.True(t, ok, "memory.high at the usage (%d): GOMEMLIMIT still %d after %v", cur, tk.GoMemLimit, after)
+			t.Logf("layout %s: high at usage %d: GOMEMLIMIT %d after %v", l.Name, cur, tk.GoMemLimit, after)
+
+			g.SetHigh(t, cur/2) // under the usage: the kernel throttles and reclaims
+			_, _, _ = p.waitFor(3*time.Second, func(v2Tick) bool { return false })
+			high := g.Events(t, g.LimitDir)["high"]
+			assert.Positive(t, high, "memory.events high with memory.high under the usage")
+			g.SetHigh(t, -1)
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*mib })
+			require.True(t, ok, "memory.high lifted: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+			t.Logf("layout %s: high lifted: GOMEMLIMIT %d after %v; high events %d, the child counted %d", l.Name, tk.GoMemLimit, after, high, tk.High)
+			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
+			if !l.LimitAbove {
+				// The child reads its own cgroup's memory.events: the same
+				// counter (it may lag by a tick).
+				assert.Positive(t, tk.High, "Stats().Pressure.MemoryEvents.High")
+				assert.LessOrEqual(t, tk.High, g.Events(t, g.Dir)["high"])
+			}
+		})
+	}
+}
+
+// tmpfs and a second process charged to the cgroup lower GOMEMLIMIT by
+// what they hold, within resizeBound, in every layout; it comes back when
+// they are gone.
+func TestV2TmpfsAndSecondProcess(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * mib
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
+			skipIfLimitNotFound(t, l, p, limit)
+			g0 := reportInt(t, p.Report, "GOMEMLIMIT")
+
+			// 150 MiB on tmpfs, written by a process in the cgroup: charged
+			// to it (shmem), held after the writer exits.
+			file := fmt.Sprintf("/dev/shm/memctl-v2-%s-%d", l.Name, time.Now().UnixNano())
+			t.Cleanup(func() { _ = os.Remove(file) })
+			dd := exec.Command("dd", "if=/dev/zero", "of="+file, "bs=1M", "count=150")
+			g.Wrap(t, dd)
+			out, err := dd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*mib })
+			require.True(t, ok, "150 MiB of tmpfs: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+			t.Logf("layout %s: tmpfs: GOMEMLIMIT %d -> %d after %v", l.Name, g0, tk.GoMemLimit, after)
+			require.NoError(t, os.Remove(file))
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*mib })
+			require.True(t, ok, "tmpfs file removed: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+
+			// A second process holding 150 MiB in the same cgroup.
+			startV2Probe(t, g, "V2_NOSTART=1", "V2_LIVE_MIB=150")
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*mib })
+			require.True(t, ok, "a second process with 150 MiB: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+			t.Logf("layout %s: second process: GOMEMLIMIT %d -> %d after %v", l.Name, g0, tk.GoMemLimit, after)
+			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
+		})
+	}
+}
