@@ -328,8 +328,8 @@ const trimBound = 3 * time.Second
 
 // Pressure inside a container: in a private cgroup namespace under
 // nsdelegate the PSI trigger on the namespace root's memory.pressure is
-// refused (EPERM), so memctl watches memory.events, and its startup line
-// names that source and why. A child that fills its 256 MiB limit with its
+// refused (EPERM; with a read-only mount, EROFS), so memctl watches
+// memory.events, and its startup line names that source and why. A child that fills its 256 MiB limit with its
 // own garbage (GOGC=off and GOMEMLIMIT=off from the operator: no GC until
 // something asks for one; with swap, so that the kernel reclaims at the
 // limit rather than OOM-kill at once) gets a pressure trim within
@@ -337,40 +337,55 @@ const trimBound = 3 * time.Second
 func TestV2PressureTrimInContainer(t *testing.T) {
 	cgrouptest.RequireV2(t)
 	cgrouptest.RequireSwap(t)
-	g := cgrouptest.NewV2(t, cgrouptest.LayoutContainer, 256*mib)
-	g.SetSwapMax(t, -1)
+	for _, tc := range []struct {
+		l    cgrouptest.Layout
+		note string
+	}{
+		{cgrouptest.LayoutContainer, "PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)"},
+		{cgrouptest.LayoutReadOnly, "PSI trigger refused: read-only cgroup mount"},
+	} {
+		t.Run(tc.l.Name, func(t *testing.T) {
+			g := cgrouptest.NewV2(t, tc.l, 256*mib)
+			g.SetSwapMax(t, -1)
+			p := startV2Probe(t, g, "GOGC=off", "GOMEMLIMIT=off")
+			assert.Contains(t, p.Report["PRESSURE"], "memory.events", "the source watched")
+			assert.Equal(t, tc.note, p.Report["PRESSURE_NOTE"])
+			started := ""
+			// Standard error reaches the test through a pipe and a copying
+			// goroutine: it may come after READY on standard output.
+			assert.Eventually(t, func() bool {
+				for _, line := range strings.Split(p.errors(), "\n") {
+					if strings.Contains(line, `"msg":"memctl started"`) {
+						started = line
+						return true
+					}
+				}
+				return false
+			}, 10*time.Second, 20*time.Millisecond, "no startup line")
+			assert.Contains(t, started, `"pressure":"cgroup v2 /sys/fs/cgroup/memory.events`, "startup line")
+			assert.Contains(t, started, `"pressure_note":"`+tc.note+`"`, "startup line")
 
-	p := startV2Probe(t, g, "GOGC=off", "GOMEMLIMIT=off")
-	assert.Contains(t, p.Report["PRESSURE"], "memory.events", "the source watched")
-	assert.Equal(t, "PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)", p.Report["PRESSURE_NOTE"])
-	started := ""
-	for _, line := range strings.Split(p.errors(), "\n") {
-		if strings.Contains(line, `"msg":"memctl started"`) {
-			started = line
-		}
+			before := g.Events(t, g.Dir)
+			p.send(t, "burst 1000")
+			var hit time.Time
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if e := g.Events(t, g.Dir); e["max"] > before["max"] || e["oom_kill"] > 0 {
+					hit = time.Now()
+					break
+				}
+			}
+			if hit.IsZero() {
+				tk, _, _ := p.waitFor(0, func(v2Tick) bool { return true })
+				t.Fatalf("the cgroup never reached memory.max; memory.current %d, last tick %+v", g.Current(t), tk)
+			}
+			tk, after, ok := p.waitFor(trimBound, func(tk v2Tick) bool { return tk.Trims > 0 })
+			e := g.Events(t, g.Dir)
+			t.Logf("layout %s: first max event; pressure trim after %v: %+v; memory.events %v", tc.l.Name, after, tk, e)
+			require.Zero(t, e["oom_kill"], "OOM-killed")
+			require.True(t, ok, "no pressure trim within %v of the first max event (last tick %+v)\nstderr:\n%s", trimBound, tk, p.errors())
+			assert.Positive(t, tk.Released, "the trim released nothing")
+		})
 	}
-	assert.Contains(t, started, `"pressure":"cgroup v2 /sys/fs/cgroup/memory.events`, "startup line")
-	assert.Contains(t, started, `"pressure_note":"PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)"`, "startup line")
-
-	before := g.Events(t, g.Dir)
-	p.send(t, "burst 1000")
-	var hit time.Time
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if e := g.Events(t, g.Dir); e["max"] > before["max"] || e["oom_kill"] > 0 {
-			hit = time.Now()
-			break
-		}
-	}
-	if hit.IsZero() {
-		tk, _, _ := p.waitFor(0, func(v2Tick) bool { return true })
-		t.Fatalf("the cgroup never reached memory.max; memory.current %d, last tick %+v", g.Current(t), tk)
-	}
-	tk, after, ok := p.waitFor(trimBound, func(tk v2Tick) bool { return tk.Trims > 0 })
-	e := g.Events(t, g.Dir)
-	t.Logf("first max event; pressure trim after %v: %+v; memory.events %v", after, tk, e)
-	require.Zero(t, e["oom_kill"], "OOM-killed")
-	require.True(t, ok, "no pressure trim within %v of the first max event (last tick %+v)\nstderr:\n%s", trimBound, tk, p.errors())
-	assert.Positive(t, tk.Released, "the trim released nothing")
 }
 
 // memory.high above the usage, at it and under it, in every layout:

@@ -263,11 +263,11 @@ func Build(moduleDir, dir string, pkgs []Package, cmdPkg string) error {
 // busybox, /init, a.Modules in /lib (N-name.ko, loaded in order), the memctl command at /payload/bin/memctl when memctl is
 // not empty, and for each package its test binary and testdata in
 // /payload/p/NN, with a /payload/run.sh that runs each binary in its
-// package's folder with -test.run run (normally '^TestV2') -test.v and
-// timeout, between
+// package's folder with -test.run run (normally '^TestV2'), -test.count
+// count, -test.v and timeout, between
 // "V2SUITE_PKG <import path>" and "V2SUITE_RC <import path> <exit code>"
 // lines.
-func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, timeout time.Duration) error {
+func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count int, timeout time.Duration) error {
 	c := &cpioWriter{w: w}
 	for _, d := range []string{"bin", "dev", "payload", "payload/bin", "payload/p"} {
 		c.entry(d, cpioDir|0o755, nil, 0, 0)
@@ -291,8 +291,8 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, timeou
 		if err := addTree(c, filepath.Join(p.Dir, "testdata"), dir+"/testdata"); err != nil {
 			return err
 		}
-		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
-			p.ImportPath, dir, strings.ReplaceAll(run, "'", ""), timeout, p.ImportPath)
+		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.count %d -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
+			p.ImportPath, dir, strings.ReplaceAll(run, "'", ""), max(count, 1), timeout, p.ImportPath)
 	}
 	sh.WriteString("exit $rc\n")
 	c.entry("payload/run.sh", cpioFile|0o755, []byte(sh.String()), 0, 0)

@@ -26,7 +26,8 @@ const self = "github.com/memctl/memctl/internal/v2vm"
 // skips with the reason where qemu, apt-get download or the kernel is
 // missing. V2VM_TIMEOUT (seconds, default 480) bounds the whole VM run;
 // V2VM_RUN (a -test.run pattern, default ^TestV2) and V2VM_PKGS (import
-// paths, space-separated) narrow it while working on one test.
+// paths, space-separated) narrow it while working on one test, and
+// V2VM_COUNT repeats each test (-test.count).
 func TestV2Suite(t *testing.T) {
 	if os.Getenv("V2VM_GUEST") != "" {
 		t.Skip("v2vm: inside the guest")
@@ -60,6 +61,7 @@ func TestV2Suite(t *testing.T) {
 		pkgs = slices.DeleteFunc(pkgs, func(p Package) bool { return !slices.Contains(only, p.ImportPath) })
 	}
 	run := cmp.Or(os.Getenv("V2VM_RUN"), "^TestV2")
+	count, _ := strconv.Atoi(os.Getenv("V2VM_COUNT"))
 	var names []string
 	for _, p := range pkgs {
 		names = append(names, p.ImportPath)
@@ -81,7 +83,7 @@ func TestV2Suite(t *testing.T) {
 	initrd := filepath.Join(work, "initrd.cpio")
 	f, err := os.Create(initrd)
 	require.NoError(t, err)
-	require.NoError(t, Initramfs(f, assets, pkgs, memctlBin, run, min(timeout, 4*time.Minute)))
+	require.NoError(t, Initramfs(f, assets, pkgs, memctlBin, run, count, min(timeout, 4*time.Minute)))
 	require.NoError(t, f.Close())
 	st, _ := os.Stat(initrd)
 	accel, why := Accel()
