@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
 )
 
 // memctl status on a process in each layout containers use, read from the
@@ -82,4 +83,33 @@ func deref[T any](p *T) any {
 		return nil
 	}
 	return *p
+}
+
+// memctl status on a service inside a container shows, from the state
+// record, the pressure source the library watches there and why the PSI
+// trigger was refused, and GOMEMLIMIT from the container's limit.
+func TestV2StatusRecordInContainer(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	for _, tc := range []struct {
+		l    cgrouptest.Layout
+		note string
+	}{
+		{cgrouptest.LayoutContainer, "PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)"},
+		{cgrouptest.LayoutReadOnly, "PSI trigger refused: read-only cgroup mount"},
+	} {
+		t.Run(tc.l.Name, func(t *testing.T) {
+			g := cgrouptest.NewV2(t, tc.l, 256<<20)
+			cmd := childtest.Command(t, "service", operatorVars)
+			g.Wrap(t, cmd)
+			rep := startReady(t, cmd)
+			out, _, code := result(t, memctl(t, nil, "status", "-json", "-pid", rep["PID"]))
+			require.Zero(t, code)
+			var doc statusReport
+			require.NoError(t, json.Unmarshal([]byte(out), &doc))
+			require.NotNil(t, doc.Memctl, "the record")
+			assert.Equal(t, "cgroup v2", doc.Memctl.GoMemLimit.Source)
+			assert.Contains(t, doc.Memctl.Pressure.Source, "memory.events")
+			assert.Equal(t, tc.note, doc.Memctl.Pressure.Note)
+		})
+	}
 }
