@@ -474,3 +474,28 @@ func TestV2TmpfsAndSecondProcess(t *testing.T) {
 		})
 	}
 }
+
+// memory.high falling step by step while the child allocates (as an
+// operator or a vertical autoscaler lowers it): GOMEMLIMIT follows each
+// step within resizeBound, under the step and above half of it, in every
+// layout.
+func TestV2MemoryHighSteps(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * mib
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2", "V2_LIVE_MIB=32")
+			skipIfLimitNotFound(t, l, p, limit)
+			for _, step := range []int64{400 * mib, 320 * mib, 240 * mib, 160 * mib} {
+				g.SetHigh(t, step)
+				tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= step })
+				require.True(t, ok, "memory.high %d: GOMEMLIMIT still %d after %v", step, tk.GoMemLimit, after)
+				assert.Greater(t, tk.GoMemLimit, step/2)
+				t.Logf("layout %s: memory.high %d MiB: GOMEMLIMIT %d after %v", l.Name, step/mib, tk.GoMemLimit, after)
+			}
+			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
+		})
+	}
+}

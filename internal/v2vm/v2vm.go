@@ -264,7 +264,8 @@ func Build(moduleDir, dir string, pkgs []Package, cmdPkg string) error {
 // not empty, and for each package its test binary and testdata in
 // /payload/p/NN, with a /payload/run.sh that runs each binary in its
 // package's folder with -test.run run (normally '^TestV2'), -test.count
-// count, -test.v and timeout, between
+// count, -test.parallel 8 (the layouts' subtests wait more than they
+// compute), -test.v and timeout, between
 // "V2SUITE_PKG <import path>" and "V2SUITE_RC <import path> <exit code>"
 // lines.
 func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count int, timeout time.Duration) error {
@@ -291,7 +292,7 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count 
 		if err := addTree(c, filepath.Join(p.Dir, "testdata"), dir+"/testdata"); err != nil {
 			return err
 		}
-		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.count %d -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
+		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.count %d -test.parallel 8 -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
 			p.ImportPath, dir, strings.ReplaceAll(run, "'", ""), max(count, 1), timeout, p.ImportPath)
 	}
 	sh.WriteString("exit $rc\n")
