@@ -259,23 +259,37 @@ func limitFound(r map[string]string, limit int64) bool {
 	return err == nil && r["SOURCE"] == "cgroup v2" && n > 0 && n <= limit
 }
 
-// skipIfLimitNotFound skips, naming the branch that fixes it, a layout
-// whose limit memctl does not find today (issue 25 item 5: the whole-tree
-// and pod layouts); it fails for any other layout.
+// limitUnknown says whether the child called its limit unknown (not
+// "none"): all memctl can say where the limit is above its cgroup
+// namespace root, out of sight (the pod layout).
+func limitUnknown(r map[string]string) bool {
+	return r["SOURCE"] == "none" && strings.Contains(r["REASON"], "unknown")
+}
+
+// skipIfLimitNotFound skips a layout whose limit memctl does not find:
+// the pod layout when the child called it unknown (there is then no
+// GOMEMLIMIT to follow), and, naming the branch that fixes it, a layout
+// with the limit above the child's cgroup that memctl reports as no limit
+// today (issue 25 item 5: the whole tree). It fails for any other layout.
 func skipIfLimitNotFound(t *testing.T, l cgrouptest.Layout, p *v2Probe, limit int64) {
 	t.Helper()
 	if limitFound(p.Report, limit) {
 		return
 	}
 	msg := fmt.Sprintf("layout %s: GOMEMLIMIT %s from %q (%s) with a %d-byte limit", l.Name, p.Report["GOMEMLIMIT"], p.Report["SOURCE"], p.Report["REASON"], limit)
-	if l.LimitAbove {
+	switch {
+	case l == cgrouptest.LayoutPod && limitUnknown(p.Report):
+		t.Skip("the limit is out of sight and called unknown: no GOMEMLIMIT to follow: " + msg)
+	case l.LimitAbove:
 		t.Skip("fixed by h6-limits: " + msg)
 	}
 	t.Fatal(msg)
 }
 
 // In every layout GOMEMLIMIT comes from the cgroup's limit, read back in
-// the child (debug.SetMemoryLimit(-1)) with its source.
+// the child (debug.SetMemoryLimit(-1)) with its source; in the pod layout,
+// where the limit is above the namespace root and out of sight, the limit
+// is called unknown, never "none".
 func TestV2GoMemLimitInLayouts(t *testing.T) {
 	cgrouptest.RequireV2(t)
 	const limit = 512 * mib
@@ -285,6 +299,12 @@ func TestV2GoMemLimitInLayouts(t *testing.T) {
 			g := cgrouptest.NewV2(t, l, limit)
 			p := startV2Probe(t, g)
 			t.Logf("layout %s: GOMEMLIMIT=%s SOURCE=%s PRESSURE=%s PRESSURE_NOTE=%s", l.Name, p.Report["GOMEMLIMIT"], p.Report["SOURCE"], p.Report["PRESSURE"], p.Report["PRESSURE_NOTE"])
+			if l == cgrouptest.LayoutPod && limitUnknown(p.Report) {
+				// Out of sight, and said so: never "none". The pressure
+				// note says why the container's own PSI is not watched.
+				assert.Contains(t, p.Report["PRESSURE_NOTE"], "EPERM at the cgroup namespace root (nsdelegate)")
+				return
+			}
 			skipIfLimitNotFound(t, l, p, limit)
 			// At least half the limit: 0.9 of it, less what is charged
 			// outside the Go heap (a few MiB here).
