@@ -30,7 +30,7 @@ import (
 
 func init() { moreChildren["v2probe"] = childV2Probe }
 
-const mib = 1 << 20
+const v2MiB = 1 << 20
 
 // childV2Probe calls Start (unless V2_NOSTART is set: a plain process that
 // only holds memory), holds V2_LIVE_MIB MiB live, allocates V2_CHURN_MIB
@@ -39,7 +39,7 @@ const mib = 1 << 20
 // released_bytes". Standard input takes commands: "burst N" allocates N
 // MiB of garbage at once; end of input exits.
 func childV2Probe() {
-	live, churn := envMiB("V2_LIVE_MIB", 16), envMiB("V2_CHURN_MIB", 0)
+	live, churn := v2EnvMiB("V2_LIVE_MIB", 16), v2EnvMiB("V2_CHURN_MIB", 0)
 	var ctl *Controller
 	if os.Getenv("V2_NOSTART") == "" {
 		var err error
@@ -54,7 +54,7 @@ func childV2Probe() {
 	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
 	hold := make([][]byte, live)
 	for i := range hold {
-		hold[i] = touched(mib)
+		hold[i] = v2Touched(v2MiB)
 	}
 	childtest.Say("READY", 1)
 	bursts := make(chan int, 4)
@@ -76,7 +76,7 @@ func childV2Probe() {
 			go func() { // the ticks go on meanwhile
 				var sink []byte
 				for range n {
-					sink = touched(mib)
+					sink = v2Touched(v2MiB)
 				}
 				_ = sink
 				childtest.Say("BURST_DONE", time.Since(t0).Milliseconds())
@@ -84,7 +84,7 @@ func childV2Probe() {
 		default:
 		}
 		for range churn {
-			sink = touched(mib)
+			sink = v2Touched(v2MiB)
 		}
 		_ = sink
 		st := ctl.Stats()
@@ -95,16 +95,16 @@ func childV2Probe() {
 	}
 }
 
-func envMiB(k string, def int) int {
+func v2EnvMiB(k string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
 		return v
 	}
 	return def
 }
 
-// touched returns n bytes with every page written, so that they are
+// v2Touched returns n bytes with every page written, so that they are
 // charged to the cgroup.
-func touched(n int) []byte {
+func v2Touched(n int) []byte {
 	b := make([]byte, n)
 	for i := 0; i < n; i += 4096 {
 		b[i] = 1
@@ -139,7 +139,7 @@ func startV2Probe(t *testing.T, g *cgrouptest.V2, env ...string) *v2Probe {
 	cmd := childtest.Command(t, "v2probe", []string{"GOMEMLIMIT", "GOGC", "MEMCTL", "MEMCTL_PRESSURE", "MEMORY_PRESSURE_WATCH"}, env...)
 	g.Wrap(t, cmd)
 	p := &v2Probe{Report: map[string]string{}, cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{w: p.stderr, mu: &p.mu}
+	cmd.Stderr = &v2LockedWriter{w: p.stderr, mu: &p.mu}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	p.stdin, err = cmd.StdinPipe()
@@ -190,12 +190,12 @@ func startV2Probe(t *testing.T, g *cgrouptest.V2, env ...string) *v2Probe {
 	return p
 }
 
-type lockedWriter struct {
+type v2LockedWriter struct {
 	w  io.Writer
 	mu *sync.Mutex
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) {
+func (l *v2LockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
@@ -292,7 +292,7 @@ func skipIfLimitNotFound(t *testing.T, l cgrouptest.Layout, p *v2Probe, limit in
 // is called unknown, never "none".
 func TestV2GoMemLimitInLayouts(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
@@ -323,19 +323,19 @@ const resizeBound = 15 * time.Second
 // GOMEMLIMIT follows within resizeBound, in every layout.
 func TestV2MemoryMaxResize(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
 			g := cgrouptest.NewV2(t, l, limit)
 			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
 			skipIfLimitNotFound(t, l, p, limit)
-			g.SetMax(t, 256*mib)
-			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 256*mib })
+			g.SetMax(t, 256*v2MiB)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 256*v2MiB })
 			require.True(t, ok, "memory.max lowered to 256 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
 			t.Logf("layout %s: lowered: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
-			g.SetMax(t, 768*mib)
-			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit > 512*mib })
+			g.SetMax(t, 768*v2MiB)
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit > 512*v2MiB })
 			require.True(t, ok, "memory.max raised to 768 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
 			t.Logf("layout %s: raised: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
 		})
@@ -365,7 +365,7 @@ func TestV2PressureTrimInContainer(t *testing.T) {
 		{cgrouptest.LayoutReadOnly, "PSI trigger refused: read-only cgroup mount"},
 	} {
 		t.Run(tc.l.Name, func(t *testing.T) {
-			g := cgrouptest.NewV2(t, tc.l, 256*mib)
+			g := cgrouptest.NewV2(t, tc.l, 256*v2MiB)
 			g.SetSwapMax(t, -1)
 			p := startV2Probe(t, g, "GOGC=off", "GOMEMLIMIT=off")
 			assert.Contains(t, p.Report["PRESSURE"], "memory.events", "the source watched")
@@ -415,7 +415,7 @@ func TestV2PressureTrimInContainer(t *testing.T) {
 // back when memory.high is lifted.
 func TestV2MemoryHigh(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
@@ -424,8 +424,8 @@ func TestV2MemoryHigh(t *testing.T) {
 			skipIfLimitNotFound(t, l, p, limit)
 			g0 := reportInt(t, p.Report, "GOMEMLIMIT")
 
-			g.SetHigh(t, 384*mib) // above the usage (about 50 MiB)
-			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 384*mib })
+			g.SetHigh(t, 384*v2MiB) // above the usage (about 50 MiB)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 384*v2MiB })
 			require.True(t, ok, "memory.high 384 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
 			t.Logf("layout %s: high above usage: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
 
@@ -433,7 +433,7 @@ func TestV2MemoryHigh(t *testing.T) {
 			g.SetHigh(t, cur) // at the usage
 			// GOMEMLIMIT goes to the floor of 64 MiB (0.9 x the usage less
 			// what is outside Go is under it; 1.5 x the 16 MiB live heap too).
-			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 96*mib })
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 96*v2MiB })
 			require.True(t, ok, "memory.high at the usage (%d): GOMEMLIMIT still %d after %v", cur, tk.GoMemLimit, after)
 			t.Logf("layout %s: high at usage %d: GOMEMLIMIT %d after %v", l.Name, cur, tk.GoMemLimit, after)
 
@@ -442,7 +442,7 @@ func TestV2MemoryHigh(t *testing.T) {
 			high := g.Events(t, g.LimitDir)["high"]
 			assert.Positive(t, high, "memory.events high with memory.high under the usage")
 			g.SetHigh(t, -1)
-			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*mib })
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*v2MiB })
 			require.True(t, ok, "memory.high lifted: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
 			t.Logf("layout %s: high lifted: GOMEMLIMIT %d after %v; high events %d, the child counted %d", l.Name, tk.GoMemLimit, after, high, tk.High)
 			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
@@ -461,7 +461,7 @@ func TestV2MemoryHigh(t *testing.T) {
 // they are gone.
 func TestV2TmpfsAndSecondProcess(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
@@ -478,16 +478,16 @@ func TestV2TmpfsAndSecondProcess(t *testing.T) {
 			g.Wrap(t, dd)
 			out, err := dd.CombinedOutput()
 			require.NoError(t, err, "%s", out)
-			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*mib })
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*v2MiB })
 			require.True(t, ok, "150 MiB of tmpfs: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
 			t.Logf("layout %s: tmpfs: GOMEMLIMIT %d -> %d after %v", l.Name, g0, tk.GoMemLimit, after)
 			require.NoError(t, os.Remove(file))
-			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*mib })
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*v2MiB })
 			require.True(t, ok, "tmpfs file removed: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
 
 			// A second process holding 150 MiB in the same cgroup.
 			startV2Probe(t, g, "V2_NOSTART=1", "V2_LIVE_MIB=150")
-			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*mib })
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*v2MiB })
 			require.True(t, ok, "a second process with 150 MiB: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
 			t.Logf("layout %s: second process: GOMEMLIMIT %d -> %d after %v", l.Name, g0, tk.GoMemLimit, after)
 			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
@@ -501,19 +501,19 @@ func TestV2TmpfsAndSecondProcess(t *testing.T) {
 // layout.
 func TestV2MemoryHighSteps(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
 			g := cgrouptest.NewV2(t, l, limit)
 			p := startV2Probe(t, g, "V2_CHURN_MIB=2", "V2_LIVE_MIB=32")
 			skipIfLimitNotFound(t, l, p, limit)
-			for _, step := range []int64{400 * mib, 320 * mib, 240 * mib, 160 * mib} {
+			for _, step := range []int64{400 * v2MiB, 320 * v2MiB, 240 * v2MiB, 160 * v2MiB} {
 				g.SetHigh(t, step)
 				tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= step })
 				require.True(t, ok, "memory.high %d: GOMEMLIMIT still %d after %v", step, tk.GoMemLimit, after)
 				assert.Greater(t, tk.GoMemLimit, step/2)
-				t.Logf("layout %s: memory.high %d MiB: GOMEMLIMIT %d after %v", l.Name, step/mib, tk.GoMemLimit, after)
+				t.Logf("layout %s: memory.high %d MiB: GOMEMLIMIT %d after %v", l.Name, step/v2MiB, tk.GoMemLimit, after)
 			}
 			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
 		})

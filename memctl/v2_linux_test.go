@@ -46,7 +46,7 @@ func TestV2StatusAndExec(t *testing.T) {
 			statusOK := rep.Cgroup != nil && rep.Cgroup.Version == 2 && rep.Cgroup.LimitBytes != nil && *rep.Cgroup.LimitBytes == limit
 			var got string
 			if rep.Cgroup != nil {
-				got = fmt.Sprintf("limit %v from %v (view %s, unknown %v)", deref(rep.Cgroup.LimitBytes), deref(rep.Cgroup.LimitFile), rep.Cgroup.View, rep.Cgroup.LimitUnknown)
+				got = fmt.Sprintf("limit %v from %v (view %s, unknown %v)", v2Deref(rep.Cgroup.LimitBytes), v2Deref(rep.Cgroup.LimitFile), rep.Cgroup.View, rep.Cgroup.LimitUnknown)
 			} else {
 				got = "no cgroup: " + rep.CgroupError
 			}
@@ -78,7 +78,7 @@ func TestV2StatusAndExec(t *testing.T) {
 	}
 }
 
-func deref[T any](p *T) any {
+func v2Deref[T any](p *T) any {
 	if p == nil {
 		return nil
 	}
