@@ -79,7 +79,8 @@ func Fetch(cache string) (Assets, error) {
 			if m == nil {
 				return a, errors.New("v2vm: apt-cache lists no linux-image-[0-9]* for linux-image-amd64 (apt-get update?)")
 			}
-			if err := unpack(cache, string(m[1]), "./boot/vmlinuz-*"); err != nil {
+			// The zram modules (below) come from the same package: one download.
+			if err := unpack(cache, string(m[1]), "./boot/vmlinuz-*", "./lib/modules/*/kernel/mm/zsmalloc.ko", "./lib/modules/*/kernel/drivers/block/zram/zram.ko"); err != nil {
 				return a, err
 			}
 			if a.Kernel = newestKernel(root); a.Kernel == "" {
@@ -102,9 +103,11 @@ func Fetch(cache string) (Assets, error) {
 		return true
 	}
 	if !have() && os.Getenv("KERNEL") == "" {
+		var pats []string
 		for _, m := range mods {
-			_ = unpack(cache, "linux-image-"+ver, "./lib/modules/"+ver+"/"+m)
+			pats = append(pats, "./lib/modules/"+ver+"/"+m)
 		}
+		_ = unpack(cache, "linux-image-"+ver, pats...)
 	}
 	if have() {
 		for _, m := range mods {
@@ -137,9 +140,9 @@ func newestKernel(root string) string {
 }
 
 // unpack downloads pkg with apt-get download into a fresh directory under
-// cache and extracts the files matching pattern into cache/root, renaming
+// cache and extracts the files matching patterns into cache/root, renaming
 // each into place so that a concurrent run never sees half a file.
-func unpack(cache, pkg, pattern string) error {
+func unpack(cache, pkg string, patterns ...string) error {
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return fmt.Errorf("v2vm: %w", err)
 	}
@@ -161,9 +164,9 @@ func unpack(cache, pkg, pattern string) error {
 	if err := os.Mkdir(x, 0o755); err != nil {
 		return fmt.Errorf("v2vm: %w", err)
 	}
-	sh := exec.Command("sh", "-c", `dpkg-deb --fsys-tarfile "$0" | tar -x -C "$1" --wildcards "$2"`, debs[0], x, pattern)
+	sh := exec.Command("sh", append([]string{"-c", `deb=$1 x=$2; shift 2; dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$x" --wildcards "$@"`, "sh", debs[0], x}, patterns...)...)
 	if out, err := sh.CombinedOutput(); err != nil {
-		return fmt.Errorf("v2vm: unpack %s from %s: %v: %s", pattern, debs[0], err, bytes.TrimSpace(out))
+		return fmt.Errorf("v2vm: unpack %s from %s: %v: %s", strings.Join(patterns, " "), debs[0], err, bytes.TrimSpace(out))
 	}
 	return filepath.WalkDir(x, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
