@@ -56,6 +56,7 @@ func childV2Probe() {
 	for i := range hold {
 		hold[i] = v2Touched(v2MiB)
 	}
+	v2Live = hold // live until the child exits
 	childtest.Say("READY", 1)
 	bursts := make(chan int, 4)
 	go func() {
@@ -94,6 +95,9 @@ func childV2Probe() {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// v2Live holds childV2Probe's live heap.
+var v2Live [][]byte
 
 func v2EnvMiB(k string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
