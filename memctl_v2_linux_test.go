@@ -30,7 +30,7 @@ import (
 
 func init() { moreChildren["v2probe"] = childV2Probe }
 
-const mib = 1 << 20
+const v2MiB = 1 << 20
 
 // childV2Probe calls Start (unless V2_NOSTART is set: a plain process that
 // only holds memory), holds V2_LIVE_MIB MiB live, allocates V2_CHURN_MIB
@@ -39,7 +39,7 @@ const mib = 1 << 20
 // released_bytes". Standard input takes commands: "burst N" allocates N
 // MiB of garbage at once; end of input exits.
 func childV2Probe() {
-	live, churn := envMiB("V2_LIVE_MIB", 16), envMiB("V2_CHURN_MIB", 0)
+	live, churn := v2EnvMiB("V2_LIVE_MIB", 16), v2EnvMiB("V2_CHURN_MIB", 0)
 	var ctl *Controller
 	if os.Getenv("V2_NOSTART") == "" {
 		var err error
@@ -54,8 +54,9 @@ func childV2Probe() {
 	childtest.Say("GOMEMLIMIT", debug.SetMemoryLimit(-1))
 	hold := make([][]byte, live)
 	for i := range hold {
-		hold[i] = touched(mib)
+		hold[i] = v2Touched(v2MiB)
 	}
+	v2Live = hold // live until the child exits
 	childtest.Say("READY", 1)
 	bursts := make(chan int, 4)
 	go func() {
@@ -73,14 +74,18 @@ func childV2Probe() {
 	for {
 		select {
 		case n := <-bursts:
-			for range n {
-				sink = touched(mib)
-			}
-			childtest.Say("BURST_DONE", time.Since(t0).Milliseconds())
+			go func() { // the ticks go on meanwhile
+				var sink []byte
+				for range n {
+					sink = v2Touched(v2MiB)
+				}
+				_ = sink
+				childtest.Say("BURST_DONE", time.Since(t0).Milliseconds())
+			}()
 		default:
 		}
 		for range churn {
-			sink = touched(mib)
+			sink = v2Touched(v2MiB)
 		}
 		_ = sink
 		st := ctl.Stats()
@@ -91,16 +96,19 @@ func childV2Probe() {
 	}
 }
 
-func envMiB(k string, def int) int {
+// v2Live holds childV2Probe's live heap.
+var v2Live [][]byte
+
+func v2EnvMiB(k string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
 		return v
 	}
 	return def
 }
 
-// touched returns n bytes with every page written, so that they are
+// v2Touched returns n bytes with every page written, so that they are
 // charged to the cgroup.
-func touched(n int) []byte {
+func v2Touched(n int) []byte {
 	b := make([]byte, n)
 	for i := 0; i < n; i += 4096 {
 		b[i] = 1
@@ -135,7 +143,7 @@ func startV2Probe(t *testing.T, g *cgrouptest.V2, env ...string) *v2Probe {
 	cmd := childtest.Command(t, "v2probe", []string{"GOMEMLIMIT", "GOGC", "MEMCTL", "MEMCTL_PRESSURE", "MEMORY_PRESSURE_WATCH"}, env...)
 	g.Wrap(t, cmd)
 	p := &v2Probe{Report: map[string]string{}, cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{w: p.stderr, mu: &p.mu}
+	cmd.Stderr = &v2LockedWriter{w: p.stderr, mu: &p.mu}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	p.stdin, err = cmd.StdinPipe()
@@ -186,12 +194,12 @@ func startV2Probe(t *testing.T, g *cgrouptest.V2, env ...string) *v2Probe {
 	return p
 }
 
-type lockedWriter struct {
+type v2LockedWriter struct {
 	w  io.Writer
 	mu *sync.Mutex
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) {
+func (l *v2LockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
@@ -207,16 +215,6 @@ func (p *v2Probe) errors() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stderr.String()
-}
-
-// last returns the last tick, ok false when none came yet.
-func (p *v2Probe) last() (v2Tick, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.ticks) == 0 {
-		return v2Tick{}, false
-	}
-	return p.ticks[len(p.ticks)-1], true
 }
 
 // waitFor waits up to d for a tick that satisfies ok and returns it and
@@ -265,32 +263,52 @@ func limitFound(r map[string]string, limit int64) bool {
 	return err == nil && r["SOURCE"] == "cgroup v2" && n > 0 && n <= limit
 }
 
-// skipIfLimitNotFound skips, naming the branch that fixes it, a layout
-// whose limit memctl does not find today (issue 25 item 5: the whole-tree
-// and pod layouts); it fails for any other layout.
+// limitUnknown says whether the child called its limit unknown (not
+// "none"): all memctl can say where the limit is above its cgroup
+// namespace root, out of sight (the pod layout).
+func limitUnknown(r map[string]string) bool {
+	return r["SOURCE"] == "none" && strings.Contains(r["REASON"], "unknown")
+}
+
+// skipIfLimitNotFound skips a layout whose limit memctl does not find:
+// the pod layout when the child called it unknown (there is then no
+// GOMEMLIMIT to follow), and, naming the branch that fixes it, a layout
+// with the limit above the child's cgroup that memctl reports as no limit
+// today (issue 25 item 5: the whole tree). It fails for any other layout.
 func skipIfLimitNotFound(t *testing.T, l cgrouptest.Layout, p *v2Probe, limit int64) {
 	t.Helper()
 	if limitFound(p.Report, limit) {
 		return
 	}
 	msg := fmt.Sprintf("layout %s: GOMEMLIMIT %s from %q (%s) with a %d-byte limit", l.Name, p.Report["GOMEMLIMIT"], p.Report["SOURCE"], p.Report["REASON"], limit)
-	if l.LimitAbove {
+	switch {
+	case l == cgrouptest.LayoutPod && limitUnknown(p.Report):
+		t.Skip("the limit is out of sight and called unknown: no GOMEMLIMIT to follow: " + msg)
+	case l.LimitAbove:
 		t.Skip("fixed by h6-limits: " + msg)
 	}
 	t.Fatal(msg)
 }
 
 // In every layout GOMEMLIMIT comes from the cgroup's limit, read back in
-// the child (debug.SetMemoryLimit(-1)) with its source.
+// the child (debug.SetMemoryLimit(-1)) with its source; in the pod layout,
+// where the limit is above the namespace root and out of sight, the limit
+// is called unknown, never "none".
 func TestV2GoMemLimitInLayouts(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
 			g := cgrouptest.NewV2(t, l, limit)
 			p := startV2Probe(t, g)
 			t.Logf("layout %s: GOMEMLIMIT=%s SOURCE=%s PRESSURE=%s PRESSURE_NOTE=%s", l.Name, p.Report["GOMEMLIMIT"], p.Report["SOURCE"], p.Report["PRESSURE"], p.Report["PRESSURE_NOTE"])
+			if l == cgrouptest.LayoutPod && limitUnknown(p.Report) {
+				// Out of sight, and said so: never "none". The pressure
+				// note says why the container's own PSI is not watched.
+				assert.Contains(t, p.Report["PRESSURE_NOTE"], "EPERM at the cgroup namespace root (nsdelegate)")
+				return
+			}
 			skipIfLimitNotFound(t, l, p, limit)
 			// At least half the limit: 0.9 of it, less what is charged
 			// outside the Go heap (a few MiB here).
@@ -309,21 +327,206 @@ const resizeBound = 15 * time.Second
 // GOMEMLIMIT follows within resizeBound, in every layout.
 func TestV2MemoryMaxResize(t *testing.T) {
 	cgrouptest.RequireV2(t)
-	const limit = 512 * mib
+	const limit = 512 * v2MiB
 	for _, l := range cgrouptest.Layouts() {
 		t.Run(l.Name, func(t *testing.T) {
 			t.Parallel()
 			g := cgrouptest.NewV2(t, l, limit)
 			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
 			skipIfLimitNotFound(t, l, p, limit)
-			g.SetMax(t, 256*mib)
-			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 256*mib })
+			g.SetMax(t, 256*v2MiB)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 256*v2MiB })
 			require.True(t, ok, "memory.max lowered to 256 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
 			t.Logf("layout %s: lowered: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
-			g.SetMax(t, 768*mib)
-			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit > 512*mib })
+			g.SetMax(t, 768*v2MiB)
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit > 512*v2MiB })
 			require.True(t, ok, "memory.max raised to 768 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
 			t.Logf("layout %s: raised: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
+		})
+	}
+}
+
+// trimBound is how soon after its cgroup reaches memory.max a process in
+// a container must get its pressure trim (issue 25: "within 3 s").
+const trimBound = 3 * time.Second
+
+// Pressure inside a container: in a private cgroup namespace under
+// nsdelegate the PSI trigger on the namespace root's memory.pressure is
+// refused (EPERM; with a read-only mount, EROFS), so memctl watches
+// memory.events, and its startup line names that source and why. A child that fills its 256 MiB limit with its
+// own garbage (GOGC=off and GOMEMLIMIT=off from the operator: no GC until
+// something asks for one; with swap, so that the kernel reclaims at the
+// limit rather than OOM-kill at once) gets a pressure trim within
+// trimBound of the first max event.
+func TestV2PressureTrimInContainer(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	cgrouptest.RequireSwap(t)
+	for _, tc := range []struct {
+		l    cgrouptest.Layout
+		note string
+	}{
+		{cgrouptest.LayoutContainer, "PSI trigger refused: EPERM at the cgroup namespace root (nsdelegate)"},
+		{cgrouptest.LayoutReadOnly, "PSI trigger refused: read-only cgroup mount"},
+	} {
+		t.Run(tc.l.Name, func(t *testing.T) {
+			g := cgrouptest.NewV2(t, tc.l, 256*v2MiB)
+			g.SetSwapMax(t, -1)
+			p := startV2Probe(t, g, "GOGC=off", "GOMEMLIMIT=off")
+			assert.Contains(t, p.Report["PRESSURE"], "memory.events", "the source watched")
+			assert.Equal(t, tc.note, p.Report["PRESSURE_NOTE"])
+			started := ""
+			// Standard error reaches the test through a pipe and a copying
+			// goroutine: it may come after READY on standard output.
+			assert.Eventually(t, func() bool {
+				for _, line := range strings.Split(p.errors(), "\n") {
+					if strings.Contains(line, `"msg":"memctl started"`) {
+						started = line
+						return true
+					}
+				}
+				return false
+			}, 10*time.Second, 20*time.Millisecond, "no startup line")
+			assert.Contains(t, started, `"pressure":"cgroup v2 /sys/fs/cgroup/memory.events`, "startup line")
+			assert.Contains(t, started, `"pressure_note":"`+tc.note+`"`, "startup line")
+
+			before := g.Events(t, g.Dir)
+			p.send(t, "burst 1000")
+			var hit time.Time
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if e := g.Events(t, g.Dir); e["max"] > before["max"] || e["oom_kill"] > 0 {
+					hit = time.Now()
+					break
+				}
+			}
+			if hit.IsZero() {
+				tk, _, _ := p.waitFor(0, func(v2Tick) bool { return true })
+				t.Fatalf("the cgroup never reached memory.max; memory.current %d, last tick %+v", g.Current(t), tk)
+			}
+			tk, after, ok := p.waitFor(trimBound, func(tk v2Tick) bool { return tk.Trims > 0 })
+			e := g.Events(t, g.Dir)
+			t.Logf("layout %s: first max event; pressure trim after %v: %+v; memory.events %v", tc.l.Name, after, tk, e)
+			require.Zero(t, e["oom_kill"], "OOM-killed")
+			require.True(t, ok, "no pressure trim within %v of the first max event (last tick %+v)\nstderr:\n%s", trimBound, tk, p.errors())
+			assert.Positive(t, tk.Released, "the trim released nothing")
+		})
+	}
+}
+
+// memory.high above the usage, at it and under it, in every layout:
+// GOMEMLIMIT follows memory.high (down to the floor and the live-heap
+// bound), the kernel's high events are counted in memory.events and in
+// the child's Stats, the child is not OOM-killed, and GOMEMLIMIT comes
+// back when memory.high is lifted.
+func TestV2MemoryHigh(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * v2MiB
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
+			skipIfLimitNotFound(t, l, p, limit)
+			g0 := reportInt(t, p.Report, "GOMEMLIMIT")
+
+			g.SetHigh(t, 384*v2MiB) // above the usage (about 50 MiB)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 384*v2MiB })
+			require.True(t, ok, "memory.high 384 MiB: GOMEMLIMIT still %d after %v", tk.GoMemLimit, after)
+			t.Logf("layout %s: high above usage: GOMEMLIMIT %d after %v", l.Name, tk.GoMemLimit, after)
+
+			cur := g.Current(t)
+			g.SetHigh(t, cur) // at the usage
+			// GOMEMLIMIT goes to the floor of 64 MiB (0.9 x the usage less
+			// what is outside Go is under it; 1.5 x the 16 MiB live heap too).
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 96*v2MiB })
+			if !ok {
+				// At the usage the kernel throttles the allocating child
+				// and GC ends, which re-read the limit, become rare (issue
+				// 25 item 1).
+				t.Skipf("fixed by h2-refresh: memory.high at the usage (%d), the child throttled: GOMEMLIMIT still %d after %v", cur, tk.GoMemLimit, after)
+			}
+			t.Logf("layout %s: high at usage %d: GOMEMLIMIT %d after %v", l.Name, cur, tk.GoMemLimit, after)
+
+			g.SetHigh(t, cur/2) // under the usage: the kernel throttles and reclaims
+			_, _, _ = p.waitFor(3*time.Second, func(v2Tick) bool { return false })
+			high := g.Events(t, g.LimitDir)["high"]
+			assert.Positive(t, high, "memory.events high with memory.high under the usage")
+			g.SetHigh(t, -1)
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*v2MiB })
+			if !ok {
+				t.Skipf("fixed by h2-refresh: memory.high lifted after a throttled stretch: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+			}
+			t.Logf("layout %s: high lifted: GOMEMLIMIT %d after %v; high events %d, the child counted %d", l.Name, tk.GoMemLimit, after, high, tk.High)
+			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
+			if !l.LimitAbove {
+				// The child reads its own cgroup's memory.events: the same
+				// counter (it may lag by a tick).
+				assert.Positive(t, tk.High, "Stats().Pressure.MemoryEvents.High")
+				assert.LessOrEqual(t, tk.High, g.Events(t, g.Dir)["high"])
+			}
+		})
+	}
+}
+
+// tmpfs and a second process charged to the cgroup lower GOMEMLIMIT by
+// what they hold, within resizeBound, in every layout; it comes back when
+// they are gone.
+func TestV2TmpfsAndSecondProcess(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * v2MiB
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2")
+			skipIfLimitNotFound(t, l, p, limit)
+			g0 := reportInt(t, p.Report, "GOMEMLIMIT")
+
+			// 150 MiB on tmpfs, written by a process in the cgroup: charged
+			// to it (shmem), held after the writer exits.
+			file := fmt.Sprintf("/dev/shm/memctl-v2-%s-%d", l.Name, time.Now().UnixNano())
+			t.Cleanup(func() { _ = os.Remove(file) })
+			dd := exec.Command("dd", "if=/dev/zero", "of="+file, "bs=1M", "count=150")
+			g.Wrap(t, dd)
+			out, err := dd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*v2MiB })
+			require.True(t, ok, "150 MiB of tmpfs: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+			t.Logf("layout %s: tmpfs: GOMEMLIMIT %d -> %d after %v", l.Name, g0, tk.GoMemLimit, after)
+			require.NoError(t, os.Remove(file))
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*v2MiB })
+			require.True(t, ok, "tmpfs file removed: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+
+			// A second process holding 150 MiB in the same cgroup.
+			startV2Probe(t, g, "V2_NOSTART=1", "V2_LIVE_MIB=150")
+			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= g0-100*v2MiB })
+			require.True(t, ok, "a second process with 150 MiB: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+			t.Logf("layout %s: second process: GOMEMLIMIT %d -> %d after %v", l.Name, g0, tk.GoMemLimit, after)
+			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
+		})
+	}
+}
+
+// memory.high falling step by step while the child allocates (as an
+// operator or a vertical autoscaler lowers it): GOMEMLIMIT follows each
+// step within resizeBound, under the step and above half of it, in every
+// layout.
+func TestV2MemoryHighSteps(t *testing.T) {
+	cgrouptest.RequireV2(t)
+	const limit = 512 * v2MiB
+	for _, l := range cgrouptest.Layouts() {
+		t.Run(l.Name, func(t *testing.T) {
+			t.Parallel()
+			g := cgrouptest.NewV2(t, l, limit)
+			p := startV2Probe(t, g, "V2_CHURN_MIB=2", "V2_LIVE_MIB=32")
+			skipIfLimitNotFound(t, l, p, limit)
+			for _, step := range []int64{400 * v2MiB, 320 * v2MiB, 240 * v2MiB, 160 * v2MiB} {
+				g.SetHigh(t, step)
+				tk, after, ok := p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= step })
+				require.True(t, ok, "memory.high %d: GOMEMLIMIT still %d after %v", step, tk.GoMemLimit, after)
+				assert.Greater(t, tk.GoMemLimit, step/2)
+				t.Logf("layout %s: memory.high %d MiB: GOMEMLIMIT %d after %v", l.Name, step/v2MiB, tk.GoMemLimit, after)
+			}
+			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
 		})
 	}
 }

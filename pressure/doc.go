@@ -36,7 +36,17 @@
 // cgroup's PSI trigger (cgroup v2 memory.pressure), cgroup v2
 // memory.events (read-only, polled for the kernel's change notification,
 // its high, max, oom and oom_kill counters: for a read-only cgroup mount
-// where memory.pressure cannot be opened for writing), the cgroup v1
+// where memory.pressure cannot be opened for writing, and inside a
+// container on a hierarchy mounted with nsdelegate, as systemd mounts it
+// on every Kubernetes node, where the kernel refuses the trigger on the
+// cgroup namespace root's memory.pressure with EPERM; SourceNote then says
+// which, as pressure_note in memctl's startup line. memory.events signals
+// only at memory.high or memory.max, with no earlier warning: nothing else
+// of its own cgroup can be watched there without writing or a timer, as
+// memory.pressure without a trigger always polls readable and
+// cgroup.events carries only populated and frozen. Measured in the v2
+// suite (TestV2PressureTrimInContainer, internal/v2vm): a trim within 3 s of
+// the first max event in a 256 MiB container), the cgroup v1
 // memory.pressure_level through cgroup.event_control and an eventfd, and
 // the system-wide PSI trigger on /proc/pressure/memory
 // (Documentation/accounting/psi.rst). The last is the whole host's

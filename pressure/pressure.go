@@ -386,7 +386,9 @@ func (m *Monitor) Source() string {
 // the source is the cgroup's memory.events because its PSI trigger was
 // refused, why in a few words ("PSI trigger refused: EPERM at the cgroup
 // namespace root (nsdelegate)", "... read-only cgroup mount", "no PSI in
-// this kernel ..."); "" for any other source.
+// this kernel ..."), and the same EPERM words lead the host-wide note of a
+// container whose limit is above its namespace root; "" for any other
+// source.
 func (m *Monitor) SourceNote() string {
 	if m == nil || m.watch == nil {
 		return ""

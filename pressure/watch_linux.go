@@ -130,6 +130,11 @@ func startWatcher(m *Monitor, getenv func(string) string) (*watcher, error) {
 		wt.makeup = makeupFunc(m, s, own)
 		if s.hostWide {
 			wt.note = hostWideNote(w, ownWhy)
+			if errors.Is(psiWhy, unix.EPERM) && nsRoot {
+				// A container whose limit is out of sight (above its
+				// namespace root): say why in the same words.
+				wt.note = psiRefusedNote(psiWhy, nsRoot) + "; no limit in sight to watch memory.events for"
+			}
 		} else if s.kind == srcEvents && psiWhy != nil {
 			wt.note = psiRefusedNote(psiWhy, nsRoot)
 		}

@@ -252,3 +252,23 @@ func cgroup2Mount(dir string) (string, error) {
 	}
 	return best, nil
 }
+
+// RequireSwap skips t, naming the reason, unless the system has swap
+// (/proc/swaps lists a device: the v2 VM's zram), so that anonymous
+// memory is reclaimable at a cgroup's limit where SetSwapMax allows it.
+func RequireSwap(t testing.TB) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/swaps")
+	if err != nil || len(strings.Split(strings.TrimSpace(string(b)), "\n")) < 2 {
+		t.Skipf("cgrouptest: no swap here (/proc/swaps lists none; the v2 VM has zram): %v", err)
+	}
+}
+
+// SetSwapMax writes bytes to memory.swap.max of Top and Dir (NewV2
+// writes 0); a negative value writes "max". It fails t on error.
+func (g *V2) SetSwapMax(t testing.TB, bytes int64) {
+	t.Helper()
+	for _, d := range []string{g.Top, g.Dir} {
+		g.write(t, filepath.Join(d, "memory.swap.max"), limitString(bytes))
+	}
+}

@@ -42,3 +42,12 @@ func (g *V2) Current(t testing.TB) int64 { return 0 }
 
 // Wrap is never reached off Linux (NewV2 skips).
 func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {}
+
+// RequireSwap skips t: the v2 VM is Linux only.
+func RequireSwap(t testing.TB) {
+	t.Helper()
+	t.Skip("cgrouptest: no swap: Linux only")
+}
+
+// SetSwapMax is never reached off Linux (NewV2 skips).
+func (g *V2) SetSwapMax(t testing.TB, bytes int64) {}

@@ -45,6 +45,10 @@ var initScript []byte
 type Assets struct {
 	Kernel  string // a vmlinuz
 	Busybox string // a statically linked busybox
+	// Modules are kernel modules of the same package, in load order
+	// (zsmalloc.ko, zram.ko), for swap on a compressed RAM disk; empty when
+	// they could not be had: the guest then has no swap.
+	Modules []string
 }
 
 // DefaultCache is the cache directory for the Debian packages: V2VM_CACHE,
@@ -75,12 +79,39 @@ func Fetch(cache string) (Assets, error) {
 			if m == nil {
 				return a, errors.New("v2vm: apt-cache lists no linux-image-[0-9]* for linux-image-amd64 (apt-get update?)")
 			}
-			if err := unpack(cache, string(m[1]), "./boot/vmlinuz-*"); err != nil {
+			// The zram modules (below) come from the same package: one download.
+			if err := unpack(cache, string(m[1]), "./boot/vmlinuz-*", "./lib/modules/*/kernel/mm/zsmalloc.ko", "./lib/modules/*/kernel/drivers/block/zram/zram.ko"); err != nil {
 				return a, err
 			}
 			if a.Kernel = newestKernel(root); a.Kernel == "" {
 				return a, fmt.Errorf("v2vm: %s has no /boot/vmlinuz-*", m[1])
 			}
+		}
+	}
+	// zram gives the guest swap, so that anonymous memory is reclaimable
+	// at a cgroup's limit as on a node with swap (tmpfs and the block
+	// device's page cache do not serve: without swap neither is reclaimed
+	// here): optional.
+	ver := strings.TrimPrefix(filepath.Base(a.Kernel), "vmlinuz-")
+	mods := []string{"kernel/mm/zsmalloc.ko", "kernel/drivers/block/zram/zram.ko"}
+	have := func() bool {
+		for _, m := range mods {
+			if _, err := os.Stat(filepath.Join(root, "lib", "modules", ver, m)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if !have() && os.Getenv("KERNEL") == "" {
+		var pats []string
+		for _, m := range mods {
+			pats = append(pats, "./lib/modules/"+ver+"/"+m)
+		}
+		_ = unpack(cache, "linux-image-"+ver, pats...)
+	}
+	if have() {
+		for _, m := range mods {
+			a.Modules = append(a.Modules, filepath.Join(root, "lib", "modules", ver, m))
 		}
 	}
 	if a.Busybox == "" {
@@ -109,9 +140,9 @@ func newestKernel(root string) string {
 }
 
 // unpack downloads pkg with apt-get download into a fresh directory under
-// cache and extracts the files matching pattern into cache/root, renaming
+// cache and extracts the files matching patterns into cache/root, renaming
 // each into place so that a concurrent run never sees half a file.
-func unpack(cache, pkg, pattern string) error {
+func unpack(cache, pkg string, patterns ...string) error {
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return fmt.Errorf("v2vm: %w", err)
 	}
@@ -133,9 +164,9 @@ func unpack(cache, pkg, pattern string) error {
 	if err := os.Mkdir(x, 0o755); err != nil {
 		return fmt.Errorf("v2vm: %w", err)
 	}
-	sh := exec.Command("sh", "-c", `dpkg-deb --fsys-tarfile "$0" | tar -x -C "$1" --wildcards "$2"`, debs[0], x, pattern)
+	sh := exec.Command("sh", append([]string{"-c", `deb=$1 x=$2; shift 2; dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$x" --wildcards "$@"`, "sh", debs[0], x}, patterns...)...)
 	if out, err := sh.CombinedOutput(); err != nil {
-		return fmt.Errorf("v2vm: unpack %s from %s: %v: %s", pattern, debs[0], err, bytes.TrimSpace(out))
+		return fmt.Errorf("v2vm: unpack %s from %s: %v: %s", strings.Join(patterns, " "), debs[0], err, bytes.TrimSpace(out))
 	}
 	return filepath.WalkDir(x, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -232,13 +263,15 @@ func Build(moduleDir, dir string, pkgs []Package, cmdPkg string) error {
 }
 
 // Initramfs writes the guest's initramfs (an uncompressed newc cpio) to w:
-// busybox, /init, the memctl command at /payload/bin/memctl when memctl is
+// busybox, /init, a.Modules in /lib (N-name.ko, loaded in order), the memctl command at /payload/bin/memctl when memctl is
 // not empty, and for each package its test binary and testdata in
 // /payload/p/NN, with a /payload/run.sh that runs each binary in its
-// package's folder with -test.run '^TestV2' -test.v and timeout, between
+// package's folder with -test.run run (normally '^TestV2'), -test.count
+// count, -test.parallel 8 (the layouts' subtests wait more than they
+// compute), -test.v and timeout, between
 // "V2SUITE_PKG <import path>" and "V2SUITE_RC <import path> <exit code>"
 // lines.
-func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl string, timeout time.Duration) error {
+func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count int, timeout time.Duration) error {
 	c := &cpioWriter{w: w}
 	for _, d := range []string{"bin", "dev", "payload", "payload/bin", "payload/p"} {
 		c.entry(d, cpioDir|0o755, nil, 0, 0)
@@ -249,8 +282,12 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl string, timeout tim
 	if memctl != "" {
 		files["payload/bin/memctl"] = memctl
 	}
-	var run strings.Builder
-	run.WriteString("# Written by internal/v2vm: each package's TestV2 tests.\nrc=0\n")
+	c.entry("lib", cpioDir|0o755, nil, 0, 0)
+	for i, m := range a.Modules {
+		files[fmt.Sprintf("lib/%d-%s", i, filepath.Base(m))] = m
+	}
+	var sh strings.Builder
+	sh.WriteString("# Written by internal/v2vm: each package's TestV2 tests.\nrc=0\n")
 	for i, p := range pkgs {
 		dir := fmt.Sprintf("payload/p/%02d", i)
 		c.entry(dir, cpioDir|0o755, nil, 0, 0)
@@ -258,11 +295,11 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl string, timeout tim
 		if err := addTree(c, filepath.Join(p.Dir, "testdata"), dir+"/testdata"); err != nil {
 			return err
 		}
-		fmt.Fprintf(&run, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '^TestV2' -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
-			p.ImportPath, dir, timeout, p.ImportPath)
+		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.count %d -test.parallel 8 -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
+			p.ImportPath, dir, strings.ReplaceAll(run, "'", ""), max(count, 1), timeout, p.ImportPath)
 	}
-	run.WriteString("exit $rc\n")
-	c.entry("payload/run.sh", cpioFile|0o755, []byte(run.String()), 0, 0)
+	sh.WriteString("exit $rc\n")
+	c.entry("payload/run.sh", cpioFile|0o755, []byte(sh.String()), 0, 0)
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)

@@ -2,11 +2,13 @@ package v2vm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,9 +24,12 @@ const self = "github.com/memctl/memctl/internal/v2vm"
 // TestV2Suite boots the VM and runs every package's TestV2 tests in it
 // (package doc). It runs only with MEMCTL_V2VM=1, as it takes minutes, and
 // skips with the reason where qemu, apt-get download or the kernel is
-// missing. V2VM_TIMEOUT (seconds, default 480) bounds the whole VM run.
+// missing. V2VM_TIMEOUT (seconds, default 480) bounds the whole VM run;
+// V2VM_RUN (a -test.run pattern, default ^TestV2) and V2VM_PKGS (import
+// paths, space-separated) narrow it while working on one test, and
+// V2VM_COUNT repeats each test (-test.count).
 func TestV2Suite(t *testing.T) {
-	if os.Getenv("MEMCTL_V2VM_GUEST") != "" {
+	if os.Getenv("V2VM_GUEST") != "" {
 		t.Skip("v2vm: inside the guest")
 	}
 	if os.Getenv("MEMCTL_V2VM") != "1" {
@@ -52,6 +57,11 @@ func TestV2Suite(t *testing.T) {
 	pkgs, others, err := Discover(mod, self)
 	require.NoError(t, err)
 	require.NotEmpty(t, pkgs, "no package declares a TestV2 test")
+	if only := strings.Fields(os.Getenv("V2VM_PKGS")); len(only) > 0 {
+		pkgs = slices.DeleteFunc(pkgs, func(p Package) bool { return !slices.Contains(only, p.ImportPath) })
+	}
+	run := cmp.Or(os.Getenv("V2VM_RUN"), "^TestV2")
+	count, _ := strconv.Atoi(os.Getenv("V2VM_COUNT"))
 	var names []string
 	for _, p := range pkgs {
 		names = append(names, p.ImportPath)
@@ -73,7 +83,7 @@ func TestV2Suite(t *testing.T) {
 	initrd := filepath.Join(work, "initrd.cpio")
 	f, err := os.Create(initrd)
 	require.NoError(t, err)
-	require.NoError(t, Initramfs(f, assets, pkgs, memctlBin, min(timeout, 4*time.Minute)))
+	require.NoError(t, Initramfs(f, assets, pkgs, memctlBin, run, count, min(timeout, 4*time.Minute)))
 	require.NoError(t, f.Close())
 	st, _ := os.Stat(initrd)
 	accel, why := Accel()
