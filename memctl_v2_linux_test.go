@@ -272,9 +272,8 @@ func limitUnknown(r map[string]string) bool {
 
 // skipIfLimitNotFound skips a layout whose limit memctl does not find:
 // the pod layout when the child called it unknown (there is then no
-// GOMEMLIMIT to follow), and, naming the branch that fixes it, a layout
-// with the limit above the child's cgroup that memctl reports as no limit
-// today (issue 25 item 5: the whole tree). It fails for any other layout.
+// GOMEMLIMIT to follow). It fails for any other layout, the whole tree
+// included (issue 25 item 5: once reported as no limit).
 func skipIfLimitNotFound(t *testing.T, l cgrouptest.Layout, p *v2Probe, limit int64) {
 	t.Helper()
 	if limitFound(p.Report, limit) {
@@ -284,8 +283,6 @@ func skipIfLimitNotFound(t *testing.T, l cgrouptest.Layout, p *v2Probe, limit in
 	switch {
 	case l == cgrouptest.LayoutPod && limitUnknown(p.Report):
 		t.Skip("the limit is out of sight and called unknown: no GOMEMLIMIT to follow: " + msg)
-	case l.LimitAbove:
-		t.Skip("fixed by h6-limits: " + msg)
 	}
 	t.Fatal(msg)
 }
@@ -440,9 +437,9 @@ func TestV2MemoryHigh(t *testing.T) {
 			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit <= 96*v2MiB })
 			if !ok {
 				// At the usage the kernel throttles the allocating child
-				// and GC ends, which re-read the limit, become rare (issue
-				// 25 item 1).
-				t.Skipf("fixed by h2-refresh: memory.high at the usage (%d), the child throttled: GOMEMLIMIT still %d after %v", cur, tk.GoMemLimit, after)
+				// and GC ends are rare: the limiter's inotify follower
+				// re-reads the limit anyway (issue 25 item 1).
+				t.Fatalf("memory.high at the usage (%d), the child throttled: GOMEMLIMIT still %d after %v", cur, tk.GoMemLimit, after)
 			}
 			t.Logf("layout %s: high at usage %d: GOMEMLIMIT %d after %v", l.Name, cur, tk.GoMemLimit, after)
 
@@ -453,7 +450,7 @@ func TestV2MemoryHigh(t *testing.T) {
 			g.SetHigh(t, -1)
 			tk, after, ok = p.waitFor(resizeBound, func(tk v2Tick) bool { return tk.GoMemLimit >= g0-32*v2MiB })
 			if !ok {
-				t.Skipf("fixed by h2-refresh: memory.high lifted after a throttled stretch: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
+				t.Fatalf("memory.high lifted after a throttled stretch: GOMEMLIMIT still %d after %v (was %d)", tk.GoMemLimit, after, g0)
 			}
 			t.Logf("layout %s: high lifted: GOMEMLIMIT %d after %v; high events %d, the child counted %d", l.Name, tk.GoMemLimit, after, high, tk.High)
 			assert.Zero(t, g.Events(t, g.LimitDir)["oom_kill"])
