@@ -478,8 +478,8 @@ func limitSource(m limits.MemLimit) string {
 }
 
 // shortPressure is the pressure source for the INFO line: file names
-// without their directories, and the first words of the note saying why
-// the cgroup's own signal is not the one watched.
+// without their directories, and the note saying why the cgroup's own
+// signal is not the one watched (its first clause).
 func shortPressure(src, note string) string {
 	f := strings.Fields(src)
 	for i, w := range f {
@@ -488,7 +488,13 @@ func shortPressure(src, note string) string {
 		}
 	}
 	s := cmp.Or(strings.Join(f, " "), "none")
-	if i := strings.IndexAny(note, ":;("); i > 0 {
+	// The note's first clause, whole when short ("PSI trigger refused:
+	// EPERM at the cgroup namespace root (nsdelegate)"), else its reason
+	// alone (the error it quotes is on the DEBUG line).
+	if i := strings.Index(note, ";"); i > 0 {
+		note = note[:i]
+	}
+	if i := strings.Index(note, ":"); len(note) > 80 && i > 0 {
 		note = note[:i]
 	}
 	if note = strings.TrimSpace(note); note != "" {

@@ -363,7 +363,9 @@ func Accel() (accel, why string) {
 // Boot runs qemu (qemuPath) with the kernel and initramfs, 2 vCPUs and
 // memMiB of memory, until the guest powers off or ctx ends, calling line
 // for each console line as it arrives. The kernel command line turns PSI
-// on (psi=1) and cgroup v1 off (cgroup_no_v1=all).
+// on (psi=1) and cgroup v1 off (cgroup_no_v1=all); no_timer_check skips
+// the IO-APIC timer check that a slow TCG guest on a loaded host can fail
+// ("IO-APIC + timer doesn't work", a kernel panic before init).
 func Boot(ctx context.Context, qemuPath, accel string, a Assets, initrd string, memMiB int, line func(string)) error {
 	args := []string{"-accel", accel, "-cpu", "max"}
 	if accel == "kvm" {
@@ -373,7 +375,7 @@ func Boot(ctx context.Context, qemuPath, accel string, a Assets, initrd string, 
 	}
 	args = append(args, "-machine", "q35", "-smp", "2", "-m", strconv.Itoa(memMiB),
 		"-kernel", a.Kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 rdinit=/init psi=1 panic=-1 quiet loglevel=4 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1",
+		"-append", "console=ttyS0 rdinit=/init psi=1 panic=-1 no_timer_check quiet loglevel=4 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1",
 		"-display", "none", "-no-user-config", "-nodefaults", "-no-reboot",
 		"-chardev", "stdio,id=s0,signal=off", "-serial", "chardev:s0")
 	cmd := exec.CommandContext(ctx, qemuPath, args...)
