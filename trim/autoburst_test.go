@@ -236,7 +236,10 @@ func TestAutoBurstRealTrim(t *testing.T) {
 	s := a.Stats()
 	t.Logf("detector: %+v; trimmer: %d trims, %d MiB released; the trim began before the burst was dropped: %v",
 		s, tr.Stats().Trims, tr.Stats().TotalReleased>>20, early.Load())
-	assert.Equal(t, int64(1), s.Bursts)
+	// A trim decided while the burst was still growing (a loaded machine)
+	// takes what the last GC saw live as live (issue 26 item 4): it skips,
+	// the detector settles, and the rest of the burst is a second one.
+	assert.GreaterOrEqual(t, s.Bursts, int64(1))
 	assert.GreaterOrEqual(t, s.Marks, int64(1))
 	assert.Equal(t, int64(1), tr.Stats().Trims, "one trim, with no AfterBurst")
 	assert.Greater(t, tr.Stats().TotalReleased, int64(200<<20))
