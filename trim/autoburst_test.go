@@ -292,3 +292,23 @@ func BenchmarkAutoBurstGC(b *testing.B) {
 		runtime.GC()
 	}
 }
+
+// Issue 26 item 4: Start first (the floor at 1 MiB), a 20 MiB live heap
+// built after it (under MinRise: no burst), then a 200 MiB burst under
+// load. The GC end that sees the live heap fall from the burst's peak to
+// the built heap collected it: the built heap is the floor from then on,
+// and the GC ends that follow do not mark again (before, every one did,
+// re-arming the delay until the max wait: 202 re-arms measured).
+func TestAutoBurstFloorFollowsBuiltHeap(t *testing.T) {
+	a, marks := detector(t)
+	a.st = burstState{floor: 1 * mb, prev: 1 * mb}
+	got := feed(a, []gc{
+		{21 * mb, false, 1}, {21 * mb, false, 2}, // built after Start
+		{60 * mb, false, 3}, {120 * mb, false, 3.1}, {221 * mb, false, 3.2}, // the burst
+		{21 * mb, false, 3.5}, // collected
+		{22 * mb, false, 4}, {21 * mb, false, 4.5}, {23 * mb, false, 5}, {21 * mb, false, 6},
+	})
+	assert.Equal(t, []bool{false, false, true, true, true, true, false, false, false, false}, got)
+	assert.Equal(t, 4, marks())
+	assert.Equal(t, int64(21*mb), a.Stats().Floor, "the built heap is the floor")
+}

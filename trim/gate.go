@@ -359,6 +359,9 @@ type gcLive struct {
 	last, prev atomic.Int64 // bytes; -1 before the first GC end seen
 	// ends counts the GC ends seen (the Go step's path, see trimLocked).
 	ends atomic.Uint64
+	// peak is the highest live heap at a GC end since the last trim: a
+	// last GC end well below it collected a burst (see collected).
+	peak atomic.Int64
 	// floor is the live heap before a burst the program marks: the
 	// smaller of the last two GC ends' live heap when they are within 25%
 	// of each other (a steady heap, not a burst in progress: so a heap
@@ -400,8 +403,19 @@ func (t *Trimmer) gcEnd() bool {
 			}
 		}
 	}
+	if last := t.gc.last.Load(); last > t.gc.peak.Load() {
+		t.gc.peak.Store(last)
+	}
 	t.gc.ends.Add(1)
 	return t.state.Load() != stateClosed
+}
+
+// collected reports whether the last GC end saw the live heap fall from
+// its peak since the last trim by a quarter and at least min bytes: that
+// cycle collected a burst, whenever the program marked it.
+func (g *gcLive) collected(min int64) bool {
+	last, peak := g.last.Load(), g.peak.Load()
+	return last >= 0 && peak-last >= max(min, 1) && last <= peak-peak/4
 }
 
 // previous returns the live heap at the GC end before the one that read

@@ -33,7 +33,9 @@ import (
 // view of the heap in use, is bounded by the heap objects plus the unused
 // part of in-use spans (at most noGCCacheBytes per P), and margin is one
 // step plus 1/64 of the heap for what other goroutines allocate during a
-// step: no GC starts. That leaves a slack of free heap of about 3% of the
+// step: no GC starts. The goal need not be kept above the pacer's goal
+// before the step (GOGC's, when it is the lower): the trigger then stays
+// where it was. That leaves a slack of free heap of about 3% of the
 // heap, a step and the margin, which the estimate of this path leaves out
 // (see releasableNoGC).
 const (
@@ -60,7 +62,7 @@ const (
 
 	// noGCCacheBytes bounds, per P, the unused bytes of the spans the P's
 	// mcache holds, which the pacer counts as in use.
-	noGCCacheBytes = 4 << 20
+	noGCCacheBytes = 2 << 20
 
 	// noGCMaxSteps bounds the steps of one trim (4 TiB at 4 MiB each).
 	noGCMaxSteps = 1 << 20
@@ -111,20 +113,20 @@ func (r AbortReason) String() string {
 // noGCFigures are the runtime/metrics figures the step reads, in bytes
 // (pause in seconds).
 type noGCFigures struct {
-	total, released, free, objects, unused, marked int64
-	cycles, limiter                                uint64
-	pause                                          float64
+	total, released, free, objects, unused, marked, goal int64
+	cycles, limiter                                      uint64
+	pause                                                float64
 }
 
 // noGCReader reads noGCFigures without allocating.
-type noGCReader struct{ s [9]metrics.Sample }
+type noGCReader struct{ s [10]metrics.Sample }
 
 func newNoGCReader() *noGCReader {
 	r := &noGCReader{}
 	for i, n := range [...]string{
 		"/memory/classes/total:bytes", metricHeapReleased, metricHeapFree, metricHeapObjects,
 		"/memory/classes/heap/unused:bytes", metricHeapLive, "/gc/cycles/total:gc-cycles",
-		"/gc/limiter/last-enabled:gc-cycle", "/cpu/classes/gc/pause:cpu-seconds",
+		"/gc/limiter/last-enabled:gc-cycle", "/cpu/classes/gc/pause:cpu-seconds", "/gc/heap/goal:bytes",
 	} {
 		r.s[i].Name = n
 	}
@@ -140,12 +142,12 @@ func (r *noGCReader) read() (f noGCFigures, ok bool) {
 		}
 		v[i] = r.s[i].Value.Uint64()
 	}
-	if r.s[8].Value.Kind() != metrics.KindFloat64 {
+	if r.s[8].Value.Kind() != metrics.KindFloat64 || r.s[9].Value.Kind() != metrics.KindUint64 {
 		return f, false
 	}
 	b := func(x uint64) int64 { return int64(min(x, math.MaxInt64)) }
 	return noGCFigures{total: b(v[0]), released: b(v[1]), free: b(v[2]), objects: b(v[3]), unused: b(v[4]),
-		marked: b(v[5]), cycles: v[6], limiter: v[7], pause: r.s[8].Value.Float64()}, true
+		marked: b(v[5]), cycles: v[6], limiter: v[7], pause: r.s[8].Value.Float64(), goal: b(r.s[9].Value.Uint64())}, true
 }
 
 func (f noGCFigures) mapped() int64 { return max(f.total-f.released, 0) }
@@ -155,14 +157,19 @@ func (f noGCFigures) mapped() int64 { return max(f.total-f.released, 0) }
 func (f noGCFigures) limiterOn() bool { return f.limiter != 0 && f.limiter > f.cycles }
 
 // floorLimit returns the lowest memory limit the step may set with these
-// figures (see the comment at the top of this file).
-func (f noGCFigures) floorLimit(procs int) int64 {
+// figures (see the comment at the top of this file), given the heap goal
+// before the step lowered the limit (goal0): a memory-limit goal at or
+// above it leaves the pacer's goal, and so its trigger, where they were.
+func (f noGCFigures) floorLimit(procs int, goal0 int64) int64 {
 	mapped := f.mapped()
 	nonHeap := max(mapped-f.free-f.objects, 0)
 	heapLive := f.objects + min(f.unused, int64(procs)*noGCCacheBytes)
 	margin := StepBytes + heapLive/64
 	over := max(heapLive+margin-f.marked, 0)
 	need := f.marked + over/45*64 + 64
+	if goal0 > f.marked {
+		need = min(need, goal0)
+	}
 	g := max(need/97*100+1, need+1<<20) + 1<<20 // goal before the 3% (≥ 1 MiB) headroom, and 1 MiB
 	return nonHeap + StepBytes + g
 }
@@ -174,7 +181,7 @@ func releasableNoGC() int64 {
 	if !ok {
 		return -1
 	}
-	return max(f.mapped()-f.floorLimit(runtime.GOMAXPROCS(0)), 0)
+	return max(f.mapped()-f.floorLimit(runtime.GOMAXPROCS(0), f.goal), 0)
 }
 
 // noGCSink keeps each step's allocation from being optimized away.
@@ -198,7 +205,7 @@ func releaseNoGC() (released int64, steps int, why AbortReason, broken bool) {
 	procs := runtime.GOMAXPROCS(0)
 	base := debug.SetMemoryLimit(-1)
 	mapped := f0.mapped()
-	target := f0.floorLimit(procs)
+	target := f0.floorLimit(procs, f0.goal)
 	if target >= mapped || target >= base {
 		return 0, 0, AbortNone, false
 	}
@@ -232,7 +239,7 @@ func releaseNoGC() (released int64, steps int, why AbortReason, broken bool) {
 		if why != AbortNone {
 			break
 		}
-		if t := f.floorLimit(procs); t > target {
+		if t := f.floorLimit(procs, f0.goal); t > target {
 			target = t // the heap in use grew (other goroutines): stop higher
 			if t >= limit {
 				break

@@ -179,14 +179,14 @@ type Config struct {
 	HoldMemoryLimit func(fn func())
 
 	// Test hooks; nil means the real thing.
-	goStep   func() int64         // the Go heap step; returns bytes released
-	estimate func() int64         // Go heap releasable bytes, -1 if unknown
+	goStep   func() int64 // the Go heap step; returns bytes released
+	estimate func() int64 // Go heap releasable bytes, -1 if unknown
 	// noGCStep and noGCEstimate replace releaseNoGC and releasableNoGC.
 	noGCStep     func() (released int64, steps int, why AbortReason, broken bool)
 	noGCEstimate func() int64
-	cpuClock func() time.Duration // CPU a trim is charged with, read before and after
-	lazy     func() (bool, string)
-	lazyFree func() int64 // LazyFree bytes of the process, -1 if unknown
+	cpuClock     func() time.Duration // CPU a trim is charged with, read before and after
+	lazy         func() (bool, string)
+	lazyFree     func() int64 // LazyFree bytes of the process, -1 if unknown
 	// throttled returns the CPU cgroup's cumulative throttled time, or an
 	// error (matching cgroupfs.ErrNoThrottleCounter when there is none);
 	// fresh asks to find the cgroup again first.
@@ -427,12 +427,12 @@ type Trimmer struct {
 	progMarked    bool
 	endsAtMark    uint64
 	markCollected bool
-	noGCBroken    bool // the step without a GC released nothing: FreeOSMemory from now on
-	thr0       time.Duration // throttled time when the pending period began
-	thrAt      int64         // when thr0 was read; 0 when unknown
-	early      bool          // this pending period's trim starts at Delay/2
-	served     bool          // a Request ran this pending period's trim
-	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
+	noGCBroken    bool          // the step without a GC released nothing: FreeOSMemory from now on
+	thr0          time.Duration // throttled time when the pending period began
+	thrAt         int64         // when thr0 was read; 0 when unknown
+	early         bool          // this pending period's trim starts at Delay/2
+	served        bool          // a Request ran this pending period's trim
+	scanCost      float64       // GC CPU per scannable byte, ns (see costOf)
 	// decisions counts the trims decided on their estimate, run or
 	// skipped (trimLocked), for the burst detector (AutoBurst).
 	decisions atomic.Int64
@@ -946,9 +946,10 @@ func (t *Trimmer) goIdle() {
 func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	t.decisions.Add(1)
 	// The path of the Go step (see Trimmer): without a GC when a GC cycle
-	// has ended since the burst's last mark, or the detector saw one
-	// collect it; TrimNow always runs FreeOSMemory.
-	gcSince := t.gc.ends.Load() > t.endsAtMark || t.markCollected
+	// has ended since the burst's last mark, or one collected a burst
+	// since the last trim (the detector saw it, or the live heap fell by
+	// a quarter from its peak); TrimNow always runs FreeOSMemory.
+	gcSince := t.gc.ends.Load() > t.endsAtMark || t.markCollected || t.gc.collected(t.minRelease)
 	noGC := !force && gcSince && !t.noGCBroken
 	// The program's word that the burst is garbage: a debounced trim or a
 	// Request while one is pending, after the program's AfterBurst or
@@ -958,10 +959,23 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	var cost time.Duration
 	var need int64
 	scan := int64(-1)
+	if !force && !gcSince && !t.noGCBroken {
+		// No GC since the burst: its GC is worth running only when it
+		// would return more than the path without one by what it costs
+		// (the garbage is still objects); when a GC already freed it (the
+		// program marked a burst a GC had collected), the free heap
+		// alone is returned.
+		bEst, bScan, bCost, bNeed := t.gcPath(marked)
+		if aEst := t.noGCEst(); bEst >= 0 && aEst >= 0 && bEst-aEst < bNeed && aEst >= t.minRelease {
+			noGC = true
+		} else {
+			goEst, scan, cost, need = bEst, bScan, bCost, bNeed
+		}
+	}
 	if noGC {
 		goEst = t.noGCEst()
 		cost, need = t.noGCCostOf(goEst)
-	} else {
+	} else if scan < 0 {
 		goEst, scan, cost, need = t.gcPath(marked)
 	}
 	cEst := int64(-1)
@@ -1068,6 +1082,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
 	t.nextOK = addSat(t.clock(start), costFactor*min(int64(cpu), (1<<63-1)/costFactor))
+	t.gc.peak.Store(t.gc.last.Load()) // a burst collected before this trim is not one after it
 	if gcRan {
 		if h, ok := readHeap(); ok {
 			t.gc.floor.Store(h.live) // accurate: FreeOSMemory just ran a GC

@@ -1,0 +1,158 @@
+package trim
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// node is one object of a pointer-rich live heap: 64 bytes, two pointers.
+type node struct {
+	a, b *node
+	_    [48]byte
+}
+
+// pointerRich builds about n bytes of 64-byte nodes, each pointing to two
+// earlier ones, held by a slice: a heap the GC marks in parallel.
+func pointerRich(n int64) []*node {
+	nodes := make([]*node, n/64)
+	for i := range nodes {
+		nodes[i] = &node{a: nodes[i/2], b: nodes[i/3]}
+	}
+	return nodes
+}
+
+func readUint(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
+}
+
+const (
+	loadLive  = 256 << 20
+	loadBurst = 512 << 20
+)
+
+// loadChild is a service under load: 256 MiB of pointer-rich live heap,
+// two goroutines serving 64 KiB requests of garbage, 16 MiB/s (with
+// GOGC=10, as a service tuned for memory sets it, a natural GC cycle about
+// every 2 s; the no-GC step keeps the pages the heap fills before its next
+// GC, the runway, which FreeOSMemory returns and the load faults back
+// in), and a 512 MiB burst held
+// and dropped; once a natural GC cycle has collected it, AfterBurst marks
+// its end; the Trimmer (default delay) trims
+// it. RSS is read 4 s after AfterBurst; the counters when the trim is done
+// (the control's GC can take seconds on a loaded machine). With forceGC the Go step without a GC is replaced by
+// debug.FreeOSMemory at the same point, through the same gate: the
+// control. It reports the forced GC cycles from the burst's end to 4 s
+// after it, the RSS then and before the burst, and the trim's CPU.
+func loadChild(forceGC bool) {
+	debug.SetGCPercent(10)
+	live := pointerRich(loadLive)
+	cfg := Config{NoCHeap: true}
+	if forceGC {
+		cfg.noGCStep = func() (int64, int, AbortReason, bool) { return freeOSMemory(), 0, AbortNone, false }
+	}
+	tr, err := New(cfg)
+	if err != nil {
+		childtest.Fail("%v", err)
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var sink [2][]byte
+	for i := range 2 {
+		wg.Go(func() {
+			for !stop.Load() {
+				b := make([]byte, 64<<10)
+				for j := 0; j < len(b); j += 4096 {
+					b[j] = 1
+				}
+				sink[i] = b
+				time.Sleep(8 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	before := childRSS()
+	b := burst.Alloc(loadBurst)
+	runtime.KeepAlive(b)
+	b = nil
+	// The service's natural GC cycles collect the burst: wait for one
+	// that started after it was dropped (two ends), as a service under
+	// load has by the end of its burst.
+	forced0, cycles0 := readUint("/gc/cycles/forced:gc-cycles"), readUint("/gc/cycles/total:gc-cycles")
+	for w := time.Now(); readUint("/gc/cycles/total:gc-cycles") < cycles0+2 && time.Since(w) < 20*time.Second; {
+		time.Sleep(time.Millisecond)
+	}
+	t0 := time.Now()
+	tr.AfterBurst()
+	time.Sleep(4 * time.Second)
+	after := childRSS()
+	for tr.Stats().Trims == 0 && time.Since(t0) < 30*time.Second { // a slow control: its CPU
+		time.Sleep(10 * time.Millisecond)
+	}
+	forced, cycles := readUint("/gc/cycles/forced:gc-cycles")-forced0, readUint("/gc/cycles/total:gc-cycles")-cycles0
+	stop.Store(true)
+	wg.Wait()
+	s := tr.Stats()
+	_ = tr.Close()
+	runtime.KeepAlive(live)
+	childtest.Say("BEFORE", before)
+	childtest.Say("AFTER", after)
+	childtest.Say("FORCED", forced)
+	childtest.Say("CYCLES", cycles)
+	childtest.Say("TRIMS", s.Trims)
+	childtest.Say("NOGC", s.NoGC)
+	childtest.Say("ABORT", s.LastAbort)
+	childtest.Say("CPU_NS", int64(s.LastCPU))
+	childtest.Say("RELEASED", s.TotalReleased)
+	childtest.Say("ESTIMATE", s.LastEstimate)
+	childtest.Say("SINCE_S", time.Since(t0).Seconds())
+	childtest.Say("TOOK", s.LastDuration)
+}
+
+func childInt(t *testing.T, r map[string]string, k string) int64 {
+	t.Helper()
+	v, err := strconv.ParseInt(r[k], 10, 64)
+	require.NoError(t, err, "child report %s=%q", k, r[k])
+	return v
+}
+
+// Issue 26: a service under load with 256 MiB of pointer-rich live heap
+// and a 512 MiB burst that natural GC cycles collected. The trim forces no
+// GC cycle; RSS 4 s after the burst is within 10% of the burst of a
+// control that runs debug.FreeOSMemory at the same point (same program,
+// same gate); the trim's CPU is at most 20% of the control's. Run one
+// after the other: the two on 2 cores at once would slow each other.
+func TestNoGCTrimUnderLoad(t *testing.T) {
+	if testing.Short() || raceEnabled || runtime.GOOS != "linux" {
+		t.Skip("a long real-effect test on Linux, without the race detector")
+	}
+	unset := []string{"GOGC", "GOMEMLIMIT", "GODEBUG"}
+	nogc := childtest.Report(t, childtest.Command(t, "load-nogc", unset))
+	ctl := childtest.Report(t, childtest.Command(t, "load-freeosmemory", unset))
+	for name, r := range map[string]map[string]string{"no GC": nogc, "FreeOSMemory": ctl} {
+		t.Logf("%s: %v", name, r)
+	}
+	assert.Equal(t, int64(1), childInt(t, nogc, "NOGC"), "the Go step without a GC ran")
+	assert.Positive(t, childInt(t, nogc, "CYCLES"), "natural GC cycles ran")
+	assert.Zero(t, childInt(t, nogc, "FORCED"), "no forced GC cycle")
+	assert.Positive(t, childInt(t, ctl, "FORCED"), "the control forced one")
+	diff := math.Abs(float64(childInt(t, nogc, "AFTER") - childInt(t, ctl, "AFTER")))
+	assert.LessOrEqual(t, diff, float64(loadBurst)/10, "RSS 4 s after within 10%% of the burst of the control's")
+	assert.LessOrEqual(t, childInt(t, nogc, "CPU_NS"), childInt(t, ctl, "CPU_NS")/5, "CPU at most 20%% of the control's")
+}
