@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +69,14 @@ const (
 	// Trimmer): 10%. The kernel sums the throttled time over CPUs, so a
 	// cgroup held off one CPU 10% of the time, or two CPUs 5%, reaches it.
 	ThrottledShare = 0.10
+
+	// cheapGC is the estimated GC cost (see ReleasePerCPUSecond) up to
+	// which the Go step runs debug.FreeOSMemory even when a GC has
+	// collected the burst: 10 ms, a heap with little to scan (1 GiB of
+	// 64 KiB objects: 0.7 to 2.2 ms). Such a GC returns every free page;
+	// the step without one leaves its slack (see gcfree.go) to save
+	// almost nothing.
+	cheapGC = 10 * time.Millisecond
 )
 
 const (
@@ -948,35 +958,29 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	// The path of the Go step (see Trimmer): without a GC when a GC cycle
 	// has ended since the burst's last mark, or one collected a burst
 	// since the last trim (the detector saw it, or the live heap fell by
-	// a quarter from its peak); TrimNow always runs FreeOSMemory.
+	// a quarter from its peak), unless the GC is cheap (cheapGC); TrimNow
+	// always runs FreeOSMemory.
 	gcSince := t.gc.ends.Load() > t.endsAtMark || t.markCollected || t.gc.collected(t.minRelease)
-	noGC := !force && gcSince && !t.noGCBroken
 	// The program's word that the burst is garbage: a debounced trim or a
 	// Request while one is pending, after the program's AfterBurst or
 	// Begin (not only the detector's), and TrimNow.
 	marked := o == OriginByName || ((o == OriginDebounced || t.state.Load() == statePending) && (t.progMarked || t.dirty.Load() != 0 || t.inFlight() > 0))
-	var goEst int64
-	var cost time.Duration
-	var need int64
-	scan := int64(-1)
-	if !force && !gcSince && !t.noGCBroken {
-		// No GC since the burst: its GC is worth running only when it
-		// would return more than the path without one by what it costs
-		// (the garbage is still objects); when a GC already freed it (the
-		// program marked a burst a GC had collected), the free heap
-		// alone is returned.
-		bEst, bScan, bCost, bNeed := t.gcPath(marked)
-		if aEst := t.noGCEst(); bEst >= 0 && aEst >= 0 && bEst-aEst < bNeed && aEst >= t.minRelease {
+	goEst, scan, cost, need := t.gcPath(marked)
+	noGC := false
+	if !force && !t.noGCBroken && cost > cheapGC {
+		if gcSince {
 			noGC = true
-		} else {
-			goEst, scan, cost, need = bEst, bScan, bCost, bNeed
+		} else if aEst := t.noGCEst(); goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need) {
+			// No GC since the burst: its GC is worth running only when
+			// it would return more than the path without one by what it
+			// costs (see gcGain); when a GC already freed the burst (the
+			// program marked it after), the free heap alone is returned.
+			noGC = true
 		}
 	}
 	if noGC {
 		goEst = t.noGCEst()
 		cost, need = t.noGCCostOf(goEst)
-	} else if scan < 0 {
-		goEst, scan, cost, need = t.gcPath(marked)
 	}
 	cEst := int64(-1)
 	if t.cheap != nil {
@@ -1169,6 +1173,21 @@ func (t *Trimmer) gcPath(marked bool) (est, scan int64, cost time.Duration, need
 		est = sure
 	}
 	return est, scan, cost, need
+}
+
+// gcGain returns what a GC would return over the path without one, given
+// the two estimates: the difference, less the runway the pacer leaves
+// before its next GC (/gc/heap/goal:bytes − /gc/heap/live:bytes), which a
+// service under load fills with its steady garbage whether or not a GC
+// runs now; a GC is forced only for garbage beyond it. t.run must be held.
+func (t *Trimmer) gcGain(bEst, aEst int64) int64 {
+	s := [...]metrics.Sample{{Name: "/gc/heap/goal:bytes"}, {Name: metricHeapLive}}
+	metrics.Read(s[:])
+	runway := int64(0)
+	if s[0].Value.Kind() == metrics.KindUint64 && s[1].Value.Kind() == metrics.KindUint64 {
+		runway = max(int64(min(s[0].Value.Uint64(), math.MaxInt64))-int64(min(s[1].Value.Uint64(), math.MaxInt64)), 0)
+	}
+	return bEst - aEst - runway
 }
 
 // logNoGCBroken logs, once at INFO, the fall back to FreeOSMemory.
