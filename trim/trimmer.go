@@ -116,19 +116,24 @@ type Config struct {
 	//
 	//   - the Go step runs when the estimate of releasable Go heap bytes,
 	//     read from runtime/metrics just before the trim, reaches the
-	//     larger of MinRelease and what its full GC is worth (the cost
-	//     rule, see ReleasePerCPUSecond): /memory/classes/heap/free:bytes +
-	//     /memory/classes/heap/objects:bytes − live, where live is the
-	//     smaller of /gc/heap/live:bytes at the last two GC ends (a hook at
-	//     GC end reads it) and the live heap read right after the previous
-	//     trim (or at New): a GC that ran during a burst counts the burst's
-	//     objects as live until the next GC, so after a burst
-	//     the program marked (a debounced trim, TrimNow, a Request while one
-	//     is pending) the estimate errs on the side of trimming. A Request
-	//     with no burst pending leaves the previous trim's figure out, so
-	//     that a heap grown since then and seen live by two GCs is not
-	//     taken for garbage. When runtime/metrics cannot be read
-	//     the step runs.
+	//     larger of MinRelease and what the step costs (the cost rule, see
+	//     ReleasePerCPUSecond). The estimate and the cost follow the path
+	//     the step will take (see Trimmer). Without a GC: the free heap
+	//     (/memory/classes/heap/free:bytes) less the slack the pacer needs
+	//     so that no GC starts, at DefaultScavengeCost per GiB. With a GC
+	//     (debug.FreeOSMemory): /memory/classes/heap/free:bytes +
+	//     /memory/classes/heap/objects:bytes − live, at the GC's cost.
+	//     live is /gc/heap/live:bytes, what the last GC saw live: live
+	//     heap is never counted as garbage. Only after a burst the program
+	//     marked (AfterBurst, Begin, TrimNow) is a burst that the last GCs
+	//     saw in flight its word's garbage: live is then the smaller of
+	//     the last two GC ends' live heap and the floor before the burst
+	//     (the live heap that two GCs saw steady while no trim was
+	//     pending, so a heap built after New is live). For a burst the
+	//     detector found, or a Request, memory allocated since the last GC
+	//     (a heap that grew for good, or garbage) counts only when the GC
+	//     that would find out is cheap (its cost under MinRelease's
+	//     worth). When runtime/metrics cannot be read the step runs.
 	//   - the C step runs when the C heap step's Retained reaches
 	//     MinRelease, or is unknown (-1).
 	//
