@@ -30,7 +30,7 @@
 // heap without a GC: a transient GOMEMLIMIT lowered in 4 MiB steps under
 // the heap the runtime holds, each made to release through the allocation
 // path, the pacer's goal kept above its trigger, the limit restored after
-// (about 15 to 60 ms of CPU per GiB returned against a whole GC cycle;
+// (50 to 70 ms per GiB returned here, against a whole GC cycle;
 // Stats.NoGC, Stats.Aborts). Otherwise (an idle process right after its
 // burst, a heap with little to scan, TrimNow) it is debug.FreeOSMemory, a GC
 // and then the scavenge. Each step is

@@ -49,12 +49,15 @@ const (
 	StepBytes int64 = 4 << 20
 
 	// DefaultScavengeCost is the CPU the Go step without a GC is assumed to
-	// take per byte it returns, for the cost rule: 16 ms per GiB (about
-	// 15 ns per KiB). Measured: BenchmarkGoStepNoGC (go test -run XXX
-	// -bench GoStep -benchmem -count 6 ./trim) on this repository's 2-core
-	// machine, and MEASURED.md's 69 ms of CPU for 1 GiB returned from a
-	// pointer-rich heap with two goroutines allocating.
-	DefaultScavengeCost = 16 * time.Millisecond
+	// take per GiB it returns, for the cost rule: 64 ms. Measured on this
+	// repository's shared 2-core machine: 48 to 66 µs of wall time per MiB
+	// returned (128 MiB collected beside 64 MiB of pointer-rich live heap),
+	// against 417 to 619 µs per MiB for debug.FreeOSMemory on the same heap
+	// in the same run (go test -run XXX -bench GoStep -benchmem -count 6
+	// -benchtime 20x ./trim); ../shared/MEASURED.md has 69 ms of CPU for
+	// 1 GiB with two goroutines allocating, and 15 ms per GiB for the
+	// scavenge alone.
+	DefaultScavengeCost = 64 * time.Millisecond
 
 	// noGCAllocBytes is the allocation that makes each step release: over
 	// 32 KiB, so a large object with a span of its own from mheap.allocSpan.
@@ -184,8 +187,12 @@ func releasableNoGC() int64 {
 	return max(f.mapped()-f.floorLimit(runtime.GOMAXPROCS(0), f.goal), 0)
 }
 
-// noGCSink keeps each step's allocation from being optimized away.
-var noGCSink []byte
+// largeAlloc makes the allocation of one step on the heap: returned, the
+// slice escapes (a local one of 40 KiB could live on the stack), and not
+// inlined, so the caller dropping it does not remove it.
+//
+//go:noinline
+func largeAlloc() []byte { return make([]byte, noGCAllocBytes) }
 
 // releaseNoGC is the Go step without a GC (see the top of this file). It
 // must run inside the GOMEMLIMIT owner's hold. It returns the growth of
@@ -222,8 +229,7 @@ func releaseNoGC() (released int64, steps int, why AbortReason, broken bool) {
 		}
 		last = limit
 		steps++
-		noGCSink = make([]byte, noGCAllocBytes)
-		noGCSink = nil
+		_ = largeAlloc()
 		f, ok := r.read()
 		switch {
 		case !ok:
