@@ -443,6 +443,7 @@ type Trimmer struct {
 	endsAtMark    uint64
 	markCollected bool
 	noGCBroken    bool          // the step without a GC released nothing: FreeOSMemory from now on
+	gcOnly        bool          // a test's fake Go step and no fake step without a GC: the GC path only
 	thr0          time.Duration // throttled time when the pending period began
 	thrAt         int64         // when thr0 was read; 0 when unknown
 	early         bool          // this pending period's trim starts at Delay/2
@@ -536,6 +537,7 @@ func New(cfg Config) (*Trimmer, error) {
 	if t.goStep == nil {
 		t.goStep = freeOSMemory
 	}
+	t.gcOnly = c.goStep != nil && c.noGCStep == nil
 	if t.noGCStep == nil {
 		t.noGCStep = releaseNoGC
 	}
@@ -972,7 +974,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	marked := o == OriginByName || ((o == OriginDebounced || t.state.Load() == statePending) && (t.progMarked || t.dirty.Load() != 0 || t.inFlight() > 0))
 	goEst, scan, cost, need := t.gcPath(marked)
 	noGC := false
-	if !force && !t.noGCBroken && cost > cheapGC {
+	if !force && !t.noGCBroken && !t.gcOnly && cost > cheapGC {
 		if gcSince {
 			noGC = true
 		} else if aEst := t.noGCEst(); goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need) {
