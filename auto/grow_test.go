@@ -1,6 +1,7 @@
 package auto_test
 
 import (
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"syscall"
@@ -40,12 +41,17 @@ func growChild() {
 	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
 	metrics.Read(s)
 	forced0 := s[0].Value.Uint64()
-	nodes := make([]*growNode, growLive/64)
+	size, idle := int64(growLive), growIdle
+	// The full figures by hand: MEMCTL_TEST_GROW=512MiB,30s.
+	if v := os.Getenv("MEMCTL_TEST_GROW"); v == "512MiB,30s" {
+		size, idle = 512<<20, 30*time.Second
+	}
+	nodes := make([]*growNode, size/64)
 	for i := range nodes {
 		nodes[i] = &growNode{a: nodes[i/2], b: nodes[i/3]}
 	}
 	cpu0 := cpuTime()
-	time.Sleep(growIdle)
+	time.Sleep(idle)
 	cpu := cpuTime() - cpu0
 	metrics.Read(s)
 	runtime.KeepAlive(nodes)
