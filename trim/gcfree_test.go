@@ -213,3 +213,37 @@ func TestNoGCStepRestoresLimit(t *testing.T) {
 	assert.Equal(t, forced0, readUint("/gc/cycles/total:gc-cycles"), "no GC cycle")
 	assert.Equal(t, int64(3<<30), debug.SetMemoryLimit(-1), "restored exactly")
 }
+
+// A program that sets GOMEMLIMIT while the step has it lowered keeps its
+// value: the step sees the foreign write and stops (AbortLimitChanged).
+func TestNoGCStepKeepsProgramsLimit(t *testing.T) {
+	base := int64(3 << 30)
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(base))
+	const program = int64(5 << 30)
+	for attempt := range 5 {
+		debug.SetMemoryLimit(base)
+		g := burst.Alloc(256 << 20)
+		runtime.KeepAlive(g)
+		g = nil
+		runtime.GC()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+				if cur := debug.SetMemoryLimit(-1); cur < base {
+					debug.SetMemoryLimit(program) // the program's own write, mid-step
+					return
+				}
+			}
+		}()
+		_, steps, why, _ := releaseNoGC()
+		<-done
+		if why != AbortLimitChanged {
+			t.Logf("attempt %d: the step ended (%d steps, %v) before the program wrote", attempt, steps, why)
+			continue
+		}
+		assert.Equal(t, program, debug.SetMemoryLimit(-1), "the program's value stands")
+		return
+	}
+	t.Skip("the writer never ran while the limit was lowered (a loaded machine); nothing to judge")
+}
