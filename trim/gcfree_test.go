@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -246,4 +247,33 @@ func TestNoGCStepKeepsProgramsLimit(t *testing.T) {
 		return
 	}
 	t.Skip("the writer never ran while the limit was lowered (a loaded machine); nothing to judge")
+}
+
+// On a runtime whose allocation path releases nothing under a lowered
+// limit, the trim falls back to today's step (FreeOSMemory) within the same
+// gate, counts it, says so once, and takes that step from then on.
+func TestNoGCFallback(t *testing.T) {
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	logs, logger := newLog()
+	cfg.Logger = logger
+	cfg.scan = func() int64 { return 1 << 30 } // a GC of about 2 s: not cheap
+	cfg.noGCEstimate = func() int64 { return 512 << 20 }
+	var noGCRuns int
+	cfg.noGCStep = func() (int64, int, AbortReason, bool) { noGCRuns++; return 0, 1, AbortNoProgress, true }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	runtime.GC()
+	require.Eventually(t, func() bool { return tr.gc.ends.Load() > 0 }, 10*time.Second, time.Millisecond) // a bound on a hang
+	r := tr.Request(OriginPressure)
+	require.True(t, r.Ran, "%+v", r)
+	assert.Equal(t, 1, noGCRuns)
+	f.mu.Lock()
+	assert.Len(t, f.start, 1, "FreeOSMemory ran in its place")
+	f.mu.Unlock()
+	s := tr.Stats()
+	assert.Equal(t, int64(1), s.Fallbacks)
+	assert.Zero(t, s.NoGC)
+	assert.Equal(t, 1, strings.Count(logs.String(), "released nothing under a lowered GOMEMLIMIT"))
+	assert.True(t, tr.noGCBroken, "FreeOSMemory from now on")
 }

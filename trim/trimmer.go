@@ -243,7 +243,7 @@ type Stats struct {
 	// holds the forced scavenge and the C heap step; but at most the
 	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
 	// since a CPU quota inflates the runtime's GC figures. It is at least
-	// 1 ms, and when the Go step ran at least the least its GC can cost
+	// 1 ms, and when the Go step ran a GC at least the least that GC can cost
 	// (an eighth of DefaultScanCost per scannable byte): a clock that reads
 	// too little does not make a trim free for the 2% budget.
 	LastCPU time.Duration
