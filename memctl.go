@@ -357,6 +357,9 @@ func Start(opts ...Option) (*Controller, error) {
 		tc := cfg.trim
 		tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, cfg.logger), tc.Strict || strict.Load()
 		tc.OnTrim = chain(tc.OnTrim, c.publish)
+		if tc.HoldMemoryLimit == nil && c.limiter != nil {
+			tc.HoldMemoryLimit = c.limiter.Hold // GOMEMLIMIT's one writer
+		}
 		tr, err := trim.New(tc)
 		if err != nil {
 			fail(err)

@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 		"burst":  burstChild,
 		"steady": steadyChild,
 		"idle":   idleChild,
+		"grow":   growChild,
 	})
 }
 

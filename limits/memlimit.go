@@ -917,6 +917,24 @@ func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	return from, d.GoMemLimit, true
 }
 
+// Hold calls fn while no refresh and no Lift can set GOMEMLIMIT, and
+// returns when fn does: how the trim's Go step lowers GOMEMLIMIT for a
+// moment through the limiter, its one writer (trim.Config.HoldMemoryLimit).
+// fn must restore GOMEMLIMIT exactly before it returns, so that the
+// refresh does not take the transient value for the program's; a refresh
+// due meanwhile runs at a later GC end, a Lift waits. On a nil
+// *MemLimiter fn is called directly. Safe for concurrent use; fn must not
+// call the limiter's methods.
+func (m *MemLimiter) Hold(fn func()) {
+	if m == nil {
+		fn()
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fn()
+}
+
 // within reports whether a is within 1/frac of b.
 func within(a, b, frac int64) bool {
 	diff := a - b

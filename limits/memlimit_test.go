@@ -915,3 +915,33 @@ func TestLimitUnknownFlag(t *testing.T) {
 		assert.Equal(t, tc.top, ml.LimitUnknown, "%+v: %s", tc, ml.Reason)
 	}
 }
+
+// Hold is how the trim lowers GOMEMLIMIT for a moment through the
+// limiter: a Lift that comes meanwhile waits, and is applied from the
+// restored value, not from the transient one; a Refresh waits too and
+// does not take the transient value for the program's.
+func TestHoldSerializesTransientLimit(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := d.GoMemLimit
+	lifted := make(chan int64)
+	m.Hold(func() {
+		prev := debug.SetMemoryLimit(base / 2) // the trim's transient limit
+		go func() { _, to, _ := m.Lift(50 << 20); lifted <- to }()
+		select {
+		case <-lifted:
+			t.Error("a Lift ran during the hold")
+		case <-time.After(50 * time.Millisecond):
+		}
+		debug.SetMemoryLimit(prev) // restored exactly
+	})
+	assert.Equal(t, base+50<<20, <-lifted, "the lift applies from the restored limit")
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, base+50<<20, d.GoMemLimit, "the refresh keeps the lift: the transient limit was not taken for the program's")
+	var nilM *MemLimiter
+	ran := false
+	nilM.Hold(func() { ran = true })
+	assert.True(t, ran)
+}

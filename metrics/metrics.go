@@ -61,6 +61,8 @@
 //	memctl_trim_lazy_released_bytes_total     counter  bytes released lazily (GODEBUG=madvdontneed=0)
 //	memctl_trims_deferred_total               counter  trims the CPU rate limit deferred past the max wait
 //	memctl_trims_early_total                  counter  trims started at half the delay: the CPU cgroup was throttled
+//	memctl_trims_no_gc_total                  counter  trims whose Go step returned the free heap without a GC
+//	memctl_trims_no_gc_aborted_total{reason}  counter  such steps stopped early: gc, no_progress, gc_cpu_limiter, limit_changed
 //	memctl_pressure_events_total{kind}        counter  kind spiral: GC death-spiral episodes; kind kernel: kernel pressure signals
 //	memctl_gc_death_spiral                    gauge    1 during a death-spiral episode
 //	memctl_gc_cpu_share                       gauge    the GC's CPU share over the detector's window (0 to 1)
@@ -280,6 +282,8 @@ var controllerMetrics = []metric[controller]{
 		func(c *controller) int64 { return c.stats.Trim.Deferred }),
 	counter("memctl_trims_early_total", "Trims started at half the delay because the CPU cgroup was throttled (its cpu.stat throttled time grew by 10% of the wall time or more while the trim waited).",
 		func(c *controller) int64 { return c.stats.Trim.EarlyStarts }),
+	counter("memctl_trims_no_gc_total", "Trims whose Go step returned the free heap without a GC (a GC cycle had collected the burst; a transient GOMEMLIMIT).",
+		func(c *controller) int64 { return c.stats.Trim.NoGC }),
 	pressureEvents("spiral", func(s *pressure.Stats) int64 { return s.Spirals }),
 	pressureEvents("kernel", func(s *pressure.Stats) int64 { return s.Signals }),
 	counter("memctl_pressure_left_to_kernel_total", "Kernel pressure signals not acted on because the cgroup's memory was mostly reclaimable page cache (memory.stat).",
@@ -314,6 +318,13 @@ func init() {
 			name: "memctl_trims_skipped_reason_total", kind: prometheus.CounterValue, labels: []string{"reason"},
 			help: "Trims skipped, by reason: min_release (estimate under MinRelease), cost (not worth its GC), budget (2% CPU budget), running (another trim answered).",
 			read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.SkippedBy[r]), lv, true }})
+	}
+	for r := trim.AbortGC; r < trim.NumAbortReasons; r++ {
+		lv := []string{r.String()}
+		controllerMetrics = append(controllerMetrics, metric[controller]{
+			name: "memctl_trims_no_gc_aborted_total", kind: prometheus.CounterValue, labels: []string{"reason"},
+			help: "Go steps without a GC that stopped before their target, by reason: gc (a GC cycle started), no_progress (a step released nothing), gc_cpu_limiter, limit_changed (the program set GOMEMLIMIT).",
+			read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.Aborts[r]), lv, true }})
 	}
 	for _, e := range memoryEvents {
 		controllerMetrics = append(controllerMetrics, metric[controller]{

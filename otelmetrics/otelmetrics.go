@@ -247,6 +247,15 @@ var controllerInstruments = []instrument{
 		func(s *snapshot) int64 { return s.stats.Trim.Deferred }),
 	count("memctl.trims.early", "{trim}", "memctl_trims_early_total", "Trims started at half the delay because the CPU cgroup was throttled.",
 		func(s *snapshot) int64 { return s.stats.Trim.EarlyStarts }),
+	count("memctl.trims.no_gc", "{trim}", "memctl_trims_no_gc_total", "Trims whose Go step returned the free heap without a GC (a transient GOMEMLIMIT).",
+		func(s *snapshot) int64 { return s.stats.Trim.NoGC }),
+	{name: "memctl.trims.no_gc.aborted", unit: "{trim}", counter: true, prom: "memctl_trims_no_gc_aborted_total",
+		desc: "Go steps without a GC that stopped before their target, by reason (attribute reason): gc, no_progress, gc_cpu_limiter, limit_changed.",
+		read: func(s *snapshot, o observe) {
+			for r := trim.AbortGC; r < trim.NumAbortReasons; r++ {
+				o(float64(s.stats.Trim.Aborts[r]), attribute.String("reason", r.String()))
+			}
+		}},
 	{name: "memctl.pressure.events", unit: "{event}", counter: true, prom: "memctl_pressure_events_total",
 		desc: "Pressure events: kind spiral counts GC death-spiral episodes, kind kernel the kernel memory-pressure signals.",
 		read: func(s *snapshot, o observe) {

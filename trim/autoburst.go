@@ -106,9 +106,15 @@ type AutoBurstStats struct {
 //     sees L ≥ Rise·F (F as it was when the burst started) calls
 //     AfterBurst: the debounced trim runs one Delay after the last GC end
 //     that saw the burst, as after an AfterBurst there.
-//   - The burst ends at the first GC end with L below Rise·F: that cycle
+//   - The burst ends at the first GC end with L below Rise·F, or fallen
+//     to 1/Rise of the burst's peak (and MinRise under it): that cycle
 //     collected it, calls AfterBurst once more (its garbage is now free
-//     pages for the trim to return) and L is the floor again.
+//     pages for the trim to return, without a GC: see Trimmer) and L is
+//     the floor again. The second condition makes a live heap built after
+//     the floor was taken (a service that fills its cache after Start)
+//     the floor once a burst over it is collected, so that the GC ends
+//     that follow do not mark again and the trim runs one Delay after
+//     the collection, not at the max wait.
 //   - A burst still at its level once the Trimmer has decided a trim on
 //     its estimate since the burst began, with no forced GC (the trim was
 //     skipped: its estimate saw the burst's memory live), or after the
@@ -135,6 +141,12 @@ type AutoBurstStats struct {
 // An AutoBurst is safe for concurrent use; a nil *AutoBurst does nothing.
 type AutoBurst struct {
 	onBurst func()
+	// onCollected, when set, is called instead of onBurst for a mark made
+	// by the GC end that collected the burst (the Trimmer's
+	// detectedCollected: its Go step then needs no GC).
+	onCollected func()
+	// collected says the last mark of observe was a collection. a.mu.
+	collected bool
 	// decisions returns the Trimmer's count of trims decided on their
 	// estimate (run or skipped; nil: none known).
 	decisions func() int64
@@ -163,6 +175,7 @@ type burstState struct {
 	inBurst bool
 	base    int64 // F when the burst started
 	since   int64 // clock (ns since AutoBurst.base) when the burst started
+	peak    int64 // the highest L seen in the burst
 	// decided is the Trimmer's count of decisions when the burst started.
 	decided int64
 }
@@ -184,10 +197,11 @@ func StartAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*AutoBurst, error) {
 	if cfg.Off || t == nil {
 		return nil, nil
 	}
-	a, err := newAutoBurst(cfg, t.AfterBurst, t.MaxWait()+t.Delay())
+	a, err := newAutoBurst(cfg, t.detected, t.MaxWait()+t.Delay())
 	if err != nil {
 		return nil, err
 	}
+	a.onCollected = t.detectedCollected
 	a.decisions = t.decisions.Load
 	a.sub = gcend.Subscribe(a.gcEnd)
 	return a, nil
@@ -246,8 +260,12 @@ func (a *AutoBurst) gcEnd() bool {
 	wasForced := forced != a.forced0
 	a.forced0 = forced
 	mark := a.observe(live, wasForced, max(int64(time.Since(a.base)), 1))
+	collected := a.collected
 	a.mu.Unlock()
-	if mark {
+	switch {
+	case mark && collected && a.onCollected != nil:
+		a.onCollected()
+	case mark:
 		a.onBurst()
 	}
 	return true
@@ -271,26 +289,36 @@ func (a *AutoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 		s.floor, s.inBurst = live, false
 		return false
 	}
+	a.collected = false
 	if s.inBurst {
-		if a.high(live, s.base) {
+		// Collected: below Rise times the floor it rose from, or fallen
+		// from the burst's peak to 1/Rise of it (and MinRise under it): a
+		// live heap built since the floor was taken (a service that fills
+		// its cache after Start) stays as the new floor, and the GC ends
+		// that follow do not mark again.
+		dropped := a.high(s.peak, live) && s.peak-live >= a.minRise
+		if a.high(live, s.base) && !dropped {
 			if now-s.since > int64(a.settle) || a.decided() != s.decided {
 				s.floor, s.inBurst = live, false
 				a.settled.Add(1)
 				return false
 			}
+			s.peak = max(s.peak, live)
 			return true
 		}
 		s.floor, s.inBurst = live, false
+		a.collected = true
 		return true // this cycle collected the burst
 	}
 	if a.high(live, s.floor) && live-s.floor >= a.minRise {
-		s.inBurst, s.base, s.since, s.decided = true, s.floor, now, a.decided()
+		s.inBurst, s.base, s.since, s.decided, s.peak = true, s.floor, now, a.decided(), live
 		a.bursts.Add(1)
 		return true
 	}
 	if a.high(s.floor, live) && s.floor-live >= a.minRise {
 		s.floor = live
 		a.drops.Add(1)
+		a.collected = true
 		return true
 	}
 	s.floor = min(s.floor, live)

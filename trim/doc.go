@@ -24,8 +24,16 @@
 //	end := t.Begin()
 //	defer end()
 //
-// A trim has two steps: debug.FreeOSMemory for the Go heap, then the C heap
-// step (CHeap, for memory that cgo code got from malloc). Each step is
+// A trim has two steps: the Go heap step, then the C heap step (CHeap, for
+// memory that cgo code got from malloc). When a GC cycle has collected the
+// burst since it ended (a service under load), the Go step returns the free
+// heap without a GC: a transient GOMEMLIMIT lowered in 4 MiB steps under
+// the heap the runtime holds, each made to release through the allocation
+// path, the pacer's goal kept above its trigger, the limit restored after
+// (50 to 70 ms per GiB returned here, against a whole GC cycle;
+// Stats.NoGC, Stats.Aborts). Otherwise (an idle process right after its
+// burst, a heap with little to scan, TrimNow) it is debug.FreeOSMemory, a GC
+// and then the scavenge. Each step is
 // skipped when its own figures show too little to give back: the C step
 // below Config.MinRelease (default 8 MiB; an unknown C heap figure runs it),
 // the Go step below the larger of MinRelease and what its full GC is worth.

@@ -127,6 +127,11 @@ type Result struct {
 	// Stats.LastCPU (0 when it did not run).
 	Released int64
 	CPU      time.Duration
+	// NoGC says the Go step took (or, skipped, would have taken) the path
+	// without a GC (see Trimmer); Abort is why that step stopped early
+	// (AbortNone when it reached its target).
+	NoGC  bool
+	Abort AbortReason
 
 	cErr error // the C heap step's, for TrimNow
 }
@@ -234,6 +239,19 @@ func (t *Trimmer) costOf(scan int64) (cost time.Duration, need int64) {
 	return cost, max(need, int64(n))
 }
 
+// noGCCostOf returns the estimated CPU of the Go step without a GC that
+// returns est bytes (DefaultScavengeCost per GiB) and the release it must
+// be expected to give: MinRelease, or more for a cost over MinRelease's
+// worth (see ReleasePerCPUSecond), which takes 4 TiB at the default.
+func (t *Trimmer) noGCCostOf(est int64) (cost time.Duration, need int64) {
+	need = t.minRelease
+	if est <= 0 || t.minRelease == 0 {
+		return 0, need
+	}
+	cost = time.Duration(float64(est) / (1 << 30) * float64(DefaultScavengeCost))
+	return cost, max(need, int64(min(cost.Seconds()*float64(ReleasePerCPUSecond), math.MaxInt64/2)))
+}
+
 // calibrate replaces the scan cost with the measured one of a Go step run
 // on scan scannable bytes that was charged cpu. t.run must be held.
 func (t *Trimmer) calibrate(scan int64, cpu time.Duration) {
@@ -339,6 +357,19 @@ func (t *Trimmer) reportBadOrigin(o Origin) {
 // ./trim/, on this repository's test machine).
 type gcLive struct {
 	last, prev atomic.Int64 // bytes; -1 before the first GC end seen
+	// ends counts the GC ends seen (the Go step's path, see trimLocked).
+	ends atomic.Uint64
+	// peak is the highest live heap at a GC end since the last trim: a
+	// last GC end well below it collected a burst (see collected).
+	peak atomic.Int64
+	// floor is the live heap before a burst the program marks: the
+	// smaller of the last two GC ends' live heap when they are within 25%
+	// of each other (a steady heap, not a burst in progress: so a heap
+	// built after New, seen live by two GCs, is live), taken at each GC
+	// end while no trim is pending and no burst is in flight; it follows
+	// a lower live heap at once, and is the live heap right after a
+	// trim's GC; read at New before the first.
+	floor atomic.Int64
 	// sample is gcEnd's, made once so the hook allocates nothing; only
 	// the runtime's cleanup goroutine uses it.
 	sample []metrics.Sample
@@ -349,6 +380,9 @@ func (t *Trimmer) watchGC() {
 	t.gc.last.Store(-1)
 	t.gc.prev.Store(-1)
 	t.gc.sample = []metrics.Sample{{Name: metricHeapLive}}
+	if h, ok := readHeap(); ok {
+		t.gc.floor.Store(h.live)
+	}
 	t.gcSub = gcend.Subscribe(t.gcEnd)
 }
 
@@ -357,10 +391,31 @@ func (t *Trimmer) gcEnd() bool {
 	s := t.gc.sample
 	metrics.Read(s)
 	if s[0].Value.Kind() == metrics.KindUint64 {
-		t.gc.prev.Store(t.gc.last.Load())
-		t.gc.last.Store(int64(min(s[0].Value.Uint64(), math.MaxInt64)))
+		prev := t.gc.last.Load()
+		last := int64(min(s[0].Value.Uint64(), math.MaxInt64))
+		t.gc.prev.Store(prev)
+		t.gc.last.Store(last)
+		if prev >= 0 && t.state.Load() == stateIdle && t.inFlight() == 0 {
+			if last <= prev+prev/4 {
+				t.gc.floor.Store(min(prev, last)) // two GCs saw the heap at this level
+			} else if last < t.gc.floor.Load() {
+				t.gc.floor.Store(last)
+			}
+		}
 	}
+	if last := t.gc.last.Load(); last > t.gc.peak.Load() {
+		t.gc.peak.Store(last)
+	}
+	t.gc.ends.Add(1)
 	return t.state.Load() != stateClosed
+}
+
+// collected reports whether the last GC end saw the live heap fall from
+// its peak since the last trim by a quarter and at least min bytes: that
+// cycle collected a burst, whenever the program marked it.
+func (g *gcLive) collected(min int64) bool {
+	last, peak := g.last.Load(), g.peak.Load()
+	return last >= 0 && peak-last >= max(min, 1) && last <= peak-peak/4
 }
 
 // previous returns the live heap at the GC end before the one that read

@@ -61,21 +61,26 @@ func freeOSMemory() int64 {
 }
 
 // estimateGo returns an estimate of the bytes the Go step would release
-// now, or -1 when runtime/metrics cannot be read; see Config.MinRelease.
-// floor says whether the live heap read right after the previous trim (or
-// at New) may stand for the live heap: only after a burst the program
-// marked (see trimLocked). Either way the live heap is the smaller of what
-// the last two GC cycles saw (see gcLive). t.run must be held.
-func (t *Trimmer) estimateGo(floor bool) int64 {
+// with a GC (debug.FreeOSMemory) now, or -1 when runtime/metrics cannot be
+// read; see Config.MinRelease. The live heap is what the last GC saw live:
+// none of it is counted as garbage. When marked (the program marked the
+// burst: AfterBurst, Begin, TrimNow), a burst that the last GCs saw in
+// flight is its word's garbage: live is then the smaller of the last two
+// GC ends' live heap and the floor before the burst (see gcLive.floor).
+// sure is the part that is garbage whatever the program does next: free
+// heap, and, when marked, the same as est. t.run must be held.
+func (t *Trimmer) estimateGo(marked bool) (est, sure int64) {
 	h, ok := readHeap()
 	if !ok {
-		return -1
+		return -1, -1
 	}
-	live := min(h.live, t.gc.previous(h.live))
-	if floor && t.liveKnown {
-		live = min(live, t.liveFloor)
+	live := h.live
+	if marked {
+		live = min(live, t.gc.previous(h.live), t.gc.floor.Load())
+		est = h.free + max(h.objects-live, 0)
+		return est, est
 	}
-	return h.free + max(h.objects-live, 0)
+	return h.free + max(h.objects-live, 0), h.free
 }
 
 // cpuMark is a reading of the clocks a trim is charged by (see readCPU).

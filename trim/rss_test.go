@@ -20,10 +20,12 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv(childtest.EnvVar) != "" {
 		childtest.Main(m, map[string]func(){
-			"burst-trim":   func() { burstChild(true) },
-			"burst-notrim": func() { burstChild(false) },
-			"lazy":         lazyChild,
-			"throttled":    throttledChild,
+			"burst-trim":        func() { burstChild(true) },
+			"burst-notrim":      func() { burstChild(false) },
+			"lazy":              lazyChild,
+			"throttled":         throttledChild,
+			"load-nogc":         func() { loadChild(false) },
+			"load-freeosmemory": func() { loadChild(true) },
 		})
 	}
 	goleak.VerifyTestMain(m)

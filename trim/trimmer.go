@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +69,14 @@ const (
 	// Trimmer): 10%. The kernel sums the throttled time over CPUs, so a
 	// cgroup held off one CPU 10% of the time, or two CPUs 5%, reaches it.
 	ThrottledShare = 0.10
+
+	// cheapGC is the estimated GC cost (see ReleasePerCPUSecond) up to
+	// which the Go step runs debug.FreeOSMemory even when a GC has
+	// collected the burst: 10 ms, a heap with little to scan (1 GiB of
+	// 64 KiB objects: 0.7 to 2.2 ms). Such a GC returns every free page;
+	// the step without one leaves its slack (see gcfree.go) to save
+	// almost nothing.
+	cheapGC = 10 * time.Millisecond
 )
 
 const (
@@ -106,19 +116,24 @@ type Config struct {
 	//
 	//   - the Go step runs when the estimate of releasable Go heap bytes,
 	//     read from runtime/metrics just before the trim, reaches the
-	//     larger of MinRelease and what its full GC is worth (the cost
-	//     rule, see ReleasePerCPUSecond): /memory/classes/heap/free:bytes +
-	//     /memory/classes/heap/objects:bytes − live, where live is the
-	//     smaller of /gc/heap/live:bytes at the last two GC ends (a hook at
-	//     GC end reads it) and the live heap read right after the previous
-	//     trim (or at New): a GC that ran during a burst counts the burst's
-	//     objects as live until the next GC, so after a burst
-	//     the program marked (a debounced trim, TrimNow, a Request while one
-	//     is pending) the estimate errs on the side of trimming. A Request
-	//     with no burst pending leaves the previous trim's figure out, so
-	//     that a heap grown since then and seen live by two GCs is not
-	//     taken for garbage. When runtime/metrics cannot be read
-	//     the step runs.
+	//     larger of MinRelease and what the step costs (the cost rule, see
+	//     ReleasePerCPUSecond). The estimate and the cost follow the path
+	//     the step will take (see Trimmer). Without a GC: the free heap
+	//     (/memory/classes/heap/free:bytes) less the slack the pacer needs
+	//     so that no GC starts, at DefaultScavengeCost per GiB. With a GC
+	//     (debug.FreeOSMemory): /memory/classes/heap/free:bytes +
+	//     /memory/classes/heap/objects:bytes − live, at the GC's cost.
+	//     live is /gc/heap/live:bytes, what the last GC saw live: live
+	//     heap is never counted as garbage. Only after a burst the program
+	//     marked (AfterBurst, Begin, TrimNow) is a burst that the last GCs
+	//     saw in flight its word's garbage: live is then the smaller of
+	//     the last two GC ends' live heap and the floor before the burst
+	//     (the live heap that two GCs saw steady while no trim was
+	//     pending, so a heap built after New is live). For a burst the
+	//     detector found, or a Request, memory allocated since the last GC
+	//     (a heap that grew for good, or garbage) counts only when the GC
+	//     that would find out is cheap (its cost under MinRelease's
+	//     worth). When runtime/metrics cannot be read the step runs.
 	//   - the C step runs when the C heap step's Retained reaches
 	//     MinRelease, or is unknown (-1).
 	//
@@ -167,12 +182,26 @@ type Config struct {
 	// state record (memctl status -pid). Default (nil): nothing is called.
 	OnTrim func()
 
+	// HoldMemoryLimit, when set, is how the Go step without a GC (see
+	// Trimmer) reaches GOMEMLIMIT's one writer: it calls fn, which lowers
+	// GOMEMLIMIT for a moment and restores it exactly before returning,
+	// while no other part of the program that owns GOMEMLIMIT (the limit
+	// refresh, a death-spiral lift) writes it, and returns when fn does.
+	// The facade passes limits.MemLimiter.Hold. A write by anything else
+	// during the step (the program's own debug.SetMemoryLimit) is seen
+	// and kept: the step stops (AbortLimitChanged). Default (nil): fn is
+	// called directly.
+	HoldMemoryLimit func(fn func())
+
 	// Test hooks; nil means the real thing.
-	goStep   func() int64         // the Go heap step; returns bytes released
-	estimate func() int64         // Go heap releasable bytes, -1 if unknown
-	cpuClock func() time.Duration // CPU a trim is charged with, read before and after
-	lazy     func() (bool, string)
-	lazyFree func() int64 // LazyFree bytes of the process, -1 if unknown
+	goStep   func() int64 // the Go heap step; returns bytes released
+	estimate func() int64 // Go heap releasable bytes, -1 if unknown
+	// noGCStep and noGCEstimate replace releaseNoGC and releasableNoGC.
+	noGCStep     func() (released int64, steps int, why AbortReason, broken bool)
+	noGCEstimate func() int64
+	cpuClock     func() time.Duration // CPU a trim is charged with, read before and after
+	lazy         func() (bool, string)
+	lazyFree     func() int64 // LazyFree bytes of the process, -1 if unknown
 	// throttled returns the CPU cgroup's cumulative throttled time, or an
 	// error (matching cgroupfs.ErrNoThrottleCounter when there is none);
 	// fresh asks to find the cgroup again first.
@@ -214,7 +243,7 @@ type Stats struct {
 	// holds the forced scavenge and the C heap step; but at most the
 	// process's CPU time across it (CLOCK_PROCESS_CPUTIME_ID, Linux only),
 	// since a CPU quota inflates the runtime's GC figures. It is at least
-	// 1 ms, and when the Go step ran at least the least its GC can cost
+	// 1 ms, and when the Go step ran a GC at least the least that GC can cost
 	// (an eighth of DefaultScanCost per scannable byte): a clock that reads
 	// too little does not make a trim free for the 2% budget.
 	LastCPU time.Duration
@@ -269,14 +298,43 @@ type Stats struct {
 	// Misuse counts end funcs called more often than Begin (the first is
 	// logged at WARN; see Config.Strict).
 	Misuse int64
+	// NoGC counts the Go steps that returned the free heap without a GC
+	// (a GC cycle had collected the burst; see Trimmer), among Trims.
+	NoGC int64
+	// Aborts counts, by reason (indexed by AbortReason; AbortNone stays 0),
+	// the Go steps without a GC that stopped before their target: a GC
+	// cycle started, a step released nothing, the GC CPU limiter was on,
+	// or another writer set GOMEMLIMIT. LastAbort is the last one's
+	// reason (AbortNone when the last such step reached its target).
+	Aborts    [NumAbortReasons]int64
+	LastAbort AbortReason
+	// Fallbacks counts the Go steps without a GC whose first step released
+	// nothing with no GC and no limiter to explain it (a runtime that
+	// does not release on the allocation path): that trim, and every later
+	// one, ran debug.FreeOSMemory instead, within the same gate (logged
+	// once at INFO).
+	Fallbacks int64
 }
 
 // A Trimmer runs one trim Delay after the last burst ends: AfterBurst marks
 // the end of a burst, and calls during the wait push the trim back, so a run
-// of bursts gives one trim. A trim is the Go heap step (debug.FreeOSMemory)
-// followed by the C heap step (see CHeap); each is skipped when its own
-// estimate shows too little to release (see Config.MinRelease and
-// ReleasePerCPUSecond). Automatic origins other than AfterBurst (kernel
+// of bursts gives one trim. A trim is the Go heap step followed by the C
+// heap step (see CHeap); each is skipped when its own estimate shows too
+// little to release (see Config.MinRelease and ReleasePerCPUSecond).
+//
+// The Go step takes one of two paths. When a GC cycle has ended since the
+// burst's last mark (seen by a hook at GC end), or the burst detector saw
+// a GC collect it, the garbage is already free heap: the step returns it
+// without a GC, through a transient GOMEMLIMIT lowered in steps of
+// StepBytes under mapped-ready memory and restored after (see gcfree.go,
+// Config.HoldMemoryLimit; Stats.NoGC). Its estimate is the free heap less
+// the slack the pacer needs so that no GC starts (about 3% of the heap
+// and a few MiB), its cost DefaultScavengeCost per byte. It stops at a GC
+// cycle, a step that released nothing, the GC CPU limiter, or another
+// writer of GOMEMLIMIT (Stats.Aborts). Otherwise (no GC since the burst:
+// an idle process right after it; TrimNow always) the step is
+// debug.FreeOSMemory, a GC and then the scavenge, with the estimate and
+// the cost rule of Config.MinRelease and ReleasePerCPUSecond. Automatic origins other than AfterBurst (kernel
 // pressure, the death spiral) ask with Request, which passes the same
 // gate: the estimate, the cost rule and the CPU limit below.
 //
@@ -350,8 +408,11 @@ type Trimmer struct {
 	cheap      CHeap
 	log        *slog.Logger
 	onTrim     func()
+	hold       func(func())
 	goStep     func() int64
-	estimate   func(floor bool) int64 // see estimateGo
+	noGCStep   func() (int64, int, AbortReason, bool)
+	noGCEst    func() int64
+	estimate   func(marked bool) (est, sure int64) // see estimateGo
 	readCPU    func() cpuMark
 	lazyFree   func() int64
 	throttled  func(fresh bool) (time.Duration, error)
@@ -360,7 +421,7 @@ type Trimmer struct {
 	tickFn     func()    // t.tick, made once
 	base       time.Time // clock origin
 	scan       func() int64
-	logOnce    [6]atomic.Bool
+	logOnce    [7]atomic.Bool
 
 	mu     sync.Mutex // guards the fields below; never held across a trim
 	timer  *time.Timer
@@ -374,16 +435,26 @@ type Trimmer struct {
 	nextOK     int64      // earliest start of the next trim by the CPU limit
 	lastFlip   int64      // last epoch flip
 	deferred   bool       // this pending period was already counted in Deferred
-	liveFloor  int64      // /gc/heap/live:bytes right after the last trim (or at New)
-	liveKnown  bool
-	thr0       time.Duration // throttled time when the pending period began
-	thrAt      int64         // when thr0 was read; 0 when unknown
-	early      bool          // this pending period's trim starts at Delay/2
-	served     bool          // a Request ran this pending period's trim
-	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
+	// progMarked: the program marked this pending period's burst
+	// (AfterBurst, Begin), not only the detector. endsAtMark is the count
+	// of GC ends when a tick last saw a mark; markCollected says that mark
+	// was the detector's for the GC end that collected the burst.
+	progMarked    bool
+	endsAtMark    uint64
+	markCollected bool
+	noGCBroken    bool          // the step without a GC released nothing: FreeOSMemory from now on
+	gcOnly        bool          // a test's fake Go step and no fake step without a GC: the GC path only
+	thr0          time.Duration // throttled time when the pending period began
+	thrAt         int64         // when thr0 was read; 0 when unknown
+	early         bool          // this pending period's trim starts at Delay/2
+	served        bool          // a Request ran this pending period's trim
+	scanCost      float64       // GC CPU per scannable byte, ns (see costOf)
 	// decisions counts the trims decided on their estimate, run or
 	// skipped (trimLocked), for the burst detector (AutoBurst).
 	decisions atomic.Int64
+	// det is the burst detector's mark (detected): 1 a burst in progress,
+	// 2 the GC end that collected it; cleared by each tick.
+	det atomic.Uint32
 
 	gc    gcLive // the live heap at the last two GC ends (gate.go)
 	gcSub *gcend.Subscription
@@ -397,6 +468,7 @@ const (
 	onceEarly
 	onceThrottleErr
 	onceBadOrigin
+	onceNoGCBroken
 )
 
 // New returns a Trimmer configured by cfg (the zero Config is the
@@ -442,7 +514,10 @@ func New(cfg Config) (*Trimmer, error) {
 		cheap:      c.CHeap,
 		log:        c.Logger,
 		onTrim:     c.OnTrim,
+		hold:       c.HoldMemoryLimit,
 		goStep:     c.goStep,
+		noGCStep:   c.noGCStep,
+		noGCEst:    c.noGCEstimate,
 		readCPU:    readCPU,
 		lazyFree:   c.lazyFree,
 		throttled:  c.throttled,
@@ -462,9 +537,22 @@ func New(cfg Config) (*Trimmer, error) {
 	if t.goStep == nil {
 		t.goStep = freeOSMemory
 	}
+	t.gcOnly = c.goStep != nil && c.noGCStep == nil
+	if t.noGCStep == nil {
+		t.noGCStep = releaseNoGC
+	}
+	if t.noGCEst == nil {
+		t.noGCEst = releasableNoGC
+	}
+	if t.hold == nil {
+		t.hold = func(fn func()) { fn() }
+	}
 	t.estimate = t.estimateGo
 	if c.estimate != nil {
-		t.estimate = func(bool) int64 { return c.estimate() }
+		t.estimate = func(bool) (int64, int64) { v := c.estimate(); return v, v }
+		if c.noGCEstimate == nil {
+			t.noGCEst = c.estimate
+		}
 	}
 	if c.cpuClock != nil {
 		t.readCPU = func() cpuMark { v := c.cpuClock(); return cpuMark{gc: v, process: v} }
@@ -480,9 +568,6 @@ func New(cfg Config) (*Trimmer, error) {
 	t.stats.Lazy, t.stats.LazyReason = lazy, why
 	t.endFns = [2]func(){t.end0, t.end1}
 	t.tickFn = t.tick
-	if h, ok := readHeap(); ok {
-		t.liveFloor, t.liveKnown = h.live, true
-	}
 	t.watchGC()
 	if t.cheap != nil {
 		t.stats.CHeapAllocator = t.cheap.Allocator()
@@ -675,20 +760,26 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 		// AfterBurst came during or after it or a burst is in flight: then
 		// a new period begins now.
 		t.served = false
-		if t.dirty.Swap(0) == 0 && t.inFlight() == 0 {
+		prog, det := t.dirty.Swap(0) != 0, t.det.Swap(0)
+		if !prog && det == 0 && t.inFlight() == 0 {
 			t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 			t.since.Store(0)
 			return 0, true
 		}
 		t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 		t.since.Store(c)
+		t.noteMark(prog, det)
 	}
 	// A call happened between the previous tick and now: count the quiet
 	// time from now, the latest it can have been.
 	if t.quietSince == 0 {
 		t.beginThrottleWatch(c)
 	}
-	if t.dirty.Swap(0) != 0 || t.quietSince == 0 {
+	prog, det := t.dirty.Swap(0) != 0, t.det.Swap(0)
+	if prog || det != 0 {
+		t.noteMark(prog, det)
+	}
+	if prog || det != 0 || t.quietSince == 0 {
 		t.quietSince = c
 	}
 	since := t.since.Load()
@@ -726,8 +817,37 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	early := t.early && c < full
 	t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 	t.since.Store(0)
+	if t.inFlight() > 0 {
+		t.progMarked = true // held to the max wait by a Begin
+	}
 	t.trimLocked(OriginDebounced, false, early)
+	t.progMarked = false
 	return 0, true
+}
+
+// noteMark records a tick's sight of a mark: the program's (prog) and
+// the detector's (det: 1 in progress, 2 collected). t.run must be held.
+func (t *Trimmer) noteMark(prog bool, det uint32) {
+	t.endsAtMark = t.gc.ends.Load()
+	t.markCollected = !prog && det == 2
+	t.progMarked = t.progMarked || prog
+}
+
+// detected is the burst detector's mark of a burst in progress (see
+// AutoBurst): as AfterBurst, but the burst is not the program's word that
+// its memory is garbage (see Config.MinRelease).
+func (t *Trimmer) detected() { t.detect(1) }
+
+// detectedCollected is the detector's mark at the GC end that collected
+// the burst: the Go step needs no GC.
+func (t *Trimmer) detectedCollected() { t.detect(2) }
+
+func (t *Trimmer) detect(kind uint32) {
+	if t.state.Load() == stateClosed {
+		return
+	}
+	t.det.Store(kind)
+	t.pend()
 }
 
 // beginThrottleWatch reads the CPU cgroup's throttled time at c, the first
@@ -831,7 +951,7 @@ func (t *Trimmer) goIdle() {
 	if !t.state.CompareAndSwap(statePending, stateIdle) {
 		return // closed
 	}
-	if t.dirty.Load() != 0 {
+	if t.dirty.Load() != 0 || t.det.Load() != 0 {
 		t.pend()
 	}
 }
@@ -842,11 +962,33 @@ func (t *Trimmer) goIdle() {
 // in Stats.EarlyStarts when a step runs). t.run must be held.
 func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	t.decisions.Add(1)
-	// The live-heap floor stands for a burst the program marked: a
-	// debounced trim, TrimNow, or a Request while one is pending. A Request
-	// with no burst marked takes the live heap as the last GC saw it: a
-	// service that grew its heap since the floor was read is not garbage.
-	goEst := t.estimate(o == OriginDebounced || o == OriginByName || t.state.Load() == statePending)
+	// The path of the Go step (see Trimmer): without a GC when a GC cycle
+	// has ended since the burst's last mark, or one collected a burst
+	// since the last trim (the detector saw it, or the live heap fell by
+	// a quarter from its peak), unless the GC is cheap (cheapGC); TrimNow
+	// always runs FreeOSMemory.
+	gcSince := t.gc.ends.Load() > t.endsAtMark || t.markCollected || t.gc.collected(t.minRelease)
+	// The program's word that the burst is garbage: a debounced trim or a
+	// Request while one is pending, after the program's AfterBurst or
+	// Begin (not only the detector's), and TrimNow.
+	marked := o == OriginByName || ((o == OriginDebounced || t.state.Load() == statePending) && (t.progMarked || t.dirty.Load() != 0 || t.inFlight() > 0))
+	goEst, scan, cost, need := t.gcPath(marked)
+	noGC := false
+	if !force && !t.noGCBroken && !t.gcOnly && cost > cheapGC {
+		if gcSince {
+			noGC = true
+		} else if aEst := t.noGCEst(); goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need) {
+			// No GC since the burst: its GC is worth running only when
+			// it would return more than the path without one by what it
+			// costs (see gcGain); when a GC already freed the burst (the
+			// program marked it after), the free heap alone is returned.
+			noGC = true
+		}
+	}
+	if noGC {
+		goEst = t.noGCEst()
+		cost, need = t.noGCCostOf(goEst)
+	}
 	cEst := int64(-1)
 	if t.cheap != nil {
 		cEst = t.cheap.Retained()
@@ -855,8 +997,6 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	if goEst >= 0 || cEst >= 0 {
 		est = max(goEst, 0) + max(cEst, 0)
 	}
-	scan := t.scan()
-	cost, need := t.costOf(scan)
 	runGo := force || goEst < 0 || goEst >= need
 	runC := t.cheap != nil && (force || cEst < 0 || cEst >= t.minRelease)
 	if !runGo && !runC {
@@ -868,6 +1008,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		if t.log != nil {
 			t.log.LogAttrs(context.Background(), slog.LevelDebug, "trim: skipped",
 				slog.String("origin", o.String()), slog.String("reason", why.String()),
+				slog.Bool("no_gc", noGC),
 				slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
 				slog.Int64("need_bytes", need), slog.Duration("cost_estimate", cost),
 				slog.Int64("min_release_bytes", t.minRelease))
@@ -875,12 +1016,13 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		if t.onTrim != nil {
 			t.onTrim()
 		}
-		return Result{Skip: why, Estimate: est, Need: need, Cost: cost}
+		return Result{Skip: why, Estimate: est, Need: need, Cost: cost, NoGC: noGC}
 	}
 	if o != OriginDebounced && o != OriginByName && t.state.Load() == statePending {
 		// This trim is the pending one, run sooner: calls from now on
 		// start a new pending period (see step).
 		t.dirty.Store(0)
+		t.det.Store(0)
 		t.served = true
 	}
 
@@ -891,12 +1033,34 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	cpu0 := t.readCPU()
 	var lazy, released int64
 	var cErr error
+	var abort AbortReason
+	ranNoGC, fellBack := false, false
 	if runGo {
 		lazy0 := int64(-1)
 		if t.lazy {
 			lazy0 = t.lazyFree()
 		}
-		released = t.goStep()
+		if noGC {
+			var broken bool
+			t.hold(func() { released, _, abort, broken = t.noGCStep() })
+			ranNoGC = true
+			if broken {
+				// The allocation path released nothing with no GC and no
+				// limiter to explain it: this runtime does not behave as
+				// measured. Today's step, within the same gate.
+				t.noGCBroken, fellBack, ranNoGC, abort = true, true, false, AbortNone
+				t.logNoGCBroken()
+				var bEst, bNeed int64
+				bEst, scan, _, bNeed = t.gcPath(marked)
+				if bEst < 0 || bEst >= bNeed {
+					released = t.goStep()
+				} else {
+					runGo = false
+				}
+			}
+		} else {
+			released = t.goStep()
+		}
 		if lazy0 >= 0 {
 			if l := t.lazyFree(); l >= 0 {
 				lazy = min(max(l-lazy0, 0), released)
@@ -921,16 +1085,18 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	cpu1 := t.readCPU()
 	measured := cpu0.charge(cpu1)
 	cpu := max(measured, minTrimCharge)
-	if runGo && scan > 0 {
+	gcRan := runGo && !ranNoGC
+	if gcRan && scan > 0 {
 		cpu = max(cpu, time.Duration(float64(scan)*minScanCost)) // the least its GC can cost
 	}
 	end := time.Now()
 	runtime.UnlockOSThread()
 	d := end.Sub(start)
 	t.nextOK = addSat(t.clock(start), costFactor*min(int64(cpu), (1<<63-1)/costFactor))
-	if runGo {
+	t.gc.peak.Store(t.gc.last.Load()) // a burst collected before this trim is not one after it
+	if gcRan {
 		if h, ok := readHeap(); ok {
-			t.liveFloor, t.liveKnown = h.live, true // accurate: FreeOSMemory just ran a GC
+			t.gc.floor.Store(h.live) // accurate: FreeOSMemory just ran a GC
 		}
 		t.calibrate(t.scan(), measured)
 	}
@@ -949,6 +1115,16 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	}
 	if t.cheap != nil && !runC {
 		t.stats.CSkipped++
+	}
+	if ranNoGC {
+		t.stats.NoGC++
+		t.stats.LastAbort = abort
+		if abort != AbortNone {
+			t.stats.Aborts[abort]++
+		}
+	}
+	if fellBack {
+		t.stats.Fallbacks++
 	}
 	t.stats.LastDuration = d
 	t.stats.LastCPU = cpu
@@ -974,7 +1150,8 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 			slog.Duration("gc_cpu", cpu1.gc-cpu0.gc), slog.Duration("thread_cpu", cpu1.thread-cpu0.thread),
 			slog.Duration("process_cpu", cpu1.process-cpu0.process),
 			slog.Int64("released_bytes", released), slog.Int64("lazy_bytes", lazy),
-			slog.Bool("go_step", runGo), slog.Bool("c_step", runC),
+			slog.Bool("go_step", runGo), slog.Bool("no_gc", ranNoGC), slog.String("abort", abort.String()),
+			slog.Bool("c_step", runC),
 			slog.Int64("go_estimate_bytes", goEst), slog.Int64("c_estimate_bytes", cEst),
 			slog.Int64("need_bytes", need), slog.Duration("cost_estimate", cost))
 		if cErr != nil && !errors.Is(cErr, ErrCHeapUnavailable) {
@@ -985,7 +1162,48 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	if t.onTrim != nil {
 		t.onTrim()
 	}
-	return Result{Ran: true, Estimate: est, Need: need, Cost: cost, Released: released, CPU: cpu, cErr: cErr}
+	return Result{Ran: true, Estimate: est, Need: need, Cost: cost, Released: released, CPU: cpu, NoGC: ranNoGC, Abort: abort, cErr: cErr}
+}
+
+// gcPath returns the Go step's estimate when it runs a GC
+// (debug.FreeOSMemory), the scannable bytes, the GC's estimated cost and
+// the release it must be expected to give. marked says the program
+// marked the burst (see estimateGo): otherwise memory allocated since the
+// last GC, which may be a heap that grew for good, is counted only when
+// the GC that would find out costs less than MinRelease is worth. t.run
+// must be held.
+func (t *Trimmer) gcPath(marked bool) (est, scan int64, cost time.Duration, need int64) {
+	est, sure := t.estimate(marked)
+	scan = t.scan()
+	cost, need = t.costOf(scan)
+	if !marked && need > t.minRelease && sure >= 0 {
+		est = sure
+	}
+	return est, scan, cost, need
+}
+
+// gcGain returns what a GC would return over the path without one, given
+// the two estimates: the difference, less the runway the pacer leaves
+// before its next GC (/gc/heap/goal:bytes − /gc/heap/live:bytes), which a
+// service under load fills with its steady garbage whether or not a GC
+// runs now; a GC is forced only for garbage beyond it. t.run must be held.
+func (t *Trimmer) gcGain(bEst, aEst int64) int64 {
+	s := [...]metrics.Sample{{Name: "/gc/heap/goal:bytes"}, {Name: metricHeapLive}}
+	metrics.Read(s[:])
+	runway := int64(0)
+	if s[0].Value.Kind() == metrics.KindUint64 && s[1].Value.Kind() == metrics.KindUint64 {
+		runway = max(int64(min(s[0].Value.Uint64(), math.MaxInt64))-int64(min(s[1].Value.Uint64(), math.MaxInt64)), 0)
+	}
+	return bEst - aEst - runway
+}
+
+// logNoGCBroken logs, once at INFO, the fall back to FreeOSMemory.
+func (t *Trimmer) logNoGCBroken() {
+	if t.log != nil && t.logOnce[onceNoGCBroken].CompareAndSwap(false, true) {
+		t.log.LogAttrs(context.Background(), slog.LevelInfo,
+			"trim: the Go runtime released nothing under a lowered GOMEMLIMIT; the Go step runs debug.FreeOSMemory (a GC) from now on; counted in Stats.Fallbacks, logged once",
+			slog.String("go", runtime.Version()))
+	}
 }
 
 // TrimNow runs both steps of a trim in the calling goroutine at once,
