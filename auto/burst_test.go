@@ -31,10 +31,11 @@ import (
 
 func TestMain(m *testing.M) {
 	childtest.Main(m, map[string]func(){
-		"burst":  burstChild,
-		"steady": steadyChild,
-		"idle":   idleChild,
-		"grow":   growChild,
+		"burst":     burstChild,
+		"steady":    steadyChild,
+		"idle":      idleChild,
+		"grow":      growChild,
+		"onebuffer": oneBufferChild,
 	})
 }
 

@@ -973,6 +973,16 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	// Begin (not only the detector's), and TrimNow.
 	marked := o == OriginByName || ((o == OriginDebounced || t.state.Load() == statePending) && (t.progMarked || t.dirty.Load() != 0 || t.inFlight() > 0))
 	goEst, scan, cost, need := t.gcPath(marked)
+	if !marked && o == OriginDebounced && cost <= cheapGC {
+		// A burst the detector saw and no GC has collected yet (one
+		// large request's buffer, live at the GC that saw it): whether
+		// it is garbage only a GC can tell, and a cheap GC (a heap with
+		// little to scan) is worth asking. Its growth over the floor is
+		// counted as the program's word would count it; an expensive
+		// GC (a pointer-rich heap that only grew) still waits for a
+		// natural one.
+		goEst, scan, cost, need = t.gcPath(true)
+	}
 	noGC := false
 	if !force && !t.noGCBroken && !t.gcOnly && cost > cheapGC {
 		if gcSince {
