@@ -311,7 +311,7 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	}
 	figs = map[string]Obs{}
 	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, rate, spans, nil)
-	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, rate, shiftSpans(spans, lp.Period/2), spans)
+	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
 	slices.Sort(lat)
 	figs["p50"] = Obs{Value: percentile(lat, 50)}
 	figs["p99"] = Obs{Value: percentile(lat, 99)}

@@ -94,11 +94,23 @@ func overlaps(spans []span, from, to int64) bool {
 	return false
 }
 
-// shiftSpans returns spans moved by d: the placebo windows of the A/A.
-func shiftSpans(spans []span, d time.Duration) []span {
+// shiftSpans returns spans moved by d: the placebo windows of the A/A. A
+// window that would leave the requests' time [lo, hi] or meet a real trim
+// is moved by -d, then by ±d/2, whichever first lies among the requests:
+// a quick run's one trim, half a period from either end, still gets its
+// placebo window. A window no move fits stays moved by d (no request
+// falls in it: the figure is then NA).
+func shiftSpans(spans []span, d time.Duration, lo, hi int64) []span {
 	out := make([]span, len(spans))
 	for i, s := range spans {
 		out[i] = span{s[0] + int64(d), s[1] + int64(d)}
+		for _, m := range []time.Duration{d, -d, d / 2, -d / 2} {
+			c := span{s[0] + int64(m), s[1] + int64(m)}
+			if c[0] >= lo && c[1] <= hi && !overlaps(spans, c[0], c[1]) {
+				out[i] = c
+				break
+			}
+		}
 	}
 	return out
 }

@@ -45,8 +45,22 @@ func TestOverlapFigures(t *testing.T) {
 
 	// The placebo: the same window half a period later holds no slow
 	// request, and the requests of the real trim are left out: a ratio of 1.
-	_, _, placebo, _ := overlapFigures(lat, start, 100, shiftSpans(trim, 5*time.Second), trim)
+	end := start.Add(10 * time.Second).UnixNano() // 1,000 requests at 100/s
+	_, _, placebo, _ := overlapFigures(lat, start, 100, shiftSpans(trim, 5*time.Second, start.UnixNano(), end), trim)
 	assert.Equal(t, 1.0, placebo.Value)
+
+	// A trim in the second half: its window half a period later is past
+	// the last request, so the placebo window is half a period earlier.
+	late := []span{{start.Add(7 * time.Second).UnixNano(), start.Add(7100 * time.Millisecond).UnixNano()}}
+	moved := shiftSpans(late, 5*time.Second, start.UnixNano(), end)
+	assert.Equal(t, start.Add(2*time.Second).UnixNano(), moved[0][0])
+	_, _, placebo, _ = overlapFigures(lat, start, 100, moved, late)
+	assert.False(t, placebo.NA, "the placebo window lies among the requests")
+	// A trim in the middle of a short run: neither a half period later nor
+	// earlier fits, a quarter period does.
+	mid := []span{{start.Add(5 * time.Second).UnixNano(), start.Add(5100 * time.Millisecond).UnixNano()}}
+	moved = shiftSpans(mid, 6*time.Second, start.UnixNano(), end)
+	assert.Equal(t, start.Add(8*time.Second).UnixNano(), moved[0][0])
 
 	// No trim, or every request overlapping: not observed.
 	in, _, ratio, n = overlapFigures(lat, start, 100, nil, nil)
