@@ -464,7 +464,11 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m.sandbox = sandbox.Detect()
 	d.Sandbox = m.sandbox
 	var bad []error
-	m.decl, m.hasDecl, bad = readDeclared()
+	rss, _, uerr := m.usage()
+	if uerr != nil {
+		rss = 0 // not known: only the value itself is judged
+	}
+	m.decl, m.hasDecl, bad = readDeclared(rss)
 	for _, err := range bad {
 		if m.log != nil {
 			m.log.Warn("limits: declared memory limit", "error", err)
