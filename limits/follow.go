@@ -60,6 +60,16 @@ type follower interface {
 	kind() string
 }
 
+// staler is a follower that can lose a watch (inotify's IN_IGNORED when
+// a watched file is removed): stale reports it, and the files are then
+// watched again even when their names are the same.
+type staler interface{ stale() bool }
+
+func isStale(f follower) bool {
+	s, ok := f.(staler)
+	return ok && s.stale()
+}
+
 var errFollowClosed = errors.New("limits: follower closed")
 
 // timerFollower watches nothing: it waits for its deadline.
@@ -171,7 +181,7 @@ func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 		return false
 	}
 	key := fmt.Sprint(version, dir, files)
-	if key == st.watched {
+	if key == st.watched && !isStale(f) {
 		return true
 	}
 	st.watched = key
