@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/memctl/memctl/internal/cgrouptest"
 )
 
 // TestFollowFileReplaced: a watched limit file replaced at the same path
@@ -92,4 +94,33 @@ func TestFollowCloseInFlight(t *testing.T) {
 		}
 		m.Close()
 	}
+}
+
+// TestFollowCgroupRemoved: an idle process moved to another cgroup (v1's
+// cgrulesengd, cgclassify), whose old cgroup is then removed, should
+// follow the new cgroup's limit within Refresh. It does not: cgroupfs
+// sends no event on the watched files when the cgroup is removed (the
+// watch pins the inode: no IN_IGNORED), nothing notifies a migration, and
+// with every file watched no timer runs; the new limit waits for a GC-end
+// refresh (an idle process: the forced GC, every 2 minutes). A known gap,
+// not fixed here: following it needs the timer while every file is
+// watched, a change to the idle contract. MEMCTL_TEST_MIGRATION=1 runs it.
+func TestFollowCgroupRemoved(t *testing.T) {
+	if os.Getenv("MEMCTL_TEST_MIGRATION") == "" {
+		t.Skip("known gap: a migration to another cgroup is not followed until a GC-end refresh (MEMCTL_TEST_MIGRATION=1 runs it)")
+	}
+	a := cgrouptest.New(t, 512<<20)
+	b := cgrouptest.New(t, 256<<20)
+	c := startFollow(t, a, "FOLLOW_MODE=idle", "FOLLOW_LIVE=16")
+	before := c.readyLimit(t)
+	t.Logf("start: %s", c.ready)
+	require.NoError(t, os.WriteFile(filepath.Join(b.Dir, "cgroup.procs"), []byte(strconv.Itoa(c.cmd.Process.Pid)), 0))
+	time.Sleep(200 * time.Millisecond)
+	since := time.Now()
+	require.NoError(t, a.Remove())
+	n, line, after, ok := c.waitChange(since, followWithin+5*time.Second)
+	require.True(t, ok, "no GOMEMLIMIT change after the move and the old cgroup's removal")
+	t.Logf("%s, %v after the removal", line, after)
+	assert.Less(t, n, before)
+	assert.LessOrEqual(t, n, int64(256<<20))
 }
