@@ -276,14 +276,14 @@ func (m *MemLimiter) Following() string {
 }
 
 // Poke re-reads the limit now, in the caller's goroutine, unless the
-// refresh is off, a re-read is running, or Poke re-read it within the last
-// second. package memctl calls it on kernel memory pressure (a PSI
+// refresh is off or closed, a re-read is running, or Poke re-read it
+// within the last second. package memctl calls it on kernel memory pressure (a PSI
 // trigger, memory.events), the signal that a memory.high may have been
 // lowered under the usage, where the kernel then throttles allocation and
 // GC ends become rare. It costs what a refresh costs (see MemLimiter).
 // Safe for concurrent use.
 func (m *MemLimiter) Poke() {
-	if m == nil || !m.on || m.every <= 0 {
+	if m == nil || !m.on || m.every <= 0 || m.closed.Load() {
 		return
 	}
 	now := time.Since(m.epoch)

@@ -430,6 +430,7 @@ type MemLimiter struct {
 	fol        follower               // nil until started
 	folClosing bool
 	folDone    chan struct{}
+	closed     atomic.Bool // Close was called: Poke re-reads nothing
 }
 
 // maxSeen bounds how many distinct failures a MemLimiter remembers (and
@@ -599,6 +600,7 @@ func (m *MemLimiter) Interval() time.Duration {
 // concurrent use.
 func (m *MemLimiter) Close() {
 	if m != nil {
+		m.closed.Store(true)
 		m.sub.Stop()
 		m.closeFollow()
 	}
