@@ -25,7 +25,8 @@ import (
 // smaller wins: both bind, and the smaller is the one that kills first
 // (each with its own headroom, as for every hard limit on the path). It is
 // read once, when the MemLimiter is made. A bad value (not a size, 0,
-// negative, over 2^62 bytes) is logged at WARN and ignored.
+// negative, over 2^62 bytes, or not over the RSS the process already has
+// then: "512" is bytes) is logged at WARN and ignored.
 const DeclaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
 
 // LambdaMemoryEnv is the variable in which AWS Lambda gives a function's
@@ -50,10 +51,16 @@ func (d declared) file() string { return d.name + "=" + d.value }
 
 // readDeclared returns the declared limit of the environment (ok false
 // when none is), and the errors of variables set to a bad value, each
-// naming the variable and quoting the value.
-func readDeclared() (d declared, ok bool, bad []error) {
+// naming the variable and quoting the value. A limit not over rss (the
+// process's RSS; 0 when unknown) is a bad value too: the process already
+// uses more ("512" is 512 bytes, not MiB), and as a hard limit it would
+// stop memctl from following the cgroup's.
+func readDeclared(rss int64) (d declared, ok bool, bad []error) {
 	if v, set := envflag.Lookup(DeclaredLimitEnv); set {
 		n, err := parseSize(v)
+		if err == nil && n <= rss {
+			err = underRSS(n, rss, strings.Trim(v, "0123456789") == "")
+		}
 		if err == nil {
 			return declared{n, DeclaredLimitEnv, v, SourceDeclared}, true, nil
 		}
@@ -66,11 +73,23 @@ func readDeclared() (d declared, ok bool, bad []error) {
 			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want a whole number of MB (2^20 bytes), as Lambda sets it", LambdaMemoryEnv, v))
 		case mb <= 0 || mb > maxDeclared>>20:
 			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want from 1 to %d MB (2^20 bytes)", LambdaMemoryEnv, v, int64(maxDeclared>>20)))
+		case mb<<20 <= rss:
+			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: %w", LambdaMemoryEnv, v, underRSS(mb<<20, rss, false)))
 		default:
 			return declared{mb << 20, LambdaMemoryEnv, v, SourceLambda}, true, bad
 		}
 	}
 	return declared{}, false, bad
+}
+
+// underRSS is the error of a declared limit of n bytes that is not over
+// the rss this process already uses; digits says the value had no unit.
+func underRSS(n, rss int64, digits bool) error {
+	hint := ""
+	if digits {
+		hint = fmt.Sprintf(" (a number without a unit is bytes: %q for MiB)", strconv.FormatInt(n, 10)+"MiB")
+	}
+	return fmt.Errorf("a limit of %d bytes, not over the %s this process already uses (RSS)%s", n, inMiB(rss), hint)
 }
 
 // sizeUnits are the suffixes parseSize takes, longest first.

@@ -395,3 +395,123 @@ func TestUnreadableMountWarns(t *testing.T) {
 	assert.Contains(t, w[0], denied)
 	assert.Contains(t, w[0], "permission denied")
 }
+
+// TestDeclaredUnderRSS: a declared limit the process already uses more
+// than (MEMCTL_MEMORY_LIMIT=512, bytes written for MiB) is a bad value,
+// said at WARN and ignored: the cgroup's 1 GiB limit is followed. It was
+// taken as the tightest hard limit, found implausible, and NewMemLimiter
+// failed with GOMEMLIMIT left unset, the cgroup's limit not followed and
+// nothing logged.
+func TestDeclaredUnderRSS(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		warn []string
+		src  Source
+		want int64
+	}{
+		{map[string]string{DeclaredLimitEnv: "512"}, []string{DeclaredLimitEnv, `"512"`, "ignored", "RSS", `"512MiB"`}, SourceCgroupV2, gib},
+		{map[string]string{DeclaredLimitEnv: "1MiB"}, []string{DeclaredLimitEnv, `"1MiB"`, "ignored", "RSS"}, SourceCgroupV2, gib},
+		{map[string]string{DeclaredLimitEnv: "32MiB"}, []string{DeclaredLimitEnv, "ignored", "RSS"}, SourceCgroupV2, gib},
+		{map[string]string{LambdaMemoryEnv: "16"}, []string{LambdaMemoryEnv, `"16"`, "ignored", "RSS"}, SourceCgroupV2, gib},
+		{map[string]string{DeclaredLimitEnv: "512", LambdaMemoryEnv: "512"}, []string{DeclaredLimitEnv, "ignored"}, SourceLambda, 512 << 20},
+	} {
+		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
+			keepMemoryLimit(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			rec := &recorder{}
+			cfg := cfgFor(fixedLimit(2, gib))
+			cfg.Logger = slog.New(rec)
+			_, d, err := start(t, cfg)
+			require.NoError(t, err, "the cgroup's limit is followed")
+			assert.Equal(t, tc.src, d.Source, d.Reason)
+			assert.Equal(t, tc.want, d.MemoryLimit)
+			assert.Equal(t, ninetyPct(tc.want), d.GoMemLimit)
+			assert.Equal(t, d.GoMemLimit, debug.SetMemoryLimit(-1))
+			w := rec.texts(slog.LevelWarn)
+			require.Len(t, w, 1, "one WARN")
+			for _, s := range tc.warn {
+				assert.Contains(t, w[0], s)
+			}
+		})
+	}
+	// Alone (no cgroup limit): ignored, GOMEMLIMIT left as it was, no error.
+	prev := keepMemoryLimit(t)
+	t.Setenv(DeclaredLimitEnv, "512")
+	rec := &recorder{}
+	cfg := cfgFor(noLimitV2)
+	cfg.Logger = slog.New(rec)
+	_, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, SourceNone, d.Source, d.Reason)
+	assert.Equal(t, prev, debug.SetMemoryLimit(-1))
+	assert.Len(t, rec.texts(slog.LevelWarn), 1)
+	// Just over the RSS: taken (the operator said so), at the limit itself.
+	keepMemoryLimit(t)
+	t.Setenv(DeclaredLimitEnv, "33MiB")
+	_, d, err = start(t, cfgFor(fixedLimit(2, gib)))
+	require.NoError(t, err)
+	assert.Equal(t, SourceDeclared, d.Source, d.Reason)
+}
+
+// TestDeclaredHostileValues: more bad values (overflowing in every form,
+// "max", signs, a Lambda size whose bytes overflow int64) are each one
+// WARN, ignored; odd but valid spellings are taken.
+func TestDeclaredHostileValues(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{DeclaredLimitEnv, "9223372036854775807", "over"},
+		{DeclaredLimitEnv, "9223372036854775808", "over"},
+		{DeclaredLimitEnv, "99999999999999999999Mi", "over"},
+		{DeclaredLimitEnv, "4194305TiB", "over"},
+		{DeclaredLimitEnv, "1e30", "want bytes"},
+		{DeclaredLimitEnv, "max", "want bytes"},
+		{DeclaredLimitEnv, "-0", "0 bytes"},
+		{DeclaredLimitEnv, "+-5MiB", "want bytes"},
+		{DeclaredLimitEnv, "-99999999999999999999", "negative"},
+		{DeclaredLimitEnv, "512 Mi B", "want bytes"},
+		{DeclaredLimitEnv, "１２MiB", "want bytes"},
+		{LambdaMemoryEnv, "9223372036854775807", "from 1"},
+		{LambdaMemoryEnv, "4398046511105", "from 1"},
+		{LambdaMemoryEnv, "512.5", "whole number"},
+		{LambdaMemoryEnv, "max", "whole number"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv(tc.name, tc.value)
+			rec := &recorder{}
+			cfg := cfgFor(fixedLimit(2, gib))
+			cfg.Logger = slog.New(rec)
+			_, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, SourceCgroupV2, d.Source, "ignored")
+			assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
+			w := rec.texts(slog.LevelWarn)
+			require.Len(t, w, 1, "one WARN")
+			assert.Contains(t, w[0], strconv.Quote(tc.value))
+			assert.Contains(t, w[0], tc.want)
+			assert.Contains(t, w[0], "ignored")
+		})
+	}
+	for _, tc := range []struct {
+		name, value string
+		bytes       int64
+	}{
+		{DeclaredLimitEnv, "\t512MIB\n", 512 << 20},
+		{DeclaredLimitEnv, "+512mi", 512 << 20},
+		{DeclaredLimitEnv, "0000000000000000000000000512MiB", 512 << 20},
+		{DeclaredLimitEnv, "4194304TiB", 1 << 62},
+		{LambdaMemoryEnv, " 512 ", 512 << 20},
+		{LambdaMemoryEnv, "4398046511104", 1 << 62},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv(tc.name, tc.value)
+			_, d, err := start(t, cfgFor(noLimitV2))
+			require.NoError(t, err)
+			assert.Equal(t, tc.bytes, d.MemoryLimit, d.Reason)
+			assert.Equal(t, d.GoMemLimit, debug.SetMemoryLimit(-1))
+			assert.Positive(t, d.GoMemLimit)
+		})
+	}
+}

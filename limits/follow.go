@@ -60,6 +60,16 @@ type follower interface {
 	kind() string
 }
 
+// staler is a follower that can lose a watch (inotify's IN_IGNORED when
+// a watched file is removed): stale reports it, and the files are then
+// watched again even when their names are the same.
+type staler interface{ stale() bool }
+
+func isStale(f follower) bool {
+	s, ok := f.(staler)
+	return ok && s.stale()
+}
+
 var errFollowClosed = errors.New("limits: follower closed")
 
 // timerFollower watches nothing: it waits for its deadline.
@@ -171,7 +181,7 @@ func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 		return false
 	}
 	key := fmt.Sprint(version, dir, files)
-	if key == st.watched {
+	if key == st.watched && !isStale(f) {
 		return true
 	}
 	st.watched = key
@@ -266,14 +276,14 @@ func (m *MemLimiter) Following() string {
 }
 
 // Poke re-reads the limit now, in the caller's goroutine, unless the
-// refresh is off, a re-read is running, or Poke re-read it within the last
-// second. package memctl calls it on kernel memory pressure (a PSI
+// refresh is off or closed, a re-read is running, or Poke re-read it
+// within the last second. package memctl calls it on kernel memory pressure (a PSI
 // trigger, memory.events), the signal that a memory.high may have been
 // lowered under the usage, where the kernel then throttles allocation and
 // GC ends become rare. It costs what a refresh costs (see MemLimiter).
 // Safe for concurrent use.
 func (m *MemLimiter) Poke() {
-	if m == nil || !m.on || m.every <= 0 {
+	if m == nil || !m.on || m.every <= 0 || m.closed.Load() {
 		return
 	}
 	now := time.Since(m.epoch)

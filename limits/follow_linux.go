@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,6 +19,11 @@ type inotifyFollower struct {
 	wds  []int
 	buf  [4096]byte
 	once sync.Once
+	// lost is set when the kernel dropped a watch of wds (IN_IGNORED: the
+	// file was removed, or its file system unmounted) or events were lost
+	// (IN_Q_OVERFLOW): the files must be watched again even if their
+	// names are the same. Used by the follower's goroutine only.
+	lost bool
 }
 
 func newFollower() (follower, error) {
@@ -37,7 +44,7 @@ func (w *inotifyFollower) watch(files []string) bool {
 		for _, wd := range w.wds {
 			_, _ = unix.InotifyRmWatch(int(fd), uint32(wd))
 		}
-		w.wds = w.wds[:0]
+		w.wds, w.lost = w.wds[:0], false
 		for _, f := range files {
 			wd, err := unix.InotifyAddWatch(int(fd), f, unix.IN_MODIFY)
 			if err != nil {
@@ -63,8 +70,29 @@ func (w *inotifyFollower) wait(deadline time.Time) (bool, error) {
 	}
 	// Any event counts: IN_MODIFY, and IN_IGNORED or IN_Q_OVERFLOW,
 	// after which the files are re-read and watched again.
+	w.noteLost(w.buf[:n])
 	return n > 0, nil
 }
+
+// noteLost sets lost when events (struct inotify_event, each followed by
+// its name) say that a watch of wds is gone or that events were dropped.
+// IN_IGNORED for a watch that watch removed itself is not a loss.
+func (w *inotifyFollower) noteLost(b []byte) {
+	for len(b) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
+		if ev.Mask&unix.IN_Q_OVERFLOW != 0 || ev.Mask&unix.IN_IGNORED != 0 && slices.Contains(w.wds, int(ev.Wd)) {
+			w.lost = true
+		}
+		next := unix.SizeofInotifyEvent + int(ev.Len)
+		if next > len(b) {
+			return
+		}
+		b = b[next:]
+	}
+}
+
+// stale reports whether a watch was lost since the last watch.
+func (w *inotifyFollower) stale() bool { return w.lost }
 
 func closedOr(err error) error {
 	if errors.Is(err, os.ErrClosed) {

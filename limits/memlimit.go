@@ -430,6 +430,7 @@ type MemLimiter struct {
 	fol        follower               // nil until started
 	folClosing bool
 	folDone    chan struct{}
+	closed     atomic.Bool // Close was called: Poke re-reads nothing
 }
 
 // maxSeen bounds how many distinct failures a MemLimiter remembers (and
@@ -464,7 +465,11 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m.sandbox = sandbox.Detect()
 	d.Sandbox = m.sandbox
 	var bad []error
-	m.decl, m.hasDecl, bad = readDeclared()
+	rss, _, uerr := m.usage()
+	if uerr != nil {
+		rss = 0 // not known: only the value itself is judged
+	}
+	m.decl, m.hasDecl, bad = readDeclared(rss)
 	for _, err := range bad {
 		if m.log != nil {
 			m.log.Warn("limits: declared memory limit", "error", err)
@@ -595,6 +600,7 @@ func (m *MemLimiter) Interval() time.Duration {
 // concurrent use.
 func (m *MemLimiter) Close() {
 	if m != nil {
+		m.closed.Store(true)
 		m.sub.Stop()
 		m.closeFollow()
 	}

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync"
 	"time"
 )
 
@@ -194,13 +195,22 @@ func releasableNoGC() int64 {
 //go:noinline
 func largeAlloc() []byte { return make([]byte, noGCAllocBytes) }
 
+// noGCMu serializes releaseNoGC across Trimmers: two steps at once (a
+// program's own Trimmer beside the facade's, without the MemLimiter's
+// hold) each took the other's lowered GOMEMLIMIT for a foreign write, and
+// left it lowered. It is taken inside the hold (the limiter's lock first).
+var noGCMu sync.Mutex
+
 // releaseNoGC is the Go step without a GC (see the top of this file). It
 // must run inside the GOMEMLIMIT owner's hold. It returns the growth of
 // /memory/classes/heap/released:bytes, the number of steps, why it stopped
 // early (AbortNone when it reached its target or had nothing to do), and
 // whether the first step released nothing with no GC and no limiter to
-// explain it (a runtime that does not release on this path).
+// explain it (a runtime that does not release on this path). Steps run
+// one at a time in the process (noGCMu), whatever their Trimmer and hold.
 func releaseNoGC() (released int64, steps int, why AbortReason, broken bool) {
+	noGCMu.Lock()
+	defer noGCMu.Unlock()
 	r := newNoGCReader()
 	f0, ok := r.read()
 	if !ok {

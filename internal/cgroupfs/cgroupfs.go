@@ -788,6 +788,7 @@ func (s *source) resolve(c candidate) (string, error) {
 	}
 	level := []string{c.top}
 	visited := 0
+	var skipped []string // directories passed over: not listable, or gone
 	for i := 0; i < c.search; i++ {
 		var next []string
 		for _, d := range level {
@@ -800,6 +801,13 @@ func (s *source) resolve(c candidate) (string, error) {
 				return "", fmt.Errorf("cgroupfs: %w", err)
 			}
 			names, err := rd.SubDirs(rel, maxSearch-visited)
+			if err != nil && d != c.top && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
+				// Another tenant's cgroup the reader may not list, or one
+				// removed since its parent was listed: it cannot hold the
+				// process's (whose cgroup.procs is read, so readable).
+				skipped = append(skipped, err.Error())
+				continue
+			}
 			if err != nil {
 				return "", fmt.Errorf("cgroupfs: looking for the cgroup of PID %d under %s: %w", s.pid, safefs.Quote(c.top), err)
 			}
@@ -823,7 +831,11 @@ func (s *source) resolve(c candidate) (string, error) {
 		}
 		return found[0], nil
 	case 0:
-		return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and no cgroup %d levels below it with %s under it lists PID %d in cgroup.procs", safefs.Quote(c.top), c.search, s.cgroupFile, c.search, safefs.Quote(c.below), s.pid)
+		why := ""
+		if len(skipped) > 0 {
+			why = fmt.Sprintf(" (%d directories passed over, the first: %s)", len(skipped), skipped[0])
+		}
+		return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and no cgroup %d levels below it with %s under it lists PID %d in cgroup.procs%s", safefs.Quote(c.top), c.search, s.cgroupFile, c.search, safefs.Quote(c.below), s.pid, why)
 	}
 	return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and %d cgroups list PID %d (%s, %s): ambiguous", safefs.Quote(c.top), c.search, s.cgroupFile, len(found), s.pid, safefs.Quote(found[0]), safefs.Quote(found[1]))
 }

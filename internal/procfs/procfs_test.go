@@ -142,3 +142,29 @@ func TestMalformedExcerptIsBounded(t *testing.T) {
 	assert.NotContains(t, err.Error(), "\x1b")
 	assert.Less(t, len(err.Error()), 400)
 }
+
+// TestVmSwapHostileLines: a VmSwap value that overflows int64 in bytes,
+// or is not "N kB", is an error naming the file and quoting the value,
+// never a wrong size; the largest that fits is taken.
+func TestVmSwapHostileLines(t *testing.T) {
+	for _, v := range []string{
+		"9007199254740992 kB", // 2^53 KiB: 2^63 bytes
+		"99999999999999999999 kB",
+		"-1 kB", "+1 kB", "1 KB", "1 MB", "1kB", "1 kB 2", "0x10 kB", "1.5 kB", "kB", "",
+		"1\x1b[2J kB",
+	} {
+		t.Run(v, func(t *testing.T) {
+			f, err := Parse(strings.NewReader("Name:\tx\nVmSwap:\t"+v+"\n"), "status")
+			require.NoError(t, err)
+			n, err := f.Bytes("VmSwap")
+			require.Error(t, err, "got %d", n)
+			assert.Contains(t, err.Error(), "status")
+			assert.NotContains(t, err.Error(), "\x1b", "quoted")
+		})
+	}
+	f, err := Parse(strings.NewReader("VmSwap:\t9007199254740991 kB\n"), "status")
+	require.NoError(t, err)
+	n, err := f.Bytes("VmSwap")
+	require.NoError(t, err)
+	assert.Equal(t, int64(9007199254740991)*1024, n)
+}
