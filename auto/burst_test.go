@@ -373,10 +373,15 @@ func voluntary(t *testing.T, pid int) int64 {
 }
 
 // Attack input (issue 19): GOGC=off, the GC driven by GOMEMLIMIT alone.
-// Under GOMEMLIMIT=512MiB the 1 GiB burst makes GC cycles run at the limit
-// and is detected and trimmed like the default's; under 1536MiB no GC cycle
-// runs at all, so no GC end sees it (the limit trim.AutoBurst's doc states:
-// if this starts to detect, the doc is stale).
+// Under GOMEMLIMIT=512MiB the 1 GiB burst makes GC cycles run at the limit,
+// and the runtime itself returns the burst at its memory limit (a
+// MEMCTL_AUTOBURST=off arm there measured 36-51 MiB after): memctl must do
+// no harm (RSS back as the default's, at most one detected burst and one
+// trim). Whether the detector calls the burst one depends on how fast the
+// live heap grows between the GC ends at the limit (a live heap that grows
+// across GC ends is growth, issue 26); CI read 0 and 1. Under 1536MiB no GC
+// cycle runs at all, so no GC end sees it (the limit trim.AutoBurst's doc
+// states: if this starts to detect, the doc is stale).
 func TestImportGOGCOff(t *testing.T) {
 	skipLong(t)
 	at := childtest.Report(t, childtest.Command(t, "burst", childEnv, "MEMCTL_PRESSURE=off", "GOGC=off", "GOMEMLIMIT=512MiB"))
@@ -385,7 +390,8 @@ func TestImportGOGCOff(t *testing.T) {
 		t.Logf("GOGC=off %s: RSS before %d MiB, peak %d MiB, after %d MiB; %s trims, %s bursts, %s GC ends",
 			name, num(t, r, "BEFORE")>>20, num(t, r, "PEAK")>>20, num(t, r, "AFTER")>>20, r["TRIMS"], r["BURSTS"], r["GCENDS"])
 	}
-	assert.Equal(t, int64(1), num(t, at, "BURSTS"))
+	assert.LessOrEqual(t, num(t, at, "BURSTS"), int64(1))
+	assert.LessOrEqual(t, num(t, at, "TRIMS"), int64(1))
 	// Within 16 MiB (1.6% of the burst), not the default's 0.5%: with the
 	// GC run at the limit (400+ cycles in the burst) a few MiB more stay
 	// resident after the trim (5 to 7 MiB over in 4 runs here, one of them
