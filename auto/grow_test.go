@@ -4,7 +4,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,14 +22,6 @@ const (
 type growNode struct {
 	a, b *growNode
 	_    [48]byte
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		childtest.Fail("getrusage: %v", err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // growChild is issue 26's item 1 program: memctl started (the auto
