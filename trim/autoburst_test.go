@@ -352,12 +352,20 @@ func TestAutoBurstTrimAfterCollection(t *testing.T) {
 	runtime.KeepAlive(b)
 	b = nil
 	dropped := time.Now()
-	for tr.Stats().Trims == trims0 && time.Since(dropped) < 25*time.Second {
+	decided := func() int64 { s := tr.Stats(); return s.Trims + s.Skipped }
+	decisions0 := decided()
+	for decided() == decisions0 && time.Since(dropped) < 25*time.Second {
 		time.Sleep(10 * time.Millisecond)
 	}
 	took := time.Since(dropped)
-	t.Logf("trim %v after the burst was dropped; detector %+v", took.Round(time.Millisecond), a.Stats())
-	assert.Greater(t, tr.Stats().Trims, trims0)
+	t.Logf("free heap %d MiB, released %d MiB", readUint(metricHeapFree)>>20, readUint(metricHeapReleased)>>20)
+	t.Logf("trim %v after the burst was dropped; detector %+v; trimmer %+v", took.Round(time.Millisecond), a.Stats(), tr.Stats())
+	// Decided: run, or skipped because the background scavenger had
+	// already returned the collected burst (it does, within about a
+	// second of a natural GC's sweep, at GOGC's heap goal).
+	if st := tr.Stats(); st.Trims == trims0 {
+		assert.Positive(t, st.SkippedBy[SkipMinRelease], "a trim that did not run found less than MinRelease to return")
+	}
 	assert.Less(t, took, 10*time.Second, "one delay after the collecting GC, not the 20 s max wait")
 	runtime.KeepAlive(live)
 }

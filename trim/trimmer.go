@@ -71,11 +71,14 @@ const (
 	ThrottledShare = 0.10
 
 	// cheapGC is the estimated GC cost (see ReleasePerCPUSecond) up to
-	// which the Go step runs debug.FreeOSMemory even when a GC has
-	// collected the burst: 10 ms, a heap with little to scan (1 GiB of
-	// 64 KiB objects: 0.7 to 2.2 ms). Such a GC returns every free page;
-	// the step without one leaves its slack (see gcfree.go) to save
-	// almost nothing.
+	// which a burst that no GC has collected is trimmed with
+	// debug.FreeOSMemory rather than left to a natural GC: 10 ms, a heap
+	// with little to scan (1 GiB of 64 KiB objects: 0.7 to 2.2 ms). A
+	// burst a GC has collected is returned without one whatever the GC
+	// would cost: a forced GC, even a cheap one, stops the world twice and
+	// slows the requests that overlap it (the load-gc scenario of
+	// bench/load.go counts the forced cycles), for the few MiB of slack
+	// the step without a GC leaves (see gcfree.go).
 	cheapGC = 10 * time.Millisecond
 )
 
@@ -965,8 +968,8 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	// The path of the Go step (see Trimmer): without a GC when a GC cycle
 	// has ended since the burst's last mark, or one collected a burst
 	// since the last trim (the detector saw it, or the live heap fell by
-	// a quarter from its peak), unless the GC is cheap (cheapGC); TrimNow
-	// always runs FreeOSMemory.
+	// a quarter from its peak), however cheap the GC; TrimNow always runs
+	// FreeOSMemory.
 	gcSince := t.gc.ends.Load() > t.endsAtMark || t.markCollected || t.gc.collected(t.minRelease)
 	// The program's word that the burst is garbage: a debounced trim or a
 	// Request while one is pending, after the program's AfterBurst or
@@ -984,10 +987,10 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 		goEst, scan, cost, need = t.gcPath(true)
 	}
 	noGC := false
-	if !force && !t.noGCBroken && !t.gcOnly && cost > cheapGC {
+	if !force && !t.noGCBroken && !t.gcOnly {
 		if gcSince {
 			noGC = true
-		} else if aEst := t.noGCEst(); goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need) {
+		} else if aEst := t.noGCEst(); cost > cheapGC && goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need) {
 			// No GC since the burst: its GC is worth running only when
 			// it would return more than the path without one by what it
 			// costs (see gcGain); when a GC already freed the burst (the
