@@ -103,6 +103,9 @@ func runChild(spec string, stdin io.Reader, stdout io.Writer) error {
 	if err := json.Unmarshal([]byte(os.Getenv(paramsEnv)), &p); err != nil {
 		return fmt.Errorf("%s: %w", paramsEnv, err)
 	}
+	if sc.setup != nil {
+		sc.setup(p)
+	}
 	st, err := setupArm(a, p)
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, asJSON)
 	assert.Equal(t, 5, cfg.Runs)
-	assert.Equal(t, []string{"burst", "cadence", "http", "load", "load-contended"}, cfg.Scenarios)
+	assert.Equal(t, []string{"burst", "cadence", "http", "load", "load-contended", "load-gc"}, cfg.Scenarios)
 	assert.Equal(t, int64(2<<30), cfg.CgroupLimit)
 	assert.Equal(t, 30*time.Second, cfg.Params.Window)
 	assert.Equal(t, 60*time.Second, cfg.Params.CadenceFor)

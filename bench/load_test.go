@@ -20,12 +20,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// fakeLoadReport is a report of the two load scenarios with the given
+// fakeLoadReport is a report of the three load scenarios with the given
 // medians per arm (one run each).
 func fakeLoadReport(figs map[string]map[string]float64) *Report {
 	p := defaultParams(false)
 	rep := &Report{Params: p}
-	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended} {
+	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended, loadScenarioGC} {
 		obs := map[string]map[string][]Obs{}
 		for _, a := range arms {
 			obs[a.Key] = map[string][]Obs{}
@@ -44,22 +44,25 @@ func fakeLoadReport(figs map[string]map[string]float64) *Report {
 
 func TestLoadTargets(t *testing.T) {
 	good := map[string]map[string]float64{
-		"plain":     {"p99": 0.010, "trim_cpu_share": 0, "bursts_back": 0.5},
-		"memctl":    {"p99": 0.0105, "trim_cpu_share": 0.012, "bursts_back": 1},
-		"memctl-aa": {"p99": 0.0108, "trim_cpu_share": 0.011, "bursts_back": 0.9},
+		"plain":     {"p99": 0.010, "trim_cpu_share": 0, "bursts_back": 0.5, "gc_forced": 3},
+		"memctl":    {"p99": 0.0105, "trim_cpu_share": 0.012, "bursts_back": 1, "p99_trim_ratio": 1.3, "p99_placebo_ratio": 0.9, "gc_forced": 0},
+		"memctl-aa": {"p99": 0.0108, "trim_cpu_share": 0.011, "bursts_back": 0.9, "p99_trim_ratio": 0.8, "p99_placebo_ratio": 1.1, "gc_forced": 0},
 	}
 	ts := loadTargets(fakeLoadReport(good))
-	require.Len(t, ts, 4)
+	// load: p99 vs plain, trim CPU, overlap; load-contended: trim CPU,
+	// bursts back; load-gc: trim CPU, overlap, forced cycles, bursts back.
+	require.Len(t, ts, 9)
 	for _, tg := range ts {
 		require.NotNil(t, tg.Met)
 		assert.True(t, *tg.Met, "%s: %s: %s", tg.Scenario, tg.Target, tg.Measured)
 	}
 	assert.Equal(t, "memctl/plain 1.050, A/A/plain 1.080", ts[0].Measured)
+	assert.Equal(t, "memctl 1.300, A/A 0.800; placebo windows 0.900, 1.100", ts[2].Measured)
 
 	bad := map[string]map[string]float64{
 		"plain":     {"p99": 0.010, "trim_cpu_share": 0, "bursts_back": 0},
-		"memctl":    {"p99": 0.0112, "trim_cpu_share": 0.021, "bursts_back": 0.83},
-		"memctl-aa": {"p99": 0.0100, "trim_cpu_share": 0.01, "bursts_back": 1},
+		"memctl":    {"p99": 0.0112, "trim_cpu_share": 0.021, "bursts_back": 0.83, "p99_trim_ratio": 1.31, "gc_forced": 1},
+		"memctl-aa": {"p99": 0.0100, "trim_cpu_share": 0.01, "bursts_back": 1, "p99_trim_ratio": 1.0, "gc_forced": 0},
 	}
 	for _, tg := range loadTargets(fakeLoadReport(bad)) {
 		require.NotNil(t, tg.Met)
@@ -70,7 +73,7 @@ func TestLoadTargets(t *testing.T) {
 // The load scenarios do not run the GOMEMLIMIT-only arm, and their tables
 // say so with "–".
 func TestLoadArms(t *testing.T) {
-	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended} {
+	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended, loadScenarioGC} {
 		var got []string
 		for _, a := range arms {
 			if s.runs(a) {

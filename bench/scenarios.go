@@ -102,6 +102,9 @@ type scenario struct {
 	arms []string
 	// derive, when set, adds figures computed across arms (per round).
 	derive func(obs map[string]map[string][]Obs)
+	// setup, when set, runs in the arm's process before the arm's setup
+	// (memctl.Start in the memctl arms).
+	setup func(p params)
 	// precheck, when set, says why the scenario cannot run here; the
 	// report then notes it and the run goes on without it.
 	precheck func() error
@@ -110,7 +113,7 @@ type scenario struct {
 // runs reports whether the scenario runs arm a.
 func (s scenario) runs(a arm) bool { return s.arms == nil || slices.Contains(s.arms, a.Key) }
 
-var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended}
+var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended, loadScenarioGC}
 
 func scenarioByName(name string) (scenario, bool) {
 	for _, s := range scenarios {
