@@ -54,7 +54,7 @@
 //     harness makes.
 //   - load-gc (issue 26): the server of load tuned for memory, GOGC=10
 //     in every arm, 256 MiB live and 256 KiB of garbage per request, so
-//     that natural GC cycles (about every 0.5 s) collect each burst
+//     that natural GC cycles (about every 0.3 s) collect each burst
 //     before its trim: what the trim's step without a GC costs the
 //     requests that overlap it. Adds forced GC cycles
 //     (/gc/cycles/forced:gc-cycles) to the load figures.

@@ -31,8 +31,8 @@
 // the heap the runtime holds, each made to release through the allocation
 // path, the pacer's goal kept above its trigger, the limit restored after
 // (50 to 70 ms per GiB returned here, against a whole GC cycle;
-// Stats.NoGC, Stats.Aborts), however little the heap has to scan.
-// Otherwise (an idle process right after its burst, TrimNow) it is
+// Stats.NoGC, Stats.Aborts). Otherwise (an idle process right after its
+// burst, an idle heap with little to scan, TrimNow) it is
 // debug.FreeOSMemory, a GC and then the scavenge. Each step is
 // skipped when its own figures show too little to give back: the C step
 // below Config.MinRelease (default 8 MiB; an unknown C heap figure runs it),

@@ -285,3 +285,35 @@ func TestNoGCFallback(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(logs.String(), "released nothing under a lowered GOMEMLIMIT"))
 	assert.True(t, tr.noGCBroken, "FreeOSMemory from now on")
 }
+
+// A GC cycle that began before the burst was dropped and ended after its
+// mark kept the burst live: it is not the cycle that collected it. Here
+// the straddling cycle's end is the hook called by hand after the mark (the
+// live heap it reads is the last real cycle's, which saw the burst live);
+// the trim must still run the GC that frees the burst and return it. The
+// code before gcSinceMark took the path without a GC, found nothing free
+// and kept the burst. A real GC meanwhile (nothing here starts one) would
+// collect the burst, and the trim would return it either way.
+func TestNoGCNeedsACycleAfterTheDrop(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory keeps RSS up after a trim")
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	runtime.GC()
+	tr, err := New(Config{Delay: time.Second, MaxWait: 10 * time.Second, NoCHeap: true})
+	require.NoError(t, err)
+	defer tr.Close()
+	b := burst.Alloc(256 << 20)
+	runtime.GC() // a cycle that sees the burst live
+	runtime.KeepAlive(b)
+	b = nil
+	released0 := readUint(metricHeapReleased)
+	tr.AfterBurst()
+	time.Sleep(300 * time.Millisecond) // ticks every Delay/20 see the mark
+	tr.gcEnd()                         // the cycle that straddled the drop ends
+	require.Eventually(t, func() bool { return tr.Stats().Trims+tr.Stats().Skipped > 0 }, 10*time.Second, 10*time.Millisecond)
+	s := tr.Stats()
+	t.Logf("trims %d, skipped %d, no GC %d, released %d MiB, estimate %d MiB", s.Trims, s.Skipped, s.NoGC, s.TotalReleased>>20, s.LastEstimate>>20)
+	assert.Equal(t, int64(1), s.Trims, "the trim ran")
+	assert.GreaterOrEqual(t, int64(readUint(metricHeapReleased))-int64(released0), int64(200<<20), "the burst was returned")
+}

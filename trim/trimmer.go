@@ -71,14 +71,16 @@ const (
 	ThrottledShare = 0.10
 
 	// cheapGC is the estimated GC cost (see ReleasePerCPUSecond) up to
-	// which a burst that no GC has collected is trimmed with
-	// debug.FreeOSMemory rather than left to a natural GC: 10 ms, a heap
-	// with little to scan (1 GiB of 64 KiB objects: 0.7 to 2.2 ms). A
-	// burst a GC has collected is returned without one whatever the GC
-	// would cost: a forced GC, even a cheap one, stops the world twice and
-	// slows the requests that overlap it (the load-gc scenario of
-	// bench/load.go counts the forced cycles), for the few MiB of slack
-	// the step without a GC leaves (see gcfree.go).
+	// which a GC is worth forcing for what it returns: 10 ms, a heap with
+	// little to scan (1 GiB of 64 KiB objects: 0.7 to 2.2 ms). A burst no
+	// GC has collected is trimmed with debug.FreeOSMemory rather than left
+	// to a natural GC; in a process gone idle after a burst a GC has
+	// collected, FreeOSMemory returns every free page, where the step
+	// without a GC leaves its slack (see gcfree.go: 15 to 20 MiB over a
+	// 30 MiB heap). A process still allocating (a whole GC cycle ran
+	// since the burst's mark) takes the step without a GC however cheap
+	// the GC: a forced one stops the world twice under its load (the
+	// load-gc scenario of bench/load.go counts the forced cycles).
 	cheapGC = 10 * time.Millisecond
 )
 
@@ -966,11 +968,12 @@ func (t *Trimmer) goIdle() {
 func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	t.decisions.Add(1)
 	// The path of the Go step (see Trimmer): without a GC when a GC cycle
-	// has ended since the burst's last mark, or one collected a burst
-	// since the last trim (the detector saw it, or the live heap fell by
-	// a quarter from its peak), however cheap the GC; TrimNow always runs
-	// FreeOSMemory.
-	gcSince := t.gc.ends.Load() > t.endsAtMark || t.markCollected || t.gc.collected(t.minRelease)
+	// has run since the burst's last mark (see gcSinceMark), or one
+	// collected a burst since the last trim (the detector saw it, or the
+	// live heap fell by a quarter from its peak), unless the GC is cheap
+	// and the process idle (cheapGC); TrimNow always runs FreeOSMemory.
+	gcSince := t.gcSinceMark() || t.markCollected || t.gc.collected(t.minRelease)
+	busy := t.gc.ends.Load() >= t.endsAtMark+2 // a whole GC cycle since the mark
 	// The program's word that the burst is garbage: a debounced trim or a
 	// Request while one is pending, after the program's AfterBurst or
 	// Begin (not only the detector's), and TrimNow.
@@ -988,14 +991,15 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	}
 	noGC := false
 	if !force && !t.noGCBroken && !t.gcOnly {
-		if gcSince {
+		if gcSince && (busy || cost > cheapGC) {
 			noGC = true
-		} else if aEst := t.noGCEst(); cost > cheapGC && goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need) {
+		} else if !gcSince && cost > cheapGC {
 			// No GC since the burst: its GC is worth running only when
 			// it would return more than the path without one by what it
 			// costs (see gcGain); when a GC already freed the burst (the
 			// program marked it after), the free heap alone is returned.
-			noGC = true
+			aEst := t.noGCEst()
+			noGC = goEst >= 0 && aEst >= max(t.minRelease, 1) && (goEst < need || t.gcGain(goEst, aEst) < need)
 		}
 	}
 	if noGC {
@@ -1193,6 +1197,27 @@ func (t *Trimmer) gcPath(marked bool) (est, scan int64, cost time.Duration, need
 		est = sure
 	}
 	return est, scan, cost, need
+}
+
+// gcSinceMark reports whether a GC cycle that began after the burst's
+// last mark has ended. A tick records the count of GC ends when it sees
+// the mark; the first GC end after it may close a cycle that began before
+// the burst was dropped, and kept it live (the burst's own allocation
+// starts cycles): that end counts only when its live heap is back near
+// the floor from before the burst (under floor + max(MinRelease,
+// floor/4)), and otherwise the second end does, whose cycle began after
+// the first ended. Without this an idle process whose last cycle
+// straddled the drop took the path without a GC and kept its burst.
+// t.run must be held.
+func (t *Trimmer) gcSinceMark() bool {
+	switch n := t.gc.ends.Load(); {
+	case n >= t.endsAtMark+2:
+		return true
+	case n == t.endsAtMark+1:
+		last, floor := t.gc.last.Load(), t.gc.floor.Load()
+		return last >= 0 && last < floor+max(t.minRelease, floor/4, 1)
+	}
+	return false
 }
 
 // gcGain returns what a GC would return over the path without one, given
