@@ -462,6 +462,16 @@ func loadTargets(rep *Report) []Target {
 	met := func(v bool) *bool { return &v }
 	med := func(f FigureReport, arm string) Obs { return f.Arms[arm].Median }
 	cell := func(f FigureReport, arm string) string { return formatObs(f.Unit, med(f, arm)) }
+	// both is a target that the memctl arm and its A/A must each meet.
+	both := func(name string, f FigureReport, target, extra string, pass func(float64) bool) Target {
+		m, aa := med(f, "memctl"), med(f, "memctl-aa")
+		return Target{
+			Scenario: name,
+			Target:   target,
+			Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")) + extra,
+			Met:      met(!m.NA && !aa.NA && pass(m.Value) && pass(aa.Value)),
+		}
+	}
 	for _, name := range []string{"load", "load-contended", "load-gc"} {
 		if f, ok := rep.figure(name, "p99_vs_plain"); ok && name == "load" {
 			m, aa := med(f, "memctl"), med(f, "memctl-aa")
@@ -473,13 +483,7 @@ func loadTargets(rep *Report) []Target {
 			})
 		}
 		if f, ok := rep.figure(name, "trim_cpu_share"); ok {
-			m, aa := med(f, "memctl"), med(f, "memctl-aa")
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "trim CPU at most 2% of wall time",
-				Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")),
-				Met:      met(!m.NA && !aa.NA && m.Value <= 0.02 && aa.Value <= 0.02),
-			})
+			ts = append(ts, both(name, f, "trim CPU at most 2% of wall time", "", func(v float64) bool { return v <= 0.02 }))
 		}
 		if f, ok := rep.figure(name, "p99_trim_ratio"); ok && name != "load-contended" {
 			// Issue 26. In load no natural GC cycle runs between a burst
@@ -488,26 +492,16 @@ func loadTargets(rep *Report) []Target {
 			// the GC that frees the burst, and its requests see what any
 			// GC of that heap costs them; load-gc is the service the
 			// target is about, whose natural cycles collected the burst.
-			m, aa := med(f, "memctl"), med(f, "memctl-aa")
-			measured := fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa"))
+			var placebo string
 			if pl, ok := rep.figure(name, "p99_placebo_ratio"); ok {
-				measured += fmt.Sprintf("; placebo windows %s, %s", cell(pl, "memctl"), cell(pl, "memctl-aa"))
+				placebo = fmt.Sprintf("; placebo windows %s, %s", cell(pl, "memctl"), cell(pl, "memctl-aa"))
 			}
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "p99 of requests overlapping a trim at most 1.3 × the others' (same run), A/A too",
-				Measured: measured,
-				Met:      met(!m.NA && !aa.NA && m.Value <= 1.3 && aa.Value <= 1.3),
-			})
+			ts = append(ts, both(name, f, "p99 of requests overlapping a trim at most 1.3 × the others' (same run), A/A too", placebo,
+				func(v float64) bool { return v <= 1.3 }))
 		}
 		if f, ok := rep.figure(name, "gc_forced"); ok && name == "load-gc" {
-			m, aa := med(f, "memctl"), med(f, "memctl-aa")
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "no forced GC cycle (the trims return the collected bursts without a GC)",
-				Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")),
-				Met:      met(!m.NA && !aa.NA && m.Value == 0 && aa.Value == 0),
-			})
+			ts = append(ts, both(name, f, "no forced GC cycle (the trims return the collected bursts without a GC)", "",
+				func(v float64) bool { return v == 0 }))
 		}
 		if f, ok := rep.figure(name, "bursts_back"); ok && name != "load" {
 			m, aa := med(f, "memctl"), med(f, "memctl-aa")
