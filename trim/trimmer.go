@@ -1204,18 +1204,19 @@ func (t *Trimmer) gcPath(marked bool) (est, scan int64, cost time.Duration, need
 // the mark; the first GC end after it may close a cycle that began before
 // the burst was dropped, and kept it live (the burst's own allocation
 // starts cycles): that end counts only when its live heap is back near
-// the floor from before the burst (under floor + max(MinRelease,
-// floor/4)), and otherwise the second end does, whose cycle began after
-// the first ended. Without this an idle process whose last cycle
-// straddled the drop took the path without a GC and kept its burst.
-// t.run must be held.
+// the floor from before the burst, closer to it than to the peak since
+// the last trim (under floor + max(MinRelease, min(floor/4,
+// (peak − floor)/2))), and otherwise the second end does, whose cycle
+// began after the first ended. Without this an idle process whose last
+// cycle straddled the drop took the path without a GC and kept its
+// burst. t.run must be held.
 func (t *Trimmer) gcSinceMark() bool {
 	switch n := t.gc.ends.Load(); {
 	case n >= t.endsAtMark+2:
 		return true
 	case n == t.endsAtMark+1:
-		last, floor := t.gc.last.Load(), t.gc.floor.Load()
-		return last >= 0 && last < floor+max(t.minRelease, floor/4, 1)
+		last, floor, peak := t.gc.last.Load(), t.gc.floor.Load(), t.gc.peak.Load()
+		return last >= 0 && last < floor+max(t.minRelease, 1, min(floor/4, (peak-floor)/2))
 	}
 	return false
 }
