@@ -411,8 +411,9 @@ func (t *Trimmer) gcEnd() bool {
 }
 
 // collected reports whether the last GC end saw the live heap fall from
-// its peak since the last trim by a quarter and at least min bytes: that
-// cycle collected a burst, whenever the program marked it.
+// its peak since the last decision (a trim or a skip) by a quarter and at
+// least min bytes: that cycle collected a burst, whenever the program
+// marked it.
 func (g *gcLive) collected(min int64) bool {
 	last, peak := g.last.Load(), g.peak.Load()
 	return last >= 0 && peak-last >= max(min, 1) && last <= peak-peak/4

@@ -78,8 +78,9 @@ const (
 	// collected, FreeOSMemory returns every free page, where the step
 	// without a GC leaves its slack (see gcfree.go: 15 to 20 MiB over a
 	// 30 MiB heap). A process still allocating (a whole GC cycle ran
-	// since the burst's mark) takes the step without a GC however cheap
-	// the GC: a forced one stops the world twice under its load (the
+	// since the first mark of the pending period) takes the step without
+	// a GC however cheap the GC, and returns what its natural cycles
+	// collected: a forced one stops the world twice under its load (the
 	// load-gc scenario of bench/load.go counts the forced cycles).
 	cheapGC = 10 * time.Millisecond
 )
@@ -447,13 +448,18 @@ type Trimmer struct {
 	progMarked    bool
 	endsAtMark    uint64
 	markCollected bool
-	noGCBroken    bool          // the step without a GC released nothing: FreeOSMemory from now on
-	gcOnly        bool          // a test's fake Go step and no fake step without a GC: the GC path only
-	thr0          time.Duration // throttled time when the pending period began
-	thrAt         int64         // when thr0 was read; 0 when unknown
-	early         bool          // this pending period's trim starts at Delay/2
-	served        bool          // a Request ran this pending period's trim
-	scanCost      float64       // GC CPU per scannable byte, ns (see costOf)
+	// markSeen: a tick saw a mark in this pending period (reset when it
+	// ends, so that a Request while idle does not read an old period's
+	// marks); endsAtFirst is the count of GC ends at its first mark.
+	markSeen    bool
+	endsAtFirst uint64
+	noGCBroken  bool          // the step without a GC released nothing: FreeOSMemory from now on
+	gcOnly      bool          // a test's fake Go step and no fake step without a GC: the GC path only
+	thr0        time.Duration // throttled time when the pending period began
+	thrAt       int64         // when thr0 was read; 0 when unknown
+	early       bool          // this pending period's trim starts at Delay/2
+	served      bool          // a Request ran this pending period's trim
+	scanCost    float64       // GC CPU per scannable byte, ns (see costOf)
 	// decisions counts the trims decided on their estimate, run or
 	// skipped (trimLocked), for the burst detector (AutoBurst).
 	decisions atomic.Int64
@@ -766,6 +772,7 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 		// a new period begins now.
 		t.served = false
 		prog, det := t.dirty.Swap(0) != 0, t.det.Swap(0)
+		t.endMarks()
 		if !prog && det == 0 && t.inFlight() == 0 {
 			t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 			t.since.Store(0)
@@ -827,6 +834,7 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	}
 	t.trimLocked(OriginDebounced, false, early)
 	t.progMarked = false
+	t.endMarks()
 	return 0, true
 }
 
@@ -834,9 +842,16 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 // the detector's (det: 1 in progress, 2 collected). t.run must be held.
 func (t *Trimmer) noteMark(prog bool, det uint32) {
 	t.endsAtMark = t.gc.ends.Load()
+	if !t.markSeen {
+		t.markSeen, t.endsAtFirst = true, t.endsAtMark
+	}
 	t.markCollected = !prog && det == 2
 	t.progMarked = t.progMarked || prog
 }
+
+// endMarks forgets the marks of a pending period that has ended.
+// t.run must be held.
+func (t *Trimmer) endMarks() { t.markSeen, t.markCollected = false, false }
 
 // detected is the burst detector's mark of a burst in progress (see
 // AutoBurst): as AfterBurst, but the burst is not the program's word that
@@ -969,11 +984,14 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	t.decisions.Add(1)
 	// The path of the Go step (see Trimmer): without a GC when a GC cycle
 	// has run since the burst's last mark (see gcSinceMark), or one
-	// collected a burst since the last trim (the detector saw it, or the
-	// live heap fell by a quarter from its peak), unless the GC is cheap
-	// and the process idle (cheapGC); TrimNow always runs FreeOSMemory.
+	// collected a burst since the last decision (the detector saw it, or
+	// the live heap fell by a quarter from its peak), unless the GC is
+	// cheap and the process idle (cheapGC); TrimNow always runs
+	// FreeOSMemory.
 	gcSince := t.gcSinceMark() || t.markCollected || t.gc.collected(t.minRelease)
-	busy := t.gc.ends.Load() >= t.endsAtMark+2 // a whole GC cycle since the mark
+	// busy: a whole GC cycle ran since this period's first mark, the
+	// process allocates; natural cycles collect its garbage.
+	busy := t.markSeen && t.gc.ends.Load() >= t.endsAtFirst+2
 	// The program's word that the burst is garbage: a debounced trim or a
 	// Request while one is pending, after the program's AfterBurst or
 	// Begin (not only the detector's), and TrimNow.
@@ -993,6 +1011,12 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	if !force && !t.noGCBroken && !t.gcOnly {
 		if gcSince && (busy || cost > cheapGC) {
 			noGC = true
+		} else if busy && cost <= cheapGC {
+			// A process that allocates and marks faster than the delay
+			// (its trim comes at the max wait, its last mark fresh):
+			// what its natural cycles collected is returned without a
+			// GC; the rest, the next cycle collects for the next trim.
+			noGC = t.noGCEst() >= max(t.minRelease, 1)
 		} else if !gcSince && cost > cheapGC {
 			// No GC since the burst: its GC is worth running only when
 			// it would return more than the path without one by what it
@@ -1030,6 +1054,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 				slog.Int64("need_bytes", need), slog.Duration("cost_estimate", cost),
 				slog.Int64("min_release_bytes", t.minRelease))
 		}
+		t.gc.peak.Store(t.gc.last.Load()) // as after a trim: a burst collected before it is not one after it
 		if t.onTrim != nil {
 			t.onTrim()
 		}
@@ -1114,6 +1139,7 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	if gcRan {
 		if h, ok := readHeap(); ok {
 			t.gc.floor.Store(h.live) // accurate: FreeOSMemory just ran a GC
+			t.gc.peak.Store(h.live)  // its hook may run after the reset above
 		}
 		t.calibrate(t.scan(), measured)
 	}
@@ -1211,6 +1237,9 @@ func (t *Trimmer) gcPath(marked bool) (est, scan int64, cost time.Duration, need
 // cycle straddled the drop took the path without a GC and kept its
 // burst. t.run must be held.
 func (t *Trimmer) gcSinceMark() bool {
+	if !t.markSeen || t.dirty.Load() != 0 || t.det.Load() != 0 {
+		return false // no mark in this period, or one no tick has seen yet
+	}
 	switch n := t.gc.ends.Load(); {
 	case n >= t.endsAtMark+2:
 		return true

@@ -1,0 +1,105 @@
+package trim
+
+import (
+	"runtime"
+	"runtime/debug"
+	"testing"
+	"time"
+
+	"github.com/memctl/memctl/internal/burst"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A pressure Request with no mark in the pending period (none ever, or an
+// earlier period's: found by a review of gcSinceMark), 200 MiB of garbage
+// no GC has collected and a cheap GC, runs that GC. Reading the count of
+// GC ends at the last mark ever seen, it took two GC ends in the process's
+// life for "a GC since the mark" and a busy process, took the path
+// without a GC, found 2 MiB free and was skipped.
+func TestPressureRequestIgnoresAnOldPeriodsMark(t *testing.T) {
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	cfg.scan = func() int64 { return 1 << 20 }         // a GC of about 2 ms: cheap
+	cfg.estimate = func() int64 { return 200 << 20 }   // with a GC: the uncollected garbage
+	cfg.noGCEstimate = func() int64 { return 2 << 20 } // without: the free heap
+	var noGC int
+	cfg.noGCStep = func() (int64, int, AbortReason, bool) { noGC++; return 2 << 20, 1, AbortNone, false }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	tr.gcEnd() // two GC ends, long before the garbage; no mark in this period
+	tr.gcEnd()
+	r := tr.Request(OriginPressure)
+	t.Logf("%+v; steps without a GC %d", r, noGC)
+	assert.True(t, r.Ran, "the Request ran")
+	assert.False(t, r.NoGC, "with a GC")
+	assert.Len(t, f.starts(), 1, "FreeOSMemory ran")
+}
+
+// A peak of the live heap left by an earlier burst that no trim ran for
+// (a skip: the background scavenger had returned it) made the straddling
+// GC end of the next burst look like its collection (the live heap a
+// quarter under that old peak): the path without a GC, nothing free, the
+// burst kept (0 of 48 MiB returned). A decision now resets the peak as a
+// trim does.
+func TestStalePeakAfterASkip(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory keeps RSS up after a trim")
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	runtime.GC()
+	cfg := Config{Delay: time.Second, MaxWait: 10 * time.Second, NoCHeap: true}
+	cfg.scan = func() int64 { return 32 << 20 } // a GC of about 67 ms: not cheap
+	tr, err := New(cfg)
+	require.NoError(t, err)
+	defer tr.Close()
+	a := burst.Alloc(128 << 20)
+	runtime.GC() // sees A live: the peak
+	runtime.KeepAlive(a)
+	a = nil
+	runtime.GC()         // collects A
+	debug.FreeOSMemory() // returns it, as the background scavenger would
+	require.Eventually(t, func() bool { return tr.gc.ends.Load() >= 3 }, 5*time.Second, time.Millisecond)
+	tr.AfterBurst() // A's trim: nothing left to return
+	require.Eventually(t, func() bool { return tr.Stats().Skipped > 0 }, 10*time.Second, 10*time.Millisecond)
+	b := burst.Alloc(48 << 20)
+	runtime.GC() // sees B live
+	runtime.KeepAlive(b)
+	b = nil
+	released0 := readUint(metricHeapReleased)
+	tr.AfterBurst()
+	time.Sleep(300 * time.Millisecond) // ticks see the mark
+	straddle(t, tr)                    // the cycle that straddled B's drop ends
+	require.Eventually(t, func() bool { return tr.Stats().Trims > 0 || tr.Stats().Skipped > 1 }, 20*time.Second, 10*time.Millisecond)
+	s := tr.Stats()
+	got := int64(readUint(metricHeapReleased)) - int64(released0)
+	t.Logf("trims %d, skipped %d %v, no GC %d, released %d MiB", s.Trims, s.Skipped, s.SkippedBy, s.NoGC, got>>20)
+	assert.GreaterOrEqual(t, got, int64(36<<20), "B was returned")
+}
+
+// A service that marks bursts more often than the delay is trimmed at the
+// max wait, on the tick that has just seen a mark: with several GC cycles
+// since the period's first mark it is busy, and what its cycles collected
+// is returned without forcing a GC, however cheap (issue 26). Before, the
+// fresh mark made it look idle and a cheap GC was forced.
+func TestContinuousMarksTakeThePathWithoutAGC(t *testing.T) {
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	cfg.MaxWait = 2 * cfg.Delay
+	cfg.scan = func() int64 { return 1 << 20 } // cheap
+	cfg.noGCEstimate = func() int64 { return 64 << 20 }
+	var noGC int
+	cfg.noGCStep = func() (int64, int, AbortReason, bool) { noGC++; return 64 << 20, 1, AbortNone, false }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	for deadline := time.Now().Add(10 * cfg.Delay); tr.Stats().Trims == 0 && time.Now().Before(deadline); {
+		tr.AfterBurst()
+		tr.gcEnd() // the service's natural GC cycles
+		tr.gcEnd()
+		time.Sleep(tr.interval / 2)
+	}
+	t.Logf("GC ends %d, trims %d, steps without a GC %d, forced GCs %d", tr.gc.ends.Load(), tr.Stats().Trims, noGC, len(f.starts()))
+	require.Positive(t, tr.Stats().Trims)
+	assert.Zero(t, len(f.starts()), "no forced GC")
+	assert.Positive(t, noGC, "the step without a GC ran")
+}
