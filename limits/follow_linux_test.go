@@ -254,8 +254,12 @@ func writeCgroup(t *testing.T, g *cgrouptest.Group, file string, v int64) time.T
 	if v < 0 {
 		val = "max"
 	}
+	// The time before the write: a child that reacts before this thread
+	// runs again (two busy loops beside a CI rehearsal) stamps its line
+	// earlier than a time read after the write, and the wait skipped it.
+	at := time.Now()
 	require.NoError(t, os.WriteFile(filepath.Join(g.Dir, file), []byte(val), 0))
-	return time.Now()
+	return at
 }
 
 // needV2 skips t unless a child cgroup can be made in a cgroup v2 memory
