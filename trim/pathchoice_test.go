@@ -77,30 +77,3 @@ func TestStalePeakAfterASkip(t *testing.T) {
 	t.Logf("trims %d, skipped %d %v, no GC %d, released %d MiB", s.Trims, s.Skipped, s.SkippedBy, s.NoGC, got>>20)
 	assert.GreaterOrEqual(t, got, int64(36<<20), "B was returned")
 }
-
-// A service that marks bursts more often than the delay is trimmed at the
-// max wait, on the tick that has just seen a mark: with several GC cycles
-// since the period's first mark it is busy, and what its cycles collected
-// is returned without forcing a GC, however cheap (issue 26). Before, the
-// fresh mark made it look idle and a cheap GC was forced.
-func TestContinuousMarksTakeThePathWithoutAGC(t *testing.T) {
-	f := &fakeStep{}
-	cfg := fakeConfig(f)
-	cfg.MaxWait = 2 * cfg.Delay
-	cfg.scan = func() int64 { return 1 << 20 } // cheap
-	cfg.noGCEstimate = func() int64 { return 64 << 20 }
-	var noGC int
-	cfg.noGCStep = func() (int64, int, AbortReason, bool) { noGC++; return 64 << 20, 1, AbortNone, false }
-	tr := mustNew(t, cfg)
-	defer tr.Close()
-	for deadline := time.Now().Add(10 * cfg.Delay); tr.Stats().Trims == 0 && time.Now().Before(deadline); {
-		tr.AfterBurst()
-		tr.gcEnd() // the service's natural GC cycles
-		tr.gcEnd()
-		time.Sleep(tr.interval / 2)
-	}
-	t.Logf("GC ends %d, trims %d, steps without a GC %d, forced GCs %d", tr.gc.ends.Load(), tr.Stats().Trims, noGC, len(f.starts()))
-	require.Positive(t, tr.Stats().Trims)
-	assert.Zero(t, len(f.starts()), "no forced GC")
-	assert.Positive(t, noGC, "the step without a GC ran")
-}

@@ -78,10 +78,11 @@ const (
 	// collected, FreeOSMemory returns every free page, where the step
 	// without a GC leaves its slack (see gcfree.go: 15 to 20 MiB over a
 	// 30 MiB heap). A process still allocating (a whole GC cycle ran
-	// since the first mark of the pending period) takes the step without
-	// a GC however cheap the GC, and returns what its natural cycles
-	// collected: a forced one stops the world twice under its load (the
-	// load-gc scenario of bench/load.go counts the forced cycles).
+	// since the burst's last mark) takes the step without a GC however
+	// cheap the GC: a forced one stops the world twice under its load
+	// (the load-gc scenario of bench/load.go counts the forced cycles).
+	// A process that marks more often than the delay is trimmed at the
+	// max wait, its last mark fresh: it still gets the cheap GC.
 	cheapGC = 10 * time.Millisecond
 )
 
@@ -450,16 +451,15 @@ type Trimmer struct {
 	markCollected bool
 	// markSeen: a tick saw a mark in this pending period (reset when it
 	// ends, so that a Request while idle does not read an old period's
-	// marks); endsAtFirst is the count of GC ends at its first mark.
-	markSeen    bool
-	endsAtFirst uint64
-	noGCBroken  bool          // the step without a GC released nothing: FreeOSMemory from now on
-	gcOnly      bool          // a test's fake Go step and no fake step without a GC: the GC path only
-	thr0        time.Duration // throttled time when the pending period began
-	thrAt       int64         // when thr0 was read; 0 when unknown
-	early       bool          // this pending period's trim starts at Delay/2
-	served      bool          // a Request ran this pending period's trim
-	scanCost    float64       // GC CPU per scannable byte, ns (see costOf)
+	// marks).
+	markSeen   bool
+	noGCBroken bool          // the step without a GC released nothing: FreeOSMemory from now on
+	gcOnly     bool          // a test's fake Go step and no fake step without a GC: the GC path only
+	thr0       time.Duration // throttled time when the pending period began
+	thrAt      int64         // when thr0 was read; 0 when unknown
+	early      bool          // this pending period's trim starts at Delay/2
+	served     bool          // a Request ran this pending period's trim
+	scanCost   float64       // GC CPU per scannable byte, ns (see costOf)
 	// decisions counts the trims decided on their estimate, run or
 	// skipped (trimLocked), for the burst detector (AutoBurst).
 	decisions atomic.Int64
@@ -842,9 +842,7 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 // the detector's (det: 1 in progress, 2 collected). t.run must be held.
 func (t *Trimmer) noteMark(prog bool, det uint32) {
 	t.endsAtMark = t.gc.ends.Load()
-	if !t.markSeen {
-		t.markSeen, t.endsAtFirst = true, t.endsAtMark
-	}
+	t.markSeen = true
 	t.markCollected = !prog && det == 2
 	t.progMarked = t.progMarked || prog
 }
@@ -989,9 +987,10 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	// cheap and the process idle (cheapGC); TrimNow always runs
 	// FreeOSMemory.
 	gcSince := t.gcSinceMark() || t.markCollected || t.gc.collected(t.minRelease)
-	// busy: a whole GC cycle ran since this period's first mark, the
-	// process allocates; natural cycles collect its garbage.
-	busy := t.markSeen && t.gc.ends.Load() >= t.endsAtFirst+2
+	// busy: a whole GC cycle ran since the burst's last mark, the process
+	// allocates after it (GC ends during the burst's own allocation do
+	// not count: a process idle after its burst is not busy).
+	busy := t.markSeen && t.gc.ends.Load() >= t.endsAtMark+2
 	// The program's word that the burst is garbage: a debounced trim or a
 	// Request while one is pending, after the program's AfterBurst or
 	// Begin (not only the detector's), and TrimNow.
@@ -1011,12 +1010,6 @@ func (t *Trimmer) trimLocked(o Origin, force, early bool) Result {
 	if !force && !t.noGCBroken && !t.gcOnly {
 		if gcSince && (busy || cost > cheapGC) {
 			noGC = true
-		} else if busy && cost <= cheapGC {
-			// A process that allocates and marks faster than the delay
-			// (its trim comes at the max wait, its last mark fresh):
-			// what its natural cycles collected is returned without a
-			// GC; the rest, the next cycle collects for the next trim.
-			noGC = t.noGCEst() >= max(t.minRelease, 1)
 		} else if !gcSince && cost > cheapGC {
 			// No GC since the burst: its GC is worth running only when
 			// it would return more than the path without one by what it
