@@ -151,12 +151,15 @@ func TestNoGCTrimUnderLoad(t *testing.T) {
 	for name, r := range map[string]map[string]string{"no GC": nogc, "FreeOSMemory": ctl} {
 		t.Logf("%s: %v", name, r)
 	}
-	if childInt(t, ctl, "TRIMS") == 0 && childInt(t, ctl, "ESTIMATE") < loadBurst/4 {
+	if childInt(t, ctl, "ESTIMATE") < loadBurst/4 {
 		// On a loaded machine the burst, its natural GC cycles and the
 		// wait can take long enough for the background scavenger to
 		// return the burst before AfterBurst: then neither arm has
 		// anything to trim and nothing is compared (seen once beside a
-		// CI rehearsal and two busy loops: estimate 8 MB, 19 GC cycles).
+		// CI rehearsal and two busy loops: estimate 8 MB, 19 GC cycles;
+		// the control may still run its trim on those 8 MB, and the
+		// other arm, with nothing free to return without a GC, take the
+		// GC path: seen in 3 of 7 runs beside two busy loops).
 		t.Skipf("the background scavenger returned the burst before the trim (control's estimate %s bytes): nothing to compare", ctl["ESTIMATE"])
 	}
 	assert.Equal(t, childInt(t, nogc, "TRIMS"), childInt(t, nogc, "NOGC"), "a trim that ran took the path without a GC (the background scavenger may have left too little to trim)")
