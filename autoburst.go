@@ -6,10 +6,11 @@ import (
 	"os"
 
 	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/trim"
 )
 
-// WithAutoBurst configures the burst detector (trim.AutoBurst): at the end
+// WithAutoBurst configures the burst detector (trim.AutoBurstConfig): at the end
 // of each GC cycle it compares the live heap with its recent floor, and a
 // heap at twice its floor (and 32 MiB over it) is a burst, trimmed one trim
 // delay after the last GC end that saw it, through the same skip rule and
@@ -25,7 +26,7 @@ func WithAutoBurst(cfg trim.AutoBurstConfig) Option { return func(c *config) { c
 // startAutoBurst starts the burst detector on tr unless MEMCTL_AUTOBURST or
 // cfg says off (an invalid MEMCTL_AUTOBURST is reported through fail and
 // leaves it off).
-func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)) *trim.AutoBurst {
+func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)) trimwire.AutoBurst {
 	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
 		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
 		if err != nil {
@@ -33,11 +34,20 @@ func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)
 		}
 		cfg.Off = !on
 	}
-	a, err := trim.StartAutoBurst(tr, cfg)
+	a, err := trimwire.StartAutoBurst(tr, cfg)
 	if err != nil {
 		fail(fmt.Errorf("memctl: %w; burst detection is off", err))
 	}
 	return a
+}
+
+// autoBurstStats returns a's counters, zero when a is nil.
+func autoBurstStats(a trimwire.AutoBurst) trim.AutoBurstStats {
+	if a == nil {
+		return trim.AutoBurstStats{}
+	}
+	s, _ := a.Stats().(trim.AutoBurstStats)
+	return s
 }
 
 func onOff(on bool) string {

@@ -34,8 +34,13 @@
 // and the C heap of the allocator that owns malloc; package trim). It finds
 // the bursts itself: at the end of each GC cycle a live heap at twice its
 // recent floor (and 32 MiB over it) is a burst in progress, and the trim
-// comes two seconds after the last GC cycle that saw it (trim.AutoBurst; no
-// goroutine or timer while idle). AfterBurst and Begin mark bursts the
+// comes two seconds after the last GC cycle that saw it (trim.AutoBurstConfig; no
+// goroutine or timer while idle), with the GC that finds out whether the
+// burst died when that GC fits in the trims' CPU budget (2% of a CPU). The
+// same rule finds a burst of free C memory (glibc, jemalloc, tcmalloc; not
+// mimalloc), looked at on GC ends at most once a second: in a process that
+// allocates nothing in Go, at the runtime's forced GC 2 minutes at the
+// latest after the burst. AfterBurst and Begin mark bursts the
 // detector cannot see (garbage that no GC cycle found live) and set the
 // trim's time exactly. It logs one short INFO line through log/slog that
 // says what it decided, the details at DEBUG. Package limits also has per-request memory budgets that refuse
@@ -43,14 +48,15 @@
 //
 // Start also watches for trouble (package pressure): at the end of each GC
 // cycle it checks for a GC death spiral (the GC taking 50% or more of the
-// CPU over 10 s with the live heap at 90% or more of GOMEMLIMIT), logs one
+// CPU over 10 s with the live heap at 90% or more of GOMEMLIMIT, or with
+// GOMEMLIMIT pacing the GC with less runway than that), logs one
 // WARN per episode and, when GOMEMLIMIT came from the cgroup, lifts it by
 // 10% (never above the cgroup limit, kept by the refresh) for a minute; and
 // one goroutine blocked in poll(2) waits for the kernel's memory pressure
 // signal (PSI, the cgroup v1 pressure level, or systemd's
 // $MEMORY_PRESSURE_WATCH) and, at most every 2 s, when the memory under
 // pressure is mostly anonymous rather than page cache, asks for a trim
-// through the trimmer's one gate (trim.Trimmer.Request: skipped when too
+// through the trimmer's one gate (the trim gate of package trim: skipped when too
 // little would be released for its GC, charged to the same 2% CPU budget).
 // Controller.Subscribe delivers both as events. WithPressure configures it.
 //
@@ -88,7 +94,10 @@
 // # Environment
 //
 // The operator wins: these variables override Start's options, and the Go
-// and glibc ones are never overridden by memctl.
+// and glibc ones are never overridden by memctl, with one exception: an
+// operator's GOMEMLIMIT above the cgroup's hard limit, which cannot take
+// effect before the OOM killer, is replaced while it is above it
+// (MEMCTL_KEEP_GOMEMLIMIT=on keeps it).
 //
 //	MEMCTL=on|off                      off: memctl does nothing at all
 //	MEMCTL_THP=keep|disable|except-advised|on|off
@@ -104,7 +113,14 @@
 //	                                   start trims)
 //	MEMCTL_ARENA_MAX=2|on|off          glibc arena cap (cgo, glibc only;
 //	                                   0 is off, on is 2)
-//	GOMEMLIMIT                         set by the operator: left as it is
+//	GOMEMLIMIT                         set by the operator: left as it is,
+//	                                   unless above the cgroup's hard
+//	                                   limit (after a resize down): then
+//	                                   memctl sets its own value, with a
+//	                                   WARN, until the limit rises above
+//	                                   it again
+//	MEMCTL_KEEP_GOMEMLIMIT=on|off      keep the operator's GOMEMLIMIT even
+//	                                   above the hard limit (default off)
 //	AUTOMEMLIMIT=0.9|off               ratio of the cgroup limit, or off
 //	MEMCTL_REFRESH=10s|off             least time between two re-reads of
 //	                                   the cgroup limit, at GC end

@@ -25,6 +25,16 @@ import (
 // the request and "seq" is 0 (they number the published records). With no controller live it
 // serves "closed": true and GOMEMLIMIT as it is. It answers GET and HEAD
 // (405 otherwise) and registers nothing by itself. Safe for concurrent use.
+//
+// A browser (an Accept header that names text/html), or ?format=html, gets
+// a page for people instead: the last minutes of RSS and the live heap as
+// a chart, with GOMEMLIMIT, the memory limit and memory.high as lines and
+// the trims, limit changes and pressure events as marks, and the record's
+// figures beside it. The page is self-contained (no script, no resource
+// from elsewhere; a Content-Security-Policy forbids them) and every string
+// from the process is escaped, so it is safe on a debug port. Its samples
+// come from the moments memctl already wakes (GC ends at most every 250
+// ms, trims, limit changes, pressure): an idle process adds none.
 func Handler() http.Handler { return http.HandlerFunc(serveState) }
 
 func serveState(w http.ResponseWriter, req *http.Request) {
@@ -35,6 +45,10 @@ func serveState(w http.ResponseWriter, req *http.Request) {
 	}
 	r := current.Load().record()
 	r.Version, r.PID, r.Updated = state.Version, os.Getpid(), time.Now().UTC()
+	if wantsHTML(req) {
+		servePage(w, r)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	enc := json.NewEncoder(w)

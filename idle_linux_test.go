@@ -12,12 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func init() { moreChildren["idle"] = childIdle }
@@ -137,7 +135,7 @@ func TestIdleCostWithLimit(t *testing.T) { idleCost(t, cgrouptest.New(t, 256<<20
 
 // TestV2IdleCost: the same on a real cgroup v2 memory controller (the VM).
 func TestV2IdleCost(t *testing.T) {
-	if p, err := cgroupfs.WritableParent(); err != nil || p.Version != 2 {
+	if p, err := cgrouptest.WritableParent(); err != nil || p.Version != 2 {
 		t.Skipf("needs a writable cgroup v2 memory controller (run in the VM): %v", err)
 	}
 	idleCost(t, cgrouptest.New(t, 256<<20))

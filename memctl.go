@@ -16,7 +16,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/memctl/memctl/internal/arenamax"
 	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/history"
+	"github.com/memctl/memctl/internal/relief"
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/pressure"
 	"github.com/memctl/memctl/thp"
@@ -47,15 +51,13 @@ type config struct {
 }
 
 // WithPressure configures the GC death-spiral detector and the kernel
-// memory-pressure watcher (package pressure). Start fills in what the
-// zero Config leaves to it: the logger, Trim (the trimmer's
-// Request(trim.OriginPressure), which passes the one trim gate), Shed
-// (limits.Shed: every pool refuses Grows past its ShedSize during a death
-// spiral), CancelLargest (limits.CancelLargest: pools configured with
-// CancelLargest cancel their largest request on kernel pressure), and
-// LiftCeiling and Lift (the cgroup memory limit and the GOMEMLIMIT
-// limiter's Lift, when GOMEMLIMIT was derived from the cgroup, so that the
-// refresh keeps a lift; set LiftOff to refuse lifts). Close stops both. Default: the zero pressure.Config.
+// memory-pressure watcher (package pressure). Start gives it the logger
+// when the Config has none, and the trim that kernel pressure asks for:
+// the trimmer's, through the one trim gate. A death spiral sheds large
+// Grows in every pool and lifts GOMEMLIMIT through the limiter when it
+// came from the cgroup (LiftOff refuses lifts); kernel pressure cancels
+// the largest request in pools configured with CancelLargest. Close stops
+// both. Default: the zero pressure.Config.
 func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
 // DefaultArenaMax is the glibc arena cap Start applies where glibc owns
@@ -187,9 +189,9 @@ type Report struct {
 // Stats is a snapshot of the controller's counters.
 type Stats struct {
 	// Trim holds the trimmer's counters (zero when trimming is off):
-	// Trim.Origins[trim.OriginPressure] counts the trims asked for on
-	// kernel pressure, run and skipped, and their CPU, apart from the
-	// debounced ones; Trim.SkippedBy the skips by reason.
+	// Trim.Pressure counts the trims asked for on kernel pressure, run
+	// and skipped, and their CPU, apart from the debounced ones;
+	// Trim.SkippedMinRelease and its siblings the skips by reason.
 	Trim trim.Stats
 	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
 	GoMemLimit int64
@@ -229,11 +231,14 @@ type Controller struct {
 	trimmer   *trim.Trimmer
 	limiter   *limits.MemLimiter
 	monitor   *pressure.Monitor
-	auto      *trim.AutoBurst
+	untrim    func()             // removes the pressure trim from internal/relief
+	auto      trimwire.AutoBurst // nil: no burst detector
 	once      sync.Once
 	startedBy string   // Start's caller, for the second-Start warning
 	rec       recorder // the state record (state.go)
 	swap      swapSource
+	hist      history.Ring // the last minutes, for Handler's page
+	histOff   atomic.Bool  // benchmarks of the GC-end path without it
 }
 
 // Start applies memctl's settings to this process and returns the controller
@@ -253,7 +258,7 @@ type Controller struct {
 //     the Go runtime, re-read at GC end at most every 10 s, unless the
 //     operator set GOMEMLIMIT or AUTOMEMLIMIT;
 //   - a trimmer that returns freed memory DefaultTrimDelay after a burst:
-//     one it detects at GC end (trim.AutoBurst, unless MEMCTL_AUTOBURST or
+//     one it detects at GC end (trim.AutoBurstConfig, unless MEMCTL_AUTOBURST or
 //     WithAutoBurst turns that off), or one marked with AfterBurst or Begin.
 //
 // It logs one INFO line that states what it decided, and one WARN line for
@@ -320,7 +325,7 @@ func Start(opts ...Option) (*Controller, error) {
 		switch err := cheap.SetArenaMax(arenaMax); {
 		case err == nil:
 			c.report.ArenaMax = arenaMax
-		case errors.Is(err, cheap.ErrOperatorSet), errors.Is(err, cheap.ErrUnavailable):
+		case errors.Is(err, arenamax.ErrOperatorSet), errors.Is(err, cheap.ErrUnavailable):
 			c.report.ArenaMaxNote = err.Error()
 		default:
 			fail(err)
@@ -336,6 +341,16 @@ func Start(opts ...Option) (*Controller, error) {
 	}
 
 	cfg.memLimit.Logger = cmpOr(cfg.memLimit.Logger, cfg.logger)
+	userChange := cfg.memLimit.OnChange
+	cfg.memLimit.OnChange = func(d limits.MemLimit) {
+		if c.rec.started.Load() {
+			c.hist.Mark(time.Now(), history.KindLimit, d.GoMemLimit)
+			c.publish() // a limit followed while idle shows at once
+		}
+		if userChange != nil {
+			userChange(d)
+		}
+	}
 	lim, ml, err := startMemLimit(cfg.memLimit, fail)
 	if err != nil {
 		fail(err)
@@ -356,14 +371,11 @@ func Start(opts ...Option) (*Controller, error) {
 	if delay > 0 {
 		tc := cfg.trim
 		tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, cfg.logger), tc.Strict || strict.Load()
-		tc.OnTrim = chain(tc.OnTrim, c.publish)
-		if tc.HoldMemoryLimit == nil && c.limiter != nil {
-			tc.HoldMemoryLimit = c.limiter.Hold // GOMEMLIMIT's one writer
-		}
 		tr, err := trim.New(tc)
 		if err != nil {
 			fail(err)
 		} else {
+			trimwire.OnTrim(tr, func() { c.mark(history.KindTrim) })
 			c.trimmer = tr
 			c.report.TrimDelay = delay
 		}
@@ -421,6 +433,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("gomemlimit_bytes", bytesOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
 		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
+		slog.String("gomemlimit_reclaimable", strconv.FormatInt(r.MemLimit.Reclaimable, 10)),
 		slog.String("gomemlimit_refresh", delayOrOff(r.MemLimitRefresh)),
 		slog.String("gomemlimit_follow", cmp.Or(c.limiter.Following(), "none")),
 		slog.String("gomemlimit_reason", r.MemLimit.Reason),
@@ -476,6 +489,9 @@ func limitSource(m limits.MemLimit) string {
 	}
 	if m.AtFloor {
 		s += ", at the floor"
+	}
+	if m.Overridden {
+		s += ", the operator's " + inMiB(m.Operator) + " being above the limit"
 	}
 	return s
 }
@@ -635,7 +651,7 @@ func (c *Controller) Stats() Stats {
 		s.Trim = c.trimmer.Stats()
 	}
 	if c != nil {
-		s.Pressure, s.AutoBurst = c.monitor.Stats(), c.auto.Stats()
+		s.Pressure, s.AutoBurst = c.monitor.Stats(), autoBurstStats(c.auto)
 		s.Swap = c.swap.read()
 	} else {
 		s.Swap = looseSwap.read()
@@ -656,12 +672,18 @@ func (c *Controller) Close() error {
 		unregister(c)
 		c.rec.sub.Stop() // before the trimmer's Close: no republish after it
 		_ = c.monitor.Close()
-		c.auto.Close()
+		if c.untrim != nil {
+			c.untrim()
+		}
+		if c.auto != nil {
+			c.auto.Close()
+		}
 		c.limiter.Close()
 		if c.trimmer != nil {
 			_ = c.trimmer.Close()
 		}
 		c.stopRecord()
+		c.hist.Close()
 	})
 	return nil
 }
@@ -770,10 +792,10 @@ func caller(skip int) string {
 	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line)
 }
 
-// startPressure starts the death-spiral detector and the kernel watcher,
-// unless MEMCTL_PRESSURE is off (or invalid: then off, and reported); a
-// watcher that cannot start is reported through fail and the detector runs
-// all the same.
+// startPressure registers the pressure trim (internal/relief) and starts
+// the death-spiral detector and the kernel watcher, unless MEMCTL_PRESSURE
+// is off (or invalid: then off, and reported); a watcher that cannot start
+// is reported through fail and the detector runs all the same.
 func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
 	if v, ok := envflag.Lookup("MEMCTL_PRESSURE"); ok {
 		on, err := envflag.Bool("MEMCTL_PRESSURE", v)
@@ -785,55 +807,36 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 			return nil
 		}
 	}
-	m, err := pressure.Start(pressureConfig(cfg, c))
+	c.untrim = relief.SetTrim(pressureTrim(c))
+	pc := cfg.pressure
+	pc.Logger = cmp.Or(pc.Logger, cfg.logger)
+	m, err := pressure.Start(pc)
 	if err != nil {
 		fail(err)
 	}
 	return m
 }
 
-// pressureConfig fills what cfg.pressure leaves to the facade: the logger,
-// the trimmer's Request(trim.OriginPressure) as the trim (through the gate
-// of every trim: the estimate, the cost rule, the 2% CPU budget), limits.Shed as the death spiral's
-// shedding, limits.CancelLargest as the kernel pressure's cancel (it acts
-// on pools configured with CancelLargest), and, when GOMEMLIMIT came from the
-// cgroup, the cgroup limit as the ceiling of a GOMEMLIMIT lift, applied
-// through the limiter (limits.MemLimiter.Lift) so that the refresh keeps it.
-// With a GOMEMLIMIT refresh, the trim on kernel pressure first re-reads the
-// limit (limits.MemLimiter.Poke, at most once a second): the pressure may
-// be a memory.high just lowered under the usage.
-func pressureConfig(cfg config, c *Controller) pressure.Config {
-	pc := cfg.pressure
-	pc.Logger = cmpOr(pc.Logger, cfg.logger)
-	if tr := c.trimmer; pc.Trim == nil && tr != nil {
-		pc.Trim = func() { tr.Request(trim.OriginPressure) } // the gate of every trim, never TrimNow
-	}
-	if pc.Shed == nil {
-		pc.Shed = limits.Shed // pools refuse new large work during a death spiral
-	}
-	if pc.CancelLargest == nil {
-		pc.CancelLargest = func() { limits.CancelLargest() } // pools with CancelLargest
-	}
-	if lim := c.limiter; lim != nil && lim.Interval() > 0 {
-		// Kernel pressure may mean a memory.high lowered under the usage,
-		// where the kernel throttles allocation and GC ends are rare:
-		// re-read the limit first (at most once a second), then trim.
-		trimFn := pc.Trim
-		pc.Trim = func() {
+// pressureTrim is the trim kernel pressure asks for (through
+// internal/relief): the trimmer's gated request (trimwire.Request), the gate of
+// every trim (the estimate, the cost rule, the 2% CPU budget), never a
+// forced TrimNow. With a GOMEMLIMIT refresh it then re-reads the limit
+// (MemLimiter.Poke, at most once a second): the pressure may be a
+// memory.high just lowered under the usage, where the kernel throttles
+// allocation and GC ends are rare. The trim comes first: it is what
+// relieves the cgroup, and a re-read at its limit is slow (every page the
+// reading allocates is reclaimed for).
+func pressureTrim(c *Controller) func() {
+	tr, lim := c.trimmer, c.limiter
+	return func() {
+		if tr != nil {
+			c.mark(history.KindPressure)
+			trimwire.Request(tr, trimwire.Pressure)
+		}
+		if lim != nil && lim.Interval() > 0 {
 			lim.Poke()
-			if trimFn != nil {
-				trimFn()
-			}
 		}
 	}
-	ml := c.report.MemLimit
-	if pc.LiftCeiling == 0 && (ml.Source == limits.SourceCgroupV1 || ml.Source == limits.SourceCgroupV2) {
-		pc.LiftCeiling = ml.MemoryLimit
-		if pc.Lift == nil && c.limiter != nil {
-			pc.Lift = c.limiter.Lift
-		}
-	}
-	return pc
 }
 
 // Subscribe returns a channel of the death-spiral and kernel-pressure

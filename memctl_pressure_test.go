@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,8 +15,8 @@ import (
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/gcend"
-	"github.com/memctl/memctl/limits"
-	"github.com/memctl/memctl/pressure"
+	"github.com/memctl/memctl/internal/history"
+	"github.com/memctl/memctl/internal/relief"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
 )
@@ -69,40 +68,28 @@ func TestStartWiresPressure(t *testing.T) {
 	assert.False(t, open)
 }
 
-func TestPressureConfigFromFacade(t *testing.T) {
+// Kernel pressure asks the facade's trimmer for a trim through its gate
+// (internal/relief); a death spiral's shedding and kernel pressure's cancel
+// reach the pools through internal/relief without wiring, and lifts go to
+// GOMEMLIMIT's owner, the limiter.
+func TestPressureTrimFromFacade(t *testing.T) {
 	tr, err := trim.New(trim.Config{})
 	require.NoError(t, err)
 	defer tr.Close()
 	c := &Controller{trimmer: tr}
-	c.report.MemLimit = limits.MemLimit{GoMemLimit: 230 << 20, MemoryLimit: 256 << 20, Source: limits.SourceCgroupV1}
-	pc := pressureConfig(config{logger: slog.Default()}, c)
-	assert.Equal(t, int64(256<<20), pc.LiftCeiling, "a lift stops at the cgroup limit")
-	assert.NotNil(t, pc.Trim)
-	assert.NotNil(t, pc.Logger)
-
-	assert.NotNil(t, pc.Shed, "a death spiral sheds large work in the pools")
-	assert.NotNil(t, pc.CancelLargest, "kernel pressure cancels the largest request")
-	assert.Nil(t, pc.Lift, "no limiter: the lift sets GOMEMLIMIT itself")
-
-	// A refreshed GOMEMLIMIT: the lift goes through the limiter, which
-	// keeps it across refreshes.
-	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
-	c.limiter, _, _ = limits.NewMemLimiter(limits.MemLimitConfig{Refresh: -1})
-	defer c.limiter.Close()
-	c.report.MemLimitRefresh = 10 * time.Second
-	assert.NotNil(t, pressureConfig(config{}, c).Lift)
-	assert.Equal(t, int64(256<<20), pressureConfig(config{}, c).LiftCeiling)
-	c.report.MemLimitRefresh = 0
-	c.limiter = nil
-
-	// The operator's GOMEMLIMIT: no ceiling, so no lift.
-	c.report.MemLimit = limits.MemLimit{GoMemLimit: 200 << 20, Source: limits.SourceEnv}
-	assert.Zero(t, pressureConfig(config{}, c).LiftCeiling)
-	// The caller's own settings are kept.
-	own := pressure.Config{LiftCeiling: 1 << 30, LiftOff: true}
-	c.report.MemLimit = limits.MemLimit{GoMemLimit: 230 << 20, MemoryLimit: 256 << 20, Source: limits.SourceCgroupV2}
-	pc = pressureConfig(config{pressure: own}, c)
-	assert.Equal(t, int64(1<<30), pc.LiftCeiling)
-	assert.True(t, pc.LiftOff)
-	assert.Nil(t, pressureConfig(config{}, &Controller{}).Trim, "no trimmer: no trim")
+	defer c.hist.Close()
+	remove := relief.SetTrim(pressureTrim(c))
+	require.True(t, relief.Trim())
+	o := tr.Stats().Pressure
+	assert.Equal(t, int64(1), o.Trims+o.Skipped, "one request through the gate")
+	var kinds []history.Kind
+	for _, e := range c.hist.Entries() {
+		kinds = append(kinds, e.Kind)
+	}
+	assert.Contains(t, kinds, history.KindPressure, "the pressure is marked in the history (Handler's page)")
+	remove()
+	assert.False(t, relief.Trim(), "removed")
+	none := &Controller{}
+	pressureTrim(none)() // no trimmer, no limiter: nothing
+	assert.Empty(t, none.hist.Entries(), "no trimmer: no mark")
 }

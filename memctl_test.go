@@ -21,6 +21,7 @@ import (
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childtest.EnvVar) == "" {
 		// The THP flag is inherited: children start from a clear flag even
 		// when the tests themselves run under a disabled one.
-		_ = thp.Enable()
+		_ = thpflag.Set(thpflag.Enabled)
 	}
 	children := map[string]func(){"start": childStart, "resize": childResize, "refresh": childRefresh, "wiring": childWiring,
 		"three-requests": childThreeRequests}
@@ -247,10 +248,10 @@ func TestStartEnvironmentEdgeCases(t *testing.T) {
 func TestReportReadsBackInheritedTHP(t *testing.T) {
 	// The child inherits a disabled flag; a typo in MEMCTL_THP leaves it so,
 	// and the report must say what the process really has.
-	if err := thp.Disable(); err != nil {
+	if err := thpflag.Set(thpflag.Disabled); err != nil {
 		t.Skipf("prctl: %v", err)
 	}
-	defer func() { require.NoError(t, thp.Enable()) }()
+	defer func() { require.NoError(t, thpflag.Set(thpflag.Enabled)) }()
 	r, recs := runStart(t, nil, "MEMCTL_THP=disabel")
 	assert.Contains(t, r["ERR"], "MEMCTL_THP")
 	assert.Equal(t, "0", r["THP_ENABLED"])
@@ -373,11 +374,11 @@ func TestWithTrimDelayOrder(t *testing.T) {
 func restoreTHP(s thp.State) {
 	switch s {
 	case thp.StateEnabled:
-		_ = thp.Enable()
+		_ = thpflag.Set(thpflag.Enabled)
 	case thp.StateDisabled:
-		_ = thp.Disable()
+		_ = thpflag.Set(thpflag.Disabled)
 	case thp.StateDisabledExceptAdvised:
-		_ = thp.DisableExceptAdvised()
+		_ = thpflag.Set(thpflag.DisabledExceptAdvised)
 	}
 }
 

@@ -3,6 +3,7 @@ package memctl
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
-	"github.com/memctl/memctl/trim"
 )
 
 // The cgroup v2 suite of the facade: each TestV2 test runs a child of this
@@ -89,7 +89,7 @@ func childV2Probe() {
 		}
 		_ = sink
 		st := ctl.Stats()
-		p := st.Trim.Origins[trim.OriginPressure]
+		p := st.Trim.Pressure
 		fmt.Printf("TICK %d %d %d %d %d %d %d\n", time.Since(t0).Milliseconds(), st.GoMemLimit, p.Trims,
 			st.Pressure.Signals, st.Pressure.MemoryEvents.High, st.Pressure.MemoryEvents.Max, st.Trim.TotalReleased)
 		time.Sleep(100 * time.Millisecond)
@@ -251,9 +251,7 @@ func (p *v2Probe) send(t *testing.T, line string) {
 
 func reportInt(t *testing.T, r map[string]string, k string) int64 {
 	t.Helper()
-	n, err := strconv.ParseInt(r[k], 10, 64)
-	require.NoError(t, err, "%s=%q", k, r[k])
-	return n
+	return childtest.RequireInt(t, r, k)
 }
 
 // limitFound says whether the child's GOMEMLIMIT came from the cgroup
@@ -408,27 +406,55 @@ func TestV2PressureTrimInContainer(t *testing.T) {
 				tk, _, _ := p.waitFor(0, func(v2Tick) bool { return true })
 				t.Fatalf("the cgroup never reached memory.max; memory.current %d, last tick %+v", g.Current(t), tk)
 			}
-			tk, after, ok := p.waitFor(trimBound, func(tk v2Tick) bool { return tk.Trims > 0 })
+			// The contract is memctl's reaction: the trim starts within
+			// trimBound of the first max event. How long its GC then takes
+			// is the runtime's and the machine's (0.2 s quiet, 1.5 s in
+			// this TCG guest beside two busy loops on the host); it must
+			// end, and it is logged.
+			var line string
+			var start time.Time
+			ok := assert.Eventually(t, func() bool {
+				line, start = pressureTrimStart(p.errors())
+				return line != ""
+			}, 30*time.Second, 20*time.Millisecond, "no pressure trim ended within 30 s of the first max event")
 			e := g.Events(t, g.Dir)
-			t.Logf("layout %s: first max event; pressure trim after %v: %+v; memory.events %v", tc.l.Name, after, tk, e)
-			defer func() {
-				for _, line := range strings.Split(p.errors(), "\n") {
-					if strings.Contains(line, `"msg":"trim: done"`) {
-						t.Logf("layout %s: %s", tc.l.Name, line)
-					}
+			t.Logf("layout %s: first max event; pressure trim started %v after it: %s; memory.events %v", tc.l.Name, start.Sub(hit), line, e)
+			for _, l := range strings.Split(p.errors(), "\n") {
+				if strings.Contains(l, `"msg":"memctl: kernel memory pressure"`) {
+					t.Logf("layout %s: the first max event at %s; %s", tc.l.Name, hit.UTC().Format(time.RFC3339Nano), l)
+					break
 				}
-			}()
+			}
 			require.Zero(t, e["oom_kill"], "OOM-killed")
-			require.True(t, ok, "no pressure trim within %v of the first max event (last tick %+v)\nstderr:\n%s", trimBound, tk, p.errors())
+			require.True(t, ok, "stderr:\n%s", p.errors())
+			require.LessOrEqual(t, start.Sub(hit), trimBound, "the pressure trim started later than %v after the first max event\nstderr:\n%s", trimBound, p.errors())
 			// The trim ran its Go step (the heap's GC and scavenge). What
 			// it released is not asserted: the burst goes on allocating
 			// through the trim (GOGC=off, at memory.max) and takes the
 			// freed pages back at once, so the growth of the released
 			// heap across the step is 0 to 250 MiB between identical runs.
-			assert.Eventually(t, func() bool { return strings.Contains(p.errors(), `"go_step":true`) }, trimBound, 20*time.Millisecond,
+			assert.Contains(t, line, `"go_step":true`,
 				"the pressure trim did not run its Go step\nstderr:\n%s", p.errors())
 		})
 	}
+}
+
+// pressureTrimStart returns the first "trim: done" line of a pressure trim
+// in the child's standard error and when that trim started (the line's
+// time less its took), or "" when there is none yet.
+func pressureTrimStart(stderr string) (line string, start time.Time) {
+	for _, l := range strings.Split(stderr, "\n") {
+		var r struct {
+			Time   time.Time `json:"time"`
+			Msg    string    `json:"msg"`
+			Origin string    `json:"origin"`
+			Took   int64     `json:"took"`
+		}
+		if json.Unmarshal([]byte(l), &r) == nil && r.Msg == "trim: done" && r.Origin == "pressure" {
+			return l, r.Time.Add(-time.Duration(r.Took))
+		}
+	}
+	return "", time.Time{}
 }
 
 // memory.high above the usage, at it and under it, in every layout:

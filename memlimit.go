@@ -12,7 +12,8 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// startMemLimit applies MEMCTL_REFRESH and MEMCTL_GOMEMLIMIT_FLOOR to cfg
+// startMemLimit applies MEMCTL_REFRESH, MEMCTL_KEEP_GOMEMLIMIT and
+// MEMCTL_GOMEMLIMIT_FLOOR to cfg
 // and starts the GOMEMLIMIT limiter. A bad MEMCTL_REFRESH turns the refresh
 // off; a bad MEMCTL_GOMEMLIMIT_FLOOR leaves GOMEMLIMIT alone (the operator's
 // floor is not guessed at). Both are reported to fail.
@@ -23,6 +24,16 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 			fail(err)
 		}
 		cfg.Refresh = d
+	}
+	if v, ok := envflag.Lookup("MEMCTL_KEEP_GOMEMLIMIT"); ok {
+		keep, err := envflag.Bool("MEMCTL_KEEP_GOMEMLIMIT", v)
+		if err != nil {
+			// Not guessed: the operator's value is kept, as asked for
+			// by the variable's presence.
+			fail(fmt.Errorf("memctl: %w; the operator's GOMEMLIMIT is kept", err))
+			keep = true
+		}
+		cfg.KeepOperator = keep
 	}
 	if v, ok := envflag.Lookup("MEMCTL_GOMEMLIMIT_FLOOR"); ok {
 		n, err := parseFloor(v)
@@ -72,6 +83,47 @@ func parseFloor(v string) (int64, error) {
 		return 0, fmt.Errorf("memctl: MEMCTL_GOMEMLIMIT_FLOOR=%q: want a byte count such as \"64MiB\" (B, KiB, MiB, GiB, TiB); GOMEMLIMIT left as it was", v)
 	}
 	return n << shift, nil
+}
+
+// MemLimit returns the latest GOMEMLIMIT decision of the controller's
+// limiter: the memory limit in force (bytes, its source and file, a
+// memory.high followed), what is held outside Go, GOMEMLIMIT in force and
+// who set it (Source SourceEnv and Operator for the operator's value),
+// with no read and no write: it allocates nothing, so a cache may call it
+// on a hot path. The limit is followed whether memctl set GOMEMLIMIT or an
+// operator did (unless MEMCTL_REFRESH=off). With no limiter (MEMCTL=off,
+// a nil Controller) it holds GOMEMLIMIT in force alone. Safe for
+// concurrent use.
+func (c *Controller) MemLimit() limits.MemLimit {
+	if c == nil || c.limiter == nil {
+		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone}
+	}
+	return c.limiter.Last()
+}
+
+// WatchMemLimit returns a channel that receives MemLimit each time what it
+// says is in force changes (a resize, memory.high, GOMEMLIMIT moved, an
+// operator's value overridden or given back), for a cache that sizes
+// itself from the limit; see limits.MemLimiter.Subscribe for buf and the
+// dropping rule (the last value received is always the one in force).
+// cancel stops it; Close closes the channel. With no limiter the channel
+// is closed at once. Safe for concurrent use.
+func (c *Controller) WatchMemLimit(buf int) (changes <-chan limits.MemLimit, cancel func()) {
+	var m *limits.MemLimiter
+	if c != nil {
+		m = c.limiter
+	}
+	return m.Subscribe(buf)
+}
+
+// CurrentMemLimit returns MemLimit of the live controller of the latest
+// Start (see Controller.MemLimit); with none, GOMEMLIMIT in force alone.
+func CurrentMemLimit() limits.MemLimit { return current.Load().MemLimit() }
+
+// WatchMemLimit returns WatchMemLimit of the live controller of the latest
+// Start; with none, a closed channel.
+func WatchMemLimit(buf int) (changes <-chan limits.MemLimit, cancel func()) {
+	return current.Load().WatchMemLimit(buf)
 }
 
 // Refresh re-reads the memory limit and the memory outside the Go runtime

@@ -194,10 +194,8 @@ func TestControllerRefresh(t *testing.T) {
 	cmd := childtest.Command(t, "refresh", []string{"MEMCTL", "GOMEMLIMIT", "AUTOMEMLIMIT", "MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR"}, "MEMCTL_CHILD_CGROUP="+g.Dir, fmt.Sprintf("MEMCTL_CHILD_VERSION=%d", g.Version))
 	g.Wrap(cmd)
 	r := childtest.Report(t, cmd)
-	before, err := strconv.ParseInt(r["BEFORE"], 10, 64)
-	require.NoError(t, err)
-	after, err := strconv.ParseInt(r["AFTER"], 10, 64)
-	require.NoError(t, err)
+	before := childtest.RequireInt(t, r, "BEFORE")
+	after := childtest.RequireInt(t, r, "AFTER")
 	assert.Greater(t, before, int64(400<<20))
 	assert.LessOrEqual(t, after, int64(241591910), "Refresh read the lowered limit")
 	assert.Equal(t, r["AFTER"], r["READBACK"])
@@ -248,4 +246,37 @@ func TestStartFloorInCgroup(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), r["GOMEMLIMIT"], "a bad floor leaves GOMEMLIMIT alone")
 	_, line := infoLines(recs)
 	assert.Contains(t, line["gomemlimit_reason"], "bad MEMCTL_GOMEMLIMIT_FLOOR")
+}
+
+// BenchmarkCurrentMemLimit: reading the limit in force allocates nothing
+// (issue 32 item 3), beside debug.SetMemoryLimit(-1), the simple way to
+// read GOMEMLIMIT alone, in the same run.
+func BenchmarkCurrentMemLimit(b *testing.B) {
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(b, err)
+	defer ctl.Close()
+	b.Run("CurrentMemLimit", func(b *testing.B) {
+		b.ReportAllocs()
+		var n int64
+		for b.Loop() {
+			n += CurrentMemLimit().GoMemLimit
+		}
+		_ = n
+	})
+	b.Run("SetMemoryLimit(-1)", func(b *testing.B) {
+		b.ReportAllocs()
+		var n int64
+		for b.Loop() {
+			n += debug.SetMemoryLimit(-1)
+		}
+		_ = n
+	})
+}
+
+// TestCurrentMemLimitAllocatesNothing is the benchmark's promise as a test.
+func TestCurrentMemLimitAllocatesNothing(t *testing.T) {
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer ctl.Close()
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = CurrentMemLimit() }))
 }

@@ -101,12 +101,8 @@ func TestPoolFollowsResizeInCgroup(t *testing.T) {
 	require.True(t, ok, "the child reports; stderr: %s", stderr.String())
 	assert.Greater(t, first.gml, int64(200<<20), "0.9 of 256 MiB less a few MiB")
 	assert.Equal(t, first.gml/2, first.pool, "half of GOMEMLIMIT")
-	made := ""
-	for _, l := range strings.Split(stderr.String(), "\n") {
-		if strings.Contains(l, "limits: pool made") {
-			made = l
-		}
-	}
+	// The report is on stdout, the log on stderr: wait for the line.
+	made := stderr.waitLine(t, "limits: pool made", 10*time.Second)
 	t.Logf("%s", made)
 	assert.Contains(t, made, fmt.Sprintf("limit=%.1fMiB ", float64(first.pool)/(1<<20)))
 	assert.Contains(t, made, "limit_source=\"half of GOMEMLIMIT")
@@ -125,7 +121,7 @@ func TestPoolFollowsResizeInCgroup(t *testing.T) {
 	took := time.Since(lowered)
 	t.Logf("GOMEMLIMIT %d -> %d, pool %d -> %d, %v after the limit was lowered", first.gml, r.gml, first.pool, r.pool, took)
 	assert.Equal(t, r.gml/2, r.pool, "the pool follows in the same refresh")
-	assert.Contains(t, stderr.String(), "limits: pool limit follows GOMEMLIMIT")
+	stderr.waitLine(t, "limits: pool limit follows GOMEMLIMIT", 10*time.Second)
 }
 
 // syncBuffer is a bytes.Buffer safe for the writer (the child's stderr
@@ -139,6 +135,26 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
+}
+
+// waitLine waits up to within for a line holding sub and returns the last
+// such line; it fails the test, showing what arrived, if none does.
+func (s *syncBuffer) waitLine(t *testing.T, sub string, within time.Duration) string {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) {
+		line := ""
+		for _, l := range strings.Split(s.String(), "\n") {
+			if strings.Contains(l, sub) {
+				line = l
+			}
+		}
+		if line != "" {
+			return line
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no line with %q on stderr within %v; stderr:\n%s", sub, within, s.String())
+		}
+	}
 }
 
 func (s *syncBuffer) String() string {

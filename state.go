@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/gomemlimit"
+	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/trim"
@@ -44,6 +46,7 @@ type recorder struct {
 	flushes sync.WaitGroup
 	warned  bool
 	closed  atomic.Bool
+	started atomic.Bool // startRecord set log: publish may run
 	log     *slog.Logger
 }
 
@@ -71,21 +74,24 @@ func (c *Controller) record() *state.Record {
 		r.Off, r.Closed = rep.Off, c.rec.closed.Load()
 		r.GoMemLimit = state.GoMemLimit{Bytes: r.GoMemLimit.Bytes, Source: cut(ml.Source.String()), File: cut(ml.File),
 			MemoryLimitBytes: ml.MemoryLimit, Ratio: ml.Ratio, OutsideBytes: ml.Outside,
-			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: cut(ml.Reason), LimitUnknown: ml.LimitUnknown}
+			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: cut(ml.Reason), LimitUnknown: ml.LimitUnknown,
+			ReclaimableBytes: ml.Reclaimable, Overridden: ml.Overridden}
+		if ml.Operator > 0 && ml.Operator != math.MaxInt64 {
+			r.GoMemLimit.OperatorBytes = &ml.Operator
+		}
 		r.THP = state.THP{Policy: cut(rep.THPPolicy.String()), State: cut(rep.THPState.String()), System: cut(rep.THPSystem)}
 		t := st.Trim
-		origin := func(o trim.Origin) state.Origin {
-			s := t.Origins[o]
+		origin := func(s trim.OriginStats) state.Origin {
 			return state.Origin{Trims: s.Trims, Skipped: s.Skipped, CPUSeconds: s.CPU.Seconds(), ReleasedBytes: s.Released}
 		}
 		r.Trim = state.Trim{DelaySeconds: rep.TrimDelay.Seconds(), Trims: t.Trims, Skipped: t.Skipped,
 			GoSkipped: t.GoSkipped, CSkipped: t.CSkipped, ReleasedBytes: t.TotalReleased,
 			LastReleasedBytes: t.LastReleased, CPUSeconds: t.TotalCPU.Seconds(),
 			Deferred: t.Deferred, EarlyStarts: t.EarlyStarts,
-			Origins: state.Origins{Debounced: origin(trim.OriginDebounced), Pressure: origin(trim.OriginPressure),
-				Spiral: origin(trim.OriginSpiral), ByName: origin(trim.OriginByName)},
-			SkippedBy: state.SkippedBy{MinRelease: t.SkippedBy[trim.SkipMinRelease], Cost: t.SkippedBy[trim.SkipCost],
-				Budget: t.SkippedBy[trim.SkipBudget], Running: t.SkippedBy[trim.SkipRunning]}}
+			Origins: state.Origins{Debounced: origin(t.Debounced), Pressure: origin(t.Pressure),
+				Spiral: origin(t.Spiral), ByName: origin(t.ByName)},
+			SkippedBy: state.SkippedBy{MinRelease: t.SkippedMinRelease, Cost: t.SkippedCost,
+				Budget: t.SkippedBudget, Running: t.SkippedRunning}}
 		ps := st.Pressure
 		r.Pressure = state.Pressure{Source: cut(cmp.Or(rep.Pressure, "none")), Note: cut(rep.PressureNote), Signals: ps.Signals, Acted: ps.Acted,
 			LeftToKernel: ps.LeftToKernel, CancelsHeld: ps.CancelsHeld, Spirals: ps.Spirals, Lifts: ps.Lifts,
@@ -164,13 +170,17 @@ const countersEvery = time.Second
 // MEMCTL=off switched off publishes once and watches nothing.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l
+	c.rec.started.Store(true)
 	if c.report.Off {
 		c.publish() // MEMCTL=off: one record that says so, and no watch
 		return
 	}
 	c.rec.lastDecisions, c.rec.lastCounters = c.fingerprint()
 	c.rec.countersAt = time.Now()
-	c.rec.sub = gcend.Subscribe(func() bool {
+	c.rec.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
+		if !c.histOff.Load() {
+			c.hist.GCEnd(s.Time, s.Live, s.GoMemLimit)
+		}
 		c.watch(false)
 		return true
 	})
@@ -211,6 +221,12 @@ func (c *Controller) watch(flush bool) {
 	c.publish()
 }
 
+// mark records an event in the history and republishes the record.
+func (c *Controller) mark(k history.Kind) {
+	c.hist.Mark(time.Now(), k, gomemlimit.Read())
+	c.publish()
+}
+
 // stopRecord stops the watch and publishes the record of the controller
 // that now serves the package-level functions, or c's last one.
 func (c *Controller) stopRecord() {
@@ -240,18 +256,10 @@ func (c *Controller) fingerprint() (decisions, counters uint64) {
 			mix(&n, v)
 		}
 	}
-	ps, a := c.monitor.Counters(), c.auto.Stats()
+	ps, a := c.monitor.Counters(), autoBurstStats(c.auto)
 	for _, v := range []int64{ps.Signals, ps.Acted, ps.LeftToKernel, ps.CancelsHeld, ps.Spirals, ps.Lifts, ps.Lifted,
 		a.Bursts, a.Drops, a.Settled} {
 		mix(&n, v)
 	}
 	return d, n
-}
-
-// chain returns a func that calls f (when set) and then g.
-func chain(f, g func()) func() {
-	if f == nil {
-		return g
-	}
-	return func() { f(); g() }
 }

@@ -13,11 +13,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/gcendtest"
 	"github.com/memctl/memctl/internal/safefs"
 	"github.com/memctl/memctl/internal/state"
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
-	"github.com/memctl/memctl/trim"
 )
 
 // ownRecord reads this process's state record as memctl status does.
@@ -96,7 +97,7 @@ func TestStateRecord(t *testing.T) {
 	assert.Greater(t, r.Seq, seq)
 	// By origin (issue 17): the trim by name, nothing else.
 	assert.Equal(t, int64(1), r.Trim.Origins.ByName.Trims)
-	assert.Equal(t, ctl.Stats().Trim.Origins[trim.OriginByName].Released, r.Trim.Origins.ByName.ReleasedBytes)
+	assert.Equal(t, ctl.Stats().Trim.ByName.Released, r.Trim.Origins.ByName.ReleasedBytes)
 	assert.Zero(t, r.Trim.Origins.Debounced.Trims+r.Trim.Origins.Pressure.Trims+r.Trim.Origins.Spiral.Trims)
 	// The C heaps (issue 21) as Stats lists them, the owner of malloc first.
 	heaps := ctl.Stats().CHeaps
@@ -109,14 +110,14 @@ func TestStateRecord(t *testing.T) {
 		assert.Equal(t, heaps[i].Releases, h.Releases)
 	}
 	// A skipped request (issue 17): counted by reason, published at once.
-	ctl.trimmer.Request(trim.OriginPressure)
+	trimwire.Request(ctl.trimmer, trimwire.Pressure)
 	st := ctl.Stats().Trim
 	r = ownRecord(t)
-	assert.Equal(t, st.Origins[trim.OriginPressure].Trims, r.Trim.Origins.Pressure.Trims)
-	assert.Equal(t, st.Origins[trim.OriginPressure].Skipped, r.Trim.Origins.Pressure.Skipped)
-	assert.Equal(t, st.SkippedBy[trim.SkipMinRelease], r.Trim.SkippedBy.MinRelease)
-	assert.Equal(t, st.SkippedBy[trim.SkipBudget], r.Trim.SkippedBy.Budget)
-	assert.Equal(t, st.SkippedBy[trim.SkipCost], r.Trim.SkippedBy.Cost)
+	assert.Equal(t, st.Pressure.Trims, r.Trim.Origins.Pressure.Trims)
+	assert.Equal(t, st.Pressure.Skipped, r.Trim.Origins.Pressure.Skipped)
+	assert.Equal(t, st.SkippedMinRelease, r.Trim.SkippedBy.MinRelease)
+	assert.Equal(t, st.SkippedBudget, r.Trim.SkippedBy.Budget)
+	assert.Equal(t, st.SkippedCost, r.Trim.SkippedBy.Cost)
 	assert.Equal(t, int64(1), r.Trim.Origins.Pressure.Trims+r.Trim.Origins.Pressure.Skipped, "one request")
 
 	// GOMEMLIMIT changed by the program and a pool opened: the next GC
@@ -194,14 +195,31 @@ func TestStateRecordIdle(t *testing.T) {
 	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
 	require.NoError(t, err)
 	defer ctl.Close()
-	runtime.GC() // pools dropped by earlier tests leave the list now
-	time.Sleep(50 * time.Millisecond)
+	// Pools dropped by earlier tests leave the list at a GC end, and the
+	// counters it changed are published when countersEvery ends: wait for
+	// both, the events, not a time.
+	gcendtest.Seen(t)
+	waitNoFlush(t, ctl)
 	r0 := ownRecord(t)
 	time.Sleep(300 * time.Millisecond)
-	runtime.GC() // a GC cycle with nothing changed publishes nothing
-	runtime.GC()
+	gcendtest.Seen(t) // GC cycles with nothing changed publish nothing
 	r1 := ownRecord(t)
 	assert.Equal(t, r0.Seq, r1.Seq)
+}
+
+// waitNoFlush waits, at most 10 s, until c has no held-back counters to
+// publish (its one-shot timer has fired and published, or none is armed).
+func waitNoFlush(t *testing.T, c *Controller) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c.rec.watchMu.Lock()
+		pending := c.rec.flush != nil
+		c.rec.watchMu.Unlock()
+		if !pending {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "held-back counters not published in 10 s")
+	}
 }
 
 // MEMCTL=off: one record that says so, and no GC-end watch (memctl does

@@ -76,21 +76,17 @@ func decideTHP(p thp.Policy, set bool, tunables string, apply func(thp.Policy) (
 	return p, st, strings.Join(notes, "; ")
 }
 
-// glibcHugeTLB returns the value glibc reads for glibc.malloc.hugetlb from
-// a GLIBC_TUNABLES string ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=2"),
-// as a decimal number ("0", "1", "2", or a huge page size), or "" when the
-// string does not set it. It reads the string as glibc does (elf/
-// dl-tunables.c, checked against ld.so --list-tunables of glibc 2.36,
-// TestGlibcHugeTLBAsGlibcReads): ':' separates the pairs, a name is
-// compared whole (" glibc.malloc.hugetlb" is another name), a pair
-// without '=' is skipped, the last pair wins; the value is read as
-// _dl_strtoul reads it (blanks skipped, a sign, 0x for hexadecimal, a
-// leading 0 for octal, digits up to the first other byte, nothing: 0), so
-// "0x1", "01" and "1abc" are 1 and "-1" is 2^64-1. A malformed string (a
-// last pair without '=', a value with '=') is read as glibc 2.36 reads it,
-// the pairs before kept; glibc 2.39 and later ignore it whole, and there
-// memctl honours a request glibc does not make, which costs no more than
-// except-advised in place of disable.
+// glibcHugeTLB returns, as a decimal number, the value glibc reads for
+// glibc.malloc.hugetlb from GLIBC_TUNABLES ("0", "1", "2" or a huge page
+// size), "" when the string does not set it. As glibc does (elf/
+// dl-tunables.c, checked against ld.so --list-tunables of glibc 2.36):
+// ':' separates the pairs, a name is compared whole, a pair without '=' is
+// skipped, the last pair wins, and the value is read as _dl_strtoul reads
+// it (elf/dl-misc.c: blanks skipped, a sign, 0x for hexadecimal, a leading
+// 0 for octal, the digits up to the first other byte, none: 0, 2^64-1 on
+// overflow), so "0x1", "01" and "1abc" are 1. glibc 2.39 and later ignore
+// a malformed string whole; memctl then honours a request glibc does not
+// make, which costs no more than except-advised in place of disable.
 func glibcHugeTLB(tunables string) string {
 	v, set := "", false
 	for _, kv := range strings.Split(tunables, ":") {
@@ -101,54 +97,29 @@ func glibcHugeTLB(tunables string) string {
 	if !set {
 		return ""
 	}
-	return strconv.FormatUint(dlStrtoul(v), 10)
-}
-
-// dlStrtoul is glibc's _dl_strtoul (elf/dl-misc.c): blanks and tabs
-// skipped, an optional sign (a minus negates modulo 2^64), base 16 after
-// "0x", 8 after a leading "0", 10 otherwise, digits up to the first byte
-// that is not one; 0 when there is none, 2^64-1 on overflow.
-func dlStrtoul(s string) uint64 {
-	s = strings.TrimLeft(s, " \t")
-	neg := false
-	if s != "" && (s[0] == '-' || s[0] == '+') {
-		neg, s = s[0] == '-', s[1:]
+	v = strings.TrimLeft(v, " \t")
+	neg := strings.HasPrefix(v, "-")
+	if neg || strings.HasPrefix(v, "+") {
+		v = v[1:]
 	}
-	if s == "" || s[0] < '0' || s[0] > '9' {
-		return 0
+	base, digits := 10, "0123456789"
+	switch {
+	case strings.HasPrefix(v, "0x") || strings.HasPrefix(v, "0X"):
+		base, digits, v = 16, "0123456789abcdefABCDEF", v[2:]
+	case strings.HasPrefix(v, "0"):
+		base, digits = 8, "01234567"
 	}
-	base := uint64(10)
-	if s[0] == '0' {
-		if len(s) > 1 && (s[1] == 'x' || s[1] == 'X') {
-			base, s = 16, s[2:]
-		} else {
-			base = 8
-		}
+	if i := strings.IndexFunc(v, func(r rune) bool { return !strings.ContainsRune(digits, r) }); i >= 0 {
+		v = v[:i]
 	}
-	var r uint64
-digits:
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		var d uint64
-		switch {
-		case c >= '0' && c <= '9' && uint64(c-'0') < base:
-			d = uint64(c - '0')
-		case base == 16 && c >= 'a' && c <= 'f':
-			d = uint64(c-'a') + 10
-		case base == 16 && c >= 'A' && c <= 'F':
-			d = uint64(c-'A') + 10
-		default:
-			break digits
-		}
-		if r >= (math.MaxUint64-d)/base {
-			return math.MaxUint64
-		}
-		r = r*base + d
+	n, err := strconv.ParseUint(v, base, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		n = math.MaxUint64
+	case neg:
+		n = -n
 	}
-	if neg {
-		return -r
-	}
-	return r
+	return strconv.FormatUint(n, 10)
 }
 
 // parseTHP parses MEMCTL_THP: a thp.Policy word, or a switch word: off

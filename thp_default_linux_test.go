@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -20,6 +19,8 @@ import (
 	"github.com/memctl/memctl/internal/burst"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/chold"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -28,7 +29,7 @@ const (
 	thpRegion  = 64 << 20
 	thpPMD     = 2 << 20
 	thpHeld    = 128 << 20
-	thpSysfsOn = thp.SysfsDir + "/enabled"
+	thpSysfsOn = "/sys/kernel/mm/transparent_hugepage" + "/enabled"
 )
 
 // childTHPStart runs Start with the environment's settings, then does
@@ -108,7 +109,7 @@ func childTHPAdvise() {
 }
 
 func anonHuge() int64 {
-	n, err := thp.AnonHugePages()
+	n, err := procfs.AnonHugePages(0)
 	if err != nil {
 		childtest.Fail("%v", err)
 	}
@@ -124,9 +125,7 @@ func runTHPChild(t *testing.T, do string, env ...string) map[string]string {
 
 func mibOf(t *testing.T, r map[string]string, k string) int64 {
 	t.Helper()
-	v, err := strconv.ParseInt(r[k], 10, 64)
-	require.NoError(t, err, "%s=%q in %v", k, r[k], r)
-	return v >> 20
+	return childtest.RequireInt(t, r, k) >> 20
 }
 
 // requireExceptAdvised skips unless the kernel has
@@ -141,15 +140,15 @@ func requireExceptAdvised(t *testing.T) {
 	if err != nil {
 		t.Skipf("THP system settings: %v", err)
 	}
-	if s.PMDMode() == thp.ModeNever || s.PMDSize != thpPMD {
+	if s.PMDMode() == "never" || s.PMDSize != thpPMD {
 		t.Skipf("THP mode %s, huge page size %d: no 2 MiB huge pages here", s.PMDMode(), s.PMDSize)
 	}
 	prev, err := thp.Process()
 	require.NoError(t, err)
-	if err := thp.DisableExceptAdvised(); err != nil {
+	if err := thpflag.Set(thpflag.DisabledExceptAdvised); err != nil {
 		t.Skipf("needs PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18): %v", err)
 	}
-	require.NoError(t, thp.Enable())
+	require.NoError(t, thpflag.Set(thpflag.Enabled))
 	t.Cleanup(func() { restoreTHP(prev) })
 }
 
@@ -212,7 +211,7 @@ func TestDefaultTHPGoHeapUnderAlways(t *testing.T) {
 	}
 	s, err := thp.System()
 	require.NoError(t, err)
-	if s.PMDEnabled != "" && s.PMDEnabled != thp.ModeInherit {
+	if s.PMDEnabled != "" && s.PMDEnabled != "inherit" {
 		t.Skipf("the 2 MiB size has its own mode (%s): the test switches only the top-level one", s.PMDEnabled)
 	}
 	prev := string(s.Enabled)

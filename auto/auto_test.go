@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	_ "github.com/memctl/memctl/auto"
+	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -40,7 +41,7 @@ func TestImportHonoursMEMCTLOff(t *testing.T) {
 	// The flag is inherited across fork and exec: clear it for the child.
 	prev, err := thp.Process()
 	require.NoError(t, err)
-	require.NoError(t, thp.Enable())
+	require.NoError(t, thpflag.Set(thpflag.Enabled))
 	defer func() {
 		restore := thp.PolicyKeep // prev was enabled: as it is now
 		switch prev {

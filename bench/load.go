@@ -311,15 +311,9 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	rate := lp.Rate
 	if contended {
 		rate = lp.ContendedRate
-		g, err := cpuquota.New(fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-")), lp.Quota, lp.QuotaPeriod)
-		if err != nil {
-			return nil, err
-		}
-		defer func() { err = errors.Join(err, g.Remove()) }()
-		if err := g.Add(pr.pid); err != nil {
-			return nil, err
-		}
-		if err := g.StartBusy(); err != nil {
+		defer func() { err = errors.Join(err, pr.leaveQuota()) }()
+		name := fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-"))
+		if err := pr.enterQuota(name, lp.Quota, lp.QuotaPeriod); err != nil {
 			return nil, err
 		}
 	}

@@ -15,8 +15,11 @@
 // min and max. Where the harness can (root, a memory cgroup it may write),
 // each child runs in a child memory cgroup of its own with the same limit
 // (-cgroup-limit, default 2 GiB), so that the GOMEMLIMIT arms have a limit
-// to read; the output says whether it did. The arms' environment is the
-// harness's less GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*.
+// to read; the output says whether it did. Every cgroup the harness makes
+// is removed when its arm ends, failing or not, and on SIGINT or SIGTERM,
+// which stop the running arms before the harness exits (status 130). The
+// arms' environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and
+// MEMCTL*.
 //
 // Scenarios (-scenarios, default all five):
 //
@@ -67,7 +70,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -93,7 +98,9 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	if cfg.From != "" {
 		rep, err = readReport(cfg.From)
 	} else {
+		stop := abortOnSignal(stderr)
 		rep, err = run(cfg, stderr)
+		stop()
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -109,6 +116,26 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// abortOnSignal makes SIGINT and SIGTERM kill the running arms and remove
+// their cgroups before the harness exits (status 130); stop undoes it.
+func abortOnSignal(stderr io.Writer) (stop func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			fmt.Fprintf(stderr, "bench: %v: stopping the running arms and removing their cgroups\n", sig)
+			if err := abortRunning(); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return func() { signal.Stop(sigs); close(done) }
 }
 
 // parseFlags turns the command line into a config; -quick sets the

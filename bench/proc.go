@@ -6,15 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/cpuquota"
+	"github.com/memctl/memctl/internal/procfs"
 	"io"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"time"
-
-	"github.com/memctl/memctl/internal/procfs"
 )
 
 // stripEnv are removed from the arms' environment, so that the arms differ
@@ -46,14 +47,81 @@ type proc struct {
 	stdin  io.WriteCloser
 	lines  chan string
 	stderr bytes.Buffer
-	cg     *cgroupfs.Child
 	exited chan struct{} // closed when Wait returned
 	err    error         // Wait's error, set before exited is closed
+
+	// mu guards cg and quota: an interrupt aborts the running arms from
+	// another goroutine (abortRunning).
+	mu      sync.Mutex
+	cg      *cgrouptest.Child // nil once removed
+	quota   *cpuquota.Group   // the CPU-quota cgroup it was moved into; nil once removed
+	aborted bool              // abort was called: enterQuota makes no cgroup
+}
+
+// running are the arms started (startArm) and not yet done with (runOne),
+// for abortRunning; once stopped, startArm starts no more.
+var running = struct {
+	sync.Mutex
+	procs   map[*proc]bool
+	stopped bool
+}{procs: make(map[*proc]bool)}
+
+// untrack forgets a finished arm.
+func (pr *proc) untrack() {
+	running.Lock()
+	delete(running.procs, pr)
+	running.Unlock()
+}
+
+// abortRunning aborts every arm still running (it kills them and removes
+// their cgroups) and stops startArm from starting more. cli calls it on
+// SIGINT or SIGTERM.
+func abortRunning() error {
+	running.Lock()
+	running.stopped = true
+	procs := make([]*proc, 0, len(running.procs))
+	for pr := range running.procs {
+		procs = append(procs, pr)
+	}
+	running.Unlock()
+	var errs []error
+	for _, pr := range procs {
+		errs = append(errs, pr.abort())
+	}
+	return errors.Join(errs...)
+}
+
+// enterQuota makes the CPU-quota cgroup name (quota and period in
+// microseconds), moves the child into it and starts the busy loop beside
+// it. The cgroup is the child's to remove from then on, failing or not
+// (leaveQuota, abort); after abort it makes none.
+func (pr *proc) enterQuota(name string, quota, period int) error {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.aborted {
+		return fmt.Errorf("bench: %s: aborted", pr.spec)
+	}
+	g, err := cpuquota.New(name, quota, period)
+	if err != nil {
+		return err
+	}
+	pr.quota = g
+	if err := g.Add(pr.pid); err != nil {
+		return err
+	}
+	return g.StartBusy()
+}
+
+// holds reports whether a cgroup of the child is still to be removed.
+func (pr *proc) holds() bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.cg != nil || pr.quota != nil
 }
 
 // startProc starts exe as the child spec ("scenario/arm"), inside cg when
 // it is not nil.
-func startProc(exe, spec string, p params, cg *cgroupfs.Child) (*proc, error) {
+func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) {
 	env, err := childEnviron(spec, p)
 	if err != nil {
 		return nil, err
@@ -162,8 +230,11 @@ func (pr *proc) finish() (childResult, error) {
 // wrote to stderr and whether the OOM killer killed it.
 func (pr *proc) failure(what string) error {
 	oom := ""
-	if pr.cg != nil {
-		if n, err := pr.cg.OOMKills(); err == nil && n > 0 {
+	pr.mu.Lock()
+	cg := pr.cg
+	pr.mu.Unlock()
+	if cg != nil {
+		if n, err := cg.OOMKills(); err == nil && n > 0 {
 			oom = fmt.Sprintf(" (the OOM killer killed %d process(es) in its cgroup)", n)
 		}
 	}
@@ -174,30 +245,63 @@ func (pr *proc) failure(what string) error {
 	return fmt.Errorf("bench: %s: %s%s\n%s", pr.spec, what, oom, strings.TrimSpace(pr.stderr.String()))
 }
 
-// abort kills the child if it is still running, waits for it and removes
-// its cgroup. It may be called more than once.
+// exitTimeout bounds the wait for a killed child to exit.
+const exitTimeout = time.Minute
+
+// abort takes the child out of its CPU quota (a throttled process with a
+// large heap exits slowly), kills it if it is still running, waits for it
+// and removes its cgroups, even when it did not exit in time (Remove then
+// kills what is left and retries). It may be called more than once: each
+// call retries what is left.
 func (pr *proc) abort() error {
+	pr.mu.Lock()
+	pr.aborted = true
+	pr.mu.Unlock()
+	qerr := pr.leaveQuota()
 	_ = pr.cmd.Process.Kill()
+	var werr error
 	select {
 	case <-pr.exited:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("bench: %s: did not exit within 10 s of SIGKILL", pr.spec)
+	case <-time.After(exitTimeout):
+		werr = fmt.Errorf("bench: %s: did not exit within %v of SIGKILL", pr.spec, exitTimeout)
 	}
-	return pr.release()
+	return errors.Join(qerr, werr, pr.release())
+}
+
+// leaveQuota removes the CPU-quota cgroup the child was moved into, if
+// any: it stops the busy loop and moves the child back to the root cpu
+// cgroup. It may be called more than once.
+func (pr *proc) leaveQuota() error {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.quota == nil {
+		return nil
+	}
+	if err := pr.quota.Remove(); err != nil {
+		return err
+	}
+	pr.quota = nil
+	return nil
 }
 
 // release removes the child's cgroup after checking its OOM kill count.
+// The cgroup is forgotten only once removed, so that a later call (abort,
+// runOne's last cleanup) retries.
 func (pr *proc) release() error {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
 	if pr.cg == nil {
 		return nil
 	}
-	cg := pr.cg
-	pr.cg = nil
 	var err error
-	if n, oerr := cg.OOMKills(); oerr == nil && n > 0 {
+	if n, oerr := pr.cg.OOMKills(); oerr == nil && n > 0 {
 		err = fmt.Errorf("bench: %s: the OOM killer killed %d process(es) in its cgroup", pr.spec, n)
 	}
-	return errors.Join(err, cg.Remove())
+	if rerr := pr.cg.Remove(); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	pr.cg = nil
+	return err
 }
 
 // resetPeak resets the process's peak RSS (VmHWM) to its current RSS by

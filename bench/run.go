@@ -3,7 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
 	"io"
 	"math"
 	"os"
@@ -75,9 +75,9 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 		Runs:    cfg.Runs,
 		Params:  cfg.Params,
 	}
-	var parent *cgroupfs.Parent
+	var parent *cgrouptest.Parent
 	if cfg.CgroupLimit > 0 {
-		p, err := cgroupfs.WritableParent()
+		p, err := cgrouptest.WritableParent()
 		if err != nil {
 			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + "): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
 		} else {
@@ -147,37 +147,61 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 
 // runOne runs arm a of scenario s once, in a cgroup of its own when parent
 // is not nil, and returns its figures.
-func runOne(exe string, s scenario, a arm, cfg config, parent *cgroupfs.Parent, run int) (map[string]Obs, childResult, error) {
+func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent, run int) (figs map[string]Obs, res childResult, err error) {
 	spec := s.Name + "/" + a.Key
-	var cg *cgroupfs.Child
-	if parent != nil {
-		var err error
-		name := fmt.Sprintf("memctl-bench%s-%d-%s-%s-%d", tagSuffix(), os.Getpid(), s.Name, a.Key, run)
-		limit := cfg.CgroupLimit
-		if s.arms != nil && cfg.Params.Load.CgroupLimit > limit { // the load scenarios
-			limit = cfg.Params.Load.CgroupLimit
-		}
-		if cg, err = parent.NewChild(name, limit); err != nil {
-			return nil, childResult{}, fmt.Errorf("bench: cgroup for %s: %w", spec, err)
-		}
+	limit := cfg.CgroupLimit
+	if s.arms != nil && cfg.Params.Load.CgroupLimit > limit { // the load scenarios
+		limit = cfg.Params.Load.CgroupLimit
 	}
-	pr, err := startProc(exe, spec, cfg.Params, cg)
+	pr, err := startArm(exe, spec, cfg.Params, parent, fmt.Sprintf("memctl-bench%s-%d-%s-%s-%d", tagSuffix(), os.Getpid(), s.Name, a.Key, run), limit)
 	if err != nil {
-		if cg != nil {
-			_ = cg.Remove()
-		}
 		return nil, childResult{}, err
 	}
-	figs, err := s.observe(pr, cfg.Params)
+	defer func() {
+		if pr.holds() {
+			// An error path whose removal failed: the child is killed
+			// and its cgroups removed, or the error says which is left.
+			err = errors.Join(err, pr.abort())
+		}
+		pr.untrack()
+	}()
+	figs, err = s.observe(pr, cfg.Params)
 	if err != nil {
 		return nil, childResult{}, errors.Join(err, pr.abort())
 	}
-	res, err := pr.finish()
+	res, err = pr.finish()
 	if err != nil {
 		return nil, res, err
 	}
 	s.complete(figs, res)
 	return figs, res, nil
+}
+
+// startArm makes the arm's cgroup name under parent (none when parent is
+// nil) and starts the arm in it, tracked for abortRunning; after an
+// interrupt it starts nothing.
+func startArm(exe, spec string, p params, parent *cgrouptest.Parent, name string, limit int64) (*proc, error) {
+	running.Lock()
+	defer running.Unlock()
+	if running.stopped {
+		return nil, fmt.Errorf("bench: %s not started: interrupted", spec)
+	}
+	var cg *cgrouptest.Child
+	if parent != nil {
+		var err error
+		if cg, err = parent.NewChild(name, limit); err != nil {
+			return nil, fmt.Errorf("bench: cgroup for %s: %w", spec, err)
+		}
+	}
+	pr, err := startProc(exe, spec, p, cg)
+	if err != nil {
+		if cg != nil {
+			err = errors.Join(err, cg.Remove())
+		}
+		return nil, err
+	}
+	running.procs[pr] = true
+	return pr, nil
 }
 
 // deriveRatio adds figure to, per arm and run, the arm's figure from

@@ -50,9 +50,9 @@ func startAttack(t testing.TB, pc limits.PoolConfig, budget int64, before ...con
 	pool, err := limits.NewPool(pc)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	i, err := connectbudget.NewInterceptor(pool, connectbudget.Config{Limit: budget})
+	o, err := connectbudget.HandlerOptions(pool, connectbudget.Config{Limit: budget})
 	require.NoError(t, err)
-	opts := append(append([]connect.HandlerOption{}, before...), connect.WithInterceptors(i))
+	opts := append(append([]connect.HandlerOption{}, before...), o)
 	s := &attackServer{pool: pool}
 	mux := http.NewServeMux()
 	mux.Handle("/t.Attack/Do", connect.NewUnaryHandler("/t.Attack/Do", func(ctx context.Context, req *connect.Request[msg]) (*connect.Response[msg], error) {
@@ -163,7 +163,8 @@ func TestErrorShapes(t *testing.T) {
 			assert.Equal(t, tc.code, code(err), "%s (%s)", tc.name, proto)
 			var ce *connect.Error
 			require.True(t, errors.As(err, &ce))
-			assert.Contains(t, ce.Message(), "requested 1073741824 bytes, 0 in use, limit 67108864", tc.name)
+			// 6 in use: the request message, charged before it was unmarshaled.
+			assert.Contains(t, ce.Message(), "requested 1073741824 bytes, 6 in use, limit 67108864", tc.name)
 			if tc.code == connect.CodeResourceExhausted {
 				assert.Equal(t, connectbudget.NoRetryPushback, ce.Meta().Get(connectbudget.PushbackKey), "%s (%s)", tc.name, proto)
 			} else {
@@ -290,9 +291,11 @@ func TestStreamMidway(t *testing.T) {
 		err = st.Err()
 		st.Close()
 		t.Logf("server stream (%s): %d messages, then %v", proto, got, err)
-		assert.Equal(t, 4, got, proto)
+		// The request message's 5 bytes are held with the stream: three
+		// 16 MiB steps fit the 64 MiB budget beside them, not four.
+		assert.Equal(t, 3, got, proto)
 		assert.Equal(t, connect.CodeResourceExhausted, code(err), proto)
-		assert.Contains(t, err.Error(), "requested 16777216 bytes, 67108864 in use, limit 67108864", proto)
+		assert.Contains(t, err.Error(), "requested 16777216 bytes, 50331653 in use, limit 67108864", proto)
 	}
 	for _, proto := range protocols[1:] { // bidi needs HTTP/2
 		st := s.client("/t.Attack/Bidi", proto).CallBidiStream(context.Background())
@@ -306,7 +309,8 @@ func TestStreamMidway(t *testing.T) {
 		_, err := st.Receive()
 		t.Logf("bidi (%s): %v", proto, err)
 		assert.Equal(t, connect.CodeResourceExhausted, code(err), proto)
-		assert.Contains(t, fmt.Sprint(err), "requested 20971520 bytes, 62914560 in use, limit 67108864", proto)
+		// 62914565: three steps and the last message received (5 bytes).
+		assert.Contains(t, fmt.Sprint(err), "requested 20971520 bytes, 62914565 in use, limit 67108864", proto)
 		_ = st.CloseRequest()
 		_ = st.CloseResponse()
 	}

@@ -9,11 +9,39 @@
 // program that imports this package does.
 //
 //	pool, _ := limits.NewPool(limits.PoolConfig{Name: "connect", CancelLargest: true})
-//	budget, _ := connectbudget.NewInterceptor(pool, connectbudget.Config{Limit: 64 << 20, AfterBurst: memctl.AfterBurst})
-//	path, handler := storev1connect.NewStoreHandler(srv, connect.WithInterceptors(budget))
+//	budget, _ := connectbudget.HandlerOptions(pool, connectbudget.Config{Limit: 64 << 20, AfterBurst: memctl.AfterBurst})
+//	path, handler := storev1connect.NewStoreHandler(srv, budget, connect.WithReadMaxBytes(64<<20)) // budget first
 //
 // A handler charges what it builds with limits.Grow(ctx, n) and returns the
 // error as is or wrapped with %w.
+//
+// # Messages
+//
+// connect-go receives and unmarshals a unary request before any
+// interceptor runs, so a large message costs its wire bytes and its
+// decoded form before an interceptor could refuse it. HandlerOptions
+// charges each request message's size to the call's account before it is
+// unmarshaled, through connect's own extension point: a codec per
+// procedure (connect.WithCodec) that charges, and unmarshals only when the
+// budget grants it. A refused message gets resource_exhausted and is
+// never unmarshaled; the handler does not run. Eight concurrent 48 MiB
+// messages against a 64 MiB budget per call and a 256 MiB pool: five are
+// unmarshaled and held (240 MiB of live heap while their handlers hold
+// them), three refused; with the interceptor alone all eight are (384
+// MiB) (TestEightUploadsPeak in connectbudget/example).
+//
+// What still happens before the charge: connect reads the whole message
+// into memory, at most the handler's maximum read size
+// (connect.WithReadMaxBytes; unlimited by default), into a buffer that
+// doubles as it grows (64 MiB for a 48 MiB message), and decompresses it.
+// Set that maximum to the per-call budget: a larger message can never be
+// granted, and connect refuses it with resource_exhausted as it reads
+// past it. With eight messages arriving at once those buffers make most of
+// the server's peak, which the charge does not lower: 526-656 MiB of live
+// heap with it, 512-576 MiB without, in three runs of the same test.
+//
+// NewInterceptor's interceptor alone (connect.WithInterceptors) gives each
+// call its account once the request is unmarshaled.
 //
 // # What the client sees
 //
@@ -60,7 +88,10 @@
 // took 0.99 to 1.05 times as long with the interceptor as without it, 1.015
 // in the median of 10 runs (BenchmarkInterceptorRatio in connectbudget/example, which
 // alternates the two servers call by call on this project's shared 2-core
-// machine).
+// machine). With HandlerOptions the same call took 1.05 times as long in
+// the median of 10 runs (0.94 to 1.10); the codec and the parking of the
+// call's work by its message are about 2% of the server's CPU in a
+// profile.
 package connectbudget
 
 import (
@@ -105,6 +136,11 @@ type Config struct {
 	// reached BurstThreshold, once its account is closed; pass
 	// memctl.AfterBurst. Default: nil (nothing is called).
 	AfterBurst func()
+	// Codecs unmarshal and marshal messages when HandlerOptions charges
+	// them before they are unmarshaled, each under its own name; the
+	// interceptor alone ignores them. Default: nil (protobuf binary, "proto",
+	// and JSON, "json" and "json; charset=utf-8", as connect's defaults).
+	Codecs []connect.Codec
 }
 
 // Interceptor is the connect.Interceptor NewInterceptor returns. It is safe
@@ -112,6 +148,7 @@ type Config struct {
 type Interceptor struct {
 	pool *limits.Pool
 	cfg  Config
+	messages
 }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
@@ -129,12 +166,17 @@ func NewInterceptor(pool *limits.Pool, cfg Config) (*Interceptor, error) {
 	return &Interceptor{pool: pool, cfg: cfg}, nil
 }
 
-func (i *Interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
+// work returns the WorkConfig of a call of procedure.
+func (i *Interceptor) work(procedure string) limits.WorkConfig {
 	w := limits.WorkConfig{Limit: i.cfg.Limit, BurstThreshold: i.cfg.BurstThreshold, AfterBurst: i.cfg.AfterBurst}
 	if i.cfg.Name != nil {
 		w.Name = i.cfg.Name(procedure)
 	}
-	ctx, work, err := i.pool.StartWork(ctx, w)
+	return w
+}
+
+func (i *Interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
+	ctx, work, err := i.pool.StartWork(ctx, i.work(procedure))
 	if err != nil {
 		if e := Error(err); e != nil {
 			return ctx, nil, e // inside work of the pool that the heap watch canceled
@@ -149,6 +191,18 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
 			return next(ctx, req)
+		}
+		if i.charges.Load() {
+			if p := i.take(req.Any()); p != nil {
+				if p.err != nil || limits.FromContext(ctx) == nil {
+					return i.unaryCharged(ctx, req, next, p)
+				}
+				// Inside other work (an outer layer's account, as the
+				// pool's HTTP middleware binds): the call nests in it as
+				// with the interceptor alone, and the codec's work ends.
+				p.w.Account().Shrink(p.n)
+				p.w.Finish(nil)
+			}
 		}
 		wctx, w, err := i.start(ctx, req.Spec().Procedure)
 		if err != nil {
@@ -169,6 +223,39 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	}
 }
 
+// unaryCharged runs a unary call whose message the codec charged, or
+// refused, under the work it opened (HandlerOptions).
+func (i *Interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, next connect.UnaryFunc, p *parked) (connect.AnyResponse, error) {
+	if p.err != nil {
+		return nil, Error(p.w.Finish(p.err)) // refused before it was unmarshaled
+	}
+	wctx := limits.NewContext(ctx, p.w.Account())
+	if p.wctx.Done() != nil {
+		// CancelLargest: the heap watch cancels the work's own context;
+		// the handler's must end with it.
+		var cancel context.CancelCauseFunc
+		wctx, cancel = context.WithCancelCause(wctx)
+		stop := context.AfterFunc(p.wctx, func() { cancel(context.Cause(p.wctx)) })
+		defer func() {
+			stop()
+			cancel(context.Canceled)
+		}()
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			p.abandon() // the handler panicked
+		}
+	}()
+	resp, err := next(wctx, req)
+	returned = true
+	p.w.Account().Shrink(p.n)
+	if e := Error(p.w.Finish(err)); e != nil {
+		return nil, e
+	}
+	return resp, err
+}
+
 // WrapStreamingClient returns next: client streams are not budgeted.
 func (i *Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
@@ -182,14 +269,25 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		if err != nil {
 			return err
 		}
+		var bc *budgetConn
+		if i.charges.Load() {
+			bc = &budgetConn{StreamingHandlerConn: conn, i: i, a: w.Account()}
+			conn = bc
+		}
 		returned := false
 		defer func() {
 			if !returned {
+				if bc != nil {
+					bc.release()
+				}
 				w.Abandon()
 			}
 		}()
 		err = next(wctx, conn)
 		returned = true
+		if bc != nil {
+			bc.release()
+		}
 		if e := Error(w.Finish(err)); e != nil {
 			return e
 		}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -222,4 +225,109 @@ func BenchmarkStartWork(b *testing.B) {
 			}
 		}
 	})
+}
+
+// nopWriter is a ResponseWriter that discards what it is given.
+type nopWriter struct{ h http.Header }
+
+func (w *nopWriter) Header() http.Header         { return w.h }
+func (w *nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *nopWriter) WriteHeader(int)             {}
+
+// BenchmarkMiddleware is one request without a body (a GET) through
+// Pool.Middleware, whose handler charges and returns 1 KiB, against the
+// middleware as it was before bodies were charged (middlewareBefore), in
+// the same run; cancel=on is a pool with CancelLargest. Compare with
+//
+//	go test -run '^$' -bench Middleware -benchmem -count 10 ./limits/ > m.txt
+//	go run golang.org/x/perf/cmd/benchstat@latest -col /impl m.txt
+func BenchmarkMiddleware(b *testing.B) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := Grow(r.Context(), benchSize); err != nil {
+			b.Error(err)
+			return
+		}
+		Shrink(r.Context(), benchSize)
+	})
+	for _, cancel := range []bool{false, true} {
+		name := map[bool]string{false: "cancel=off", true: "cancel=on"}[cancel]
+		for _, impl := range []string{"before", "now"} {
+			b.Run(name+"/impl="+impl, func(b *testing.B) {
+				p, err := NewPool(PoolConfig{Limit: 1 << 40, HeapPressure: -1, CancelLargest: cancel, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(p.Close)
+				mw := p.Middleware
+				if impl == "before" {
+					mw = p.middlewareBefore
+				}
+				m, err := mw(HTTPConfig{Limit: 1 << 20, AfterBurst: func() {}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				h := m(handler)
+				r := httptest.NewRequest(http.MethodGet, "/", nil)
+				w := &nopWriter{h: http.Header{}}
+				b.ReportAllocs()
+				defer threadCPU(b)()
+				for b.Loop() {
+					h.ServeHTTP(w, r)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkMiddlewareRatio is BenchmarkMiddleware's request without a body
+// (cancel=off) as a ratio that the shared machine's drift cancels: each
+// iteration serves a block of 64 requests through the middleware before
+// bodies were charged and one through Pool.Middleware (alternating which
+// goes first), timing each block, and reports the ratio of the sums
+// (now/before).
+func BenchmarkMiddlewareRatio(b *testing.B) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := Grow(r.Context(), benchSize); err != nil {
+			b.Error(err)
+			return
+		}
+		Shrink(r.Context(), benchSize)
+	})
+	p, err := NewPool(PoolConfig{Limit: 1 << 40, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.Close)
+	cfg := HTTPConfig{Limit: 1 << 20, AfterBurst: func() {}}
+	before, err := p.middlewareBefore(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now, err := p.Middleware(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hBefore, hNow := before(handler), now(handler)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	w := &nopWriter{h: http.Header{}}
+	const block = 64
+	timed := func(h http.Handler) time.Duration {
+		start := time.Now()
+		for range block {
+			h.ServeHTTP(w, r)
+		}
+		return time.Since(start)
+	}
+	var tBefore, tNow time.Duration
+	i := 0
+	for b.Loop() {
+		if i++; i%2 == 0 {
+			tBefore += timed(hBefore)
+			tNow += timed(hNow)
+		} else {
+			tNow += timed(hNow)
+			tBefore += timed(hBefore)
+		}
+	}
+	b.ReportMetric(float64(tNow)/float64(tBefore), "now/before")
 }

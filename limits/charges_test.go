@@ -12,18 +12,16 @@ import (
 	"os"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
-	"github.com/memctl/memctl/internal/childtest"
 )
 
 func init() { children["undercharge"] = childUndercharge }
@@ -203,9 +201,9 @@ func TestUnderchargeWarnsInCgroup(t *testing.T) {
 	t.Logf("child: %v; OOM kills %d; output:\n%s\nstderr: %s", werr, kills, strings.Join(lines, "\n"), stderr.String())
 	require.NotContains(t, report, "ERROR")
 	require.Contains(t, report, "WARN_HEAP_LIVE", "the pool said nothing before the end")
-	live, _ := strconv.ParseInt(report["WARN_HEAP_LIVE"], 10, 64)
-	under, _ := strconv.ParseInt(report["WARN_UNDERCHARGED"], 10, 64)
-	built, _ := strconv.ParseInt(report["WARN_BUILT"], 10, 64)
+	live := childtest.RequireInt(t, report, "WARN_HEAP_LIVE")
+	under := childtest.RequireInt(t, report, "WARN_UNDERCHARGED")
+	built := childtest.RequireInt(t, report, "WARN_BUILT")
 	t.Logf("WARN at live heap %d MiB (%d MiB of rows built, %d KiB charged) in a %d MiB cgroup; Undercharged %d at the WARN",
 		live>>20, built>>20, built/1024*8>>10, g.Limit>>20, under)
 	assert.Positive(t, under, "counted by the time of the WARN")
@@ -218,9 +216,9 @@ func TestUnderchargeWarnsInCgroup(t *testing.T) {
 // newIssueCgroup creates a child memory cgroup named after this issue and
 // the test process, removed at the end of the test (also on failure); it
 // skips when no writable memory cgroup exists.
-func newIssueCgroup(t *testing.T, limit int64) *cgroupfs.Child {
+func newIssueCgroup(t *testing.T, limit int64) *cgrouptest.Child {
 	t.Helper()
-	parent, err := cgroupfs.WritableParent()
+	parent, err := cgrouptest.WritableParent()
 	if err != nil {
 		t.Skipf("no writable memory cgroup: %v", err)
 	}

@@ -2,12 +2,10 @@ package limits
 
 import (
 	"fmt"
-	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/envflag"
 )
 
@@ -25,7 +23,7 @@ import (
 // smaller wins: both bind, and the smaller is the one that kills first
 // (each with its own headroom, as for every hard limit on the path). It is
 // read once, when the MemLimiter is made. A bad value (not a size, 0,
-// negative, over 2^62 bytes, or not over the RSS the process already has
+// negative, over 2^62 bytes, or not over what the process already holds
 // then: "512" is bytes) is logged at WARN and ignored.
 const DeclaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
 
@@ -52,7 +50,7 @@ func (d declared) file() string { return d.name + "=" + d.value }
 // readDeclared returns the declared limit of the environment (ok false
 // when none is), and the errors of variables set to a bad value, each
 // naming the variable and quoting the value. A limit not over rss (the
-// process's RSS; 0 when unknown) is a bad value too: the process already
+// process's held memory; 0 when unknown) is a bad value too: the process already
 // uses more ("512" is 512 bytes, not MiB), and as a hard limit it would
 // stop memctl from following the cgroup's.
 func readDeclared(rss int64) (d declared, ok bool, bad []error) {
@@ -89,7 +87,7 @@ func underRSS(n, rss int64, digits bool) error {
 	if digits {
 		hint = fmt.Sprintf(" (a number without a unit is bytes: %q for MiB)", strconv.FormatInt(n, 10)+"MiB")
 	}
-	return fmt.Errorf("a limit of %d bytes, not over the %s this process already uses (RSS)%s", n, inMiB(rss), hint)
+	return fmt.Errorf("a limit of %d bytes, not over the %s this process already holds (RssAnon + RssShmem)%s", n, inMiB(rss), hint)
 }
 
 // sizeUnits are the suffixes parseSize takes, longest first.
@@ -123,51 +121,6 @@ func parseSize(v string) (int64, error) {
 		return 0, fmt.Errorf("over %d bytes", int64(maxDeclared))
 	}
 	return n << shift, nil
-}
-
-// operatorHeadroom is the WARN for an operator's GOMEMLIMIT (cur bytes,
-// set in the environment as v) that leaves less room under the memory
-// limit than memctl's own rule would: nil when it leaves as much or more,
-// or when no limit is known. It reads the limit as a decision does,
-// changing nothing. Called with m.mu held or before m is shared.
-func (m *MemLimiter) operatorHeadroom(v string, cur int64, ratio float64) (MemLimit, error) {
-	f, err := m.probe()
-	if err != nil || f.max == noLimit || f.source == SourceSystem {
-		return MemLimit{}, nil
-	}
-	rss, goMapped, uerr := m.usage()
-	outside := int64(0)
-	if uerr == nil && rss >= goMapped {
-		outside = rss - goMapped
-	}
-	goResident := min(goMapped, rss)
-	bounds := f.bounds
-	if len(bounds) == 0 {
-		bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
-	}
-	var d MemLimit
-	want := int64(math.MaxInt64)
-	for _, b := range bounds {
-		c := int64(0)
-		if dir := f.chargeDir(b.File); dir != "" {
-			if cc, ok := m.chargeOf(f.version, dir); ok {
-				c = max(cc.total()-goResident, 0)
-			}
-		}
-		w := int64(min(float64(b.Bytes)*ratio, math.MaxInt64)) - max(outside, c)
-		if w < want {
-			want = w
-			d = MemLimit{GoMemLimit: cur, MemoryLimit: b.Bytes, Ratio: ratio, File: b.File, Source: f.sourceOf(b.File),
-				Outside: max(outside, c), Charged: c}
-		}
-	}
-	if cur <= want {
-		return MemLimit{}, nil
-	}
-	left := d.MemoryLimit - cur
-	return d, fmt.Errorf("limits: GOMEMLIMIT=%s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
-		"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
-		v, inMiB(cur), signedMiB(left), d.Source, inMiB(d.MemoryLimit), d.File, inMiB(d.MemoryLimit-want), ratio, inMiB(int64((1-ratio)*float64(d.MemoryLimit))), inMiB(d.Outside), DeclaredLimitEnv)
 }
 
 func signedMiB(n int64) string {

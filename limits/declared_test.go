@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -260,7 +263,6 @@ func TestOperatorAtLimit(t *testing.T) {
 		{"512MiB", 512 << 20, true},
 		{"500MiB", 500 << 20, true},
 		{"460MiB", 460 << 20, false},
-		{"1GiB", gib, true},
 	} {
 		t.Run(tc.env, func(t *testing.T) {
 			keepMemoryLimit(t)
@@ -273,6 +275,8 @@ func TestOperatorAtLimit(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, SourceEnv, d.Source)
 			assert.Equal(t, tc.cur, debug.SetMemoryLimit(-1), "the operator wins")
+			assert.Equal(t, tc.cur, d.Operator)
+			assert.False(t, d.Overridden)
 			w := rec.texts(slog.LevelWarn)
 			if !tc.warn {
 				assert.Empty(t, w)
@@ -284,6 +288,69 @@ func TestOperatorAtLimit(t *testing.T) {
 			}
 			assert.Contains(t, d.Reason, "left as set")
 			assert.Equal(t, int64(512<<20), d.MemoryLimit)
+		})
+	}
+}
+
+// TestOperatorAboveLimit (issue 32 item 2): an operator's GOMEMLIMIT above
+// the hard limit cannot take effect before the OOM killer: memctl sets its
+// own value, says so naming both values and the file, follows the limit,
+// and gives the operator's value back once the limit is above it again.
+// MEMCTL_KEEP_GOMEMLIMIT (KeepOperator) keeps the operator's value, with
+// the WARN. The limit lowered while memctl follows it counts the same.
+func TestOperatorAboveLimit(t *testing.T) {
+	const file = "/sys/fs/cgroup/memory/x/memory.limit_in_bytes"
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv("GOMEMLIMIT", "900MiB")
+			debug.SetMemoryLimit(900 << 20) // as the runtime read it at start
+			var limit atomic.Int64
+			limit.Store(gib)
+			rec := &recorder{}
+			cfg := cfgFor(func() (cgroupfs.Limit, error) {
+				return cgroupfs.Limit{Version: 1, Cgroup: "/x", Bytes: limit.Load(), File: file}, nil
+			})
+			cfg.Logger, cfg.KeepOperator = slog.New(rec), keep
+			cfg.Refresh = time.Hour // Refresh by hand below
+			m, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, SourceEnv, d.Source, d.Reason)
+			assert.Equal(t, int64(900<<20), debug.SetMemoryLimit(-1), "under the 1 GiB limit the operator's value stands")
+			assert.Empty(t, rec.texts(slog.LevelWarn))
+
+			limit.Store(512 << 20)
+			d, err = m.Refresh()
+			require.NoError(t, err)
+			w := rec.texts(slog.LevelWarn)
+			require.Len(t, w, 1, "one WARN")
+			for _, s := range []string{"GOMEMLIMIT=900MiB", "900.0 MiB", "512.0 MiB", file} {
+				assert.Contains(t, w[0], s)
+			}
+			if keep {
+				assert.Equal(t, int64(900<<20), debug.SetMemoryLimit(-1), "kept")
+				assert.False(t, d.Overridden)
+				assert.Contains(t, w[0], "is kept")
+			} else {
+				assert.Equal(t, ratioOf(512<<20), debug.SetMemoryLimit(-1), "memctl's own value")
+				assert.Equal(t, ratioOf(512<<20), d.GoMemLimit)
+				assert.True(t, d.Overridden)
+				assert.Equal(t, int64(900<<20), d.Operator)
+				assert.Contains(t, w[0], "memctl sets 460.8 MiB")
+			}
+			_, err = m.Refresh() // no second WARN for the same limit
+			require.NoError(t, err)
+			assert.Len(t, rec.texts(slog.LevelWarn), 1)
+
+			limit.Store(gib)
+			d, err = m.Refresh()
+			require.NoError(t, err)
+			assert.Equal(t, int64(900<<20), debug.SetMemoryLimit(-1), "the operator's value back")
+			assert.Equal(t, SourceEnv, d.Source)
+			assert.False(t, d.Overridden)
+			if !keep {
+				assert.Contains(t, rec.text(), "back to the operator's GOMEMLIMIT=900MiB")
+			}
 		})
 	}
 }
@@ -341,8 +408,7 @@ func TestDeclaredLimitChild(t *testing.T) {
 	} {
 		r, warns := reportAndWarns(t, childtest.Command(t, "memlimitlog", unset, tc.env))
 		assert.Empty(t, warns)
-		outside, err := strconv.ParseInt(r["OUTSIDE"], 10, 64)
-		require.NoError(t, err)
+		outside := childtest.RequireInt(t, r, "OUTSIDE")
 		assert.Less(t, outside, int64(32<<20), "a pure Go child holds little outside the Go runtime")
 		want := strconv.FormatInt(ninetyPct(512<<20)-outside, 10)
 		assert.Equal(t, want, r["READBACK"], tc.env)
@@ -409,10 +475,10 @@ func TestDeclaredUnderRSS(t *testing.T) {
 		src  Source
 		want int64
 	}{
-		{map[string]string{DeclaredLimitEnv: "512"}, []string{DeclaredLimitEnv, `"512"`, "ignored", "RSS", `"512MiB"`}, SourceCgroupV2, gib},
-		{map[string]string{DeclaredLimitEnv: "1MiB"}, []string{DeclaredLimitEnv, `"1MiB"`, "ignored", "RSS"}, SourceCgroupV2, gib},
-		{map[string]string{DeclaredLimitEnv: "32MiB"}, []string{DeclaredLimitEnv, "ignored", "RSS"}, SourceCgroupV2, gib},
-		{map[string]string{LambdaMemoryEnv: "16"}, []string{LambdaMemoryEnv, `"16"`, "ignored", "RSS"}, SourceCgroupV2, gib},
+		{map[string]string{DeclaredLimitEnv: "512"}, []string{DeclaredLimitEnv, `"512"`, "ignored", "RssAnon + RssShmem", `"512MiB"`}, SourceCgroupV2, gib},
+		{map[string]string{DeclaredLimitEnv: "1MiB"}, []string{DeclaredLimitEnv, `"1MiB"`, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
+		{map[string]string{DeclaredLimitEnv: "32MiB"}, []string{DeclaredLimitEnv, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
+		{map[string]string{LambdaMemoryEnv: "16"}, []string{LambdaMemoryEnv, `"16"`, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
 		{map[string]string{DeclaredLimitEnv: "512", LambdaMemoryEnv: "512"}, []string{DeclaredLimitEnv, "ignored"}, SourceLambda, 512 << 20},
 	} {
 		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
@@ -514,4 +580,24 @@ func TestDeclaredHostileValues(t *testing.T) {
 			assert.Positive(t, d.GoMemLimit)
 		})
 	}
+}
+
+// GOMEMLIMIT=off under a cgroup limit (issue 32 item 4): no figure is a
+// sentinel: no WARN quoting an overflowed headroom, GOMEMLIMIT none.
+func TestOperatorOffNoSentinel(t *testing.T) {
+	keepMemoryLimit(t)
+	t.Setenv("GOMEMLIMIT", "off")
+	debug.SetMemoryLimit(math.MaxInt64)
+	rec := &recorder{}
+	cfg := cfgFor(fixedLimit(1, 256<<20))
+	cfg.Logger = slog.New(rec)
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	_, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Empty(t, rec.texts(slog.LevelWarn), "GOMEMLIMIT=off is the operator's choice: nothing to warn about")
+	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
+	assert.Equal(t, SourceEnv, d.Source)
+	assert.NotContains(t, d.Reason, "-")
+	assert.False(t, d.Overridden)
 }

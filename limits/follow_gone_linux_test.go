@@ -38,13 +38,15 @@ func TestFollowFileReplaced(t *testing.T) {
 
 	// Replaced: the new file is in place when the old one goes (rename),
 	// so the follower finds it when it watches again.
-	reads := l.reads.Load()
+	reads, watched := l.reads.Load(), m.following.Load()
 	tmp := file + ".new"
 	require.NoError(t, os.WriteFile(tmp, []byte(strconv.FormatInt(gib, 10)+"\n"), 0o644))
 	require.NoError(t, os.Rename(tmp, file))
-	// The IN_IGNORED re-read, before the write that matters.
+	// The IN_IGNORED re-read, and the new file watched (rewatch stores a
+	// new Following after the watch is in place), before the write that
+	// matters.
 	require.Eventually(t, func() bool { return l.reads.Load() > reads }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(100 * time.Millisecond)
+	require.Eventually(t, func() bool { return m.following.Load() != watched }, 5*time.Second, time.Millisecond, "the new file watched")
 
 	l.bytes.Store(512 << 20)
 	write(512 << 20)
@@ -123,4 +125,21 @@ func TestFollowCgroupRemoved(t *testing.T) {
 	t.Logf("%s, %v after the removal", line, after)
 	assert.Less(t, n, before)
 	assert.LessOrEqual(t, n, int64(256<<20))
+}
+
+// TestFollowerClosedBeforeWait: a close that comes before the follower's
+// wait is the close, not a failed watch. SetReadDeadline on the closed
+// inotify file says "use of closed file", which is not os.ErrClosed: the
+// follower took it for a failure and, at Close, logged a WARN and made a
+// timer (a second Start closed at once: TestSecondStartWarnsAndOlderServesAfterNewerCloses).
+func TestFollowerClosedBeforeWait(t *testing.T) {
+	f, err := newFollower()
+	if err != nil {
+		t.Skipf("no inotify here: %v", err)
+	}
+	f.close()
+	_, err = f.wait(time.Time{})
+	assert.ErrorIs(t, err, errFollowClosed, "no deadline")
+	_, err = f.wait(time.Now().Add(time.Second))
+	assert.ErrorIs(t, err, errFollowClosed, "with a deadline")
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -19,6 +20,10 @@ type inotifyFollower struct {
 	wds  []int
 	buf  [4096]byte
 	once sync.Once
+	// closed is set by close before the file is closed: an error of a
+	// wait that raced with it (SetReadDeadline's "use of closed file" is
+	// not os.ErrClosed) is the close, not a failed watch.
+	closed atomic.Bool
 	// lost is set when the kernel dropped a watch of wds (IN_IGNORED: the
 	// file was removed, or its file system unmounted) or events were lost
 	// (IN_Q_OVERFLOW): the files must be watched again even if their
@@ -59,14 +64,14 @@ func (w *inotifyFollower) watch(files []string) bool {
 
 func (w *inotifyFollower) wait(deadline time.Time) (bool, error) {
 	if err := w.f.SetReadDeadline(deadline); err != nil {
-		return false, closedOr(err)
+		return false, w.closedOr(err)
 	}
 	n, err := w.f.Read(w.buf[:])
 	if err != nil {
 		if os.IsTimeout(err) {
 			return false, nil
 		}
-		return false, closedOr(err)
+		return false, w.closedOr(err)
 	}
 	// Any event counts: IN_MODIFY, and IN_IGNORED or IN_Q_OVERFLOW,
 	// after which the files are re-read and watched again.
@@ -94,14 +99,21 @@ func (w *inotifyFollower) noteLost(b []byte) {
 // stale reports whether a watch was lost since the last watch.
 func (w *inotifyFollower) stale() bool { return w.lost }
 
-func closedOr(err error) error {
-	if errors.Is(err, os.ErrClosed) {
+// closedOr returns errFollowClosed for an error that close caused, and
+// err otherwise.
+func (w *inotifyFollower) closedOr(err error) error {
+	if w.closed.Load() || errors.Is(err, os.ErrClosed) {
 		return errFollowClosed
 	}
 	return err
 }
 
-func (w *inotifyFollower) close() { w.once.Do(func() { _ = w.f.Close() }) }
+func (w *inotifyFollower) close() {
+	w.once.Do(func() {
+		w.closed.Store(true)
+		_ = w.f.Close()
+	})
+}
 
 func (w *inotifyFollower) kind() string { return "inotify" }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/gomemlimit"
 )
 
 // followWithin is how soon a limit written while the process is idle or
@@ -44,6 +45,7 @@ func init() {
 		if os.Getenv("FOLLOW_TIMER") != "" {
 			cfg.follower = noInotify
 		}
+		cfg.KeepOperator = os.Getenv("FOLLOW_KEEP") != ""
 		if os.Getenv("FOLLOW_MODE") == "plain" {
 			fmt.Println("READY plain")
 			for in := bufio.NewScanner(os.Stdin); in.Scan(); {
@@ -60,7 +62,7 @@ func init() {
 		switch os.Getenv("FOLLOW_MODE") {
 		case "churn":
 			go churn()
-			go seen(readGoMemLimit())
+			go seen(gomemlimit.Read())
 		case "burst":
 			for in.Scan() {
 				if in.Text() == "burst" {
@@ -123,7 +125,7 @@ func churn() {
 func seen(last int64) {
 	for {
 		time.Sleep(100 * time.Millisecond)
-		if n := readGoMemLimit(); n != last {
+		if n := gomemlimit.Read(); n != last {
 			last = n
 			fmt.Printf("SEEN %d %d\n", n, time.Now().UnixNano())
 		}
@@ -266,7 +268,7 @@ func writeCgroup(t *testing.T, g *cgrouptest.Group, file string, v int64) time.T
 // controller (the project's VM).
 func needV2(t *testing.T, limit int64) *cgrouptest.Group {
 	t.Helper()
-	if p, err := cgroupfs.WritableParent(); err != nil || p.Version != 2 {
+	if p, err := cgrouptest.WritableParent(); err != nil || p.Version != 2 {
 		t.Skipf("needs a writable cgroup v2 memory controller (run in the VM): %v", err)
 	}
 	return cgrouptest.New(t, limit)
@@ -349,13 +351,14 @@ func TestV2FollowThrottledHigh(t *testing.T) {
 
 // An idle service with 150 MiB live in a 512 MiB cgroup resized to 256
 // MiB, then a 150 MiB burst 12 s later, is not OOM-killed; a control
-// with GOMEMLIMIT fixed by the operator at the old value is.
+// with GOMEMLIMIT fixed by the operator at the old value, kept
+// (KeepOperator: neither followed nor overridden), is.
 func TestV2FollowResizeThenBurst(t *testing.T) {
 	gm := needV2(t, 512<<20)
 	gc := cgrouptest.New(t, 512<<20)
 	m := startFollow(t, gm, "FOLLOW_MODE=burst", "FOLLOW_LIVE=150", "FOLLOW_BURST=150")
 	old := m.readyLimit(t)
-	ctl := startFollow(t, gc, "FOLLOW_MODE=burst", "FOLLOW_LIVE=150", "FOLLOW_BURST=150", "GOMEMLIMIT="+strconv.FormatInt(old, 10))
+	ctl := startFollow(t, gc, "FOLLOW_MODE=burst", "FOLLOW_LIVE=150", "FOLLOW_BURST=150", "FOLLOW_KEEP=1", "GOMEMLIMIT="+strconv.FormatInt(old, 10))
 	assert.Contains(t, ctl.ready, `source="env"`, "the control's GOMEMLIMIT is the operator's")
 	time.Sleep(time.Second)
 	at := writeCgroup(t, gm, "memory.max", 256<<20)

@@ -57,6 +57,14 @@ type HTTPConfig struct {
 	// quickly. Default: nil (nothing is called; Middleware says so once at
 	// INFO through the pool's logger).
 	AfterBurst func()
+	// UnchargedBody leaves request bodies out of the budget: the handler
+	// charges what it keeps. Set it for handlers that stream their body
+	// rather than hold it (io.Copy to a file, a proxy), which the charge
+	// would refuse once the bytes read passed the budget, and for a gRPC
+	// or Connect server behind the middleware whose interceptors
+	// (grpcbudget, connectbudget) charge each message. Default: false (the
+	// body is charged, see Middleware).
+	UnchargedBody bool
 }
 
 // Middleware returns a net/http middleware that opens an account per
@@ -71,6 +79,31 @@ type HTTPConfig struct {
 // without calling the handler. It returns an error matching ErrInvalidSize
 // for a cfg.Limit that is negative or 0. The middleware is safe for
 // concurrent use.
+//
+// The request body is charged to the account before it is in memory
+// (unless cfg.UnchargedBody), at twice its length: a body read into memory
+// is held twice at its peak (io.ReadAll copies its chunks into one slice
+// at the end, bytes.Buffer and json.Decoder copy their buffer as they
+// grow). A request whose Content-Length is more than that can grant (its
+// own limit, the pool's room) is answered 429 resource_exhausted, as
+// WriteError answers, before the handler runs, and nothing of the body is
+// read; the ExhaustedError's Requested is twice the Content-Length. A body
+// of unknown length (chunked, or HTTP/2 without content-length) is charged
+// as it is read: each Read of r.Body charges twice the bytes it read, and
+// once the budget refuses, that Read and every later one return the budget
+// error, so that io.ReadAll or json.Decoder fail with it. A handler answers
+// it with WriteError, or returns without writing: the middleware then
+// answers 429 itself (for such requests it wraps the ResponseWriter to see
+// whether the handler wrote; Flush, Hijack, ReadFrom and
+// http.ResponseController pass through). The body's charge is released
+// when the handler returns. A request without a body costs what it cost
+// before (BenchmarkMiddleware in limits, against the middleware before
+// bodies were charged). In a 512 MiB cgroup with a 256 MiB pool and 64 MiB
+// per request, three concurrent 200 MiB uploads to a handler that reads its
+// body with io.ReadAll are refused with 429 while small requests are served;
+// without the charge the server is OOM-killed (TestUploadsInCgroup). A
+// handler that charged the body itself (Grow(ctx, r.ContentLength)) no
+// longer needs to.
 //
 // A handler shrinks what it grew before it returns (defer limits.Shrink)
 // and answers a Grow error with WriteError (the package example); a leak
@@ -126,8 +159,22 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 			if inflight.Add(1) > 1 && !overlapped.Load() {
 				overlapped.Store(true)
 			}
+			// What the body is charged: all of it up front for a
+			// Content-Length, each Read's share otherwise (body).
+			var charged int64
+			var body *chargedBody
+			admitted := true
 			defer func() {
+				if body != nil {
+					charged += body.charged.Load()
+				}
+				if charged != 0 {
+					a.Shrink(charged)
+				}
 				reached := max(a.Peak(), a.refusedAt.Load())
+				if !admitted {
+					reached = a.Peak() // nothing of the body was read: no garbage to trim
+				}
 				var leak string
 				if end != nil {
 					leak = end()
@@ -150,8 +197,31 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 					panic(leak)
 				}
 			}()
-			next.ServeHTTP(w, r.WithContext(ctx))
+			r = r.WithContext(ctx)
+			var tracker *writeTracker
+			if r.ContentLength != 0 && !cfg.UnchargedBody {
+				if r.ContentLength > 0 {
+					n := bodyCharge(r.ContentLength)
+					if err := a.Grow(n); err != nil {
+						admitted, returned = false, true
+						if !WriteError(w, err) {
+							http.Error(w, err.Error(), http.StatusServiceUnavailable) // closed
+						}
+						return
+					}
+					charged = n
+				} else {
+					body = &chargedBody{rc: r.Body, a: a}
+					r.Body = body
+					tracker = &writeTracker{ResponseWriter: w}
+					w = tracker
+				}
+			}
+			next.ServeHTTP(w, r)
 			returned = true
+			if tracker != nil && !tracker.wrote && body.err != nil {
+				WriteError(tracker.ResponseWriter, body.err)
+			}
 		})
 	}, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/gomemlimit"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/sandbox"
 )
@@ -55,13 +56,13 @@ const DefaultRefresh = 10 * time.Second
 
 // ErrImplausibleLimit is matched (errors.Is) by the error for a memory limit
 // that this process could not be running under: a hard limit (v1's limit,
-// memory.max) of 0, or one not above the memory it already uses (RSS) when
+// memory.max) of 0, or one not above the memory it already holds (RssAnon + RssShmem) when
 // first read, or a memory.high of 0 or 1. Such a value comes from a cgroup
 // file that is wrong or not this process's: GOMEMLIMIT is left as it was,
 // except that a malformed memory.high beside a memory.max is only warned
 // about and memory.max is followed. A memory.high under the usage is not
 // implausible: it is a throttle target (see SetGoMemLimit); nor is the hard
-// limit memctl already follows lowered under the RSS at run time (an
+// limit memctl already follows lowered under what it holds at run time (an
 // in-place resize): it is followed, with a WARN.
 var ErrImplausibleLimit = errors.New("limits: implausible memory limit")
 
@@ -163,10 +164,12 @@ type MemLimitConfig struct {
 	// By default GOMEMLIMIT is Ratio of the limit minus the larger of two
 	// readings, both taken again at each refresh:
 	//
-	//   - what this process holds that the Go runtime did not map (VmRSS
-	//     minus the runtime/metrics /memory/classes/total:bytes less
+	//   - what this process holds that the Go runtime did not map and the
+	//     kernel cannot reclaim (RssAnon + RssShmem minus the
+	//     runtime/metrics /memory/classes/total:bytes less
 	//     /memory/classes/heap/released:bytes: C heap, C thread stacks,
-	//     the binary);
+	//     shmem it maps; file-backed pages, mapped files and the binary's
+	//     text, are page cache and not counted);
 	//   - what the cgroup whose limit applies is charged that neither the
 	//     Go runtime holds nor the kernel can reclaim, from its own
 	//     account (memory.stat; see readCharge for the fields): other
@@ -174,8 +177,8 @@ type MemLimitConfig struct {
 	//     memory off the page-cache lists (shmem and tmpfs, Kubernetes
 	//     emptyDir medium Memory; ramfs; mlocked files), unreclaimable
 	//     kernel memory (slab, stacks, page tables, sockets, zswap), less
-	//     the Go runtime's resident memory (the smaller of VmRSS and its
-	//     mapped memory). The OOM killer counts all of it; the page cache
+	//     the Go runtime's resident memory (the smaller of the held memory
+	//     above and its mapped memory). The OOM killer counts all of it; the page cache
 	//     is not subtracted, as the kernel reclaims it before it kills.
 	//     When memory.stat cannot be read or parsed, the cgroup's usage
 	//     (memory.current, memory.usage_in_bytes) stands in for it, page
@@ -194,17 +197,33 @@ type MemLimitConfig struct {
 	// Turn it off where GOMEMLIMIT is computed for another process (memctl
 	// exec). Default: false (headroom on).
 	NoHeadroom bool
+	// OnChange, when set, is called after each decision that changes what
+	// is in force (see MemLimiter.Subscribe), on the goroutine that made
+	// it, while the limiter is locked: it must be short and must not call
+	// the limiter. The facade republishes its state record with it.
+	// Default: nil.
+	OnChange func(MemLimit)
+	// KeepOperator keeps an operator's GOMEMLIMIT whatever the cgroup
+	// limit does. By default a GOMEMLIMIT set in the environment that is
+	// above the cgroup's hard limit (after a resize down, or from the
+	// start) cannot take effect before the OOM killer does: memctl then
+	// sets what it would set without the variable, says so at WARN with
+	// both values and the file, and gives the operator's value back when
+	// the limit rises above it again. With KeepOperator the WARN is all.
+	// Default: false. Environment (through memctl.Start):
+	// MEMCTL_KEEP_GOMEMLIMIT=on.
+	KeepOperator bool
 	// Logger receives what happens after the first decision: each change of
 	// GOMEMLIMIT once at INFO, each distinct failure and each floor
 	// warning once at WARN. The first decision is returned, not logged,
 	// except its floor warning. Default: nil (no logging).
 	Logger *slog.Logger
 
-	// read and usage replace cgroupfs.Of(0) and the RSS and runtime/metrics
+	// read and usage replace cgroupfs.Of(0) and the held-memory and runtime/metrics
 	// reads in tests; cgroupFile is the file read's "no such file" means no
 	// cgroup.
 	read       func() (cgroupfs.Limit, error)
-	usage      func() (rss, goMapped int64, err error)
+	usage      func() (held, goMapped int64, err error)
 	cgroupFile string
 	// charge reads a cgroup directory's account (readCharge), live the
 	// live heap (readLive); tests replace them.
@@ -233,7 +252,7 @@ type MemLimit struct {
 	Source Source
 	File   string `json:",omitempty"`
 	// Outside is what was subtracted from the limit, in bytes: the larger
-	// of the process's memory outside the Go runtime (RSS minus the
+	// of the process's memory outside the Go runtime (RssAnon + RssShmem minus the
 	// runtime's mapped, unreleased memory) and Charged; 0 with
 	// MemLimitConfig.NoHeadroom.
 	Outside int64 `json:",omitempty"`
@@ -241,8 +260,13 @@ type MemLimit struct {
 	// (memory.stat of the cgroup whose limit applies): what the cgroup is
 	// charged that the Go runtime does not hold and the kernel cannot
 	// reclaim (see MemLimitConfig.NoHeadroom), in bytes; 0 when the
-	// process's own reading (RSS minus Go mapped) was the larger.
+	// process's own reading (held minus Go mapped) was the larger.
 	Charged int64 `json:",omitempty"`
+	// Reclaimable is the page cache of the limit's cgroup (memory.stat's
+	// file LRU lists: files read or mapped, the binary's text), in bytes:
+	// the kernel reclaims it before it kills, so it is not subtracted; 0
+	// when unknown.
+	Reclaimable int64 `json:",omitempty"`
 	// High and HighFile are the cgroup v2 memory.high that GOMEMLIMIT was
 	// lowered toward (a target under memory.max, or alone), in bytes; 0
 	// and "" when memory.high did not lower it.
@@ -267,6 +291,12 @@ type MemLimit struct {
 	// internal/sandbox), where the cgroup files may not carry the limit
 	// the host enforces; "" otherwise.
 	Sandbox string `json:",omitempty"`
+	// Operator is the operator's GOMEMLIMIT in bytes when the environment
+	// sets one (math.MaxInt64 for "off"), 0 otherwise; Overridden is true
+	// while memctl sets its own value because Operator is above the hard
+	// limit (see MemLimitConfig.KeepOperator).
+	Operator   int64 `json:",omitempty"`
+	Overridden bool  `json:",omitempty"`
 	// Reason is one human-readable sentence about the decision.
 	Reason string
 }
@@ -292,9 +322,9 @@ type MemLimit struct {
 // memory.max gives; a memory.high that keeps falling is followed in steps
 // of at least 1/20 of GOMEMLIMIT (hysteresis, never holding GOMEMLIMIT over
 // what memory.max gives), a memory.max at once. A hard limit that this
-// process could not run under (0, or, when first read, not above its RSS),
+// process could not run under (0, or, when first read, not above what it holds),
 // or a memory.high of 0 or 1, is a malformed file (see ErrImplausibleLimit);
-// the hard limit already followed, lowered under the RSS at run time, is
+// the hard limit already followed, lowered under what it holds at run time, is
 // followed with a WARN.
 // When a private cgroup namespace's visible top has a memory.max and
 // nothing up to it sets a limit, or /proc/self/cgroup names a cgroup no
@@ -306,11 +336,12 @@ type MemLimit struct {
 // one, and beside a cgroup limit the smaller binds.
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or
-// AUTOMEMLIMIT=off, nothing is changed and Source is SourceEnv; a
+// AUTOMEMLIMIT=off, Source is SourceEnv and GOMEMLIMIT is left as set; a
 // GOMEMLIMIT above what memctl would set from the limit (its ratio less
 // the memory charged outside the Go heap) is logged at WARN, naming
-// GOMEMLIMIT, the limit, its file and the headroom, and is still left as
-// set. A numeric AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
+// GOMEMLIMIT, the limit, its file and the headroom. The one exception: an
+// operator's GOMEMLIMIT above the smallest hard limit is replaced by
+// memctl's value while it is above it (MemLimitConfig.KeepOperator). A numeric AUTOMEMLIMIT is the ratio. AUTOMEMLIMIT is read as memctl reads its own
 // variables: surrounding space is ignored, "off" in any case, empty is unset
 // (as the Go runtime reads an empty GOMEMLIMIT). A process without a cgroup
 // limit (no cgroup mounted, no /proc/self/cgroup, a cgroup without a limit,
@@ -395,7 +426,7 @@ type MemLimiter struct {
 	every     time.Duration
 	log       *slog.Logger
 	read      func() (cgroupfs.Limit, error)
-	usage     func() (rss, goMapped int64, err error)
+	usage     func() (held, goMapped int64, err error)
 	cgFile    string
 	charge    func(version int, dir string) (charge, error)
 	live      func() int64
@@ -403,19 +434,33 @@ type MemLimiter struct {
 	epoch time.Time
 	next  atomic.Int64 // nanoseconds since epoch of the next due re-read
 	last  atomic.Pointer[MemLimit]
-	sub   *gcend.Subscription
+	// subs receive each change of the decision (Subscribe); onChange is
+	// MemLimitConfig.OnChange.
+	disown   func() // removes m as GOMEMLIMIT's owner (gomemlimit.SetOwner)
+	subMu    sync.Mutex
+	subs     []chan MemLimit
+	onChange func(MemLimit)
+	sub      *gcend.Subscription
 
-	on      bool              // the configuration is valid and the operator did not take over
-	mu      sync.Mutex        // serializes decisions; the fields below
-	applied int64             // GOMEMLIMIT memctl set last; 0: none yet
-	before  int64             // GOMEMLIMIT before memctl set it
-	limit   int64             // the limit behind applied
-	maxFile string            // the hard limit's file behind applied ("" for none)
-	lift    int64             // bytes added over the decision while lifted (Lift)
-	outside int64             // the last estimate of memory outside the Go runtime
-	charges map[string]charge // the last account read from each cgroup directory
-	seen    map[string]bool
-	stopped bool
+	on bool // the configuration is valid
+	// op is the operator's GOMEMLIMIT (bytes; math.MaxInt64 for "off" or
+	// none under AUTOMEMLIMIT=off), 0 when the operator set neither; opText
+	// the variable as set. opWrites: memctl may set its own value while op
+	// is above the hard limit (see MemLimitConfig.KeepOperator).
+	op       int64
+	opText   string
+	opWrites bool
+	mu       sync.Mutex        // serializes decisions; the fields below
+	applied  int64             // GOMEMLIMIT memctl set last; 0: none yet
+	before   int64             // GOMEMLIMIT before memctl set it
+	limit    int64             // the limit behind applied
+	maxFile  string            // the hard limit's file behind applied ("" for none)
+	lift     int64             // bytes added over the decision while lifted (Lift)
+	outside  int64             // the last estimate of memory outside the Go runtime
+	goMapped int64             // what the Go runtime had mapped at that estimate
+	charges  map[string]charge // the last account read from each cgroup directory
+	seen     map[string]bool
+	stopped  bool
 
 	decl    declared // the limit the environment declares (hasDecl)
 	hasDecl bool
@@ -446,7 +491,7 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m := &MemLimiter{
 		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
 		read: cfg.read, usage: cfg.usage, cgFile: cfg.cgroupFile, epoch: time.Now(),
-		charge: cfg.charge, live: cfg.live,
+		charge: cfg.charge, live: cfg.live, onChange: cfg.OnChange,
 		seen: make(map[string]bool), charges: make(map[string]charge),
 	}
 	if m.charge == nil {
@@ -465,11 +510,11 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m.sandbox = sandbox.Detect()
 	d.Sandbox = m.sandbox
 	var bad []error
-	rss, _, uerr := m.usage()
+	held, _, uerr := m.usage()
 	if uerr != nil {
-		rss = 0 // not known: only the value itself is judged
+		held = 0 // not known: only the value itself is judged
 	}
-	m.decl, m.hasDecl, bad = readDeclared(rss)
+	m.decl, m.hasDecl, bad = readDeclared(held)
 	for _, err := range bad {
 		if m.log != nil {
 			m.log.Warn("limits: declared memory limit", "error", err)
@@ -481,41 +526,27 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	}
 	// An empty GOMEMLIMIT is no limit to the Go runtime
 	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
-	// other value is the operator's; the runtime has already parsed it.
+	// other value is the operator's, already parsed by the runtime: it is
+	// kept, and the limit is still followed, so that a value a resize put
+	// above the hard limit is seen (see MemLimitConfig.KeepOperator).
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
-		d.Source, d.Reason = SourceEnv, fmt.Sprintf("GOMEMLIMIT=%s is set in the environment", v)
-		if validRatio(m.ratio) {
-			// The operator wins; a GOMEMLIMIT at (or near) the limit,
-			// leaving less than memctl's rule would, is said at WARN.
-			if w, err := m.operatorHeadroom(v, d.GoMemLimit, m.ratio); err != nil {
-				d.MemoryLimit, d.Ratio, d.File, d.Outside, d.Charged = w.MemoryLimit, w.Ratio, w.File, w.Outside, w.Charged
-				d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: ")
-				if m.log != nil {
-					m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
-						"gomemlimit", d.GoMemLimit, "limit", w.MemoryLimit, "limit_file", w.File,
-						"headroom", w.MemoryLimit-d.GoMemLimit, "ratio", w.Ratio, "outside", w.Outside)
-				}
-			}
-		}
-		m.store(d)
-		return m, d, nil
-	}
-	if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
+		m.op, m.opText = d.GoMemLimit, "GOMEMLIMIT="+v
+		m.opWrites = !cfg.KeepOperator && d.GoMemLimit != math.MaxInt64
+	} else if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
 		// automemlimit's variable, read with memctl's one grammar
-		// (internal/envflag): an off word leaves GOMEMLIMIT to the program,
-		// an on word is the configured ratio, a number in (0, 1] the ratio.
+		// (internal/envflag): an off word leaves GOMEMLIMIT to the program
+		// (memctl only follows the limit), an on word is the configured
+		// ratio, a number in (0, 1] the ratio.
 		r, err := envflag.Ratio("AUTOMEMLIMIT", os.Getenv("AUTOMEMLIMIT"), m.ratio)
 		if err != nil {
 			d.Reason = "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT"
 			m.store(d)
 			return m, d, fmt.Errorf("limits: %w", err)
 		}
-		if r == 0 {
-			d.Source, d.Reason = SourceEnv, fmt.Sprintf("AUTOMEMLIMIT=%s is set in the environment", v)
-			m.store(d)
-			return m, d, nil
-		}
-		if !envflag.IsOn(v) {
+		switch {
+		case r == 0:
+			m.op, m.opText = d.GoMemLimit, "AUTOMEMLIMIT="+v
+		case !envflag.IsOn(v):
 			m.ratio, m.ratioFrom = r, "AUTOMEMLIMIT"
 		}
 	}
@@ -531,6 +562,7 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	}
 	m.every = orDefault(cfg.Refresh, DefaultRefresh)
 	m.on = true
+	m.disown = gomemlimit.SetOwner(m) // lifts (package pressure) come here
 	m.mu.Lock()
 	d, err := m.decide(true)
 	m.mu.Unlock()
@@ -601,17 +633,86 @@ func (m *MemLimiter) Interval() time.Duration {
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.closed.Store(true)
+		if m.disown != nil {
+			m.disown()
+		}
 		m.sub.Stop()
 		m.closeFollow()
+		m.subMu.Lock()
+		for _, ch := range m.subs {
+			close(ch)
+		}
+		m.subs = nil
+		m.subMu.Unlock()
 	}
 }
 
-func (m *MemLimiter) store(d MemLimit) { m.last.Store(&d) }
+// store publishes d as the latest decision and, when what it says is in
+// force changed (GOMEMLIMIT, the limit, memory.high, where they came from,
+// an operator's value overridden), tells the subscribers and OnChange.
+func (m *MemLimiter) store(d MemLimit) {
+	prev := m.last.Swap(&d)
+	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
+		prev.Source == d.Source && prev.File == d.File && prev.Overridden == d.Overridden {
+		return
+	}
+	m.subMu.Lock()
+	for _, ch := range m.subs {
+		// The latest wins: a full channel gives up its stale value.
+		select {
+		case ch <- d:
+		default:
+			select {
+			case <-ch:
+			default:
+			}
+			select {
+			case ch <- d:
+			default:
+			}
+		}
+	}
+	m.subMu.Unlock()
+	if m.onChange != nil && prev != nil {
+		m.onChange(d)
+	}
+}
+
+// Subscribe returns a channel that receives the decision each time what
+// it says is in force changes: GOMEMLIMIT, the memory limit (a resize),
+// memory.high, their source, an operator's value overridden or given back.
+// buf is the channel's room, at least 1; when it is full the oldest
+// decision is dropped for the newest, so the last one received is always
+// the one in force. cancel stops the deliveries and closes the channel;
+// Close closes it too. It costs nothing while nothing changes. Safe for
+// concurrent use; on a nil *MemLimiter the channel is closed at once.
+func (m *MemLimiter) Subscribe(buf int) (changes <-chan MemLimit, cancel func()) {
+	ch := make(chan MemLimit, max(buf, 1))
+	if m == nil {
+		close(ch)
+		return ch, func() {}
+	}
+	m.subMu.Lock()
+	defer m.subMu.Unlock()
+	if m.closed.Load() {
+		close(ch)
+		return ch, func() {}
+	}
+	m.subs = append(m.subs, ch)
+	return ch, func() {
+		m.subMu.Lock()
+		defer m.subMu.Unlock()
+		if i := slices.Index(m.subs, ch); i >= 0 {
+			m.subs = slices.Delete(m.subs, i, i+1)
+			close(ch)
+		}
+	}
+}
 
 // atGCEnd runs on the runtime's cleanup goroutine at each GC end: one
 // atomic load until the interval has passed, then one re-read, skipped when
 // a Refresh call holds the lock (it is re-reading anyway).
-func (m *MemLimiter) atGCEnd() bool {
+func (m *MemLimiter) atGCEnd(*gcend.Sample) bool {
 	return m.tick(time.Since(m.epoch))
 }
 
@@ -647,7 +748,7 @@ func dueAfter(now, every time.Duration) int64 {
 //
 // The arithmetic, all in bytes:
 //
-//	outside(cg) = max(RSS − Go mapped,                           this process outside the Go runtime
+//	outside(cg) = max(held − Go mapped,                          this process outside the Go runtime
 //	                  anon + shmem + kernel − Go resident)      the cgroup's memory.stat (chargeOf)
 //	hard        = min over each hard limit L on the path (memory.max, v1's limit) of
 //	              Ratio × L − outside(L's cgroup), raised to the floor
@@ -657,16 +758,62 @@ func dueAfter(now, every time.Duration) int64 {
 //
 // A fall of the target is followed only when it is at least 1/20 of
 // GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
-func (m *MemLimiter) decide(first bool) (MemLimit, error) {
-	cur := readGoMemLimit() // no heap lock, unlike debug.SetMemoryLimit(-1)
-	d := MemLimit{GoMemLimit: cur}
-	if m.applied != 0 && cur != m.applied {
+func (m *MemLimiter) decide(first bool) (d MemLimit, err error) {
+	// The whole decision holds GOMEMLIMIT's one writer, so that a trim's
+	// transient value is never read as the program's.
+	gomemlimit.Do(func() { d, err = m.decideLocked(first) })
+	m.store(d)
+	return d, err
+}
+
+func (m *MemLimiter) decideLocked(first bool) (MemLimit, error) {
+	cur := gomemlimit.Read()
+	if expect := m.expected(); expect != 0 && cur != expect {
 		m.stopped = true
 		m.info(fmt.Sprintf("limits: GOMEMLIMIT was changed to %d by the program; memctl no longer refreshes it", cur))
-		d.Reason = "GOMEMLIMIT was set by the program after memctl"
-		m.store(d)
-		return d, nil
+		return MemLimit{GoMemLimit: cur, Reason: "GOMEMLIMIT was set by the program after memctl"}, nil
 	}
+	d, a, err := m.plan(first, cur)
+	if m.op != 0 {
+		return m.applyOperator(d, a, first), err
+	}
+	return m.apply(d, a, cur, first), err
+}
+
+// expected returns the GOMEMLIMIT the limiter expects in force: the value
+// it set last, or the operator's; 0 when neither.
+func (m *MemLimiter) expected() int64 {
+	if m.applied != 0 {
+		return m.applied
+	}
+	return m.op
+}
+
+// action is what plan leaves to apply: set want (kind actSet), go back to
+// GOMEMLIMIT's value before memctl set it (actRestore), or nothing.
+type action struct {
+	kind       int
+	want       int64 // GOMEMLIMIT memctl's rule gives
+	hardWant   int64 // the most the hard limit allows, charges taken off
+	hard       int64 // the hard limit followed; noLimit for memory.high alone
+	hardMin    int64 // the smallest hard limit on the path; noLimit for none
+	hardFile   string
+	maxFile    string
+	highDriven bool
+	why        string // for actRestore
+}
+
+const (
+	actNone = iota
+	actSet
+	actRestore
+)
+
+// plan reads the limit and the memory outside the Go runtime and returns
+// the decision memctl's rule gives and what applying it takes; it writes
+// nothing. Called with m.mu held.
+func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
+	d := MemLimit{GoMemLimit: cur}
 	f, err := m.probe()
 	d.LimitUnknown, d.Sandbox = f.unknown, m.sandbox
 	if err == nil {
@@ -674,27 +821,18 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	}
 	if err != nil {
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
-		m.store(d)
 		m.warn(first, err.Error(), err)
-		return d, err
+		return d, action{}, err
 	}
 	if f.source == SourceNone {
 		d.Reason = f.why + "; GOMEMLIMIT left as it was"
-		if m.applied != 0 {
-			// The limit memctl followed is gone (a resize to no limit):
-			// back to what GOMEMLIMIT was before memctl set it.
-			debug.SetMemoryLimit(m.before)
-			noteMemLimitSet()
-			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, f.why))
-			d.GoMemLimit, d.Reason = m.before, f.why+"; GOMEMLIMIT back to its value before memctl set it"
-			m.applied, m.limit, m.maxFile = 0, 0, ""
-		}
-		m.store(d)
-		return d, nil
+		return d, action{kind: actRestore, why: f.why, hardMin: noLimit}, nil
 	}
-	rss, goMapped, uerr := m.usage()
+	// held: what this process holds that the kernel cannot reclaim
+	// (RssAnon + RssShmem; see readUsage).
+	held, goMapped, uerr := m.usage()
 	if uerr != nil {
-		rss = goMapped // no RSS here: judge by the Go runtime's share alone
+		held = goMapped // no /proc here: judge by the Go runtime's share alone
 	}
 	// limit is the hard limit when there is one (memory.max, v1's
 	// limit), else memory.high alone; high is memory.high when it is
@@ -706,9 +844,8 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		err := fmt.Errorf("%w: %s says %d bytes; it is not followed", ErrImplausibleLimit, highFile, high)
 		if limit == noLimit {
 			d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
-			m.store(d)
 			m.warn(first, fmt.Sprintf("implausible %s %d", highFile, high), err)
-			return d, err
+			return d, action{}, err
 		}
 		m.warn(false, fmt.Sprintf("implausible %s %d", highFile, high), fmt.Errorf("limits: memory.high ignored: %w", err))
 		high, highFile = noLimit, ""
@@ -719,37 +856,44 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 	} else if high != noLimit && high >= limit {
 		high, highFile = noLimit, ""
 	}
-	if hasHard && limit > 0 && limit <= rss && !first && m.applied != 0 && f.maxFile != "" && f.maxFile == m.maxFile {
-		// The hard limit memctl follows was lowered under the usage at
-		// run time (an in-place resize, set-property MemoryMax=): the
-		// kernel reclaims, or OOM-kills, above it, so it is honoured,
-		// not taken for a file that is not this process's.
-		m.warn(false, fmt.Sprintf("under usage %s", file), fmt.Errorf("limits: %s was lowered to %d bytes, under the %d bytes this process uses (RSS): followed; the kernel reclaims or OOM-kills above it", file, limit, rss))
-	} else if hasHard && (limit <= 0 || limit <= rss) {
-		err := fmt.Errorf("%w: %s says %d bytes, but this process already uses %d bytes (RSS); GOMEMLIMIT left at %d",
-			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, rss, cur)
+	if hasHard && limit > 0 && limit <= held && !first && m.applied != 0 && f.maxFile != "" && f.maxFile == m.maxFile {
+		// The hard limit memctl follows is at or under what this
+		// process holds at run time: lowered (an in-place resize,
+		// set-property MemoryMax=), or reached. The kernel reclaims, or
+		// OOM-kills, above it, so it is honoured, not taken for a file
+		// that is not this process's.
+		// Said once per file, and only when the limit moved: a usage
+		// at an unchanged limit is not a lowered limit.
+		if limit < m.limit {
+			m.warn(false, "under usage "+file, fmt.Errorf("limits: %s was lowered from %d to %d bytes, under the %d bytes this process holds (RssAnon + RssShmem): followed; the kernel reclaims or OOM-kills above it", file, m.limit, limit, held))
+		}
+	} else if hasHard && (limit <= 0 || limit <= held) {
+		err := fmt.Errorf("%w: %s says %d bytes, but this process already holds %d bytes (RssAnon + RssShmem); GOMEMLIMIT left at %d",
+			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, held, cur)
 		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
-		m.store(d)
 		m.warn(first, fmt.Sprintf("implausible %s %d", file, limit), err)
-		return d, err
+		return d, action{}, err
 	}
 	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, f.source, file
 
 	outside := int64(0)
 	if m.headroom && uerr == nil {
-		// RSS below what the runtime has mapped (heap the runtime mapped
-		// during a burst and the kernel has not backed yet) says nothing
-		// about the memory outside it: keep the last estimate rather than
-		// drop it to 0 and raise GOMEMLIMIT exactly when the heap is large.
-		if rss >= goMapped {
-			m.outside = rss - goMapped
+		// Held memory below what the runtime has mapped while that grows
+		// (heap mapped during a burst that the kernel has not backed yet)
+		// says nothing about the memory outside it: the last estimate is
+		// kept rather than dropped to 0 exactly when the heap is large.
+		// Otherwise the estimate is taken afresh (it errs low by the
+		// pages the runtime mapped and never touched).
+		if held >= goMapped || goMapped <= m.goMapped {
+			m.outside = max(held-goMapped, 0)
 		}
+		m.goMapped = goMapped
 		outside = m.outside
 	}
 	// The cgroup's own account, from the cgroup whose limit applies:
 	// what it is charged that the Go runtime does not hold and the kernel
 	// cannot reclaim.
-	goResident := min(goMapped, rss)
+	goResident := min(goMapped, held)
 	charged := func(cgFile string) (int64, charge) {
 		dir := f.chargeDir(cgFile)
 		if !m.headroom || dir == "" {
@@ -782,6 +926,7 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 				want, hardCharged, hc, limit, file = w, c, cc, b.Bytes, b.File
 			}
 		}
+		d.Reclaimable = max(hc.reclaimable, 0)
 		if f.maxFile != "" && file != f.maxFile {
 			why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", file, f.maxFile)
 		}
@@ -866,34 +1011,128 @@ func (m *MemLimiter) decide(first bool) (MemLimit, error) {
 		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
 	}
 	d.GoMemLimit = want
-	// Hysteresis: a memory.high that falls step by step (a proactive
-	// reclaim agent) is followed in steps of at least 1/20 of GOMEMLIMIT,
-	// not at each refresh; the hard limit is followed at once, and the
-	// value held is never over what it allows (hardWant: a memory.high
-	// just under memory.max, and more charged outside the Go runtime,
-	// lowers both).
 	// hard is the limit a change of which is followed at once: memory.max
 	// (or v1's), not a memory.high alone.
-	hard := limit
+	hard, hardMin := limit, int64(noLimit)
 	if !hasHard {
 		hard = noLimit
 	}
-	falling := highDriven && m.applied != 0 && hard == m.limit && want < m.applied && m.applied-want < m.applied/20 && m.applied <= hardWant
-	if !falling && (m.applied == 0 || hard != m.limit || !within(want, m.applied, 100)) {
-		prev := debug.SetMemoryLimit(want)
+	for _, b := range f.bounds {
+		if b.Bytes != noLimit && (hardMin == noLimit || b.Bytes < hardMin) {
+			hardMin = b.Bytes
+		}
+	}
+	if hasHard && hardMin == noLimit {
+		hardMin = limit
+	}
+	return d, action{kind: actSet, want: want, hardWant: hardWant, hard: hard, hardMin: hardMin,
+		hardFile: file, maxFile: f.maxFile, highDriven: highDriven}, nil
+}
+
+// apply sets GOMEMLIMIT as a says and returns d with the value in force.
+// Hysteresis: a memory.high that falls step by step (a proactive reclaim
+// agent) is followed in steps of at least 1/20 of GOMEMLIMIT, not at each
+// refresh; the hard limit is followed at once, and the value held is never
+// over what it allows (hardWant: a memory.high just under memory.max, and
+// more charged outside the Go runtime, lowers both). Called with m.mu held.
+func (m *MemLimiter) apply(d MemLimit, a action, cur int64, first bool) MemLimit {
+	switch a.kind {
+	case actRestore:
+		if m.applied != 0 {
+			// The limit memctl followed is gone (a resize to no limit):
+			// back to what GOMEMLIMIT was before memctl set it.
+			gomemlimit.Set(m.before)
+			noteMemLimitSet()
+			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, a.why))
+			d.GoMemLimit, d.Reason = m.before, a.why+"; GOMEMLIMIT back to its value before memctl set it"
+			m.applied, m.limit, m.maxFile = 0, 0, ""
+		}
+		return d
+	case actNone:
+		return d
+	}
+	falling := a.highDriven && m.applied != 0 && a.hard == m.limit && a.want < m.applied && m.applied-a.want < m.applied/20 && m.applied <= a.hardWant
+	if !falling && (m.applied == 0 || a.hard != m.limit || !within(a.want, m.applied, 100)) {
+		prev := gomemlimit.Set(a.want)
 		noteMemLimitSet()
 		if m.applied == 0 {
 			m.before = prev
 		}
-		if !first && prev != want {
-			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", want, prev, d.Reason))
+		if !first && prev != a.want {
+			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d): %s", a.want, prev, d.Reason))
 		}
-		m.applied, m.limit, m.maxFile = want, hard, f.maxFile
+		m.applied, m.limit, m.maxFile = a.want, a.hard, a.maxFile
 	} else {
 		d.GoMemLimit = m.applied // moved by less than 1% (5% down toward memory.high): left as it is
 	}
-	m.store(d)
-	return d, nil
+	return d
+}
+
+// applyOperator keeps the operator's GOMEMLIMIT in force, except while it
+// is above the smallest hard limit and memctl may write (see
+// MemLimitConfig.KeepOperator): then memctl's own value d is applied, and
+// the operator's comes back when the limit rises above it again. The
+// result says which is in force. Called with m.mu held.
+func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit {
+	over := a.kind == actSet && m.op != math.MaxInt64 && a.hardMin != noLimit && m.op > a.hardMin
+	if over && m.opWrites {
+		d := m.apply(own, a, m.expected(), first)
+		d.Operator, d.Overridden = m.op, true
+		d.Reason = fmt.Sprintf("%s (%s) is above the %s limit of %s (%s) and cannot take effect before the OOM killer: memctl sets %s until the limit rises above it again (MEMCTL_KEEP_GOMEMLIMIT=on keeps it); %s",
+			m.opText, inMiB(m.op), own.Source, inMiB(a.hardMin), a.hardFile, inMiB(d.GoMemLimit), d.Reason)
+		m.warnAlways(fmt.Sprintf("operator over %s %d", a.hardFile, a.hardMin), "limits: "+d.Reason)
+		return d
+	}
+	if m.applied != 0 {
+		// The limit rose above the operator's value again: back to it.
+		gomemlimit.Set(m.op)
+		noteMemLimitSet()
+		m.info(fmt.Sprintf("limits: GOMEMLIMIT back to the operator's %s (%d bytes): the hard limit %d (%s) is above it again", m.opText, m.op, a.hardMin, a.hardFile))
+		m.applied, m.limit, m.maxFile = 0, 0, ""
+	}
+	d := MemLimit{GoMemLimit: m.op, Source: SourceEnv, Operator: m.op, Sandbox: own.Sandbox, LimitUnknown: own.LimitUnknown,
+		Reason: m.opText + " is set in the environment"}
+	if strings.HasPrefix(m.opText, "AUTOMEMLIMIT") {
+		d.Operator = 0
+	}
+	if a.kind != actSet {
+		return d
+	}
+	d.MemoryLimit, d.Ratio, d.File, d.High, d.HighFile = own.MemoryLimit, own.Ratio, own.File, own.High, own.HighFile
+	d.Outside, d.Charged = own.Outside, own.Charged
+	switch {
+	case over:
+		d.Reason = fmt.Sprintf("%s (%s) is set in the environment; it is above the %s limit of %s (%s) and cannot take effect before the OOM killer, and is kept (MEMCTL_KEEP_GOMEMLIMIT)", m.opText, inMiB(m.op), own.Source, inMiB(a.hardMin), a.hardFile)
+		m.warnAlways(fmt.Sprintf("operator over %s %d", a.hardFile, a.hardMin), "limits: "+d.Reason)
+	case m.op != math.MaxInt64 && m.op > a.hardWant:
+		// At or near the limit, leaving less than memctl's rule would:
+		// said at WARN once per limit.
+		err := fmt.Errorf("limits: %s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
+			"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
+			m.opText, inMiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, inMiB(d.MemoryLimit), d.File, inMiB(d.MemoryLimit-a.hardWant),
+			own.Ratio, inMiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), inMiB(own.Outside), DeclaredLimitEnv)
+		d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: "+m.opText+" ")
+		if key := fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit); !m.seen[key] && len(m.seen) < maxSeen {
+			m.seen[key] = true
+			if m.log != nil {
+				m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
+					"gomemlimit", m.op, "limit", d.MemoryLimit, "limit_file", d.File,
+					"headroom", d.MemoryLimit-m.op, "ratio", own.Ratio, "outside", own.Outside)
+			}
+		}
+	}
+	return d
+}
+
+// warnAlways logs msg at WARN once per key, the first decision's included.
+func (m *MemLimiter) warnAlways(key, msg string) {
+	if m.seen[key] || len(m.seen) >= maxSeen {
+		return
+	}
+	m.seen[key] = true
+	if m.log != nil {
+		m.log.Warn(msg)
+	}
 }
 
 // Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above
@@ -923,23 +1162,30 @@ func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	return from, d.GoMemLimit, true
 }
 
+// Ceiling returns the cgroup's hard memory limit GOMEMLIMIT follows, the
+// ceiling of a lift, in bytes; 0 when the limiter sets no GOMEMLIMIT from
+// a cgroup limit. Safe for concurrent use.
+func (m *MemLimiter) Ceiling() int64 {
+	if m == nil {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if src := m.Last().Source; m.applied == 0 || m.stopped || m.limit <= 0 || src != SourceCgroupV1 && src != SourceCgroupV2 {
+		return 0
+	}
+	return m.limit
+}
+
 // Hold calls fn while no refresh and no Lift can set GOMEMLIMIT, and
-// returns when fn does: how the trim's Go step lowers GOMEMLIMIT for a
-// moment through the limiter, its one writer (trim.Config.HoldMemoryLimit).
+// returns when fn does: a caller that lowers GOMEMLIMIT for a moment does
+// it through the limiter (the trim's Go step holds internal/gomemlimit).
 // fn must restore GOMEMLIMIT exactly before it returns, so that the
 // refresh does not take the transient value for the program's; a refresh
 // due meanwhile runs at a later GC end, a Lift waits. On a nil
 // *MemLimiter fn is called directly. Safe for concurrent use; fn must not
 // call the limiter's methods.
-func (m *MemLimiter) Hold(fn func()) {
-	if m == nil {
-		fn()
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	fn()
-}
+func (m *MemLimiter) Hold(fn func()) { gomemlimit.Do(fn) }
 
 // within reports whether a is within 1/frac of b.
 func within(a, b, frac int64) bool {
@@ -1165,15 +1411,17 @@ func validRatio(r float64) bool { return !math.IsNaN(r) && r > 0 && r <= 1 }
 // memory the Go runtime has mapped and not returned to the OS.
 var goMappedMetrics = [2]string{"/memory/classes/total:bytes", "/memory/classes/heap/released:bytes"}
 
-// readUsage returns this process's RSS (VmRSS, /proc/self/status) and what
-// the Go runtime has mapped and not released (runtime/metrics); err is the
-// RSS read's (not Linux, no /proc).
-func readUsage() (rss, goMapped int64, err error) {
+// readUsage returns the memory this process holds that the kernel cannot
+// reclaim (procfs.Held: RssAnon + RssShmem; file-backed pages such as mapped
+// files and the binary's text are page cache) and what the Go runtime has
+// mapped and not released (runtime/metrics); err is the /proc read's (not
+// Linux, no /proc).
+func readUsage() (held, goMapped int64, err error) {
 	s := [2]metrics.Sample{{Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
 	metrics.Read(s[:])
 	goMapped = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
-	rss, err = procfs.RSS(0)
-	return rss, goMapped, err
+	held, err = procfs.Held(0)
+	return held, goMapped, err
 }
 
 // LiveHeapFactor is how far above the live heap a memory.high target may
@@ -1193,7 +1441,10 @@ type charge struct {
 	anon   int64 // anonymous memory; with fromUsage, the whole usage
 	kept   int64 // file-backed memory off the file LRU lists (shmem, tmpfs, ramfs), and HugeTLB pages
 	kernel int64 // 0 when the file has none
-	file   string
+	// reclaimable is the page cache on the file LRU lists, mapped files
+	// included: never subtracted, shown apart; -1 when unknown.
+	reclaimable int64
+	file        string
 	// statErr, when not nil, is why memory.stat could not be used: the
 	// charge is then the cgroup's usage counter (file), page cache
 	// included.
@@ -1273,7 +1524,7 @@ func (r chargeFiles) read(version int, dir string) (charge, error) {
 	if uerr != nil {
 		return charge{}, fmt.Errorf("%w (and %w)", err, uerr)
 	}
-	return charge{anon: u, file: file, statErr: err}, nil
+	return charge{anon: u, reclaimable: -1, file: file, statErr: err}, nil
 }
 
 func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
@@ -1281,7 +1532,8 @@ func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
 	if err != nil {
 		return charge{}, err
 	}
-	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0), file: filepath.Join(dir, "memory.stat")}
+	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
+		reclaimable: st.Reclaimable(), file: filepath.Join(dir, "memory.stat")}
 	if st.Version == 1 || version == 1 {
 		k, err := r.kmem(dir)
 		switch {
@@ -1292,18 +1544,6 @@ func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
 		}
 	}
 	return c, nil
-}
-
-// readGoMemLimit returns GOMEMLIMIT as runtime/metrics reports it
-// (/gc/gomemlimit:bytes, an atomic load in the runtime), the value
-// debug.SetMemoryLimit(-1) returns without taking the heap lock.
-func readGoMemLimit() int64 {
-	s := [1]metrics.Sample{{Name: "/gc/gomemlimit:bytes"}}
-	metrics.Read(s[:])
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return debug.SetMemoryLimit(-1)
-	}
-	return int64(min(s[0].Value.Uint64(), math.MaxInt64))
 }
 
 // readLive returns the live heap at the last GC (runtime/metrics

@@ -3,7 +3,6 @@ package limits
 import (
 	"errors"
 	"runtime/debug"
-	"strconv"
 	"testing"
 	"time"
 
@@ -62,15 +61,15 @@ func TestHeadroomForCHeap(t *testing.T) {
 	cmd := childtest.Command(t, "headroom", []string{"GOMEMLIMIT", "AUTOMEMLIMIT"})
 	g.Wrap(cmd)
 	r := childtest.Report(t, cmd)
-	num := func(k string) int64 {
-		n, err := strconv.ParseInt(r[k], 10, 64)
-		require.NoError(t, err, "%s=%q", k, r[k])
-		return n
-	}
+	num := func(k string) int64 { return childtest.RequireInt(t, r, k) }
 	require.Equal(t, gib, num("LIMIT"))
 	held, freed := num("HELD_GOMEMLIMIT"), num("FREED_GOMEMLIMIT")
-	assert.LessOrEqual(t, held, ninetyPct(gib)-heldC, "GOMEMLIMIT leaves room for the C heap")
-	assert.GreaterOrEqual(t, num("HELD_OUTSIDE"), int64(heldC))
+	// The estimate (RssAnon + RssShmem less what the Go runtime mapped)
+	// errs low by the runtime's mapped pages never touched: a few MiB of
+	// metadata and stacks, within the ratio's headroom.
+	const untouched = 8 << 20
+	assert.LessOrEqual(t, held, ninetyPct(gib)-heldC+untouched, "GOMEMLIMIT leaves room for the C heap")
+	assert.GreaterOrEqual(t, num("HELD_OUTSIDE"), int64(heldC-untouched))
 	assert.Greater(t, freed, held+250<<20, "GOMEMLIMIT follows the C heap down")
 	assert.LessOrEqual(t, freed, ninetyPct(gib))
 	assert.Less(t, num("FREED_OUTSIDE"), int64(32<<20))

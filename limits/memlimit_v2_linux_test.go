@@ -82,7 +82,7 @@ func TestV2WholeTreeNamespace(t *testing.T) {
 	pod := filepath.Join(ns, "pod")
 	t.Cleanup(func() {
 		for _, d := range []string{pod, ns} {
-			assert.NoError(t, (&cgroupfs.Child{Dir: d, Version: 2}).Remove())
+			assert.NoError(t, (&cgrouptest.Child{Dir: d, Version: 2}).Remove())
 		}
 	})
 	require.NoError(t, os.WriteFile(filepath.Join(ns, "memory.max"), []byte(strconv.Itoa(limit)), 0))
@@ -103,8 +103,7 @@ func TestV2WholeTreeNamespace(t *testing.T) {
 	assert.Equal(t, "cgroup v2", r["SOURCE"])
 	assert.Equal(t, strconv.Itoa(limit), r["LIMIT"])
 	assert.Equal(t, filepath.Join(ns, "memory.max"), r["FILE"])
-	n, err := strconv.ParseInt(r["READBACK"], 10, 64)
-	require.NoError(t, err)
+	n := childtest.RequireInt(t, r, "READBACK")
 	assert.Greater(t, n, int64(limit/2), "GOMEMLIMIT set: 0.9 of the limit less a few MiB")
 	assert.LessOrEqual(t, n, int64(limit*9/10))
 

@@ -49,7 +49,7 @@ const DefaultHeapPressure = 0.9
 // at WARN instead of canceling small requests one per GC cycle.
 const DefaultCancelShare = 0.05
 
-// DefaultShedSize is the most bytes an account may reach while Shed is on:
+// DefaultShedSize is the most bytes an account may reach while shedding:
 // the size at which examples/server's requests count as a burst
 // (DefaultBurstThreshold), so that what sheds is the large work.
 const DefaultShedSize = DefaultBurstThreshold
@@ -215,8 +215,8 @@ type PoolConfig struct {
 	// pressure instead. Default: false.
 	CancelLargest bool
 	// CancelShare is the share of the live Go heap, in (0.0, 1.0], that an
-	// account must hold for CancelLargest to cancel it (for the function
-	// CancelLargest, the kernel's pressure: of the Go memory, see there).
+	// account must hold for CancelLargest to cancel it (for a cancel on the
+	// kernel's memory pressure: of the Go memory).
 	// Default: 0 (means DefaultCancelShare, 0.05).
 	CancelShare float64
 	// ChargeRatio is the check of the charges against the heap: at the end
@@ -233,7 +233,7 @@ type PoolConfig struct {
 	// the check off. Default: 0 (means DefaultChargeRatio, 4).
 	ChargeRatio float64
 	// ShedSize is the most bytes an account (its own and its children's)
-	// may reach while Shed is on (a GC death spiral; see Shed); Grows past
+	// may reach while shedding (a GC death spiral); Grows past
 	// it are refused. Default: 0 (means DefaultShedSize, 64 MiB, or a
 	// sixteenth of a smaller pool's limit, at least one chunk).
 	ShedSize int64
@@ -247,7 +247,7 @@ type PoolConfig struct {
 	// with a default limit (WARN),
 	// a bad MEMCTL_BUDGETS (WARN), the first misuse and the first leak
 	// (WARN), pressure that cancels nothing (WARN, once per episode of heap
-	// pressure, at most once a minute for the kernel's: CancelLargest),
+	// pressure, at most once a minute for the kernel's),
 	// and in ModeObserve what would have been refused (WARN, rate-limited).
 	// Default: nil (means slog.Default()).
 	Logger *slog.Logger
@@ -485,12 +485,12 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	p.sample[1].Name = gcCyclesMetric
 	if p.heapRatio > 0 && p.mode != ModeOff {
 		wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
-		p.sub = gcend.Subscribe(func() bool {
+		p.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
 			p := wp.Value()
 			if p == nil {
 				return false
 			}
-			p.readHeap()
+			p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
 			return true
 		})
 	}
@@ -624,7 +624,7 @@ type RefusedBy struct {
 	// HeapPressure counts refusals while the live heap was over the pool's
 	// heap-pressure threshold (PoolConfig.HeapPressure).
 	HeapPressure int64
-	// Shedding counts refusals past ShedSize while Shed was on.
+	// Shedding counts refusals past ShedSize during a GC death spiral.
 	Shedding int64
 }
 

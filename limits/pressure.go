@@ -27,20 +27,31 @@ type metricsSample = metrics.Sample
 // without calling it.
 func (p *Pool) readHeap() {
 	p.heapMu.Lock()
-	defer p.heapMu.Unlock()
 	metrics.Read(p.sample[:])
 	var live int64
 	if p.sample[0].Value.Kind() == metrics.KindUint64 {
 		live = int64(min(p.sample[0].Value.Uint64(), math.MaxInt64))
 	}
+	var cycle uint64
 	if p.sample[1].Value.Kind() == metrics.KindUint64 {
-		cycle := p.sample[1].Value.Uint64()
+		cycle = p.sample[1].Value.Uint64()
+	}
+	p.heapMu.Unlock()
+	p.heapAt(live, cycle, debug.SetMemoryLimit(-1))
+}
+
+// heapAt records GC cycle's live heap and GOMEMLIMIT, once per cycle (0:
+// the count is unknown), and sets or clears heap pressure.
+func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
+	p.heapMu.Lock()
+	defer p.heapMu.Unlock()
+	if cycle != 0 {
 		if cycle == p.seenCycle {
 			return // this cycle was read already
 		}
 		p.seenCycle = cycle
 	}
-	p.observeHeap(live, debug.SetMemoryLimit(-1))
+	p.observeHeap(live, gomemlimit)
 }
 
 // observeHeap records one GC cycle's live heap and GOMEMLIMIT and sets or
@@ -191,7 +202,7 @@ func (p *Pool) workEnded(a *Account) {
 
 // kernelWarnInterval is the shortest time between two of CancelLargest's
 // WARN lines saying it canceled nothing: the kernel pressure watcher calls
-// it up to every 2 s (pressure.DefaultMinInterval) during an episode, whose
+// it up to every 2 s (pressure.Config.MinInterval's default) during an episode, whose
 // end this package does not see.
 const kernelWarnInterval = time.Minute
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/gcendtest"
 )
 
 func init() {
@@ -202,10 +203,7 @@ func TestHeapWatchStopsOnClose(t *testing.T) {
 	p.Close()
 	assert.Equal(t, armed, int64(gcend.Active()), "Close removes the hook at once")
 	cycles := p.Stats().GCCycles
-	for range 3 {
-		runtime.GC()
-	}
-	time.Sleep(10 * time.Millisecond)
+	gcendtest.Seen(t)
 	assert.Equal(t, cycles, p.Stats().GCCycles, "no cycle is seen after Close")
 
 	// A pool dropped without Close: its watch stops at the next cycle.
@@ -236,8 +234,7 @@ func TestHeapPressureRealHeap(t *testing.T) {
 	assert.Equal(t, "false", r["PRESSURE_AFTER"])
 	assert.Equal(t, "<nil>", r["GROW_AFTER"])
 	assert.Equal(t, "0", r["ARMED_AFTER_CLOSE"])
-	live, err := strconv.ParseInt(r["LIVE_LOADED"], 10, 64)
-	require.NoError(t, err)
+	live := childtest.RequireInt(t, r, "LIVE_LOADED")
 	assert.GreaterOrEqual(t, live, 160*mib, "the ballast is live")
 	assert.Equal(t, strconv.FormatInt(128*mib, 10), r["THRESHOLD"])
 }

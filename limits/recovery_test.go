@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
-	"github.com/memctl/memctl/internal/childtest"
 )
 
 func init() {
@@ -33,7 +32,7 @@ func TestPressureRecoversInCgroup(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory does not fit a 256 MiB cgroup")
 	}
-	parent, err := cgroupfs.WritableParent()
+	parent, err := cgrouptest.WritableParent()
 	if err != nil {
 		t.Skipf("no child memory cgroup can be made here: %v", err)
 	}
@@ -50,8 +49,7 @@ func TestPressureRecoversInCgroup(t *testing.T) {
 	assert.Equal(t, "429", r["BIG_CODE"])
 	assert.Equal(t, "1", r["CANCELED"])
 	assert.Equal(t, strings.TrimSuffix(strings.Repeat("200,", 10), ","), r["SMALL_CODES"], "every small request served")
-	ms, err := strconv.ParseFloat(r["RECOVERY_MS"], 64)
-	require.NoError(t, err, "the pressure cleared")
+	ms := childtest.RequireFloat(t, r, "RECOVERY_MS") // the pressure cleared
 	assert.Less(t, ms, 1000.0, "pressure cleared within a second of the cancel")
 	assert.Equal(t, "0", r["USED_AT_END"])
 }

@@ -4,22 +4,24 @@ import (
 	"math"
 	"runtime/metrics"
 	"sync"
-	"sync/atomic"
 	"weak"
+
+	"github.com/memctl/memctl/internal/relief"
 )
 
-// shedding is Shed's switch, read on a Grow's slow path only (when an
-// account needs more than it has reserved), never on the fast path.
-var shedding atomic.Bool
-
-// openPools are the pools that Shed and CancelLargest reach: weak, so that
-// a pool dropped without Close is not kept alive by them.
+// openPools are the pools that shedding and cancelLargest reach: weak, so
+// that a pool dropped without Close is not kept alive by them.
 var openPools struct {
 	mu    sync.Mutex
 	pools []weak.Pointer[Pool]
 }
 
+// registerCanceler makes cancelLargest the process's cancel of the
+// largest request (internal/relief), called by the kernel pressure watcher.
+var registerCanceler sync.Once
+
 func registerPool(p *Pool) {
+	registerCanceler.Do(func() { relief.SetCanceler(cancelLargest) })
 	openPools.mu.Lock()
 	defer openPools.mu.Unlock()
 	live := openPools.pools[:0]
@@ -57,29 +59,18 @@ func eachPool(f func(*Pool)) {
 	}
 }
 
-// Shed turns load shedding on or off for every open pool. While it is on, a
-// Grow that would take an account (its own bytes and its children's) past
-// its pool's PoolConfig.ShedSize is refused with an *ExhaustedError whose
-// scope ends in "(shedding)" and whose RetryAfter is DefaultRetryAfter
-// (HTTP 429 with Retry-After): large work waits, small requests go on.
-// Accounts already past ShedSize keep what they hold and are refused only
-// more. While it is on, an account reserves from its parent no more than
-// takes it to ShedSize, so that Grows on the fast path stop there too; only
-// what it had reserved before Shed was turned on (at most two chunks,
-// PoolConfig.ChunkSize, beyond what it used) can take it past ShedSize.
-// memctl.Start connects it to the GC death-spiral detector (package
-// pressure), which turns it on for the length of an episode: a process
-// whose GC takes half its CPU serves small requests at full speed rather
-// than every request slowly; the trade-off is that large requests that
-// would have succeeded slowly are refused. With MEMCTL_BUDGETS=observe or
-// off the refusal is counted and not applied. It adds one atomic load to a
-// Grow's slow path and nothing to the fast path. Safe for concurrent use.
-func Shed(on bool) { shedding.Store(on) }
+// Load shedding (internal/relief.Shed) is on during a GC death spiral
+// (package pressure): a Grow that would take an account (its own bytes and
+// its children's) past its pool's PoolConfig.ShedSize is refused with an
+// *ExhaustedError whose scope ends in "(shedding)" and whose RetryAfter is
+// DefaultRetryAfter (HTTP 429 with Retry-After): large work waits, small
+// requests go on. Accounts already past ShedSize keep what they hold. While
+// it is on, an account reserves from its parent no more than takes it to
+// ShedSize, so that Grows on the fast path stop there too. With
+// MEMCTL_BUDGETS=observe or off the refusal is counted and not applied. It
+// adds one atomic load to a Grow's slow path and nothing to the fast path.
 
-// Shedding reports whether Shed is on.
-func Shedding() bool { return shedding.Load() }
-
-// CancelLargest cancels, in every open pool configured with CancelLargest,
+// cancelLargest cancels, in every open pool configured with CancelLargest,
 // the open account (bound with WithAccount or the middleware) that uses the
 // most bytes, provided it holds at least CancelShare of the Go memory: the
 // larger of the live heap at the last GC cycle and what the runtime holds
@@ -88,12 +79,13 @@ func Shedding() bool { return shedding.Load() }
 // when the live heap reads 0, a request of a few bytes is not canceled;
 // the cause is an *ExhaustedError with scope "... (memory pressure)". It
 // returns how many accounts it canceled. When a pool has no account that
-// large it logs so at WARN, at most once a minute. memctl.Start connects it
-// to the kernel memory-pressure watcher (package pressure): the request that
-// holds the most is stopped before the OOM killer stops the process.
+// large it logs so at WARN, at most once a minute. The kernel
+// memory-pressure watcher (package pressure) calls it through
+// internal/relief: the request that holds the most is stopped before the
+// OOM killer stops the process.
 // With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
 // Safe for concurrent use.
-func CancelLargest() int {
+func cancelLargest() int {
 	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMemoryMetric}, {Name: releasedMetric}}
 	metrics.Read(s)
 	base := max(sampleBytes(s[0]), sampleBytes(s[1])-sampleBytes(s[2]))
@@ -143,7 +135,7 @@ func (p *Pool) shedLimit() int64 {
 // shedError returns the refusal of a Grow of n over total while shedding,
 // or nil when the Grow stays within ShedSize.
 func (a *Account) shedError(n, total int64) *ExhaustedError {
-	if !shedding.Load() {
+	if !relief.Shedding() {
 		return nil
 	}
 	s := a.pool.shedLimit()
@@ -159,7 +151,7 @@ func (a *Account) shedError(n, total int64) *ExhaustedError {
 // ShedSize would let Grows on the fast path, which does not look at Shed,
 // use it.
 func (a *Account) shedCap(want, need, held int64) int64 {
-	if !shedding.Load() {
+	if !relief.Shedding() {
 		return want
 	}
 	if room := a.pool.shedLimit() - held; want > room {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/relief"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,8 +27,8 @@ func TestShedRefusesLargeGrows(t *testing.T) {
 	small := mustOpen(t, p, "small", Unlimited)
 	require.NoError(t, big.Grow(6*mib))
 
-	Shed(true)
-	t.Cleanup(func() { Shed(false) })
+	relief.Shed(true)
+	t.Cleanup(func() { relief.Shed(false) })
 	err := big.Grow(3 * mib)
 	require.ErrorIs(t, err, ErrResourceExhausted)
 	var e *ExhaustedError
@@ -42,7 +43,7 @@ func TestShedRefusesLargeGrows(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, kid.Grow(8*mib), ErrResourceExhausted)
 
-	Shed(false)
+	relief.Shed(false)
 	require.NoError(t, big.Grow(64*mib), "served again once shedding is off")
 	big.Shrink(72 * mib)
 	small.Shrink(1 * mib)
@@ -53,8 +54,8 @@ func TestShedObserveRefusesNothing(t *testing.T) {
 	t.Setenv("MEMCTL_BUDGETS", "observe")
 	p := newTestPool(t, PoolConfig{Limit: 1 << 30, ShedSize: mib, HeapPressure: -1})
 	a := mustOpen(t, p, "a", Unlimited)
-	Shed(true)
-	t.Cleanup(func() { Shed(false) })
+	relief.Shed(true)
+	t.Cleanup(func() { relief.Shed(false) })
 	require.NoError(t, a.Grow(4*mib))
 	assert.Positive(t, p.Stats().Observed, "counted, not refused")
 	a.Shrink(4 * mib)
@@ -79,7 +80,7 @@ func TestCancelLargestAcrossPools(t *testing.T) {
 	other := ctxOf(off, "other", 8*mib)
 
 	runtime.GC() // a live-heap figure to compare with
-	assert.Equal(t, 1, CancelLargest())
+	assert.Equal(t, 1, cancelLargest())
 	<-large.Done()
 	var e *ExhaustedError
 	require.ErrorAs(t, context.Cause(large), &e)
@@ -88,7 +89,7 @@ func TestCancelLargestAcrossPools(t *testing.T) {
 	assert.NoError(t, other.Err(), "a pool without CancelLargest is left alone")
 
 	on.Close()
-	assert.Equal(t, 0, CancelLargest(), "a closed pool is not reached")
+	assert.Equal(t, 0, cancelLargest(), "a closed pool is not reached")
 }
 
 // TestShedBoundsTheFastPath: while Shed is on, small Grows stop at
@@ -99,8 +100,8 @@ func TestCancelLargestAcrossPools(t *testing.T) {
 func TestShedBoundsTheFastPath(t *testing.T) {
 	t.Setenv("MEMCTL_BUDGETS", "")
 	p := newTestPool(t, PoolConfig{Limit: 1 << 30, ChunkSize: 1000, ShedSize: 1500, HeapPressure: -1})
-	Shed(true)
-	t.Cleanup(func() { Shed(false) })
+	relief.Shed(true)
+	t.Cleanup(func() { relief.Shed(false) })
 	a := mustOpen(t, p, "a", Unlimited)
 	require.NoError(t, a.Grow(1000))
 	require.NoError(t, a.Grow(400))
@@ -151,7 +152,7 @@ func childCancelBeforeGC() {
 	if err := Grow(ctx, 1); err != nil {
 		childtest.Fail("%v", err)
 	}
-	childtest.Say("CANCELED_SMALL", CancelLargest())
+	childtest.Say("CANCELED_SMALL", cancelLargest())
 	b, err := p.Open("large", Unlimited)
 	if err != nil {
 		childtest.Fail("%v", err)
@@ -161,7 +162,7 @@ func childCancelBeforeGC() {
 	if err := Grow(bctx, 64*mib); err != nil { // counted, not allocated
 		childtest.Fail("%v", err)
 	}
-	childtest.Say("CANCELED_LARGE", CancelLargest())
+	childtest.Say("CANCELED_LARGE", cancelLargest())
 	Shrink(ctx, 1)
 	Shrink(bctx, 64*mib)
 }
@@ -197,13 +198,13 @@ func TestCancelLargestWarnsOncePerMinute(t *testing.T) {
 	defer Shrink(ctx, 1)
 	for range 5 {
 		waitCycles(t, p, 1)
-		assert.Zero(t, CancelLargest())
+		assert.Zero(t, cancelLargest())
 	}
 	assert.NoError(t, ctx.Err())
 	assert.Equal(t, 1, strings.Count(logs.String(), "no request canceled"), logs.String())
 	// A minute later it is said again.
 	p.kernelWarnAt.Add(-int64(time.Minute))
-	assert.Zero(t, CancelLargest())
+	assert.Zero(t, cancelLargest())
 	assert.Equal(t, 2, strings.Count(logs.String(), "no request canceled"), logs.String())
 }
 
@@ -219,7 +220,7 @@ func TestCancelLargestOffLogsNothing(t *testing.T) {
 	defer done()
 	require.NoError(t, Grow(ctx, 1))
 	defer Shrink(ctx, 1)
-	assert.Zero(t, CancelLargest())
+	assert.Zero(t, cancelLargest())
 	assert.NoError(t, ctx.Err())
 	assert.Empty(t, logs.String())
 }
@@ -234,9 +235,9 @@ func TestRefusedByScope(t *testing.T) {
 	require.ErrorIs(t, a.Grow(3*mib), ErrResourceExhausted) // its own budget
 	b := mustOpen(t, p, "b", Unlimited)
 	require.ErrorIs(t, b.Grow(5*mib), ErrResourceExhausted) // the pool
-	Shed(true)
+	relief.Shed(true)
 	require.ErrorIs(t, b.Grow(2*mib), ErrResourceExhausted) // shedding
-	Shed(false)
+	relief.Shed(false)
 	s := p.Stats()
 	assert.Equal(t, RefusedBy{Account: 1, Pool: 1, Shedding: 1}, s.RefusedBy)
 	assert.Equal(t, int64(3), s.Refused)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/relief"
 )
 
 // checkLimits reports every way a pool and its accounts are above a limit
@@ -106,14 +108,14 @@ func stress(t *testing.T, seed uint64) {
 	shedDone := make(chan struct{})
 	go func() {
 		defer close(shedDone)
-		defer Shed(false)
+		defer relief.Shed(false)
 		for on := true; ; on = !on {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			Shed(on)
+			relief.Shed(on)
 			time.Sleep(50 * time.Microsecond)
 		}
 	}()

@@ -9,11 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestWholeTreeNamespaceV1: the whole-tree namespace of issue 25 on this
@@ -35,7 +34,7 @@ func TestWholeTreeNamespaceV1(t *testing.T) {
 	}
 	pod := filepath.Join(g.Dir, "pod")
 	require.NoError(t, os.Mkdir(pod, 0o755))
-	t.Cleanup(func() { _ = os.Remove(pod) })
+	t.Cleanup(func() { assert.NoError(t, (&cgrouptest.Child{Dir: pod, Version: 1}).Remove()) }) // before g's removal
 	cmd := childtest.Command(t, "v2limit", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, "V2_MOVE_TO="+filepath.Join(pod, "cgroup.procs"))
 	procs := filepath.Join(g.Dir, "cgroup.procs")
 	cmd.Args = append([]string{"/bin/sh", "-c", `echo $$ > "$0" && exec "$@"`, procs, unshare, "-C", cmd.Path}, cmd.Args[1:]...)
@@ -58,8 +57,7 @@ func TestWholeTreeNamespaceV1(t *testing.T) {
 	assert.Equal(t, "cgroup v1", r["SOURCE"])
 	assert.Equal(t, strconv.Itoa(limit), r["LIMIT"])
 	assert.Equal(t, filepath.Join(g.Dir, "memory.limit_in_bytes"), r["FILE"])
-	n, err := strconv.ParseInt(r["READBACK"], 10, 64)
-	require.NoError(t, err)
+	n := childtest.RequireInt(t, r, "READBACK")
 	assert.Greater(t, n, int64(limit/2), "GOMEMLIMIT set: 0.9 of the limit less a few MiB")
 	assert.LessOrEqual(t, n, int64(limit*9/10))
 }

@@ -205,14 +205,14 @@ func boolValue(b bool) float64 {
 // memoryEvents are the cgroup v2 memory.events counters, by their key.
 var memoryEvents = []struct {
 	key  string
-	read func(e *pressure.MemoryEvents) int64
+	read func(s *pressure.Stats) int64
 }{
-	{"low", func(e *pressure.MemoryEvents) int64 { return e.Low }},
-	{"high", func(e *pressure.MemoryEvents) int64 { return e.High }},
-	{"max", func(e *pressure.MemoryEvents) int64 { return e.Max }},
-	{"oom", func(e *pressure.MemoryEvents) int64 { return e.OOM }},
-	{"oom_kill", func(e *pressure.MemoryEvents) int64 { return e.OOMKill }},
-	{"oom_group_kill", func(e *pressure.MemoryEvents) int64 { return e.OOMGroupKill }},
+	{"low", func(s *pressure.Stats) int64 { return s.MemoryEvents.Low }},
+	{"high", func(s *pressure.Stats) int64 { return s.MemoryEvents.High }},
+	{"max", func(s *pressure.Stats) int64 { return s.MemoryEvents.Max }},
+	{"oom", func(s *pressure.Stats) int64 { return s.MemoryEvents.OOM }},
+	{"oom_kill", func(s *pressure.Stats) int64 { return s.MemoryEvents.OOMKill }},
+	{"oom_group_kill", func(s *pressure.Stats) int64 { return s.MemoryEvents.OOMGroupKill }},
 }
 
 // controllerMetrics are read from Controller.Stats and Report at each
@@ -296,42 +296,74 @@ var controllerMetrics = []metric[controller]{
 		func(c *controller) (float64, bool) { return float64(c.stats.Pressure.Lifted), c.live }),
 }
 
+// trimOrigins, trimSkips and trimAborts label trim.Stats' fields by origin,
+// skip reason and abort reason.
+var (
+	trimOrigins = []struct {
+		label string
+		of    func(*trim.Stats) *trim.OriginStats
+	}{
+		{"debounced", func(s *trim.Stats) *trim.OriginStats { return &s.Debounced }},
+		{"pressure", func(s *trim.Stats) *trim.OriginStats { return &s.Pressure }},
+		{"spiral", func(s *trim.Stats) *trim.OriginStats { return &s.Spiral }},
+		{"by_name", func(s *trim.Stats) *trim.OriginStats { return &s.ByName }},
+	}
+	trimSkips = []struct {
+		label string
+		of    func(*trim.Stats) int64
+	}{
+		{"min_release", func(s *trim.Stats) int64 { return s.SkippedMinRelease }},
+		{"cost", func(s *trim.Stats) int64 { return s.SkippedCost }},
+		{"budget", func(s *trim.Stats) int64 { return s.SkippedBudget }},
+		{"running", func(s *trim.Stats) int64 { return s.SkippedRunning }},
+	}
+	trimAborts = []struct {
+		label string
+		of    func(*trim.Stats) int64
+	}{
+		{"gc", func(s *trim.Stats) int64 { return s.AbortedGC }},
+		{"no_progress", func(s *trim.Stats) int64 { return s.AbortedNoProgress }},
+		{"gc_cpu_limiter", func(s *trim.Stats) int64 { return s.AbortedLimiter }},
+		{"limit_changed", func(s *trim.Stats) int64 { return s.AbortedLimitChanged }},
+	}
+)
+
 func init() {
-	for o := trim.Origin(0); o < trim.NumOrigins; o++ {
-		lv := []string{o.String()}
+	for _, og := range trimOrigins {
+		lv, o := []string{og.label}, og.of
 		controllerMetrics = append(controllerMetrics,
 			metric[controller]{name: "memctl_trims_origin_total", kind: prometheus.CounterValue, labels: []string{"origin"},
 				help: "Trims run, by who asked: debounced (after AfterBurst), pressure (kernel memory pressure), spiral (GC death spiral), by_name (TrimNow).",
-				read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.Origins[o].Trims), lv, true }},
+				read: func(c *controller) (float64, []string, bool) { return float64(o(&c.stats.Trim).Trims), lv, true }},
 			metric[controller]{name: "memctl_trims_origin_skipped_total", kind: prometheus.CounterValue, labels: []string{"origin"},
 				help: "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked.",
 				read: func(c *controller) (float64, []string, bool) {
-					return float64(c.stats.Trim.Origins[o].Skipped), lv, true
+					return float64(o(&c.stats.Trim).Skipped), lv, true
 				}},
 			metric[controller]{name: "memctl_trim_origin_cpu_seconds_total", kind: prometheus.CounterValue, labels: []string{"origin"},
 				help: "CPU time charged to the trims, in seconds, by who asked; all origins share the one 2% budget.",
-				read: func(c *controller) (float64, []string, bool) { return c.stats.Trim.Origins[o].CPU.Seconds(), lv, true }})
+				read: func(c *controller) (float64, []string, bool) { return o(&c.stats.Trim).CPU.Seconds(), lv, true }})
 	}
-	for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
-		lv := []string{r.String()}
+	for _, sk := range trimSkips {
+		lv, r := []string{sk.label}, sk.of
 		controllerMetrics = append(controllerMetrics, metric[controller]{
 			name: "memctl_trims_skipped_reason_total", kind: prometheus.CounterValue, labels: []string{"reason"},
 			help: "Trims skipped, by reason: min_release (estimate under MinRelease), cost (not worth its GC), budget (2% CPU budget), running (another trim answered).",
-			read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.SkippedBy[r]), lv, true }})
+			read: func(c *controller) (float64, []string, bool) { return float64(r(&c.stats.Trim)), lv, true }})
 	}
-	for r := trim.AbortGC; r < trim.NumAbortReasons; r++ {
-		lv := []string{r.String()}
+	for _, ab := range trimAborts {
+		lv, r := []string{ab.label}, ab.of
 		controllerMetrics = append(controllerMetrics, metric[controller]{
 			name: "memctl_trims_no_gc_aborted_total", kind: prometheus.CounterValue, labels: []string{"reason"},
 			help: "Go steps without a GC that stopped before their target, by reason: gc (a GC cycle started), no_progress (a step released nothing), gc_cpu_limiter, limit_changed (the program set GOMEMLIMIT).",
-			read: func(c *controller) (float64, []string, bool) { return float64(c.stats.Trim.Aborts[r]), lv, true }})
+			read: func(c *controller) (float64, []string, bool) { return float64(r(&c.stats.Trim)), lv, true }})
 	}
 	for _, e := range memoryEvents {
 		controllerMetrics = append(controllerMetrics, metric[controller]{
 			name: "memctl_cgroup_memory_events_total", kind: prometheus.CounterValue, labels: []string{"event"},
 			help: "The cgroup v2 memory.events counters (low, high, max, oom, oom_kill, oom_group_kill); absent on cgroup v1 and where the kernel does not write the counter.",
 			read: func(c *controller) (float64, []string, bool) {
-				v := e.read(&c.stats.Pressure.MemoryEvents)
+				v := e.read(&c.stats.Pressure)
 				return float64(v), []string{e.key}, v >= 0
 			}})
 	}

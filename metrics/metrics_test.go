@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
@@ -52,11 +53,11 @@ func start(t *testing.T) *memctl.Controller {
 func restoreTHP(s thp.State) {
 	switch s {
 	case thp.StateEnabled:
-		_ = thp.Enable()
+		_ = thpflag.Set(thpflag.Enabled)
 	case thp.StateDisabled:
-		_ = thp.Disable()
+		_ = thpflag.Set(thpflag.Disabled)
 	case thp.StateDisabledExceptAdvised:
-		_ = thp.DisableExceptAdvised()
+		_ = thpflag.Set(thpflag.DisabledExceptAdvised)
 	}
 }
 
@@ -166,16 +167,16 @@ func TestControllerMetricsFollowTrims(t *testing.T) {
 	assert.Greater(t, value(t, mfs, "memctl_trim_cpu_seconds_total"), 0.0, "a trim costs CPU, and the rate limit counts it")
 	// By origin and reason, apart: the debounced trim is not a pressure trim.
 	assert.Equal(t, 1.0, value(t, mfs, "memctl_trims_origin_total", "origin", "debounced"))
-	for o := trim.Origin(0); o < trim.NumOrigins; o++ {
-		ost := want.Origins[o]
-		assert.Equal(t, float64(ost.Trims), value(t, mfs, "memctl_trims_origin_total", "origin", o.String()))
-		assert.Equal(t, float64(ost.Skipped), value(t, mfs, "memctl_trims_origin_skipped_total", "origin", o.String()))
-		assert.Equal(t, ost.CPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", o.String()))
+	for _, og := range trimOrigins {
+		ost, o := og.of(&want), og.label
+		assert.Equal(t, float64(ost.Trims), value(t, mfs, "memctl_trims_origin_total", "origin", o))
+		assert.Equal(t, float64(ost.Skipped), value(t, mfs, "memctl_trims_origin_skipped_total", "origin", o))
+		assert.Equal(t, ost.CPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", o))
 	}
 	assert.Equal(t, 0.0, value(t, mfs, "memctl_trims_origin_total", "origin", "pressure"))
 	assert.Equal(t, want.TotalCPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", "debounced"))
-	for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
-		assert.Equal(t, float64(want.SkippedBy[r]), value(t, mfs, "memctl_trims_skipped_reason_total", "reason", r.String()))
+	for _, sk := range trimSkips {
+		assert.Equal(t, float64(sk.of(&want)), value(t, mfs, "memctl_trims_skipped_reason_total", "reason", sk.label))
 	}
 	ps := ctl.Stats().Pressure
 	assert.Equal(t, float64(ps.LeftToKernel), value(t, mfs, "memctl_pressure_left_to_kernel_total"))

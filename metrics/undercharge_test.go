@@ -16,14 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/limits"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
-	"github.com/memctl/memctl/internal/childtest"
-	"github.com/memctl/memctl/limits"
 )
 
 func TestMain(m *testing.M) {
@@ -133,7 +132,7 @@ func TestUnderchargedMetricInCgroup(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory fills the cgroup")
 	}
-	parent, err := cgroupfs.WritableParent()
+	parent, err := cgrouptest.WritableParent()
 	if err != nil {
 		t.Skipf("no writable memory cgroup: %v", err)
 	}
@@ -160,9 +159,11 @@ func TestUnderchargedMetricInCgroup(t *testing.T) {
 	require.NotContains(t, report, "ERROR")
 	require.Contains(t, report, "SCRAPE_UNDERCHARGED", "the metric was not on /metrics after the WARN")
 	n, err := strconv.ParseFloat(report["SCRAPE_UNDERCHARGED"], 64)
-	require.NoError(t, err)
-	live, _ := strconv.ParseInt(report["SCRAPE_HEAP_LIVE"], 10, 64)
-	rows, _ := strconv.ParseInt(report["ROWS_AT_SCRAPE"], 10, 64)
+	require.NoError(t, err, "the child's report:\n%s", out)
+	live, err := strconv.ParseInt(report["SCRAPE_HEAP_LIVE"], 10, 64)
+	require.NoError(t, err, "SCRAPE_HEAP_LIVE; the child's report:\n%s", out)
+	rows, err := strconv.ParseInt(report["ROWS_AT_SCRAPE"], 10, 64)
+	require.NoError(t, err, "ROWS_AT_SCRAPE; the child's report:\n%s", out)
 	t.Logf("memctl_budget_undercharged_total %v at a live heap of %d MiB (%d MiB of rows, %d KiB charged), cgroup limit 256 MiB",
 		n, live>>20, rows>>10, rows*8>>10)
 	assert.Positive(t, n)

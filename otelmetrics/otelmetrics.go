@@ -252,8 +252,12 @@ var controllerInstruments = []instrument{
 	{name: "memctl.trims.no_gc.aborted", unit: "{trim}", counter: true, prom: "memctl_trims_no_gc_aborted_total",
 		desc: "Go steps without a GC that stopped before their target, by reason (attribute reason): gc, no_progress, gc_cpu_limiter, limit_changed.",
 		read: func(s *snapshot, o observe) {
-			for r := trim.AbortGC; r < trim.NumAbortReasons; r++ {
-				o(float64(s.stats.Trim.Aborts[r]), attribute.String("reason", r.String()))
+			t := &s.stats.Trim
+			for _, r := range []struct {
+				label string
+				n     int64
+			}{{"gc", t.AbortedGC}, {"no_progress", t.AbortedNoProgress}, {"gc_cpu_limiter", t.AbortedLimiter}, {"limit_changed", t.AbortedLimitChanged}} {
+				o(float64(r.n), attribute.String("reason", r.label))
 			}
 		}},
 	{name: "memctl.pressure.events", unit: "{event}", counter: true, prom: "memctl_pressure_events_total",
@@ -298,29 +302,36 @@ var controllerInstruments = []instrument{
 	{name: "memctl.trims.origin", unit: "{trim}", counter: true, prom: "memctl_trims_origin_total",
 		desc: "Trims run, by who asked (attribute origin): debounced, pressure, spiral, by_name (TrimNow).",
 		read: func(s *snapshot, o observe) {
-			for i, st := range s.stats.Trim.Origins {
-				o(float64(st.Trims), attribute.String("origin", trim.Origin(i).String()))
+			for _, og := range trimOrigins(&s.stats.Trim) {
+				st := og.stats
+				o(float64(st.Trims), attribute.String("origin", og.label))
 			}
 		}},
 	{name: "memctl.trims.origin.skipped", unit: "{trim}", counter: true, prom: "memctl_trims_origin_skipped_total",
 		desc: "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked (attribute origin).",
 		read: func(s *snapshot, o observe) {
-			for i, st := range s.stats.Trim.Origins {
-				o(float64(st.Skipped), attribute.String("origin", trim.Origin(i).String()))
+			for _, og := range trimOrigins(&s.stats.Trim) {
+				st := og.stats
+				o(float64(st.Skipped), attribute.String("origin", og.label))
 			}
 		}},
 	{name: "memctl.trim.origin.cpu", unit: "s", float: true, counter: true, prom: "memctl_trim_origin_cpu_seconds_total",
 		desc: "CPU time charged to the trims, by who asked (attribute origin); all origins share the one 2% budget.",
 		read: func(s *snapshot, o observe) {
-			for i, st := range s.stats.Trim.Origins {
-				o(st.CPU.Seconds(), attribute.String("origin", trim.Origin(i).String()))
+			for _, og := range trimOrigins(&s.stats.Trim) {
+				st := og.stats
+				o(st.CPU.Seconds(), attribute.String("origin", og.label))
 			}
 		}},
 	{name: "memctl.trims.skipped_reason", unit: "{trim}", counter: true, prom: "memctl_trims_skipped_reason_total",
 		desc: "Trims skipped, by reason (attribute reason): min_release, cost, budget, running.",
 		read: func(s *snapshot, o observe) {
-			for r := trim.SkipMinRelease; r <= trim.SkipRunning; r++ {
-				o(float64(s.stats.Trim.SkippedBy[r]), attribute.String("reason", r.String()))
+			t := &s.stats.Trim
+			for _, r := range []struct {
+				label string
+				n     int64
+			}{{"min_release", t.SkippedMinRelease}, {"cost", t.SkippedCost}, {"budget", t.SkippedBudget}, {"running", t.SkippedRunning}} {
+				o(float64(r.n), attribute.String("reason", r.label))
 			}
 		}},
 	heapInstrument("memctl.c_allocator.info", "1", false, false, "memctl_c_allocator_info",
@@ -533,4 +544,15 @@ func emit(ob metric.Observer, table []instrument, obs []metric.Observable, s *sn
 		}
 		in.read(s, o)
 	}
+}
+
+// trimOrigins labels t's counters by origin.
+func trimOrigins(t *trim.Stats) []struct {
+	label string
+	stats trim.OriginStats
+} {
+	return []struct {
+		label string
+		stats trim.OriginStats
+	}{{"debounced", t.Debounced}, {"pressure", t.Pressure}, {"spiral", t.Spiral}, {"by_name", t.ByName}}
 }

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/memsignal"
 	"github.com/memctl/memctl/pressure"
 )
 
@@ -77,9 +78,9 @@ func TestUnreadableMakeupHoldsCancel(t *testing.T) {
 	}
 	var trims, cancels atomic.Int64
 	var logs syncBuf
-	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Trim: func() { trims.Add(1) },
-		CancelLargest: func() { cancels.Add(1) }, MinInterval: 100 * time.Millisecond}, makeup))
+	m, err := pressure.StartWith(pressure.Config{Watch: "systemd", SpiralOff: true,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), MinInterval: 100 * time.Millisecond},
+		pressure.Fakes{Trim: func() { trims.Add(1) }, Cancel: func() { cancels.Add(1) }, Makeup: makeup})
 	require.NoError(t, err)
 	defer m.Close()
 	ch, _ := m.Subscribe(16)
@@ -94,7 +95,7 @@ func TestUnreadableMakeupHoldsCancel(t *testing.T) {
 	const n = 4
 	for i := range n {
 		e := signal()
-		assert.False(t, e.Makeup.Known(), "signal %d: unknown makeup", i)
+		assert.False(t, memsignal.Makeup(e.Makeup).Known(), "signal %d: unknown makeup", i)
 	}
 	s := m.Stats()
 	assert.Equal(t, int64(n), trims.Load(), "the trim is asked for: its gate decides")
@@ -136,7 +137,7 @@ func TestHostileMemoryStat(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := cgroupfs.ParseMemoryStat(strings.NewReader(tc.stat), "memory.stat")
 			require.NoError(t, err)
-			mk := pressure.MakeupOfStat(s, "memory.stat")
+			mk := memsignal.MakeupOfStat(s, "memory.stat")
 			assert.Equal(t, tc.known, mk.Known(), "%+v", mk)
 			assert.Equal(t, tc.anonymous, mk.Anonymous(), "%+v", mk)
 			assert.GreaterOrEqual(t, mk.Cache, int64(-1), "never a wrapped sum")
@@ -161,12 +162,12 @@ func TestHostileMemoryStat(t *testing.T) {
 	dir := t.TempDir()
 	mi := filepath.Join(dir, "meminfo")
 	require.NoError(t, os.WriteFile(mi, []byte("AnonPages: 1024 kB\nActive(file): 9007199254740991 kB\nInactive(file): 9007199254740991 kB\n"), 0o600))
-	mk, err := pressure.MeminfoMakeup(mi)
+	mk, err := memsignal.HostMakeup(mi, "")
 	require.NoError(t, err)
 	assert.True(t, mk.Known())
 	assert.False(t, mk.Anonymous(), "saturated, not wrapped: %+v", mk)
 	require.NoError(t, os.WriteFile(mi, []byte("AnonPages: 1024 kB\nActive(file): 5 kB\n"), 0o600))
-	mk, err = pressure.MeminfoMakeup(mi)
+	mk, err = memsignal.HostMakeup(mi, "")
 	require.Error(t, err)
 	assert.False(t, mk.Known())
 	assert.Equal(t, mi, mk.From, "the unknown makeup names the file")
@@ -199,7 +200,7 @@ func TestSystemdWatchNotPSI(t *testing.T) {
 			t.Setenv("MEMORY_PRESSURE_WATCH", path)
 			t.Setenv("MEMORY_PRESSURE_WRITE", trig)
 			var logs syncBuf
-			m, err := pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true,
+			m, err := pressure.Start(pressure.Config{Watch: "auto", SpiralOff: true,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			if err != nil {
 				t.Logf("no fallback source here: %v", err)
@@ -210,7 +211,7 @@ func TestSystemdWatchNotPSI(t *testing.T) {
 			assert.Contains(t, out, "$MEMORY_PRESSURE_WATCH", "the WARN names the variable: %s", out)
 			require.NoError(t, m.Close())
 
-			m, err = pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+			m, err = pressure.Start(pressure.Config{Watch: "systemd", SpiralOff: true, Logger: discard})
 			require.ErrorIs(t, err, pressure.ErrNoSource)
 			assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_WATCH")
 			require.NoError(t, m.Close())
@@ -247,7 +248,7 @@ func TestSystemdWriteHostile(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv("MEMORY_PRESSURE_WRITE", v)
 			var logs syncBuf
-			m, err := pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true,
+			m, err := pressure.Start(pressure.Config{Watch: "auto", SpiralOff: true,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			if err != nil {
 				t.Logf("no fallback source here: %v", err)
@@ -271,12 +272,12 @@ func TestSystemdTriggerShortestForm(t *testing.T) {
 		"some 000000000000200000 10000000":                          "some 200000 10000000\x00",
 		"full 0000000000000000000000000000000000000500000 02000000": "full 500000 2000000\x00",
 	} {
-		got, err := pressure.SystemdTrigger([]byte(in))
+		got, err := memsignal.SystemdTrigger([]byte(in))
 		require.NoError(t, err, "%q", in)
 		assert.Equal(t, want, string(got))
 		assert.LessOrEqual(t, len(got), 32, "within the kernel's buffer")
 	}
-	_, err := pressure.SystemdTrigger([]byte("some 200000 2000000\x00garbage"))
+	_, err := memsignal.SystemdTrigger([]byte("some 200000 2000000\x00garbage"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_WRITE")
 }
@@ -301,7 +302,7 @@ func TestSystemdDevNullAndPadding(t *testing.T) {
 	require.NoError(t, unix.Mkfifo(fifo, 0o600))
 	t.Setenv("MEMORY_PRESSURE_WATCH", fifo)
 	t.Setenv("MEMORY_PRESSURE_WRITE", base64.RawStdEncoding.EncodeToString([]byte("some 200000 2000000")))
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+	m, err := pressure.Start(pressure.Config{Watch: "systemd", SpiralOff: true, Logger: discard})
 	require.NoError(t, err)
 	assert.Equal(t, "systemd "+fifo, m.Source())
 	require.NoError(t, m.Close())
@@ -339,5 +340,5 @@ func TestEventsGrowthSaturates(t *testing.T) {
 	const big = int64(1<<63 - 1)
 	a := cgroupfs.Events{Low: 0, High: 0, Max: 0, OOM: 0, OOMKill: 0, OOMGroupKill: 0}
 	b := cgroupfs.Events{Low: 0, High: big, Max: big, OOM: big, OOMKill: big, OOMGroupKill: 0}
-	assert.Equal(t, big, pressure.EventsGrowth(a, b))
+	assert.Equal(t, big, memsignal.EventsGrowth(a, b))
 }

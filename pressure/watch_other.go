@@ -8,6 +8,6 @@ type watcher struct {
 	hostWide   bool
 }
 
-func startWatcher(*Monitor, func(string) string) (*watcher, error) { return nil, ErrNoSource }
+func startWatcher(*Monitor) (*watcher, error) { return nil, ErrNoSource }
 
 func (*watcher) close() {}

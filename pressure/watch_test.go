@@ -58,10 +58,10 @@ func TestSystemPSITrigger(t *testing.T) {
 	}
 	defer goleak.VerifyNone(t)
 	var trims atomic.Int64
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchSystem, SpiralOff: true, Logger: discard,
-		Trim: func() { trims.Add(1) }})
+	m, err := pressure.StartWith(pressure.Config{Watch: "system", SpiralOff: true, Logger: discard},
+		pressure.Fakes{Trim: func() { trims.Add(1) }})
 	if m != nil {
-		assert.Equal(t, "Config.Watch is WatchSystem", m.SourceNote())
+		assert.Equal(t, `Config.Watch is "system"`, m.SourceNote())
 	}
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		t.Skipf("PSI is disabled (psi=0): %v", err)
@@ -99,7 +99,7 @@ func TestPSITriggerWindows(t *testing.T) {
 		t.Skipf("the kernel has no PSI (CONFIG_PSI): %v", err)
 	}
 	defer goleak.VerifyNone(t)
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchSystem, SpiralOff: true, Logger: discard,
+	m, err := pressure.Start(pressure.Config{Watch: "system", SpiralOff: true, Logger: discard,
 		Stall: 50 * time.Millisecond, StallWindow: 500 * time.Millisecond})
 	if hasCap(t, unix.CAP_SYS_RESOURCE) {
 		require.NoError(t, err)
@@ -114,7 +114,7 @@ func TestPSITriggerWindows(t *testing.T) {
 	}
 	require.NoError(t, m.Close())
 	// The default 2 s window is accepted either way.
-	m, err = pressure.Start(pressure.Config{Watch: pressure.WatchSystem, SpiralOff: true, Logger: discard})
+	m, err = pressure.Start(pressure.Config{Watch: "system", SpiralOff: true, Logger: discard})
 	require.NoError(t, err)
 	require.NoError(t, m.Close())
 }
@@ -139,9 +139,8 @@ func TestSystemdFIFO(t *testing.T) {
 	t.Setenv("MEMORY_PRESSURE_WATCH", fifo)
 	t.Setenv("MEMORY_PRESSURE_WRITE", "")
 	var trims, cancels atomic.Int64
-	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true, Logger: discard,
-		Trim: func() { trims.Add(1) }, CancelLargest: func() { cancels.Add(1) }, MinInterval: 100 * time.Millisecond},
-		pressure.AnonMakeup))
+	m, err := pressure.StartWith(pressure.Config{Watch: "auto", SpiralOff: true, Logger: discard, MinInterval: 100 * time.Millisecond},
+		pressure.Fakes{Trim: func() { trims.Add(1) }, Cancel: func() { cancels.Add(1) }, Makeup: pressure.AnonMakeup})
 	require.NoError(t, err)
 	defer m.Close()
 	assert.Equal(t, "systemd "+fifo, m.Source(), "systemd's variables win over the cgroup")
@@ -156,14 +155,18 @@ func TestSystemdFIFO(t *testing.T) {
 	assert.Equal(t, int64(1), trims.Load())
 	assert.Equal(t, int64(1), cancels.Load())
 
-	// Many writes within MinInterval: coalesced into one more action.
+	// Many writes within MinInterval: coalesced into one more action. A
+	// loaded machine may spread the writes over more than MinInterval: one
+	// more action per MinInterval they took.
+	w0 := time.Now()
 	for range 50 {
 		_, err = w.Write([]byte("x"))
 		require.NoError(t, err)
 	}
+	span := time.Since(w0)
 	waitKernel(t, ch, 10*time.Second)
 	time.Sleep(300 * time.Millisecond)
-	assert.LessOrEqual(t, m.Stats().Acted, int64(3), "rate-limited")
+	assert.LessOrEqual(t, m.Stats().Acted, 3+int64(span/(100*time.Millisecond)), "rate-limited (the writes took %v)", span)
 	require.NoError(t, m.Close())
 }
 
@@ -175,8 +178,8 @@ func TestSystemdSocket(t *testing.T) {
 	defer ln.Close()
 	t.Setenv("MEMORY_PRESSURE_WATCH", sock)
 	t.Setenv("MEMORY_PRESSURE_WRITE", base64.StdEncoding.EncodeToString([]byte("some 150000 2000000")))
-	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard},
-		pressure.AnonMakeup))
+	m, err := pressure.StartWith(pressure.Config{Watch: "systemd", SpiralOff: true, Logger: discard},
+		pressure.Fakes{Makeup: pressure.AnonMakeup})
 	require.NoError(t, err)
 	defer m.Close()
 	conn, err := ln.Accept()
@@ -202,7 +205,7 @@ func TestSystemdOffAndErrors(t *testing.T) {
 	require.NoError(t, m.Close())
 
 	t.Setenv("MEMORY_PRESSURE_WATCH", filepath.Join(t.TempDir(), "missing"))
-	m, err = pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+	m, err = pressure.Start(pressure.Config{Watch: "systemd", SpiralOff: true, Logger: discard})
 	require.ErrorIs(t, err, pressure.ErrNoSource)
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	assert.Contains(t, err.Error(), "missing")
@@ -241,7 +244,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 // "hierarchy" mode of memory.pressure_level).
 func TestV1LevelRateLimited(t *testing.T) {
 	if testing.Short() {
-		t.Skip("thrashes a cgroup for 10 s")
+		t.Skip("thrashes a cgroup for 3 s")
 	}
 	if l, err := cgroupfs.Of(0); err != nil || l.Version != 1 {
 		t.Skipf("needs a cgroup v1 memory controller (this process: %+v, %v)", l, err)
@@ -250,12 +253,12 @@ func TestV1LevelRateLimited(t *testing.T) {
 	var trims atomic.Int64
 	// The makeup is fixed as anonymous: this test is about the rate limit
 	// (TestMakeup* are about the makeup).
-	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchCgroup, SpiralOff: true, Logger: discard,
-		MinInterval: time.Second, Trim: func() { trims.Add(1) }}, pressure.AnonMakeup))
+	m, err := pressure.StartWith(pressure.Config{Watch: "cgroup", SpiralOff: true, Logger: discard, MinInterval: time.Second},
+		pressure.Fakes{Trim: func() { trims.Add(1) }, Makeup: pressure.AnonMakeup})
 	require.NoError(t, err)
 	defer m.Close()
 	g := cgrouptest.New(t, 256<<20)
-	const secs = 10
+	const secs = 3
 	cmd := childtest.Command(t, "thrash", nil, "ANON_MIB=200", "CACHE_DIR="+t.TempDir(), "THRASH_S="+strconv.Itoa(secs))
 	g.Wrap(cmd)
 	start := time.Now()
@@ -269,7 +272,7 @@ func TestV1LevelRateLimited(t *testing.T) {
 	assert.Greater(t, s.Signals, 10*s.Acted, "the signals in between were coalesced")
 }
 
-// TestAutoFallsBack: in WatchAuto, a $MEMORY_PRESSURE_WATCH that cannot be
+// TestAutoFallsBack: in "auto", a $MEMORY_PRESSURE_WATCH that cannot be
 // opened is reported once (INFO) and the next source is watched.
 func TestAutoFallsBack(t *testing.T) {
 	defer goleak.VerifyNone(t)
@@ -304,8 +307,8 @@ func TestLeftToKernel(t *testing.T) {
 		}
 		return pressure.AnonMakeup()
 	}
-	m, err := pressure.Start(pressure.WithMakeup(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard,
-		Trim: func() { trims.Add(1) }, CancelLargest: func() { cancels.Add(1) }, MinInterval: 100 * time.Millisecond}, makeup))
+	m, err := pressure.StartWith(pressure.Config{Watch: "systemd", SpiralOff: true, Logger: discard, MinInterval: 100 * time.Millisecond},
+		pressure.Fakes{Trim: func() { trims.Add(1) }, Cancel: func() { cancels.Add(1) }, Makeup: makeup})
 	require.NoError(t, err)
 	defer m.Close()
 	ch, _ := m.Subscribe(4)
@@ -352,7 +355,7 @@ func TestSystemdWriteWithoutNUL(t *testing.T) {
 	t.Setenv("MEMORY_PRESSURE_WATCH", "/proc/pressure/memory")
 	t.Setenv("MEMORY_PRESSURE_WRITE", base64.StdEncoding.EncodeToString([]byte("some 200000 2000000")))
 	var buf bytes.Buffer
-	m, err := pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true,
+	m, err := pressure.Start(pressure.Config{Watch: "auto", SpiralOff: true,
 		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 	if errors.Is(err, os.ErrPermission) {
 		t.Skipf("writing a PSI trigger needs root here: %v", err)
@@ -365,7 +368,7 @@ func TestSystemdWriteWithoutNUL(t *testing.T) {
 	for _, bad := range []string{"hello", "some 200000", "some 200000 20000000"} {
 		buf.Reset()
 		t.Setenv("MEMORY_PRESSURE_WRITE", base64.StdEncoding.EncodeToString([]byte(bad)))
-		m, err = pressure.Start(pressure.Config{Watch: pressure.WatchAuto, SpiralOff: true,
+		m, err = pressure.Start(pressure.Config{Watch: "auto", SpiralOff: true,
 			Logger: slog.New(slog.NewTextHandler(&buf, nil))})
 		if err != nil {
 			t.Logf("no fallback source here: %v", err)
@@ -376,7 +379,7 @@ func TestSystemdWriteWithoutNUL(t *testing.T) {
 		require.NoError(t, m.Close())
 	}
 	// Only systemd asked for: an error naming the variable.
-	m, err = pressure.Start(pressure.Config{Watch: pressure.WatchSystemd, SpiralOff: true, Logger: discard})
+	m, err = pressure.Start(pressure.Config{Watch: "systemd", SpiralOff: true, Logger: discard})
 	require.ErrorIs(t, err, pressure.ErrNoSource)
 	assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_WRITE")
 	require.NoError(t, m.Close())

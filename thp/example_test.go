@@ -11,24 +11,19 @@ import (
 
 // Turn THP off at the top of main, before the program allocates, and read the
 // flag back. The output depends on the machine.
-func ExampleDisable() {
-	if err := thp.Disable(); err != nil {
-		log.Print(err) // off Linux: matches errors.ErrUnsupported
-	}
-	s, err := thp.Process()
+func ExamplePolicy() {
+	s, err := thp.PolicyDisable.Apply()
 	if err != nil {
-		log.Print(err)
-		return
+		log.Print(err) // off Linux: matches errors.ErrUnsupported
 	}
 	fmt.Println("THP:", s) // THP: disabled
 }
 
-// Print the system's THP settings and this process's flag and huge-page
-// bytes, as `memctl status` does. The output depends on the machine, for
-// example:
+// Print the system's THP settings and this process's flag, as `memctl
+// status` does. The output depends on the machine, for example:
 //
 //	system: enabled=madvise (PMD: madvise) defrag=madvise huge page 2097152 bytes
-//	process: enabled, AnonHugePages 0 bytes
+//	process: enabled
 func ExampleSystem() {
 	sys, err := thp.System()
 	if errors.Is(err, errors.ErrUnsupported) {
@@ -45,11 +40,7 @@ func ExampleSystem() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	huge, err := thp.AnonHugePages()
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("process: %s, AnonHugePages %d bytes\n", st, huge)
+	fmt.Printf("process: %s\n", st)
 }
 
 // Apply the operator's choice from an environment variable, falling back to

@@ -6,27 +6,21 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
-	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/thpflag"
 )
 
 // State is the THP flag of a process as PR_GET_THP_DISABLE returns it
-// (prctl(2)): 0 enabled, 1 disabled, 3 disabled except advised. A value the
-// kernel may add later is kept as is and printed as "State(N)". THP_enabled
-// in /proc/PID/status is 0 for StateDisabled and 1 for the other two.
+// (prctl(2)); a value a later kernel adds prints as "State(N)".
 type State int
 
 const (
-	// StateEnabled means the process follows the system mode (the flag is clear).
-	StateEnabled State = 0
-	// StateDisabled means no new huge pages for the process (Disable).
-	StateDisabled State = 1
-	// StateDisabledExceptAdvised means no new huge pages except in regions
-	// advised with madvise(MADV_HUGEPAGE) (DisableExceptAdvised, Linux 6.18).
-	// It is PR_THP_DISABLE_EXCEPT_ADVISED (2) or'ed with 1.
-	StateDisabledExceptAdvised State = 3
+	StateEnabled               State = 0 // the process follows the system mode
+	StateDisabled              State = 1 // no new huge pages (PolicyDisable)
+	StateDisabledExceptAdvised State = 3 // none except in madvise(MADV_HUGEPAGE) regions
 )
 
 // String returns "enabled", "disabled", "disabled-except-advised", or
@@ -43,30 +37,24 @@ func (s State) String() string {
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
-// MarshalText returns String's word, so that JSON and text encodings of a
-// State read "disabled" rather than 1.
+// MarshalText returns String's word.
 func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // Policy is what to do with the process's THP flag at start-up: the
-// operator's word in MEMCTL_THP. The zero value is PolicyKeep. A Policy is a plain
-// value, safe to copy and to use from several goroutines.
+// operator's word in MEMCTL_THP. The zero value is PolicyKeep.
 type Policy int
 
 const (
-	// PolicyKeep leaves the flag as inherited ("keep").
-	PolicyKeep Policy = iota
-	// PolicyDisable calls Disable ("disable").
-	PolicyDisable
-	// PolicyExceptAdvised calls DisableExceptAdvised ("except-advised").
-	PolicyExceptAdvised
+	PolicyKeep          Policy = iota // "keep": leave the flag as inherited
+	PolicyDisable                     // "disable": no new huge pages
+	PolicyExceptAdvised               // "except-advised": none except advised regions (Linux 6.18)
 )
 
 var policyWords = [...]string{PolicyKeep: "keep", PolicyDisable: "disable", PolicyExceptAdvised: "except-advised"}
 
 // ParsePolicy parses "keep", "disable" or "except-advised" (any case,
-// surrounding spaces ignored). Any other word, including the empty string,
-// gives an error that quotes it and lists the accepted words; callers decide
-// what an unset variable means.
+// surrounding spaces ignored); any other word, "" included, is an error
+// that quotes it.
 func ParsePolicy(s string) (Policy, error) {
 	w := strings.ToLower(strings.TrimSpace(s))
 	for p, word := range policyWords {
@@ -77,8 +65,7 @@ func ParsePolicy(s string) (Policy, error) {
 	return PolicyKeep, fmt.Errorf("thp: unknown policy %q, want keep, disable or except-advised", s)
 }
 
-// String returns the policy's word ("keep", "disable", "except-advised"), or
-// "Policy(N)" for a value outside the constants.
+// String returns the policy's word, or "Policy(N)" for another value.
 func (p Policy) String() string {
 	if p >= 0 && int(p) < len(policyWords) {
 		return policyWords[p]
@@ -86,8 +73,7 @@ func (p Policy) String() string {
 	return "Policy(" + strconv.Itoa(int(p)) + ")"
 }
 
-// MarshalText returns the policy's word; it fails for a value outside the
-// constants.
+// MarshalText returns the policy's word; another value is an error.
 func (p Policy) MarshalText() ([]byte, error) {
 	if p < 0 || int(p) >= len(policyWords) {
 		return nil, fmt.Errorf("thp: invalid policy %d", int(p))
@@ -95,8 +81,7 @@ func (p Policy) MarshalText() ([]byte, error) {
 	return []byte(policyWords[p]), nil
 }
 
-// UnmarshalText parses a word as ParsePolicy does, so a Policy can be used
-// with flag.TextVar and encoding packages.
+// UnmarshalText parses a word as ParsePolicy does (for flag.TextVar).
 func (p *Policy) UnmarshalText(b []byte) error {
 	v, err := ParsePolicy(string(b))
 	if err != nil {
@@ -106,22 +91,20 @@ func (p *Policy) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// Apply carries out the policy on the calling process (PolicyKeep does nothing,
-// PolicyDisable calls Disable, PolicyExceptAdvised calls
-// DisableExceptAdvised) and returns the state read back with Process. On
-// error the returned state is the one read back after the failed call, or
-// StateEnabled if that read failed too. An except-advised policy on a kernel
-// older than 6.18 fails with an error matching errors.ErrUnsupported and
-// leaves the flag unchanged; falling back to Disable is the caller's choice.
-// Safe for concurrent use; the last call wins.
+// Apply carries out the policy on the calling process (PolicyKeep does
+// nothing) and returns the state read back with Process; on error, the
+// state read back after the failed call (StateEnabled if that failed too).
+// PolicyExceptAdvised on a kernel before 6.18 fails with an error matching
+// errors.ErrUnsupported and leaves the flag unchanged. Safe for concurrent
+// use; the last call wins.
 func (p Policy) Apply() (State, error) {
 	var err error
 	switch p {
 	case PolicyKeep:
 	case PolicyDisable:
-		err = Disable()
+		err = thpflag.Set(thpflag.Disabled)
 	case PolicyExceptAdvised:
-		err = DisableExceptAdvised()
+		err = thpflag.Set(thpflag.DisabledExceptAdvised)
 	default:
 		return StateEnabled, fmt.Errorf("thp: invalid policy %d", int(p))
 	}
@@ -135,68 +118,57 @@ func (p Policy) Apply() (State, error) {
 	return s, gerr
 }
 
-// Mode is a system THP mode: the bracketed word of
-// /sys/kernel/mm/transparent_hugepage/enabled, or of a per-size
-// hugepages-<size>kB/enabled file. Words are kept as the kernel writes them,
-// so a word a later kernel adds is reported, not rejected.
-type Mode string
+// Process returns the THP flag of the calling process
+// (PR_GET_THP_DISABLE). Safe for concurrent use.
+func Process() (State, error) {
+	n, err := thpflag.Get()
+	return State(n), err
+}
 
-// The modes of transhuge.rst.
-const (
-	ModeAlways  Mode = "always"  // huge pages wherever they fit
-	ModeMadvise Mode = "madvise" // only in madvise(MADV_HUGEPAGE) regions
-	ModeNever   Mode = "never"   // no huge pages
-	ModeInherit Mode = "inherit" // per-size files only: follow the top-level mode
-)
-
-// Defrag is the bracketed word of /sys/kernel/mm/transparent_hugepage/defrag:
-// how hard a page fault tries to find a free huge page (direct reclaim and
-// compaction). Words are kept as the kernel writes them.
-type Defrag string
-
-// The defrag settings of transhuge.rst.
-const (
-	DefragAlways       Defrag = "always"        // stall, reclaim and compact on every fault
-	DefragDefer        Defrag = "defer"         // wake kswapd and kcompactd, fall back to small pages
-	DefragDeferMadvise Defrag = "defer+madvise" // stall for madvised regions, defer for the rest
-	DefragMadvise      Defrag = "madvise"       // stall for madvised regions only (the default)
-	DefragNever        Defrag = "never"         // never stall
-)
-
-// Settings are the system's THP settings, read from
-// /sys/kernel/mm/transparent_hugepage (transhuge.rst). They apply to every
-// process that has not set its own flag (see Process).
+// Settings are the system's THP settings under
+// /sys/kernel/mm/transparent_hugepage (transhuge.rst), for every process
+// that has not set its own flag. Words are the bracketed choice, kept as
+// the kernel writes them.
 type Settings struct {
-	// Enabled is the top-level mode, from "enabled".
-	Enabled Mode
-	// PMDEnabled is the mode for PMD-sized pages from
-	// "hugepages-<PMDSize/1024>kB/enabled" (Linux 6.8 and later); it may be
-	// ModeInherit. Empty when the kernel has no per-size controls.
-	PMDEnabled Mode
-	// Defrag is the fault-time defrag setting, from "defrag".
-	Defrag Defrag
-	// PMDSize is the size in bytes of a PMD-sized huge page, from
-	// "hpage_pmd_size" (2 MiB on x86-64); 0 when the file is absent.
+	// Enabled is the top-level mode, from "enabled": "always",
+	// "madvise" or "never".
+	Enabled string
+	// PMDEnabled is the mode for PMD-sized pages, from
+	// "hugepages-<PMDSize/1024>kB/enabled" (Linux 6.8): a mode or
+	// "inherit"; "" without per-size controls.
+	PMDEnabled string
+	// Defrag is how hard a fault tries for a huge page, from "defrag":
+	// "always", "defer", "defer+madvise", "madvise" or "never".
+	Defrag string
+	// PMDSize is the bytes of a PMD-sized huge page, from "hpage_pmd_size";
+	// 0 when absent.
 	PMDSize int64
-	// MaxPTEsNone is how many unmapped 4 KiB pages khugepaged may fill with
-	// zeros to collapse a range into one huge page, from
-	// "khugepaged/max_ptes_none" (511 by default, PMDSize/4096-1: any range
-	// with one touched page); -1 when the file is absent.
+	// MaxPTEsNone is how many unmapped 4 KiB pages khugepaged may fill to
+	// collapse a range, from "khugepaged/max_ptes_none"; -1 when absent.
 	MaxPTEsNone int
 }
 
-// PMDMode returns the mode that governs PMD-sized huge pages (the ones
-// counted in AnonHugePages): PMDEnabled unless it is empty or ModeInherit,
-// else Enabled.
-func (s Settings) PMDMode() Mode {
-	if s.PMDEnabled == "" || s.PMDEnabled == ModeInherit {
+// PMDMode returns the mode that governs PMD-sized huge pages: PMDEnabled
+// unless it is "" or "inherit", else Enabled.
+func (s Settings) PMDMode() string {
+	if s.PMDEnabled == "" || s.PMDEnabled == "inherit" {
 		return s.Enabled
 	}
 	return s.PMDEnabled
 }
 
-// SysfsDir is the directory System reads.
-const SysfsDir = "/sys/kernel/mm/transparent_hugepage"
+// sysfsDir is the directory System reads.
+const sysfsDir = "/sys/kernel/mm/transparent_hugepage"
+
+// System reads the system's THP settings. Errors name the file; on a
+// kernel without THP, or off Linux, the error matches
+// errors.ErrUnsupported. Safe for concurrent use.
+func System() (Settings, error) {
+	if runtime.GOOS != "linux" {
+		return Settings{}, fmt.Errorf("thp: transparent huge pages are Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
+	}
+	return readSettings(sysfsDir)
+}
 
 // readSettings reads the settings under dir. enabled and defrag must exist
 // and be well formed; the other files may be absent but must be well formed
@@ -213,11 +185,11 @@ func readSettings(dir string) (Settings, error) {
 		}
 		return Settings{}, err
 	}
-	s.Enabled = Mode(w)
+	s.Enabled = w
 	if w, err = readChoice(filepath.Join(dir, "defrag")); err != nil {
 		return Settings{}, err
 	}
-	s.Defrag = Defrag(w)
+	s.Defrag = w
 	if n, ok, err := readInt(filepath.Join(dir, "hpage_pmd_size")); err != nil {
 		return Settings{}, err
 	} else if ok {
@@ -239,7 +211,7 @@ func readSettings(dir string) (Settings, error) {
 		w, err := readChoice(p)
 		switch {
 		case err == nil:
-			s.PMDEnabled = Mode(w)
+			s.PMDEnabled = w
 		case !errors.Is(err, fs.ErrNotExist):
 			return Settings{}, err
 		}
@@ -289,17 +261,7 @@ func parseChoice(s string) (string, error) {
 }
 
 func isWord(w string) bool {
-	if w == "" {
-		return false
-	}
-	for _, c := range w {
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '+', c == '-', c == '_':
-		default:
-			return false
-		}
-	}
-	return true
+	return w != "" && strings.Trim(w, "abcdefghijklmnopqrstuvwxyz0123456789+-_") == ""
 }
 
 // readInt reads a sysfs file holding one decimal integer. ok is false when
@@ -318,14 +280,4 @@ func readInt(path string) (n int64, ok bool, err error) {
 		return 0, false, fmt.Errorf("thp: %s: malformed integer %q", path, v)
 	}
 	return n, true, nil
-}
-
-// readAnonHugePages returns the AnonHugePages field of the smaps_rollup file
-// at path, in bytes. The error names path.
-func readAnonHugePages(path string) (int64, error) {
-	n, err := procfs.ReadBytes(path, "AnonHugePages")
-	if err != nil {
-		return 0, fmt.Errorf("thp: %w", err)
-	}
-	return n, nil
 }

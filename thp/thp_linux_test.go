@@ -18,6 +18,7 @@ import (
 
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/thpflag"
 )
 
 // The THP tests run in child processes (the test binary re-run), because the
@@ -53,12 +54,12 @@ func probeChild() {
 	switch {
 	case action == "none":
 	case action == "disable":
-		err = Disable()
+		err = thpflag.Set(thpflag.Disabled)
 	case action == "except-advised":
-		err = DisableExceptAdvised()
+		err = thpflag.Set(thpflag.DisabledExceptAdvised)
 	case action == "disable-enable":
-		if err = Disable(); err == nil {
-			err = Enable()
+		if err = thpflag.Set(thpflag.Disabled); err == nil {
+			err = thpflag.Set(thpflag.Enabled)
 		}
 	case strings.HasPrefix(action, "policy:"):
 		var p Policy
@@ -164,7 +165,7 @@ func reportState(p string) {
 }
 
 func mustAnonHugePages() int64 {
-	n, err := AnonHugePages()
+	n, err := procfs.AnonHugePages(0)
 	if err != nil {
 		childtest.Fail("%v", err)
 	}
@@ -176,7 +177,7 @@ func mustAnonHugePages() int64 {
 // AnonHugePages in /proc/self/smaps_rollup grew. The mapping is left in place
 // until the process exits, so later readings still include it.
 func touchRegion(advise bool) (int64, error) {
-	before, err := AnonHugePages()
+	before, err := procfs.AnonHugePages(0)
 	if err != nil {
 		return 0, err
 	}
@@ -195,7 +196,7 @@ func touchRegion(advise bool) (int64, error) {
 	for i := 0; i < len(r); i += pmdSize {
 		r[i] = 1
 	}
-	after, err := AnonHugePages()
+	after, err := procfs.AnonHugePages(0)
 	if err != nil {
 		return 0, err
 	}
@@ -247,7 +248,7 @@ func requireTHP(t *testing.T) {
 	if err != nil {
 		t.Skipf("THP system settings: %v", err)
 	}
-	if s.PMDMode() == ModeNever {
+	if s.PMDMode() == "never" {
 		t.Skipf("THP system mode is never (enabled=%s, PMD size enabled=%q): no huge pages to turn off", s.Enabled, s.PMDEnabled)
 	}
 	if s.PMDSize != pmdSize {
@@ -339,21 +340,11 @@ func TestSystemMatchesSysfs(t *testing.T) {
 		t.Skipf("kernel without THP: %v", err)
 	}
 	require.NoError(t, err)
-	b, err := os.ReadFile(SysfsDir + "/enabled")
+	b, err := os.ReadFile(sysfsDir + "/enabled")
 	require.NoError(t, err)
-	assert.Contains(t, string(b), "["+string(s.Enabled)+"]")
-	b, err = os.ReadFile(SysfsDir + "/defrag")
+	assert.Contains(t, string(b), "["+s.Enabled+"]")
+	b, err = os.ReadFile(sysfsDir + "/defrag")
 	require.NoError(t, err)
-	assert.Contains(t, string(b), "["+string(s.Defrag)+"]")
+	assert.Contains(t, string(b), "["+s.Defrag+"]")
 	assert.Positive(t, s.PMDSize)
-}
-
-func TestAnonHugePagesOf(t *testing.T) {
-	self, err := AnonHugePages()
-	require.NoError(t, err)
-	assert.GreaterOrEqual(t, self, int64(0))
-	_, err = AnonHugePagesOf(os.Getpid())
-	require.NoError(t, err)
-	_, err = AnonHugePagesOf(-5)
-	assert.ErrorContains(t, err, "/proc/-5/smaps_rollup")
 }

@@ -85,29 +85,29 @@ func TestReadSettings(t *testing.T) {
 	s, err := readSettings("testdata/sysfs/madvise")
 	require.NoError(t, err)
 	assert.Equal(t, Settings{
-		Enabled:     ModeMadvise,
-		PMDEnabled:  ModeInherit,
-		Defrag:      DefragMadvise,
+		Enabled:     "madvise",
+		PMDEnabled:  "inherit",
+		Defrag:      "madvise",
 		PMDSize:     2 << 20,
 		MaxPTEsNone: 511,
 	}, s)
-	assert.Equal(t, ModeMadvise, s.PMDMode())
+	assert.Equal(t, "madvise", s.PMDMode())
 
 	s, err = readSettings("testdata/sysfs/old-always")
 	require.NoError(t, err)
-	assert.Equal(t, Settings{Enabled: ModeAlways, Defrag: DefragAlways, MaxPTEsNone: -1}, s)
-	assert.Equal(t, ModeAlways, s.PMDMode())
+	assert.Equal(t, Settings{Enabled: "always", Defrag: "always", MaxPTEsNone: -1}, s)
+	assert.Equal(t, "always", s.PMDMode())
 
 	s, err = readSettings("testdata/sysfs/pmd-never")
 	require.NoError(t, err)
 	assert.Equal(t, Settings{
-		Enabled:     ModeAlways,
-		PMDEnabled:  ModeNever,
-		Defrag:      DefragDeferMadvise,
+		Enabled:     "always",
+		PMDEnabled:  "never",
+		Defrag:      "defer+madvise",
 		PMDSize:     512 << 20,
 		MaxPTEsNone: 0,
 	}, s)
-	assert.Equal(t, ModeNever, s.PMDMode(), "the per-size file wins over the top-level mode")
+	assert.Equal(t, "never", s.PMDMode(), "the per-size file wins over the top-level mode")
 }
 
 func TestReadSettingsMalformed(t *testing.T) {
@@ -150,19 +150,6 @@ func TestReadSettingsUnreadable(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), filepath.Join(dir, "enabled"))
 	assert.NotErrorIs(t, err, errors.ErrUnsupported)
-}
-
-func TestReadAnonHugePages(t *testing.T) {
-	n, err := readAnonHugePages("testdata/smaps_rollup")
-	require.NoError(t, err)
-	assert.Equal(t, int64(64<<20), n)
-
-	for _, f := range []string{"smaps_rollup_badunit", "smaps_rollup_nokey", "smaps_rollup_garbage", "does_not_exist"} {
-		_, err := readAnonHugePages(filepath.Join("testdata", f))
-		require.Error(t, err, f)
-		assert.Contains(t, err.Error(), filepath.Join("testdata", f), "the error names the file")
-		assert.Regexp(t, "^thp: ", err.Error())
-	}
 }
 
 func TestStateMarshalText(t *testing.T) {

@@ -87,7 +87,7 @@ func TestAutoBurstSawtoothNeverBursts(t *testing.T) {
 				a.observe(l, tc.forced, int64(i)*1000) // a GC end every microsecond
 			}
 			assert.Zero(t, marks())
-			assert.Zero(t, a.Stats().Bursts)
+			assert.Zero(t, a.stats().Bursts)
 		})
 	}
 }

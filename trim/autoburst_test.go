@@ -19,12 +19,12 @@ const mb = 1 << 20
 // detector returns an unsubscribed detector with the default rule, a func
 // that reads its count of marks, and a settle time of 22 s (the default max wait plus
 // delay).
-func detector(t *testing.T) (*AutoBurst, func() int) {
+func detector(t *testing.T) (*autoBurst, func() int) {
 	t.Helper()
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, 22*time.Second)
 	require.NoError(t, err)
 	a.st = burstState{floor: 20 * mb, prev: 20 * mb}
-	return a, func() int { return int(a.Stats().Marks) }
+	return a, func() int { return int(a.stats().Marks) }
 }
 
 // gc is one GC end seen by the detector at second sec.
@@ -34,7 +34,7 @@ type gc struct {
 	sec    float64
 }
 
-func feed(a *AutoBurst, gcs []gc) (marked []bool) {
+func feed(a *autoBurst, gcs []gc) (marked []bool) {
 	for _, g := range gcs {
 		marked = append(marked, a.observe(g.live, g.forced, int64(g.sec*float64(time.Second))))
 	}
@@ -54,7 +54,7 @@ func TestAutoBurstHeldBurst(t *testing.T) {
 	})
 	assert.Equal(t, []bool{false, true, true, true, true, true, false, false, false}, got)
 	assert.Equal(t, 5, marks())
-	s := a.Stats()
+	s := a.stats()
 	assert.Equal(t, int64(1), s.Bursts)
 	assert.Equal(t, int64(21*mb), s.Floor, "the trim's GC sets the floor")
 }
@@ -64,7 +64,7 @@ func TestAutoBurstCollectedBurst(t *testing.T) {
 	a, _ := detector(t)
 	got := feed(a, []gc{{80 * mb, false, 0.1}, {160 * mb, false, 0.2}, {25 * mb, false, 0.3}, {24 * mb, false, 0.4}})
 	assert.Equal(t, []bool{true, true, true, false}, got)
-	assert.Equal(t, int64(24*mb), a.Stats().Floor)
+	assert.Equal(t, int64(24*mb), a.stats().Floor)
 }
 
 // The whole kind of "no burst": a flat live heap with GC-to-GC noise, a
@@ -92,7 +92,7 @@ func TestAutoBurstNoBurst(t *testing.T) {
 	start.st = burstState{}
 	feed(start, []gc{{50 * mb, false, 0.01}, {60 * mb, false, 0.02}, {55 * mb, false, 0.03}})
 	assert.Zero(t, startMarks(), "start-up: no GC cycle before the detector, then a flat heap")
-	assert.Equal(t, int64(50*mb), start.Stats().Floor, "the first GC end sets the floor")
+	assert.Equal(t, int64(50*mb), start.stats().Floor, "the first GC end sets the floor")
 }
 
 // Issue 19: a heap that grows for good (a cache warming up) causes at most
@@ -159,11 +159,11 @@ func TestAutoBurstSettles(t *testing.T) {
 		feed(a, []gc{{200 * mb, false, float64(i)}})
 	}
 	assert.Equal(t, 23, marks(), "marks from 0 s to 22 s, then settled")
-	assert.Equal(t, int64(1), a.Stats().Settled)
-	assert.Equal(t, int64(200*mb), a.Stats().Floor)
+	assert.Equal(t, int64(1), a.stats().Settled)
+	assert.Equal(t, int64(200*mb), a.stats().Floor)
 	// The burst then goes: the GC that collects it marks (a drop).
 	assert.Equal(t, []bool{true, false}, feed(a, []gc{{21 * mb, false, 101}, {21 * mb, false, 102}}))
-	assert.Equal(t, int64(1), a.Stats().Drops)
+	assert.Equal(t, int64(1), a.stats().Drops)
 }
 
 // A trim that came while the burst was still live set the floor to the
@@ -179,17 +179,17 @@ func TestAutoBurstConfig(t *testing.T) {
 		_, err := newAutoBurst(c, func() {}, time.Second)
 		assert.Error(t, err, "%+v", c)
 	}
-	a, err := StartAutoBurst(nil, AutoBurstConfig{})
+	a, err := startAutoBurst(nil, AutoBurstConfig{})
 	assert.NoError(t, err)
 	assert.Nil(t, a, "no trimmer, no detector")
 	tr, err := New(Config{NoCHeap: true})
 	require.NoError(t, err)
 	defer tr.Close()
-	a, err = StartAutoBurst(tr, AutoBurstConfig{Off: true})
+	a, err = startAutoBurst(tr, AutoBurstConfig{Off: true})
 	assert.NoError(t, err)
 	assert.Nil(t, a)
 	a.Close() // nil: nothing
-	assert.Zero(t, a.Stats())
+	assert.Zero(t, a.stats())
 }
 
 // The real thing: a detector on a real Trimmer in this process, a 256 MiB
@@ -218,11 +218,11 @@ func TestAutoBurstRealTrim(t *testing.T) {
 		}
 		return freeOSMemory()
 	}
-	tr, err := New(Config{Delay: 200 * time.Millisecond, NoCHeap: true, goStep: step})
+	tr, err := newT(testConfig{Config: Config{Delay: 200 * time.Millisecond, NoCHeap: true}, hooks: hooks{goStep: step}})
 	require.NoError(t, err)
 	defer tr.Close()
 	n := gcend.Active() // the Trimmer's own GC-end hook included
-	a, err := StartAutoBurst(tr, AutoBurstConfig{})
+	a, err := startAutoBurst(tr, AutoBurstConfig{})
 	require.NoError(t, err)
 	defer a.Close()
 	require.Equal(t, n+1, gcend.Active())
@@ -234,7 +234,7 @@ func TestAutoBurstRealTrim(t *testing.T) {
 	for tr.Stats().Trims == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	s := a.Stats()
+	s := a.stats()
 	t.Logf("detector: %+v; trimmer: %d trims, %d MiB released; the trim began before the burst was dropped: %v",
 		s, tr.Stats().Trims, tr.Stats().TotalReleased>>20, early.Load())
 	// A trim decided while the burst was still growing (a loaded machine)
@@ -254,8 +254,9 @@ func TestAutoBurstNoAlloc(t *testing.T) {
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
 	require.NoError(t, err)
 	var tr Trimmer
-	a.decisions = tr.decisions.Load // as StartAutoBurst sets it
-	assert.Zero(t, testing.AllocsPerRun(1000, func() { a.gcEnd() }))
+	a.decisions = tr.decisions.Load // as startAutoBurst sets it
+	g := readSample()
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { a.atGCEnd(&g) }))
 	// The rule through a burst, its settling on a decision and a drop.
 	i := int64(0)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
@@ -268,7 +269,7 @@ func TestAutoBurstNoAlloc(t *testing.T) {
 		a.observe(20*mb, false, i)
 		a.mu.Unlock()
 	}))
-	assert.Positive(t, a.Stats().Settled)
+	assert.Positive(t, a.stats().Settled)
 }
 
 // BenchmarkAutoBurstGCEnd is the detector's cost per GC end (a
@@ -280,7 +281,7 @@ func BenchmarkAutoBurstGCEnd(b *testing.B) {
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
 	require.NoError(b, err)
 	var tr Trimmer
-	a.decisions = tr.decisions.Load // as StartAutoBurst sets it
+	a.decisions = tr.decisions.Load // as startAutoBurst sets it
 	b.ReportAllocs()
 	for b.Loop() {
 		a.gcEnd()
@@ -311,7 +312,7 @@ func TestAutoBurstFloorFollowsBuiltHeap(t *testing.T) {
 	})
 	assert.Equal(t, []bool{false, false, true, true, true, true, false, false, false, false}, got)
 	assert.Equal(t, 4, marks())
-	assert.Equal(t, int64(21*mb), a.Stats().Floor, "the built heap is the floor")
+	assert.Equal(t, int64(21*mb), a.stats().Floor, "the built heap is the floor")
 }
 
 // The same with real GC cycles: a Trimmer and its detector started first,
@@ -328,7 +329,7 @@ func TestAutoBurstTrimAfterCollection(t *testing.T) {
 	tr, err := New(Config{Delay: 2 * time.Second, MaxWait: 20 * time.Second, NoCHeap: true})
 	require.NoError(t, err)
 	defer tr.Close()
-	a, err := StartAutoBurst(tr, AutoBurstConfig{})
+	a, err := startAutoBurst(tr, AutoBurstConfig{})
 	require.NoError(t, err)
 	defer a.Close()
 	live := burst.Alloc(20 << 20) // built after Start, under MinRise: no burst of its own
@@ -358,13 +359,13 @@ func TestAutoBurstTrimAfterCollection(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	took := time.Since(dropped)
-	t.Logf("free heap %d MiB, released %d MiB", readUint(metricHeapFree)>>20, readUint(metricHeapReleased)>>20)
-	t.Logf("trim %v after the burst was dropped; detector %+v; trimmer %+v", took.Round(time.Millisecond), a.Stats(), tr.Stats())
+	t.Logf("free heap %d MiB, released %d MiB", readSample().HeapFree>>20, readSample().HeapReleased>>20)
+	t.Logf("trim %v after the burst was dropped; detector %+v; trimmer %+v", took.Round(time.Millisecond), a.stats(), tr.Stats())
 	// Decided: run, or skipped because the background scavenger had
 	// already returned the collected burst (it does, within about a
 	// second of a natural GC's sweep, at GOGC's heap goal).
 	if st := tr.Stats(); st.Trims == trims0 {
-		assert.Positive(t, st.SkippedBy[SkipMinRelease], "a trim that did not run found less than MinRelease to return")
+		assert.Positive(t, st.SkippedMinRelease, "a trim that did not run found less than MinRelease to return")
 	}
 	assert.Less(t, took, 10*time.Second, "one delay after the collecting GC, not the 20 s max wait")
 	runtime.KeepAlive(live)

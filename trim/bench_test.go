@@ -35,7 +35,7 @@ func (m *mutexTimer) stop() {
 // benchTrimmer returns a Trimmer with the default delay whose trims do
 // nothing, closed when the benchmark ends.
 func benchTrimmer(b *testing.B) *Trimmer {
-	tr, err := New(Config{NoCHeap: true, goStep: func() int64 { return 0 }})
+	tr, err := newT(testConfig{Config: Config{NoCHeap: true}, hooks: hooks{goStep: func() int64 { return 0 }}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // the scan cost became 3.6 µs per byte, a 1 GiB pointer-rich heap then
 // needed 60 GiB of garbage to be worth a trim, so no Go step ran again and
 // nothing could correct the figure: trims were off for good. Now the
-// calibrated scan cost stays within [DefaultScanCost/8, 8×DefaultScanCost]:
+// calibrated scan cost stays within [defaultScanCost/8, 8×defaultScanCost]:
 // a trim with 8 times the garbage the default would need still runs, and
 // re-measures.
 func TestCalibrationHugeCannotDisableTrims(t *testing.T) {
@@ -31,21 +31,21 @@ func TestCalibrationHugeCannotDisableTrims(t *testing.T) {
 		cfg.estimate = func() int64 { return est }
 		tr := mustNew(t, cfg)
 		defer tr.Close()
-		require.True(t, tr.Request(OriginPressure).Ran)
+		require.True(t, tr.request(originPressure).ran)
 
 		f.cpu = 500 * time.Millisecond // the true cost of the next trim
 		scan, est = 255<<20, 300<<20   // 300 MiB of garbage over a pointer-rich heap
 		time.Sleep(time.Hour)          // past the budget of the 30 s trim
-		r := tr.Request(OriginPressure)
-		assert.True(t, r.Ran, "%+v", r)
-		assert.InDelta(t, 8*float64(scan)*float64(DefaultScanCost)/1e9*float64(ReleasePerCPUSecond), float64(r.Need), 1<<10, "at most 8 times what the default rule needs")
+		r := tr.request(originPressure)
+		assert.True(t, r.ran, "%+v", r)
+		assert.InDelta(t, 8*float64(scan)*float64(defaultScanCost)/1e9*float64(releasePerCPUSecond), float64(r.need), 1<<10, "at most 8 times what the default rule needs")
 
 		// The trim re-measured: 500 ms on 255 MiB, about 1.9 ns per byte.
 		time.Sleep(time.Hour)
 		est = 20 << 20
-		r = tr.Request(OriginPressure)
-		assert.Equal(t, SkipCost, r.Skip, "20 MiB is not worth 0.5 s")
-		assert.InDelta(t, float64(500*time.Millisecond), float64(r.Cost), float64(time.Millisecond))
+		r = tr.request(originPressure)
+		assert.Equal(t, skipCost, r.skip, "20 MiB is not worth 0.5 s")
+		assert.InDelta(t, float64(500*time.Millisecond), float64(r.cost), float64(time.Millisecond))
 	})
 }
 
@@ -54,7 +54,7 @@ func TestCalibrationHugeCannotDisableTrims(t *testing.T) {
 // budget allowed the next at once: a Request every millisecond ran a
 // forced GC every millisecond. Now a trim is charged at least
 // minTrimCharge (1 ms) and at least the least its GC can cost
-// (DefaultScanCost/8 per scannable byte).
+// (defaultScanCost/8 per scannable byte).
 func TestCalibrationZeroCannotEscapeBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -73,15 +73,15 @@ func TestCalibrationZeroCannotEscapeBudget(t *testing.T) {
 				defer tr.Close()
 				t0 := time.Now()
 				for time.Since(t0) < 10*time.Second {
-					tr.Request(OriginPressure)
+					tr.request(originPressure)
 					time.Sleep(time.Millisecond)
 				}
 				s := tr.Stats()
 				floor := time.Millisecond
 				if tc.scan > 0 {
-					floor = max(floor, time.Duration(float64(tc.scan)*float64(DefaultScanCost)/8))
+					floor = max(floor, time.Duration(float64(tc.scan)*float64(defaultScanCost)/8))
 				}
-				t.Logf("%d trims in 10 s, %v charged, %d skipped by the budget", s.Trims, s.TotalCPU, s.SkippedBy[SkipBudget])
+				t.Logf("%d trims in 10 s, %v charged, %d skipped by the budget", s.Trims, s.TotalCPU, s.SkippedBudget)
 				assert.LessOrEqual(t, s.Trims, int64(10*time.Second/(costFactor*floor))+1,
 					"at most one trim per 50 times its least charge")
 				assert.GreaterOrEqual(t, s.TotalCPU, time.Duration(s.Trims)*floor)
@@ -124,18 +124,15 @@ func TestGateAllOriginsVariedCost(t *testing.T) {
 			clock.Add(int64(c))
 			return 32 << 20
 		}
-		cfg := Config{Delay: 100 * time.Millisecond, NoCHeap: true, Strict: true, goStep: step,
-			estimate: func() int64 { return 1 << 30 }, cpuClock: func() time.Duration { return time.Duration(clock.Load()) },
-			scan:      func() int64 { return 0 },
-			throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
+		cfg := testConfig{Config: Config{Delay: 100 * time.Millisecond, NoCHeap: true, Strict: true}, hooks: hooks{goStep: step, estimate: func() int64 { return 1 << 30 }, cpuClock: func() time.Duration { return time.Duration(clock.Load()) }, scan: func() int64 { return 0 }, throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}}
 		cfg = withLazy(cfg, false, nil)
 		tr := mustNew(t, cfg)
 		var wg sync.WaitGroup
 		var stop atomic.Bool
-		for i, o := range []Origin{OriginPressure, OriginPressure, OriginSpiral} {
+		for i, o := range []origin{originPressure, originPressure, originSpiral} {
 			wg.Go(func() {
 				for !stop.Load() {
-					tr.Request(o)
+					tr.request(o)
 					time.Sleep(time.Duration(97+i*61) * time.Millisecond)
 				}
 			})
@@ -156,7 +153,7 @@ func TestGateAllOriginsVariedCost(t *testing.T) {
 		stop.Store(true)
 		wg.Wait()
 		tr.AfterBurst() // pending when Close comes
-		go tr.Request(OriginPressure)
+		go tr.request(originPressure)
 		time.Sleep(time.Millisecond)
 		closed.Store(true)
 		require.NoError(t, tr.Close())
@@ -187,9 +184,9 @@ func TestGateAllOriginsVariedCost(t *testing.T) {
 				}
 			}
 		}
-		for _, o := range []Origin{OriginDebounced, OriginPressure, OriginSpiral} {
-			assert.Positive(t, s.Origins[o].Trims+s.Origins[o].Skipped, o.String())
+		for _, o := range []origin{originDebounced, originPressure, originSpiral} {
+			assert.Positive(t, s.of(o).Trims+s.of(o).Skipped, o.String())
 		}
-		t.Logf("%d trims, %v charged over 20 min; skipped by reason %v", len(starts), s.TotalCPU, s.SkippedBy)
+		t.Logf("%d trims, %v charged over 20 min; skipped %d", len(starts), s.TotalCPU, s.Skipped)
 	})
 }

@@ -10,9 +10,9 @@ import (
 )
 
 func TestDefaultCHeapCgoOff(t *testing.T) {
-	c := DefaultCHeap()
+	c := realDeps.cheap()
 	assert.Equal(t, "none", c.Allocator())
-	_, err := c.Release()
+	_, err := c.ReleaseOver(-1)
 	require.ErrorIs(t, err, ErrCHeapUnavailable)
 	assert.Contains(t, err.Error(), "cgo is off")
 }

@@ -64,14 +64,14 @@ func TestTrimCost(t *testing.T) {
 		defer debug.SetMemoryLimit(prevLimit)
 		deadline := time.Now().Add(3 * time.Second)
 		for time.Now().Before(deadline) {
-			h, _ := readHeap()
-			if h.free < 8<<20 {
+			h := readSample()
+			if h.HeapFree < 8<<20 {
 				break
 			}
 			// goal = 2L − ready − nonheap (runtime/mgcpacer.go
 			// memoryLimitHeapGoal), less 3% headroom: with L = ready −
 			// free/2 + objects/20 it is about 1.07 × the heap in use.
-			l := readyBytes() - h.free/2 + h.objects/20
+			l := readyBytes() - h.HeapFree/2 + h.HeapObjects/20
 			debug.SetMemoryLimit(l)
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -97,11 +97,11 @@ func TestTrimCost(t *testing.T) {
 			require.NoError(t, err)
 			gc0 := numGC()
 			runtime.LockOSThread()
-			c0 := readCPU()
+			c0 := readCPU(true)
 			t0 := time.Now()
 			m.run()
 			wall := time.Since(t0)
-			cpu := c0.charge(readCPU())
+			cpu := c0.charge(readCPU(false))
 			runtime.UnlockOSThread()
 			gcs := numGC() - gc0
 			rss1, err := procfs.RSS(0)
@@ -125,7 +125,7 @@ func numGC() int64 {
 // readyBytes is the memory the Go runtime holds and has not released:
 // /memory/classes/total:bytes − /memory/classes/heap/released:bytes.
 func readyBytes() int64 {
-	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: metricHeapReleased}}
+	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
 	metrics.Read(s)
 	return int64(s[0].Value.Uint64() - s[1].Value.Uint64())
 }
@@ -138,7 +138,7 @@ type scanNode struct {
 }
 
 // TestScanCost measures the figures behind the cost rule (see
-// ReleasePerCPUSecond and DefaultScanCost): the GC CPU of a full GC
+// releasePerCPUSecond and defaultScanCost): the GC CPU of a full GC
 // (runtime.GC, as the trim's FreeOSMemory runs one) with about 1 GiB live,
 // first as 64 KiB []byte objects (nothing to scan), then as 16.7M nodes of
 // two pointers and 48 bytes, against /gc/scan/total:bytes. It needs about
@@ -155,23 +155,23 @@ func TestScanCost(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	gcCPU := func() time.Duration {
-		s := []metrics.Sample{{Name: metricGCCPU}}
+		s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
 		metrics.Read(s)
 		return time.Duration(s[0].Value.Float64() * 1e9)
 	}
 	measure := func(name string) (cost time.Duration, scan int64) {
 		runtime.GC()
 		for i := range 3 {
-			c0, m0 := gcCPU(), readCPU()
+			c0, m0 := gcCPU(), readCPU(true)
 			runtime.GC()
-			c, m1 := gcCPU()-c0, readCPU()
+			c, m1 := gcCPU()-c0, readCPU(false)
 			scan = scanBytes()
-			h, _ := readHeap()
+			h := readSample()
 			// The charge of a trim: GC CPU, at most the process's CPU (the
 			// GC figure counts workers' time off CPU on a loaded machine).
 			ch := m0.charge(m1)
 			t.Logf("%s: GC %d: %v of GC CPU, %v charged (process CPU %v), live %d MiB, scannable %d MiB",
-				name, i, c, ch, m1.process-m0.process, h.live>>20, scan>>20)
+				name, i, c, ch, m1.process-m0.process, h.Live>>20, scan>>20)
 			cost = max(cost, ch)
 		}
 		return cost, scan
@@ -193,7 +193,7 @@ func TestScanCost(t *testing.T) {
 	}
 	rich, scan := measure("1 GiB of 16.7M two-pointer nodes")
 	runtime.KeepAlive(head)
-	t.Logf("charged CPU per scannable byte: %.1f ns (DefaultScanCost %v); noscan heap %v, pointer-rich %v: %.0fx",
-		float64(rich)/float64(scan), DefaultScanCost, noscan, rich, float64(rich)/float64(max(noscan, 1)))
+	t.Logf("charged CPU per scannable byte: %.1f ns (defaultScanCost %v); noscan heap %v, pointer-rich %v: %.0fx",
+		float64(rich)/float64(scan), defaultScanCost, noscan, rich, float64(rich)/float64(max(noscan, 1)))
 	require.Greater(t, rich, 10*noscan, "the GC's cost follows the pointers, not the bytes")
 }

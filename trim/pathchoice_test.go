@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/gcendtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -24,15 +25,15 @@ func TestPressureRequestIgnoresAnOldPeriodsMark(t *testing.T) {
 	cfg.estimate = func() int64 { return 200 << 20 }   // with a GC: the uncollected garbage
 	cfg.noGCEstimate = func() int64 { return 2 << 20 } // without: the free heap
 	var noGC int
-	cfg.noGCStep = func() (int64, int, AbortReason, bool) { noGC++; return 2 << 20, 1, AbortNone, false }
+	cfg.noGCStep = func() (int64, int, abortReason, bool) { noGC++; return 2 << 20, 1, abortNone, false }
 	tr := mustNew(t, cfg)
 	defer tr.Close()
 	tr.gcEnd() // two GC ends, long before the garbage; no mark in this period
 	tr.gcEnd()
-	r := tr.Request(OriginPressure)
+	r := tr.request(originPressure)
 	t.Logf("%+v; steps without a GC %d", r, noGC)
-	assert.True(t, r.Ran, "the Request ran")
-	assert.False(t, r.NoGC, "with a GC")
+	assert.True(t, r.ran, "the Request ran")
+	assert.False(t, r.noGC, "with a GC")
 	assert.Len(t, f.starts(), 1, "FreeOSMemory ran")
 }
 
@@ -48,9 +49,9 @@ func TestStalePeakAfterASkip(t *testing.T) {
 	}
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	runtime.GC()
-	cfg := Config{Delay: time.Second, MaxWait: 10 * time.Second, NoCHeap: true}
+	cfg := testConfig{Config: Config{Delay: 250 * time.Millisecond, MaxWait: 10 * time.Second, NoCHeap: true}}
 	cfg.scan = func() int64 { return 32 << 20 } // a GC of about 67 ms: not cheap
-	tr, err := New(cfg)
+	tr, err := newT(cfg)
 	require.NoError(t, err)
 	defer tr.Close()
 	a := burst.Alloc(128 << 20)
@@ -64,16 +65,16 @@ func TestStalePeakAfterASkip(t *testing.T) {
 	require.Eventually(t, func() bool { return tr.Stats().Skipped > 0 }, 10*time.Second, 10*time.Millisecond)
 	end := tr.Begin() // B in flight: the GC ends that see it do not make it the floor
 	b := burst.Alloc(48 << 20)
-	runtime.GC() // sees B live
+	gcendtest.Seen(t) // sees B live, the end delivered before the drop (see TestNoGCNeedsACycleAfterTheDrop)
 	runtime.KeepAlive(b)
 	b = nil
-	released0 := readUint(metricHeapReleased)
+	released0 := readSample().HeapReleased
 	end()
-	time.Sleep(300 * time.Millisecond) // ticks see the mark
-	straddle(t, tr)                    // the cycle that straddled B's drop ends
+	awaitMark(t, tr)
+	straddle(t, tr) // the cycle that straddled B's drop ends
 	require.Eventually(t, func() bool { return tr.Stats().Trims > 0 || tr.Stats().Skipped > 1 }, 20*time.Second, 10*time.Millisecond)
 	s := tr.Stats()
-	got := int64(readUint(metricHeapReleased)) - int64(released0)
-	t.Logf("trims %d, skipped %d %v, no GC %d, released %d MiB", s.Trims, s.Skipped, s.SkippedBy, s.NoGC, got>>20)
+	got := int64(readSample().HeapReleased) - int64(released0)
+	t.Logf("trims %d, skipped %d (cost %d), no GC %d, released %d MiB", s.Trims, s.Skipped, s.SkippedCost, s.NoGC, got>>20)
 	assert.GreaterOrEqual(t, got, int64(36<<20), "B was returned")
 }

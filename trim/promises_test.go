@@ -137,7 +137,7 @@ func TestCPUShareOverAnyWindow(t *testing.T) {
 			for j := i + 1; j < len(starts); j++ {
 				sum += charged[j-1]
 				w := starts[j].Sub(starts[i])
-				require.LessOrEqual(t, float64(sum), CPUShare*float64(w)+1,
+				require.LessOrEqual(t, float64(sum), cpuShare*float64(w)+1,
 					"trims %d..%d: %v of CPU in %v", i, j-1, sum, w)
 			}
 			total += charged[i]
@@ -255,7 +255,7 @@ func TestLostEndIsReportedAndDoesNotStarve(t *testing.T) {
 // production; it panics under Config.Strict.
 func TestExtraEnd(t *testing.T) {
 	logs, logger := newLog()
-	tr, err := New(withLazy(Config{NoCHeap: true, Logger: logger}, false, nil))
+	tr, err := newT(withLazy(testConfig{Config: Config{NoCHeap: true, Logger: logger}}, false, nil))
 	require.NoError(t, err)
 	defer tr.Close()
 	end := tr.Begin()
@@ -270,7 +270,7 @@ func TestExtraEnd(t *testing.T) {
 	assert.Equal(t, int64(1), tr.Stats().InFlight)
 	end()
 
-	strict, err := New(withLazy(Config{NoCHeap: true, Strict: true}, false, nil))
+	strict, err := newT(withLazy(testConfig{Config: Config{NoCHeap: true, Strict: true}}, false, nil))
 	require.NoError(t, err)
 	defer strict.Close()
 	end = strict.Begin()
@@ -289,7 +289,7 @@ type fakeCHeapRetained struct {
 
 func (*fakeCHeapRetained) Allocator() string { return "fake" }
 func (h *fakeCHeapRetained) Retained() int64 { return h.retained }
-func (h *fakeCHeapRetained) Release() (int64, error) {
+func (h *fakeCHeapRetained) ReleaseOver(int64) (int64, error) {
 	h.releases.Add(1)
 	return 1 << 20, nil
 }
@@ -319,7 +319,7 @@ func TestEachStepDecides(t *testing.T) {
 				f := &fakeStep{}
 				h := &fakeCHeapRetained{retained: tc.cRet}
 				cfg := fakeConfig(f)
-				cfg.NoCHeap, cfg.CHeap = false, h
+				cfg.NoCHeap, cfg.cheap = false, h
 				cfg.estimate = func() int64 { return tc.goEst }
 				tr := mustNew(t, cfg)
 				defer tr.Close()
@@ -348,7 +348,7 @@ func TestLazyReleaseCounted(t *testing.T) {
 		lazyFree.Add(900 << 10) // 0.9 MiB of the 1 MiB released stays as LazyFree
 		return f.run()
 	}
-	tr, err := New(withLazy(Config{NoCHeap: true, Logger: logger, goStep: step, cpuClock: f.clock},
+	tr, err := newT(withLazy(testConfig{Config: Config{NoCHeap: true, Logger: logger}, hooks: hooks{goStep: step, cpuClock: f.clock}},
 		true, func() int64 { return lazyFree.Load() }))
 	require.NoError(t, err)
 	defer tr.Close()
@@ -362,7 +362,7 @@ func TestLazyReleaseCounted(t *testing.T) {
 	assert.Equal(t, int64(900<<10), s.TotalLazy)
 
 	// Eager release does not read LazyFree.
-	eager, err := New(withLazy(Config{NoCHeap: true, goStep: f.run}, false, func() int64 { panic("read") }))
+	eager, err := newT(withLazy(testConfig{Config: Config{NoCHeap: true}, hooks: hooks{goStep: f.run}}, false, func() int64 { panic("read") }))
 	require.NoError(t, err)
 	defer eager.Close()
 	_, err = eager.TrimNow()
@@ -426,11 +426,12 @@ func TestChargeTakesTheSmaller(t *testing.T) {
 	assert.Equal(t, 100*ms, unknown.charge(cpuMark{gc: 70 * ms, thread: 45 * ms, process: 400 * ms}))
 }
 
-// The real clocks move with CPU burnt on the locked thread.
+// The real clocks move with CPU burnt on the locked thread, and the
+// process clock's window holds the thread clock's.
 func TestReadCPU(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	m0 := readCPU()
+	m0 := readCPU(true)
 	// Busy until the kernel's own count of this thread's time on a CPU
 	// (/proc/thread-self/schedstat, nanoseconds) grew by 30 ms: a loop
 	// timed by the wall clock gets less CPU than that on a loaded machine.
@@ -440,7 +441,7 @@ func TestReadCPU(t *testing.T) {
 			t.Fatal("30 ms of CPU not scheduled in 20 s")
 		}
 	}
-	m1 := readCPU()
+	m1 := readCPU(false)
 	if !linux {
 		assert.Equal(t, time.Duration(-1), m1.process)
 		return

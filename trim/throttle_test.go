@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -67,7 +66,7 @@ func trimAfterBurst(t *testing.T, c *throttleClock, fixed bool, log bool) (time.
 
 // A throttled CPU cgroup starts the trim at Delay/2 (plus at most one
 // tick); an unthrottled one, an unknown counter, a share under
-// ThrottledShare and FixedDelay keep the whole Delay.
+// throttledShare and FixedDelay keep the whole Delay.
 func TestThrottledStartsAtHalfDelay(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -78,7 +77,7 @@ func TestThrottledStartsAtHalfDelay(t *testing.T) {
 	}{
 		{"throttled 90% of one CPU", 0.9, true, false, true},
 		{"throttled 1.8 CPUs (two CPUs, summed)", 1.8, true, false, true},
-		{"just at ThrottledShare", ThrottledShare, true, false, true},
+		{"just at throttledShare", throttledShare, true, false, true},
 		{"throttled 5%", 0.05, true, false, false},
 		{"not throttled", 0, true, false, false},
 		{"no counter", 0.9, false, false, false},
@@ -185,10 +184,10 @@ func TestThrottledHeldTrimIsNotEarly(t *testing.T) {
 			defer tr.Close()
 			end := tr.Begin()
 			tr.AfterBurst()
-			time.Sleep(DefaultMaxWaitFactor*testDelay + 5*time.Second)
+			time.Sleep(maxWaitFactor*testDelay + 5*time.Second)
 			got := since(c.t0, f.starts())
 			require.Len(t, got, 1)
-			assert.GreaterOrEqual(t, got[0], DefaultMaxWaitFactor*testDelay, "held to the max wait")
+			assert.GreaterOrEqual(t, got[0], maxWaitFactor*testDelay, "held to the max wait")
 			assert.Zero(t, tr.Stats().EarlyStarts)
 			end()
 			time.Sleep(time.Minute)
@@ -279,6 +278,7 @@ func runThrottledChild(t *testing.T, quota bool) map[string]string {
 // busy loop) the default Trimmer sees the throttling and starts the trim at
 // half the delay; outside it, at the delay.
 func TestThrottledCgroupStartsEarly(t *testing.T) {
+	t.Parallel() // child processes only
 	if testing.Short() {
 		t.Skip("runs two children for about 2 s each")
 	}
@@ -287,8 +287,7 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	t.Logf("10%% quota and a busy loop: %v", rep)
 	assert.Equal(t, "1", rep["TRIMS"])
 	assert.Equal(t, "1", rep["EARLY"], "started early")
-	at, err := strconv.ParseFloat(rep["TRIM_AFTER_S"], 64)
-	require.NoError(t, err)
+	at := childtest.RequireFloat(t, rep, "TRIM_AFTER_S")
 	assert.Less(t, at, DefaultDelay.Seconds(), "the trim started before the delay")
 
 	// The control runs in this test's own cgroup, which CI may throttle.
@@ -300,13 +299,12 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	rep = runThrottledChild(t, false)
 	thr1, err := cgroupfs.ReadThrottled(self)
 	require.NoError(t, err)
-	if float64(thr1-thr0) >= ThrottledShare*float64(time.Since(t0)) {
+	if float64(thr1-thr0) >= throttledShare*float64(time.Since(t0)) {
 		t.Skipf("this test's own cgroup %s was throttled during the control (%v): no control", self, thr1-thr0)
 	}
 	t.Logf("no quota: %v", rep)
 	assert.Equal(t, "1", rep["TRIMS"])
 	assert.Equal(t, "0", rep["EARLY"])
-	at, err = strconv.ParseFloat(rep["TRIM_AFTER_S"], 64)
-	require.NoError(t, err)
+	at = childtest.RequireFloat(t, rep, "TRIM_AFTER_S")
 	assert.GreaterOrEqual(t, at, DefaultDelay.Seconds(), "no early start without throttling")
 }

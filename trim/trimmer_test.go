@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,7 +66,7 @@ func (f *fakeStep) finished() int {
 
 // withLazy sets the test hooks that replace the detection of lazy release
 // and the LazyFree reading, and returns c.
-func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
+func withLazy(c testConfig, lazy bool, lazyFree func() int64) testConfig {
 	c.lazy = func() (bool, string) { return lazy, "test" }
 	c.lazyFree = lazyFree
 	return c
@@ -76,10 +76,8 @@ func withLazy(c Config, lazy bool, lazyFree func() int64) Config {
 // Go heap step is f.run, charged by f's CPU clock, whose estimate always
 // says there is plenty to release, without C heap step, with eager
 // release and no CPU throttling counter.
-func fakeConfig(f *fakeStep) Config {
-	c := Config{Delay: testDelay, NoCHeap: true, Strict: true, goStep: f.run,
-		estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock, scan: func() int64 { return 0 },
-		throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}
+func fakeConfig(f *fakeStep) testConfig {
+	c := testConfig{Config: Config{Delay: testDelay, NoCHeap: true, Strict: true}, hooks: hooks{goStep: f.run, estimate: func() int64 { return 1 << 30 }, cpuClock: f.clock, scan: func() int64 { return 0 }, throttled: func(bool) (time.Duration, error) { return 0, cgroupfs.ErrNoThrottleCounter }}}
 	return withLazy(c, false, nil)
 }
 
@@ -96,12 +94,72 @@ func newFakeLogged(t *testing.T, f *fakeStep) (*Trimmer, *logBuf) {
 	return mustNew(t, cfg), logs
 }
 
-// mustNew returns New(c) and fails the test on an error.
-func mustNew(t *testing.T, c Config) *Trimmer {
+// mustNew returns a Trimmer of c and fails the test on an error.
+func mustNew[C Config | testConfig](t *testing.T, c C) *Trimmer {
 	t.Helper()
-	tr, err := New(c)
+	tc, ok := any(c).(testConfig)
+	if !ok {
+		tc.Config = any(c).(Config)
+	}
+	tr, err := newT(tc)
 	require.NoError(t, err)
 	return tr
+}
+
+// hooks are the fakes a test sets; nil means the real thing.
+type hooks struct {
+	goStep       func() int64 // the Go step; without noGCStep, the GC path only
+	estimate     func() int64 // every estimate, with a GC and (without noGCEstimate) without
+	noGCStep     func() (released int64, steps int, why abortReason, broken bool)
+	noGCEstimate func() int64
+	cpuClock     func() time.Duration
+	lazy         func() (bool, string)
+	lazyFree     func() int64
+	throttled    func(fresh bool) (time.Duration, error)
+	scan         func() int64
+	cheap        cHeap
+	hold         func(func())
+}
+
+// set sets *p to v unless v is nil.
+func set[F any](p *F, v F) {
+	if any(v) != nil && !reflect.ValueOf(v).IsNil() {
+		*p = v
+	}
+}
+
+// testConfig is a Config with a test's fakes.
+type testConfig struct {
+	Config
+	hooks
+}
+
+// newT returns a Trimmer of c's Config with c's fakes.
+func newT(c testConfig) (*Trimmer, error) {
+	d, h := realDeps, c.hooks
+	if h.goStep != nil {
+		d.goStep, d.gcOnly = h.goStep, h.noGCStep == nil
+	}
+	if h.estimate != nil {
+		d.estimate = func(*Trimmer, bool) (int64, int64) { v := h.estimate(); return v, v }
+		d.noGCEst = h.estimate
+	}
+	if h.cpuClock != nil {
+		d.readCPU = func(bool) cpuMark { v := h.cpuClock(); return cpuMark{gc: v, process: v} }
+	}
+	if h.throttled != nil {
+		d.throttle = func() func(bool) (time.Duration, error) { return h.throttled }
+	}
+	if h.cheap != nil {
+		d.cheap = func() cHeap { return h.cheap }
+	}
+	set(&d.noGCStep, h.noGCStep)
+	set(&d.noGCEst, h.noGCEstimate)
+	set(&d.lazy, h.lazy)
+	set(&d.lazyFree, h.lazyFree)
+	set(&d.scan, h.scan)
+	set(&d.hold, h.hold)
+	return newTrimmer(c.Config, d)
 }
 
 // since returns the offsets of ts from t0.
@@ -300,7 +358,7 @@ func TestIdleHasNoGoroutineOrTimer(t *testing.T) {
 func TestSkipBelowMinRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeStep{}
-		est := int64(DefaultMinRelease - 1)
+		est := int64(defaultMinRelease - 1)
 		cfg := fakeConfig(f)
 		cfg.estimate = func() int64 { return est }
 		tr := mustNew(t, cfg)
@@ -314,7 +372,7 @@ func TestSkipBelowMinRelease(t *testing.T) {
 		assert.Equal(t, est, s.LastEstimate)
 		assert.True(t, tr.quiet())
 
-		est = DefaultMinRelease
+		est = defaultMinRelease
 		tr.AfterBurst()
 		time.Sleep(time.Minute)
 		assert.Len(t, f.starts(), 1, "estimate at threshold: trim")
@@ -378,7 +436,6 @@ func TestBadConfig(t *testing.T) {
 		{Config{Delay: math.MinInt64}, "trim: Config.Delay -2562047h47m16.854775808s"},
 		{Config{MaxWait: time.Second}, "trim: Config.MaxWait 1s is shorter than the delay 2s"},
 		{Config{Delay: time.Minute, MaxWait: 59 * time.Second}, "trim: Config.MaxWait 59s is shorter than the delay 1m0s"},
-		{Config{NoCHeap: true, CHeap: fakeCHeap{}}, "trim: Config.NoCHeap is set together with Config.CHeap (fake): set one of them"},
 	} {
 		tr, err := New(tc.cfg)
 		assert.Nil(t, tr)
@@ -394,9 +451,9 @@ func TestBadConfig(t *testing.T) {
 	// The zero Config is the default.
 	tr = mustNew(t, Config{})
 	assert.Equal(t, DefaultDelay, tr.Delay())
-	assert.Equal(t, DefaultMaxWaitFactor*DefaultDelay, tr.MaxWait())
-	assert.Equal(t, DefaultMinRelease, tr.minRelease)
-	assert.Equal(t, DefaultCHeap().Allocator(), tr.Stats().CHeapAllocator)
+	assert.Equal(t, maxWaitFactor*DefaultDelay, tr.MaxWait())
+	assert.Equal(t, defaultMinRelease, tr.minRelease)
+	assert.Equal(t, realDeps.cheap().Allocator(), tr.Stats().CHeapAllocator)
 	require.NoError(t, tr.Close())
 
 	// Any negative MinRelease never skips; NoCHeap turns the C step off.
@@ -408,7 +465,7 @@ func TestBadConfig(t *testing.T) {
 
 	// The longest delay: its default max wait does not overflow.
 	tr = mustNew(t, Config{Delay: MaxDelay, NoCHeap: true})
-	assert.Equal(t, DefaultMaxWaitFactor*MaxDelay, tr.MaxWait())
+	assert.Equal(t, maxWaitFactor*MaxDelay, tr.MaxWait())
 	assert.Positive(t, tr.MaxWait())
 	require.NoError(t, tr.Close())
 }
@@ -423,17 +480,10 @@ func TestNilTrimmer(t *testing.T) {
 	assert.NoError(t, tr.Close())
 }
 
-func TestMetricNames(t *testing.T) {
-	kinds := map[string]metrics.ValueKind{}
-	for _, d := range metrics.All() {
-		kinds[d.Name] = d.Kind
-	}
-	for _, name := range []string{metricHeapFree, metricHeapObjects, metricHeapReleased, metricHeapLive} {
-		assert.Equal(t, metrics.KindUint64, kinds[name], "runtime/metrics %s", name)
-	}
-	h, ok := readHeap()
-	require.True(t, ok)
-	assert.Positive(t, h.objects)
+func TestReadSample(t *testing.T) {
+	h := readSample()
+	assert.Positive(t, h.HeapObjects)
+	assert.Positive(t, h.Live)
 }
 
 func TestEstimateCountsUncollectedBurst(t *testing.T) {
@@ -457,8 +507,8 @@ func TestEstimateCountsUncollectedBurst(t *testing.T) {
 		burst = append(burst, make([]byte, 64<<10))
 	}
 	runtime.GC()
-	h, _ := readHeap()
-	require.GreaterOrEqual(t, h.live, int64(64<<20), "the GC saw the burst live")
+	h := readSample()
+	require.GreaterOrEqual(t, h.Live, int64(64<<20), "the GC saw the burst live")
 	runtime.KeepAlive(burst) // dropped from here on
 	tr.run.Lock()
 	after, _ := tr.estimateGo(true)
@@ -482,7 +532,7 @@ func TestRequestEstimateFloor(t *testing.T) {
 	debug.FreeOSMemory()                             // no free spans left by earlier tests
 	waitHook := func() {
 		t.Helper()
-		require.Eventually(t, func() bool { h, _ := readHeap(); return tr.gc.last.Load() == h.live }, 10*time.Second, time.Millisecond) // a bound on a hang
+		require.Eventually(t, func() bool { return tr.gc.last.Load() == readSample().Live }, 10*time.Second, time.Millisecond) // a bound on a hang
 	}
 	waitHook()
 	grown := make([][]byte, 0, 1024)
@@ -499,9 +549,9 @@ func TestRequestEstimateFloor(t *testing.T) {
 	runtime.GC() // a second GC sees it live: grown for good, the floor
 	waitHook()
 	assert.GreaterOrEqual(t, tr.gc.floor.Load(), int64(64<<20), "the floor follows a heap built after New")
-	r := tr.Request(OriginPressure)
-	assert.False(t, r.Ran, "%+v", r)
-	assert.Less(t, r.Estimate, int64(16<<20), "the grown 64 MiB is live")
+	r := tr.request(originPressure)
+	assert.False(t, r.ran, "%+v", r)
+	assert.Less(t, r.est, int64(16<<20), "the grown 64 MiB is live")
 	tr.AfterBurst()
 	tr.run.Lock()
 	marked, _ := tr.estimateGo(true)
@@ -515,13 +565,13 @@ type fakeCHeap struct {
 	err      error
 }
 
-func (fakeCHeap) Allocator() string         { return "fake" }
-func (fakeCHeap) Retained() int64           { return 3 << 20 }
-func (h fakeCHeap) Release() (int64, error) { return h.released, h.err }
+func (fakeCHeap) Allocator() string                  { return "fake" }
+func (fakeCHeap) Retained() int64                    { return 3 << 20 }
+func (h fakeCHeap) ReleaseOver(int64) (int64, error) { return h.released, h.err }
 
 func TestCHeapStep(t *testing.T) {
 	f := &fakeStep{}
-	tr, err := New(Config{goStep: f.run, CHeap: fakeCHeap{released: 5 << 20}})
+	tr, err := newT(testConfig{Config: Config{}, hooks: hooks{goStep: f.run, cheap: fakeCHeap{released: 5 << 20}}})
 	require.NoError(t, err)
 	defer tr.Close()
 	r, err := tr.TrimNow()
@@ -533,7 +583,7 @@ func TestCHeapStep(t *testing.T) {
 	assert.NoError(t, s.CHeapErr)
 
 	boom := errors.New("boom")
-	tr2, err := New(Config{goStep: f.run, CHeap: fakeCHeap{released: -1, err: boom}})
+	tr2, err := newT(testConfig{Config: Config{}, hooks: hooks{goStep: f.run, cheap: fakeCHeap{released: -1, err: boom}}})
 	require.NoError(t, err)
 	defer tr2.Close()
 	r, err = tr2.TrimNow()
@@ -542,18 +592,18 @@ func TestCHeapStep(t *testing.T) {
 	assert.ErrorIs(t, tr2.Stats().CHeapErr, boom)
 
 	// The default step in this build: unavailable, recorded, not returned.
-	tr3, err := New(Config{goStep: f.run})
+	tr3, err := newT(testConfig{Config: Config{}, hooks: hooks{goStep: f.run}})
 	require.NoError(t, err)
 	defer tr3.Close()
 	_, err = tr3.TrimNow()
 	assert.NoError(t, err)
 	s = tr3.Stats()
-	assert.Equal(t, DefaultCHeap().Allocator(), s.CHeapAllocator)
+	assert.Equal(t, realDeps.cheap().Allocator(), s.CHeapAllocator)
 	if s.CHeapAllocator == "none" {
 		assert.ErrorIs(t, s.CHeapErr, ErrCHeapUnavailable)
 	}
 
-	tr4, err := New(Config{goStep: f.run, NoCHeap: true})
+	tr4, err := newT(testConfig{Config: Config{NoCHeap: true}, hooks: hooks{goStep: f.run}})
 	require.NoError(t, err)
 	defer tr4.Close()
 	_, err = tr4.TrimNow()
@@ -589,8 +639,7 @@ func TestConcurrentUse(t *testing.T) {
 	var n sync.WaitGroup
 	var steps sync.Mutex
 	count := 0
-	tr, err := New(Config{Delay: time.Millisecond, NoCHeap: true, MinRelease: NeverSkip,
-		goStep: func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }})
+	tr, err := newT(testConfig{Config: Config{Delay: time.Millisecond, NoCHeap: true, MinRelease: NeverSkip}, hooks: hooks{goStep: func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }}})
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	for i := range 8 {
@@ -643,8 +692,7 @@ func TestCloseDoesNotWaitForForeignTrimNow(t *testing.T) {
 		}
 		return 0
 	}
-	tr, err := New(Config{Delay: 20 * time.Millisecond, NoCHeap: true, goStep: step,
-		estimate: func() int64 { return 1 << 30 }})
+	tr, err := newT(testConfig{Config: Config{Delay: 20 * time.Millisecond, NoCHeap: true}, hooks: hooks{goStep: step, estimate: func() int64 { return 1 << 30 }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -656,7 +704,7 @@ func TestCloseDoesNotWaitForForeignTrimNow(t *testing.T) {
 	go func() { tr.Close(); close(closed) }()
 	select {
 	case <-closed:
-	case <-time.After(500 * time.Millisecond):
+	case <-time.After(10 * time.Second): // a bound on a hang (the TrimNow never ends by itself), not a timing
 		t.Errorf("Close blocked while a TrimNow in another goroutine runs")
 	}
 	close(release)

@@ -1,18 +1,21 @@
 package main
 
 import (
-	"context"
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
+	"github.com/memctl/memctl/internal/arenamax"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
-	"github.com/memctl/memctl/trim/cheap"
 )
 
 const execUsage = `usage: memctl exec [flags] [--] PROGRAM [ARGS...]
@@ -26,7 +29,7 @@ type execConfig struct {
 	thp      thp.Policy
 	thpFrom  string  // where thp came from, for -v: "-thp=disable", "MEMCTL_THP=keep"
 	thpEnv   bool    // thp came from MEMCTL_THP: failing to apply it is a warning
-	ratio    float64 // 0: limits.DefaultRatio
+	ratio    float64 // 0: the library's default ratio
 	arenaMax int
 	off      bool // MEMCTL=off: change nothing
 	verbose  bool
@@ -36,7 +39,8 @@ func runExec(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	cfg := execConfig{thp: thp.PolicyDisable}
 	fs.TextVar(&cfg.thp, "thp", thp.PolicyDisable, "THP `mode` for PROGRAM: disable, except-advised (Linux 6.18+) or keep; MEMCTL_THP sets the default")
-	fs.Float64Var(&cfg.ratio, "ratio", limits.DefaultRatio, "set GOMEMLIMIT to `R` times the cgroup memory limit, R in (0, 1]")
+	fs.Float64Var(&cfg.ratio, "ratio", 0.9, // the library's default
+		"set GOMEMLIMIT to `R` times the cgroup memory limit, R in (0, 1]")
 	fs.IntVar(&cfg.arenaMax, "arena-max", 0, "cap glibc malloc arenas at `N` through GLIBC_TUNABLES (0: no cap); MEMCTL_ARENA_MAX sets the default")
 	fs.BoolVar(&cfg.verbose, "v", false, "print what was set on standard error")
 	if done, status := parseFlags(fs, args, execUsage, stdout, stderr); done {
@@ -54,7 +58,7 @@ func runExec(args []string, stdout, stderr io.Writer) int {
 		return usageError(fs, execUsage, stderr, "-arena-max %d: want 0 (no cap) or a count of arenas", cfg.arenaMax)
 	}
 	if !given["ratio"] {
-		cfg.ratio = 0 // limits.DefaultRatio, reported as the default
+		cfg.ratio = 0 // the default, reported as such
 	}
 	for _, w := range cfg.applyEnv(os.Getenv, func(name string) bool { return given[name] }) {
 		fmt.Fprintln(stderr, w)
@@ -63,12 +67,9 @@ func runExec(args []string, stdout, stderr io.Writer) int {
 }
 
 // applyEnv reads memctl's switches through getenv, as memctl.Start does:
-// MEMCTL=off (any case) sets cfg.off and nothing else is read; MEMCTL_THP
-// and MEMCTL_ARENA_MAX set thp and arenaMax when their flag was not given
-// (flagGiven reports that). An empty variable is unset. A value that cannot
-// be parsed leaves that part off (THP flag kept as inherited, no arena cap)
-// and gives a warning: a typo must not stop a container from starting.
-// It returns the warnings, each a line starting with "memctl: warning: ".
+// MEMCTL=off (any case) sets cfg.off; MEMCTL_THP and MEMCTL_ARENA_MAX set
+// thp and arenaMax unless their flag was given; empty is unset. A value
+// that cannot be parsed leaves that part off and returns a warning.
 func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(string) bool) []string {
 	var warns []string
 	warn := func(format string, a ...any) {
@@ -94,60 +95,45 @@ func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(strin
 		}
 	}
 	if v := getenv("MEMCTL_ARENA_MAX"); v != "" && !flagGiven("arena-max") {
-		n, err := parseArenaMax(v)
-		if err != nil {
-			warn("%v; no arena cap", err)
+		n, err := strconv.Atoi(v)
+		switch {
+		case strings.EqualFold(v, "off"):
+			n = 0
+		case err != nil || n < 0:
+			warn("MEMCTL_ARENA_MAX=%q: want \"off\" or a count of arenas such as \"2\"; no arena cap", v)
+			n = 0
 		}
 		cfg.arenaMax = n
 	}
 	return warns
 }
 
-// parseArenaMax parses MEMCTL_ARENA_MAX as memctl.Start does: "off" (any
-// case) or "0" for no cap, or a count of arenas.
-func parseArenaMax(v string) (int, error) {
-	if strings.EqualFold(v, "off") {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("MEMCTL_ARENA_MAX=%q: want \"off\" or a count of arenas such as \"2\"", v)
-	}
-	return n, nil
-}
-
-// goMemLimitEnv returns env with GOMEMLIMIT set to ml.GoMemLimit when ml's limit
-// came from a cgroup (or the system) and env does not set GOMEMLIMIT (an
-// empty GOMEMLIMIT is unset, as for the Go runtime), and a sentence for -v.
+// goMemLimitEnv returns env with GOMEMLIMIT set to ml.GoMemLimit when ml's
+// limit came from a cgroup (or the system) and env does not set GOMEMLIMIT
+// (an empty one is unset, as for the Go runtime), and a sentence for -v.
 func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
 	if v, ok := lookupEnv(env, "GOMEMLIMIT"); ok && v != "" {
 		return env, "GOMEMLIMIT=" + v + " left as set"
 	}
 	switch ml.Source {
 	case limits.SourceCgroupV1, limits.SourceCgroupV2, limits.SourceSystem:
-	default:
-		return env, "GOMEMLIMIT not set (" + ml.Reason + ")"
+		if ml.GoMemLimit > 0 && ml.GoMemLimit != math.MaxInt64 {
+			v := strconv.FormatInt(ml.GoMemLimit, 10)
+			return setEnv(env, "GOMEMLIMIT", v), fmt.Sprintf("GOMEMLIMIT=%s (%s of %d bytes)", v, ml.Reason, ml.MemoryLimit)
+		}
 	}
-	if ml.GoMemLimit <= 0 || ml.GoMemLimit == math.MaxInt64 {
-		return env, "GOMEMLIMIT not set (" + ml.Reason + ")"
-	}
-	v := strconv.FormatInt(ml.GoMemLimit, 10)
-	return setEnv(env, "GOMEMLIMIT", v), fmt.Sprintf("GOMEMLIMIT=%s (%s of %d bytes)", v, ml.Reason, ml.MemoryLimit)
+	return env, "GOMEMLIMIT not set (" + ml.Reason + ")"
 }
 
 // arenaTunable is the glibc tunable that caps malloc arenas.
 const arenaTunable = "glibc.malloc.arena_max"
 
 // arenaMaxEnv returns env with glibc.malloc.arena_max=n appended to
-// GLIBC_TUNABLES (colon-separated name=value pairs, see glibc's "Tunables"
-// manual), unless the operator already capped arenas there or with
-// MALLOC_ARENA_MAX, and a sentence for -v. What counts as the operator's cap
-// is cheap.OperatorArenaMax's rule, the library's: a MALLOC_ARENA_MAX, or
-// a glibc.malloc.arena_max entry in GLIBC_TUNABLES, with a value that glibc
-// applies (an empty value or 0 is no cap).
+// GLIBC_TUNABLES, unless the operator capped arenas already (the library's
+// rule, arenamax.Operator), and a sentence for -v.
 func arenaMaxEnv(env []string, n int) ([]string, string) {
 	getenv := func(k string) string { v, _ := lookupEnv(env, k); return v }
-	switch name, v, ok := cheap.OperatorArenaMax(getenv); {
+	switch name, v, ok := arenamax.Operator(getenv); {
 	case ok && name == "MALLOC_ARENA_MAX":
 		return env, "GLIBC_TUNABLES left as it is: MALLOC_ARENA_MAX=" + v + " is set"
 	case ok:
@@ -161,8 +147,7 @@ func arenaMaxEnv(env []string, n int) ([]string, string) {
 	return setEnv(env, "GLIBC_TUNABLES", v), "GLIBC_TUNABLES=" + v
 }
 
-// lookupEnv returns the value of the first key= entry of env, as getenv(3)
-// and os.Getenv do.
+// lookupEnv returns the value of the first key= entry of env, as getenv(3).
 func lookupEnv(env []string, key string) (string, bool) {
 	for _, kv := range env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
@@ -193,25 +178,46 @@ func setEnv(env []string, key, value string) []string {
 	return out
 }
 
-// prepareEnv applies cfg's GOMEMLIMIT and arena settings to env and returns
-// it with the -v sentences. ml is limits.SetGoMemLimit's decision for this
-// process, whose cgroup the program will be in.
-func prepareEnv(env []string, cfg execConfig, ml limits.MemLimit) ([]string, []string) {
-	var notes []string
-	env, note := goMemLimitEnv(env, ml)
-	notes = append(notes, note)
-	if cfg.arenaMax > 0 {
-		env, note = arenaMaxEnv(env, cfg.arenaMax)
-		notes = append(notes, note)
-	}
-	return env, notes
-}
+var (
+	errNotFound    = errors.New("executable file not found in $PATH")
+	errNameTooLong = errors.New("file name too long") // over NAME_MAX, as execvp(3)
+)
 
-// memLimit asks package limits for GOMEMLIMIT at cfg.ratio of this
-// process's cgroup limit. It also sets memctl's own GOMEMLIMIT, which is
-// harmless: memctl is about to be replaced. No headroom (the memory outside
-// the Go runtime measured would be memctl's, not the program's) and no
-// refresh (the program sets none itself).
-func memLimit(cfg execConfig) (limits.MemLimit, error) {
-	return limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{Ratio: cfg.ratio, NoHeadroom: true, Refresh: -1})
+// lookPath returns the files exec tries for file, in order, as execvp(3):
+// file itself when it holds a slash; else each entry of path (unset:
+// glibc's "/bin:/usr/bin"; empty means ".") joined with file, uncleaned,
+// leaving out what does not exist or is a directory. The error is
+// errNotFound, errNameTooLong (over NAME_MAX, 255), or fs.ErrPermission
+// when only directories match (execvp's EACCES).
+func lookPath(file, path string, pathSet bool, stat func(string) (fs.FileInfo, error)) ([]string, error) {
+	switch {
+	case strings.Contains(file, "/"):
+		return []string{file}, nil
+	case file == "":
+		return nil, errNotFound
+	case len(file) > 255:
+		return nil, errNameTooLong
+	case !pathSet:
+		path = "/bin:/usr/bin"
+	}
+	var found []string
+	dir := false
+	for _, d := range strings.Split(path, ":") {
+		p := cmp.Or(d, ".") + "/" + file
+		fi, err := stat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		case err == nil && fi.IsDir():
+			dir = true
+		default:
+			found = append(found, p) // execve(2) says why, if err != nil
+		}
+	}
+	switch {
+	case len(found) > 0:
+		return found, nil
+	case dir:
+		return nil, fs.ErrPermission
+	}
+	return nil, errNotFound
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,8 @@ import (
 // execProgram applies cfg and replaces memctl with args[0]. It returns only
 // on error, with the exit status.
 func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
-	paths, err := lookPathEnv(args[0])
+	path, pathSet := os.LookupEnv("PATH")
+	paths, err := lookPath(args[0], path, pathSet, os.Stat)
 	if err != nil {
 		fmt.Fprintf(stderr, "memctl: exec: %s: %v\n", strconv.Quote(args[0]), err)
 		if errors.Is(err, errNotFound) {
@@ -52,18 +54,19 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "memctl: -thp=%s: %v\n", cfg.thp, err)
 			return exitError
 		}
-		ml, err := memLimit(cfg)
+		// No headroom (memctl's, not the program's) and no refresh.
+		ml, err := limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{Ratio: cfg.ratio, NoHeadroom: true, Refresh: -1})
 		if err != nil {
-			// A typo in AUTOMEMLIMIT or an unreadable cgroup file must not
-			// stop the program from starting: it runs without GOMEMLIMIT
-			// from memctl.
+			// A typo in AUTOMEMLIMIT must not stop the program.
 			fmt.Fprintf(stderr, "memctl: warning: GOMEMLIMIT not set: %v\n", err)
 			ml = limits.MemLimit{Reason: err.Error()}
 		}
-		var notes []string
-		env, notes = prepareEnv(env, cfg, ml)
-		for _, n := range notes {
-			verbose("%s", n)
+		var note string
+		env, note = goMemLimitEnv(env, ml)
+		verbose("%s", note)
+		if cfg.arenaMax > 0 {
+			env, note = arenaMaxEnv(env, cfg.arenaMax)
+			verbose("%s", note)
 		}
 	}
 	if n := restoreIgnored(); n != "" {
@@ -72,19 +75,11 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 	return execFirst(paths, args, env, stderr, verbose)
 }
 
-// lookPathEnv is lookPath with this process's PATH and os.Stat.
-func lookPathEnv(file string) ([]string, error) {
-	path, set := os.LookupEnv("PATH")
-	return lookPath(file, path, set, os.Stat)
-}
-
 // restoreIgnored sets SIG_IGN again for each signal memctl inherited
-// ignored (inheritedIgnored), over the Go runtime's handlers, and the signal
-// mask memctl inherited (inheritedBlocked), so that the program inherits
-// both across execve(2) as it would from env(1): a service that systemd
-// starts with SIGPIPE ignored gets EPIPE, not death, through memctl too. It
-// locks the calling goroutine to its thread, which must then exec. It
-// returns a sentence for -v.
+// ignored, over the Go runtime's handlers, and the inherited signal mask, so
+// that the program inherits both across execve(2) as from env(1) (SIGPIPE
+// ignored under systemd). It locks the goroutine to its thread, which must
+// then exec, and returns a sentence for -v.
 func restoreIgnored() string {
 	runtime.LockOSThread()
 	mask, exact := inheritedIgnored()
@@ -126,11 +121,9 @@ func signalNames(mask uint64) string {
 }
 
 // execFirst replaces memctl with the first of paths that execve(2) runs,
-// as execvp(3) does: it moves on after EACCES, ENOENT or ENOTDIR, and runs a
-// file the kernel refuses as not executable (ENOEXEC) with /bin/sh. It
-// returns only when none ran: 127 when the last error is ENOENT and no file
-// was refused with EACCES (a script whose interpreter is missing), 126
-// otherwise, as env(1).
+// as execvp(3) does (ENOEXEC: run with /bin/sh). It returns only when none
+// ran: 127 when the last error is ENOENT and none was refused with EACCES,
+// 126 otherwise, as env(1).
 func execFirst(paths, args, env []string, stderr io.Writer, verbose func(string, ...any)) int {
 	var last error
 	lastPath, denied := "", false

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 )
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 		// The THP flag is inherited across fork and execve: start the
 		// children with a clear flag whatever this process inherited.
 		// Tests that need a clear flag check it (requireTHPFlag).
-		if err := thp.Enable(); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		if err := thpflag.Set(thpflag.Enabled); err != nil && !errors.Is(err, errors.ErrUnsupported) {
 			fmt.Fprintln(os.Stderr, "TestMain:", err)
 		}
 	}
@@ -211,15 +212,15 @@ func TestArenaMaxEnv(t *testing.T) {
 	assert.Equal(t, in, env, "the operator's arena_max is kept")
 	assert.Contains(t, note, "left as it is")
 
-	// Empty is unset, for glibc and for cheap.OperatorArenaMax.
+	// Empty is unset, for glibc and for arenamax.Operator.
 	env, _ = arenaMaxEnv([]string{"MALLOC_ARENA_MAX="}, 2)
 	assert.Equal(t, []string{"MALLOC_ARENA_MAX=", "GLIBC_TUNABLES=glibc.malloc.arena_max=2"}, env)
 	env, _ = arenaMaxEnv([]string{"GLIBC_TUNABLES=glibc.malloc.arena_max="}, 2)
 	assert.Equal(t, []string{"GLIBC_TUNABLES=glibc.malloc.arena_max=:glibc.malloc.arena_max=2"}, env, "an empty arena_max is no cap")
 	// glibc matches tunable names exactly: " glibc.malloc.arena_max" is
-	// another name, and glibc runs with no cap (cheap.OperatorArenaMax).
+	// another name, and glibc runs with no cap (arenamax.Operator).
 	env, _ = arenaMaxEnv([]string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3"}, 2)
-	assert.Equal(t, []string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3:glibc.malloc.arena_max=2"}, env, "the same rule as cheap.OperatorArenaMax")
+	assert.Equal(t, []string{"GLIBC_TUNABLES= glibc.malloc.arena_max=3:glibc.malloc.arena_max=2"}, env, "the same rule as arenamax.Operator")
 
 	in = []string{"MALLOC_ARENA_MAX=1", "GLIBC_TUNABLES=glibc.malloc.check=0"}
 	env, note = arenaMaxEnv(in, 2)

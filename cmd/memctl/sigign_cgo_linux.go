@@ -6,12 +6,9 @@ package main
 #include <pthread.h>
 #include <signal.h>
 
-// memctl_ignored has bit s-1 set for each signal s that was ignored
-// (SIG_IGN) when the process started, and memctl_blocked is the signal mask
-// then: a constructor runs before the Go runtime, which installs its own
-// handler over an inherited SIG_IGN for every signal but SIGHUP and SIGINT,
-// and unblocks the signals it needs (SIGSEGV, SIGCHLD, SIGURG, SIGPROF...)
-// on every thread.
+// memctl_ignored (bit s-1 for signal s ignored) and memctl_blocked are the
+// dispositions and mask the process started with, read by a constructor
+// before the Go runtime replaces an inherited SIG_IGN and unblocks signals.
 static unsigned long long memctl_ignored;
 static sigset_t memctl_blocked;
 
@@ -37,11 +34,8 @@ static unsigned long long memctl_inherited_blocked(void) {
 	return m;
 }
 
-// memctl_restore_signals sets SIG_IGN for every signal inherited ignored
-// and the calling thread's mask to the inherited one, right before
-// execve(2), which keeps both (signal(7)). sigaction(2) directly: the Go
-// runtime's signal.Ignore leaves the signals it needs for itself (SIGILL,
-// SIGTRAP, SIGBUS, SIGPROF, SIGSYS...) handled.
+// memctl_restore_signals sets both back for execve(2), which keeps them
+// (signal(7)); signal.Ignore leaves the runtime's own signals handled.
 static void memctl_restore_signals(void) {
 	struct sigaction sa = {0};
 	sa.sa_handler = SIG_IGN;
@@ -56,21 +50,17 @@ static void memctl_restore_signals(void) {
 */
 import "C"
 
-// inheritedIgnored returns the signals ignored (SIG_IGN) when memctl
-// started, bit s-1 for signal s, as a C constructor read them before the Go
-// runtime started; exact is true.
+// inheritedIgnored returns the signals ignored when memctl started, bit s-1
+// for signal s; exact is true.
 func inheritedIgnored() (mask uint64, exact bool) {
 	return uint64(C.memctl_inherited_ignored()), true
 }
 
-// inheritedBlocked returns the signal mask memctl started with, bit s-1
-// for signal s, read by the same constructor; exact is true.
+// inheritedBlocked returns the signal mask memctl started with.
 func inheritedBlocked() (mask uint64, exact bool) {
 	return uint64(C.memctl_inherited_blocked()), true
 }
 
-// restoreSignals ignores again every signal inherited ignored and sets the
-// calling thread's signal mask to the inherited one, for execve(2). The
-// caller has locked its goroutine to the thread (runtime.LockOSThread) and
-// execs from it at once.
+// restoreSignals sets the inherited dispositions and mask on the calling
+// thread, which the caller has locked and execs from at once.
 func restoreSignals() { C.memctl_restore_signals() }

@@ -128,11 +128,10 @@ func fdsChild() {
 // and 8 KiB in turn) is read whole every time, old or new, never half of
 // each: 300 reads, every one parses, none unknown.
 func TestStatusRecordReplacedWhileRead(t *testing.T) {
-	pid, err := strconv.Atoi(startReady(t, childtest.Command(t, "republish", operatorVars))["PID"])
-	require.NoError(t, err)
+	pid := int(childtest.RequireInt(t, startReady(t, childtest.Command(t, "republish", operatorVars)), "PID"))
 	seen := map[int]int{}
 	for range 300 {
-		st, err := readStatus(pid)
+		st, err := readStatus(pid, statusOptions{})
 		require.NoError(t, err)
 		require.Empty(t, st.Unknown["memctl"])
 		require.NotNil(t, st.Memctl)
@@ -151,10 +150,9 @@ func TestStatusRecordReplacedWhileRead(t *testing.T) {
 // named like the record in place; status refuses it every time for what it
 // is (not sealed: it could change while read), never shows part of it.
 func TestStatusRecordRewrittenInPlace(t *testing.T) {
-	pid, err := strconv.Atoi(startReady(t, childtest.Command(t, "rewrite", operatorVars))["PID"])
-	require.NoError(t, err)
+	pid := int(childtest.RequireInt(t, startReady(t, childtest.Command(t, "rewrite", operatorVars)), "PID"))
 	for range 100 {
-		st, err := readStatus(pid)
+		st, err := readStatus(pid, statusOptions{})
 		require.NoError(t, err)
 		assert.Nil(t, st.Memctl)
 		require.Contains(t, st.Unknown["memctl"], "not a sealed memfd")
@@ -219,8 +217,7 @@ func TestStatusManyFDs(t *testing.T) {
 				// checked in safefs (TestReadMemfdManyFDs).
 				t.Skip(rep["SKIP"])
 			}
-			fd, err := strconv.Atoi(rep["FD"])
-			require.NoError(t, err)
+			fd := int(childtest.RequireInt(t, rep, "FD"))
 			require.Greater(t, fd, tc.fds, "the record is after the others")
 			for _, args := range [][]string{nil, {"-json"}} {
 				out, errOut, code := result(t, memctl(t, nil, append([]string{"status", "-pid", rep["PID"]}, args...)...))
@@ -321,7 +318,7 @@ func pidReuseChild() {
 			childtest.Fail("start: %v", err)
 		}
 	}
-	_, err := readStatus(pid)
+	_, err := readStatus(pid, statusOptions{})
 	reused := 0
 	if second != nil && second.Process.Pid == pid {
 		reused = 1

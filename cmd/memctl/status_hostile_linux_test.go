@@ -333,7 +333,7 @@ func TestStatusExitedIsOneError(t *testing.T) {
 		}
 	}
 	defer func() { testHookAfterStart = nil }()
-	_, err := readStatus(pid)
+	_, err := readStatus(pid, statusOptions{})
 	require.Error(t, err)
 	assert.Equal(t, "process "+strconv.Itoa(pid)+" exited while memctl read it", err.Error())
 }

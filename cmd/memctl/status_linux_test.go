@@ -22,7 +22,6 @@ import (
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
-	"github.com/memctl/memctl/thp"
 )
 
 // startHold starts "memctl exec -- <test binary>" as the hold child (wrapped
@@ -64,8 +63,7 @@ func startHold(t *testing.T, wrap func(*exec.Cmd), env ...string) int {
 	select {
 	case r := <-lines:
 		require.NotEmpty(t, r["READY"], "hold child report: %v", r)
-		pid, err := strconv.Atoi(r["PID"])
-		require.NoError(t, err)
+		pid := int(childtest.RequireInt(t, r, "PID"))
 		require.Equal(t, cmd.Process.Pid, pid, "memctl exec kept the PID")
 		return pid
 	case <-time.After(30 * time.Second):
@@ -118,12 +116,12 @@ func checkAgainstProc(t *testing.T, pid int, st statusReport, before procfs.Fiel
 	assert.Equal(t, thpEnabled, *st.THPEnabled)
 	assert.Equal(t, int64(0), *st.THPEnabled, "memctl exec disabled THP for the child")
 
-	ahp, err := thp.AnonHugePagesOf(pid)
+	ahp, err := procfs.AnonHugePages(pid)
 	require.NoError(t, err)
 	require.NotNil(t, st.AnonHugePagesBytes)
 	assert.Equal(t, ahp, *st.AnonHugePagesBytes)
 
-	sys, err := os.ReadFile(thp.SysfsDir + "/enabled")
+	sys, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage" + "/enabled")
 	if err == nil {
 		require.NotNil(t, st.THPSystem)
 		assert.Contains(t, string(sys), "["+st.THPSystem.Enabled+"]")

@@ -29,7 +29,6 @@ import (
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
-	"github.com/memctl/memctl/trim"
 )
 
 var sink []byte
@@ -86,7 +85,7 @@ func serviceChild() {
 	ps := pool.Stats()
 	childtest.Say("PEAKS", ps.Peaks.Count)
 	childtest.Say("P99", ps.Peaks.Quantile(0.99))
-	childtest.Say("DEBOUNCED", s.Origins[trim.OriginDebounced].Trims)
+	childtest.Say("DEBOUNCED", s.Debounced.Trims)
 	if h := ctl.Stats().CHeaps; len(h) > 0 {
 		childtest.Say("CHEAP", h[0].Allocator)
 	}
@@ -225,13 +224,11 @@ func TestStatusShowsLibraryRecord(t *testing.T) {
 	g.Wrap(cmd)
 	rep := startReady(t, cmd)
 	pid := rep["PID"]
-	gml, err := strconv.ParseInt(rep["GOMEMLIMIT"], 10, 64)
-	require.NoError(t, err)
+	gml := childtest.RequireInt(t, rep, "GOMEMLIMIT")
 	require.Equal(t, "cgroup v"+strconv.Itoa(g.Version), rep["SOURCE"], "Start took GOMEMLIMIT from the cgroup")
 	assert.Greater(t, gml, int64(200<<20))
 	assert.LessOrEqual(t, gml, int64(241591910), "0.9 of 256 MiB less what is outside the Go runtime")
-	trims, err := strconv.ParseInt(rep["TRIMS"], 10, 64)
-	require.NoError(t, err)
+	trims := childtest.RequireInt(t, rep, "TRIMS")
 	require.Positive(t, trims)
 
 	// The pool's counters reach the record at a GC end after the child's
@@ -270,8 +267,7 @@ func TestStatusShowsLibraryRecord(t *testing.T) {
 	assert.Equal(t, rep["THP_POLICY"], m.THP.Policy, "the policy Start applied (except-advised on 6.18+)")
 	// What issues 17-21 added: trims by origin, the pool's peaks and
 	// refusals, the C heaps, limit_unknown.
-	debounced, err := strconv.ParseInt(rep["DEBOUNCED"], 10, 64)
-	require.NoError(t, err)
+	debounced := childtest.RequireInt(t, rep, "DEBOUNCED")
 	assert.GreaterOrEqual(t, m.Trim.Origins.Debounced.Trims, max(debounced, 1), "the AfterBurst trim is debounced")
 	pk := m.Pools[0].Peaks
 	assert.Equal(t, rep["P99"], strconv.FormatInt(pk.P99Bytes, 10))
@@ -516,4 +512,65 @@ func TestStatusForgedRecord(t *testing.T) {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// memLimitDoc reads the state record's GOMEMLIMIT section of pid, failing
+// t when status does not exit 0.
+func memLimitDoc(t *testing.T, pid string) (statusReport, string) {
+	t.Helper()
+	out, _, code := result(t, memctl(t, nil, "status", "-json", "-pid", pid))
+	require.Equal(t, 0, code, out)
+	var doc statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &doc))
+	require.NotNil(t, doc.Memctl, "the record")
+	table, _, code := result(t, memctl(t, nil, "status", "-pid", pid))
+	require.Equal(t, 0, code, table)
+	return doc, table
+}
+
+// TestStatusShowsFollowedLimitWhileIdle (issue 32 item 4): an idle process
+// in a 512 MiB cgroup whose limit is written to 400 MiB: status shows the
+// followed GOMEMLIMIT, not the one of the last GC end, within the
+// limiter's bound for a written limit (at once where inotify sees it).
+func TestStatusShowsFollowedLimitWhileIdle(t *testing.T) {
+	g := cgrouptest.New(t, 512<<20)
+	cmd := childtest.Command(t, "service", operatorVars)
+	g.Wrap(cmd)
+	pid := startReady(t, cmd)["PID"]
+	file := "memory.limit_in_bytes"
+	if g.Version == 2 {
+		file = "memory.max"
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(g.Dir, file), []byte(strconv.Itoa(400<<20)), 0))
+	written := time.Now()
+	const bound = 10 * time.Second // the limiter's bound: inotify at once, the refresh at the latest
+	for {
+		doc, table := memLimitDoc(t, pid)
+		m := doc.Memctl.GoMemLimit
+		if m.Bytes != nil && float64(*m.Bytes) <= 0.9*(400<<20) && m.MemoryLimitBytes == 400<<20 {
+			t.Logf("%v after the write: %s", time.Since(written), table)
+			assert.Contains(t, table, "400.0 MiB")
+			return
+		}
+		require.True(t, time.Since(written) < bound, "status still shows %+v %v after the write", m, time.Since(written))
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStatusShowsOperatorComparison (issue 32 item 2): the operator's
+// GOMEMLIMIT above a 256 MiB cgroup's limit: status shows it beside the
+// value memctl set over it.
+func TestStatusShowsOperatorComparison(t *testing.T) {
+	g := cgrouptest.New(t, 256<<20)
+	cmd := childtest.Command(t, "service", operatorVars, "GOMEMLIMIT=300MiB")
+	g.Wrap(cmd)
+	pid := startReady(t, cmd)["PID"]
+	doc, table := memLimitDoc(t, pid)
+	m := doc.Memctl.GoMemLimit
+	require.NotNil(t, m.OperatorBytes)
+	assert.Equal(t, int64(300<<20), *m.OperatorBytes)
+	assert.True(t, m.Overridden)
+	require.NotNil(t, m.Bytes)
+	assert.LessOrEqual(t, float64(*m.Bytes), 0.9*(256<<20))
+	assert.Regexp(t, `the operator.s GOMEMLIMIT [0-9]+ bytes \(300.0 MiB\), above the hard limit`, table)
 }

@@ -73,9 +73,7 @@ func (s *stallTarget) worst(t *testing.T) time.Duration {
 	require.NoError(t, err)
 	require.True(t, s.lines.Scan(), "stall child: %v", s.lines.Err())
 	r := childtest.ParseReport(s.lines.Bytes())
-	ns, err := strconv.ParseInt(r["WORST"], 10, 64)
-	require.NoError(t, err, "line %q", s.lines.Text())
-	return time.Duration(ns)
+	return time.Duration(childtest.RequireInt(t, r, "WORST"))
 }
 
 // TestStatusSmapsOverThreshold is issue 27 item 9's structural check: a

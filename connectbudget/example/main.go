@@ -17,6 +17,13 @@
 //	Hold               charges n and holds it until the caller cancels
 //	AllocStream        server streaming: charges n, sends n back, once
 //
+// and two take bytes (google.protobuf.BytesValue), charged before they are
+// unmarshaled (connectbudget.HandlerOptions):
+//
+//	Upload             returns the message's length after holding it for the
+//	                   time the Hold-Ms request header asks (default 0)
+//	UploadStream       client streaming: returns the total length of the messages
+//
 // Run it and call it with curl (the Connect protocol's JSON form):
 //
 //	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:8080 -request-budget 64MiB
@@ -37,6 +44,10 @@
 //	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
 //	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
 //	-budgets         run the interceptor (default true; false: the same server without it)
+//	-messages        charge each request message before it is unmarshaled (default true; false:
+//	                 the interceptor alone, which opens the budget once the request is unmarshaled)
+//	-max-read        the maximum message size read, connect.WithReadMaxBytes, same units
+//	                 (default: the per-call budget; a larger message could never be granted)
 //
 // The server prints "listening on http://ADDR" once it accepts
 // connections, and stops on SIGINT or SIGTERM.
@@ -53,9 +64,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -78,6 +91,8 @@ func run(args []string, stdout io.Writer) error {
 	budget := fs.String("request-budget", "64MiB", "each call's budget in bytes (KiB, MiB, GiB suffixes)")
 	poolSize := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
 	budgets := fs.Bool("budgets", true, "run the budget interceptor")
+	messages := fs.Bool("messages", true, "charge each request message before it is unmarshaled")
+	maxRead := fs.String("max-read", "", "the maximum message size read in bytes (default: the per-call budget)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -88,6 +103,12 @@ func run(args []string, stdout io.Writer) error {
 	size, err := parseBytes(*poolSize)
 	if err != nil {
 		return fmt.Errorf("-pool: %w", err)
+	}
+	readMax := min(limit, math.MaxInt32)
+	if *maxRead != "" {
+		if readMax, err = parseBytes(*maxRead); err != nil || readMax == 0 || readMax > math.MaxInt32 {
+			return fmt.Errorf("-max-read %q: want a positive byte count under 2 GiB", *maxRead)
+		}
 	}
 	ctl, err := memctl.Start() // THP off, GOMEMLIMIT from the cgroup, the trimmer
 	if err != nil {
@@ -101,12 +122,17 @@ func run(args []string, stdout io.Writer) error {
 	defer pool.Close()
 	var opts []connect.HandlerOption
 	if *budgets {
-		i, err := connectbudget.NewInterceptor(pool, connectbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst})
+		options := Options
+		if !*messages {
+			options = InterceptorOptions
+		}
+		o, err := options(pool, connectbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst})
 		if err != nil {
 			return err
 		}
-		opts = append(opts, connect.WithInterceptors(i))
+		opts = append(opts, o)
 	}
+	opts = append(opts, connect.WithReadMaxBytes(int(readMax)))
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -134,6 +160,26 @@ func NewServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, Protocols: &p}
 }
 
+// Options returns the handler option of the budget,
+// connectbudget.HandlerOptions: each call's account, each request message
+// charged before it is unmarshaled, budget errors answered with
+// resource_exhausted. Pass it first, with connect.WithReadMaxBytes(the
+// per-call budget) beside it.
+func Options(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
+	return connectbudget.HandlerOptions(pool, cfg)
+}
+
+// InterceptorOptions returns the interceptor alone: each call's account
+// opens once its request is unmarshaled, which is what the server did
+// before messages were charged (-messages=false).
+func InterceptorOptions(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
+	i, err := connectbudget.NewInterceptor(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.WithInterceptors(i), nil
+}
+
 // ServiceName is the Store service's full name.
 const ServiceName = "memctl.example.Store"
 
@@ -158,6 +204,29 @@ func NewHandler(opts ...connect.HandlerOption) *http.ServeMux {
 				return connect.NewResponse(wrapperspb.Int64(n)), nil
 			}, opts...))
 	}
+	mux.Handle(Procedure("Upload"), connect.NewUnaryHandler(Procedure("Upload"),
+		func(ctx context.Context, req *connect.Request[wrapperspb.BytesValue]) (*connect.Response[wrapperspb.Int64Value], error) {
+			b := req.Msg.GetValue()
+			if ms, err := strconv.Atoi(req.Header().Get("Hold-Ms")); err == nil && ms > 0 {
+				select {
+				case <-time.After(time.Duration(ms) * time.Millisecond):
+				case <-ctx.Done():
+				}
+			}
+			runtime.KeepAlive(b) // held, as by a handler that works on it
+			return connect.NewResponse(wrapperspb.Int64(int64(len(b)))), nil
+		}, opts...))
+	mux.Handle(Procedure("UploadStream"), connect.NewClientStreamHandler(Procedure("UploadStream"),
+		func(ctx context.Context, st *connect.ClientStream[wrapperspb.BytesValue]) (*connect.Response[wrapperspb.Int64Value], error) {
+			var total int64
+			for st.Receive() {
+				total += int64(len(st.Msg().GetValue()))
+			}
+			if err := st.Err(); err != nil {
+				return nil, err // a refused message's error: resource_exhausted
+			}
+			return connect.NewResponse(wrapperspb.Int64(total)), nil
+		}, opts...))
 	mux.Handle(Procedure("AllocStream"), connect.NewServerStreamHandler(Procedure("AllocStream"),
 		func(ctx context.Context, req *connect.Request[wrapperspb.Int64Value], st *connect.ServerStream[wrapperspb.Int64Value]) error {
 			n, err := allocN(ctx, req.Msg.GetValue())

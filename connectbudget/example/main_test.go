@@ -46,6 +46,13 @@ type server struct {
 // and, when budget > 0, the interceptor with that per-call budget.
 func startServer(t testing.TB, pc limits.PoolConfig, budget int64, extra ...connect.HandlerOption) *server {
 	t.Helper()
+	return startServerWith(t, pc, budget, Options, extra...)
+}
+
+// startServerWith is startServer with the budget's option from options
+// (Options or InterceptorOptions).
+func startServerWith(t testing.TB, pc limits.PoolConfig, budget int64, options func(*limits.Pool, connectbudget.Config) (connect.HandlerOption, error), extra ...connect.HandlerOption) *server {
+	t.Helper()
 	pc.Name = "connect"
 	pc.Logger = slog.New(slog.DiscardHandler)
 	pool, err := limits.NewPool(pc)
@@ -53,9 +60,9 @@ func startServer(t testing.TB, pc limits.PoolConfig, budget int64, extra ...conn
 	t.Cleanup(pool.Close)
 	opts := extra
 	if budget > 0 {
-		i, err := connectbudget.NewInterceptor(pool, connectbudget.Config{Limit: budget})
+		o, err := options(pool, connectbudget.Config{Limit: budget})
 		require.NoError(t, err)
-		opts = append(opts, connect.WithInterceptors(i))
+		opts = append(opts, o)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -390,14 +397,20 @@ func TestConfigAndError(t *testing.T) {
 	assert.Equal(t, connect.CodeUnavailable, connect.CodeOf(err))
 }
 
-// BenchmarkInterceptorRatio: the interceptor's cost as a ratio: each
-// iteration makes one 1 KiB Alloc call (Connect protocol, HTTP/1.1) to the
-// server without the interceptor and one to the same server with it
-// (alternating which goes first), and the ratio of the sums is reported
-// (budget/plain).
+// BenchmarkInterceptorRatio: the budget's cost as a ratio: each iteration
+// makes one 1 KiB Alloc call (Connect protocol, HTTP/1.1) to the server
+// without the budget and one to the same server with it (alternating which
+// goes first), and the ratio of the sums is reported (budget/plain).
+// impl=budget is connectbudget.HandlerOptions (messages charged before
+// they are unmarshaled), impl=interceptor the interceptor alone.
 func BenchmarkInterceptorRatio(b *testing.B) {
+	b.Run("impl=budget", func(b *testing.B) { benchRatio(b, Options) })
+	b.Run("impl=interceptor", func(b *testing.B) { benchRatio(b, InterceptorOptions) })
+}
+
+func benchRatio(b *testing.B, options func(*limits.Pool, connectbudget.Config) (connect.HandlerOption, error)) {
 	plain := startServer(b, limits.PoolConfig{Limit: 512 * mib}, 0)
-	budget := startServer(b, limits.PoolConfig{Limit: 512 * mib}, 64*mib)
+	budget := startServerWith(b, limits.PoolConfig{Limit: 512 * mib}, 64*mib, options)
 	ctx := context.Background()
 	var tPlain, tBudget time.Duration
 	timed := func(s *server) time.Duration {

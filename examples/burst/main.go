@@ -14,6 +14,14 @@
 // scavenger returns them, slowly. The process with memctl trims 2 s after
 // the burst and its RSS drops back. It finishes in about 7 seconds.
 //
+// It also draws RSS over time as an SVG (-svg PATH; Default: burst.svg in
+// the current directory): each arm's samples and the readings of the table,
+// against the seconds after its burst ended, the trim marked, and each arm's
+// GOMEMLIMIT as a line where it has one. Where no cgroup shows a memory
+// limit, memctl sets none; declare one to see it:
+//
+//	MEMCTL_MEMORY_LIMIT=1GiB go run ./examples/burst -svg docs/burst.svg
+//
 // The memctl child runs with MEMCTL_PRESSURE=off, so that the table shows
 // the trim after the burst and nothing else: with the kernel pressure
 // watch on, a machine under memory pressure from other processes (system
@@ -24,11 +32,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -61,19 +72,27 @@ func main() {
 		}
 		return
 	}
+	svg := flag.String("svg", "burst.svg", "write RSS over time as an SVG to this `path`")
+	flag.Parse()
 	arms, err := run()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "burst:", err)
 		os.Exit(1)
 	}
 	printTable(os.Stdout, arms)
+	if err := writeSVG(*svg, arms); err != nil {
+		fmt.Fprintln(os.Stderr, "burst:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("\nRSS over time drawn in %s\n", *svg)
 }
 
 // liveSet is the steady-state live heap of a child.
 var liveSet [][]byte
 
-// child runs one arm: it prints "ready" before the burst, "end" after it,
-// and for the memctl arm a "stats ..." line when its trim has run.
+// child runs one arm: it prints its GOMEMLIMIT and "ready" before the
+// burst, "end" after it, and for the memctl arm "trimmed" when its trim has
+// run and a "stats ..." line at its end.
 func child(withMemctl bool) error {
 	var ctl *memctl.Controller
 	if withMemctl {
@@ -85,6 +104,7 @@ func child(withMemctl bool) error {
 		defer ctl.Close()
 	}
 	liveSet = burst.Alloc(liveBytes)
+	fmt.Println("gomemlimit", debug.SetMemoryLimit(-1))
 	fmt.Println("ready")
 	time.Sleep(2 * sampleStep)
 	b := burst.Alloc(burstBytes)
@@ -119,10 +139,13 @@ type armRun struct {
 	cmd     *exec.Cmd
 	mu      sync.Mutex
 	samples []sample
-	end     time.Time
+	ready   time.Time // when before was read
+	end     time.Time // when the child reported the burst's end and peak was read
+	trimAt  time.Time // when trimmed was read
 	before  int64
 	peak    int64
 	trimmed int64 // RSS right after the trim ran; -1 for none
+	limit   int64 // the child's GOMEMLIMIT; math.MaxInt64 for none
 	stats   string
 	stderr  bytes.Buffer
 	err     error
@@ -208,10 +231,18 @@ func (a *armRun) read(out io.Reader) {
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
+		case strings.HasPrefix(line, "gomemlimit "):
+			limit, err := strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
+			a.mu.Lock()
+			a.limit, a.err = limit, err
+			a.mu.Unlock()
 		case line == "ready":
 			rss, err := procfs.RSS(pid)
 			a.mu.Lock()
-			a.before, a.err = rss, err
+			a.ready, a.before = time.Now(), rss
+			if err != nil && a.err == nil {
+				a.err = err
+			}
 			a.mu.Unlock()
 		case line == "end":
 			hwm, err := procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
@@ -224,7 +255,7 @@ func (a *armRun) read(out io.Reader) {
 		case line == "trimmed":
 			rss, err := procfs.RSS(pid)
 			a.mu.Lock()
-			a.trimmed = rss
+			a.trimAt, a.trimmed = time.Now(), rss
 			if err != nil && a.err == nil {
 				a.err = err
 			}

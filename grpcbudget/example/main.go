@@ -15,6 +15,13 @@
 //	Hold               charges n and holds it until the caller cancels
 //	AllocStream        server streaming: charges n, sends n back, once
 //
+// and two take bytes (google.protobuf.BytesValue), charged before they are
+// unmarshaled (grpcbudget.ServerOptions):
+//
+//	Upload             returns the message's length after holding it for the
+//	                   time the hold-ms metadata asks (default 0)
+//	UploadStream       client streaming: returns the total length of the messages
+//
 // Run it, and call it with any gRPC client that sends an Int64Value (the
 // tests in main_test.go use grpc-go's ClientConn.Invoke):
 //
@@ -24,7 +31,9 @@
 // "limits: resource_exhausted in grpc/req-1: requested 1073741824 bytes, 0
 // in use, limit 67108864" and grpc-retry-pushback-ms: -1 (do not retry); a
 // call refused because the pool is full carries grpc-retry-pushback-ms:
-// 1000.
+// 1000. An Upload of 48 MiB while the pool has less left is refused the
+// same way before its message is unmarshaled; one past 64 MiB, the maximum
+// receive size, is refused by grpc-go from its header.
 //
 // Flags:
 //
@@ -32,6 +41,10 @@
 //	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
 //	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
 //	-budgets         run the interceptors (default true; false: the same server without them)
+//	-messages        charge each message before it is unmarshaled (default true; false: the
+//	                 interceptors alone, which open the budget once the request is unmarshaled)
+//	-max-recv        the maximum receive size, grpc.MaxRecvMsgSize, same units (default: the
+//	                 per-call budget; a larger message could never be granted)
 //	-http            listen address of the HTTP side (default "": none): /alloc?n= behind the
 //	                 limits middleware and /debug/memctl, on the same pool as the gRPC calls
 //
@@ -57,12 +70,14 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/memctl/memctl"
@@ -83,6 +98,8 @@ func run(args []string, stdout io.Writer) error {
 	budget := fs.String("request-budget", "64MiB", "each call's budget in bytes (KiB, MiB, GiB suffixes)")
 	poolSize := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
 	budgets := fs.Bool("budgets", true, "run the budget interceptors")
+	messages := fs.Bool("messages", true, "charge each message before it is unmarshaled")
+	maxRecv := fs.String("max-recv", "", "the maximum receive size in bytes (default: the per-call budget)")
 	httpAddr := fs.String("http", "", "listen address of the HTTP side on the same pool (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -94,6 +111,12 @@ func run(args []string, stdout io.Writer) error {
 	size, err := parseBytes(*poolSize)
 	if err != nil {
 		return fmt.Errorf("-pool: %w", err)
+	}
+	recv := min(limit, math.MaxInt32)
+	if *maxRecv != "" {
+		if recv, err = parseBytes(*maxRecv); err != nil || recv == 0 || recv > math.MaxInt32 {
+			return fmt.Errorf("-max-recv %q: want a positive byte count under 2 GiB", *maxRecv)
+		}
 	}
 	ctl, err := memctl.Start() // THP off, GOMEMLIMIT from the cgroup, the trimmer
 	if err != nil {
@@ -123,11 +146,15 @@ func run(args []string, stdout io.Writer) error {
 	}
 	var opts []grpc.ServerOption
 	if *budgets {
-		if opts, err = Options(pool, grpcbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst}); err != nil {
+		options := Options
+		if !*messages {
+			options = InterceptorOptions
+		}
+		if opts, err = options(pool, grpcbudget.Config{Limit: limit, AfterBurst: memctl.AfterBurst}); err != nil {
 			return err
 		}
 	}
-	srv := NewServer(opts...)
+	srv := NewServer(append(opts, grpc.MaxRecvMsgSize(int(recv)))...)
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -167,9 +194,19 @@ func HTTPHandler(pool *limits.Pool, limit int64) (http.Handler, error) {
 	return mux, nil
 }
 
-// Options returns the server options that install the unary and stream
-// budget interceptors.
+// Options returns the server options of the budget,
+// grpcbudget.ServerOptions: each call's account, each message charged
+// before it is unmarshaled, budget errors answered with code 8. Pass them
+// before the server's other options, with grpc.MaxRecvMsgSize(cfg.Limit)
+// beside them.
 func Options(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
+	return grpcbudget.ServerOptions(pool, cfg)
+}
+
+// InterceptorOptions returns the unary and stream budget interceptors
+// alone: each call's account opens once its request is unmarshaled, which
+// is what the server did before messages were charged (-messages=false).
+func InterceptorOptions(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
 	unary, err := grpcbudget.UnaryServerInterceptor(pool, cfg)
 	if err != nil {
 		return nil, err
@@ -277,6 +314,42 @@ func unary(name string, fn func(store, context.Context, int64) (int64, error)) g
 	}
 }
 
+// holdFor waits for the time the call's hold-ms metadata asks, or until
+// the caller cancels.
+func holdFor(ctx context.Context) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get("hold-ms"); len(v) == 1 {
+		if ms, err := strconv.Atoi(v[0]); err == nil && ms > 0 {
+			select {
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+	}
+}
+
+// uploadDesc is the Upload method: its message was charged before it was
+// unmarshaled; it holds it for hold-ms and returns its length.
+var uploadDesc = grpc.MethodDesc{
+	MethodName: "Upload",
+	Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+		in := new(wrapperspb.BytesValue)
+		if err := dec(in); err != nil {
+			return nil, err
+		}
+		call := func(ctx context.Context, req any) (any, error) {
+			b := req.(*wrapperspb.BytesValue).GetValue()
+			holdFor(ctx)
+			runtime.KeepAlive(b) // held, as by a handler that works on it
+			return wrapperspb.Int64(int64(len(b))), nil
+		}
+		if icpt == nil {
+			return call(ctx, in)
+		}
+		return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/" + ServiceName + "/Upload"}, call)
+	},
+}
+
 var storeDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*any)(nil),
@@ -285,6 +358,7 @@ var storeDesc = grpc.ServiceDesc{
 		unary("AllocWrapped", store.AllocWrapped),
 		unary("AllocUndercharged", store.AllocUndercharged),
 		unary("Hold", store.Hold),
+		uploadDesc,
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    "AllocStream",
@@ -299,6 +373,23 @@ var storeDesc = grpc.ServiceDesc{
 				return err
 			}
 			return ss.SendMsg(wrapperspb.Int64(int64(len(b))))
+		},
+	}, {
+		StreamName:    "UploadStream",
+		ClientStreams: true,
+		Handler: func(srv any, ss grpc.ServerStream) error {
+			var total int64
+			for {
+				in := new(wrapperspb.BytesValue)
+				err := ss.RecvMsg(in)
+				if err == io.EOF {
+					return ss.SendMsg(wrapperspb.Int64(total))
+				}
+				if err != nil {
+					return err // a refused message's error: code 8
+				}
+				total += int64(len(in.GetValue()))
+			}
 		},
 	}},
 }

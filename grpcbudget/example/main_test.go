@@ -47,6 +47,13 @@ type server struct {
 // and, when budget > 0, the interceptors with that per-call budget.
 func startServer(t testing.TB, pc limits.PoolConfig, budget int64) *server {
 	t.Helper()
+	return startServerWith(t, pc, budget, Options)
+}
+
+// startServerWith is startServer with the budget's options from options
+// (Options or InterceptorOptions).
+func startServerWith(t testing.TB, pc limits.PoolConfig, budget int64, options func(*limits.Pool, grpcbudget.Config) ([]grpc.ServerOption, error)) *server {
+	t.Helper()
 	pc.Name = "grpc"
 	pc.Logger = slog.New(slog.DiscardHandler)
 	pool, err := limits.NewPool(pc)
@@ -54,7 +61,7 @@ func startServer(t testing.TB, pc limits.PoolConfig, budget int64) *server {
 	t.Cleanup(pool.Close)
 	var opts []grpc.ServerOption
 	if budget > 0 {
-		opts, err = Options(pool, grpcbudget.Config{Limit: budget})
+		opts, err = options(pool, grpcbudget.Config{Limit: budget})
 		require.NoError(t, err)
 	}
 	srv := NewServer(opts...)
@@ -390,16 +397,21 @@ func TestConfigAndStatus(t *testing.T) {
 }
 
 // BenchmarkInterceptor: 1 KiB Alloc calls over loopback against the same
-// server with (impl=budget) and without (impl=plain) the interceptors;
-// compare with benchstat -col /impl.
+// server without the budget (impl=plain), with the interceptors alone
+// (impl=interceptors) and with grpcbudget.ServerOptions (impl=budget:
+// messages charged before they are unmarshaled); compare with benchstat
+// -col /impl.
 func BenchmarkInterceptor(b *testing.B) {
-	for _, impl := range []string{"plain", "budget"} {
+	for _, impl := range []string{"plain", "interceptors", "budget"} {
 		b.Run("impl="+impl, func(b *testing.B) {
-			budget := int64(0)
-			if impl == "budget" {
-				budget = 64 * mib
+			budget, options := int64(64*mib), Options
+			switch impl {
+			case "plain":
+				budget = 0
+			case "interceptors":
+				options = InterceptorOptions
 			}
-			s := startServer(b, limits.PoolConfig{Limit: 512 * mib}, budget)
+			s := startServerWith(b, limits.PoolConfig{Limit: 512 * mib}, budget, options)
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
@@ -411,14 +423,21 @@ func BenchmarkInterceptor(b *testing.B) {
 	}
 }
 
-// BenchmarkInterceptorRatio: the interceptors' cost as a ratio, measured so
+// BenchmarkInterceptorRatio: the budget's cost as a ratio, measured so
 // that the shared machine's drift cancels: each iteration makes one 1 KiB
-// Alloc call to the server without the interceptors and one to the same
-// server with them (alternating which goes first), timing each, and
-// reports the ratio of the sums (budget/plain).
+// Alloc call to the server without the budget and one to the same server
+// with it (alternating which goes first), timing each, and reports the
+// ratio of the sums (budget/plain). impl=budget is grpcbudget.ServerOptions
+// (messages charged before they are unmarshaled), impl=interceptors the
+// interceptors alone.
 func BenchmarkInterceptorRatio(b *testing.B) {
+	b.Run("impl=budget", func(b *testing.B) { benchRatio(b, Options) })
+	b.Run("impl=interceptors", func(b *testing.B) { benchRatio(b, InterceptorOptions) })
+}
+
+func benchRatio(b *testing.B, options func(*limits.Pool, grpcbudget.Config) ([]grpc.ServerOption, error)) {
 	plain := startServer(b, limits.PoolConfig{Limit: 512 * mib}, 0)
-	budget := startServer(b, limits.PoolConfig{Limit: 512 * mib}, 64*mib)
+	budget := startServerWith(b, limits.PoolConfig{Limit: 512 * mib}, 64*mib, options)
 	ctx := context.Background()
 	var tPlain, tBudget time.Duration
 	timed := func(s *server) time.Duration {

@@ -1,7 +1,13 @@
 // Package burst makes the allocation bursts that memctl's tests, demo and
 // benchmark harness measure: n bytes as 64 KiB []byte objects with every
-// page touched, so that all of them are resident.
+// page touched, so that all of them are resident; and the steady small
+// garbage of a serving process beside them (Garbage).
 package burst
+
+import (
+	"runtime"
+	"time"
+)
 
 // ObjectSize is the size of the objects a burst is made of: large objects
 // (over 32 KiB, so each has a span of its own), as the buffers of a real
@@ -25,4 +31,26 @@ func Alloc(n int64) [][]byte {
 		objs = append(objs, b)
 	}
 	return objs
+}
+
+// Garbage allocates about perSecond bytes a second as 1 KiB objects, in
+// steps every 10 ms, until stop is closed: the small garbage of a process
+// that serves requests, which brings GC cycles at its own pace. It returns
+// when stop is closed.
+func Garbage(perSecond int, stop <-chan struct{}) {
+	const every = 10 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var sink []byte
+	for {
+		select {
+		case <-stop:
+			runtime.KeepAlive(sink)
+			return
+		case <-tick.C:
+			for range perSecond / int(time.Second/every) / 1024 {
+				sink = make([]byte, 1024)
+			}
+		}
+	}
 }

@@ -1,6 +1,8 @@
 package cgroupfs
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/safefs"
 )
 
 // readFixture reads testdata/dir/{cgroup,mountinfo} with testdata/dir/root
@@ -227,12 +231,12 @@ func TestParseMountinfo(t *testing.T) {
 }
 
 func TestParseCgroup(t *testing.T) {
-	v1, v2, err := parseCgroup(strings.NewReader("5:cpu,memory:/a/b\n0::/c\n1:name=systemd:/d:e\n"), "cg")
+	v1, v2, err := parseCgroupFor(strings.NewReader("5:cpu,memory:/a/b\n0::/c\n1:name=systemd:/d:e\n"), "cg", "memory")
 	require.NoError(t, err)
 	assert.Equal(t, "/a/b", v1)
 	assert.Equal(t, "/c", v2)
 	for _, bad := range []string{"4:memory", "4:memory:a", ":memory:/a", "garbage"} {
-		_, _, err := parseCgroup(strings.NewReader(bad), "cg")
+		_, _, err := parseCgroupFor(strings.NewReader(bad), "cg", "memory")
 		assert.ErrorContains(t, err, "cgroupfs: cg: line 1: malformed", "%q", bad)
 	}
 }
@@ -349,4 +353,20 @@ func TestMalformedExcerpt(t *testing.T) {
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "\x1b")
 	assert.Less(t, len(err.Error()), 600)
+}
+
+// parseMountinfo is parseMountinfoFile on r.
+func parseMountinfo(r io.Reader, name string) ([]mount, error) {
+	p := newMountinfoParser(name)
+	sc := lines(r)
+	sc.Buffer(make([]byte, 0, 4096), safefs.MaxLine)
+	for sc.Scan() {
+		if err := p.line(sc.Text()); err != nil {
+			return nil, err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cgroupfs: %s: %w", name, err)
+	}
+	return p.mounts()
 }

@@ -13,29 +13,22 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// ErrNoThrottleCounter is matched (errors.Is) by the error of CPUStatFile
-// when the process has no CPU cgroup here, and of ParseThrottled when a
-// cpu.stat holds no throttled time (a v2 cgroup without the cpu
-// controller has a cpu.stat with only the usage fields).
+// ErrNoThrottleCounter is matched by the error of CPUStatFile when the
+// process has no CPU cgroup here, and of ParseThrottled when a cpu.stat
+// holds no throttled time (v2 without the cpu controller).
 var ErrNoThrottleCounter = errors.New("cgroupfs: no CPU throttling counter")
 
-// CPUStatFile returns the cpu.stat file of the CPU cgroup of the process
-// whose /proc/PID/cgroup and /proc/PID/mountinfo are cgroupFile and
-// mountinfoFile (root as in Read): the v1 cpu controller's cgroup when
-// cgroupFile lists it and it is mounted, else the v2 cgroup. The file
-// holds the kernel's count of the time the cgroup's CFS quota held it off
-// the CPU (see ParseThrottled). Only the process's own cgroup is named: a
-// quota set on an ancestor alone throttles the ancestor, whose counter is
-// not read. Errors name the file; when neither hierarchy is mounted the
-// error matches ErrNoThrottleCounter. It only reads files, so it is safe
-// for concurrent use.
+// CPUStatFile returns the cpu.stat file of the process's own CPU cgroup
+// (arguments as for Read): the v1 cpu controller's when listed and
+// mounted, else the v2 cgroup's. When neither is mounted the error matches
+// ErrNoThrottleCounter. Safe for concurrent use.
 func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
 	s, err := openSource(cgroupFile, mountinfoFile, root)
 	if err != nil {
 		return "", err
 	}
 	defer s.close()
-	v1, v2, err := s.parseCgroupFileFor(cgroupFile, "cpu")
+	v1, v2, err := s.parseCgroupFile(cgroupFile, "cpu")
 	if err != nil {
 		return "", err
 	}
@@ -64,31 +57,21 @@ func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
 	return "", fmt.Errorf("%w: %s", ErrNoThrottleCounter, strings.Join(why, "; "))
 }
 
-// ReadThrottled reads the cpu.stat file path (as CPUStatFile names it,
-// inside "/", through no symlink, at most safefs.MaxCgroupFile bytes) and
-// returns its throttled time; see ParseThrottled. Safe for concurrent use.
+// ReadThrottled reads the cpu.stat file path (readIn) and returns its
+// throttled time; see ParseThrottled. Safe for concurrent use.
 func ReadThrottled(path string) (time.Duration, error) {
-	d, err := safefs.OpenDir("/", safefs.InRoot|safefs.NoSymlinks)
+	b, err := readIn("/", path)
 	if err != nil {
-		return 0, fmt.Errorf("cgroupfs: %w", err)
-	}
-	defer d.Close()
-	d.FSTypes = FSTypes
-	b, err := d.ReadFile(path, safefs.MaxCgroupFile)
-	if err != nil {
-		return 0, fmt.Errorf("cgroupfs: %w", err)
+		return 0, err
 	}
 	return ParseThrottled(bytes.NewReader(b), path)
 }
 
-// ParseThrottled parses a cpu.stat file ("key value" lines) named name and
-// returns the cumulative time the CFS bandwidth controller held the cgroup
-// throttled, summed over CPUs: v1's throttled_time (nanoseconds,
-// Documentation/scheduler/sched-bwc.rst) or v2's throttled_usec
-// (microseconds, Documentation/admin-guide/cgroup-v2.rst). A file with
-// neither field gives an error matching ErrNoThrottleCounter; a malformed
-// line, a negative or overflowing value gives an error naming the file and
-// quoting the line.
+// ParseThrottled parses a cpu.stat file ("key value" lines) and returns
+// the time the CFS bandwidth controller held the cgroup throttled, summed
+// over CPUs: v1 throttled_time (ns, sched-bwc.rst) or v2 throttled_usec.
+// Neither gives ErrNoThrottleCounter; a malformed, negative or overflowing
+// value an error quoting the line.
 func ParseThrottled(r io.Reader, name string) (time.Duration, error) {
 	sc := lines(r)
 	n := 0

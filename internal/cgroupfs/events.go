@@ -6,37 +6,26 @@ import (
 	"io"
 	"iter"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// maxEventsFile bounds how much of a memory.events file is read: the kernel
-// writes six short lines (under 200 bytes); anything larger is not one.
+// maxEventsFile bounds a memory.events file: the kernel writes six short
+// lines.
 const maxEventsFile = 64 << 10
 
-// Events holds the counters of a cgroup v2 memory.events file (or
-// memory.events.local), as the kernel documents them in
-// Documentation/admin-guide/cgroup-v2.rst ("memory.events"). Each is a
-// count of events since the cgroup was created, never negative; a counter
-// the file does not have (an older kernel: oom_kill appeared in Linux 4.13,
-// oom_group_kill in 5.17) is -1, so that absent is never read as zero.
+// Events holds the counters of a cgroup v2 memory.events file
+// (cgroup-v2.rst "memory.events"): counts since the cgroup was created; a
+// counter the file lacks (oom_kill before Linux 4.13, oom_group_kill
+// before 5.17) is -1, never read as zero.
 type Events struct {
-	// Low counts reclaims of the cgroup while its usage was under
-	// memory.low (its protection was not enough).
-	Low int64
-	// High counts the times usage went over memory.high and the cgroup's
-	// processes were throttled and made to reclaim.
-	High int64
-	// Max counts the times usage was about to go over memory.max; when
-	// direct reclaim fails to get it back under, the OOM killer runs.
-	Max int64
-	// OOM counts the times usage reached the limit and allocation failed
-	// (the OOM killer was considered).
-	OOM int64
-	// OOMKill counts processes of the cgroup killed by any OOM killer.
-	OOMKill int64
-	// OOMGroupKill counts group OOM kills (memory.oom.group).
-	OOMGroupKill int64
+	Low          int64 // reclaims while under memory.low
+	High         int64 // times over memory.high, throttled
+	Max          int64 // times about to go over memory.max
+	OOM          int64 // times the limit was reached and allocation failed
+	OOMKill      int64 // processes killed by an OOM killer
+	OOMGroupKill int64 // group OOM kills (memory.oom.group)
 }
 
 // eventKeys are the counters Events holds, in the kernel's order.
@@ -55,26 +44,14 @@ func (e Events) All() iter.Seq2[string, int64] {
 }
 
 func (e *Events) field(key string) *int64 {
-	switch key {
-	case "low":
-		return &e.Low
-	case "high":
-		return &e.High
-	case "max":
-		return &e.Max
-	case "oom":
-		return &e.OOM
-	case "oom_kill":
-		return &e.OOMKill
-	case "oom_group_kill":
-		return &e.OOMGroupKill
+	if i := slices.Index(eventKeys[:], key); i >= 0 {
+		return [...]*int64{&e.Low, &e.High, &e.Max, &e.OOM, &e.OOMKill, &e.OOMGroupKill}[i]
 	}
 	return nil
 }
 
-// ReadEvents reads and parses the memory.events file at path (for example
-// "/sys/fs/cgroup/app.slice/memory.events"); see ParseEvents. The error
-// names path. It only reads, so it is safe for concurrent use.
+// ReadEvents reads and parses the memory.events file at path; see
+// ParseEvents. Safe for concurrent use.
 func ReadEvents(path string) (Events, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -84,12 +61,10 @@ func ReadEvents(path string) (Events, error) {
 	return ParseEvents(f, path)
 }
 
-// ParseEvents parses cgroup v2 memory.events lines ("key count", one space,
-// decimal counts) from r; name is used in errors. Keys it does not know
-// (a newer kernel's) are skipped; a known key without a count, with a
-// count that is not plain decimal digits or overflows int64, or given twice
-// is an error that names name and the line; so is a file with none of the
-// known keys, or one over 64 KiB. On error every counter is -1.
+// ParseEvents parses memory.events lines ("key count") from r; name is
+// used in errors. Unknown keys are skipped; a known key without a decimal
+// count in int64, or given twice, none of the known keys, or over 64 KiB
+// is an error naming the line, with every counter -1.
 func ParseEvents(r io.Reader, name string) (Events, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxEventsFile+1))
 	if err != nil {

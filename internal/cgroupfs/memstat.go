@@ -11,64 +11,27 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// MemoryStat holds the figures of a cgroup's memory.stat file that tell
-// what the cgroup is charged for: anonymous memory, page cache, shmem and
-// tmpfs, and kernel memory. Every figure is in bytes, never negative; a
-// figure the file does not have (a v1 file has no kernel-memory lines, an
-// older kernel lacks some v2 lines) is -1, so that absent is never read as
-// zero.
-//
-// The field names are the kernel's:
-//
-//   - cgroup v2: Documentation/admin-guide/cgroup-v2.rst, "memory.stat".
-//     The figures are hierarchical (the cgroup and its descendants).
-//   - cgroup v1: Documentation/admin-guide/cgroup-v1/memory.rst, section
-//     5.2 "stat file". A plain line ("rss") counts the cgroup's own pages,
-//     its "total_" twin ("total_rss") the cgroup and its descendants
-//     (hierarchical); the total_ line is taken when the file has it.
-//
-// The zero value is not a parsed file (every figure 0); see ParseMemoryStat.
+// MemoryStat holds the figures of a cgroup's memory.stat that tell what
+// the cgroup is charged for, in bytes, under the kernel's names
+// (Documentation/admin-guide/cgroup-v2.rst "memory.stat"; cgroup-v1/
+// memory.rst 5.2, where a "total_" line, hierarchical, wins over its plain
+// twin). A figure the file does not have is -1, never read as zero. The
+// zero value is not a parsed file; see ParseMemoryStat.
 type MemoryStat struct {
-	// Version is the cgroup version whose names the file uses: 1 (v1
-	// "rss"/"cache") or 2 (v2 "anon"/"file").
-	Version int
-	// Anon is anonymous memory, not shmem: v2 "anon" ("anonymous mappings
-	// such as brk(), sbrk(), and mmap(MAP_ANONYMOUS)"), v1 "rss" ("anonymous
-	// and swap cache memory (includes transparent hugepages)").
-	Anon int64
-	// File is all file-backed memory, shmem and tmpfs included: v2 "file"
-	// ("filesystem data, including tmpfs and shared memory"), v1 "cache"
-	// ("page cache, including tmpfs (shmem)").
-	File int64
-	// Shmem is shmem, tmpfs and shared anonymous mappings (v2 and v1
-	// "shmem"). It is part of File but lives on the anon LRU lists: it is
-	// not reclaimed unless swapped out.
-	Shmem int64
-	// ActiveFile and InactiveFile are the file-backed pages on the file
-	// LRU lists ("active_file", "inactive_file"): the page cache the
-	// kernel reclaims under pressure. Shmem is not on these lists.
-	ActiveFile, InactiveFile int64
-	// ActiveAnon and InactiveAnon are the anon LRU lists ("active_anon",
-	// "inactive_anon"), shmem included.
-	ActiveAnon, InactiveAnon int64
-	// Unevictable is memory that cannot be reclaimed at all
-	// ("unevictable": mlocked pages, ramfs, SHM_LOCK).
-	Unevictable int64
-	// Kernel is v2 "kernel", all kernel memory (Linux 5.18 and later).
-	Kernel int64
-	// SlabReclaimable and SlabUnreclaimable are v2 "slab_reclaimable"
-	// (dentries, inodes) and "slab_unreclaimable".
-	SlabReclaimable, SlabUnreclaimable int64
-	// KernelStack, PageTables, SecPageTables, Percpu, Sock and Vmalloc are
-	// the v2 lines of the same names ("kernel_stack", "pagetables",
-	// "sec_pagetables", "percpu", "sock", "vmalloc"): kernel memory the
-	// kernel cannot reclaim.
+	Version                  int   // 1 ("rss"/"cache" names) or 2 ("anon"/"file")
+	Anon                     int64 // v2 "anon", v1 "rss": anonymous memory, not shmem
+	File                     int64 // v2 "file", v1 "cache": file-backed, shmem and tmpfs included
+	Shmem                    int64 // "shmem": part of File, on the anon LRU lists
+	ActiveFile, InactiveFile int64 // the file LRU lists: page cache the kernel reclaims
+	ActiveAnon, InactiveAnon int64 // the anon LRU lists, shmem included
+	Unevictable              int64 // mlocked pages, ramfs, SHM_LOCK
+	// The v2 kernel-memory lines: "kernel" (all of it, Linux 5.18+),
+	// "slab_reclaimable", "slab_unreclaimable", "kernel_stack",
+	// "pagetables", "sec_pagetables", "percpu", "sock", "vmalloc".
+	Kernel, SlabReclaimable, SlabUnreclaimable                    int64
 	KernelStack, PageTables, SecPageTables, Percpu, Sock, Vmalloc int64
-	// Hugetlb is v2 "hugetlb", HugeTLB pages charged to the cgroup: the
-	// line is there only when the cgroup2 hierarchy is mounted with
-	// memory_hugetlb_accounting (Linux 6.6 and later), which charges them
-	// to memory.current. They are in neither Anon nor File, and are never
-	// reclaimed.
+	// Hugetlb is v2 "hugetlb" (with memory_hugetlb_accounting, Linux
+	// 6.6+): in neither Anon nor File, never reclaimed.
 	Hugetlb int64
 }
 
@@ -79,19 +42,11 @@ func (m MemoryStat) Reclaimable() int64 {
 	return sumKnown(m.ActiveFile, m.InactiveFile)
 }
 
-// KernelUnreclaimable returns the kernel memory the cgroup is charged for
-// that the kernel cannot reclaim, in bytes. With a "kernel" line (Linux
-// 5.18 and later) it is Kernel − SlabReclaimable + Sock: "kernel" is all the
-// kernel memory charged to the cgroup (every __GFP_ACCOUNT allocation and
-// object: slab, stacks, page tables, per-cpu, vmalloc, zswap's compressed
-// pages, pipe buffers and the rest that has no line of its own), and socket
-// buffers are charged beside it, not in it (mm/memcontrol.c: MEMCG_KMEM is
-// counted by memcg_account_kmem, MEMCG_SOCK by mem_cgroup_charge_skmem).
-// Without it (older kernels), the sum of the lines there are:
-// SlabUnreclaimable + KernelStack + PageTables + SecPageTables + Percpu +
-// Vmalloc + Sock, the absent ones left out; -1 when all are absent (a v1
-// file, whose kernel memory is in memory.kmem.usage_in_bytes, not
-// memory.stat).
+// KernelUnreclaimable returns the kernel memory charged to the cgroup that
+// the kernel cannot reclaim, in bytes: Kernel − SlabReclaimable + Sock
+// (sockets are charged beside "kernel", mm/memcontrol.c), or without a
+// "kernel" line the sum of the unreclaimable lines there are; -1 when all
+// are absent (v1: see ReadKmemUsage).
 func (m MemoryStat) KernelUnreclaimable() int64 {
 	if m.Kernel >= 0 {
 		return max(m.Kernel-max(m.SlabReclaimable, 0), 0) + max(m.Sock, 0)
@@ -99,14 +54,10 @@ func (m MemoryStat) KernelUnreclaimable() int64 {
 	return sumKnown(m.SlabUnreclaimable, m.KernelStack, m.PageTables, m.SecPageTables, m.Percpu, m.Vmalloc, m.Sock)
 }
 
-// FileUnreclaimable returns the file-backed memory the cgroup is charged
-// for that is on neither file LRU list, so the kernel cannot reclaim it as
-// page cache, in bytes: File − ActiveFile − InactiveFile, and never less
-// than Shmem. That is shmem and tmpfs (on the anon lists), ramfs and other
-// unevictable file pages (mlocked files, SHM_LOCK; ramfs writes its pages
-// as "cache"/"file" and "unevictable", not "shmem"), and the few pages off
-// the lists for a moment (isolated for reclaim or migration). Without the
-// LRU lines it is Shmem; -1 when the file has none of these lines.
+// FileUnreclaimable returns the file-backed memory on neither file LRU list
+// (shmem, tmpfs, ramfs, mlocked files), which the kernel cannot reclaim as
+// page cache, in bytes: File − ActiveFile − InactiveFile, never less than
+// Shmem; Shmem without the LRU lines; -1 when the file has none of them.
 func (m MemoryStat) FileUnreclaimable() int64 {
 	if m.File >= 0 && m.ActiveFile >= 0 && m.InactiveFile >= 0 {
 		return max(m.File-m.ActiveFile-m.InactiveFile, m.Shmem, 0)
@@ -138,63 +89,40 @@ func missingMemoryStat() MemoryStat {
 	}
 }
 
-// field returns the figure of m for a memory.stat key without any
-// "total_" prefix, and the version whose name it is (0 for both).
-func (m *MemoryStat) field(key string) (*int64, int) {
-	switch key {
-	case "anon":
-		return &m.Anon, 2
-	case "rss":
-		return &m.Anon, 1
-	case "file":
-		return &m.File, 2
-	case "cache":
-		return &m.File, 1
-	case "shmem":
-		return &m.Shmem, 0
-	case "active_file":
-		return &m.ActiveFile, 0
-	case "inactive_file":
-		return &m.InactiveFile, 0
-	case "active_anon":
-		return &m.ActiveAnon, 0
-	case "inactive_anon":
-		return &m.InactiveAnon, 0
-	case "unevictable":
-		return &m.Unevictable, 0
-	case "kernel":
-		return &m.Kernel, 2
-	case "slab_reclaimable":
-		return &m.SlabReclaimable, 2
-	case "slab_unreclaimable":
-		return &m.SlabUnreclaimable, 2
-	case "kernel_stack":
-		return &m.KernelStack, 2
-	case "pagetables":
-		return &m.PageTables, 2
-	case "sec_pagetables":
-		return &m.SecPageTables, 2
-	case "percpu":
-		return &m.Percpu, 2
-	case "sock":
-		return &m.Sock, 2
-	case "vmalloc":
-		return &m.Vmalloc, 2
-	case "hugetlb":
-		return &m.Hugetlb, 2
-	}
-	return nil, 0
+// statFields maps each memory.stat key MemoryStat holds, without any
+// "total_" prefix, to its figure and the version whose name it is (0: both).
+var statFields = map[string]struct {
+	p   func(*MemoryStat) *int64
+	ver int
+}{
+	"anon":               {func(m *MemoryStat) *int64 { return &m.Anon }, 2},
+	"rss":                {func(m *MemoryStat) *int64 { return &m.Anon }, 1},
+	"file":               {func(m *MemoryStat) *int64 { return &m.File }, 2},
+	"cache":              {func(m *MemoryStat) *int64 { return &m.File }, 1},
+	"shmem":              {func(m *MemoryStat) *int64 { return &m.Shmem }, 0},
+	"active_file":        {func(m *MemoryStat) *int64 { return &m.ActiveFile }, 0},
+	"inactive_file":      {func(m *MemoryStat) *int64 { return &m.InactiveFile }, 0},
+	"active_anon":        {func(m *MemoryStat) *int64 { return &m.ActiveAnon }, 0},
+	"inactive_anon":      {func(m *MemoryStat) *int64 { return &m.InactiveAnon }, 0},
+	"unevictable":        {func(m *MemoryStat) *int64 { return &m.Unevictable }, 0},
+	"kernel":             {func(m *MemoryStat) *int64 { return &m.Kernel }, 2},
+	"slab_reclaimable":   {func(m *MemoryStat) *int64 { return &m.SlabReclaimable }, 2},
+	"slab_unreclaimable": {func(m *MemoryStat) *int64 { return &m.SlabUnreclaimable }, 2},
+	"kernel_stack":       {func(m *MemoryStat) *int64 { return &m.KernelStack }, 2},
+	"pagetables":         {func(m *MemoryStat) *int64 { return &m.PageTables }, 2},
+	"sec_pagetables":     {func(m *MemoryStat) *int64 { return &m.SecPageTables }, 2},
+	"percpu":             {func(m *MemoryStat) *int64 { return &m.Percpu }, 2},
+	"sock":               {func(m *MemoryStat) *int64 { return &m.Sock }, 2},
+	"vmalloc":            {func(m *MemoryStat) *int64 { return &m.Vmalloc }, 2},
+	"hugetlb":            {func(m *MemoryStat) *int64 { return &m.Hugetlb }, 2},
 }
 
-// ParseMemoryStat parses a cgroup memory.stat file (v1 or v2, see
-// MemoryStat) from r; name is used in errors. Every line must be "key
-// value": a key of lower-case letters, digits and '_', one space, a value
-// in decimal digits (the kernel writes no other kind); keys MemoryStat does not hold are skipped. In a v1 file a
-// "total_" line wins over its plain twin, whatever their order. A line of
-// another shape, a value of a held key over math.MaxInt64, a held key
-// given twice, v1 and v2 names mixed, a file with neither "anon" nor "rss",
-// or one over safefs.MaxCgroupFile bytes is an error that names name and
-// the line; every figure is then -1.
+// ParseMemoryStat parses a memory.stat file from r; name is used in
+// errors. Each line is "key value" (key: [a-z0-9_], value: decimal);
+// unknown keys are skipped. Another shape, a value over math.MaxInt64, a
+// key given twice, v1 and v2 names mixed, neither "anon" nor "rss", or over
+// safefs.MaxCgroupFile bytes is an error naming the line, with every
+// figure -1.
 func ParseMemoryStat(r io.Reader, name string) (MemoryStat, error) {
 	b, err := io.ReadAll(io.LimitReader(r, safefs.MaxCgroupFile+1))
 	if err != nil {
@@ -230,10 +158,11 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 		}
 		seen[key] = true
 		base, total := strings.CutPrefix(key, "total_")
-		p, ver := m.field(base)
-		if p == nil || (total && ver == 2) {
+		f, ok := statFields[base]
+		if !ok || (total && f.ver == 2) {
 			continue // v2 has no total_ lines: total_anon is not anon
 		}
+		p, ver := f.p(&m), f.ver
 		v, err := strconv.ParseInt(val, 10, 64)
 		if err != nil {
 			return fail("line %d: value out of range: %s", n, safefs.Quote(line))
@@ -277,86 +206,67 @@ func isStatKey(s string) bool {
 	return true
 }
 
-// ReadMemoryStat reads and parses the memory.stat file of the cgroup
-// directory dir (for example "/sys/fs/cgroup/memory/app", v1, or
-// "/sys/fs/cgroup/app.slice", v2); see ParseMemoryStat. The file is read
-// through package safefs (no symlink, regular files of a cgroup file system
-// only, at most safefs.MaxCgroupFile bytes). The error names the file and
-// matches fs.ErrNotExist when it is absent (the memory controller not
-// enabled for dir, or the v2 root on an old kernel). It only reads, so it
-// is safe for concurrent use.
-func ReadMemoryStat(dir string) (MemoryStat, error) {
-	file := filepath.Join(dir, "memory.stat")
+// readIn reads the file name of the cgroup directory dir inside "/",
+// through no symlink, only from a cgroup file system, at most
+// safefs.MaxCgroupFile bytes; the error matches fs.ErrNotExist when the
+// file is absent.
+func readIn(dir, name string) ([]byte, error) {
 	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
-		return missingMemoryStat(), fmt.Errorf("cgroupfs: %w", err)
+		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer d.Close()
 	d.FSTypes = FSTypes
-	b, err := d.ReadFile("memory.stat", safefs.MaxCgroupFile)
+	b, err := d.ReadFile(name, safefs.MaxCgroupFile)
 	if err != nil {
-		return missingMemoryStat(), fmt.Errorf("cgroupfs: %w", err)
+		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
-	return parseMemoryStat(b, file)
+	return b, nil
 }
 
-// ReadKmemUsage reads the cgroup v1 memory.kmem.usage_in_bytes of the
-// cgroup directory dir: the kernel memory charged to the cgroup and its
-// descendants (slab, kernel stacks, page tables), in bytes, which v1's
-// memory.stat does not break down (Documentation/admin-guide/cgroup-v1/
-// memory.rst, 2.7 "Kernel Memory Extension"). It includes reclaimable slab
-// (dentries, inodes), so as an estimate of what the kernel cannot reclaim it
-// errs high. The file is read as ReadMemoryStat reads memory.stat; the error
-// names it and matches fs.ErrNotExist when it is absent (a kernel built
-// without kmem accounting, or v2). Safe for concurrent use.
+// ReadMemoryStat reads and parses the memory.stat of the cgroup directory
+// dir (readIn); see ParseMemoryStat. Safe for concurrent use.
+func ReadMemoryStat(dir string) (MemoryStat, error) {
+	b, err := readIn(dir, "memory.stat")
+	if err != nil {
+		return missingMemoryStat(), err
+	}
+	return parseMemoryStat(b, filepath.Join(dir, "memory.stat"))
+}
+
+// ReadKmemUsage reads the v1 memory.kmem.usage_in_bytes of the cgroup
+// directory dir (readIn): kernel memory charged to the cgroup and its
+// descendants, in bytes, reclaimable slab included, so it errs high
+// (cgroup-v1/memory.rst 2.7). Safe for concurrent use.
 func ReadKmemUsage(dir string) (int64, error) {
-	file := filepath.Join(dir, "memory.kmem.usage_in_bytes")
-	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
+	b, err := readIn(dir, "memory.kmem.usage_in_bytes")
 	if err != nil {
-		return 0, fmt.Errorf("cgroupfs: %w", err)
+		return 0, err
 	}
-	defer d.Close()
-	d.FSTypes = FSTypes
-	b, err := d.ReadFile("memory.kmem.usage_in_bytes", safefs.MaxCgroupFile)
-	if err != nil {
-		return 0, fmt.Errorf("cgroupfs: %w", err)
-	}
-	return ParseKmemUsage(string(b), file)
+	return ParseKmemUsage(string(b), filepath.Join(dir, "memory.kmem.usage_in_bytes"))
 }
 
 // ReadUsage reads the memory charged to the cgroup directory dir and its
-// descendants, in bytes: v1's memory.usage_in_bytes (kernel memory
-// included) or v2's memory.current (version 2), the counter the kernel
-// compares with the limit (cgroup-v1/memory.rst 5.5, cgroup-v2.rst
-// "memory.current"). It counts the page cache too, so as an estimate of
-// what the kernel cannot reclaim it errs high: it stands in for
-// memory.stat when that cannot be read. The file is read as ReadMemoryStat
-// reads memory.stat; the error names it and matches fs.ErrNotExist when it
-// is absent. Safe for concurrent use.
+// descendants, in bytes: v1's memory.usage_in_bytes or v2's memory.current,
+// page cache included (readIn); it returns the file's path. Safe for
+// concurrent use.
 func ReadUsage(version int, dir string) (int64, string, error) {
 	name := "memory.usage_in_bytes"
 	if version == 2 {
 		name = "memory.current"
 	}
 	file := filepath.Join(dir, name)
-	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
+	b, err := readIn(dir, name)
 	if err != nil {
-		return 0, file, fmt.Errorf("cgroupfs: %w", err)
-	}
-	defer d.Close()
-	d.FSTypes = FSTypes
-	b, err := d.ReadFile(name, safefs.MaxCgroupFile)
-	if err != nil {
-		return 0, file, fmt.Errorf("cgroupfs: %w", err)
+		return 0, file, err
 	}
 	n, err := ParseKmemUsage(string(b), file)
 	return n, file, err
 }
 
-// ParseKmemUsage parses the value of a memory.kmem.usage_in_bytes file, or
-// of any cgroup usage counter (memory.usage_in_bytes, memory.current):
-// decimal bytes and a newline; name is used in errors. Anything else, or a
-// value over math.MaxInt64, is an error that quotes it.
+// ParseKmemUsage parses a cgroup usage counter (memory.kmem.usage_in_bytes,
+// memory.usage_in_bytes, memory.current): decimal bytes and a newline;
+// anything else is an error naming name and quoting it.
 func ParseKmemUsage(s, name string) (int64, error) {
 	v := strings.TrimSuffix(s, "\n")
 	if !isDecimal(v) {

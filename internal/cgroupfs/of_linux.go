@@ -10,12 +10,9 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// Of returns the memory limit of the cgroup process pid is in (0 means the
-// calling process), from /proc/PID/cgroup, /proc/PID/mountinfo and the
-// cgroup files; see Read and OfProc. When the process is in another mount
-// namespace (a container), Limit.Dir and Limit.File start with
-// /proc/PID/root. Reading another user's process may need root. Errors
-// name the file; see Read.
+// Of returns the memory limit of the cgroup process pid is in (0: the
+// caller); see OfProc. In another mount namespace, Limit.Dir and
+// Limit.File start with /proc/PID/root.
 func Of(pid int) (Limit, error) {
 	name := "/proc/self"
 	if pid != 0 {
@@ -31,25 +28,17 @@ func Of(pid int) (Limit, error) {
 }
 
 // OfProc is Of for the process whose /proc/PID directory proc is (opened
-// with safefs.OpenDir("/proc/PID", safefs.NoSymlinks)): it reads "cgroup"
-// and "mountinfo" in proc, and the cgroup files inside proc's "root" (the
-// process's root directory) through no symlink, only on a cgroup file
-// system (FSTypes), with proc's Timeout. A
-// Dir pinned on /proc/PID keeps reading the same process: once it exits,
-// reads fail (ENOENT or ESRCH) even when its PID is reused.
+// with safefs.NoSymlinks; once the process exits, reads fail even when its
+// PID is reused). It reads cgroup and mountinfo in proc, and the cgroup
+// files inside proc's "root", through no symlink, on a cgroup file system
+// only, with proc's Timeout; see Read.
 //
-// A cgroup v2 hierarchy whose cgroup has no memory controller
-// (cgroup.controllers without "memory") and no limit above it is not taken
-// as "no limit": OfProc looks for the v1 memory cgroup of the process
-// instead, in the caller's mount namespace (ViewCaller), and when there is
-// none returns an error matching ErrNoCgroup that says so.
-//
-// A process in the caller's mount namespace whose root (a chroot) shows no
-// cgroup mount (an empty mountinfo, or no mount of its hierarchy) is read in
-// the caller's mountinfo and root instead (ViewCallerRoot): the same mounts,
-// seen from the caller's root. A process in another mount namespace whose
-// view shows no mount of its hierarchy is read in the caller's mount
-// namespace (ViewCaller), as for the hybrid case above.
+// It reads in the caller's mount namespace instead (ViewCaller) where the
+// process's v2 hierarchy has no memory controller (a hybrid host: the v1
+// memory cgroup, or an error matching ErrNoCgroup) or its mount namespace
+// shows no mount of its hierarchy; and in the caller's root
+// (ViewCallerRoot) for a process chrooted in the caller's mount namespace.
+// Nothing the process arranged is trusted then.
 func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
@@ -68,24 +57,18 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	}
 	l, err := s.read()
 	chrooted := errors.Is(err, errEmptyMountinfo) || errors.Is(err, ErrNoCgroup) && !errors.Is(err, errNoV2Memory)
-	if rootName == "" && chrooted {
-		// The same mount namespace, and the process's root shows no
-		// cgroup mount (chrooted): the same mounts, read in the caller's
-		// root. When the caller finds none either, the process's own
-		// error stands.
-		if c, err2 := callerLimit(proc); err2 == nil {
-			return c, ViewCallerRoot, nil
+	if chrooted {
+		// No mount of the hierarchy in the process's view: its
+		// /proc/PID/cgroup, relative to the caller's cgroup namespace, is
+		// read in the caller's mounts (and root, in the same mount
+		// namespace: chrooted). When the caller finds none either, the
+		// process's error stands.
+		view := ViewCaller
+		if rootName == "" {
+			view = ViewCallerRoot
 		}
-		return l, ViewProcess, err
-	}
-	if rootName != "" && chrooted {
-		// Another mount namespace whose view shows no mount of the
-		// process's hierarchy (a container without /sys/fs/cgroup, or a
-		// chroot in one): its /proc/PID/cgroup, which the kernel writes
-		// relative to the caller's cgroup namespace, is found in the
-		// caller's own mounts. Nothing the process arranged is read.
 		if c, err2 := callerLimit(proc); err2 == nil {
-			return c, ViewCaller, nil
+			return c, view, nil
 		}
 		return l, ViewProcess, err
 	}
@@ -128,13 +111,9 @@ func callerLimit(proc *safefs.Dir) (Limit, error) {
 }
 
 // sameMountNS reports whether the process of proc is in the caller's mount
-// namespace (then Limit paths need no /proc/PID/root prefix).
-//
-// The process's link can be unreadable for a moment (EACCES while it is in
-// execve, as a wrapper that execs its program is right after start): the
-// read is tried a few times over about 50 ms; when it still fails the
-// answer is false, and the paths keep the /proc/PID/root prefix, which is
-// longer but still right.
+// namespace. Its link can be unreadable for a moment (EACCES during
+// execve): the read is tried over about 50 ms, then the answer is false
+// (the paths keep a /proc/PID/root prefix, longer but still right).
 func sameMountNS(proc *safefs.Dir) bool {
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {

@@ -1,7 +1,6 @@
 package cgroupfs
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,9 +12,8 @@ import (
 
 // source is where Read finds its files: cgroupRel in proc, mountinfoRel
 // in mountinfo (cgroupFile and mountinfoFile name them in messages), and the
-// cgroup files, whose paths start with rootName (the root Read was given,
-// prefixed to Limit.Dir and Limit.File), in root (opened from rootPath on
-// first use when nil).
+// cgroup files, whose paths start with rootName (prefixed to Limit.Dir and
+// Limit.File), in root (opened from rootPath on first use when nil).
 type source struct {
 	proc, mountinfo           *safefs.Dir
 	cgroupRel, mountinfoRel   string
@@ -23,14 +21,10 @@ type source struct {
 	root                      *safefs.Dir
 	rootPath, rootName        string
 	owned                     []*safefs.Dir // closed by close
-	// pid is the process's PID in the reader's PID namespace, used to
-	// find its cgroup under a mount whose root lies above its cgroup
-	// namespace (resolve); 0 when not known (a fixture).
-	pid int
+	pid                       int           // for resolve; 0 when not known
 }
 
-// pidOf returns the PID of /proc/PID/cgroup file name ("/proc/self/cgroup":
-// the caller's), or 0 when name is not such a file.
+// pidOf returns the PID of /proc/PID/cgroup file name, 0 when it is none.
 func pidOf(name string) int {
 	rest, ok := strings.CutPrefix(filepath.Clean(name), "/proc/")
 	if !ok {
@@ -76,19 +70,6 @@ func openSource(cgroupFile, mountinfoFile, root string) (*source, error) {
 	return s, nil
 }
 
-// rootDir returns s.root, opening it on first use.
-func (s *source) rootDir() (*safefs.Dir, error) {
-	if s.root == nil {
-		r, err := safefs.OpenDir(s.rootPath, safefs.InRoot|safefs.NoSymlinks)
-		if err != nil {
-			return nil, err
-		}
-		s.owned = append(s.owned, r)
-		s.root = r
-	}
-	return s.root, nil
-}
-
 func (s *source) close() {
 	for _, d := range s.owned {
 		d.Close()
@@ -96,39 +77,36 @@ func (s *source) close() {
 	s.owned = nil
 }
 
-// rel returns path, which starts with s.rootName, as a name in s.root.
-func (s *source) rel(path string) (string, error) {
-	if s.rootName == "" {
-		return path, nil
-	}
+// at returns s.root, opened on first use, and path, which starts with
+// s.rootName (as in Limit.File), as a name in it.
+func (s *source) at(path string) (*safefs.Dir, string, error) {
 	rel, ok := strings.CutPrefix(path, s.rootName)
-	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
-		return "", fmt.Errorf("%s is not under %s", safefs.Quote(path), safefs.Quote(s.rootName))
+	if !ok || (s.rootName != "" && rel != "" && !strings.HasPrefix(rel, "/")) {
+		return nil, "", fmt.Errorf("%s is not under %s", safefs.Quote(path), safefs.Quote(s.rootName))
 	}
-	return rel, nil
+	if s.root == nil {
+		r, err := safefs.OpenDir(s.rootPath, safefs.InRoot|safefs.NoSymlinks)
+		if err != nil {
+			return nil, "", err
+		}
+		s.owned = append(s.owned, r)
+		s.root = r
+	}
+	return s.root, rel, nil
 }
 
-// readFile reads the cgroup file path (root-prefixed, as in Limit.File),
-// at most safefs.MaxCgroupFile bytes.
+// readFile reads the cgroup file path, at most safefs.MaxCgroupFile bytes.
 func (s *source) readFile(path string) ([]byte, error) {
-	rel, err := s.rel(path)
-	if err != nil {
-		return nil, err
-	}
-	root, err := s.rootDir()
+	root, rel, err := s.at(path)
 	if err != nil {
 		return nil, err
 	}
 	return root.ReadFile(rel, safefs.MaxCgroupFile)
 }
 
-// stat returns nil when the cgroup directory dir (root-prefixed) exists.
+// stat returns nil when the cgroup directory dir exists.
 func (s *source) stat(dir string) error {
-	rel, err := s.rel(dir)
-	if err != nil {
-		return err
-	}
-	root, err := s.rootDir()
+	root, rel, err := s.at(dir)
 	if err != nil {
 		return err
 	}
@@ -139,32 +117,10 @@ func (s *source) stat(dir string) error {
 type View int
 
 const (
-	// ViewProcess: the process's own, through /proc/PID/root, as the
-	// process sees its cgroup files.
-	ViewProcess View = iota
-	// ViewCaller: the caller's own mount namespace. OfProc reads there
-	// when the process's namespace shows a cgroup v2 hierarchy without
-	// the memory controller and no v1 memory hierarchy (a hybrid host
-	// whose container mounts only cgroup2), while /proc/PID/cgroup lists
-	// the process's v1 memory cgroup, or when the process is in another
-	// mount namespace that shows no mount of its cgroup's hierarchy at
-	// all (a container without /sys/fs/cgroup): the caller's
-	// /proc/PID/cgroup paths are relative to the caller's cgroup
-	// namespace, so they are found in the caller's mounts.
-	ViewCaller
-	// ViewCallerRoot: the caller's own mount namespace and root, for a
-	// process in the same mount namespace whose root directory (a chroot)
-	// shows no cgroup mount: its mountinfo is empty, or lists no mount of
-	// its cgroup's hierarchy. The mounts are the same ones, so the
-	// caller's view reads the same cgroup files, and trusts nothing the
-	// process could arrange inside its root.
-	ViewCallerRoot
+	ViewProcess    View = iota // the process's own, through /proc/PID/root
+	ViewCaller                 // the caller's mount namespace (see OfProc)
+	ViewCallerRoot             // the caller's mount namespace and root: a chrooted process
 )
 
-// errEmptyMountinfo is matched by the error of a mountinfo with no line,
-// which a chrooted process has when no mount point lies under its root.
-var errEmptyMountinfo = errors.New("empty")
-
-// FSTypes are the file systems of cgroup files (safefs.Dir.FSTypes): cgroup
-// v1 and v2.
+// FSTypes are the file systems of cgroup files, v1 and v2 (safefs.Dir.FSTypes).
 var FSTypes = []int64{safefs.CgroupMagic, safefs.Cgroup2Magic}

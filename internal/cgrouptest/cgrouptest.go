@@ -20,14 +20,12 @@ import (
 	"os"
 	"testing"
 	"time"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // Group is one child memory cgroup with a limit: Dir, Version and Limit,
 // Wrap to run a command inside it and OOMKills to read its OOM kill count.
 type Group struct {
-	*cgroupfs.Child
+	*Child
 }
 
 // New creates a child memory cgroup with the given limit in bytes and removes
@@ -35,7 +33,7 @@ type Group struct {
 // possible here.
 func New(t testing.TB, limit int64) *Group {
 	t.Helper()
-	parent, err := cgroupfs.WritableParent()
+	parent, err := WritableParent()
 	if err != nil {
 		t.Skipf("cgrouptest: no writable memory cgroup: %v", err)
 	}

@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // RequireV2 skips t, naming the reason, unless this process can make child
@@ -25,7 +23,7 @@ import (
 // holds; on a cgroup v1 host they skip.
 func RequireV2(t testing.TB) string {
 	t.Helper()
-	p, err := cgroupfs.WritableParent()
+	p, err := WritableParent()
 	if err != nil {
 		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): %v", err)
 	}
@@ -81,7 +79,7 @@ func NewV2(t testing.TB, l Layout, limit int64) *V2 {
 	g := &V2{Layout: l, Top: top, Dir: filepath.Join(top, "c"), Limit: limit, Mount: mnt}
 	t.Cleanup(func() {
 		for _, d := range []string{g.Dir, g.Top} {
-			if err := (&cgroupfs.Child{Dir: d, Version: 2}).Remove(); err != nil {
+			if err := (&Child{Dir: d, Version: 2}).Remove(); err != nil {
 				t.Errorf("cgrouptest: %v", err)
 			}
 		}

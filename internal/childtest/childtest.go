@@ -91,6 +91,35 @@ func Report(t testing.TB, cmd *exec.Cmd) map[string]string {
 	return ParseReport(stdout.Bytes())
 }
 
+// Reports runs cmds at the same time, as Report runs one: a control arm
+// beside the arm it is compared with sees the same machine. It waits for
+// all of them before it fails the test for any.
+func Reports(t testing.TB, cmds ...*exec.Cmd) []map[string]string {
+	t.Helper()
+	outs := make([][2]bytes.Buffer, len(cmds))
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		cmd.Stdout, cmd.Stderr = &outs[i][0], &outs[i][1]
+		errs[i] = cmd.Start()
+	}
+	reps := make([]map[string]string, len(cmds))
+	for i, cmd := range cmds {
+		if errs[i] == nil {
+			errs[i] = cmd.Wait()
+		}
+		reps[i] = ParseReport(outs[i][0].Bytes())
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("child %v: %v\nstdout:\n%s\nstderr:\n%s", cmds[i].Args, err, outs[i][0].String(), outs[i][1].String())
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return reps
+}
+
 // ParseReport returns the "KEY=VALUE" lines of out as a map; a later line
 // wins over an earlier one with the same key.
 func ParseReport(out []byte) map[string]string {

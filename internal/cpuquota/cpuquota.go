@@ -102,11 +102,15 @@ func (g *Group) Remove() error {
 		}
 	}
 	var err error
-	for range 50 { // a process just moved out may still be counted for a moment
+	// A process just moved out may still be counted for a moment, longer
+	// on a loaded machine.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if err = os.Remove(g.Dir); err == nil || os.IsNotExist(err) {
 			return errors.Join(errs...)
 		}
-		time.Sleep(20 * time.Millisecond)
+		if time.Now().After(deadline) {
+			break
+		}
 	}
 	return errors.Join(append(errs, fmt.Errorf("cpuquota: remove %s: %w", g.Dir, err))...)
 }

@@ -18,6 +18,7 @@ func TestGroupLifecycle(t *testing.T) {
 	SkipUnlessAvailable(t)
 	g, err := New(fmt.Sprintf("memctl-test-cpuquota-%d", os.Getpid()), 10000, 100000)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Remove() }) // a failure below leaves no cgroup or busy loop (Remove is idempotent)
 	for file, want := range map[string]string{"cpu.cfs_quota_us": "10000", "cpu.cfs_period_us": "100000"} {
 		b, err := os.ReadFile(filepath.Join(g.Dir, file))
 		require.NoError(t, err)

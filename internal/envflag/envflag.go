@@ -176,7 +176,7 @@ func Ratio(name, v string, def float64) (r float64, err error) {
 // adds it here, so that Unknown does not report it.
 var Known = []string{
 	"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_AUTOBURST", "MEMCTL_ARENA_MAX",
-	"MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR", "MEMCTL_MEMORY_LIMIT", "MEMCTL_PRESSURE", "MEMCTL_BUDGETS",
+	"MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR", "MEMCTL_KEEP_GOMEMLIMIT", "MEMCTL_MEMORY_LIMIT", "MEMCTL_PRESSURE", "MEMCTL_BUDGETS",
 }
 
 // ReservedPrefixes are the prefixes of the variables of memctl's own tests

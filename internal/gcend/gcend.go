@@ -27,15 +27,128 @@
 package gcend
 
 import (
+	"math"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
+	"time"
 )
+
+// Sample is what the runtime reports at one GC end, read once for every
+// subscriber (runtime/metrics; a figure this runtime lacks reads 0). Bytes
+// are int64, CPU in seconds since the process started.
+type Sample struct {
+	Time   time.Time // when the sample was read
+	Cycles uint64    // /gc/cycles/total:gc-cycles
+	Forced uint64    // /gc/cycles/forced:gc-cycles
+	// Live is the heap marked live by the cycle (/gc/heap/live:bytes),
+	// Goal its heap goal (/gc/heap/goal:bytes), GOGC the percent set
+	// (/gc/gogc:percent; -1 for off), StackScan and GlobalsScan the
+	// stacks and globals it scanned (/gc/scan/stack:bytes,
+	// /gc/scan/globals:bytes), HeapScan the scannable heap
+	// (/gc/scan/heap:bytes).
+	Live, Goal, GOGC, StackScan, GlobalsScan, HeapScan int64
+	// GCCPU, ScavengeCPU and TotalCPU are /cpu/classes/gc/total,
+	// /cpu/classes/scavenge/total and /cpu/classes/total (GOMAXPROCS times
+	// the wall time), in CPU seconds.
+	GCCPU, ScavengeCPU, TotalCPU float64
+	// LimiterLast is the last cycle the GC CPU limiter was on
+	// (/gc/limiter/last-enabled:gc-cycle), 0 never.
+	LimiterLast uint64
+	// HeapFree, HeapObjects, HeapReleased and Total are the memory classes
+	// (/memory/classes/heap/free, heap/objects, heap/released, total).
+	HeapFree, HeapObjects, HeapReleased, Total int64
+	// GoMemLimit is GOMEMLIMIT (/gc/gomemlimit:bytes; math.MaxInt64: none).
+	GoMemLimit int64
+	// HeapUnused is /memory/classes/heap/unused:bytes, GCPauseCPU
+	// /cpu/classes/gc/pause:cpu-seconds.
+	HeapUnused int64
+	GCPauseCPU float64
+}
+
+// GoMapped returns what the Go runtime has mapped and not released.
+func (s *Sample) GoMapped() int64 { return max(s.Total-s.HeapReleased, 0) }
+
+// GOGCGoal returns the heap goal GOGC alone would give the cycle
+// (runtime/mgcpacer.go: the marked heap plus GOGC percent of it, the
+// stacks and the globals), math.MaxInt64 with GOGC off.
+func (s *Sample) GOGCGoal() int64 {
+	if s.GOGC < 0 {
+		return math.MaxInt64
+	}
+	scan := float64(s.Live) + float64(s.StackScan) + float64(s.GlobalsScan)
+	return int64(min(float64(s.Live)+scan*float64(s.GOGC)/100, math.MaxInt64/2))
+}
+
+// NearLimit reports whether the live heap is near GOMEMLIMIT: at least
+// ratio of it, or GOMEMLIMIT (not GOGC) set the cycle's heap goal with at
+// most (1 − ratio) × GOMEMLIMIT of runway over the live heap, so that the
+// limit paces the GC. False without GOMEMLIMIT. ratio is in (0, 1].
+func (s *Sample) NearLimit(ratio float64) bool {
+	lim := s.GoMemLimit
+	if lim <= 0 || lim == math.MaxInt64 {
+		return false
+	}
+	if float64(s.Live) >= ratio*float64(lim) {
+		return true
+	}
+	gg := s.GOGCGoal()
+	return s.Goal > 0 && s.Goal < gg-gg/64 && float64(s.Goal-s.Live) <= (1-ratio)*float64(lim)
+}
+
+// sampleNames are the metrics Read reads, in the order read uses them.
+var sampleNames = [...]string{
+	"/gc/cycles/total:gc-cycles", "/gc/cycles/forced:gc-cycles",
+	"/gc/heap/live:bytes", "/gc/heap/goal:bytes", "/gc/gogc:percent",
+	"/gc/scan/stack:bytes", "/gc/scan/globals:bytes", "/gc/scan/heap:bytes",
+	"/cpu/classes/gc/total:cpu-seconds", "/cpu/classes/scavenge/total:cpu-seconds", "/cpu/classes/total:cpu-seconds",
+	"/gc/limiter/last-enabled:gc-cycle",
+	"/memory/classes/heap/free:bytes", "/memory/classes/heap/objects:bytes",
+	"/memory/classes/heap/released:bytes", "/memory/classes/total:bytes",
+	"/gc/gomemlimit:bytes", "/memory/classes/heap/unused:bytes", "/cpu/classes/gc/pause:cpu-seconds",
+}
+
+// Reader reads Samples into the same runtime/metrics buffers each time:
+// no allocation. Not safe for concurrent use.
+type Reader struct {
+	s [len(sampleNames)]metrics.Sample
+}
+
+// Read fills out from runtime/metrics now.
+func (r *Reader) Read(out *Sample) {
+	if r.s[0].Name == "" {
+		for i, n := range sampleNames {
+			r.s[i].Name = n
+		}
+	}
+	metrics.Read(r.s[:])
+	u := func(i int) uint64 {
+		if r.s[i].Value.Kind() == metrics.KindUint64 {
+			return r.s[i].Value.Uint64()
+		}
+		return 0
+	}
+	b := func(i int) int64 { return int64(min(u(i), math.MaxInt64)) }
+	f := func(i int) float64 {
+		if r.s[i].Value.Kind() == metrics.KindFloat64 {
+			return r.s[i].Value.Float64()
+		}
+		return 0
+	}
+	*out = Sample{Time: time.Now(), Cycles: u(0), Forced: u(1), Live: b(2), Goal: b(3), GOGC: b(4),
+		StackScan: b(5), GlobalsScan: b(6), HeapScan: b(7), GCCPU: f(8), ScavengeCPU: f(9), TotalCPU: f(10),
+		LimiterLast: u(11), HeapFree: b(12), HeapObjects: b(13), HeapReleased: b(14), Total: b(15), GoMemLimit: b(16),
+		HeapUnused: b(17), GCPauseCPU: f(18)}
+	if g := u(4); g > math.MaxInt32 {
+		out.GOGC = -1 // GOGC=off reads as uint64(-1)
+	}
+}
 
 // Subscription is one registered function. Stop removes it; Stop is
 // idempotent and safe for concurrent use.
 type Subscription struct {
-	fn      func() bool
+	fn      func(*Sample) bool
 	stopped atomic.Bool
 }
 
@@ -46,7 +159,10 @@ var (
 	gen     uint64 // the armed sentinel's generation: cycle ignores the others
 	pending runtime.Cleanup
 	cycles  atomic.Uint64 // GC cycles seen while armed; for tests
-	runMu   sync.Mutex    // held while the subscribers of one GC end run
+	runMu   sync.Mutex    // held while the subscribers of one GC end run; guards reader and sample
+	reader  Reader
+	sample  Sample
+	run     []*Subscription // the subscribers of the GC end running
 	// cleanup, when set (by a test, with mu held), is what arm registers
 	// instead of cycle, to hold a queued cleanup back.
 	cleanup func(gen uint64)
@@ -60,10 +176,12 @@ type sentinel struct {
 }
 
 // Subscribe registers fn to run at the end of each GC cycle from the next
-// one on, until it returns false or Stop is called. It allocates one small
-// object per GC cycle while any subscriber is registered and nothing
-// otherwise. Safe for concurrent use; fn may call Subscribe or Stop.
-func Subscribe(fn func() (keep bool)) *Subscription {
+// one on, until it returns false or Stop is called. fn gets the Sample read
+// once for every subscriber of that GC end; it must not keep the pointer.
+// It allocates one small object per GC cycle while any subscriber is
+// registered and nothing otherwise. Safe for concurrent use; fn may call
+// Subscribe or Stop.
+func Subscribe(fn func(s *Sample) (keep bool)) *Subscription {
 	s := &Subscription{fn: fn}
 	mu.Lock()
 	defer mu.Unlock()
@@ -128,15 +246,28 @@ func cycle(g uint64) {
 	if len(subs) > 0 {
 		arm() // before the subscribers: a GC that ends while they run is seen
 	}
-	run := append([]*Subscription(nil), subs...)
 	mu.Unlock()
+	runAll()
+}
+
+// Fire runs the subscribers now with a fresh sample, as at a GC end; for
+// benchmarks of the GC-end path.
+func Fire() { runAll() }
+
+// runAll calls every subscriber with one sample. The list is copied into a
+// buffer kept for the next GC end: subscribers may Subscribe or Stop.
+func runAll() {
 	runMu.Lock() // the next GC end may come on another cleanup goroutine
 	defer runMu.Unlock()
+	mu.Lock()
+	run = append(run[:0], subs...)
+	mu.Unlock()
+	reader.Read(&sample)
 	for _, s := range run {
 		if s.stopped.Load() {
 			continue
 		}
-		if !s.fn() {
+		if !s.fn(&sample) {
 			s.Stop()
 		}
 	}

@@ -1,6 +1,7 @@
 package gcend
 
 import (
+	"math"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,8 +28,8 @@ func waitFor(t *testing.T, cond func() bool) {
 
 func TestSubscribeRunsAtGCEnd(t *testing.T) {
 	var a, b atomic.Int64
-	sa := Subscribe(func() bool { a.Add(1); return true })
-	sb := Subscribe(func() bool { b.Add(1); return b.Load() < 3 })
+	sa := Subscribe(func(*Sample) bool { a.Add(1); return true })
+	sb := Subscribe(func(*Sample) bool { b.Add(1); return b.Load() < 3 })
 	waitFor(t, func() bool { return a.Load() >= 5 })
 	require.Equal(t, int64(3), b.Load(), "a subscriber that returns false is not called again")
 	sa.Stop()
@@ -97,12 +99,12 @@ func TestStopThenSubscribeLeavesOneSentinel(t *testing.T) {
 	mu.Unlock()
 	defer func() { mu.Lock(); cleanup = nil; mu.Unlock() }()
 
-	s1 := Subscribe(func() bool { return true })
+	s1 := Subscribe(func(*Sample) bool { return true })
 	runtime.GC()
 	<-held // the first sentinel's cleanup is queued and held back
 	s1.Stop()
 	var calls atomic.Int64
-	s2 := Subscribe(func() bool { calls.Add(1); return true })
+	s2 := Subscribe(func(*Sample) bool { calls.Add(1); return true })
 	defer s2.Stop()
 	close(gate)
 	drain(t)
@@ -124,7 +126,7 @@ func TestGCEndWhileSubscribersRun(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))  // two cleanup goroutines
 	in, gate := make(chan struct{}, 1), make(chan struct{})
 	var calls, inside, overlaps atomic.Int64
-	s := Subscribe(func() bool {
+	s := Subscribe(func(*Sample) bool {
 		if inside.Add(1) > 1 {
 			overlaps.Add(1)
 		}
@@ -148,4 +150,53 @@ func TestGCEndWhileSubscribersRun(t *testing.T) {
 	drain(t)
 	require.Equal(t, int64(2), calls.Load(), "one call per GC end")
 	require.Zero(t, overlaps.Load(), "subscribers of two GC ends ran at once")
+}
+
+// Every subscriber of a GC end sees the one sample read at it: the cycle
+// that ended and GOMEMLIMIT as the runtime has them.
+func TestSampleAtGCEnd(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(1 << 40))
+	got := make(chan Sample, 4)
+	s := Subscribe(func(s *Sample) bool {
+		select {
+		case got <- *s:
+		default:
+		}
+		return true
+	})
+	defer s.Stop()
+	before := Sample{}
+	var r Reader
+	r.Read(&before)
+	runtime.GC()
+	var first Sample
+	select {
+	case first = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no GC end seen in 10 s")
+	}
+	assert.Greater(t, first.Cycles, before.Cycles)
+	assert.Positive(t, first.Live)
+	assert.GreaterOrEqual(t, first.Goal, first.Live)
+	assert.Equal(t, int64(1<<40), first.GoMemLimit)
+	assert.Positive(t, first.GoMapped())
+	assert.Zero(t, testing.AllocsPerRun(100, func() { r.Read(&before) }), "a read allocates nothing")
+}
+
+func TestNearLimit(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name string
+		s    Sample
+		want bool
+	}{
+		{"no GOMEMLIMIT", Sample{Live: 196 * mib, GoMemLimit: math.MaxInt64, GOGC: 100}, false},
+		{"live at 98%", Sample{Live: 196 * mib, Goal: 200 * mib, GoMemLimit: 200 * mib, GOGC: 100}, true},
+		{"limit sets the goal, 10 MiB runway", Sample{Live: 171 * mib, Goal: 181 * mib, GoMemLimit: 200 * mib, GOGC: 100}, true},
+		{"GOGC off, 10 MiB runway", Sample{Live: 171 * mib, Goal: 181 * mib, GoMemLimit: 200 * mib, GOGC: -1}, true},
+		{"GOGC sets the goal", Sample{Live: 20 * mib, Goal: 40 * mib, GoMemLimit: 200 * mib, GOGC: 100}, false},
+		{"limit sets the goal, 60 MiB runway", Sample{Live: 120 * mib, Goal: 180 * mib, GoMemLimit: 200 * mib, GOGC: 100}, false},
+	} {
+		assert.Equal(t, tc.want, tc.s.NearLimit(0.9), tc.name)
+	}
 }

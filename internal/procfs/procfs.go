@@ -170,6 +170,30 @@ func RSS(pid int) (int64, error) {
 	return ReadBytes(StatusPath(pid), "VmRSS")
 }
 
+// Held returns the resident memory of the process pid that the kernel
+// cannot reclaim without swap, in bytes: RssAnon + RssShmem of
+// /proc/PID/status (proc(5)). File-backed pages (the binary's text, mapped
+// files) are page cache and not counted. Where the kernel has no RssAnon
+// (before Linux 4.5) it is VmRSS, which counts them.
+func Held(pid int) (int64, error) {
+	f, err := ReadFile(StatusPath(pid))
+	if err != nil {
+		return 0, err
+	}
+	anon, err := f.Bytes("RssAnon")
+	if errors.Is(err, ErrMissing) {
+		return f.Bytes("VmRSS")
+	}
+	if err != nil {
+		return 0, err
+	}
+	shmem, err := f.Bytes("RssShmem")
+	if err != nil && !errors.Is(err, ErrMissing) {
+		return 0, err
+	}
+	return anon + shmem, nil
+}
+
 // StatusPath returns "/proc/self/status" for pid 0 and "/proc/PID/status"
 // otherwise.
 func StatusPath(pid int) string { return Path(pid, "status") }

@@ -174,6 +174,14 @@ type GoMemLimit struct {
 	MemoryLimitBytes int64   `json:"memory_limit_bytes"`
 	Ratio            float64 `json:"ratio"`
 	OutsideBytes     int64   `json:"outside_bytes"`
+	// ReclaimableBytes is the page cache of the limit's cgroup (files read
+	// or mapped): shown apart, never taken off.
+	ReclaimableBytes int64 `json:"reclaimable_bytes"`
+	// OperatorBytes is the operator's GOMEMLIMIT when the environment sets
+	// one (null otherwise); Overridden is true while memctl sets its own
+	// value because the operator's is above the hard limit.
+	OperatorBytes *int64 `json:"operator_bytes,omitempty"`
+	Overridden    bool   `json:"overridden,omitempty"`
 	// RefreshSeconds is the least time between two re-reads of the limit,
 	// 0 when there is no refresh.
 	RefreshSeconds float64 `json:"refresh_seconds"`
@@ -210,13 +218,14 @@ type Trim struct {
 	Deferred    int64   `json:"deferred"`
 	EarlyStarts int64   `json:"early_starts"`
 	// Origins splits the trims run and skipped, their CPU and the bytes
-	// released by who asked (trim.Stats.Origins); SkippedBy splits Skipped
-	// by reason (trim.Stats.SkippedBy).
+	// released by who asked (trim.Stats.Debounced and its siblings);
+	// SkippedBy splits Skipped by reason (trim.Stats.SkippedMinRelease
+	// and its siblings).
 	Origins   Origins   `json:"origins"`
 	SkippedBy SkippedBy `json:"skipped_by"`
 }
 
-// Origins is Trim.Origins, one entry per trim.Origin.
+// Origins is trim.Stats' Debounced, Pressure, Spiral and ByName.
 type Origins struct {
 	Debounced Origin `json:"debounced"` // Delay after the last burst
 	Pressure  Origin `json:"pressure"`  // asked for on kernel memory pressure
@@ -232,7 +241,8 @@ type Origin struct {
 	ReleasedBytes int64   `json:"released_bytes"`
 }
 
-// SkippedBy is Trim.SkippedBy, one count per trim.SkipReason.
+// SkippedBy is trim.Stats' SkippedMinRelease, SkippedCost, SkippedBudget
+// and SkippedRunning.
 type SkippedBy struct {
 	MinRelease int64 `json:"min_release"` // estimate below MinRelease
 	Cost       int64 `json:"cost"`        // estimate below what the trim's GC is worth
@@ -263,7 +273,8 @@ type CHeap struct {
 	Note       string `json:"note,omitempty"`
 	// Releases and Skipped count the C heap steps that released it or
 	// left it alone; ReleasedBytes is what the releases returned by the
-	// allocator's own account (0 when it cannot tell: glibc).
+	// allocator's own account (glibc's measured around malloc_trim;
+	// 0 when it could not tell).
 	Releases      int64 `json:"releases"`
 	Skipped       int64 `json:"skipped"`
 	ReleasedBytes int64 `json:"released_bytes"`
@@ -459,7 +470,11 @@ func (r *Record) check() error {
 	neg("seq", r.Seq)
 	g, t, p, a := r.GoMemLimit, r.Trim, r.Pressure, r.AutoBurst
 	negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
-	negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes})
+	negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes},
+		field{"reclaimable_bytes", g.ReclaimableBytes})
+	if g.OperatorBytes != nil {
+		neg("gomemlimit.operator_bytes", *g.OperatorBytes)
+	}
 	secs("gomemlimit.refresh_seconds", g.RefreshSeconds)
 	if g.Bytes != nil {
 		neg("gomemlimit.bytes", *g.Bytes)

@@ -4,6 +4,7 @@ package cheap
 
 import (
 	"errors"
+	"github.com/memctl/memctl/internal/arenamax"
 	"os"
 	"strconv"
 	"strings"
@@ -148,7 +149,7 @@ func childArenas() {
 		}
 		err = SetArenaMax(n)
 		childtest.Say("CAP_APPLIED", err == nil)
-		childtest.Say("CAP_OPERATOR", errors.Is(err, ErrOperatorSet))
+		childtest.Say("CAP_OPERATOR", errors.Is(err, arenamax.ErrOperatorSet))
 		childtest.Say("CAP_UNAVAILABLE", errors.Is(err, ErrUnavailable))
 		if err != nil {
 			childtest.Say("CAP_ERR", err)
@@ -171,9 +172,7 @@ func childArenas() {
 
 func num(t testing.TB, r map[string]string, key string) int64 {
 	t.Helper()
-	v, err := strconv.ParseInt(r[key], 10, 64)
-	require.NoError(t, err, "child report %s in %v", key, r)
-	return v
+	return childtest.RequireInt(t, r, key)
 }
 
 func mb(n int64) string { return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + " MB" }
@@ -185,7 +184,7 @@ func needGlibc(t *testing.T) {
 	if os.Getenv("LD_PRELOAD") != "" {
 		t.Skip("LD_PRELOAD is set for the tests themselves")
 	}
-	if s := Detect(); s.Allocator() != Glibc {
+	if s := Detect(); s.Allocator() != glibc {
 		t.Skipf("the children need glibc: %v", s.Err())
 	}
 }
@@ -205,7 +204,7 @@ func TestDetectInProcess(t *testing.T) {
 	s := Detect()
 	if strings.Contains(s.Library(), "musl") {
 		// Built with musl-gcc: compiles, and reports the step unavailable.
-		assert.Equal(t, None, s.Allocator())
+		assert.Equal(t, none, s.Allocator())
 		_, err := s.Release()
 		require.ErrorIs(t, err, ErrUnavailable)
 		assert.Contains(t, err.Error(), "musl")
@@ -213,13 +212,13 @@ func TestDetectInProcess(t *testing.T) {
 		return
 	}
 	require.NoError(t, s.Err())
-	assert.Equal(t, Glibc, s.Allocator())
+	assert.Equal(t, glibc, s.Allocator())
 	assert.Contains(t, s.Library(), "libc.so")
 	assert.Regexp(t, `^2\.\d+`, s.Version())
 	assert.Same(t, s, Detect(), "detected once")
 	st, err := s.Stats()
 	require.NoError(t, err)
-	assert.Equal(t, Glibc, st.Allocator)
+	assert.Equal(t, glibc, st.Allocator)
 	assert.Positive(t, st.Arena, "cgo's own mallocs leave a main arena")
 	assert.GreaterOrEqual(t, st.InUse, int64(0))
 	assert.Equal(t, st.Free, st.Retained)
@@ -276,10 +275,10 @@ func runBurst(t *testing.T, c burstCase) map[string]string {
 // mimalloc's burst freed entirely, where plain malloc_trim(0) does nothing.
 func TestReleaseBurst(t *testing.T) {
 	cases := []burstCase{
-		{name: "glibc/fragmented", allocator: Glibc, keep: keepEvery},
-		{name: "jemalloc/freed", preload: jemallocSO, allocator: Jemalloc, plainTrim: true},
-		{name: "mimalloc/freed", preload: mimallocSO, allocator: Mimalloc, plainTrim: true},
-		{name: "tcmalloc/freed", preload: tcmallocSO, allocator: Tcmalloc, plainTrim: true},
+		{name: "glibc/fragmented", allocator: glibc, keep: keepEvery},
+		{name: "jemalloc/freed", preload: jemallocSO, allocator: jemalloc, plainTrim: true},
+		{name: "mimalloc/freed", preload: mimallocSO, allocator: mimalloc, plainTrim: true},
+		{name: "tcmalloc/freed", preload: tcmallocSO, allocator: tcmalloc, plainTrim: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -296,12 +295,15 @@ func TestReleaseBurst(t *testing.T) {
 			assert.GreaterOrEqual(t, from-rel, left/2,
 				"memctl's step releases at least half of the %s the burst left", mb(left))
 			switch c.allocator {
-			case Jemalloc, Tcmalloc:
+			case jemalloc, tcmalloc:
 				assert.Positive(t, num(t, r, "RELEASED"), "the allocator counts what it released")
 				assert.Less(t, num(t, r, "RETAINED_AFTER"), num(t, r, "RETAINED_BEFORE"))
 				assert.Equal(t, "false", r["PAGE_WARNING"], "x86-64 jemalloc uses 4 KiB pages")
-			case Glibc:
-				assert.Equal(t, int64(-1), num(t, r, "RELEASED"), "malloc_trim does not count")
+			case glibc:
+				// malloc_trim does not count (it returns 0 or 1): what it
+				// released is measured around it (issue 32).
+				fall := burst - rel
+				assert.InDelta(t, fall, num(t, r, "RELEASED"), float64(fall)/5, "released within 20%% of the RSS fall (%s)", mb(fall))
 				assert.Greater(t, num(t, r, "RETAINED_BEFORE"), left/2, "fordblks holds the freed blocks")
 				// Issue 13 input 5: fordblks stays high across releases,
 				// Retained must come down after each.
@@ -316,7 +318,7 @@ func TestReleaseBurst(t *testing.T) {
 				assert.Greater(t, num(t, r, "RETAINED_BURST2"), freed/2,
 					"retained goes up with a second burst, to what the release then returns (%s)", mb(freed))
 				assert.Less(t, num(t, r, "RETAINED_AGAIN"), int64(8<<20), "and it comes down again")
-			case Mimalloc:
+			case mimalloc:
 				// Issue 13 input 4: mimalloc has no figure of its free
 				// memory; -1 makes the Trimmer run the C step.
 				assert.Equal(t, int64(-1), num(t, r, "RETAINED_BEFORE"))
@@ -326,23 +328,27 @@ func TestReleaseBurst(t *testing.T) {
 }
 
 // TestRetainedShowsFragmentation: with every 64th block live, jemalloc's
-// purge and mimalloc's collect return little, and jemalloc's retained figure
-// shows what stays.
+// purge and mimalloc's collect keep more of the burst than they keep of the
+// same burst freed entirely, run beside it as the control; jemalloc's retained
+// figure shows what stays. How much a fragmented heap keeps depends on where
+// the threads' blocks fell, so the bound is the control arm, not a fraction.
 func TestRetainedShowsFragmentation(t *testing.T) {
 	cases := []burstCase{
-		{name: "jemalloc", preload: jemallocSO, allocator: Jemalloc, keep: keepEvery},
-		{name: "mimalloc", preload: mimallocSO, allocator: Mimalloc, keep: keepEvery},
+		{name: "jemalloc", preload: jemallocSO, allocator: jemalloc},
+		{name: "mimalloc", preload: mimallocSO, allocator: mimalloc},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			kept := func(r map[string]string) int64 { return num(t, r, "RSS_RELEASE") - num(t, r, "RSS_START") }
+			freed := runBurst(t, c)
+			c.keep = keepEvery
 			r := runBurst(t, c)
-			start, burst, rel := num(t, r, "RSS_START"), num(t, r, "RSS_BURST"), num(t, r, "RSS_RELEASE")
-			left := burst - start
-			assert.Less(t, burst-rel, left/2, "a fragmented heap keeps most of its memory after the release")
-			if c.allocator == Jemalloc {
+			assert.Greater(t, kept(r), kept(freed),
+				"the fragmented burst keeps more after the release (%s) than the burst freed entirely (%s)", mb(kept(r)), mb(kept(freed)))
+			if c.allocator == jemalloc {
 				ret := num(t, r, "RETAINED_AFTER")
-				assert.Greater(t, ret, (rel-start)/2,
-					"retained (%s) accounts for most of what the burst still holds (%s)", mb(ret), mb(rel-start))
+				assert.Greater(t, ret, kept(r)/2,
+					"retained (%s) accounts for most of what the burst still holds (%s)", mb(ret), mb(kept(r)))
 			}
 		})
 	}
@@ -542,10 +548,7 @@ func BenchmarkReleaseStall(b *testing.B) {
 						env = append(env, "CHEAP_STALL_KEEP="+c.keep)
 					}
 					r := childtest.Report(b, childtest.Command(b, "stall", childEnv, env...))
-					ms := func(k string) float64 {
-						v, _ := strconv.ParseInt(r[k], 10, 64)
-						return float64(v) / 1e6
-					}
+					ms := func(k string) float64 { return float64(num(b, r, k)) / 1e6 }
 					b.ReportMetric(ms("WORST_NS"), "worst-ms")
 					b.ReportMetric(ms("AT_NS"), "worst-at-ms")
 					b.ReportMetric(float64(num(b, r, "SIZE")), "worst-size-B")
@@ -600,7 +603,7 @@ func init() { ExtraChildren["frag-estimate"] = childFragEstimate }
 // MiB for jemalloc and 190 MiB for tcmalloc after the release, with 0 B
 // released by each later step, so a trim's C step was never skipped.
 func TestEstimateAfterReleaseFragmented(t *testing.T) {
-	for _, c := range []struct{ allocator, so string }{{Jemalloc, jemallocSO}, {Tcmalloc, tcmallocSO}} {
+	for _, c := range []struct{ allocator, so string }{{jemalloc, jemallocSO}, {tcmalloc, tcmallocSO}} {
 		t.Run(c.allocator, func(t *testing.T) {
 			if _, err := os.Stat(c.so); err != nil {
 				t.Skipf("needs %s: %v", c.so, err)
@@ -608,15 +611,14 @@ func TestEstimateAfterReleaseFragmented(t *testing.T) {
 			r := childtest.Report(t, childtest.Command(t, "frag-estimate", childEnv, "LD_PRELOAD="+c.so))
 			t.Logf("estimate at the burst %s B, released %s B; after: Retained %s B, estimate %s B; %s",
 				r["EST_BURST"], r["RELEASED"], r["RETAINED_AFTER"], r["EST_AFTER"], r["HEAP"])
-			retained, _ := strconv.ParseInt(r["RETAINED_AFTER"], 10, 64)
+			retained := num(t, r, "RETAINED_AFTER")
 			require.Greater(t, retained, int64(32<<20), "the fragmented heap keeps memory no release returns")
-			est, _ := strconv.ParseInt(r["EST_AFTER"], 10, 64)
+			est := num(t, r, "EST_AFTER")
 			assert.GreaterOrEqual(t, est, int64(0))
 			assert.Less(t, est, int64(8<<20), "nothing left to release")
 			assert.Equal(t, "1", r["RELEASES"], "only the first release ran")
 			assert.Equal(t, "2", r["SKIPPED"])
-			burst, _ := strconv.ParseInt(r["EST_BURST"], 10, 64)
-			released, _ := strconv.ParseInt(r["RELEASED"], 10, 64)
+			burst, released := num(t, r, "EST_BURST"), num(t, r, "RELEASED")
 			assert.GreaterOrEqual(t, burst, released/2, "the estimate at the burst covers what the release returned")
 		})
 	}
@@ -705,13 +707,12 @@ func runChurn(t testing.TB, whole bool) map[string]string {
 // outside tcmalloc's lock, so that no ReleaseToSystem call madvises them
 // under it; the test checks that the carve returned most of the estimate
 // (a timed bound would fail on a busy machine: a thread preempted while
-// it holds the lock stalls the others with it). The churn's worst round,
-// and that of the whole release (ReleaseFreeMemory) in the same run, are
-// logged; BenchmarkTcmallocChurn reports them.
+// it holds the lock stalls the others with it). The churn's worst round
+// is logged; BenchmarkTcmallocChurn reports it beside the whole release's
+// (ReleaseFreeMemory).
 func TestTcmallocReleaseUnderChurn(t *testing.T) {
 	needSO(t, tcmallocSO)
 	sliced := runChurn(t, false)
-	runChurn(t, true) // logged beside it: the whole release's hold
 	freed := num(t, sliced, "RSS_BURST") - num(t, sliced, "RSS_START")
 	require.Greater(t, freed, int64(churnBytes/2), "the burst leaves most of its 2 GiB resident for the test to mean anything")
 	assert.GreaterOrEqual(t, num(t, sliced, "RSS_BURST")-num(t, sliced, "RSS_4S"), freed*9/10,

@@ -13,7 +13,7 @@ import (
 
 func TestDetectUnavailable(t *testing.T) {
 	s := Detect()
-	assert.Equal(t, None, s.Allocator())
+	assert.Equal(t, none, s.Allocator())
 	assert.Zero(t, s.Retained(), "nothing to release")
 	_, err := s.Release()
 	require.ErrorIs(t, err, ErrUnavailable)

@@ -26,7 +26,7 @@ func loadCounts() [2]uint64 { return [2]uint64{} }
 
 func scanHeaps(*Step, map[string][]*heap) ([]*heap, map[string][]*heap) { return nil, nil }
 
-func (sysStep) stats() Stats { return unknownStats(None, "") }
+func (sysStep) stats() Stats { return unknownStats(none, "") }
 
 func (sysStep) setArenaMax(int) error {
 	return fmt.Errorf("%w: not built in", ErrUnavailable)

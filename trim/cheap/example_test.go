@@ -26,15 +26,8 @@ func ExampleSetArenaMax() {
 	}
 }
 
-func ExampleOperatorArenaMax() {
-	env := map[string]string{"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
-	name, value, ok := cheap.OperatorArenaMax(func(k string) string { return env[k] })
-	fmt.Println(name, value, ok)
-	// Output: GLIBC_TUNABLES glibc.malloc.arena_max=4 true
-}
-
 func ExampleStats_String() {
-	st := cheap.Stats{Allocator: cheap.Glibc, Arena: 416 << 20, Mapped: 0, InUse: 7 << 20, Free: 409 << 20,
+	st := cheap.Stats{Allocator: "glibc", Arena: 416 << 20, Mapped: 0, InUse: 7 << 20, Free: 409 << 20,
 		Releasable: 128 << 10, Active: -1, Resident: -1, Retained: 409 << 20, Page: -1}
 	fmt.Println(st)
 	// Output: glibc: arena 416.0 MiB, mmapped 0 B, in use 7.0 MiB, free 409.0 MiB, retained 409.0 MiB

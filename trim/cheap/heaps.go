@@ -13,18 +13,13 @@ import (
 )
 
 // Heap is one allocator found in the process and what the C heap step did
-// with it, as Step.Heaps returns it. Sizes are bytes, -1 where unknown.
-//
-// Beside the allocator that owns malloc, a process can carry others: a
-// library that bundles its own jemalloc (RocksDB), a jemalloc linked with a
-// prefix (je_ in Badger's jemalloc build, _rjem_ in tikv-jemallocator), an
-// allocator that a plugin dlopened with RTLD_LOCAL. Their memory never
-// passes through malloc, so malloc_trim does not return it; each is
-// released with its own call and its own estimate (see Step.ReleaseOver).
+// with it, as Step.Heaps returns it: the owner of malloc, or another (a
+// library's bundled jemalloc, a prefixed one, one a plugin dlopened with
+// RTLD_LOCAL), released with its own call and estimate. Sizes are bytes,
+// -1 where unknown.
 type Heap struct {
-	// Stats holds the allocator's figures now (Allocator and Library name
-	// it; Library is the object that holds the allocator's code, the
-	// executable's path for one linked into it).
+	// Stats holds the allocator's figures now; Library is the object that
+	// holds its code.
 	Stats
 	// Prefix is the prefix of the allocator's entry points ("je_" for
 	// je_mallctl, "_rjem_", "" for none).
@@ -34,50 +29,33 @@ type Heap struct {
 	// OwnsMalloc is true for the allocator that serves the process's
 	// malloc (the one Step.Allocator names).
 	OwnsMalloc bool
-	// Namespace is the link-map namespace of its object (glibc's Lmid_t):
-	// 0 for the main one, n > 0 for one that dlmopen made (the same path
-	// can then be loaded twice), -1 when the loader does not tell.
+	// Namespace is its object's link-map namespace (0 main, n > 0 made by
+	// dlmopen, -1 unknown).
 	Namespace int64
-	// Trimmed is true when the C heap step can reach the allocator's
-	// release call and runs it; false for an allocator present and not
-	// trimmed: a static copy whose entry points the object does not export
-	// (found by the messages its code carries), whose figures are then all
-	// -1. Note says which.
+	// Trimmed: the step can reach its release call. An allocator present
+	// and not trimmed (a static copy that exports no entry point) has all
+	// its figures -1, and Note says why.
 	Trimmed bool
-	// Note says how the allocator was found (its lookup: "dlsym on the
-	// object's handle", "the executable's symbol table") or why it is not
-	// trimmed.
+	// Note says how it was found, or why it is not trimmed.
 	Note string
 
-	// Releases counts the C heap steps that released this allocator;
-	// Skipped those that left it alone because its estimate (Retained) was
-	// below the threshold of Step.ReleaseOver; Failures those whose
-	// release call returned an error (LastError, "" after a release that
-	// succeeded). A failed release is not counted in Releases and leaves
-	// the Last figures as they were, but for LastEstimate.
+	// Releases, Skipped and Failures count the steps that released it, that
+	// left it alone (its estimate under Step.ReleaseOver's threshold), and
+	// whose call failed (LastError; "" after a success).
 	Releases, Skipped, Failures int64
 	LastError                   string
-	// LastEstimate is its Retained read before the last release or skip,
-	// -1 when unknown.
+	// LastEstimate is its estimate before the last release or skip.
 	LastEstimate int64
-	// LastReleased is what its last release returned by the allocator's own
-	// account (see Step.Release), -1 when it cannot tell (glibc) or no
-	// release ran; TotalReleased sums the known ones.
+	// LastReleased is what its last release returned by its own account
+	// (-1 unknown); TotalReleased sums the known ones.
 	LastReleased, TotalReleased int64
-	// LastDuration is the wall time of its last release; LastSlices the
-	// number of calls it was made of that take the allocator's locks
-	// (jemalloc: one per arena; tcmalloc: the carve's tc_malloc and
-	// tc_free of each 1 MiB chunk, and one MallocExtension_ReleaseToSystem
-	// per SliceBytes; glibc and mimalloc: 1), and LastMaxSlice the longest
-	// of them: the longest time memctl held one of the allocator's locks
-	// in that release (the carve's madvise calls hold none and are not
-	// counted; see the package doc's Stalls).
+	// LastDuration is its last release's wall time, LastSlices the calls
+	// that took the allocator's locks, LastMaxSlice the longest of them.
 	LastDuration, LastMaxSlice time.Duration
 	LastSlices                 int64
 }
 
-// String formats the heap for a log line, for example
-// "jemalloc 5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c (/usr/lib/x86_64-linux-gnu/libjemalloc.so.2): resident 2.1 MiB, retained 0.3 MiB; released 480.2 MiB in 3 ms (8 slices, longest 1 ms)".
+// String formats the heap for a log line.
 func (h Heap) String() string {
 	var b strings.Builder
 	b.WriteString(h.Allocator)
@@ -120,18 +98,16 @@ func (h Heap) String() string {
 	return b.String()
 }
 
-// MaxPathText is the longest object path, in bytes, that Heap.Name and
-// Heap.String print whole; a longer one keeps its first and last
-// MaxPathText/2 bytes around "...".
-const MaxPathText = 256
+// maxPathText is the longest object path, in bytes, that Name and String
+// print whole; a longer one is cut in its middle.
+const maxPathText = 256
 
-// boundPath cuts p in its middle to at most about MaxPathText bytes (on
-// UTF-8 boundaries where p is valid UTF-8).
+// boundPath cuts p in its middle to about maxPathText bytes.
 func boundPath(p string) string {
-	if len(p) <= MaxPathText {
+	if len(p) <= maxPathText {
 		return p
 	}
-	head, tail := MaxPathText/2, len(p)-MaxPathText/2
+	head, tail := maxPathText/2, len(p)-maxPathText/2
 	for head > 0 && !utf8.RuneStart(p[head]) {
 		head--
 	}
@@ -153,20 +129,12 @@ func pathText(p string) string {
 	return p
 }
 
-// SliceBytes is how much one call of gperftools' MallocExtension_ReleaseToSystem
-// is asked to return in a release: 16 MiB. tcmalloc holds its page-heap
-// lock for the whole of one call, so a release in slices, 1 ms apart, lets
-// a thread that mallocs between two calls through. tcmalloc releases whole
-// free spans, so one call can release far more than asked; the carve that
-// comes first (see the package doc's Stalls) leaves the spans of 1 MiB and
-// more with no resident page, so that a call madvises at most about
-// SliceBytes of resident pages.
-const SliceBytes = 16 << 20
+// sliceSize is what one MallocExtension_ReleaseToSystem call of a
+// tcmalloc release is asked to return: it holds the page-heap lock for the
+// whole call, so a release in slices, 1 ms apart, lets other threads in.
+const sliceSize = 16 << 20
 
-// carveBytes is the chunk of a tcmalloc carve (see the package doc's
-// Stalls): 1 MiB, tcmalloc's smallest "large" span (kMaxPages pages of
-// 8 KiB), so that every free span that large is carved, and the madvise
-// of one chunk (about 0.1 ms here) is short.
+// carveBytes is the chunk of a tcmalloc carve: its smallest "large" span.
 const carveBytes = 1 << 20
 
 // lastCarved is the bytes the last tcmalloc carve madvised, for the tests.
@@ -202,8 +170,7 @@ func sumKnown(vs ...int64) (sum int64, unknown bool) {
 	return sum, unknown
 }
 
-// noSlice makes releases whole (one call per allocator): the control of
-// the stall harness (BenchmarkReleaseStall).
+// noSlice makes releases whole (one call per allocator), for tests.
 var noSlice atomic.Bool
 
 // sliceBytes is the tcmalloc slice: 0 (one whole release) when whole.
@@ -211,14 +178,12 @@ func sliceBytes(whole bool) int64 {
 	if whole {
 		return 0
 	}
-	return SliceBytes
+	return sliceSize
 }
 
-// refresh returns the allocators of the process, the owner first, after a
-// new scan of the loaded objects when the loader's counts changed since
-// the last one (a dl_iterate_phdr call that stops at its first entry:
-// about a microsecond). A rescan reads only the objects loaded since, and
-// keeps the entries, and counters, of the others.
+// refresh returns the allocators of the process, the owner first, after
+// scanning the objects loaded since the last scan when the loader's counts
+// changed (a dl_iterate_phdr call that stops at its first entry).
 func (s *Step) refresh() []*heap {
 	l := &s.list
 	l.mu.Lock()
@@ -256,24 +221,19 @@ func (s *Step) heapRetained(h *heap) int64 {
 	}
 	st := h.sys.stats()
 	switch {
-	case h.info.OwnsMalloc && s.allocator == Glibc:
+	case h.info.OwnsMalloc && s.allocator == glibc:
 		return s.glibcRetained(st)
-	case (h.info.Allocator == Jemalloc || h.info.Allocator == Tcmalloc) && st.Releasable >= 0:
+	case (h.info.Allocator == jemalloc || h.info.Allocator == tcmalloc) && st.Releasable >= 0:
 		return st.Releasable
 	}
 	return st.Retained
 }
 
-// Heaps returns every allocator found in the process: the one that owns
-// malloc first (when there is one), then the others in the order of the
-// loaded objects, each with its figures read now and what the C heap step
-// did with it (see Heap). The objects are scanned again when the loader's
-// counts of loaded and unloaded objects changed since the last scan (only
-// the new objects are read; see the package doc); else the cost is the
-// loader's counts and each allocator's Stats (2.3 µs with glibc alone). memctl holds a reference (dlopen) on
-// each object in which it found an allocator to call, so a dlclose of that
-// object does not unmap it. An empty list means the step is unavailable or
-// found nothing. Safe for concurrent use.
+// Heaps returns every allocator found in the process, the owner of malloc
+// first, each with its figures read now and what the step did with it.
+// The loaded objects are scanned again when the loader's counts changed.
+// memctl keeps each object it calls into loaded (dlopen). Safe for
+// concurrent use.
 func (s *Step) Heaps() []Heap {
 	if s == nil {
 		return nil
@@ -288,7 +248,7 @@ func (s *Step) Heaps() []Heap {
 			lib := v.Library
 			v.Stats = h.sys.stats()
 			v.Stats.Allocator, v.Stats.Library = v.Allocator, lib
-			if v.OwnsMalloc && s.allocator == Glibc {
+			if v.OwnsMalloc && s.allocator == glibc {
 				v.Stats.Retained = s.glibcRetained(v.Stats)
 			}
 		}
@@ -297,17 +257,12 @@ func (s *Step) Heaps() []Heap {
 	return out
 }
 
-// ReleaseOver releases every allocator found in the process (see Heaps)
-// whose own estimate, its Retained read just before, reaches minRelease
-// bytes or is unknown (-1); a negative minRelease releases them all.
-// Allocators other than the owner go first, the owner last. Each release
-// is made in slices where the allocator allows it (see the package doc's
-// Stalls). It returns the sum of the bytes released by the allocators' own
-// accounts, or -1 when none could tell (glibc alone), and the errors of the
-// calls that failed, joined. When no allocator can be released it returns
-// the step's error (matching ErrUnavailable). Each Heap records its
-// estimate, what it released, and its slices. Releases are serialized;
-// safe for concurrent use.
+// ReleaseOver releases every allocator found whose estimate reaches
+// minRelease bytes or is unknown (every one for a negative minRelease),
+// the owner of malloc last, each in slices where it allows, and returns
+// the bytes released by their own accounts (-1 when none can tell) and the
+// failed calls' errors, joined; ErrUnavailable when there is nothing to
+// release. Releases are serialized; safe for concurrent use.
 func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	if s == nil {
 		return 0, s.Err()
@@ -342,11 +297,19 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 			s.list.mu.Unlock()
 			continue
 		}
+		isGlibc := h.info.OwnsMalloc && s.allocator == glibc
+		var before int64
+		var okBefore bool
+		if isGlibc {
+			before, okBefore = s.glibcExtra()
+		}
 		t0 := time.Now()
 		r, slices, longest, err := h.sys.release(whole)
 		d := time.Since(t0)
-		if err == nil && h.info.OwnsMalloc && s.allocator == Glibc {
-			s.setGlibcBase()
+		if err == nil && isGlibc {
+			// malloc_trim returns 0 or 1: measure what it released.
+			after, okAfter := s.setGlibcBase()
+			r = glibcReleased(before, okBefore, after, okAfter)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, pathText(h.info.Library), err))
@@ -376,14 +339,10 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	return released, errors.Join(errs...)
 }
 
-// Name names the heap in a few words: the allocator, its prefix, its
-// object, and whether it owns malloc or is not trimmed, for example
-// "jemalloc je_ in /usr/lib/libfoo.so" or "glibc in /lib/x86_64-linux-gnu/libc.so.6 (owns malloc)".
-// An object path longer than MaxPathText bytes is cut in its middle, and
-// one with a control character, a quote, a ';' (the separator of the
-// startup line's list) or invalid UTF-8 is quoted as a Go string, so that a
-// hostile file name cannot forge a log line. The full path stays in
-// Library.
+// Name names the heap in a few words, for example
+// "jemalloc je_ in /usr/lib/libfoo.so". A long path is cut, and one that
+// could forge a log line (a control character, a quote, ';', invalid
+// UTF-8) is quoted; Library keeps it whole.
 func (h Heap) Name() string {
 	s := h.Allocator
 	if h.Prefix != "" {

@@ -63,9 +63,8 @@ func TestMimallocCrossThreadTrim(t *testing.T) {
 	}
 	r := childtest.Report(t, childtest.Command(t, "cross-trim", []string{"LD_PRELOAD", "GODEBUG", "GOGC"}, "LD_PRELOAD="+so))
 	num := func(k string) int64 {
-		v, err := strconv.ParseInt(r[k], 10, 64)
-		require.NoError(t, err, "%s=%q", k, r[k])
-		return v
+		t.Helper()
+		return childtest.RequireInt(t, r, k)
 	}
 	mb := func(k string) float64 { return float64(num(k)) / 1e6 }
 	t.Logf("%s: RSS start %.0f MB, after the cross-thread burst %.0f MB, after the trim %.0f MB; trims %d (Go step skipped %d, C step skipped %d), skipped %d, released %.0f MB",
@@ -82,11 +81,11 @@ func TestMimallocCrossThreadTrim(t *testing.T) {
 func init() { cheap.ExtraChildren["cross-trim"] = childCrossTrim }
 
 // childChurnAfterBurst is issue 26's tcmalloc workload through a Trimmer
-// with its default delay: a C thread churns (cburst.StartChurn) while 16
+// (200 ms delay): a C thread churns (cburst.StartChurn) while 16
 // threads malloc and free 2 GiB in 1 KiB blocks, then AfterBurst; RSS is
 // read 4 s later.
 func childChurnAfterBurst() {
-	tr, err := trim.New(trim.Config{})
+	tr, err := trim.New(trim.Config{Delay: 200 * time.Millisecond}) // the delay is not the subject
 	if err != nil {
 		childtest.Fail("%v", err)
 	}
@@ -111,8 +110,14 @@ func childChurnAfterBurst() {
 	cburst.ChurnReset()
 	t0 := time.Now()
 	tr.AfterBurst()
-	time.Sleep(time.Until(t0.Add(4 * time.Second)))
-	childtest.Say("RSS_4S", rss())
+	// Wait for the due trim to have run (or been skipped), up to the max
+	// wait and a delay more: the contract is what it releases, not how
+	// long a loaded machine takes to schedule it.
+	for s := tr.Stats(); s.Trims+s.Skipped == 0 && time.Since(t0) < tr.MaxWait()+tr.Delay(); s = tr.Stats() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	childtest.Say("TRIM_AFTER_MS", time.Since(t0).Milliseconds())
+	childtest.Say("RSS_TRIMMED", rss())
 	worst, _, _ := cburst.ChurnReset()
 	childtest.Say("WORST_NS", worst.Nanoseconds())
 	s := tr.Stats()
@@ -125,10 +130,10 @@ func childChurnAfterBurst() {
 func init() { cheap.ExtraChildren["churn-afterburst"] = childChurnAfterBurst }
 
 // TestTcmallocAfterBurstUnderChurn: issue 26's tcmalloc workload through
-// AfterBurst and a Trimmer with its default delay (2 s): at least 90% of
-// what the burst left resident is gone 4 s after AfterBurst (before the
-// fix: 62-191 MiB of 1.8 GiB). The churn's worst round over those 4 s is
-// logged (see TestTcmallocReleaseUnderChurn for why it is not asserted).
+// AfterBurst and a Trimmer with its default delay (2 s): once the due trim
+// has run, at least 90% of what the burst left resident is gone. The
+// churn's worst round is logged (see TestTcmallocReleaseUnderChurn for why
+// it is not asserted).
 func TestTcmallocAfterBurstUnderChurn(t *testing.T) {
 	const so = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 	if _, err := os.Stat(so); err != nil {
@@ -144,11 +149,11 @@ func TestTcmallocAfterBurstUnderChurn(t *testing.T) {
 		return v
 	}
 	left := num("RSS_BURST") - num("RSS_START")
-	t.Logf("%s: RSS start %.0f MB, after the burst %.0f MB, 4 s after AfterBurst %.0f MB (%.1f%% released); trims %d, C step skipped %d; churn's worst round %v; %s",
-		r["ALLOCATOR"], float64(num("RSS_START"))/1e6, float64(num("RSS_BURST"))/1e6, float64(num("RSS_4S"))/1e6,
-		100*float64(num("RSS_BURST")-num("RSS_4S"))/float64(left), num("TRIMS"), num("C_SKIPPED"), time.Duration(num("WORST_NS")), r["HEAP"])
+	t.Logf("%s: RSS start %.0f MB, after the burst %.0f MB, after the trim (%d ms after AfterBurst) %.0f MB (%.1f%% released); trims %d, C step skipped %d; churn's worst round %v; %s",
+		r["ALLOCATOR"], float64(num("RSS_START"))/1e6, float64(num("RSS_BURST"))/1e6, num("TRIM_AFTER_MS"), float64(num("RSS_TRIMMED"))/1e6,
+		100*float64(num("RSS_BURST")-num("RSS_TRIMMED"))/float64(left), num("TRIMS"), num("C_SKIPPED"), time.Duration(num("WORST_NS")), r["HEAP"])
 	require.Equal(t, "tcmalloc", r["ALLOCATOR"])
 	require.Greater(t, left, int64(1<<30), "the freed burst is resident before the trim")
 	assert.Equal(t, int64(1), num("TRIMS"), "the due trim ran")
-	assert.GreaterOrEqual(t, num("RSS_BURST")-num("RSS_4S"), left*9/10, "at least 90% of the burst is released within 4 s of AfterBurst")
+	assert.GreaterOrEqual(t, num("RSS_BURST")-num("RSS_TRIMMED"), left*9/10, "at least 90% of the burst is released by the trim")
 }

@@ -281,6 +281,35 @@ static void cburst_churn_stop(void) {
 	atomic_store(&cburst_churn_run, 0);
 	pthread_join(cburst_churn_tid, NULL);
 }
+
+// cburst_steady: for ms milliseconds, every 10 ms, frees the oldest
+// per_tick blocks of a ring of ring live blocks and mallocs as many new
+// ones, of 4 KiB to 64 KiB in turn, writing each; then frees the ring.
+static int cburst_steady(long long ms, long per_tick, long ring) {
+	void **p = calloc((size_t)ring, sizeof(void *));
+	if (p == NULL) return -1;
+	int failed = 0;
+	long at = 0, n = 0;
+	long long end = cburst_ns() + ms * 1000000;
+	while (!failed && cburst_ns() < end) {
+		for (long i = 0; i < per_tick; i++, n++) {
+			size_t size = (size_t)(n % 16 + 1) << 12;
+			free(p[at]);
+			p[at] = malloc(size);
+			if (p[at] == NULL) {
+				failed = 1;
+				break;
+			}
+			memset(p[at], 0x3c, size);
+			at = (at + 1) % ring;
+		}
+		struct timespec ts = {0, 10000000};
+		nanosleep(&ts, NULL);
+	}
+	for (long i = 0; i < ring; i++) free(p[i]);
+	free(p);
+	return failed ? -2 : 0;
+}
 */
 import "C"
 
@@ -369,6 +398,20 @@ func ChurnReset() (longest time.Duration, rounds int64, at time.Duration) {
 	var out [3]C.longlong
 	C.cburst_churn_reset(&out[0])
 	return time.Duration(out[0]), int64(out[1]), time.Duration(out[2])
+}
+
+// Steady churns the C heap for d in the calling thread: every 10 ms it
+// frees the oldest perTick blocks of a ring of ring live blocks and mallocs
+// as many new ones, of 4 KiB to 64 KiB in turn (34 KiB on average),
+// writing each; then it frees the ring. perTick 6 is about 20 MiB/s.
+func Steady(d time.Duration, perTick, ring int64) error {
+	if d <= 0 || perTick < 1 || ring < 1 {
+		return fmt.Errorf("cburst: bad steady churn d=%v perTick=%d ring=%d", d, perTick, ring)
+	}
+	if rc := C.cburst_steady(C.longlong(d.Milliseconds()), C.long(perTick), C.long(ring)); rc != 0 {
+		return fmt.Errorf("cburst: steady churn failed (code %d)", int(rc))
+	}
+	return nil
 }
 
 // StopChurn stops the thread StartChurn started.

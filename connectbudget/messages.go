@@ -1,0 +1,336 @@
+package connectbudget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"weak"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memctl/memctl/limits"
+)
+
+// HandlerOptions returns the handler option of the budget that charges
+// each request message before it is unmarshaled: the interceptor
+// (NewInterceptor), and codecs (connect.WithCodec, per procedure with
+// connect.WithConditionalHandlerOptions) that charge a message's size to
+// the call's account and unmarshal it only when the budget grants it. A
+// refused message is never unmarshaled and the handler does not run: the
+// call gets resource_exhausted (a streaming handler's Receive returns the
+// error). Pass it first among a handler's options, so that the
+// interceptor is the outermost: an interceptor before it sees a refused
+// request's message empty.
+//
+// A unary call's account opens in the codec, when its message arrives; a
+// streaming call's when the call begins, as with the interceptor alone. A
+// unary call holds its message's charge until the handler returns, a
+// streaming call until its next message arrives or the call ends (a
+// handler that keeps received messages charges them itself). A unary
+// message whose call never reached the interceptor (an interceptor before
+// it answered) gives its charge back when the message is garbage
+// collected.
+//
+// What still happens before the charge: connect reads the message into
+// memory, bounded by the handler's maximum read size
+// (connect.WithReadMaxBytes; unlimited by default), and decompresses it.
+// Set that to the per-call budget: a larger message can never be granted,
+// and connect then refuses it with resource_exhausted itself.
+//
+// The codecs unmarshal with cfg.Codecs (by default protobuf binary and
+// JSON, as connect's own defaults). It returns an error matching
+// limits.ErrInvalidSize for a cfg.Limit that is 0 or negative.
+func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error) {
+	i, err := NewInterceptor(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	bases := cfg.Codecs
+	if len(bases) == 0 {
+		bases = []connect.Codec{protoBinary{}, protoJSON{"json"}, protoJSON{"json; charset=utf-8"}}
+	}
+	i.charges.Store(true)
+	return connect.WithHandlerOptions(
+		connect.WithInterceptors(i),
+		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
+			opts := make([]connect.HandlerOption, len(bases))
+			for k, base := range bases {
+				opts[k] = connect.WithCodec(&codec{base: base, i: i, spec: spec})
+			}
+			return opts
+		}),
+	), nil
+}
+
+// messages is the state HandlerOptions adds to an Interceptor.
+type messages struct {
+	charges atomic.Bool // HandlerOptions installed the codecs
+	// parked holds the unary calls whose message a codec charged (or
+	// refused), by the message, until the interceptor takes them.
+	mu     sync.Mutex
+	parked map[weak.Pointer[byte]]*parked
+	// receiving holds, by message, the streaming calls whose Receive is
+	// running: the codec charges their account.
+	receiving sync.Map
+}
+
+// parked is a unary call whose message the codec charged or refused.
+type parked struct {
+	w       *limits.Work
+	wctx    context.Context // the work's own context, which the heap watch cancels
+	n       int64           // the message's charge
+	err     error           // the refusal: the message was not unmarshaled
+	cleanup runtime.Cleanup
+}
+
+// release returns the message's charge and ends the work, for a call
+// that never reached the interceptor.
+func (p *parked) abandon() {
+	p.w.Account().Shrink(p.n)
+	p.w.Abandon()
+}
+
+// key returns msg's identity for parked, and its address; ok is false for
+// a value that is not a non-nil pointer.
+func key(msg any) (k weak.Pointer[byte], ptr *byte, ok bool) {
+	v := reflect.ValueOf(msg)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return k, nil, false
+	}
+	ptr = (*byte)(v.UnsafePointer())
+	return weak.Make(ptr), ptr, true
+}
+
+// park records the unary call p of msg for the interceptor; if the
+// interceptor never takes it, the call ends when msg is collected.
+func (i *Interceptor) park(msg any, p *parked) bool {
+	k, ptr, ok := key(msg)
+	if !ok {
+		return false
+	}
+	i.mu.Lock()
+	if i.parked == nil {
+		i.parked = make(map[weak.Pointer[byte]]*parked)
+	}
+	i.parked[k] = p
+	i.mu.Unlock()
+	p.cleanup = runtime.AddCleanup(ptr, i.orphan, k)
+	return true
+}
+
+// orphan ends the parked call of a message collected before the
+// interceptor took it.
+func (i *Interceptor) orphan(k weak.Pointer[byte]) {
+	i.mu.Lock()
+	p := i.parked[k]
+	delete(i.parked, k)
+	i.mu.Unlock()
+	if p != nil {
+		p.abandon()
+	}
+}
+
+// take returns the parked call of msg, or nil.
+func (i *Interceptor) take(msg any) *parked {
+	k, _, ok := key(msg)
+	if !ok {
+		return nil
+	}
+	i.mu.Lock()
+	p := i.parked[k]
+	delete(i.parked, k)
+	i.mu.Unlock()
+	if p != nil {
+		p.cleanup.Stop()
+	}
+	return p
+}
+
+// codec is one of a procedure's codecs under HandlerOptions: it charges a
+// message's size before base unmarshals it.
+type codec struct {
+	base connect.Codec
+	i    *Interceptor
+	spec connect.Spec
+}
+
+func (c *codec) Name() string                  { return c.base.Name() }
+func (c *codec) Marshal(m any) ([]byte, error) { return c.base.Marshal(m) }
+
+// MarshalAppend is connect's optional fast path, when base has it.
+func (c *codec) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	if a, ok := c.base.(interface {
+		MarshalAppend([]byte, any) ([]byte, error)
+	}); ok {
+		return a.MarshalAppend(dst, m)
+	}
+	b, err := c.base.Marshal(m)
+	return append(dst, b...), err
+}
+
+func (c *codec) Unmarshal(data []byte, msg any) error {
+	if r, ok := c.i.receiving.Load(msg); ok {
+		return r.(*budgetConn).receive(data, msg, c.base)
+	}
+	if c.spec.StreamType != connect.StreamTypeUnary {
+		return c.base.Unmarshal(data, msg) // no interceptor around the stream
+	}
+	// A unary call's message: its account opens here, the interceptor
+	// takes it over.
+	wctx, w, err := c.i.pool.StartWork(context.Background(), c.i.work(c.spec.Procedure))
+	if err != nil {
+		return c.base.Unmarshal(data, msg) // a closed pool: the interceptor answers
+	}
+	n := int64(len(data))
+	p := &parked{w: w, wctx: wctx}
+	if err := w.Account().Grow(n); err != nil {
+		p.err = err // refused: not unmarshaled
+	} else if err := c.base.Unmarshal(data, msg); err != nil {
+		w.Account().Shrink(n)
+		w.Abandon()
+		return err // connect answers invalid_argument, as without the budget
+	} else {
+		p.n = n
+	}
+	if !c.i.park(msg, p) {
+		p.abandon()
+		if p.err != nil {
+			return p.err // cannot be: connect receives into pointers
+		}
+	}
+	return nil
+}
+
+// budgetConn is a streaming handler's conn whose Receive charges each
+// message to the call's account before it is unmarshaled, releasing the
+// previous message's charge.
+type budgetConn struct {
+	connect.StreamingHandlerConn
+	i    *Interceptor
+	a    *limits.Account
+	held int64 // the last message's charge
+	err  error // the message being received was refused
+}
+
+func (c *budgetConn) Receive(msg any) error {
+	if t := reflect.TypeOf(msg); t == nil || t.Kind() != reflect.Pointer {
+		return c.StreamingHandlerConn.Receive(msg)
+	}
+	c.err = nil
+	c.i.receiving.Store(msg, c)
+	err := c.StreamingHandlerConn.Receive(msg)
+	c.i.receiving.Delete(msg)
+	if err != nil {
+		return err
+	}
+	if c.err != nil {
+		return connect.NewError(connect.CodeResourceExhausted, c.err)
+	}
+	return nil
+}
+
+// receive charges a message of the stream, called by the codec within
+// Receive: the previous message's charge goes first.
+func (c *budgetConn) receive(data []byte, msg any, base connect.Codec) error {
+	c.a.Shrink(c.held)
+	c.held = 0
+	n := int64(len(data))
+	if err := c.a.Grow(n); err != nil {
+		c.err = err
+		return nil // not unmarshaled; Receive returns the refusal
+	}
+	if err := base.Unmarshal(data, msg); err != nil {
+		c.a.Shrink(n)
+		return err
+	}
+	c.held = n
+	return nil
+}
+
+// release returns the last message's charge.
+func (c *budgetConn) release() {
+	c.a.Shrink(c.held)
+	c.held = 0
+}
+
+// protoBinary and protoJSON are connect's default codecs (which connect
+// does not export): protobuf binary, and protobuf JSON that discards
+// unknown fields.
+type protoBinary struct{}
+
+func (protoBinary) Name() string { return "proto" }
+
+func (protoBinary) Marshal(m any) ([]byte, error) {
+	pm, err := protoMessage(m)
+	if err != nil {
+		return nil, err
+	}
+	return proto.Marshal(pm)
+}
+
+func (protoBinary) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	pm, err := protoMessage(m)
+	if err != nil {
+		return nil, err
+	}
+	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
+}
+
+func (protoBinary) Unmarshal(data []byte, m any) error {
+	pm, err := protoMessage(m)
+	if err != nil {
+		return err
+	}
+	if err := proto.Unmarshal(data, pm); err != nil {
+		return fmt.Errorf("unmarshal into %T: %w", m, err)
+	}
+	return nil
+}
+
+type protoJSON struct{ name string }
+
+func (c protoJSON) Name() string { return c.name }
+
+func (protoJSON) Marshal(m any) ([]byte, error) {
+	pm, err := protoMessage(m)
+	if err != nil {
+		return nil, err
+	}
+	return protojson.MarshalOptions{}.Marshal(pm)
+}
+
+func (protoJSON) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	pm, err := protoMessage(m)
+	if err != nil {
+		return nil, err
+	}
+	return protojson.MarshalOptions{}.MarshalAppend(dst, pm)
+}
+
+func (protoJSON) Unmarshal(data []byte, m any) error {
+	pm, err := protoMessage(m)
+	if err != nil {
+		return err
+	}
+	if len(data) == 0 {
+		return errors.New("zero-length payload is not a valid JSON object")
+	}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, pm); err != nil {
+		return fmt.Errorf("unmarshal into %T: %w", m, err)
+	}
+	return nil
+}
+
+func protoMessage(m any) (proto.Message, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T doesn't implement proto.Message", m)
+	}
+	return pm, nil
+}

@@ -1,0 +1,253 @@
+package grpcbudget
+
+import (
+	"context"
+	"reflect"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+
+	"github.com/memctl/memctl/limits"
+)
+
+// ServerOptions returns the server options that give each call a budget
+// and charge each message it receives before the message is unmarshaled:
+// a codec (grpc.ForceServerCodecV2) that keeps the wire bytes instead of
+// unmarshaling them, a stats handler (grpc.StatsHandler) that opens the
+// call's account when the call begins (TagRPC) and, inside the same
+// receive (InPayload, with the call's context), charges the message's size
+// to it and unmarshals only if the budget grants it, and the unary and
+// stream interceptors (UnaryServerInterceptor, StreamServerInterceptor),
+// which answer a refused message with code 8 RESOURCE_EXHAUSTED without
+// running the handler. Pass them before other stats handlers and
+// interceptors: grpc-go runs options of each kind in order, and a stats
+// handler or interceptor before these sees a refused message empty.
+//
+// What still happens before the charge: grpc-go reads the message's wire
+// bytes into memory, up to the server's maximum receive size
+// (grpc.MaxRecvMsgSize, 4 MiB by default), and decompresses them. Set that
+// maximum to the per-call budget, cfg.Limit: a larger message can never be
+// granted, and grpc-go then refuses it, with code 8 too, from its 5-byte
+// header, before reading it. Concurrent calls may each hold that much wire
+// data at once; the budget bounds what is unmarshaled from it.
+//
+// A message's charge is its size after decompression, the bytes Unmarshal
+// reads: about what a message of bytes and strings takes once decoded
+// (protobuf copies them). A unary call holds it until the handler returns;
+// a streaming call until its next message is received, or the call ends
+// (a handler that keeps received messages charges them itself). The codec
+// unmarshals with cfg.Codec (grpc-go's protobuf codec by default) for every
+// content-subtype.
+//
+// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that
+// is 0 or negative. The options are safe for concurrent use.
+func ServerOptions(pool *limits.Pool, cfg Config) ([]grpc.ServerOption, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	b := newBudget(pool, cfg)
+	base := cfg.Codec
+	if base == nil {
+		base = encoding.GetCodecV2("proto")
+	}
+	b.codec = base
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(&keepCodec{b: b}),
+		grpc.StatsHandler(b),
+		grpc.ChainUnaryInterceptor(b.unary),
+		grpc.ChainStreamInterceptor(b.stream),
+	}, nil
+}
+
+// budget is one configuration of the interceptors, and with ServerOptions
+// the codec and stats handler that charge messages before they are
+// unmarshaled.
+type budget struct {
+	pool  *limits.Pool
+	cfg   Config
+	codec encoding.CodecV2 // nil: messages are not charged (the interceptors alone)
+	// parked holds the wire bytes (mem.BufferSlice) the codec kept, by the
+	// message they are for, until the stats handler unmarshals them
+	// within the same receive.
+	parked sync.Map
+}
+
+func newBudget(pool *limits.Pool, cfg Config) *budget { return &budget{pool: pool, cfg: cfg} }
+
+// keepCodec is the server codec of ServerOptions: Unmarshal keeps a
+// reference to the wire bytes for the stats handler, which unmarshals them
+// once the call's budget granted their size.
+type keepCodec struct{ b *budget }
+
+func (c *keepCodec) Name() string                           { return c.b.codec.Name() }
+func (c *keepCodec) Marshal(v any) (mem.BufferSlice, error) { return c.b.codec.Marshal(v) }
+
+func (c *keepCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if t := reflect.TypeOf(v); t == nil || t.Kind() != reflect.Pointer {
+		return c.b.codec.Unmarshal(data, v) // not a message a handler receives into
+	}
+	data.Ref()
+	if old, ok := c.b.parked.Swap(v, data); ok {
+		old.(mem.BufferSlice).Free() // a second message for v in one receive: cannot happen
+	}
+	return nil
+}
+
+// callKey is the context key of a call's *call.
+type callKey struct{}
+
+// call is one call seen by the stats handler: its work, and the message it
+// received last.
+type call struct {
+	b        *budget
+	w        *limits.Work
+	startErr error       // StartWork's error: the interceptor answers with it
+	stop     func() bool // at Begin: stops the abandon of a call that never reaches End
+
+	mu   sync.Mutex
+	held int64 // the last message's charge
+	last any   // the message of the receive under way (see settle)
+	err  error // the last message was refused (a budget error) or could not be unmarshaled
+}
+
+func callFrom(ctx context.Context, b *budget) *call {
+	if c, ok := ctx.Value(callKey{}).(*call); ok && c.b == b {
+		return c
+	}
+	return nil
+}
+
+// TagRPC opens the call's account: the context of the rest of the call,
+// and so the handler's, carries it. A call that never reaches End (an
+// unknown method) is abandoned when its context ends.
+func (b *budget) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	c := &call{b: b}
+	wctx, w, err := b.pool.StartWork(ctx, b.cfg.work(info.FullMethodName))
+	if err != nil {
+		c.startErr = err
+		return context.WithValue(ctx, callKey{}, c)
+	}
+	c.w = w
+	c.stop = context.AfterFunc(wctx, c.abandon)
+	return context.WithValue(wctx, callKey{}, c)
+}
+
+// HandleRPC unmarshals a received message once its size is charged (see
+// ServerOptions), and ends the call's work at End if the interceptors did
+// not.
+func (b *budget) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch s := s.(type) {
+	case *stats.Begin:
+		if c := callFrom(ctx, b); c != nil && c.stop != nil {
+			c.stop() // the call reached its handler: End ends it, not its context
+		}
+	case *stats.InPayload:
+		if s.Client {
+			return
+		}
+		kept, ok := b.parked.LoadAndDelete(s.Payload)
+		if !ok {
+			return
+		}
+		data := kept.(mem.BufferSlice)
+		defer data.Free()
+		if c := callFrom(ctx, b); c != nil {
+			c.receive(s.Payload, data)
+		} else {
+			_ = b.codec.Unmarshal(data, s.Payload) // not a call of ours: cannot happen
+		}
+	case *stats.End:
+		if c := callFrom(ctx, b); c != nil {
+			c.abandon()
+		}
+	}
+}
+
+func (b *budget) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (b *budget) HandleConn(context.Context, stats.ConnStats)                       {}
+
+// receive charges the size of message v's wire bytes to the call, after
+// releasing the previous message's charge, and unmarshals them into v if
+// the budget granted it. A refusal or an unmarshal error is kept for the
+// interceptor to return: the receive itself has succeeded by now.
+func (c *call) receive(v any, data mem.BufferSlice) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.last, c.err = v, nil
+	if c.w == nil {
+		return // the interceptor answers with startErr; nothing to unmarshal for
+	}
+	a := c.w.Account()
+	a.Shrink(c.held)
+	c.held = 0
+	n := int64(data.Len())
+	if err := a.Grow(n); err != nil {
+		c.err = err
+		return
+	}
+	if err := c.b.codec.Unmarshal(data, v); err != nil {
+		a.Shrink(n)
+		// What grpc-go answers when its codec fails.
+		c.err = status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
+		return
+	}
+	c.held = n
+}
+
+// settle ends the receive of the last message, once RecvMsg returned: it
+// frees wire bytes parked for that message by a receive that had no
+// InPayload (a second message on a non-client-streaming call, which
+// grpc-go refuses), forgets the message, so that it lives as long as the
+// handler keeps it, and returns its refusal or unmarshal error, once.
+func (c *call) settle() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last != nil {
+		if kept, ok := c.b.parked.LoadAndDelete(c.last); ok {
+			kept.(mem.BufferSlice).Free()
+		}
+		c.last = nil
+	}
+	err := c.err
+	c.err = nil
+	return err
+}
+
+// release returns the last message's charge.
+func (c *call) release() {
+	_ = c.settle()
+	c.mu.Lock()
+	held := c.held
+	c.held = 0
+	c.mu.Unlock()
+	c.w.Account().Shrink(held)
+}
+
+// abandon ends the call's work if nothing else did: at End, or when the
+// context of a call that never reached End ends.
+func (c *call) abandon() {
+	if c.w == nil {
+		return
+	}
+	c.release()
+	c.w.Abandon() // nothing when the interceptor finished it
+}
+
+// refusal is the error of a message the budget refused: it matches
+// limits.ErrResourceExhausted (errors.Is, errors.As find the
+// *limits.ExhaustedError) and carries code 8 for a handler that returns it
+// without these interceptors around it.
+type refusal struct {
+	error
+}
+
+func (r refusal) Unwrap() error { return r.error }
+
+func (r refusal) GRPCStatus() *status.Status {
+	return status.New(codes.ResourceExhausted, r.Error())
+}

@@ -1,0 +1,34 @@
+package cgroupfs
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/memctl/memctl/internal/safefs"
+)
+
+// unlimitedFrom is the smallest value read as no limit: v1 writes an unset
+// limit as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages);
+// 4 EiB or more is beyond any machine.
+const unlimitedFrom = 1 << 62
+
+// parseLimit parses a limit file's value: a decimal byte count, or "max"
+// when allowMax (v2). Values of unlimitedFrom or more are NoLimit.
+func parseLimit(s string, allowMax bool) (int64, error) {
+	s = strings.TrimSpace(s)
+	if allowMax && s == "max" {
+		return NoLimit, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		if allowMax {
+			return 0, fmt.Errorf("malformed limit %s, want bytes or \"max\"", safefs.Quote(s))
+		}
+		return 0, fmt.Errorf("malformed limit %s, want bytes", safefs.Quote(s))
+	}
+	if n >= unlimitedFrom {
+		return NoLimit, nil
+	}
+	return int64(n), nil
+}

@@ -1,0 +1,157 @@
+// Package history keeps the last minutes of what memctl saw, for the
+// /debug/memctl page: RSS, the live heap and GOMEMLIMIT at the moments
+// memctl already wakes (GC ends, trims, limit changes, pressure), in a ring
+// of fixed size. It runs no timer and no goroutine, and recording
+// allocates nothing.
+package history
+
+import (
+	"bytes"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Kind says what an Entry records.
+type Kind uint8
+
+const (
+	KindGCEnd    Kind = iota // a GC cycle ended
+	KindTrim                 // a trim ran or was skipped
+	KindLimit                // GOMEMLIMIT or the memory limit changed
+	KindPressure             // kernel memory pressure, or a death spiral
+)
+
+// String returns "gc", "trim", "limit" or "pressure".
+func (k Kind) String() string {
+	switch k {
+	case KindTrim:
+		return "trim"
+	case KindLimit:
+		return "limit"
+	case KindPressure:
+		return "pressure"
+	}
+	return "gc"
+}
+
+// Entry is one moment: its time, what it was, RSS (bytes, -1 unknown),
+// the live heap at the last GC end and GOMEMLIMIT (bytes).
+type Entry struct {
+	At         time.Time
+	Kind       Kind
+	RSS        int64
+	Live       int64
+	GoMemLimit int64
+}
+
+// Size is how many entries a Ring keeps: at most one GC end every
+// minGap, so three minutes of a busy process, more of a quiet one.
+const Size = 720
+
+// minGap is the least time between two GC-end entries (and two RSS reads
+// at GC ends): a process that runs 100 GC cycles a second records four.
+const minGap = 250 * time.Millisecond
+
+// Ring is the history of one controller. Its zero value is empty and
+// ready; it is safe for concurrent use.
+type Ring struct {
+	live   atomic.Int64 // the live heap of the last GC end
+	lastGC atomic.Int64 // when the last GC-end entry was made, Unix ns; 0 none
+
+	mu      sync.Mutex
+	e       [Size]Entry
+	n, next int
+	statm   *os.File // /proc/self/statm, opened at the first read; nil if it cannot be
+	tried   bool
+	buf     [128]byte
+}
+
+// GCEnd records a GC end at t with its live heap and GOMEMLIMIT, unless
+// one was recorded less than minGap ago (then only the live heap is kept,
+// with two atomic operations, for the next entry). It allocates nothing.
+func (r *Ring) GCEnd(t time.Time, live, gomemlimit int64) {
+	r.live.Store(live)
+	ns := t.UnixNano()
+	if last := r.lastGC.Load(); last != 0 && ns-last < int64(minGap) {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastGC.Store(ns)
+	r.add(Entry{At: t, Kind: KindGCEnd, RSS: r.rss(), Live: live, GoMemLimit: gomemlimit})
+}
+
+// Mark records an event of kind k at t, with RSS read now.
+func (r *Ring) Mark(t time.Time, k Kind, gomemlimit int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.add(Entry{At: t, Kind: k, RSS: r.rss(), Live: r.live.Load(), GoMemLimit: gomemlimit})
+}
+
+// Entries returns the entries recorded, oldest first.
+func (r *Ring) Entries() []Entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Entry, 0, r.n)
+	for i := range r.n {
+		out = append(out, r.e[(r.next-r.n+i+Size)%Size])
+	}
+	return out
+}
+
+// Close closes the file the ring reads RSS from.
+func (r *Ring) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.statm != nil {
+		r.statm.Close()
+		r.statm = nil
+	}
+}
+
+func (r *Ring) add(e Entry) {
+	r.e[r.next] = e
+	r.next = (r.next + 1) % Size
+	r.n = min(r.n+1, Size)
+}
+
+// rss returns the resident set size in bytes from /proc/self/statm (its
+// second field, in pages; proc(5)), -1 when it cannot be read. The file
+// is kept open and read into a fixed buffer: no allocation. r.mu held.
+func (r *Ring) rss() int64 {
+	if !r.tried {
+		r.tried = true
+		r.statm, _ = os.Open("/proc/self/statm")
+	}
+	if r.statm == nil {
+		return -1
+	}
+	n, err := r.statm.ReadAt(r.buf[:], 0)
+	if n == 0 && err != nil {
+		return -1
+	}
+	return parseStatm(r.buf[:n])
+}
+
+// parseStatm returns the resident pages of a statm line ("size resident
+// shared ...") in bytes, -1 when malformed.
+func parseStatm(b []byte) int64 {
+	i := bytes.IndexByte(b, ' ')
+	if i < 0 {
+		return -1
+	}
+	var pages int64
+	j := i + 1
+	for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
+		if pages > (1<<62)/10 {
+			return -1
+		}
+		pages = pages*10 + int64(b[j]-'0')
+	}
+	if j == i+1 || j < len(b) && b[j] != ' ' && b[j] != '\n' {
+		return -1
+	}
+	return pages * int64(os.Getpagesize())
+}

@@ -1,0 +1,83 @@
+package memsignal
+
+import (
+	"fmt"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/procfs"
+)
+
+// Makeup is what the memory under pressure is made of, where the kernel
+// says it, in bytes, -1 when unknown.
+type Makeup struct {
+	// Anon is anonymous memory: memory.stat "anon" (v2) or "total_rss"
+	// (v1), /proc/meminfo AnonPages; no shmem or tmpfs.
+	Anon int64
+	// Cache is the page cache the kernel reclaims under pressure:
+	// "active_file" + "inactive_file" (v1 "total_" lines), /proc/meminfo
+	// Active(file) + Inactive(file).
+	Cache int64
+	// Own is this process's RssAnon (/proc/self/status), read for the
+	// host's makeup only.
+	Own int64
+	// From names the file read.
+	From string
+}
+
+// Known reports whether both figures could be read: a file unreadable,
+// malformed or lacking active_file or inactive_file gives an unknown makeup.
+func (m Makeup) Known() bool { return m.Anon >= 0 && m.Cache >= 0 }
+
+// Anonymous reports whether anonymous memory is the problem: known, and
+// more than the page cache. While the cache is at least as large, the
+// kernel reclaims cache first (cgroup-v1/memory.rst, cgroup-v2.rst
+// "memory.high").
+func (m Makeup) Anonymous() bool { return m.Known() && m.Anon > m.Cache }
+
+// OwnsHostAnon reports whether this process holds at least half of the
+// host's anonymous memory.
+func (m Makeup) OwnsHostAnon() bool { return m.Own >= 0 && m.Anon >= 0 && m.Own >= m.Anon-m.Own }
+
+// UnknownMakeup is the makeup when the file from could not be read.
+func UnknownMakeup(from string) Makeup { return Makeup{Anon: -1, Cache: -1, Own: -1, From: from} }
+
+// MakeupOfStat returns the makeup of a parsed memory.stat. The cache is
+// unknown unless the file has both active_file and inactive_file (one list
+// alone would make the memory look anonymous).
+func MakeupOfStat(s cgroupfs.MemoryStat, from string) Makeup {
+	mk := Makeup{Anon: s.Anon, Cache: -1, Own: -1, From: from}
+	if s.ActiveFile >= 0 && s.InactiveFile >= 0 {
+		mk.Cache = addSat(s.ActiveFile, s.InactiveFile)
+	}
+	return mk
+}
+
+// CgroupMakeup reads the makeup of the cgroup directory dir.
+func CgroupMakeup(dir string) (Makeup, error) {
+	file := dir + "/memory.stat"
+	s, err := cgroupfs.ReadMemoryStat(dir)
+	if err != nil {
+		return UnknownMakeup(file), err
+	}
+	return MakeupOfStat(s, file), nil
+}
+
+// HostMakeup reads the host's makeup from meminfo (/proc/meminfo) and this
+// process's RssAnon from status (/proc/self/status; Own -1 when unread).
+func HostMakeup(meminfo, status string) (Makeup, error) {
+	f, err := procfs.ReadFile(meminfo)
+	if err != nil {
+		return UnknownMakeup(meminfo), err
+	}
+	var v [3]int64
+	for i, k := range []string{"AnonPages", "Active(file)", "Inactive(file)"} {
+		if v[i], err = f.Bytes(k); err != nil {
+			return UnknownMakeup(f.File), fmt.Errorf("pressure: %w", err)
+		}
+	}
+	mk := Makeup{Anon: v[0], Cache: addSat(v[1], v[2]), Own: -1, From: f.File}
+	if n, err := procfs.ReadBytes(status, "RssAnon"); err == nil {
+		mk.Own = n
+	}
+	return mk, nil
+}

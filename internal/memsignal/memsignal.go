@@ -1,0 +1,211 @@
+// Package memsignal opens the kernel's memory pressure sources (a PSI
+// trigger, the cgroup v1 pressure level, systemd's memory pressure
+// protocol, cgroup v2 memory.events), drains their signals, checks a PSI
+// event against the stall since its trigger was armed, and reads what the
+// memory under pressure is made of. Package pressure decides what to do.
+// The parsers are portable; opening and draining are Linux only.
+package memsignal
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+)
+
+// Kind is how a source is opened and polled.
+type Kind int
+
+const (
+	PSI     Kind = iota + 1 // a PSI file: write a trigger, poll POLLPRI
+	V1Level                 // cgroup v1: cgroup.event_control and an eventfd
+	Systemd                 // $MEMORY_PRESSURE_WATCH: a PSI file, FIFO or socket
+	Events                  // cgroup v2 memory.events, read-only, poll POLLPRI
+)
+
+// V1LevelName is the cgroup v1 pressure level listened for: at a cgroup's
+// limit only "low" fires (kernel 6.18), never "medium" or "critical", so
+// waiting for those would be waiting for the OOM killer.
+const V1LevelName = "low"
+
+// Source is a source to open: Path is the PSI file, the v1 cgroup
+// directory or systemd's path; Write is what to write to it first (a PSI
+// trigger, systemd's decoded $MEMORY_PRESSURE_WRITE).
+type Source struct {
+	Kind  Kind
+	Path  string
+	Write []byte
+}
+
+// Trigger returns the PSI trigger "some STALL_US WINDOW_US" with its
+// terminating NUL (Documentation/accounting/psi.rst: the kernel overwrites
+// the last byte written with one, psi_write).
+func Trigger(stall, window time.Duration) []byte {
+	return fmt.Appendf(nil, "some %d %d\x00", stall.Microseconds(), window.Microseconds())
+}
+
+// maxSystemdWrite is the most bytes of decoded $MEMORY_PRESSURE_WRITE
+// memctl writes: the kernel reads at most 32 bytes of a PSI trigger
+// (psi_write), and the service manager's FIFO or socket needs a line.
+const maxSystemdWrite = 4096
+
+// SystemdEnv returns the source of systemd's memory pressure protocol
+// (https://systemd.io/MEMORY_PRESSURE/): $MEMORY_PRESSURE_WATCH, the path
+// to open (a PSI file, a FIFO or an AF_UNIX socket), and
+// $MEMORY_PRESSURE_WRITE, base64 (padded or not), what to write to it
+// first. ok is false when the variable is unset; off is true for
+// "/dev/null" in any spelling (watching turned off). A relative path, or
+// a write that is not base64 or decodes to over 4 KiB, is an error that
+// names the variable.
+func SystemdEnv(getenv func(string) string) (s Source, ok, off bool, err error) {
+	path := strings.TrimSpace(getenv("MEMORY_PRESSURE_WATCH"))
+	switch {
+	case path == "":
+		return Source{}, false, false, nil
+	case !strings.HasPrefix(path, "/"):
+		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: want an absolute path", path)
+	case filepath.Clean(path) == "/dev/null": // "//dev/null" and "/dev/null/" too, as systemd's path_equal
+		return Source{}, true, true, nil
+	}
+	s = Source{Kind: Systemd, Path: path}
+	w := strings.TrimSpace(getenv("MEMORY_PRESSURE_WRITE"))
+	if w == "" {
+		return s, true, false, nil
+	}
+	if len(w) > maxSystemdWrite*4/3+4 {
+		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE is %d bytes of base64: over the %d bytes decoded that memctl writes (a PSI trigger is at most 32)", len(w), maxSystemdWrite)
+	}
+	b, err := base64.StdEncoding.DecodeString(w)
+	if err != nil && !strings.HasSuffix(w, "=") {
+		b, err = base64.RawStdEncoding.DecodeString(w) // padding left off
+	}
+	if err != nil {
+		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE=%q: not base64: %w", w, err)
+	}
+	if len(b) > maxSystemdWrite {
+		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE decodes to %d bytes: over the %d that memctl writes (a PSI trigger is at most 32)", len(b), maxSystemdWrite)
+	}
+	s.Write = b
+	return s, true, false, nil
+}
+
+// trigger is a PSI trigger: "some|full STALL_US WINDOW_US".
+type trigger struct {
+	full          bool
+	stall, window int64 // µs
+}
+
+// parseTrigger parses a PSI trigger written exactly so, a NUL or a
+// newline (echo | base64) allowed at its end.
+func parseTrigger(b []byte) (trigger, error) {
+	f := strings.Split(string(bytes.TrimSuffix(bytes.TrimSuffix(b, []byte{0}), []byte{'\n'})), " ")
+	if len(f) != 3 || (f[0] != "some" && f[0] != "full") {
+		return trigger{}, errors.New("want three fields, the first some or full")
+	}
+	var us [2]int64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || v[0] == '+' {
+			return trigger{}, fmt.Errorf("%q is not a count of microseconds", v)
+		}
+		us[i] = n
+	}
+	return trigger{full: f[0] == "full", stall: us[0], window: us[1]}, nil
+}
+
+// SystemdTrigger checks that b, the decoded $MEMORY_PRESSURE_WRITE for a
+// PSI file, is a PSI trigger whose window is in the kernel's [500000,
+// 10000000] µs (psi.c WINDOW_MIN_US, WINDOW_MAX_US) and stall in (0,
+// window], and returns it as the kernel reads it: numbers without leading
+// zeros (psi_write reads at most 32 bytes) and a terminating NUL, appended
+// when missing (without it, "some 200000 2000000" would be armed with a
+// 200 ms window). The error names the variable and quotes the value.
+func SystemdTrigger(b []byte) ([]byte, error) {
+	t, err := parseTrigger(b)
+	switch {
+	case err != nil:
+	case t.window < 500_000 || t.window > 10_000_000:
+		err = fmt.Errorf("window %d µs is not in [500000, 10000000]", t.window)
+	case t.stall == 0 || t.stall > t.window:
+		err = fmt.Errorf("stall %d µs is not in (0, %d]", t.stall, t.window)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE decodes to %q, not a PSI trigger (want \"some|full STALL_US WINDOW_US\"): %w", b, err)
+	}
+	return fmt.Appendf(nil, "%s %d %d\x00", strings.Fields(string(b))[0], t.stall, t.window), nil
+}
+
+// arm is what a PSI trigger's events are checked against: its state
+// (some or full), its threshold (the stall) and that state's total stall
+// when it was armed, in µs as the PSI file shows them. The kernel may
+// signal a trigger just armed for stall from before: an unprivileged
+// trigger's window starts from a total that only privileged polling keeps
+// current (kernel/sched/psi.c psi_trigger_create, window_update).
+type arm struct {
+	trigger
+	armed int64
+}
+
+// explains reports whether total, the state's total stall read after an
+// event, explains it: grown by at least the threshold since arming (the
+// kernel's window starts at arming at the earliest). A total that went
+// down explains it (nothing to judge by).
+func (a arm) explains(total int64) bool {
+	return total < a.armed || total-a.armed >= a.stall
+}
+
+// parsePSITotals returns the "total=" figures (µs) of the "some" and
+// "full" lines of a PSI file (Documentation/accounting/psi.rst); a line
+// absent or malformed gives -1 (the system-wide cpu file had no "full"
+// line before Linux 5.13).
+func parsePSITotals(b []byte) (some, full int64) {
+	some, full = -1, -1
+	for _, line := range strings.Split(string(b), "\n") {
+		kind, rest, _ := strings.Cut(line, " ")
+		for _, f := range strings.Fields(rest) {
+			v, ok := strings.CutPrefix(f, "total=")
+			if !ok || (kind != "some" && kind != "full") {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				n = -1
+			}
+			if kind == "some" {
+				some = n
+			} else {
+				full = n
+			}
+		}
+	}
+	return some, full
+}
+
+// EventsGrowth returns how much the memory.events counters that mean
+// pressure on the cgroup's own processes (high, max, oom, oom_kill; not
+// low) grew from a to b. A counter absent in either is left out; one that
+// went down (a new cgroup) counts 0; the sum saturates.
+func EventsGrowth(a, b cgroupfs.Events) int64 {
+	var d int64
+	for _, p := range [...][2]int64{{a.High, b.High}, {a.Max, b.Max}, {a.OOM, b.OOM}, {a.OOMKill, b.OOMKill}} {
+		if p[0] >= 0 && p[1] > p[0] {
+			d = addSat(d, p[1]-p[0])
+		}
+	}
+	return d
+}
+
+// addSat returns a+b for a, b >= 0, saturating at math.MaxInt64.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}

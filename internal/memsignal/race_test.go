@@ -1,0 +1,5 @@
+//go:build race
+
+package memsignal_test
+
+const raceEnabled = true

@@ -1,0 +1,5 @@
+//go:build realsvc_auto
+
+package main
+
+import _ "github.com/memctl/memctl/auto"

@@ -1,0 +1,5 @@
+//go:build linux && cgo && !race
+
+package cheap_test
+
+const raceEnabled = false

@@ -1,0 +1,77 @@
+package trim
+
+import (
+	"sync/atomic"
+
+	"github.com/memctl/memctl/internal/gcend"
+)
+
+// gcLive holds the live heap at the last GC ends the Trimmer saw (its
+// gcend subscriber: nothing runs while the process does not allocate). A
+// GC during a burst counts the burst's objects as live until the next GC,
+// and one snapshot cannot tell them from a heap that grew for good: the
+// cycle before can.
+type gcLive struct {
+	last, prev atomic.Int64  // bytes; -1 before the first GC end seen
+	ends       atomic.Uint64 // GC ends seen
+	// peak is the highest live heap at a GC end since the last decision:
+	// a last GC end well below it collected a burst (see collected).
+	peak atomic.Int64
+	// floor is the live heap before a burst the program marks: the smaller
+	// of the last two GC ends' when they are within 25% of each other,
+	// taken while no trim is pending and no burst is in flight; it follows
+	// a lower live heap at once, and is the live heap after a trim's GC.
+	floor atomic.Int64
+}
+
+// atGCEnd records one GC end's live heap; it runs on the runtime's cleanup
+// goroutine (see gcend) and keeps the subscription while t is open.
+func (t *Trimmer) atGCEnd(live int64) bool {
+	prev := t.gc.last.Load()
+	t.gc.prev.Store(prev)
+	t.gc.last.Store(live)
+	if prev >= 0 && t.state.Load() == stateIdle && t.inFlight() == 0 {
+		if live <= prev+prev/4 {
+			t.gc.floor.Store(min(prev, live)) // two GCs saw the heap at this level
+		} else if live < t.gc.floor.Load() {
+			t.gc.floor.Store(live)
+		}
+	}
+	if live > t.gc.peak.Load() {
+		t.gc.peak.Store(live)
+	}
+	t.gc.ends.Add(1)
+	return t.state.Load() != stateClosed
+}
+
+// gcEnd reads the live heap now and records it as a GC end would.
+func (t *Trimmer) gcEnd() bool { return t.atGCEnd(readSample().Live) }
+
+// collected reports whether the last GC end saw the live heap fall from
+// its peak since the last decision by a quarter and at least min bytes:
+// that cycle collected a burst, whenever the program marked it.
+func (g *gcLive) collected(min int64) bool {
+	last, peak := g.last.Load(), g.peak.Load()
+	return last >= 0 && peak-last >= max(min, 1) && last <= peak-peak/4
+}
+
+// previous returns the live heap at the GC end before the one that read
+// live (the current /gc/heap/live:bytes), or live when unknown.
+func (g *gcLive) previous(live int64) int64 {
+	last, prev := g.last.Load(), g.prev.Load()
+	switch {
+	case last == live && prev >= 0:
+		return prev
+	case last >= 0 && last != live:
+		return last // the hook has not run yet for the GC that read live
+	}
+	return live
+}
+
+// readSample reads the runtime's figures now (outside a GC end).
+func readSample() gcend.Sample {
+	var r gcend.Reader
+	var s gcend.Sample
+	r.Read(&s)
+	return s
+}
