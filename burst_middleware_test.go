@@ -163,13 +163,18 @@ func TestMiddlewareThreeConcurrentRequestsTrim(t *testing.T) {
 	}
 	assert.LessOrEqual(t, mib(hooked, "AFTER"), mib(hooked, "BEFORE")+32, "back within 32 MiB")
 	assert.Equal(t, "1", hooked["TRIMS"], "one burst for the three")
-	// The control runs no trim and keeps the requests' 88 MiB but what
-	// the runtime's background scavenger returned over the same window
-	// (the released heap read with RSS at both ends), less 16 MiB for the
-	// free heap the requests reused and noise.
+	// The control runs no trim. Its RSS shows what the runtime alone gives
+	// back in the same window: when the background scavenger has already
+	// brought it within the same 32 MiB, the middleware's effect cannot be
+	// told from the runtime's on this run, so the test says so and skips.
+	// (The released-heap gauge cannot tell how much the scavenger returned:
+	// the requests first reuse released pages, so its difference
+	// understates it.)
 	assert.Equal(t, "0", none["TRIMS"])
-	assert.GreaterOrEqual(t, mib(none, "AFTER")+mib(none, "RELEASED"), mib(none, "BEFORE")+threeRequests*requestBytes>>20-16,
-		"the control keeps the requests' memory but what the scavenger returned")
+	if mib(none, "AFTER") <= mib(none, "BEFORE")+32 {
+		t.Skipf("the control, with no trim, is back within 32 MiB too (%d -> %d MiB): the runtime returned the requests' memory on its own here, so this run cannot show the middleware's trim",
+			mib(none, "BEFORE"), mib(none, "AFTER"))
+	}
 	assert.LessOrEqual(t, mib(auto, "AFTER"), mib(auto, "BEFORE")+32, "with the defaults too")
 	runtime.KeepAlive(g)
 }

@@ -45,21 +45,31 @@ type stretch struct {
 // a signal it acts, then ignores the source for MinInterval (poll with a
 // timeout, on wake only), then looks at it again: signals latched meanwhile
 // (the eventfd counter, the PSI event flag) give one more action.
+//
+// A PSI event ignored as unexplained gets one more look a window later
+// (recheck): the kernel sends no event for a window after one it sent, so
+// a real stall that begins just after a false event would otherwise go
+// unanswered.
 func (w *watcher) run() {
 	defer close(w.done)
 	fds := []unix.PollFd{w.sig.PollFd(), {Fd: int32(w.wake), Events: unix.POLLIN}}
 	fd := fds[0].Fd
-	var until time.Time // end of the quiet interval; zero: none
+	var until, recheck time.Time // end of the quiet interval, the look after an ignored event; zero: none
 	var st stretch
 	for {
-		timeout := -1
+		timeout, look := -1, false
 		fds[0].Fd = fd
 		if !until.IsZero() {
 			if d := time.Until(until); d > 0 {
-				timeout = int((d + time.Millisecond - 1) / time.Millisecond)
+				timeout = ceilMillis(d)
 				fds[0].Fd = -1 // ignored by poll
 			} else {
-				until, timeout = time.Time{}, 0 // look once: anything latched?
+				until, timeout, look = time.Time{}, 0, true // look once: anything latched?
+			}
+		}
+		if !recheck.IsZero() && timeout != 0 {
+			if d := ceilMillis(time.Until(recheck)); timeout < 0 || d < timeout {
+				timeout = d
 			}
 		}
 		fds[0].Revents, fds[1].Revents = 0, 0
@@ -73,44 +83,69 @@ func (w *watcher) run() {
 		case fds[1].Revents != 0:
 			return
 		case n == 0:
-			if timeout == 0 {
+			if !recheck.IsZero() && !time.Now().Before(recheck) {
+				recheck = time.Time{}
+				if _, _, ignore := w.sig.Unexplained(); !ignore {
+					w.respond(1, &st)
+					until, look = time.Now().Add(w.m.cfg.MinInterval), false
+				}
+			}
+			if look {
 				w.eased(&st)
 			}
 			continue
 		}
-		handled, stop := w.signal(fds[0].Revents, &st)
-		if stop {
+		handled, ignored, stop := w.signal(fds[0].Revents, &st)
+		switch {
+		case stop:
 			return
-		}
-		if handled {
-			until = time.Now().Add(w.m.cfg.MinInterval)
+		case handled:
+			until, recheck = time.Now().Add(w.m.cfg.MinInterval), time.Time{}
+		case ignored:
+			recheck = time.Now().Add(w.sig.Window())
 		}
 	}
 }
 
+// ceilMillis returns d in whole milliseconds, rounded up, for poll(2); at
+// least 0.
+func ceilMillis(d time.Duration) int {
+	return int(max(0, (d+time.Millisecond-1)/time.Millisecond))
+}
+
 // signal handles the source's revents: it drains the source, checks a PSI
 // event against the stall since arming and responds. handled is false
-// when there was no signal to answer; stop is true when the source is gone.
-func (w *watcher) signal(re int16, st *stretch) (handled, stop bool) {
+// when there was no signal to answer; ignored is set for a PSI event the
+// stall since arming does not explain; stop is true when the source is
+// gone.
+func (w *watcher) signal(re int16, st *stretch) (handled, ignored, stop bool) {
 	m := w.m
 	if w.sig.Gone(re) {
 		m.log.Warn("memctl: memory pressure watcher stopped: source gone", "source", w.name, "revents", re)
-		return false, true
+		return false, false, true
 	}
 	got := w.sig.Drain()
 	switch {
 	case got < 0:
 		m.log.Warn("memctl: memory pressure watcher stopped: the service manager closed the socket", "source", w.name)
-		return false, true
+		return false, false, true
 	case got == 0:
-		return false, false
+		return false, false, false
 	}
 	if since, threshold, ignore := w.sig.Unexplained(); ignore {
 		m.unexplained.Add(1)
-		m.log.LogAttrs(bg, slog.LevelDebug, "memctl: PSI event ignored: the stall since the trigger was armed does not explain it",
+		m.log.LogAttrs(bg, slog.LevelDebug, "memctl: PSI event ignored: the stall since the trigger was armed does not explain it; looked at again a window later",
 			slog.String("source", w.name), slog.Duration("stall_since_armed", since), slog.Duration("threshold", threshold))
-		return false, false
+		return false, true, false
 	}
+	w.respond(got, st)
+	return true, false, false
+}
+
+// respond answers got signals: it counts them, opens a stretch of pressure
+// if none is in progress and acts.
+func (w *watcher) respond(got int64, st *stretch) {
+	m := w.m
 	m.signals.Add(got)
 	mk := w.readMakeup()
 	if !st.in {
@@ -123,7 +158,6 @@ func (w *watcher) signal(re int16, st *stretch) (handled, stop bool) {
 	} else {
 		st.left++
 	}
-	return true, false
 }
 
 // eased logs the end of a stretch of pressure, if one is in progress.

@@ -162,6 +162,17 @@ func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	return time.Duration(total-w.psi.armed) * us, time.Duration(w.psi.stall) * us, !w.psi.explains(total)
 }
 
+// Window returns the PSI trigger's window, the time the kernel waits
+// after an event before it may send the next one
+// (Documentation/accounting/psi.rst: "at most one event per window"); 0
+// when no event is checked.
+func (w *Signal) Window() time.Duration {
+	if w.psi == nil {
+		return 0
+	}
+	return time.Duration(w.psi.window) * time.Microsecond
+}
+
 // checkPSIFile checks that the open fd is a PSI file, as systemd checks
 // $MEMORY_PRESSURE_WATCH (sd_event_add_memory_pressure(3)): a regular file
 // of procfs named /proc/pressure/*, or of a cgroup file system named
