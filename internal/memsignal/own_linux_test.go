@@ -31,10 +31,16 @@ func TestHostMakeupOwnIsAnonOnly(t *testing.T) {
 	require.NoError(t, err)
 
 	path := filepath.Join(t.TempDir(), "mapped")
-	require.NoError(t, os.WriteFile(path, make([]byte, n), 0o600))
-	f, err := os.Open(path)
+	// Written from one small buffer: a 64 MiB one would be anonymous memory
+	// of this process itself.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	require.NoError(t, err)
 	defer f.Close()
+	chunk := make([]byte, 1<<20)
+	for range n / len(chunk) {
+		_, err := f.Write(chunk)
+		require.NoError(t, err)
+	}
 	file, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	defer unix.Munmap(file)
