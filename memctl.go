@@ -219,7 +219,7 @@ type Stats struct {
 	// AutoBurst holds the burst detector's counters (zero when it is off).
 	AutoBurst trim.AutoBurstStats
 	// Swap holds the process's VmSwap and its cgroup's swap (see
-	// SwapStats): three small file reads, 50-90 µs (BenchmarkSwapRead).
+	// SwapStats): three small file reads.
 	Swap SwapStats
 }
 

@@ -158,15 +158,15 @@ func (c *Controller) recordOr(closed *Controller) *state.Record {
 // countersEvery is the least time between two records that the GC-end
 // watch publishes for changed counters alone (pool refusals and peaks,
 // pressure signals, bursts): a busy service that runs 100 GC cycles a
-// second publishes once a second, not 100 times (BenchmarkPublish: 20 to
-// 130 µs each). A changed decision (GOMEMLIMIT, the pools' set or limits)
+// second publishes once a second, not 100 times (what a publication costs:
+// state.Publish). A changed decision (GOMEMLIMIT, the pools' set or limits)
 // is published at the first GC end that sees it.
 const countersEvery = time.Second
 
 // startRecord publishes c's first record and watches, at the end of each GC
 // cycle, for a change of GOMEMLIMIT, of the pools or of the record's
-// counters (atomic reads and a short list, 215 to 292 ns with two pools:
-// BenchmarkFingerprint; no goroutine, no timer). A controller that
+// counters (atomic reads and a short list; no goroutine, no timer;
+// measured figures: docs/benchmarks.md). A controller that
 // MEMCTL=off switched off publishes once and watches nothing.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l

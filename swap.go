@@ -50,9 +50,9 @@ type swapSource struct {
 }
 
 // read returns the SwapStats of the calling process: three small reads
-// (/proc/self/status and the cgroup's two swap files, 50-90 µs in all,
-// BenchmarkSwapRead; the first call also finds the cgroup from
-// /proc/self/cgroup and mountinfo). Safe for concurrent use. The state
+// (/proc/self/status and the cgroup's two swap files; the first call also
+// finds the cgroup from /proc/self/cgroup and mountinfo; measured figures:
+// docs/benchmarks.md). Safe for concurrent use. The state
 // record calls it at each publication (at most once a second for
 // counters, and at decisions), never on a hot path or while idle.
 func (s *swapSource) read() SwapStats {

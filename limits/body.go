@@ -13,10 +13,9 @@ import (
 // body read into memory is held twice at its peak. io.ReadAll builds it in
 // chunks and copies them into one slice at the end, also when a Read
 // fails; bytes.Buffer and encoding/json's Decoder copy their buffer into
-// one twice as large as they grow. In TestUploadsInCgroup (a 200 MiB
-// chunked upload read with io.ReadAll under a 64 MiB budget, beside two
-// refused by their Content-Length) the cgroup's peak was 166 MiB with the
-// body charged once, 81 MiB charged twice.
+// one twice as large as they grow. A body charged once could therefore
+// hold twice its budget in memory before the charge refused it (measured
+// figures: docs/budgets.md).
 const bodyCopies = 2
 
 // bodyCharge returns what a body of n bytes is charged, bodyCopies times n,

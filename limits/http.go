@@ -39,14 +39,14 @@ type HTTPConfig struct {
 	// once, and the pool's use (Pool.Used, what all its accounts hold, in
 	// 64 KiB chunks by default) has peaked at BurstThreshold or more since
 	// the last burst they ended, the request whose end leaves it under half
-	// of BurstThreshold calls AfterBurst (three concurrent
-	// requests of 31 MB each under a 32 MiB threshold end one burst when
-	// the last of them ends, TestMiddlewareBurstAcrossRequests). A steady
-	// load that keeps the pool above half the threshold ends no burst
-	// until it falls. Negative means never. Default: 0, which
-	// means DefaultBurstThreshold (64 MiB), or Limit/2 when Limit is set and
-	// Limit/2 is smaller (at least 1 byte): a request never holds more than
-	// Limit, so a request limited to 32 MiB ends a burst at 16 MiB.
+	// of BurstThreshold calls AfterBurst (three concurrent requests of
+	// 31 MB each under a 32 MiB threshold end one burst when the last of
+	// them ends). A steady load that keeps the pool above half the
+	// threshold ends no burst until it falls. Negative means never.
+	// Default: 0, which means DefaultBurstThreshold (64 MiB), or Limit/2
+	// when Limit is set and Limit/2 is smaller (at least 1 byte): a request
+	// never holds more than Limit, so a request limited to 32 MiB ends a
+	// burst at 16 MiB.
 	// Unlimited counts as no limit here.
 	BurstThreshold int64
 	// AfterBurst is called, on the request's goroutine, after a request
@@ -73,8 +73,8 @@ type HTTPConfig struct {
 // returns, even by panic. With PoolConfig.CancelLargest the account is bound
 // to a cancelable context of its own (WithAccount) that the pool's heap
 // watch may cancel; without it the middleware skips that context and costs
-// 3 allocations (625 bytes) a request: the account, the context value and
-// the request copy of r.WithContext (BenchmarkHandler in bench/).
+// 3 allocations a request: the account, the context value and the request
+// copy of r.WithContext (measured figures: docs/benchmarks.md).
 // When the pool is closed the middleware answers 503 Service Unavailable
 // without calling the handler. It returns an error matching ErrInvalidSize
 // for a cfg.Limit that is negative or 0. The middleware is safe for
@@ -96,14 +96,13 @@ type HTTPConfig struct {
 // answers 429 itself (for such requests it wraps the ResponseWriter to see
 // whether the handler wrote; Flush, Hijack, ReadFrom and
 // http.ResponseController pass through). The body's charge is released
-// when the handler returns. A request without a body costs what it cost
-// before (BenchmarkMiddleware in limits, against the middleware before
-// bodies were charged). In a 512 MiB cgroup with a 256 MiB pool and 64 MiB
-// per request, three concurrent 200 MiB uploads to a handler that reads its
-// body with io.ReadAll are refused with 429 while small requests are served;
-// without the charge the server is OOM-killed (TestUploadsInCgroup). A
-// handler that charged the body itself (Grow(ctx, r.ContentLength)) no
-// longer needs to.
+// when the handler returns; a request without a body costs what it cost
+// before bodies were charged. In a 512 MiB cgroup with a 256 MiB
+// pool and 64 MiB per request, three concurrent 200 MiB uploads to a
+// handler that reads its body with io.ReadAll are refused with 429 while
+// small requests are served; without the charge the server is OOM-killed
+// (docs/budgets.md). A handler that charged the body itself (Grow(ctx,
+// r.ContentLength)) no longer needs to.
 //
 // A handler shrinks what it grew before it returns (defer limits.Shrink)
 // and answers a Grow error with WriteError (the package example); a leak

@@ -38,14 +38,12 @@ const DefaultRatio = 0.9
 // MemLimitConfig.Floor is 0: 64 MiB. GOMEMLIMIT bounds the whole Go
 // runtime, live heap included, so a limit near the live heap makes the
 // collector run on almost every allocation: a tiny limit or ratio would
-// trade an OOM kill for a process that does little but collect. Measured
-// here with 16 MiB live (BenchmarkGCUnderSmallLimit: go test ./limits -run
-// XXX -bench BenchmarkGCUnderSmallLimit -count 3): 0.64 to 0.68 GC cycles
-// per MiB allocated at GOMEMLIMIT 24 MiB, 0.11 to 0.13 at 32 MiB, 0.03 at
-// 48 MiB, and from 64 MiB the 0.023 to 0.026 of GOGC alone (as at 128
-// MiB): 64 MiB is where a small service's GC stops being paced by the
-// limit. It is also the floor automemlimit users set with its WithMin.
-// memctl warns when it applies it.
+// trade an OOM kill for a process that does little but collect. With a
+// small live heap (16 MiB), the GC cycles per MiB allocated rise steeply
+// below a 64 MiB limit and from 64 MiB are those of GOGC alone: 64 MiB is
+// where a small service's GC stops being paced by the limit (measured
+// figures: docs/benchmarks.md). It is also the floor automemlimit users
+// set with its WithMin. memctl warns when it applies it.
 const DefaultFloor = 64 << 20
 
 // DefaultRefresh is how often, at most, the limit is re-read when
@@ -187,13 +185,12 @@ type MemLimitConfig struct {
 	//
 	// It is on by default because the cgroup charges that memory as it
 	// charges the Go heap: a pure-Go process alone in its cgroup gives up
-	// only a few MiB (3.6 to 4.9 MiB for this repo's test children,
-	// TestRealCgroupLimit and TestStartSetsGOMEMLIMITInCgroup), while a
-	// cgo process holding 300 MiB of C heap in a 1 GiB cgroup gets 615 MiB
-	// instead of 921 MiB (TestHeadroomForCHeap), and a 512 MiB cgroup
-	// with 300 MiB in a tmpfs or a ramfs gets about 163 MiB instead of
-	// 458 MiB (TestChargedByOthers), the difference it would otherwise lose to the
-	// OOM killer. A headroom over half the limit is logged at WARN once.
+	// only a few MiB, while a cgo process holding 300 MiB of C heap, or a
+	// cgroup with 300 MiB in a tmpfs or a ramfs, gets a GOMEMLIMIT about
+	// 300 MiB lower than it would without them, the difference it would
+	// otherwise lose to the OOM killer (measured figures:
+	// docs/benchmarks.md). A headroom over half the limit is logged at
+	// WARN once.
 	// Turn it off where GOMEMLIMIT is computed for another process (memctl
 	// exec). Default: false (headroom on).
 	NoHeadroom bool
@@ -372,13 +369,10 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 // re-read runs on the runtime's cleanup goroutine, which it holds
 // for a few small file reads (/proc/self/cgroup, mountinfo, the limit files
 // up the hierarchy, /proc/self/status, and the limiting cgroup's
-// memory.stat, in v1 also memory.kmem.usage_in_bytes): 0.25 to 0.36 ms and
-// 83 KiB of garbage on this repo's loaded 2-core machine, once per interval,
-// of which the cgroup's account is 57 to 77 µs and 18 KiB (the same
-// decision without it: 0.20 to 0.52 ms, 65 KiB, in the same run); every
-// other GC end costs one atomic load, 3 to 6 ns (BenchmarkRefresh: go test
-// ./limits -run XXX -bench BenchmarkRefresh -benchmem -count 6). The
-// files are kernel pseudo-files, which do not block on I/O.
+// memory.stat, in v1 also memory.kmem.usage_in_bytes), once per interval;
+// every other GC end costs one atomic load (measured figures:
+// docs/benchmarks.md). The files are kernel pseudo-files, which do not
+// block on I/O.
 //
 // An idle process runs no GC, and one the kernel throttles under
 // memory.high runs few: when a memory cgroup was found, a MemLimiter also
@@ -387,27 +381,21 @@ func SetGoMemLimit(ctx context.Context, cfg MemLimitConfig) (MemLimit, error) {
 // process's cgroup and each ancestor it can see with inotify (a write(2)
 // to them is IN_MODIFY, from any cgroup namespace), parked in the
 // runtime's network poller: no thread and no wake-up while no limit file
-// is written (an idle child with memctl.Start in a v2 cgroup switched
-// context 2 times in 60 s, as plain Go did: TestV2IdleCost with
-// IDLE_WINDOW=60s in the project's VM). A write is followed at once: an
-// idle process's GOMEMLIMIT moved 11 to 114 ms after memory.max was
-// lowered, 20 of 20 runs (TestV2FollowIdleMax with FOLLOW_REPEAT=10); a
-// process throttled under memory.high, 0.06 to 8.6 s after it, 20 of 20
-// runs (TestV2FollowThrottledHigh): the follower wakes within
-// milliseconds, but the kernel puts the re-reading thread to sleep for
-// 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) at each of its own charges while
-// the cgroup is over memory.high. Where inotify is not available (the
-// per-user limit fs.inotify.max_user_instances, 128 by default, is
-// shared by every process of that user on the node), a file cannot be
+// is written. A write is followed at once, idle or not, except in a
+// process throttled under memory.high, where it can take seconds: the
+// follower wakes at once, but the kernel puts the re-reading thread to
+// sleep for up to 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) at each of its own
+// charges while the cgroup is over memory.high. Where inotify is not
+// available (the per-user limit fs.inotify.max_user_instances, 128 by
+// default, is shared by every process of that user on the node), a file cannot be
 // watched, or the limit is one no write reaches (v1's
 // hierarchical_memory_limit, set above the mounted hierarchy), a timer
 // takes over: only while GOMEMLIMIT follows a cgroup limit, at most once
-// per Refresh, reading the limit files (8 µs for 3 files,
-// BenchmarkTimerSnapshot) and re-reading in full only when one changed.
-// A Go timer's wake-up itself costs the runtime about 1.4 ms of CPU on
-// this repo's 2-core machines (TestFollowTimerCost; a bare Go program
-// with a 10 s timer, the same); Following says which way the limit is
-// followed. The follower reads GOMEMLIMIT through runtime/metrics, not
+// per Refresh, reading the limit files and re-reading in full only when
+// one changed; each wake-up also costs what any Go timer's wake-up costs
+// the runtime (measured figures for the follower and the timer:
+// docs/benchmarks.md). Following says which way the limit is followed.
+// The follower reads GOMEMLIMIT through runtime/metrics, not
 // debug.SetMemoryLimit(-1), which takes the heap lock.
 //
 // It never overrides the operator (GOMEMLIMIT or AUTOMEMLIMIT=off in the

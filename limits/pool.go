@@ -202,9 +202,9 @@ type PoolConfig struct {
 	// reads the heap at its end): when the work of an account that the
 	// pressure canceled, or that held at least CancelShare of the live heap,
 	// ends (Close, WithAccount's cancel, the middleware after the handler),
-	// and when it refuses a Grow and no GC cycle has run for a second. In a
-	// 256 MiB cgroup, small requests are served again 1 to 8 ms after a
-	// 600 MiB request was canceled (TestPressureRecoversInCgroup).
+	// and when it refuses a Grow and no GC cycle has run for a second, so
+	// that requests are served again soon after a large request the
+	// pressure canceled ends (measured figures: docs/benchmarks.md).
 	// Default: 0 (means DefaultHeapPressure, 0.9).
 	HeapPressure float64
 	// CancelLargest, under heap pressure, cancels at the end of a GC cycle

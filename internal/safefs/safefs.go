@@ -57,7 +57,7 @@ import (
 
 // Caps on the bytes read from one file, as the callers use them. Their
 // sources: a cgroup control file holds one value or a few "key value" lines
-// (memory.stat, the longest, is about 1.5 KiB on Linux 6.18 here); a
+// (memory.stat, the longest, is about 1.5 KiB on Linux 6.18); a
 // /proc/PID/status or smaps_rollup is about 1.5 KiB; mountinfo holds about
 // 150 bytes a mount, up to 300 with long paths, and a mount namespace up to
 // mount.max mounts (100000 by default, proc_sys_fs(5)): 32 MiB, read as a
@@ -67,7 +67,7 @@ import (
 // process is at most a quarter of its stack limit and never more than
 // 6 MiB (execve(2): argv and envp together get min(RLIMIT_STACK/4,
 // 3/4 of _STK_LIM), fs/exec.c bprm_stack_limits; 5.8 MB is reached with
-// ulimit -s unlimited, as TestStatusHugeEnv does).
+// ulimit -s unlimited).
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup

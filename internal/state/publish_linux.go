@@ -22,11 +22,9 @@ func init() { pub.fd = -1 }
 // Version and Updated are filled in. It writes r into a new sealed memfd and moves
 // that onto the record's descriptor with dup3(2), so a reader sees the old
 // record or the new one whole. The error says what failed; the previous
-// record, if any, then stays. It costs 35 to 130 µs and 3 allocations for a
-// record of about 1 KiB on this project's loaded 2-core machine (17 to
-// 22 µs when it was quieter), and 21 to 36 µs for one of about 3 KiB with
-// every field filled (go test -run '^$' -bench Publish -count 5
-// ./internal/state), once per decision.
+// record, if any, then stays. It costs the encoding and a few system calls
+// (memfd_create, the writes, the seals, dup3), once per decision (measured
+// figures: docs/benchmarks.md).
 // Safe for concurrent use.
 func Publish(r *Record) error {
 	pub.mu.Lock()

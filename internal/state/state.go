@@ -27,7 +27,7 @@
 //     publishes only when a decision changes (at Start, after a trim or a
 //     skipped trim, when GOMEMLIMIT or the set of pools changed at the end
 //     of a GC cycle, when a counter of the record changed, at most once a
-//     second, at Close), 35 to 130 µs each time (BenchmarkPublish); no
+//     second, at Close), a few system calls each time (see Publish); no
 //     goroutine or ticker of its own (only a one-shot timer for counters
 //     held back by the once-a-second limit), nothing on AfterBurst or
 //     Account.Grow.
