@@ -367,6 +367,10 @@ func TestAutoBurstTrimAfterCollection(t *testing.T) {
 	if st := tr.Stats(); st.Trims == trims0 {
 		assert.Positive(t, st.SkippedMinRelease, "a trim that did not run found less than MinRelease to return")
 	}
-	assert.Less(t, took, 10*time.Second, "one delay after the collecting GC, not the 20 s max wait")
+	// The defect ran the trim at the max wait from the burst's first mark,
+	// which came at most the burst's allocation before the drop; a trim
+	// decided two delays before the max wait after the drop was not held
+	// back to it (a loaded machine may delay the collecting GC by seconds).
+	assert.Less(t, took, 20*time.Second-2*2*time.Second, "decided after the collecting GC, not at the 20 s max wait")
 	runtime.KeepAlive(live)
 }

@@ -7,7 +7,7 @@
 //
 // TestRealServices in this package is the entry point:
 //
-//	MEMCTL_REALSVC=1 go test -count=1 -v -run TestRealServices ./internal/realsvc
+//	MEMCTL_REALSVC=1 go test -count=1 -timeout 30m -v -run TestRealServices ./internal/realsvc
 //
 // The services are fetched through the Go module proxy at pinned versions
 // (the nearest served patch version when a pinned one is not served, said

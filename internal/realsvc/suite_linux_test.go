@@ -25,7 +25,7 @@ const (
 // an open issue's fix say so ("needs issue N") and fail until it lands.
 func TestRealServices(t *testing.T) {
 	if os.Getenv("MEMCTL_REALSVC") != "1" {
-		t.Skip("realsvc: the real-service suite fetches and builds etcd and Pushgateway and runs them for minutes; run it with MEMCTL_REALSVC=1 go test -count=1 -v -run TestRealServices ./internal/realsvc")
+		t.Skip("realsvc: the real-service suite fetches and builds etcd and Pushgateway and runs them for minutes; run it with MEMCTL_REALSVC=1 go test -count=1 -timeout 30m -v -run TestRealServices ./internal/realsvc")
 	}
 	p, err := cgrouptest.WritableParent()
 	if err != nil {
