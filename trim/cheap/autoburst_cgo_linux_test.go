@@ -34,7 +34,7 @@ const (
 	cBurstKeep    = 64
 	cBurstAfter   = 5 * time.Second // the bound, from the last free
 	cBurstHang    = 30 * time.Second
-	cBurstShare   = 0.10            // the share of the burst that may stay resident
+	cBurstShare   = 0.10 // the share of the burst that may stay resident
 	cSteadyFor    = 30 * time.Second
 )
 
