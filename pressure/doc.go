@@ -23,7 +23,8 @@
 // Monitor.SourceNote says why the cgroup's own could not be used). After
 // it acts it ignores the source for Config.MinInterval. A PSI event that
 // the stall since the trigger was armed does not explain is ignored
-// (Stats.Unexplained). On each signal it reads what the memory is made of
+// (Stats.Unexplained) and looked at once more a trigger window later (the
+// kernel sends at most one event per window). On each signal it reads what the memory is made of
 // (memory.stat or /proc/meminfo): a cgroup's memory mostly page cache is
 // left to the kernel (Stats.LeftToKernel); otherwise it asks for a trim
 // through the trimmer's gate, cancels the largest request in the pools

@@ -155,7 +155,8 @@ type Stats struct {
 	CancelsHeld  int64
 	// Unexplained counts PSI events ignored because the stall since the
 	// trigger was armed is under its threshold (in neither Signals nor
-	// Acted).
+	// Acted). Each is looked at once more a trigger window later; if the
+	// stall explains it by then, it is answered and counted in Signals.
 	Unexplained int64
 	// Dropped counts events not delivered to a full subscriber channel.
 	Dropped int64
