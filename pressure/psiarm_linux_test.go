@@ -138,6 +138,9 @@ func TestPSINoEventUnexplained(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two 2 s rounds and a 5 s control")
 	}
+	if raceEnabled {
+		t.Skip("the stall's reader is OOM-killed in its 32 MiB cgroup under the race detector (its shadow memory); the watcher's goroutine is raced in the other tests")
+	}
 	if psiSomeTotal() < 0 {
 		t.Skip("no PSI here: /proc/pressure/memory cannot be read (CONFIG_PSI off or psi=0)")
 	}
