@@ -175,7 +175,7 @@ func loadScenario(name string, v loadVariant) scenario {
 		child: func(p params, st *armState, c *childIO) (childResult, error) {
 			return loadChild(v.of(p.Load), p, st, c)
 		},
-		observe: func(pr *proc, p params) (map[string]Obs, error) {
+		observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 			return observeLoad(pr, p, contended)
 		},
 		complete: func(figs map[string]Obs, r childResult) {
@@ -294,19 +294,20 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 
 // observeLoad runs the load generator against the server of pr for the
 // window, in the contended variant after moving the server into a CPU-quota
-// cgroup with a busy loop, and samples the server's RSS.
-func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err error) {
+// cgroup with a busy loop, and samples the server's RSS; the trace holds
+// the RSS samples and the p99 per p99Window.
+func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Trace, err error) {
 	lp := p.Load
 	line, err := pr.next(startTimeout)
 	if err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	addr, ok := strings.CutPrefix(line, "addr ")
 	if !ok {
-		return nil, pr.failure(fmt.Sprintf("said %q, want its address", line))
+		return nil, tr, pr.failure(fmt.Sprintf("said %q, want its address", line))
 	}
 	if _, err := pr.expect("ready", startTimeout); err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	rate := lp.Rate
 	if contended {
@@ -314,12 +315,12 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 		defer func() { err = errors.Join(err, pr.leaveQuota()) }()
 		name := fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-"))
 		if err := pr.enterQuota(name, lp.Quota, lp.QuotaPeriod); err != nil {
-			return nil, err
+			return nil, tr, err
 		}
 	}
 	start := time.Now()
 	if err := pr.send("go"); err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	stop := make(chan struct{})
 	var samples []sample
@@ -343,11 +344,13 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	close(stop)
 	<-done
 	if err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	if serr != nil {
-		return nil, serr
+		return nil, tr, serr
 	}
+	tr = rssTrace(start, samples)
+	tr.P99 = p99Windows(lat, rate, sent.Sub(start).Seconds(), p99Window)
 	figs = map[string]Obs{}
 	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, rate, spans, nil)
 	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
@@ -357,7 +360,7 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	figs["p999"] = Obs{Value: percentile(lat, 99.9)}
 	figs["failed"] = Obs{Value: float64(failed)}
 	figs["mean_rss"] = meanRSS(samples)
-	return figs, nil
+	return figs, tr, nil
 }
 
 // openLoop sends rate requests per second to url for d, each at its due

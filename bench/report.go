@@ -53,12 +53,16 @@ type ArmInfo struct {
 	GoMemLimit int64 `json:"gomemlimit_bytes"`
 }
 
-// ScenarioReport is one scenario's table.
+// ScenarioReport is one scenario's table, and the traces of its charts.
 type ScenarioReport struct {
 	Name    string         `json:"name"`
 	Title   string         `json:"title"`
 	Figures []FigureReport `json:"figures"`
 	Notes   []string       `json:"notes,omitempty"`
+	// Traces are, by arm key, what each arm's first run observed over time
+	// (trace.go); none in http, in a scenario that did not run, or in a
+	// report written before they were kept.
+	Traces map[string]Trace `json:"traces,omitempty"`
 }
 
 // FigureReport is one row: a figure summarized per arm (keyed by arm key).
