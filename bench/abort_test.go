@@ -56,7 +56,7 @@ func TestAbortRemovesCgroups(t *testing.T) {
 }
 
 // TestInterruptRemovesCgroups runs the harness (this test binary as `go
-// run ./bench -quick -scenarios http`) and sends it SIGTERM while its first
+// run ./bench -quick -scenarios http -svg off`) and sends it SIGTERM while its first
 // arm runs in its cgroup: it exits with status 130, the arm is gone and no
 // cgroup of the harness is left.
 func TestInterruptRemovesCgroups(t *testing.T) {
@@ -70,7 +70,7 @@ func TestInterruptRemovesCgroups(t *testing.T) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), cliEnv+"=-quick -scenarios http")
+	cmd.Env = append(os.Environ(), cliEnv+"=-quick -scenarios http -svg off")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())

@@ -64,6 +64,9 @@ type childResult struct {
 	TrimTime time.Duration `json:"trim_time"`
 	// TrimCPU is the CPU the trims were charged with (Stats().Trim.TotalCPU).
 	TrimCPU time.Duration `json:"trim_cpu"`
+	// TrimSpans are those trims' wall-clock intervals (span), for the
+	// charts.
+	TrimSpans []span `json:"trim_spans,omitempty"`
 	// Elapsed is the wall time of the scenario's measured window.
 	Elapsed time.Duration `json:"elapsed"`
 	// Bursts is the number of bursts the child ran.
@@ -214,6 +217,8 @@ func (st *armState) snapshot(r *childResult) error {
 		n, d := st.log.counts.get()
 		if s := st.ctl.Stats().Trim; s.Trims == n {
 			r.Trims, r.TrimTime, r.TrimCPU = n, d, s.TotalCPU
+			r.TrimSpans = st.spans()
+			r.TrimSpans = r.TrimSpans[:min(int64(len(r.TrimSpans)), n)] // the trims counted
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)

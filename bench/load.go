@@ -175,7 +175,7 @@ func loadScenario(name string, v loadVariant) scenario {
 		child: func(p params, st *armState, c *childIO) (childResult, error) {
 			return loadChild(v.of(p.Load), p, st, c)
 		},
-		observe: func(pr *proc, p params) (map[string]Obs, error) {
+		observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 			return observeLoad(pr, p, contended)
 		},
 		complete: func(figs map[string]Obs, r childResult) {
@@ -294,19 +294,20 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 
 // observeLoad runs the load generator against the server of pr for the
 // window, in the contended variant after moving the server into a CPU-quota
-// cgroup with a busy loop, and samples the server's RSS.
-func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err error) {
+// cgroup with a busy loop, and samples the server's RSS; the trace holds
+// the RSS samples and the p99 per p99Window.
+func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Trace, err error) {
 	lp := p.Load
 	line, err := pr.next(startTimeout)
 	if err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	addr, ok := strings.CutPrefix(line, "addr ")
 	if !ok {
-		return nil, pr.failure(fmt.Sprintf("said %q, want its address", line))
+		return nil, tr, pr.failure(fmt.Sprintf("said %q, want its address", line))
 	}
 	if _, err := pr.expect("ready", startTimeout); err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	rate := lp.Rate
 	if contended {
@@ -314,12 +315,12 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 		defer func() { err = errors.Join(err, pr.leaveQuota()) }()
 		name := fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-"))
 		if err := pr.enterQuota(name, lp.Quota, lp.QuotaPeriod); err != nil {
-			return nil, err
+			return nil, tr, err
 		}
 	}
 	start := time.Now()
 	if err := pr.send("go"); err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	stop := make(chan struct{})
 	var samples []sample
@@ -343,11 +344,13 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	close(stop)
 	<-done
 	if err != nil {
-		return nil, err
+		return nil, tr, err
 	}
 	if serr != nil {
-		return nil, serr
+		return nil, tr, serr
 	}
+	tr = rssTrace(start, samples)
+	tr.P99 = p99Windows(lat, rate, sent.Sub(start).Seconds(), p99Window)
 	figs = map[string]Obs{}
 	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, rate, spans, nil)
 	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
@@ -357,7 +360,7 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, err e
 	figs["p999"] = Obs{Value: percentile(lat, 99.9)}
 	figs["failed"] = Obs{Value: float64(failed)}
 	figs["mean_rss"] = meanRSS(samples)
-	return figs, nil
+	return figs, tr, nil
 }
 
 // openLoop sends rate requests per second to url for d, each at its due
@@ -448,66 +451,6 @@ func tagSuffix() string {
 		return "-" + t
 	}
 	return ""
-}
-
-// loadTargets checks issue 13's targets for the load scenarios.
-func loadTargets(rep *Report) []Target {
-	var ts []Target
-	met := func(v bool) *bool { return &v }
-	med := func(f FigureReport, arm string) Obs { return f.Arms[arm].Median }
-	cell := func(f FigureReport, arm string) string { return formatObs(f.Unit, med(f, arm)) }
-	// both is a target that the memctl arm and its A/A must each meet.
-	both := func(name string, f FigureReport, target, extra string, pass func(float64) bool) Target {
-		m, aa := med(f, "memctl"), med(f, "memctl-aa")
-		return Target{
-			Scenario: name,
-			Target:   target,
-			Measured: fmt.Sprintf("memctl %s, A/A %s", cell(f, "memctl"), cell(f, "memctl-aa")) + extra,
-			Met:      met(!m.NA && !aa.NA && pass(m.Value) && pass(aa.Value)),
-		}
-	}
-	for _, name := range []string{"load", "load-contended", "load-gc"} {
-		if f, ok := rep.figure(name, "p99_vs_plain"); ok && name == "load" {
-			m, aa := med(f, "memctl"), med(f, "memctl-aa")
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "memctl's p99 latency within 10% of plain's (same round), A/A too",
-				Measured: fmt.Sprintf("memctl/plain %s, A/A/plain %s", cell(f, "memctl"), cell(f, "memctl-aa")),
-				Met:      met(!m.NA && !aa.NA && m.Value <= 1.1 && aa.Value <= 1.1),
-			})
-		}
-		if f, ok := rep.figure(name, "trim_cpu_share"); ok {
-			ts = append(ts, both(name, f, "trim CPU at most 2% of wall time", "", func(v float64) bool { return v <= 0.02 }))
-		}
-		if f, ok := rep.figure(name, "p99_trim_ratio"); ok && name != "load-contended" {
-			// Issue 26. In load no natural GC cycle runs between a burst
-			// and its trim (1 GiB live under GOGC=100 and 3.2 MB/s of
-			// request garbage: one about every 160 s), so the trim runs
-			// the GC that frees the burst, and its requests see what any
-			// GC of that heap costs them; load-gc is the service the
-			// target is about, whose natural cycles collected the burst.
-			var placebo string
-			if pl, ok := rep.figure(name, "p99_placebo_ratio"); ok {
-				placebo = fmt.Sprintf("; placebo windows %s, %s", cell(pl, "memctl"), cell(pl, "memctl-aa"))
-			}
-			ts = append(ts, both(name, f, "p99 of requests overlapping a trim at most 1.3 × the others' (same run), A/A too", placebo,
-				func(v float64) bool { return v <= 1.3 }))
-		}
-		if f, ok := rep.figure(name, "gc_forced"); ok && name == "load-gc" {
-			ts = append(ts, both(name, f, "no forced GC cycle (the trims return the collected bursts without a GC)", "",
-				func(v float64) bool { return v == 0 }))
-		}
-		if f, ok := rep.figure(name, "bursts_back"); ok && name != "load" {
-			m, aa := med(f, "memctl"), med(f, "memctl-aa")
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "RSS 3.5 s after a burst below 1.2 × pre-burst for at least 90% of bursts",
-				Measured: fmt.Sprintf("memctl %s, A/A %s, plain %s", cell(f, "memctl"), cell(f, "memctl-aa"), cell(f, "plain")),
-				Met:      met(!m.NA && !aa.NA && m.Value >= 0.9 && aa.Value >= 0.9),
-			})
-		}
-	}
-	return ts
 }
 
 // scenarioNames lists the scenarios, comma-separated.

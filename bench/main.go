@@ -6,6 +6,7 @@
 //	go run ./bench -quick          # 1 run per arm, short windows: about 2 minutes
 //	go run ./bench -json > out.json
 //	go run ./bench -from out.json  # the saved report as Markdown
+//	go run ./bench -quick -svg docs/bench  # the charts into docs/bench
 //
 // Arms: plain Go (defaults), GOMEMLIMIT only (limits.SetGoMemLimit alone),
 // memctl (memctl.Start with defaults, AfterBurst after each burst) and an
@@ -62,6 +63,18 @@
 //     requests that overlap it. Adds forced GC cycles
 //     (/gc/cycles/forced:gc-cycles) to the load figures.
 //
+// Charts (-svg DIR, default the current directory; -svg off or -svg ""
+// writes none): the harness writes one SVG per scenario into DIR, made if
+// missing and checked before the run, and prints each path to stderr:
+// bench-SCENARIO.svg, each arm's RSS (MiB) over time, and for the load
+// scenarios bench-SCENARIO-p99.svg, each arm's p99 latency (ms) of the
+// requests due in each 2 s. Both mark the memctl arm's trims (and the end of
+// the burst in burst); the RSS chart draws GOMEMLIMIT as a line where an arm
+// has one, or names it in the title when it lies above twice the largest
+// RSS. The charts show the first run of each arm, whose samples the report
+// keeps (its "traces", also in -json), so -from redraws them; http has
+// none.
+//
 // The figures are specific to the machine; compare arms within one run.
 package main
 
@@ -94,6 +107,12 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	if cfg.SVGDir != "" {
+		if err := checkSVGDir(cfg.SVGDir); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
 	var rep *Report
 	if cfg.From != "" {
 		rep, err = readReport(cfg.From)
@@ -114,6 +133,27 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
+	}
+	return drawCharts(cfg.SVGDir, rep, stderr)
+}
+
+// drawCharts writes rep's charts into dir ("" writes none), printing each
+// path to stderr, and returns the exit status: 1 when a file could not be
+// written.
+func drawCharts(dir string, rep *Report, stderr io.Writer) int {
+	if dir == "" {
+		return 0
+	}
+	paths, err := writeSVGs(dir, rep)
+	for _, p := range paths {
+		fmt.Fprintln(stderr, "bench: wrote", p)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if len(paths) == 0 {
+		fmt.Fprintln(stderr, "bench: -svg: no scenario of the report has traces (http has none; a report written before they were kept has none): no chart written")
 	}
 	return 0
 }
@@ -152,7 +192,8 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	cadenceFor := fs.Duration("cadence-for", 0, "cadence: length of the window (default 60s, or 5s with -quick)")
 	requests := fs.Int("requests", 0, "http: measured requests per run (default 100000, or 10000 with -quick)")
 	trimDelay := fs.Duration("trim-delay", 0, "the memctl arms' trim delay (default memctl's, 2s)")
-	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json)")
+	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json), and its charts (-svg)")
+	svg := fs.String("svg", ".", "write one SVG chart per scenario (bench-SCENARIO.svg; bench-SCENARIO-p99.svg too for the load scenarios) into this directory, made if missing; \"\" or off: none")
 	if err := fs.Parse(args); err != nil {
 		return config{}, false, err
 	}
@@ -200,5 +241,8 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	}
 	cfg.Params.TrimDelay = *trimDelay
 	cfg.From = *from
+	if *svg != "off" {
+		cfg.SVGDir = *svg
+	}
 	return cfg, *asJSON, nil
 }

@@ -305,7 +305,7 @@ func TestReadReport(t *testing.T) {
 	assert.Equal(t, want.String(), md.String(), "a saved report renders as the original")
 
 	var out, errb bytes.Buffer
-	assert.Equal(t, 0, cli([]string{"-from", path}, &out, &errb), errb.String())
+	assert.Equal(t, 0, cli([]string{"-from", path, "-svg", "off"}, &out, &errb), errb.String())
 	assert.Equal(t, want.String(), out.String())
 
 	for name, body := range map[string]string{

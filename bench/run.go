@@ -32,6 +32,9 @@ type config struct {
 	// From, when set, names a saved -json report to render instead of
 	// running.
 	From string
+	// SVGDir is the directory the charts are written into (svg.go); ""
+	// writes none.
+	SVGDir string
 }
 
 // defaultConfig is the full run (5 runs per arm), or with quick the short
@@ -97,41 +100,11 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 				continue
 			}
 		}
-		obs := make(map[string]map[string][]Obs) // arm -> figure -> runs
-		for _, a := range arms {
-			obs[a.Key] = make(map[string][]Obs)
+		sr, err := runScenario(exe, s, cfg, parent, memLimits, progress)
+		if err != nil {
+			return nil, err
 		}
-		for i := range cfg.Runs {
-			for _, a := range arms {
-				if !s.runs(a) {
-					continue
-				}
-				t0 := time.Now()
-				figs, res, err := runOne(exe, s, a, cfg, parent, i)
-				if err != nil {
-					return nil, err
-				}
-				if _, seen := memLimits[a.Key]; !seen {
-					// The first scenario's: the load scenarios run in
-					// larger cgroups (loadParams.CgroupLimit), and the arms
-					// table states the common cgroup limit.
-					memLimits[a.Key] = res.GoMemLimit
-				}
-				for _, f := range s.Figures {
-					if o, ok := figs[f.Key]; ok {
-						obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
-					}
-				}
-				fmt.Fprintf(progress, "bench: %s run %d/%d %-10s %5.1fs  %s\n", s.Name, i+1, cfg.Runs, a.Key, time.Since(t0).Seconds(), brief(s, figs))
-			}
-		}
-		if s.Name == "http" {
-			deriveRatio(obs, "rps", "rps_vs_plain")
-		}
-		if s.derive != nil {
-			s.derive(obs)
-		}
-		rep.Scenarios = append(rep.Scenarios, collate(s, cfg.Params, obs))
+		rep.Scenarios = append(rep.Scenarios, sr)
 	}
 	for _, a := range arms {
 		ml, ok := memLimits[a.Key]
@@ -145,9 +118,58 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 	return rep, nil
 }
 
+// runScenario runs the arms of s cfg.Runs times, interleaved, and returns
+// its table with the traces of each arm's first run. memLimits gets each
+// arm's GOMEMLIMIT from the first scenario it runs in.
+func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, memLimits map[string]int64, progress io.Writer) (ScenarioReport, error) {
+	obs := make(map[string]map[string][]Obs) // arm -> figure -> runs
+	traces := make(map[string]Trace)
+	for _, a := range arms {
+		obs[a.Key] = make(map[string][]Obs)
+	}
+	for i := range cfg.Runs {
+		for _, a := range arms {
+			if !s.runs(a) {
+				continue
+			}
+			t0 := time.Now()
+			figs, res, tr, err := runOne(exe, s, a, cfg, parent, i)
+			if err != nil {
+				return ScenarioReport{}, err
+			}
+			if _, seen := memLimits[a.Key]; !seen {
+				// The first scenario's: the load scenarios run in
+				// larger cgroups (loadParams.CgroupLimit), and the arms
+				// table states the common cgroup limit.
+				memLimits[a.Key] = res.GoMemLimit
+			}
+			for _, f := range s.Figures {
+				if o, ok := figs[f.Key]; ok {
+					obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
+				}
+			}
+			if i == 0 && len(tr.RSS) > 0 {
+				traces[a.Key] = tr
+			}
+			fmt.Fprintf(progress, "bench: %s run %d/%d %-10s %5.1fs  %s\n", s.Name, i+1, cfg.Runs, a.Key, time.Since(t0).Seconds(), brief(s, figs))
+		}
+	}
+	if s.Name == "http" {
+		deriveRatio(obs, "rps", "rps_vs_plain")
+	}
+	if s.derive != nil {
+		s.derive(obs)
+	}
+	sr := collate(s, cfg.Params, obs)
+	if len(traces) > 0 {
+		sr.Traces = traces
+	}
+	return sr, nil
+}
+
 // runOne runs arm a of scenario s once, in a cgroup of its own when parent
-// is not nil, and returns its figures.
-func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent, run int) (figs map[string]Obs, res childResult, err error) {
+// is not nil, and returns its figures and its trace.
+func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent, run int) (figs map[string]Obs, res childResult, tr Trace, err error) {
 	spec := s.Name + "/" + a.Key
 	limit := cfg.CgroupLimit
 	if s.arms != nil && cfg.Params.Load.CgroupLimit > limit { // the load scenarios
@@ -155,7 +177,7 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 	}
 	pr, err := startArm(exe, spec, cfg.Params, parent, fmt.Sprintf("memctl-bench%s-%d-%s-%s-%d", tagSuffix(), os.Getpid(), s.Name, a.Key, run), limit)
 	if err != nil {
-		return nil, childResult{}, err
+		return nil, childResult{}, tr, err
 	}
 	defer func() {
 		if pr.holds() {
@@ -165,16 +187,17 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 		}
 		pr.untrack()
 	}()
-	figs, err = s.observe(pr, cfg.Params)
+	figs, tr, err = s.observe(pr, cfg.Params)
 	if err != nil {
-		return nil, childResult{}, errors.Join(err, pr.abort())
+		return nil, childResult{}, tr, errors.Join(err, pr.abort())
 	}
 	res, err = pr.finish()
 	if err != nil {
-		return nil, res, err
+		return nil, res, tr, err
 	}
 	s.complete(figs, res)
-	return figs, res, nil
+	tr.complete(res)
+	return figs, res, tr, nil
 }
 
 // startArm makes the arm's cgroup name under parent (none when parent is

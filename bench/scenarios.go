@@ -94,9 +94,9 @@ type scenario struct {
 	// child runs in the arm's process.
 	child func(p params, st *armState, c *childIO) (childResult, error)
 	// observe runs in the parent while the child runs, and returns the
-	// figures read from /proc; the child's result fills in the rest
-	// (complete).
-	observe  func(pr *proc, p params) (map[string]Obs, error)
+	// figures read from /proc and the trace of the run (empty in http);
+	// the child's result fills in the rest (complete, Trace.complete).
+	observe  func(pr *proc, p params) (map[string]Obs, Trace, error)
 	complete func(figs map[string]Obs, r childResult)
 	// arms are the keys of the arms the scenario runs; nil means all.
 	arms []string
@@ -155,33 +155,35 @@ var burstScenario = scenario{
 		c.awaitEOF()
 		return r, st.snapshot(&r)
 	},
-	observe: func(pr *proc, p params) (map[string]Obs, error) {
+	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		before, err := procfs.RSS(pr.pid)
+		readAt := time.Now()
 		if err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		if err := resetPeak(pr.pid); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		if err := pr.send("go"); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		end, err := pr.expect("end", 2*time.Minute)
 		if err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
 		if err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		samples, err := sampleRSS(pr.pid, end, p.Sample, p.Window, nil)
 		if err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
-		return burstFigures(before, peak, samples, p.Window), nil
+		at := []sample{{at: readAt.Sub(end).Seconds(), rss: before}, {at: 0, rss: peak}}
+		return burstFigures(before, peak, samples, p.Window), rssTrace(end, append(at, samples...)), nil
 	},
 	complete: func(map[string]Obs, childResult) {},
 }
@@ -242,16 +244,16 @@ var cadenceScenario = scenario{
 		c.awaitEOF()
 		return r, nil
 	},
-	observe: func(pr *proc, p params) (map[string]Obs, error) {
+	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		if err := resetPeak(pr.pid); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		start := time.Now()
 		if err := pr.send("go"); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		stop := make(chan struct{})
 		var samples []sample
@@ -265,19 +267,19 @@ var cadenceScenario = scenario{
 		close(stop)
 		<-done
 		if err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		if serr != nil {
-			return nil, serr
+			return nil, Trace{}, serr
 		}
 		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
 		if err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		return map[string]Obs{
 			"mean_rss": meanRSS(samples),
 			"peak_rss": {Value: float64(peak)},
-		}, nil
+		}, rssTrace(start, samples), nil
 	},
 	complete: func(figs map[string]Obs, r childResult) {
 		figs["trims"] = Obs{Value: float64(r.Trims)}
@@ -300,15 +302,15 @@ var httpScenario = scenario{
 			thousands(float64(p.Requests)), thousands(float64(p.Warmup)), p.Clients, thousands(float64(p.Alloc>>10)))
 	},
 	child: httpChild,
-	observe: func(pr *proc, p params) (map[string]Obs, error) {
+	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		if err := pr.send("go"); err != nil {
-			return nil, err
+			return nil, Trace{}, err
 		}
 		_, err := pr.expect("end", 10*time.Minute)
-		return map[string]Obs{}, err
+		return map[string]Obs{}, Trace{}, err
 	},
 	complete: func(figs map[string]Obs, r childResult) {
 		figs["rps"] = Obs{Value: r.RPS}

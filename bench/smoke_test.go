@@ -81,6 +81,8 @@ func TestQuickRun(t *testing.T) {
 			}
 		}
 	}
+	checkTraces(t, rep)
+
 	rss3, ok := rep.figure("burst", "rss_3s")
 	require.True(t, ok)
 	plain, mc := rss3.Arms["plain"].Median.Value, rss3.Arms["memctl"].Median.Value
@@ -119,6 +121,31 @@ func TestQuickRun(t *testing.T) {
 	} else {
 		t.Logf("the arms ran without cgroups: %s", rep.Cgroup.Note)
 	}
+}
+
+// checkTraces checks that the report keeps a trace of each arm's first run
+// in every scenario that ran but http, with p99 windows in the load
+// scenarios, that each such scenario draws, and that burst's memctl arm
+// trimmed.
+func checkTraces(t *testing.T, rep *Report) {
+	t.Helper()
+	for _, s := range rep.Scenarios {
+		sc, _ := scenarioByName(s.Name)
+		if s.Name == "http" || len(s.Notes) > 0 && strings.HasPrefix(s.Notes[0], "Not run") {
+			assert.Empty(t, s.Traces, s.Name)
+			continue
+		}
+		for _, a := range arms {
+			tr, ok := s.Traces[a.Key]
+			assert.Equal(t, sc.runs(a), ok, "%s %s: a trace of each arm it runs", s.Name, a.Key)
+			if ok {
+				assert.NotEmpty(t, tr.RSS, "%s %s", s.Name, a.Key)
+				assert.Equal(t, sc.arms != nil, len(tr.P99) > 0, "%s %s: p99 windows in the load scenarios", s.Name, a.Key)
+			}
+		}
+		assert.NotEmpty(t, charts(rep, s), s.Name)
+	}
+	assert.NotEmpty(t, rep.Scenarios[0].Traces["memctl"].Trims, "the burst's trim")
 }
 
 // overlapping returns arm's median count of requests that overlapped a
