@@ -85,6 +85,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -160,22 +161,42 @@ func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 
 // abortOnSignal makes SIGINT and SIGTERM kill the running arms and remove
 // their cgroups before the harness exits (status 130); stop undoes it.
+// Once a signal has begun the abort, stop does not return: the run it
+// ended (an arm killed under it) must not exit with its own status first.
 func abortOnSignal(stderr io.Writer) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
+	var mu sync.Mutex
+	var stopped, aborting bool
 	go func() {
-		select {
-		case sig := <-sigs:
-			fmt.Fprintf(stderr, "bench: %v: stopping the running arms and removing their cgroups\n", sig)
-			if err := abortRunning(); err != nil {
-				fmt.Fprintln(stderr, err)
-			}
-			os.Exit(130)
-		case <-done:
+		sig, ok := <-sigs
+		mu.Lock()
+		if !ok || stopped {
+			mu.Unlock()
+			return
 		}
+		aborting = true
+		mu.Unlock()
+		fmt.Fprintf(stderr, "bench: %v: stopping the running arms and removing their cgroups\n", sig)
+		if err := abortRunning(); err != nil {
+			fmt.Fprintln(stderr, err)
+		}
+		os.Exit(130)
 	}()
-	return func() { signal.Stop(sigs); close(done) }
+	return func() {
+		signal.Stop(sigs)
+		mu.Lock()
+		stopped = true
+		ab := aborting
+		mu.Unlock()
+		if !ab {
+			close(sigs) // ends the goroutine; nothing sends on sigs after signal.Stop
+			return
+		}
+		for { // the abort exits the process
+			time.Sleep(time.Minute)
+		}
+	}
 }
 
 // parseFlags turns the command line into a config; -quick sets the
