@@ -112,18 +112,19 @@ func TestOpenLoop(t *testing.T) {
 	// requests over the in-flight cap fail at once. The server holds each
 	// request 1.5 s, so all 20 sends (200 ms of them) are made before a
 	// slot frees even when the sender's timers run 1 s late on a loaded
-	// machine (with 300 ms, 110 ms late freed one); a closed loop of 5
-	// would take 4 × 1.5 s.
+	// machine (with 300 ms, 110 ms late freed one). A sender that waited
+	// for a slot (a closed loop of 5) would fail none: 15 failed at once,
+	// with 5 held in flight, is what shows it did not wait. No wall-clock
+	// ceiling on the whole call: it adds nothing to that, and on a loaded
+	// machine it measured the scheduler.
 	const hold = 1500 * time.Millisecond
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(hold)
 	}))
 	defer slow.Close()
-	t0 := time.Now()
 	lat, failed, _ = openLoop(slow.URL, 100, 200*time.Millisecond, 5*time.Second, 5)
-	assert.Less(t, time.Since(t0), 2*hold+time.Second, "the sender did not wait for the server")
 	require.Len(t, lat, 20)
-	assert.Equal(t, 15, failed, "5 in flight, 15 over the cap")
+	assert.Equal(t, 15, failed, "5 in flight, 15 over the cap: the sender did not wait for a slot")
 	slices.Sort(lat)
 	assert.GreaterOrEqual(t, lat[0], hold.Seconds())
 }

@@ -237,11 +237,15 @@ func TestCloseLeavesNothing(t *testing.T) {
 	assert.Equal(t, before, gcend.Active())
 }
 
-// TestV1LevelRateLimited: the v1 pressure level "low" fires hundreds of
-// times a second at a cgroup's limit; the watcher acts at most once per
-// MinInterval and counts the rest. The watcher listens on this process's
-// cgroup, and a child cgroup's events propagate to it (the default
-// "hierarchy" mode of memory.pressure_level).
+// TestV1LevelRateLimited: the v1 pressure level "low" fires many times a
+// second at a cgroup's limit; the watcher acts at most once per
+// MinInterval (Config.MinInterval: "signals in between are coalesced")
+// and counts the rest. The watcher listens on this process's cgroup, and a
+// child cgroup's events propagate to it (the default "hierarchy" mode of
+// memory.pressure_level). How often the kernel signals depends on how fast
+// the thrashing child runs; the test needs more signals than the rate
+// limit allows actions, or it cannot tell a rate-limited watcher from one
+// that acts on each.
 func TestV1LevelRateLimited(t *testing.T) {
 	if testing.Short() {
 		t.Skip("thrashes a cgroup for 3 s")
@@ -267,10 +271,17 @@ func TestV1LevelRateLimited(t *testing.T) {
 	require.NoError(t, m.Close()) // no signal handled between the two reads below
 	s := m.Stats()
 	t.Logf("v1 low over %v: %d signals, %d actions (%d trims)", took.Round(time.Millisecond), s.Signals, s.Acted, trims.Load())
+	require.Positive(t, s.Signals, "the child's cgroup reached its limit")
 	require.Positive(t, s.Acted)
-	assert.LessOrEqual(t, s.Acted, int64(took/time.Second)+2, "at most one action per MinInterval")
+	// The contract: the first action at once, then one per MinInterval
+	// at most (and one more for a signal at the last instant).
+	allowed := int64(took/time.Second) + 2
+	assert.LessOrEqual(t, s.Acted, allowed, "at most one action per MinInterval")
 	assert.Equal(t, s.Acted, trims.Load())
-	assert.Greater(t, s.Signals, 10*s.Acted, "the signals in between were coalesced")
+	if s.Signals <= allowed {
+		t.Skipf("%d signals in %v, no more than the %d actions the rate limit allows (a loaded machine slowed the thrashing child): coalescing not shown", s.Signals, took.Round(time.Millisecond), allowed)
+	}
+	assert.Greater(t, s.Signals, s.Acted, "the signals in between were coalesced")
 }
 
 // TestAutoFallsBack: in "auto", a $MEMORY_PRESSURE_WATCH that cannot be
