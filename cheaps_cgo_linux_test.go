@@ -104,7 +104,9 @@ func TestCHeapsRTLDLocal(t *testing.T) {
 		t.Skipf("the freed burst left only %.0f MiB resident in the library's jemalloc (RSS %.1f MiB at start; its own decay returned the rest while a loaded machine made it slowly): nothing to trim",
 			float64(burst)/(1<<20), float64(start)/(1<<20))
 	}
-	assert.Less(t, after, start+burst/10, "VmRSS after the trim AfterBurst asked for: back within a tenth of the burst")
+	// A tenth of the burst, never under the 30 MiB of the test's first
+	// bound: what the trim leaves does not shrink with the burst.
+	assert.Less(t, after, max(start+burst/10, 30<<20), "VmRSS after the trim AfterBurst asked for: back within a tenth of the burst, or under 30 MiB")
 }
 
 // TestStartLineCHeaps: the startup line names every allocator found; with

@@ -5,6 +5,7 @@ package pressure_test
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -262,26 +263,64 @@ func TestV1LevelRateLimited(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	g := cgrouptest.New(t, 256<<20)
+	// The kernel's own count, through an eventfd of the test's own on the
+	// same cgroup: what the watcher's Signals is checked against.
+	l, err := cgroupfs.Of(0)
+	require.NoError(t, err)
+	kernel := countV1Low(t, l.Dir)
 	const secs = 3
 	cmd := childtest.Command(t, "thrash", nil, "ANON_MIB=200", "CACHE_DIR="+t.TempDir(), "THRASH_S="+strconv.Itoa(secs))
 	g.Wrap(cmd)
 	start := time.Now()
 	require.NoError(t, cmd.Run())
-	took := time.Since(start)
+	// The child has gone, and with it the reclaim; the watcher drains what
+	// the kernel latched while it ignored the source at its next look, at
+	// most MinInterval later. The deadline is a bound on a hang.
+	var events int64
+	if !assert.Eventually(t, func() bool { events = kernel(); return m.Stats().Signals >= events }, 30*time.Second, 50*time.Millisecond) {
+		t.Fatalf("the watcher counts every kernel event, acted on or not: %d kernel events, %d signals counted", events, m.Stats().Signals)
+	}
 	require.NoError(t, m.Close()) // no signal handled between the two reads below
+	took := time.Since(start)
 	s := m.Stats()
-	t.Logf("v1 low over %v: %d signals, %d actions (%d trims)", took.Round(time.Millisecond), s.Signals, s.Acted, trims.Load())
+	t.Logf("v1 low over %v: %d kernel events on the test's eventfd; the watcher: %d signals, %d actions (%d trims)", took.Round(time.Millisecond), events, s.Signals, s.Acted, trims.Load())
 	require.Positive(t, s.Signals, "the child's cgroup reached its limit")
 	require.Positive(t, s.Acted)
+	assert.LessOrEqual(t, s.Signals, kernel(), "no more signals than the kernel sent")
 	// The contract: the first action at once, then one per MinInterval
 	// at most (and one more for a signal at the last instant).
 	allowed := int64(took/time.Second) + 2
 	assert.LessOrEqual(t, s.Acted, allowed, "at most one action per MinInterval")
 	assert.Equal(t, s.Acted, trims.Load())
-	if s.Signals <= allowed {
-		t.Skipf("%d signals in %v, no more than the %d actions the rate limit allows (a loaded machine slowed the thrashing child): coalescing not shown", s.Signals, took.Round(time.Millisecond), allowed)
+	if events <= allowed {
+		t.Skipf("%d kernel events in %v, no more than the %d actions the rate limit allows (a loaded machine slowed the thrashing child): coalescing not shown", events, took.Round(time.Millisecond), allowed)
 	}
 	assert.Greater(t, s.Signals, s.Acted, "the signals in between were coalesced")
+}
+
+// countV1Low registers an eventfd of its own for the v1 pressure level
+// "low" of the cgroup at dir. The returned function reads the eventfd's
+// counter (the kernel adds one per event; a read takes the sum and resets
+// it) and returns the events counted so far. Cleanup closes both files,
+// which unregisters the event.
+func countV1Low(t *testing.T, dir string) func() int64 {
+	t.Helper()
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Close(efd) })
+	level, err := os.Open(filepath.Join(dir, "memory.pressure_level"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = level.Close() })
+	line := strconv.Itoa(efd) + " " + strconv.Itoa(int(level.Fd())) + " low"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cgroup.event_control"), []byte(line), 0), line)
+	var total int64
+	return func() int64 {
+		var b [8]byte
+		if n, err := unix.Read(efd, b[:]); err == nil && n == 8 {
+			total += int64(binary.NativeEndian.Uint64(b[:]))
+		}
+		return total
+	}
 }
 
 // TestAutoFallsBack: in "auto", a $MEMORY_PRESSURE_WATCH that cannot be

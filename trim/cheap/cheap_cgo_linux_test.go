@@ -639,11 +639,17 @@ func childChurn() {
 		childtest.Fail("%v", err)
 	}
 	defer cburst.StopChurn()
-	if err := cburst.Burst(16, churnBytes/16/1024, 1024, 0); err != nil {
+	keep := int64(0) // every block freed; CHEAP_KEEP_EVERY=n keeps every nth
+	if os.Getenv("CHEAP_KEEP_EVERY") != "" {
+		keep = envInt("CHEAP_KEEP_EVERY")
+	}
+	if err := cburst.Burst(16, churnBytes/16/1024, 1024, keep); err != nil {
 		childtest.Fail("%v", err)
 	}
 	childtest.Say("RSS_BURST", rss())
+	t1 := time.Now()
 	childtest.Say("ESTIMATE", s.Retained())
+	childtest.Say("ESTIMATE_NS", time.Since(t1).Nanoseconds())
 	cburst.ChurnReset()
 	time.Sleep(time.Duration(envInt("CHEAP_CONTROL_MS")) * time.Millisecond)
 	worst, rounds, _ := cburst.ChurnReset()
@@ -673,6 +679,33 @@ func childChurn() {
 	childtest.Say("RSS_4S", rss())
 	st, _ := s.Stats()
 	childtest.Say("FREE_4S", st.Free)
+}
+
+// BenchmarkGlibcChurn is issue 34's item 4 workload with glibc's malloc
+// (no preload, no arena cap: 16 arenas here): 16 threads malloc 2 GiB in
+// 1 KiB blocks and free 63 in 64 while a C thread churns; it reports the
+// churn's worst round across the release (malloc_trim), the release's
+// time, and one reading of the estimate (mallinfo2) after the burst.
+//
+//	go test -run '^$' -bench GlibcChurn -benchtime 1x -count 5 ./trim/cheap/
+func BenchmarkGlibcChurn(b *testing.B) {
+	if os.Getenv("LD_PRELOAD") != "" {
+		b.Skip("LD_PRELOAD is set")
+	}
+	for b.Loop() {
+		r := childtest.Report(b, childtest.Command(b, "churn", childEnv, "CHEAP_CONTROL_MS=500", "CHEAP_KEEP_EVERY=64"))
+		if r["ALLOCATOR"] != glibc {
+			b.Skipf("malloc is %s, not glibc", r["ALLOCATOR"])
+		}
+		ms := func(k string) float64 { return float64(num(b, r, k)) / 1e6 }
+		freed := num(b, r, "RSS_BURST") - num(b, r, "RSS_START")
+		b.ReportMetric(100*float64(num(b, r, "RSS_BURST")-num(b, r, "RSS_4S"))/float64(freed), "released-pct")
+		b.ReportMetric(ms("WORST_NS"), "worst-ms")
+		b.ReportMetric(ms("CONTROL_WORST_NS"), "control-worst-ms")
+		b.ReportMetric(ms("RELEASE_NS"), "release-ms")
+		b.ReportMetric(ms("ESTIMATE_NS"), "estimate-ms")
+		b.ReportMetric(float64(freed>>20), "burst-MiB")
+	}
 }
 
 // churnBytes is what the 16 threads of childChurn malloc and free: 2 GiB.

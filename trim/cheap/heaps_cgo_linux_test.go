@@ -186,7 +186,9 @@ func checkDlopen(t *testing.T, r map[string]string, lib, prefix string) {
 	if burst <= 150 {
 		t.Skipf("the freed burst left only %.0f MiB resident in the library's jemalloc (its own decay returned the rest while a loaded machine made it slowly): nothing to trim", burst)
 	}
-	assert.Less(t, mib(t, r, "RSS_AFTER"), start+0.1*burst, "VmRSS after the trim AfterBurst asked for: back within a tenth of the burst")
+	// A tenth of the burst, never under the 30 MiB of the test's first
+	// bound: what the trim leaves does not shrink with the burst.
+	assert.Less(t, mib(t, r, "RSS_AFTER"), max(start+0.1*burst, 30), "VmRSS after the trim AfterBurst asked for: back within a tenth of the burst, or under 30 MiB")
 	assert.Equal(t, "1", r["TRIMS"], "the one trim AfterBurst asked for")
 	assert.Equal(t, "glibc", r["HEAP0_ALLOCATOR"])
 	assert.Equal(t, "true", r["HEAP0_OWNS"])
@@ -509,7 +511,7 @@ func TestStaticPrefixedJemallocInExecutable(t *testing.T) {
 				assert.Greater(t, after, 150.0, "nothing could release it")
 				return
 			}
-			assert.Less(t, after, start+0.1*burst, "released: back within a tenth of the burst")
+			assert.Less(t, after, max(start+0.1*burst, 30), "released: back within a tenth of the burst, or under 30 MiB (the first bound)")
 		})
 	}
 }
