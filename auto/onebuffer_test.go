@@ -2,7 +2,6 @@ package auto_test
 
 import (
 	"runtime"
-	"runtime/debug"
 	"runtime/metrics"
 	"testing"
 	"time"
@@ -66,14 +65,10 @@ func oneBufferChild() {
 	peak := rss()
 	runtime.KeepAlive(buf)
 	buf = nil
-	atDrop := memctl.CurrentStats().Trim
+	lastGC := sayDrop()
 	cyclesAtDrop, _ := gcSeen()
-	var gs0 debug.GCStats
-	debug.ReadGCStats(&gs0)
-	childtest.Say("DROP_AFTER_LAST_GC", time.Since(gs0.LastGC).Round(time.Millisecond))
-	childtest.Say("DECIDED_BEFORE_DROP", atDrop.Trims+atDrop.Skipped)
 	time.Sleep(4 * time.Second)
-	pending := waitDueTrim(gs0.LastGC)
+	pending := waitDueTrim(lastGC)
 	after, nonHeapAfter, inUseAfter, freeAfter := rss(), nonHeap(), heapInUse(), heapFree()
 	runtime.KeepAlive(live)
 	metrics.Read(s)
@@ -92,6 +87,7 @@ func oneBufferChild() {
 	childtest.Say("TRIMS", st.Trim.Trims)
 	childtest.Say("BURSTS", st.AutoBurst.Bursts)
 	childtest.Say("PENDING", pending)
+	childtest.Say("EARLY_STARTS", st.Trim.EarlyStarts)
 }
 
 // A burst the detector saw whose garbage no GC has collected (one large
