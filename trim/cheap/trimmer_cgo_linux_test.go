@@ -120,9 +120,11 @@ func childChurnAfterBurst() {
 	}
 	childtest.Say("ALLOCATOR", tr.Stats().CHeapAllocator)
 	childtest.Say("RSS_START", rss())
+	childtest.Say("ARENAS_START", cburst.GlibcArenas())
 	if err := cburst.StartChurn(); err != nil {
 		childtest.Fail("%v", err)
 	}
+	churned := time.Now()
 	defer cburst.StopChurn()
 	keep, err := strconv.ParseInt(cmp.Or(os.Getenv("CHEAP_KEEP_EVERY"), "0"), 10, 64)
 	if err != nil {
@@ -132,6 +134,7 @@ func childChurnAfterBurst() {
 		childtest.Fail("%v", err)
 	}
 	childtest.Say("RSS_BURST", rss())
+	childtest.Say("ARENAS", cburst.GlibcArenas())
 	cburst.ChurnReset()
 	time.Sleep(500 * time.Millisecond)
 	control, _, _ := cburst.ChurnReset()
@@ -147,8 +150,9 @@ func childChurnAfterBurst() {
 	}
 	childtest.Say("TRIM_AFTER_MS", time.Since(t0).Milliseconds())
 	childtest.Say("RSS_TRIMMED", rss())
-	worst, _, _ := cburst.ChurnReset()
+	worst, _, at := cburst.ChurnReset()
 	childtest.Say("WORST_NS", worst.Nanoseconds())
+	childtest.Say("WORST_AFTER_MS", (at - t0.Sub(churned)).Milliseconds()) // after AfterBurst
 	s := tr.Stats()
 	childtest.Say("TRIMS", s.Trims)
 	childtest.Say("C_SKIPPED", s.CSkipped)
@@ -195,7 +199,8 @@ func TestTcmallocAfterBurstUnderChurn(t *testing.T) {
 
 // BenchmarkGlibcAfterBurstChurn is issue 34's item 4 workload as the issue
 // ran it: glibc's malloc with no arena cap (a Trimmer alone sets none;
-// through Start, MEMCTL_ARENA_MAX=off: 16 arenas here), 16 threads malloc 2 GiB in 1 KiB blocks and free 63 in
+// through Start, MEMCTL_ARENA_MAX=off: 16 arenas here; and Start with its
+// default cap of 2 arenas beside it), 16 threads malloc 2 GiB in 1 KiB blocks and free 63 in
 // 64, a C thread churns, and the trim after AfterBurst releases. It
 // reports the churn's worst round from AfterBurst until the trim has run
 // (the issue's bound: 60 ms), the same over 500 ms before it, and the
@@ -207,20 +212,25 @@ func BenchmarkGlibcAfterBurstChurn(b *testing.B) {
 	if os.Getenv("LD_PRELOAD") != "" {
 		b.Skip("LD_PRELOAD is set")
 	}
-	for _, via := range []string{"Trimmer", "Start"} {
-		b.Run(via, func(b *testing.B) {
+	arms := []struct {
+		name string
+		env  []string
+	}{
+		{"Trimmer", nil},
+		{"Start", []string{"CHEAP_VIA_START=1", "MEMCTL_ARENA_MAX=off"}},
+		{"Start-arena-cap", []string{"CHEAP_VIA_START=1"}}, // the default cap, 2
+	}
+	for _, arm := range arms {
+		b.Run(arm.name, func(b *testing.B) {
 			for b.Loop() {
-				benchGlibcAfterBurst(b, via == "Start")
+				benchGlibcAfterBurst(b, arm.env)
 			}
 		})
 	}
 }
 
-func benchGlibcAfterBurst(b *testing.B, viaStart bool) {
-	env := []string{"CHEAP_KEEP_EVERY=64"}
-	if viaStart {
-		env = append(env, "CHEAP_VIA_START=1", "MEMCTL_ARENA_MAX=off")
-	}
+func benchGlibcAfterBurst(b *testing.B, env []string) {
+	env = append([]string{"CHEAP_KEEP_EVERY=64"}, env...)
 	r := childtest.Report(b, childtest.Command(b, "churn-afterburst", cBurstEnv, env...))
 	if r["ALLOCATOR"] != "glibc" {
 		b.Skipf("malloc is %s, not glibc", r["ALLOCATOR"])
@@ -235,4 +245,7 @@ func benchGlibcAfterBurst(b *testing.B, viaStart bool) {
 	b.ReportMetric(num("CONTROL_WORST_NS")/1e6, "control-worst-ms")
 	b.ReportMetric(num("TRIM_AFTER_MS"), "trim-after-ms")
 	b.ReportMetric(left/(1<<20), "burst-MiB")
+	b.ReportMetric(num("ARENAS_START"), "arenas-before")
+	b.ReportMetric(num("ARENAS"), "arenas")
+	b.ReportMetric(num("WORST_AFTER_MS"), "worst-at-ms")
 }
