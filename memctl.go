@@ -124,6 +124,13 @@ func WithTrim(cfg trim.Config) Option {
 // returns it in its error. MALLOC_ARENA_MAX or an arena_max in
 // GLIBC_TUNABLES set by the operator always wins. Default: DefaultArenaMax
 // (2). Environment: MEMCTL_ARENA_MAX=N|off.
+//
+// A cap puts more of a burst in each arena, and malloc_trim holds an
+// arena's lock while it returns that arena's free pages: a C thread that
+// mallocs meanwhile waits for its arena's whole trim (0.8-2.3 s for a
+// 2 GiB burst of small blocks under the cap of 2 in docs/benchmarks.md,
+// "Stalls"). A program with C threads that need a latency bound sets
+// MEMCTL_ARENA_MAX=off or uses an allocator whose release is sliced.
 func WithArenaMax(n int) Option { return func(c *config) { c.arenaMax = n } }
 
 // Report is what Start decided.
