@@ -1,0 +1,437 @@
+package limits
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/gomemlimit"
+	"github.com/memctl/memctl/internal/sandbox"
+)
+
+// MemLimiter keeps GOMEMLIMIT at its MemLimitConfig's share of the memory
+// limit: NewMemLimiter sets it once, and then, at the end of a GC cycle at
+// most once per MemLimitConfig.Refresh (internal/gcend), and when its
+// follower sees a limit file written, it re-reads the limit and the
+// memory outside the Go runtime and
+// sets GOMEMLIMIT again when the hard limit changed or the result moved by
+// 1% or more (a fall toward memory.high: 5%, see SetGoMemLimit). The
+// re-read runs on the runtime's cleanup goroutine, which it holds
+// for a few small file reads (/proc/self/cgroup, mountinfo, the limit files
+// up the hierarchy, /proc/self/status, and the limiting cgroup's
+// memory.stat, in v1 also memory.kmem.usage_in_bytes), once per interval;
+// every other GC end costs one atomic load (measured figures:
+// docs/benchmarks.md). The files are kernel pseudo-files, which do not
+// block on I/O.
+//
+// An idle process runs no GC, and one the kernel throttles under
+// memory.high runs few: when a memory cgroup was found, a MemLimiter also
+// runs one goroutine, its follower, stopped by Close. It watches
+// memory.max and memory.high (v2) or memory.limit_in_bytes (v1) of the
+// process's cgroup and each ancestor it can see with inotify (a write(2)
+// to them is IN_MODIFY, from any cgroup namespace), parked in the
+// runtime's network poller: no thread and no wake-up while no limit file
+// is written. A write is followed at once, idle or not, except in a
+// process throttled under memory.high, where it can take seconds: the
+// follower wakes at once, but the kernel puts the re-reading thread to
+// sleep for up to 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) at each of its own
+// charges while the cgroup is over memory.high. Where inotify is not
+// available (the per-user limit fs.inotify.max_user_instances, 128 by
+// default, is shared by every process of that user on the node), a file cannot be
+// watched, or the limit is one no write reaches (v1's
+// hierarchical_memory_limit, set above the mounted hierarchy), a timer
+// takes over: only while GOMEMLIMIT follows a cgroup limit, at most once
+// per Refresh, reading the limit files and re-reading in full only when
+// one changed; each wake-up also costs what any Go timer's wake-up costs
+// the runtime (measured figures for the follower and the timer:
+// docs/benchmarks.md). Following says which way the limit is followed.
+// The follower reads GOMEMLIMIT through runtime/metrics, not
+// debug.SetMemoryLimit(-1), which takes the heap lock.
+//
+// It never overrides the operator (GOMEMLIMIT or AUTOMEMLIMIT=off in the
+// environment: no refresh at all), never replaces a limit the program set
+// itself with "no limit" (when a limit memctl followed goes away,
+// GOMEMLIMIT goes back to its value before memctl set it), and stops when
+// the program changes GOMEMLIMIT after memctl set it (logged once at
+// INFO). A failed re-read leaves GOMEMLIMIT as it is. Its methods are safe
+// for concurrent use; a nil *MemLimiter does nothing.
+type MemLimiter struct {
+	ratio     float64
+	ratioFrom string
+	floor     int64
+	fallback  bool
+	headroom  bool
+	every     time.Duration
+	log       *slog.Logger
+	read      func() (cgroupfs.Limit, error)
+	usage     func() (held, goMapped int64, err error)
+	cgFile    string
+	charge    func(version int, dir string) (charge, error)
+	live      func() int64
+
+	epoch time.Time
+	next  atomic.Int64 // nanoseconds since epoch of the next due re-read
+	last  atomic.Pointer[MemLimit]
+	// subs receive each change of the decision (Subscribe); onChange is
+	// MemLimitConfig.OnChange.
+	disown   func() // removes m as GOMEMLIMIT's owner (gomemlimit.SetOwner)
+	subMu    sync.Mutex
+	subs     []chan MemLimit
+	onChange func(MemLimit)
+	sub      *gcend.Subscription
+
+	on bool // the configuration is valid
+	// op is the operator's GOMEMLIMIT (bytes; math.MaxInt64 for "off" or
+	// none under AUTOMEMLIMIT=off), 0 when the operator set neither; opText
+	// the variable as set. opWrites: memctl may set its own value while op
+	// is above the hard limit (see MemLimitConfig.KeepOperator).
+	op       int64
+	opText   string
+	opWrites bool
+	mu       sync.Mutex        // serializes decisions; the fields below
+	applied  int64             // GOMEMLIMIT memctl set last; 0: none yet
+	before   int64             // GOMEMLIMIT before memctl set it
+	limit    int64             // the limit behind applied
+	maxFile  string            // the hard limit's file behind applied ("" for none)
+	lift     int64             // bytes added over the decision while lifted (Lift)
+	outside  int64             // the last estimate of memory outside the Go runtime
+	goMapped int64             // what the Go runtime had mapped at that estimate
+	charges  map[string]charge // the last account read from each cgroup directory
+	seen     map[string]bool
+	stopped  bool
+
+	decl    declared // the limit the environment declares (hasDecl)
+	hasDecl bool
+	sandbox string   // internal/sandbox.Detect, read once
+	dir     string   // the cgroup directory the last probe read ("" for none)
+	version int      // its cgroup version
+	files   []string // the files the last decision came from (bounds, memory.high)
+
+	following  atomic.Pointer[string] // Following
+	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
+	folMu      sync.Mutex             // fol, folClosing
+	fol        follower               // nil until started
+	folClosing bool
+	folDone    chan struct{}
+	closed     atomic.Bool // Close was called: Poke re-reads nothing
+}
+
+// maxSeen bounds how many distinct failures a MemLimiter remembers (and
+// logs once each).
+const maxSeen = 64
+
+// NewMemLimiter validates cfg, sets GOMEMLIMIT as SetGoMemLimit describes,
+// and starts the refresh unless cfg.Refresh is negative, the operator's
+// environment wins, or cfg is invalid. It always returns a usable
+// *MemLimiter (Close it to stop the refresh), the decision, and the error
+// SetGoMemLimit would return.
+func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
+	m := &MemLimiter{
+		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
+		read: cfg.read, usage: cfg.usage, cgFile: cfg.cgroupFile, epoch: time.Now(),
+		charge: cfg.charge, live: cfg.live, onChange: cfg.OnChange,
+		seen: make(map[string]bool), charges: make(map[string]charge),
+	}
+	if m.charge == nil {
+		m.charge = readCharge
+	}
+	if m.live == nil {
+		m.live = readLive
+	}
+	if m.read == nil {
+		m.read, m.cgFile = func() (cgroupfs.Limit, error) { return cgroupfs.Of(0) }, "/proc/self/cgroup"
+	}
+	if m.usage == nil {
+		m.usage = readUsage
+	}
+	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
+	m.sandbox = sandbox.Detect()
+	d.Sandbox = m.sandbox
+	var bad []error
+	held, _, uerr := m.usage()
+	if uerr != nil {
+		held = 0 // not known: only the value itself is judged
+	}
+	m.decl, m.hasDecl, bad = readDeclared(held)
+	for _, err := range bad {
+		if m.log != nil {
+			m.log.Warn("limits: declared memory limit", "error", err)
+		}
+	}
+	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
+	if m.ratio == 0 {
+		m.ratio, m.ratioFrom = DefaultRatio, "default"
+	}
+	// An empty GOMEMLIMIT is no limit to the Go runtime
+	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
+	// other value is the operator's, already parsed by the runtime: it is
+	// kept, and the limit is still followed, so that a value a resize put
+	// above the hard limit is seen (see MemLimitConfig.KeepOperator).
+	if v := os.Getenv("GOMEMLIMIT"); v != "" {
+		m.op, m.opText = d.GoMemLimit, "GOMEMLIMIT="+v
+		m.opWrites = !cfg.KeepOperator && d.GoMemLimit != math.MaxInt64
+	} else if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
+		// automemlimit's variable, read with memctl's one grammar
+		// (internal/envflag): an off word leaves GOMEMLIMIT to the program
+		// (memctl only follows the limit), an on word is the configured
+		// ratio, a number in (0, 1] the ratio.
+		r, err := envflag.Ratio("AUTOMEMLIMIT", os.Getenv("AUTOMEMLIMIT"), m.ratio)
+		if err != nil {
+			d.Reason = "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT"
+			m.store(d)
+			return m, d, fmt.Errorf("limits: %w", err)
+		}
+		switch {
+		case r == 0:
+			m.op, m.opText = d.GoMemLimit, "AUTOMEMLIMIT="+v
+		case !envflag.IsOn(v):
+			m.ratio, m.ratioFrom = r, "AUTOMEMLIMIT"
+		}
+	}
+	if !validRatio(m.ratio) {
+		d.Reason = "GOMEMLIMIT left as it was: bad ratio"
+		m.store(d)
+		return m, d, fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
+	}
+	if m.floor = orDefault(cfg.Floor, DefaultFloor); m.floor < 0 {
+		d.Reason = "GOMEMLIMIT left as it was: bad floor"
+		m.store(d)
+		return m, d, fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, DefaultFloor)
+	}
+	m.every = orDefault(cfg.Refresh, DefaultRefresh)
+	m.on = true
+	m.disown = gomemlimit.SetOwner(m) // lifts (package pressure) come here
+	m.mu.Lock()
+	d, err := m.decide(true)
+	m.mu.Unlock()
+	if m.every > 0 {
+		m.next.Store(int64(m.every))
+		if !cfg.noGCEnd {
+			m.sub = gcend.Subscribe(m.atGCEnd)
+		}
+		m.mu.Lock()
+		found := m.dir != "" && !m.stopped
+		m.mu.Unlock()
+		if found {
+			nf := cfg.follower
+			if nf == nil {
+				nf = newFollower
+			}
+			m.startFollow(nf)
+		}
+	}
+	return m, d, err
+}
+
+func orDefault[T int64 | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Refresh re-reads the limit now, sets GOMEMLIMIT as the refresh does, and
+// returns the decision; the error is that of SetGoMemLimit. Failures are
+// logged as the refresh logs them. It does nothing (and returns Last) when
+// the operator's environment wins, the configuration was invalid, or the
+// program took GOMEMLIMIT over. Safe for concurrent use.
+func (m *MemLimiter) Refresh() (MemLimit, error) {
+	if m == nil {
+		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.on || m.stopped {
+		return m.Last(), nil
+	}
+	m.next.Store(dueAfter(time.Since(m.epoch), m.every))
+	return m.decide(false)
+}
+
+// Last returns the latest decision. Safe for concurrent use.
+func (m *MemLimiter) Last() MemLimit {
+	if m == nil {
+		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
+	}
+	return *m.last.Load()
+}
+
+// Interval returns the least time between two re-reads, 0 when there is no
+// refresh.
+func (m *MemLimiter) Interval() time.Duration {
+	if m == nil || m.sub == nil {
+		return 0
+	}
+	return m.every
+}
+
+// Close stops the refresh and the follower, and waits for the follower's
+// goroutine to exit; GOMEMLIMIT stays as it is. Idempotent, safe for
+// concurrent use.
+func (m *MemLimiter) Close() {
+	if m != nil {
+		m.closed.Store(true)
+		if m.disown != nil {
+			m.disown()
+		}
+		m.sub.Stop()
+		m.closeFollow()
+		m.subMu.Lock()
+		for _, ch := range m.subs {
+			close(ch)
+		}
+		m.subs = nil
+		m.subMu.Unlock()
+	}
+}
+
+// store publishes d as the latest decision and, when what it says is in
+// force changed (GOMEMLIMIT, the limit, memory.high, where they came from,
+// an operator's value overridden), tells the subscribers and OnChange.
+func (m *MemLimiter) store(d MemLimit) {
+	prev := m.last.Swap(&d)
+	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
+		prev.Source == d.Source && prev.File == d.File && prev.Overridden == d.Overridden {
+		return
+	}
+	m.subMu.Lock()
+	for _, ch := range m.subs {
+		// The latest wins: a full channel gives up its stale value.
+		select {
+		case ch <- d:
+		default:
+			select {
+			case <-ch:
+			default:
+			}
+			select {
+			case ch <- d:
+			default:
+			}
+		}
+	}
+	m.subMu.Unlock()
+	if m.onChange != nil && prev != nil {
+		m.onChange(d)
+	}
+}
+
+// Subscribe returns a channel that receives the decision each time what
+// it says is in force changes: GOMEMLIMIT, the memory limit (a resize),
+// memory.high, their source, an operator's value overridden or given back.
+// buf is the channel's room, at least 1; when it is full the oldest
+// decision is dropped for the newest, so the last one received is always
+// the one in force. cancel stops the deliveries and closes the channel;
+// Close closes it too. It costs nothing while nothing changes. Safe for
+// concurrent use; on a nil *MemLimiter the channel is closed at once.
+func (m *MemLimiter) Subscribe(buf int) (changes <-chan MemLimit, cancel func()) {
+	ch := make(chan MemLimit, max(buf, 1))
+	if m == nil {
+		close(ch)
+		return ch, func() {}
+	}
+	m.subMu.Lock()
+	defer m.subMu.Unlock()
+	if m.closed.Load() {
+		close(ch)
+		return ch, func() {}
+	}
+	m.subs = append(m.subs, ch)
+	return ch, func() {
+		m.subMu.Lock()
+		defer m.subMu.Unlock()
+		if i := slices.Index(m.subs, ch); i >= 0 {
+			m.subs = slices.Delete(m.subs, i, i+1)
+			close(ch)
+		}
+	}
+}
+
+// atGCEnd runs on the runtime's cleanup goroutine at each GC end: one
+// atomic load until the interval has passed, then one re-read, skipped when
+// a Refresh call holds the lock (it is re-reading anyway).
+func (m *MemLimiter) atGCEnd(*gcend.Sample) bool {
+	return m.tick(time.Since(m.epoch))
+}
+
+func (m *MemLimiter) tick(now time.Duration) bool {
+	if int64(now) < m.next.Load() {
+		return true
+	}
+	if !m.mu.TryLock() {
+		return true
+	}
+	defer m.mu.Unlock()
+	m.next.Store(dueAfter(now, m.every))
+	if m.stopped {
+		return false
+	}
+	_, _ = m.decide(false)
+	return !m.stopped
+}
+
+// dueAfter returns now + every, or math.MaxInt64 (never) when the sum
+// overflows: an interval near the largest time.Duration (MEMCTL_REFRESH=
+// 2562047h) would otherwise wrap to a negative time, due at every GC end.
+func dueAfter(now, every time.Duration) int64 {
+	if every > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return int64(now + every)
+}
+
+// decide reads the limit and the memory outside the Go runtime, sets
+// GOMEMLIMIT, records and returns the decision. first is the call of
+// NewMemLimiter: its errors are returned, not logged. Called with m.mu held.
+//
+// The arithmetic, all in bytes:
+//
+//	outside(cg) = max(held − Go mapped,                          this process outside the Go runtime
+//	                  anon + shmem + kernel − Go resident)      the cgroup's memory.stat (chargeOf)
+//	hard        = min over each hard limit L on the path (memory.max, v1's limit) of
+//	              Ratio × L − outside(L's cgroup), raised to the floor
+//	target      = max(Ratio × memory.high − outside(memory.high's cgroup),
+//	                  LiveHeapFactor × live heap, floor)
+//	GOMEMLIMIT  = min(hard, target)       (target only when memory.high is under memory.max)
+//
+// A fall of the target is followed only when it is at least 1/20 of
+// GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
+func (m *MemLimiter) decide(first bool) (d MemLimit, err error) {
+	// The whole decision holds GOMEMLIMIT's one writer, so that a trim's
+	// transient value is never read as the program's.
+	gomemlimit.Do(func() { d, err = m.decideLocked(first) })
+	m.store(d)
+	return d, err
+}
+
+func (m *MemLimiter) decideLocked(first bool) (MemLimit, error) {
+	cur := gomemlimit.Read()
+	if expect := m.expected(); expect != 0 && cur != expect {
+		m.stopped = true
+		m.info(fmt.Sprintf("limits: GOMEMLIMIT was changed to %d by the program; memctl no longer refreshes it", cur))
+		return MemLimit{GoMemLimit: cur, Reason: "GOMEMLIMIT was set by the program after memctl"}, nil
+	}
+	d, a, err := m.plan(first, cur)
+	if m.op != 0 {
+		return m.applyOperator(d, a, first), err
+	}
+	return m.apply(d, a, cur, first), err
+}
+
+// expected returns the GOMEMLIMIT the limiter expects in force: the value
+// it set last, or the operator's; 0 when neither.
+func (m *MemLimiter) expected() int64 {
+	if m.applied != 0 {
+		return m.applied
+	}
+	return m.op
+}
