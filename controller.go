@@ -1,0 +1,126 @@
+package memctl
+
+import (
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
+
+	"github.com/memctl/memctl/trim/cheap"
+)
+
+// Report returns what Start decided, and the allocators found now
+// (CHeaps).
+func (c *Controller) Report() Report {
+	if c == nil {
+		return Report{Off: true}
+	}
+	r := c.report
+	if !r.Off {
+		for _, h := range cheap.Detect().Heaps() {
+			r.CHeaps = append(r.CHeaps, h.Name())
+		}
+	}
+	return r
+}
+
+// AfterBurst marks the end of a burst of work: the trim runs once, the trim
+// delay after the last AfterBurst (and at the latest trim.Config.MaxWait after
+// the first of a run that does not pause). It allocates nothing; while a
+// trim is pending it is one atomic load, and only the first call after the
+// trimmer went idle takes an uncontended lock to set the timer (see
+// trim.Trimmer.AfterBurst for the figures).
+func (c *Controller) AfterBurst() {
+	if c != nil && c.trimmer != nil {
+		c.trimmer.AfterBurst()
+	}
+}
+
+// Begin marks a burst in flight; no trim runs until the returned func is
+// called (up to the trimmer's max wait, see trim.Config.MaxWait), which also
+// counts as AfterBurst. Call the func exactly once: a func called more
+// often than Begin is misuse, counted in Stats.Misuse and logged once at
+// WARN, and a panic only under SetStrict. The same holds with no trimmer
+// (no Start, MEMCTL=off, trimming off): Begin then only counts. It
+// allocates nothing. Safe for concurrent use.
+func (c *Controller) Begin() (end func()) {
+	if c == nil || c.trimmer == nil {
+		loose.Add(1)
+		return looseEnd
+	}
+	return c.trimmer.Begin()
+}
+
+// Bursts begun with no trimmer to take them, and the misuse of their ends.
+var (
+	loose, looseMisuse atomic.Int64
+	looseWarned        atomic.Bool
+	strict             atomic.Bool
+)
+
+func looseEnd() {
+	if loose.Add(-1) >= 0 {
+		return
+	}
+	loose.Add(1)
+	looseMisuse.Add(1)
+	if strict.Load() {
+		panic("memctl: burst ended more often than begun")
+	}
+	if looseWarned.CompareAndSwap(false, true) {
+		slog.Default().Warn("memctl: burst ended more often than begun (an end func called twice?); counted in Stats.Misuse, logged once")
+	}
+}
+
+// SetStrict turns the strict mode for tests on or off and returns the
+// previous setting. In strict mode misuse panics instead of being counted
+// and logged: an end func of Begin called more often than Begin, whether or
+// not Start ran (a controller started in strict mode keeps it). Production
+// code leaves it off (the default): memctl must not crash the service it
+// protects. Safe for concurrent use.
+func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
+
+// Stats returns the controller's counters and the C heap's statistics.
+func (c *Controller) Stats() Stats {
+	s := Stats{GoMemLimit: debug.SetMemoryLimit(-1), Misuse: misuse.Load()}
+	s.CHeap, _ = cheap.Detect().Stats() // all -1 when unavailable
+	s.CHeaps = cheap.Detect().Heaps()
+	if c != nil && c.trimmer != nil {
+		s.Trim = c.trimmer.Stats()
+	}
+	if c != nil {
+		s.Pressure, s.AutoBurst = c.monitor.Stats(), autoBurstStats(c.auto)
+		s.Swap = c.swap.read()
+	} else {
+		s.Swap = looseSwap.read()
+	}
+	s.Misuse += looseMisuse.Load() + s.Trim.Misuse
+	return s
+}
+
+// Close stops the trimmer (a pending trim is dropped, a running one is
+// waited for) and the GOMEMLIMIT refresh, and returns when the trimmer's
+// goroutine has exited. The THP flag and GOMEMLIMIT stay as they are. Close is
+// idempotent and returns nil.
+func (c *Controller) Close() error {
+	if c == nil {
+		return nil
+	}
+	c.once.Do(func() {
+		unregister(c)
+		c.rec.sub.Stop() // before the trimmer's Close: no republish after it
+		_ = c.monitor.Close()
+		if c.untrim != nil {
+			c.untrim()
+		}
+		if c.auto != nil {
+			c.auto.Close()
+		}
+		c.limiter.Close()
+		if c.trimmer != nil {
+			_ = c.trimmer.Close()
+		}
+		c.stopRecord()
+		c.hist.Close()
+	})
+	return nil
+}

@@ -1,0 +1,114 @@
+package memctl
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// AfterBurst calls AfterBurst on the live controller of the latest Start.
+// With none (Start not called, or its controller closed) it does nothing,
+// which is a wiring mistake: the first such call logs a WARN through
+// slog.Default, and every one is counted in Stats.Misuse. The path with a
+// controller costs what Controller.AfterBurst costs.
+func AfterBurst() {
+	if c := current.Load(); c != nil {
+		c.AfterBurst()
+		return
+	}
+	noController("AfterBurst")
+}
+
+// Begin calls Begin on the live controller of the latest Start. With none
+// it is a wiring mistake reported as AfterBurst's is, and it only counts
+// the burst, so that an end func called twice is misuse with or without
+// Start (see Controller.Begin; read the count with CurrentStats).
+func Begin() (end func()) {
+	c := current.Load()
+	if c == nil {
+		noController("Begin")
+	}
+	return c.Begin()
+}
+
+// CurrentStats returns the Stats of the live controller of the latest
+// Start, or, with none, the counters kept without one (Misuse, GoMemLimit,
+// CHeap).
+func CurrentStats() Stats { return current.Load().Stats() }
+
+var (
+	// current is the controller the package-level functions use: the last
+	// of live, the controllers started and not yet closed, oldest first.
+	current atomic.Pointer[Controller]
+	liveMu  sync.Mutex
+	live    []*Controller
+
+	misuse       atomic.Int64
+	warnedNoCtl  atomic.Bool
+	warnedSecond atomic.Bool
+)
+
+// register makes c the controller of the package-level functions, and warns
+// (once per process) when an earlier one is still live.
+func register(c *Controller, l *slog.Logger) {
+	liveMu.Lock()
+	var prev *Controller
+	if n := len(live); n > 0 {
+		prev = live[n-1]
+	}
+	live = append(live, c)
+	current.Store(c)
+	liveMu.Unlock()
+	if prev == nil {
+		return
+	}
+	misuse.Add(1)
+	if !warnedSecond.Swap(true) {
+		l.Warn("memctl: Start called while an earlier controller is live (a second Start, or Start beside the auto package); "+
+			"the newest now serves memctl.AfterBurst and memctl.Begin, and both run until their Close",
+			"earlier_start", prev.startedBy, "this_start", c.startedBy)
+	}
+}
+
+// unregister hands the package-level functions to the latest controller
+// still live.
+func unregister(c *Controller) {
+	liveMu.Lock()
+	defer liveMu.Unlock()
+	for i, x := range live {
+		if x == c {
+			live = append(live[:i], live[i+1:]...)
+			break
+		}
+	}
+	if n := len(live); n > 0 {
+		current.Store(live[n-1])
+	} else {
+		current.Store(nil)
+	}
+}
+
+func noController(fn string) {
+	misuse.Add(1)
+	if !warnedNoCtl.Load() && !warnedNoCtl.Swap(true) {
+		slog.Default().Warn("memctl: " + fn + " called with no live controller: nothing will be trimmed; " +
+			"call memctl.Start at the top of main (or import github.com/memctl/memctl/auto) and Close it at exit")
+	}
+}
+
+// caller names the function skip frames up, with its file and line, for the
+// second-Start warning: "main.main (main.go:12)".
+func caller(skip int) string {
+	pc, file, line, ok := runtime.Caller(skip)
+	if !ok {
+		return "unknown"
+	}
+	name := "unknown"
+	if f := runtime.FuncForPC(pc); f != nil {
+		name = f.Name()
+	}
+	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line)
+}

@@ -1,0 +1,256 @@
+package limits
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"strconv"
+)
+
+// Grow reports n more bytes in use. It returns nil, or:
+//   - an *ExhaustedError (matching ErrResourceExhausted) when the account,
+//     one of its ancestors, or the pool has no room for n bytes, or the pool
+//     is under heap pressure and n does not fit in what the account already
+//     holds; nothing is counted then. Any n past a limit is refused this way,
+//     however large (a size from a client, such as a Content-Length, gets
+//     the same answer with 0 or 1 byte in use);
+//   - an error matching ErrInvalidSize when n is negative; nothing is
+//     counted then;
+//   - an error matching ErrClosed when the account, one of its ancestors or
+//     the pool is closed. When the account was closed because the context
+//     it was bound to with WithAccount ended, the error also wraps that
+//     context's cause (context.Cause): it matches ErrResourceExhausted (and
+//     errors.As finds the *ExhaustedError) after the heap watch canceled it
+//     (PoolConfig.CancelLargest), and context.Canceled or
+//     context.DeadlineExceeded after a client went away or a deadline
+//     passed.
+//
+// With MEMCTL_BUDGETS=observe or off (see the package doc) a Grow that
+// would be refused succeeds and is counted (PoolStats.Observed); only a
+// total past math.MaxInt64 is still refused.
+//
+// Grow(0) returns nil. Within the account's reserved chunk Grow costs one
+// atomic add and allocates nothing; an error allocates.
+func (a *Account) Grow(n int64) error {
+	if n > 0 && n <= a.reserved.Load() {
+		// Fast path: add, then check against what the account holds. A
+		// release or Close lowers reserved and then re-reads used; we
+		// raise used and then read reserved: one of us sees the other.
+		u := a.used.Add(n)
+		if testHookGrow != nil {
+			testHookGrow()
+		}
+		if u >= n && u <= a.reserved.Load() && !a.pool.closed.Load() {
+			if t := u + min(a.kids.Load(), math.MaxInt64-u); t > a.peak.Load() {
+				a.raisePeak(t)
+			}
+			return nil
+		}
+		// Not held (or closed, or u < n: the sum wrapped past
+		// math.MaxInt64): take the bytes back and grow under the lock.
+		a.undo(n)
+		return a.growSlow(n)
+	}
+	if n > 0 {
+		// Larger than all the account holds (or closed): it cannot fit,
+		// and its passing bytes on the fast path could make a concurrent
+		// misuse (a Shrink of up to n more than the account grew, such as
+		// Shrink(math.MaxInt64) beside Grow(math.MaxInt64)) look
+		// legitimate.
+		return a.growSlow(n)
+	}
+	if n == 0 {
+		return nil
+	}
+	return a.invalid("Grow", n)
+}
+
+// undo takes back n bytes that Grow's fast path added and could not keep.
+// A Shrink that ran in between may have counted on them; if that Shrink
+// was misuse (past what the account grew), used is now below zero: it is
+// put back at zero, once (a compare-and-swap, so that two Grows undoing at
+// once do not both repair it), and the misuse counted here.
+func (a *Account) undo(n int64) {
+	if v := a.used.Add(-n); v < 0 {
+		for {
+			cur := a.used.Load()
+			if cur >= 0 {
+				return
+			}
+			if a.used.CompareAndSwap(cur, 0) {
+				a.misuse(fmt.Sprintf("Shrink below what it grew itself by %d, seen by a concurrent Grow", -cur))
+				return
+			}
+		}
+	}
+}
+
+// growSlow grows by n under mu, reserving from the parent as needed.
+func (a *Account) growSlow(n int64) error {
+	var o observation
+	err := a.growLocked(n, &o)
+	if err != nil {
+		a.noteRefused(n, err)
+		return err
+	}
+	if o.would != nil {
+		o.would.Requested = n
+		a.pool.noteObserved(o.would)
+	}
+	return nil
+}
+
+// observation collects, across the scopes of one Grow, the refusal that
+// MEMCTL_BUDGETS=observe or off let through.
+type observation struct {
+	would *ExhaustedError
+}
+
+// over reports whether e, a refusal, must be returned: true when budgets are
+// enforced; otherwise it records e (the first one) and returns false.
+func (o *observation) over(p *Pool, e *ExhaustedError) bool {
+	if p.mode == ModeEnforce {
+		return true
+	}
+	if o.would == nil {
+		o.would = e
+	}
+	return false
+}
+
+func (a *Account) growLocked(n int64, o *observation) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	defer a.releaseLocked() // a reservation followed by Shrinks can leave too much unused
+	for {
+		r := a.reserved.Load()
+		if r < 0 || a.pool.closed.Load() {
+			return a.closedError("Grow(" + strconv.FormatInt(n, 10) + ")")
+		}
+		u := a.used.Load()
+		if u < 0 {
+			runtime.Gosched() // a Grow is putting back what a misuse took
+			continue
+		}
+		k := a.kids.Load()
+		// u may include the bytes of a Grow on the fast path that will be
+		// taken back (up to math.MaxInt64): saturate.
+		total := u + min(k, math.MaxInt64-u)
+		if n > a.limit-total {
+			e := &ExhaustedError{Requested: n, Used: total, Limit: a.limit, Scope: a.scope()}
+			if n > math.MaxInt64-total || o.over(a.pool, e) {
+				return e
+			}
+		}
+		if e := a.shedError(n, total); e != nil && o.over(a.pool, e) {
+			return e
+		}
+		if n <= r-u {
+			if a.used.CompareAndSwap(u, u+n) {
+				a.raisePeak(u + n + min(k, math.MaxInt64-u-n))
+				return nil
+			}
+			continue
+		}
+		need := u + n - r
+		want := roundUp(need, a.chunk)
+		if room := a.room(r); want > room {
+			want = max(room, need)
+		}
+		want = a.shedCap(want, need, r+k)
+		got, err := a.reserveUp(want, need, o)
+		if err != nil {
+			return err
+		}
+		a.reserved.Store(r + got)
+	}
+}
+
+// room returns how many more bytes the account may hold from its parent
+// under its own limit, given r reserved for itself. Called with mu held.
+// In ModeObserve and ModeOff a reservation past the limit takes only the
+// bytes needed, so that the next Grow past it is seen (and counted) too.
+func (a *Account) room(r int64) int64 {
+	if a.limit == Unlimited {
+		return math.MaxInt64 - r - a.kids.Load()
+	}
+	return max(a.limit-r-a.kids.Load(), 0)
+}
+
+// roundUp rounds n > 0 up to a multiple of chunk, or returns n when that
+// would overflow.
+func roundUp(n, chunk int64) int64 {
+	if rem := n % chunk; rem != 0 && n <= math.MaxInt64-(chunk-rem) {
+		return n + chunk - rem
+	}
+	return n
+}
+
+// reserveUp takes want bytes from the parent, or only need (≤ want) when
+// want does not fit, and returns how many it took. Called with mu held;
+// locks are always taken child first, then ancestors, so this cannot
+// deadlock.
+func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
+	if a.parent == nil {
+		return a.pool.reserve(want, need, o)
+	}
+	return a.parent.reserveForKid(want, need, o)
+}
+
+// reserveForKid reserves want bytes, or at least need, for an account opened
+// from a, passing them through from a's own parent: a child's bytes count
+// against a's limit but never mix with what a grew itself.
+func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.reserved.Load()
+	if r < 0 || a.pool.closed.Load() {
+		return 0, a.closedError("reserve for an account opened from it")
+	}
+	if room := a.room(r); need > room {
+		// Give back the slack of a's own reservation first: a refusal at
+		// the limit must count only bytes in use.
+		a.trimLocked(0)
+		r = a.reserved.Load()
+		room = a.room(r)
+		if need > room {
+			total := max(a.used.Load(), 0) + a.kids.Load()
+			e := &ExhaustedError{Requested: need, Used: total, Limit: a.limit, Scope: a.scope()}
+			if need > math.MaxInt64-r-a.kids.Load() || o.over(a.pool, e) {
+				return 0, e
+			}
+		}
+	}
+	if e := a.shedError(need, max(a.used.Load(), 0)+a.kids.Load()); e != nil && o.over(a.pool, e) {
+		return 0, e
+	}
+	if room := a.room(r); want > room {
+		want = max(room, need)
+	}
+	want = a.shedCap(want, need, r+a.kids.Load())
+	got, err := a.reserveUp(want, need, o)
+	if _, ok := err.(*ExhaustedError); ok && a.reserved.Load() > max(a.used.Load(), 0) {
+		// An ancestor or the pool is full: a's own slack counts there, so
+		// give it back and ask once more.
+		a.trimLocked(0)
+		got, err = a.reserveUp(want, need, o)
+	}
+	if err != nil {
+		return 0, err
+	}
+	k := a.kids.Add(got)
+	u := max(a.used.Load(), 0)
+	a.raisePeak(u + min(k, math.MaxInt64-u))
+	return got, nil
+}
+
+// raisePeak raises the peak to t, what a read of used plus kids found. That
+// read can count the passing bytes of a concurrent Grow that does not fit
+// and takes them back; what is granted never passes the account's limit
+// when budgets are enforced, so neither does the peak.
+func (a *Account) raisePeak(t int64) {
+	if a.pool.mode == ModeEnforce {
+		t = min(t, a.limit)
+	}
+	notePeak(&a.peak, t)
+}

@@ -1,0 +1,237 @@
+package limits
+
+import (
+	"fmt"
+	"runtime"
+)
+
+// returnFromKid takes back n bytes that an account opened from a held, and
+// passes them up. Nothing happens when a is closed: its Close gave back
+// everything it and its children held.
+func (a *Account) returnFromKid(n int64, unlink *Account) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if unlink != nil && unlink.linked {
+		unlink.linked = false
+		if unlink.sibPrev != nil {
+			unlink.sibPrev.sibNext = unlink.sibNext
+		} else {
+			a.firstKid = unlink.sibNext
+		}
+		if unlink.sibNext != nil {
+			unlink.sibNext.sibPrev = unlink.sibPrev
+		}
+		unlink.sibPrev, unlink.sibNext = nil, nil
+	}
+	if a.reserved.Load() < 0 || n == 0 {
+		return
+	}
+	a.kids.Add(-n)
+	a.giveBack(n, nil)
+}
+
+// giveBack returns n bytes to the parent (and unlinks a from it when unlink
+// is a). Called with mu held.
+func (a *Account) giveBack(n int64, unlink *Account) {
+	if a.parent == nil {
+		a.pool.unreserve(n)
+		return
+	}
+	a.parent.returnFromKid(n, unlink)
+}
+
+// Shrink reports n fewer bytes in use. Taking back more than the account
+// grew itself (bytes held by accounts opened from it do not count) is
+// misuse, as is a negative n: nothing is changed, the pool counts it
+// (PoolStats.Misuse) and logs the first one at WARN, or, in strict mode
+// (PoolConfig.Strict), Shrink panics once it holds no lock. When the
+// account holds more than two chunks beyond its use, Shrink returns the
+// excess to the parent. Shrink after Close does nothing, but a negative n
+// is still counted as misuse. Within the reserved chunk Shrink costs one
+// compare-and-swap and allocates nothing.
+func (a *Account) Shrink(n int64) {
+	if n <= 0 {
+		if n < 0 {
+			a.misuse(fmt.Sprintf("Shrink(%d): negative size", n))
+		}
+		return
+	}
+	for {
+		u := a.used.Load()
+		if u < 0 {
+			runtime.Gosched() // a Grow is putting back what a misuse took
+			continue
+		}
+		if n > u {
+			if a.reserved.Load() >= 0 {
+				a.misuse(fmt.Sprintf("Shrink(%d) below what it grew itself, %d", n, u))
+			}
+			return
+		}
+		if a.used.CompareAndSwap(u, u-n) {
+			if a.reserved.Load()-(u-n) > a.releaseAt {
+				a.release()
+			}
+			return
+		}
+	}
+}
+
+// misuse counts one misuse, logs the first one, and panics in strict mode.
+// It is never called with a lock held.
+func (a *Account) misuse(what string) {
+	p := a.pool
+	p.misuse.Add(1)
+	msg := "limits: " + a.scope() + ": " + what
+	if p.strict {
+		panic(msg)
+	}
+	if p.misuseLogged.CompareAndSwap(false, true) {
+		p.log.Warn("limits: misuse of an account (counted in PoolStats.Misuse; only the first is logged)", "error", msg)
+	}
+}
+
+// release returns what the account holds beyond one chunk of slack to the
+// parent, when that is more than releaseAt.
+func (a *Account) release() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.releaseLocked()
+}
+
+// releaseLocked is release with mu held.
+func (a *Account) releaseLocked() {
+	if r, u := a.reserved.Load(), a.used.Load(); r >= 0 && r-u > a.releaseAt {
+		a.trimLocked(a.chunk)
+	}
+}
+
+// trimLocked lowers the account's own reservation to what it uses plus
+// slack, and gives the rest back. Called with mu held.
+func (a *Account) trimLocked(slack int64) {
+	for {
+		r := a.reserved.Load()
+		u := a.used.Load()
+		if r < 0 || u < 0 || r-u <= slack {
+			return
+		}
+		target := u + slack
+		if testHookRelease != nil {
+			testHookRelease()
+		}
+		a.reserved.Store(target)
+		// A Grow on the fast path may have raised used after our load; it
+		// reads reserved after raising used and backs off if it sees
+		// target. If we see its raise instead, we restore the reservation
+		// and look again.
+		if v := a.used.Load(); v >= 0 && v <= target {
+			a.giveBack(r-target, nil)
+			return
+		}
+		a.reserved.Store(r)
+	}
+}
+
+// Resize reports that a structure of oldSize bytes now takes newSize bytes:
+// it grows by the difference (with Grow's errors, the ExhaustedError's
+// Requested being newSize-oldSize) or shrinks by it. A negative size is an
+// error matching ErrInvalidSize and changes nothing.
+func (a *Account) Resize(oldSize, newSize int64) error {
+	if oldSize < 0 || newSize < 0 {
+		return fmt.Errorf("%w: %s: Resize(%d, %d): negative size", ErrInvalidSize, a.scope(), oldSize, newSize)
+	}
+	if newSize > oldSize {
+		return a.Grow(newSize - oldSize)
+	}
+	a.Shrink(oldSize - newSize)
+	return nil
+}
+
+// Close returns everything the account holds, including what accounts
+// opened from it hold, to its parent, closes those accounts too, and makes
+// further Grow and Open calls on any of them fail with ErrClosed. An
+// account closed with bytes it grew and did not shrink is a leak: the pool
+// counts it (PoolStats.Leaked, LeakedBytes) and logs the first one at WARN,
+// or, in strict mode, Close panics after closing everything and releasing
+// every lock. An account closed because the context it was bound to ended
+// (WithAccount) is not a leak: the work may still be running. Under heap
+// pressure, closing an account that held at least PoolConfig.CancelShare of
+// the live heap makes the pool read the heap again at once (one GC cycle on
+// a goroutine that exits). Close is idempotent and safe to call concurrently
+// with any method.
+func (a *Account) Close() {
+	leak := a.close(nil)
+	a.pool.workEnded(a)
+	if leak != "" && a.pool.strict {
+		panic(leak)
+	}
+}
+
+// close is Close without the strict panic: it returns the first leak it
+// found, or "". cause, when not nil, is why the account closed (the cause of
+// the context it was bound to), and the errors of later Grow and Open calls
+// wrap it. The first close wins.
+func (a *Account) close(cause error) (leak string) {
+	kids, leak, ok := a.closeSelf(cause)
+	if !ok {
+		return ""
+	}
+	if a.pool.cancelLargest {
+		a.pool.unlist(a)
+	}
+	for c := kids; c != nil; {
+		next := c.sibNext
+		if l := c.close(cause); leak == "" {
+			leak = l
+		}
+		c = next
+	}
+	return leak
+}
+
+// closeSelf marks a closed, gives back what it and its children hold, and
+// returns the list of its children, now unlinked, to close. ok is false when
+// a was closed already.
+func (a *Account) closeSelf(cause error) (kids *Account, leak string, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.reserved.Load()
+	if r < 0 {
+		return nil, "", false
+	}
+	a.closeCause = cause
+	a.reserved.Store(-1)
+	hold := r + a.kids.Load()
+	a.kids.Store(0)
+	a.giveBack(hold, a) // also unlinks a from its parent
+	// The children are unlinked here; sibNext stays so the caller can walk
+	// the list, and each child's Close finds it is not linked.
+	kids = a.firstKid
+	a.firstKid = nil
+	for c := kids; c != nil; c = c.sibNext {
+		c.linked = false
+	}
+	if u := a.used.Load(); u > 0 && cause == nil {
+		leak = a.pool.noteLeak(a.scope(), u)
+	}
+	if a.parent == nil {
+		a.pool.inFlight.Add(-1)
+		a.pool.peaks.record(a.demand())
+	}
+	return kids, leak, true
+}
+
+// closedError is the error of op on the closed account. Called with mu held.
+func (a *Account) closedError(op string) error {
+	if a.reserved.Load() >= 0 && a.pool.closed.Load() {
+		return fmt.Errorf("%w: %s: %s: pool %s is closed", ErrClosed, a.scope(), op, a.pool.name)
+	}
+	if a.closeCause != nil {
+		return fmt.Errorf("%w: %s: %s after its context ended: %w", ErrClosed, a.scope(), op, a.closeCause)
+	}
+	return fmt.Errorf("%w: %s: %s", ErrClosed, a.scope(), op)
+}
+
+func (a *Account) invalid(op string, n int64) error {
+	return fmt.Errorf("%w: %s: %s(%d): negative size", ErrInvalidSize, a.scope(), op, n)
+}

@@ -1,0 +1,176 @@
+package limits
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// reserve takes want bytes from the pool, or only need (≤ want) when want
+// does not fit, and returns how many it took. When need does not fit either
+// the error is an *ExhaustedError; in ModeObserve and ModeOff the refusal is
+// recorded in o and the bytes are taken anyway, unless the total would pass
+// math.MaxInt64.
+func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
+	if p.closed.Load() {
+		return 0, fmt.Errorf("%w: pool %s", ErrClosed, p.name)
+	}
+	if p.pressure.Load() {
+		p.refreshIfStale()
+		e := &ExhaustedError{Requested: need, Used: p.heapLive.Load(), Limit: p.heapThreshold.Load(), Scope: p.heapScope, RetryAfter: DefaultRetryAfter}
+		if o.over(p, e) {
+			return 0, e
+		}
+	}
+	limit := p.curLimit()
+	for {
+		cur := p.used.Load()
+		got := want
+		if need > limit-cur {
+			e := &ExhaustedError{Requested: need, Used: cur, Limit: limit, Scope: p.name, RetryAfter: DefaultRetryAfter}
+			if need > math.MaxInt64-cur || o.over(p, e) {
+				return 0, e
+			}
+			got = need // so that the next Grow past the limit is seen too
+		} else if want > limit-cur {
+			got = need
+		}
+		if p.used.CompareAndSwap(cur, cur+got) {
+			notePeak(&p.peak, cur+got)
+			notePeak(&p.burstPeak, cur+got)
+			return got, nil
+		}
+	}
+}
+
+// unreserve returns n bytes to the pool.
+func (p *Pool) unreserve(n int64) { p.used.Add(-n) }
+
+// noteRefused counts a Grow(n) that failed with err when err is a refusal
+// (an *ExhaustedError), fills in the size the caller asked for, and records
+// in the account and its ancestors what they would have used.
+func (a *Account) noteRefused(n int64, err error) {
+	e, ok := err.(*ExhaustedError)
+	if !ok {
+		return
+	}
+	a.pool.refusedBy[a.pool.refusalScope(e)].Add(1)
+	e.Requested = n
+	if e.RetryAfter > 0 {
+		// The pool was full, under heap pressure or shedding: a retry can
+		// succeed once that passes, unless this work alone does not fit in
+		// the pool's limit.
+		u := max(a.used.Load(), 0) + a.kids.Load()
+		if l := a.pool.limit.Load(); n > l-min(u, l) {
+			e.RetryAfter = 0
+		}
+	}
+	a.pool.refused.Add(1)
+	for x := a; x != nil; x = x.parent {
+		u := max(x.used.Load(), 0) + x.kids.Load()
+		notePeak(&x.refusedAt, u+min(n, math.MaxInt64-u))
+	}
+}
+
+// The scopes a refusal is counted under (PoolStats.RefusedBy).
+const (
+	scopeAccount = iota
+	scopePool
+	scopeHeap
+	scopeShed
+)
+
+// refusalScope tells which scope refused with e: the pool (its name alone),
+// heap pressure, shedding, or an account.
+func (p *Pool) refusalScope(e *ExhaustedError) int {
+	switch {
+	case e.Scope == p.name:
+		return scopePool
+	case e.Scope == p.heapScope:
+		return scopeHeap
+	case strings.HasSuffix(e.Scope, " (shedding)"):
+		return scopeShed
+	}
+	return scopeAccount
+}
+
+// noteObserved counts a Grow let through in ModeObserve or ModeOff, and
+// logs it in ModeObserve, at most once per ObserveLogInterval.
+func (p *Pool) noteObserved(e *ExhaustedError) {
+	p.observed.Add(1)
+	if p.mode != ModeObserve {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := p.observeLogAt.Load()
+	if (last != 0 && now-last < int64(ObserveLogInterval)) || !p.observeLogAt.CompareAndSwap(last, now) {
+		return
+	}
+	p.log.Warn("limits: budget exceeded, not refused (MEMCTL_BUDGETS=observe)",
+		"error", e.Error(), "observed", p.observed.Load())
+}
+
+// noteLeak counts an account closed with n bytes it grew and did not
+// shrink, logs the first one, and returns the message a strict pool panics
+// with ("" when not strict).
+func (p *Pool) noteLeak(scope string, n int64) string {
+	p.leaked.Add(1)
+	p.leakedBytes.Add(n)
+	msg := "limits: " + scope + ": closed with " + strconv.FormatInt(n, 10) + " bytes grown and not shrunk"
+	if p.strict {
+		return msg
+	}
+	if p.leakLogged.CompareAndSwap(false, true) {
+		p.log.Warn("limits: account leak (counted in PoolStats.Leaked; only the first is logged)", "error", msg)
+	}
+	return ""
+}
+
+// list adds a, with the cancel function of its context, to the accounts
+// that CancelLargest may cancel.
+func (p *Pool) list(a *Account, cancel context.CancelCauseFunc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if a.listed || a.reserved.Load() < 0 {
+		return
+	}
+	a.listed, a.cancel = true, cancel
+	a.next = p.head
+	if p.head != nil {
+		p.head.prev = a
+	}
+	p.head = a
+}
+
+// unlist removes a from the accounts that CancelLargest may cancel.
+func (p *Pool) unlist(a *Account) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !a.listed {
+		return
+	}
+	a.listed = false
+	if a.prev != nil {
+		a.prev.next = a.next
+	} else {
+		p.head = a.next
+	}
+	if a.next != nil {
+		a.next.prev = a.prev
+	}
+	a.prev, a.next, a.cancel = nil, nil, nil
+}
+
+// notePeak raises peak to v if v is higher.
+func notePeak(peak *atomic.Int64, v int64) {
+	for {
+		p := peak.Load()
+		if v <= p || peak.CompareAndSwap(p, v) {
+			return
+		}
+	}
+}

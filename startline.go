@@ -1,0 +1,191 @@
+package memctl
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/thp"
+	"github.com/memctl/memctl/trim"
+)
+
+// logStarted writes the startup line: one INFO line a person reads at a
+// glance in kubectl logs (under 300 characters: GOMEMLIMIT in MiB and where
+// it came from, THP, trims, the pressure watched), then one DEBUG line,
+// "memctl details", with every decision in full and in numbers a pipeline
+// can keep as one type: gomemlimit_bytes is bytes or "none", trim_delay a
+// duration or "off", arena_max a count or "off" (with arena_max_reason).
+// The same details are in memctl status and /debug/memctl. Errors are only
+// on the WARN lines.
+func (c *Controller) logStarted(l *slog.Logger) {
+	r := c.report
+	info := []slog.Attr{
+		slog.String("gomemlimit", mibOrNone(r.MemLimit.GoMemLimit)),
+		slog.String("gomemlimit_source", limitSource(r.MemLimit)),
+		slog.String("thp", r.THPState.String()),
+		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
+		slog.String("auto_burst", onOff(r.AutoBurst)),
+		slog.String("pressure", shortPressure(r.Pressure, r.PressureNote)),
+	}
+	if r.MemLimit.Sandbox != "" {
+		// A sandbox with a kernel of its own (gVisor) may show no cgroup
+		// limit: said here, as the likely reason a limit is missing.
+		info = append(info, slog.String("sandbox", r.MemLimit.Sandbox))
+	}
+	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl started", info...)
+	if !l.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("thp_policy", r.THPPolicy.String()),
+		slog.String("thp_system", cmp.Or(r.THPSystem, "unknown")),
+		slog.String("thp_note", r.THPNote),
+		slog.String("gomemlimit_bytes", bytesOrNone(r.MemLimit.GoMemLimit)),
+		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
+		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
+		slog.String("gomemlimit_reclaimable", strconv.FormatInt(r.MemLimit.Reclaimable, 10)),
+		slog.String("gomemlimit_refresh", delayOrOff(r.MemLimitRefresh)),
+		slog.String("gomemlimit_follow", cmp.Or(c.limiter.Following(), "none")),
+		slog.String("gomemlimit_reason", r.MemLimit.Reason),
+		slog.String("c_heap", r.CHeap),
+		slog.String("c_heap_stats", c.Stats().CHeap.String()),
+		slog.String("c_heaps", cmp.Or(strings.Join(c.Report().CHeaps, "; "), "none")),
+		slog.String("pressure_source", r.Pressure),
+	}
+	if r.PressureNote != "" {
+		attrs = append(attrs, slog.String("pressure_note", r.PressureNote))
+	}
+	// arena_max: the cap on glibc's malloc arenas (MALLOC_ARENA_MAX), which
+	// bounds the C heap of a cgo program with many threads.
+	if r.ArenaMax > 0 {
+		attrs = append(attrs, slog.String("arena_max", strconv.Itoa(r.ArenaMax)))
+	} else {
+		attrs = append(attrs, slog.String("arena_max", "off"), slog.String("arena_max_reason", r.ArenaMaxNote))
+	}
+	l.LogAttrs(context.Background(), slog.LevelDebug, "memctl details", attrs...)
+}
+
+// mibOrNone gives b in MiB with one decimal ("227.7MiB"), or "none" for
+// math.MaxInt64 (no limit).
+func mibOrNone(b int64) string {
+	if b == math.MaxInt64 {
+		return "none"
+	}
+	return inMiB(b)
+}
+
+func inMiB(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) + "MiB" }
+
+// limitSource says in a few words where GOMEMLIMIT came from: the share of
+// which limit, less what, or why there is none. The full reason is
+// gomemlimit_reason on the DEBUG line.
+func limitSource(m limits.MemLimit) string {
+	switch {
+	case m.Source == limits.SourceEnv && len(m.Reason) <= 64:
+		return m.Reason // "GOMEMLIMIT=… is set in the environment"
+	case m.Source == limits.SourceEnv:
+		return "the operator's GOMEMLIMIT or AUTOMEMLIMIT"
+	case m.MemoryLimit <= 0 && m.LimitUnknown:
+		return "none: no cgroup limit in sight (may be set above the namespace)"
+	case m.MemoryLimit <= 0:
+		return "none: no memory limit found"
+	}
+	s := fmt.Sprintf("%g%% of %s limit %s", m.Ratio*100, m.Source, inMiB(m.MemoryLimit))
+	if m.High > 0 {
+		s = fmt.Sprintf("memory.high %s", inMiB(m.High))
+	}
+	if m.Outside > 0 {
+		s += " less " + inMiB(m.Outside) + " outside Go"
+	}
+	if m.AtFloor {
+		s += ", at the floor"
+	}
+	if m.Overridden {
+		s += ", the operator's " + inMiB(m.Operator) + " being above the limit"
+	}
+	return s
+}
+
+// shortPressure is the pressure source for the INFO line: file names
+// without their directories, and the note saying why the cgroup's own
+// signal is not the one watched (its first clause).
+func shortPressure(src, note string) string {
+	f := strings.Fields(src)
+	for i, w := range f {
+		if strings.HasPrefix(w, "/") {
+			f[i] = filepath.Base(w)
+		}
+	}
+	s := cmp.Or(strings.Join(f, " "), "none")
+	// The note's first clause, whole when short ("PSI trigger refused:
+	// EPERM at the cgroup namespace root (nsdelegate)"), else its reason
+	// alone (the error it quotes is on the DEBUG line).
+	if i := strings.Index(note, ";"); i > 0 {
+		note = note[:i]
+	}
+	if i := strings.Index(note, ":"); len(note) > 80 && i > 0 {
+		note = note[:i]
+	}
+	if note = strings.TrimSpace(note); note != "" {
+		s += "; " + note
+	}
+	return s
+}
+
+// startOff records a controller that does nothing (MEMCTL=off): the report
+// says what the process has, untouched, and one INFO line says why.
+func (c *Controller) startOff(l *slog.Logger, why string) {
+	c.report = Report{Off: true, THPPolicy: thp.PolicyKeep, ArenaMaxNote: why}
+	if st, err := thp.Process(); err == nil {
+		c.report.THPState = st
+	}
+	c.report.MemLimit = limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
+		Reason: why + ": GOMEMLIMIT left as it was"}
+	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
+		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.GoMemLimit)))
+	register(c, l)
+	c.startRecord(l)
+}
+
+func bytesOrNone(b int64) string {
+	if b == math.MaxInt64 {
+		return "none"
+	}
+	return strconv.FormatInt(b, 10)
+}
+
+func delayOrOff(d time.Duration) string {
+	if d <= 0 {
+		return "off"
+	}
+	return d.String()
+}
+
+func cmpOr(l, def *slog.Logger) *slog.Logger {
+	if l != nil {
+		return l
+	}
+	return def
+}
+
+// parseDelay parses MEMCTL_TRIM_DELAY with the one grammar
+// (internal/envflag): an off word or "0" for no trimming, an on word for
+// DefaultTrimDelay, or a duration from trim.MinDelay to trim.MaxDelay. A
+// bad value gives 0 (trimming off) and an *envflag.Error.
+func parseDelay(v string) (time.Duration, error) {
+	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, DefaultTrimDelay, trim.MinDelay)
+	if err != nil || d > trim.MaxDelay {
+		return 0, &envflag.Error{Name: "MEMCTL_TRIM_DELAY", Value: v,
+			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trim.MinDelay, trim.MaxDelay)}
+	}
+	return d, nil
+}
