@@ -5,9 +5,8 @@
 // Prometheus Pushgateway with small pushes, a 15 MiB push and its delete,
 // and an oversized push.
 //
-// TestRealServices in this package is the entry point:
-//
-//	MEMCTL_REALSVC=1 go test -count=1 -timeout 30m -v -run TestRealServices ./internal/realsvc
+// The package's one test is the entry point; the README gives the command
+// that runs it (MEMCTL_REALSVC=1 turns it on).
 //
 // The services are fetched through the Go module proxy at pinned versions
 // (the nearest served patch version when a pinned one is not served, said
@@ -153,7 +152,7 @@ func semver(v string) (maj, mnr, patch int, ok bool) {
 }
 
 // Checkout returns the root directory of the module of the current
-// directory (this checkout when run by go test).
+// directory (this checkout when run from its tests).
 func Checkout() (string, error) {
 	out, err := goOutput("", nil, "list", "-m", "-f", "{{.Dir}}")
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 // Result is what the guest's console said: each test's outcome, each
 // package binary's exit code and the guest script's own.
 type Result struct {
-	// Tests maps "import/path.TestName" (subtests with their "/" path) to
+	// Tests maps "import/path.TestXxx" (subtests with their "/" path) to
 	// "PASS", "FAIL" or "SKIP".
 	Tests map[string]string
 	// Top counts the top-level tests by outcome; Sub the subtests.

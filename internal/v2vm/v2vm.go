@@ -7,9 +7,8 @@
 // with CGO_ENABLED=0) with -test.run '^TestV2' -test.v. Each test makes its
 // own fresh child cgroup (internal/cgrouptest.NewV2).
 //
-// TestV2Suite in this package is the entry point (see the README):
-//
-//	MEMCTL_V2VM=1 go test -count=1 -v -run TestV2Suite ./internal/v2vm
+// The package's suite test is the entry point; the README gives the
+// command that runs it (MEMCTL_V2VM=1 turns it on).
 //
 // The kernel and busybox are fetched with `apt-get download` into a cache
 // directory (V2VM_CACHE, default $TMPDIR/v2vm-cache) on first use. qemu runs
@@ -238,7 +237,7 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// Build compiles each package's test binary (go test -c, CGO_ENABLED=0,
+// Build compiles each package's test binary (with -c, CGO_ENABLED=0,
 // linux/amd64) into dir and sets its Binary, and builds the memctl command
 // from cmdPkg (for example ./cmd/memctl) into dir/memctl when cmdPkg is
 // not empty.

@@ -5,16 +5,15 @@
 // production (instead of counting nothing, as on a context with no
 // account), and the test fails if the code leaves bytes grown.
 //
-//	func TestSortOverBudget(t *testing.T) {
-//		r := limitstest.Request(t, httptest.NewRequest("GET", "/sort?n=20000000", nil), 64<<20)
-//		w := httptest.NewRecorder()
-//		sortHandler(w, r)
-//		if w.Code != http.StatusTooManyRequests { ... }
-//	}
+// In a test function, with t its *testing.T:
+//
+//	r := limitstest.Request(t, httptest.NewRequest("GET", "/sort?n=20000000", nil), 64<<20)
+//	w := httptest.NewRecorder()
+//	sortHandler(w, r) // its limits.Grow of 160 MB is refused: w.Code is 429
 //
 // Each call makes a pool of its own (named "test", no limit of its own, no
 // heap watch: only the budget given refuses) and one account in it, named
-// after the test (scope "test/TestSortOverBudget"); both are closed when the
+// after the test (scope "test/" and t.Name()); both are closed when the
 // test ends. The operator's switches apply as everywhere: with
 // MEMCTL_BUDGETS=observe or off in the environment the budget does not
 // refuse (limits.Mode), and Context says so in the test log.
