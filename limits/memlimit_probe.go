@@ -65,34 +65,12 @@ const noLimit = cgroupfs.NoLimit
 // smaller binding, when one does.
 func (m *MemLimiter) probe() (found, error) {
 	l, err := m.read()
-	if err == nil && l.HighErr != nil {
-		// A malformed memory.high is not the kernel's; memory.max,
-		// read without it, is still honoured.
-		m.warn(false, l.HighErr.Error(), fmt.Errorf("limits: memory.high ignored: %w", l.HighErr))
-		if l.Bytes == cgroupfs.NoLimit && !m.hasDecl {
-			return found{}, fmt.Errorf("limits: memory limit: %w", l.HighErr)
-		}
-	}
-	if err == nil && l.StatErr != nil {
-		// v1's memory.stat adds only a limit set above the mount: the
-		// limit files read are still honoured.
-		m.warn(false, l.StatErr.Error(), fmt.Errorf("limits: hierarchical_memory_limit not read (a limit set above the mounted part of the hierarchy may be missed): %w", l.StatErr))
-	}
 	if err == nil {
-		for _, u := range l.Unreadable {
-			// Another mount of the hierarchy showed the limit: the
-			// unreadable one is passed over, said once at WARN.
-			m.warn(false, u.Error(), fmt.Errorf("limits: a mount of the cgroup hierarchy could not be read, and the limit another mount shows is followed (a limit only this mount shows may be missed): %w", u))
+		if ferr := m.warnPartial(l); ferr != nil {
+			return found{}, ferr
 		}
 	}
-	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
-		// A Limit with Bytes and File only (made by hand): File says
-		// which kind of limit Bytes is.
-		l.Max, l.MaxFile, l.High = l.Bytes, l.File, noLimit
-		if filepath.Base(l.File) == "memory.high" {
-			l.Max, l.MaxFile, l.High, l.HighFile = noLimit, "", l.Bytes, l.File
-		}
-	}
+	l = byKind(l)
 	f := found{max: noLimit, high: noLimit, version: l.Version}
 	if m.hasDecl {
 		f.decl, f.declSource = m.decl.file(), m.decl.source
@@ -100,36 +78,117 @@ func (m *MemLimiter) probe() (found, error) {
 	if err == nil {
 		f.dir = l.Dir
 	}
+	if err == nil && l.Bytes != cgroupfs.NoLimit {
+		return m.fromCgroup(f, l), nil
+	}
+	why, werr := m.whyNoLimit(l, err, f.decl)
+	if werr != nil {
+		return found{}, werr
+	}
+	f.why, f.unknown = why, err == nil && l.TopNotRoot || errors.Is(err, cgroupfs.ErrUnseen)
+	if m.hasDecl {
+		f.source, f.max, f.maxFile, f.unknown = m.decl.source, m.decl.bytes, f.decl, false
+		f.bounds = []cgroupfs.Bound{{Bytes: m.decl.bytes, File: f.decl}}
+		f.why = "from " + f.decl + " (declared; " + why + ")"
+		return f, nil
+	}
+	return m.systemFallback(f, why), nil
+}
+
+// warnPartial logs, once each at WARN, what a successful cgroup read l
+// could not read but does without: a malformed memory.high, v1's
+// memory.stat, a mount of the hierarchy another mount stood in for. It
+// returns an error, and logs nothing after the memory.high warning, when
+// memory.high was malformed and nothing else limits: no memory.max and no
+// declared limit.
+func (m *MemLimiter) warnPartial(l cgroupfs.Limit) error {
+	if l.HighErr != nil {
+		// A malformed memory.high is not the kernel's; memory.max,
+		// read without it, is still honoured.
+		m.warn(false, l.HighErr.Error(), fmt.Errorf("limits: memory.high ignored: %w", l.HighErr))
+		if l.Bytes == cgroupfs.NoLimit && !m.hasDecl {
+			return fmt.Errorf("limits: memory limit: %w", l.HighErr)
+		}
+	}
+	if l.StatErr != nil {
+		// v1's memory.stat adds only a limit set above the mount: the
+		// limit files read are still honoured.
+		m.warn(false, l.StatErr.Error(), fmt.Errorf("limits: hierarchical_memory_limit not read (a limit set above the mounted part of the hierarchy may be missed): %w", l.StatErr))
+	}
+	for _, u := range l.Unreadable {
+		// Another mount of the hierarchy showed the limit: the
+		// unreadable one is passed over, said once at WARN.
+		m.warn(false, u.Error(), fmt.Errorf("limits: a mount of the cgroup hierarchy could not be read, and the limit another mount shows is followed (a limit only this mount shows may be missed): %w", u))
+	}
+	return nil
+}
+
+// byKind returns l with Max, MaxFile, High and HighFile filled in when l
+// carries Bytes and File only (a Limit made by hand): File's name says
+// which kind of limit Bytes is, memory.high or a hard limit. Any other l
+// is returned as it is.
+func byKind(l cgroupfs.Limit) cgroupfs.Limit {
+	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
+		l.Max, l.MaxFile, l.High = l.Bytes, l.File, noLimit
+		if filepath.Base(l.File) == "memory.high" {
+			l.Max, l.MaxFile, l.High, l.HighFile = noLimit, "", l.Bytes, l.File
+		}
+	}
+	return l
+}
+
+// fromCgroup returns f filled in from l, a cgroup read that found a limit
+// (memory.max, v1's limit, or memory.high alone): the cgroup's source,
+// the hard limit and memory.high with their files, every hard limit on the
+// path, and the why. A declared limit is added as one more hard limit
+// (withDeclared).
+func (m *MemLimiter) fromCgroup(f found, l cgroupfs.Limit) found {
+	f.source = SourceCgroupV1
+	if l.Version == 2 {
+		f.source = SourceCgroupV2
+	}
+	f.cgSource = f.source
+	f.max, f.maxFile, f.high, f.highFile, f.bounds = l.Max, l.MaxFile, l.High, l.HighFile, l.Bounds
+	if f.max != noLimit {
+		f.why = "from " + f.maxFile
+	} else {
+		f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set)"
+		if l.TopNotRoot {
+			f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set up to the top of this cgroup namespace, and one may be set above it: the hard limit is unknown)"
+		}
+	}
+	if m.hasDecl {
+		f = m.withDeclared(f)
+	}
+	return f
+}
+
+// withDeclared returns f, a cgroup's limit, with the declared limit added
+// to its bounds; where the declared limit is the smaller (or the cgroup
+// sets no memory.max) it is the hard limit, its source and file, and the
+// why says both. f.bounds is copied, never appended to in place.
+func (m *MemLimiter) withDeclared(f found) found {
+	// Both bind: the declared limit is one more hard limit
+	// (the one that leaves the least is followed, decide).
+	if len(f.bounds) == 0 && f.max != noLimit {
+		f.bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
+	}
+	f.bounds = append(slices.Clone(f.bounds), cgroupfs.Bound{Bytes: m.decl.bytes, File: f.decl})
+	if f.max == noLimit || m.decl.bytes < f.max {
+		f.max, f.maxFile, f.source = m.decl.bytes, f.decl, m.decl.source
+		f.why = "from " + f.decl + " (declared; " + strings.TrimPrefix(f.why, "from ") + ")"
+	}
+	return f
+}
+
+// whyNoLimit returns why the cgroup read (l, err) gave no limit: none set
+// up to the root or to the namespace's top, a cgroup no mount shows, no
+// memory cgroup at all, or, with a declared limit (decl, its file), a read
+// that failed, logged once at WARN. Any other read error is returned,
+// wrapped as the memory limit's.
+func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (string, error) {
 	var why string
 	switch {
-	case err == nil && l.Bytes != cgroupfs.NoLimit:
-		f.source = SourceCgroupV1
-		if l.Version == 2 {
-			f.source = SourceCgroupV2
-		}
-		f.cgSource = f.source
-		f.max, f.maxFile, f.high, f.highFile, f.bounds = l.Max, l.MaxFile, l.High, l.HighFile, l.Bounds
-		if f.max != noLimit {
-			f.why = "from " + f.maxFile
-		} else {
-			f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set)"
-			if l.TopNotRoot {
-				f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set up to the top of this cgroup namespace, and one may be set above it: the hard limit is unknown)"
-			}
-		}
-		if m.hasDecl {
-			// Both bind: the declared limit is one more hard limit
-			// (the one that leaves the least is followed, decide).
-			if len(f.bounds) == 0 && f.max != noLimit {
-				f.bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
-			}
-			f.bounds = append(slices.Clone(f.bounds), cgroupfs.Bound{Bytes: m.decl.bytes, File: f.decl})
-			if f.max == noLimit || m.decl.bytes < f.max {
-				f.max, f.maxFile, f.source = m.decl.bytes, f.decl, m.decl.source
-				f.why = "from " + f.decl + " (declared; " + strings.TrimPrefix(f.why, "from ") + ")"
-			}
-		}
-		return f, nil
 	case err == nil && l.TopNotRoot:
 		why = fmt.Sprintf("no cgroup memory limit up to %s, the top of this cgroup namespace: the limit is unknown (it may be set above the namespace, as Kubernetes pod-level resources and podman's service cgroup do); "+
 			"%s", l.Cgroup, remedy(m.sandbox))
@@ -150,27 +209,28 @@ func (m *MemLimiter) probe() (found, error) {
 	case m.hasDecl:
 		// The cgroup files cannot be read; the declared limit stands,
 		// and the error is said once at WARN.
-		m.warn(false, err.Error(), fmt.Errorf("limits: memory limit: %w; %s is followed", err, f.decl))
+		m.warn(false, err.Error(), fmt.Errorf("limits: memory limit: %w; %s is followed", err, decl))
 		why = "the cgroup memory limit could not be read"
 	default:
-		return found{}, fmt.Errorf("limits: memory limit: %w", err)
+		return "", fmt.Errorf("limits: memory limit: %w", err)
 	}
-	f.why, f.unknown = why, err == nil && l.TopNotRoot || errors.Is(err, cgroupfs.ErrUnseen)
-	if m.hasDecl {
-		f.source, f.max, f.maxFile, f.unknown = m.decl.source, m.decl.bytes, f.decl, false
-		f.bounds = []cgroupfs.Bound{{Bytes: m.decl.bytes, File: f.decl}}
-		f.why = "from " + f.decl + " (declared; " + why + ")"
-		return f, nil
-	}
+	return why, nil
+}
+
+// systemFallback returns f, which no cgroup or declared limit filled in,
+// with total memory (in bytes, capped at 1<<62) as the limit when
+// SystemFallback is set and total memory can be read; f.why then quotes
+// why, the reason no limit was found. Otherwise f is returned as it is.
+func (m *MemLimiter) systemFallback(f found, why string) found {
 	if !m.fallback {
-		return f, nil
+		return f
 	}
 	sys, serr := memlimit.FromSystem()
 	if serr != nil || sys == 0 {
-		return f, nil
+		return f
 	}
 	f.source, f.max, f.why = SourceSystem, int64(min(sys, 1<<62)), "(total memory; "+why+")"
-	return f, nil
+	return f
 }
 
 // remedy names what an operator can do where the limit is unknown: declare

@@ -135,6 +135,30 @@ const maxSeen = 64
 // *MemLimiter (Close it to stop the refresh), the decision, and the error
 // SetGoMemLimit would return.
 func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
+	m := newMemLimiter(cfg)
+	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
+	m.sandbox = sandbox.Detect()
+	d.Sandbox = m.sandbox
+	m.readDeclaredEnv()
+	if reason, err := m.configure(cfg, d.GoMemLimit); err != nil {
+		d.Reason = reason
+		m.store(d)
+		return m, d, err
+	}
+	m.on = true
+	m.disown = gomemlimit.SetOwner(m) // lifts (package pressure) come here
+	m.mu.Lock()
+	d, err := m.decide(true)
+	m.mu.Unlock()
+	m.startRefresh(cfg)
+	return m, d, err
+}
+
+// newMemLimiter returns a MemLimiter with cfg's fields and hooks, the
+// hooks cfg leaves nil set to the real reads (the process's own cgroup
+// limit, its held and Go-mapped memory, a cgroup's charge, the live heap).
+// Its epoch is now; nothing is read and GOMEMLIMIT is not touched.
+func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	m := &MemLimiter{
 		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
 		read: cfg.read, usage: cfg.usage, cgFile: cfg.cgroupFile, epoch: time.Now(),
@@ -153,9 +177,13 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	if m.usage == nil {
 		m.usage = readUsage
 	}
-	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
-	m.sandbox = sandbox.Detect()
-	d.Sandbox = m.sandbox
+	return m
+}
+
+// readDeclaredEnv reads the limit the environment declares into m.decl
+// and m.hasDecl, judged against the memory the process holds (not judged
+// so when that cannot be read); each bad value is logged at WARN.
+func (m *MemLimiter) readDeclaredEnv() {
 	var bad []error
 	held, _, uerr := m.usage()
 	if uerr != nil {
@@ -167,18 +195,44 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 			m.log.Warn("limits: declared memory limit", "error", err)
 		}
 	}
+}
+
+// configure sets m's ratio (and where it came from), the operator's
+// GOMEMLIMIT, the floor and the refresh interval from cfg and the
+// environment; cur is GOMEMLIMIT as it is now, in bytes. On a bad
+// AUTOMEMLIMIT, ratio or floor it stops there and returns the decision's
+// Reason and the error; the fields not yet reached keep their zero values.
+func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, err error) {
 	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
 	if m.ratio == 0 {
 		m.ratio, m.ratioFrom = DefaultRatio, "default"
 	}
+	if err := m.operatorEnv(cfg, cur); err != nil {
+		return "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT", err
+	}
+	if !validRatio(m.ratio) {
+		return "GOMEMLIMIT left as it was: bad ratio", fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
+	}
+	if m.floor = orDefault(cfg.Floor, DefaultFloor); m.floor < 0 {
+		return "GOMEMLIMIT left as it was: bad floor", fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, DefaultFloor)
+	}
+	m.every = orDefault(cfg.Refresh, DefaultRefresh)
+	return "", nil
+}
+
+// operatorEnv reads the operator's GOMEMLIMIT and AUTOMEMLIMIT into m.op,
+// m.opText and m.opWrites, and AUTOMEMLIMIT's ratio into m.ratio; cur is
+// GOMEMLIMIT as the runtime holds it, in bytes. It returns an error, and
+// changes nothing, for an AUTOMEMLIMIT that is neither a word nor a ratio.
+func (m *MemLimiter) operatorEnv(cfg MemLimitConfig, cur int64) error {
 	// An empty GOMEMLIMIT is no limit to the Go runtime
 	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
 	// other value is the operator's, already parsed by the runtime: it is
 	// kept, and the limit is still followed, so that a value a resize put
 	// above the hard limit is seen (see MemLimitConfig.KeepOperator).
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
-		m.op, m.opText = d.GoMemLimit, "GOMEMLIMIT="+v
-		m.opWrites = !cfg.KeepOperator && d.GoMemLimit != math.MaxInt64
+		m.op, m.opText = cur, "GOMEMLIMIT="+v
+		m.opWrites = !cfg.KeepOperator && cur != math.MaxInt64
 	} else if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
 		// automemlimit's variable, read with memctl's one grammar
 		// (internal/envflag): an off word leaves GOMEMLIMIT to the program
@@ -186,50 +240,41 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 		// ratio, a number in (0, 1] the ratio.
 		r, err := envflag.Ratio("AUTOMEMLIMIT", os.Getenv("AUTOMEMLIMIT"), m.ratio)
 		if err != nil {
-			d.Reason = "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT"
-			m.store(d)
-			return m, d, fmt.Errorf("limits: %w", err)
+			return fmt.Errorf("limits: %w", err)
 		}
 		switch {
 		case r == 0:
-			m.op, m.opText = d.GoMemLimit, "AUTOMEMLIMIT="+v
+			m.op, m.opText = cur, "AUTOMEMLIMIT="+v
 		case !envflag.IsOn(v):
 			m.ratio, m.ratioFrom = r, "AUTOMEMLIMIT"
 		}
 	}
-	if !validRatio(m.ratio) {
-		d.Reason = "GOMEMLIMIT left as it was: bad ratio"
-		m.store(d)
-		return m, d, fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
+	return nil
+}
+
+// startRefresh starts the refresh after the first decision when the
+// interval is positive: the re-read at GC ends (unless cfg.noGCEnd) and,
+// when that decision found a memory cgroup and the program has not taken
+// GOMEMLIMIT over, the follower (cfg.follower, or newFollower). It takes
+// m.mu itself; the caller must not hold it.
+func (m *MemLimiter) startRefresh(cfg MemLimitConfig) {
+	if m.every <= 0 {
+		return
 	}
-	if m.floor = orDefault(cfg.Floor, DefaultFloor); m.floor < 0 {
-		d.Reason = "GOMEMLIMIT left as it was: bad floor"
-		m.store(d)
-		return m, d, fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, DefaultFloor)
+	m.next.Store(int64(m.every))
+	if !cfg.noGCEnd {
+		m.sub = gcend.Subscribe(m.atGCEnd)
 	}
-	m.every = orDefault(cfg.Refresh, DefaultRefresh)
-	m.on = true
-	m.disown = gomemlimit.SetOwner(m) // lifts (package pressure) come here
 	m.mu.Lock()
-	d, err := m.decide(true)
+	found := m.dir != "" && !m.stopped
 	m.mu.Unlock()
-	if m.every > 0 {
-		m.next.Store(int64(m.every))
-		if !cfg.noGCEnd {
-			m.sub = gcend.Subscribe(m.atGCEnd)
+	if found {
+		nf := cfg.follower
+		if nf == nil {
+			nf = newFollower
 		}
-		m.mu.Lock()
-		found := m.dir != "" && !m.stopped
-		m.mu.Unlock()
-		if found {
-			nf := cfg.follower
-			if nf == nil {
-				nf = newFollower
-			}
-			m.startFollow(nf)
-		}
+		m.startFollow(nf)
 	}
-	return m, d, err
 }
 
 func orDefault[T int64 | time.Duration](v, def T) T {
