@@ -116,113 +116,164 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 	if err := checkLimit(cfg.Limit, func() string { return "HTTPConfig.Limit: Middleware" }); err != nil {
 		return nil, err
 	}
-	threshold := cfg.BurstThreshold
-	if threshold == 0 {
-		threshold = DefaultBurstThreshold
-		if cfg.Limit != Unlimited {
-			threshold = max(min(threshold, cfg.Limit/2), 1)
-		}
-	}
+	m := &httpMiddleware{p: p, cfg: cfg, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold)}
 	if cfg.AfterBurst == nil {
 		p.log.Info("limits: HTTPConfig.AfterBurst is nil: a request that peaks high does not end a burst for the trimmer (pass memctl.AfterBurst)",
 			"pool", p.name)
 	}
-	// inflight counts the requests in the handler; overlapped is set when
-	// two were at once since the last burst they ended together.
-	var inflight atomic.Int64
-	var overlapped atomic.Bool
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			var a *Account
-			var err error
-			if cfg.Name != nil {
-				a, err = p.Open(cfg.Name(r), cfg.Limit)
-			} else {
-				a, err = p.open("", p.seq.Add(1), cfg.Limit) // "req-N", built only if needed, numbered in the pool
-			}
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			// The account closes when the handler returns. Only a pool that
-			// may cancel the largest request needs the request's own
-			// cancelable context (WithAccount: about 6 allocations more).
-			var ctx context.Context
-			var end func() string
-			returned := false
-			if p.cancelLargest {
-				ctx, end = withAccount(r.Context(), a)
-			} else {
-				ctx = NewContext(r.Context(), a)
-			}
-			if inflight.Add(1) > 1 && !overlapped.Load() {
-				overlapped.Store(true)
-			}
-			// What the body is charged: all of it up front for a
-			// Content-Length, each Read's share otherwise (body).
-			var charged int64
-			var body *chargedBody
-			admitted := true
-			defer func() {
-				if body != nil {
-					charged += body.charged.Load()
-				}
-				if charged != 0 {
-					a.Shrink(charged)
-				}
-				reached := max(a.Peak(), a.refusedAt.Load())
-				if !admitted {
-					reached = a.Peak() // nothing of the body was read: no garbage to trim
-				}
-				var leak string
-				if end != nil {
-					leak = end()
-				} else {
-					leak = a.close(nil)
-					p.workEnded(a)
-				}
-				left := inflight.Add(-1)
-				together := threshold > 0 && overlapped.Load() && p.endBurstTogether(threshold)
-				if together {
-					overlapped.Store(left > 1)
-				}
-				if threshold > 0 && (reached >= threshold || together) && cfg.AfterBurst != nil {
-					cfg.AfterBurst()
-				}
-				// A handler's own panic goes on (net/http logs it, or
-				// http.ErrAbortHandler aborts): the leak it caused is
-				// counted, and a strict panic would replace it.
-				if leak != "" && p.strict && returned {
-					panic(leak)
-				}
-			}()
-			r = r.WithContext(ctx)
-			var tracker *writeTracker
-			if r.ContentLength != 0 && !cfg.UnchargedBody {
-				if r.ContentLength > 0 {
-					n := bodyCharge(r.ContentLength)
-					if err := a.Grow(n); err != nil {
-						admitted, returned = false, true
-						if !WriteError(w, err) {
-							http.Error(w, err.Error(), http.StatusServiceUnavailable) // closed
-						}
-						return
-					}
-					charged = n
-				} else {
-					body = &chargedBody{rc: r.Body, a: a}
-					r.Body = body
-					tracker = &writeTracker{ResponseWriter: w}
-					w = tracker
-				}
-			}
-			next.ServeHTTP(w, r)
-			returned = true
-			if tracker != nil && !tracker.wrote && body.err != nil {
-				WriteError(tracker.ResponseWriter, body.err)
-			}
+			m.serve(next, w, r)
 		})
 	}, nil
+}
+
+// httpMiddleware is one middleware made by Pool.Middleware: its
+// configuration and what its requests share. Safe for concurrent use.
+type httpMiddleware struct {
+	p         *Pool
+	cfg       HTTPConfig
+	threshold int64 // bytes, cfg.BurstThreshold resolved (burstThreshold); <= 0: never
+	// inflight counts the requests in the handler; overlapped is set when
+	// two were at once since the last burst they ended together.
+	inflight   atomic.Int64
+	overlapped atomic.Bool
+}
+
+// httpRequest is the state of one request in the middleware, owned by the
+// request's goroutine. It lives on serve's stack: the methods that take it
+// keep no pointer to it.
+type httpRequest struct {
+	a *Account
+	// end is WithAccount's end with PoolConfig.CancelLargest, nil without.
+	end func() string
+	// What the body is charged, in bytes: all of it up front for a
+	// Content-Length (charged), each Read's share otherwise (body).
+	charged int64
+	body    *chargedBody
+	// admitted is false when the Content-Length was refused: nothing of
+	// the body was read.
+	admitted bool
+	// returned is set when the handler returned, or the middleware
+	// answered without calling it, rather than panicked.
+	returned bool
+}
+
+// serve serves one request: it opens the request's account, admits its
+// body and calls next, then closes the account (finish), even by panic.
+// A closed pool is answered 503 without calling next.
+func (m *httpMiddleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	a, err := m.open(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	// The account closes when the handler returns. Only a pool that may
+	// cancel the largest request needs the request's own cancelable
+	// context (WithAccount, which allocates more).
+	rq := httpRequest{a: a, admitted: true}
+	var ctx context.Context
+	if m.p.cancelLargest {
+		ctx, rq.end = withAccount(r.Context(), a)
+	} else {
+		ctx = NewContext(r.Context(), a)
+	}
+	if m.inflight.Add(1) > 1 && !m.overlapped.Load() {
+		m.overlapped.Store(true)
+	}
+	defer m.finish(&rq)
+	r = r.WithContext(ctx)
+	var tracker *writeTracker
+	if r.ContentLength != 0 && !m.cfg.UnchargedBody {
+		if r.ContentLength > 0 {
+			if !rq.admit(w, r.ContentLength) {
+				return
+			}
+		} else {
+			rq.body = &chargedBody{rc: r.Body, a: a}
+			r.Body = rq.body
+			tracker = &writeTracker{ResponseWriter: w}
+			w = tracker
+		}
+	}
+	next.ServeHTTP(w, r)
+	rq.returned = true
+	if tracker != nil && !tracker.wrote && rq.body.err != nil {
+		WriteError(tracker.ResponseWriter, rq.body.err)
+	}
+}
+
+// open opens the account of request r: named by cfg.Name, or "req-N",
+// built only if needed, numbered in the pool. It returns Open's errors.
+func (m *httpMiddleware) open(r *http.Request) (*Account, error) {
+	if m.cfg.Name != nil {
+		return m.p.Open(m.cfg.Name(r), m.cfg.Limit)
+	}
+	return m.p.open("", m.p.seq.Add(1), m.cfg.Limit)
+}
+
+// admit charges a body of contentLength bytes (> 0) to the request's
+// account up front (bodyCharge). When the account refuses it, admit
+// answers w as WriteError does (503 with the error's text when the account
+// or pool is closed), marks the request not admitted and returns false:
+// the handler must not run.
+func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
+	n := bodyCharge(contentLength)
+	if err := rq.a.Grow(n); err != nil {
+		rq.admitted, rq.returned = false, true
+		if !WriteError(w, err) {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable) // closed
+		}
+		return false
+	}
+	rq.charged = n
+	return true
+}
+
+// finish ends request rq, deferred by serve: it releases the body's
+// charge, closes the account, calls cfg.AfterBurst when the request ended
+// a burst, and panics with the leak report when the pool is strict, the
+// account leaked and the handler did not panic itself.
+func (m *httpMiddleware) finish(rq *httpRequest) {
+	a := rq.a
+	if rq.body != nil {
+		rq.charged += rq.body.charged.Load()
+	}
+	if rq.charged != 0 {
+		a.Shrink(rq.charged)
+	}
+	reached := max(a.Peak(), a.refusedAt.Load())
+	if !rq.admitted {
+		reached = a.Peak() // nothing of the body was read: no garbage to trim
+	}
+	var leak string
+	if rq.end != nil {
+		leak = rq.end()
+	} else {
+		leak = a.close(nil)
+		m.p.workEnded(a)
+	}
+	m.endBurst(reached)
+	// A handler's own panic goes on (net/http logs it, or
+	// http.ErrAbortHandler aborts): the leak it caused is counted, and a
+	// strict panic would replace it.
+	if leak != "" && m.p.strict && rq.returned {
+		panic(leak)
+	}
+}
+
+// endBurst counts a request out of the handler and calls cfg.AfterBurst
+// when the request, which reached reached bytes, ended a burst alone or
+// together with others (see HTTPConfig.BurstThreshold).
+func (m *httpMiddleware) endBurst(reached int64) {
+	left := m.inflight.Add(-1)
+	together := m.threshold > 0 && m.overlapped.Load() && m.p.endBurstTogether(m.threshold)
+	if together {
+		m.overlapped.Store(left > 1)
+	}
+	if m.threshold > 0 && (reached >= m.threshold || together) && m.cfg.AfterBurst != nil {
+		m.cfg.AfterBurst()
+	}
 }
 
 // endBurstTogether reports whether the pool's requests together peaked at

@@ -108,24 +108,51 @@ var (
 // own. Call Close to remove it; a pool dropped without Close removes it at
 // the next cycle.
 func NewPool(cfg PoolConfig) (*Pool, error) {
+	if err := checkPoolConfig(cfg); err != nil {
+		return nil, err
+	}
+	p := newPoolDefaults(cfg)
+	p.readMode()
+	limit, from, err := p.initialLimit(cfg.Limit)
+	if err != nil {
+		return nil, err
+	}
+	p.limit.Store(limit)
+	if p.heapRatio > 0 && p.mode != ModeOff {
+		p.watchHeap()
+	}
+	p.register(limit, from)
+	return p, nil
+}
+
+// checkPoolConfig returns NewPool's error for a cfg out of range, nil for
+// a valid one (see NewPool).
+func checkPoolConfig(cfg PoolConfig) error {
 	if cfg.Limit < 0 {
-		return nil, fmt.Errorf("%w: PoolConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
+		return fmt.Errorf("%w: PoolConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
 	}
 	if cfg.ShedSize < 0 {
-		return nil, fmt.Errorf("%w: PoolConfig.ShedSize %d is negative", ErrInvalidSize, cfg.ShedSize)
+		return fmt.Errorf("%w: PoolConfig.ShedSize %d is negative", ErrInvalidSize, cfg.ShedSize)
 	}
 	if cfg.ChunkSize < 0 || cfg.ChunkSize > maxChunkSize {
-		return nil, fmt.Errorf("%w: PoolConfig.ChunkSize %d is not in [0, %d]", ErrInvalidSize, cfg.ChunkSize, maxChunkSize)
+		return fmt.Errorf("%w: PoolConfig.ChunkSize %d is not in [0, %d]", ErrInvalidSize, cfg.ChunkSize, maxChunkSize)
 	}
 	if math.IsNaN(cfg.HeapPressure) || cfg.HeapPressure > 1 {
-		return nil, fmt.Errorf("limits: PoolConfig.HeapPressure %v is not in (0.0, 1.0] (0: default, negative: off)", cfg.HeapPressure)
+		return fmt.Errorf("limits: PoolConfig.HeapPressure %v is not in (0.0, 1.0] (0: default, negative: off)", cfg.HeapPressure)
 	}
 	if !(cfg.CancelShare >= 0 && cfg.CancelShare <= 1) {
-		return nil, fmt.Errorf("limits: PoolConfig.CancelShare %v is not in (0.0, 1.0] (0: default)", cfg.CancelShare)
+		return fmt.Errorf("limits: PoolConfig.CancelShare %v is not in (0.0, 1.0] (0: default)", cfg.CancelShare)
 	}
 	if math.IsNaN(cfg.ChargeRatio) || math.IsInf(cfg.ChargeRatio, 0) {
-		return nil, fmt.Errorf("limits: PoolConfig.ChargeRatio %v is not a finite number (0: default, negative: off)", cfg.ChargeRatio)
+		return fmt.Errorf("limits: PoolConfig.ChargeRatio %v is not a finite number (0: default, negative: off)", cfg.ChargeRatio)
 	}
+	return nil
+}
+
+// newPoolDefaults returns a pool configured by a valid cfg, the defaults
+// of its zero fields applied, without its mode, limit, heap watch or
+// registration; it logs nothing.
+func newPoolDefaults(cfg PoolConfig) *Pool {
 	p := &Pool{
 		name:          cfg.Name,
 		derived:       cfg.Limit == 0,
@@ -136,6 +163,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		cancelLargest: cfg.CancelLargest,
 		strict:        cfg.Strict,
 		log:           cfg.Logger,
+		shedSize:      cfg.ShedSize, // 0: shedSizeFor the limit now (shedLimit)
 	}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -153,7 +181,19 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if p.chargeRatio == 0 {
 		p.chargeRatio = DefaultChargeRatio
 	}
+	if p.heapRatio == 0 {
+		p.heapRatio = DefaultHeapPressure
+	}
 	p.baseline.Store(-1)
+	p.sample[0].Name = liveHeapMetric
+	p.sample[1].Name = gcCyclesMetric
+	return p
+}
+
+// readMode sets the pool's mode from MEMCTL and MEMCTL_BUDGETS (see Mode),
+// logging a bad MEMCTL_BUDGETS at WARN (budgets are then enforced) and a
+// mode other than ModeEnforce at INFO.
+func (p *Pool) readMode() {
 	mode, err := parseMode(os.Getenv)
 	if err != nil {
 		p.log.Warn("limits: bad MEMCTL_BUDGETS", "pool", p.name, "error", err)
@@ -162,34 +202,45 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if mode != ModeEnforce {
 		p.log.Info("limits: budgets are not enforced", "pool", p.name, "mode", mode.String())
 	}
-	limit, from := cfg.Limit, "PoolConfig.Limit"
+}
+
+// initialLimit returns the pool's limit in bytes for PoolConfig.Limit
+// limit and where it came from, for the log line. For a derived pool
+// (limit 0) it records the current GOMEMLIMIT generation and returns what
+// defaultLimit returns, its error included.
+func (p *Pool) initialLimit(limit int64) (int64, string, error) {
+	from := "PoolConfig.Limit"
 	if limit == Unlimited {
 		from = "PoolConfig.Limit: Unlimited"
 	}
 	if p.derived {
 		p.gen.Store(memLimitGen.Load())
-		if limit, from, err = p.defaultLimit(debug.SetMemoryLimit(-1)); err != nil {
-			return nil, err
+		return p.defaultLimit(debug.SetMemoryLimit(-1))
+	}
+	return limit, from, nil
+}
+
+// watchHeap subscribes the pool to the end of each GC cycle (heapAt). The
+// subscription holds the pool weakly: a pool dropped without Close ends it
+// at the next cycle.
+func (p *Pool) watchHeap() {
+	wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
+	p.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
+		p := wp.Value()
+		if p == nil {
+			return false
 		}
-	}
-	p.limit.Store(limit)
-	p.shedSize = cfg.ShedSize // 0: shedSizeFor the limit now (shedLimit)
-	if p.heapRatio == 0 {
-		p.heapRatio = DefaultHeapPressure
-	}
-	p.sample[0].Name = liveHeapMetric
-	p.sample[1].Name = gcCyclesMetric
-	if p.heapRatio > 0 && p.mode != ModeOff {
-		wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
-		p.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
-			p := wp.Value()
-			if p == nil {
-				return false
-			}
-			p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
-			return true
-		})
-	}
+		p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
+		return true
+	})
+}
+
+// register adds the pool to the open pools (registerPool), logging first,
+// in this order: at WARN, when another open pool has the same name; at
+// INFO, the pool made with its limit in bytes and where the limit came
+// from; at WARN, when the pool and another open one both have the default
+// limit. The warnings are not given in ModeOff.
+func (p *Pool) register(limit int64, from string) {
 	if p.mode != ModeOff && poolNamed(p.name) {
 		p.log.Warn("limits: another open pool has the same name: the errors, Stats and metrics of the two cannot be told apart (set PoolConfig.Name)", "pool", p.name)
 	}
@@ -199,7 +250,6 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 			"pool", p.name, "other_pool", other)
 	}
 	registerPool(p)
-	return p, nil
 }
 
 // derivedPool returns the name of an open pool whose limit follows
