@@ -139,7 +139,6 @@ func TestExhaustedErrorFields(t *testing.T) {
 	assert.Equal(t, mib+64*kib, e.Used, "the query holds the sort's reservation, whole chunks")
 	assert.Equal(t, "resource_exhausted", e.Code())
 	assert.Equal(t, 429, e.HTTPStatus())
-	assert.Equal(t, 8, GRPCCodeResourceExhausted)
 	assert.Equal(t, "limits: resource_exhausted in pool/query-17: requested 1048576 bytes, 1114112 in use, limit 2097152", e.Error())
 
 	// Within the query's budget the exact remainder still fits: the
@@ -152,7 +151,7 @@ func TestExhaustedErrorFields(t *testing.T) {
 	require.NoError(t, other.Grow(2*mib))
 	err = other.Grow(1)
 	require.ErrorAs(t, err, &e)
-	assert.Equal(t, ExhaustedError{Requested: 1, Used: 4 * mib, Limit: 4 * mib, Scope: "pool", RetryAfter: DefaultRetryAfter}, *e)
+	assert.Equal(t, ExhaustedError{Requested: 1, Used: 4 * mib, Limit: 4 * mib, Scope: "pool", RetryAfter: defaultRetryAfter}, *e)
 
 	sort.Shrink(2 * mib)
 	other.Shrink(2 * mib)

@@ -69,7 +69,7 @@ func TestChargeCheck(t *testing.T) {
 	assert.Equal(t, 30*mib, p.Stats().HeapBaseline)
 	assert.Equal(t, int64(2), p.Stats().Undercharged)
 
-	// Without GOMEMLIMIT the floor is ChargeCheckFloor, 16 MiB.
+	// Without GOMEMLIMIT the floor is chargeCheckFloor, 16 MiB.
 	c := mustOpen(t, p, "req-3", 64*mib)
 	defer c.Close()
 	p.observeHeap(45*mib, math.MaxInt64) // math.MaxInt64: no GOMEMLIMIT

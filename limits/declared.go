@@ -9,7 +9,7 @@ import (
 	"github.com/memctl/memctl/internal/envflag"
 )
 
-// DeclaredLimitEnv is the variable in which an operator declares the
+// declaredLimitEnv is the variable in which an operator declares the
 // container's memory limit where no cgroup shows one (gVisor, Cloud Run's
 // first generation, Fargate with memory.max "max" everywhere, a cgroup
 // namespace whose limit is set above it): bytes ("536870912", what the
@@ -25,12 +25,12 @@ import (
 // read once, when the MemLimiter is made. A bad value (not a size, 0,
 // negative, over 2^62 bytes, or not over what the process already holds
 // then: "512" is bytes) is logged at WARN and ignored.
-const DeclaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
+const declaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
 
-// LambdaMemoryEnv is the variable in which AWS Lambda gives a function's
+// lambdaMemoryEnv is the variable in which AWS Lambda gives a function's
 // memory size, in MB of 2^20 bytes ("512"); memctl reads it as a declared
-// limit (Source SourceLambda) when DeclaredLimitEnv is not set.
-const LambdaMemoryEnv = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
+// limit (Source SourceLambda) when declaredLimitEnv is not set.
+const lambdaMemoryEnv = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
 
 // maxDeclared is the largest declared limit taken, in bytes: 4 EiB, where
 // cgroupfs reads a limit as "none".
@@ -54,27 +54,27 @@ func (d declared) file() string { return d.name + "=" + d.value }
 // uses more ("512" is 512 bytes, not MiB), and as a hard limit it would
 // stop memctl from following the cgroup's.
 func readDeclared(rss int64) (d declared, ok bool, bad []error) {
-	if v, set := envflag.Lookup(DeclaredLimitEnv); set {
+	if v, set := envflag.Lookup(declaredLimitEnv); set {
 		n, err := parseSize(v)
 		if err == nil && n <= rss {
 			err = underRSS(n, rss, strings.Trim(v, "0123456789") == "")
 		}
 		if err == nil {
-			return declared{n, DeclaredLimitEnv, v, SourceDeclared}, true, nil
+			return declared{n, declaredLimitEnv, v, SourceDeclared}, true, nil
 		}
-		bad = append(bad, fmt.Errorf("limits: %s=%q ignored: %w", DeclaredLimitEnv, v, err))
+		bad = append(bad, fmt.Errorf("limits: %s=%q ignored: %w", declaredLimitEnv, v, err))
 	}
-	if v, set := envflag.Lookup(LambdaMemoryEnv); set {
+	if v, set := envflag.Lookup(lambdaMemoryEnv); set {
 		mb, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		switch {
 		case err != nil:
-			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want a whole number of MB (2^20 bytes), as Lambda sets it", LambdaMemoryEnv, v))
+			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want a whole number of MB (2^20 bytes), as Lambda sets it", lambdaMemoryEnv, v))
 		case mb <= 0 || mb > maxDeclared>>20:
-			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want from 1 to %d MB (2^20 bytes)", LambdaMemoryEnv, v, int64(maxDeclared>>20)))
+			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: want from 1 to %d MB (2^20 bytes)", lambdaMemoryEnv, v, int64(maxDeclared>>20)))
 		case mb<<20 <= rss:
-			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: %w", LambdaMemoryEnv, v, underRSS(mb<<20, rss, false)))
+			bad = append(bad, fmt.Errorf("limits: %s=%q ignored: %w", lambdaMemoryEnv, v, underRSS(mb<<20, rss, false)))
 		default:
-			return declared{mb << 20, LambdaMemoryEnv, v, SourceLambda}, true, bad
+			return declared{mb << 20, lambdaMemoryEnv, v, SourceLambda}, true, bad
 		}
 	}
 	return declared{}, false, bad

@@ -82,12 +82,12 @@ func TestDeclaredLimit(t *testing.T) {
 		name, value string
 		src         Source
 	}{
-		{DeclaredLimitEnv, "512MiB", SourceDeclared},
-		{DeclaredLimitEnv, "536870912", SourceDeclared}, // the downward API's limits.memory
-		{DeclaredLimitEnv, " 512mib ", SourceDeclared},
-		{DeclaredLimitEnv, "512Mi", SourceDeclared},
-		{DeclaredLimitEnv, "524288KiB", SourceDeclared},
-		{LambdaMemoryEnv, "512", SourceLambda},
+		{declaredLimitEnv, "512MiB", SourceDeclared},
+		{declaredLimitEnv, "536870912", SourceDeclared}, // the downward API's limits.memory
+		{declaredLimitEnv, " 512mib ", SourceDeclared},
+		{declaredLimitEnv, "512Mi", SourceDeclared},
+		{declaredLimitEnv, "524288KiB", SourceDeclared},
+		{lambdaMemoryEnv, "512", SourceLambda},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			keepMemoryLimit(t)
@@ -124,7 +124,7 @@ func TestDeclaredBesideCgroup(t *testing.T) {
 	} {
 		t.Run(strconv.FormatInt(tc.cgroup>>20, 10)+"MiB", func(t *testing.T) {
 			keepMemoryLimit(t)
-			t.Setenv(DeclaredLimitEnv, "512MiB")
+			t.Setenv(declaredLimitEnv, "512MiB")
 			_, d, err := start(t, cfgFor(fixedLimit(2, tc.cgroup)))
 			require.NoError(t, err)
 			assert.Equal(t, tc.src, d.Source, d.Reason)
@@ -134,8 +134,8 @@ func TestDeclaredBesideCgroup(t *testing.T) {
 	}
 	// MEMCTL_MEMORY_LIMIT wins over Lambda's variable.
 	keepMemoryLimit(t)
-	t.Setenv(DeclaredLimitEnv, "256MiB")
-	t.Setenv(LambdaMemoryEnv, "512")
+	t.Setenv(declaredLimitEnv, "256MiB")
+	t.Setenv(lambdaMemoryEnv, "512")
 	_, d, err := start(t, cfgFor(noLimitV2))
 	require.NoError(t, err)
 	assert.Equal(t, SourceDeclared, d.Source)
@@ -168,12 +168,12 @@ func TestDeclaredWhereUnknown(t *testing.T) {
 			assert.Equal(t, SourceNone, d.Source)
 			assert.True(t, d.LimitUnknown)
 			assert.Contains(t, d.Reason, "unknown")
-			assert.Contains(t, d.Reason, DeclaredLimitEnv)
+			assert.Contains(t, d.Reason, declaredLimitEnv)
 			assert.NotContains(t, d.Reason, "no cgroup memory limit:", "never \"none\"")
 			assert.NotContains(t, d.Reason, "set GOMEMLIMIT", "not the remedy that leads to GOMEMLIMIT at the limit")
 			assert.Equal(t, int64(77<<20), debug.SetMemoryLimit(-1), "left as it was")
 
-			t.Setenv(DeclaredLimitEnv, "512MiB")
+			t.Setenv(declaredLimitEnv, "512MiB")
 			_, d, err = start(t, cfgFor(read))
 			require.NoError(t, err)
 			assert.Equal(t, SourceDeclared, d.Source)
@@ -182,7 +182,7 @@ func TestDeclaredWhereUnknown(t *testing.T) {
 		})
 	}
 	keepMemoryLimit(t)
-	t.Setenv(DeclaredLimitEnv, "512MiB")
+	t.Setenv(declaredLimitEnv, "512MiB")
 	rec := &recorder{}
 	cfg := cfgFor(denied)
 	cfg.Logger = slog.New(rec)
@@ -200,25 +200,25 @@ func TestDeclaredWhereUnknown(t *testing.T) {
 // GOMEMLIMIT as without it.
 func TestDeclaredBadValues(t *testing.T) {
 	for _, tc := range []struct{ name, value, want string }{
-		{DeclaredLimitEnv, "-1", "negative"},
-		{DeclaredLimitEnv, "-512MiB", "negative"},
-		{DeclaredLimitEnv, "0", "0 bytes"},
-		{DeclaredLimitEnv, "0MiB", "0 bytes"},
-		{DeclaredLimitEnv, "99999999999999999999", "over"},
-		{DeclaredLimitEnv, "8388608TiB", "over"},
-		{DeclaredLimitEnv, "4611686018427387905", "over"},
-		{DeclaredLimitEnv, "512MB", "want bytes"},
-		{DeclaredLimitEnv, "1e9", "want bytes"},
-		{DeclaredLimitEnv, "lots", "want bytes"},
-		{DeclaredLimitEnv, "0x100000", "want bytes"},
-		{DeclaredLimitEnv, "MiB", "want bytes"},
-		{DeclaredLimitEnv, "512 MiB of it", "want bytes"},
-		{DeclaredLimitEnv, "512.5MiB", "want bytes"},
-		{LambdaMemoryEnv, "0", "from 1"},
-		{LambdaMemoryEnv, "-128", "from 1"},
-		{LambdaMemoryEnv, "512MB", "whole number"},
-		{LambdaMemoryEnv, "99999999999999999999", "whole number"},
-		{LambdaMemoryEnv, "8796093022209", "from 1"},
+		{declaredLimitEnv, "-1", "negative"},
+		{declaredLimitEnv, "-512MiB", "negative"},
+		{declaredLimitEnv, "0", "0 bytes"},
+		{declaredLimitEnv, "0MiB", "0 bytes"},
+		{declaredLimitEnv, "99999999999999999999", "over"},
+		{declaredLimitEnv, "8388608TiB", "over"},
+		{declaredLimitEnv, "4611686018427387905", "over"},
+		{declaredLimitEnv, "512MB", "want bytes"},
+		{declaredLimitEnv, "1e9", "want bytes"},
+		{declaredLimitEnv, "lots", "want bytes"},
+		{declaredLimitEnv, "0x100000", "want bytes"},
+		{declaredLimitEnv, "MiB", "want bytes"},
+		{declaredLimitEnv, "512 MiB of it", "want bytes"},
+		{declaredLimitEnv, "512.5MiB", "want bytes"},
+		{lambdaMemoryEnv, "0", "from 1"},
+		{lambdaMemoryEnv, "-128", "from 1"},
+		{lambdaMemoryEnv, "512MB", "whole number"},
+		{lambdaMemoryEnv, "99999999999999999999", "whole number"},
+		{lambdaMemoryEnv, "8796093022209", "from 1"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			keepMemoryLimit(t)
@@ -240,7 +240,7 @@ func TestDeclaredBadValues(t *testing.T) {
 	}
 	// Empty is unset: nothing said.
 	keepMemoryLimit(t)
-	t.Setenv(DeclaredLimitEnv, "")
+	t.Setenv(declaredLimitEnv, "")
 	rec := &recorder{}
 	cfg := cfgFor(fixedLimit(2, gib))
 	cfg.Logger = slog.New(rec)
@@ -365,7 +365,7 @@ func TestOperatorAtLimitRealCgroup(t *testing.T) {
 	if g.Version == 2 {
 		file = "memory.max"
 	}
-	cmd := childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, "GOMEMLIMIT=512MiB")
+	cmd := childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}, "GOMEMLIMIT=512MiB")
 	g.Wrap(cmd)
 	r, warns := reportAndWarns(t, cmd)
 	assert.Equal(t, strconv.Itoa(512<<20), r["READBACK"], "GOMEMLIMIT left as set")
@@ -381,7 +381,7 @@ func TestOperatorAtLimitRealCgroup(t *testing.T) {
 	t.Logf("WARN: %v", w["error"])
 
 	// The control: GOMEMLIMIT under memctl's own value says nothing.
-	cmd = childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, "GOMEMLIMIT=400MiB")
+	cmd = childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}, "GOMEMLIMIT=400MiB")
 	g.Wrap(cmd)
 	r, warns = reportAndWarns(t, cmd)
 	assert.Equal(t, strconv.Itoa(400<<20), r["READBACK"])
@@ -398,13 +398,13 @@ func TestDeclaredLimitChild(t *testing.T) {
 	if l, err := cgroupfs.Of(0); err == nil && l.Bytes != cgroupfs.NoLimit {
 		t.Skipf("this process's cgroup sets a limit (%d bytes, %s): the child needs one that sets none", l.Bytes, l.File)
 	}
-	unset := []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}
+	unset := []string{"GOMEMLIMIT", "AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}
 	r, _ := reportAndWarns(t, childtest.Command(t, "memlimitlog", unset))
 	assert.Equal(t, "none", r["SOURCE"], "the control: no limit")
 	assert.Equal(t, strconv.FormatInt(1<<63-1, 10), r["READBACK"])
 	for _, tc := range []struct{ env, source, file string }{
-		{DeclaredLimitEnv + "=512MiB", "declared", DeclaredLimitEnv + "=512MiB"},
-		{LambdaMemoryEnv + "=512", "lambda", LambdaMemoryEnv + "=512"},
+		{declaredLimitEnv + "=512MiB", "declared", declaredLimitEnv + "=512MiB"},
+		{lambdaMemoryEnv + "=512", "lambda", lambdaMemoryEnv + "=512"},
 	} {
 		r, warns := reportAndWarns(t, childtest.Command(t, "memlimitlog", unset, tc.env))
 		assert.Empty(t, warns)
@@ -475,11 +475,11 @@ func TestDeclaredUnderRSS(t *testing.T) {
 		src  Source
 		want int64
 	}{
-		{map[string]string{DeclaredLimitEnv: "512"}, []string{DeclaredLimitEnv, `"512"`, "ignored", "RssAnon + RssShmem", `"512MiB"`}, SourceCgroupV2, gib},
-		{map[string]string{DeclaredLimitEnv: "1MiB"}, []string{DeclaredLimitEnv, `"1MiB"`, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
-		{map[string]string{DeclaredLimitEnv: "32MiB"}, []string{DeclaredLimitEnv, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
-		{map[string]string{LambdaMemoryEnv: "16"}, []string{LambdaMemoryEnv, `"16"`, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
-		{map[string]string{DeclaredLimitEnv: "512", LambdaMemoryEnv: "512"}, []string{DeclaredLimitEnv, "ignored"}, SourceLambda, 512 << 20},
+		{map[string]string{declaredLimitEnv: "512"}, []string{declaredLimitEnv, `"512"`, "ignored", "RssAnon + RssShmem", `"512MiB"`}, SourceCgroupV2, gib},
+		{map[string]string{declaredLimitEnv: "1MiB"}, []string{declaredLimitEnv, `"1MiB"`, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
+		{map[string]string{declaredLimitEnv: "32MiB"}, []string{declaredLimitEnv, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
+		{map[string]string{lambdaMemoryEnv: "16"}, []string{lambdaMemoryEnv, `"16"`, "ignored", "RssAnon + RssShmem"}, SourceCgroupV2, gib},
+		{map[string]string{declaredLimitEnv: "512", lambdaMemoryEnv: "512"}, []string{declaredLimitEnv, "ignored"}, SourceLambda, 512 << 20},
 	} {
 		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
 			keepMemoryLimit(t)
@@ -504,7 +504,7 @@ func TestDeclaredUnderRSS(t *testing.T) {
 	}
 	// Alone (no cgroup limit): ignored, GOMEMLIMIT left as it was, no error.
 	prev := keepMemoryLimit(t)
-	t.Setenv(DeclaredLimitEnv, "512")
+	t.Setenv(declaredLimitEnv, "512")
 	rec := &recorder{}
 	cfg := cfgFor(noLimitV2)
 	cfg.Logger = slog.New(rec)
@@ -515,7 +515,7 @@ func TestDeclaredUnderRSS(t *testing.T) {
 	assert.Len(t, rec.texts(slog.LevelWarn), 1)
 	// Just over the RSS: taken (the operator said so), at the limit itself.
 	keepMemoryLimit(t)
-	t.Setenv(DeclaredLimitEnv, "33MiB")
+	t.Setenv(declaredLimitEnv, "33MiB")
 	_, d, err = start(t, cfgFor(fixedLimit(2, gib)))
 	require.NoError(t, err)
 	assert.Equal(t, SourceDeclared, d.Source, d.Reason)
@@ -526,21 +526,21 @@ func TestDeclaredUnderRSS(t *testing.T) {
 // WARN, ignored; odd but valid spellings are taken.
 func TestDeclaredHostileValues(t *testing.T) {
 	for _, tc := range []struct{ name, value, want string }{
-		{DeclaredLimitEnv, "9223372036854775807", "over"},
-		{DeclaredLimitEnv, "9223372036854775808", "over"},
-		{DeclaredLimitEnv, "99999999999999999999Mi", "over"},
-		{DeclaredLimitEnv, "4194305TiB", "over"},
-		{DeclaredLimitEnv, "1e30", "want bytes"},
-		{DeclaredLimitEnv, "max", "want bytes"},
-		{DeclaredLimitEnv, "-0", "0 bytes"},
-		{DeclaredLimitEnv, "+-5MiB", "want bytes"},
-		{DeclaredLimitEnv, "-99999999999999999999", "negative"},
-		{DeclaredLimitEnv, "512 Mi B", "want bytes"},
-		{DeclaredLimitEnv, "１２MiB", "want bytes"},
-		{LambdaMemoryEnv, "9223372036854775807", "from 1"},
-		{LambdaMemoryEnv, "4398046511105", "from 1"},
-		{LambdaMemoryEnv, "512.5", "whole number"},
-		{LambdaMemoryEnv, "max", "whole number"},
+		{declaredLimitEnv, "9223372036854775807", "over"},
+		{declaredLimitEnv, "9223372036854775808", "over"},
+		{declaredLimitEnv, "99999999999999999999Mi", "over"},
+		{declaredLimitEnv, "4194305TiB", "over"},
+		{declaredLimitEnv, "1e30", "want bytes"},
+		{declaredLimitEnv, "max", "want bytes"},
+		{declaredLimitEnv, "-0", "0 bytes"},
+		{declaredLimitEnv, "+-5MiB", "want bytes"},
+		{declaredLimitEnv, "-99999999999999999999", "negative"},
+		{declaredLimitEnv, "512 Mi B", "want bytes"},
+		{declaredLimitEnv, "１２MiB", "want bytes"},
+		{lambdaMemoryEnv, "9223372036854775807", "from 1"},
+		{lambdaMemoryEnv, "4398046511105", "from 1"},
+		{lambdaMemoryEnv, "512.5", "whole number"},
+		{lambdaMemoryEnv, "max", "whole number"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			keepMemoryLimit(t)
@@ -563,12 +563,12 @@ func TestDeclaredHostileValues(t *testing.T) {
 		name, value string
 		bytes       int64
 	}{
-		{DeclaredLimitEnv, "\t512MIB\n", 512 << 20},
-		{DeclaredLimitEnv, "+512mi", 512 << 20},
-		{DeclaredLimitEnv, "0000000000000000000000000512MiB", 512 << 20},
-		{DeclaredLimitEnv, "4194304TiB", 1 << 62},
-		{LambdaMemoryEnv, " 512 ", 512 << 20},
-		{LambdaMemoryEnv, "4398046511104", 1 << 62},
+		{declaredLimitEnv, "\t512MIB\n", 512 << 20},
+		{declaredLimitEnv, "+512mi", 512 << 20},
+		{declaredLimitEnv, "0000000000000000000000000512MiB", 512 << 20},
+		{declaredLimitEnv, "4194304TiB", 1 << 62},
+		{lambdaMemoryEnv, " 512 ", 512 << 20},
+		{lambdaMemoryEnv, "4398046511104", 1 << 62},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			keepMemoryLimit(t)

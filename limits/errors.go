@@ -7,19 +7,11 @@ import (
 	"time"
 )
 
-// Status codes of a budget error, for servers that map errors to their
-// protocol. The names are the field's own: gRPC's code 8 RESOURCE_EXHAUSTED,
-// which Connect and Twirp map to HTTP 429 Too Many Requests.
-const (
-	// CodeResourceExhausted is the status code name of a budget error.
-	CodeResourceExhausted = "resource_exhausted"
-	// GRPCCodeResourceExhausted is gRPC's numeric code for
-	// RESOURCE_EXHAUSTED (codes.ResourceExhausted in google.golang.org/grpc).
-	GRPCCodeResourceExhausted = 8
-	// HTTPStatusResourceExhausted is the HTTP status of a budget error
-	// (http.StatusTooManyRequests).
-	HTTPStatusResourceExhausted = http.StatusTooManyRequests
-)
+// CodeResourceExhausted is the status code name of a budget error, for
+// servers that map errors to their protocol: gRPC's code 8
+// RESOURCE_EXHAUSTED, which Connect and Twirp map to HTTP 429 Too Many
+// Requests (ExhaustedError.HTTPStatus).
+const CodeResourceExhausted = "resource_exhausted"
 
 // ErrResourceExhausted is matched (with errors.Is) by every *ExhaustedError:
 // a Grow refused because an account, its pool, or the Go heap (see
@@ -71,7 +63,7 @@ type ExhaustedError struct {
 	// context the heap watch canceled.
 	Scope string
 	// RetryAfter is how long a client should wait before it retries, when a
-	// retry can succeed: DefaultRetryAfter (1 s) when the pool was full or
+	// retry can succeed: 1 s when the pool was full or
 	// under heap pressure, as other requests end and the collector runs; 0
 	// when the request was over its own budget or an ancestor account's, or
 	// when what the account uses plus the refused size is more than the
@@ -101,5 +93,5 @@ func (e *ExhaustedError) Is(target error) bool { return target == ErrResourceExh
 // Code returns CodeResourceExhausted, "resource_exhausted".
 func (e *ExhaustedError) Code() string { return CodeResourceExhausted }
 
-// HTTPStatus returns HTTPStatusResourceExhausted, 429.
-func (e *ExhaustedError) HTTPStatus() int { return HTTPStatusResourceExhausted }
+// HTTPStatus returns 429, http.StatusTooManyRequests.
+func (e *ExhaustedError) HTTPStatus() int { return http.StatusTooManyRequests }

@@ -26,7 +26,7 @@ func ExampleExhaustedError() {
 	if errors.As(err, &e) {
 		fmt.Println(errors.Is(err, limits.ErrResourceExhausted))
 		fmt.Println(e.Scope, e.Requested, e.Used, e.Limit)
-		fmt.Println(e.Code(), e.HTTPStatus(), limits.GRPCCodeResourceExhausted)
+		fmt.Println(e.Code(), e.HTTPStatus())
 		fmt.Println(err)
 		// The interceptors of the modules .../grpcbudget and
 		// .../connectbudget answer it with code 8 RESOURCE_EXHAUSTED
@@ -36,7 +36,7 @@ func ExampleExhaustedError() {
 	// Output:
 	// true
 	// pool/query-17 3145728 0 1048576
-	// resource_exhausted 429 8
+	// resource_exhausted 429
 	// limits: resource_exhausted in pool/query-17: requested 3145728 bytes, 0 in use, limit 1048576
 }
 

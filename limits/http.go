@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// DefaultBurstThreshold is the largest default burst threshold, in bytes:
+// defaultBurstThreshold is the largest default burst threshold, in bytes:
 // when HTTPConfig.BurstThreshold is 0 a request ends a burst at 64 MiB, or at
 // half of HTTPConfig.Limit when that is smaller.
-const DefaultBurstThreshold = 64 << 20
+const defaultBurstThreshold = 64 << 20
 
 // HTTPConfig configures Pool.Middleware. Limit must be set; the other
 // fields' zero values name accounts "req-1", "req-2", ... and call no burst
@@ -43,7 +43,7 @@ type HTTPConfig struct {
 	// 31 MB each under a 32 MiB threshold end one burst when the last of
 	// them ends). A steady load that keeps the pool above half the
 	// threshold ends no burst until it falls. Negative means never.
-	// Default: 0, which means DefaultBurstThreshold (64 MiB), or Limit/2
+	// Default: 0, which means 64 MiB, or Limit/2
 	// when Limit is set and Limit/2 is smaller (at least 1 byte): a request
 	// never holds more than Limit, so a request limited to 32 MiB ends a
 	// burst at 16 MiB.
@@ -342,7 +342,7 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	if e, ok := errors.AsType[*ExhaustedError](err); ok && e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
 	}
-	w.WriteHeader(HTTPStatusResourceExhausted)
+	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(append(body, '\n'))
 	return true
 }

@@ -15,7 +15,7 @@ func (p *Pool) middlewareBefore(cfg HTTPConfig) (func(http.Handler) http.Handler
 	}
 	threshold := cfg.BurstThreshold
 	if threshold == 0 {
-		threshold = DefaultBurstThreshold
+		threshold = defaultBurstThreshold
 		if cfg.Limit != Unlimited {
 			threshold = max(min(threshold, cfg.Limit/2), 1)
 		}

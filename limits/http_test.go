@@ -514,9 +514,9 @@ func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
 		n     int64
 		retry time.Duration
 	}{
-		{a, 3 * mib / 4, DefaultRetryAfter},   // fits once hog is gone
-		{kid, 3 * mib / 4, DefaultRetryAfter}, // from a child
-		{a, mib - 100*kib, DefaultRetryAfter}, // exactly the pool with what a holds
+		{a, 3 * mib / 4, defaultRetryAfter},   // fits once hog is gone
+		{kid, 3 * mib / 4, defaultRetryAfter}, // from a child
+		{a, mib - 100*kib, defaultRetryAfter}, // exactly the pool with what a holds
 		{a, mib - 100*kib + 1, 0},             // one byte more than the pool
 		{kid, 2 * mib, 0},
 		{a, 1 << 62, 0},
@@ -535,7 +535,7 @@ func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
 	// the pool's whole limit is told not to retry.
 	p.pressure.Store(true)
 	p.lastCycle.Store(time.Now().UnixNano())
-	for n, retry := range map[int64]time.Duration{mib / 4: DefaultRetryAfter, 2 * mib: 0} {
+	for n, retry := range map[int64]time.Duration{mib / 4: defaultRetryAfter, 2 * mib: 0} {
 		var e *ExhaustedError
 		require.ErrorAs(t, a.Grow(n), &e)
 		assert.Equal(t, "pool (heap pressure)", e.Scope)
@@ -544,7 +544,7 @@ func TestRetryAfterOnlyWhenItCanFit(t *testing.T) {
 	p.pressure.Store(false)
 	relief.Shed(true)
 	defer relief.Shed(false)
-	for n, retry := range map[int64]time.Duration{p.shedLimit(): DefaultRetryAfter, 2 * mib: 0} {
+	for n, retry := range map[int64]time.Duration{p.shedLimit(): defaultRetryAfter, 2 * mib: 0} {
 		var e *ExhaustedError
 		require.ErrorAs(t, a.Grow(n), &e)
 		assert.Equal(t, "pool/a (shedding)", e.Scope)

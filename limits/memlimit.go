@@ -11,13 +11,13 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
-// DefaultRatio is the share of the memory limit that becomes GOMEMLIMIT when
+// defaultRatio is the share of the memory limit that becomes GOMEMLIMIT when
 // MemLimitConfig.Ratio is 0: the rest is headroom for memory the Go runtime
 // does not count (cgo, thread stacks, the binary) and for the page cache the
 // cgroup is charged for. It is automemlimit's default.
-const DefaultRatio = 0.9
+const defaultRatio = 0.9
 
-// DefaultFloor is the smallest GOMEMLIMIT memctl sets when
+// defaultFloor is the smallest GOMEMLIMIT memctl sets when
 // MemLimitConfig.Floor is 0: 64 MiB. GOMEMLIMIT bounds the whole Go
 // runtime, live heap included, so a limit near the live heap makes the
 // collector run on almost every allocation: a tiny limit or ratio would
@@ -27,7 +27,7 @@ const DefaultRatio = 0.9
 // where a small service's GC stops being paced by the limit (measured
 // figures: docs/benchmarks.md). It is also the floor automemlimit users
 // set with its WithMin. memctl warns when it applies it.
-const DefaultFloor = 64 << 20
+const defaultFloor = 64 << 20
 
 // DefaultRefresh is how often, at most, the limit is re-read when
 // MemLimitConfig.Refresh is 0: 10 s, so that an in-place pod resize is
@@ -67,11 +67,11 @@ const (
 	// AUTOMEMLIMIT=off, in the environment; memctl did not touch GOMEMLIMIT.
 	SourceEnv
 	// SourceDeclared: the operator declared the limit in
-	// MEMCTL_MEMORY_LIMIT (DeclaredLimitEnv); MemLimit.File is
+	// MEMCTL_MEMORY_LIMIT; MemLimit.File is
 	// "MEMCTL_MEMORY_LIMIT=<value>".
 	SourceDeclared
-	// SourceLambda: AWS Lambda's AWS_LAMBDA_FUNCTION_MEMORY_SIZE
-	// (LambdaMemoryEnv), in MB of 2^20 bytes.
+	// SourceLambda: AWS Lambda's AWS_LAMBDA_FUNCTION_MEMORY_SIZE,
+	// in MB of 2^20 bytes.
 	SourceLambda
 )
 
@@ -121,12 +121,12 @@ func (s *Source) UnmarshalText(b []byte) error {
 type MemLimitConfig struct {
 	// Ratio is the share of the memory limit used for GOMEMLIMIT, in
 	// (0.0, 1.0]. An AUTOMEMLIMIT ratio in the environment wins over it.
-	// Default: 0 (means DefaultRatio, 0.9).
+	// Default: 0, which means 0.9.
 	Ratio float64
 	// Floor is the smallest GOMEMLIMIT set, in bytes: a limit, ratio or
 	// headroom that would give less gives Floor (or the limit itself when
 	// the limit is smaller), with a WARN that the GC will run often.
-	// Negative is an error. Default: 0 (means DefaultFloor, 64 MiB).
+	// Negative is an error. Default: 0, which means 64 MiB.
 	// Environment (through memctl.Start): MEMCTL_GOMEMLIMIT_FLOOR.
 	Floor int64
 	// SystemFallback uses total system memory as the limit when the process
@@ -311,8 +311,8 @@ type MemLimit struct {
 // mount shows (cgroupfs.ErrUnseen), the limit is unknown, never "none":
 // Source is SourceNone, LimitUnknown is true, and Reason says so and names
 // the remedies (MEMCTL_MEMORY_LIMIT from the downward API,
-// SystemFallback). A limit the operator declares (DeclaredLimitEnv,
-// LambdaMemoryEnv) is followed as a cgroup limit where no cgroup shows
+// SystemFallback). A limit the operator declares (MEMCTL_MEMORY_LIMIT,
+// AWS_LAMBDA_FUNCTION_MEMORY_SIZE) is followed as a cgroup limit where no cgroup shows
 // one, and beside a cgroup limit the smaller binds.
 //
 // The operator wins: when GOMEMLIMIT is set in the environment, or

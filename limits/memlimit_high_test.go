@@ -304,11 +304,11 @@ func TestHeadroomOverLimitWarnsOnce(t *testing.T) {
 	cfg.Logger = slog.New(rec)
 	m, d, err := start(t, cfg)
 	require.NoError(t, err)
-	assert.Equal(t, int64(DefaultFloor), d.GoMemLimit)
+	assert.Equal(t, int64(defaultFloor), d.GoMemLimit)
 	for range 10 {
 		d, err = m.Refresh()
 		require.NoError(t, err)
-		assert.Equal(t, int64(DefaultFloor), debug.SetMemoryLimit(-1), d.Reason)
+		assert.Equal(t, int64(defaultFloor), debug.SetMemoryLimit(-1), d.Reason)
 		assert.True(t, d.AtFloor)
 	}
 	assert.Equal(t, 2, rec.count(slog.LevelWarn), "headroom and floor, once each: %s", rec.text())

@@ -332,7 +332,7 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 		err := fmt.Errorf("limits: %s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
 			"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
 			m.opText, inMiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, inMiB(d.MemoryLimit), d.File, inMiB(d.MemoryLimit-a.hardWant),
-			own.Ratio, inMiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), inMiB(own.Outside), DeclaredLimitEnv)
+			own.Ratio, inMiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), inMiB(own.Outside), declaredLimitEnv)
 		d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: "+m.opText+" ")
 		if key := fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit); !m.seen[key] && len(m.seen) < maxSeen {
 			m.seen[key] = true

@@ -238,7 +238,7 @@ func (m *MemLimiter) systemFallback(f found, why string) found {
 // or take total memory (SystemFallback). Setting GOMEMLIMIT to the limit
 // itself is not one: it leaves no room for memory outside the Go heap.
 func remedy(sandbox string) string {
-	s := "set " + DeclaredLimitEnv + " to the container's limit (the downward API's resources.limits.memory), or use SystemFallback"
+	s := "set " + declaredLimitEnv + " to the container's limit (the downward API's resources.limits.memory), or use SystemFallback"
 	if sandbox != "" {
 		s = "in a " + sandbox + " sandbox, " + s
 	}

@@ -53,7 +53,7 @@ func init() {
 func keepMemoryLimit(t *testing.T) int64 {
 	prev := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
-	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv} {
+	for _, k := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv} {
 		if v, ok := os.LookupEnv(k); ok {
 			t.Setenv(k, v) // restores it afterwards
 			os.Unsetenv(k)
@@ -302,7 +302,7 @@ func TestFixtureTable(t *testing.T) {
 					// A cgroup no mount shows, or a namespace's top
 					// that is not the root: unknown, with the remedy.
 					assert.Contains(t, d.Reason, "unknown", d.Reason)
-					assert.Contains(t, d.Reason, DeclaredLimitEnv, "the remedy")
+					assert.Contains(t, d.Reason, declaredLimitEnv, "the remedy")
 				} else {
 					assert.True(t, strings.HasPrefix(d.Reason, "no cgroup memory limit"), d.Reason)
 				}
@@ -394,7 +394,7 @@ func TestHeadroom(t *testing.T) {
 	mu.Unlock()
 	d, err = m.Refresh()
 	require.NoError(t, err)
-	assert.Equal(t, int64(DefaultFloor), debug.SetMemoryLimit(-1))
+	assert.Equal(t, int64(defaultFloor), debug.SetMemoryLimit(-1))
 	assert.True(t, d.AtFloor)
 
 	// NoHeadroom: the ratio alone.
@@ -424,7 +424,7 @@ func TestFloor(t *testing.T) {
 		want         int64
 		atFloor      bool
 	}{
-		{limit: gib, ratio: 0.01, want: DefaultFloor, atFloor: true}, // a ratio under the floor
+		{limit: gib, ratio: 0.01, want: defaultFloor, atFloor: true}, // a ratio under the floor
 		{limit: gib, floor: 512 << 20, want: ninetyPct(gib)},
 		{limit: gib, floor: 1000 << 20, want: 1000 << 20, atFloor: true},
 		{limit: 100 << 20, floor: 2 * gib, want: 100 << 20, atFloor: true}, // never over the limit
@@ -739,7 +739,7 @@ func BenchmarkRefresh(b *testing.B) {
 	})
 }
 
-// BenchmarkGCUnderSmallLimit is the measurement behind DefaultFloor: a
+// BenchmarkGCUnderSmallLimit is the measurement behind defaultFloor: a
 // heap of 16 MiB live (64 KiB objects) allocating 1 MiB of garbage per op
 // under GOMEMLIMIT of 24 to 128 MiB; gc-cpu-% is the GC's share of the
 // CPU the process used (runtime/metrics /cpu/classes/gc/total over

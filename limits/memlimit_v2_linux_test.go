@@ -59,7 +59,7 @@ func fmtErr(err error) string {
 // its report.
 func runV2Limit(t *testing.T, wrap func(cmd *exec.Cmd), env ...string) map[string]string {
 	t.Helper()
-	cmd := childtest.Command(t, "v2limit", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, env...)
+	cmd := childtest.Command(t, "v2limit", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}, env...)
 	wrap(cmd)
 	r, _ := reportAndWarns(t, cmd)
 	t.Logf("child: %v", r)
@@ -147,11 +147,11 @@ func limitAboveNamespace(t *testing.T, l cgrouptest.Layout, limit int64) {
 	assert.Equal(t, "none", r["SOURCE"])
 	assert.Equal(t, "true", r["UNKNOWN"])
 	assert.Contains(t, r["REASON"], "unknown")
-	assert.Contains(t, r["REASON"], DeclaredLimitEnv)
+	assert.Contains(t, r["REASON"], declaredLimitEnv)
 	assert.NotContains(t, r["REASON"], "set GOMEMLIMIT")
 	assert.Equal(t, strconv.FormatInt(1<<63-1, 10), r["READBACK"])
 
-	r = runV2Limit(t, func(cmd *exec.Cmd) { g.Wrap(t, cmd) }, DeclaredLimitEnv+"="+strconv.FormatInt(limit, 10))
+	r = runV2Limit(t, func(cmd *exec.Cmd) { g.Wrap(t, cmd) }, declaredLimitEnv+"="+strconv.FormatInt(limit, 10))
 	assert.Equal(t, "declared", r["SOURCE"])
 	assert.Equal(t, strconv.FormatInt(limit, 10), r["LIMIT"])
 	assert.Equal(t, "false", r["UNKNOWN"])

@@ -205,7 +205,7 @@ func (m *MemLimiter) readDeclaredEnv() {
 func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, err error) {
 	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
 	if m.ratio == 0 {
-		m.ratio, m.ratioFrom = DefaultRatio, "default"
+		m.ratio, m.ratioFrom = defaultRatio, "default"
 	}
 	if err := m.operatorEnv(cfg, cur); err != nil {
 		return "GOMEMLIMIT left as it was: bad AUTOMEMLIMIT", err
@@ -213,8 +213,8 @@ func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, er
 	if !validRatio(m.ratio) {
 		return "GOMEMLIMIT left as it was: bad ratio", fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
 	}
-	if m.floor = orDefault(cfg.Floor, DefaultFloor); m.floor < 0 {
-		return "GOMEMLIMIT left as it was: bad floor", fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, DefaultFloor)
+	if m.floor = orDefault(cfg.Floor, defaultFloor); m.floor < 0 {
+		return "GOMEMLIMIT left as it was: bad floor", fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, defaultFloor)
 	}
 	m.every = orDefault(cfg.Refresh, DefaultRefresh)
 	return "", nil

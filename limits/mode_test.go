@@ -77,7 +77,7 @@ func newModePool(t *testing.T, budgets string, cfg PoolConfig) (*Pool, *strings.
 }
 
 // TestModeObserve (issue 11, item 5): budgets account and count what they
-// would refuse, and log it at most once per ObserveLogInterval, without
+// would refuse, and log it at most once per observeLogInterval, without
 // refusing: the account's limit, the pool's, heap pressure, and the cancel
 // of CancelLargest.
 func TestModeObserve(t *testing.T) {

@@ -16,13 +16,13 @@ const (
 	// PeakBuckets is the number of bounded buckets (21); PeakHistogram has
 	// one more, for the peaks above the last bound.
 	PeakBuckets = 21
-	// PeakBucketMin is the first bound, in bytes (64 KiB): bucket 0 holds
+	// peakBucketMin is the first bound, in bytes (64 KiB): bucket 0 holds
 	// every peak up to it, requests that never grew included.
-	PeakBucketMin = 64 << 10
+	peakBucketMin = 64 << 10
 )
 
 // PeakBucketBound returns the upper bound, in bytes, of bucket i in
-// [0, PeakBuckets): PeakBucketMin << i (64 KiB, 128 KiB, ..., 64 GiB). For
+// [0, PeakBuckets): 64 KiB << i (64 KiB, 128 KiB, ..., 64 GiB). For
 // i ≥ PeakBuckets it returns math.MaxInt64 (the overflow bucket); a
 // negative i returns 0.
 func PeakBucketBound(i int) int64 {
@@ -32,7 +32,7 @@ func PeakBucketBound(i int) int64 {
 	case i >= PeakBuckets:
 		return math.MaxInt64
 	}
-	return PeakBucketMin << i
+	return peakBucketMin << i
 }
 
 // PeakHistogram is the distribution of the peaks of a pool's top-level
@@ -96,11 +96,11 @@ type peakHistogram struct {
 
 // peakBucket returns the bucket of a peak of v bytes.
 func peakBucket(v int64) int {
-	if v <= PeakBucketMin {
+	if v <= peakBucketMin {
 		return 0
 	}
-	// The smallest i with v ≤ PeakBucketMin<<i: the bit length of
-	// (v-1)>>16, 16 being log2 of PeakBucketMin.
+	// The smallest i with v ≤ peakBucketMin<<i: the bit length of
+	// (v-1)>>16, 16 being log2 of peakBucketMin.
 	return min(bits.Len64(uint64(v-1)>>16), PeakBuckets)
 }
 

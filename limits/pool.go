@@ -173,16 +173,16 @@ func newPoolDefaults(cfg PoolConfig) *Pool {
 	}
 	p.heapScope = p.name + " (heap pressure)"
 	if p.chunk == 0 {
-		p.chunk = DefaultChunkSize
+		p.chunk = defaultChunkSize
 	}
 	if p.cancelShare == 0 {
-		p.cancelShare = DefaultCancelShare
+		p.cancelShare = defaultCancelShare
 	}
 	if p.chargeRatio == 0 {
-		p.chargeRatio = DefaultChargeRatio
+		p.chargeRatio = defaultChargeRatio
 	}
 	if p.heapRatio == 0 {
-		p.heapRatio = DefaultHeapPressure
+		p.heapRatio = defaultHeapPressure
 	}
 	p.baseline.Store(-1)
 	p.sample[0].Name = liveHeapMetric
@@ -287,7 +287,7 @@ func (p *Pool) curLimit() int64 {
 	return p.limit.Load()
 }
 
-// follow sets a derived pool's limit to DefaultPoolRatio of GOMEMLIMIT gml,
+// follow sets a derived pool's limit to defaultPoolRatio of GOMEMLIMIT gml,
 // computed at generation g, and logs the change at INFO. A GOMEMLIMIT that
 // is no longer set keeps the limit as it is. Of concurrent callers with the
 // same g only one acts.
@@ -299,7 +299,7 @@ func (p *Pool) follow(g uint64, gml int64) {
 	if gml <= 0 || gml == math.MaxInt64 {
 		return
 	}
-	limit := max(int64(float64(gml)*DefaultPoolRatio), 1)
+	limit := max(int64(float64(gml)*defaultPoolRatio), 1)
 	if prev := p.limit.Swap(limit); prev != limit && !within(limit, prev, 1000) {
 		p.log.Info("limits: pool limit follows GOMEMLIMIT", "pool", p.name, "limit", mibOrUnlimited(limit),
 			"was", mibOrUnlimited(prev), "gomemlimit", inMiBTight(gml))
@@ -330,7 +330,7 @@ func poolNamed(name string) bool {
 // PoolConfig.Limit.
 func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 	if gml != math.MaxInt64 {
-		return max(int64(float64(gml)*DefaultPoolRatio), 1), "half of GOMEMLIMIT " + inMiBTight(gml) + ", following it", nil
+		return max(int64(float64(gml)*defaultPoolRatio), 1), "half of GOMEMLIMIT " + inMiBTight(gml) + ", following it", nil
 	}
 	from := "cgroup memory limit"
 	base, err := fromCgroup()
@@ -341,7 +341,7 @@ func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 			return 0, "", fmt.Errorf("limits: pool %s: no GOMEMLIMIT, no cgroup memory limit (%v) and no physical memory size (%v): set PoolConfig.Limit", p.name, err, err2)
 		}
 	}
-	limit := max(int64(float64(min(base, math.MaxInt64))*DefaultRatio*DefaultPoolRatio), 1)
+	limit := max(int64(float64(min(base, math.MaxInt64))*defaultRatio*defaultPoolRatio), 1)
 	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + inMiBTight(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
 }
 

@@ -10,45 +10,45 @@ import (
 	"github.com/memctl/memctl/internal/envflag"
 )
 
-// DefaultPoolRatio is the share of GOMEMLIMIT that becomes a pool's limit
+// defaultPoolRatio is the share of GOMEMLIMIT that becomes a pool's limit
 // when PoolConfig.Limit is 0. Accounted bytes are live heap; the other half
 // is for what requests do not report (buffers, runtime, goroutine stacks) and
 // for the garbage the collector needs room for between cycles: with a live
 // heap at half of GOMEMLIMIT the collector still runs at its normal GOGC pace
 // instead of continuously.
-const DefaultPoolRatio = 0.5
+const defaultPoolRatio = 0.5
 
-// DefaultChunkSize is the size, in bytes, of the chunks in which an account
+// defaultChunkSize is the size, in bytes, of the chunks in which an account
 // reserves from its pool (or parent account) when PoolConfig.ChunkSize is 0.
 // CockroachDB's util/mon reserves in 10 KiB chunks; 64 KiB keeps the pool's
 // shared counter out of the path of all but about one in 64 allocations of
 // 1 KiB, at a cost of at most two chunks per open account held but unused.
-const DefaultChunkSize = 64 << 10
+const defaultChunkSize = 64 << 10
 
-// DefaultHeapPressure is the share of GOMEMLIMIT above which the live Go
+// defaultHeapPressure is the share of GOMEMLIMIT above which the live Go
 // heap puts a pool under heap pressure when PoolConfig.HeapPressure is 0.
 // With a live heap at 90% of GOMEMLIMIT the collector runs nearly
 // continuously and any further growth risks the OOM killer.
-const DefaultHeapPressure = 0.9
+const defaultHeapPressure = 0.9
 
-// DefaultCancelShare is the share of the live Go heap that an account must
+// defaultCancelShare is the share of the live Go heap that an account must
 // hold before CancelLargest cancels it, when PoolConfig.CancelShare is 0.
 // Canceling an account that holds less frees too little to end the
 // pressure: the pressure then comes from memory outside the accounts (a
 // cache, unreported buffers, many small requests) and the pool says so once
 // at WARN instead of canceling small requests one per GC cycle.
-const DefaultCancelShare = 0.05
+const defaultCancelShare = 0.05
 
-// DefaultShedSize is the most bytes an account may reach while shedding:
+// defaultShedSize is the most bytes an account may reach while shedding:
 // the size at which examples/server's requests count as a burst
-// (DefaultBurstThreshold), so that what sheds is the large work.
-const DefaultShedSize = DefaultBurstThreshold
+// (defaultBurstThreshold), so that what sheds is the large work.
+const defaultShedSize = defaultBurstThreshold
 
-// DefaultRetryAfter is the ExhaustedError.RetryAfter of a refusal that a
+// defaultRetryAfter is the ExhaustedError.RetryAfter of a refusal that a
 // retry can get past: the pool is full or under heap pressure, and both
 // change as other requests end and the collector runs. WriteError sends it
 // as Retry-After: 1 (seconds, RFC 9110 section 10.2.3).
-const DefaultRetryAfter = time.Second
+const defaultRetryAfter = time.Second
 
 // heapRefreshInterval is the longest a pool refusing Grows under heap
 // pressure waits for a GC cycle before it runs one (runtime.GC on a
@@ -58,7 +58,7 @@ const DefaultRetryAfter = time.Second
 // second, and none while the program's own allocation runs the collector.
 const heapRefreshInterval = time.Second
 
-// DefaultChargeRatio is how many times more than the pool's accounts hold
+// defaultChargeRatio is how many times more than the pool's accounts hold
 // together the live heap beyond its baseline must be, at the end of a GC
 // cycle with requests in flight, before the pool says the charges look too
 // small, when PoolConfig.ChargeRatio is 0 (see there). Code that reports
@@ -66,14 +66,14 @@ const heapRefreshInterval = time.Second
 // the runtime's overhead by well under 2x (map buckets, slice capacity,
 // pointer-rich nodes); 4x is past that, and a handler that charges 8 bytes
 // for each 1 KiB row (128x) is far past it.
-const DefaultChargeRatio = 4
+const defaultChargeRatio = 4
 
-// ChargeCheckFloor is the fewest bytes, beyond the baseline, that the live
+// chargeCheckFloor is the fewest bytes, beyond the baseline, that the live
 // heap must hold for the charge check to speak (16 MiB, or an eighth of
 // GOMEMLIMIT when that is more): below it, connection buffers, goroutine
 // stacks and the runtime's own growth with the load are not told from
 // under-reported requests.
-const ChargeCheckFloor = 16 << 20
+const chargeCheckFloor = 16 << 20
 
 // maxChunkSize bounds PoolConfig.ChunkSize.
 const maxChunkSize = 1 << 30
@@ -83,7 +83,7 @@ const maxChunkSize = 1 << 30
 //
 //   - enforce (also on, yes, true, 1, t; the default when unset): refuse;
 //   - observe: account, count (PoolStats.Observed) and log, at most once per
-//     ObserveLogInterval, what would have been refused, without refusing:
+//     10 s, what would have been refused, without refusing:
 //     the safe way to roll budgets out;
 //   - off (also no, false, 0, f): refuse nothing, run no heap watch.
 //
@@ -98,7 +98,7 @@ const (
 	ModeEnforce Mode = iota
 	// ModeObserve accounts as ModeEnforce does but lets a Grow past a
 	// budget through; it counts it in PoolStats.Observed and logs it (at
-	// most one line per ObserveLogInterval). Heap pressure cancels nothing;
+	// most one line per 10 s). Heap pressure cancels nothing;
 	// a cancel CancelLargest would make is counted and logged the same way.
 	// The way to roll budgets out on a running service.
 	ModeObserve
@@ -121,10 +121,10 @@ func (m Mode) String() string {
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// ObserveLogInterval is the shortest time between two log lines of a pool
+// observeLogInterval is the shortest time between two log lines of a pool
 // in ModeObserve about Grows it let through; the ones in between are only
 // counted (PoolStats.Observed).
-const ObserveLogInterval = 10 * time.Second
+const observeLogInterval = 10 * time.Second
 
 // parseMode reads the budget mode from MEMCTL and MEMCTL_BUDGETS, in the
 // grammar of memctl's other switches (spaces trimmed, any case, the
@@ -161,11 +161,11 @@ type PoolConfig struct {
 	// open pool has the same name. Default: "pool".
 	Name string
 	// Limit is the pool's budget in bytes, shared by all its accounts.
-	// 0 means DefaultPoolRatio (0.5) of GOMEMLIMIT, following it: a change
+	// 0 means 0.5 of GOMEMLIMIT, following it: a change
 	// the MemLimiter makes (a refresh after a resize) is seen at the pool's
 	// next reservation, Limit or Stats call, any other (SetMemoryLimit, a
 	// death-spiral lift) at the next GC cycle's end. Without GOMEMLIMIT it
-	// is 0.5 of DefaultRatio (0.9) of the cgroup memory limit (automemlimit's
+	// is 0.5 of 0.9 of the cgroup memory limit (automemlimit's
 	// memlimit.FromCgroup) or of the physical memory (memlimit.FromSystem),
 	// until GOMEMLIMIT is set; NewPool fails when it can read neither.
 	// NewPool logs the limit and its source at INFO (each later change too),
@@ -176,8 +176,8 @@ type PoolConfig struct {
 	Limit int64
 	// ChunkSize is the granularity, in bytes, in which accounts reserve from
 	// the pool or their parent account, in [1, 1 GiB]. Grow and Shrink within
-	// a reserved chunk touch only the account. Default: 0 (means
-	// DefaultChunkSize, 64 KiB).
+	// a reserved chunk touch only the account. Default: 0, which
+	// means 64 KiB.
 	ChunkSize int64
 	// HeapPressure is the share of GOMEMLIMIT, in (0.0, 1.0], that the live
 	// Go heap (runtime/metrics /gc/heap/live:bytes) may reach before the pool
@@ -195,7 +195,7 @@ type PoolConfig struct {
 	// and when it refuses a Grow and no GC cycle has run for a second, so
 	// that requests are served again soon after a large request the
 	// pressure canceled ends (measured figures: docs/benchmarks.md).
-	// Default: 0 (means DefaultHeapPressure, 0.9).
+	// Default: 0, which means 0.9.
 	HeapPressure float64
 	// CancelLargest, under heap pressure, cancels at the end of a GC cycle
 	// the context of the open account (among those bound with WithAccount)
@@ -207,24 +207,25 @@ type PoolConfig struct {
 	// CancelShare is the share of the live Go heap, in (0.0, 1.0], that an
 	// account must hold for CancelLargest to cancel it (for a cancel on the
 	// kernel's memory pressure: of the Go memory).
-	// Default: 0 (means DefaultCancelShare, 0.05).
+	// Default: 0, which means 0.05.
 	CancelShare float64
 	// ChargeRatio is the check of the charges against the heap: at the end
 	// of each GC cycle (with the heap watch: HeapPressure not negative and
 	// budgets not off), when requests are in flight and the live heap
 	// beyond its baseline is more than ChargeRatio times what the pool's
-	// accounts hold together, and more than ChargeCheckFloor, the pool
-	// counts the cycle (PoolStats.Undercharged) and logs one WARN line, the
-	// first time only, with the figures: the requests hold far more than
+	// accounts hold together, and more than 16 MiB (or an eighth of
+	// GOMEMLIMIT when that is more), the pool counts the cycle
+	// (PoolStats.Undercharged) and logs one WARN line, the first time
+	// only, with the figures: the requests hold far more than
 	// they report, and their budgets protect nothing. The baseline is the
 	// live heap at the last GC end with no account open, lowered whenever
 	// the live heap falls under it (PoolStats.HeapBaseline); what is
 	// reliable and what is not is in docs/sizing.md. A negative value turns
-	// the check off. Default: 0 (means DefaultChargeRatio, 4).
+	// the check off. Default: 0, which means 4.
 	ChargeRatio float64
 	// ShedSize is the most bytes an account (its own and its children's)
 	// may reach while shedding (a GC death spiral); Grows past
-	// it are refused. Default: 0 (means DefaultShedSize, 64 MiB, or a
+	// it are refused. Default: 0, which means 64 MiB, or a
 	// sixteenth of a smaller pool's limit, at least one chunk).
 	ShedSize int64
 	// Strict makes misuse and leaks panic instead of being counted: a

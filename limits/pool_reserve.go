@@ -21,7 +21,7 @@ func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 	}
 	if p.pressure.Load() {
 		p.refreshIfStale()
-		e := &ExhaustedError{Requested: need, Used: p.heapLive.Load(), Limit: p.heapThreshold.Load(), Scope: p.heapScope, RetryAfter: DefaultRetryAfter}
+		e := &ExhaustedError{Requested: need, Used: p.heapLive.Load(), Limit: p.heapThreshold.Load(), Scope: p.heapScope, RetryAfter: defaultRetryAfter}
 		if o.over(p, e) {
 			return 0, e
 		}
@@ -31,7 +31,7 @@ func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 		cur := p.used.Load()
 		got := want
 		if need > limit-cur {
-			e := &ExhaustedError{Requested: need, Used: cur, Limit: limit, Scope: p.name, RetryAfter: DefaultRetryAfter}
+			e := &ExhaustedError{Requested: need, Used: cur, Limit: limit, Scope: p.name, RetryAfter: defaultRetryAfter}
 			if need > math.MaxInt64-cur || o.over(p, e) {
 				return 0, e
 			}
@@ -99,7 +99,7 @@ func (p *Pool) refusalScope(e *ExhaustedError) int {
 }
 
 // noteObserved counts a Grow let through in ModeObserve or ModeOff, and
-// logs it in ModeObserve, at most once per ObserveLogInterval.
+// logs it in ModeObserve, at most once per observeLogInterval.
 func (p *Pool) noteObserved(e *ExhaustedError) {
 	p.observed.Add(1)
 	if p.mode != ModeObserve {
@@ -107,7 +107,7 @@ func (p *Pool) noteObserved(e *ExhaustedError) {
 	}
 	now := time.Now().UnixNano()
 	last := p.observeLogAt.Load()
-	if (last != 0 && now-last < int64(ObserveLogInterval)) || !p.observeLogAt.CompareAndSwap(last, now) {
+	if (last != 0 && now-last < int64(observeLogInterval)) || !p.observeLogAt.CompareAndSwap(last, now) {
 		return
 	}
 	p.log.Warn("limits: budget exceeded, not refused (MEMCTL_BUDGETS=observe)",

@@ -69,7 +69,7 @@ func (p *Pool) observeHeap(live, gomemlimit int64) {
 	over := threshold > 0 && live > threshold
 	p.pressure.Store(over)
 	p.heapCycles.Add(1)
-	if p.derived && gomemlimit > 0 && gomemlimit != math.MaxInt64 && heapThreshold(gomemlimit, DefaultPoolRatio) != p.limit.Load() {
+	if p.derived && gomemlimit > 0 && gomemlimit != math.MaxInt64 && heapThreshold(gomemlimit, defaultPoolRatio) != p.limit.Load() {
 		p.follow(memLimitGen.Load(), gomemlimit) // a change made outside this package
 	}
 	p.checkCharges(live, gomemlimit)
@@ -118,7 +118,7 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 	}
 	p.mu.Unlock()
 	cause := func() *ExhaustedError {
-		return &ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (" + why + ")", RetryAfter: DefaultRetryAfter}
+		return &ExhaustedError{Requested: most, Used: live, Limit: threshold, Scope: best.scope() + " (" + why + ")", RetryAfter: defaultRetryAfter}
 	}
 	switch {
 	case cancel != nil:
@@ -235,7 +235,7 @@ func (p *Pool) checkCharges(live, gomemlimit int64) {
 		return
 	}
 	beyond := live - base
-	floor := int64(ChargeCheckFloor)
+	floor := int64(chargeCheckFloor)
 	if gomemlimit > 0 && gomemlimit != math.MaxInt64 {
 		floor = max(floor, gomemlimit/8)
 	}

@@ -58,7 +58,7 @@ func TestHeapPressureRefusesPoolGrowth(t *testing.T) {
 	err := a.Grow(mib)
 	var e *ExhaustedError
 	require.ErrorAs(t, err, &e)
-	assert.Equal(t, ExhaustedError{Requested: mib, Used: 900 * mib, Limit: 800 * mib, Scope: "pool (heap pressure)", RetryAfter: DefaultRetryAfter}, *e)
+	assert.Equal(t, ExhaustedError{Requested: mib, Used: 900 * mib, Limit: 800 * mib, Scope: "pool (heap pressure)", RetryAfter: defaultRetryAfter}, *e)
 	assert.True(t, errors.Is(err, ErrResourceExhausted))
 	_, err = p.Open("b", Unlimited)
 	require.NoError(t, err, "Open itself does not add to the pool")
@@ -94,7 +94,7 @@ func TestCancelLargest(t *testing.T) {
 	require.ErrorIs(t, cause, ErrResourceExhausted)
 	var e *ExhaustedError
 	require.ErrorAs(t, cause, &e)
-	assert.Equal(t, ExhaustedError{Requested: 10 * mib, Used: 95 * mib, Limit: 90 * mib, Scope: "pool/req-1 (heap pressure)", RetryAfter: DefaultRetryAfter}, *e)
+	assert.Equal(t, ExhaustedError{Requested: 10 * mib, Used: 95 * mib, Limit: 90 * mib, Scope: "pool/req-1 (heap pressure)", RetryAfter: defaultRetryAfter}, *e)
 	for _, i := range []int{0, 2, 3} {
 		assert.NoError(t, ctxs[i].Err(), "only the largest is canceled")
 	}
@@ -386,7 +386,7 @@ func TestPoolLimitAndHeapThresholdFollowGOMEMLIMIT(t *testing.T) {
 	var logs strings.Builder
 	p := newTestPool(t, PoolConfig{HeapPressure: 0.5, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	fixed := newTestPool(t, PoolConfig{Name: "fixed", Limit: gib, HeapPressure: 0.5})
-	assert.Equal(t, 2*gib, p.Limit(), "DefaultPoolRatio of GOMEMLIMIT at NewPool")
+	assert.Equal(t, 2*gib, p.Limit(), "defaultPoolRatio of GOMEMLIMIT at NewPool")
 	assert.Contains(t, logs.String(), `msg="limits: pool made" pool=pool limit=2048.0MiB limit_source="half of GOMEMLIMIT 4096.0MiB, following it"`)
 	waitCycles(t, p, 1)
 	assert.Equal(t, 2*gib, p.Stats().HeapThreshold)

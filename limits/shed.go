@@ -63,7 +63,7 @@ func eachPool(f func(*Pool)) {
 // (package pressure): a Grow that would take an account (its own bytes and
 // its children's) past its pool's PoolConfig.ShedSize is refused with an
 // *ExhaustedError whose scope ends in "(shedding)" and whose RetryAfter is
-// DefaultRetryAfter (HTTP 429 with Retry-After): large work waits, small
+// defaultRetryAfter (HTTP 429 with Retry-After): large work waits, small
 // requests go on. Accounts already past ShedSize keep what they hold. While
 // it is on, an account reserves from its parent no more than takes it to
 // ShedSize, so that Grows on the fast path stop there too. With
@@ -117,10 +117,10 @@ func sampleBytes(s metrics.Sample) int64 {
 }
 
 // shedSizeFor returns PoolConfig.ShedSize's default for a pool of limit
-// bytes: DefaultShedSize, or a sixteenth of a smaller pool, at least one
+// bytes: defaultShedSize, or a sixteenth of a smaller pool, at least one
 // chunk.
 func shedSizeFor(limit, chunk int64) int64 {
-	return max(min(DefaultShedSize, limit/16), chunk)
+	return max(min(defaultShedSize, limit/16), chunk)
 }
 
 // shedLimit returns the pool's ShedSize: PoolConfig.ShedSize, or its
@@ -142,7 +142,7 @@ func (a *Account) shedError(n, total int64) *ExhaustedError {
 	if n <= s-total {
 		return nil
 	}
-	return &ExhaustedError{Requested: n, Used: total, Limit: s, Scope: a.scope() + " (shedding)", RetryAfter: DefaultRetryAfter}
+	return &ExhaustedError{Requested: n, Used: total, Limit: s, Scope: a.scope() + " (shedding)", RetryAfter: defaultRetryAfter}
 }
 
 // shedCap returns want, the bytes a reservation rounded up to a chunk

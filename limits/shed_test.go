@@ -33,7 +33,7 @@ func TestShedRefusesLargeGrows(t *testing.T) {
 	require.ErrorIs(t, err, ErrResourceExhausted)
 	var e *ExhaustedError
 	require.True(t, errors.As(err, &e))
-	assert.Equal(t, ExhaustedError{Requested: 3 * mib, Used: 6 * mib, Limit: 8 * mib, Scope: "pool/big (shedding)", RetryAfter: DefaultRetryAfter}, *e)
+	assert.Equal(t, ExhaustedError{Requested: 3 * mib, Used: 6 * mib, Limit: 8 * mib, Scope: "pool/big (shedding)", RetryAfter: defaultRetryAfter}, *e)
 	assert.Equal(t, int64(6*mib), big.Used(), "a refused Grow takes nothing")
 	require.NoError(t, big.Grow(2*mib), "up to ShedSize is served")
 	require.NoError(t, small.Grow(1*mib), "small requests are served")

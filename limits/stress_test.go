@@ -331,7 +331,7 @@ func accountModel(t *testing.T, data []byte) {
 	refusal := func(scope string, n, inUse, lim int64) *ExhaustedError {
 		e := &ExhaustedError{Requested: n, Used: inUse, Limit: lim, Scope: scope}
 		if scope == "pool" {
-			e.RetryAfter = DefaultRetryAfter
+			e.RetryAfter = defaultRetryAfter
 		}
 		return e
 	}

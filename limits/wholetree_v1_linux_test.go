@@ -35,7 +35,7 @@ func TestWholeTreeNamespaceV1(t *testing.T) {
 	pod := filepath.Join(g.Dir, "pod")
 	require.NoError(t, os.Mkdir(pod, 0o755))
 	t.Cleanup(func() { assert.NoError(t, (&cgrouptest.Child{Dir: pod, Version: 1}).Remove()) }) // before g's removal
-	cmd := childtest.Command(t, "v2limit", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", DeclaredLimitEnv, LambdaMemoryEnv}, "V2_MOVE_TO="+filepath.Join(pod, "cgroup.procs"))
+	cmd := childtest.Command(t, "v2limit", []string{"GOMEMLIMIT", "AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}, "V2_MOVE_TO="+filepath.Join(pod, "cgroup.procs"))
 	procs := filepath.Join(g.Dir, "cgroup.procs")
 	cmd.Args = append([]string{"/bin/sh", "-c", `echo $$ > "$0" && exec "$@"`, procs, unshare, "-C", cmd.Path}, cmd.Args[1:]...)
 	cmd.Path = "/bin/sh"

@@ -39,9 +39,9 @@ func burstThreshold(limit, t int64) int64 {
 		return t
 	}
 	if limit != Unlimited {
-		return max(min(DefaultBurstThreshold, limit/2), 1)
+		return max(min(defaultBurstThreshold, limit/2), 1)
 	}
-	return DefaultBurstThreshold
+	return defaultBurstThreshold
 }
 
 // Work is one unit of work under an account of its own, begun with

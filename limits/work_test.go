@@ -180,7 +180,7 @@ func TestFinishMapsHeapCancel(t *testing.T) {
 			require.True(t, ok)
 			assert.True(t, strings.HasPrefix(e.Scope, "rpc/req-"), e.Scope)
 			assert.True(t, strings.HasSuffix(e.Scope, " (heap pressure)"), e.Scope)
-			assert.Equal(t, DefaultRetryAfter, e.RetryAfter)
+			assert.Equal(t, defaultRetryAfter, e.RetryAfter)
 			if errors.Is(ret, context.Canceled) {
 				assert.ErrorIs(t, got, context.Canceled)
 			}
