@@ -173,6 +173,40 @@ type Controller struct {
 // earlier controller still live, and closing an older one leaves the newer
 // in place.
 func Start(opts ...Option) (*Controller, error) {
+	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
+	c, l := s.c, s.cfg.logger
+	warnUnknownEnv(l)
+	if why, off := s.switchedOff(); off {
+		c.startOff(l, why)
+		return c, errors.Join(s.errs...)
+	}
+	s.capArenas() // first: the cap stops only arenas created after it
+	s.setTHP()    // next: the flag affects only memory faulted in after it is set
+	s.startLimiter()
+	s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
+	c.auto = startAutoBurst(s.cfg.autoBurst, c.trimmer, s.fail)
+	c.report.AutoBurst = c.auto != nil
+	c.report.CHeap = cheap.Detect().Allocator()
+	s.watchPressure() // last: its trim reaches the trimmer and the limiter
+	s.noteSkipped()
+	c.logStarted(l)
+	register(c, l)
+	c.startRecord(l)
+	return c, errors.Join(s.errs...)
+}
+
+// startup is one Start call's work in progress: the resolved options, the
+// controller being filled in, and the errors of the parts skipped so far.
+// It belongs to that call's goroutine.
+type startup struct {
+	cfg  config
+	c    *Controller
+	errs []error
+}
+
+// newConfig returns the defaults with opts applied in order; a nil logger
+// (WithLogger(nil)) becomes one that discards.
+func newConfig(opts []Option) config {
 	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: DefaultTrimDelay, arenaMax: DefaultArenaMax}
 	for _, o := range opts {
 		o(&cfg)
@@ -180,64 +214,103 @@ func Start(opts ...Option) (*Controller, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Controller{startedBy: caller(2)}
-	var errs []error
-	warnUnknownEnv(cfg.logger)
-	if v, ok := envflag.Lookup("MEMCTL"); ok {
-		on, err := envflag.Bool("MEMCTL", v)
-		if err != nil {
-			err = fmt.Errorf("memctl: %w; memctl is off", err)
-			cfg.logger.Warn("memctl: invalid switch", "error", err)
-			errs = append(errs, err)
-		}
-		if !on {
-			c.startOff(cfg.logger, "MEMCTL="+v)
-			return c, errors.Join(errs...)
-		}
-	}
-	fail := func(err error) {
-		if errors.Is(err, errors.ErrUnsupported) {
-			cfg.logger.Info("memctl: not supported here", "reason", err.Error())
-			return
-		}
-		cfg.logger.Warn("memctl: part skipped", "error", err)
-		errs = append(errs, err)
-	}
+	return cfg
+}
 
-	// The arena cap first: it stops only arenas created after it.
-	arenaMax := cfg.arenaMax
+// fail reports a part that Start skips: one unsupported here (matching
+// errors.ErrUnsupported) is logged at INFO and is not an error; any other
+// is logged at WARN and joins Start's error.
+func (s *startup) fail(err error) {
+	if errors.Is(err, errors.ErrUnsupported) {
+		s.cfg.logger.Info("memctl: not supported here", "reason", err.Error())
+		return
+	}
+	s.cfg.logger.Warn("memctl: part skipped", "error", err)
+	s.errs = append(s.errs, err)
+}
+
+// switchedOff reads MEMCTL and reports whether it switches memctl off, and
+// why ("MEMCTL=" and the value). An invalid value switches it off too: it
+// is logged at WARN and joins Start's error.
+func (s *startup) switchedOff() (why string, off bool) {
+	v, ok := envflag.Lookup("MEMCTL")
+	if !ok {
+		return "", false
+	}
+	on, err := envflag.Bool("MEMCTL", v)
+	if err != nil {
+		err = fmt.Errorf("memctl: %w; memctl is off", err)
+		s.cfg.logger.Warn("memctl: invalid switch", "error", err)
+		s.errs = append(s.errs, err)
+	}
+	if on {
+		return "", false
+	}
+	return "MEMCTL=" + v, true
+}
+
+// arenaMax returns the glibc arena cap asked for, 0 for none:
+// MEMCTL_ARENA_MAX when set, else WithArenaMax (DefaultArenaMax by
+// default). An invalid value of either is reported to fail and gives 0.
+func (s *startup) arenaMax() int {
 	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
 		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, DefaultArenaMax)
 		if err != nil {
-			fail(fmt.Errorf("memctl: %w; no arena cap", err))
+			s.fail(fmt.Errorf("memctl: %w; no arena cap", err))
 		}
-		arenaMax = n
-	} else if arenaMax < 0 {
-		fail(fmt.Errorf("memctl: WithArenaMax(%d): want 0 (no cap) or a count of arenas; no arena cap", arenaMax))
-		arenaMax = 0
+		return n
 	}
-	if arenaMax > 0 {
-		switch err := cheap.SetArenaMax(arenaMax); {
-		case err == nil:
-			c.report.ArenaMax = arenaMax
-		case errors.Is(err, arenamax.ErrOperatorSet), errors.Is(err, cheap.ErrUnavailable):
-			c.report.ArenaMaxNote = err.Error()
-		default:
-			fail(err)
+	if n := s.cfg.arenaMax; n < 0 {
+		s.fail(fmt.Errorf("memctl: WithArenaMax(%d): want 0 (no cap) or a count of arenas; no arena cap", n))
+		return 0
+	}
+	return s.cfg.arenaMax
+}
+
+// capArenas applies the glibc arena cap and sets the report's ArenaMax, or
+// its ArenaMaxNote when the cap is switched off, the operator's, or
+// unavailable here; any other error is reported to fail.
+func (s *startup) capArenas() {
+	n := s.arenaMax()
+	if n <= 0 {
+		if len(s.errs) == 0 {
+			s.c.report.ArenaMaxNote = "switched off (MEMCTL_ARENA_MAX or WithArenaMax)"
 		}
-	} else if len(errs) == 0 {
-		c.report.ArenaMaxNote = "switched off (MEMCTL_ARENA_MAX or WithArenaMax)"
+		return
 	}
-
-	// THP next: the flag affects only memory faulted in after it is set.
-	c.report.THPPolicy, c.report.THPState, c.report.THPNote = applyTHP(cfg.thp, cfg.thpSet, fail)
-	if s, err := thp.System(); err == nil {
-		c.report.THPSystem = string(s.Enabled)
+	switch err := cheap.SetArenaMax(n); {
+	case err == nil:
+		s.c.report.ArenaMax = n
+	case errors.Is(err, arenamax.ErrOperatorSet), errors.Is(err, cheap.ErrUnavailable):
+		s.c.report.ArenaMaxNote = err.Error()
+	default:
+		s.fail(err)
 	}
+}
 
-	cfg.memLimit.Logger = cmpOr(cfg.memLimit.Logger, cfg.logger)
-	userChange := cfg.memLimit.OnChange
-	cfg.memLimit.OnChange = func(d limits.MemLimit) {
+// setTHP applies the THP policy (MEMCTL_THP, WithTHP or the default) and
+// sets the report's THP fields: the policy, the state read back, why, and
+// the system mode when it can be read.
+func (s *startup) setTHP() {
+	r := &s.c.report
+	r.THPPolicy, r.THPState, r.THPNote = applyTHP(s.cfg.thp, s.cfg.thpSet, s.fail)
+	if sys, err := thp.System(); err == nil {
+		r.THPSystem = string(sys.Enabled)
+	}
+}
+
+// startLimiter starts the GOMEMLIMIT limiter with Start's logger unless
+// WithMemLimit gave one, and sets the controller's limiter (nil when it
+// could not start) and the report's MemLimit and MemLimitRefresh. Each
+// change of the limit in force once the controller has started is marked
+// in its history and published at once, then passed to WithMemLimit's
+// OnChange (as limits.MemLimitConfig.OnChange: on the goroutine that
+// decided it, the limiter locked).
+func (s *startup) startLimiter() {
+	c, mc := s.c, &s.cfg.memLimit
+	mc.Logger = cmpOr(mc.Logger, s.cfg.logger)
+	userChange := mc.OnChange
+	mc.OnChange = func(d limits.MemLimit) {
 		if c.rec.started.Load() {
 			c.hist.Mark(time.Now(), history.KindLimit, d.GoMemLimit)
 			c.publish() // a limit followed while idle shows at once
@@ -246,50 +319,75 @@ func Start(opts ...Option) (*Controller, error) {
 			userChange(d)
 		}
 	}
-	lim, ml, err := startMemLimit(cfg.memLimit, fail)
+	lim, ml, err := startMemLimit(*mc, s.fail)
 	if err != nil {
-		fail(err)
+		s.fail(err)
 	}
 	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
+}
 
-	delay := cfg.trimDelay
+// trimDelay returns the trim delay asked for, 0 for no trimming:
+// MEMCTL_TRIM_DELAY when set, else WithTrimDelay or WithTrim
+// (DefaultTrimDelay by default). A value outside trim.MinDelay to
+// trim.MaxDelay, or an invalid MEMCTL_TRIM_DELAY, is reported to fail and
+// gives 0.
+func (s *startup) trimDelay() time.Duration {
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
 		d, err := parseDelay(v)
 		if err != nil {
-			fail(fmt.Errorf("memctl: %w; trimming is off", err))
+			s.fail(fmt.Errorf("memctl: %w; trimming is off", err))
 		}
-		delay = d
-	} else if delay != 0 && (delay < trim.MinDelay || delay > trim.MaxDelay) {
-		fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", cfg.delayFrom, trim.MinDelay, trim.MaxDelay))
-		delay = 0
+		return d
 	}
-	if delay > 0 {
-		tc := cfg.trim
-		tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, cfg.logger), tc.Strict || strict.Load()
-		tr, err := trim.New(tc)
-		if err != nil {
-			fail(err)
-		} else {
-			trimwire.OnTrim(tr, func() { c.mark(history.KindTrim) })
-			c.trimmer = tr
-			c.report.TrimDelay = delay
-		}
+	if d := s.cfg.trimDelay; d != 0 && (d < trim.MinDelay || d > trim.MaxDelay) {
+		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trim.MinDelay, trim.MaxDelay))
+		return 0
 	}
-	c.auto = startAutoBurst(cfg.autoBurst, c.trimmer, fail)
-	c.report.AutoBurst = c.auto != nil
-	c.report.CHeap = cheap.Detect().Allocator()
-	c.monitor = startPressure(cfg, c, fail)
-	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
+	return s.cfg.trimDelay
+}
 
-	if c.report.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
-		c.report.MemLimit.GoMemLimit = debug.SetMemoryLimit(-1)
-		c.report.MemLimit.Reason = "GOMEMLIMIT left as it was: the memory limit could not be read (see the WARN line)"
+// startTrimmer starts the trimmer unless the delay is 0, with Start's
+// logger unless WithTrim gave one, strict when WithTrim or SetStrict asks,
+// its trims marked in the controller's history. It sets the controller's
+// trimmer and the report's TrimDelay; a trimmer that cannot start is
+// reported to fail and leaves both unset.
+func (s *startup) startTrimmer() {
+	delay := s.trimDelay()
+	if delay <= 0 {
+		return
 	}
-	if c.report.ArenaMax == 0 && c.report.ArenaMaxNote == "" {
-		c.report.ArenaMaxNote = "skipped (see the WARN line)"
+	c, tc := s.c, s.cfg.trim
+	tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, s.cfg.logger), tc.Strict || strict.Load()
+	tr, err := trim.New(tc)
+	if err != nil {
+		s.fail(err)
+		return
 	}
-	c.logStarted(cfg.logger)
-	register(c, cfg.logger)
-	c.startRecord(cfg.logger)
-	return c, errors.Join(errs...)
+	trimwire.OnTrim(tr, func() { c.mark(history.KindTrim) })
+	c.trimmer = tr
+	c.report.TrimDelay = delay
+}
+
+// watchPressure starts the pressure watch (startPressure) and sets the
+// controller's monitor and the report's Pressure ("none" when nothing is
+// watched) and PressureNote.
+func (s *startup) watchPressure() {
+	c := s.c
+	c.monitor = startPressure(s.cfg, c, s.fail)
+	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
+}
+
+// noteSkipped fills in what a skipped part left empty in the report, so
+// that the startup line always states GOMEMLIMIT and the arena cap, or
+// points to the WARN line that says why not: GOMEMLIMIT is then read back
+// as it is.
+func (s *startup) noteSkipped() {
+	r := &s.c.report
+	if r.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error
+		r.MemLimit.GoMemLimit = debug.SetMemoryLimit(-1)
+		r.MemLimit.Reason = "GOMEMLIMIT left as it was: the memory limit could not be read (see the WARN line)"
+	}
+	if r.ArenaMax == 0 && r.ArenaMaxNote == "" {
+		r.ArenaMaxNote = "skipped (see the WARN line)"
+	}
 }

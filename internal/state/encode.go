@@ -105,103 +105,164 @@ func Parse(b []byte) (*Record, error) {
 // writes: a negative size, count or duration, a ratio outside [0, 1], or a
 // pool's peaks whose figures do not agree with each other.
 func (r *Record) check() error {
-	var errs []error
-	neg := func(name string, n int64) {
-		if n < 0 {
-			errs = append(errs, fmt.Errorf("%s %d is negative", name, n))
-		}
+	var c checker
+	c.published(r)
+	c.goMemLimit(r.GoMemLimit)
+	c.trim(r.Trim)
+	c.pressure(r.Pressure)
+	c.autoBurst(r.AutoBurst)
+	c.pools(r.Pools)
+	c.cHeaps(r.CHeaps)
+	c.swap(r.Swap)
+	if len(c.errs) > 0 {
+		return c.errs[0]
 	}
-	secs := func(name string, f float64) {
-		if !(f >= 0 && f < 1e9) {
-			errs = append(errs, fmt.Errorf("%s %v is not a duration", name, f))
-		}
+	return nil
+}
+
+// checker collects the errors of Record.check, in the order of the
+// record's sections; the first is the one reported.
+type checker struct {
+	errs []error
+}
+
+// field is a count or size of the record and its JSON name, for
+// checker.negs.
+type field struct {
+	name string
+	n    int64
+}
+
+// add records err.
+func (c *checker) add(err error) { c.errs = append(c.errs, err) }
+
+// neg records an error when the count or size n, named name, is negative.
+func (c *checker) neg(name string, n int64) {
+	if n < 0 {
+		c.add(fmt.Errorf("%s %d is negative", name, n))
 	}
-	type field struct {
-		name string
-		n    int64
+}
+
+// negs checks each of fs with neg, its name prefixed with prefix.
+func (c *checker) negs(prefix string, fs ...field) {
+	for _, f := range fs {
+		c.neg(prefix+f.name, f.n)
 	}
-	negs := func(prefix string, fs ...field) {
-		for _, f := range fs {
-			neg(prefix+f.name, f.n)
-		}
+}
+
+// negPtr checks *n with neg when n is not nil (a figure not known).
+func (c *checker) negPtr(name string, n *int64) {
+	if n != nil {
+		c.neg(name, *n)
 	}
-	// What Publish (and memctl.Handler's page) always writes.
+}
+
+// secs records an error when the duration f, in seconds and named name, is
+// negative, not a number, or 1e9 or more.
+func (c *checker) secs(name string, f float64) {
+	if !(f >= 0 && f < 1e9) {
+		c.add(fmt.Errorf("%s %v is not a duration", name, f))
+	}
+}
+
+// published checks what Publish (and memctl.Handler's page) always
+// writes: the pid, the publication time and the sequence number, and the
+// counts of pools and C heaps left out.
+func (c *checker) published(r *Record) {
 	if r.PID <= 0 || r.Updated.IsZero() {
-		errs = append(errs, fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
+		c.add(fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
 			r.PID, r.Updated.Format(time.RFC3339)))
 	}
-	neg("seq", r.Seq)
-	g, t, p, a := r.GoMemLimit, r.Trim, r.Pressure, r.AutoBurst
-	negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
-	negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes},
+	c.neg("seq", r.Seq)
+	c.negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
+}
+
+// goMemLimit checks the GOMEMLIMIT section: sizes, the refresh interval
+// and the ratio, which is in [0, 1].
+func (c *checker) goMemLimit(g GoMemLimit) {
+	c.negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes},
 		field{"reclaimable_bytes", g.ReclaimableBytes})
-	if g.OperatorBytes != nil {
-		neg("gomemlimit.operator_bytes", *g.OperatorBytes)
-	}
-	secs("gomemlimit.refresh_seconds", g.RefreshSeconds)
-	if g.Bytes != nil {
-		neg("gomemlimit.bytes", *g.Bytes)
-	}
+	c.negPtr("gomemlimit.operator_bytes", g.OperatorBytes)
+	c.secs("gomemlimit.refresh_seconds", g.RefreshSeconds)
+	c.negPtr("gomemlimit.bytes", g.Bytes)
 	if !(g.Ratio >= 0 && g.Ratio <= 1) {
-		errs = append(errs, fmt.Errorf("gomemlimit.ratio %v is not in [0, 1]", g.Ratio))
+		c.add(fmt.Errorf("gomemlimit.ratio %v is not in [0, 1]", g.Ratio))
 	}
-	negs("trim.", field{"trims", t.Trims}, field{"skipped", t.Skipped}, field{"go_skipped", t.GoSkipped},
+}
+
+// trim checks the trimmer's section: its counts and durations, those of
+// each origin of the trims, and the skips by reason.
+func (c *checker) trim(t Trim) {
+	c.negs("trim.", field{"trims", t.Trims}, field{"skipped", t.Skipped}, field{"go_skipped", t.GoSkipped},
 		field{"c_skipped", t.CSkipped}, field{"released_bytes", t.ReleasedBytes},
 		field{"last_released_bytes", t.LastReleasedBytes}, field{"deferred", t.Deferred},
 		field{"early_starts", t.EarlyStarts})
-	secs("trim.delay_seconds", t.DelaySeconds)
-	secs("trim.cpu_seconds", t.CPUSeconds)
+	c.secs("trim.delay_seconds", t.DelaySeconds)
+	c.secs("trim.cpu_seconds", t.CPUSeconds)
 	for _, o := range []struct {
 		name string
 		o    Origin
 	}{{"debounced", t.Origins.Debounced}, {"pressure", t.Origins.Pressure}, {"spiral", t.Origins.Spiral}, {"by_name", t.Origins.ByName}} {
 		prefix := "trim.origins." + o.name + "."
-		negs(prefix, field{"trims", o.o.Trims}, field{"skipped", o.o.Skipped}, field{"released_bytes", o.o.ReleasedBytes})
-		secs(prefix+"cpu_seconds", o.o.CPUSeconds)
+		c.negs(prefix, field{"trims", o.o.Trims}, field{"skipped", o.o.Skipped}, field{"released_bytes", o.o.ReleasedBytes})
+		c.secs(prefix+"cpu_seconds", o.o.CPUSeconds)
 	}
-	negs("trim.skipped_by.", field{"min_release", t.SkippedBy.MinRelease}, field{"cost", t.SkippedBy.Cost},
+	c.negs("trim.skipped_by.", field{"min_release", t.SkippedBy.MinRelease}, field{"cost", t.SkippedBy.Cost},
 		field{"budget", t.SkippedBy.Budget}, field{"running", t.SkippedBy.Running})
-	negs("pressure.", field{"signals", p.Signals}, field{"acted", p.Acted}, field{"left_to_kernel", p.LeftToKernel},
+}
+
+// pressure checks the pressure section's counts and sizes.
+func (c *checker) pressure(p Pressure) {
+	c.negs("pressure.", field{"signals", p.Signals}, field{"acted", p.Acted}, field{"left_to_kernel", p.LeftToKernel},
 		field{"cancels_held", p.CancelsHeld}, field{"spirals", p.Spirals}, field{"lifts", p.Lifts},
 		field{"lifted_bytes", p.LiftedBytes})
-	negs("auto_burst.", field{"bursts", a.Bursts}, field{"drops", a.Drops}, field{"marks", a.Marks},
+}
+
+// autoBurst checks the burst detector's section, counts and a size.
+func (c *checker) autoBurst(a AutoBurst) {
+	c.negs("auto_burst.", field{"bursts", a.Bursts}, field{"drops", a.Drops}, field{"marks", a.Marks},
 		field{"settled", a.Settled}, field{"floor_bytes", a.FloorBytes}, field{"gc_ends", a.GCEnds})
-	for i, p := range r.Pools {
+}
+
+// pools checks each pool's sizes and counts, and that its peaks agree
+// (Peaks.check).
+func (c *checker) pools(ps []Pool) {
+	for i, p := range ps {
 		prefix := fmt.Sprintf("pools[%d].", i)
-		if p.LimitBytes != nil {
-			neg(prefix+"limit_bytes", *p.LimitBytes)
-		}
-		negs(prefix, field{"used_bytes", p.UsedBytes}, field{"peak_bytes", p.PeakBytes}, field{"in_flight", p.InFlight},
+		c.negPtr(prefix+"limit_bytes", p.LimitBytes)
+		c.negs(prefix, field{"used_bytes", p.UsedBytes}, field{"peak_bytes", p.PeakBytes}, field{"in_flight", p.InFlight},
 			field{"refused", p.Refused}, field{"observed", p.Observed}, field{"canceled", p.Canceled},
 			field{"undercharged", p.Undercharged})
 		if err := p.Peaks.check(); err != nil {
-			errs = append(errs, fmt.Errorf("%speaks: %w", prefix, err))
+			c.add(fmt.Errorf("%speaks: %w", prefix, err))
 		}
 	}
-	for i, h := range r.CHeaps {
+}
+
+// cHeaps checks each C heap's counts and sizes; its retained bytes may be
+// -1 (unknown).
+func (c *checker) cHeaps(hs []CHeap) {
+	for i, h := range hs {
 		prefix := fmt.Sprintf("c_heaps[%d].", i)
-		negs(prefix, field{"releases", h.Releases}, field{"skipped", h.Skipped}, field{"released_bytes", h.ReleasedBytes})
+		c.negs(prefix, field{"releases", h.Releases}, field{"skipped", h.Skipped}, field{"released_bytes", h.ReleasedBytes})
 		if h.RetainedBytes < -1 {
-			errs = append(errs, fmt.Errorf("%sretained_bytes %d is neither a size nor -1", prefix, h.RetainedBytes))
+			c.add(fmt.Errorf("%sretained_bytes %d is neither a size nor -1", prefix, h.RetainedBytes))
 		}
 	}
-	if w := r.Swap; w != nil {
-		for _, f := range []struct {
-			name string
-			n    *int64
-		}{{"vm_swap_bytes", w.VmSwapBytes}, {"current_bytes", w.CurrentBytes}, {"max_bytes", w.MaxBytes}} {
-			if f.n != nil {
-				neg("swap."+f.name, *f.n)
-			}
-		}
-		if w.CgroupVersion < 0 || w.CgroupVersion > 2 {
-			errs = append(errs, fmt.Errorf("swap.cgroup_version %d is not 0, 1 or 2", w.CgroupVersion))
-		}
+}
+
+// swap checks the swap section, when there is one: its sizes and the
+// cgroup version (0, 1 or 2).
+func (c *checker) swap(w *Swap) {
+	if w == nil {
+		return
 	}
-	if len(errs) > 0 {
-		return errs[0]
+	c.negPtr("swap.vm_swap_bytes", w.VmSwapBytes)
+	c.negPtr("swap.current_bytes", w.CurrentBytes)
+	c.negPtr("swap.max_bytes", w.MaxBytes)
+	if w.CgroupVersion < 0 || w.CgroupVersion > 2 {
+		c.add(fmt.Errorf("swap.cgroup_version %d is not 0, 1 or 2", w.CgroupVersion))
 	}
-	return nil
 }
 
 // check returns an error when the figures of h disagree: counts of another
