@@ -152,7 +152,7 @@ type Controller struct {
 //   - GOMEMLIMIT: 90% of the cgroup memory limit less the memory outside
 //     the Go runtime, re-read at GC end at most every 10 s, unless the
 //     operator set GOMEMLIMIT or AUTOMEMLIMIT;
-//   - a trimmer that returns freed memory DefaultTrimDelay after a burst:
+//   - a trimmer that returns freed memory trim.DefaultDelay after a burst:
 //     one it detects at GC end (trim.AutoBurstConfig, unless MEMCTL_AUTOBURST or
 //     WithAutoBurst turns that off), or one marked with AfterBurst or Begin.
 //
@@ -207,7 +207,7 @@ type startup struct {
 // newConfig returns the defaults with opts applied in order; a nil logger
 // (WithLogger(nil)) becomes one that discards.
 func newConfig(opts []Option) config {
-	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: DefaultTrimDelay, arenaMax: DefaultArenaMax}
+	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: trim.DefaultDelay, arenaMax: defaultArenaMax}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -250,11 +250,11 @@ func (s *startup) switchedOff() (why string, off bool) {
 }
 
 // arenaMax returns the glibc arena cap asked for, 0 for none:
-// MEMCTL_ARENA_MAX when set, else WithArenaMax (DefaultArenaMax by
+// MEMCTL_ARENA_MAX when set, else WithArenaMax (2 by
 // default). An invalid value of either is reported to fail and gives 0.
 func (s *startup) arenaMax() int {
 	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
-		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, DefaultArenaMax)
+		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax)
 		if err != nil {
 			s.fail(fmt.Errorf("memctl: %w; no arena cap", err))
 		}
@@ -328,7 +328,7 @@ func (s *startup) startLimiter() {
 
 // trimDelay returns the trim delay asked for, 0 for no trimming:
 // MEMCTL_TRIM_DELAY when set, else WithTrimDelay or WithTrim
-// (DefaultTrimDelay by default). A value outside trim.MinDelay to
+// (trim.DefaultDelay by default). A value outside trim.MinDelay to
 // trim.MaxDelay, or an invalid MEMCTL_TRIM_DELAY, is reported to fail and
 // gives 0.
 func (s *startup) trimDelay() time.Duration {

@@ -344,11 +344,11 @@ func TestWithTrimDelayOrder(t *testing.T) {
 		opts []Option
 		want time.Duration
 	}{
-		{"none", nil, DefaultTrimDelay},
+		{"none", nil, trim.DefaultDelay},
 		{"WithTrimDelay last", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(5 * time.Second)}, 5 * time.Second},
 		{"WithTrim last", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{Delay: 3 * time.Second})}, 3 * time.Second},
 		{"zero Delay leaves it", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{MaxWait: time.Minute})}, 5 * time.Second},
-		{"zero Delay, default", []Option{WithTrim(trim.Config{MaxWait: time.Minute})}, DefaultTrimDelay},
+		{"zero Delay, default", []Option{WithTrim(trim.Config{MaxWait: time.Minute})}, trim.DefaultDelay},
 		{"WithTrimDelay(0) after WithTrim is off", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(0)}, 0},
 	} {
 		ctl, err := Start(append([]Option{quiet}, tc.opts...)...)

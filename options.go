@@ -11,11 +11,6 @@ import (
 	"github.com/memctl/memctl/trim"
 )
 
-// DefaultTrimDelay is how long after the last burst the trim runs: long
-// enough that back-to-back requests of one burst give one trim, short enough
-// that RSS is back down within about three seconds (see examples/burst).
-const DefaultTrimDelay = trim.DefaultDelay
-
 // Option configures Start. Options are applied in order; the operator's
 // environment variables win over them.
 type Option func(*config)
@@ -43,11 +38,10 @@ type config struct {
 // both. Default: the zero pressure.Config.
 func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
-// DefaultArenaMax is the glibc arena cap Start applies where glibc owns
+// defaultArenaMax is the glibc arena cap Start applies where glibc owns
 // malloc: glibc otherwise creates up to 8 arenas per core, and each keeps
-// what a burst of C threads freed in it (see cheap.SetArenaMax for the
-// figures measured here).
-const DefaultArenaMax = 2
+// what a burst of C threads freed in it (see cheap.SetArenaMax).
+const defaultArenaMax = 2
 
 // WithLogger sets the logger for the startup line and for later warnings.
 // Default: slog.Default().
@@ -75,7 +69,7 @@ func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c
 // trim.MaxDelay (24 h). A negative delay or one outside that range is
 // invalid and follows the one rule for invalid values: trimming is off,
 // Start logs it at WARN and returns it in its error. Default:
-// DefaultTrimDelay (2 s). Environment: MEMCTL_TRIM_DELAY, which wins over
+// trim.DefaultDelay (2 s). Environment: MEMCTL_TRIM_DELAY, which wins over
 // this option; between this option and a non-zero Delay of WithTrim, the
 // last one given wins.
 func WithTrimDelay(d time.Duration) Option {
@@ -87,7 +81,7 @@ func WithTrimDelay(d time.Duration) Option {
 // the zero Config leaves to it: Logger (the logger of WithLogger) and
 // Strict (on under SetStrict). The delay is decided in this order:
 // MEMCTL_TRIM_DELAY when it is set; otherwise the last of WithTrimDelay and
-// a non-zero cfg.Delay given; otherwise DefaultTrimDelay. A zero cfg.Delay
+// a non-zero cfg.Delay given; otherwise trim.DefaultDelay. A zero cfg.Delay
 // leaves the delay as it is, so WithTrim cannot turn trimming off: use
 // WithTrimDelay(0) or MEMCTL_TRIM_DELAY=off. An invalid field follows the
 // one rule for invalid values: trimming is off, Start logs the error at WARN
@@ -105,8 +99,8 @@ func WithTrim(cfg trim.Config) Option {
 // Start applies where glibc owns malloc and cgo is on; 0 leaves glibc's
 // default. A negative n is invalid: no cap, and Start logs it at WARN and
 // returns it in its error. MALLOC_ARENA_MAX or an arena_max in
-// GLIBC_TUNABLES set by the operator always wins. Default: DefaultArenaMax
-// (2). Environment: MEMCTL_ARENA_MAX=N|off.
+// GLIBC_TUNABLES set by the operator always wins. Default: 2.
+// Environment: MEMCTL_ARENA_MAX=N|off.
 //
 // A cap puts more of a burst in each arena, and malloc_trim holds an
 // arena's lock while it returns that arena's free pages: a C thread that

@@ -179,10 +179,10 @@ func cmpOr(l, def *slog.Logger) *slog.Logger {
 
 // parseDelay parses MEMCTL_TRIM_DELAY with the one grammar
 // (internal/envflag): an off word or "0" for no trimming, an on word for
-// DefaultTrimDelay, or a duration from trim.MinDelay to trim.MaxDelay. A
+// trim.DefaultDelay, or a duration from trim.MinDelay to trim.MaxDelay. A
 // bad value gives 0 (trimming off) and an *envflag.Error.
 func parseDelay(v string) (time.Duration, error) {
-	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, DefaultTrimDelay, trim.MinDelay)
+	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trim.DefaultDelay, trim.MinDelay)
 	if err != nil || d > trim.MaxDelay {
 		return 0, &envflag.Error{Name: "MEMCTL_TRIM_DELAY", Value: v,
 			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trim.MinDelay, trim.MaxDelay)}

@@ -123,7 +123,7 @@ func TestOptionsInvalidValues(t *testing.T) {
 			assert.Nil(t, ctl.trimmer)
 		} else {
 			assert.Zero(t, ctl.Report().ArenaMax)
-			assert.Equal(t, DefaultTrimDelay, ctl.Report().TrimDelay, "an arena error leaves trimming on")
+			assert.Equal(t, trim.DefaultDelay, ctl.Report().TrimDelay, "an arena error leaves trimming on")
 		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/trim"
 )
 
 func TestMain(m *testing.M) {
@@ -143,7 +144,7 @@ func sayDrop() time.Time {
 // what the tests assert is what the due trim released, not how soon a
 // loaded machine got to run it.
 func waitDueTrim(since time.Time) (pending bool) {
-	deadline := since.Add((10 + 1) * memctl.DefaultTrimDelay) // the default max wait is 10 delays
+	deadline := since.Add((10 + 1) * trim.DefaultDelay) // the default max wait is 10 delays
 	for memctl.CurrentStats().Trim.Pending {
 		if time.Now().After(deadline) {
 			return true
@@ -241,7 +242,7 @@ func skipIfTrimMayPrecedeDrop(t *testing.T, r map[string]string, what string) {
 		t.Skipf("%d trim(s) had been decided before the %s was dropped (%s after its last GC cycle; RSS %d MiB after): the machine did not give the scenario of a %s dropped before its trim",
 			n, what, r["DROP_AFTER_LAST_GC"], num(t, r, "AFTER")>>20, what)
 	}
-	delay := memctl.DefaultTrimDelay
+	delay := trim.DefaultDelay
 	if num(t, r, "EARLY_STARTS") > 0 {
 		delay /= 2
 	}

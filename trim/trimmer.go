@@ -15,7 +15,9 @@ import (
 )
 
 const (
-	// DefaultDelay is the default Config.Delay: 2 s.
+	// DefaultDelay is the default Config.Delay, and Start's: 2 s, long
+	// enough that back-to-back requests of one burst give one trim, short
+	// enough that RSS is back down within about three seconds.
 	DefaultDelay = 2 * time.Second
 	// MinDelay is the shortest Config.Delay New accepts.
 	MinDelay = time.Millisecond
