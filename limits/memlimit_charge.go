@@ -65,23 +65,25 @@ func (c charge) String() string {
 }
 
 // chargeOf returns the account of the cgroup directory dir, read now; on a
-// read error other than "not there" it is logged at WARN once (naming the
-// file) and the last account read from dir is used. ok is false when there
-// is none (no memory.stat: the v2 root, a made-up Limit).
-func (m *MemLimiter) chargeOf(version int, dir string) (charge, bool) {
+// read error other than "not there" the last account read from dir is used
+// and w is the warning to give once at WARN (naming the file), as it is
+// for an account read from the usage counter; w is nil otherwise. The
+// caller gives w through m.warn. ok is false when there is no account (no
+// memory.stat: the v2 root, a made-up Limit).
+func (m *MemLimiter) chargeOf(version int, dir string) (c charge, ok bool, w *planWarning) {
 	c, err := m.charge(version, dir)
 	if err == nil {
 		if c.statErr != nil {
-			m.warn(false, "charge "+dir, fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file))
+			w = &planWarning{key: "charge " + dir, err: fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file)}
 		}
 		m.charges[dir] = c
-		return c, true
+		return c, true, w
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
-		m.warn(false, "charge "+dir, fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w", err))
+		w = &planWarning{key: "charge " + dir, err: fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w", err)}
 	}
-	c, ok := m.charges[dir]
-	return c, ok
+	c, ok = m.charges[dir]
+	return c, ok, w
 }
 
 // chargeFiles are the reads behind readCharge (the fixture table's read

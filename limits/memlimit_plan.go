@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/gomemlimit"
 )
 
@@ -33,222 +32,64 @@ const (
 
 // plan reads the limit and the memory outside the Go runtime and returns
 // the decision memctl's rule gives and what applying it takes; it writes
-// nothing. Called with m.mu held.
+// nothing but the limiter's record of what it read (the cgroup directory
+// and files, the estimate of the memory outside the Go runtime, the last
+// accounts read) and gives the warnings the decision brings, once each.
+// Called with m.mu held.
 func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
-	d := MemLimit{GoMemLimit: cur}
-	f, err := m.probe()
-	d.LimitUnknown, d.Sandbox = f.unknown, m.sandbox
-	if err == nil {
-		m.dir, m.version, m.files = f.dir, f.version, f.files()
+	r := compute(m.readPlan(first, cur))
+	if r.probed {
+		m.dir, m.version, m.files = r.dir, r.version, r.files
 	}
-	if err != nil {
-		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
-		m.warn(first, err.Error(), err)
-		return d, action{}, err
+	if r.estimated {
+		m.outside, m.goMapped = r.outside, r.goMapped
 	}
-	if f.source == SourceNone {
-		d.Reason = f.why + "; GOMEMLIMIT left as it was"
-		return d, action{kind: actRestore, why: f.why, hardMin: noLimit}, nil
+	for _, w := range r.warns {
+		m.warn(w.first, w.key, w.err)
 	}
-	// held: what this process holds that the kernel cannot reclaim
-	// (RssAnon + RssShmem; see readUsage).
-	held, goMapped, uerr := m.usage()
-	if uerr != nil {
-		held = goMapped // no /proc here: judge by the Go runtime's share alone
-	}
-	// limit is the hard limit when there is one (memory.max, v1's
-	// limit), else memory.high alone; high is memory.high when it is
-	// under the hard limit (or there is none).
-	limit, file, high, highFile := f.max, f.maxFile, f.high, f.highFile
-	if high != noLimit && high <= 1 {
-		// 0 and 1 are not a target any process could run under: a
-		// malformed file. memory.max is honoured without it.
-		err := fmt.Errorf("%w: %s says %d bytes; it is not followed", ErrImplausibleLimit, highFile, high)
-		if limit == noLimit {
-			d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
-			m.warn(first, fmt.Sprintf("implausible %s %d", highFile, high), err)
-			return d, action{}, err
-		}
-		m.warn(false, fmt.Sprintf("implausible %s %d", highFile, high), fmt.Errorf("limits: memory.high ignored: %w", err))
-		high, highFile = noLimit, ""
-	}
-	hasHard := limit != noLimit
-	if !hasHard {
-		limit, file = high, highFile
-	} else if high != noLimit && high >= limit {
-		high, highFile = noLimit, ""
-	}
-	if hasHard && limit > 0 && limit <= held && !first && m.applied != 0 && f.maxFile != "" && f.maxFile == m.maxFile {
-		// The hard limit memctl follows is at or under what this
-		// process holds at run time: lowered (an in-place resize,
-		// set-property MemoryMax=), or reached. The kernel reclaims, or
-		// OOM-kills, above it, so it is honoured, not taken for a file
-		// that is not this process's.
-		// Said once per file, and only when the limit moved: a usage
-		// at an unchanged limit is not a lowered limit.
-		if limit < m.limit {
-			m.warn(false, "under usage "+file, fmt.Errorf("limits: %s was lowered from %d to %d bytes, under the %d bytes this process holds (RssAnon + RssShmem): followed; the kernel reclaims or OOM-kills above it", file, m.limit, limit, held))
-		}
-	} else if hasHard && (limit <= 0 || limit <= held) {
-		err := fmt.Errorf("%w: %s says %d bytes, but this process already holds %d bytes (RssAnon + RssShmem); GOMEMLIMIT left at %d",
-			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, held, cur)
-		d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
-		m.warn(first, fmt.Sprintf("implausible %s %d", file, limit), err)
-		return d, action{}, err
-	}
-	d.MemoryLimit, d.Ratio, d.Source, d.File = limit, m.ratio, f.source, file
+	return r.d, r.a, r.err
+}
 
-	outside := int64(0)
-	if m.headroom && uerr == nil {
-		// Held memory below what the runtime has mapped while that grows
-		// (heap mapped during a burst that the kernel has not backed yet)
-		// says nothing about the memory outside it: the last estimate is
-		// kept rather than dropped to 0 exactly when the heap is large.
-		// Otherwise the estimate is taken afresh (it errs low by the
-		// pages the runtime mapped and never touched).
-		if held >= goMapped || goMapped <= m.goMapped {
-			m.outside = max(held-goMapped, 0)
-		}
-		m.goMapped = goMapped
-		outside = m.outside
+// readPlan reads what compute decides from, in this order: the limit
+// (probe); when there is one, the process's usage; when screen passes it,
+// the account of the cgroup of each hard limit to follow and of
+// memory.high's (chargeOf, with the headroom on), and, when memory.high is
+// followed, the live heap; and the limiter's state. It writes only what
+// probe and chargeOf keep. Called with m.mu held.
+func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
+	in := planInputs{first: first, cur: cur,
+		ratio: m.ratio, ratioFrom: m.ratioFrom, floor: m.floor, lift: m.lift,
+		applied: m.applied, limit: m.limit, maxFile: m.maxFile, headroom: m.headroom,
+		outside: m.outside, mappedThen: m.goMapped, sandbox: m.sandbox}
+	in.f, in.probeErr = m.probe()
+	if in.probeErr != nil || in.f.source == SourceNone {
+		return in
 	}
-	// The cgroup's own account, from the cgroup whose limit applies:
-	// what it is charged that the Go runtime does not hold and the kernel
-	// cannot reclaim.
-	goResident := min(goMapped, held)
-	charged := func(cgFile string) (int64, charge) {
-		dir := f.chargeDir(cgFile)
-		if !m.headroom || dir == "" {
-			return 0, charge{}
-		}
-		c, ok := m.chargeOf(f.version, dir)
-		if !ok {
-			return 0, charge{}
-		}
-		return max(c.total()-goResident, 0), c
+	in.held, in.goMapped, in.usageErr = m.usage()
+	lim, _, err := screen(in)
+	if err != nil {
+		return in
 	}
-	floor := min(m.floor, limit) // never over the tightest limit
-	want := int64(math.MaxInt64)
-	why := f.why
-	var hardCharged int64 // of the hard limit followed
-	var hc charge
-	if hasHard {
-		// Every hard limit on the path binds: the one that leaves the
-		// least once its cgroup's charge is taken off is followed (a pod's
-		// limit, with sidecars charged to the pod, can leave less than
-		// the container's own).
-		bounds := f.bounds
-		if len(bounds) == 0 {
-			bounds = []cgroupfs.Bound{{Bytes: limit, File: file}}
-		}
-		for i, b := range bounds {
-			c, cc := charged(b.File)
-			w := int64(min(float64(b.Bytes)*m.ratio, math.MaxInt64)) - max(outside, c)
-			if i == 0 || w < want {
-				want, hardCharged, hc, limit, file = w, c, cc, b.Bytes, b.File
-			}
-		}
-		d.Reclaimable = max(hc.reclaimable, 0)
-		if f.maxFile != "" && file != f.maxFile {
-			why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", file, f.maxFile)
-		}
-		d.MemoryLimit, d.File, d.Source = limit, file, f.sourceOf(file)
-		d.Outside = max(outside, hardCharged)
+	for _, b := range lim.bounds {
+		in.boundCharges = append(in.boundCharges, m.chargeFor(in.f, b.File))
 	}
-	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", m.ratioFrom, m.ratio, d.Source, why)
-	if hasHard {
-		if hardCharged > outside {
-			d.Charged = hardCharged
-			d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(hardCharged), hc)
-		} else if d.Outside > 0 {
-			d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(d.Outside))
-		}
-		if d.Outside > limit/2 {
-			m.warn(false, "headroom "+file, fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", inMiB(d.Outside), inMiB(limit), file, d.Reason))
-		}
-		if want < floor {
-			want, d.AtFloor = floor, true
-			if floor < m.floor {
-				d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(m.floor))
-			} else {
-				d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(floor))
-			}
-			m.warn(false, fmt.Sprintf("floor %s %d", file, limit),
-				fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", want, d.Reason))
-		}
+	if lim.high != noLimit {
+		in.highCharge = m.chargeFor(in.f, lim.highFile)
+		in.live = m.live()
 	}
-	// hardWant is the most memory.max allows, charges taken off; the dead
-	// band below never holds GOMEMLIMIT above it.
-	hardWant := want
-	highDriven := false
-	if high != noLimit {
-		// memory.high is a target: above it the kernel throttles and
-		// reclaims but kills nothing, so GOMEMLIMIT follows it down only
-		// as far as the live heap allows.
-		highCharged, hc := charged(highFile)
-		highOut := max(outside, highCharged)
-		target := int64(min(float64(high)*m.ratio, math.MaxInt64)) - highOut
-		why := ""
-		if hasHard {
-			why = fmt.Sprintf(", toward memory.high %s (%s: the throttle limit, a target under memory.max)", inMiB(high), highFile)
-		} else {
-			d.Outside = highOut
-		}
-		if highCharged > outside {
-			d.Charged = max(d.Charged, highCharged)
-			why += fmt.Sprintf(", minus %s charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(highCharged), hc)
-		} else if !hasHard && highOut > 0 {
-			why += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(highOut))
-		}
-		live := m.live()
-		if liveFloor := int64(min(float64(live)*LiveHeapFactor, math.MaxInt64/2)); target < liveFloor {
-			target, d.LiveFloor = liveFloor, true
-			why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", LiveHeapFactor, inMiB(live))
-		}
-		// Above memory.high the kernel throttles, it does not kill: the
-		// floor is capped by the hard limit only.
-		tfloor := m.floor
-		if hasHard {
-			tfloor = floor
-		}
-		if target < tfloor {
-			target = tfloor
-			why += fmt.Sprintf(", held at the floor %s", inMiB(tfloor))
-		}
-		if target < want {
-			want, highDriven, d.AtFloor = target, true, false
-			d.High, d.HighFile = high, highFile
-			d.Reason += why
-		}
+	return in
+}
+
+// chargeFor reads the account of the cgroup whose limit file is file
+// (found.chargeDir); none with the headroom off or for a limit no cgroup
+// holds.
+func (m *MemLimiter) chargeFor(f found, file string) chargeRead {
+	dir := f.chargeDir(file)
+	if !m.headroom || dir == "" {
+		return chargeRead{}
 	}
-	if m.lift > 0 {
-		// The lift ends at the limit less what the cgroup is charged
-		// outside the Go runtime (a lift to the limit itself with 300 MiB
-		// of tmpfs in a 512 MiB cgroup was an OOM kill); want and the lift
-		// capped at limit (under 2^62) cannot overflow:
-		// Lift(math.MaxInt64) means all the way up.
-		lift := min(m.lift, max(limit-d.Outside-want, 0))
-		want += lift
-		hardWant = min(hardWant, math.MaxInt64-lift) + lift
-		d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
-	}
-	d.GoMemLimit = want
-	// hard is the limit a change of which is followed at once: memory.max
-	// (or v1's), not a memory.high alone.
-	hard, hardMin := limit, int64(noLimit)
-	if !hasHard {
-		hard = noLimit
-	}
-	for _, b := range f.bounds {
-		if b.Bytes != noLimit && (hardMin == noLimit || b.Bytes < hardMin) {
-			hardMin = b.Bytes
-		}
-	}
-	if hasHard && hardMin == noLimit {
-		hardMin = limit
-	}
-	return d, action{kind: actSet, want: want, hardWant: hardWant, hard: hard, hardMin: hardMin,
-		hardFile: file, maxFile: f.maxFile, highDriven: highDriven}, nil
+	c, ok, w := m.chargeOf(f.version, dir)
+	return chargeRead{c: c, ok: ok, warn: w}
 }
 
 // apply sets GOMEMLIMIT as a says and returns d with the value in force.

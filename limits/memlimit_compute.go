@@ -1,0 +1,389 @@
+package limits
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+)
+
+// planInputs is everything plan's decision depends on, as readPlan read
+// it: the probe's result, the process's usage, the cgroups' accounts, the
+// live heap, and the limiter's state.
+type planInputs struct {
+	first bool  // the decision of NewMemLimiter
+	cur   int64 // GOMEMLIMIT in force
+
+	f        found
+	probeErr error
+	// held, goMapped and usageErr are m.usage's (readUsage); read only
+	// when the probe found a limit.
+	held, goMapped int64
+	usageErr       error
+	// boundCharges are the accounts of the cgroups of the hard limits
+	// screen passes (planLimits.bounds), index for index; highCharge is
+	// memory.high's cgroup's, when memory.high is followed. A missing one
+	// is no account.
+	boundCharges []chargeRead
+	highCharge   chargeRead
+	live         int64 // the live heap; read only when memory.high is followed
+
+	// The limiter's state (the MemLimiter fields of the same names).
+	ratio          float64
+	ratioFrom      string
+	floor, lift    int64
+	applied, limit int64
+	maxFile        string
+	headroom       bool
+	outside        int64 // the last estimate of memory outside the Go runtime
+	mappedThen     int64 // what the Go runtime had mapped at that estimate (m.goMapped)
+	sandbox        string
+}
+
+// chargeRead is one read of a cgroup's account (chargeOf): ok is false when
+// there is none; warn, when not nil, is the warning the read brings.
+type chargeRead struct {
+	c    charge
+	ok   bool
+	warn *planWarning
+}
+
+// planWarning is a warning for m.warn: its key, its error and its first.
+type planWarning struct {
+	key   string
+	err   error
+	first bool
+}
+
+// planResult is compute's answer: the decision, what applying it takes,
+// the error to return, the warnings to give in order, and the state to
+// keep: the cgroup directory, version and files (when probed) and the
+// estimate of the memory outside the Go runtime (when estimated).
+type planResult struct {
+	d     MemLimit
+	a     action
+	err   error
+	warns []planWarning
+
+	probed  bool
+	dir     string
+	version int
+	files   []string
+
+	estimated         bool
+	outside, goMapped int64
+}
+
+// compute is plan's decision from what readPlan read, by memctl's rule
+// (see decide). It reads nothing else and writes nothing.
+func compute(in planInputs) planResult {
+	r := planResult{d: MemLimit{GoMemLimit: in.cur, LimitUnknown: in.f.unknown, Sandbox: in.sandbox}}
+	if err := in.probeErr; err != nil {
+		r.d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
+		r.warns, r.err = []planWarning{{key: err.Error(), err: err, first: in.first}}, err
+		return r
+	}
+	r.probed, r.dir, r.version, r.files = true, in.f.dir, in.f.version, in.f.files()
+	if in.f.source == SourceNone {
+		r.d.Reason = in.f.why + "; GOMEMLIMIT left as it was"
+		r.a = action{kind: actRestore, why: in.f.why, hardMin: noLimit}
+		return r
+	}
+	lim, warns, err := screen(in)
+	r.warns = warns
+	if err != nil {
+		r.d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
+		r.err = err
+		return r
+	}
+	r.d.MemoryLimit, r.d.Ratio, r.d.Source, r.d.File = lim.limit, in.ratio, in.f.source, lim.file
+	outside := int64(0)
+	if in.headroom && in.usageErr == nil {
+		r.estimated, r.outside, r.goMapped = true, in.outside, in.goMapped
+		// Held memory below what the runtime has mapped while that grows
+		// (heap mapped during a burst that the kernel has not backed yet)
+		// says nothing about the memory outside it: the last estimate is
+		// kept rather than dropped to 0 exactly when the heap is large.
+		// Otherwise the estimate is taken afresh (it errs low by the
+		// pages the runtime mapped and never touched).
+		if lim.held >= in.goMapped || in.goMapped <= in.mappedThen {
+			r.outside = max(lim.held-in.goMapped, 0)
+		}
+		outside = r.outside
+	}
+	p := planner{in: in, lim: lim, r: r, outside: outside, goResident: min(in.goMapped, lim.held),
+		floor: min(in.floor, lim.limit), // never over the tightest limit
+		want:  math.MaxInt64, limit: lim.limit, file: lim.file}
+	p.hard()
+	p.hardWant = p.want
+	if lim.high != noLimit {
+		p.high()
+	}
+	p.lift()
+	return p.result()
+}
+
+// planLimits are the limits screen passes: limit and file are the hard
+// limit when there is one (hasHard: memory.max, v1's limit), else
+// memory.high alone; high and highFile are memory.high when it is a target
+// under the hard limit (or there is none), else noLimit and ""; bounds are
+// the hard limits on the path to follow (none for memory.high alone); held
+// is what the process holds that the kernel cannot reclaim.
+type planLimits struct {
+	limit, high    int64
+	file, highFile string
+	hasHard        bool
+	bounds         []cgroupfs.Bound
+	held           int64
+}
+
+// screen passes the limits in.f holds, with the warnings they bring in
+// order, or returns the error that leaves GOMEMLIMIT as it is (a
+// memory.high of 0 or 1 with no hard limit; a hard limit at or under what
+// the process holds, unless it is the one followed, lowered at run time),
+// whose warning is the last.
+func screen(in planInputs) (planLimits, []planWarning, error) {
+	f := in.f
+	// held: what this process holds that the kernel cannot reclaim
+	// (RssAnon + RssShmem; see readUsage).
+	held := in.held
+	if in.usageErr != nil {
+		held = in.goMapped // no /proc here: judge by the Go runtime's share alone
+	}
+	var warns []planWarning
+	limit, file, high, highFile := f.max, f.maxFile, f.high, f.highFile
+	if high != noLimit && high <= 1 {
+		// 0 and 1 are not a target any process could run under: a
+		// malformed file. memory.max is honoured without it.
+		err := fmt.Errorf("%w: %s says %d bytes; it is not followed", ErrImplausibleLimit, highFile, high)
+		key := fmt.Sprintf("implausible %s %d", highFile, high)
+		if limit == noLimit {
+			return planLimits{}, append(warns, planWarning{key: key, err: err, first: in.first}), err
+		}
+		warns = append(warns, planWarning{key: key, err: fmt.Errorf("limits: memory.high ignored: %w", err)})
+		high, highFile = noLimit, ""
+	}
+	hasHard := limit != noLimit
+	if !hasHard {
+		limit, file = high, highFile
+	} else if high != noLimit && high >= limit {
+		high, highFile = noLimit, ""
+	}
+	if hasHard && limit > 0 && limit <= held && !in.first && in.applied != 0 && f.maxFile != "" && f.maxFile == in.maxFile {
+		// The hard limit memctl follows is at or under what this
+		// process holds at run time: lowered (an in-place resize,
+		// set-property MemoryMax=), or reached. The kernel reclaims, or
+		// OOM-kills, above it, so it is honoured, not taken for a file
+		// that is not this process's.
+		// Said once per file, and only when the limit moved: a usage
+		// at an unchanged limit is not a lowered limit.
+		if limit < in.limit {
+			warns = append(warns, planWarning{key: "under usage " + file, err: fmt.Errorf("limits: %s was lowered from %d to %d bytes, under the %d bytes this process holds (RssAnon + RssShmem): followed; the kernel reclaims or OOM-kills above it", file, in.limit, limit, held)})
+		}
+	} else if hasHard && (limit <= 0 || limit <= held) {
+		err := fmt.Errorf("%w: %s says %d bytes, but this process already holds %d bytes (RssAnon + RssShmem); GOMEMLIMIT left at %d",
+			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, held, in.cur)
+		return planLimits{}, append(warns, planWarning{key: fmt.Sprintf("implausible %s %d", file, limit), err: err, first: in.first}), err
+	}
+	lim := planLimits{limit: limit, file: file, high: high, highFile: highFile, hasHard: hasHard, held: held}
+	if hasHard {
+		lim.bounds = f.bounds
+		if len(lim.bounds) == 0 {
+			lim.bounds = []cgroupfs.Bound{{Bytes: limit, File: file}}
+		}
+	}
+	return lim, warns, nil
+}
+
+// planner carries compute's decision through its steps: the hard limits,
+// memory.high, the lift. Its methods read only what it holds.
+type planner struct {
+	in  planInputs
+	lim planLimits
+	r   planResult
+
+	outside    int64 // the process's own estimate of memory outside the Go runtime
+	goResident int64 // what the Go runtime holds resident
+	floor      int64 // the floor, capped by the screened limit
+	want       int64 // GOMEMLIMIT so far
+	hardWant   int64 // the most the hard limit allows, charges taken off
+	limit      int64 // the limit followed (the binding hard limit, or memory.high alone)
+	file       string
+	highDriven bool
+
+	hardCharged int64 // charged to the cgroup of the hard limit followed
+	hc          charge
+}
+
+// warn adds w to the warnings to give.
+func (p *planner) warn(w planWarning) { p.r.warns = append(p.r.warns, w) }
+
+// charged returns what cr says the cgroup is charged that the Go runtime
+// does not hold and the kernel cannot reclaim, and the account itself,
+// adding the warning the read brought.
+func (p *planner) charged(cr chargeRead) (int64, charge) {
+	if cr.warn != nil {
+		p.warn(*cr.warn)
+	}
+	if !cr.ok {
+		return 0, charge{}
+	}
+	return max(cr.c.total()-p.goResident, 0), cr.c
+}
+
+// hard follows the hard limit that binds (bind), starts the reason, and
+// takes off what is charged outside the Go runtime, raised to the floor;
+// with memory.high alone it only starts the reason.
+func (p *planner) hard() {
+	in, d := p.in, &p.r.d
+	why := in.f.why
+	if p.lim.hasHard {
+		why = p.bind()
+	}
+	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", in.ratioFrom, in.ratio, d.Source, why)
+	if !p.lim.hasHard {
+		return
+	}
+	if p.hardCharged > p.outside {
+		d.Charged = p.hardCharged
+		d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(p.hardCharged), p.hc)
+	} else if d.Outside > 0 {
+		d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(d.Outside))
+	}
+	if d.Outside > p.limit/2 {
+		p.warn(planWarning{key: "headroom " + p.file, err: fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", inMiB(d.Outside), inMiB(p.limit), p.file, d.Reason)})
+	}
+	if p.want < p.floor {
+		p.want, d.AtFloor = p.floor, true
+		if p.floor < in.floor {
+			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(in.floor))
+		} else {
+			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(p.floor))
+		}
+		p.warn(planWarning{key: fmt.Sprintf("floor %s %d", p.file, p.limit),
+			err: fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", p.want, d.Reason)})
+	}
+}
+
+// bind follows, of the hard limits on the path, the one that leaves the
+// least once its cgroup's charge is taken off, and returns where the limit
+// came from, for the reason.
+func (p *planner) bind() string {
+	in, d := p.in, &p.r.d
+	// Every hard limit on the path binds: the one that leaves the
+	// least once its cgroup's charge is taken off is followed (a pod's
+	// limit, with sidecars charged to the pod, can leave less than
+	// the container's own).
+	for i, b := range p.lim.bounds {
+		var cr chargeRead
+		if i < len(in.boundCharges) {
+			cr = in.boundCharges[i]
+		}
+		c, cc := p.charged(cr)
+		w := int64(min(float64(b.Bytes)*in.ratio, math.MaxInt64)) - max(p.outside, c)
+		if i == 0 || w < p.want {
+			p.want, p.hardCharged, p.hc, p.limit, p.file = w, c, cc, b.Bytes, b.File
+		}
+	}
+	d.Reclaimable = max(p.hc.reclaimable, 0)
+	why := in.f.why
+	if in.f.maxFile != "" && p.file != in.f.maxFile {
+		why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", p.file, in.f.maxFile)
+	}
+	d.MemoryLimit, d.File, d.Source = p.limit, p.file, in.f.sourceOf(p.file)
+	d.Outside = max(p.outside, p.hardCharged)
+	return why
+}
+
+// high lowers GOMEMLIMIT toward memory.high when the target it gives,
+// held at LiveHeapFactor × the live heap and at the floor, is lower.
+func (p *planner) high() {
+	in, d := p.in, &p.r.d
+	high, highFile, hasHard := p.lim.high, p.lim.highFile, p.lim.hasHard
+	// memory.high is a target: above it the kernel throttles and
+	// reclaims but kills nothing, so GOMEMLIMIT follows it down only
+	// as far as the live heap allows.
+	highCharged, hc := p.charged(in.highCharge)
+	highOut := max(p.outside, highCharged)
+	target := int64(min(float64(high)*in.ratio, math.MaxInt64)) - highOut
+	why := ""
+	if hasHard {
+		why = fmt.Sprintf(", toward memory.high %s (%s: the throttle limit, a target under memory.max)", inMiB(high), highFile)
+	} else {
+		d.Outside = highOut
+	}
+	if highCharged > p.outside {
+		d.Charged = max(d.Charged, highCharged)
+		why += fmt.Sprintf(", minus %s charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(highCharged), hc)
+	} else if !hasHard && highOut > 0 {
+		why += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(highOut))
+	}
+	if liveFloor := int64(min(float64(in.live)*LiveHeapFactor, math.MaxInt64/2)); target < liveFloor {
+		target, d.LiveFloor = liveFloor, true
+		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", LiveHeapFactor, inMiB(in.live))
+	}
+	// Above memory.high the kernel throttles, it does not kill: the
+	// floor is capped by the hard limit only.
+	tfloor := in.floor
+	if hasHard {
+		tfloor = p.floor
+	}
+	if target < tfloor {
+		target = tfloor
+		why += fmt.Sprintf(", held at the floor %s", inMiB(tfloor))
+	}
+	if target < p.want {
+		p.want, p.highDriven, d.AtFloor = target, true, false
+		d.High, d.HighFile = high, highFile
+		d.Reason += why
+	}
+}
+
+// lift adds the lift (Lift), up to the limit less what is charged outside
+// the Go runtime, to GOMEMLIMIT and to hardWant.
+func (p *planner) lift() {
+	if p.in.lift <= 0 {
+		return
+	}
+	d := &p.r.d
+	// The lift ends at the limit less what the cgroup is charged
+	// outside the Go runtime (a lift to the limit itself with 300 MiB
+	// of tmpfs in a 512 MiB cgroup was an OOM kill); want and the lift
+	// capped at limit (under 2^62) cannot overflow:
+	// Lift(math.MaxInt64) means all the way up.
+	lift := min(p.in.lift, max(p.limit-d.Outside-p.want, 0))
+	p.want += lift
+	p.hardWant = min(p.hardWant, math.MaxInt64-lift) + lift
+	d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
+}
+
+// result returns the decision with GOMEMLIMIT set and the action that
+// applies it. hard is the limit a change of which is followed at once:
+// memory.max (or v1's), not a memory.high alone.
+func (p *planner) result() planResult {
+	r := p.r
+	r.d.GoMemLimit = p.want
+	hard := p.limit
+	if !p.lim.hasHard {
+		hard = noLimit
+	}
+	r.a = action{kind: actSet, want: p.want, hardWant: p.hardWant, hard: hard,
+		hardMin:  hardMin(p.in.f.bounds, p.limit, p.lim.hasHard),
+		hardFile: p.file, maxFile: p.in.f.maxFile, highDriven: p.highDriven}
+	return r
+}
+
+// hardMin returns the smallest hard limit of bounds; limit when none sets
+// one and hasHard, noLimit otherwise.
+func hardMin(bounds []cgroupfs.Bound, limit int64, hasHard bool) int64 {
+	least := int64(noLimit)
+	for _, b := range bounds {
+		if b.Bytes != noLimit && (least == noLimit || b.Bytes < least) {
+			least = b.Bytes
+		}
+	}
+	if hasHard && least == noLimit {
+		least = limit
+	}
+	return least
+}
