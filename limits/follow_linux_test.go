@@ -331,7 +331,7 @@ const maxHighDelay = 2 * time.Second
 
 // A process the kernel throttles under memory.high (1 GiB memory.max,
 // 200 MiB live and churning, memory.high written to 64 MiB) has
-// GOMEMLIMIT lowered within 10 s, to LiveHeapFactor x the live heap.
+// GOMEMLIMIT lowered within 10 s, to liveHeapFactor x the live heap.
 func TestV2FollowThrottledHigh(t *testing.T) {
 	for i := range repeats() {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
@@ -364,7 +364,7 @@ func TestV2FollowThrottledHigh(t *testing.T) {
 			// sleep.
 			assert.LessOrEqual(t, when.Sub(at), followWithin+maxHighDelay, "GOMEMLIMIT moved within %v and one over-high sleep", followWithin)
 			assert.Less(t, n, before)
-			assert.Contains(t, line, "x the live heap", "held at LiveHeapFactor x the live heap")
+			assert.Contains(t, line, "x the live heap", "held at liveHeapFactor x the live heap")
 		})
 	}
 }

@@ -253,7 +253,7 @@ type MemLimit struct {
 	High     int64  `json:",omitempty"`
 	HighFile string `json:",omitempty"`
 	// LiveFloor is true when memory.high asked for less than
-	// LiveHeapFactor × the live heap and GOMEMLIMIT was held there.
+	// 1.5 × the live heap and GOMEMLIMIT was held there.
 	LiveFloor bool `json:",omitempty"`
 	// AtFloor is true when GoMemLimit was raised to the floor (or to
 	// MemoryLimit when the limit is under the floor): the GC will run
@@ -297,7 +297,7 @@ type MemLimit struct {
 // throttles and reclaims but kills nothing, and systemd's MemoryHigh= or a
 // proactive-reclaim agent may set it under the usage on purpose. GOMEMLIMIT
 // is then lowered toward Ratio × memory.high less its cgroup's charge, but
-// never under LiveHeapFactor × the live heap (so that GOMEMLIMIT is never
+// never under 1.5 × the live heap (so that GOMEMLIMIT is never
 // the cause of a GC death spiral) nor the floor, and never over what
 // memory.max gives; a memory.high that keeps falling is followed in steps
 // of at least 1/20 of GOMEMLIMIT (hysteresis, never holding GOMEMLIMIT over

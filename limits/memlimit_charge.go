@@ -28,7 +28,7 @@ func readUsage() (held, goMapped int64, err error) {
 	return held, goMapped, err
 }
 
-// LiveHeapFactor is how far above the live heap a memory.high target may
+// liveHeapFactor is how far above the live heap a memory.high target may
 // bring GOMEMLIMIT down, at the least: 1.5 × the live heap
 // (/gc/heap/live:bytes at the last GC). GOMEMLIMIT bounds the whole Go
 // runtime, so a limit at 1.5 × live leaves the GC half the live heap of new
@@ -37,7 +37,7 @@ func readUsage() (held, goMapped int64, err error) {
 // threshold (package pressure reports a spiral once the live heap passes
 // 0.85 × GOMEMLIMIT). A memory.high under that is left to the kernel's
 // throttling and reclaim: GOMEMLIMIT is never the cause of a spiral.
-const LiveHeapFactor = 1.5
+const liveHeapFactor = 1.5
 
 // charge is the part of a cgroup's account that neither the Go runtime
 // holds nor the kernel can reclaim, in bytes, with the file it came from.

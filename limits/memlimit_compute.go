@@ -296,7 +296,7 @@ func (p *planner) bind() string {
 }
 
 // high lowers GOMEMLIMIT toward memory.high when the target it gives,
-// held at LiveHeapFactor × the live heap and at the floor, is lower.
+// held at liveHeapFactor × the live heap and at the floor, is lower.
 func (p *planner) high() {
 	in, d := p.in, &p.r.d
 	high, highFile, hasHard := p.lim.high, p.lim.highFile, p.lim.hasHard
@@ -318,9 +318,9 @@ func (p *planner) high() {
 	} else if !hasHard && highOut > 0 {
 		why += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(highOut))
 	}
-	if liveFloor := int64(min(float64(in.live)*LiveHeapFactor, math.MaxInt64/2)); target < liveFloor {
+	if liveFloor := int64(min(float64(in.live)*liveHeapFactor, math.MaxInt64/2)); target < liveFloor {
 		target, d.LiveFloor = liveFloor, true
-		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", LiveHeapFactor, inMiB(in.live))
+		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", liveHeapFactor, inMiB(in.live))
 	}
 	// Above memory.high the kernel throttles, it does not kill: the
 	// floor is capped by the hard limit only.

@@ -136,7 +136,7 @@ func TestCompute(t *testing.T) {
 		name: "raised to the limit itself under the floor",
 		in: func() planInputs {
 			in := computeIn(v2Found(100*mib, noLimit))
-			in.held, in.goMapped, in.floor = 10*mib, 10*mib, DefaultFloor*4
+			in.held, in.goMapped, in.floor = 10*mib, 10*mib, defaultFloor*4
 			return in
 		},
 		want: 100 * mib, kind: actSet, hard: 100 * mib, hardMin: 100 * mib, hardFile: appMax,

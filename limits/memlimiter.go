@@ -445,7 +445,7 @@ func dueAfter(now, every time.Duration) int64 {
 //	hard        = min over each hard limit L on the path (memory.max, v1's limit) of
 //	              Ratio × L − outside(L's cgroup), raised to the floor
 //	target      = max(Ratio × memory.high − outside(memory.high's cgroup),
-//	                  LiveHeapFactor × live heap, floor)
+//	                  liveHeapFactor × live heap, floor)
 //	GOMEMLIMIT  = min(hard, target)       (target only when memory.high is under memory.max)
 //
 // A fall of the target is followed only when it is at least 1/20 of
