@@ -308,7 +308,7 @@ func (s *startup) setTHP() {
 // decided it, the limiter locked).
 func (s *startup) startLimiter() {
 	c, mc := s.c, &s.cfg.memLimit
-	mc.Logger = cmpOr(mc.Logger, s.cfg.logger)
+	mc.Logger = cmp.Or(mc.Logger, s.cfg.logger)
 	userChange := mc.OnChange
 	mc.OnChange = func(d limits.MemLimit) {
 		if c.rec.started.Load() {
@@ -357,7 +357,7 @@ func (s *startup) startTrimmer() {
 		return
 	}
 	c, tc := s.c, s.cfg.trim
-	tc.Delay, tc.Logger, tc.Strict = delay, cmpOr(tc.Logger, s.cfg.logger), tc.Strict || strict.Load()
+	tc.Delay, tc.Logger, tc.Strict = delay, cmp.Or(tc.Logger, s.cfg.logger), tc.Strict || strict.Load()
 	tr, err := trim.New(tc)
 	if err != nil {
 		s.fail(err)

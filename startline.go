@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
@@ -80,10 +81,8 @@ func mibOrNone(b int64) string {
 	if b == math.MaxInt64 {
 		return "none"
 	}
-	return inMiB(b)
+	return logattr.MiBCompact(b)
 }
-
-func inMiB(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) + "MiB" }
 
 // limitSource says in a few words where GOMEMLIMIT came from: the share of
 // which limit, less what, or why there is none. The full reason is
@@ -99,18 +98,18 @@ func limitSource(m limits.MemLimit) string {
 	case m.MemoryLimit <= 0:
 		return "none: no memory limit found"
 	}
-	s := fmt.Sprintf("%g%% of %s limit %s", m.Ratio*100, m.Source, inMiB(m.MemoryLimit))
+	s := fmt.Sprintf("%g%% of %s limit %s", m.Ratio*100, m.Source, logattr.MiBCompact(m.MemoryLimit))
 	if m.High > 0 {
-		s = fmt.Sprintf("memory.high %s", inMiB(m.High))
+		s = fmt.Sprintf("memory.high %s", logattr.MiBCompact(m.High))
 	}
 	if m.Outside > 0 {
-		s += " less " + inMiB(m.Outside) + " outside Go"
+		s += " less " + logattr.MiBCompact(m.Outside) + " outside Go"
 	}
 	if m.AtFloor {
 		s += ", at the floor"
 	}
 	if m.Overridden {
-		s += ", the operator's " + inMiB(m.Operator) + " being above the limit"
+		s += ", the operator's " + logattr.MiBCompact(m.Operator) + " being above the limit"
 	}
 	return s
 }
@@ -168,13 +167,6 @@ func delayOrOff(d time.Duration) string {
 		return "off"
 	}
 	return d.String()
-}
-
-func cmpOr(l, def *slog.Logger) *slog.Logger {
-	if l != nil {
-		return l
-	}
-	return def
 }
 
 // parseDelay parses MEMCTL_TRIM_DELAY with the one grammar

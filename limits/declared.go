@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/logattr"
 )
 
 // declaredLimitEnv is the variable in which an operator declares the
@@ -87,7 +88,7 @@ func underRSS(n, rss int64, digits bool) error {
 	if digits {
 		hint = fmt.Sprintf(" (a number without a unit is bytes: %q for MiB)", strconv.FormatInt(n, 10)+"MiB")
 	}
-	return fmt.Errorf("a limit of %d bytes, not over the %s this process already holds (RssAnon + RssShmem)%s", n, inMiB(rss), hint)
+	return fmt.Errorf("a limit of %d bytes, not over the %s this process already holds (RssAnon + RssShmem)%s", n, logattr.MiB(rss), hint)
 }
 
 // sizeUnits are the suffixes parseSize takes, longest first.
@@ -125,9 +126,9 @@ func parseSize(v string) (int64, error) {
 
 func signedMiB(n int64) string {
 	if n < 0 {
-		return "-" + inMiB(-n)
+		return "-" + logattr.MiB(-n)
 	}
-	return inMiB(n)
+	return logattr.MiB(n)
 }
 
 // chargeDir returns the cgroup directory whose account is charged against

@@ -8,6 +8,7 @@ import (
 	"runtime/metrics"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/procfs"
 )
 
@@ -59,9 +60,9 @@ func (c charge) total() int64 { return c.anon + c.kept + c.kernel }
 
 func (c charge) String() string {
 	if c.statErr != nil {
-		return fmt.Sprintf("%s: %s, page cache included, as memory.stat could not be read", c.file, inMiB(c.anon))
+		return fmt.Sprintf("%s: %s, page cache included, as memory.stat could not be read", c.file, logattr.MiB(c.anon))
 	}
-	return fmt.Sprintf("%s: anon %s, shmem, tmpfs, ramfs and hugetlb %s, kernel %s; page cache not counted", c.file, inMiB(c.anon), inMiB(c.kept), inMiB(c.kernel))
+	return fmt.Sprintf("%s: anon %s, shmem, tmpfs, ramfs and hugetlb %s, kernel %s; page cache not counted", c.file, logattr.MiB(c.anon), logattr.MiB(c.kept), logattr.MiB(c.kernel))
 }
 
 // chargeOf returns the account of the cgroup directory dir, read now; on a

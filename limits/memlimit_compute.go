@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/logattr"
 )
 
 // planInputs is everything plan's decision depends on, as readPlan read
@@ -246,19 +247,19 @@ func (p *planner) hard() {
 	}
 	if p.hardCharged > p.outside {
 		d.Charged = p.hardCharged
-		d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(p.hardCharged), p.hc)
+		d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", logattr.MiB(p.hardCharged), p.hc)
 	} else if d.Outside > 0 {
-		d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(d.Outside))
+		d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", logattr.MiB(d.Outside))
 	}
 	if d.Outside > p.limit/2 {
-		p.warn(planWarning{key: "headroom " + p.file, err: fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", inMiB(d.Outside), inMiB(p.limit), p.file, d.Reason)})
+		p.warn(planWarning{key: "headroom " + p.file, err: fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", logattr.MiB(d.Outside), logattr.MiB(p.limit), p.file, d.Reason)})
 	}
 	if p.want < p.floor {
 		p.want, d.AtFloor = p.floor, true
 		if p.floor < in.floor {
-			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", inMiB(in.floor))
+			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", logattr.MiB(in.floor))
 		} else {
-			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", inMiB(p.floor))
+			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", logattr.MiB(p.floor))
 		}
 		p.warn(planWarning{key: fmt.Sprintf("floor %s %d", p.file, p.limit),
 			err: fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", p.want, d.Reason)})
@@ -308,19 +309,19 @@ func (p *planner) high() {
 	target := int64(min(float64(high)*in.ratio, math.MaxInt64)) - highOut
 	why := ""
 	if hasHard {
-		why = fmt.Sprintf(", toward memory.high %s (%s: the throttle limit, a target under memory.max)", inMiB(high), highFile)
+		why = fmt.Sprintf(", toward memory.high %s (%s: the throttle limit, a target under memory.max)", logattr.MiB(high), highFile)
 	} else {
 		d.Outside = highOut
 	}
 	if highCharged > p.outside {
 		d.Charged = max(d.Charged, highCharged)
-		why += fmt.Sprintf(", minus %s charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", inMiB(highCharged), hc)
+		why += fmt.Sprintf(", minus %s charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", logattr.MiB(highCharged), hc)
 	} else if !hasHard && highOut > 0 {
-		why += fmt.Sprintf(", minus %s outside the Go runtime", inMiB(highOut))
+		why += fmt.Sprintf(", minus %s outside the Go runtime", logattr.MiB(highOut))
 	}
 	if liveFloor := int64(min(float64(in.live)*liveHeapFactor, math.MaxInt64/2)); target < liveFloor {
 		target, d.LiveFloor = liveFloor, true
-		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", liveHeapFactor, inMiB(in.live))
+		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", liveHeapFactor, logattr.MiB(in.live))
 	}
 	// Above memory.high the kernel throttles, it does not kill: the
 	// floor is capped by the hard limit only.
@@ -330,7 +331,7 @@ func (p *planner) high() {
 	}
 	if target < tfloor {
 		target = tfloor
-		why += fmt.Sprintf(", held at the floor %s", inMiB(tfloor))
+		why += fmt.Sprintf(", held at the floor %s", logattr.MiB(tfloor))
 	}
 	if target < p.want {
 		p.want, p.highDriven, d.AtFloor = target, true, false
@@ -354,7 +355,7 @@ func (p *planner) lift() {
 	lift := min(p.in.lift, max(p.limit-d.Outside-p.want, 0))
 	p.want += lift
 	p.hardWant = min(p.hardWant, math.MaxInt64-lift) + lift
-	d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", inMiB(lift))
+	d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", logattr.MiB(lift))
 }
 
 // result returns the decision with GOMEMLIMIT set and the action that

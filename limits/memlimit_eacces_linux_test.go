@@ -18,6 +18,7 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/logattr"
 )
 
 // TestMemoryStatEACCES (attack on issue 18): a real 512 MiB v1 cgroup with
@@ -125,5 +126,5 @@ func TestMemoryStatEACCES(t *testing.T) {
 	assert.Equal(t, 2, strings.Count(warn, stat), "each WARN names memory.stat: %s", warn)
 	assert.Contains(t, warn, "permission denied")
 	t.Logf("control: GOMEMLIMIT %d, charged %s; memory.stat unreadable: GOMEMLIMIT %d, charged %s; WARN: %s",
-		ctl.GoMemLimit, inMiB(ctl.Charged), d.GoMemLimit, inMiB(d.Charged), warn)
+		ctl.GoMemLimit, logattr.MiB(ctl.Charged), d.GoMemLimit, logattr.MiB(d.Charged), warn)
 }

@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
-	"strconv"
 	"strings"
 
 	"github.com/memctl/memctl/internal/gomemlimit"
+	"github.com/memctl/memctl/internal/logattr"
 )
 
 // action is what plan leaves to apply: set want (kind actSet), go back to
@@ -142,7 +142,7 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 		d := m.apply(own, a, m.expected(), first)
 		d.Operator, d.Overridden = m.op, true
 		d.Reason = fmt.Sprintf("%s (%s) is above the %s limit of %s (%s) and cannot take effect before the OOM killer: memctl sets %s until the limit rises above it again (MEMCTL_KEEP_GOMEMLIMIT=on keeps it); %s",
-			m.opText, inMiB(m.op), own.Source, inMiB(a.hardMin), a.hardFile, inMiB(d.GoMemLimit), d.Reason)
+			m.opText, logattr.MiB(m.op), own.Source, logattr.MiB(a.hardMin), a.hardFile, logattr.MiB(d.GoMemLimit), d.Reason)
 		m.warnAlways(fmt.Sprintf("operator over %s %d", a.hardFile, a.hardMin), "limits: "+d.Reason)
 		return d
 	}
@@ -165,15 +165,15 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 	d.Outside, d.Charged = own.Outside, own.Charged
 	switch {
 	case over:
-		d.Reason = fmt.Sprintf("%s (%s) is set in the environment; it is above the %s limit of %s (%s) and cannot take effect before the OOM killer, and is kept (MEMCTL_KEEP_GOMEMLIMIT)", m.opText, inMiB(m.op), own.Source, inMiB(a.hardMin), a.hardFile)
+		d.Reason = fmt.Sprintf("%s (%s) is set in the environment; it is above the %s limit of %s (%s) and cannot take effect before the OOM killer, and is kept (MEMCTL_KEEP_GOMEMLIMIT)", m.opText, logattr.MiB(m.op), own.Source, logattr.MiB(a.hardMin), a.hardFile)
 		m.warnAlways(fmt.Sprintf("operator over %s %d", a.hardFile, a.hardMin), "limits: "+d.Reason)
 	case m.op != math.MaxInt64 && m.op > a.hardWant:
 		// At or near the limit, leaving less than memctl's rule would:
 		// said at WARN once per limit.
 		err := fmt.Errorf("limits: %s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
 			"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
-			m.opText, inMiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, inMiB(d.MemoryLimit), d.File, inMiB(d.MemoryLimit-a.hardWant),
-			own.Ratio, inMiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), inMiB(own.Outside), declaredLimitEnv)
+			m.opText, logattr.MiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, logattr.MiB(d.MemoryLimit), d.File, logattr.MiB(d.MemoryLimit-a.hardWant),
+			own.Ratio, logattr.MiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), logattr.MiB(own.Outside), declaredLimitEnv)
 		d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: "+m.opText+" ")
 		if key := fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit); !m.seen[key] && len(m.seen) < maxSeen {
 			m.seen[key] = true
@@ -265,5 +265,3 @@ func cmpString(s, def string) string {
 	}
 	return s
 }
-
-func inMiB(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }

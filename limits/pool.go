@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"weak"
@@ -14,6 +13,7 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 
 	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/logattr"
 )
 
 // Pool is a shared memory budget in bytes from which accounts are opened.
@@ -302,7 +302,7 @@ func (p *Pool) follow(g uint64, gml int64) {
 	limit := max(int64(float64(gml)*defaultPoolRatio), 1)
 	if prev := p.limit.Swap(limit); prev != limit && !within(limit, prev, 1000) {
 		p.log.Info("limits: pool limit follows GOMEMLIMIT", "pool", p.name, "limit", mibOrUnlimited(limit),
-			"was", mibOrUnlimited(prev), "gomemlimit", inMiBTight(gml))
+			"was", mibOrUnlimited(prev), "gomemlimit", logattr.MiBCompact(gml))
 	}
 }
 
@@ -312,11 +312,8 @@ func mibOrUnlimited(n int64) string {
 	if n == Unlimited {
 		return "unlimited"
 	}
-	return inMiBTight(n)
+	return logattr.MiBCompact(n)
 }
-
-// inMiBTight gives n bytes in MiB with one decimal and no space ("111.7MiB").
-func inMiBTight(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + "MiB" }
 
 // poolNamed reports whether an open pool is named name.
 func poolNamed(name string) bool {
@@ -330,7 +327,7 @@ func poolNamed(name string) bool {
 // PoolConfig.Limit.
 func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 	if gml != math.MaxInt64 {
-		return max(int64(float64(gml)*defaultPoolRatio), 1), "half of GOMEMLIMIT " + inMiBTight(gml) + ", following it", nil
+		return max(int64(float64(gml)*defaultPoolRatio), 1), "half of GOMEMLIMIT " + logattr.MiBCompact(gml) + ", following it", nil
 	}
 	from := "cgroup memory limit"
 	base, err := fromCgroup()
@@ -342,7 +339,7 @@ func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 		}
 	}
 	limit := max(int64(float64(min(base, math.MaxInt64))*defaultRatio*defaultPoolRatio), 1)
-	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + inMiBTight(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
+	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + logattr.MiBCompact(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
 }
 
 // Name returns the pool's name, the first element of every scope.

@@ -136,8 +136,6 @@ func size(n *int64) string {
 }
 
 // mib formats bytes as "N.N MiB".
-func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-
 // seconds formats a count of seconds as a duration.
 func seconds(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()

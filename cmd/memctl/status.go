@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/safefs"
 	"github.com/memctl/memctl/thp"
@@ -46,10 +47,10 @@ func smapsRule(force bool, rss *int64) (read bool, why string) {
 	case rss == nil:
 		return false, "not read: no VmRSS (a kernel thread, a zombie, or VmRSS unknown)"
 	case *rss < smapsMaxRSS:
-		return true, fmt.Sprintf("read: VmRSS %s is under %s", mib(*rss), mib(smapsMaxRSS))
+		return true, fmt.Sprintf("read: VmRSS %s is under %s", logattr.MiB(*rss), logattr.MiB(smapsMaxRSS))
 	}
 	return false, fmt.Sprintf("not read: VmRSS %s is not under %s, and reading smaps_rollup would stall the process's mmap and munmap "+
-		"while the kernel walks its page tables (about 10-25 ms a GiB); -smaps reads it anyway", mib(*rss), mib(smapsMaxRSS))
+		"while the kernel walks its page tables (about 10-25 ms a GiB); -smaps reads it anyway", logattr.MiB(*rss), logattr.MiB(smapsMaxRSS))
 }
 
 // statusOptions are the flags of status that change what is read.

@@ -1,8 +1,9 @@
-// Package logattr makes the slog attributes of figures that may be unknown
-// or absent, so that no log line shows a sentinel as a number: a byte count
-// of -1 (unknown) is written "unknown", and GOMEMLIMIT's math.MaxInt64 (no
-// limit) "off". Every package that logs such a figure uses it (issue 32:
-// a WARN printed own_anon_bytes=-1).
+// Package logattr writes the figures memctl logs: the slog attributes of
+// figures that may be unknown or absent, so that no log line shows a
+// sentinel as a number (a byte count of -1, unknown, is written "unknown",
+// and GOMEMLIMIT's math.MaxInt64, no limit, "off"), and byte counts in MiB
+// for sentences (MiB, MiBCompact). Every package that logs such a figure
+// uses it.
 package logattr
 
 import (
