@@ -96,6 +96,10 @@
 // code), so that an allocator a library carries beside the one that owns
 // malloc is seen, and one present but not trimmed shows trimmed="false".
 //
-// Adding a metric is one entry in controllerMetrics, poolMetrics or
-// heapMetrics.
+// The metrics are the entries of one table in the memctl module
+// (internal/metrictable), which package
+// github.com/memctl/memctl/otelmetrics walks too: each entry names the
+// metric in both conventions, so that the two export the same figures, and
+// adding a metric is one entry there. A test checks the list above against
+// the table.
 package metrics

@@ -5,6 +5,9 @@ go 1.26.0
 // For development in this repository: the metrics module builds against the
 // memctl module next to it (users get the v0.1.0 it requires; the tag
 // metrics/v0.1.0 releases this module).
+// The module walks the metric table of the memctl module's
+// internal/metrictable: a release must require a memctl version with the
+// same table.
 replace github.com/memctl/memctl => ../
 
 require (

@@ -4,9 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"os"
+	"regexp"
 	"runtime"
 	"runtime/debug"
-	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/metrictable"
 	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
@@ -118,17 +121,22 @@ func TestLint(t *testing.T) {
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems, "names, units and help by the Prometheus conventions")
-	for _, m := range append(names(controllerMetrics), names(poolMetrics)...) {
-		assert.True(t, strings.HasPrefix(m, "memctl_"), m)
-	}
 }
 
-func names[T any](table []metric[T]) []string {
-	var out []string
-	for _, m := range table {
-		out = append(out, m.name)
+// The package doc lists every metric of the table, and no other.
+func TestDocListsTable(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	var doc, table []string
+	for _, m := range regexp.MustCompile(`(?m)^//\t(memctl_[a-z_]+)`).FindAllStringSubmatch(string(b), -1) {
+		doc = append(doc, m[1])
 	}
-	return out
+	for _, m := range metrictable.Metrics {
+		table = append(table, m.Prom)
+	}
+	slices.Sort(doc)
+	slices.Sort(table)
+	assert.Equal(t, table, doc)
 }
 
 // The scrape follows the controller: a real trim after a real burst shows
@@ -167,16 +175,15 @@ func TestControllerMetricsFollowTrims(t *testing.T) {
 	assert.Greater(t, value(t, mfs, "memctl_trim_cpu_seconds_total"), 0.0, "a trim costs CPU, and the rate limit counts it")
 	// By origin and reason, apart: the debounced trim is not a pressure trim.
 	assert.Equal(t, 1.0, value(t, mfs, "memctl_trims_origin_total", "origin", "debounced"))
-	for _, og := range trimOrigins {
-		ost, o := og.of(&want), og.label
+	for o, ost := range map[string]trim.OriginStats{"debounced": want.Debounced, "pressure": want.Pressure, "spiral": want.Spiral, "by_name": want.ByName} {
 		assert.Equal(t, float64(ost.Trims), value(t, mfs, "memctl_trims_origin_total", "origin", o))
 		assert.Equal(t, float64(ost.Skipped), value(t, mfs, "memctl_trims_origin_skipped_total", "origin", o))
 		assert.Equal(t, ost.CPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", o))
 	}
 	assert.Equal(t, 0.0, value(t, mfs, "memctl_trims_origin_total", "origin", "pressure"))
 	assert.Equal(t, want.TotalCPU.Seconds(), value(t, mfs, "memctl_trim_origin_cpu_seconds_total", "origin", "debounced"))
-	for _, sk := range trimSkips {
-		assert.Equal(t, float64(sk.of(&want)), value(t, mfs, "memctl_trims_skipped_reason_total", "reason", sk.label))
+	for r, n := range map[string]int64{"min_release": want.SkippedMinRelease, "cost": want.SkippedCost, "budget": want.SkippedBudget, "running": want.SkippedRunning} {
+		assert.Equal(t, float64(n), value(t, mfs, "memctl_trims_skipped_reason_total", "reason", r))
 	}
 	ps := ctl.Stats().Pressure
 	assert.Equal(t, float64(ps.LeftToKernel), value(t, mfs, "memctl_pressure_left_to_kernel_total"))

@@ -30,9 +30,10 @@
 // Names follow the OpenTelemetry conventions (dots, units in the unit
 // field: By for bytes, s for seconds, 1 for a ratio or a count of 1s); a
 // Prometheus exporter of the OTel SDK turns them into the names of package
-// metrics (memctl.trims, a counter, becomes memctl_trims_total). Each
-// entry of the table instruments says which Prometheus metric it mirrors,
-// and a test checks that the two lists match.
+// metrics (memctl.trims, a counter, becomes memctl_trims_total). Both
+// packages walk one table in the memctl module (internal/metrictable),
+// which names each metric in both conventions and gives the help, the same
+// in both; a test checks the list below against it.
 //
 //	memctl.enabled                   gauge    1 when Start ran and MEMCTL did not switch memctl off
 //	memctl.gomemlimit                gauge    By, GOMEMLIMIT now
@@ -40,7 +41,7 @@
 //	memctl.memory_limit              gauge    By, the limit GOMEMLIMIT was derived from
 //	memctl.trim.delay                gauge    s, 0 when trimming is off
 //	memctl.trims                     counter  trims run
-//	memctl.trims.skipped             counter  due trims skipped: too little to release
+//	memctl.trims.skipped             counter  trims skipped by the gate (every origin and reason)
 //	memctl.trim.released             counter  By, released by the trims
 //	memctl.trim.last_duration        gauge    s, wall time of the last trim
 //	memctl.trim.pending              gauge    1 while a trim is scheduled
@@ -53,6 +54,8 @@
 //	memctl.trim.lazy_released        counter  By, released lazily (MADV_FREE)
 //	memctl.trims.deferred            counter  trims the CPU rate limit deferred
 //	memctl.trims.early               counter  trims started early: CPU cgroup throttled
+//	memctl.trims.no_gc               counter  trims whose Go step returned the free heap without a GC
+//	memctl.trims.no_gc.aborted       counter  such steps stopped early, attribute reason: gc, no_progress, gc_cpu_limiter, limit_changed
 //	memctl.pressure.events           counter  attribute kind: spiral, kernel
 //	memctl.gc.death_spiral           gauge    1 during a death-spiral episode
 //	memctl.gc.cpu_share              gauge    1, the GC's CPU share (0 to 1)
@@ -93,6 +96,7 @@
 //	                                          the Prometheus histogram as counters (the OTel API has
 //	                                          no asynchronous histogram)
 //
-// and once for the process when a pool is given: memctl.budget.unguarded
-// (counter).
+// and once for the process when a pool is given:
+//
+//	memctl.budget.unguarded          counter  limits.Grow calls with no account in the context
 package otelmetrics

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/metrictable"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -174,19 +175,17 @@ func TestInstrumentsReadBack(t *testing.T) {
 	assert.Equal(t, st.Trim.Skipped, skipped, "the reasons add up to the skips")
 	for _, h := range st.CHeaps {
 		v, _ = one(t, got, "memctl.c_allocator.info", attribute.String("allocator", h.Allocator),
-			attribute.String("object", objectAttr(&h)), attribute.String("prefix", h.Prefix), attribute.Bool("owner", h.OwnsMalloc), attribute.Bool("trimmed", h.Trimmed))
+			attribute.String("object", metrictable.ObjectLabel(&h)), attribute.String("prefix", h.Prefix), attribute.Bool("owner", h.OwnsMalloc), attribute.Bool("trimmed", h.Trimmed))
 		assert.Equal(t, int64(1), v)
 	}
 
 	// Nothing outside the tables, and what always exists is there.
 	names := map[string]bool{}
-	for _, table := range [][]instrument{controllerInstruments, poolInstruments, processInstruments} {
-		for _, in := range table {
-			names[in.name] = true
-		}
+	for _, in := range metrictable.Metrics {
+		names[in.OTel] = true
 	}
 	for n := range got {
-		assert.True(t, names[n], "%s is not in a table", n)
+		assert.True(t, names[n], "%s is not in the table", n)
 	}
 	for _, n := range []string{"memctl.trim.pending", "memctl.bursts_in_flight", "memctl.misuse", "memctl.trim.cpu",
 		"memctl.pressure.events", "memctl.gc.death_spiral", "memctl.gc.cpu_share", "memctl.budget.peak", "memctl.heap_pressure"} {
@@ -255,29 +254,20 @@ func TestRegisterErrors(t *testing.T) {
 	}
 }
 
-// The instruments are the peers of package metrics' Prometheus metrics, one
-// to one: each entry names its Prometheus metric, and every metric the
-// metrics package documents has an entry.
-func TestPeerOfPrometheusCollector(t *testing.T) {
-	b, err := os.ReadFile("../metrics/doc.go") // the package doc lists the metrics
-	if os.IsNotExist(err) {
-		t.Skip("the metrics module is not next to this one")
-	}
+// The package doc lists every instrument of the table, and no other.
+func TestDocListsTable(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
 	require.NoError(t, err)
-	var prom []string
-	for _, m := range regexp.MustCompile(`(?m)^//\t(memctl_[a-z_]+)`).FindAllStringSubmatch(string(b), -1) {
-		prom = append(prom, m[1])
+	var doc, table []string
+	for _, m := range regexp.MustCompile(`(?m)^//\t(memctl\.[a-z_.]+)`).FindAllStringSubmatch(string(b), -1) {
+		doc = append(doc, m[1])
 	}
-	require.NotEmpty(t, prom)
-	var ours []string
-	for _, table := range [][]instrument{controllerInstruments, poolInstruments, processInstruments} {
-		for _, in := range table {
-			ours = append(ours, in.prom)
-		}
+	for _, in := range metrictable.Metrics {
+		table = append(table, in.OTel)
 	}
-	slices.Sort(prom)
-	slices.Sort(ours)
-	assert.Equal(t, prom, ours)
+	slices.Sort(doc)
+	slices.Sort(table)
+	assert.Equal(t, table, doc)
 }
 
 func cmpOr(s, def string) string {
