@@ -10,17 +10,12 @@ import (
 	"github.com/memctl/memctl/trim"
 )
 
-// WithAutoBurst configures the burst detector (trim.AutoBurstConfig): at the end
-// of each GC cycle it compares the live heap with its recent floor, and a
-// heap at twice its floor (and 32 MiB over it) is a burst, trimmed one trim
-// delay after the last GC end that saw it, through the same skip rule and
-// 2% CPU limit as a trim after AfterBurst. Set cfg.Off to turn it off;
-// AfterBurst and Begin work either way and add precision. An invalid field
-// follows the one rule for invalid values: no detector, Start logs the
-// error at WARN and returns it. It needs a trimmer (no detector when
-// trimming is off). Default: the zero trim.AutoBurstConfig (on, rise 2,
-// at least 32 MiB). Environment: MEMCTL_AUTOBURST=on|off, which wins over
-// cfg.Off.
+// WithAutoBurst configures the burst detector (trim.AutoBurstConfig), which
+// finds bursts at GC end and trims them as after AfterBurst. Set cfg.Off to
+// turn it off; AfterBurst and Begin work either way. An invalid field leaves it
+// off, and Start logs the error at WARN and returns it. It needs a trimmer.
+// Default: the zero trim.AutoBurstConfig. Environment: MEMCTL_AUTOBURST=on|off,
+// which wins over cfg.Off.
 func WithAutoBurst(cfg trim.AutoBurstConfig) Option { return func(c *config) { c.autoBurst = cfg } }
 
 // startAutoBurst starts the burst detector on tr unless MEMCTL_AUTOBURST or

@@ -24,24 +24,20 @@ func (c *Controller) Report() Report {
 }
 
 // AfterBurst marks the end of a burst of work: the trim runs once, the trim
-// delay after the last AfterBurst (and at the latest trim.Config.MaxWait after
-// the first of a run that does not pause). It allocates nothing; while a
-// trim is pending it is one atomic load, and only the first call after the
-// trimmer went idle takes an uncontended lock to set the timer (see
-// trim.Trimmer.AfterBurst for the figures).
+// delay after the last AfterBurst (at the latest trim.Config.MaxWait after the
+// first of a run that does not pause). It allocates nothing; see
+// trim.Trimmer.AfterBurst for its cost.
 func (c *Controller) AfterBurst() {
 	if c != nil && c.trimmer != nil {
 		c.trimmer.AfterBurst()
 	}
 }
 
-// Begin marks a burst in flight; no trim runs until the returned func is
-// called (up to the trimmer's max wait, see trim.Config.MaxWait), which also
-// counts as AfterBurst. Call the func exactly once: a func called more
-// often than Begin is misuse, counted in Stats.Misuse and logged once at
-// WARN, and a panic only under SetStrict. The same holds with no trimmer
-// (no Start, MEMCTL=off, trimming off): Begin then only counts. It
-// allocates nothing. Safe for concurrent use.
+// Begin marks a burst in flight: no trim runs until the returned func is called
+// (up to trim.Config.MaxWait), which counts as AfterBurst. Call it exactly
+// once: more calls than Begins are misuse, counted in Stats.Misuse and logged
+// once at WARN, a panic under SetStrict. With no trimmer (MEMCTL=off, trimming
+// off) Begin only counts. It allocates nothing.
 func (c *Controller) Begin() (end func()) {
 	if c == nil || c.trimmer == nil {
 		loose.Add(1)
@@ -71,12 +67,11 @@ func looseEnd() {
 	}
 }
 
-// SetStrict turns the strict mode for tests on or off and returns the
-// previous setting. In strict mode misuse panics instead of being counted
-// and logged: an end func of Begin called more often than Begin, whether or
-// not Start ran (a controller started in strict mode keeps it). Production
-// code leaves it off (the default): memctl must not crash the service it
-// protects. Safe for concurrent use.
+// SetStrict turns the strict mode for tests on or off and returns the previous
+// setting. In strict mode misuse panics instead of being counted and logged: an
+// end func of Begin called more often than Begin, with or without Start (a
+// controller started in strict mode keeps it). Production code leaves it off,
+// the default. Safe for concurrent use.
 func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
 
 // Stats returns the controller's counters and the C heap's statistics.
@@ -97,10 +92,10 @@ func (c *Controller) Stats() Stats {
 	return s
 }
 
-// Close stops the trimmer (a pending trim is dropped, a running one is
-// waited for) and the GOMEMLIMIT refresh, and returns when the trimmer's
-// goroutine has exited. The THP flag and GOMEMLIMIT stay as they are. Close is
-// idempotent and returns nil.
+// Close stops the trimmer (a pending trim is dropped, a running one waited
+// for), the GOMEMLIMIT refresh and the pressure monitor, and returns when the
+// trimmer's goroutine has exited. The THP flag and GOMEMLIMIT stay as they are.
+// Idempotent; it returns nil.
 func (c *Controller) Close() error {
 	if c == nil {
 		return nil

@@ -9,11 +9,9 @@ import (
 	"sync/atomic"
 )
 
-// AfterBurst calls AfterBurst on the live controller of the latest Start.
-// With none (Start not called, or its controller closed) it does nothing,
-// which is a wiring mistake: the first such call logs a WARN through
-// slog.Default, and every one is counted in Stats.Misuse. The path with a
-// controller costs what Controller.AfterBurst costs.
+// AfterBurst calls AfterBurst on the live controller of the latest Start. With
+// none it does nothing: a wiring mistake, counted in Stats.Misuse and logged at
+// WARN through slog.Default on the first call.
 func AfterBurst() {
 	if c := current.Load(); c != nil {
 		c.AfterBurst()
@@ -22,10 +20,9 @@ func AfterBurst() {
 	noController("AfterBurst")
 }
 
-// Begin calls Begin on the live controller of the latest Start. With none
-// it is a wiring mistake reported as AfterBurst's is, and it only counts
-// the burst, so that an end func called twice is misuse with or without
-// Start (see Controller.Begin; read the count with CurrentStats).
+// Begin calls Begin on the live controller of the latest Start. With none it is
+// a wiring mistake, as for AfterBurst, and only counts, so that an end func
+// called twice is misuse with or without Start (read it with CurrentStats).
 func Begin() (end func()) {
 	c := current.Load()
 	if c == nil {

@@ -37,14 +37,11 @@ type Report struct {
 	THPState  thp.State
 	THPSystem string
 	THPNote   string
-	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never
-	// empty); MemLimitRefresh the least time between two re-reads of the
-	// limit at GC end, 0 when there is no refresh (MEMCTL_REFRESH=off, the
-	// operator's GOMEMLIMIT). Between GC ends a written limit file is
-	// followed at once (limits.MemLimiter: inotify, else a timer every
-	// MemLimitRefresh while a limit is followed; the startup line's
-	// gomemlimit_follow says which), and kernel memory pressure re-reads
-	// the limit (limits.MemLimiter.Poke) before the pressure trim.
+	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never empty);
+	// MemLimitRefresh the least time between two re-reads of the limit at GC
+	// end, 0 when there is no refresh (MEMCTL_REFRESH=off, the operator's
+	// GOMEMLIMIT). Written limit files are followed between GC ends (see
+	// limits.MemLimiter).
 	MemLimit        limits.MemLimit
 	MemLimitRefresh time.Duration
 	// TrimDelay is the trim delay; 0 means trimming is off.
@@ -53,27 +50,20 @@ type Report struct {
 	// releases: "glibc", "jemalloc", "mimalloc", "tcmalloc", or "none" when
 	// the C heap step is unavailable (cgo off, musl, not Linux).
 	CHeap string
-	// CHeaps names every allocator found in the process (cheap.Heap.Name):
-	// the owner of malloc first, then those other objects carry (a
-	// library's own jemalloc, one dlopened with RTLD_LOCAL, a prefixed
-	// copy), with those present and not trimmed marked so. Report fills it
-	// at each call, as found then; empty when the C heap step is
-	// unavailable.
+	// CHeaps names every allocator found in the process (cheap.Heap.Name), the
+	// owner of malloc first, those present and not trimmed marked so; filled at
+	// each Report call. Empty when the C heap step is unavailable.
 	CHeaps []string
 	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
 	// says why not (switched off, operator's setting, not glibc, cgo off, an
 	// invalid value) when it is 0.
 	ArenaMax     int
 	ArenaMaxNote string
-	// Pressure names the kernel memory-pressure source watched (for
-	// example "cgroup v1 /sys/fs/cgroup/memory/app/memory.pressure_level
-	// low"), "none" when there is none. The system-wide PSI is named
-	// "host-wide PSI ...", and PressureNote then says why the cgroup's own
-	// signal could not be used (a read-only cgroup mount, no memory
-	// controller, no limit; see pressure.Monitor.SourceNote); when the
-	// cgroup's memory.events is watched because its PSI trigger was
-	// refused, PressureNote says why ("PSI trigger refused: EPERM at the
-	// cgroup namespace root (nsdelegate)").
+	// Pressure names the kernel memory-pressure source watched ("cgroup v1
+	// /sys/fs/cgroup/memory/app/memory.pressure_level low"), "none" when there
+	// is none; PressureNote says why it is not the cgroup's own PSI trigger
+	// when it is not (host-wide PSI, memory.events; see
+	// pressure.Monitor.SourceNote).
 	Pressure     string
 	PressureNote string
 	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,
@@ -83,30 +73,22 @@ type Report struct {
 
 // Stats is a snapshot of the controller's counters.
 type Stats struct {
-	// Trim holds the trimmer's counters (zero when trimming is off):
-	// Trim.Pressure counts the trims asked for on kernel pressure, run
-	// and skipped, and their CPU, apart from the debounced ones;
-	// Trim.SkippedMinRelease and its siblings the skips by reason.
+	// Trim holds the trimmer's counters (zero when trimming is off).
 	Trim trim.Stats
 	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
 	GoMemLimit int64
 	// Misuse counts the process's misuse of the package so far, each kind
-	// logged once at WARN: wiring mistakes (AfterBurst or Begin called with
-	// no live controller, Start called while an earlier controller was
-	// live: the second Start is logged through its own logger, the rest
-	// through slog.Default) and end funcs of Begin called more often than
-	// Begin (those of bursts begun with no trimmer, plus this controller's
-	// trimmer's, Trim.Misuse). SetStrict makes the extra end panic instead.
+	// logged once at WARN: wiring mistakes (see the package doc) and end funcs
+	// of Begin called more often than Begin (including Trim.Misuse). SetStrict
+	// makes the extra end panic instead.
 	Misuse int64
-	// CHeap holds the statistics of the allocator that owns malloc, -1
-	// where unknown (all of them when the C heap step is unavailable: cgo
-	// off, musl, not Linux). Reading them costs about a microsecond
-	// (mallinfo2 walks glibc's arenas; see cheap.Step.Stats).
+	// CHeap holds the statistics of the allocator that owns malloc, -1 where
+	// unknown (all of them when the C heap step is unavailable); see
+	// cheap.Step.Stats for their cost.
 	CHeap cheap.Stats
-	// CHeaps holds every allocator found in the process, the owner of
-	// malloc first, each with its figures and what the trims released from
-	// it (see cheap.Step.Heaps: about 2 µs more with glibc alone, and a
-	// scan of the objects loaded since the last call, if any).
+	// CHeaps holds every allocator found in the process, the owner of malloc
+	// first, with its figures and what the trims released from it (see
+	// cheap.Step.Heaps).
 	CHeaps []cheap.Heap
 	// Pressure holds the death-spiral and kernel-pressure counters and the
 	// cgroup v2 memory.events counters (all -1 elsewhere).
@@ -118,9 +100,9 @@ type Stats struct {
 	Swap SwapStats
 }
 
-// Controller owns what Start set up: the trimmer and the GOMEMLIMIT refresh.
-// Its methods are safe for concurrent use; a nil *Controller, and one whose
-// Start found MEMCTL=off, does nothing.
+// Controller owns what Start set up: the trimmer, the GOMEMLIMIT refresh and
+// the pressure monitor. Its methods are safe for concurrent use; a nil
+// *Controller, and one whose Start found MEMCTL=off, does nothing.
 type Controller struct {
 	report    Report
 	trimmer   *trim.Trimmer
@@ -136,42 +118,22 @@ type Controller struct {
 	histOff   atomic.Bool  // benchmarks of the GC-end path without it
 }
 
-// Start applies memctl's settings to this process and returns the controller
-// that owns them; call it once, at the top of main (the THP flag does not split
-// pages that are already huge) and defer its Close:
+// Start applies memctl's settings (see the package doc, and each option for its
+// part) to this process and returns the controller that owns them. Call it
+// once, at the top of main (the THP flag does not split pages that are already
+// huge), and defer its Close.
 //
-//   - THP: no huge pages except where the program asked for them with
-//     madvise(MADV_HUGEPAGE) (thp.PolicyExceptAdvised, prctl
-//     PR_SET_THP_DISABLE with PR_THP_DISABLE_EXCEPT_ADVISED, Linux 6.18),
-//     or none at all (thp.PolicyDisable) on an older kernel, unless MEMCTL_THP
-//     or WithTHP says otherwise. The flag is inherited by child processes
-//     (fork and exec): a child keeps its own advised regions' huge pages
-//     under the default. An operator's GLIBC_TUNABLES glibc.malloc.hugetlb=1
-//     (glibc advises its heap) is kept: on an older kernel the flag is then
-//     left as it is, and the startup line's thp_note says so;
-//   - GOMEMLIMIT: 90% of the cgroup memory limit less the memory outside
-//     the Go runtime, re-read at GC end at most every 10 s, unless the
-//     operator set GOMEMLIMIT or AUTOMEMLIMIT;
-//   - a trimmer that returns freed memory trim.DefaultDelay after a burst:
-//     one it detects at GC end (trim.AutoBurstConfig, unless MEMCTL_AUTOBURST or
-//     WithAutoBurst turns that off), or one marked with AfterBurst or Begin.
-//
-// It logs one INFO line that states what it decided, and one WARN line for
-// each part it had to skip (so the caller need not log the error again). It
-// always returns a usable controller: a part that fails is reported and skipped, never
+// It logs one INFO line that states what it decided, and one WARN line for each
+// part it had to skip, so the caller need not log the error again. It always
+// returns a usable controller: a part that fails is reported and skipped, never
 // fatal. The error joins what failed: an invalid MEMCTL_* value (that part is
-// left off, the operator's intent is not guessed), a malformed cgroup file,
-// a prctl refused. A part that is unsupported here (off Linux, an older
-// kernel) is logged and is not an error.
+// left off), a malformed cgroup file, a prctl refused. A part unsupported here
+// (off Linux, an older kernel) is logged and is not an error.
 //
-// The controller becomes the one the package-level AfterBurst and Begin use.
-// Start is meant to run once per process; a second Start while an earlier
-// controller is live (including the one the auto package started) is a
-// wiring mistake: it logs a WARN naming where the earlier one was started,
-// and the newest controller wins. Both keep running until their Close;
-// closing the newest hands the package-level functions back to the latest
-// earlier controller still live, and closing an older one leaves the newer
-// in place.
+// The controller serves the package-level AfterBurst and Begin. A second Start
+// while an earlier controller is live is a wiring mistake, logged with where
+// the earlier one was started: the newest controller serves them until its
+// Close, which hands them back to the latest earlier one still live.
 func Start(opts ...Option) (*Controller, error) {
 	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
 	c, l := s.c, s.cfg.logger

@@ -85,15 +85,12 @@ func parseFloor(v string) (int64, error) {
 	return n << shift, nil
 }
 
-// MemLimit returns the latest GOMEMLIMIT decision of the controller's
-// limiter: the memory limit in force (bytes, its source and file, a
-// memory.high followed), what is held outside Go, GOMEMLIMIT in force and
-// who set it (Source SourceEnv and Operator for the operator's value),
-// with no read and no write: it allocates nothing, so a cache may call it
-// on a hot path. The limit is followed whether memctl set GOMEMLIMIT or an
-// operator did (unless MEMCTL_REFRESH=off). With no limiter (MEMCTL=off,
-// a nil Controller) it holds GOMEMLIMIT in force alone. Safe for
-// concurrent use.
+// MemLimit returns the latest GOMEMLIMIT decision of the controller's limiter
+// (the limit in force, what is held outside Go, GOMEMLIMIT and who set it),
+// followed whether memctl set GOMEMLIMIT or the operator did (unless
+// MEMCTL_REFRESH=off). It reads nothing and allocates nothing: a cache may call
+// it on a hot path. With no limiter (MEMCTL=off, a nil Controller) it holds
+// GOMEMLIMIT alone.
 func (c *Controller) MemLimit() limits.MemLimit {
 	if c == nil || c.limiter == nil {
 		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone}
@@ -101,13 +98,10 @@ func (c *Controller) MemLimit() limits.MemLimit {
 	return c.limiter.Last()
 }
 
-// WatchMemLimit returns a channel that receives MemLimit each time what it
-// says is in force changes (a resize, memory.high, GOMEMLIMIT moved, an
-// operator's value overridden or given back), for a cache that sizes
-// itself from the limit; see limits.MemLimiter.Subscribe for buf and the
-// dropping rule (the last value received is always the one in force).
-// cancel stops it; Close closes the channel. With no limiter the channel
-// is closed at once. Safe for concurrent use.
+// WatchMemLimit returns a channel that receives MemLimit each time what is in
+// force changes, for a cache that sizes itself from the limit; buf, the
+// dropping rule and cancel are limits.MemLimiter.Subscribe's. Close closes the
+// channel. With no limiter it is closed at once.
 func (c *Controller) WatchMemLimit(buf int) (changes <-chan limits.MemLimit, cancel func()) {
 	var m *limits.MemLimiter
 	if c != nil {
@@ -126,12 +120,11 @@ func WatchMemLimit(buf int) (changes <-chan limits.MemLimit, cancel func()) {
 	return current.Load().WatchMemLimit(buf)
 }
 
-// Refresh re-reads the memory limit and the memory outside the Go runtime
-// now and sets GOMEMLIMIT as the refresh at GC end does
-// (limits.MemLimiter.Refresh), for a caller that knows the limit changed.
-// It returns the decision and the error that Start would report. With no
-// limiter (MEMCTL=off, the operator's GOMEMLIMIT, a nil Controller) it
-// changes nothing and returns GOMEMLIMIT as it is. Safe for concurrent use.
+// Refresh re-reads the memory limit now and sets GOMEMLIMIT as the refresh at
+// GC end does (limits.MemLimiter.Refresh), for a caller that knows the limit
+// changed, and returns the decision and the error Start would report. With no
+// limiter (MEMCTL=off, the operator's GOMEMLIMIT, a nil Controller) it changes
+// nothing and returns GOMEMLIMIT as it is.
 func (c *Controller) Refresh() (limits.MemLimit, error) {
 	if c == nil || c.limiter == nil {
 		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil

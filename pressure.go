@@ -58,10 +58,10 @@ func pressureTrim(c *Controller) func() {
 	}
 }
 
-// Subscribe returns a channel of the death-spiral and kernel-pressure
-// events (see pressure.Monitor.Subscribe: buf is its room, a full channel
-// drops and counts, cancel closes it; Close closes it too). On a nil
-// controller, or one without a monitor, the channel is closed at once.
+// Subscribe returns a channel of the death-spiral and kernel-pressure events;
+// buf, the dropping and cancel are pressure.Monitor.Subscribe's, and Close
+// closes it too. On a nil controller, or one without a monitor, the channel is
+// closed at once.
 func (c *Controller) Subscribe(buf int) (events <-chan pressure.Event, cancel func()) {
 	var m *pressure.Monitor
 	if c != nil {

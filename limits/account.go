@@ -9,30 +9,20 @@ import (
 	"sync/atomic"
 )
 
-// Unlimited is the limit that asks for no limit of an account's own, by
-// name: Pool.Open(name, Unlimited), Account.Open(name, Unlimited) or
-// HTTPConfig{Limit: Unlimited}. The account's ancestors and the pool still
-// limit it. A limit of 0 is an error, so that a forgotten limit is not
-// silently unlimited.
+// Unlimited is the limit that asks for no limit of an account's own (Pool.Open,
+// Account.Open, HTTPConfig.Limit); its ancestors and the pool still limit it. A
+// limit of 0 is an error, not unlimited.
 const Unlimited int64 = math.MaxInt64
 
-// Account is one request's (or one operator's) share of a pool: it counts
-// the bytes its code reports with Grow and Shrink, refuses a Grow that would
-// take it past its own limit, and reserves from its parent (the pool, or the
-// account it was opened from) in chunks of PoolConfig.ChunkSize bytes, so
-// that Grow and Shrink within a reserved chunk touch only the account: one
-// atomic add (Grow) or compare-and-swap (Shrink) each, no lock, no
-// allocation, and nothing shared between accounts used by different
-// goroutines (measured against a mutex-guarded account and pool:
-// docs/benchmarks.md).
+// Account is one request's share of a pool: it counts the bytes its code
+// reports with Grow and Shrink, refuses a Grow past its limit, and reserves
+// from its parent (the pool, or the account it was opened from) in chunks of
+// PoolConfig.ChunkSize, so that Grow and Shrink within a chunk take no lock
+// (docs/benchmarks.md). What an account opened from a holds counts in a's Used
+// and limit, but a.Shrink takes back only what a.Grow reported.
 //
-// Accounts nest: what an account opened from a holds counts in a's Used and
-// against a's limit, but not as a's own bytes: a.Shrink can only take back
-// what a.Grow reported (anything more is misuse, see Shrink).
-//
-// An Account is safe for concurrent use (a request may fan out). Open one
-// with Pool.Open or Account.Open and Close it when the work ends; the zero
-// value is not usable.
+// An Account is safe for concurrent use. Open one with Pool.Open or
+// Account.Open and Close it when the work ends; the zero value is not usable.
 type Account struct {
 	// Hot fields, written by Grow and Shrink, alone on the first cache line
 	// so that accounts used by different goroutines do not share one.
@@ -128,8 +118,8 @@ func checkLimit(limit int64, what func() string) error {
 	return nil
 }
 
-// Name returns the account's scope: its name path from the pool down, for
-// example "pool/req-17/sort".
+// Name returns the account's scope, its name path from the pool down:
+// "pool/req-17/sort".
 func (a *Account) Name() string { return a.scope() }
 
 // scope builds the name path from the pool down. It is made only for errors
@@ -149,9 +139,8 @@ func (a *Account) scope() string {
 // (math.MaxInt64) means it has none.
 func (a *Account) Limit() int64 { return a.limit }
 
-// Used returns the bytes in use: grown and not shrunk, plus what the
-// accounts opened from it hold (their Used plus up to two chunks each). It
-// is 0 after Close.
+// Used returns the bytes in use: grown and not shrunk, plus what the accounts
+// opened from it hold (with up to two reserved chunks each); 0 after Close.
 func (a *Account) Used() int64 {
 	if a.reserved.Load() < 0 {
 		return 0
@@ -166,13 +155,10 @@ func (a *Account) Peak() int64 { return a.peak.Load() }
 // and Used plus the size of its largest refused Grow.
 func (a *Account) demand() int64 { return max(a.peak.Load(), a.refusedAt.Load()) }
 
-// Open opens an account nested in a, named name, with its own limit in bytes
-// (Unlimited: none; a's limit and the pool's still apply). Its scope is a's
-// scope followed by "/" and name, and what it holds counts in a's Used.
-// It returns an error matching ErrInvalidSize for a limit that is negative
-// or 0, and ErrClosed when a, one of its ancestors or the pool is closed
-// (wrapping the cause of the context a was bound to, as Grow's). Safe for
-// concurrent use.
+// Open opens an account nested in a with its own limit in bytes (Unlimited:
+// none; a's and the pool's still apply), scope a's followed by "/" and name. It
+// returns an error matching ErrInvalidSize for a limit that is negative or 0,
+// and ErrClosed as Grow does.
 func (a *Account) Open(name string, limit int64) (*Account, error) {
 	return a.open(name, 0, limit)
 }

@@ -7,30 +7,18 @@ import (
 	"strconv"
 )
 
-// Grow reports n more bytes in use. It returns nil, or:
-//   - an *ExhaustedError (matching ErrResourceExhausted) when the account,
-//     one of its ancestors, or the pool has no room for n bytes, or the pool
-//     is under heap pressure and n does not fit in what the account already
-//     holds; nothing is counted then. Any n past a limit is refused this way,
-//     however large (a size from a client, such as a Content-Length, gets
-//     the same answer with 0 or 1 byte in use);
-//   - an error matching ErrInvalidSize when n is negative; nothing is
-//     counted then;
-//   - an error matching ErrClosed when the account, one of its ancestors or
-//     the pool is closed. When the account was closed because the context
-//     it was bound to with WithAccount ended, the error also wraps that
-//     context's cause (context.Cause): it matches ErrResourceExhausted (and
-//     errors.As finds the *ExhaustedError) after the heap watch canceled it
-//     (PoolConfig.CancelLargest), and context.Canceled or
-//     context.DeadlineExceeded after a client went away or a deadline
-//     passed.
+// Grow reports n more bytes in use. It returns nil, or, counting nothing, an
+// error matching:
 //
-// With MEMCTL_BUDGETS=observe or off (see the package doc) a Grow that
-// would be refused succeeds and is counted (PoolStats.Observed); only a
-// total past math.MaxInt64 is still refused.
+//   - ErrResourceExhausted (an *ExhaustedError) when the account, an ancestor
+//     or the pool has no room for n, however large, or the pool is under heap
+//     pressure and n does not fit in what the account already holds;
+//   - ErrInvalidSize when n is negative;
+//   - ErrClosed when the account, an ancestor or the pool is closed.
 //
-// Grow(0) returns nil. Within the account's reserved chunk Grow costs one
-// atomic add and allocates nothing; an error allocates.
+// In ModeObserve and ModeOff a Grow that would be refused succeeds and is
+// counted; only a total past math.MaxInt64 is refused. Within the reserved
+// chunk Grow allocates nothing.
 func (a *Account) Grow(n int64) error {
 	if n > 0 && n <= a.reserved.Load() {
 		// Fast path: add, then check against what the account holds. A

@@ -40,15 +40,11 @@ func (a *Account) giveBack(n int64, unlink *Account) {
 	a.parent.returnFromKid(n, unlink)
 }
 
-// Shrink reports n fewer bytes in use. Taking back more than the account
-// grew itself (bytes held by accounts opened from it do not count) is
-// misuse, as is a negative n: nothing is changed, the pool counts it
-// (PoolStats.Misuse) and logs the first one at WARN, or, in strict mode
-// (PoolConfig.Strict), Shrink panics once it holds no lock. When the
-// account holds more than two chunks beyond its use, Shrink returns the
-// excess to the parent. Shrink after Close does nothing, but a negative n
-// is still counted as misuse. Within the reserved chunk Shrink costs one
-// compare-and-swap and allocates nothing.
+// Shrink reports n fewer bytes in use. Taking back more than the account grew
+// itself, or a negative n, is misuse: nothing changes, the pool counts it
+// (PoolStats.Misuse) and logs the first at WARN, or, with PoolConfig.Strict,
+// Shrink panics. It returns what is beyond two unused chunks to the parent.
+// After Close it does nothing but count a negative n.
 func (a *Account) Shrink(n int64) {
 	if n <= 0 {
 		if n < 0 {
@@ -132,10 +128,9 @@ func (a *Account) trimLocked(slack int64) {
 	}
 }
 
-// Resize reports that a structure of oldSize bytes now takes newSize bytes:
-// it grows by the difference (with Grow's errors, the ExhaustedError's
-// Requested being newSize-oldSize) or shrinks by it. A negative size is an
-// error matching ErrInvalidSize and changes nothing.
+// Resize reports that a structure of oldSize bytes now takes newSize: it grows
+// (with Grow's errors; Requested is newSize-oldSize) or shrinks by the
+// difference. A negative size is an error matching ErrInvalidSize.
 func (a *Account) Resize(oldSize, newSize int64) error {
 	if oldSize < 0 || newSize < 0 {
 		return fmt.Errorf("%w: %s: Resize(%d, %d): negative size", ErrInvalidSize, a.scope(), oldSize, newSize)
@@ -147,18 +142,14 @@ func (a *Account) Resize(oldSize, newSize int64) error {
 	return nil
 }
 
-// Close returns everything the account holds, including what accounts
-// opened from it hold, to its parent, closes those accounts too, and makes
-// further Grow and Open calls on any of them fail with ErrClosed. An
-// account closed with bytes it grew and did not shrink is a leak: the pool
-// counts it (PoolStats.Leaked, LeakedBytes) and logs the first one at WARN,
-// or, in strict mode, Close panics after closing everything and releasing
-// every lock. An account closed because the context it was bound to ended
-// (WithAccount) is not a leak: the work may still be running. Under heap
-// pressure, closing an account that held at least PoolConfig.CancelShare of
-// the live heap makes the pool read the heap again at once (one GC cycle on
-// a goroutine that exits). Close is idempotent and safe to call concurrently
-// with any method.
+// Close returns what the account and the accounts opened from it hold to its
+// parent, closes them all, and makes later Grow and Open on them fail with
+// ErrClosed. Closing with bytes grown and not shrunk is a leak, unless the
+// WithAccount context's end closed it: counted (PoolStats.Leaked, LeakedBytes)
+// and the first logged at WARN, or, with PoolConfig.Strict, a panic once all is
+// closed. Under heap pressure, closing an account that held at least
+// PoolConfig.CancelShare of the live heap makes the pool run a GC cycle.
+// Idempotent.
 func (a *Account) Close() {
 	leak := a.close(nil)
 	a.pool.workEnded(a)

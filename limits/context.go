@@ -22,14 +22,9 @@ func FromContext(ctx context.Context) *Account {
 }
 
 // Grow charges n bytes to the account in ctx (see Account.Grow). With no
-// account in ctx it counts nothing and returns nil, so that code written for
-// budgets runs unchanged where none is configured; the call is counted in
-// PoolStats.Unguarded, and the first one in the process is logged at WARN
-// through slog.Default, so that a handler left outside the middleware shows
-// up. A negative n is still an error matching ErrInvalidSize. A handler
-// that charges a request body's size checks http.Request.ContentLength
-// first: net/http sets it to -1 when the length is unknown (a chunked
-// upload), and Grow(-1) is that error (a 500), not resource_exhausted.
+// account in ctx it returns nil, counting the call in PoolStats.Unguarded and
+// logging the first in the process at WARN through slog.Default; a negative n
+// is still an error matching ErrInvalidSize (check a ContentLength of -1).
 func Grow(ctx context.Context, n int64) error {
 	if a := FromContext(ctx); a != nil {
 		return a.Grow(n)
@@ -53,30 +48,16 @@ func Shrink(ctx context.Context, n int64) {
 	}
 }
 
-// WithAccount returns a copy of parent that carries a, and binds a to it:
-//   - a is closed when the returned context ends (parent canceled, or the
-//     returned cancel called), so its bytes go back to the pool even if the
-//     code that opened it forgets;
-//   - with PoolConfig.CancelLargest, the pool's heap watch may cancel the
-//     returned context with an *ExhaustedError as its cause
-//     (context.Cause(ctx) matches ErrResourceExhausted).
+// WithAccount returns a copy of parent that carries a, and binds a to it: a is
+// closed (not a leak) shortly after the returned context ends
+// (context.AfterFunc), and, with PoolConfig.CancelLargest, the heap watch may
+// cancel the context with an *ExhaustedError as its cause. Grow and Open on a
+// then fail with ErrClosed wrapping context.Cause(ctx).
 //
-// When a is closed because the context ended (not by cancel or Close), a
-// later Grow or Open on it fails with an error that matches ErrClosed and
-// also wraps context.Cause(ctx): ErrResourceExhausted after a heap-pressure
-// cancel, so WriteError answers it with 429; context.Canceled when the
-// parent was canceled (for a net/http request: the client went away). The
-// context's end reaches a shortly after it happens (context.AfterFunc runs
-// the close on its own goroutine), so a Grow in between may still succeed.
-// Such a close is not a leak (see Account.Close): the work may still run.
-//
-// Calling cancel closes a before it returns (a leak then counts as in
-// Account.Close, and panics in strict mode) and releases the context's
-// resources; call it when the work ends, as with context.WithCancel. Under
-// heap pressure, after a heap-pressure cancel or when the work held a large
-// share of the heap (PoolConfig.CancelShare), calling it also tells the pool
-// that the memory of the work is free: the pool runs a GC cycle at once (on
-// a goroutine that exits) so that the pressure reading is fresh.
+// Call cancel when the work ends, as with context.WithCancel: it closes a
+// before it returns (a leak counts as in Account.Close) and, after a
+// heap-pressure cancel or when a held at least PoolConfig.CancelShare of the
+// heap, makes the pool run a GC cycle to refresh its pressure reading.
 func WithAccount(parent context.Context, a *Account) (context.Context, context.CancelFunc) {
 	ctx, end := withAccount(parent, a)
 	return ctx, func() {

@@ -261,10 +261,9 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 	}
 }
 
-// Following says how a changed limit is noticed between GC ends: "inotify
-// on N files" (no wake-up while idle), a timer with the reason there is
-// no inotify, or "" when there is no follower (no memory cgroup, the
-// refresh off, the operator's GOMEMLIMIT). Safe for concurrent use.
+// Following says how a changed limit is noticed between GC ends: "inotify on N
+// files", a timer with the reason there is no inotify, or "" when there is no
+// follower (no memory cgroup, the refresh off, the operator's GOMEMLIMIT).
 func (m *MemLimiter) Following() string {
 	if m == nil {
 		return ""
@@ -275,13 +274,10 @@ func (m *MemLimiter) Following() string {
 	return ""
 }
 
-// Poke re-reads the limit now, in the caller's goroutine, unless the
-// refresh is off or closed, a re-read is running, or Poke re-read it
-// within the last second. package memctl calls it on kernel memory pressure (a PSI
-// trigger, memory.events), the signal that a memory.high may have been
-// lowered under the usage, where the kernel then throttles allocation and
-// GC ends become rare. It costs what a refresh costs (see MemLimiter).
-// Safe for concurrent use.
+// Poke re-reads the limit now, in the caller's goroutine, unless the refresh is
+// off or closed, a re-read is running, or Poke re-read it within the last
+// second. package memctl calls it on kernel memory pressure, when a lowered
+// memory.high may be throttling the process and GC ends become rare.
 func (m *MemLimiter) Poke() {
 	if m == nil || !m.on || m.every <= 0 || m.closed.Load() {
 		return

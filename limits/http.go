@@ -15,103 +15,48 @@ import (
 // half of HTTPConfig.Limit when that is smaller.
 const defaultBurstThreshold = 64 << 20
 
-// HTTPConfig configures Pool.Middleware. Limit must be set; the other
-// fields' zero values name accounts "req-1", "req-2", ... and call no burst
-// hook.
+// HTTPConfig configures Pool.Middleware. Limit must be set; the other fields'
+// zero values name accounts "req-1", "req-2", ... and call no burst hook.
 type HTTPConfig struct {
-	// Limit is each request's budget in bytes, required: 0 (the zero value)
-	// and negative values are errors, so that a forgotten budget is not
-	// silently unlimited. Unlimited asks for requests limited by the pool
-	// alone.
+	// Limit is each request's budget in bytes, required: 0 and negative are
+	// errors. Unlimited leaves only the pool to limit requests.
 	Limit int64
-	// Name returns the account name for a request, the element after the
-	// pool's name in error scopes. Default: nil (means "req-N", N counting
-	// the pool's numbered requests from 1, whatever the transport).
+	// Name returns a request's account name, the element after the pool's in
+	// error scopes. Default: nil (means "req-N", N counting the pool's requests
+	// from 1).
 	Name func(*http.Request) string
-	// BurstThreshold is the size, in bytes, at or above which a request
-	// ends a burst: AfterBurst is called once the handler returns and the
-	// account is closed when the account's peak (Account.Peak) reached it,
-	// or when a Grow of the request was refused with ErrResourceExhausted
-	// and what the account used plus the refused size reached it (code that
-	// allocates before it reports leaves that much garbage; code that
-	// reports first was about to). Requests that reach it together end a
-	// burst too: once two of the middleware's requests were in flight at
-	// once, and the pool's use (Pool.Used, what all its accounts hold, in
-	// 64 KiB chunks by default) has peaked at BurstThreshold or more since
-	// the last burst they ended, the request whose end leaves it under half
-	// of BurstThreshold calls AfterBurst (three concurrent requests of
-	// 31 MB each under a 32 MiB threshold end one burst when the last of
-	// them ends). A steady load that keeps the pool above half the
-	// threshold ends no burst until it falls. Negative means never.
-	// Default: 0, which means 64 MiB, or Limit/2
-	// when Limit is set and Limit/2 is smaller (at least 1 byte): a request
-	// never holds more than Limit, so a request limited to 32 MiB ends a
-	// burst at 16 MiB.
-	// Unlimited counts as no limit here.
+	// BurstThreshold is the size, in bytes, at or above which a request ends a
+	// burst (AfterBurst is called once the handler returned): when the
+	// account's peak, or its use plus a refused Grow, reached it, or when
+	// requests in flight together took Pool.Used to it and the last to end
+	// leaves it under half (docs/budgets.md). Negative means never. Default: 0,
+	// which means 64 MiB, or Limit/2 when that is smaller (at least 1 byte).
 	BurstThreshold int64
-	// AfterBurst is called, on the request's goroutine, after a request
-	// that reached BurstThreshold, alone or together with others (see
-	// BurstThreshold). Nothing is wired automatically: to
-	// return the burst's freed memory to the OS a few seconds later, pass
-	// memctl.AfterBurst (the trimmer of memctl.Start). It should return
-	// quickly. Default: nil (nothing is called; Middleware says so once at
-	// INFO through the pool's logger).
+	// AfterBurst is called on the request's goroutine after a request that
+	// reached BurstThreshold; pass memctl.AfterBurst. It should return quickly.
+	// Default: nil (nothing is called; Middleware says so once at INFO).
 	AfterBurst func()
-	// UnchargedBody leaves request bodies out of the budget: the handler
-	// charges what it keeps. Set it for handlers that stream their body
-	// rather than hold it (io.Copy to a file, a proxy), which the charge
-	// would refuse once the bytes read passed the budget, and for a gRPC
-	// or Connect server behind the middleware whose interceptors
-	// (grpcbudget, connectbudget) charge each message. Default: false (the
-	// body is charged, see Middleware).
+	// UnchargedBody leaves request bodies out of the budget: for handlers that
+	// stream their body (io.Copy to a file, a proxy), and for gRPC or Connect
+	// servers whose interceptors charge each message. Default: false.
 	UnchargedBody bool
 }
 
-// Middleware returns a net/http middleware that opens an account per
-// request with cfg.Limit, puts it in the request's context
-// (limits.Grow(r.Context(), n) charges it) and closes it when the handler
-// returns, even by panic. With PoolConfig.CancelLargest the account is bound
-// to a cancelable context of its own (WithAccount) that the pool's heap
-// watch may cancel; without it the middleware skips that context and costs
-// 3 allocations a request: the account, the context value and the request
-// copy of r.WithContext (measured figures: docs/benchmarks.md).
-// When the pool is closed the middleware answers 503 Service Unavailable
-// without calling the handler. It returns an error matching ErrInvalidSize
-// for a cfg.Limit that is negative or 0. The middleware is safe for
-// concurrent use.
+// Middleware returns a net/http middleware that opens an account per request
+// with cfg.Limit, puts it in the request's context and closes it when the
+// handler returns, even by panic; with PoolConfig.CancelLargest it binds it
+// with WithAccount. When the pool is closed it answers 503 without calling the
+// handler. It returns an error matching ErrInvalidSize for a cfg.Limit that is
+// negative or 0. Safe for concurrent use; its cost: docs/benchmarks.md.
 //
-// The request body is charged to the account before it is in memory
-// (unless cfg.UnchargedBody), at twice its length: a body read into memory
-// is held twice at its peak (io.ReadAll copies its chunks into one slice
-// at the end, bytes.Buffer and json.Decoder copy their buffer as they
-// grow). A request whose Content-Length is more than that can grant (its
-// own limit, the pool's room) is answered 429 resource_exhausted, as
-// WriteError answers, before the handler runs, and nothing of the body is
-// read; the ExhaustedError's Requested is twice the Content-Length. A body
-// of unknown length (chunked, or HTTP/2 without content-length) is charged
-// as it is read: each Read of r.Body charges twice the bytes it read, and
-// once the budget refuses, that Read and every later one return the budget
-// error, so that io.ReadAll or json.Decoder fail with it. A handler answers
-// it with WriteError, or returns without writing: the middleware then
-// answers 429 itself (for such requests it wraps the ResponseWriter to see
-// whether the handler wrote; Flush, Hijack, ReadFrom and
-// http.ResponseController pass through). The body's charge is released
-// when the handler returns; a request without a body costs what it cost
-// before bodies were charged. In a 512 MiB cgroup with a 256 MiB
-// pool and 64 MiB per request, three concurrent 200 MiB uploads to a
-// handler that reads its body with io.ReadAll are refused with 429 while
-// small requests are served; without the charge the server is OOM-killed
-// (docs/budgets.md). A handler that charged the body itself (Grow(ctx,
-// r.ContentLength)) no longer needs to.
-//
-// A handler shrinks what it grew before it returns (defer limits.Shrink)
-// and answers a Grow error with WriteError (the package example); a leak
-// is counted as in Account.Close and, with PoolConfig.Strict, panics after
-// the account is closed and AfterBurst called, unless the handler itself
-// panicked. With CancelLargest, a Grow after the request's context ended
-// fails as WithAccount says (429 after a heap-pressure cancel); without
-// it, a handler that should stop when the client goes away checks
-// r.Context().Err() as usual.
+// Unless cfg.UnchargedBody, the request body is charged at twice its length
+// before it is read: a Content-Length the budget cannot grant is answered 429
+// before the handler runs (Requested is twice the Content-Length), and a body
+// of unknown length is charged as it is read, a refused Read returning the
+// budget error; a handler that returns without writing then gets a 429 from the
+// middleware. The charge ends with the handler (docs/budgets.md). A leak counts
+// as in Account.Close, and panics with PoolConfig.Strict after AfterBurst,
+// unless the handler panicked.
 func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "HTTPConfig.Limit: Middleware" }); err != nil {
 		return nil, err
@@ -301,27 +246,20 @@ type errorBody struct {
 	Message string `json:"message"`
 }
 
-// WriteError answers a budget error: when err matches ErrResourceExhausted
-// (a refused Grow, context.Cause of a context the heap watch canceled, or
-// the ErrClosed error of a Grow after that cancel) it writes status 429 with
-// the JSON body {"code":"resource_exhausted","message":"<err.Error()>"} and
-// returns true. As http.Error does, it deletes a Content-Length the handler
-// set for other content, and sets Content-Type (application/json) and
-// X-Content-Type-Options: nosniff; it also deletes the other headers of that
-// content that would break or outlive the answer: Transfer-Encoding,
-// Cache-Control, ETag, Last-Modified, Content-Range and
-// Content-Disposition (ServeContent deletes the same before an error). As
-// http.Error does, it keeps Content-Encoding, which a compressing
-// middleware sets for what it compresses (go.dev/issue/66343): a handler
-// that set Content-Encoding itself and compresses by hand deletes it first.
-// It sets Retry-After from ExhaustedError.RetryAfter, in whole seconds,
-// and deletes it when that is 0 (a retry cannot succeed).
+// WriteError answers a budget error: when err matches ErrResourceExhausted it
+// writes status 429 with the JSON body
+// {"code":"resource_exhausted","message":"<err.Error()>"} and returns true. It
+// sets Content-Type application/json, X-Content-Type-Options: nosniff and
+// Retry-After (ExhaustedError.RetryAfter in whole seconds; deleted when 0), and
+// deletes the headers of the content the handler meant to send (Content-Length,
+// Transfer-Encoding, Cache-Control, ETag, Last-Modified, Content-Range,
+// Content-Disposition; not Content-Encoding, as http.Error). Call it before
+// writing anything else to w.
 //
-// For any other error, and for nil, it writes nothing and returns false,
-// and the caller answers: ErrInvalidSize is a bug of the caller (500),
-// ErrClosed wrapping context.Canceled means the client went away (any
-// answer is lost), ErrClosed alone means the account or pool was closed
-// (for example 503). Call it before writing anything else to w.
+// For any other error, and nil, it writes nothing and returns false:
+// ErrInvalidSize is the caller's bug (500), ErrClosed wrapping context.Canceled
+// a client gone away, ErrClosed alone a closed account or pool (for example
+// 503).
 func WriteError(w http.ResponseWriter, err error) bool {
 	if err == nil || !errors.Is(err, ErrResourceExhausted) {
 		return false

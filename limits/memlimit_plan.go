@@ -198,14 +198,12 @@ func (m *MemLimiter) warnAlways(key, msg string) {
 	}
 }
 
-// Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above
-// the cgroup limit, from now until Lift(0), re-applying GOMEMLIMIT at once;
-// the refresh keeps the lift, so a lift is not mistaken for the program
-// taking GOMEMLIMIT over. It is how package pressure lifts GOMEMLIMIT during
-// a GC death spiral while the limit is refreshed. It returns GOMEMLIMIT
-// before and after, and false (changing nothing) when the limiter does not
-// set GOMEMLIMIT (the operator's, no cgroup limit, stopped, closed) or
-// extra is negative. Safe for concurrent use.
+// Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above the
+// cgroup limit, until Lift(0), re-applying GOMEMLIMIT at once; the refresh
+// keeps the lift (package pressure lifts GOMEMLIMIT during a GC death spiral
+// this way). It returns GOMEMLIMIT before and after, and false, changing
+// nothing, when the limiter does not set GOMEMLIMIT (the operator's, no cgroup
+// limit, stopped, closed) or extra is negative.
 func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	if m == nil || extra < 0 {
 		return 0, 0, false
@@ -225,9 +223,9 @@ func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	return from, d.GoMemLimit, true
 }
 
-// Ceiling returns the cgroup's hard memory limit GOMEMLIMIT follows, the
-// ceiling of a lift, in bytes; 0 when the limiter sets no GOMEMLIMIT from
-// a cgroup limit. Safe for concurrent use.
+// Ceiling returns the cgroup's hard memory limit GOMEMLIMIT follows, in bytes,
+// the ceiling of a Lift; 0 when the limiter sets no GOMEMLIMIT from a cgroup
+// limit.
 func (m *MemLimiter) Ceiling() int64 {
 	if m == nil {
 		return 0
@@ -240,14 +238,11 @@ func (m *MemLimiter) Ceiling() int64 {
 	return m.limit
 }
 
-// Hold calls fn while no refresh and no Lift can set GOMEMLIMIT, and
-// returns when fn does: a caller that lowers GOMEMLIMIT for a moment does
-// it through the limiter (the trim's Go step holds internal/gomemlimit).
-// fn must restore GOMEMLIMIT exactly before it returns, so that the
-// refresh does not take the transient value for the program's; a refresh
-// due meanwhile runs at a later GC end, a Lift waits. On a nil
-// *MemLimiter fn is called directly. Safe for concurrent use; fn must not
-// call the limiter's methods.
+// Hold calls fn while no refresh and no Lift can set GOMEMLIMIT: a caller that
+// lowers GOMEMLIMIT for a moment (the trim's Go step) does it through the
+// limiter. fn must restore GOMEMLIMIT exactly before it returns and must not
+// call the limiter; a refresh due meanwhile runs at a later GC end, a Lift
+// waits. On a nil *MemLimiter fn is called directly.
 func (m *MemLimiter) Hold(fn func()) { gomemlimit.Do(fn) }
 
 // within reports whether a is within 1/frac of b.

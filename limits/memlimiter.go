@@ -19,51 +19,19 @@ import (
 )
 
 // MemLimiter keeps GOMEMLIMIT at its MemLimitConfig's share of the memory
-// limit: NewMemLimiter sets it once, and then, at the end of a GC cycle at
-// most once per MemLimitConfig.Refresh (internal/gcend), and when its
-// follower sees a limit file written, it re-reads the limit and the
-// memory outside the Go runtime and
-// sets GOMEMLIMIT again when the hard limit changed or the result moved by
-// 1% or more (a fall toward memory.high: 5%, see SetGoMemLimit). The
-// re-read runs on the runtime's cleanup goroutine, which it holds
-// for a few small file reads (/proc/self/cgroup, mountinfo, the limit files
-// up the hierarchy, /proc/self/status, and the limiting cgroup's
-// memory.stat, in v1 also memory.kmem.usage_in_bytes), once per interval;
-// every other GC end costs one atomic load (measured figures:
-// docs/benchmarks.md). The files are kernel pseudo-files, which do not
-// block on I/O.
-//
-// An idle process runs no GC, and one the kernel throttles under
-// memory.high runs few: when a memory cgroup was found, a MemLimiter also
-// runs one goroutine, its follower, stopped by Close. It watches
-// memory.max and memory.high (v2) or memory.limit_in_bytes (v1) of the
-// process's cgroup and each ancestor it can see with inotify (a write(2)
-// to them is IN_MODIFY, from any cgroup namespace), parked in the
-// runtime's network poller: no thread and no wake-up while no limit file
-// is written. A write is followed at once, idle or not, except in a
-// process throttled under memory.high, where it can take seconds: the
-// follower wakes at once, but the kernel puts the re-reading thread to
-// sleep for up to 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) at each of its own
-// charges while the cgroup is over memory.high. Where inotify is not
-// available (the per-user limit fs.inotify.max_user_instances, 128 by
-// default, is shared by every process of that user on the node), a file cannot be
-// watched, or the limit is one no write reaches (v1's
-// hierarchical_memory_limit, set above the mounted hierarchy), a timer
-// takes over: only while GOMEMLIMIT follows a cgroup limit, at most once
-// per Refresh, reading the limit files and re-reading in full only when
-// one changed; each wake-up also costs what any Go timer's wake-up costs
-// the runtime (measured figures for the follower and the timer:
-// docs/benchmarks.md). Following says which way the limit is followed.
-// The follower reads GOMEMLIMIT through runtime/metrics, not
-// debug.SetMemoryLimit(-1), which takes the heap lock.
+// limit: NewMemLimiter sets it, then it re-reads the limit at GC ends (at most
+// once per MemLimitConfig.Refresh; other GC ends cost one atomic load) and when
+// a limit file is written (a goroutine until Close: inotify, or a timer, see
+// Following), and sets GOMEMLIMIT again when the hard limit changed or the
+// result moved by 1% or more (toward memory.high: 5%).
 //
 // It never overrides the operator (GOMEMLIMIT or AUTOMEMLIMIT=off in the
-// environment: no refresh at all), never replaces a limit the program set
-// itself with "no limit" (when a limit memctl followed goes away,
-// GOMEMLIMIT goes back to its value before memctl set it), and stops when
-// the program changes GOMEMLIMIT after memctl set it (logged once at
-// INFO). A failed re-read leaves GOMEMLIMIT as it is. Its methods are safe
-// for concurrent use; a nil *MemLimiter does nothing.
+// environment: no refresh at all), never replaces a limit the program set with
+// "no limit" (when a followed limit goes away, GOMEMLIMIT goes back to its
+// value before memctl set it), and stops when the program changes GOMEMLIMIT
+// after memctl set it (logged at INFO). A failed re-read leaves GOMEMLIMIT as
+// it is (docs/gomemlimit.md). Its methods are safe for concurrent use; a nil
+// *MemLimiter does nothing.
 type MemLimiter struct {
 	ratio     float64
 	ratioFrom string
@@ -129,11 +97,10 @@ type MemLimiter struct {
 // logs once each).
 const maxSeen = 64
 
-// NewMemLimiter validates cfg, sets GOMEMLIMIT as SetGoMemLimit describes,
-// and starts the refresh unless cfg.Refresh is negative, the operator's
-// environment wins, or cfg is invalid. It always returns a usable
-// *MemLimiter (Close it to stop the refresh), the decision, and the error
-// SetGoMemLimit would return.
+// NewMemLimiter validates cfg, sets GOMEMLIMIT as SetGoMemLimit describes, and
+// starts the refresh unless cfg.Refresh is negative, the operator's environment
+// wins, or cfg is invalid. It always returns a usable *MemLimiter (Close it to
+// stop the refresh), the decision, and SetGoMemLimit's error.
 func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m := newMemLimiter(cfg)
 	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
@@ -285,10 +252,9 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 }
 
 // Refresh re-reads the limit now, sets GOMEMLIMIT as the refresh does, and
-// returns the decision; the error is that of SetGoMemLimit. Failures are
-// logged as the refresh logs them. It does nothing (and returns Last) when
-// the operator's environment wins, the configuration was invalid, or the
-// program took GOMEMLIMIT over. Safe for concurrent use.
+// returns the decision and SetGoMemLimit's error, logged as the refresh logs
+// it. It returns Last, doing nothing, when the operator's environment wins, the
+// configuration was invalid, or the program took GOMEMLIMIT over.
 func (m *MemLimiter) Refresh() (MemLimit, error) {
 	if m == nil {
 		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil
@@ -302,7 +268,7 @@ func (m *MemLimiter) Refresh() (MemLimit, error) {
 	return m.decide(false)
 }
 
-// Last returns the latest decision. Safe for concurrent use.
+// Last returns the latest decision.
 func (m *MemLimiter) Last() MemLimit {
 	if m == nil {
 		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
@@ -320,8 +286,7 @@ func (m *MemLimiter) Interval() time.Duration {
 }
 
 // Close stops the refresh and the follower, and waits for the follower's
-// goroutine to exit; GOMEMLIMIT stays as it is. Idempotent, safe for
-// concurrent use.
+// goroutine to exit; GOMEMLIMIT stays as it is. Idempotent.
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.closed.Store(true)
@@ -370,14 +335,11 @@ func (m *MemLimiter) store(d MemLimit) {
 	}
 }
 
-// Subscribe returns a channel that receives the decision each time what
-// it says is in force changes: GOMEMLIMIT, the memory limit (a resize),
-// memory.high, their source, an operator's value overridden or given back.
-// buf is the channel's room, at least 1; when it is full the oldest
-// decision is dropped for the newest, so the last one received is always
-// the one in force. cancel stops the deliveries and closes the channel;
-// Close closes it too. It costs nothing while nothing changes. Safe for
-// concurrent use; on a nil *MemLimiter the channel is closed at once.
+// Subscribe returns a channel that receives the decision each time what is in
+// force changes (GOMEMLIMIT, the limit, memory.high, their source, the
+// operator's value). buf is its room, at least 1; when it is full the oldest
+// decision is dropped, so the last received is the one in force. cancel, or
+// Close, closes the channel. On a nil *MemLimiter it is closed at once.
 func (m *MemLimiter) Subscribe(buf int) (changes <-chan MemLimit, cancel func()) {
 	ch := make(chan MemLimit, max(buf, 1))
 	if m == nil {

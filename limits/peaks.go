@@ -6,25 +6,20 @@ import (
 	"sync/atomic"
 )
 
-// The buckets of the per-request peak histogram (PoolStats.Peaks): bucket
-// i < PeakBuckets holds the peaks in (PeakBucketBound(i-1),
-// PeakBucketBound(i)], bytes, and bucket PeakBuckets the peaks above the
-// last bound. The bounds are the powers of two from 64 KiB to 64 GiB: a
-// request budget is usually a power of two, and at a bound the histogram
-// counts exactly the requests that budget refuses (PeakHistogram.Above).
+// The buckets of PoolStats.Peaks: bucket i < PeakBuckets holds the peaks in
+// (PeakBucketBound(i-1), PeakBucketBound(i)] bytes, powers of two from 64 KiB
+// to 64 GiB, so that a budget at a bound refuses exactly the peaks above it;
+// bucket PeakBuckets holds the peaks above 64 GiB.
 const (
-	// PeakBuckets is the number of bounded buckets (21); PeakHistogram has
-	// one more, for the peaks above the last bound.
+	// PeakBuckets is the number of bounded buckets.
 	PeakBuckets = 21
 	// peakBucketMin is the first bound, in bytes (64 KiB): bucket 0 holds
 	// every peak up to it, requests that never grew included.
 	peakBucketMin = 64 << 10
 )
 
-// PeakBucketBound returns the upper bound, in bytes, of bucket i in
-// [0, PeakBuckets): 64 KiB << i (64 KiB, 128 KiB, ..., 64 GiB). For
-// i ≥ PeakBuckets it returns math.MaxInt64 (the overflow bucket); a
-// negative i returns 0.
+// PeakBucketBound returns the upper bound, in bytes, of bucket i: 64 KiB << i
+// for i in [0, PeakBuckets), math.MaxInt64 above, 0 for a negative i.
 func PeakBucketBound(i int) int64 {
 	switch {
 	case i < 0:
@@ -36,31 +31,25 @@ func PeakBucketBound(i int) int64 {
 }
 
 // PeakHistogram is the distribution of the peaks of a pool's top-level
-// accounts (one per request, job or RPC), recorded when each account
-// closes, in every Mode: what each request reached or asked for, so that in
-// ModeObserve it shows what a budget would refuse before it is enforced.
-// A request's peak is the highest of its Account.Peak and of Used plus the
-// size of any Grow refused (or, in ModeObserve and ModeOff, let through past
-// a limit): the memory it asked for, not only what it was granted. Accounts
-// opened from an account count in their top-level account's peak, not on
-// their own. A copy is a snapshot; the zero value is an empty histogram.
+// accounts, recorded at each close in every Mode. A peak is what the request
+// asked for: the highest of Account.Peak and Used plus a refused, or observed,
+// Grow; nested accounts count in their top-level account's. A copy is a
+// snapshot; the zero value is empty.
 type PeakHistogram struct {
 	// Counts[i] counts the peaks in bucket i (see PeakBucketBound); it is
 	// not cumulative. Counts[PeakBuckets] counts the peaks above 64 GiB.
 	Counts [PeakBuckets + 1]int64
 	// Count is the number of peaks recorded: the sum of Counts.
 	Count int64
-	// Sum is the sum of the peaks up to the last bound (64 GiB), in bytes:
-	// a peak above it (a client's absurd size, refused) is counted in
-	// Counts[PeakBuckets] only, so that one such request does not swamp
-	// the sum. It saturates at math.MaxInt64.
+	// Sum is the sum of the peaks up to the last bound (64 GiB), in bytes;
+	// peaks above it count in Counts[PeakBuckets] only. It saturates at
+	// math.MaxInt64.
 	Sum int64
 }
 
-// Above returns how many recorded peaks are above limit bytes, counting
-// whole buckets: exactly the requests a per-request budget of limit would
-// have refused when limit is a bucket bound (PeakBucketBound); for another
-// limit, those above the smallest bound at or above limit, a lower bound.
+// Above returns how many recorded peaks are above limit bytes, by whole
+// buckets: exactly the requests a budget of limit would have refused when limit
+// is a bucket bound; otherwise a lower bound.
 func (h *PeakHistogram) Above(limit int64) int64 {
 	var n int64
 	for i := PeakBuckets; i >= 0 && PeakBucketBound(i-1) >= limit; i-- {
@@ -70,10 +59,8 @@ func (h *PeakHistogram) Above(limit int64) int64 {
 }
 
 // Quantile returns the upper bound, in bytes, of the bucket that holds the
-// q-quantile of the peaks, q in [0.0, 1.0]: at least a share q of the
-// requests peaked at or under it. It returns 0 when the histogram is empty
-// or q is out of range or NaN, and math.MaxInt64 when the quantile is in
-// the overflow bucket.
+// q-quantile of the peaks, q in [0.0, 1.0]; 0 when the histogram is empty or q
+// is out of range or NaN, and math.MaxInt64 in the overflow bucket.
 func (h *PeakHistogram) Quantile(q float64) int64 {
 	if h.Count == 0 || !(q >= 0 && q <= 1) {
 		return 0

@@ -16,10 +16,9 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// Pool is a shared memory budget in bytes from which accounts are opened.
-// The pool's counter is touched only when an account crosses a chunk
-// boundary. A Pool is safe for concurrent use. Create one with NewPool and
-// Close it when done; the zero value is not usable.
+// Pool is a shared memory budget in bytes from which accounts are opened. A
+// Pool is safe for concurrent use. Create one with NewPool and Close it when
+// done; the zero value is not usable.
 type Pool struct {
 	// used is the sum of the reservations of the pool's top-level accounts.
 	used atomic.Int64
@@ -100,13 +99,9 @@ var (
 // NewPool returns a pool configured by cfg. It returns an error matching
 // ErrInvalidSize for a negative Limit or a ChunkSize outside [0, 1 GiB], an
 // error for a HeapPressure or CancelShare above 1 or NaN, and an error when
-// Limit is 0, GOMEMLIMIT is not set and neither a cgroup limit nor the
-// physical memory can be read. It reads MEMCTL and MEMCTL_BUDGETS (see
-// Mode); a bad MEMCTL_BUDGETS is logged at WARN and budgets are enforced.
-// With the heap watch on (the default), the pool subscribes to the end of
-// each GC cycle (internal/gcend); it starts no goroutine and no timer of its
-// own. Call Close to remove it; a pool dropped without Close removes it at
-// the next cycle.
+// Limit is 0, GOMEMLIMIT is not set and neither a cgroup limit nor the physical
+// memory can be read. It reads MEMCTL and MEMCTL_BUDGETS (see Mode). Its heap
+// watch runs at GC ends, with no goroutine of its own, until Close.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if err := checkPoolConfig(cfg); err != nil {
 		return nil, err
@@ -345,22 +340,20 @@ func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 // Name returns the pool's name, the first element of every scope.
 func (p *Pool) Name() string { return p.name }
 
-// Limit returns the pool's limit in bytes; Unlimited (math.MaxInt64) means
-// none. A pool made with PoolConfig.Limit 0 follows GOMEMLIMIT (see there).
+// Limit returns the pool's limit in bytes; Unlimited means none. See
+// PoolConfig.Limit.
 func (p *Pool) Limit() int64 { return p.curLimit() }
 
 // Mode returns the pool's budget mode, read from the environment by NewPool.
 func (p *Pool) Mode() Mode { return p.mode }
 
-// Used returns the bytes the pool's accounts hold, which includes up to two
-// chunks per open account reserved but not yet used.
+// Used returns the bytes the pool's accounts hold, including up to two
+// reserved, unused chunks per open account.
 func (p *Pool) Used() int64 { return p.used.Load() }
 
-// Stats returns a snapshot of the pool's counters.
 // RefusedBy counts refused Grow calls by the scope that refused them.
 type RefusedBy struct {
-	// Account counts refusals by the account's own limit or an ancestor
-	// account's: the request was over its budget (no Retry-After).
+	// Account counts refusals by the account's or an ancestor's limit.
 	Account int64
 	// Pool counts refusals because the pool was full.
 	Pool int64
@@ -371,6 +364,7 @@ type RefusedBy struct {
 	Shedding int64
 }
 
+// Stats returns a snapshot of the pool's counters.
 func (p *Pool) Stats() PoolStats {
 	return PoolStats{
 		RefusedBy: RefusedBy{
@@ -400,11 +394,10 @@ func (p *Pool) Stats() PoolStats {
 	}
 }
 
-// Open opens a top-level account named name with its own limit in bytes
-// (Unlimited: none of its own; the pool still limits it). The account's
-// scope is "<pool>/<name>". It returns an error matching ErrInvalidSize for
-// a limit that is negative or 0, and ErrClosed after Close. Safe for
-// concurrent use.
+// Open opens a top-level account with its own limit in bytes (Unlimited: only
+// the pool limits it); its scope is "<pool>/<name>". It returns an error
+// matching ErrInvalidSize for a limit that is negative or 0, and ErrClosed
+// after Close.
 func (p *Pool) Open(name string, limit int64) (*Account, error) {
 	return p.open(name, 0, limit)
 }

@@ -78,33 +78,22 @@ const chargeCheckFloor = 16 << 20
 // maxChunkSize bounds PoolConfig.ChunkSize.
 const maxChunkSize = 1 << 30
 
-// Mode is what a pool does with a Grow past a budget, set by the operator
-// with MEMCTL_BUDGETS, read by NewPool (spaces trimmed, any case):
-//
-//   - enforce (also on, yes, true, 1, t; the default when unset): refuse;
-//   - observe: account, count (PoolStats.Observed) and log, at most once per
-//     10 s, what would have been refused, without refusing:
-//     the safe way to roll budgets out;
-//   - off (also no, false, 0, f): refuse nothing, run no heap watch.
-//
-// MEMCTL=off turns budgets off too. Any other value is logged at WARN and
-// budgets are enforced, where memctl's other switches turn their part off:
-// a budget is a limit, and a typo must not lift it.
+// Mode is what a pool does with a Grow past a budget, set by the operator with
+// MEMCTL_BUDGETS (read by NewPool, in memctl's switch grammar): enforce (the
+// default; also on, yes, true, 1, t), observe (count and log, at most once per
+// 10 s, what would be refused: the way to roll budgets out), or off (also no,
+// false, 0, f, and MEMCTL=off). Any other value is logged at WARN and budgets
+// are enforced: a typo must not lift a limit.
 type Mode int
 
 const (
-	// ModeEnforce refuses a Grow past a budget with an *ExhaustedError. The
-	// default.
+	// ModeEnforce refuses a Grow past a budget with an *ExhaustedError.
 	ModeEnforce Mode = iota
-	// ModeObserve accounts as ModeEnforce does but lets a Grow past a
-	// budget through; it counts it in PoolStats.Observed and logs it (at
-	// most one line per 10 s). Heap pressure cancels nothing;
-	// a cancel CancelLargest would make is counted and logged the same way.
-	// The way to roll budgets out on a running service.
+	// ModeObserve counts and logs a Grow past a budget, and a cancel
+	// CancelLargest would make, and lets it through.
 	ModeObserve
-	// ModeOff refuses nothing and logs nothing: accounts still count (Used,
-	// Peak), and the heap watch does not run. MEMCTL_BUDGETS=off, or
-	// MEMCTL=off.
+	// ModeOff refuses and logs nothing; accounts still count, and the heap
+	// watch does not run.
 	ModeOff
 )
 
@@ -151,162 +140,107 @@ func parseMode(getenv func(string) string) (Mode, error) {
 	return ModeEnforce, fmt.Errorf("limits: %w; budgets are enforced", &envflag.Error{Name: "MEMCTL_BUDGETS", Value: v, Want: `"enforce", "observe" or "off"`})
 }
 
-// PoolConfig configures NewPool. The zero value is the default: a pool
-// named "pool" limited to half of GOMEMLIMIT (or the fallback below), 64 KiB
-// chunks, heap pressure at 90% of GOMEMLIMIT.
+// PoolConfig configures NewPool. The zero value is the default: a pool named
+// "pool" limited to half of GOMEMLIMIT, 64 KiB chunks, heap pressure at 90% of
+// GOMEMLIMIT.
 type PoolConfig struct {
-	// Name is the pool's one name: the first element of every scope in
-	// its errors, PoolStats.Name, and the pool label of its metrics (package
-	// github.com/memctl/memctl/metrics). NewPool logs at WARN when another
-	// open pool has the same name. Default: "pool".
+	// Name is the pool's name: the first element of its scopes, PoolStats.Name
+	// and its metrics' pool label; a duplicate is logged at WARN. Default:
+	// "pool".
 	Name string
-	// Limit is the pool's budget in bytes, shared by all its accounts.
-	// 0 means 0.5 of GOMEMLIMIT, following it: a change
-	// the MemLimiter makes (a refresh after a resize) is seen at the pool's
-	// next reservation, Limit or Stats call, any other (SetMemoryLimit, a
-	// death-spiral lift) at the next GC cycle's end. Without GOMEMLIMIT it
-	// is 0.5 of 0.9 of the cgroup memory limit (automemlimit's
-	// memlimit.FromCgroup) or of the physical memory (memlimit.FromSystem),
-	// until GOMEMLIMIT is set; NewPool fails when it can read neither.
-	// NewPool logs the limit and its source at INFO (each later change too),
-	// and a WARN when another open pool has a default limit: together they
-	// may use all of GOMEMLIMIT; share one pool between transports instead.
-	// Unlimited asks for no limit by name; a negative Limit is an error.
-	// Default: 0.
+	// Limit is the pool's budget in bytes, shared by all its accounts;
+	// Unlimited asks for none, and negative is an error. 0 means half of
+	// GOMEMLIMIT, following it; without GOMEMLIMIT, half of 0.9 of the cgroup
+	// limit or of the physical memory, until it is set. NewPool logs the limit
+	// and its source at INFO, and a WARN when another open pool has a default
+	// limit: share one pool between transports. Default: 0.
 	Limit int64
 	// ChunkSize is the granularity, in bytes, in which accounts reserve from
-	// the pool or their parent account, in [1, 1 GiB]. Grow and Shrink within
-	// a reserved chunk touch only the account. Default: 0, which
-	// means 64 KiB.
+	// their parent, in [1, 1 GiB]. Default: 0, which means 64 KiB.
 	ChunkSize int64
-	// HeapPressure is the share of GOMEMLIMIT, in (0.0, 1.0], that the live
-	// Go heap (runtime/metrics /gc/heap/live:bytes) may reach before the pool
-	// refuses every Grow that needs more from it; it is checked at the end of
-	// each GC cycle, by a hook the collector runs (internal/gcend), not by a
-	// timer. GOMEMLIMIT is read again at every cycle
-	// (debug.SetMemoryLimit(-1)), so the threshold follows a refresh of
-	// GOMEMLIMIT. A negative value turns the watch off. Without GOMEMLIMIT
-	// there is no pressure. Refused requests allocate too little to cause
-	// the GC cycle that would show the memory free again, so under pressure
-	// the pool runs one itself (runtime.GC, on a goroutine that exits, and
-	// reads the heap at its end): when the work of an account that the
-	// pressure canceled, or that held at least CancelShare of the live heap,
-	// ends (Close, WithAccount's cancel, the middleware after the handler),
-	// and when it refuses a Grow and no GC cycle has run for a second, so
-	// that requests are served again soon after a large request the
-	// pressure canceled ends (measured figures: docs/benchmarks.md).
+	// HeapPressure is the share of GOMEMLIMIT, in (0.0, 1.0], that the live Go
+	// heap may reach at the end of a GC cycle before the pool refuses every
+	// Grow that needs more from it. Negative turns the watch off; without
+	// GOMEMLIMIT there is no pressure. Under pressure the pool runs GC cycles
+	// itself so that requests are served again soon (docs/benchmarks.md).
 	// Default: 0, which means 0.9.
 	HeapPressure float64
-	// CancelLargest, under heap pressure, cancels at the end of a GC cycle
-	// the context of the open account (among those bound with WithAccount)
-	// that uses the most bytes, with an *ExhaustedError as the cause
-	// (context.Cause), provided it uses at least CancelShare of the live
-	// heap; when none does, the pool logs one WARN line per episode of
-	// pressure instead. Default: false.
+	// CancelLargest, under heap pressure, cancels at a GC end the context of
+	// the open account bound with WithAccount that uses the most, with an
+	// *ExhaustedError as its cause, if it holds at least CancelShare of the
+	// live heap (else one WARN per episode). Default: false.
 	CancelLargest bool
-	// CancelShare is the share of the live Go heap, in (0.0, 1.0], that an
-	// account must hold for CancelLargest to cancel it (for a cancel on the
-	// kernel's memory pressure: of the Go memory).
-	// Default: 0, which means 0.05.
+	// CancelShare is the share of the live heap (on kernel pressure: of the Go
+	// memory), in (0.0, 1.0], an account must hold for CancelLargest to cancel
+	// it. Default: 0, which means 0.05.
 	CancelShare float64
-	// ChargeRatio is the check of the charges against the heap: at the end
-	// of each GC cycle (with the heap watch: HeapPressure not negative and
-	// budgets not off), when requests are in flight and the live heap
-	// beyond its baseline is more than ChargeRatio times what the pool's
-	// accounts hold together, and more than 16 MiB (or an eighth of
-	// GOMEMLIMIT when that is more), the pool counts the cycle
-	// (PoolStats.Undercharged) and logs one WARN line, the first time
-	// only, with the figures: the requests hold far more than
-	// they report, and their budgets protect nothing. The baseline is the
-	// live heap at the last GC end with no account open, lowered whenever
-	// the live heap falls under it (PoolStats.HeapBaseline); what is
-	// reliable and what is not is in docs/sizing.md. A negative value turns
-	// the check off. Default: 0, which means 4.
+	// ChargeRatio is the check of the charges against the heap: at a GC end
+	// with requests in flight, a live heap beyond PoolStats.HeapBaseline more
+	// than ChargeRatio times what the accounts hold, and more than 16 MiB (or
+	// GOMEMLIMIT/8), is counted in PoolStats.Undercharged and logged once at
+	// WARN (docs/sizing.md). Negative turns it off. Default: 0, which means 4.
 	ChargeRatio float64
-	// ShedSize is the most bytes an account (its own and its children's)
-	// may reach while shedding (a GC death spiral); Grows past
-	// it are refused. Default: 0, which means 64 MiB, or a
-	// sixteenth of a smaller pool's limit, at least one chunk).
+	// ShedSize is the most bytes an account may reach while shedding in a GC
+	// death spiral. Default: 0, which means 64 MiB, or a sixteenth of a smaller
+	// pool limit (at least one chunk).
 	ShedSize int64
-	// Strict makes misuse and leaks panic instead of being counted: a
-	// Shrink of more than the account grew itself or of a negative size,
-	// and an account closed with bytes it did not shrink. The panic comes
-	// after every lock is released. Tests turn it on. Default: false.
+	// Strict makes misuse and leaks panic (after every lock is released)
+	// instead of being counted. For tests. Default: false.
 	Strict bool
-	// Logger receives the pool's few log lines: its limit and source at
-	// NewPool and each change that follows GOMEMLIMIT (INFO), a second pool
-	// with a default limit (WARN),
-	// a bad MEMCTL_BUDGETS (WARN), the first misuse and the first leak
-	// (WARN), pressure that cancels nothing (WARN, once per episode of heap
-	// pressure, at most once a minute for the kernel's),
-	// and in ModeObserve what would have been refused (WARN, rate-limited).
-	// Default: nil (means slog.Default()).
+	// Logger receives the pool's few log lines: its limit (INFO), and at WARN a
+	// second default pool, a bad MEMCTL_BUDGETS, the first misuse and leak,
+	// pressure that cancels nothing, and, rate-limited, what ModeObserve let
+	// through. Default: nil (means slog.Default()).
 	Logger *slog.Logger
 }
 
 // PoolStats is a snapshot of a pool's counters.
 type PoolStats struct {
-	// Limit is the pool's limit in bytes now (a default pool's follows
-	// GOMEMLIMIT); Unlimited (math.MaxInt64) means no limit.
+	// Limit is the pool's limit in bytes now; Unlimited means none.
 	Limit int64
 	// Mode is the pool's budget mode (MEMCTL_BUDGETS).
 	Mode Mode
-	// Used is the bytes the pool's accounts hold, including up to two chunks
-	// per open account that are reserved but not yet used.
+	// Used is Pool.Used.
 	Used int64
 	// Peak is the highest Used since NewPool.
 	Peak int64
-	// Refused counts Grow calls refused with ErrResourceExhausted by any
-	// scope of the pool (account, ancestor, pool, heap pressure). A Grow on
-	// an account closed by a heap-pressure cancel is not counted, though its
-	// error matches ErrResourceExhausted too (see ErrClosed); the cancel is
-	// counted in Canceled.
+	// Refused counts Grows refused with ErrResourceExhausted (a Grow after a
+	// heap-pressure cancel counts in Canceled only).
 	Refused int64
 	// RefusedBy splits Refused by what refused the Grow.
 	RefusedBy RefusedBy
-	// Observed counts Grow calls that would have been refused, and cancels
-	// CancelLargest would have made, let through because the pool is in
-	// ModeObserve or ModeOff.
+	// Observed counts refusals and cancels let through in ModeObserve or
+	// ModeOff.
 	Observed int64
-	// Misuse counts Shrink calls of more than the account grew itself or
-	// of a negative size.
+	// Misuse counts misused Shrinks (see Account.Shrink).
 	Misuse int64
-	// Leaked counts accounts closed with bytes they grew and did not
-	// shrink, and LeakedBytes sums those bytes (see Account.Close).
+	// Leaked counts leaked accounts and LeakedBytes their bytes
+	// (Account.Close).
 	Leaked, LeakedBytes int64
-	// Unguarded counts limits.Grow calls, in the whole process, whose
-	// context carried no account: a handler outside the middleware, with no
-	// budget. It is the same in the stats of every pool.
+	// Unguarded counts limits.Grow calls with no account in ctx, process-wide.
 	Unguarded int64
-	// UnderHeapPressure is true when the live heap was above HeapThreshold at the
-	// end of the last GC cycle.
+	// UnderHeapPressure is whether HeapLive was above HeapThreshold.
 	UnderHeapPressure bool
-	// HeapLive is the live Go heap in bytes at the end of the last GC cycle
-	// the watch saw; 0 before the first one or when the watch is off.
+	// HeapLive is the live Go heap in bytes at the last GC end the watch saw; 0
+	// before it or when the watch is off.
 	HeapLive int64
-	// HeapThreshold is PoolConfig.HeapPressure times GOMEMLIMIT at the last
-	// GC cycle, in bytes; 0 when GOMEMLIMIT is not set or the watch is off.
+	// HeapThreshold is PoolConfig.HeapPressure × GOMEMLIMIT in bytes; 0 without
+	// GOMEMLIMIT or the watch.
 	HeapThreshold int64
 	// GCCycles counts the GC cycles the heap watch has seen.
 	GCCycles int64
 	// Canceled counts contexts canceled by CancelLargest.
 	Canceled int64
-	// Name is the pool's name (PoolConfig.Name): the first element of the
-	// scope of its errors, and the pool label of its metrics.
+	// Name is PoolConfig.Name.
 	Name string
-	// InFlight is the number of top-level accounts open: the requests,
-	// RPCs and jobs in progress (and any long-lived account).
+	// InFlight is the number of top-level accounts open (requests, RPCs, jobs).
 	InFlight int64
-	// Peaks is the distribution of the peaks of the pool's closed top-level
-	// accounts, in every mode: the data to size budgets from (see
-	// PeakHistogram and docs/sizing.md).
+	// Peaks is the distribution of the peaks of the closed top-level accounts.
 	Peaks PeakHistogram
-	// Undercharged counts the GC cycles at whose end the live heap beyond
-	// HeapBaseline was more than PoolConfig.ChargeRatio times Used, with
-	// requests in flight: charges that look too small.
+	// Undercharged counts the GC ends where the charges looked too small (see
+	// PoolConfig.ChargeRatio).
 	Undercharged int64
-	// HeapBaseline is the live Go heap in bytes that the charge check takes
-	// as the service's own (see PoolConfig.ChargeRatio); -1 before the
-	// first GC cycle the watch saw or when the check is off.
+	// HeapBaseline is the live heap in bytes the charge check takes as the
+	// service's own; -1 before the first GC end or when the check is off.
 	HeapBaseline int64
 }

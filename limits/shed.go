@@ -160,9 +160,8 @@ func (a *Account) shedCap(want, need, held int64) int64 {
 	return want
 }
 
-// Pools returns the open pools (made by NewPool, not yet closed nor
-// dropped), oldest first. The facade lists them in its state record (memctl
-// status -pid, /debug/memctl). Safe for concurrent use.
+// Pools returns the open pools (made by NewPool, not closed nor dropped),
+// oldest first. Safe for concurrent use.
 func Pools() []*Pool {
 	var ps []*Pool
 	eachPool(func(p *Pool) { ps = append(ps, p) })

@@ -7,28 +7,20 @@ import (
 	"sync/atomic"
 )
 
-// WorkConfig configures Pool.Do and Pool.StartWork: one unit of work under
-// an account of its own, such as a message of a queue consumer, a step of a
-// batch, or an RPC (the gRPC and Connect interceptors of the modules
-// github.com/memctl/memctl/grpcbudget and .../connectbudget are built on
-// StartWork). Limit must be set; the other fields' zero values name the
-// account "req-N" and call no burst hook.
+// WorkConfig configures Pool.Do and Pool.StartWork: one unit of work (a queue's
+// message, an RPC) under an account of its own. Limit must be set.
 type WorkConfig struct {
-	// Limit is the work's budget in bytes, required: 0 (the zero value) and
-	// negative values are errors, as HTTPConfig.Limit. Unlimited asks for
-	// work limited by the pool alone.
+	// Limit is the work's budget in bytes, required, as HTTPConfig.Limit.
 	Limit int64
-	// Name is the account's name, the element after the pool's name in
-	// error scopes (for example a message ID: "jobs/msg-7f3a"). Default: ""
-	// (means "req-N", N counting the pool's numbered work from 1).
+	// Name is the account's name, the element after the pool's name in error
+	// scopes ("jobs/msg-7f3a"). Default: "" (means "req-N", N counting the
+	// pool's numbered work from 1).
 	Name string
-	// BurstThreshold is the size, in bytes, at or above which the work ends
-	// a burst: the rule, the default (64 MiB, or Limit/2 when smaller) and
-	// the meaning of a negative value are HTTPConfig.BurstThreshold's.
+	// BurstThreshold is as HTTPConfig.BurstThreshold.
 	BurstThreshold int64
-	// AfterBurst is called, on the goroutine that ends the work, after work
-	// that reached BurstThreshold, once its account is closed; pass
-	// memctl.AfterBurst. Default: nil (nothing is called).
+	// AfterBurst is called on the goroutine that ends work that reached
+	// BurstThreshold, once its account is closed; pass memctl.AfterBurst.
+	// Default: nil.
 	AfterBurst func()
 }
 
@@ -45,8 +37,8 @@ func burstThreshold(limit, t int64) int64 {
 }
 
 // Work is one unit of work under an account of its own, begun with
-// Pool.StartWork and ended with Finish. Its methods are safe for concurrent
-// use.
+// Pool.StartWork and ended with Finish or Abandon. Its methods are safe for
+// concurrent use.
 type Work struct {
 	a          *Account
 	ctx        context.Context
@@ -57,30 +49,16 @@ type Work struct {
 	finished   atomic.Bool
 }
 
-// StartWork opens an account for one unit of work with cfg.Limit and
-// returns a copy of ctx that carries it (limits.Grow(ctx, n) charges it)
-// and the Work whose Finish ends it. With PoolConfig.CancelLargest the
-// account is bound to a cancelable context of its own (WithAccount) that
-// the heap watch may cancel with an *ExhaustedError as its cause. It
-// returns an error matching ErrInvalidSize for a cfg.Limit that is negative
-// or 0, and ErrClosed when the pool is closed, or when ctx carries an
-// account of p that is closed; ctx and a nil Work then. Safe for concurrent
-// use.
+// StartWork opens an account for one unit of work with cfg.Limit and returns a
+// copy of ctx that carries it and the Work whose Finish ends it (bound with
+// WithAccount under PoolConfig.CancelLargest). It returns an error matching
+// ErrInvalidSize for a cfg.Limit that is negative or 0, and ErrClosed when the
+// pool, or an account of p that ctx carries, is closed; ctx and a nil Work
+// then.
 //
-// Work started inside other work of the same pool (ctx carries an account
-// of p: a step of a job run with Do, a batch inside an RPC or an HTTP
-// request) is nested: its account is opened from that account
-// (Account.Open; scope "jobs/req-1/req-2"), so that what it holds counts
-// against the outer work's budget as well as its own, and in the outer
-// work's peak (PoolStats.Peaks, InFlight count it once, as one request).
-// The heap watch cancels the outer work's context, which ends the nested
-// work's too, and Finish maps that cancel as for the outer work. An account
-// of another pool in ctx is not an outer account: the work is top-level in
-// p.
-//
-// Call Finish exactly when the work ends, with the error it returned,
-// or Abandon when it panics (defer): the account is open until then, and
-// counts in PoolStats.InFlight.
+// When ctx carries an account of p, the work is nested: its account is opened
+// from that one ("jobs/req-1/req-2") and counts against both budgets, and once
+// in PoolStats.Peaks and InFlight.
 func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, *Work, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "WorkConfig.Limit: StartWork" }); err != nil {
 		return ctx, nil, err
@@ -113,28 +91,19 @@ func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, 
 // Account returns the work's account.
 func (w *Work) Account() *Account { return w.a }
 
-// Finish ends the work: it closes the account (its bytes go back to the
-// pool, its peak goes into PoolStats.Peaks), calls WorkConfig.AfterBurst
-// when the work reached its burst threshold, and returns err, the work's
-// own error, or, when the heap watch canceled the work's context
-// (PoolConfig.CancelLargest) and err does not match ErrResourceExhausted
-// already, an error that wraps both err and the cancel's cause: work that
-// returns ctx.Err() after that cancel then returns an error matching
-// ErrResourceExhausted (errors.As finds the *ExhaustedError), and still
-// context.Canceled. A nil err stays nil: the work finished anyway.
-//
-// An account closed with bytes still grown counts as a leak, and Finish
-// then panics, once all is done, when PoolConfig.Strict is set (see
-// Account.Close). Only the first call does anything; a later one returns
-// err unchanged.
+// Finish ends the work: it closes the account (its peak goes into
+// PoolStats.Peaks), calls WorkConfig.AfterBurst when the work reached its burst
+// threshold, and returns err; when the heap watch canceled the work's context
+// and err does not match ErrResourceExhausted, it returns an error wrapping
+// both err and the cancel's cause. A nil err stays nil. A leak counts as in
+// Account.Close, and panics with PoolConfig.Strict. Only the first call does
+// anything; a later one returns err unchanged.
 func (w *Work) Finish(err error) error { return w.finish(err, true) }
 
-// Abandon ends work that panicked, from a deferred call while the panic
-// goes on: it does what Finish(nil) does (the account is closed, its bytes
-// go back to the pool, a leak is counted and logged), except that a leak
-// does not panic in strict mode, so that the work's own panic reaches the
-// recovery (for example a gRPC recovery interceptor) unchanged instead of
-// the leak's. Only the first call of Finish or Abandon does anything.
+// Abandon ends work that panicked, from a deferred call: it does what
+// Finish(nil) does, except that a leak never panics, so that the work's own
+// panic reaches the recovery unchanged. Only the first call of Finish or
+// Abandon does anything.
 func (w *Work) Abandon() { w.finish(nil, false) }
 
 // finish is Finish; returned is false when the work panicked, so that a
@@ -170,13 +139,9 @@ func (w *Work) finish(err error, returned bool) error {
 	return err
 }
 
-// Do runs fn under an account of its own, opened with cfg (see StartWork),
-// and returns what Finish makes of fn's error; it returns StartWork's error
-// without calling fn when the account cannot be opened. It is the form for
-// a queue consumer or a batch step: one call per job, the job's code
-// charges what it builds with limits.Grow(ctx, n) and its budget error
-// comes back out of Do, matching ErrResourceExhausted. A panic in fn closes
-// the account and goes on, unchanged. Safe for concurrent use.
+// Do runs fn under an account of its own (see StartWork) and returns what
+// Finish makes of fn's error, or StartWork's error without calling fn. A panic
+// in fn closes the account and goes on.
 func (p *Pool) Do(ctx context.Context, cfg WorkConfig, fn func(ctx context.Context) error) error {
 	ctx, w, err := p.StartWork(ctx, cfg)
 	if err != nil {

@@ -38,8 +38,7 @@ const (
 
 // Config configures Start. The zero value is the default.
 type Config struct {
-	// Logger receives the WARN of each episode and stretch of pressure.
-	// Default: slog.Default().
+	// Logger receives the WARNs. Default: slog.Default().
 	Logger *slog.Logger
 
 	// SpiralOff turns the death-spiral detector off. Default: false.
@@ -47,35 +46,31 @@ type Config struct {
 	// Window is the span of the GC's CPU share, in [1s, 10m]; an episode
 	// can begin once a quarter of it has been seen. Default: 10 s.
 	Window time.Duration
-	// GCShare is the GC's share of the available CPU over Window that makes
-	// an episode, in (0.0, 1.0]. Default: 0.5.
+	// GCShare is the GC's CPU share over Window that makes an episode (or the
+	// GC CPU limiter engaging), in (0.0, 1.0]. Default: 0.5.
 	GCShare float64
-	// LiveRatio is the share of GOMEMLIMIT the live heap must reach, in
-	// (0.0, 1.0]; without GOMEMLIMIT there is no episode. Default: 0.9.
+	// LiveRatio is the share of GOMEMLIMIT the live heap (the median of 8 GC
+	// ends) must reach, in (0.0, 1.0]; no GOMEMLIMIT, no episode. Default: 0.9.
 	LiveRatio float64
-	// LiftOff turns the GOMEMLIMIT lift off. A lift adds LiftStep of
-	// GOMEMLIMIT, at most up to the cgroup limit, for LiftFor, then
-	// restores it, and not again within LiftFor; only where memctl set
-	// GOMEMLIMIT from the cgroup, never over the operator's. It gives the
-	// GC room at the cost of headroom for memory outside the heap.
-	// Default: false.
+	// LiftOff turns off the lift: LiftStep more GOMEMLIMIT, up to the cgroup
+	// limit, for LiftFor and not again within it, where memctl set GOMEMLIMIT
+	// from the cgroup (never over the operator's). Default: false.
 	LiftOff bool
-	// LiftStep is the share of GOMEMLIMIT a lift adds, in (0.0, 1.0].
-	// Default: 0.1.
+	// LiftStep is a lift's share of GOMEMLIMIT, in (0.0, 1.0]. Default: 0.1.
 	LiftStep float64
 	// LiftFor is how long a lift lasts, in [1s, 1h]. Default: 1 minute.
 	LiftFor time.Duration
 
 	// Watch selects the kernel source: "auto" (or ""), "off", "systemd"
-	// ($MEMORY_PRESSURE_WATCH only), "cgroup" (the process's memory cgroup
-	// only) or "system" (/proc/pressure/memory only). Default: "auto".
+	// ($MEMORY_PRESSURE_WATCH), "cgroup" or "system" (/proc/pressure/memory).
+	// Default: "auto".
 	Watch string
 	// MinInterval is the least time between two actions on kernel signals,
 	// in [100ms, 1m]; signals in between are coalesced. Default: 2 s.
 	MinInterval time.Duration
-	// Stall and StallWindow are the PSI trigger ("some" stall of Stall
-	// within StallWindow); StallWindow in [500ms, 10s], Stall in (0,
-	// StallWindow]. Default: 200 ms in 2 s.
+	// Stall and StallWindow are the PSI trigger: a "some" stall of Stall, in
+	// (0, StallWindow], within StallWindow, in [500ms, 10s]. Default: 200 ms in
+	// 2 s.
 	Stall, StallWindow time.Duration
 }
 
@@ -107,21 +102,16 @@ func (k Kind) String() string {
 type Event struct {
 	Kind Kind
 	Time time.Time
-	// KindSpiral and KindSpiralEnd: the GC's share of the available CPU
-	// over Span, in [0, 1]; the live heap the rule compared (the median
-	// of the last 8 GC ends, or the deciding one's when GOMEMLIMIT set its
-	// HeapGoal); GOMEMLIMIT; whether the GC CPU limiter engaged in Span.
+	// KindSpiral and KindSpiralEnd: the GC's CPU share over Span, in [0, 1],
+	// the live heap the rule compared, GOMEMLIMIT, the GC CPU limiter engaged.
 	GCShare        float64
 	Span           time.Duration
 	LiveHeap       int64
 	HeapGoal       int64
 	GoMemLimit     int64
 	LimiterEngaged bool
-	// KindKernel: the source, the signals this action answers (more than
-	// one when coalesced), and what the memory under pressure was made of:
-	// anonymous memory, reclaimable page cache and this process's own
-	// anonymous memory (host-wide PSI only), -1 when unknown, read From a
-	// memory.stat or /proc/meminfo.
+	// KindKernel: the source, the signals answered, and the memory's makeup in
+	// bytes (-1 unknown; Own: this process's anonymous memory, host-wide only).
 	Source  string
 	Signals int64
 	Makeup  struct {
@@ -144,19 +134,16 @@ type Stats struct {
 	// Lifts counts GOMEMLIMIT lifts; Lifted is the bytes added now.
 	Lifts  int64
 	Lifted int64
-	// Signals counts kernel signals, Acted the actions on them (at most
-	// one per MinInterval). LeftToKernel counts signals of a cgroup whose
-	// memory was mostly page cache (no action); CancelsHeld actions without
-	// a cancel (memory not mostly anonymous, host-wide memory mostly not
-	// this process's, or a makeup that could not be read).
+	// Signals counts kernel signals, Acted the actions (at most one per
+	// MinInterval); LeftToKernel the signals left to the kernel (mostly page
+	// cache), CancelsHeld the actions without a cancel.
 	Signals      int64
 	Acted        int64
 	LeftToKernel int64
 	CancelsHeld  int64
-	// Unexplained counts PSI events ignored because the stall since the
-	// trigger was armed is under its threshold (in neither Signals nor
-	// Acted). Each is looked at once more a trigger window later; if the
-	// stall explains it by then, it is answered and counted in Signals.
+	// Unexplained counts PSI events the stall since the trigger was armed did
+	// not explain, ignored (in neither Signals nor Acted) unless it does a
+	// trigger window later.
 	Unexplained int64
 	// Dropped counts events not delivered to a full subscriber channel.
 	Dropped int64
@@ -181,8 +168,8 @@ type deps struct {
 var realDeps = deps{getenv: os.Getenv, trim: relief.Trim, cancel: relief.CancelLargest, shed: relief.Shed,
 	lift: gomemlimit.Lift, ceiling: gomemlimit.Ceiling}
 
-// Monitor runs the death-spiral detector and the kernel watcher. Its
-// methods are safe for concurrent use; a nil *Monitor does nothing.
+// Monitor runs the death-spiral detector and the kernel watcher. Its methods
+// are safe for concurrent use; a nil *Monitor does nothing.
 type Monitor struct {
 	cfg    Config
 	deps   deps
@@ -222,10 +209,10 @@ type subscriber struct {
 // pressure source can be watched; it also matches errors.ErrUnsupported.
 var ErrNoSource = fmt.Errorf("pressure: no kernel memory pressure source: %w", errors.ErrUnsupported)
 
-// Start validates cfg and starts the detector and the watcher. An invalid
-// cfg is an error and a nil Monitor. When the watcher cannot start, the
-// Monitor runs the detector alone and the error says why (ErrNoSource when
-// there was nothing to watch). Close the Monitor when done.
+// Start validates cfg and starts the detector and the watcher. An invalid cfg
+// is an error and a nil Monitor. When the watcher cannot start, the Monitor
+// runs the detector alone and the error says why (ErrNoSource: nothing to
+// watch). Close the Monitor when done.
 func Start(cfg Config) (*Monitor, error) { return start(cfg, realDeps) }
 
 func start(cfg Config, d deps) (*Monitor, error) {
@@ -284,8 +271,8 @@ func (c *Config) fill() error {
 	return errors.Join(errs...)
 }
 
-// Source names the kernel source watched, "" when none; the system-wide
-// PSI is "host-wide PSI ...", the whole host's pressure.
+// Source names the kernel source watched ("host-wide PSI ..." for the host's),
+// "" when none.
 func (m *Monitor) Source() string {
 	if m == nil || m.watch == nil {
 		return ""
@@ -293,10 +280,9 @@ func (m *Monitor) Source() string {
 	return m.watch.name
 }
 
-// SourceNote says why the process's own cgroup is not watched, when the
-// source is the host-wide PSI ("read-only cgroup mount", "no memory
-// controller", "no memory limit", ...) or memory.events ("PSI trigger
-// refused: ..."), then the errors; "" otherwise.
+// SourceNote says why the process's own cgroup is not watched when the source
+// is the host-wide PSI or memory.events ("read-only cgroup mount", "PSI trigger
+// refused: ..."); "" otherwise.
 func (m *Monitor) SourceNote() string {
 	if m == nil || m.watch == nil {
 		return ""
@@ -304,10 +290,9 @@ func (m *Monitor) SourceNote() string {
 	return m.watch.note
 }
 
-// Subscribe returns a channel that receives every event from now on, with
-// room for buf events (at least 1): when it is full an event is dropped
-// and counted in Stats.Dropped, never waited for. cancel closes the
-// channel, as Close does; on a nil or closed Monitor it is closed at once.
+// Subscribe returns a channel of every event from now on, with room for buf (at
+// least 1); an event that does not fit is dropped (Stats.Dropped). cancel, or
+// Close, closes it; on a nil or closed Monitor it is closed at once.
 func (m *Monitor) Subscribe(buf int) (events <-chan Event, cancel func()) {
 	s := &subscriber{ch: make(chan Event, max(buf, 1))}
 	if m == nil {
@@ -365,8 +350,7 @@ func (m *Monitor) Stats() Stats {
 	return s
 }
 
-// Counters returns Stats without reading memory.events (all -1): atomic
-// loads only, for a caller at every GC end.
+// Counters returns Stats without memory.events (all -1): atomic loads only.
 func (m *Monitor) Counters() Stats {
 	s := Stats{}
 	s.MemoryEvents = cgroupfs.Events{Low: -1, High: -1, Max: -1, OOM: -1, OOMKill: -1, OOMGroupKill: -1}
@@ -381,9 +365,9 @@ func (m *Monitor) Counters() Stats {
 	return s
 }
 
-// Close removes the GC-end hook, stops the watcher, waits for episode
-// actions in flight, ends shedding and a lift (restoring GOMEMLIMIT) and
-// closes every subscriber's channel. Idempotent; returns nil.
+// Close removes the GC-end hook, stops the watcher, waits for actions in
+// flight, ends shedding and a lift, and closes the subscribers' channels.
+// Idempotent; returns nil.
 func (m *Monitor) Close() error {
 	if m == nil {
 		return nil

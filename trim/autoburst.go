@@ -9,32 +9,19 @@ import (
 	"github.com/memctl/memctl/internal/gcend"
 )
 
-// AutoBurstConfig configures the burst detector that memctl.Start runs
-// beside its Trimmer (memctl.WithAutoBurst). At the end of each GC cycle
-// it compares the live heap with its recent floor; a live heap at Rise
-// times the floor and MinRise over it is a burst in progress, marked as
-// AfterBurst would mark it, so the trim follows one Delay after the last GC
-// end that saw it. Whether the burst died, only a GC can tell: that trim
-// forces one when its cost, counting the burst as still live (the scan
-// cost times /gc/scan/total:bytes), fits in the CPU budget saved since the
-// last trim (2% of the time since), and otherwise counts only the free
-// heap. A forced GC resets the floor, so a heap that grows for good costs
-// at most one forced GC per doubling, within that budget. The same rule
-// finds bursts in the C heap where its allocator tells what a release
-// returns (glibc, jemalloc, tcmalloc; not mimalloc): a rise of that free
-// memory, looked at on GC ends at most once a second (and in at most 0.5%
-// of a CPU), so at the latest at the runtime's forced GC 2 minutes after
-// it in a process that allocates nothing in Go; its trim follows one Delay
-// after the look. The zero value is the default.
+// AutoBurstConfig configures the burst detector memctl.Start runs beside its
+// Trimmer: at each GC end, a live heap at Rise times its recent floor and
+// MinRise over it is a burst, as if marked by AfterBurst, and so is such a rise
+// of the C heap's free memory, looked at at most once a second
+// (docs/bursts.md). The zero value is the default.
 type AutoBurstConfig struct {
-	// Off turns burst detection off. Default: false (on).
+	// Off turns burst detection off. Default: false.
 	Off bool
-	// Rise is the factor over the floor, in [1.25, 1000], at which the
-	// live heap is a burst. Default: 2 (with GOGC=100 a heap that keeps
-	// what it allocates doubles from one GC to the next).
+	// Rise is the factor over the floor, in [1.25, 1000], at which the live
+	// heap is a burst. Default: 2.
 	Rise float64
-	// MinRise is the least rise over the floor that is a burst, in bytes;
-	// at least 1 MiB. Default: 32 MiB.
+	// MinRise is the least rise over the floor that is a burst, in bytes, at
+	// least 1 MiB. Default: 32 MiB.
 	MinRise int64
 }
 
@@ -49,17 +36,15 @@ const (
 // AutoBurstStats are the burst detector's counters (memctl.Stats.AutoBurst).
 type AutoBurstStats struct {
 	Bursts int64 // bursts detected: the live heap at Rise times its floor
-	// Drops counts the GC cycles that collected a burst a forced GC had
-	// made the floor (the live heap fell to 1/Rise of it).
+	// Drops counts GC ends where a burst a forced GC made the floor was gone.
 	Drops int64
 	Marks int64 // GC ends that marked a burst or its collection
-	// Settled counts the bursts taken as growth for good (still at their
-	// level after a trim decision or past the max wait plus the delay).
+	// Settled counts the bursts taken as growth for good.
 	Settled int64
 	Floor   int64 // the live heap the next rise is measured from, in bytes
 	GCEnds  int64 // GC ends looked at
-	// CBursts counts the bursts found in the C heap; CFree is what its
-	// release would return at the last look, in bytes, -1 unknown.
+	// CBursts counts C heap bursts; CFree is the C heap's releasable bytes at
+	// the last look, -1 unknown.
 	CBursts, CFree int64
 }
 

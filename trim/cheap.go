@@ -2,9 +2,8 @@ package trim
 
 import "github.com/memctl/memctl/trim/cheap"
 
-// ErrCHeapUnavailable is matched (errors.Is) by the error of a C heap step
-// that cannot run in this build or process: cgo off, not Linux, or no
-// known allocator owns malloc. It is cheap.ErrUnavailable.
+// ErrCHeapUnavailable (cheap.ErrUnavailable) is matched by the error of a C
+// heap step that cannot run here: cgo off, not Linux, no known allocator.
 var ErrCHeapUnavailable = cheap.ErrUnavailable
 
 // cHeap is the C heap step of a trim (*cheap.Step); safe for concurrent use.

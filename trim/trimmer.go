@@ -15,18 +15,12 @@ import (
 )
 
 const (
-	// DefaultDelay is the default Config.Delay, and Start's: 2 s, long
-	// enough that back-to-back requests of one burst give one trim, short
-	// enough that RSS is back down within about three seconds.
+	// DefaultDelay is the default Config.Delay, and Start's.
 	DefaultDelay = 2 * time.Second
-	// MinDelay is the shortest Config.Delay New accepts.
+	// MinDelay and MaxDelay bound Config.Delay.
 	MinDelay = time.Millisecond
-	// MaxDelay is the longest Config.Delay New accepts: a day. By then the
-	// runtime has returned a burst on its own (its forced GC every 2
-	// minutes and the scavenger).
 	MaxDelay = 24 * time.Hour
-	// NeverSkip is a Config.MinRelease that makes every due trim run both
-	// its steps, however little they would release.
+	// NeverSkip is a Config.MinRelease that never skips a step.
 	NeverSkip int64 = -1
 
 	maxWaitFactor           = 10      // the default max wait, in delays
@@ -40,61 +34,52 @@ const (
 // Config configures a Trimmer; pass it to New, which copies it. The zero
 // Config is the default.
 type Config struct {
-	// Delay is how long after the last AfterBurst the trim runs, in
-	// [MinDelay, MaxDelay]: between Delay and Delay + Delay/20 after it,
-	// or from Delay/2 on while the CPU cgroup is throttled. Default: 2 s.
+	// Delay is how long after the last AfterBurst the trim runs (up to Delay/20
+	// later; Delay/2 under CPU throttling), in [MinDelay, MaxDelay]. Default: 2
+	// s.
 	Delay time.Duration
 
-	// MaxWait bounds how long calls can push a pending trim back: it runs
-	// at the latest MaxWait after the first AfterBurst or Begin of its
-	// pending period, even while bursts overlap; only the CPU budget can
-	// defer it further. At least Delay, at most 240 h. Default: 10 × Delay.
+	// MaxWait bounds how long calls push a pending trim back: it runs at the
+	// latest MaxWait after the first call of its pending period, unless the CPU
+	// budget defers it. In [Delay, 240 h]. Default: 10 × Delay.
 	MaxWait time.Duration
 
-	// MinRelease is the estimate of releasable bytes below which a step
-	// of a trim is skipped: the Go step also needs 64 MiB per CPU-second
-	// its GC is estimated to cost (2 ns per scannable byte until a trim
-	// measures it), the C step runs when its allocators' estimate is
-	// unknown. Live heap is never counted as garbage. NeverSkip (any
-	// negative value) never skips. Default: 8 MiB.
+	// MinRelease is the estimate of releasable bytes under which a step is
+	// skipped (the Go step also needs 64 MiB per CPU-second of its GC; an
+	// unknown C estimate runs). NeverSkip (any negative value) never skips.
+	// Default: 8 MiB.
 	MinRelease int64
 
 	// NoCHeap turns the C heap step (package cheap) off. Default: false.
 	NoCHeap bool
 
-	// Logger gets each trim and skip at DEBUG, one-time notes at INFO,
-	// the first misuse, the first stale Begin and C step failures at WARN.
-	// Default: nil, no logging.
+	// Logger gets trims and skips at DEBUG, notes at INFO, and the first
+	// misuse, first stale Begin and C step failures at WARN. Default: nil, no
+	// logging.
 	Logger *slog.Logger
 
-	// FixedDelay makes a trim wait the whole Delay even while the CPU
-	// cgroup is throttled. Default: false.
+	// FixedDelay waits the whole Delay even under CPU throttling. Default:
+	// false.
 	FixedDelay bool
 
-	// Strict makes misuse (an end func called more often than Begin)
-	// panic instead of being counted and logged once; for tests.
-	// Default: false.
+	// Strict makes misuse panic instead of being counted; for tests. Default:
+	// false.
 	Strict bool
 }
 
-// A Trimmer runs one trim Delay after the last burst ends: AfterBurst marks
-// the end of a burst, and calls during the wait push the trim back, so a
-// run of bursts gives one trim, at the latest Config.MaxWait after the
-// first. A trim is the Go heap step, then the C heap step; each is skipped
-// when its own estimate shows too little to release (Config.MinRelease).
+// A Trimmer runs one trim Delay after the last burst ends; calls during the
+// wait push it back, so a run of bursts gives one trim, at the latest
+// Config.MaxWait after the first. A trim is the Go heap step (with no GC when
+// one has collected the burst, else debug.FreeOSMemory), then the C heap step
+// (package cheap), each skipped when its estimate is under MinRelease.
 //
-// The Go step returns the free heap without a GC (a transient GOMEMLIMIT
-// lowered under what the runtime holds, Stats.NoGC) when a GC cycle has
-// already collected the burst, and is debug.FreeOSMemory otherwise.
+// Trims of every origin share one CPU budget: the next starts no sooner than 50
+// times the last one's CPU after its start, so trims use at most 2% of any
+// window W plus one trim. While the CPU cgroup is throttled (throttled time
+// growing by 10% of the wall time), a trim starts at Delay/2.
 //
-// Trims of every origin share one CPU budget: the next trim starts no
-// sooner than 50 times the last one's CPU after its start, so over any
-// window W the trims that start in it use at most 2% of W plus one trim.
-// While the CPU cgroup is throttled (its throttled time growing by 10% of
-// the wall time), a trim starts at Delay/2.
-//
-// While no trim is pending a Trimmer has no goroutine or timer. It is safe
-// for concurrent use; all methods of a nil *Trimmer do nothing.
+// While no trim is pending it has no goroutine or timer. It is safe for
+// concurrent use; all methods of a nil *Trimmer do nothing.
 type Trimmer struct {
 	_ [64]byte // keep dirty on a cache line of its own: it is read on every call
 	// dirty is set by AfterBurst and cleared by each tick.
@@ -187,9 +172,9 @@ var realDeps = deps{
 	heapFloor: func() int64 { return readSample().Live },
 }
 
-// New returns a Trimmer configured by cfg, or an error naming the invalid
-// field and its value. It starts no goroutine or timer; it subscribes to
-// GC ends (one runtime/metrics read per cycle), which Close ends.
+// New returns a Trimmer configured by cfg, or an error naming the invalid field
+// and its value. It starts no goroutine; it reads runtime/metrics at each GC
+// end until Close.
 func New(cfg Config) (*Trimmer, error) { return newTrimmer(cfg, realDeps) }
 
 func newTrimmer(c Config, d deps) (*Trimmer, error) {
@@ -279,11 +264,8 @@ func (t *Trimmer) MaxWait() time.Duration {
 	return t.maxWait
 }
 
-// AfterBurst marks the end of a burst: a trim runs Delay after the last
-// call unless another call comes first, and at the latest MaxWait after
-// the first call of the pending period. While a trim is pending it is one
-// atomic load; it allocates nothing and starts no goroutine. After Close
-// it does nothing. Safe for concurrent use.
+// AfterBurst marks the end of a burst (see Trimmer). It allocates nothing;
+// while a trim is pending it is one atomic load. After Close it does nothing.
 func (t *Trimmer) AfterBurst() {
 	if t == nil || t.dirty.Load() != 0 {
 		return
@@ -310,11 +292,9 @@ func (t *Trimmer) pend() {
 	}
 }
 
-// Begin marks the start of a burst and returns the func that ends it, which
-// calls AfterBurst. No trim starts while a burst is in flight, up to the
-// max wait. end may be called from any goroutine, once; calling end funcs
-// more often than Begin is misuse (Stats.Misuse, see Config.Strict). Begin
-// allocates nothing. Safe for concurrent use.
+// Begin marks a burst in flight, which no trim starts under (up to MaxWait),
+// and returns the func that ends it and calls AfterBurst: call it once; more
+// end calls than Begins are misuse (Stats.Misuse). It allocates nothing.
 func (t *Trimmer) Begin() (end func()) {
 	if t == nil {
 		return noop
@@ -363,13 +343,10 @@ func (t *Trimmer) logOnceAt(i int, level slog.Level, msg string, attrs ...slog.A
 // inFlight returns the bursts in flight in both epochs.
 func (t *Trimmer) inFlight() int64 { return t.inflight[0].Load() + t.inflight[1].Load() }
 
-// TrimNow runs both steps of a trim in the calling goroutine at once,
-// ignoring the delay, bursts in flight, the estimates and the CPU budget
-// (its CPU still counts against the next trim). It is the only trim that
-// bypasses the gate; nothing in memctl calls it on its own. It returns the
-// bytes released and the C step's error, unless that matches
-// ErrCHeapUnavailable. It waits for a running trim and works after Close.
-// Safe for concurrent use.
+// TrimNow runs both steps of a trim in the calling goroutine, now, bypassing
+// the delay, bursts in flight, the estimates and the CPU budget (its CPU still
+// counts). It waits for a running trim, works after Close, and returns the
+// bytes released and any C step error but ErrCHeapUnavailable.
 func (t *Trimmer) TrimNow() (released int64, err error) {
 	if t == nil {
 		return 0, nil
@@ -383,8 +360,8 @@ func (t *Trimmer) TrimNow() (released int64, err error) {
 	return r.released, r.cErr
 }
 
-// Stats returns a snapshot of the Trimmer's counters. Safe for concurrent
-// use; it does not wait for a running trim.
+// Stats returns a snapshot of the Trimmer's counters; it does not wait for a
+// running trim.
 func (t *Trimmer) Stats() Stats {
 	if t == nil {
 		return Stats{}
@@ -398,11 +375,9 @@ func (t *Trimmer) Stats() Stats {
 	return s
 }
 
-// Close drops a pending trim, waits for a running debounced one (not for
-// a TrimNow in another goroutine), and makes later calls do nothing but
-// TrimNow and Stats. When it returns the Trimmer has no goroutine and no
-// timer. It is idempotent and returns nil. Do not call it from the
-// Trimmer's logger.
+// Close drops a pending trim, waits for a running debounced one (not a
+// TrimNow), and makes later calls but TrimNow and Stats do nothing. Idempotent;
+// it returns nil. Do not call it from the Trimmer's logger.
 func (t *Trimmer) Close() error {
 	if t == nil {
 		return nil

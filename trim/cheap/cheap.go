@@ -1,28 +1,14 @@
-// Package cheap is the C heap step of memctl's trim: it finds, at run
-// time, every allocator in the process (glibc, jemalloc with any prefix,
-// mimalloc, gperftools' tcmalloc; the one that owns malloc first), asks
-// each to return freed memory to the OS, reads their statistics, and caps
-// glibc's arenas.
+// Package cheap is the C heap step of memctl's trim: it finds, at run time,
+// every allocator in the process (glibc, jemalloc with any prefix, mimalloc,
+// gperftools' tcmalloc), asks each to return freed memory to the OS, reads
+// their statistics, and caps glibc's arenas:
 //
-// "Pure Go" services still carry C memory through cgo (SQLite, RocksDB,
-// image and compression libraries). glibc keeps what a burst of threads
-// freed in its arenas until malloc_trim; jemalloc, mimalloc and tcmalloc
-// ignore malloc_trim and need their own call:
+//	s := cheap.Detect()
+//	released, err := s.Release() // after a burst, not on a hot path
 //
-//	glibc     malloc_trim(0)
-//	jemalloc  mallctl("arena.<i>.purge") for each arena
-//	mimalloc  mi_collect(true)
-//	tcmalloc  MallocExtension_ReleaseToSystem in slices, after carving the free spans
-//
-// Nothing is linked at build time: malloc's owner is found with dlsym and
-// dladdr, the other allocators by reading the dynamic symbol tables of the
-// loaded objects (dl_iterate_phdr), and every call goes through a function
-// pointer. Without cgo, off Linux, under musl or with no known allocator
-// the step is unavailable: its errors match ErrUnavailable.
-//
-// A release holds the allocator's locks and takes from a few to a hundred
-// milliseconds on a heap of a few hundred megabytes: call it after a burst,
-// not on a hot path. docs/benchmarks.md has the measurements.
+// Nothing is linked at build time (dlsym, dladdr, the loaded objects' symbol
+// tables). Without cgo, off Linux, under musl or with no known allocator the
+// step's errors match ErrUnavailable. Costs: docs/benchmarks.md.
 package cheap
 
 import (
@@ -52,11 +38,9 @@ const (
 	none     = "none"     // the step is unavailable
 )
 
-// Step is the C heap step of this process: the allocator found to own malloc
-// and its calls, and every other allocator found (see Heaps). A Step is
-// safe for concurrent use; its list of allocators is rescanned under its
-// own lock, releases are serialized, and the allocators' own calls take
-// their locks. The zero value is an unavailable step.
+// Step is the C heap step of this process: the allocator that owns malloc, and
+// every other allocator found (see Heaps). A Step is safe for concurrent use;
+// releases are serialized. The zero value is an unavailable step.
 type Step struct {
 	allocator string // one of the names above
 	library   string // path of the object that provides malloc, as dladdr names it
@@ -81,9 +65,8 @@ var (
 	detected   *Step
 )
 
-// Detect returns the C heap step of this process. It finds the allocator on
-// the first call and returns the same *Step afterwards; it never fails: a
-// step that cannot run reports why through Err.
+// Detect returns the C heap step of this process, the same *Step on every call.
+// It never fails: a step that cannot run says why through Err.
 func Detect() *Step {
 	detectOnce.Do(func() { detected = detect() })
 	return detected
@@ -99,8 +82,7 @@ func (s *Step) Allocator() string {
 }
 
 // Library returns the path of the shared object that provides malloc, as
-// dladdr(3) names it (for example "/lib/x86_64-linux-gnu/libc.so.6"), or ""
-// when it is not known.
+// dladdr(3) names it ("/lib/x86_64-linux-gnu/libc.so.6"), or "".
 func (s *Step) Library() string {
 	if s == nil {
 		return ""
@@ -118,7 +100,7 @@ func (s *Step) Version() string {
 }
 
 // Err returns nil when the step can run, or an error matching ErrUnavailable
-// that says why it cannot (and matching errors.ErrUnsupported off Linux).
+// (and, off Linux, errors.ErrUnsupported) that says why not.
 func (s *Step) Err() error {
 	switch {
 	case s == nil || (s.why == "" && s.allocator == ""):
@@ -132,10 +114,9 @@ func (s *Step) Err() error {
 	}
 }
 
-// Release releases every allocator found (see Heaps) and returns the bytes
-// they released by their own accounts (glibc's measured across the call
-// from RssAnon less the Go runtime's and the live blocks' bytes), -1 when
-// none can tell. It is ReleaseOver(-1).
+// Release is ReleaseOver(-1): it releases every allocator found and returns the
+// bytes they released by their own accounts (glibc's measured from RssAnon), -1
+// when none can tell.
 func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
 
 // setGlibcBase records the C heap's resident excess right after glibc's
@@ -171,10 +152,9 @@ func glibcReleased(before int64, okBefore bool, after int64, okAfter bool) int64
 	return max(before-after, 0)
 }
 
-// Retained returns the bytes a release of the allocators found can return:
-// the sum of their estimates (Releasable for jemalloc and tcmalloc, else
-// Retained; see Stats), -1 when one cannot tell (mimalloc), 0 when there is
-// no allocator to release. Safe for concurrent use.
+// Retained returns the bytes a release can return: the sum of the allocators'
+// estimates (Releasable for jemalloc and tcmalloc, else Retained), -1 when one
+// cannot tell (mimalloc), 0 with no allocator.
 func (s *Step) Retained() int64 {
 	if s == nil {
 		return 0
@@ -192,9 +172,8 @@ func (s *Step) Retained() int64 {
 	return sum
 }
 
-// Stats reads the statistics of the allocator that owns malloc now;
-// figures it does not report are -1. The error matches ErrUnavailable when
-// the step cannot run. glibc's costs a walk of its arenas (mallinfo2).
+// Stats reads the statistics of the allocator that owns malloc now (glibc's
+// walk its arenas). The error matches ErrUnavailable when the step cannot run.
 func (s *Step) Stats() (Stats, error) {
 	if err := s.Err(); err != nil {
 		return unknownStats(none, s.Library()), err
@@ -239,19 +218,8 @@ func cResidentExtra(inUse int64) (extra int64, ok bool) {
 	return anon - goRes - inUse, true
 }
 
-// Stats is a snapshot of an allocator's heap by its own account. Sizes
-// are bytes, -1 where the allocator does not report the figure:
-//
-//	field      glibc (mallinfo2)     jemalloc (mallctl)        tcmalloc (numeric properties)                  mimalloc
-//	Arena      arena                 stats.mapped              generic.heap_size                              current_commit (mi_process_info)
-//	Mapped     hblkhd                -1                        -1                                             -1
-//	InUse      uordblks + hblkhd     stats.allocated           generic.current_allocated_bytes                -1
-//	Free       fordblks              -1                        tcmalloc.pageheap_free_bytes                   -1
-//	Releasable keepcost              (pdirty + pmuzzy) × page  tcmalloc.pageheap_free_bytes                   -1
-//	Active     -1                    stats.active              -1                                             -1
-//	Resident   -1                    stats.resident            heap_size - tcmalloc.pageheap_unmapped_bytes   -1
-//	Retained   measured (Step.Stats) resident - allocated      Resident - InUse                               -1
-//	Page       -1                    arenas.page               -1                                             -1
+// Stats is a snapshot of an allocator's heap by its own account
+// (docs/benchmarks.md). Sizes are bytes, -1 where not reported.
 type Stats struct {
 	Allocator string // as Step.Allocator
 	Library   string // as Step.Library
@@ -287,9 +255,8 @@ func unknownStats(allocator, library string) Stats {
 	}
 }
 
-// String formats the statistics for a log line, for example
-// "glibc: arena 420.1 MiB, in use 6.7 MiB, free 413.4 MiB, retained 413.4 MiB".
-// Figures that are unknown are left out.
+// String formats the statistics for a log line ("glibc: arena 420.1 MiB, in use
+// 6.7 MiB, ..."), leaving unknown figures out.
 func (st Stats) String() string {
 	var b strings.Builder
 	b.WriteString(st.Allocator)
@@ -341,13 +308,11 @@ func formatBytes(n int64) string {
 	}
 }
 
-// SetArenaMax caps glibc's malloc arenas at n (mallopt M_ARENA_MAX): glibc
-// makes up to 8 per core, and each keeps what a burst freed in it. The cap
-// stops new arenas only, so call it early in main. It returns an error
-// naming n when n < 1 or mallopt refuses it; one matching ErrUnavailable
-// when glibc does not own malloc; and, when the operator capped the arenas
-// (MALLOC_ARENA_MAX, or glibc.malloc.arena_max in GLIBC_TUNABLES, with a
-// value glibc applies), an error saying so: the operator wins. Safe for
+// SetArenaMax caps glibc's malloc arenas at n (mallopt M_ARENA_MAX); it stops
+// new arenas only, so call it early. It returns an error naming n when n < 1 or
+// mallopt refuses it, one matching ErrUnavailable when glibc does not own
+// malloc, and, setting nothing, one saying so when the operator capped the
+// arenas (MALLOC_ARENA_MAX, glibc.malloc.arena_max in GLIBC_TUNABLES). Safe for
 // concurrent use.
 func SetArenaMax(n int) error {
 	if n < 1 {

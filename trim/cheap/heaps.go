@@ -12,45 +12,37 @@ import (
 	"unicode/utf8"
 )
 
-// Heap is one allocator found in the process and what the C heap step did
-// with it, as Step.Heaps returns it: the owner of malloc, or another (a
-// library's bundled jemalloc, a prefixed one, one a plugin dlopened with
-// RTLD_LOCAL), released with its own call and estimate. Sizes are bytes,
-// -1 where unknown.
+// Heap is one allocator found in the process and what the C heap step did with
+// it (Step.Heaps): the owner of malloc or another (a library's bundled
+// jemalloc, a prefixed one, one dlopened with RTLD_LOCAL).
 type Heap struct {
-	// Stats holds the allocator's figures now; Library is the object that
-	// holds its code.
+	// Stats holds its figures now; Library is the object that holds its code.
 	Stats
-	// Prefix is the prefix of the allocator's entry points ("je_" for
-	// je_mallctl, "_rjem_", "" for none).
+	// Prefix is the prefix of its entry points ("je_", "_rjem_", "" for none).
 	Prefix string
 	// Version is the allocator's version where it tells one, else "".
 	Version string
-	// OwnsMalloc is true for the allocator that serves the process's
-	// malloc (the one Step.Allocator names).
+	// OwnsMalloc is true for the allocator Step.Allocator names.
 	OwnsMalloc bool
-	// Namespace is its object's link-map namespace (0 main, n > 0 made by
-	// dlmopen, -1 unknown).
+	// Namespace is its link-map namespace (0 main, n > 0 dlmopen, -1 unknown).
 	Namespace int64
-	// Trimmed: the step can reach its release call. An allocator present
-	// and not trimmed (a static copy that exports no entry point) has all
-	// its figures -1, and Note says why.
+	// Trimmed is whether the step can reach its release call (else its figures
+	// are -1).
 	Trimmed bool
 	// Note says how it was found, or why it is not trimmed.
 	Note string
 
-	// Releases, Skipped and Failures count the steps that released it, that
-	// left it alone (its estimate under Step.ReleaseOver's threshold), and
-	// whose call failed (LastError; "" after a success).
+	// Releases, Skipped and Failures count the steps that released it, left it
+	// alone (under ReleaseOver's threshold), and failed (LastError).
 	Releases, Skipped, Failures int64
 	LastError                   string
 	// LastEstimate is its estimate before the last release or skip.
 	LastEstimate int64
-	// LastReleased is what its last release returned by its own account
-	// (-1 unknown); TotalReleased sums the known ones.
+	// LastReleased is what its last release returned (-1 unknown);
+	// TotalReleased sums the known ones.
 	LastReleased, TotalReleased int64
-	// LastDuration is its last release's wall time, LastSlices the calls
-	// that took the allocator's locks, LastMaxSlice the longest of them.
+	// LastDuration is its last release's wall time, LastSlices the calls that
+	// held its locks, LastMaxSlice the longest.
 	LastDuration, LastMaxSlice time.Duration
 	LastSlices                 int64
 }
@@ -229,11 +221,9 @@ func (s *Step) heapRetained(h *heap) int64 {
 	return st.Retained
 }
 
-// Heaps returns every allocator found in the process, the owner of malloc
-// first, each with its figures read now and what the step did with it.
-// The loaded objects are scanned again when the loader's counts changed.
-// memctl keeps each object it calls into loaded (dlopen). Safe for
-// concurrent use.
+// Heaps returns every allocator found, the owner of malloc first, with its
+// figures now, rescanning the loaded objects when the loader's counts changed;
+// each object called into is kept loaded (dlopen).
 func (s *Step) Heaps() []Heap {
 	if s == nil {
 		return nil
@@ -257,12 +247,11 @@ func (s *Step) Heaps() []Heap {
 	return out
 }
 
-// ReleaseOver releases every allocator found whose estimate reaches
-// minRelease bytes or is unknown (every one for a negative minRelease),
-// the owner of malloc last, each in slices where it allows, and returns
-// the bytes released by their own accounts (-1 when none can tell) and the
-// failed calls' errors, joined; ErrUnavailable when there is nothing to
-// release. Releases are serialized; safe for concurrent use.
+// ReleaseOver releases, in slices where it can and the owner of malloc last,
+// every allocator whose estimate reaches minRelease bytes or is unknown (all if
+// minRelease < 0), and returns the bytes released by their own accounts (-1
+// when none can tell) and the failed calls' errors joined (ErrUnavailable: none
+// to release).
 func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	if s == nil {
 		return 0, s.Err()
@@ -339,10 +328,9 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	return released, errors.Join(errs...)
 }
 
-// Name names the heap in a few words, for example
-// "jemalloc je_ in /usr/lib/libfoo.so". A long path is cut, and one that
-// could forge a log line (a control character, a quote, ';', invalid
-// UTF-8) is quoted; Library keeps it whole.
+// Name names the heap in a few words ("jemalloc je_ in /usr/lib/libfoo.so"): a
+// long path is cut, one that could forge a log line is quoted; Library keeps it
+// whole.
 func (h Heap) Name() string {
 	s := h.Allocator
 	if h.Prefix != "" {
