@@ -130,7 +130,8 @@ func (a *Account) trimLocked(slack int64) {
 
 // Resize reports that a structure of oldSize bytes now takes newSize: it grows
 // (with Grow's errors; Requested is newSize-oldSize) or shrinks by the
-// difference. A negative size is an error matching ErrInvalidSize.
+// difference. A negative size is an error matching ErrInvalidSize and
+// changes nothing.
 func (a *Account) Resize(oldSize, newSize int64) error {
 	if oldSize < 0 || newSize < 0 {
 		return fmt.Errorf("%w: %s: Resize(%d, %d): negative size", ErrInvalidSize, a.scope(), oldSize, newSize)
