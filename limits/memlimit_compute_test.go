@@ -2,13 +2,20 @@ package limits
 
 import (
 	"errors"
+	"log/slog"
 	"math"
+	"runtime/debug"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/chold"
 )
 
 // The cgroup files of TestCompute's made-up limits.
@@ -331,4 +338,236 @@ func TestCompute(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHeadroom: memory outside the Go runtime (a C heap) comes off the
+// limit, never below the floor.
+func TestHeadroom(t *testing.T) {
+	keepMemoryLimit(t)
+	var mu sync.Mutex
+	rss, goMapped := int64(400<<20), int64(100<<20)
+	cfg := cfgFor(fixedLimit(1, gib))
+	cfg.usage = func() (int64, int64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return rss, goMapped, nil
+	}
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	want := ninetyPct(gib) - 300<<20
+	assert.Equal(t, want, d.GoMemLimit)
+	assert.Equal(t, want, debug.SetMemoryLimit(-1))
+	assert.Equal(t, int64(300<<20), d.Outside)
+	assert.Contains(t, d.Reason, "minus 300.0 MiB outside the Go runtime")
+
+	mu.Lock()
+	rss = 110 << 20 // the C heap was freed and trimmed
+	mu.Unlock()
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, ninetyPct(gib)-10<<20, debug.SetMemoryLimit(-1), "GOMEMLIMIT follows the C heap down")
+
+	mu.Lock()
+	rss = 105 << 20 // moved by less than 1%: left alone, no log churn
+	mu.Unlock()
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, ninetyPct(gib)-10<<20, d.GoMemLimit)
+
+	mu.Lock()
+	rss = 1000 << 20 // almost all of the limit is C heap: the floor holds
+	mu.Unlock()
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(defaultFloor), debug.SetMemoryLimit(-1))
+	assert.True(t, d.AtFloor)
+
+	// NoHeadroom: the ratio alone.
+	cfg.NoHeadroom = true
+	_, d, err = start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
+	assert.Zero(t, d.Outside)
+
+	// No RSS (not Linux): no headroom, and the Go runtime's share is what
+	// the sanity check compares with.
+	cfg.NoHeadroom = false
+	cfg.usage = func() (int64, int64, error) { return 0, 100 << 20, errors.New("no /proc") }
+	_, d, err = start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
+	cfg.read = fixedLimit(1, 90<<20)
+	_, _, err = start(t, cfg)
+	require.ErrorIs(t, err, ErrImplausibleLimit)
+}
+
+func TestFloor(t *testing.T) {
+	keepMemoryLimit(t)
+	for _, tc := range []struct {
+		limit, floor int64
+		ratio        float64
+		want         int64
+		atFloor      bool
+	}{
+		{limit: gib, ratio: 0.01, want: defaultFloor, atFloor: true}, // a ratio under the floor
+		{limit: gib, floor: 512 << 20, want: ninetyPct(gib)},
+		{limit: gib, floor: 1000 << 20, want: 1000 << 20, atFloor: true},
+		{limit: 100 << 20, floor: 2 * gib, want: 100 << 20, atFloor: true}, // never over the limit
+		{limit: 40 << 20, want: 40 << 20, atFloor: true},
+	} {
+		rec := &recorder{}
+		cfg := cfgFor(fixedLimit(2, tc.limit))
+		cfg.Ratio, cfg.Floor, cfg.Logger = tc.ratio, tc.floor, slog.New(rec)
+		_, d, err := start(t, cfg)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, debug.SetMemoryLimit(-1), "%+v", tc)
+		assert.Equal(t, tc.atFloor, d.AtFloor, "%+v", tc)
+		if tc.atFloor {
+			assert.Equal(t, 1, rec.count(slog.LevelWarn), "one WARN that the GC will run often")
+			assert.Contains(t, d.Reason, "the GC will run often")
+		} else {
+			assert.Empty(t, rec.levels())
+		}
+	}
+}
+
+// While a burst has the runtime map more than the kernel has backed yet
+// (RSS below the runtime's mapped memory), the headroom for memory outside
+// the Go runtime keeps its last estimate instead of dropping to 0, which
+// raised GOMEMLIMIT in the middle of a burst (found by the new-user trial:
+// 234835822 -> 241591910 in a 256 MiB cgroup).
+func TestHeadroomKeptWhileRSSBelowMapped(t *testing.T) {
+	keepMemoryLimit(t)
+	rss, mapped := int64(40<<20), int64(32<<20) // 8 MiB outside
+	cfg := cfgFor(fixedLimit(1, 256<<20))
+	cfg.usage = func() (int64, int64, error) { return rss, mapped, nil }
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	base := ninetyPct(256 << 20)
+	require.Equal(t, base-8<<20, d.GoMemLimit)
+
+	rss, mapped = 120<<20, 150<<20 // a burst: mapped, not yet resident
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(8<<20), d.Outside, "the last estimate is kept")
+	assert.Equal(t, base-8<<20, d.GoMemLimit)
+
+	rss, mapped = 36<<20, 32<<20 // the C heap shrank to 4 MiB
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(4<<20), d.Outside, "a real reading replaces it")
+}
+
+// TestLiftHuge: a lift of math.MaxInt64 ("all the way") gives the cgroup
+// limit, as a lift of 1 TiB does; want + lift wrapped negative, and
+// GOMEMLIMIT was left at a value that was not the decision.
+func TestLiftHuge(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := d.GoMemLimit
+	for _, extra := range []int64{math.MaxInt64, math.MaxInt64 - base + 1, 1 << 62} {
+		_, to, ok := m.Lift(extra)
+		require.True(t, ok, "%d", extra)
+		assert.Equal(t, gib, to, "lift %d", extra)
+		assert.Equal(t, gib, debug.SetMemoryLimit(-1), "lift %d", extra)
+		assert.Equal(t, gib, m.Last().GoMemLimit, "lift %d", extra)
+		_, to, ok = m.Lift(0)
+		require.True(t, ok)
+		assert.Equal(t, base, to)
+	}
+}
+
+// TestHeadroomOverLimitWarnsOnce (attack on issue 18; it held before): a
+// cgroup charged more outside the Go runtime than its whole limit, and more
+// at each refresh: GOMEMLIMIT stays at the floor, and the headroom and
+// floor WARNs are logged once each, not at every refresh.
+func TestHeadroomOverLimitWarnsOnce(t *testing.T) {
+	keepMemoryLimit(t)
+	rec := &recorder{}
+	cfg := cfgFor(func() (cgroupfs.Limit, error) {
+		return cgroupfs.Limit{Version: 1, Cgroup: "/x", Dir: "/sys/fs/cgroup/memory/x", Bytes: 512 * mib, File: "/sys/fs/cgroup/memory/x/memory.limit_in_bytes"}, nil
+	})
+	var n int64
+	cfg.charge = func(int, string) (charge, error) {
+		n++
+		return charge{anon: 600*mib + n*10*mib, file: "/sys/fs/cgroup/memory/x/memory.stat"}, nil
+	}
+	cfg.Logger = slog.New(rec)
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	assert.Equal(t, int64(defaultFloor), d.GoMemLimit)
+	for range 10 {
+		d, err = m.Refresh()
+		require.NoError(t, err)
+		assert.Equal(t, int64(defaultFloor), debug.SetMemoryLimit(-1), d.Reason)
+		assert.True(t, d.AtFloor)
+	}
+	assert.Equal(t, 2, rec.count(slog.LevelWarn), "headroom and floor, once each: %s", rec.text())
+	assert.Contains(t, rec.text(), "most of it")
+	assert.Contains(t, rec.text(), "at the floor")
+}
+
+const heldC = 300 << 20
+
+func init() {
+	// headroom holds 300 MiB of C heap, sets GOMEMLIMIT with the default
+	// configuration (refresh every 100 ms), frees and trims the C heap,
+	// and allocates until a GC-end refresh has raised GOMEMLIMIT.
+	children["headroom"] = func() {
+		if err := chold.Hold(heldC); err != nil {
+			childtest.Fail("%v", err)
+		}
+		m, d, err := NewMemLimiter(MemLimitConfig{Refresh: 100 * time.Millisecond})
+		if err != nil {
+			childtest.Fail("%v", err)
+		}
+		childtest.Say("HELD_GOMEMLIMIT", debug.SetMemoryLimit(-1))
+		childtest.Say("HELD_OUTSIDE", d.Outside)
+		childtest.Say("LIMIT", d.MemoryLimit)
+		if err := chold.Release(); err != nil {
+			childtest.Fail("%v", err)
+		}
+		start := time.Now()
+		var sink []byte
+		for i := 0; debug.SetMemoryLimit(-1) == d.GoMemLimit && time.Since(start) < 20*time.Second; i++ {
+			sink = make([]byte, 1<<20) // garbage: GC cycles, and so refreshes
+			if i%64 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		_ = sink
+		childtest.Say("FREED_GOMEMLIMIT", debug.SetMemoryLimit(-1))
+		childtest.Say("FREED_OUTSIDE", m.Last().Outside)
+		childtest.Say("FOLLOWED_AFTER", time.Since(start))
+	}
+}
+
+// TestHeadroomForCHeap: a cgo process holding 300 MiB of C heap in a 1 GiB
+// cgroup gets GOMEMLIMIT at most 0.9 GiB − 300 MiB, and GOMEMLIMIT rises
+// back at a GC-end refresh once the C heap is freed and trimmed.
+func TestHeadroomForCHeap(t *testing.T) {
+	if err := chold.Hold(0); errors.Is(err, errors.ErrUnsupported) {
+		t.Skip(err)
+	}
+	_ = chold.Release()
+	g := cgrouptest.New(t, gib)
+	cmd := childtest.Command(t, "headroom", []string{"GOMEMLIMIT", "AUTOMEMLIMIT"})
+	g.Wrap(cmd)
+	r := childtest.Report(t, cmd)
+	num := func(k string) int64 { return childtest.RequireInt(t, r, k) }
+	require.Equal(t, gib, num("LIMIT"))
+	held, freed := num("HELD_GOMEMLIMIT"), num("FREED_GOMEMLIMIT")
+	// The estimate (RssAnon + RssShmem less what the Go runtime mapped)
+	// errs low by the runtime's mapped pages never touched: a few MiB of
+	// metadata and stacks, within the ratio's headroom.
+	const untouched = 8 << 20
+	assert.LessOrEqual(t, held, ninetyPct(gib)-heldC+untouched, "GOMEMLIMIT leaves room for the C heap")
+	assert.GreaterOrEqual(t, num("HELD_OUTSIDE"), int64(heldC-untouched))
+	assert.Greater(t, freed, held+250<<20, "GOMEMLIMIT follows the C heap down")
+	assert.LessOrEqual(t, freed, ninetyPct(gib))
+	assert.Less(t, num("FREED_OUTSIDE"), int64(32<<20))
+	t.Logf("1 GiB cgroup: holding 300 MiB of C heap: GOMEMLIMIT %d (%.1f MiB, outside %.1f MiB); freed: %d (%.1f MiB, outside %.1f MiB) after %s",
+		held, float64(held)/(1<<20), float64(num("HELD_OUTSIDE"))/(1<<20),
+		freed, float64(freed)/(1<<20), float64(num("FREED_OUTSIDE"))/(1<<20), r["FOLLOWED_AFTER"])
 }
