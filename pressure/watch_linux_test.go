@@ -366,7 +366,7 @@ func idlePair(t *testing.T, withMemctl, plain int, d time.Duration) (m, p int64)
 //     sweep's end): with no GC in the window, it has no new work; what
 //     the start-up left it is what the settling before the window is for.
 //
-// idle_linux_test.go in the root package has the same rule for its idle
+// memctl_linux_test.go in the root package has the same rule for its idle
 // tests.
 func idleSlack(d time.Duration) int64 {
 	const sysmonSleep = time.Minute // forcegcperiod/2
