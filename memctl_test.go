@@ -2,6 +2,7 @@ package memctl
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -22,10 +23,13 @@ import (
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/thpflag"
-	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
 )
+
+// moreChildren are child processes that test files building only in some
+// configurations (a platform, cgo) add to TestMain's.
+var moreChildren = map[string]func(){}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childtest.EnvVar) == "" {
@@ -100,6 +104,35 @@ func infoLines(recs []map[string]any) (n int, last map[string]any) {
 		}
 	}
 	return n, last
+}
+
+// startInProcess runs Start in this process with a JSON logger, restores
+// GOMEMLIMIT and the THP flag at cleanup, and closes the controller.
+func startInProcess(t *testing.T, opts ...Option) (*Controller, []map[string]any, error) {
+	t.Helper()
+	prevLimit := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prevLimit) })
+	if prev, err := thp.Process(); err == nil {
+		t.Cleanup(func() { restoreTHP(prev) })
+	}
+	var buf bytes.Buffer
+	ctl, err := Start(append([]Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))}, opts...)...)
+	require.NoError(t, ctl.Close())
+	return ctl, parseRecords(t, buf.String()), err
+}
+
+func parseRecords(t *testing.T, s string) []map[string]any {
+	t.Helper()
+	var recs []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+		recs = append(recs, rec)
+	}
+	return recs
 }
 
 func TestStartDefaults(t *testing.T) {
@@ -286,31 +319,6 @@ func TestStartArenaMax(t *testing.T) {
 	assert.Equal(t, "0", r["ARENA_MAX"])
 }
 
-func TestCloseLeavesNothingRunning(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	prevLimit := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(prevLimit)
-	prevTHP, err := thp.Process()
-	if err == nil {
-		defer restoreTHP(prevTHP)
-	}
-	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY"} {
-		t.Setenv(k, "")
-		os.Unsetenv(k)
-	}
-	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(50*time.Millisecond),
-		WithMemLimit(limits.MemLimitConfig{Refresh: time.Hour}))
-	require.NoError(t, err)
-	AfterBurst() // pending trim: a timer exists now
-	end := Begin()
-	end()
-	require.NoError(t, ctl.Close())
-	require.NoError(t, ctl.Close(), "Close is idempotent")
-	AfterBurst() // no controller: does nothing, starts nothing
-	Begin()()
-	assert.Zero(t, ctl.Stats().Trim.Trims, "Close dropped the pending trim")
-}
-
 func TestOperatorDelayWinsOverWithTrim(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	prevLimit := debug.SetMemoryLimit(-1)
@@ -326,51 +334,6 @@ func TestOperatorDelayWinsOverWithTrim(t *testing.T) {
 	assert.Equal(t, 10*time.Second, ctl.trimmer.Delay(), "the trimmer runs with the operator's delay")
 }
 
-// The trim delay: MEMCTL_TRIM_DELAY when set, otherwise the last of
-// WithTrimDelay and a non-zero trim.Config.Delay; a zero Delay leaves it.
-// Start fills in the trimmer's Logger and Strict; the rest of the Config
-// reaches the trimmer.
-func TestWithTrimDelayOrder(t *testing.T) {
-	prevLimit := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(prevLimit)
-	if prev, err := thp.Process(); err == nil {
-		defer restoreTHP(prev)
-	}
-	t.Setenv("MEMCTL_TRIM_DELAY", "")
-	os.Unsetenv("MEMCTL_TRIM_DELAY")
-	quiet := WithLogger(slog.New(slog.DiscardHandler))
-	for _, tc := range []struct {
-		name string
-		opts []Option
-		want time.Duration
-	}{
-		{"none", nil, trim.DefaultDelay},
-		{"WithTrimDelay last", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(5 * time.Second)}, 5 * time.Second},
-		{"WithTrim last", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{Delay: 3 * time.Second})}, 3 * time.Second},
-		{"zero Delay leaves it", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{MaxWait: time.Minute})}, 5 * time.Second},
-		{"zero Delay, default", []Option{WithTrim(trim.Config{MaxWait: time.Minute})}, trim.DefaultDelay},
-		{"WithTrimDelay(0) after WithTrim is off", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(0)}, 0},
-	} {
-		ctl, err := Start(append([]Option{quiet}, tc.opts...)...)
-		require.NoError(t, err, tc.name)
-		assert.Equal(t, tc.want, ctl.Report().TrimDelay, tc.name)
-		assert.Equal(t, tc.want, ctl.trimmer.Delay(), tc.name)
-		require.NoError(t, ctl.Close())
-	}
-
-	ctl, err := Start(quiet, WithTrim(trim.Config{MaxWait: time.Minute, NoCHeap: true}))
-	require.NoError(t, err)
-	assert.Equal(t, time.Minute, ctl.trimmer.MaxWait(), "the Config reaches the trimmer")
-	assert.Empty(t, ctl.Stats().Trim.CHeapAllocator, "NoCHeap reaches the trimmer")
-	require.NoError(t, ctl.Close())
-
-	t.Setenv("MEMCTL_TRIM_DELAY", "7s")
-	ctl, err = Start(quiet, WithTrimDelay(5*time.Second), WithTrim(trim.Config{Delay: 3 * time.Second}))
-	require.NoError(t, err)
-	assert.Equal(t, 7*time.Second, ctl.trimmer.Delay(), "the environment wins")
-	require.NoError(t, ctl.Close())
-}
-
 func restoreTHP(s thp.State) {
 	switch s {
 	case thp.StateEnabled:
@@ -382,10 +345,72 @@ func restoreTHP(s thp.State) {
 	}
 }
 
-func TestNilController(t *testing.T) {
-	var c *Controller
-	c.AfterBurst()
-	c.Begin()()
-	assert.NoError(t, c.Close())
-	assert.True(t, c.Report().Off)
+// One grammar for every switch (internal/envflag): the off words switch a
+// part off, the on words give its default, any case, space ignored.
+func TestSwitchGrammarMEMCTL(t *testing.T) {
+	for _, v := range []string{"off", "0", "false", "no", "FALSE", " Off ", "f", "No"} {
+		r, recs := runStart(t, nil, "MEMCTL="+v)
+		assert.Equal(t, "true", r["OFF"], "MEMCTL=%q", v)
+		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL=%q is a valid off word", v)
+		assert.Equal(t, "1", r["THP_ENABLED"], "MEMCTL=%q: THP untouched", v)
+		assert.Zero(t, countLevel(recs, "WARN"), "MEMCTL=%q", v)
+	}
+	for _, v := range []string{"on", "1", "true", "YES", " On "} {
+		r, _ := runStart(t, nil, "MEMCTL="+v)
+		assert.Equal(t, "false", r["OFF"], "MEMCTL=%q", v)
+		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL=%q", v)
+		assert.Equal(t, "disabled-except-advised", r["THP_REPORT"], "MEMCTL=%q: memctl on", v)
+	}
+	for _, v := range []string{"flase", "2", "disable", "of"} {
+		r, _ := runStart(t, nil, "MEMCTL="+v)
+		assert.Equal(t, "true", r["OFF"], "MEMCTL=%q: invalid switches memctl off", v)
+		assert.Contains(t, r["ERR"], "MEMCTL="+strconv.Quote(v), v)
+	}
+}
+
+func TestSwitchGrammarParts(t *testing.T) {
+	// MEMCTL_THP: off means memctl leaves the flag alone (keep), not "THP off".
+	for _, v := range []string{"off", "OFF", "false", "0", "no", "keep"} {
+		r, _ := runStart(t, nil, "MEMCTL_THP="+v)
+		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL_THP=%q", v)
+		assert.Equal(t, "1", r["THP_ENABLED"], "MEMCTL_THP=%q keeps the inherited flag", v)
+	}
+	for _, v := range []string{"on", "true", "1"} {
+		r, _ := runStart(t, nil, "MEMCTL_THP="+v)
+		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL_THP=%q", v)
+		assert.Equal(t, "disabled-except-advised", r["THP_REPORT"], "MEMCTL_THP=%q is the default, except-advised on this kernel", v)
+	}
+	r, _ := runStart(t, nil, "MEMCTL_THP=Disable")
+	assert.Equal(t, "<nil>", r["ERR"])
+	assert.Equal(t, "0", r["THP_ENABLED"], "disable")
+	r, _ = runStart(t, nil, "MEMCTL_THP=2")
+	assert.Contains(t, r["ERR"], `MEMCTL_THP="2"`)
+	assert.Equal(t, "1", r["THP_ENABLED"])
+
+	for v, want := range map[string]string{"off": "0s", "0": "0s", "false": "0s", "No": "0s", "0s": "0s",
+		"on": "2s", "TRUE": "2s", "yes": "2s", "750ms": "750ms"} {
+		r, _ := runStart(t, nil, "MEMCTL_TRIM_DELAY="+v)
+		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL_TRIM_DELAY=%q", v)
+		assert.Equal(t, want, r["TRIM_DELAY"], "MEMCTL_TRIM_DELAY=%q", v)
+	}
+	for _, v := range []string{"-1s", "1us", "soon", "2"} {
+		r, _ := runStart(t, nil, "MEMCTL_TRIM_DELAY="+v)
+		assert.Contains(t, r["ERR"], "MEMCTL_TRIM_DELAY="+strconv.Quote(v))
+		assert.Equal(t, "0s", r["TRIM_DELAY"], "invalid: trimming off")
+	}
+
+	for _, v := range []string{"no", "false", "0", "OFF"} {
+		r, _ := runStart(t, nil, "MEMCTL_ARENA_MAX="+v)
+		assert.Equal(t, "<nil>", r["ERR"], "MEMCTL_ARENA_MAX=%q", v)
+		assert.Equal(t, "0", r["ARENA_MAX"], "MEMCTL_ARENA_MAX=%q", v)
+	}
+	for _, v := range []string{"-1", "two", "1.5"} {
+		r, _ := runStart(t, nil, "MEMCTL_ARENA_MAX="+v)
+		assert.Contains(t, r["ERR"], "MEMCTL_ARENA_MAX="+strconv.Quote(v))
+		assert.Equal(t, "0", r["ARENA_MAX"])
+	}
+	if r, _ := runStart(t, nil); r["C_HEAP"] == "glibc" {
+		r, _ := runStart(t, nil, "MEMCTL_ARENA_MAX=on")
+		assert.Equal(t, "2", r["ARENA_MAX"], "on: the default cap")
+	}
 }

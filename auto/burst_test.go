@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -520,4 +521,319 @@ func TestImportGOGCOff(t *testing.T) {
 	}
 	assert.Zero(t, num(t, under, "GCENDS"), "no GC cycle under the limit")
 	assert.Greater(t, num(t, under, "AFTER"), num(t, under, "BEFORE")+burstBytes/2)
+}
+
+// The deleted burst of issue 34, item 3: a request builds about 150 MiB of
+// maps and strings over 3 s and drops them at its end, while the service
+// makes 1 MiB/s of small garbage; no AfterBurst, no budget.
+const (
+	deletedRise  = 150 << 20
+	deletedBuild = 3 * time.Second
+	deletedAfter = 5 * time.Second
+	// deletedWarm is the time the service runs before the request: the
+	// trim's CPU budget saves 2% of it, and the GC that finds out whether
+	// the burst died is asked only when its whole cost fits in what was
+	// saved (trim/plan.go). At the default 2 ns per scannable byte, a heap
+	// of 150 MiB costs at most 0.32 s, saved in 16 s.
+	deletedWarm = 20 * time.Second
+	// deletedKeep is the share of the rise that may still be resident
+	// deletedAfter after the request (the issue's bound).
+	deletedKeep = 0.25
+)
+
+// deletedItem is one item of the request's maps; with its labels, its map
+// slot and key, about deletedItemSize bytes.
+type deletedItem struct {
+	labels []string
+	prev   *deletedItem
+}
+
+const deletedItemSize = 200
+
+// deletedChild runs the deleted burst and reports VmRSS before the
+// request, at its end and deletedAfter later, the forced GC cycles and
+// memctl's trims.
+func deletedChild() {
+	stop := make(chan struct{})
+	go burst.Garbage(1<<20, stop)
+	time.Sleep(deletedWarm)
+	forced := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(forced)
+	forced0 := forced[0].Value.Uint64()
+	cpu0 := memctl.CurrentStats().Trim.TotalCPU
+	before := rss()
+	// The request: maps of labelled items, as a parsed push or a query's
+	// intermediate result holds them (pointer-rich: the GC marks most of
+	// it), built in 30 steps.
+	const steps = 30
+	var store []map[string]*deletedItem
+	var prev *deletedItem
+	for i := range steps {
+		m := make(map[string]*deletedItem)
+		for j := 0; j < deletedRise/steps/deletedItemSize; j++ {
+			it := &deletedItem{prev: prev, labels: make([]string, 4)}
+			for k := range it.labels {
+				it.labels[k] = strconv.Itoa(i*1000+k) + "/label"
+			}
+			m[strconv.Itoa(i)+"/"+strconv.Itoa(j)] = it
+			prev = it
+		}
+		store = append(store, m)
+		time.Sleep(deletedBuild / steps)
+	}
+	prev = nil
+	peak := rss()
+	runtime.KeepAlive(store)
+	store = nil
+	dropped := time.Now()
+	sayDrop()
+	time.Sleep(deletedAfter)
+	// A loaded machine may run the due trim later (up to the max wait):
+	// RSS is read once it has run.
+	waitDueTrim(dropped)
+	after := rss()
+	childtest.Say("AFTER_MS", time.Since(dropped).Milliseconds())
+	close(stop)
+	metrics.Read(forced)
+	s := memctl.CurrentStats()
+	childtest.Say("BEFORE", before)
+	childtest.Say("PEAK", peak)
+	childtest.Say("AFTER", after)
+	childtest.Say("FORCED", forced[0].Value.Uint64()-forced0)
+	childtest.Say("TRIMS", s.Trim.Trims)
+	childtest.Say("SKIPPED", s.Trim.Skipped)
+	childtest.Say("RELEASED", s.Trim.TotalReleased)
+	childtest.Say("TRIM_CPU_NS", int64(s.Trim.TotalCPU-cpu0))
+	childtest.Say("BURSTS", s.AutoBurst.Bursts)
+	childtest.Say("EARLY_STARTS", s.Trim.EarlyStarts)
+}
+
+// Issue 34, item 3: with the auto import alone, VmRSS deletedAfter after a
+// request that built and dropped 150 MiB (later where a loaded machine
+// postponed the due trim, within the max wait) is at most the RSS before
+// it and a quarter of the rise; the same program with MEMCTL_AUTOBURST=off, run
+// at the same time, keeps more than that (until a GC that its 1 MiB/s of
+// garbage brings only minutes later), so the bound measures the trim.
+func TestDeletedBurstIsTrimmed(t *testing.T) {
+	skipLong(t)
+	reps := childtest.Reports(t,
+		childtest.Command(t, "deleted", childEnv, "MEMCTL_PRESSURE=off"),
+		childtest.Command(t, "deleted", childEnv, "MEMCTL_PRESSURE=off", "MEMCTL_AUTOBURST=off"))
+	a, o := reps[0], reps[1]
+	t.Logf("auto: %v; MEMCTL_AUTOBURST=off: %v", a, o)
+	for name, r := range map[string]map[string]string{"auto": a, "MEMCTL_AUTOBURST=off": o} {
+		before, peak, after := num(t, r, "BEFORE"), num(t, r, "PEAK"), num(t, r, "AFTER")
+		rise := peak - before
+		t.Logf("%s: RSS %.1f -> %.1f MiB, %.1f MiB %d ms after the request; %d forced GCs, %d trims (%d skipped) for %v",
+			name, mib(before), mib(peak), mib(after), num(t, r, "AFTER_MS"), num(t, r, "FORCED"), num(t, r, "TRIMS"), num(t, r, "SKIPPED"), time.Duration(num(t, r, "TRIM_CPU_NS")))
+		if !assert.Greater(t, rise, int64(deletedRise/2), "%s: the request raised RSS", name) {
+			continue
+		}
+		keep := before + int64(deletedKeep*float64(rise))
+		if name == "auto" {
+			// The trim runs a delay after the burst's last mark: on a
+			// loaded machine the build's last GC end can come more than
+			// a delay before the drop, and the trim then finds the data
+			// live.
+			skipIfTrimMayPrecedeDrop(t, r, "request's data")
+			assert.LessOrEqual(t, after, keep, "auto: RSS %v after the request within a quarter of the rise", deletedAfter)
+			assert.Equal(t, int64(1), num(t, r, "FORCED"), "one forced GC: the trim's")
+		} else {
+			assert.Greater(t, after, keep, "control: the dropped burst stays resident")
+		}
+	}
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+const (
+	growLive = 256 << 20
+	growIdle = 10 * time.Second
+)
+
+// growNode is one object of a pointer-rich heap: 64 bytes, two pointers.
+type growNode struct {
+	a, b *growNode
+	_    [48]byte
+}
+
+// growChild is issue 26's item 1 program: memctl started (the auto
+// import), then a 256 MiB pointer-rich live heap built (a cache filled at
+// start), then idle for 10 s. It reports the forced GC cycles and the
+// process's CPU time over the idle time, and memctl's trims and skips.
+func growChild() {
+	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(s)
+	forced0 := s[0].Value.Uint64()
+	size, idle := int64(growLive), growIdle
+	// The issue's full figures by hand: MEMCTL_TEST_GROW=512MiB,30s.
+	if v := os.Getenv("MEMCTL_TEST_GROW"); v == "512MiB,30s" {
+		size, idle = 512<<20, 30*time.Second
+	}
+	nodes := make([]*growNode, size/64)
+	for i := range nodes {
+		nodes[i] = &growNode{a: nodes[i/2], b: nodes[i/3]}
+	}
+	g := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/cpu/classes/scavenge/total:cpu-seconds"}}
+	metrics.Read(g)
+	cycles0, gcCPU0, scav0 := g[0].Value.Uint64(), g[1].Value.Float64(), g[2].Value.Float64()
+	cpu0 := cpuTime()
+	time.Sleep(idle)
+	cpu := cpuTime() - cpu0
+	metrics.Read(g)
+	childtest.Say("IDLE_GC_CYCLES", g[0].Value.Uint64()-cycles0)
+	childtest.Say("IDLE_GC_CPU_NS", int64((g[1].Value.Float64()-gcCPU0)*1e9))
+	childtest.Say("IDLE_SCAVENGE_CPU_NS", int64((g[2].Value.Float64()-scav0)*1e9))
+	metrics.Read(s)
+	runtime.KeepAlive(nodes)
+	st := memctl.CurrentStats()
+	childtest.Say("FORCED", s[0].Value.Uint64()-forced0)
+	childtest.Say("IDLE_CPU_NS", int64(cpu))
+	childtest.Say("TRIMS", st.Trim.Trims)
+	childtest.Say("SKIPPED", st.Trim.Skipped)
+	childtest.Say("ESTIMATE", st.Trim.LastEstimate)
+	childtest.Say("BURSTS", st.AutoBurst.Bursts)
+}
+
+// Issue 26 item 1: a heap that only grew is not a burst to trim. memctl
+// started, a 256 MiB pointer-rich live heap built, 10 s idle (the issue's
+// figure is 512 MiB and 30 s; see the report of this change for that
+// run): no forced GC cycle, and the CPU over the idle time within 2% of one
+// CPU of the same program with MEMCTL_AUTOBURST=off, run after it. The GC
+// cycle that the build started may end inside the idle time of either arm
+// (more often on a loaded machine, where marking the heap takes longer):
+// its CPU is the runtime's, not memctl's, and larger than the bound, so
+// the CPU is compared only where no GC cycle ran in either arm's idle
+// time; the pair is run once more when one did, and the test skips,
+// saying so, when it did again.
+func TestGrownHeapIsNotTrimmed(t *testing.T) {
+	skipLong(t)
+	for attempt := 1; ; attempt++ {
+		auto := childtest.Report(t, childtest.Command(t, "grow", childEnv, "MEMCTL_PRESSURE=off"))
+		off := childtest.Report(t, childtest.Command(t, "grow", childEnv, "MEMCTL_PRESSURE=off", "MEMCTL_AUTOBURST=off"))
+		t.Logf("auto: %v; MEMCTL_AUTOBURST=off: %v", auto, off)
+		assert.Zero(t, num(t, auto, "FORCED"), "no forced GC cycle")
+		assert.Zero(t, num(t, auto, "TRIMS"), "no trim")
+		if a, o := num(t, auto, "IDLE_GC_CYCLES"), num(t, off, "IDLE_GC_CYCLES"); a+o > 0 {
+			if attempt < 2 {
+				continue
+			}
+			t.Skipf("a GC cycle of the built heap ended in the idle time again (auto %d, control %d; CPU %v and %v): the runtime's CPU, not memctl's, so the comparison says nothing",
+				a, o, time.Duration(num(t, auto, "IDLE_CPU_NS")), time.Duration(num(t, off, "IDLE_CPU_NS")))
+		}
+		diff := time.Duration(num(t, auto, "IDLE_CPU_NS") - num(t, off, "IDLE_CPU_NS"))
+		assert.LessOrEqual(t, diff, growIdle/50, "CPU within 2%% of one CPU of the control")
+		return
+	}
+}
+
+const (
+	oneBuffer = 150 << 20
+	// trimMinRelease is trim.Config.MinRelease's default (8 MiB), which
+	// the auto import runs with: the releasable bytes a trim's step
+	// deems too few to act on, and so what a trim may leave resident.
+	trimMinRelease = 8 << 20
+)
+
+// heapInUse returns the Go heap's bytes in use: objects (collected or
+// not), the free space inside their spans, and goroutine stacks, which
+// no trim returns. The heap's free pages, what a trim returns, are not
+// in it.
+func heapInUse() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"},
+		{Name: "/memory/classes/heap/stacks:bytes"}}
+	metrics.Read(s)
+	var n int64
+	for _, x := range s {
+		n += int64(x.Value.Uint64())
+	}
+	return n
+}
+
+// heapFree returns the Go heap's free pages not yet returned to the OS.
+func heapFree() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+// oneBufferChild is a new user's first trial (only the auto import): one
+// request holds one 150 MiB buffer with no pointers (a []int64, each page
+// touched) over an 8 MiB live heap, and drops it; no GC runs after the
+// drop, so the GC that saw the buffer saw it live. It reports VmRSS
+// before, at the peak and 4 s after the drop (later if the due trim has
+// not run by then), the Go heap in use and free at before and after, and
+// the forced GC cycles.
+func oneBufferChild() {
+	live := burst.Alloc(8 << 20)
+	time.Sleep(500 * time.Millisecond)
+	before, nonHeapBefore, inUseBefore, freeBefore := rss(), nonHeap(), heapInUse(), heapFree()
+	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(s)
+	forced0 := s[0].Value.Uint64()
+	cycles0, seen0 := gcSeen()
+	buf := make([]int64, oneBuffer/8)
+	for i := range buf {
+		buf[i] = int64(i)
+	}
+	peak := rss()
+	runtime.KeepAlive(buf)
+	buf = nil
+	lastGC := sayDrop()
+	cyclesAtDrop, _ := gcSeen()
+	time.Sleep(4 * time.Second)
+	pending := waitDueTrim(lastGC)
+	after, nonHeapAfter, inUseAfter, freeAfter := rss(), nonHeap(), heapInUse(), heapFree()
+	runtime.KeepAlive(live)
+	metrics.Read(s)
+	st := memctl.CurrentStats()
+	_, seen := gcSeen()
+	childtest.Say("GC_CYCLES_WITH", cyclesAtDrop-cycles0)
+	childtest.Say("GC_ENDS_SEEN_SINCE", seen-seen0)
+	childtest.Say("BEFORE", before)
+	childtest.Say("PEAK", peak)
+	childtest.Say("AFTER", after)
+	childtest.Say("NONHEAP_GROWTH", nonHeapAfter-nonHeapBefore)
+	childtest.Say("HEAP_INUSE_GROWTH", inUseAfter-inUseBefore)
+	childtest.Say("HEAP_FREE_BEFORE", freeBefore)
+	childtest.Say("HEAP_FREE_AFTER", freeAfter)
+	childtest.Say("FORCED", s[0].Value.Uint64()-forced0)
+	childtest.Say("TRIMS", st.Trim.Trims)
+	childtest.Say("BURSTS", st.AutoBurst.Bursts)
+	childtest.Say("PENDING", pending)
+	childtest.Say("EARLY_STARTS", st.Trim.EarlyStarts)
+}
+
+// A burst the detector saw whose garbage no GC has collected (one large
+// buffer, live at the GC that saw it) is trimmed when its GC is cheap (a
+// heap with little to scan): 4 s after the drop (once the due trim has
+// run, on a loaded machine), RSS is back to before plus what no trim
+// returns, the runtime's non-heap growth and the growth of the Go heap in
+// use (objects, their spans' free space, stacks), plus the trim's
+// MinRelease (8 MiB by default: the releasable bytes a trim's step deems
+// too few to act on); the buffer itself is not in the heap in use, as
+// its GC collected it. The MEMCTL_AUTOBURST=off control, run after it,
+// still holds more than half the buffer. The expensive case (a
+// pointer-rich heap that only grew) is TestGrownHeapIsNotTrimmed: no
+// forced GC there.
+func TestImportTrimsOneUncollectedBuffer(t *testing.T) {
+	skipLong(t)
+	auto := childtest.Report(t, childtest.Command(t, "onebuffer", childEnv, "MEMCTL_PRESSURE=off"))
+	off := childtest.Report(t, childtest.Command(t, "onebuffer", childEnv, "MEMCTL_PRESSURE=off", "MEMCTL_AUTOBURST=off"))
+	t.Logf("auto: %v; MEMCTL_AUTOBURST=off: %v", auto, off)
+	assert.Greater(t, num(t, off, "AFTER"), num(t, off, "BEFORE")+oneBuffer/2, "the control keeps its buffer")
+	assert.Zero(t, num(t, off, "TRIMS"))
+	skipIfScenarioMissed(t, auto, "buffer")
+	assert.Equal(t, "false", auto["PENDING"], "the due trim ran within the max wait")
+	assert.Equal(t, int64(1), num(t, auto, "BURSTS"), "the detector saw the buffer")
+	assert.Equal(t, int64(1), num(t, auto, "FORCED"), "one GC, the trim's")
+	const m = 1 << 20
+	t.Logf("auto: RSS %.1f MiB above before; non-heap growth %.1f MiB, heap in use growth %.1f MiB, heap free %.1f MiB before and %.1f MiB after; MinRelease %d MiB",
+		float64(num(t, auto, "AFTER")-num(t, auto, "BEFORE"))/m, float64(num(t, auto, "NONHEAP_GROWTH"))/m, float64(num(t, auto, "HEAP_INUSE_GROWTH"))/m,
+		float64(num(t, auto, "HEAP_FREE_BEFORE"))/m, float64(num(t, auto, "HEAP_FREE_AFTER"))/m, trimMinRelease>>20)
+	// Were the buffer still in the heap in use (no GC collected it), the
+	// bound below would hold whatever the trim did.
+	assert.Less(t, num(t, auto, "HEAP_INUSE_GROWTH"), int64(oneBuffer/2), "the trim's GC collected the buffer")
+	assert.LessOrEqual(t, num(t, auto, "AFTER"), num(t, auto, "BEFORE")+max(num(t, auto, "NONHEAP_GROWTH"), 0)+max(num(t, auto, "HEAP_INUSE_GROWTH"), 0)+trimMinRelease,
+		"RSS before + the runtime's non-heap growth + the heap in use's growth + the trim's MinRelease: the buffer is returned")
 }

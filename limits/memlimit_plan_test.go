@@ -1,334 +1,245 @@
 package limits
 
 import (
-	"errors"
+	"fmt"
+	"log/slog"
 	"math"
+	"runtime/debug"
+	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/cgrouptest"
+	"github.com/memctl/memctl/internal/childtest"
 )
 
-// The cgroup files of TestCompute's made-up limits.
-const (
-	appDir  = "/sys/fs/cgroup/pod/app"
-	podDir  = "/sys/fs/cgroup/pod"
-	appMax  = appDir + "/memory.max"
-	appHigh = appDir + "/memory.high"
-	podMax  = podDir + "/memory.max"
-	v1Limit = "/sys/fs/cgroup/memory/app/memory.limit_in_bytes"
-)
+// A lift (pressure's death-spiral action) is kept by the refresh, capped at
+// the cgroup limit, undone by Lift(0), and never applied over a GOMEMLIMIT
+// that the program took over.
+func TestLiftKeptByRefresh(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := ninetyPct(gib)
+	require.Equal(t, base, d.GoMemLimit)
 
-// v2Found is a v2 probe's result with memory.max max and memory.high high
-// (noLimit for none) in appDir.
-func v2Found(max, high int64) found {
-	f := found{max: max, high: high, source: SourceCgroupV2, cgSource: SourceCgroupV2, version: 2, dir: appDir,
-		why: "from " + appMax}
-	if max != noLimit {
-		f.maxFile = appMax
-	} else {
-		f.why = "from " + appHigh + " (memory.high, the throttle limit; no memory.max is set)"
-	}
-	if high != noLimit {
-		f.highFile = appHigh
-	}
-	return f
+	from, to, ok := m.Lift(50 << 20)
+	require.True(t, ok)
+	assert.Equal(t, base, from)
+	assert.Equal(t, base+50<<20, to)
+	assert.Equal(t, base+50<<20, debug.SetMemoryLimit(-1), "GOMEMLIMIT lifted")
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, base+50<<20, d.GoMemLimit, "a refresh keeps the lift")
+	assert.Contains(t, d.Reason, "lifted by 50.0 MiB")
+
+	_, to, ok = m.Lift(1 << 40)
+	require.True(t, ok)
+	assert.Equal(t, gib, to, "never above the cgroup limit")
+
+	_, to, ok = m.Lift(0)
+	require.True(t, ok)
+	assert.Equal(t, base, to)
+	assert.Equal(t, base, debug.SetMemoryLimit(-1), "restored")
+
+	_, _, ok = m.Lift(-1)
+	assert.False(t, ok, "a negative lift is refused")
+
+	debug.SetMemoryLimit(300 << 20) // the program takes GOMEMLIMIT over
+	_, _, ok = m.Lift(10 << 20)
+	assert.False(t, ok)
+	assert.Equal(t, int64(300<<20), debug.SetMemoryLimit(-1), "the program's GOMEMLIMIT is kept")
 }
 
-// computeIn is the input of a decision from f: the process holds 50 MiB,
-// all of it the Go runtime's, ratio 0.9, no floor, the headroom on.
-func computeIn(f found) planInputs {
-	return planInputs{cur: math.MaxInt64, f: f, held: 50 * mib, goMapped: 50 * mib,
-		ratio: 0.9, ratioFrom: "configured", headroom: true}
+// Hold is how the trim lowers GOMEMLIMIT for a moment through the
+// limiter: a Lift that comes meanwhile waits, and is applied from the
+// restored value, not from the transient one; a Refresh waits too and
+// does not take the transient value for the program's.
+func TestHoldSerializesTransientLimit(t *testing.T) {
+	keepMemoryLimit(t)
+	m, d, err := start(t, cfgFor(fixedLimit(1, gib)))
+	require.NoError(t, err)
+	base := d.GoMemLimit
+	lifted := make(chan int64)
+	m.Hold(func() {
+		prev := debug.SetMemoryLimit(base / 2) // the trim's transient limit
+		go func() { _, to, _ := m.Lift(50 << 20); lifted <- to }()
+		select {
+		case <-lifted:
+			t.Error("a Lift ran during the hold")
+		case <-time.After(50 * time.Millisecond):
+		}
+		debug.SetMemoryLimit(prev) // restored exactly
+	})
+	assert.Equal(t, base+50<<20, <-lifted, "the lift applies from the restored limit")
+	d, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, base+50<<20, d.GoMemLimit, "the refresh keeps the lift: the transient limit was not taken for the program's")
+	var nilM *MemLimiter
+	ran := false
+	nilM.Hold(func() { ran = true })
+	assert.True(t, ran)
 }
 
-// account is a read of a cgroup's account that charges anon bytes.
-func account(dir string, anon int64) chargeRead {
-	return chargeRead{c: charge{anon: anon, reclaimable: 20 * mib, file: dir + "/memory.stat"}, ok: true}
-}
-
-func TestCompute(t *testing.T) {
-	v1 := found{max: gib, maxFile: v1Limit, high: noLimit, source: SourceCgroupV1, cgSource: SourceCgroupV1,
-		version: 1, dir: "/sys/fs/cgroup/memory/app", why: "from " + v1Limit}
-	type row struct {
-		name string
-		in   func() planInputs
-		// want is GoMemLimit (and the action's want); hardWant is the
-		// action's, 0 for want.
-		want, hardWant int64
-		kind           int
-		hard, hardMin  int64
-		hardFile       string
-		highDriven     bool
-		err            error
-		reason         []string // substrings of Reason
-		warns          []string // the warnings' keys, in order
-		check          func(t *testing.T, r planResult)
+// TestOperatorAtLimit (issue 27 item 7, unit): an operator's GOMEMLIMIT
+// that leaves less headroom than memctl's rule (ratio and outside charges)
+// is left as set and said at WARN, naming GOMEMLIMIT, the limit's file and
+// the headroom; one that leaves as much is not.
+func TestOperatorAtLimit(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		cur  int64
+		warn bool
+	}{
+		{"512MiB", 512 << 20, true},
+		{"500MiB", 500 << 20, true},
+		{"460MiB", 460 << 20, false},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv("GOMEMLIMIT", tc.env)
+			debug.SetMemoryLimit(tc.cur) // as the runtime read it at start
+			rec := &recorder{}
+			cfg := cfgFor(fixedLimit(1, 512<<20))
+			cfg.Logger = slog.New(rec)
+			_, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, SourceEnv, d.Source)
+			assert.Equal(t, tc.cur, debug.SetMemoryLimit(-1), "the operator wins")
+			assert.Equal(t, tc.cur, d.Operator)
+			assert.False(t, d.Overridden)
+			w := rec.texts(slog.LevelWarn)
+			if !tc.warn {
+				assert.Empty(t, w)
+				return
+			}
+			require.Len(t, w, 1)
+			for _, s := range []string{"GOMEMLIMIT=" + tc.env, "/sys/fs/cgroup/memory/x/memory.limit_in_bytes", "512.0 MiB", "ratio 0.9", "headroom=" + strconv.FormatInt((512<<20)-tc.cur, 10)} {
+				assert.Contains(t, w[0], s)
+			}
+			assert.Contains(t, d.Reason, "left as set")
+			assert.Equal(t, int64(512<<20), d.MemoryLimit)
+		})
 	}
-	rows := []row{{
-		name: "v1 hard limit, nothing outside",
-		in:   func() planInputs { return computeIn(v1) },
-		want: ratioOf(gib), kind: actSet, hard: gib, hardMin: gib, hardFile: v1Limit,
-		reason: []string{"configured ratio 0.9 of the cgroup v1 limit from " + v1Limit},
-		check: func(t *testing.T, r planResult) {
-			assert.Zero(t, r.d.Outside)
-			assert.True(t, r.probed)
-			assert.Equal(t, []string{v1Limit}, r.files)
-		},
-	}, {
-		name: "charges taken off",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, noLimit))
-			in.held, in.goMapped = 100*mib, 100*mib
-			in.boundCharges = []chargeRead{account(appDir, 300*mib)}
-			return in
-		},
-		want: ratioOf(gib) - 200*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		reason: []string{"of the cgroup v2 limit from " + appMax, "minus 200.0 MiB charged to the cgroup"},
-		check: func(t *testing.T, r planResult) {
-			assert.Equal(t, 200*mib, r.d.Charged, "the account less what the Go runtime holds")
-			assert.Equal(t, 200*mib, r.d.Outside)
-			assert.Equal(t, 20*mib, r.d.Reclaimable)
-		},
-	}, {
-		name: "outside estimate larger than the charges",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, noLimit))
-			in.held, in.goMapped = 400*mib, 100*mib
-			in.boundCharges = []chargeRead{account(appDir, 150*mib)}
-			return in
-		},
-		want: ratioOf(gib) - 300*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		reason: []string{"minus 300.0 MiB outside the Go runtime"},
-		check: func(t *testing.T, r planResult) {
-			assert.Zero(t, r.d.Charged)
-			assert.True(t, r.estimated)
-			assert.Equal(t, 300*mib, r.outside)
-			assert.Equal(t, 100*mib, r.goMapped)
-		},
-	}, {
-		name: "outside estimate kept while the Go runtime maps more than is held",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, noLimit))
-			in.held, in.goMapped, in.outside, in.mappedThen = 100*mib, 400*mib, 80*mib, 200*mib
-			return in
-		},
-		want: ratioOf(gib) - 80*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		reason: []string{"minus 80.0 MiB outside the Go runtime"},
-		check: func(t *testing.T, r planResult) {
-			assert.Equal(t, 80*mib, r.outside)
-			assert.Equal(t, 400*mib, r.goMapped)
-		},
-	}, {
-		name: "raised to the floor",
-		in: func() planInputs {
-			in := computeIn(v2Found(100*mib, noLimit))
-			in.held, in.floor = 90*mib, 64*mib // 40 MiB outside
-			return in
-		},
-		want: 64 * mib, kind: actSet, hard: 100 * mib, hardMin: 100 * mib, hardFile: appMax,
-		reason: []string{"minus 40.0 MiB outside the Go runtime", "raised to the floor 64.0 MiB: the GC will run often"},
-		warns:  []string{"floor " + appMax + " 104857600"},
-		check:  func(t *testing.T, r planResult) { assert.True(t, r.d.AtFloor) },
-	}, {
-		name: "raised to the limit itself under the floor",
-		in: func() planInputs {
-			in := computeIn(v2Found(100*mib, noLimit))
-			in.held, in.goMapped, in.floor = 10*mib, 10*mib, defaultFloor*4
-			return in
-		},
-		want: 100 * mib, kind: actSet, hard: 100 * mib, hardMin: 100 * mib, hardFile: appMax,
-		reason: []string{"raised to the limit itself (under the floor 256.0 MiB)"},
-		warns:  []string{"floor " + appMax + " 104857600"},
-	}, {
-		name: "memory.high alone",
-		in: func() planInputs {
-			in := computeIn(v2Found(noLimit, 512*mib))
-			in.live = 10 * mib
-			return in
-		},
-		want: ratioOf(512 * mib), hardWant: math.MaxInt64, kind: actSet, hard: noLimit, hardMin: noLimit,
-		hardFile: appHigh, highDriven: true,
-		reason: []string{"configured ratio 0.9 of the cgroup v2 limit from " + appHigh + " (memory.high, the throttle limit"},
-		check: func(t *testing.T, r planResult) {
-			assert.Equal(t, 512*mib, r.d.High)
-			assert.Equal(t, 512*mib, r.d.MemoryLimit)
-		},
-	}, {
-		name: "memory.high under memory.max, held at the live-heap floor",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, 16*mib))
-			in.live = 100 * mib
-			return in
-		},
-		want: 150 * mib, hardWant: ratioOf(gib), kind: actSet, hard: gib, hardMin: gib, hardFile: appMax, highDriven: true,
-		reason: []string{"toward memory.high 16.0 MiB (" + appHigh, "held at 1.5 x the live heap of 100.0 MiB"},
-		check: func(t *testing.T, r planResult) {
-			assert.True(t, r.d.LiveFloor)
-			assert.Equal(t, 16*mib, r.d.High)
-			assert.Equal(t, gib, r.d.MemoryLimit, "the hard limit is still memory.max")
-		},
-	}, {
-		name: "memory.high over memory.max is no target",
-		in:   func() planInputs { return computeIn(v2Found(gib, 2*gib)) },
-		want: ratioOf(gib), kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		check: func(t *testing.T, r planResult) { assert.Zero(t, r.d.High) },
-	}, {
-		name: "lift",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, noLimit))
-			in.lift = 50 * mib
-			return in
-		},
-		want: ratioOf(gib) + 50*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		reason: []string{"lifted by 50.0 MiB (death spiral)"},
-	}, {
-		name: "lift all the way up ends at the limit less what is outside",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, noLimit))
-			in.held, in.lift = 150*mib, math.MaxInt64 // 100 MiB outside
-			return in
-		},
-		want: gib - 100*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		reason: []string{"minus 100.0 MiB outside the Go runtime", ", lifted by"},
-	}, {
-		name: "implausible memory.high with memory.max: ignored",
-		in:   func() planInputs { return computeIn(v2Found(gib, 1)) },
-		want: ratioOf(gib), kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		warns: []string{"implausible " + appHigh + " 1"},
-		check: func(t *testing.T, r planResult) {
-			assert.False(t, r.warns[0].first)
-			assert.ErrorIs(t, r.warns[0].err, ErrImplausibleLimit)
-			assert.Zero(t, r.d.High)
-		},
-	}, {
-		name: "implausible memory.high alone: left as it was",
-		in: func() planInputs {
-			in := computeIn(v2Found(noLimit, 0))
-			in.first, in.cur = true, 300*mib
-			return in
-		},
-		want: 300 * mib, kind: actNone, err: ErrImplausibleLimit,
-		reason: []string{"GOMEMLIMIT left as it was: ", appHigh + " says 0 bytes"},
-		warns:  []string{"implausible " + appHigh + " 0"},
-		check: func(t *testing.T, r planResult) {
-			assert.True(t, r.warns[0].first, "the first decision returns its error")
-			assert.False(t, r.estimated)
-			assert.True(t, r.probed)
-		},
-	}, {
-		name: "hard limit at what is held on the first decision: left as it was",
-		in: func() planInputs {
-			in := computeIn(v2Found(40*mib, noLimit))
-			in.first = true
-			return in
-		},
-		want: math.MaxInt64, kind: actNone, err: ErrImplausibleLimit,
-		reason: []string{"GOMEMLIMIT left as it was: ", appMax + " says 41943040 bytes, but this process already holds 52428800 bytes"},
-		warns:  []string{"implausible " + appMax + " 41943040"},
-	}, {
-		name: "hard limit lowered under what is held at run time: followed",
-		in: func() planInputs {
-			in := computeIn(v2Found(40*mib, noLimit))
-			in.applied, in.limit, in.maxFile = ratioOf(512*mib), 512*mib, appMax
-			return in
-		},
-		want: ratioOf(40 * mib), kind: actSet, hard: 40 * mib, hardMin: 40 * mib, hardFile: appMax,
-		warns: []string{"under usage " + appMax},
-	}, {
-		name: "hard limit unchanged under what is held: followed without a warning",
-		in: func() planInputs {
-			in := computeIn(v2Found(40*mib, noLimit))
-			in.applied, in.limit, in.maxFile = ratioOf(40*mib), 40*mib, appMax
-			return in
-		},
-		want: ratioOf(40 * mib), kind: actSet, hard: 40 * mib, hardMin: 40 * mib, hardFile: appMax,
-	}, {
-		name: "the parent leaves less",
-		in: func() planInputs {
-			f := v2Found(gib, noLimit)
-			f.bounds = []cgroupfs.Bound{{Bytes: gib, File: appMax}, {Bytes: 2 * gib, File: podMax}}
-			in := computeIn(f)
-			in.boundCharges = []chargeRead{account(appDir, 100*mib), account(podDir, 1500*mib)}
-			return in
-		},
-		want: ratioOf(2*gib) - 1450*mib, kind: actSet, hard: 2 * gib, hardMin: gib, hardFile: podMax,
-		reason: []string{"from " + podMax + " (with what its cgroup is charged, it leaves less than the tighter " + appMax + ")",
-			"minus 1450.0 MiB charged to the cgroup"},
-		warns: []string{"headroom " + podMax},
-		check: func(t *testing.T, r planResult) {
-			assert.Equal(t, 2*gib, r.d.MemoryLimit)
-			assert.Equal(t, podMax, r.d.File)
-			assert.Equal(t, []string{appMax, podMax}, r.files)
-		},
-	}, {
-		name: "warnings in order: memory.high ignored, the account's read, the headroom",
-		in: func() planInputs {
-			in := computeIn(v2Found(gib, 0))
-			cr := account(appDir, 800*mib)
-			cr.warn = &planWarning{key: "charge " + appDir, err: errors.New("stat")}
-			in.boundCharges = []chargeRead{cr}
-			return in
-		},
-		want: ratioOf(gib) - 750*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
-		warns: []string{"implausible " + appHigh + " 0", "charge " + appDir, "headroom " + appMax},
-	}, {
-		name: "probe error",
-		in: func() planInputs {
-			in := computeIn(found{})
-			in.probeErr = errors.New("limits: memory limit: boom")
-			return in
-		},
-		want: math.MaxInt64, kind: actNone, err: errors.New("limits: memory limit: boom"),
-		reason: []string{"GOMEMLIMIT left as it was: limits: memory limit: boom"},
-		warns:  []string{"limits: memory limit: boom"},
-		check:  func(t *testing.T, r planResult) { assert.False(t, r.probed) },
-	}, {
-		name: "no limit",
-		in: func() planInputs {
-			return computeIn(found{max: noLimit, high: noLimit, version: 2, why: "no cgroup memory limit: none"})
-		},
-		want: math.MaxInt64, kind: actRestore, hardMin: noLimit,
-		reason: []string{"no cgroup memory limit: none; GOMEMLIMIT left as it was"},
-	}}
-	for _, tc := range rows {
-		t.Run(tc.name, func(t *testing.T) {
-			r := compute(tc.in())
-			assert.Equal(t, tc.want, r.d.GoMemLimit, "GoMemLimit")
-			assert.Equal(t, tc.kind, r.a.kind, "action")
-			switch {
-			case tc.err == nil:
-				require.NoError(t, r.err)
-			case errors.Is(tc.err, ErrImplausibleLimit):
-				require.ErrorIs(t, r.err, ErrImplausibleLimit)
-			default:
-				require.EqualError(t, r.err, tc.err.Error())
+}
+
+// TestOperatorAboveLimit (issue 32 item 2): an operator's GOMEMLIMIT above
+// the hard limit cannot take effect before the OOM killer: memctl sets its
+// own value, says so naming both values and the file, follows the limit,
+// and gives the operator's value back once the limit is above it again.
+// MEMCTL_KEEP_GOMEMLIMIT (KeepOperator) keeps the operator's value, with
+// the WARN. The limit lowered while memctl follows it counts the same.
+func TestOperatorAboveLimit(t *testing.T) {
+	const file = "/sys/fs/cgroup/memory/x/memory.limit_in_bytes"
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			keepMemoryLimit(t)
+			t.Setenv("GOMEMLIMIT", "900MiB")
+			debug.SetMemoryLimit(900 << 20) // as the runtime read it at start
+			var limit atomic.Int64
+			limit.Store(gib)
+			rec := &recorder{}
+			cfg := cfgFor(func() (cgroupfs.Limit, error) {
+				return cgroupfs.Limit{Version: 1, Cgroup: "/x", Bytes: limit.Load(), File: file}, nil
+			})
+			cfg.Logger, cfg.KeepOperator = slog.New(rec), keep
+			cfg.Refresh = time.Hour // Refresh by hand below
+			m, d, err := start(t, cfg)
+			require.NoError(t, err)
+			assert.Equal(t, SourceEnv, d.Source, d.Reason)
+			assert.Equal(t, int64(900<<20), debug.SetMemoryLimit(-1), "under the 1 GiB limit the operator's value stands")
+			assert.Empty(t, rec.texts(slog.LevelWarn))
+
+			limit.Store(512 << 20)
+			d, err = m.Refresh()
+			require.NoError(t, err)
+			w := rec.texts(slog.LevelWarn)
+			require.Len(t, w, 1, "one WARN")
+			for _, s := range []string{"GOMEMLIMIT=900MiB", "900.0 MiB", "512.0 MiB", file} {
+				assert.Contains(t, w[0], s)
 			}
-			if tc.kind == actSet {
-				hardWant := tc.hardWant
-				if hardWant == 0 {
-					hardWant = tc.want
-				}
-				assert.Equal(t, tc.want, r.a.want, "action's want")
-				assert.Equal(t, hardWant, r.a.hardWant, "hardWant")
-				assert.Equal(t, tc.hard, r.a.hard, "hard")
-				assert.Equal(t, tc.hardFile, r.a.hardFile, "hardFile")
-				assert.Equal(t, tc.highDriven, r.a.highDriven, "highDriven")
+			if keep {
+				assert.Equal(t, int64(900<<20), debug.SetMemoryLimit(-1), "kept")
+				assert.False(t, d.Overridden)
+				assert.Contains(t, w[0], "is kept")
+			} else {
+				assert.Equal(t, ratioOf(512<<20), debug.SetMemoryLimit(-1), "memctl's own value")
+				assert.Equal(t, ratioOf(512<<20), d.GoMemLimit)
+				assert.True(t, d.Overridden)
+				assert.Equal(t, int64(900<<20), d.Operator)
+				assert.Contains(t, w[0], "memctl sets 460.8 MiB")
 			}
-			assert.Equal(t, tc.hardMin, r.a.hardMin, "hardMin")
-			for _, s := range tc.reason {
-				assert.Contains(t, r.d.Reason, s)
-			}
-			var keys []string
-			for _, w := range r.warns {
-				keys = append(keys, w.key)
-			}
-			assert.Equal(t, tc.warns, keys, "the warnings' keys")
-			if tc.check != nil {
-				tc.check(t, r)
+			_, err = m.Refresh() // no second WARN for the same limit
+			require.NoError(t, err)
+			assert.Len(t, rec.texts(slog.LevelWarn), 1)
+
+			limit.Store(gib)
+			d, err = m.Refresh()
+			require.NoError(t, err)
+			assert.Equal(t, int64(900<<20), debug.SetMemoryLimit(-1), "the operator's value back")
+			assert.Equal(t, SourceEnv, d.Source)
+			assert.False(t, d.Overridden)
+			if !keep {
+				assert.Contains(t, rec.text(), "back to the operator's GOMEMLIMIT=900MiB")
 			}
 		})
 	}
+}
+
+// TestOperatorAtLimitRealCgroup (issue 27 item 7): GOMEMLIMIT=512MiB in a
+// real 512 MiB cgroup (v1 here): GOMEMLIMIT left as set, a WARN naming
+// GOMEMLIMIT, the cgroup limit's file and the headroom memctl's rule would
+// leave (ratio 0.9, what the child holds outside the Go runtime).
+func TestOperatorAtLimitRealCgroup(t *testing.T) {
+	g := cgrouptest.New(t, 512<<20)
+	file := "memory.limit_in_bytes"
+	if g.Version == 2 {
+		file = "memory.max"
+	}
+	cmd := childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}, "GOMEMLIMIT=512MiB")
+	g.Wrap(cmd)
+	r, warns := reportAndWarns(t, cmd)
+	assert.Equal(t, strconv.Itoa(512<<20), r["READBACK"], "GOMEMLIMIT left as set")
+	assert.Equal(t, "env", r["SOURCE"])
+	require.Len(t, warns, 1, "one WARN")
+	w := warns[0]
+	assert.Contains(t, w["error"], "GOMEMLIMIT=512MiB")
+	assert.Equal(t, g.Dir+"/"+file, w["limit_file"])
+	assert.EqualValues(t, 512<<20, w["limit"])
+	assert.EqualValues(t, 0, w["headroom"], "GOMEMLIMIT at the limit leaves none")
+	assert.EqualValues(t, 0.9, w["ratio"])
+	assert.Contains(t, w["error"], "memctl's rule leaves")
+	t.Logf("WARN: %v", w["error"])
+
+	// The control: GOMEMLIMIT under memctl's own value says nothing.
+	cmd = childtest.Command(t, "memlimitlog", []string{"AUTOMEMLIMIT", declaredLimitEnv, lambdaMemoryEnv}, "GOMEMLIMIT=400MiB")
+	g.Wrap(cmd)
+	r, warns = reportAndWarns(t, cmd)
+	assert.Equal(t, strconv.Itoa(400<<20), r["READBACK"])
+	assert.Empty(t, warns)
+}
+
+// GOMEMLIMIT=off under a cgroup limit (issue 32 item 4): no figure is a
+// sentinel: no WARN quoting an overflowed headroom, GOMEMLIMIT none.
+func TestOperatorOffNoSentinel(t *testing.T) {
+	keepMemoryLimit(t)
+	t.Setenv("GOMEMLIMIT", "off")
+	debug.SetMemoryLimit(math.MaxInt64)
+	rec := &recorder{}
+	cfg := cfgFor(fixedLimit(1, 256<<20))
+	cfg.Logger = slog.New(rec)
+	m, d, err := start(t, cfg)
+	require.NoError(t, err)
+	_, err = m.Refresh()
+	require.NoError(t, err)
+	assert.Empty(t, rec.texts(slog.LevelWarn), "GOMEMLIMIT=off is the operator's choice: nothing to warn about")
+	assert.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1))
+	assert.Equal(t, SourceEnv, d.Source)
+	assert.NotContains(t, d.Reason, "-")
+	assert.False(t, d.Overridden)
 }

@@ -224,21 +224,3 @@ func TestCancelLargestOffLogsNothing(t *testing.T) {
 	assert.NoError(t, ctx.Err())
 	assert.Empty(t, logs.String())
 }
-
-// PoolStats.RefusedBy tells what refused: the request's own budget, the
-// full pool, shedding (and heap pressure, counted where the pool refuses
-// under it).
-func TestRefusedByScope(t *testing.T) {
-	t.Setenv("MEMCTL_BUDGETS", "")
-	p := newTestPool(t, PoolConfig{Limit: 4 * mib, ShedSize: mib, HeapPressure: -1})
-	a := mustOpen(t, p, "a", 2*mib)
-	require.ErrorIs(t, a.Grow(3*mib), ErrResourceExhausted) // its own budget
-	b := mustOpen(t, p, "b", Unlimited)
-	require.ErrorIs(t, b.Grow(5*mib), ErrResourceExhausted) // the pool
-	relief.Shed(true)
-	require.ErrorIs(t, b.Grow(2*mib), ErrResourceExhausted) // shedding
-	relief.Shed(false)
-	s := p.Stats()
-	assert.Equal(t, RefusedBy{Account: 1, Pool: 1, Shedding: 1}, s.RefusedBy)
-	assert.Equal(t, int64(3), s.Refused)
-}

@@ -210,24 +210,6 @@ func TestStartWorkNumbersPerPool(t *testing.T) {
 	}
 }
 
-// TestPoolNameOnce: a second open pool of the same name is said at WARN
-// (its errors and metrics could not be told apart); once the first is
-// closed, the name is free.
-func TestPoolNameOnce(t *testing.T) {
-	var logs strings.Builder
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	a := newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
-	assert.NotContains(t, logs.String(), "same name")
-	b := newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
-	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"), logs.String())
-	assert.Contains(t, logs.String(), "pool=i20-unique")
-	a.Close()
-	b.Close()
-	newTestPool(t, PoolConfig{Name: "i20-unique", Limit: mib, Logger: log})
-	assert.Equal(t, 1, strings.Count(logs.String(), "another open pool has the same name"))
-	assert.Equal(t, "i20-unique", b.Stats().Name)
-}
-
 // TestDoNested: a job run with Do inside another job of the same pool
 // (a step of a batch) is charged to the outer job too: the outer budget
 // refuses what the two hold together, the scope shows the nesting, the

@@ -1,13 +1,13 @@
 package trim
 
 import (
+	"bytes"
 	"cmp"
-	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"reflect"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,10 +15,13 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/childtest"
 )
 
 const testDelay = 2 * time.Second
@@ -83,16 +86,6 @@ func fakeConfig(f *fakeStep) testConfig {
 
 // newFake returns a Trimmer of fakeConfig(f).
 func newFake(t *testing.T, f *fakeStep) *Trimmer { t.Helper(); return mustNew(t, fakeConfig(f)) }
-
-// newFakeLogged returns a Trimmer of fakeConfig(f) that logs, from DEBUG
-// on, to the returned buffer.
-func newFakeLogged(t *testing.T, f *fakeStep) (*Trimmer, *logBuf) {
-	t.Helper()
-	logs, logger := newLog()
-	cfg := fakeConfig(f)
-	cfg.Logger = logger
-	return mustNew(t, cfg), logs
-}
 
 // mustNew returns a Trimmer of c and fails the test on an error.
 func mustNew[C Config | testConfig](t *testing.T, c C) *Trimmer {
@@ -178,212 +171,55 @@ func assertWindow(t *testing.T, got, base time.Duration) {
 	assert.LessOrEqual(t, got, base+testDelay+testDelay/10, "trim later than Delay+10%% after the last call")
 }
 
-func TestOneBurstOneTrim(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		tr.AfterBurst()
-		assert.False(t, tr.quiet(), "a trim is pending after AfterBurst")
-		time.Sleep(time.Minute)
-		got := since(t0, f.starts())
-		require.Len(t, got, 1, "one AfterBurst gives exactly one trim")
-		assertWindow(t, got[0], 0)
-		t.Logf("trim at +%v", got[0])
-		s := tr.Stats()
-		assert.Equal(t, int64(1), s.Trims)
-		assert.Equal(t, int64(0), s.Skipped)
-		assert.Equal(t, int64(1<<20), s.LastReleased)
-		assert.False(t, s.Pending)
-	})
+// logBuf is a concurrency-safe buffer for a text slog.Logger.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
 }
 
-func TestRunOfBurstsOneTrim(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		for i := 0; ; i++ {
-			tr.AfterBurst()
-			if i == 10 {
-				break
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
-		last := time.Since(t0) // 5 s
-		time.Sleep(time.Minute)
-		got := since(t0, f.starts())
-		require.Len(t, got, 1, "a run of bursts gives one trim")
-		assertWindow(t, got[0], last)
-	})
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
 }
 
-func TestMaxWaitUnderSteadyBursts(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		tr := newFake(t, f) // default max wait: 10 delays = 20 s
-		defer tr.Close()
-		t0 := time.Now()
-		for time.Since(t0) < 65*time.Second {
-			tr.AfterBurst() // never 2 s apart: a pure debounce would never trim
-			time.Sleep(500 * time.Millisecond)
-		}
-		got := since(t0, f.starts())
-		require.Len(t, got, 3, "one trim per 20 s of steady bursts: %v", got)
-		for i, d := range got {
-			// The first tick comes up to Delay/20 after the first call.
-			lo := time.Duration(i+1) * 20 * time.Second
-			assert.GreaterOrEqual(t, d, lo, "trim %d", i)
-			assert.LessOrEqual(t, d, lo+time.Duration(i+1)*testDelay/20+time.Duration(i)*500*time.Millisecond, "trim %d", i)
-		}
-	})
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
-func TestNoTrimWhileInFlight(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		tr.AfterBurst() // before the burst: would trim at ~2 s
-		time.Sleep(500 * time.Millisecond)
-		end := tr.Begin() // held 10 s, quiet for 7 s of them
-		for range 3 {
-			time.Sleep(time.Second)
-			tr.AfterBurst()
-		}
-		time.Sleep(7*time.Second - time.Millisecond)
-		assert.Empty(t, f.starts(), "no trim while a burst is in flight")
-		assert.Equal(t, int64(1), tr.Stats().InFlight)
-		time.Sleep(time.Millisecond)
-		endAt := time.Since(t0) // 10.5 s
-		end()
-		time.Sleep(time.Minute)
-		got := since(t0, f.starts())
-		require.Len(t, got, 1, "one trim after the burst ends")
-		assertWindow(t, got[0], endAt)
-	})
-}
-
-func TestNoTrimWhileInFlightWithoutAfterBurst(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		end := tr.Begin()
-		time.Sleep(10 * time.Second)
-		assert.False(t, tr.quiet(), "Begin starts the max-wait clock")
-		assert.Empty(t, f.starts(), "no trim while a burst is in flight")
-		end()
-		time.Sleep(time.Minute)
-		got := since(t0, f.starts())
-		require.Len(t, got, 1)
-		assertWindow(t, got[0], 10*time.Second)
-	})
-}
-
-func TestCallDuringTrimSchedulesOneMore(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{took: time.Second}
-		tr := newFake(t, f)
-		defer tr.Close()
-		t0 := time.Now()
-		tr.AfterBurst()
-		time.Sleep(testDelay + testDelay/10 + f.took/2) // in the trim
-		require.Len(t, f.starts(), 1)
-		require.Equal(t, 0, f.finished())
-		tr.AfterBurst()
-		time.Sleep(2 * time.Minute)
-		got := since(t0, f.starts())
-		require.Len(t, got, 2, "a call during a trim gives one more trim")
-		assert.GreaterOrEqual(t, got[1], got[0]+50*f.took, "the CPU limit: 50 × the charge from the start")
-		assert.True(t, tr.quiet())
-	})
-}
-
-// trimmerGoroutines counts goroutines whose stack is in a Trimmer method.
-func trimmerGoroutines() int {
-	buf := make([]byte, 1<<20)
+// count returns the lines at level that contain msg.
+func (l *logBuf) count(level, msg string) int {
 	n := 0
-	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		if strings.Contains(g, "trim.(*Trimmer).") {
+	for line := range strings.SplitSeq(l.String(), "\n") {
+		if strings.Contains(line, "level="+level) && strings.Contains(line, msg) {
 			n++
 		}
 	}
 	return n
 }
 
-func TestIdleHasNoGoroutineOrTimer(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{took: 100 * time.Millisecond}
-		tr := newFake(t, f)
-		defer tr.Close()
-		assert.True(t, tr.quiet(), "new Trimmer is idle")
-		tr.AfterBurst()
-		assert.False(t, tr.quiet(), "pending after AfterBurst")
-		time.Sleep(testDelay + testDelay/20 + f.took/2)
-		assert.Equal(t, 1, trimmerGoroutines(), "the tick goroutine runs the trim")
-		time.Sleep(f.took)
-		synctest.Wait()
-		require.Equal(t, 1, f.finished())
-		assert.True(t, tr.quiet(), "idle after the trim: no timer armed")
-		assert.Equal(t, 0, trimmerGoroutines(), "idle after the trim: no goroutine")
-		assert.False(t, tr.Stats().Pending)
-
-		// No timer: an hour later nothing has run.
-		time.Sleep(time.Hour)
-		assert.Equal(t, 1, f.finished())
-
-		// A burst in flight keeps it pending up to the max wait; a lost
-		// end does not keep it pending after the trim at the max wait.
-		end := tr.Begin()
-		tr.AfterBurst()
-		time.Sleep(time.Second)
-		assert.False(t, tr.quiet(), "pending while a burst is in flight")
-		time.Sleep(tr.MaxWait() + testDelay)
-		synctest.Wait()
-		assert.Equal(t, 2, f.finished(), "trim at the max wait despite the burst in flight")
-		assert.True(t, tr.quiet(), "idle after that trim although the burst is still in flight")
-		assert.Equal(t, 0, trimmerGoroutines())
-		time.Sleep(time.Hour)
-		assert.Equal(t, 2, f.finished())
-		end()
-		assert.False(t, tr.quiet())
-	})
+func newLog() (*logBuf, *slog.Logger) {
+	b := &logBuf{}
+	return b, slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-func TestSkipBelowMinRelease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := &fakeStep{}
-		est := int64(defaultMinRelease - 1)
-		cfg := fakeConfig(f)
-		cfg.estimate = func() int64 { return est }
-		tr := mustNew(t, cfg)
-		defer tr.Close()
-		tr.AfterBurst()
-		time.Sleep(time.Minute)
-		assert.Empty(t, f.starts(), "estimate below threshold: no trim")
-		s := tr.Stats()
-		assert.Equal(t, int64(1), s.Skipped)
-		assert.Equal(t, int64(0), s.Trims)
-		assert.Equal(t, est, s.LastEstimate)
-		assert.True(t, tr.quiet())
-
-		est = defaultMinRelease
-		tr.AfterBurst()
-		time.Sleep(time.Minute)
-		assert.Len(t, f.starts(), 1, "estimate at threshold: trim")
-
-		est = -1 // unknown: trim
-		tr.AfterBurst()
-		time.Sleep(time.Minute)
-		assert.Len(t, f.starts(), 2, "unknown estimate: trim")
-		assert.Equal(t, int64(1), tr.Stats().Skipped)
-	})
+// fakeCHeapRetained is a C heap step with a given Retained figure that counts
+// its releases.
+type fakeCHeapRetained struct {
+	retained int64
+	releases atomic.Int64
 }
+
+func (*fakeCHeapRetained) Allocator() string { return "fake" }
+func (h *fakeCHeapRetained) Retained() int64 { return h.retained }
+func (h *fakeCHeapRetained) ReleaseOver(int64) (int64, error) {
+	h.releases.Add(1)
+	return 1 << 20, nil
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func TestCloseWhilePending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -478,138 +314,6 @@ func TestNilTrimmer(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Equal(t, Stats{}, tr.Stats())
 	assert.NoError(t, tr.Close())
-}
-
-func TestReadSample(t *testing.T) {
-	h := readSample()
-	assert.Positive(t, h.HeapObjects)
-	assert.Positive(t, h.Live)
-}
-
-func TestEstimateCountsUncollectedBurst(t *testing.T) {
-	tr, err := New(Config{NoCHeap: true})
-	require.NoError(t, err)
-	defer tr.Close()
-	_, err = tr.TrimNow() // sets the live floor
-	require.NoError(t, err)
-	tr.run.Lock()
-	before, _ := tr.estimateGo(true)
-	tr.run.Unlock()
-
-	// A burst that a GC sees live, then dropped: /gc/heap/live still counts
-	// it, the estimate must not. No GC runs while it is built: two GC ends
-	// within 25% of each other during the build (a large heap left by the
-	// tests before, on a loaded machine: CI read 3 MiB) would make it the
-	// floor, as a heap that grew is (TestRequestEstimateFloor).
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	burst := make([][]byte, 0, 1024)
-	for range 1024 {
-		burst = append(burst, make([]byte, 64<<10))
-	}
-	runtime.GC()
-	h := readSample()
-	require.GreaterOrEqual(t, h.Live, int64(64<<20), "the GC saw the burst live")
-	runtime.KeepAlive(burst) // dropped from here on
-	tr.run.Lock()
-	after, _ := tr.estimateGo(true)
-	grown, _ := tr.estimateGo(false)
-	tr.run.Unlock()
-	t.Logf("estimate before burst %d MiB, after %d MiB; without the floor %d MiB", before>>20, after>>20, grown>>20)
-	assert.GreaterOrEqual(t, after-before, int64(60<<20))
-
-	assert.Less(t, grown, int64(16<<20), "unmarked: what the last GC saw live is not garbage")
-}
-
-// Issue 26 item 4: the estimate never counts live heap as garbage. A heap
-// that the last GC saw live is not garbage to a Request; one that two GCs
-// saw live while no burst was pending (built after New) becomes the floor,
-// so a burst the program marks later does not count it either.
-func TestRequestEstimateFloor(t *testing.T) {
-	tr, err := New(Config{NoCHeap: true, Delay: time.Hour})
-	require.NoError(t, err)
-	defer tr.Close()
-	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // only the GCs of the test
-	debug.FreeOSMemory()                             // no free spans left by earlier tests
-	waitHook := func() {
-		t.Helper()
-		require.Eventually(t, func() bool { return tr.gc.last.Load() == readSample().Live }, 10*time.Second, time.Millisecond) // a bound on a hang
-	}
-	waitHook()
-	grown := make([][]byte, 0, 1024)
-	for range 1024 {
-		grown = append(grown, make([]byte, 64<<10))
-	}
-	runtime.GC() // sees the 64 MiB live; the GC before saw none of it
-	waitHook()
-	tr.run.Lock()
-	unmarked, _ := tr.estimateGo(false)
-	tr.run.Unlock()
-	assert.Less(t, unmarked, int64(16<<20), "the last GC saw it live")
-
-	runtime.GC() // a second GC sees it live: grown for good, the floor
-	waitHook()
-	assert.GreaterOrEqual(t, tr.gc.floor.Load(), int64(64<<20), "the floor follows a heap built after New")
-	r := tr.request(originPressure)
-	assert.False(t, r.ran, "%+v", r)
-	assert.Less(t, r.est, int64(16<<20), "the grown 64 MiB is live")
-	tr.AfterBurst()
-	tr.run.Lock()
-	marked, _ := tr.estimateGo(true)
-	tr.run.Unlock()
-	assert.Less(t, marked, int64(16<<20), "a burst marked after it: still live")
-	runtime.KeepAlive(grown)
-}
-
-type fakeCHeap struct {
-	released int64
-	err      error
-}
-
-func (fakeCHeap) Allocator() string                  { return "fake" }
-func (fakeCHeap) Retained() int64                    { return 3 << 20 }
-func (h fakeCHeap) ReleaseOver(int64) (int64, error) { return h.released, h.err }
-
-func TestCHeapStep(t *testing.T) {
-	f := &fakeStep{}
-	tr, err := newT(testConfig{Config: Config{}, hooks: hooks{goStep: f.run, cheap: fakeCHeap{released: 5 << 20}}})
-	require.NoError(t, err)
-	defer tr.Close()
-	r, err := tr.TrimNow()
-	require.NoError(t, err)
-	assert.Equal(t, int64(6<<20), r, "Go step 1 MiB + C step 5 MiB")
-	s := tr.Stats()
-	assert.Equal(t, "fake", s.CHeapAllocator)
-	assert.Equal(t, int64(6<<20), s.TotalReleased)
-	assert.NoError(t, s.CHeapErr)
-
-	boom := errors.New("boom")
-	tr2, err := newT(testConfig{Config: Config{}, hooks: hooks{goStep: f.run, cheap: fakeCHeap{released: -1, err: boom}}})
-	require.NoError(t, err)
-	defer tr2.Close()
-	r, err = tr2.TrimNow()
-	assert.ErrorIs(t, err, boom)
-	assert.Equal(t, int64(1<<20), r, "-1 from the C step adds nothing")
-	assert.ErrorIs(t, tr2.Stats().CHeapErr, boom)
-
-	// The default step in this build: unavailable, recorded, not returned.
-	tr3, err := newT(testConfig{Config: Config{}, hooks: hooks{goStep: f.run}})
-	require.NoError(t, err)
-	defer tr3.Close()
-	_, err = tr3.TrimNow()
-	assert.NoError(t, err)
-	s = tr3.Stats()
-	assert.Equal(t, realDeps.cheap().Allocator(), s.CHeapAllocator)
-	if s.CHeapAllocator == "none" {
-		assert.ErrorIs(t, s.CHeapErr, ErrCHeapUnavailable)
-	}
-
-	tr4, err := newT(testConfig{Config: Config{NoCHeap: true}, hooks: hooks{goStep: f.run}})
-	require.NoError(t, err)
-	defer tr4.Close()
-	_, err = tr4.TrimNow()
-	assert.NoError(t, err)
-	assert.Empty(t, tr4.Stats().CHeapAllocator)
-	assert.NoError(t, tr4.Stats().CHeapErr)
 }
 
 // TestRealClock runs a Trimmer on the real clock with the real Go heap step,
@@ -709,4 +413,136 @@ func TestCloseDoesNotWaitForForeignTrimNow(t *testing.T) {
 	}
 	close(release)
 	<-closed
+}
+
+// Input 7: an extra end is counted and logged once, never panics in
+// production; it panics under Config.Strict.
+func TestExtraEnd(t *testing.T) {
+	logs, logger := newLog()
+	tr, err := newT(withLazy(testConfig{Config: Config{NoCHeap: true, Logger: logger}}, false, nil))
+	require.NoError(t, err)
+	defer tr.Close()
+	end := tr.Begin()
+	end()
+	assert.NotPanics(t, end)
+	assert.NotPanics(t, end)
+	s := tr.Stats()
+	assert.Equal(t, int64(2), s.Misuse)
+	assert.Equal(t, int64(0), s.InFlight, "counter restored")
+	assert.Equal(t, 1, logs.count("WARN", "ended more often than begun"), logs.String())
+	end = tr.Begin()
+	assert.Equal(t, int64(1), tr.Stats().InFlight)
+	end()
+
+	strict, err := newT(withLazy(testConfig{Config: Config{NoCHeap: true, Strict: true}}, false, nil))
+	require.NoError(t, err)
+	defer strict.Close()
+	end = strict.Begin()
+	end()
+	assert.PanicsWithValue(t, "trim: burst ended more often than begun", end)
+	assert.Equal(t, int64(1), strict.Stats().Misuse)
+	assert.Equal(t, int64(0), strict.Stats().InFlight, "counter restored after the panic")
+}
+
+// TrimNow is forced and counted by name.
+func TestTrimNowByName(t *testing.T) {
+	f := &fakeStep{}
+	cfg := fakeConfig(f)
+	cfg.estimate = func() int64 { return 0 }
+	tr := mustNew(t, cfg)
+	defer tr.Close()
+	_, err := tr.TrimNow()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), tr.Stats().ByName.Trims)
+	assert.Len(t, f.starts(), 1)
+}
+
+const (
+	liveBytes  = 20 << 20
+	burstBytes = 256 << 20
+	settle     = 3 * time.Second
+)
+
+// burstChild holds 20 MiB live, allocates and drops a 256 MiB burst, calls
+// AfterBurst on a Trimmer with the default Config when trim is set, waits
+// 3 s (with a Trimmer, and until its trim is decided) and reports VmRSS
+// before the burst, at its peak and then.
+func burstChild(trim bool) {
+	live := burst.Alloc(liveBytes)
+	var tr *Trimmer
+	if trim {
+		var err error
+		if tr, err = New(Config{}); err != nil {
+			childtest.Fail("%v", err)
+		}
+	}
+	before := childRSS()
+	burst := burst.Alloc(burstBytes)
+	peak := childRSS()
+	runtime.KeepAlive(burst) // dropped from here on
+	t0 := time.Now()
+	tr.AfterBurst()
+	// With a Trimmer, until its trim is decided (a loaded machine may run
+	// it late), up to the max wait and a delay more; in each arm at least
+	// settle.
+	for s := tr.Stats(); tr != nil && s.Trims+s.Skipped == 0 && time.Since(t0) < tr.MaxWait()+tr.Delay(); s = tr.Stats() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(time.Until(t0.Add(settle)))
+	after := childRSS()
+	runtime.KeepAlive(live)
+	s := tr.Stats()
+	if err := tr.Close(); err != nil {
+		childtest.Fail("%v", err)
+	}
+	childtest.Say("BEFORE", before)
+	childtest.Say("PEAK", peak)
+	childtest.Say("AFTER", after)
+	childtest.Say("TRIMS", s.Trims)
+	childtest.Say("SKIPPED", s.Skipped)
+	childtest.Say("RELEASED", s.TotalReleased)
+	childtest.Say("ESTIMATE", s.LastEstimate)
+	childtest.Say("TOOK", int64(s.LastDuration))
+	childtest.Say("CHEAP", s.CHeapAllocator)
+}
+
+// TestTrimRSS runs the burst in two child processes, with and without
+// AfterBurst, and compares their RSS 3 s after the burst.
+func TestTrimRSS(t *testing.T) {
+	t.Parallel() // child processes only
+	if runtime.GOOS != "linux" {
+		t.Skip("reads VmRSS from /proc: Linux only")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory (2-3x the heap) is not returned by a trim, so RSS says nothing")
+	}
+	if testing.Short() {
+		t.Skip("runs two 3.5 s child processes")
+	}
+	unset := []string{"GOGC", "GOMEMLIMIT", "GODEBUG"}
+	reports := reportsAtOnce(t, childtest.Command(t, "burst-trim", unset), childtest.Command(t, "burst-notrim", unset))
+	num := func(r map[string]string, k string) int64 {
+		t.Helper()
+		return childtest.RequireInt(t, r, k)
+	}
+	with, without := reports[0], reports[1]
+	for _, arm := range []struct {
+		name string
+		r    map[string]string
+	}{{"AfterBurst", with}, {"plain", without}} {
+		t.Logf("%-10s RSS before %.1f MiB, peak %.1f MiB, 3 s after %.1f MiB",
+			arm.name, mib(num(arm.r, "BEFORE")), mib(num(arm.r, "PEAK")), mib(num(arm.r, "AFTER")))
+	}
+	t.Logf("trim: %s trims, %s skipped, released %.1f MiB (estimate %.1f MiB) in %v, C heap %q",
+		with["TRIMS"], with["SKIPPED"], mib(num(with, "RELEASED")), mib(num(with, "ESTIMATE")),
+		time.Duration(num(with, "TOOK")), with["CHEAP"])
+
+	assert.Greater(t, num(with, "PEAK"), num(with, "BEFORE")+200<<20, "the burst is resident at its peak")
+	assert.LessOrEqual(t, num(with, "AFTER"), num(with, "BEFORE")+32<<20,
+		"with AfterBurst, RSS after the trim is within 32 MiB of RSS before it")
+	assert.Equal(t, int64(1), num(with, "TRIMS"))
+	assert.Equal(t, int64(0), num(with, "SKIPPED"))
+	assert.Greater(t, num(with, "RELEASED"), int64(200<<20))
+	assert.Greater(t, num(without, "AFTER"), int64(200<<20),
+		"without AfterBurst, RSS 3 s after the burst is still above 200 MiB")
 }

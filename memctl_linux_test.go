@@ -172,7 +172,7 @@ func idlePair(t *testing.T, memctl, plain int, d time.Duration) (m, p idleUse) {
 //     sweep's end): with no GC in the window, it has no new work; what
 //     the start-up left it is what the settling before the window is for.
 //
-// pressure/child_test.go has the same rule for its idle test.
+// pressure/watch_linux_test.go has the same rule for its idle test.
 func idleSlack(d time.Duration) int64 {
 	const sysmonSleep = time.Minute // forcegcperiod/2
 	return 2 * (int64(d/sysmonSleep) + 1)

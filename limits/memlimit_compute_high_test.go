@@ -285,33 +285,3 @@ func TestMaxLoweredUnderUsage(t *testing.T) {
 	require.ErrorIs(t, err, ErrImplausibleLimit)
 	assert.Equal(t, int64(999*mib), debug.SetMemoryLimit(-1))
 }
-
-// TestHeadroomOverLimitWarnsOnce (attack on issue 18; it held before): a
-// cgroup charged more outside the Go runtime than its whole limit, and more
-// at each refresh: GOMEMLIMIT stays at the floor, and the headroom and
-// floor WARNs are logged once each, not at every refresh.
-func TestHeadroomOverLimitWarnsOnce(t *testing.T) {
-	keepMemoryLimit(t)
-	rec := &recorder{}
-	cfg := cfgFor(func() (cgroupfs.Limit, error) {
-		return cgroupfs.Limit{Version: 1, Cgroup: "/x", Dir: "/sys/fs/cgroup/memory/x", Bytes: 512 * mib, File: "/sys/fs/cgroup/memory/x/memory.limit_in_bytes"}, nil
-	})
-	var n int64
-	cfg.charge = func(int, string) (charge, error) {
-		n++
-		return charge{anon: 600*mib + n*10*mib, file: "/sys/fs/cgroup/memory/x/memory.stat"}, nil
-	}
-	cfg.Logger = slog.New(rec)
-	m, d, err := start(t, cfg)
-	require.NoError(t, err)
-	assert.Equal(t, int64(defaultFloor), d.GoMemLimit)
-	for range 10 {
-		d, err = m.Refresh()
-		require.NoError(t, err)
-		assert.Equal(t, int64(defaultFloor), debug.SetMemoryLimit(-1), d.Reason)
-		assert.True(t, d.AtFloor)
-	}
-	assert.Equal(t, 2, rec.count(slog.LevelWarn), "headroom and floor, once each: %s", rec.text())
-	assert.Contains(t, rec.text(), "most of it")
-	assert.Contains(t, rec.text(), "at the floor")
-}

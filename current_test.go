@@ -1,6 +1,7 @@
 package memctl
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,12 +14,115 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/limits"
-	"github.com/stretchr/testify/assert"
+	"github.com/memctl/memctl/trim"
 )
+
+// childWiring makes the wiring mistake named by WIRING and reports what the
+// package-level functions reached. slog.Default writes JSON on standard
+// error.
+func childWiring() {
+	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+	opts := []Option{WithTrimDelay(10 * time.Millisecond), WithTrim(trim.Config{MinRelease: trim.NeverSkip})}
+	waitTrim := func(c *Controller) int64 {
+		for deadline := time.Now().Add(20 * time.Second); c.Stats().Trim.Trims == 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return c.Stats().Trim.Trims
+	}
+	switch os.Getenv("WIRING") {
+	case "nostart":
+		AfterBurst()
+		AfterBurst()
+		Begin()()
+	case "second-closed": // the newer is closed: the older serves again
+		c1, _ := Start(opts...)
+		c2, _ := Start(opts...)
+		_ = c2.Close()
+		AfterBurst()
+		childtest.Say("C1_TRIMS", waitTrim(c1))
+		_ = c1.Close()
+	case "first-closed": // the older is closed: the newer still serves
+		c1, _ := Start(opts...)
+		c2, _ := Start(opts...)
+		_ = c1.Close()
+		AfterBurst()
+		childtest.Say("C2_TRIMS", waitTrim(c2))
+		_ = c2.Close()
+		AfterBurst() // none live now
+	default:
+		childtest.Fail("unknown WIRING %q", os.Getenv("WIRING"))
+	}
+	childtest.Say("MISUSE", (*Controller)(nil).Stats().Misuse)
+}
+
+func runWiring(t *testing.T, which string) (map[string]string, []map[string]any) {
+	t.Helper()
+	cmd := childtest.Command(t, "wiring", []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX"}, "WIRING="+which)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	return childtest.ParseReport(out), parseRecords(t, stderr.String())
+}
+
+func warnings(recs []map[string]any) []string {
+	var w []string
+	for _, r := range recs {
+		if r["level"] == "WARN" {
+			w = append(w, r["msg"].(string))
+		}
+	}
+	return w
+}
+
+func TestAfterBurstWithoutStartWarnsOnce(t *testing.T) {
+	r, recs := runWiring(t, "nostart")
+	w := warnings(recs)
+	require.Len(t, w, 1, "one WARN for three calls: %v", recs)
+	assert.Contains(t, w[0], "AfterBurst called with no live controller")
+	assert.Contains(t, w[0], "memctl.Start")
+	assert.Equal(t, "3", r["MISUSE"], "every call counted")
+}
+
+func TestSecondStartWarnsAndOlderServesAfterNewerCloses(t *testing.T) {
+	r, recs := runWiring(t, "second-closed")
+	w := warnings(recs)
+	require.Len(t, w, 1, "%v", recs)
+	assert.Contains(t, w[0], "Start called while an earlier controller is live")
+	for _, rec := range recs {
+		if rec["level"] == "WARN" {
+			assert.Contains(t, rec["earlier_start"], "childWiring", "names where the earlier Start was")
+		}
+	}
+	assert.Equal(t, "1", r["C1_TRIMS"], "after the newer's Close, AfterBurst reaches the older (issue 14: it reached neither)")
+	assert.Equal(t, "1", r["MISUSE"])
+
+	r, recs = runWiring(t, "first-closed")
+	assert.Equal(t, "1", r["C2_TRIMS"], "closing the older leaves the newer in place")
+	w = warnings(recs)
+	require.Len(t, w, 2, "%v", recs)
+	assert.Contains(t, w[1], "no live controller", "after both Close, AfterBurst says so")
+	assert.Equal(t, "2", r["MISUSE"])
+}
+
+func TestWiringLeavesNothingRunning(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_ARENA_MAX"} {
+		t.Setenv(k, "")
+	}
+	ctl1, _, _ := startInProcess(t)
+	ctl2, _, _ := startInProcess(t)
+	assert.Nil(t, current.Load(), "both closed: no controller")
+	assert.NotSame(t, ctl1, ctl2)
+}
 
 const (
 	threeRequests = 3

@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/memctl/memctl/thp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/memctl/memctl/limits"
+	"github.com/memctl/memctl/thp"
 )
 
 // Issue 13 input 7: an extra end() panicked when Start ran and did nothing
@@ -69,24 +72,35 @@ func TestExtraEndWithAndWithoutStart(t *testing.T) {
 	assert.Equal(t, m0+5, CurrentStats().Misuse, "the third Begin without Start; no extra end, none in the new controller's trimmer")
 }
 
-// Issue 13 input 8: MEMCTL_TRIM_DELAY=2562047h gave a negative max wait (no
-// bound). Delays past trim.MaxDelay, and every other out-of-range value of
-// the same kind, are a clear error that names the variable.
-func TestTrimDelayOverflow(t *testing.T) {
-	for _, v := range []string{"2562047h", "2562047h47m16.854775807s", "25h", "24h0m0.000000001s", "9223372036854775807ns", "99999999999h", "-1s"} {
-		d, err := parseDelay(v)
-		assert.Zero(t, d, v)
-		if assert.Error(t, err, v) {
-			assert.Contains(t, err.Error(), `MEMCTL_TRIM_DELAY="`+v+`"`)
-			assert.Contains(t, err.Error(), "from 1ms to 24h0m0s")
-		}
+func TestCloseLeavesNothingRunning(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	prevLimit := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prevLimit)
+	prevTHP, err := thp.Process()
+	if err == nil {
+		defer restoreTHP(prevTHP)
 	}
-	for v, want := range map[string]time.Duration{"24h": 24 * time.Hour, "1ms": time.Millisecond, "off": 0, "0": 0} {
-		d, err := parseDelay(v)
-		require.NoError(t, err, v)
-		assert.Equal(t, want, d, v)
+	for _, k := range []string{"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
 	}
-	r, _ := runStart(t, nil, "MEMCTL_TRIM_DELAY=2562047h")
-	assert.Contains(t, r["ERR"], `MEMCTL_TRIM_DELAY="2562047h"`)
-	assert.Equal(t, "0s", r["TRIM_DELAY"], "a bad delay turns trimming off")
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)), WithTrimDelay(50*time.Millisecond),
+		WithMemLimit(limits.MemLimitConfig{Refresh: time.Hour}))
+	require.NoError(t, err)
+	AfterBurst() // pending trim: a timer exists now
+	end := Begin()
+	end()
+	require.NoError(t, ctl.Close())
+	require.NoError(t, ctl.Close(), "Close is idempotent")
+	AfterBurst() // no controller: does nothing, starts nothing
+	Begin()()
+	assert.Zero(t, ctl.Stats().Trim.Trims, "Close dropped the pending trim")
+}
+
+func TestNilController(t *testing.T) {
+	var c *Controller
+	c.AfterBurst()
+	c.Begin()()
+	assert.NoError(t, c.Close())
+	assert.True(t, c.Report().Off)
 }
