@@ -24,21 +24,16 @@
 // unmarshaled, through connect's own extension point: a codec per
 // procedure (connect.WithCodec) that charges, and unmarshals only when the
 // budget grants it. A refused message gets resource_exhausted and is
-// never unmarshaled; the handler does not run. Eight concurrent 48 MiB
-// messages against a 64 MiB budget per call and a 256 MiB pool: five are
-// unmarshaled and held (240 MiB of live heap while their handlers hold
-// them), three refused; with the interceptor alone all eight are (384
-// MiB).
+// never unmarshaled; the handler does not run.
 //
 // What still happens before the charge: connect reads the whole message
 // into memory, at most the handler's maximum read size
 // (connect.WithReadMaxBytes; unlimited by default), into a buffer that
-// doubles as it grows (64 MiB for a 48 MiB message), and decompresses it.
-// Set that maximum to the per-call budget: a larger message can never be
-// granted, and connect refuses it with resource_exhausted as it reads
-// past it. With eight messages arriving at once those buffers make most of
-// the server's peak, which the charge does not lower (measured figures:
-// docs/budgets.md).
+// doubles as it grows, and decompresses it. Set that maximum to the
+// per-call budget: a larger message can never be granted, and connect
+// refuses it with resource_exhausted as it reads past it. Those buffers
+// are part of the server's peak, which the charge does not lower
+// (measured figures: docs/budgets.md).
 //
 // NewInterceptor's interceptor alone (connect.WithInterceptors) gives each
 // call its account once the request is unmarshaled.
@@ -48,10 +43,10 @@
 // The interceptor maps every error that matches limits.ErrResourceExhausted
 // (a refused Grow, as is, wrapped or joined, or inside a *connect.Error of
 // code unknown, canceled or resource_exhausted; the ErrClosed error of a
-// Grow after the heap watch canceled the call), and any error the handler returns after the heap watch canceled the call's
-// context (PoolConfig.CancelLargest; a handler that returns ctx.Err() then
-// would otherwise send canceled, HTTP 499), to
-// connect.CodeResourceExhausted with the error's text as the message: the
+// Grow after the heap watch canceled the call), and any error the handler
+// returns after the heap watch canceled the call's context
+// (PoolConfig.CancelLargest; a handler that returns ctx.Err() then would
+// otherwise send canceled, HTTP 499), to connect.CodeResourceExhausted with the error's text as the message: the
 // scope and the sizes, for example "limits: resource_exhausted in
 // connect/req-17: requested 1073741824 bytes, 0 in use, limit 67108864".
 // Other errors pass unchanged.
@@ -81,11 +76,8 @@
 // already carries an account of the same pool (a handler behind the pool's
 // HTTP middleware) is nested in it (see limits.Pool.StartWork); when that
 // account was closed by the heap watch's cancel, the call is answered as a
-// budget error, without running the handler. Client-side calls
-// pass through untouched: the interceptor budgets the handlers it wraps.
-//
-// The interceptor and HandlerOptions' codec add a small cost to each call;
-// the time of a 1 KiB unary call with and without them is measured in
+// budget error, without running the handler. Client-side calls pass
+// through untouched. What the interceptor and the codec cost a call:
 // docs/benchmarks.md.
 package connectbudget
 

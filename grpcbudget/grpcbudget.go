@@ -29,12 +29,9 @@
 // when the call begins and, within the same receive, charges the
 // message's size and unmarshals it only when the budget grants it. A
 // refused message gets code 8 and is never unmarshaled; the handler does
-// not run (a streaming handler's RecvMsg returns the budget error).
-// Eight concurrent 48 MiB messages against a 64 MiB budget per call and a
-// 256 MiB pool: five are unmarshaled and held (240 MiB of live heap while
-// their handlers hold them), three refused; with the interceptors alone
-// all eight are (384 MiB). The server's peak still includes the wire
-// bytes of all eight, read first (measured figures: docs/budgets.md).
+// not run (a streaming handler's RecvMsg returns the budget error). The
+// server's peak still includes the wire bytes, read first (measured
+// figures: docs/budgets.md).
 //
 // What still happens before the charge: grpc-go reads the wire bytes into
 // memory, at most the server's maximum receive size per message
@@ -93,13 +90,8 @@
 // account was closed by the heap watch's cancel, the call is answered as a
 // budget error, without running the handler.
 //
-// The interceptors add 5 allocations to a unary call on a pool without
-// CancelLargest: the Work, the account, the context value and the
-// interceptor's closures. ServerOptions adds more, most of them grpc-go's
-// own stats events, which any stats handler turns on: a service with a
-// stats handler already, such as OpenTelemetry's otelgrpc, pays most of
-// that today. Measured figures (allocations, and the time of a 1 KiB
-// call with and without them): docs/benchmarks.md.
+// What the interceptors and ServerOptions cost a call (allocations, and
+// the time of a 1 KiB call): docs/benchmarks.md.
 package grpcbudget
 
 import (
