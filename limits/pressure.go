@@ -57,28 +57,33 @@ func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
 // observeHeap records one GC cycle's live heap and GOMEMLIMIT and sets or
 // clears heap pressure; under pressure with CancelLargest it cancels the
 // context of the largest open account, if it holds at least CancelShare of
-// the live heap.
+// the live heap. The decision is heapPressure's; applyHeap applies it.
 func (p *Pool) observeHeap(live, gomemlimit int64) {
-	threshold := int64(0)
-	if gomemlimit > 0 && gomemlimit != math.MaxInt64 {
-		threshold = heapThreshold(gomemlimit, p.heapRatio)
-	}
+	d := heapPressure(heapInputs{live: live, gomemlimit: gomemlimit, ratio: p.heapRatio,
+		limit: p.limit.Load(), derived: p.derived, cancel: p.cancelLargest})
+	p.applyHeap(live, gomemlimit, d)
+}
+
+// applyHeap applies d, heapPressure's decision for one GC cycle's live heap
+// and GOMEMLIMIT: it records them and the pressure, follows GOMEMLIMIT,
+// runs the charge check, and cancels the largest account or, with no
+// pressure, ends the episode of the no-cancel WARN line.
+func (p *Pool) applyHeap(live, gomemlimit int64, d heapDecision) {
 	p.heapLive.Store(live)
-	p.heapThreshold.Store(threshold)
+	p.heapThreshold.Store(d.threshold)
 	p.lastCycle.Store(time.Now().UnixNano())
-	over := threshold > 0 && live > threshold
-	p.pressure.Store(over)
+	p.pressure.Store(d.over)
 	p.heapCycles.Add(1)
-	if p.derived && gomemlimit > 0 && gomemlimit != math.MaxInt64 && heapThreshold(gomemlimit, defaultPoolRatio) != p.limit.Load() {
+	if d.follow {
 		p.follow(memLimitGen.Load(), gomemlimit) // a change made outside this package
 	}
 	p.checkCharges(live, gomemlimit)
-	if !over {
+	if !d.over {
 		p.outsideLogged.Store(false)
 		return
 	}
-	if p.cancelLargest {
-		p.cancelLargestAccount(live, threshold, "heap pressure", false)
+	if d.cancel {
+		p.cancelLargestAccount(live, d.threshold, "heap pressure", false)
 	}
 }
 
@@ -101,7 +106,7 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 // comes from memory outside the accounts, or, when the accounts hold at
 // least half of live, from accounts that each hold less than the minimum.
 func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bool) (canceled bool) {
-	minUsed := max(int64(float64(live)*p.cancelShare), 1)
+	minUsed := cancelMin(live, p.cancelShare)
 	p.mu.Lock()
 	var best *Account
 	var most int64
@@ -145,7 +150,7 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 // cycle the watch saw is older than heapRefreshInterval: a pool under heap
 // pressure refuses the requests whose allocation would run the next cycle.
 func (p *Pool) refreshIfStale() {
-	if p.sub == nil || time.Now().UnixNano()-p.lastCycle.Load() < int64(heapRefreshInterval) {
+	if p.sub == nil || !heapStale(time.Now().UnixNano(), p.lastCycle.Load()) {
 		return
 	}
 	p.refreshHeap()
@@ -195,7 +200,7 @@ func (p *Pool) workEnded(a *Account) {
 	if p.sub == nil || !p.pressure.Load() {
 		return
 	}
-	if a.pressureCanceled.Load() || a.Peak() >= max(int64(float64(p.heapLive.Load())*p.cancelShare), 1) {
+	if a.pressureCanceled.Load() || a.Peak() >= cancelMin(p.heapLive.Load(), p.cancelShare) {
 		p.refreshHeap()
 	}
 }

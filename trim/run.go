@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/logattr"
+	"github.com/memctl/memctl/internal/satmath"
 )
 
 // result is what a trim decided and, when it ran, what it did.
@@ -156,7 +157,7 @@ func (t *Trimmer) runSteps(r *result, marked bool) {
 	r.took = time.Since(start)
 	r.ran = true
 	t.lastStart = t.clock(start)
-	t.nextOK = addSat(t.lastStart, costFactor*min(int64(r.cpu), (1<<63-1)/costFactor))
+	t.nextOK = satmath.Add(t.lastStart, costFactor*min(int64(r.cpu), (1<<63-1)/costFactor))
 	t.gc.peak.Store(t.gc.last.Load()) // a burst collected before this trim is not one after it
 	if gcRan {
 		live := readSample().Live // accurate: FreeOSMemory just ran a GC

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/satmath"
 )
 
 // sched is the state of the schedule and the gate, guarded by Trimmer.run.
@@ -135,14 +136,14 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 // due returns when the pending trim may start at c (the pending period
 // began at since), and when it would without the early start.
 func (t *Trimmer) due(c, since int64) (due, full int64) {
-	bound := addSat(since, int64(t.maxWait))
-	if !t.early && t.thrAt != 0 && c >= addSat(t.quietSince, int64(t.delay/2)) {
+	bound := satmath.Add(since, int64(t.maxWait))
+	if !t.early && t.thrAt != 0 && c >= satmath.Add(t.quietSince, int64(t.delay/2)) {
 		t.early = t.throttledSince(c)
 	}
-	full = min(addSat(t.quietSince, int64(t.delay)), bound)
+	full = min(satmath.Add(t.quietSince, int64(t.delay)), bound)
 	due = full
 	if t.early {
-		due = min(addSat(t.quietSince, int64(t.delay/2)), bound)
+		due = min(satmath.Add(t.quietSince, int64(t.delay/2)), bound)
 	}
 	if c < bound && t.inFlight() > 0 {
 		due = bound // the burst's end calls AfterBurst: look again each interval

@@ -236,18 +236,6 @@ func (c *Config) fill() error {
 // (0 means "not set" in the fields that hold clock readings).
 func (t *Trimmer) clock(now time.Time) int64 { return max(int64(now.Sub(t.base)), 1) }
 
-// addSat returns a+b, saturating at the int64 bounds.
-func addSat(a, b int64) int64 {
-	s := a + b
-	switch {
-	case b > 0 && s < a:
-		return 1<<63 - 1
-	case b < 0 && s > a:
-		return -1 << 63
-	}
-	return s
-}
-
 // Delay returns the configured delay.
 func (t *Trimmer) Delay() time.Duration {
 	if t == nil {

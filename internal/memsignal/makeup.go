@@ -5,6 +5,7 @@ import (
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/satmath"
 )
 
 // Makeup is what the memory under pressure is made of, where the kernel
@@ -47,7 +48,7 @@ func UnknownMakeup(from string) Makeup { return Makeup{Anon: -1, Cache: -1, Own:
 func MakeupOfStat(s cgroupfs.MemoryStat, from string) Makeup {
 	mk := Makeup{Anon: s.Anon, Cache: -1, Own: -1, From: from}
 	if s.ActiveFile >= 0 && s.InactiveFile >= 0 {
-		mk.Cache = addSat(s.ActiveFile, s.InactiveFile)
+		mk.Cache = satmath.Add(s.ActiveFile, s.InactiveFile)
 	}
 	return mk
 }
@@ -75,7 +76,7 @@ func HostMakeup(meminfo, status string) (Makeup, error) {
 			return UnknownMakeup(f.File), fmt.Errorf("pressure: %w", err)
 		}
 	}
-	mk := Makeup{Anon: v[0], Cache: addSat(v[1], v[2]), Own: -1, From: f.File}
+	mk := Makeup{Anon: v[0], Cache: satmath.Add(v[1], v[2]), Own: -1, From: f.File}
 	if n, err := procfs.ReadBytes(status, "RssAnon"); err == nil {
 		mk.Own = n
 	}

@@ -11,13 +11,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/satmath"
 )
 
 // Kind is how a source is opened and polled.
@@ -196,16 +196,8 @@ func EventsGrowth(a, b cgroupfs.Events) int64 {
 	var d int64
 	for _, p := range [...][2]int64{{a.High, b.High}, {a.Max, b.Max}, {a.OOM, b.OOM}, {a.OOMKill, b.OOMKill}} {
 		if p[0] >= 0 && p[1] > p[0] {
-			d = addSat(d, p[1]-p[0])
+			d = satmath.Add(d, p[1]-p[0])
 		}
 	}
 	return d
-}
-
-// addSat returns a+b for a, b >= 0, saturating at math.MaxInt64.
-func addSat(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
 }
