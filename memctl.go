@@ -169,7 +169,7 @@ type startup struct {
 // newConfig returns the defaults with opts applied in order; a nil logger
 // (WithLogger(nil)) becomes one that discards.
 func newConfig(opts []Option) config {
-	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: trim.DefaultDelay, arenaMax: defaultArenaMax}
+	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: trimwire.DefaultDelay, arenaMax: defaultArenaMax}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -290,9 +290,8 @@ func (s *startup) startLimiter() {
 
 // trimDelay returns the trim delay asked for, 0 for no trimming:
 // MEMCTL_TRIM_DELAY when set, else WithTrimDelay or WithTrim
-// (trim.DefaultDelay by default). A value outside trim.MinDelay to
-// trim.MaxDelay, or an invalid MEMCTL_TRIM_DELAY, is reported to fail and
-// gives 0.
+// (2 s by default). A value outside 1 ms to 24 h, or an invalid
+// MEMCTL_TRIM_DELAY, is reported to fail and gives 0.
 func (s *startup) trimDelay() time.Duration {
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
 		d, err := parseDelay(v)
@@ -301,8 +300,8 @@ func (s *startup) trimDelay() time.Duration {
 		}
 		return d
 	}
-	if d := s.cfg.trimDelay; d != 0 && (d < trim.MinDelay || d > trim.MaxDelay) {
-		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trim.MinDelay, trim.MaxDelay))
+	if d := s.cfg.trimDelay; d != 0 && (d < trimwire.MinDelay || d > trimwire.MaxDelay) {
+		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trimwire.MinDelay, trimwire.MaxDelay))
 		return 0
 	}
 	return s.cfg.trimDelay

@@ -47,7 +47,7 @@ func start(t *testing.T) *memctl.Controller {
 		t.Cleanup(func() { restoreTHP(st) })
 	}
 	ctl, err := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
-		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
+		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrim(trim.Config{MinRelease: -1}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctl.Close() })
 	return ctl

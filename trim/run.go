@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/logattr"
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 // result is what a trim decided and, when it ran, what it did.
@@ -139,7 +140,7 @@ func (t *Trimmer) runSteps(r *result, marked bool) {
 	if r.runC {
 		over := t.minRelease
 		if r.force {
-			over = NeverSkip
+			over = neverSkip
 		}
 		n, err := t.cheap.ReleaseOver(over)
 		r.released += max(n, 0)
@@ -248,7 +249,7 @@ func (t *Trimmer) record(o origin, early bool, r *result) {
 		slog.Bool("c_step", r.runC),
 		logattr.Bytes("go_estimate_bytes", r.goEst), t.cEstimateAttr(r.cEst),
 		logattr.Bytes("need_bytes", r.need), slog.Duration("cost_estimate", r.cost))
-	if r.cErr != nil && !errors.Is(r.cErr, ErrCHeapUnavailable) {
+	if r.cErr != nil && !errors.Is(r.cErr, cheap.ErrUnavailable) {
 		t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 			slog.String("allocator", st.CHeapAllocator), slog.Any("error", r.cErr))
 	}
