@@ -130,31 +130,38 @@ type Config struct {
 	Codecs []connect.Codec
 }
 
-// Interceptor is the connect.Interceptor NewInterceptor returns. It is safe
-// for concurrent use.
-type Interceptor struct {
+// interceptor is the connect.Interceptor of NewInterceptor and HandlerOptions.
+type interceptor struct {
 	pool *limits.Pool
 	cfg  Config
 	messages
 }
 
-var _ connect.Interceptor = (*Interceptor)(nil)
+var _ connect.Interceptor = (*interceptor)(nil)
 
-// NewInterceptor returns an interceptor that runs each unary and streaming
-// handler call under an account of its own from pool
+// NewInterceptor returns an interceptor, safe for concurrent use, that runs
+// each unary and streaming handler call under an account of its own from pool
 // (limits.Pool.StartWork), with cfg.Limit bytes, and maps budget errors as
-// the package doc says. Pass it to a handler with connect.WithInterceptors.
-// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that
-// is 0 or negative.
-func NewInterceptor(pool *limits.Pool, cfg Config) (*Interceptor, error) {
+// the package doc says; client calls pass through. Pass it to a handler with
+// connect.WithInterceptors. It returns an error matching
+// limits.ErrInvalidSize for a cfg.Limit that is 0 or negative.
+func NewInterceptor(pool *limits.Pool, cfg Config) (connect.Interceptor, error) {
+	i, err := newInterceptor(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return i, nil
+}
+
+func newInterceptor(pool *limits.Pool, cfg Config) (*interceptor, error) {
 	if cfg.Limit <= 0 {
 		return nil, fmt.Errorf("connectbudget: %w: Config.Limit %d: pass a limit in bytes, or limits.Unlimited for calls limited by the pool alone", limits.ErrInvalidSize, cfg.Limit)
 	}
-	return &Interceptor{pool: pool, cfg: cfg}, nil
+	return &interceptor{pool: pool, cfg: cfg}, nil
 }
 
 // work returns the WorkConfig of a call of procedure.
-func (i *Interceptor) work(procedure string) limits.WorkConfig {
+func (i *interceptor) work(procedure string) limits.WorkConfig {
 	w := limits.WorkConfig{Limit: i.cfg.Limit, BurstThreshold: i.cfg.BurstThreshold, AfterBurst: i.cfg.AfterBurst}
 	if i.cfg.Name != nil {
 		w.Name = i.cfg.Name(procedure)
@@ -162,7 +169,7 @@ func (i *Interceptor) work(procedure string) limits.WorkConfig {
 	return w
 }
 
-func (i *Interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
+func (i *interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
 	ctx, work, err := i.pool.StartWork(ctx, i.work(procedure))
 	if err != nil {
 		if e := Error(err); e != nil {
@@ -174,7 +181,7 @@ func (i *Interceptor) start(ctx context.Context, procedure string) (context.Cont
 }
 
 // WrapUnary budgets a unary handler call; a client call passes through.
-func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
 			return next(ctx, req)
@@ -212,7 +219,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 
 // unaryCharged runs a unary call whose message the codec charged, or
 // refused, under the work it opened (HandlerOptions).
-func (i *Interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, next connect.UnaryFunc, p *parked) (connect.AnyResponse, error) {
+func (i *interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, next connect.UnaryFunc, p *parked) (connect.AnyResponse, error) {
 	if p.err != nil {
 		return nil, Error(p.w.Finish(p.err)) // refused before it was unmarshaled
 	}
@@ -244,13 +251,13 @@ func (i *Interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, 
 }
 
 // WrapStreamingClient returns next: client streams are not budgeted.
-func (i *Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+func (i *interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
 // WrapStreamingHandler budgets a streaming handler call: the context passed
 // to the handler carries the call's account.
-func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		wctx, w, err := i.start(ctx, conn.Spec().Procedure)
 		if err != nil {
