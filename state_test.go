@@ -14,6 +14,7 @@ import (
 
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gcendtest"
+	"github.com/memctl/memctl/internal/poolwire"
 	"github.com/memctl/memctl/internal/safefs"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/internal/trimwire"
@@ -310,7 +311,8 @@ func BenchmarkFingerprint(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			h := uint64(debug.SetMemoryLimit(-1))
-			for _, p := range limits.Pools() {
+			for _, v := range poolwire.Pools() {
+				p := v.(*limits.Pool)
 				h = h*31 + uint64(p.Limit()) + uint64(len(p.Name()))<<1
 			}
 			sink += h
