@@ -266,7 +266,7 @@ func TestPeakHistogramMetric(t *testing.T) {
 	for _, b := range h.GetBucket() {
 		got[b.GetUpperBound()] = b.GetCumulativeCount()
 	}
-	assert.Len(t, got, limits.PeakBuckets)
+	assert.Len(t, got, metrictable.PeakBuckets)
 	assert.Equal(t, uint64(1), got[64<<10])
 	assert.Equal(t, uint64(2), got[128<<10])
 	assert.Equal(t, uint64(3), got[1<<20])
