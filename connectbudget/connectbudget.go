@@ -21,22 +21,12 @@
 // interceptor runs, so a large message costs its wire bytes and its
 // decoded form before an interceptor could refuse it. HandlerOptions
 // charges each request message's size to the call's account before it is
-// unmarshaled, through connect's own extension point: a codec per
-// procedure (connect.WithCodec) that charges, and unmarshals only when the
-// budget grants it. A refused message gets resource_exhausted and is
-// never unmarshaled; the handler does not run.
-//
-// What still happens before the charge: connect reads the whole message
-// into memory, at most the handler's maximum read size
-// (connect.WithReadMaxBytes; unlimited by default), into a buffer that
-// doubles as it grows, and decompresses it. Set that maximum to the
-// per-call budget: a larger message can never be granted, and connect
-// refuses it with resource_exhausted as it reads past it. Those buffers
-// are part of the server's peak, which the charge does not lower
-// (measured figures: docs/budgets.md).
-//
-// NewInterceptor's interceptor alone (connect.WithInterceptors) gives each
-// call its account once the request is unmarshaled.
+// unmarshaled: a refused message gets resource_exhausted and is never
+// unmarshaled, and the handler does not run. The message is still read
+// (and decompressed) first, up to connect.WithReadMaxBytes: set it to the
+// per-call budget. NewInterceptor's interceptor alone
+// (connect.WithInterceptors) opens each call's account once the request is
+// unmarshaled.
 //
 // # What the client sees
 //
@@ -98,8 +88,7 @@ import (
 const PushbackKey = "grpc-retry-pushback-ms"
 
 // NoRetryPushback is the pushback sent when a retry cannot succeed: gRFC
-// A6 says a gRPC client must not retry on a negative pushback, and grpc-go
-// does not.
+// A6 says a gRPC client must not retry on a negative pushback.
 const NoRetryPushback = "-1"
 
 // Config configures NewInterceptor. Limit must be set; the other fields'
@@ -142,9 +131,9 @@ var _ connect.Interceptor = (*interceptor)(nil)
 // NewInterceptor returns an interceptor, safe for concurrent use, that runs
 // each unary and streaming handler call under an account of its own from pool
 // (limits.Pool.StartWork), with cfg.Limit bytes, and maps budget errors as
-// the package doc says; client calls pass through. Pass it to a handler with
-// connect.WithInterceptors. It returns an error matching
-// limits.ErrInvalidSize for a cfg.Limit that is 0 or negative.
+// the package doc says. Pass it to a handler with connect.WithInterceptors.
+// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that is
+// 0 or negative.
 func NewInterceptor(pool *limits.Pool, cfg Config) (connect.Interceptor, error) {
 	i, err := newInterceptor(pool, cfg)
 	if err != nil {

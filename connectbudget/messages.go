@@ -39,9 +39,11 @@ import (
 //
 // What still happens before the charge: connect reads the message into
 // memory, bounded by the handler's maximum read size
-// (connect.WithReadMaxBytes; unlimited by default), and decompresses it.
-// Set that to the per-call budget: a larger message can never be granted,
-// and connect then refuses it with resource_exhausted itself.
+// (connect.WithReadMaxBytes; unlimited by default), into a buffer that
+// doubles as it grows, and decompresses it; those buffers are part of the
+// server's peak (docs/budgets.md). Set that maximum to the per-call budget:
+// a larger message can never be granted, and connect then refuses it with
+// resource_exhausted itself.
 //
 // The codecs unmarshal with cfg.Codecs (by default protobuf binary and
 // JSON, as connect's own defaults). It returns an error matching
