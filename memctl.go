@@ -130,10 +130,9 @@ type Controller struct {
 // left off), a malformed cgroup file, a prctl refused. A part unsupported here
 // (off Linux, an older kernel) is logged and is not an error.
 //
-// The controller serves the package-level AfterBurst and Begin. A second Start
-// while an earlier controller is live is a wiring mistake, logged with where
-// the earlier one was started: the newest controller serves them until its
-// Close, which hands them back to the latest earlier one still live.
+// The controller serves the package-level AfterBurst and Begin; a second Start
+// while it is live is a wiring mistake (see the package doc), logged with where
+// the earlier one was started.
 func Start(opts ...Option) (*Controller, error) {
 	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
 	c, l := s.c, s.cfg.logger
