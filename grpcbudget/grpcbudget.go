@@ -60,10 +60,8 @@
 // as the middleware's Retry-After, which is sent only where a retry can
 // succeed. A pushback a streaming handler set itself (ServerStream.SetTrailer) stands
 // and the interceptor adds none: grpc-go retries nothing on a trailer with
-// two values. A unary handler's grpc.SetTrailer cannot be seen without
-// replacing the call's transport stream, which grpc.SetSendCompressor and
-// grpc.ClientSupportedCompressors need as it is: a unary handler that
-// returns a budget error must leave the pushback to the interceptor.
+// two values. A unary handler that returns a budget error must leave the
+// pushback to the interceptor, which cannot see its grpc.SetTrailer.
 //
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
