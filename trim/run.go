@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/logattr"
-	"github.com/memctl/memctl/trim/cheap"
 )
 
 // result is what a trim decided and, when it ran, what it did.
@@ -249,7 +248,7 @@ func (t *Trimmer) record(o origin, early bool, r *result) {
 		slog.Bool("c_step", r.runC),
 		logattr.Bytes("go_estimate_bytes", r.goEst), t.cEstimateAttr(r.cEst),
 		logattr.Bytes("need_bytes", r.need), slog.Duration("cost_estimate", r.cost))
-	if r.cErr != nil && !errors.Is(r.cErr, cheap.ErrUnavailable) {
+	if r.cErr != nil && !errors.Is(r.cErr, errCHeapUnavailable) {
 		t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 			slog.String("allocator", st.CHeapAllocator), slog.Any("error", r.cErr))
 	}
