@@ -30,7 +30,7 @@ import (
 // error.
 func childWiring() {
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)))
-	opts := []Option{WithTrimDelay(10 * time.Millisecond), WithTrim(trim.Config{MinRelease: trim.NeverSkip})}
+	opts := []Option{WithTrimDelay(10 * time.Millisecond), WithTrim(trim.Config{MinRelease: -1})}
 	waitTrim := func(c *Controller) int64 {
 		for deadline := time.Now().Add(20 * time.Second); c.Stats().Trim.Trims == 0 && time.Now().Before(deadline); {
 			time.Sleep(5 * time.Millisecond)

@@ -9,10 +9,7 @@
 // main instead:
 //
 //	func main() {
-//		// Start logs what it decided (one short INFO line, the details at
-//		// DEBUG) and each part it skipped (WARN); its error joins those,
-//		// for tests and strict callers.
-//		ctl, _ := memctl.Start()
+//		ctl, _ := memctl.Start() // logs what it decided; see Start for the error
 //		defer ctl.Close()
 //		...
 //		// after a burst of work (a big query, an import, a cache rebuild):
@@ -32,12 +29,6 @@
 //     CPU (package trim, WithTrim, WithAutoBurst, docs/bursts.md);
 //   - watches for a GC death spiral and for the kernel's memory pressure, and
 //     acts on them (package pressure, WithPressure).
-//
-// Why: a Go process that served a 1 GiB burst keeps about 1 GiB of RSS for
-// minutes, because freed pages go back to the OS only through the background
-// scavenger; THP can back sparse heap regions with whole 2 MiB pages; and
-// without GOMEMLIMIT the garbage collector does not know the container's limit.
-// examples/burst shows the first effect on this machine.
 //
 // Controller.Report says what Start decided and Controller.Stats what it did
 // since; Handler serves both at a /debug/memctl, `memctl status -pid PID` reads

@@ -62,14 +62,14 @@ func ExampleStart() {
 }
 
 // AfterBurst where a burst of work ends: the trim runs once, the trim delay
-// after the last call. The short delay and trim.NeverSkip (trim even when
-// little would be released) make the example quick and certain; the burst
+// after the last call. The short delay and a negative MinRelease (trim even
+// when little would be released) make the example quick and certain; the burst
 // detector, which would see this 64 MiB burst at GC end and trim it on its
 // own too, is off so that the count is exact.
 func ExampleAfterBurst() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}),
+		memctl.WithTrim(trim.Config{MinRelease: -1}),
 		memctl.WithAutoBurst(trim.AutoBurstConfig{Off: true}))
 	defer ctl.Close()
 
@@ -88,7 +88,7 @@ func ExampleAfterBurst() {
 func ExampleBegin() {
 	ctl, _ := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
 		memctl.WithTrimDelay(10*time.Millisecond),
-		memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
+		memctl.WithTrim(trim.Config{MinRelease: -1}))
 	defer ctl.Close()
 
 	end := memctl.Begin()

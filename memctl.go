@@ -130,10 +130,9 @@ type Controller struct {
 // left off), a malformed cgroup file, a prctl refused. A part unsupported here
 // (off Linux, an older kernel) is logged and is not an error.
 //
-// The controller serves the package-level AfterBurst and Begin. A second Start
-// while an earlier controller is live is a wiring mistake, logged with where
-// the earlier one was started: the newest controller serves them until its
-// Close, which hands them back to the latest earlier one still live.
+// The controller serves the package-level AfterBurst and Begin; a second Start
+// while it is live is a wiring mistake (see the package doc), logged with where
+// the earlier one was started.
 func Start(opts ...Option) (*Controller, error) {
 	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
 	c, l := s.c, s.cfg.logger
@@ -169,7 +168,7 @@ type startup struct {
 // newConfig returns the defaults with opts applied in order; a nil logger
 // (WithLogger(nil)) becomes one that discards.
 func newConfig(opts []Option) config {
-	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: trim.DefaultDelay, arenaMax: defaultArenaMax}
+	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: trimwire.DefaultDelay, arenaMax: defaultArenaMax}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -290,9 +289,8 @@ func (s *startup) startLimiter() {
 
 // trimDelay returns the trim delay asked for, 0 for no trimming:
 // MEMCTL_TRIM_DELAY when set, else WithTrimDelay or WithTrim
-// (trim.DefaultDelay by default). A value outside trim.MinDelay to
-// trim.MaxDelay, or an invalid MEMCTL_TRIM_DELAY, is reported to fail and
-// gives 0.
+// (2 s by default). A value outside 1 ms to 24 h, or an invalid
+// MEMCTL_TRIM_DELAY, is reported to fail and gives 0.
 func (s *startup) trimDelay() time.Duration {
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
 		d, err := parseDelay(v)
@@ -301,8 +299,8 @@ func (s *startup) trimDelay() time.Duration {
 		}
 		return d
 	}
-	if d := s.cfg.trimDelay; d != 0 && (d < trim.MinDelay || d > trim.MaxDelay) {
-		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trim.MinDelay, trim.MaxDelay))
+	if d := s.cfg.trimDelay; d != 0 && (d < trimwire.MinDelay || d > trimwire.MaxDelay) {
+		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trimwire.MinDelay, trimwire.MaxDelay))
 		return 0
 	}
 	return s.cfg.trimDelay

@@ -62,9 +62,9 @@ func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp, c.thpSet = p
 func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c.memLimit = cfg } }
 
 // WithTrimDelay sets how long after the last AfterBurst the trim runs: 0 turns
-// trimming off; otherwise from trim.MinDelay (1 ms) to trim.MaxDelay (24 h).
-// Any other value is invalid: trimming is off, and Start logs it at WARN and
-// returns it in its error. Default: trim.DefaultDelay (2 s). Environment:
+// trimming off; otherwise from 1 ms to 24 h. Any other value is invalid:
+// trimming is off, and Start logs it at WARN and returns it in its error.
+// Default: 2 s. Environment:
 // MEMCTL_TRIM_DELAY, which wins; between this option and a non-zero Delay of
 // WithTrim, the last one given wins.
 func WithTrimDelay(d time.Duration) Option {

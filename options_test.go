@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
 )
@@ -29,7 +30,7 @@ func TestOptionsInvalidValues(t *testing.T) {
 		{WithTrimDelay(time.Microsecond), "WithTrimDelay(1µs)"},
 		{WithTrimDelay(0), ""},
 		{WithTrim(trim.Config{Delay: -time.Second}), "WithTrim(trim.Config{Delay: -1s})"},
-		{WithTrim(trim.Config{Delay: trim.MaxDelay + 1}), "WithTrim(trim.Config{Delay: 24h0m0.000000001s})"},
+		{WithTrim(trim.Config{Delay: trimwire.MaxDelay + 1}), "WithTrim(trim.Config{Delay: 24h0m0.000000001s})"},
 		{WithTrim(trim.Config{MaxWait: -time.Second}), "trim: Config.MaxWait -1s"},
 		{WithArenaMax(-1), "WithArenaMax(-1)"},
 	} {
@@ -47,7 +48,7 @@ func TestOptionsInvalidValues(t *testing.T) {
 			assert.Nil(t, ctl.trimmer)
 		} else {
 			assert.Zero(t, ctl.Report().ArenaMax)
-			assert.Equal(t, trim.DefaultDelay, ctl.Report().TrimDelay, "an arena error leaves trimming on")
+			assert.Equal(t, trimwire.DefaultDelay, ctl.Report().TrimDelay, "an arena error leaves trimming on")
 		}
 	}
 }
@@ -70,11 +71,11 @@ func TestWithTrimDelayOrder(t *testing.T) {
 		opts []Option
 		want time.Duration
 	}{
-		{"none", nil, trim.DefaultDelay},
+		{"none", nil, trimwire.DefaultDelay},
 		{"WithTrimDelay last", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(5 * time.Second)}, 5 * time.Second},
 		{"WithTrim last", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{Delay: 3 * time.Second})}, 3 * time.Second},
 		{"zero Delay leaves it", []Option{WithTrimDelay(5 * time.Second), WithTrim(trim.Config{MaxWait: time.Minute})}, 5 * time.Second},
-		{"zero Delay, default", []Option{WithTrim(trim.Config{MaxWait: time.Minute})}, trim.DefaultDelay},
+		{"zero Delay, default", []Option{WithTrim(trim.Config{MaxWait: time.Minute})}, trimwire.DefaultDelay},
 		{"WithTrimDelay(0) after WithTrim is off", []Option{WithTrim(trim.Config{Delay: 3 * time.Second}), WithTrimDelay(0)}, 0},
 	} {
 		ctl, err := Start(append([]Option{quiet}, tc.opts...)...)

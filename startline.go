@@ -14,9 +14,9 @@ import (
 
 	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/internal/logattr"
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
-	"github.com/memctl/memctl/trim"
 )
 
 // logStarted writes the startup line: one INFO line a person reads at a
@@ -171,13 +171,13 @@ func delayOrOff(d time.Duration) string {
 
 // parseDelay parses MEMCTL_TRIM_DELAY with the one grammar
 // (internal/envflag): an off word or "0" for no trimming, an on word for
-// trim.DefaultDelay, or a duration from trim.MinDelay to trim.MaxDelay. A
+// trimwire.DefaultDelay, or a duration from trimwire.MinDelay to MaxDelay. A
 // bad value gives 0 (trimming off) and an *envflag.Error.
 func parseDelay(v string) (time.Duration, error) {
-	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trim.DefaultDelay, trim.MinDelay)
-	if err != nil || d > trim.MaxDelay {
+	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
+	if err != nil || d > trimwire.MaxDelay {
 		return 0, &envflag.Error{Name: "MEMCTL_TRIM_DELAY", Value: v,
-			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trim.MinDelay, trim.MaxDelay)}
+			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trimwire.MinDelay, trimwire.MaxDelay)}
 	}
 	return d, nil
 }

@@ -55,7 +55,7 @@ func TestStartupLineShortInCgroup(t *testing.T) {
 }
 
 // Issue 13 input 8: MEMCTL_TRIM_DELAY=2562047h gave a negative max wait (no
-// bound). Delays past trim.MaxDelay, and every other out-of-range value of
+// bound). Delays past trimwire.MaxDelay, and every other out-of-range value of
 // the same kind, are a clear error that names the variable.
 func TestTrimDelayOverflow(t *testing.T) {
 	for _, v := range []string{"2562047h", "2562047h47m16.854775807s", "25h", "24h0m0.000000001s", "9223372036854775807ns", "99999999999h", "-1s"} {

@@ -15,6 +15,7 @@ import (
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
 	"github.com/memctl/memctl/internal/history"
+	"github.com/memctl/memctl/internal/poolwire"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/trim"
@@ -111,7 +112,8 @@ func (c *Controller) record() *state.Record {
 		r.AutoBurst = state.AutoBurst{Bursts: a.Bursts, Drops: a.Drops, Marks: a.Marks, Settled: a.Settled,
 			FloorBytes: max(a.Floor, 0), GCEnds: a.GCEnds}
 	}
-	for _, p := range limits.Pools() {
+	for _, v := range poolwire.Pools() {
+		p := v.(*limits.Pool)
 		if len(r.Pools) == state.MaxPools {
 			r.PoolsOmitted++
 			continue
@@ -248,7 +250,8 @@ func (c *Controller) stopRecord() {
 func (c *Controller) fingerprint() (decisions, counters uint64) {
 	d, n := uint64(debug.SetMemoryLimit(-1)), uint64(0)
 	mix := func(h *uint64, v int64) { *h = *h*1000003 ^ uint64(v) }
-	for _, p := range limits.Pools() {
+	for _, v := range poolwire.Pools() {
+		p := v.(*limits.Pool)
 		s := p.Stats()
 		mix(&d, s.Limit)
 		mix(&d, int64(len(s.Name)))

@@ -27,7 +27,7 @@ import (
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/procfs"
-	"github.com/memctl/memctl/trim"
+	"github.com/memctl/memctl/internal/trimwire"
 )
 
 func TestMain(m *testing.M) {
@@ -145,7 +145,7 @@ func sayDrop() time.Time {
 // what the tests assert is what the due trim released, not how soon a
 // loaded machine got to run it.
 func waitDueTrim(since time.Time) (pending bool) {
-	deadline := since.Add((10 + 1) * trim.DefaultDelay) // the default max wait is 10 delays
+	deadline := since.Add((10 + 1) * trimwire.DefaultDelay) // the default max wait is 10 delays
 	for memctl.CurrentStats().Trim.Pending {
 		if time.Now().After(deadline) {
 			return true
@@ -243,7 +243,7 @@ func skipIfTrimMayPrecedeDrop(t *testing.T, r map[string]string, what string) {
 		t.Skipf("%d trim(s) had been decided before the %s was dropped (%s after its last GC cycle; RSS %d MiB after): the machine did not give the scenario of a %s dropped before its trim",
 			n, what, r["DROP_AFTER_LAST_GC"], num(t, r, "AFTER")>>20, what)
 	}
-	delay := trim.DefaultDelay
+	delay := trimwire.DefaultDelay
 	if num(t, r, "EARLY_STARTS") > 0 {
 		delay /= 2
 	}

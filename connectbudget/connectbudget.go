@@ -21,22 +21,12 @@
 // interceptor runs, so a large message costs its wire bytes and its
 // decoded form before an interceptor could refuse it. HandlerOptions
 // charges each request message's size to the call's account before it is
-// unmarshaled, through connect's own extension point: a codec per
-// procedure (connect.WithCodec) that charges, and unmarshals only when the
-// budget grants it. A refused message gets resource_exhausted and is
-// never unmarshaled; the handler does not run.
-//
-// What still happens before the charge: connect reads the whole message
-// into memory, at most the handler's maximum read size
-// (connect.WithReadMaxBytes; unlimited by default), into a buffer that
-// doubles as it grows, and decompresses it. Set that maximum to the
-// per-call budget: a larger message can never be granted, and connect
-// refuses it with resource_exhausted as it reads past it. Those buffers
-// are part of the server's peak, which the charge does not lower
-// (measured figures: docs/budgets.md).
-//
-// NewInterceptor's interceptor alone (connect.WithInterceptors) gives each
-// call its account once the request is unmarshaled.
+// unmarshaled: a refused message gets resource_exhausted and is never
+// unmarshaled, and the handler does not run. The message is still read
+// (and decompressed) first, up to connect.WithReadMaxBytes: set it to the
+// per-call budget. NewInterceptor's interceptor alone
+// (connect.WithInterceptors) opens each call's account once the request is
+// unmarshaled.
 //
 // # What the client sees
 //
@@ -98,8 +88,7 @@ import (
 const PushbackKey = "grpc-retry-pushback-ms"
 
 // NoRetryPushback is the pushback sent when a retry cannot succeed: gRFC
-// A6 says a gRPC client must not retry on a negative pushback, and grpc-go
-// does not.
+// A6 says a gRPC client must not retry on a negative pushback.
 const NoRetryPushback = "-1"
 
 // Config configures NewInterceptor. Limit must be set; the other fields'
@@ -130,31 +119,38 @@ type Config struct {
 	Codecs []connect.Codec
 }
 
-// Interceptor is the connect.Interceptor NewInterceptor returns. It is safe
-// for concurrent use.
-type Interceptor struct {
+// interceptor is the connect.Interceptor of NewInterceptor and HandlerOptions.
+type interceptor struct {
 	pool *limits.Pool
 	cfg  Config
 	messages
 }
 
-var _ connect.Interceptor = (*Interceptor)(nil)
+var _ connect.Interceptor = (*interceptor)(nil)
 
-// NewInterceptor returns an interceptor that runs each unary and streaming
-// handler call under an account of its own from pool
+// NewInterceptor returns an interceptor, safe for concurrent use, that runs
+// each unary and streaming handler call under an account of its own from pool
 // (limits.Pool.StartWork), with cfg.Limit bytes, and maps budget errors as
 // the package doc says. Pass it to a handler with connect.WithInterceptors.
-// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that
-// is 0 or negative.
-func NewInterceptor(pool *limits.Pool, cfg Config) (*Interceptor, error) {
+// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that is
+// 0 or negative.
+func NewInterceptor(pool *limits.Pool, cfg Config) (connect.Interceptor, error) {
+	i, err := newInterceptor(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return i, nil
+}
+
+func newInterceptor(pool *limits.Pool, cfg Config) (*interceptor, error) {
 	if cfg.Limit <= 0 {
 		return nil, fmt.Errorf("connectbudget: %w: Config.Limit %d: pass a limit in bytes, or limits.Unlimited for calls limited by the pool alone", limits.ErrInvalidSize, cfg.Limit)
 	}
-	return &Interceptor{pool: pool, cfg: cfg}, nil
+	return &interceptor{pool: pool, cfg: cfg}, nil
 }
 
 // work returns the WorkConfig of a call of procedure.
-func (i *Interceptor) work(procedure string) limits.WorkConfig {
+func (i *interceptor) work(procedure string) limits.WorkConfig {
 	w := limits.WorkConfig{Limit: i.cfg.Limit, BurstThreshold: i.cfg.BurstThreshold, AfterBurst: i.cfg.AfterBurst}
 	if i.cfg.Name != nil {
 		w.Name = i.cfg.Name(procedure)
@@ -162,7 +158,7 @@ func (i *Interceptor) work(procedure string) limits.WorkConfig {
 	return w
 }
 
-func (i *Interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
+func (i *interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
 	ctx, work, err := i.pool.StartWork(ctx, i.work(procedure))
 	if err != nil {
 		if e := Error(err); e != nil {
@@ -174,7 +170,7 @@ func (i *Interceptor) start(ctx context.Context, procedure string) (context.Cont
 }
 
 // WrapUnary budgets a unary handler call; a client call passes through.
-func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
 			return next(ctx, req)
@@ -212,7 +208,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 
 // unaryCharged runs a unary call whose message the codec charged, or
 // refused, under the work it opened (HandlerOptions).
-func (i *Interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, next connect.UnaryFunc, p *parked) (connect.AnyResponse, error) {
+func (i *interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, next connect.UnaryFunc, p *parked) (connect.AnyResponse, error) {
 	if p.err != nil {
 		return nil, Error(p.w.Finish(p.err)) // refused before it was unmarshaled
 	}
@@ -244,13 +240,13 @@ func (i *Interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, 
 }
 
 // WrapStreamingClient returns next: client streams are not budgeted.
-func (i *Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+func (i *interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
 // WrapStreamingHandler budgets a streaming handler call: the context passed
 // to the handler carries the call's account.
-func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		wctx, w, err := i.start(ctx, conn.Spec().Procedure)
 		if err != nil {

@@ -39,15 +39,17 @@ import (
 //
 // What still happens before the charge: connect reads the message into
 // memory, bounded by the handler's maximum read size
-// (connect.WithReadMaxBytes; unlimited by default), and decompresses it.
-// Set that to the per-call budget: a larger message can never be granted,
-// and connect then refuses it with resource_exhausted itself.
+// (connect.WithReadMaxBytes; unlimited by default), into a buffer that
+// doubles as it grows, and decompresses it; those buffers are part of the
+// server's peak (docs/budgets.md). Set that maximum to the per-call budget:
+// a larger message can never be granted, and connect then refuses it with
+// resource_exhausted itself.
 //
 // The codecs unmarshal with cfg.Codecs (by default protobuf binary and
 // JSON, as connect's own defaults). It returns an error matching
 // limits.ErrInvalidSize for a cfg.Limit that is 0 or negative.
 func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error) {
-	i, err := NewInterceptor(pool, cfg)
+	i, err := newInterceptor(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +70,7 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 	), nil
 }
 
-// messages is the state HandlerOptions adds to an Interceptor.
+// messages is the state HandlerOptions adds to an interceptor.
 type messages struct {
 	charges atomic.Bool // HandlerOptions installed the codecs
 	// parked holds the unary calls whose message a codec charged (or
@@ -109,7 +111,7 @@ func key(msg any) (k weak.Pointer[byte], ptr *byte, ok bool) {
 
 // park records the unary call p of msg for the interceptor; if the
 // interceptor never takes it, the call ends when msg is collected.
-func (i *Interceptor) park(msg any, p *parked) bool {
+func (i *interceptor) park(msg any, p *parked) bool {
 	k, ptr, ok := key(msg)
 	if !ok {
 		return false
@@ -126,7 +128,7 @@ func (i *Interceptor) park(msg any, p *parked) bool {
 
 // orphan ends the parked call of a message collected before the
 // interceptor took it.
-func (i *Interceptor) orphan(k weak.Pointer[byte]) {
+func (i *interceptor) orphan(k weak.Pointer[byte]) {
 	i.mu.Lock()
 	p := i.parked[k]
 	delete(i.parked, k)
@@ -137,7 +139,7 @@ func (i *Interceptor) orphan(k weak.Pointer[byte]) {
 }
 
 // take returns the parked call of msg, or nil.
-func (i *Interceptor) take(msg any) *parked {
+func (i *interceptor) take(msg any) *parked {
 	k, _, ok := key(msg)
 	if !ok {
 		return nil
@@ -156,7 +158,7 @@ func (i *Interceptor) take(msg any) *parked {
 // message's size before base unmarshals it.
 type codec struct {
 	base connect.Codec
-	i    *Interceptor
+	i    *interceptor
 	spec connect.Spec
 }
 
@@ -212,7 +214,7 @@ func (c *codec) Unmarshal(data []byte, msg any) error {
 // previous message's charge.
 type budgetConn struct {
 	connect.StreamingHandlerConn
-	i    *Interceptor
+	i    *interceptor
 	a    *limits.Account
 	held int64 // the last message's charge
 	err  error // the message being received was refused

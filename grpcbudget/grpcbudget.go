@@ -23,26 +23,12 @@
 // In grpc-go a request is received and unmarshaled before any interceptor
 // runs, so a large message costs its wire bytes and its decoded form
 // before an interceptor could refuse it. ServerOptions charges each
-// message's size to the call's account before it is unmarshaled, through
-// grpc-go's own extension points: a codec (grpc.ForceServerCodecV2) that
-// keeps the wire bytes, and a stats handler that opens the call's account
-// when the call begins and, within the same receive, charges the
-// message's size and unmarshals it only when the budget grants it. A
-// refused message gets code 8 and is never unmarshaled; the handler does
-// not run (a streaming handler's RecvMsg returns the budget error). The
-// server's peak still includes the wire bytes, read first (measured
-// figures: docs/budgets.md).
-//
-// What still happens before the charge: grpc-go reads the wire bytes into
-// memory, at most the server's maximum receive size per message
-// (grpc.MaxRecvMsgSize; 4 MiB by default) and decompresses them. Set it to
-// the per-call budget: a larger message can never be granted, and grpc-go
-// refuses it (code 8) from its 5-byte header, before reading it. Up to that
-// much per call in flight is in memory before any budget sees it.
-//
-// UnaryServerInterceptor and StreamServerInterceptor alone give each call
-// its account once the request is unmarshaled (what ServerOptions installs
-// beside its codec and stats handler).
+// message's size to the call's account before it is unmarshaled: a
+// refused message gets code 8 and is never unmarshaled, and the handler
+// does not run. The wire bytes are still read first, up to
+// grpc.MaxRecvMsgSize per message: set it to the per-call budget.
+// UnaryServerInterceptor and StreamServerInterceptor alone open each call's
+// account once the request is unmarshaled.
 //
 // # What the client sees
 //
@@ -72,14 +58,10 @@
 // budget, or asked for more than the whole pool) the trailer is -1
 // (NoRetryPushback), which gRFC A6 defines as "do not retry": the same rule
 // as the middleware's Retry-After, which is sent only where a retry can
-// succeed. A grpc-go client whose retry policy lists RESOURCE_EXHAUSTED
-// waits the pushback before its retry, and does not retry on -1. A
-// pushback a streaming handler set itself (ServerStream.SetTrailer) stands
+// succeed. A pushback a streaming handler set itself (ServerStream.SetTrailer) stands
 // and the interceptor adds none: grpc-go retries nothing on a trailer with
-// two values. A unary handler's grpc.SetTrailer cannot be seen without
-// replacing the call's transport stream, which grpc.SetSendCompressor and
-// grpc.ClientSupportedCompressors need as it is: a unary handler that
-// returns a budget error must leave the pushback to the interceptor.
+// two values. A unary handler that returns a budget error must leave the
+// pushback to the interceptor, which cannot see its grpc.SetTrailer.
 //
 // A call whose account's peak, or a refused Grow, reached the burst
 // threshold ends a burst (Config.AfterBurst) after the handler returns, as
@@ -116,8 +98,7 @@ import (
 const PushbackKey = "grpc-retry-pushback-ms"
 
 // NoRetryPushback is the pushback sent when a retry cannot succeed: gRFC
-// A6 says a client must not retry on a negative pushback, and grpc-go does
-// not (it counts the call as a failure for its retry throttling).
+// A6 says a client must not retry on a negative pushback.
 const NoRetryPushback = "-1"
 
 // Config configures the interceptors. Limit must be set; the other fields'

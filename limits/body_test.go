@@ -69,7 +69,7 @@ func decode429(t *testing.T, w *httptest.ResponseRecorder) errorBody {
 	assert.Equal(t, "application/json", w.Header().Get("Content-Type"))
 	var eb errorBody
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &eb), w.Body.String())
-	assert.Equal(t, CodeResourceExhausted, eb.Code)
+	assert.Equal(t, codeResourceExhausted, eb.Code)
 	return eb
 }
 

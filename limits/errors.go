@@ -7,16 +7,14 @@ import (
 	"time"
 )
 
-// CodeResourceExhausted is the status code name of a budget error: gRPC's code
-// 8 RESOURCE_EXHAUSTED, HTTP 429 in Connect and Twirp
-// (ExhaustedError.HTTPStatus).
-const CodeResourceExhausted = "resource_exhausted"
+// codeResourceExhausted is the status code name of a budget error.
+const codeResourceExhausted = "resource_exhausted"
 
 // ErrResourceExhausted is matched (errors.Is) by every *ExhaustedError: a Grow
 // refused by an account, its pool, or the Go heap (see
 // PoolConfig.HeapPressure). It is also the cause (context.Cause) of a context
 // the heap watch canceled.
-var ErrResourceExhausted = errors.New("limits: " + CodeResourceExhausted)
+var ErrResourceExhausted = errors.New("limits: " + codeResourceExhausted)
 
 // ErrInvalidSize is matched (errors.Is) by the error of a Grow, Resize or Open
 // given a negative size or a limit ≤ 0, of a negative PoolConfig.Limit, and of
@@ -56,7 +54,7 @@ type ExhaustedError struct {
 // "limits: resource_exhausted in pool/req-17: requested 1048576 bytes, 66060288 in use, limit 67108864".
 func (e *ExhaustedError) Error() string {
 	b := make([]byte, 0, 128)
-	b = append(b, "limits: "+CodeResourceExhausted+" in "...)
+	b = append(b, "limits: "+codeResourceExhausted+" in "...)
 	b = append(b, e.Scope...)
 	b = append(b, ": requested "...)
 	b = strconv.AppendInt(b, e.Requested, 10)
@@ -70,8 +68,9 @@ func (e *ExhaustedError) Error() string {
 // Is reports whether target is ErrResourceExhausted.
 func (e *ExhaustedError) Is(target error) bool { return target == ErrResourceExhausted }
 
-// Code returns CodeResourceExhausted, "resource_exhausted".
-func (e *ExhaustedError) Code() string { return CodeResourceExhausted }
+// Code returns "resource_exhausted", the code name of a budget error: gRPC's
+// code 8 RESOURCE_EXHAUSTED, HTTP 429 in Connect and Twirp (HTTPStatus).
+func (e *ExhaustedError) Code() string { return codeResourceExhausted }
 
 // HTTPStatus returns 429, http.StatusTooManyRequests.
 func (e *ExhaustedError) HTTPStatus() int { return http.StatusTooManyRequests }

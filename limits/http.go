@@ -264,7 +264,7 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	if err == nil || !errors.Is(err, ErrResourceExhausted) {
 		return false
 	}
-	body, _ := json.Marshal(errorBody{Code: CodeResourceExhausted, Message: err.Error()})
+	body, _ := json.Marshal(errorBody{Code: codeResourceExhausted, Message: err.Error()})
 	h := w.Header()
 	// The headers of the answer the handler meant to send describe other
 	// content: its length, its framing (a stale Transfer-Encoding breaks the

@@ -485,7 +485,7 @@ func TestWriteErrorStaleHeaders(t *testing.T) {
 					assert.NotEqual(t, "100000", resp.Header.Get("Content-Length"), what)
 					var eb errorBody
 					require.NoError(t, json.Unmarshal(body, &eb), what)
-					assert.Equal(t, CodeResourceExhausted, eb.Code, what)
+					assert.Equal(t, codeResourceExhausted, eb.Code, what)
 				}
 			}
 		}

@@ -6,25 +6,25 @@ import (
 	"sync/atomic"
 )
 
-// The buckets of PoolStats.Peaks: bucket i < PeakBuckets holds the peaks in
-// (PeakBucketBound(i-1), PeakBucketBound(i)] bytes, powers of two from 64 KiB
-// to 64 GiB, so that a budget at a bound refuses exactly the peaks above it;
-// bucket PeakBuckets holds the peaks above 64 GiB.
+// The buckets of PoolStats.Peaks (see PeakBucketBound).
 const (
-	// PeakBuckets is the number of bounded buckets.
-	PeakBuckets = 21
+	// peakBuckets is the number of bounded buckets, 21.
+	peakBuckets = len(PeakHistogram{}.Counts) - 1
 	// peakBucketMin is the first bound, in bytes (64 KiB): bucket 0 holds
 	// every peak up to it, requests that never grew included.
 	peakBucketMin = 64 << 10
 )
 
 // PeakBucketBound returns the upper bound, in bytes, of bucket i: 64 KiB << i
-// for i in [0, PeakBuckets), math.MaxInt64 above, 0 for a negative i.
+// for i from 0 to 20, math.MaxInt64 above, 0 for a negative i. Bucket i of
+// PeakHistogram.Counts holds the peaks in (PeakBucketBound(i-1),
+// PeakBucketBound(i)] bytes, so that a budget at a bound refuses exactly the
+// peaks above it.
 func PeakBucketBound(i int) int64 {
 	switch {
 	case i < 0:
 		return 0
-	case i >= PeakBuckets:
+	case i >= peakBuckets:
 		return math.MaxInt64
 	}
 	return peakBucketMin << i
@@ -37,12 +37,12 @@ func PeakBucketBound(i int) int64 {
 // snapshot; the zero value is empty.
 type PeakHistogram struct {
 	// Counts[i] counts the peaks in bucket i (see PeakBucketBound); it is
-	// not cumulative. Counts[PeakBuckets] counts the peaks above 64 GiB.
-	Counts [PeakBuckets + 1]int64
+	// not cumulative. Counts[21] counts the peaks above 64 GiB.
+	Counts [22]int64
 	// Count is the number of peaks recorded: the sum of Counts.
 	Count int64
 	// Sum is the sum of the peaks up to the last bound (64 GiB), in bytes;
-	// peaks above it count in Counts[PeakBuckets] only. It saturates at
+	// peaks above it count in Counts[21] only. It saturates at
 	// math.MaxInt64.
 	Sum int64
 }
@@ -52,7 +52,7 @@ type PeakHistogram struct {
 // is a bucket bound; otherwise a lower bound.
 func (h *PeakHistogram) Above(limit int64) int64 {
 	var n int64
-	for i := PeakBuckets; i >= 0 && PeakBucketBound(i-1) >= limit; i-- {
+	for i := peakBuckets; i >= 0 && PeakBucketBound(i-1) >= limit; i-- {
 		n += h.Counts[i]
 	}
 	return n
@@ -77,7 +77,7 @@ func (h *PeakHistogram) Quantile(q float64) int64 {
 
 // peakHistogram is the pool's live histogram: atomic counters, no lock.
 type peakHistogram struct {
-	counts [PeakBuckets + 1]atomic.Int64
+	counts [peakBuckets + 1]atomic.Int64
 	sum    atomic.Int64
 }
 
@@ -88,14 +88,14 @@ func peakBucket(v int64) int {
 	}
 	// The smallest i with v ≤ peakBucketMin<<i: the bit length of
 	// (v-1)>>16, 16 being log2 of peakBucketMin.
-	return min(bits.Len64(uint64(v-1)>>16), PeakBuckets)
+	return min(bits.Len64(uint64(v-1)>>16), peakBuckets)
 }
 
 // record adds one peak of v bytes (v ≥ 0).
 func (h *peakHistogram) record(v int64) {
 	b := peakBucket(v)
 	h.counts[b].Add(1)
-	if b == PeakBuckets {
+	if b == peakBuckets {
 		return
 	}
 	for {

@@ -25,13 +25,13 @@ func TestPeakBucket(t *testing.T) {
 		{mib, 4}, {32 * mib, 9}, {32*mib + 1, 10}, {64 << 30, 20}, {64<<30 + 1, 21}, {math.MaxInt64, 21},
 	} {
 		assert.Equal(t, tc.want, peakBucket(tc.v), "%d", tc.v)
-		if tc.want < PeakBuckets {
+		if tc.want < peakBuckets {
 			assert.LessOrEqual(t, tc.v, PeakBucketBound(tc.want))
 		}
 		assert.Greater(t, tc.v, PeakBucketBound(tc.want-1)-boolInt(tc.want == 0))
 	}
-	assert.Equal(t, int64(64<<30), PeakBucketBound(PeakBuckets-1))
-	assert.Equal(t, int64(math.MaxInt64), PeakBucketBound(PeakBuckets))
+	assert.Equal(t, int64(64<<30), PeakBucketBound(peakBuckets-1))
+	assert.Equal(t, int64(math.MaxInt64), PeakBucketBound(peakBuckets))
 	assert.Equal(t, int64(0), PeakBucketBound(-1))
 }
 

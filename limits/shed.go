@@ -6,6 +6,7 @@ import (
 	"sync"
 	"weak"
 
+	"github.com/memctl/memctl/internal/poolwire"
 	"github.com/memctl/memctl/internal/relief"
 )
 
@@ -160,10 +161,10 @@ func (a *Account) shedCap(want, need, held int64) int64 {
 	return want
 }
 
-// Pools returns the open pools (made by NewPool, not closed nor dropped),
-// oldest first. Safe for concurrent use.
-func Pools() []*Pool {
-	var ps []*Pool
-	eachPool(func(p *Pool) { ps = append(ps, p) })
-	return ps
+func init() {
+	poolwire.Pools = func() []any {
+		var ps []any
+		eachPool(func(p *Pool) { ps = append(ps, p) })
+		return ps
+	}
 }

@@ -19,8 +19,7 @@
 // The collector reads Controller.Stats, Controller.Report and
 // limits.Pool.Stats at each scrape; it keeps no state of its own, starts no
 // goroutine, and is safe for concurrent use. A scrape costs what those calls
-// cost (about a microsecond for the C heap statistics, see
-// memctl.Stats.CHeap).
+// cost (see memctl.Stats.CHeap).
 //
 // # Metrics
 //
@@ -96,10 +95,5 @@
 // code), so that an allocator a library carries beside the one that owns
 // malloc is seen, and one present but not trimmed shows trimmed="false".
 //
-// The metrics are the entries of one table in the memctl module
-// (internal/metrictable), which package
-// github.com/memctl/memctl/otelmetrics walks too: each entry names the
-// metric in both conventions, so that the two export the same figures, and
-// adding a metric is one entry there. A test checks the list above against
-// the table.
+// Package github.com/memctl/memctl/otelmetrics exports the same figures.
 package metrics

@@ -33,7 +33,7 @@ func TestCAllocatorObjectNotUTF8(t *testing.T) {
 		found = found || h.Library == so
 	}
 	require.True(t, found, "the hidden copy at %q is in Stats.CHeaps", so)
-	c, err := NewCollector(ctl)
+	c, err := newCollector(ctl)
 	require.NoError(t, err)
 	mfs := gather(t, c)
 	want := strings.ToValidUTF8(so, "\uFFFD")
@@ -62,7 +62,7 @@ func TestCAllocatorSamePathTwoNamespaces(t *testing.T) {
 	}
 	require.Len(t, nss, 2, "both copies are listed")
 	require.NotEqual(t, nss[0], nss[1])
-	c, err := NewCollector(ctl)
+	c, err := newCollector(ctl)
 	require.NoError(t, err)
 	mfs := gather(t, c) // fails on two series with the same labels
 	assert.Equal(t, 1.0, value(t, mfs, "memctl_c_allocator_info", "allocator", "jemalloc", "object", so, "trimmed", "false"))

@@ -20,9 +20,8 @@ type Pool struct {
 	Pool *limits.Pool
 }
 
-// Collector is a prometheus.Collector for one memctl controller and any
-// number of budget pools. It is safe for concurrent use.
-type Collector struct {
+// collector is the prometheus.Collector Register registers.
+type collector struct {
 	ctl   *memctl.Controller
 	pools []Pool
 	// descs are the descriptions of metrictable.Metrics, by index; nil for
@@ -30,13 +29,27 @@ type Collector struct {
 	descs []*prometheus.Desc
 }
 
-// NewCollector returns a collector for ctl (the controller memctl.Start
-// returned) and pools. A nil ctl is allowed (for example when the auto
-// package started memctl): the scrape then has GOMEMLIMIT, the C heap and
-// the misuse count, and memctl_enabled is 0. It returns an error for a nil
-// Pool, a Name other than the pool's own, and two pools of the same name
-// (name them with PoolConfig.Name).
-func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
+// Register registers with reg (prometheus.DefaultRegisterer, or a registry of
+// the caller's) a collector for ctl (the controller memctl.Start returned) and
+// pools, and returns it (for reg.Unregister). A nil ctl is allowed (for
+// example when the auto package started memctl): the scrape then has
+// GOMEMLIMIT, the C heap and the misuse count, and memctl_enabled is 0. It
+// returns an error for a nil Pool, a Name other than the pool's own, two pools
+// of the same name (name them with PoolConfig.Name), and reg.Register's error
+// (for example when a collector with the same metrics is already registered).
+func Register(reg prometheus.Registerer, ctl *memctl.Controller, pools ...Pool) (prometheus.Collector, error) {
+	c, err := newCollector(ctl, pools...)
+	if err != nil {
+		return nil, err
+	}
+	if err := reg.Register(c); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return c, nil
+}
+
+// newCollector returns the collector of Register, not registered.
+func newCollector(ctl *memctl.Controller, pools ...Pool) (*collector, error) {
 	seen := map[string]bool{}
 	pools = append([]Pool(nil), pools...)
 	for i, p := range pools {
@@ -53,7 +66,7 @@ func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
 		}
 		seen[pools[i].Name] = true
 	}
-	c := &Collector{ctl: ctl, pools: pools, descs: make([]*prometheus.Desc, len(metrictable.Metrics))}
+	c := &collector{ctl: ctl, pools: pools, descs: make([]*prometheus.Desc, len(metrictable.Metrics))}
 	for i, m := range metrictable.Metrics {
 		if m.Scope != metrictable.Controller && len(pools) == 0 {
 			continue
@@ -70,24 +83,9 @@ func NewCollector(ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
 	return c, nil
 }
 
-// Register makes a collector with NewCollector and registers it with reg
-// (prometheus.DefaultRegisterer, or a registry of the caller's). It returns
-// NewCollector's error, or reg.Register's (for example when a collector
-// with the same metrics is already registered).
-func Register(reg prometheus.Registerer, ctl *memctl.Controller, pools ...Pool) (*Collector, error) {
-	c, err := NewCollector(ctl, pools...)
-	if err != nil {
-		return nil, err
-	}
-	if err := reg.Register(c); err != nil {
-		return nil, fmt.Errorf("metrics: %w", err)
-	}
-	return c, nil
-}
-
 // Describe sends the descriptions of every metric the collector can
 // export; part of prometheus.Collector.
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		if d != nil {
 			ch <- d
@@ -97,7 +95,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the controller's and the pools' statistics once and sends
 // the metrics; part of prometheus.Collector.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := metrictable.Take(c.ctl)
 	c.emit(ch, metrictable.Controller, &s)
 	for i, p := range c.pools {
@@ -111,7 +109,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // emit sends the metrics of scope read from s, with the values of fixed
 // labels first.
-func (c *Collector) emit(ch chan<- prometheus.Metric, scope metrictable.Scope, s *metrictable.Snapshot, fixed ...string) {
+func (c *collector) emit(ch chan<- prometheus.Metric, scope metrictable.Scope, s *metrictable.Snapshot, fixed ...string) {
 	for i, m := range metrictable.Metrics {
 		if m.Scope != scope {
 			continue

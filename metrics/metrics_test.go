@@ -47,7 +47,7 @@ func start(t *testing.T) *memctl.Controller {
 		t.Cleanup(func() { restoreTHP(st) })
 	}
 	ctl, err := memctl.Start(memctl.WithLogger(slog.New(slog.DiscardHandler)),
-		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrim(trim.Config{MinRelease: trim.NeverSkip}))
+		memctl.WithTrimDelay(10*time.Millisecond), memctl.WithTrim(trim.Config{MinRelease: -1}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctl.Close() })
 	return ctl
@@ -116,7 +116,7 @@ func TestLint(t *testing.T) {
 	pool, err := limits.NewPool(limits.PoolConfig{Name: "http", Limit: 1 << 20})
 	require.NoError(t, err)
 	defer pool.Close()
-	c, err := NewCollector(ctl, Pool{Name: "http", Pool: pool})
+	c, err := newCollector(ctl, Pool{Name: "http", Pool: pool})
 	require.NoError(t, err)
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
@@ -143,7 +143,7 @@ func TestDocListsTable(t *testing.T) {
 // in memctl_trims_total and memctl_trim_released_bytes_total.
 func TestControllerMetricsFollowTrims(t *testing.T) {
 	ctl := start(t)
-	c, err := NewCollector(ctl)
+	c, err := newCollector(ctl)
 	require.NoError(t, err)
 
 	mfs := gather(t, c)
@@ -205,7 +205,7 @@ func TestPoolMetrics(t *testing.T) {
 	b, err := limits.NewPool(limits.PoolConfig{Name: "b", Limit: limits.Unlimited, HeapPressure: -1})
 	require.NoError(t, err)
 	defer b.Close()
-	c, err := NewCollector(nil, Pool{Name: "a", Pool: a}, Pool{Pool: b})
+	c, err := newCollector(nil, Pool{Name: "a", Pool: a}, Pool{Pool: b})
 	require.NoError(t, err)
 
 	acct, err := a.Open("req", limits.Unlimited)
@@ -251,7 +251,7 @@ func TestPeakHistogramMetric(t *testing.T) {
 			return nil
 		}))
 	}
-	c, err := NewCollector(nil, Pool{Pool: p})
+	c, err := newCollector(nil, Pool{Pool: p})
 	require.NoError(t, err)
 	mfs := gather(t, c)
 	mf := mfs["memctl_budget_request_peak_bytes"]
@@ -266,7 +266,7 @@ func TestPeakHistogramMetric(t *testing.T) {
 	for _, b := range h.GetBucket() {
 		got[b.GetUpperBound()] = b.GetCumulativeCount()
 	}
-	assert.Len(t, got, limits.PeakBuckets)
+	assert.Len(t, got, metrictable.PeakBuckets)
 	assert.Equal(t, uint64(1), got[64<<10])
 	assert.Equal(t, uint64(2), got[128<<10])
 	assert.Equal(t, uint64(3), got[1<<20])
@@ -284,7 +284,7 @@ func TestUnderchargedMetric(t *testing.T) {
 	p, err := limits.NewPool(limits.PoolConfig{Name: "jobs", Limit: 1 << 30})
 	require.NoError(t, err)
 	defer p.Close()
-	c, err := NewCollector(nil, Pool{Pool: p})
+	c, err := newCollector(nil, Pool{Pool: p})
 	require.NoError(t, err)
 	runtime.GC()
 	runtime.GC() // the baseline, nothing in flight
@@ -335,10 +335,10 @@ func TestBadPools(t *testing.T) {
 		{{Pool: p}, {Name: "pool", Pool: p}},
 		{{Name: "x"}},
 	} {
-		_, err := NewCollector(nil, pools...)
+		_, err := newCollector(nil, pools...)
 		assert.Error(t, err, "%v", pools)
 	}
-	_, err = NewCollector(nil, Pool{Pool: p})
+	_, err = newCollector(nil, Pool{Pool: p})
 	assert.NoError(t, err, "an empty Name is the pool's own")
 	reg := prometheus.NewRegistry()
 	_, err = Register(reg, nil)
@@ -355,7 +355,7 @@ func TestCAllocatorMetrics(t *testing.T) {
 	if len(hs) == 0 {
 		t.Skip("no C allocator found (cgo off or not Linux)")
 	}
-	c, err := NewCollector(ctl)
+	c, err := newCollector(ctl)
 	require.NoError(t, err)
 	mfs := gather(t, c)
 	h := hs[0]

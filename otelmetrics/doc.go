@@ -14,8 +14,6 @@
 //
 // It is a module of its own (github.com/memctl/memctl/otelmetrics), so that
 // only a program that imports it pulls in go.opentelemetry.io/otel/metric.
-// Used from a checkout of the memctl repository, a program's go.mod needs
-// replace lines for both modules (see docs/install.md).
 //
 // Every instrument is asynchronous (observable): one callback reads
 // Controller.Stats, Controller.Report and limits.Pool.Stats once per

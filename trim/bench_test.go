@@ -64,7 +64,7 @@ func BenchmarkAfterBurst(b *testing.B) {
 
 func BenchmarkAfterBurstMutexTimer(b *testing.B) {
 	b.Run("serial", func(b *testing.B) {
-		m := &mutexTimer{delay: DefaultDelay}
+		m := &mutexTimer{delay: defaultDelay}
 		b.Cleanup(m.stop)
 		b.ReportAllocs()
 		for b.Loop() {
@@ -72,7 +72,7 @@ func BenchmarkAfterBurstMutexTimer(b *testing.B) {
 		}
 	})
 	b.Run("parallel", func(b *testing.B) {
-		m := &mutexTimer{delay: DefaultDelay}
+		m := &mutexTimer{delay: defaultDelay}
 		b.Cleanup(m.stop)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {

@@ -2,9 +2,9 @@ package trim
 
 import "github.com/memctl/memctl/trim/cheap"
 
-// ErrCHeapUnavailable (cheap.ErrUnavailable) is matched by the error of a C
-// heap step that cannot run here: cgo off, not Linux, no known allocator.
-var ErrCHeapUnavailable = cheap.ErrUnavailable
+// errCHeapUnavailable is matched by the error of a C heap step that cannot
+// run here.
+var errCHeapUnavailable = cheap.ErrUnavailable
 
 // cHeap is the C heap step of a trim (*cheap.Step); safe for concurrent use.
 type cHeap interface {

@@ -143,7 +143,7 @@ func (s snapshot) gcEst(marked bool, need int64) int64 {
 // costOf returns the estimated CPU of a GC with scan scannable bytes at
 // perByte ns each and the release it must be expected to give.
 func costOf(scan int64, perByte float64, minRelease int64) (cost time.Duration, need int64) {
-	if minRelease == 0 || scan <= 0 { // NeverSkip, or unknown: the floor alone
+	if minRelease == 0 || scan <= 0 { // neverSkip, or unknown: the floor alone
 		return 0, minRelease
 	}
 	cost = time.Duration(min(float64(scan)*perByte, math.MaxInt64/2))

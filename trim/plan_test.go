@@ -69,7 +69,7 @@ func TestDecide(t *testing.T) {
 		{"C estimate under MinRelease: skipped", with(func(s *snapshot) {
 			s.markedEst, s.unmarkedEst, s.free, s.hasC, s.cEst = 0, 0, 0, true, mib
 		}), plan{skip: skipMinRelease, goEst: 0, cEst: mib, est: mib, need: defaultMinRelease}},
-		{"NeverSkip", with(func(s *snapshot) { s.minRelease, s.scan, s.markedEst, s.unmarkedEst, s.free = 0, 1<<30, 1, 1, 1 }),
+		{"neverSkip", with(func(s *snapshot) { s.minRelease, s.scan, s.markedEst, s.unmarkedEst, s.free = 0, 1<<30, 1, 1, 1 }),
 			plan{runGo: true, goEst: 1, cEst: -1, est: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,10 +204,10 @@ func TestCostRule(t *testing.T) {
 			}
 		})
 	}
-	// NeverSkip turns the cost rule off too.
+	// neverSkip turns the cost rule off too.
 	f := &fakeStep{}
 	cfg := fakeConfig(f)
-	cfg.MinRelease = NeverSkip
+	cfg.MinRelease = neverSkip
 	cfg.estimate = func() int64 { return 1 }
 	cfg.scan = func() int64 { return 1 << 30 }
 	tr := mustNew(t, cfg)

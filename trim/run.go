@@ -140,7 +140,7 @@ func (t *Trimmer) runSteps(r *result, marked bool) {
 	if r.runC {
 		over := t.minRelease
 		if r.force {
-			over = NeverSkip
+			over = neverSkip
 		}
 		n, err := t.cheap.ReleaseOver(over)
 		r.released += max(n, 0)
@@ -249,7 +249,7 @@ func (t *Trimmer) record(o origin, early bool, r *result) {
 		slog.Bool("c_step", r.runC),
 		logattr.Bytes("go_estimate_bytes", r.goEst), t.cEstimateAttr(r.cEst),
 		logattr.Bytes("need_bytes", r.need), slog.Duration("cost_estimate", r.cost))
-	if r.cErr != nil && !errors.Is(r.cErr, ErrCHeapUnavailable) {
+	if r.cErr != nil && !errors.Is(r.cErr, errCHeapUnavailable) {
 		t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 			slog.String("allocator", st.CHeapAllocator), slog.Any("error", r.cErr))
 	}

@@ -687,7 +687,7 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	assert.Equal(t, "1", rep["TRIMS"])
 	assert.Equal(t, "1", rep["EARLY"], "started early")
 	at := childtest.RequireFloat(t, rep, "TRIM_AFTER_S")
-	assert.Less(t, at, DefaultDelay.Seconds(), "the trim started before the delay")
+	assert.Less(t, at, defaultDelay.Seconds(), "the trim started before the delay")
 
 	// The control runs in this test's own cgroup, which CI may throttle.
 	self, err := cgroupfs.CPUStatFile("/proc/self/cgroup", "/proc/self/mountinfo", "")
@@ -705,5 +705,5 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	assert.Equal(t, "1", rep["TRIMS"])
 	assert.Equal(t, "0", rep["EARLY"])
 	at = childtest.RequireFloat(t, rep, "TRIM_AFTER_S")
-	assert.GreaterOrEqual(t, at, DefaultDelay.Seconds(), "no early start without throttling")
+	assert.GreaterOrEqual(t, at, defaultDelay.Seconds(), "no early start without throttling")
 }

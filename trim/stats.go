@@ -45,7 +45,7 @@ type Stats struct {
 	// CHeapAllocator names the C step's allocator; "" when the step is off.
 	CHeapAllocator string
 	// CHeapErr is the last C step's error, nil if none; one matching
-	// ErrCHeapUnavailable means the step cannot run here.
+	// cheap.ErrUnavailable means the step cannot run here.
 	CHeapErr error
 	// Pending reports whether a trim is scheduled.
 	Pending bool

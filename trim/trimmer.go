@@ -11,17 +11,15 @@ import (
 
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/trim/cheap"
 )
 
 const (
-	// DefaultDelay is the default Config.Delay, and Start's.
-	DefaultDelay = 2 * time.Second
-	// MinDelay and MaxDelay bound Config.Delay.
-	MinDelay = time.Millisecond
-	MaxDelay = 24 * time.Hour
-	// NeverSkip is a Config.MinRelease that never skips a step.
-	NeverSkip int64 = -1
+	defaultDelay       = trimwire.DefaultDelay // Config.Delay's default, and its bounds:
+	minDelay           = trimwire.MinDelay
+	maxDelay           = trimwire.MaxDelay
+	neverSkip    int64 = -1 // a Config.MinRelease that never skips a step
 
 	maxWaitFactor           = 10      // the default max wait, in delays
 	defaultMinRelease int64 = 8 << 20 // four 2 MiB huge pages: below it nothing worth a GC is left
@@ -35,8 +33,7 @@ const (
 // Config is the default.
 type Config struct {
 	// Delay is how long after the last AfterBurst the trim runs (up to Delay/20
-	// later; Delay/2 under CPU throttling), in [MinDelay, MaxDelay]. Default: 2
-	// s.
+	// later; Delay/2 under CPU throttling), from 1 ms to 24 h. Default: 2 s.
 	Delay time.Duration
 
 	// MaxWait bounds how long calls push a pending trim back: it runs at the
@@ -46,8 +43,7 @@ type Config struct {
 
 	// MinRelease is the estimate of releasable bytes under which a step is
 	// skipped (the Go step also needs 64 MiB per CPU-second of its GC; an
-	// unknown C estimate runs). NeverSkip (any negative value) never skips.
-	// Default: 8 MiB.
+	// unknown C estimate runs). A negative value never skips. Default: 8 MiB.
 	MinRelease int64
 
 	// NoCHeap turns the C heap step (package cheap) off. Default: false.
@@ -211,15 +207,15 @@ func newTrimmer(c Config, d deps) (*Trimmer, error) {
 func (c *Config) fill() error {
 	switch {
 	case c.Delay == 0:
-		c.Delay = DefaultDelay
-	case c.Delay < MinDelay || c.Delay > MaxDelay:
-		return fmt.Errorf("trim: Config.Delay %v: want 0 (the default, %v) or at least %v and at most %v", c.Delay, DefaultDelay, MinDelay, MaxDelay)
+		c.Delay = defaultDelay
+	case c.Delay < minDelay || c.Delay > maxDelay:
+		return fmt.Errorf("trim: Config.Delay %v: want 0 (the default, %v) or at least %v and at most %v", c.Delay, defaultDelay, minDelay, maxDelay)
 	}
 	switch {
 	case c.MaxWait == 0:
-		c.MaxWait = maxWaitFactor * c.Delay // cannot overflow: Delay <= MaxDelay
-	case c.MaxWait < 0 || c.MaxWait > maxWaitFactor*MaxDelay:
-		return fmt.Errorf("trim: Config.MaxWait %v: want 0 (the default, %d delays) or at least the delay and at most %v", c.MaxWait, maxWaitFactor, maxWaitFactor*MaxDelay)
+		c.MaxWait = maxWaitFactor * c.Delay // cannot overflow: Delay <= maxDelay
+	case c.MaxWait < 0 || c.MaxWait > maxWaitFactor*maxDelay:
+		return fmt.Errorf("trim: Config.MaxWait %v: want 0 (the default, %d delays) or at least the delay and at most %v", c.MaxWait, maxWaitFactor, maxWaitFactor*maxDelay)
 	case c.MaxWait < c.Delay:
 		return fmt.Errorf("trim: Config.MaxWait %v is shorter than the delay %v", c.MaxWait, c.Delay)
 	}
@@ -227,7 +223,7 @@ func (c *Config) fill() error {
 	case c.MinRelease == 0:
 		c.MinRelease = defaultMinRelease
 	case c.MinRelease < 0:
-		c.MinRelease = 0 // NeverSkip: every estimate reaches 0
+		c.MinRelease = 0 // neverSkip: every estimate reaches 0
 	}
 	return nil
 }
@@ -334,7 +330,7 @@ func (t *Trimmer) inFlight() int64 { return t.inflight[0].Load() + t.inflight[1]
 // TrimNow runs both steps of a trim in the calling goroutine, now, bypassing
 // the delay, bursts in flight, the estimates and the CPU budget (its CPU still
 // counts). It waits for a running trim, works after Close, and returns the
-// bytes released and any C step error but ErrCHeapUnavailable.
+// bytes released and any C step error but cheap.ErrUnavailable.
 func (t *Trimmer) TrimNow() (released int64, err error) {
 	if t == nil {
 		return 0, nil
@@ -342,7 +338,7 @@ func (t *Trimmer) TrimNow() (released int64, err error) {
 	t.run.Lock()
 	defer t.run.Unlock()
 	r := t.trimLocked(originByName, false)
-	if errors.Is(r.cErr, ErrCHeapUnavailable) {
+	if errors.Is(r.cErr, cheap.ErrUnavailable) {
 		return r.released, nil
 	}
 	return r.released, r.cErr

@@ -268,7 +268,7 @@ func TestBadConfig(t *testing.T) {
 		{Config{MaxWait: -1}, "trim: Config.MaxWait -1ns: want 0 (the default, 10 delays) or at least the delay"},
 		{Config{MaxWait: math.MaxInt64}, "trim: Config.MaxWait 2562047h47m16.854775807s: want 0 (the default, 10 delays) or at least the delay and at most 240h0m0s"},
 		{Config{Delay: 2562047 * time.Hour}, "trim: Config.Delay 2562047h0m0s: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s"},
-		{Config{Delay: MaxDelay + 1}, "trim: Config.Delay 24h0m0.000000001s: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s"},
+		{Config{Delay: maxDelay + 1}, "trim: Config.Delay 24h0m0.000000001s: want 0 (the default, 2s) or at least 1ms and at most 24h0m0s"},
 		{Config{Delay: math.MinInt64}, "trim: Config.Delay -2562047h47m16.854775808s"},
 		{Config{MaxWait: time.Second}, "trim: Config.MaxWait 1s is shorter than the delay 2s"},
 		{Config{Delay: time.Minute, MaxWait: 59 * time.Second}, "trim: Config.MaxWait 59s is shorter than the delay 1m0s"},
@@ -279,15 +279,15 @@ func TestBadConfig(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		}
 	}
-	tr := mustNew(t, Config{Delay: MinDelay, MinRelease: NeverSkip})
-	assert.Equal(t, MinDelay, tr.Delay())
-	assert.Zero(t, tr.minRelease, "NeverSkip: every estimate reaches the threshold")
+	tr := mustNew(t, Config{Delay: minDelay, MinRelease: neverSkip})
+	assert.Equal(t, minDelay, tr.Delay())
+	assert.Zero(t, tr.minRelease, "neverSkip: every estimate reaches the threshold")
 	require.NoError(t, tr.Close())
 
 	// The zero Config is the default.
 	tr = mustNew(t, Config{})
-	assert.Equal(t, DefaultDelay, tr.Delay())
-	assert.Equal(t, maxWaitFactor*DefaultDelay, tr.MaxWait())
+	assert.Equal(t, defaultDelay, tr.Delay())
+	assert.Equal(t, maxWaitFactor*defaultDelay, tr.MaxWait())
 	assert.Equal(t, defaultMinRelease, tr.minRelease)
 	assert.Equal(t, realDeps.cheap().Allocator(), tr.Stats().CHeapAllocator)
 	require.NoError(t, tr.Close())
@@ -300,8 +300,8 @@ func TestBadConfig(t *testing.T) {
 	require.NoError(t, tr.Close())
 
 	// The longest delay: its default max wait does not overflow.
-	tr = mustNew(t, Config{Delay: MaxDelay, NoCHeap: true})
-	assert.Equal(t, maxWaitFactor*MaxDelay, tr.MaxWait())
+	tr = mustNew(t, Config{Delay: maxDelay, NoCHeap: true})
+	assert.Equal(t, maxWaitFactor*maxDelay, tr.MaxWait())
 	assert.Positive(t, tr.MaxWait())
 	require.NoError(t, tr.Close())
 }
@@ -320,7 +320,7 @@ func TestNilTrimmer(t *testing.T) {
 // then checks that Close leaves no goroutine behind.
 func TestRealClock(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	tr, err := New(Config{Delay: 20 * time.Millisecond, MinRelease: NeverSkip, NoCHeap: true})
+	tr, err := New(Config{Delay: 20 * time.Millisecond, MinRelease: neverSkip, NoCHeap: true})
 	require.NoError(t, err)
 	tr.AfterBurst()
 	deadline := time.Now().Add(10 * time.Second)
@@ -343,7 +343,7 @@ func TestConcurrentUse(t *testing.T) {
 	var n sync.WaitGroup
 	var steps sync.Mutex
 	count := 0
-	tr, err := newT(testConfig{Config: Config{Delay: time.Millisecond, NoCHeap: true, MinRelease: NeverSkip}, hooks: hooks{goStep: func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }}})
+	tr, err := newT(testConfig{Config: Config{Delay: time.Millisecond, NoCHeap: true, MinRelease: neverSkip}, hooks: hooks{goStep: func() int64 { steps.Lock(); count++; steps.Unlock(); return 0 }}})
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	for i := range 8 {

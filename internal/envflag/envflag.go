@@ -25,7 +25,7 @@
 // Typical use, in a package that owns a variable:
 //
 //	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
-//		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trim.DefaultDelay, trim.MinDelay)
+//		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
 //		if err != nil { // part off, say so once
 //			...
 //		}

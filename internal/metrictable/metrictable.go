@@ -125,10 +125,13 @@ type Bucket struct {
 	N     uint64
 }
 
+// PeakBuckets is the number of bounded buckets of a limits.PeakHistogram.
+const PeakBuckets = len(limits.PeakHistogram{}.Counts) - 1
+
 // Buckets returns h's buckets, cumulative, bounds limits.PeakBucketBound(0)
-// to (limits.PeakBuckets-1), and the count of all peaks (those above the
-// last bound included); a negative count reads as 0.
-func Buckets(h *limits.PeakHistogram) (b [limits.PeakBuckets]Bucket, count uint64) {
+// to (PeakBuckets-1), and the count of all peaks (those above the last bound
+// included); a negative count reads as 0.
+func Buckets(h *limits.PeakHistogram) (b [PeakBuckets]Bucket, count uint64) {
 	var n uint64
 	for i := range b {
 		n += uint64(max(h.Counts[i], 0))

@@ -63,14 +63,14 @@ func TestReadLabels(t *testing.T) {
 
 func TestBuckets(t *testing.T) {
 	var h limits.PeakHistogram
-	h.Counts[0], h.Counts[2], h.Counts[limits.PeakBuckets], h.Count = 1, 2, 1, 4
+	h.Counts[0], h.Counts[2], h.Counts[PeakBuckets], h.Count = 1, 2, 1, 4
 	h.Counts[3] = -1 // read as 0
 	b, count := Buckets(&h)
 	assert.Equal(t, uint64(4), count)
 	assert.Equal(t, Bucket{Bound: 64 << 10, N: 1}, b[0])
 	assert.Equal(t, Bucket{Bound: 256 << 10, N: 3}, b[2])
 	assert.Equal(t, Bucket{Bound: 512 << 10, N: 3}, b[3])
-	assert.Equal(t, Bucket{Bound: 64 << 30, N: 3}, b[limits.PeakBuckets-1])
+	assert.Equal(t, Bucket{Bound: 64 << 30, N: 3}, b[PeakBuckets-1])
 }
 
 func TestObjectLabel(t *testing.T) {

@@ -83,7 +83,7 @@ const MaxCHeaps = 16
 const MaxString = 512
 
 // PeakCounts is the length of Peaks.Counts: the buckets of
-// limits.PeakHistogram (PeakBuckets bounded ones, 64 KiB << i, and one
+// limits.PeakHistogram (21 bounded ones, 64 KiB << i, and one
 // above 64 GiB).
 const PeakCounts = 22
 

@@ -6,6 +6,16 @@
 // cycle.
 package trimwire
 
+import "time"
+
+// The default and the bounds of trim.Config.Delay, which memctl.WithTrimDelay
+// and MEMCTL_TRIM_DELAY check too.
+const (
+	DefaultDelay = 2 * time.Second
+	MinDelay     = time.Millisecond
+	MaxDelay     = 24 * time.Hour
+)
+
 // Origin says who asks for a gated trim.
 type Origin int
 
