@@ -77,7 +77,7 @@ func (c *Controller) record() *state.Record {
 			MemoryLimitBytes: ml.MemoryLimit, Ratio: ml.Ratio, OutsideBytes: ml.Outside,
 			RefreshSeconds: rep.MemLimitRefresh.Seconds(), Reason: cut(ml.Reason), LimitUnknown: ml.LimitUnknown,
 			ReclaimableBytes: ml.Reclaimable, Overridden: ml.Overridden}
-		if ml.Operator > 0 && ml.Operator != math.MaxInt64 {
+		if gomemlimit.IsSet(ml.Operator) {
 			r.GoMemLimit.OperatorBytes = &ml.Operator
 		}
 		r.THP = state.THP{Policy: cut(rep.THPPolicy.String()), State: cut(rep.THPState.String()), System: cut(rep.THPSystem)}

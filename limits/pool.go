@@ -13,6 +13,7 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 
 	"github.com/memctl/memctl/internal/gcend"
+	"github.com/memctl/memctl/internal/gomemlimit"
 	"github.com/memctl/memctl/internal/logattr"
 )
 
@@ -291,7 +292,7 @@ func (p *Pool) follow(g uint64, gml int64) {
 	if g != old && !p.gen.CompareAndSwap(old, g) {
 		return
 	}
-	if gml <= 0 || gml == math.MaxInt64 {
+	if !gomemlimit.IsSet(gml) {
 		return
 	}
 	limit := max(int64(float64(gml)*defaultPoolRatio), 1)

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"time"
+
+	"github.com/memctl/memctl/internal/gomemlimit"
 )
 
 // liveHeapMetric is the live Go heap after the last GC cycle, in bytes:
@@ -226,7 +228,7 @@ func (p *Pool) mayWarnNoCancel(kernel bool) bool {
 // checkCharges compares, at the end of a GC cycle, what the pool's accounts
 // hold with what the live heap holds beyond its baseline (see
 // PoolConfig.ChargeRatio). Called with heapMu held.
-func (p *Pool) checkCharges(live, gomemlimit int64) {
+func (p *Pool) checkCharges(live, gml int64) {
 	if p.chargeRatio < 0 {
 		return
 	}
@@ -241,8 +243,8 @@ func (p *Pool) checkCharges(live, gomemlimit int64) {
 	}
 	beyond := live - base
 	floor := int64(chargeCheckFloor)
-	if gomemlimit > 0 && gomemlimit != math.MaxInt64 {
-		floor = max(floor, gomemlimit/8)
+	if gomemlimit.IsSet(gml) {
+		floor = max(floor, gml/8)
 	}
 	held := p.used.Load()
 	if beyond <= floor || float64(beyond) <= p.chargeRatio*float64(held) {
@@ -253,6 +255,6 @@ func (p *Pool) checkCharges(live, gomemlimit int64) {
 		p.log.Warn("limits: the live heap is far larger than what the pool's accounts hold: charges look too small, and budgets do not protect this service "+
 			"(check what the handlers pass to Grow; counted in PoolStats.Undercharged, only the first is logged)",
 			"pool", p.name, "heap_live", live, "heap_baseline", base, "beyond_baseline", beyond,
-			"accounted", held, "in_flight", inFlight, "ratio", p.chargeRatio, "gomemlimit", gomemlimit)
+			"accounted", held, "in_flight", inFlight, "ratio", p.chargeRatio, "gomemlimit", gml)
 	}
 }

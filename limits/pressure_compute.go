@@ -1,6 +1,6 @@
 package limits
 
-import "math"
+import "github.com/memctl/memctl/internal/gomemlimit"
 
 // heapInputs is everything the pool's heap-pressure decision at the end of
 // a GC cycle depends on, as observeHeap read it: the reading and the
@@ -35,7 +35,7 @@ type heapDecision struct {
 // cycle. It reads nothing else and writes nothing.
 func heapPressure(in heapInputs) heapDecision {
 	var d heapDecision
-	if in.gomemlimit > 0 && in.gomemlimit != math.MaxInt64 {
+	if gomemlimit.IsSet(in.gomemlimit) {
 		d.threshold = heapThreshold(in.gomemlimit, in.ratio)
 		d.follow = in.derived && heapThreshold(in.gomemlimit, defaultPoolRatio) != in.limit
 	}

@@ -1,11 +1,5 @@
 package trim
 
-import "github.com/memctl/memctl/trim/cheap"
-
-// errCHeapUnavailable is matched by the error of a C heap step that cannot
-// run here.
-var errCHeapUnavailable = cheap.ErrUnavailable
-
 // cHeap is the C heap step of a trim (*cheap.Step); safe for concurrent use.
 type cHeap interface {
 	// Allocator names the allocator that owns malloc ("none": unavailable).

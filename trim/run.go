@@ -10,6 +10,7 @@ import (
 
 	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/satmath"
+	"github.com/memctl/memctl/trim/cheap"
 )
 
 // result is what a trim decided and, when it ran, what it did.
@@ -249,7 +250,7 @@ func (t *Trimmer) record(o origin, early bool, r *result) {
 		slog.Bool("c_step", r.runC),
 		logattr.Bytes("go_estimate_bytes", r.goEst), t.cEstimateAttr(r.cEst),
 		logattr.Bytes("need_bytes", r.need), slog.Duration("cost_estimate", r.cost))
-	if r.cErr != nil && !errors.Is(r.cErr, errCHeapUnavailable) {
+	if r.cErr != nil && !errors.Is(r.cErr, cheap.ErrUnavailable) {
 		t.log.LogAttrs(ctx, slog.LevelWarn, "trim: C heap step failed",
 			slog.String("allocator", st.CHeapAllocator), slog.Any("error", r.cErr))
 	}

@@ -30,6 +30,10 @@ func Read() int64 {
 	return int64(min(s[0].Value.Uint64(), math.MaxInt64))
 }
 
+// IsSet reports whether v, a GOMEMLIMIT in bytes, is a limit: above 0
+// and below math.MaxInt64, the runtime's "no limit".
+func IsSet(v int64) bool { return v > 0 && v != math.MaxInt64 }
+
 // Do runs fn while no other memctl part writes GOMEMLIMIT; fn writes with
 // Set. fn must not call Do or Lift. A write by the program itself (its own
 // debug.SetMemoryLimit) is not held off: fn sees it with Read.
