@@ -180,7 +180,12 @@ func idleSlack(d time.Duration) int64 {
 
 // TestIdleCostWithLimit: wherever a memory cgroup can be made (a v1 limit
 // on this repo's hosts).
-func TestIdleCostWithLimit(t *testing.T) { idleCost(t, cgrouptest.New(t, 256<<20)) }
+func TestIdleCostWithLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: an idle child's CPU over seconds")
+	}
+	idleCost(t, cgrouptest.New(t, 256<<20))
+}
 
 // TestV2IdleCost: the same on a real cgroup v2 memory controller (the VM).
 func TestV2IdleCost(t *testing.T) {

@@ -165,6 +165,9 @@ func childMapped() {
 // before Start or after it, with no WARN. A file in a tmpfs is shmem the
 // kernel cannot reclaim: it still lowers GOMEMLIMIT.
 func TestMappedFileIsNotHeld(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: three children that map and fill files in real cgroups")
+	}
 	for _, mode := range []string{"mapped-before", "mapped-after", "tmpfs"} {
 		t.Run(mode, func(t *testing.T) {
 			testMappedFileIsNotHeld(t, mode, mappedV1, v1Group{cgrouptest.New(t, mappedV1.limit)}, "")

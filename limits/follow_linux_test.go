@@ -443,6 +443,9 @@ func cpuNS(t *testing.T, pid int) int64 {
 // FOLLOW_WINDOW (30 s), per wake-up (one per DefaultRefresh). A figure to
 // read, not a bound (CPU time on a shared machine).
 func TestFollowTimerCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: 30 s of two idle children's CPU")
+	}
 	g := cgrouptest.New(t, 512<<20)
 	window := 30 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("FOLLOW_WINDOW")); err == nil {
