@@ -100,6 +100,9 @@ type scenario struct {
 	complete func(figs map[string]Obs, r childResult)
 	// arms are the keys of the arms the scenario runs; nil means all.
 	arms []string
+	// cgroupLimit, when set, gives the memory limit of the arms' cgroups
+	// where it is above -cgroup-limit's (the load scenarios').
+	cgroupLimit func(p params) int64
 	// derive, when set, adds figures computed across arms (per round).
 	derive func(obs map[string]map[string][]Obs)
 	// setup, when set, runs in the arm's process before the arm's setup
