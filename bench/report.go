@@ -235,10 +235,13 @@ func writeMarkdown(w io.Writer, rep *Report) error {
 	return err
 }
 
+// formatMemLimit renders an arm's GOMEMLIMIT in MiB for the arms table:
+// "none" for no limit, "– (not run)" for an arm that ran no scenario of
+// the report (freeos without burst).
 func formatMemLimit(b int64) string {
 	switch {
 	case b < 0:
-		return "?"
+		return "– (not run)"
 	case b == math.MaxInt64:
 		return "none"
 	}

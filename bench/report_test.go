@@ -124,6 +124,12 @@ func TestMarkdownQuickAndNoCgroup(t *testing.T) {
 	assert.NotContains(t, out, "with (min – max)")
 	assert.Contains(t, out, "Cgroups: none; no child memory cgroup could be made here (not root)")
 	assert.Contains(t, out, "–: after the 3.5 s observation window.")
+
+	i := slices.IndexFunc(rep.Arms, func(a ArmInfo) bool { return a.Key == "freeos" })
+	rep.Arms[i].GoMemLimit = -1 // as when burst did not run
+	b.Reset()
+	require.NoError(t, writeMarkdown(&b, rep))
+	assert.Contains(t, b.String(), "| plain + FreeOSMemory | Go defaults; debug.FreeOSMemory one trim delay (memctl's, 2 s unless -trim-delay) after each burst: what the runtime itself returns; burst only | – (not run) |")
 }
 
 func TestJSONShape(t *testing.T) {
