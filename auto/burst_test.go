@@ -66,8 +66,8 @@ func rss() int64 {
 // nonHeap returns the bytes the Go runtime has mapped for other than the
 // heap (/memory/classes/total less the heap's classes): the span
 // structures, per-arena metadata, stacks and the rest, which grow with
-// the heap's peak and which no trim returns (docs/benchmarks.md, "Why the
-// burst target allows 0.5% of the burst").
+// the heap's peak and which no trim returns (docs/benchmarks.md, "The
+// burst target: memctl against plain Go with FreeOSMemory").
 func nonHeap() int64 {
 	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/objects:bytes"},
 		{Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/heap/released:bytes"},

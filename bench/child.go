@@ -2,11 +2,13 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/trimwire"
 	"io"
 	"log/slog"
 	"os"
@@ -34,13 +36,22 @@ type arm struct {
 	Desc  string `json:"description"`
 }
 
-// arms are run in this order, interleaved: A B C D A B C D ...
+// arms are run in this order, interleaved: A B C D E A B C D E ...; a
+// scenario runs those its arms field names (scenario.runs).
 var arms = []arm{
 	{"plain", "plain", "Go defaults: no GOMEMLIMIT, no trim"},
 	{"gomemlimit", "GOMEMLIMIT only", "limits.SetGoMemLimit alone (90% of the cgroup limit, less memory outside the Go runtime)"},
 	{"memctl", "memctl", "memctl.Start() with defaults; AfterBurst after each burst; the budget middleware in http"},
 	{"memctl-aa", "memctl (A/A)", "identical to memctl, run as a separate arm: the noise floor"},
+	{"freeos", "plain + FreeOSMemory", "Go defaults; debug.FreeOSMemory one trim delay (memctl's, 2 s unless -trim-delay) after each burst: what the runtime itself returns; burst only"},
 }
+
+// defaultArms are the arms of a scenario that names none (scenario.arms):
+// every arm but freeos, the control of the burst scenario's RSS target.
+var defaultArms = []string{"plain", "gomemlimit", "memctl", "memctl-aa"}
+
+// burstArms are the burst scenario's: defaultArms and freeos.
+var burstArms = []string{"plain", "gomemlimit", "memctl", "memctl-aa", "freeos"}
 
 func armByKey(key string) (arm, bool) {
 	for _, a := range arms {
@@ -170,6 +181,12 @@ type armState struct {
 	ctl  *memctl.Controller
 	log  *trimLog
 	pool *limits.Pool
+	// freeOSDelay is, in the freeos arm, how long after each burst
+	// debug.FreeOSMemory runs: the memctl arms' trim delay. timers are
+	// those calls, stopped by close.
+	freeOSDelay time.Duration
+	mu          sync.Mutex
+	timers      []*time.Timer
 }
 
 // setupArm applies the arm's configuration to this process.
@@ -180,6 +197,8 @@ func setupArm(a arm, p params) (*armState, error) {
 		if _, err := limits.SetGoMemLimit(context.Background(), limits.MemLimitConfig{}); err != nil {
 			return nil, err
 		}
+	case a.Key == "freeos":
+		st.freeOSDelay = cmp.Or(p.TrimDelay, trimwire.DefaultDelay)
 	case a.memctl():
 		st.log = &trimLog{counts: new(trimCounts), next: slog.NewTextHandler(os.Stderr, nil)}
 		opts := []memctl.Option{memctl.WithLogger(slog.New(st.log))}
@@ -196,12 +215,28 @@ func setupArm(a arm, p params) (*armState, error) {
 	return st, nil
 }
 
-func (st *armState) afterBurst() { st.ctl.AfterBurst() }
+// afterBurst is the arm's reaction to the end of a burst: AfterBurst in
+// the memctl arms, debug.FreeOSMemory freeOSDelay later in the freeos arm,
+// nothing in the others.
+func (st *armState) afterBurst() {
+	if st.freeOSDelay > 0 {
+		st.mu.Lock()
+		st.timers = append(st.timers, time.AfterFunc(st.freeOSDelay, debug.FreeOSMemory))
+		st.mu.Unlock()
+		return
+	}
+	st.ctl.AfterBurst()
+}
 
 func (st *armState) close() {
 	if st.pool != nil {
 		st.pool.Close()
 	}
+	st.mu.Lock()
+	for _, t := range st.timers {
+		t.Stop()
+	}
+	st.mu.Unlock()
 	st.ctl.Close()
 }
 

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -124,4 +127,33 @@ func TestChildEnviron(t *testing.T) {
 			assert.False(t, strings.HasPrefix(kv, bad), "%s is passed on", kv)
 		}
 	}
+}
+
+// The freeos arm runs debug.FreeOSMemory (a forced GC) one trim delay after
+// each burst, the memctl arms' delay: -trim-delay's, else memctl's default;
+// nothing else.
+func TestFreeOSArm(t *testing.T) {
+	a, ok := armByKey("freeos")
+	require.True(t, ok)
+	assert.False(t, a.memctl())
+	limit := debug.SetMemoryLimit(-1)
+	st, err := setupArm(a, params{})
+	require.NoError(t, err)
+	assert.Equal(t, trimwire.DefaultDelay, st.freeOSDelay)
+	assert.Nil(t, st.ctl, "no memctl")
+	assert.Equal(t, limit, debug.SetMemoryLimit(-1), "GOMEMLIMIT left as it is")
+	st.close()
+
+	st, err = setupArm(a, params{TrimDelay: 50 * time.Millisecond})
+	require.NoError(t, err)
+	defer st.close()
+	assert.Equal(t, 50*time.Millisecond, st.freeOSDelay)
+	forced := func() uint64 {
+		s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	n := forced()
+	st.afterBurst()
+	assert.Eventually(t, func() bool { return forced() > n }, 10*time.Second, 10*time.Millisecond, "FreeOSMemory ran")
 }

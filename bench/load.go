@@ -162,6 +162,9 @@ func loadScenario(name string, v loadVariant) scenario {
 		Name:    name,
 		Figures: loadFigures,
 		arms:    loadArms,
+		cgroupLimit: func(p params) int64 {
+			return p.Load.CgroupLimit
+		},
 		title: func(p params) string {
 			lp := v.of(p.Load)
 			rate := lp.Rate

@@ -86,7 +86,32 @@ func TestLoadArms(t *testing.T) {
 	f, ok := rep.figure("load", "p99")
 	require.True(t, ok)
 	assert.True(t, f.Arms["gomemlimit"].Median.NA)
+	assert.True(t, f.Arms["freeos"].Median.NA)
 	assert.Equal(t, 1.0, f.Arms["plain"].Median.Value)
+}
+
+// The burst scenario runs every arm; cadence and http run all but freeos,
+// burst's control; only the load scenarios' cgroups take their own limit.
+func TestScenarioArms(t *testing.T) {
+	ran := func(s scenario) []string {
+		var got []string
+		for _, a := range arms {
+			if s.runs(a) {
+				got = append(got, a.Key)
+			}
+		}
+		return got
+	}
+	assert.Equal(t, []string{"plain", "gomemlimit", "memctl", "memctl-aa", "freeos"}, ran(burstScenario))
+	for _, s := range []scenario{cadenceScenario, httpScenario} {
+		assert.Equal(t, []string{"plain", "gomemlimit", "memctl", "memctl-aa"}, ran(s), s.Name)
+		assert.Nil(t, s.cgroupLimit, s.Name)
+	}
+	assert.Nil(t, burstScenario.cgroupLimit)
+	for _, s := range []scenario{loadScenarioPlain, loadScenarioContended, loadScenarioGC} {
+		require.NotNil(t, s.cgroupLimit, s.Name)
+		assert.Equal(t, int64(4<<30), s.cgroupLimit(defaultParams(false)), s.Name)
+	}
 }
 
 func TestOpenLoop(t *testing.T) {

@@ -1,5 +1,5 @@
-// Command bench is memctl's A/B harness: it runs the same scenarios in four
-// arms, each a child process of this same binary, and prints a Markdown
+// Command bench is memctl's A/B harness: it runs the same scenarios in up to
+// five arms, each a child process of this same binary, and prints a Markdown
 // table per scenario with the arms as columns (or JSON with -json).
 //
 //	go run ./bench                 # full run, about 65 minutes on 2 cores
@@ -9,18 +9,21 @@
 //	go run ./bench -quick -svg docs/bench  # the charts into docs/bench
 //
 // Arms: plain Go (defaults), GOMEMLIMIT only (limits.SetGoMemLimit alone),
-// memctl (memctl.Start with defaults, AfterBurst after each burst) and an
-// A/A control, a second arm identical to memctl whose distance from it is
-// the noise floor. Arms run interleaved (A B C D A B C D ...), -runs times
-// each (default 5); each figure is the median over the runs, shown with the
-// min and max. Where the harness can (root, a memory cgroup it may write),
-// each child runs in a child memory cgroup of its own with the same limit
-// (-cgroup-limit, default 2 GiB), so that the GOMEMLIMIT arms have a limit
-// to read; the output says whether it did. Every cgroup the harness makes
-// is removed when its arm ends, failing or not, and on SIGINT or SIGTERM,
-// which stop the running arms before the harness exits (status 130). The
-// arms' environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and
-// MEMCTL*.
+// memctl (memctl.Start with defaults, AfterBurst after each burst), an A/A
+// control, a second arm identical to memctl whose distance from it is the
+// noise floor, and, in the burst scenario only, plain + FreeOSMemory: Go
+// defaults and debug.FreeOSMemory one trim delay after each burst (memctl's
+// delay: -trim-delay's, else its default), what the runtime itself returns.
+// A scenario that does not run an arm shows "–" in its column. Arms run
+// interleaved (A B C D E A B C D E ...), -runs times each (default 5); each
+// figure is the median over the runs, shown with the min and max. Where the
+// harness can (root, a memory cgroup it may write), each child runs in a
+// child memory cgroup of its own with the same limit (-cgroup-limit,
+// default 2 GiB), so that the GOMEMLIMIT arms have a limit to read; the
+// output says whether it did. Every cgroup the harness makes is removed
+// when its arm ends, failing or not, and on SIGINT or SIGTERM, which stop
+// the running arms before the harness exits (status 130). The arms'
+// environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*.
 //
 // Scenarios (-scenarios, default all five):
 //
@@ -30,17 +33,24 @@
 //     /proc/PID/clear_refs), RSS 3 s and 10 s after it, and the time until
 //     RSS is back within 10% of its value before, "> T" when the window T
 //     (-window, default 30 s) ends first. RSS is read from /proc/PID/status
-//     every 50 ms by the parent.
-//   - cadence: 20 MiB live and a 64 MiB burst every 2.1 s for 60 s, the
-//     worst spacing for the 2 s trim delay. Trims run, the share of wall
-//     time spent in them (memctl's "trim: done" log records), mean RSS
-//     (sampled every 50 ms) and peak RSS (VmHWM).
-//   - http: a loopback net/http server whose handler charges 32 KiB to the
-//     request's budget (limits.Grow) and allocates it; the memctl arms put
-//     limits.Pool's middleware in front of it, the others serve it bare. An
-//     in-process load generator sends a fixed number of requests over 8
-//     connections. Requests per second, p50 and p99 latency, and each arm's
-//     requests per second divided by the plain arm's in the same round.
+//     every 50 ms by the parent. Its target: the RSS rise 3 s after the
+//     burst (RSS 3 s after less RSS before, of the medians) of memctl and
+//     of its A/A at most that of plain + FreeOSMemory in the same run plus
+//     0.5% of the burst, slack for noise; a report without that arm
+//     (written before it) is judged by the fixed rule, pre-burst RSS +
+//     0.5% of the burst, and the target says so.
+//   - cadence (every arm but plain + FreeOSMemory): 20 MiB live and a
+//     64 MiB burst every 2.1 s for 60 s, the worst spacing for the 2 s
+//     trim delay. Trims run, the share of wall time spent in them
+//     (memctl's "trim: done" log records), mean RSS (sampled every 50 ms)
+//     and peak RSS (VmHWM).
+//   - http (every arm but plain + FreeOSMemory): a loopback net/http
+//     server whose handler charges 32 KiB to the request's budget
+//     (limits.Grow) and allocates it; the memctl arms put limits.Pool's
+//     middleware in front of it, the others serve it bare. An in-process
+//     load generator sends a fixed number of requests over 8 connections.
+//     Requests per second, p50 and p99 latency, and each arm's requests
+//     per second divided by the plain arm's in the same round.
 //   - load (plain, memctl and A/A arms only; load.go): a server holding
 //     1 GiB live (15/16 64 KiB buffers, 1/16 pointer-linked nodes) on
 //     loopback, an open-loop load generator in the parent at 200 requests/s
@@ -213,7 +223,7 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	cadenceFor := fs.Duration("cadence-for", 0, "cadence: length of the window (default 60s, or 5s with -quick)")
 	requests := fs.Int("requests", 0, "http: measured requests per run (default 100000, or 10000 with -quick)")
 	trimDelay := fs.Duration("trim-delay", 0, "the memctl arms' trim delay (default memctl's, 2s)")
-	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json), and its charts (-svg)")
+	from := fs.String("from", "", "do not run: read a report written by -json from this file and write it again (as Markdown without -json; its targets judged again), and its charts (-svg)")
 	svg := fs.String("svg", ".", "write one SVG chart per scenario (bench-SCENARIO.svg; bench-SCENARIO-p99.svg too for the load scenarios) into this directory, made if missing; \"\" or off: none")
 	if err := fs.Parse(args); err != nil {
 		return config{}, false, err

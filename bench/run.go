@@ -172,8 +172,8 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent, run int) (figs map[string]Obs, res childResult, tr Trace, err error) {
 	spec := s.Name + "/" + a.Key
 	limit := cfg.CgroupLimit
-	if s.arms != nil && cfg.Params.Load.CgroupLimit > limit { // the load scenarios
-		limit = cfg.Params.Load.CgroupLimit
+	if s.cgroupLimit != nil {
+		limit = max(limit, s.cgroupLimit(cfg.Params))
 	}
 	pr, err := startArm(exe, spec, cfg.Params, parent, fmt.Sprintf("memctl-bench%s-%d-%s-%s-%d", tagSuffix(), os.Getpid(), s.Name, a.Key, run), limit)
 	if err != nil {

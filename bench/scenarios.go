@@ -98,8 +98,12 @@ type scenario struct {
 	// the child's result fills in the rest (complete, Trace.complete).
 	observe  func(pr *proc, p params) (map[string]Obs, Trace, error)
 	complete func(figs map[string]Obs, r childResult)
-	// arms are the keys of the arms the scenario runs; nil means all.
+	// arms are the keys of the arms the scenario runs; nil means
+	// defaultArms.
 	arms []string
+	// cgroupLimit, when set, gives the memory limit of the arms' cgroups
+	// where it is above -cgroup-limit's (the load scenarios').
+	cgroupLimit func(p params) int64
 	// derive, when set, adds figures computed across arms (per round).
 	derive func(obs map[string]map[string][]Obs)
 	// setup, when set, runs in the arm's process before the arm's setup
@@ -111,7 +115,12 @@ type scenario struct {
 }
 
 // runs reports whether the scenario runs arm a.
-func (s scenario) runs(a arm) bool { return s.arms == nil || slices.Contains(s.arms, a.Key) }
+func (s scenario) runs(a arm) bool {
+	if s.arms == nil {
+		return slices.Contains(defaultArms, a.Key)
+	}
+	return slices.Contains(s.arms, a.Key)
+}
 
 var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended, loadScenarioGC}
 
@@ -134,6 +143,7 @@ var burstScenario = scenario{
 		{"rss_10s", "RSS 10 s after (MiB)", unitBytes},
 		{"back_within_10pct", "back within 10%", unitSeconds},
 	},
+	arms: burstArms,
 	title: func(p params) string {
 		return fmt.Sprintf("burst: %s MiB live, one %s MiB burst, then idle for %s", mibs(p.Live), mibs(p.Burst), secs(p.Window))
 	},

@@ -34,6 +34,7 @@ func tracedReport(t *testing.T) *Report {
 		"gomemlimit": {RSS: flat, GoMemLimit: 1843},
 		"memctl":     {RSS: burst, Trims: []float64{2.05}, GoMemLimit: 1843},
 		"memctl-aa":  {RSS: burst, Trims: []float64{2.07}, GoMemLimit: 1843},
+		"freeos":     {RSS: pts(-0.8, 30.1, 0, 1059, 0.05, 1059, 2.1, 36.2, 3, 36.2)},
 	}
 	saw := pts(0.05, 100, 2.1, 164, 4.2, 150)
 	rep.Scenarios[1].Traces = map[string]Trace{
@@ -69,8 +70,8 @@ func TestSVGCharts(t *testing.T) {
 	assert.Equal(t, "bench-burst.svg", cs[0].Name)
 	c := drawn(t, cs[0].Chart)
 	assert.Equal(t, "burst: RSS after one 1,024 MiB burst (20 MiB live), first run of each arm; marks: memctl's trims", c.Title)
-	require.Len(t, c.Series, 4)
-	for i, name := range []string{"plain", "GOMEMLIMIT only", "memctl", "memctl (A/A)"} {
+	require.Len(t, c.Series, 5)
+	for i, name := range []string{"plain", "GOMEMLIMIT only", "memctl", "memctl (A/A)", "plain + FreeOSMemory"} {
 		assert.Equal(t, name, c.Series[i].Name)
 		assert.Equal(t, []plot.Point(rep.Scenarios[0].Traces[rep.Arms[i].Key].RSS), c.Series[i].Points, name)
 	}
@@ -81,6 +82,7 @@ func TestSVGCharts(t *testing.T) {
 	cs = charts(rep, rep.Scenarios[1])
 	require.Len(t, cs, 1)
 	c = drawn(t, cs[0].Chart)
+	assert.Len(t, c.Series, 4, "no freeos arm in cadence")
 	assert.Equal(t, "cadence: RSS, a 64 MiB burst every 2.1 s from 0 s (20 MiB live), first run of each arm; marks: memctl's trims; GOMEMLIMIT 1,843 MiB (above the chart)", c.Title)
 	assert.Empty(t, c.Lines)
 	assert.Equal(t, []plot.Mark{{Label: "trim", X: 2.2}, {Label: "trim", X: 4.3}}, c.Marks)
