@@ -41,8 +41,8 @@ type loadParams struct {
 	// before the burst.
 	Burst int64 `json:"burst_bytes"`
 	// ContendedBurst is the contended variant's burst. At that variant's
-	// CPU share (half of a 10% quota) touching new pages is slow, so a
-	// quick run's window holds only a small burst.
+	// CPU share (half of a 10% quota) touching new pages is slow: Burst
+	// would outlast the period many times over, so it is smaller.
 	ContendedBurst int64         `json:"contended_burst_bytes"`
 	Period         time.Duration `json:"period"`
 	FirstBurst     time.Duration `json:"first_burst"`
@@ -104,7 +104,7 @@ func defaultLoadParams(quick bool) loadParams {
 	p := loadParams{
 		Live:           1 << 30,
 		Burst:          512 << 20,
-		ContendedBurst: 512 << 20,
+		ContendedBurst: 32 << 20,
 		Period:         10 * time.Second,
 		FirstBurst:     2 * time.Second,
 		Check:          3500 * time.Millisecond,
@@ -126,9 +126,6 @@ func defaultLoadParams(quick bool) loadParams {
 	}
 	if quick {
 		p.For = 8 * time.Second // one burst
-		// At the contended share a 512 MiB burst outlasts the window
-		// many times over; a small one ends inside it.
-		p.ContendedBurst = 32 << 20
 	}
 	return p
 }
