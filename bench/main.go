@@ -3,7 +3,7 @@
 // table per scenario with the arms as columns (or JSON with -json).
 //
 //	go run ./bench                 # full run, about 65 minutes on 2 cores
-//	go run ./bench -quick          # 1 run per arm, short windows: about 2 minutes
+//	go run ./bench -quick          # 1 run per arm, short windows: about 3 minutes
 //	go run ./bench -json > out.json
 //	go run ./bench -from out.json  # the saved report as Markdown
 //	go run ./bench -quick -svg docs/bench  # the charts into docs/bench
@@ -214,7 +214,7 @@ func abortOnSignal(stderr io.Writer) (stop func()) {
 func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	quick := fs.Bool("quick", false, "1 run per arm, a 3.5 s burst window, a 5 s cadence window (bursts 2.5 s apart), 10,000 requests: under a minute")
+	quick := fs.Bool("quick", false, "1 run per arm, a 3.5 s burst window, a 5 s cadence window (bursts 2.5 s apart), 10,000 requests, one burst per load scenario: about 3 minutes on 2 cores")
 	runs := fs.Int("runs", 0, "runs per arm (default 5, or 1 with -quick)")
 	asJSON := fs.Bool("json", false, "write the report as JSON instead of Markdown")
 	scens := fs.String("scenarios", scenarioNames(), "comma-separated scenarios to run")

@@ -25,7 +25,7 @@ import (
 // left behind.
 func TestQuickRun(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the quick run takes about 2 minutes")
+		t.Skip("-short: the quick run takes about 3 minutes")
 	}
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory keeps RSS up after a trim; run without -race")
