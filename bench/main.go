@@ -2,11 +2,11 @@
 // five arms, each a child process of this same binary, and prints a Markdown
 // table per scenario with the arms as columns (or JSON with -json).
 //
-//	go run ./bench                 # full run, about 65 minutes on 2 cores
+//	go run ./bench                 # full run, 5 runs per arm: about 85 minutes on 2 cores
 //	go run ./bench -quick          # 1 run per arm, short windows: about 3 minutes
 //	go run ./bench -json > out.json
 //	go run ./bench -from out.json  # the saved report as Markdown
-//	go run ./bench -quick -svg docs/bench  # the charts into docs/bench
+//	go run ./bench -runs 3 -json -svg docs/bench > docs/bench/report.json  # docs/benchmarks.md's run
 //
 // Arms: plain Go (defaults), GOMEMLIMIT only (limits.SetGoMemLimit alone),
 // memctl (memctl.Start with defaults, AfterBurst after each burst), an A/A
