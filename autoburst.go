@@ -36,13 +36,13 @@ func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)
 	return a
 }
 
-// autoBurstStats returns a's counters, zero when a is nil.
+// autoBurstStats returns a's counters, zero when a is nil. It allocates
+// nothing: the state record's fingerprint reads them at every GC end.
 func autoBurstStats(a trimwire.AutoBurst) trim.AutoBurstStats {
-	if a == nil {
-		return trim.AutoBurstStats{}
+	if c, ok := a.(interface{ Counters() trim.AutoBurstStats }); ok {
+		return c.Counters()
 	}
-	s, _ := a.Stats().(trim.AutoBurstStats)
-	return s
+	return trim.AutoBurstStats{}
 }
 
 func onOff(on bool) string {

@@ -106,6 +106,21 @@ func BenchmarkGCEndPath(b *testing.B) {
 	}
 }
 
+// The GC-end path of a started controller allocates nothing: every
+// subscriber, the page's history and the state record's fingerprint
+// (which reads the burst detector's counters) at each GC end.
+func TestGCEndPathAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ctl, err := Start(WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer ctl.Close()
+	require.NotNil(t, ctl.auto, "the burst detector runs")
+	gcend.Fire() // a first GC end may set up what later ones reuse
+	assert.Zero(t, testing.AllocsPerRun(200, gcend.Fire))
+}
+
 // Each trim the facade's trimmer runs or skips is marked in the history
 // the page draws (through trimwire.OnTrim), after its counters are in
 // Stats.

@@ -27,10 +27,11 @@ const (
 	ByName                  // TrimNow
 )
 
-// AutoBurst is a running burst detector.
+// AutoBurst is a running burst detector. Its counters are read through
+// its Counters method, which returns a trim.AutoBurstStats: named here it
+// would be an import cycle, and returned as an any it would be boxed, an
+// allocation at every GC end.
 type AutoBurst interface {
-	// Stats returns its counters, a trim.AutoBurstStats.
-	Stats() any
 	// Close stops it; idempotent.
 	Close()
 }
