@@ -69,10 +69,11 @@ func testEtcd(t *testing.T, b Builds, m Module, cache string, tab *Table) {
 	}
 
 	// GOMEMLIMIT: [0.85, 0.9] x (limit - held), held between Low and High,
-	// each widened by statSlack: memory.stat's counters and the process's
-	// RssAnon are per-CPU counters the kernel folds in batches, so memctl's
-	// read and this one can each be off by a batch (64 pages) per CPU
-	// (include/linux/memcontrol.h, MEMCG_CHARGE_BATCH).
+	// each widened by statSlack: memory.stat's counters are per-CPU
+	// counters the kernel folds in batches of 64 pages
+	// (include/linux/memcontrol.h, MEMCG_CHARGE_BATCH), so memctl's read at
+	// its refresh and this one can each be off by a batch per CPU; the
+	// process's RssAnon is a per-CPU counter read approximately too.
 	h := held["auto"]
 	statSlack := int64(64 * runtime.NumCPU() * os.Getpagesize())
 	lo := int64(0.85 * float64(etcdLimit-h.High()-statSlack))
