@@ -7,16 +7,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/memctl/memctl/internal/burst"
-	"github.com/memctl/memctl/internal/trimwire"
 	"io"
 	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/trimwire"
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/limits"
@@ -51,7 +53,7 @@ var arms = []arm{
 var defaultArms = []string{"plain", "gomemlimit", "memctl", "memctl-aa"}
 
 // burstArms are the burst scenario's: defaultArms and freeos.
-var burstArms = []string{"plain", "gomemlimit", "memctl", "memctl-aa", "freeos"}
+var burstArms = append(slices.Clip(defaultArms), "freeos")
 
 func armByKey(key string) (arm, bool) {
 	for _, a := range arms {
