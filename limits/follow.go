@@ -9,60 +9,25 @@ import (
 	"time"
 )
 
-// Following a changed limit without a GC.
-//
-// The refresh at GC end (internal/gcend) misses two cases: a process that
-// allocates nothing runs no GC, and one that the kernel throttles under
-// memory.high runs few. A MemLimiter that found a memory cgroup therefore
-// also runs one goroutine, its follower, which re-reads the limit when one
-// of its files is written and, only where the kernel gives no notification
-// and a cgroup limit exists, at most every Refresh:
-//
-//   - inotify (Linux): a write(2) to memory.max, memory.high (v2) or
-//     memory.limit_in_bytes (v1) generates IN_MODIFY (vfs_write calls
-//     fsnotify_modify), from any cgroup namespace or mount of the
-//     hierarchy, as all of them share one superblock: measured on Debian's
-//     6.1 kernel (a write from the host's mount seen by a watch in a
-//     private cgroup namespace's mount, and the reverse) and, for v1, on
-//     this repo's 6.18 host. The files of the process's cgroup and of each
-//     ancestor up to the top it can see are watched. The inotify file is
-//     read through the runtime's network poller: the goroutine is parked
-//     without a thread and wakes only on a write.
-//   - a timer, when inotify is not available (inotify_init1 failed: the
-//     per-user limit of instances, fs.inotify.max_user_instances, is 128
-//     by default and shared by every process of that user on the node), a
-//     file could not be watched, or the limit came from a file no write
-//     reaches (v1's hierarchical_memory_limit in memory.stat, set above
-//     the mounted part of the hierarchy). It runs only while GOMEMLIMIT
-//     follows a cgroup limit, wakes at most every Refresh (10 s), and
-//     skips the re-read when a GC end re-read the limit within Refresh.
-//
-// A re-read costs what the refresh at GC end costs (see MemLimiter); it
-// reads GOMEMLIMIT through runtime/metrics, which takes no lock, so that a
-// follower woken while the kernel throttles the process does not queue
-// on the heap lock behind a thread asleep in the kernel (only a change of
-// GOMEMLIMIT takes it). package memctl also asks for a re-read on kernel
-// memory pressure (Poke).
+// The follower: a goroutine that re-reads the limit when a limit file is
+// written (inotify IN_MODIFY, seen from any cgroup namespace or mount), or
+// on a timer where no write can be seen; why and how: docs/gomemlimit.md,
+// "Following the limit".
 
-// follower waits for a change of the watched limit files. Only the
-// follower's goroutine calls watch and wait; close may be called from any
-// goroutine, once, and makes a wait in progress or to come return
-// errFollowClosed.
+// follower waits for a write to the watched limit files. Only the
+// follower's goroutine calls watch and wait; close, from any goroutine,
+// makes every wait return errFollowClosed.
 type follower interface {
-	// watch replaces the watched files; it reports whether every one of
-	// them is watched.
-	watch(files []string) bool
+	watch(files []string) bool // replaces the watches; true when all are watched
 	// wait blocks until a watched file is written (true), the deadline
 	// passes (false; a zero deadline never passes) or close is called.
 	wait(deadline time.Time) (changed bool, err error)
 	close()
-	// kind names the mechanism for Following.
-	kind() string
+	kind() string // for Following
 }
 
-// staler is a follower that can lose a watch (inotify's IN_IGNORED when
-// a watched file is removed): stale reports it, and the files are then
-// watched again even when their names are the same.
+// staler is a follower that can lose a watch (IN_IGNORED): the files are
+// then watched again even under the same names.
 type staler interface{ stale() bool }
 
 func isStale(f follower) bool {
@@ -107,10 +72,8 @@ func (f *timerFollower) kind() string { return "timer (" + f.note + ")" }
 // maxFollowDepth bounds how many cgroups up the path are watched.
 const maxFollowDepth = 64
 
-// limitFiles returns the limit files of the cgroup directory dir and of
-// each ancestor up to the top this process can see (the first directory
-// without them: the v2 root has no memory.max, the v1 mount point's parent
-// is not a cgroup), plus extra (the files the last decision came from).
+// limitFiles returns the limit files of dir and of each ancestor up to the
+// first directory without them, plus extra.
 func limitFiles(version int, dir string, extra []string) []string {
 	names := []string{"memory.limit_in_bytes"}
 	if version == 2 {
@@ -142,13 +105,11 @@ func limitFiles(version int, dir string, extra []string) []string {
 	return files
 }
 
-// unwatchable reports whether a write to file is not a way its limit
-// changes: v1's memory.stat (hierarchical_memory_limit, set above the
-// mount) changes with no write to it.
+// unwatchable reports whether file's limit changes without a write to it
+// (v1's memory.stat).
 func unwatchable(file string) bool { return filepath.Base(file) == "memory.stat" }
 
-// startFollow starts the follower's goroutine. Called once, by
-// NewMemLimiter, when a memory cgroup was found and the refresh is on.
+// startFollow starts the follower's goroutine; called once, by NewMemLimiter.
 func (m *MemLimiter) startFollow(newFollower func() (follower, error)) {
 	f, err := newFollower()
 	if err != nil {
@@ -170,8 +131,8 @@ type followState struct {
 	limited bool     // GOMEMLIMIT follows a cgroup limit
 }
 
-// rewatch reads what the last decision found and, when it changed,
-// replaces the watches. It reports false when the limiter stopped.
+// rewatch replaces the watches when the last decision's files changed; false
+// when the limiter stopped.
 func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 	m.mu.Lock()
 	stopped, dir, version, files := m.stopped, m.dir, m.version, m.files
@@ -202,10 +163,8 @@ func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 	return true
 }
 
-// follow is the follower's goroutine: it keeps the watches on the files
-// of the cgroup that the last decision read, waits for a write (or, where
-// needed, the due time), and re-reads the limit. It returns when closed or
-// when the program took GOMEMLIMIT over.
+// follow is the follower's goroutine; it returns when closed or when the
+// program took GOMEMLIMIT over.
 func (m *MemLimiter) follow(f follower, st *followState) {
 	defer close(m.folDone)
 	for {
@@ -242,8 +201,7 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 			continue // a GC end re-read the limit meanwhile
 		}
 		if !changed {
-			// The timer: the whole re-read only when a limit file
-			// changed since its last wake-up.
+			// The timer: re-read only when a limit file changed.
 			var same bool
 			st.buf, same = snapshot(st.list, st.buf[:0], st.snap)
 			st.snap = append(st.snap[:0], st.buf...)
@@ -312,8 +270,7 @@ func (m *MemLimiter) closeFollow() {
 }
 
 // snapshot appends the content of files to buf and reports whether it is
-// prev; a file that cannot be read, or is over 64 bytes (v1's memory.stat),
-// is never the same. It allocates nothing once buf has grown.
+// prev; a file unread or over 64 bytes is never the same.
 func snapshot(files []string, buf, prev []byte) ([]byte, bool) {
 	ok := len(files) > 0
 	var small [64]byte

@@ -20,14 +20,11 @@ type inotifyFollower struct {
 	wds  []int
 	buf  [4096]byte
 	once sync.Once
-	// closed is set by close before the file is closed: an error of a
-	// wait that raced with it (SetReadDeadline's "use of closed file" is
-	// not os.ErrClosed) is the close, not a failed watch.
+	// closed is set before the file is closed: a racing wait's error
+	// ("use of closed file" is not os.ErrClosed) is then the close.
 	closed atomic.Bool
-	// lost is set when the kernel dropped a watch of wds (IN_IGNORED: the
-	// file was removed, or its file system unmounted) or events were lost
-	// (IN_Q_OVERFLOW): the files must be watched again even if their
-	// names are the same. Used by the follower's goroutine only.
+	// lost: a watch was dropped (IN_IGNORED) or events lost
+	// (IN_Q_OVERFLOW); the follower's goroutine only.
 	lost bool
 }
 
@@ -73,15 +70,12 @@ func (w *inotifyFollower) wait(deadline time.Time) (bool, error) {
 		}
 		return false, w.closedOr(err)
 	}
-	// Any event counts: IN_MODIFY, and IN_IGNORED or IN_Q_OVERFLOW,
-	// after which the files are re-read and watched again.
-	w.noteLost(w.buf[:n])
+	w.noteLost(w.buf[:n]) // any event counts
 	return n > 0, nil
 }
 
-// noteLost sets lost when events (struct inotify_event, each followed by
-// its name) say that a watch of wds is gone or that events were dropped.
-// IN_IGNORED for a watch that watch removed itself is not a loss.
+// noteLost sets lost when events (struct inotify_event) say that a watch of
+// wds is gone or events were dropped.
 func (w *inotifyFollower) noteLost(b []byte) {
 	for len(b) >= unix.SizeofInotifyEvent {
 		ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
@@ -99,8 +93,7 @@ func (w *inotifyFollower) noteLost(b []byte) {
 // stale reports whether a watch was lost since the last watch.
 func (w *inotifyFollower) stale() bool { return w.lost }
 
-// closedOr returns errFollowClosed for an error that close caused, and
-// err otherwise.
+// closedOr returns errFollowClosed for an error close caused, else err.
 func (w *inotifyFollower) closedOr(err error) error {
 	if w.closed.Load() || errors.Is(err, os.ErrClosed) {
 		return errFollowClosed
@@ -117,8 +110,8 @@ func (w *inotifyFollower) close() {
 
 func (w *inotifyFollower) kind() string { return "inotify" }
 
-// readSmall reads the file at path into buf with three system calls and
-// no allocation; false when it cannot be read or does not fit.
+// readSmall reads path into buf without allocating; false when it cannot be
+// read or does not fit.
 func readSmall(path string, buf []byte) (int, bool) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
