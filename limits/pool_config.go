@@ -10,80 +10,48 @@ import (
 	"github.com/memctl/memctl/internal/envflag"
 )
 
-// defaultPoolRatio is the share of GOMEMLIMIT that becomes a pool's limit
-// when PoolConfig.Limit is 0. Accounted bytes are live heap; the other half
-// is for what requests do not report (buffers, runtime, goroutine stacks) and
-// for the garbage the collector needs room for between cycles: with a live
-// heap at half of GOMEMLIMIT the collector still runs at its normal GOGC pace
-// instead of continuously.
+// defaultPoolRatio is PoolConfig.Limit's default share of GOMEMLIMIT; the
+// other half is for unreported memory and the GC's room at GOGC's pace.
 const defaultPoolRatio = 0.5
 
-// defaultChunkSize is the size, in bytes, of the chunks in which an account
-// reserves from its pool (or parent account) when PoolConfig.ChunkSize is 0.
-// CockroachDB's util/mon reserves in 10 KiB chunks; 64 KiB keeps the pool's
-// shared counter out of the path of all but about one in 64 allocations of
-// 1 KiB, at a cost of at most two chunks per open account held but unused.
+// defaultChunkSize is PoolConfig.ChunkSize's default, in bytes: the pool's
+// shared counter sees about one in 64 Grows of 1 KiB.
 const defaultChunkSize = 64 << 10
 
-// defaultHeapPressure is the share of GOMEMLIMIT above which the live Go
-// heap puts a pool under heap pressure when PoolConfig.HeapPressure is 0.
-// With a live heap at 90% of GOMEMLIMIT the collector runs nearly
-// continuously and any further growth risks the OOM killer.
+// defaultHeapPressure is PoolConfig.HeapPressure's default.
 const defaultHeapPressure = 0.9
 
-// defaultCancelShare is the share of the live Go heap that an account must
-// hold before CancelLargest cancels it, when PoolConfig.CancelShare is 0.
-// Canceling an account that holds less frees too little to end the
-// pressure: the pressure then comes from memory outside the accounts (a
-// cache, unreported buffers, many small requests) and the pool says so once
-// at WARN instead of canceling small requests one per GC cycle.
+// defaultCancelShare is PoolConfig.CancelShare's default: canceling a
+// smaller account frees too little to end the pressure.
 const defaultCancelShare = 0.05
 
-// defaultShedSize is the most bytes an account may reach while shedding:
-// the size at which examples/server's requests count as a burst
-// (defaultBurstThreshold), so that what sheds is the large work.
+// defaultShedSize is PoolConfig.ShedSize's default: the burst threshold.
 const defaultShedSize = defaultBurstThreshold
 
-// defaultRetryAfter is the ExhaustedError.RetryAfter of a refusal that a
-// retry can get past: the pool is full or under heap pressure, and both
-// change as other requests end and the collector runs. WriteError sends it
-// as Retry-After: 1 (seconds, RFC 9110 section 10.2.3).
+// defaultRetryAfter is the ExhaustedError.RetryAfter of a refusal a retry can
+// get past (a full pool, heap pressure, shedding).
 const defaultRetryAfter = time.Second
 
 // heapRefreshInterval is the longest a pool refusing Grows under heap
-// pressure waits for a GC cycle before it runs one (runtime.GC on a
-// goroutine of its own that exits): refused requests allocate almost
-// nothing, so the cycle that would clear the pressure may otherwise not come
-// before the runtime's forced GC, two minutes later. At most one such GC a
-// second, and none while the program's own allocation runs the collector.
+// pressure waits for a GC cycle before it runs one (docs/budgets.md).
 const heapRefreshInterval = time.Second
 
-// defaultChargeRatio is how many times more than the pool's accounts hold
-// together the live heap beyond its baseline must be, at the end of a GC
-// cycle with requests in flight, before the pool says the charges look too
-// small, when PoolConfig.ChargeRatio is 0 (see there). Code that reports
-// its structures' sizes (8·n for n int64, len(b) for a []byte) under-counts
-// the runtime's overhead by well under 2x (map buckets, slice capacity,
-// pointer-rich nodes); 4x is past that, and a handler that charges 8 bytes
-// for each 1 KiB row (128x) is far past it.
+// defaultChargeRatio is PoolConfig.ChargeRatio's default: honest charges
+// miss the runtime's overhead by well under 2x.
 const defaultChargeRatio = 4
 
-// chargeCheckFloor is the fewest bytes, beyond the baseline, that the live
-// heap must hold for the charge check to speak (16 MiB, or an eighth of
-// GOMEMLIMIT when that is more): below it, connection buffers, goroutine
-// stacks and the runtime's own growth with the load are not told from
-// under-reported requests.
+// chargeCheckFloor is the least live heap beyond the baseline, in bytes, at
+// which the charge check speaks (or GOMEMLIMIT/8 when more; docs/sizing.md).
 const chargeCheckFloor = 16 << 20
 
 // maxChunkSize bounds PoolConfig.ChunkSize.
 const maxChunkSize = 1 << 30
 
 // Mode is what a pool does with a Grow past a budget, set by the operator with
-// MEMCTL_BUDGETS (read by NewPool, in memctl's switch grammar): enforce (the
-// default; also on, yes, true, 1, t), observe (count and log, at most once per
-// 10 s, what would be refused: the way to roll budgets out), or off (also no,
-// false, 0, f, and MEMCTL=off). Any other value is logged at WARN and budgets
-// are enforced: a typo must not lift a limit.
+// MEMCTL_BUDGETS (read by NewPool; any case, spaces trimmed): enforce (the
+// default; also on, yes, true, 1, t), observe (count, and log at most once per
+// 10 s, what would be refused), or off (also no, false, 0, f, and
+// MEMCTL=off). Any other value is logged at WARN and budgets are enforced.
 type Mode int
 
 const (
@@ -110,19 +78,12 @@ func (m Mode) String() string {
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// observeLogInterval is the shortest time between two log lines of a pool
-// in ModeObserve about Grows it let through; the ones in between are only
-// counted (PoolStats.Observed).
+// observeLogInterval is the least time between two ModeObserve log lines.
 const observeLogInterval = 10 * time.Second
 
-// parseMode reads the budget mode from MEMCTL and MEMCTL_BUDGETS, in the
-// grammar of memctl's other switches (spaces trimmed, any case, the
-// strconv.ParseBool spellings and yes/no as on and off): MEMCTL off ("off",
-// "no", "0", "f", "false") is ModeOff; otherwise MEMCTL_BUDGETS "" (unset),
-// "enforce" or an on word ("on", "yes", "1", "t", "true") is ModeEnforce,
-// "observe" is ModeObserve, and "off" or an off word is ModeOff. Any other
-// value returns ModeEnforce and an error, where memctl's other switches turn
-// their part off: a budget is a limit, and a typo must not lift it.
+// parseMode reads the budget mode from MEMCTL and MEMCTL_BUDGETS (see Mode).
+// A bad value returns ModeEnforce and an error, where memctl's other
+// switches turn off: a typo must not lift a limit.
 func parseMode(getenv func(string) string) (Mode, error) {
 	if envflag.IsOff(getenv("MEMCTL")) {
 		return ModeOff, nil
@@ -166,9 +127,9 @@ type PoolConfig struct {
 	// Default: 0, which means 0.9.
 	HeapPressure float64
 	// CancelLargest, under heap pressure, cancels at a GC end the context of
-	// the open account bound with WithAccount that uses the most, with an
-	// *ExhaustedError as its cause, if it holds at least CancelShare of the
-	// live heap (else one WARN per episode). Default: false.
+	// the largest account bound with WithAccount, with an *ExhaustedError
+	// cause, if it holds at least CancelShare of the live heap (else one
+	// WARN per episode). Default: false.
 	CancelLargest bool
 	// CancelShare is the share of the live heap (on kernel pressure: of the Go
 	// memory), in (0.0, 1.0], an account must hold for CancelLargest to cancel
@@ -187,10 +148,9 @@ type PoolConfig struct {
 	// Strict makes misuse and leaks panic (after every lock is released)
 	// instead of being counted. For tests. Default: false.
 	Strict bool
-	// Logger receives the pool's few log lines: its limit (INFO), and at WARN a
-	// second default pool, a bad MEMCTL_BUDGETS, the first misuse and leak,
-	// pressure that cancels nothing, and, rate-limited, what ModeObserve let
-	// through. Default: nil (means slog.Default()).
+	// Logger receives the pool's few log lines (its limit at INFO; misuse,
+	// leaks and the like at WARN, once or rate-limited). Default: nil (means
+	// slog.Default()).
 	Logger *slog.Logger
 }
 
