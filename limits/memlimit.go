@@ -11,22 +11,11 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
-// defaultRatio is the share of the memory limit that becomes GOMEMLIMIT when
-// MemLimitConfig.Ratio is 0: the rest is headroom for memory the Go runtime
-// does not count (cgo, thread stacks, the binary) and for the page cache the
-// cgroup is charged for. It is automemlimit's default.
+// defaultRatio is MemLimitConfig.Ratio's default, automemlimit's.
 const defaultRatio = 0.9
 
-// defaultFloor is the smallest GOMEMLIMIT memctl sets when
-// MemLimitConfig.Floor is 0: 64 MiB. GOMEMLIMIT bounds the whole Go
-// runtime, live heap included, so a limit near the live heap makes the
-// collector run on almost every allocation: a tiny limit or ratio would
-// trade an OOM kill for a process that does little but collect. With a
-// small live heap (16 MiB), the GC cycles per MiB allocated rise steeply
-// below a 64 MiB limit and from 64 MiB are those of GOGC alone: 64 MiB is
-// where a small service's GC stops being paced by the limit (measured
-// figures: docs/benchmarks.md). It is also the floor automemlimit users
-// set with its WithMin. memctl warns when it applies it.
+// defaultFloor is MemLimitConfig.Floor's default: below it a small service's
+// GC runs on almost every allocation (docs/benchmarks.md).
 const defaultFloor = 64 << 20
 
 // DefaultRefresh is MemLimitConfig.Refresh's default.
@@ -144,20 +133,15 @@ type MemLimitConfig struct {
 	// not logged, but for its floor warning. Default: nil (no logging).
 	Logger *slog.Logger
 
-	// read and usage replace cgroupfs.Of(0) and the held-memory and runtime/metrics
-	// reads in tests; cgroupFile is the file read's "no such file" means no
-	// cgroup.
+	// Test hooks; nil means the real read (newMemLimiter). noGCEnd leaves
+	// out the refresh at GC end.
 	read       func() (cgroupfs.Limit, error)
 	usage      func() (held, goMapped int64, err error)
 	cgroupFile string
-	// charge reads a cgroup directory's account (readCharge), live the
-	// live heap (readLive); tests replace them.
-	charge func(version int, dir string) (charge, error)
-	live   func() int64
-	// follower replaces the inotify follower in tests; noGCEnd leaves
-	// out the refresh at GC end (a test in a synctest bubble).
-	follower func() (follower, error)
-	noGCEnd  bool
+	charge     func(version int, dir string) (charge, error)
+	live       func() int64
+	follower   func() (follower, error)
+	noGCEnd    bool
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.
@@ -217,10 +201,9 @@ type MemLimit struct {
 // MemLimitConfig.Floor nor over the limit; a v2 memory.high under it lowers it,
 // never under 1.5 × the live heap. MEMCTL_MEMORY_LIMIT or
 // AWS_LAMBDA_FUNCTION_MEMORY_SIZE declares a limit where no cgroup shows one.
-// The operator wins: with GOMEMLIMIT or AUTOMEMLIMIT=off in the environment,
-// Source is SourceEnv and GOMEMLIMIT is left as set (but see
-// MemLimitConfig.KeepOperator); a numeric AUTOMEMLIMIT is the ratio. Each case:
-// docs/gomemlimit.md.
+// With GOMEMLIMIT or AUTOMEMLIMIT=off in the environment, Source is SourceEnv
+// and GOMEMLIMIT is left as set (see MemLimitConfig.KeepOperator); a numeric
+// AUTOMEMLIMIT is the ratio. Each case: docs/gomemlimit.md.
 //
 // With no cgroup limit GOMEMLIMIT is left as it was, Source is SourceNone,
 // Reason starts with "no cgroup memory limit", and the error is nil (see

@@ -46,11 +46,9 @@ type MemLimiter struct {
 	charge    func(version int, dir string) (charge, error)
 	live      func() int64
 
-	epoch time.Time
-	next  atomic.Int64 // nanoseconds since epoch of the next due re-read
-	last  atomic.Pointer[MemLimit]
-	// subs receive each change of the decision (Subscribe); onChange is
-	// MemLimitConfig.OnChange.
+	epoch    time.Time
+	next     atomic.Int64 // nanoseconds since epoch of the next due re-read
+	last     atomic.Pointer[MemLimit]
 	disown   func() // removes m as GOMEMLIMIT's owner (gomemlimit.SetOwner)
 	subMu    sync.Mutex
 	subs     []chan MemLimit
@@ -58,10 +56,9 @@ type MemLimiter struct {
 	sub      *gcend.Subscription
 
 	on bool // the configuration is valid
-	// op is the operator's GOMEMLIMIT (bytes; math.MaxInt64 for "off" or
-	// none under AUTOMEMLIMIT=off), 0 when the operator set neither; opText
-	// the variable as set. opWrites: memctl may set its own value while op
-	// is above the hard limit (see MemLimitConfig.KeepOperator).
+	// op is the operator's GOMEMLIMIT in bytes (math.MaxInt64 for "off" or
+	// AUTOMEMLIMIT=off; 0: none), opText as set; opWrites: memctl may
+	// override op while it is above the hard limit (KeepOperator).
 	op       int64
 	opText   string
 	opWrites bool
@@ -93,9 +90,7 @@ type MemLimiter struct {
 	closed     atomic.Bool // Close was called: Poke re-reads nothing
 }
 
-// maxSeen bounds how many distinct failures a MemLimiter remembers (and
-// logs once each).
-const maxSeen = 64
+const maxSeen = 64 // distinct failures remembered, and logged once each
 
 // NewMemLimiter validates cfg, sets GOMEMLIMIT as SetGoMemLimit describes, and
 // starts the refresh unless cfg.Refresh is negative, the operator's environment
@@ -121,10 +116,8 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	return m, d, err
 }
 
-// newMemLimiter returns a MemLimiter with cfg's fields and hooks, the
-// hooks cfg leaves nil set to the real reads (the process's own cgroup
-// limit, its held and Go-mapped memory, a cgroup's charge, the live heap).
-// Its epoch is now; nothing is read and GOMEMLIMIT is not touched.
+// newMemLimiter returns a MemLimiter with cfg's fields, nil hooks set to the
+// real reads; it reads nothing.
 func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	m := &MemLimiter{
 		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
@@ -147,9 +140,7 @@ func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	return m
 }
 
-// readDeclaredEnv reads the limit the environment declares into m.decl
-// and m.hasDecl, judged against the memory the process holds (not judged
-// so when that cannot be read); each bad value is logged at WARN.
+// readDeclaredEnv sets m.decl and m.hasDecl; a bad value is logged at WARN.
 func (m *MemLimiter) readDeclaredEnv() {
 	var bad []error
 	held, _, uerr := m.usage()
@@ -164,11 +155,9 @@ func (m *MemLimiter) readDeclaredEnv() {
 	}
 }
 
-// configure sets m's ratio (and where it came from), the operator's
-// GOMEMLIMIT, the floor and the refresh interval from cfg and the
-// environment; cur is GOMEMLIMIT as it is now, in bytes. On a bad
-// AUTOMEMLIMIT, ratio or floor it stops there and returns the decision's
-// Reason and the error; the fields not yet reached keep their zero values.
+// configure sets m's ratio, operator, floor and interval from cfg and the
+// environment; cur is GOMEMLIMIT now. On a bad value it returns the Reason
+// and the error.
 func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, err error) {
 	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
 	if m.ratio == 0 {
@@ -187,24 +176,17 @@ func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, er
 	return "", nil
 }
 
-// operatorEnv reads the operator's GOMEMLIMIT and AUTOMEMLIMIT into m.op,
-// m.opText and m.opWrites, and AUTOMEMLIMIT's ratio into m.ratio; cur is
-// GOMEMLIMIT as the runtime holds it, in bytes. It returns an error, and
-// changes nothing, for an AUTOMEMLIMIT that is neither a word nor a ratio.
+// operatorEnv reads GOMEMLIMIT and AUTOMEMLIMIT into m.op, m.opText,
+// m.opWrites and m.ratio; cur is GOMEMLIMIT now. A bad AUTOMEMLIMIT is an
+// error and changes nothing.
 func (m *MemLimiter) operatorEnv(cfg MemLimitConfig, cur int64) error {
-	// An empty GOMEMLIMIT is no limit to the Go runtime
-	// (runtime.readGOMEMLIMIT treats "" as unset): it counts as unset. Any
-	// other value is the operator's, already parsed by the runtime: it is
-	// kept, and the limit is still followed, so that a value a resize put
-	// above the hard limit is seen (see MemLimitConfig.KeepOperator).
+	// An empty GOMEMLIMIT is unset, as runtime.readGOMEMLIMIT reads it.
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
 		m.op, m.opText = cur, "GOMEMLIMIT="+v
 		m.opWrites = !cfg.KeepOperator && cur != math.MaxInt64
 	} else if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
-		// automemlimit's variable, read with memctl's one grammar
-		// (internal/envflag): an off word leaves GOMEMLIMIT to the program
-		// (memctl only follows the limit), an on word is the configured
-		// ratio, a number in (0, 1] the ratio.
+		// An off word leaves GOMEMLIMIT to the program, an on word is the
+		// configured ratio, a number in (0, 1] the ratio.
 		r, err := envflag.Ratio("AUTOMEMLIMIT", os.Getenv("AUTOMEMLIMIT"), m.ratio)
 		if err != nil {
 			return fmt.Errorf("limits: %w", err)
@@ -219,11 +201,8 @@ func (m *MemLimiter) operatorEnv(cfg MemLimitConfig, cur int64) error {
 	return nil
 }
 
-// startRefresh starts the refresh after the first decision when the
-// interval is positive: the re-read at GC ends (unless cfg.noGCEnd) and,
-// when that decision found a memory cgroup and the program has not taken
-// GOMEMLIMIT over, the follower (cfg.follower, or newFollower). It takes
-// m.mu itself; the caller must not hold it.
+// startRefresh starts the re-read at GC ends and, when a memory cgroup was
+// found, the follower. The caller must not hold m.mu.
 func (m *MemLimiter) startRefresh(cfg MemLimitConfig) {
 	if m.every <= 0 {
 		return
@@ -304,9 +283,8 @@ func (m *MemLimiter) Close() {
 	}
 }
 
-// store publishes d as the latest decision and, when what it says is in
-// force changed (GOMEMLIMIT, the limit, memory.high, where they came from,
-// an operator's value overridden), tells the subscribers and OnChange.
+// store publishes d and, when what is in force changed, tells the
+// subscribers and OnChange.
 func (m *MemLimiter) store(d MemLimit) {
 	prev := m.last.Swap(&d)
 	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
@@ -363,9 +341,8 @@ func (m *MemLimiter) Subscribe(buf int) (changes <-chan MemLimit, cancel func())
 	}
 }
 
-// atGCEnd runs on the runtime's cleanup goroutine at each GC end: one
-// atomic load until the interval has passed, then one re-read, skipped when
-// a Refresh call holds the lock (it is re-reading anyway).
+// atGCEnd runs at each GC end: one atomic load until the interval has
+// passed, then a re-read unless one is running.
 func (m *MemLimiter) atGCEnd(*gcend.Sample) bool {
 	return m.tick(time.Since(m.epoch))
 }
@@ -386,9 +363,7 @@ func (m *MemLimiter) tick(now time.Duration) bool {
 	return !m.stopped
 }
 
-// dueAfter returns now + every, or math.MaxInt64 (never) when the sum
-// overflows: an interval near the largest time.Duration (MEMCTL_REFRESH=
-// 2562047h) would otherwise wrap to a negative time, due at every GC end.
+// dueAfter returns now + every, or math.MaxInt64 (never) when that overflows.
 func dueAfter(now, every time.Duration) int64 {
 	if every > math.MaxInt64-now {
 		return math.MaxInt64
@@ -396,9 +371,8 @@ func dueAfter(now, every time.Duration) int64 {
 	return int64(now + every)
 }
 
-// decide reads the limit and the memory outside the Go runtime, sets
-// GOMEMLIMIT, records and returns the decision. first is the call of
-// NewMemLimiter: its errors are returned, not logged. Called with m.mu held.
+// decide reads, sets GOMEMLIMIT, records and returns the decision; first
+// (NewMemLimiter's call) returns its errors unlogged. Called with m.mu held.
 //
 // The arithmetic, all in bytes:
 //
@@ -413,8 +387,7 @@ func dueAfter(now, every time.Duration) int64 {
 // A fall of the target is followed only when it is at least 1/20 of
 // GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
 func (m *MemLimiter) decide(first bool) (d MemLimit, err error) {
-	// The whole decision holds GOMEMLIMIT's one writer, so that a trim's
-	// transient value is never read as the program's.
+	// Holds GOMEMLIMIT's writer: a trim's transient value is never read.
 	gomemlimit.Do(func() { d, err = m.decideLocked(first) })
 	m.store(d)
 	return d, err
@@ -434,8 +407,7 @@ func (m *MemLimiter) decideLocked(first bool) (MemLimit, error) {
 	return m.apply(d, a, cur, first), err
 }
 
-// expected returns the GOMEMLIMIT the limiter expects in force: the value
-// it set last, or the operator's; 0 when neither.
+// expected returns the GOMEMLIMIT memctl set last, or the operator's; 0: none.
 func (m *MemLimiter) expected() int64 {
 	if m.applied != 0 {
 		return m.applied
