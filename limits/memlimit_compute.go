@@ -8,23 +8,18 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// planInputs is everything plan's decision depends on, as readPlan read
-// it: the probe's result, the process's usage, the cgroups' accounts, the
-// live heap, and the limiter's state.
+// planInputs is everything compute decides from, as readPlan read it.
 type planInputs struct {
 	first bool  // the decision of NewMemLimiter
 	cur   int64 // GOMEMLIMIT in force
 
 	f        found
 	probeErr error
-	// held, goMapped and usageErr are m.usage's (readUsage); read only
-	// when the probe found a limit.
+	// m.usage's; read only when the probe found a limit.
 	held, goMapped int64
 	usageErr       error
-	// boundCharges are the accounts of the cgroups of the hard limits
-	// screen passes (planLimits.bounds), index for index; highCharge is
-	// memory.high's cgroup's, when memory.high is followed. A missing one
-	// is no account.
+	// boundCharges are the accounts of planLimits.bounds' cgroups, index
+	// for index; highCharge is memory.high's cgroup's.
 	boundCharges []chargeRead
 	highCharge   chargeRead
 	live         int64 // the live heap; read only when memory.high is followed
@@ -41,25 +36,22 @@ type planInputs struct {
 	sandbox        string
 }
 
-// chargeRead is one read of a cgroup's account (chargeOf): ok is false when
-// there is none; warn, when not nil, is the warning the read brings.
+// chargeRead is one chargeOf: ok is false when there is no account.
 type chargeRead struct {
 	c    charge
 	ok   bool
 	warn *planWarning
 }
 
-// planWarning is a warning for m.warn: its key, its error and its first.
+// planWarning is the arguments of one m.warn.
 type planWarning struct {
 	key   string
 	err   error
 	first bool
 }
 
-// planResult is compute's answer: the decision, what applying it takes,
-// the error to return, the warnings to give in order, and the state to
-// keep: the cgroup directory, version and files (when probed) and the
-// estimate of the memory outside the Go runtime (when estimated).
+// planResult is compute's answer: the decision, its action and error, the
+// warnings in order, and the state plan keeps when probed and estimated.
 type planResult struct {
 	d     MemLimit
 	a     action
@@ -75,8 +67,7 @@ type planResult struct {
 	outside, goMapped int64
 }
 
-// compute is plan's decision from what readPlan read, by memctl's rule
-// (see decide). It reads nothing else and writes nothing.
+// compute is plan's decision by memctl's rule (see decide); it is pure.
 func compute(in planInputs) planResult {
 	r := planResult{d: MemLimit{GoMemLimit: in.cur, LimitUnknown: in.f.unknown, Sandbox: in.sandbox}}
 	if err := in.probeErr; err != nil {
@@ -101,12 +92,8 @@ func compute(in planInputs) planResult {
 	outside := int64(0)
 	if in.headroom && in.usageErr == nil {
 		r.estimated, r.outside, r.goMapped = true, in.outside, in.goMapped
-		// Held memory below what the runtime has mapped while that grows
-		// (heap mapped during a burst that the kernel has not backed yet)
-		// says nothing about the memory outside it: the last estimate is
-		// kept rather than dropped to 0 exactly when the heap is large.
-		// Otherwise the estimate is taken afresh (it errs low by the
-		// pages the runtime mapped and never touched).
+		// Held under a growing Go mapping (a burst not yet backed) says
+		// nothing: the last estimate is kept rather than dropped to 0.
 		if lim.held >= in.goMapped || in.goMapped <= in.mappedThen {
 			r.outside = max(lim.held-in.goMapped, 0)
 		}
@@ -125,11 +112,9 @@ func compute(in planInputs) planResult {
 }
 
 // planLimits are the limits screen passes: limit and file are the hard
-// limit when there is one (hasHard: memory.max, v1's limit), else
-// memory.high alone; high and highFile are memory.high when it is a target
-// under the hard limit (or there is none), else noLimit and ""; bounds are
-// the hard limits on the path to follow (none for memory.high alone); held
-// is what the process holds that the kernel cannot reclaim.
+// limit (hasHard), else memory.high alone; high is memory.high when it is a
+// target under the hard limit, else noLimit; bounds are the hard limits on
+// the path; held is what the process holds unreclaimable.
 type planLimits struct {
 	limit, high    int64
 	file, highFile string
@@ -138,24 +123,18 @@ type planLimits struct {
 	held           int64
 }
 
-// screen passes the limits in.f holds, with the warnings they bring in
-// order, or returns the error that leaves GOMEMLIMIT as it is (a
-// memory.high of 0 or 1 with no hard limit; a hard limit at or under what
-// the process holds, unless it is the one followed, lowered at run time),
-// whose warning is the last.
+// screen passes the limits in.f holds, with their warnings, or returns the
+// error that leaves GOMEMLIMIT as it is (ErrImplausibleLimit).
 func screen(in planInputs) (planLimits, []planWarning, error) {
 	f := in.f
-	// held: what this process holds that the kernel cannot reclaim
-	// (RssAnon + RssShmem; see readUsage).
-	held := in.held
+	held := in.held // RssAnon + RssShmem (readUsage)
 	if in.usageErr != nil {
 		held = in.goMapped // no /proc here: judge by the Go runtime's share alone
 	}
 	var warns []planWarning
 	limit, file, high, highFile := f.max, f.maxFile, f.high, f.highFile
 	if high != noLimit && high <= 1 {
-		// 0 and 1 are not a target any process could run under: a
-		// malformed file. memory.max is honoured without it.
+		// A malformed file; memory.max is honoured without it.
 		err := fmt.Errorf("%w: %s says %d bytes; it is not followed", ErrImplausibleLimit, highFile, high)
 		key := fmt.Sprintf("implausible %s %d", highFile, high)
 		if limit == noLimit {
@@ -171,13 +150,8 @@ func screen(in planInputs) (planLimits, []planWarning, error) {
 		high, highFile = noLimit, ""
 	}
 	if hasHard && limit > 0 && limit <= held && !in.first && in.applied != 0 && f.maxFile != "" && f.maxFile == in.maxFile {
-		// The hard limit memctl follows is at or under what this
-		// process holds at run time: lowered (an in-place resize,
-		// set-property MemoryMax=), or reached. The kernel reclaims, or
-		// OOM-kills, above it, so it is honoured, not taken for a file
-		// that is not this process's.
-		// Said once per file, and only when the limit moved: a usage
-		// at an unchanged limit is not a lowered limit.
+		// The followed hard limit was lowered under the usage at run
+		// time: honoured (the kernel enforces it), said when it moved.
 		if limit < in.limit {
 			warns = append(warns, planWarning{key: "under usage " + file, err: fmt.Errorf("limits: %s was lowered from %d to %d bytes, under the %d bytes this process holds (RssAnon + RssShmem): followed; the kernel reclaims or OOM-kills above it", file, in.limit, limit, held)})
 		}
@@ -196,8 +170,7 @@ func screen(in planInputs) (planLimits, []planWarning, error) {
 	return lim, warns, nil
 }
 
-// planner carries compute's decision through its steps: the hard limits,
-// memory.high, the lift. Its methods read only what it holds.
+// planner carries compute's decision through hard, high and lift.
 type planner struct {
 	in  planInputs
 	lim planLimits
@@ -216,12 +189,10 @@ type planner struct {
 	hc          charge
 }
 
-// warn adds w to the warnings to give.
 func (p *planner) warn(w planWarning) { p.r.warns = append(p.r.warns, w) }
 
-// charged returns what cr says the cgroup is charged that the Go runtime
-// does not hold and the kernel cannot reclaim, and the account itself,
-// adding the warning the read brought.
+// charged returns what cr's cgroup is charged beyond the Go runtime,
+// unreclaimable, and the account, adding the read's warning.
 func (p *planner) charged(cr chargeRead) (int64, charge) {
 	if cr.warn != nil {
 		p.warn(*cr.warn)
@@ -232,9 +203,7 @@ func (p *planner) charged(cr chargeRead) (int64, charge) {
 	return max(cr.c.total()-p.goResident, 0), cr.c
 }
 
-// hard follows the hard limit that binds (bind), starts the reason, and
-// takes off what is charged outside the Go runtime, raised to the floor;
-// with memory.high alone it only starts the reason.
+// hard follows the binding hard limit less its charges, raised to the floor.
 func (p *planner) hard() {
 	in, d := p.in, &p.r.d
 	why := in.f.why
@@ -267,14 +236,10 @@ func (p *planner) hard() {
 }
 
 // bind follows, of the hard limits on the path, the one that leaves the
-// least once its cgroup's charge is taken off, and returns where the limit
-// came from, for the reason.
+// least once its cgroup's charge is taken off (a pod's limit with its
+// sidecars can leave less than the container's), and returns the why.
 func (p *planner) bind() string {
 	in, d := p.in, &p.r.d
-	// Every hard limit on the path binds: the one that leaves the
-	// least once its cgroup's charge is taken off is followed (a pod's
-	// limit, with sidecars charged to the pod, can leave less than
-	// the container's own).
 	for i, b := range p.lim.bounds {
 		var cr chargeRead
 		if i < len(in.boundCharges) {
@@ -296,14 +261,11 @@ func (p *planner) bind() string {
 	return why
 }
 
-// high lowers GOMEMLIMIT toward memory.high when the target it gives,
-// held at liveHeapFactor × the live heap and at the floor, is lower.
+// high lowers GOMEMLIMIT toward memory.high (a target the kernel throttles
+// at, killing nothing), held at liveHeapFactor × the live heap and the floor.
 func (p *planner) high() {
 	in, d := p.in, &p.r.d
 	high, highFile, hasHard := p.lim.high, p.lim.highFile, p.lim.hasHard
-	// memory.high is a target: above it the kernel throttles and
-	// reclaims but kills nothing, so GOMEMLIMIT follows it down only
-	// as far as the live heap allows.
 	highCharged, hc := p.charged(in.highCharge)
 	highOut := max(p.outside, highCharged)
 	target := int64(min(float64(high)*in.ratio, math.MaxInt64)) - highOut
@@ -323,9 +285,7 @@ func (p *planner) high() {
 		target, d.LiveFloor = liveFloor, true
 		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", liveHeapFactor, logattr.MiB(in.live))
 	}
-	// Above memory.high the kernel throttles, it does not kill: the
-	// floor is capped by the hard limit only.
-	tfloor := in.floor
+	tfloor := in.floor // capped by the hard limit only
 	if hasHard {
 		tfloor = p.floor
 	}
@@ -340,27 +300,21 @@ func (p *planner) high() {
 	}
 }
 
-// lift adds the lift (Lift), up to the limit less what is charged outside
-// the Go runtime, to GOMEMLIMIT and to hardWant.
+// lift adds Lift's bytes to GOMEMLIMIT and hardWant, up to the limit less
+// what is charged outside the Go runtime (tmpfs would otherwise OOM-kill).
 func (p *planner) lift() {
 	if p.in.lift <= 0 {
 		return
 	}
 	d := &p.r.d
-	// The lift ends at the limit less what the cgroup is charged
-	// outside the Go runtime (a lift to the limit itself with 300 MiB
-	// of tmpfs in a 512 MiB cgroup was an OOM kill); want and the lift
-	// capped at limit (under 2^62) cannot overflow:
-	// Lift(math.MaxInt64) means all the way up.
 	lift := min(p.in.lift, max(p.limit-d.Outside-p.want, 0))
 	p.want += lift
 	p.hardWant = min(p.hardWant, math.MaxInt64-lift) + lift
 	d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", logattr.MiB(lift))
 }
 
-// result returns the decision with GOMEMLIMIT set and the action that
-// applies it. hard is the limit a change of which is followed at once:
-// memory.max (or v1's), not a memory.high alone.
+// result returns the decision and its action; hard is noLimit for
+// memory.high alone.
 func (p *planner) result() planResult {
 	r := p.r
 	r.d.GoMemLimit = p.want
@@ -374,8 +328,8 @@ func (p *planner) result() planResult {
 	return r
 }
 
-// hardMin returns the smallest hard limit of bounds; limit when none sets
-// one and hasHard, noLimit otherwise.
+// hardMin returns the smallest hard limit of bounds, else limit when
+// hasHard, else noLimit.
 func hardMin(bounds []cgroupfs.Bound, limit int64, hasHard bool) int64 {
 	least := int64(noLimit)
 	for _, b := range bounds {

@@ -10,8 +10,8 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// action is what plan leaves to apply: set want (kind actSet), go back to
-// GOMEMLIMIT's value before memctl set it (actRestore), or nothing.
+// action is what plan leaves to apply: set want (actSet), go back to
+// GOMEMLIMIT before memctl (actRestore), or nothing.
 type action struct {
 	kind       int
 	want       int64 // GOMEMLIMIT memctl's rule gives
@@ -30,12 +30,8 @@ const (
 	actRestore
 )
 
-// plan reads the limit and the memory outside the Go runtime and returns
-// the decision memctl's rule gives and what applying it takes; it writes
-// nothing but the limiter's record of what it read (the cgroup directory
-// and files, the estimate of the memory outside the Go runtime, the last
-// accounts read) and gives the warnings the decision brings, once each.
-// Called with m.mu held.
+// plan reads and returns the decision and its action, keeping what it read
+// and giving its warnings; it does not set GOMEMLIMIT. Called with m.mu held.
 func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 	r := compute(m.readPlan(first, cur))
 	if r.probed {
@@ -50,12 +46,8 @@ func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 	return r.d, r.a, r.err
 }
 
-// readPlan reads what compute decides from, in this order: the limit
-// (probe); when there is one, the process's usage; when screen passes it,
-// the account of the cgroup of each hard limit to follow and of
-// memory.high's (chargeOf, with the headroom on), and, when memory.high is
-// followed, the live heap; and the limiter's state. It writes only what
-// probe and chargeOf keep. Called with m.mu held.
+// readPlan reads what compute decides from, each read only when the ones
+// before make it needed. Called with m.mu held.
 func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
 	in := planInputs{first: first, cur: cur,
 		ratio: m.ratio, ratioFrom: m.ratioFrom, floor: m.floor, lift: m.lift,
@@ -80,9 +72,7 @@ func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
 	return in
 }
 
-// chargeFor reads the account of the cgroup whose limit file is file
-// (found.chargeDir); none with the headroom off or for a limit no cgroup
-// holds.
+// chargeFor reads the account of file's cgroup; none with the headroom off.
 func (m *MemLimiter) chargeFor(f found, file string) chargeRead {
 	dir := f.chargeDir(file)
 	if !m.headroom || dir == "" {
@@ -92,19 +82,14 @@ func (m *MemLimiter) chargeFor(f found, file string) chargeRead {
 	return chargeRead{c: c, ok: ok, warn: w}
 }
 
-// apply sets GOMEMLIMIT as a says and returns d with the value in force.
-// Hysteresis: a memory.high that falls step by step (a proactive reclaim
-// agent) is followed in steps of at least 1/20 of GOMEMLIMIT, not at each
-// refresh; the hard limit is followed at once, and the value held is never
-// over what it allows (hardWant: a memory.high just under memory.max, and
-// more charged outside the Go runtime, lowers both). Called with m.mu held.
+// apply sets GOMEMLIMIT as a says and returns d with the value in force. A
+// falling memory.high is followed in steps of 1/20 (hysteresis), never over
+// hardWant. Called with m.mu held.
 func (m *MemLimiter) apply(d MemLimit, a action, cur int64, first bool) MemLimit {
 	switch a.kind {
 	case actRestore:
 		if m.applied != 0 {
-			// The limit memctl followed is gone (a resize to no limit):
-			// back to what GOMEMLIMIT was before memctl set it.
-			gomemlimit.Set(m.before)
+			gomemlimit.Set(m.before) // the limit is gone
 			noteMemLimitSet()
 			m.info(fmt.Sprintf("limits: GOMEMLIMIT %d (was %d), as before memctl set it: %s", m.before, cur, a.why))
 			d.GoMemLimit, d.Reason = m.before, a.why+"; GOMEMLIMIT back to its value before memctl set it"
@@ -131,11 +116,9 @@ func (m *MemLimiter) apply(d MemLimit, a action, cur int64, first bool) MemLimit
 	return d
 }
 
-// applyOperator keeps the operator's GOMEMLIMIT in force, except while it
-// is above the smallest hard limit and memctl may write (see
-// MemLimitConfig.KeepOperator): then memctl's own value d is applied, and
-// the operator's comes back when the limit rises above it again. The
-// result says which is in force. Called with m.mu held.
+// applyOperator keeps the operator's GOMEMLIMIT in force, except while it is
+// above the smallest hard limit and m.opWrites: then own is applied until
+// the limit rises above it again. Called with m.mu held.
 func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit {
 	over := a.kind == actSet && m.op != math.MaxInt64 && a.hardMin != noLimit && m.op > a.hardMin
 	if over && m.opWrites {
@@ -147,8 +130,7 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 		return d
 	}
 	if m.applied != 0 {
-		// The limit rose above the operator's value again: back to it.
-		gomemlimit.Set(m.op)
+		gomemlimit.Set(m.op) // the limit rose above it again
 		noteMemLimitSet()
 		m.info(fmt.Sprintf("limits: GOMEMLIMIT back to the operator's %s (%d bytes): the hard limit %d (%s) is above it again", m.opText, m.op, a.hardMin, a.hardFile))
 		m.applied, m.limit, m.maxFile = 0, 0, ""
@@ -168,8 +150,7 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 		d.Reason = fmt.Sprintf("%s (%s) is set in the environment; it is above the %s limit of %s (%s) and cannot take effect before the OOM killer, and is kept (MEMCTL_KEEP_GOMEMLIMIT)", m.opText, logattr.MiB(m.op), own.Source, logattr.MiB(a.hardMin), a.hardFile)
 		m.warnAlways(fmt.Sprintf("operator over %s %d", a.hardFile, a.hardMin), "limits: "+d.Reason)
 	case m.op != math.MaxInt64 && m.op > a.hardWant:
-		// At or near the limit, leaving less than memctl's rule would:
-		// said at WARN once per limit.
+		// Leaves less than memctl's rule: WARN once per limit.
 		err := fmt.Errorf("limits: %s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
 			"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
 			m.opText, logattr.MiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, logattr.MiB(d.MemoryLimit), d.File, logattr.MiB(d.MemoryLimit-a.hardWant),
@@ -199,11 +180,11 @@ func (m *MemLimiter) warnAlways(key, msg string) {
 }
 
 // Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above the
-// cgroup limit, until Lift(0), re-applying GOMEMLIMIT at once; the refresh
-// keeps the lift (package pressure lifts GOMEMLIMIT during a GC death spiral
-// this way). It returns GOMEMLIMIT before and after, and false, changing
-// nothing, when the limiter does not set GOMEMLIMIT (the operator's, no cgroup
-// limit, stopped, closed) or extra is negative.
+// cgroup limit, until Lift(0), re-applying it at once and at each refresh
+// (package pressure's death-spiral lift). It returns GOMEMLIMIT before and
+// after, and false, changing nothing, when the limiter does not set
+// GOMEMLIMIT (the operator's, no cgroup limit, stopped, closed) or extra is
+// negative.
 func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	if m == nil || extra < 0 {
 		return 0, 0, false
