@@ -10,31 +10,17 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// declaredLimitEnv is the variable in which an operator declares the
-// container's memory limit where no cgroup shows one (gVisor, Cloud Run's
-// first generation, Fargate with memory.max "max" everywhere, a cgroup
-// namespace whose limit is set above it): bytes ("536870912", what the
-// Kubernetes downward API writes for resources.limits.memory with the
-// default divisor) or a size as GOMEMLIMIT writes it ("512MiB"; B, KiB,
-// MiB, GiB, TiB; Kubernetes' Ki, Mi, Gi, Ti too). memctl applies its ratio
-// and headroom to it as to a cgroup limit (Source SourceDeclared; MemLimit.File
-// is "MEMCTL_MEMORY_LIMIT=<value>"); the headroom is the process's own
-// memory outside the Go runtime, as the cgroup that holds the process may
-// be wider than what the declaration covers. A cgroup limit that is
-// smaller wins: both bind, and the smaller is the one that kills first
-// (each with its own headroom, as for every hard limit on the path). It is
-// read once, when the MemLimiter is made. A bad value (not a size, 0,
-// negative, over 2^62 bytes, or not over what the process already holds
-// then: "512" is bytes) is logged at WARN and ignored.
-const declaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
+// The variables that declare a memory limit where no cgroup shows one, read
+// once by NewMemLimiter (docs/environment.md): declaredLimitEnv in bytes or
+// a size ("512MiB"), else Lambda's in MB of 2^20 bytes. A bad value is
+// logged at WARN and ignored.
+const (
+	declaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
+	lambdaMemoryEnv  = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
+)
 
-// lambdaMemoryEnv is the variable in which AWS Lambda gives a function's
-// memory size, in MB of 2^20 bytes ("512"); memctl reads it as a declared
-// limit (Source SourceLambda) when declaredLimitEnv is not set.
-const lambdaMemoryEnv = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
-
-// maxDeclared is the largest declared limit taken, in bytes: 4 EiB, where
-// cgroupfs reads a limit as "none".
+// maxDeclared is the largest declared limit, in bytes: cgroupfs reads more
+// as "none".
 const maxDeclared = 1 << 62
 
 // declared is a memory limit the environment declares.
@@ -48,12 +34,9 @@ type declared struct {
 // file is what MemLimit.File says for it: "MEMCTL_MEMORY_LIMIT=512MiB".
 func (d declared) file() string { return d.name + "=" + d.value }
 
-// readDeclared returns the declared limit of the environment (ok false
-// when none is), and the errors of variables set to a bad value, each
-// naming the variable and quoting the value. A limit not over rss (the
-// process's held memory; 0 when unknown) is a bad value too: the process already
-// uses more ("512" is 512 bytes, not MiB), and as a hard limit it would
-// stop memctl from following the cgroup's.
+// readDeclared returns the environment's declared limit and the errors of
+// bad values; a limit not over rss (held memory, 0 when unknown) is bad
+// ("512" is bytes, not MiB).
 func readDeclared(rss int64) (d declared, ok bool, bad []error) {
 	if v, set := envflag.Lookup(declaredLimitEnv); set {
 		n, err := parseSize(v)
@@ -81,8 +64,7 @@ func readDeclared(rss int64) (d declared, ok bool, bad []error) {
 	return declared{}, false, bad
 }
 
-// underRSS is the error of a declared limit of n bytes that is not over
-// the rss this process already uses; digits says the value had no unit.
+// underRSS is the error of a declared limit not over rss; digits: no unit.
 func underRSS(n, rss int64, digits bool) error {
 	hint := ""
 	if digits {
@@ -131,12 +113,9 @@ func signedMiB(n int64) string {
 	return logattr.MiB(n)
 }
 
-// chargeDir returns the cgroup directory whose account is charged against
-// the hard limit of file: a cgroup file's own directory; "" for the
-// system's total memory and for a declared limit. A declared limit's
-// headroom is the process's own memory outside the Go runtime: the cgroup
-// that holds the process may be wider than what the declaration covers (a
-// host's shared cgroup), and its charge would not be this container's.
+// chargeDir returns the cgroup directory charged against file's limit; ""
+// for total memory and for a declared limit (whose cgroup may be wider
+// than what it covers).
 func (f found) chargeDir(file string) string {
 	if f.decl != "" && file == f.decl {
 		return ""

@@ -13,10 +13,8 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
-// found is what probe found: the hard limit (memory.max or v1's limit)
-// and memory.high apart, each noLimit when absent, the source, the cgroup
-// version, and a phrase on where the limit came from (or, for SourceNone,
-// why there is none).
+// found is what probe found: the hard limit and memory.high (each noLimit
+// when absent), the source, and why (where from, or why none).
 type found struct {
 	max, high         int64
 	maxFile, highFile string
@@ -24,17 +22,14 @@ type found struct {
 	source            Source
 	version           int
 	why               string
-	unknown           bool // the limit may be set above the cgroup namespace
-	// cgSource is the cgroup's Source (v1 or v2); decl and declSource
-	// the declared limit's file (declared.file) and Source.
-	cgSource   Source
-	decl       string
-	declSource Source
-	dir        string // the process's cgroup directory, "" when none was found
+	unknown           bool   // the limit may be set above the cgroup namespace
+	cgSource          Source // the cgroup's; decl and declSource the declared limit's
+	decl              string
+	declSource        Source
+	dir               string // the process's cgroup directory, "" when none was found
 }
 
-// files returns the cgroup files the limit came from: every hard limit on
-// the path and memory.high (a declared limit's "VAR=value" is no file).
+// files returns the cgroup files the limit came from.
 func (f found) files() []string {
 	var out []string
 	add := func(file string) {
@@ -56,13 +51,9 @@ func (f found) files() []string {
 
 const noLimit = cgroupfs.NoLimit
 
-// probe returns the limit and where it came from. A missing cgroup is
-// SourceNone, not an error; so is a v2 cgroup namespace whose visible top
-// sets no limit, or a cgroup no mount shows (cgroupfs.ErrUnseen), with a
-// why that says the limit is unknown and names the remedies. A limit the
-// environment declares (MEMCTL_MEMORY_LIMIT, Lambda's) is one more hard
-// limit: alone where no cgroup shows one, and beside the cgroup's, the
-// smaller binding, when one does.
+// probe returns the limit and where it came from. No cgroup, or none
+// visible, is SourceNone, not an error. A declared limit is one more hard
+// limit beside the cgroup's.
 func (m *MemLimiter) probe() (found, error) {
 	l, err := m.read()
 	if err == nil {
@@ -95,38 +86,26 @@ func (m *MemLimiter) probe() (found, error) {
 	return m.systemFallback(f, why), nil
 }
 
-// warnPartial logs, once each at WARN, what a successful cgroup read l
-// could not read but does without: a malformed memory.high, v1's
-// memory.stat, a mount of the hierarchy another mount stood in for. It
-// returns an error, and logs nothing after the memory.high warning, when
-// memory.high was malformed and nothing else limits: no memory.max and no
-// declared limit.
+// warnPartial logs once each at WARN what a successful read l did without;
+// it returns an error when a malformed memory.high was the only limit.
 func (m *MemLimiter) warnPartial(l cgroupfs.Limit) error {
 	if l.HighErr != nil {
-		// A malformed memory.high is not the kernel's; memory.max,
-		// read without it, is still honoured.
 		m.warn(false, l.HighErr.Error(), fmt.Errorf("limits: memory.high ignored: %w", l.HighErr))
 		if l.Bytes == cgroupfs.NoLimit && !m.hasDecl {
 			return fmt.Errorf("limits: memory limit: %w", l.HighErr)
 		}
 	}
 	if l.StatErr != nil {
-		// v1's memory.stat adds only a limit set above the mount: the
-		// limit files read are still honoured.
 		m.warn(false, l.StatErr.Error(), fmt.Errorf("limits: hierarchical_memory_limit not read (a limit set above the mounted part of the hierarchy may be missed): %w", l.StatErr))
 	}
 	for _, u := range l.Unreadable {
-		// Another mount of the hierarchy showed the limit: the
-		// unreadable one is passed over, said once at WARN.
 		m.warn(false, u.Error(), fmt.Errorf("limits: a mount of the cgroup hierarchy could not be read, and the limit another mount shows is followed (a limit only this mount shows may be missed): %w", u))
 	}
 	return nil
 }
 
-// byKind returns l with Max, MaxFile, High and HighFile filled in when l
-// carries Bytes and File only (a Limit made by hand): File's name says
-// which kind of limit Bytes is, memory.high or a hard limit. Any other l
-// is returned as it is.
+// byKind fills in Max or High, by File's name, for an l that carries only
+// Bytes and File (made by hand).
 func byKind(l cgroupfs.Limit) cgroupfs.Limit {
 	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
 		l.Max, l.MaxFile, l.High = l.Bytes, l.File, noLimit
@@ -137,11 +116,8 @@ func byKind(l cgroupfs.Limit) cgroupfs.Limit {
 	return l
 }
 
-// fromCgroup returns f filled in from l, a cgroup read that found a limit
-// (memory.max, v1's limit, or memory.high alone): the cgroup's source,
-// the hard limit and memory.high with their files, every hard limit on the
-// path, and the why. A declared limit is added as one more hard limit
-// (withDeclared).
+// fromCgroup returns f filled in from l, a read that found a limit, with
+// the declared limit added (withDeclared).
 func (m *MemLimiter) fromCgroup(f found, l cgroupfs.Limit) found {
 	f.source = SourceCgroupV1
 	if l.Version == 2 {
@@ -163,13 +139,9 @@ func (m *MemLimiter) fromCgroup(f found, l cgroupfs.Limit) found {
 	return f
 }
 
-// withDeclared returns f, a cgroup's limit, with the declared limit added
-// to its bounds; where the declared limit is the smaller (or the cgroup
-// sets no memory.max) it is the hard limit, its source and file, and the
-// why says both. f.bounds is copied, never appended to in place.
+// withDeclared returns f with the declared limit added to its bounds (a
+// copy), and as the hard limit when it is the smaller.
 func (m *MemLimiter) withDeclared(f found) found {
-	// Both bind: the declared limit is one more hard limit
-	// (the one that leaves the least is followed, decide).
 	if len(f.bounds) == 0 && f.max != noLimit {
 		f.bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
 	}
@@ -181,11 +153,8 @@ func (m *MemLimiter) withDeclared(f found) found {
 	return f
 }
 
-// whyNoLimit returns why the cgroup read (l, err) gave no limit: none set
-// up to the root or to the namespace's top, a cgroup no mount shows, no
-// memory cgroup at all, or, with a declared limit (decl, its file), a read
-// that failed, logged once at WARN. Any other read error is returned,
-// wrapped as the memory limit's.
+// whyNoLimit returns why the read (l, err) gave no limit; a read error is
+// returned, unless a declared limit (decl) stands: then it is a WARN.
 func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (string, error) {
 	var why string
 	switch {
@@ -198,8 +167,6 @@ func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (strin
 			why += fmt.Sprintf(" (in a %s sandbox, whose cgroup files may not carry the limit its host enforces: %s)", m.sandbox, remedy(""))
 		}
 	case errors.Is(err, cgroupfs.ErrUnseen):
-		// The process has a memory cgroup that no mount here shows: a
-		// limit may apply, unknown, never "none".
 		why = fmt.Sprintf("the cgroup memory limit is unknown: %v; %s", err, remedy(m.sandbox))
 	case m.noCgroup(err):
 		why = "no cgroup memory limit: " + err.Error()
@@ -207,8 +174,6 @@ func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (strin
 			why += fmt.Sprintf(" (in a %s sandbox: %s)", m.sandbox, remedy(""))
 		}
 	case m.hasDecl:
-		// The cgroup files cannot be read; the declared limit stands,
-		// and the error is said once at WARN.
 		m.warn(false, err.Error(), fmt.Errorf("limits: memory limit: %w; %s is followed", err, decl))
 		why = "the cgroup memory limit could not be read"
 	default:
@@ -217,10 +182,8 @@ func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (strin
 	return why, nil
 }
 
-// systemFallback returns f, which no cgroup or declared limit filled in,
-// with total memory (in bytes, capped at 1<<62) as the limit when
-// SystemFallback is set and total memory can be read; f.why then quotes
-// why, the reason no limit was found. Otherwise f is returned as it is.
+// systemFallback returns f with total memory (capped at 1<<62) as the limit
+// when SystemFallback is set and it can be read.
 func (m *MemLimiter) systemFallback(f found, why string) found {
 	if !m.fallback {
 		return f
@@ -233,10 +196,7 @@ func (m *MemLimiter) systemFallback(f found, why string) found {
 	return f
 }
 
-// remedy names what an operator can do where the limit is unknown: declare
-// it (the downward API's resources.limits.memory in MEMCTL_MEMORY_LIMIT),
-// or take total memory (SystemFallback). Setting GOMEMLIMIT to the limit
-// itself is not one: it leaves no room for memory outside the Go heap.
+// remedy names what an operator can do where the limit is unknown.
 func remedy(sandbox string) string {
 	s := "set " + declaredLimitEnv + " to the container's limit (the downward API's resources.limits.memory), or use SystemFallback"
 	if sandbox != "" {
@@ -245,17 +205,13 @@ func remedy(sandbox string) string {
 	return s
 }
 
-// noCgroup reports whether err from the cgroup read means there is no
-// memory cgroup to read: cgroupfs.ErrNoCgroup (no memory controller, not
-// mounted, another cgroup namespace), no /proc/self/cgroup (no cgroups in
-// the kernel, no /proc), or not Linux.
+// noCgroup reports whether err means there is no memory cgroup to read.
 func (m *MemLimiter) noCgroup(err error) bool {
 	return errors.Is(err, cgroupfs.ErrNoCgroup) || errors.Is(err, errors.ErrUnsupported)
 }
 
-// warn logs err at WARN once per key, except on the first decision (whose
-// error is returned to the caller, who reports it; floor warnings are logged
-// then too, as they come with a nil error).
+// warn logs err at WARN once per key, unless first (an error the first
+// decision returns).
 func (m *MemLimiter) warn(first bool, key string, err error) {
 	if m.seen[key] || len(m.seen) >= maxSeen {
 		return
