@@ -24,47 +24,33 @@ const Unlimited int64 = math.MaxInt64
 // An Account is safe for concurrent use. Open one with Pool.Open or
 // Account.Open and Close it when the work ends; the zero value is not usable.
 type Account struct {
-	// Hot fields, written by Grow and Shrink, alone on the first cache line
-	// so that accounts used by different goroutines do not share one.
+	// The hot fields, alone on the first cache line.
 	//
-	// used is what the account grew itself and has not shrunk (its own
-	// bytes; children's are in kids). A Grow on the fast path adds first
-	// and takes its bytes back when they do not fit, so used can be above
-	// the granted total for a moment. Shrink never takes it below zero (it
-	// checks, then swaps): a Shrink past what the account grew is misuse and
-	// changes nothing. Only a misuse that counted on a Grow's passing bytes
-	// can, and the Grow that takes them back puts used back at zero.
-	//
-	// Why Shrink does not add too: a misuse's passing negative could not be
-	// told from one that counted on a Grow's passing bytes, and one of them
-	// must be repaired.
+	// used is what the account grew itself and has not shrunk. A fast-path
+	// Grow adds first and takes its bytes back when they do not fit, so used
+	// can pass the granted total for a moment. Shrink checks, then swaps: it
+	// takes used below zero only by counting on such passing bytes, and the
+	// Grow that takes them back repairs it (undo).
 	used atomic.Int64
 	// reserved is what the account holds from its parent for its own bytes,
-	// ≥ used once a Grow returns; -1 once closed. It changes only under mu.
+	// ≥ used once a Grow returns; -1 once closed. Written under mu.
 	reserved  atomic.Int64
 	peak      atomic.Int64 // highest used+kids
 	pool      *Pool
 	releaseAt int64 // Shrink returns bytes to the parent when reserved-used exceeds it
 	_         [24]byte
 
-	mu sync.Mutex // serializes reservations, releases, Open and Close
-	// kids is what the accounts opened from this one hold (each one's
-	// reserved plus kids), reserved on their behalf from the parent.
-	// Written under mu; read without it by Used.
-	kids   atomic.Int64
-	limit  int64 // Unlimited: no limit of its own
+	mu     sync.Mutex   // serializes reservations, releases, Open and Close
+	kids   atomic.Int64 // what the accounts opened from it hold; written under mu
+	limit  int64        // Unlimited: no limit of its own
 	chunk  int64
 	parent *Account // nil for a top-level account
 	name   string   // the last element of the scope; see scope
 	seq    int64    // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
-	// closeCause is why the account was closed, when it was closed because
-	// the context it was bound to ended (WithAccount): context.Cause of
-	// that context. Guarded by mu; set before reserved becomes -1.
+	// closeCause is context.Cause of the WithAccount context whose end
+	// closed the account; guarded by mu, set before reserved becomes -1.
 	closeCause error
-	// refusedAt is the highest Used+n of a Grow(n) refused with
-	// ErrResourceExhausted, for the middleware's burst rule. Written only on
-	// the error path.
-	refusedAt atomic.Int64
+	refusedAt  atomic.Int64 // the highest Used+n of a refused Grow(n)
 
 	// The open accounts opened from this one, guarded by mu; sibPrev and
 	// sibNext are guarded by the parent's mu.
@@ -73,25 +59,17 @@ type Account struct {
 	linked           bool // guarded by the parent's mu
 
 	// Guarded by pool.mu: the list of accounts CancelLargest may cancel.
-	cancel     context.CancelCauseFunc
-	prev, next *Account
-	listed     bool
-	canceled   bool
-	// pressureCanceled is set (under pool.mu) when the heap watch canceled
-	// the account's context; WithAccount's cancel then asks the pool to
-	// read the heap again.
-	pressureCanceled atomic.Bool
-	_                [39]byte // pad to a multiple of the cache line
+	cancel           context.CancelCauseFunc
+	prev, next       *Account
+	listed           bool
+	canceled         bool
+	pressureCanceled atomic.Bool // the heap watch canceled its context
+	_                [39]byte    // pad to a multiple of the cache line
 }
 
-// testHookGrow, when set by a test, runs in Grow's fast path between the
-// add and the check against reserved, where a concurrent release or Close
-// can strike.
-var testHookGrow func()
-
-// testHookRelease, when set by a test, runs in a release after it read used
-// and before it lowers reserved, where a concurrent Grow can strike.
-var testHookRelease func()
+// Test hooks at the two racing points: Grow's fast path between its add
+// and its check, and a release between reading used and lowering reserved.
+var testHookGrow, testHookRelease func()
 
 func newAccount(p *Pool, parent *Account, name string, seq, limit int64) *Account {
 	return &Account{
@@ -105,9 +83,8 @@ func newAccount(p *Pool, parent *Account, name string, seq, limit int64) *Accoun
 	}
 }
 
-// checkLimit returns an error for a limit that is not positive: negative
-// is an error matching ErrInvalidSize, and so is 0, which must be asked for
-// by name (Unlimited). what names the call; it is made only on error.
+// checkLimit returns an ErrInvalidSize error for a limit ≤ 0; what names
+// the call, built only on error.
 func checkLimit(limit int64, what func() string) error {
 	if limit < 0 {
 		return fmt.Errorf("%w: %s with limit %d", ErrInvalidSize, what(), limit)
@@ -122,8 +99,7 @@ func checkLimit(limit int64, what func() string) error {
 // "pool/req-17/sort".
 func (a *Account) Name() string { return a.scope() }
 
-// scope builds the name path from the pool down. It is made only for errors
-// and Name, so that opening an account does not build strings.
+// scope builds the name path; only for errors and Name.
 func (a *Account) scope() string {
 	name := a.name
 	if a.seq > 0 {
@@ -151,8 +127,7 @@ func (a *Account) Used() int64 {
 // Peak returns the highest Used since Open. It is kept after Close.
 func (a *Account) Peak() int64 { return a.peak.Load() }
 
-// demand is what the account reached or asked for: the higher of its peak
-// and Used plus the size of its largest refused Grow.
+// demand is the higher of the peak and the largest refused Used+n.
 func (a *Account) demand() int64 { return max(a.peak.Load(), a.refusedAt.Load()) }
 
 // Open opens an account nested in a with its own limit in bytes (Unlimited:
@@ -163,8 +138,7 @@ func (a *Account) Open(name string, limit int64) (*Account, error) {
 	return a.open(name, 0, limit)
 }
 
-// open is Open; seq > 0 names the account "req-<seq>" without building the
-// string (StartWork's default names).
+// open is Open; seq > 0 names the account "req-<seq>", built only if needed.
 func (a *Account) open(name string, seq, limit int64) (*Account, error) {
 	if err := checkLimit(limit, func() string { return a.scope() + "/" + name + ": Open" }); err != nil {
 		return nil, err

@@ -21,9 +21,8 @@ import (
 // chunk Grow allocates nothing.
 func (a *Account) Grow(n int64) error {
 	if n > 0 && n <= a.reserved.Load() {
-		// Fast path: add, then check against what the account holds. A
-		// release or Close lowers reserved and then re-reads used; we
-		// raise used and then read reserved: one of us sees the other.
+		// Fast path: add, then check. A release lowers reserved, then
+		// re-reads used; we raise used, then read reserved: one sees the other.
 		u := a.used.Add(n)
 		if testHookGrow != nil {
 			testHookGrow()
@@ -34,17 +33,12 @@ func (a *Account) Grow(n int64) error {
 			}
 			return nil
 		}
-		// Not held (or closed, or u < n: the sum wrapped past
-		// math.MaxInt64): take the bytes back and grow under the lock.
-		a.undo(n)
+		a.undo(n) // not held, closed, or wrapped (u < n)
 		return a.growSlow(n)
 	}
 	if n > 0 {
-		// Larger than all the account holds (or closed): it cannot fit,
-		// and its passing bytes on the fast path could make a concurrent
-		// misuse (a Shrink of up to n more than the account grew, such as
-		// Shrink(math.MaxInt64) beside Grow(math.MaxInt64)) look
-		// legitimate.
+		// Not on the fast path: its passing bytes could make a concurrent
+		// misuse of up to n look legitimate.
 		return a.growSlow(n)
 	}
 	if n == 0 {
@@ -53,11 +47,9 @@ func (a *Account) Grow(n int64) error {
 	return a.invalid("Grow", n)
 }
 
-// undo takes back n bytes that Grow's fast path added and could not keep.
-// A Shrink that ran in between may have counted on them; if that Shrink
-// was misuse (past what the account grew), used is now below zero: it is
-// put back at zero, once (a compare-and-swap, so that two Grows undoing at
-// once do not both repair it), and the misuse counted here.
+// undo takes back n bytes of Grow's fast path. A misused Shrink in between
+// may have counted on them: used below zero is put back at zero, once
+// (CAS), and the misuse counted.
 func (a *Account) undo(n int64) {
 	if v := a.used.Add(-n); v < 0 {
 		for {
@@ -88,14 +80,13 @@ func (a *Account) growSlow(n int64) error {
 	return nil
 }
 
-// observation collects, across the scopes of one Grow, the refusal that
-// MEMCTL_BUDGETS=observe or off let through.
+// observation holds a Grow's first refusal that ModeObserve or ModeOff let
+// through.
 type observation struct {
 	would *ExhaustedError
 }
 
-// over reports whether e, a refusal, must be returned: true when budgets are
-// enforced; otherwise it records e (the first one) and returns false.
+// over reports whether refusal e must be returned; if not, it records e.
 func (o *observation) over(p *Pool, e *ExhaustedError) bool {
 	if p.mode == ModeEnforce {
 		return true
@@ -121,9 +112,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 			continue
 		}
 		k := a.kids.Load()
-		// u may include the bytes of a Grow on the fast path that will be
-		// taken back (up to math.MaxInt64): saturate.
-		total := u + min(k, math.MaxInt64-u)
+		total := u + min(k, math.MaxInt64-u) // u may hold a fast-path Grow's passing bytes
 		if n > a.limit-total {
 			e := &ExhaustedError{Requested: n, Used: total, Limit: a.limit, Scope: a.scope()}
 			if n > math.MaxInt64-total || o.over(a.pool, e) {
@@ -154,10 +143,9 @@ func (a *Account) growLocked(n int64, o *observation) error {
 	}
 }
 
-// room returns how many more bytes the account may hold from its parent
-// under its own limit, given r reserved for itself. Called with mu held.
-// In ModeObserve and ModeOff a reservation past the limit takes only the
-// bytes needed, so that the next Grow past it is seen (and counted) too.
+// room returns how many more bytes the account may reserve under its own
+// limit, given r reserved; past it (not enforced) only need is reserved, so
+// that the next Grow past it is counted too. Called with mu held.
 func (a *Account) room(r int64) int64 {
 	if a.limit == Unlimited {
 		return math.MaxInt64 - r - a.kids.Load()
@@ -174,10 +162,8 @@ func roundUp(n, chunk int64) int64 {
 	return n
 }
 
-// reserveUp takes want bytes from the parent, or only need (≤ want) when
-// want does not fit, and returns how many it took. Called with mu held;
-// locks are always taken child first, then ancestors, so this cannot
-// deadlock.
+// reserveUp takes want bytes, or only need, from the parent and returns how
+// many it took. Called with mu held; locks go child first, then ancestors.
 func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
 	if a.parent == nil {
 		return a.pool.reserve(want, need, o)
@@ -185,9 +171,8 @@ func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
 	return a.parent.reserveForKid(want, need, o)
 }
 
-// reserveForKid reserves want bytes, or at least need, for an account opened
-// from a, passing them through from a's own parent: a child's bytes count
-// against a's limit but never mix with what a grew itself.
+// reserveForKid reserves want bytes, or at least need, from a's parent for a
+// child of a: they count against a's limit, apart from a's own bytes.
 func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -196,9 +181,7 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 		return 0, a.closedError("reserve for an account opened from it")
 	}
 	if room := a.room(r); need > room {
-		// Give back the slack of a's own reservation first: a refusal at
-		// the limit must count only bytes in use.
-		a.trimLocked(0)
+		a.trimLocked(0) // a refusal counts only bytes in use
 		r = a.reserved.Load()
 		room = a.room(r)
 		if need > room {
@@ -218,9 +201,7 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	want = a.shedCap(want, need, r+a.kids.Load())
 	got, err := a.reserveUp(want, need, o)
 	if _, ok := err.(*ExhaustedError); ok && a.reserved.Load() > max(a.used.Load(), 0) {
-		// An ancestor or the pool is full: a's own slack counts there, so
-		// give it back and ask once more.
-		a.trimLocked(0)
+		a.trimLocked(0) // an ancestor is full: give back a's slack, ask again
 		got, err = a.reserveUp(want, need, o)
 	}
 	if err != nil {
@@ -232,10 +213,8 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	return got, nil
 }
 
-// raisePeak raises the peak to t, what a read of used plus kids found. That
-// read can count the passing bytes of a concurrent Grow that does not fit
-// and takes them back; what is granted never passes the account's limit
-// when budgets are enforced, so neither does the peak.
+// raisePeak raises the peak to t (used plus kids), capped at the limit when
+// enforced: t may count a failing Grow's passing bytes.
 func (a *Account) raisePeak(t int64) {
 	if a.pool.mode == ModeEnforce {
 		t = min(t, a.limit)

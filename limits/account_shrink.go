@@ -5,9 +5,8 @@ import (
 	"runtime"
 )
 
-// returnFromKid takes back n bytes that an account opened from a held, and
-// passes them up. Nothing happens when a is closed: its Close gave back
-// everything it and its children held.
+// returnFromKid passes up n bytes a child of a held, and unlinks unlink;
+// a closed a gave back everything already.
 func (a *Account) returnFromKid(n int64, unlink *Account) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -30,8 +29,7 @@ func (a *Account) returnFromKid(n int64, unlink *Account) {
 	a.giveBack(n, nil)
 }
 
-// giveBack returns n bytes to the parent (and unlinks a from it when unlink
-// is a). Called with mu held.
+// giveBack returns n bytes to the parent, unlinking unlink. Called with mu held.
 func (a *Account) giveBack(n int64, unlink *Account) {
 	if a.parent == nil {
 		a.pool.unreserve(n)
@@ -73,8 +71,8 @@ func (a *Account) Shrink(n int64) {
 	}
 }
 
-// misuse counts one misuse, logs the first one, and panics in strict mode.
-// It is never called with a lock held.
+// misuse counts one misuse, logs the first, and panics when strict; never
+// called with a lock held.
 func (a *Account) misuse(what string) {
 	p := a.pool
 	p.misuse.Add(1)
@@ -87,23 +85,21 @@ func (a *Account) misuse(what string) {
 	}
 }
 
-// release returns what the account holds beyond one chunk of slack to the
-// parent, when that is more than releaseAt.
+// release returns all but one chunk of slack when slack passes releaseAt.
 func (a *Account) release() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.releaseLocked()
 }
 
-// releaseLocked is release with mu held.
 func (a *Account) releaseLocked() {
 	if r, u := a.reserved.Load(), a.used.Load(); r >= 0 && r-u > a.releaseAt {
 		a.trimLocked(a.chunk)
 	}
 }
 
-// trimLocked lowers the account's own reservation to what it uses plus
-// slack, and gives the rest back. Called with mu held.
+// trimLocked gives back all of the reservation beyond used plus slack.
+// Called with mu held.
 func (a *Account) trimLocked(slack int64) {
 	for {
 		r := a.reserved.Load()
@@ -116,10 +112,7 @@ func (a *Account) trimLocked(slack int64) {
 			testHookRelease()
 		}
 		a.reserved.Store(target)
-		// A Grow on the fast path may have raised used after our load; it
-		// reads reserved after raising used and backs off if it sees
-		// target. If we see its raise instead, we restore the reservation
-		// and look again.
+		// A fast-path Grow that raised used meanwhile: restore, look again.
 		if v := a.used.Load(); v >= 0 && v <= target {
 			a.giveBack(r-target, nil)
 			return
@@ -159,10 +152,8 @@ func (a *Account) Close() {
 	}
 }
 
-// close is Close without the strict panic: it returns the first leak it
-// found, or "". cause, when not nil, is why the account closed (the cause of
-// the context it was bound to), and the errors of later Grow and Open calls
-// wrap it. The first close wins.
+// close is Close without the strict panic: it returns the first leak, or
+// "". Later errors wrap cause, the bound context's (see closeCause).
 func (a *Account) close(cause error) (leak string) {
 	kids, leak, ok := a.closeSelf(cause)
 	if !ok {
@@ -181,9 +172,8 @@ func (a *Account) close(cause error) (leak string) {
 	return leak
 }
 
-// closeSelf marks a closed, gives back what it and its children hold, and
-// returns the list of its children, now unlinked, to close. ok is false when
-// a was closed already.
+// closeSelf closes a alone, gives back all it holds, and returns its
+// unlinked children; ok is false when a was closed already.
 func (a *Account) closeSelf(cause error) (kids *Account, leak string, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -196,9 +186,7 @@ func (a *Account) closeSelf(cause error) (kids *Account, leak string, ok bool) {
 	hold := r + a.kids.Load()
 	a.kids.Store(0)
 	a.giveBack(hold, a) // also unlinks a from its parent
-	// The children are unlinked here; sibNext stays so the caller can walk
-	// the list, and each child's Close finds it is not linked.
-	kids = a.firstKid
+	kids = a.firstKid   // sibNext stays, for the caller's walk
 	a.firstKid = nil
 	for c := kids; c != nil; c = c.sibNext {
 		c.linked = false
