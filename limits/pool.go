@@ -21,25 +21,19 @@ import (
 // Pool is safe for concurrent use. Create one with NewPool and Close it when
 // done; the zero value is not usable.
 type Pool struct {
-	// used is the sum of the reservations of the pool's top-level accounts.
-	used atomic.Int64
-	peak atomic.Int64
-	// burstPeak is the highest used since the last burst that the
-	// middleware's requests ended together (see Middleware).
-	burstPeak atomic.Int64
+	used      atomic.Int64 // what the top-level accounts reserved
+	peak      atomic.Int64
+	burstPeak atomic.Int64 // the highest used since the last burst ended together
 	pressure  atomic.Bool
 	_         [39]byte // keep the shared counters on their own cache line
 
-	// Read on every Grow, written once: a line of its own that stays
-	// shared in every core's cache.
-	closed atomic.Bool
-	mode   Mode
-	limit  atomic.Int64 // Unlimited when the pool has no limit
-	chunk  int64
-	// derived is true for a pool made with Limit 0: its limit follows
-	// GOMEMLIMIT. gen is the memLimitGen its limit was computed at.
-	derived bool
-	gen     atomic.Uint64
+	// Read on every Grow, written once: a cache line of its own.
+	closed  atomic.Bool
+	mode    Mode
+	limit   atomic.Int64 // Unlimited when the pool has no limit
+	chunk   int64
+	derived bool          // Limit 0: the limit follows GOMEMLIMIT
+	gen     atomic.Uint64 // the memLimitGen the limit was computed at
 	_       [16]byte
 
 	refused       atomic.Int64
@@ -87,11 +81,10 @@ type Pool struct {
 	wg           sync.WaitGroup // the refresh goroutine
 }
 
-// unguarded counts limits.Grow calls whose context had no account.
-var unguarded atomic.Int64
+var unguarded atomic.Int64 // PoolStats.Unguarded
 
-// fromCgroup and fromSystem read the memory a pool without GOMEMLIMIT falls
-// back on; tests replace them.
+// fromCgroup and fromSystem are the fallbacks without GOMEMLIMIT; tests
+// replace them.
 var (
 	fromCgroup = memlimit.FromCgroup
 	fromSystem = memlimit.FromSystem
@@ -121,8 +114,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	return p, nil
 }
 
-// checkPoolConfig returns NewPool's error for a cfg out of range, nil for
-// a valid one (see NewPool).
+// checkPoolConfig returns NewPool's error for a cfg out of range.
 func checkPoolConfig(cfg PoolConfig) error {
 	if cfg.Limit < 0 {
 		return fmt.Errorf("%w: PoolConfig.Limit %d is negative", ErrInvalidSize, cfg.Limit)
@@ -145,9 +137,8 @@ func checkPoolConfig(cfg PoolConfig) error {
 	return nil
 }
 
-// newPoolDefaults returns a pool configured by a valid cfg, the defaults
-// of its zero fields applied, without its mode, limit, heap watch or
-// registration; it logs nothing.
+// newPoolDefaults returns a pool with cfg's fields and their defaults,
+// without mode, limit, heap watch or registration.
 func newPoolDefaults(cfg PoolConfig) *Pool {
 	p := &Pool{
 		name:          cfg.Name,
@@ -186,9 +177,8 @@ func newPoolDefaults(cfg PoolConfig) *Pool {
 	return p
 }
 
-// readMode sets the pool's mode from MEMCTL and MEMCTL_BUDGETS (see Mode),
-// logging a bad MEMCTL_BUDGETS at WARN (budgets are then enforced) and a
-// mode other than ModeEnforce at INFO.
+// readMode sets the pool's mode (see Mode), logging a mode other than
+// ModeEnforce at INFO.
 func (p *Pool) readMode() {
 	mode, err := parseMode(os.Getenv)
 	if err != nil {
@@ -200,10 +190,8 @@ func (p *Pool) readMode() {
 	}
 }
 
-// initialLimit returns the pool's limit in bytes for PoolConfig.Limit
-// limit and where it came from, for the log line. For a derived pool
-// (limit 0) it records the current GOMEMLIMIT generation and returns what
-// defaultLimit returns, its error included.
+// initialLimit returns the pool's limit for PoolConfig.Limit limit and where
+// it came from; for a derived pool, defaultLimit's.
 func (p *Pool) initialLimit(limit int64) (int64, string, error) {
 	from := "PoolConfig.Limit"
 	if limit == Unlimited {
@@ -216,9 +204,7 @@ func (p *Pool) initialLimit(limit int64) (int64, string, error) {
 	return limit, from, nil
 }
 
-// watchHeap subscribes the pool to the end of each GC cycle (heapAt). The
-// subscription holds the pool weakly: a pool dropped without Close ends it
-// at the next cycle.
+// watchHeap subscribes the pool to each GC end (heapAt).
 func (p *Pool) watchHeap() {
 	wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
 	p.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
@@ -231,11 +217,8 @@ func (p *Pool) watchHeap() {
 	})
 }
 
-// register adds the pool to the open pools (registerPool), logging first,
-// in this order: at WARN, when another open pool has the same name; at
-// INFO, the pool made with its limit in bytes and where the limit came
-// from; at WARN, when the pool and another open one both have the default
-// limit. The warnings are not given in ModeOff.
+// register adds the pool to the open pools, logging its limit at INFO and,
+// unless ModeOff, a duplicate name or a second default pool at WARN.
 func (p *Pool) register(limit int64, from string) {
 	if p.mode != ModeOff && poolNamed(p.name) {
 		p.log.Warn("limits: another open pool has the same name: the errors, Stats and metrics of the two cannot be told apart (set PoolConfig.Name)", "pool", p.name)
@@ -248,8 +231,7 @@ func (p *Pool) register(limit int64, from string) {
 	registerPool(p)
 }
 
-// derivedPool returns the name of an open pool whose limit follows
-// GOMEMLIMIT, "" when there is none.
+// derivedPool returns the name of an open pool with the default limit, or "".
 func derivedPool() string {
 	name := ""
 	eachPool(func(q *Pool) {
@@ -260,20 +242,15 @@ func derivedPool() string {
 	return name
 }
 
-// memLimitGen counts the changes of GOMEMLIMIT made by this package (the
-// MemLimiter's refresh): a pool whose limit follows GOMEMLIMIT compares it
-// with the generation its limit was computed at, one atomic load on the
-// pool's path (an account crossing a chunk boundary), never on Grow's
-// common path. Changes made elsewhere (the program's SetMemoryLimit, a
-// death-spiral lift) are seen at the next GC cycle's end (observeHeap).
+// memLimitGen counts this package's changes of GOMEMLIMIT, which derived
+// pools follow at their next reservation; other changes are seen at the
+// next GC end (observeHeap).
 var memLimitGen atomic.Uint64
 
-// noteMemLimitSet is called after every debug.SetMemoryLimit of this
-// package that changes GOMEMLIMIT.
+// noteMemLimitSet is called after each GOMEMLIMIT change of this package.
 func noteMemLimitSet() { memLimitGen.Add(1) }
 
-// curLimit returns the pool's limit, first following GOMEMLIMIT when it
-// was changed since the limit was computed (derived pools only).
+// curLimit returns the pool's limit, first following a changed GOMEMLIMIT.
 func (p *Pool) curLimit() int64 {
 	if p.derived {
 		if g := memLimitGen.Load(); g != p.gen.Load() {
@@ -283,10 +260,8 @@ func (p *Pool) curLimit() int64 {
 	return p.limit.Load()
 }
 
-// follow sets a derived pool's limit to defaultPoolRatio of GOMEMLIMIT gml,
-// computed at generation g, and logs the change at INFO. A GOMEMLIMIT that
-// is no longer set keeps the limit as it is. Of concurrent callers with the
-// same g only one acts.
+// follow sets a derived pool's limit to defaultPoolRatio of gml, read at
+// generation g (one caller per g), unless GOMEMLIMIT is unset.
 func (p *Pool) follow(g uint64, gml int64) {
 	old := p.gen.Load()
 	if g != old && !p.gen.CompareAndSwap(old, g) {
@@ -302,8 +277,7 @@ func (p *Pool) follow(g uint64, gml int64) {
 	}
 }
 
-// mibOrUnlimited gives a limit in MiB ("111.7MiB", as memctl's startup
-// line writes GOMEMLIMIT), or "unlimited".
+// mibOrUnlimited gives a limit as "111.7MiB" or "unlimited".
 func mibOrUnlimited(n int64) string {
 	if n == Unlimited {
 		return "unlimited"
@@ -318,9 +292,8 @@ func poolNamed(name string) bool {
 	return found
 }
 
-// defaultLimit returns the limit of a pool configured with Limit 0, given
-// GOMEMLIMIT gml (math.MaxInt64 when not set), and where it came from; see
-// PoolConfig.Limit.
+// defaultLimit returns PoolConfig.Limit 0's limit given GOMEMLIMIT gml, and
+// where it came from.
 func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 	if gml != math.MaxInt64 {
 		return max(int64(float64(gml)*defaultPoolRatio), 1), "half of GOMEMLIMIT " + logattr.MiBCompact(gml) + ", following it", nil
@@ -403,8 +376,7 @@ func (p *Pool) Open(name string, limit int64) (*Account, error) {
 	return p.open(name, 0, limit)
 }
 
-// open is Open; seq > 0 names the account "req-<seq>" without building the
-// string (the middleware's default names).
+// open is Open; seq > 0 names the account "req-<seq>", built only if needed.
 func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
 	if err := checkLimit(limit, func() string { return p.name + "/" + name + ": Open" }); err != nil {
 		return nil, err

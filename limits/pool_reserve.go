@@ -10,11 +10,9 @@ import (
 	"time"
 )
 
-// reserve takes want bytes from the pool, or only need (≤ want) when want
-// does not fit, and returns how many it took. When need does not fit either
-// the error is an *ExhaustedError; in ModeObserve and ModeOff the refusal is
-// recorded in o and the bytes are taken anyway, unless the total would pass
-// math.MaxInt64.
+// reserve takes want bytes from the pool, or only need when want does not
+// fit, and returns how many it took; a refusal is an *ExhaustedError, or,
+// not enforced, recorded in o (unless past math.MaxInt64).
 func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 	if p.closed.Load() {
 		return 0, fmt.Errorf("%w: pool %s", ErrClosed, p.name)
@@ -50,9 +48,8 @@ func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
 // unreserve returns n bytes to the pool.
 func (p *Pool) unreserve(n int64) { p.used.Add(-n) }
 
-// noteRefused counts a Grow(n) that failed with err when err is a refusal
-// (an *ExhaustedError), fills in the size the caller asked for, and records
-// in the account and its ancestors what they would have used.
+// noteRefused counts a refused Grow(n), sets its Requested and RetryAfter,
+// and records refusedAt up the accounts.
 func (a *Account) noteRefused(n int64, err error) {
 	e, ok := err.(*ExhaustedError)
 	if !ok {
@@ -61,9 +58,7 @@ func (a *Account) noteRefused(n int64, err error) {
 	a.pool.refusedBy[a.pool.refusalScope(e)].Add(1)
 	e.Requested = n
 	if e.RetryAfter > 0 {
-		// The pool was full, under heap pressure or shedding: a retry can
-		// succeed once that passes, unless this work alone does not fit in
-		// the pool's limit.
+		// No retry when this work alone does not fit in the pool.
 		u := max(a.used.Load(), 0) + a.kids.Load()
 		if l := a.pool.limit.Load(); n > l-min(u, l) {
 			e.RetryAfter = 0
@@ -84,8 +79,7 @@ const (
 	scopeShed
 )
 
-// refusalScope tells which scope refused with e: the pool (its name alone),
-// heap pressure, shedding, or an account.
+// refusalScope tells which scope refused with e.
 func (p *Pool) refusalScope(e *ExhaustedError) int {
 	switch {
 	case e.Scope == p.name:
@@ -98,8 +92,8 @@ func (p *Pool) refusalScope(e *ExhaustedError) int {
 	return scopeAccount
 }
 
-// noteObserved counts a Grow let through in ModeObserve or ModeOff, and
-// logs it in ModeObserve, at most once per observeLogInterval.
+// noteObserved counts a Grow let through, logged in ModeObserve at most
+// once per observeLogInterval.
 func (p *Pool) noteObserved(e *ExhaustedError) {
 	p.observed.Add(1)
 	if p.mode != ModeObserve {
@@ -114,9 +108,8 @@ func (p *Pool) noteObserved(e *ExhaustedError) {
 		"error", e.Error(), "observed", p.observed.Load())
 }
 
-// noteLeak counts an account closed with n bytes it grew and did not
-// shrink, logs the first one, and returns the message a strict pool panics
-// with ("" when not strict).
+// noteLeak counts a leak of n bytes, logs the first, and returns the strict
+// panic's message ("" when not strict).
 func (p *Pool) noteLeak(scope string, n int64) string {
 	p.leaked.Add(1)
 	p.leakedBytes.Add(n)
@@ -130,8 +123,7 @@ func (p *Pool) noteLeak(scope string, n int64) string {
 	return ""
 }
 
-// list adds a, with the cancel function of its context, to the accounts
-// that CancelLargest may cancel.
+// list adds a, with its context's cancel, to those CancelLargest may cancel.
 func (p *Pool) list(a *Account, cancel context.CancelCauseFunc) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
