@@ -11,9 +11,7 @@ import (
 	"github.com/memctl/memctl/internal/gomemlimit"
 )
 
-// liveHeapMetric is the live Go heap after the last GC cycle, in bytes:
-// the heap objects marked reachable by the last mark phase; gcCyclesMetric
-// counts the GC cycles completed.
+// The live heap after the last GC, in bytes, and the GC cycles completed.
 const (
 	liveHeapMetric = "/gc/heap/live:bytes"
 	gcCyclesMetric = "/gc/cycles/total:gc-cycles"
@@ -21,12 +19,8 @@ const (
 
 type metricsSample = metrics.Sample
 
-// readHeap reads the live heap from runtime/metrics and GOMEMLIMIT from
-// debug.SetMemoryLimit(-1) and records them (observeHeap), once per GC
-// cycle. It runs at the end of each GC cycle, on the runtime's cleanup
-// goroutine (internal/gcend), and after each cycle the pool runs itself
-// (refreshHeap): a cycle that starts while the hook is being re-armed ends
-// without calling it.
+// readHeap reads the live heap and GOMEMLIMIT now and records them (heapAt),
+// after each GC cycle the pool runs itself.
 func (p *Pool) readHeap() {
 	p.heapMu.Lock()
 	metrics.Read(p.sample[:])
@@ -42,8 +36,8 @@ func (p *Pool) readHeap() {
 	p.heapAt(live, cycle, debug.SetMemoryLimit(-1))
 }
 
-// heapAt records GC cycle's live heap and GOMEMLIMIT, once per cycle (0:
-// the count is unknown), and sets or clears heap pressure.
+// heapAt records a GC cycle's live heap and GOMEMLIMIT once per cycle (0:
+// unknown).
 func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
 	p.heapMu.Lock()
 	defer p.heapMu.Unlock()
@@ -56,20 +50,16 @@ func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
 	p.observeHeap(live, gomemlimit)
 }
 
-// observeHeap records one GC cycle's live heap and GOMEMLIMIT and sets or
-// clears heap pressure; under pressure with CancelLargest it cancels the
-// context of the largest open account, if it holds at least CancelShare of
-// the live heap. The decision is heapPressure's; applyHeap applies it.
+// observeHeap decides (heapPressure) and applies (applyHeap) one GC cycle's
+// heap pressure.
 func (p *Pool) observeHeap(live, gomemlimit int64) {
 	d := heapPressure(heapInputs{live: live, gomemlimit: gomemlimit, ratio: p.heapRatio,
 		limit: p.limit.Load(), derived: p.derived, cancel: p.cancelLargest})
 	p.applyHeap(live, gomemlimit, d)
 }
 
-// applyHeap applies d, heapPressure's decision for one GC cycle's live heap
-// and GOMEMLIMIT: it records them and the pressure, follows GOMEMLIMIT,
-// runs the charge check, and cancels the largest account or, with no
-// pressure, ends the episode of the no-cancel WARN line.
+// applyHeap records d and the reading, follows GOMEMLIMIT, checks the
+// charges, and cancels the largest account or ends the no-cancel episode.
 func (p *Pool) applyHeap(live, gomemlimit int64, d heapDecision) {
 	p.heapLive.Store(live)
 	p.heapThreshold.Store(d.threshold)
@@ -89,9 +79,8 @@ func (p *Pool) applyHeap(live, gomemlimit int64, d heapDecision) {
 	}
 }
 
-// heapThreshold returns ratio (in (0, 1]) of gomemlimit (> 0) in bytes,
-// at most gomemlimit: the float64 product of a GOMEMLIMIT within 512 bytes
-// of math.MaxInt64 rounds up to 2^63, which does not convert to an int64.
+// heapThreshold returns ratio of gomemlimit, at most gomemlimit (a product
+// near math.MaxInt64 rounds up to 2^63, no int64).
 func heapThreshold(gomemlimit int64, ratio float64) int64 {
 	f := float64(gomemlimit) * ratio
 	if f >= math.MaxInt64 { // 2^63 as a float64
@@ -100,13 +89,9 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 	return min(int64(f), gomemlimit)
 }
 
-// cancelLargestAccount cancels the context of the listed account, not yet
-// canceled, that uses the most bytes, if that is at least CancelShare of
-// live. When no account is that large it says so once per episode of heap
-// pressure, or, for the kernel's pressure (kernel true, the function
-// CancelLargest), at most once per kernelWarnInterval: that the pressure
-// comes from memory outside the accounts, or, when the accounts hold at
-// least half of live, from accounts that each hold less than the minimum.
+// cancelLargestAccount cancels the context of the largest listed account if
+// it holds at least CancelShare of live; else it says why at WARN, once per
+// episode (kernel: once per kernelWarnInterval).
 func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bool) (canceled bool) {
 	minUsed := cancelMin(live, p.cancelShare)
 	p.mu.Lock()
@@ -138,8 +123,6 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 		accounted := p.used.Load()
 		msg := "limits: " + why + " from memory outside the pool's accounts; no request canceled"
 		if accounted >= live/2 {
-			// Not outside: spread over accounts that each hold less than
-			// the minimum (many requests, or CancelShare set high).
 			msg = "limits: " + why + " from the pool's accounts, none of which holds PoolConfig.CancelShare of it; no request canceled"
 		}
 		p.log.Warn(msg, "pool", p.name, "heap_live", live, "threshold", threshold, "accounted", accounted,
@@ -148,9 +131,8 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 	return false
 }
 
-// refreshIfStale runs a GC cycle on a goroutine of its own when the last
-// cycle the watch saw is older than heapRefreshInterval: a pool under heap
-// pressure refuses the requests whose allocation would run the next cycle.
+// refreshIfStale runs a GC cycle (refreshHeap) when the last one seen is
+// older than heapRefreshInterval.
 func (p *Pool) refreshIfStale() {
 	if p.sub == nil || !heapStale(time.Now().UnixNano(), p.lastCycle.Load()) {
 		return
@@ -158,10 +140,9 @@ func (p *Pool) refreshIfStale() {
 	p.refreshHeap()
 }
 
-// refreshHeap runs one GC cycle on a goroutine that exits, or, when one is
-// running already (its cycle may have marked before the caller freed
-// anything), one more cycle after it; the heap watch reads the heap at the
-// end of each. Nothing runs once the pool is closed; Close waits for it.
+// refreshHeap runs a GC cycle on a goroutine that exits, or one more after
+// the running one (it may have marked before the caller freed); Close
+// waits for it.
 func (p *Pool) refreshHeap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -193,11 +174,9 @@ func (p *Pool) refreshHeap() {
 	}()
 }
 
-// workEnded is called when the work of account a ends (Close, the end of
-// WithAccount's context, the middleware after the handler): when the pool is
-// under heap pressure and a was canceled by it or held at least CancelShare
-// of the live heap, the heap is read again at once (refreshHeap), since the
-// memory a's work held is now garbage that only a GC cycle can show.
+// workEnded runs a GC cycle (refreshHeap) when a's work ends under heap
+// pressure and a was canceled by it or held at least CancelShare: only a
+// cycle shows its memory free.
 func (p *Pool) workEnded(a *Account) {
 	if p.sub == nil || !p.pressure.Load() {
 		return
@@ -207,15 +186,11 @@ func (p *Pool) workEnded(a *Account) {
 	}
 }
 
-// kernelWarnInterval is the shortest time between two of CancelLargest's
-// WARN lines saying it canceled nothing: the kernel pressure watcher calls
-// it up to every 2 s (pressure.Config.MinInterval's default) during an episode, whose
-// end this package does not see.
+// kernelWarnInterval is the least time between two WARNs that the kernel's
+// pressure canceled nothing: this package does not see its episodes end.
 const kernelWarnInterval = time.Minute
 
-// mayWarnNoCancel reports whether the WARN line of a pressure that cancels
-// nothing is due: once per episode of heap pressure, or, for the kernel's
-// pressure, once per kernelWarnInterval.
+// mayWarnNoCancel reports whether the no-cancel WARN is due.
 func (p *Pool) mayWarnNoCancel(kernel bool) bool {
 	if !kernel {
 		return p.outsideLogged.CompareAndSwap(false, true)
@@ -225,9 +200,8 @@ func (p *Pool) mayWarnNoCancel(kernel bool) bool {
 	return (last == 0 || now-last >= int64(kernelWarnInterval)) && p.kernelWarnAt.CompareAndSwap(last, now)
 }
 
-// checkCharges compares, at the end of a GC cycle, what the pool's accounts
-// hold with what the live heap holds beyond its baseline (see
-// PoolConfig.ChargeRatio). Called with heapMu held.
+// checkCharges is the charge check (PoolConfig.ChargeRatio). Called with
+// heapMu held.
 func (p *Pool) checkCharges(live, gml int64) {
 	if p.chargeRatio < 0 {
 		return
@@ -235,10 +209,7 @@ func (p *Pool) checkCharges(live, gml int64) {
 	base := p.baseline.Load()
 	inFlight := p.inFlight.Load()
 	if base < 0 || inFlight <= 0 || live < base {
-		// No baseline yet, nothing in flight (what the heap holds now is
-		// the service's own), or less than the baseline (it was taken
-		// with work in flight, or the service shrank).
-		p.baseline.Store(live)
+		p.baseline.Store(live) // idle, first, or lower (docs/sizing.md)
 		return
 	}
 	beyond := live - base

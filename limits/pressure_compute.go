@@ -2,9 +2,7 @@ package limits
 
 import "github.com/memctl/memctl/internal/gomemlimit"
 
-// heapInputs is everything the pool's heap-pressure decision at the end of
-// a GC cycle depends on, as observeHeap read it: the reading and the
-// pool's configuration and limit.
+// heapInputs is everything heapPressure decides from.
 type heapInputs struct {
 	live       int64   // the live heap at the cycle's end, in bytes
 	gomemlimit int64   // GOMEMLIMIT then, in bytes; ≤ 0 or math.MaxInt64: not set
@@ -16,23 +14,13 @@ type heapInputs struct {
 
 // heapDecision is heapPressure's answer, for observeHeap to apply.
 type heapDecision struct {
-	// threshold is the live heap above which the pool is under heap
-	// pressure, in bytes: ratio of GOMEMLIMIT; 0 when GOMEMLIMIT is not
-	// set or the share rounds down to 0 (no pressure then).
-	threshold int64
-	// over: the pool is under heap pressure (live > threshold > 0).
-	over bool
-	// follow: a derived pool's limit is not defaultPoolRatio of a set
-	// GOMEMLIMIT, which was changed outside this package; the pool
-	// follows it.
-	follow bool
-	// cancel: under pressure with CancelLargest, cancel the largest
-	// open account (cancelLargestAccount).
-	cancel bool
+	threshold int64 // bytes: ratio of GOMEMLIMIT; 0: no pressure
+	over      bool  // live > threshold > 0
+	follow    bool  // a derived pool's limit misses a GOMEMLIMIT changed elsewhere
+	cancel    bool  // over, with CancelLargest
 }
 
-// heapPressure is the pool's heap-pressure decision at the end of a GC
-// cycle. It reads nothing else and writes nothing.
+// heapPressure is the pool's heap-pressure decision at a GC end; it is pure.
 func heapPressure(in heapInputs) heapDecision {
 	var d heapDecision
 	if gomemlimit.IsSet(in.gomemlimit) {
@@ -44,13 +32,9 @@ func heapPressure(in heapInputs) heapDecision {
 	return d
 }
 
-// heapStale reports whether a pool under heap pressure runs a GC cycle
-// itself: the last cycle it saw (or started), at last, is at least
-// heapRefreshInterval before now; both are time.Time.UnixNano values.
+// heapStale reports whether last is heapRefreshInterval before now (UnixNano).
 func heapStale(now, last int64) bool { return now-last >= int64(heapRefreshInterval) }
 
-// cancelMin returns the fewest bytes an account must hold to count as a
-// cause of pressure on live bytes (CancelLargest cancels it; its end makes
-// the pool read the heap again): share (PoolConfig.CancelShare, in (0, 1])
-// of live, rounded down, and at least 1.
+// cancelMin returns share of live, at least 1: the least an account holds to
+// count as a cause of the pressure.
 func cancelMin(live int64, share float64) int64 { return max(int64(float64(live)*share), 1) }

@@ -10,16 +10,13 @@ import (
 	"github.com/memctl/memctl/internal/relief"
 )
 
-// openPools are the pools that shedding and cancelLargest reach: weak, so
-// that a pool dropped without Close is not kept alive by them.
+// openPools are the pools shedding and cancelLargest reach, held weakly.
 var openPools struct {
 	mu    sync.Mutex
 	pools []weak.Pointer[Pool]
 }
 
-// registerCanceler makes cancelLargest the process's cancel of the
-// largest request (internal/relief), called by the kernel pressure watcher.
-var registerCanceler sync.Once
+var registerCanceler sync.Once // relief.SetCanceler(cancelLargest), once
 
 func registerPool(p *Pool) {
 	registerCanceler.Do(func() { relief.SetCanceler(cancelLargest) })
@@ -60,32 +57,17 @@ func eachPool(f func(*Pool)) {
 	}
 }
 
-// Load shedding (internal/relief.Shed) is on during a GC death spiral
-// (package pressure): a Grow that would take an account (its own bytes and
-// its children's) past its pool's PoolConfig.ShedSize is refused with an
-// *ExhaustedError whose scope ends in "(shedding)" and whose RetryAfter is
-// defaultRetryAfter (HTTP 429 with Retry-After): large work waits, small
-// requests go on. Accounts already past ShedSize keep what they hold. While
-// it is on, an account reserves from its parent no more than takes it to
-// ShedSize, so that Grows on the fast path stop there too. With
-// MEMCTL_BUDGETS=observe or off the refusal is counted and not applied. It
-// adds one atomic load to a Grow's slow path and nothing to the fast path.
+// Load shedding (relief.Shedding, during a GC death spiral): a Grow that
+// would take an account past PoolConfig.ShedSize is refused with an
+// *ExhaustedError whose scope ends in "(shedding)", retryable; accounts keep
+// what they hold, and reserve no further than ShedSize, so that the fast
+// path stops there too. Not enforced, it is only counted.
 
-// cancelLargest cancels, in every open pool configured with CancelLargest,
-// the open account (bound with WithAccount or the middleware) that uses the
-// most bytes, provided it holds at least CancelShare of the Go memory: the
-// larger of the live heap at the last GC cycle and what the runtime holds
-// from the OS now (runtime/metrics /memory/classes/total:bytes less
-// /memory/classes/heap/released:bytes), so that before the first GC cycle,
-// when the live heap reads 0, a request of a few bytes is not canceled;
-// the cause is an *ExhaustedError with scope "... (memory pressure)". It
-// returns how many accounts it canceled. When a pool has no account that
-// large it logs so at WARN, at most once a minute. The kernel
-// memory-pressure watcher (package pressure) calls it through
-// internal/relief: the request that holds the most is stopped before the
-// OOM killer stops the process.
-// With MEMCTL_BUDGETS=observe or off nothing is canceled (it is counted).
-// Safe for concurrent use.
+// cancelLargest is the kernel pressure watcher's cancel (internal/relief):
+// in each pool with CancelLargest, it cancels the largest account holding
+// at least CancelShare of the Go memory (the larger of the live heap and
+// what the runtime holds now, never 0 before the first GC), with cause
+// "... (memory pressure)", and returns how many it canceled.
 func cancelLargest() int {
 	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMemoryMetric}, {Name: releasedMetric}}
 	metrics.Read(s)
@@ -99,17 +81,13 @@ func cancelLargest() int {
 	return n
 }
 
-// goMemoryMetric is all the memory the Go runtime has mapped, and
-// releasedMetric the heap memory it returned to the OS: the difference is
-// what the runtime holds from the OS now, never 0, unlike the live heap
-// before the first GC cycle.
+// Their difference is what the Go runtime holds from the OS now.
 const (
 	goMemoryMetric = "/memory/classes/total:bytes"
 	releasedMetric = "/memory/classes/heap/released:bytes"
 )
 
-// sampleBytes returns a runtime/metrics sample in bytes, 0 when the
-// runtime does not have it.
+// sampleBytes returns s in bytes, 0 when the runtime lacks it.
 func sampleBytes(s metrics.Sample) int64 {
 	if s.Value.Kind() != metrics.KindUint64 {
 		return 0
@@ -117,15 +95,12 @@ func sampleBytes(s metrics.Sample) int64 {
 	return int64(min(s.Value.Uint64(), math.MaxInt64))
 }
 
-// shedSizeFor returns PoolConfig.ShedSize's default for a pool of limit
-// bytes: defaultShedSize, or a sixteenth of a smaller pool, at least one
-// chunk.
+// shedSizeFor returns PoolConfig.ShedSize's default for a pool of limit bytes.
 func shedSizeFor(limit, chunk int64) int64 {
 	return max(min(defaultShedSize, limit/16), chunk)
 }
 
-// shedLimit returns the pool's ShedSize: PoolConfig.ShedSize, or its
-// default for the pool's limit now (which follows GOMEMLIMIT).
+// shedLimit returns the pool's ShedSize, the default following the limit.
 func (p *Pool) shedLimit() int64 {
 	if p.shedSize > 0 {
 		return p.shedSize
@@ -133,8 +108,7 @@ func (p *Pool) shedLimit() int64 {
 	return shedSizeFor(p.curLimit(), p.chunk)
 }
 
-// shedError returns the refusal of a Grow of n over total while shedding,
-// or nil when the Grow stays within ShedSize.
+// shedError returns the refusal of a Grow of n over total while shedding.
 func (a *Account) shedError(n, total int64) *ExhaustedError {
 	if !relief.Shedding() {
 		return nil
@@ -146,11 +120,8 @@ func (a *Account) shedError(n, total int64) *ExhaustedError {
 	return &ExhaustedError{Requested: n, Used: total, Limit: s, Scope: a.scope() + " (shedding)", RetryAfter: defaultRetryAfter}
 }
 
-// shedCap returns want, the bytes a reservation rounded up to a chunk
-// would take, lowered while shedding so that the account's holdings, held
-// now, do not pass ShedSize by more than need: a chunk reserved past
-// ShedSize would let Grows on the fast path, which does not look at Shed,
-// use it.
+// shedCap lowers want while shedding so that held plus the reservation
+// passes ShedSize by no more than need: the fast path does not look.
 func (a *Account) shedCap(want, need, held int64) int64 {
 	if !relief.Shedding() {
 		return want
