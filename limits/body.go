@@ -9,18 +9,11 @@ import (
 	"sync/atomic"
 )
 
-// bodyCopies is how many times its length a request body is charged: a
-// body read into memory is held twice at its peak. io.ReadAll builds it in
-// chunks and copies them into one slice at the end, also when a Read
-// fails; bytes.Buffer and encoding/json's Decoder copy their buffer into
-// one twice as large as they grow. A body charged once could therefore
-// hold twice its budget in memory before the charge refused it (measured
-// figures: docs/budgets.md).
+// bodyCopies is how many times its length a request body is charged: read
+// into memory it is held twice at its peak (docs/budgets.md).
 const bodyCopies = 2
 
-// bodyCharge returns what a body of n bytes is charged, bodyCopies times n,
-// or math.MaxInt64 when that does not fit (a Content-Length from a client
-// can be any size).
+// bodyCharge returns bodyCopies × n, saturated at math.MaxInt64.
 func bodyCharge(n int64) int64 {
 	if n > math.MaxInt64/bodyCopies {
 		return math.MaxInt64
@@ -28,12 +21,8 @@ func bodyCharge(n int64) int64 {
 	return n * bodyCopies
 }
 
-// chargedBody is a request body of unknown length (chunked, or HTTP/2
-// without content-length) whose reads are charged to the request's
-// account as they happen: bodyCharge of each Read's bytes. When the
-// account refuses, that Read and every later one returns the budget error
-// and the bytes it read are dropped. Reads and Close come from the handler;
-// charged is read once it returned.
+// chargedBody is a body of unknown length charged as it is read; after a
+// refusal every Read returns the budget error (docs/budgets.md).
 type chargedBody struct {
 	rc      io.ReadCloser
 	a       *Account
@@ -59,20 +48,15 @@ func (b *chargedBody) Read(p []byte) (int, error) {
 
 func (b *chargedBody) Close() error { return b.rc.Close() }
 
-// writeTracker is the ResponseWriter of a request whose body is charged as
-// it is read: it records whether the handler has answered, so that the
-// middleware answers a refused read with 429 only when the handler wrote
-// nothing. It passes Flush, Hijack and ReadFrom on to the ResponseWriter it
-// wraps, and Unwrap gives it to http.ResponseController.
+// writeTracker records whether the handler has answered, so that a refused
+// read gets the middleware's 429 only when it wrote nothing.
 type writeTracker struct {
 	http.ResponseWriter
 	wrote bool
 }
 
 func (w *writeTracker) WriteHeader(code int) {
-	// An informational status (103 Early Hints) is not the answer; 101
-	// Switching Protocols is.
-	if code >= 200 || code == http.StatusSwitchingProtocols {
+	if code >= 200 || code == http.StatusSwitchingProtocols { // 1xx is not the answer, but 101 is
 		w.wrote = true
 	}
 	w.ResponseWriter.WriteHeader(code)

@@ -10,9 +10,7 @@ import (
 	"time"
 )
 
-// defaultBurstThreshold is the largest default burst threshold, in bytes:
-// when HTTPConfig.BurstThreshold is 0 a request ends a burst at 64 MiB, or at
-// half of HTTPConfig.Limit when that is smaller.
+// defaultBurstThreshold is the largest default BurstThreshold, in bytes.
 const defaultBurstThreshold = 64 << 20
 
 // HTTPConfig configures Pool.Middleware. Limit must be set; the other fields'
@@ -73,51 +71,34 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 	}, nil
 }
 
-// httpMiddleware is one middleware made by Pool.Middleware: its
-// configuration and what its requests share. Safe for concurrent use.
+// httpMiddleware is one Pool.Middleware and what its requests share.
 type httpMiddleware struct {
-	p         *Pool
-	cfg       HTTPConfig
-	threshold int64 // bytes, cfg.BurstThreshold resolved (burstThreshold); <= 0: never
-	// inflight counts the requests in the handler; overlapped is set when
-	// two were at once since the last burst they ended together.
-	inflight   atomic.Int64
-	overlapped atomic.Bool
+	p          *Pool
+	cfg        HTTPConfig
+	threshold  int64        // bytes, cfg.BurstThreshold resolved (burstThreshold); <= 0: never
+	inflight   atomic.Int64 // requests in the handler
+	overlapped atomic.Bool  // two at once since the last burst they ended together
 }
 
-// httpRequest is the state of one request in the middleware, owned by the
-// request's goroutine. It lives on serve's stack: the methods that take it
-// keep no pointer to it.
+// httpRequest is one request's state, on serve's stack: keep no pointer.
 type httpRequest struct {
-	a *Account
-	// end is WithAccount's end with PoolConfig.CancelLargest, nil without.
-	end func() string
-	// What the body is charged, in bytes: all of it up front for a
-	// Content-Length (charged), each Read's share otherwise (body).
-	charged int64
-	body    *chargedBody
-	// admitted is false when the Content-Length was refused: nothing of
-	// the body was read.
-	admitted bool
-	// returned is set when the handler returned, or the middleware
-	// answered without calling it, rather than panicked.
-	returned bool
+	a        *Account
+	end      func() string // WithAccount's end with CancelLargest, else nil
+	charged  int64         // a Content-Length's charge; body's are per Read
+	body     *chargedBody
+	admitted bool // false: the Content-Length was refused, nothing read
+	returned bool // the handler returned (or was not called), not panicked
 }
 
-// serve serves one request: it opens the request's account, admits its
-// body and calls next, then closes the account (finish), even by panic.
-// A closed pool is answered 503 without calling next.
+// serve serves one request (see Middleware).
 func (m *httpMiddleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	a, err := m.open(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	// The account closes when the handler returns. Only a pool that may
-	// cancel the largest request needs the request's own cancelable
-	// context (WithAccount, which allocates more).
 	rq := httpRequest{a: a, admitted: true}
-	var ctx context.Context
+	var ctx context.Context // WithAccount only for CancelLargest: it allocates more
 	if m.p.cancelLargest {
 		ctx, rq.end = withAccount(r.Context(), a)
 	} else {
@@ -148,8 +129,7 @@ func (m *httpMiddleware) serve(next http.Handler, w http.ResponseWriter, r *http
 	}
 }
 
-// open opens the account of request r: named by cfg.Name, or "req-N",
-// built only if needed, numbered in the pool. It returns Open's errors.
+// open opens r's account, named by cfg.Name or "req-N".
 func (m *httpMiddleware) open(r *http.Request) (*Account, error) {
 	if m.cfg.Name != nil {
 		return m.p.Open(m.cfg.Name(r), m.cfg.Limit)
@@ -157,11 +137,8 @@ func (m *httpMiddleware) open(r *http.Request) (*Account, error) {
 	return m.p.open("", m.p.seq.Add(1), m.cfg.Limit)
 }
 
-// admit charges a body of contentLength bytes (> 0) to the request's
-// account up front (bodyCharge). When the account refuses it, admit
-// answers w as WriteError does (503 with the error's text when the account
-// or pool is closed), marks the request not admitted and returns false:
-// the handler must not run.
+// admit charges a body of contentLength bytes up front; on a refusal it
+// answers w (WriteError, or 503 when closed) and returns false.
 func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 	n := bodyCharge(contentLength)
 	if err := rq.a.Grow(n); err != nil {
@@ -175,10 +152,8 @@ func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 	return true
 }
 
-// finish ends request rq, deferred by serve: it releases the body's
-// charge, closes the account, calls cfg.AfterBurst when the request ended
-// a burst, and panics with the leak report when the pool is strict, the
-// account leaked and the handler did not panic itself.
+// finish ends rq, deferred by serve: it releases the body's charge, closes
+// the account, ends a burst, and panics on a strict leak.
 func (m *httpMiddleware) finish(rq *httpRequest) {
 	a := rq.a
 	if rq.body != nil {
@@ -199,17 +174,14 @@ func (m *httpMiddleware) finish(rq *httpRequest) {
 		m.p.workEnded(a)
 	}
 	m.endBurst(reached)
-	// A handler's own panic goes on (net/http logs it, or
-	// http.ErrAbortHandler aborts): the leak it caused is counted, and a
-	// strict panic would replace it.
+	// A strict panic must not replace the handler's own.
 	if leak != "" && m.p.strict && rq.returned {
 		panic(leak)
 	}
 }
 
-// endBurst counts a request out of the handler and calls cfg.AfterBurst
-// when the request, which reached reached bytes, ended a burst alone or
-// together with others (see HTTPConfig.BurstThreshold).
+// endBurst counts a request out and calls AfterBurst when it ended a burst,
+// alone (reached bytes) or together (see HTTPConfig.BurstThreshold).
 func (m *httpMiddleware) endBurst(reached int64) {
 	left := m.inflight.Add(-1)
 	together := m.threshold > 0 && m.overlapped.Load() && m.p.endBurstTogether(m.threshold)
@@ -221,10 +193,8 @@ func (m *httpMiddleware) endBurst(reached int64) {
 	}
 }
 
-// endBurstTogether reports whether the pool's requests together peaked at
-// threshold or more since the last burst they ended and the pool's use is
-// now under half of it; the one caller that sees it so restarts the peak
-// from the use now.
+// endBurstTogether reports whether the pool's use peaked at threshold and is
+// now under half of it; the one caller that sees it so restarts the peak.
 func (p *Pool) endBurstTogether(threshold int64) bool {
 	peak := p.burstPeak.Load()
 	if peak < threshold {
@@ -234,10 +204,10 @@ func (p *Pool) endBurstTogether(threshold int64) bool {
 	return used < threshold/2 && p.burstPeak.CompareAndSwap(peak, used)
 }
 
-// staleHeaders are the headers WriteError deletes: those of the content the
-// handler meant to send. Content-Encoding stays, as in http.Error: a
-// compressing middleware sets it and compresses what WriteError writes
-// (go.dev/issue/66343).
+// staleHeaders are the headers WriteError deletes, as net/http's
+// ServeContent does before an error (a stale Transfer-Encoding breaks the
+// connection, a stale Cache-Control caches the 429); Content-Encoding stays,
+// as in http.Error (go.dev/issue/66343).
 var staleHeaders = [...]string{"Content-Length", "Transfer-Encoding", "Cache-Control", "Etag", "Last-Modified", "Content-Range", "Content-Disposition"}
 
 // errorBody is the JSON body WriteError sends.
@@ -266,11 +236,6 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	}
 	body, _ := json.Marshal(errorBody{Code: codeResourceExhausted, Message: err.Error()})
 	h := w.Header()
-	// The headers of the answer the handler meant to send describe other
-	// content: its length, its framing (a stale Transfer-Encoding breaks the
-	// HTTP/1.1 connection: "too many transfer encodings"), and its caching
-	// (a stale Cache-Control: max-age lets a shared cache serve the 429 to
-	// everyone), as net/http's ServeContent deletes them before an error.
 	for _, k := range staleHeaders {
 		h.Del(k)
 	}
