@@ -86,8 +86,7 @@ func peakBucket(v int64) int {
 	if v <= peakBucketMin {
 		return 0
 	}
-	// The smallest i with v ≤ peakBucketMin<<i: the bit length of
-	// (v-1)>>16, 16 being log2 of peakBucketMin.
+	// The smallest i with v ≤ peakBucketMin<<i (16 = log2 peakBucketMin).
 	return min(bits.Len64(uint64(v-1)>>16), peakBuckets)
 }
 

@@ -24,8 +24,7 @@ type WorkConfig struct {
 	AfterBurst func()
 }
 
-// burstThreshold returns the burst threshold for a budget of limit bytes
-// and a configured threshold t (see HTTPConfig.BurstThreshold).
+// burstThreshold resolves a BurstThreshold t for a budget of limit bytes.
 func burstThreshold(limit, t int64) int64 {
 	if t != 0 {
 		return t
@@ -106,8 +105,7 @@ func (w *Work) Finish(err error) error { return w.finish(err, true) }
 // Abandon does anything.
 func (w *Work) Abandon() { w.finish(nil, false) }
 
-// finish is Finish; returned is false when the work panicked, so that a
-// strict leak panic does not replace the work's own.
+// finish is Finish; returned is false when the work panicked.
 func (w *Work) finish(err error, returned bool) error {
 	if !w.finished.CompareAndSwap(false, true) {
 		return err
