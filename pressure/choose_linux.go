@@ -23,19 +23,16 @@ type source struct {
 // choice is a pick of the kernel source: the candidates in order, and
 // what was learnt of those that could not be used.
 type choice struct {
-	cands []source
-	// why holds every failure; ownWhy why the process's own cgroup could
-	// not be watched; psiWhy why its PSI trigger was refused.
-	why, ownWhy   []error
-	psiWhy        error
-	systemdFailed bool   // $MEMORY_PRESSURE_* set but unusable
-	own           string // the process's memory cgroup directory, "" when none
-	nsRoot        bool   // the process's cgroup is its namespace root, "/"
+	cands         []source
+	why, ownWhy   []error // every failure; those of the process's own cgroup
+	psiWhy        error   // why its PSI trigger was refused
+	systemdFailed bool    // $MEMORY_PRESSURE_* set but unusable
+	own           string  // the process's memory cgroup directory, "" when none
+	nsRoot        bool    // the process's cgroup is its namespace root, "/"
 }
 
-// startWatcher opens the first source Config.Watch allows that works and
-// starts its goroutine. On failure it returns nil and an error naming each
-// source tried.
+// startWatcher opens the first working source Config.Watch allows and starts
+// its goroutine; on failure, an error naming each source tried.
 func startWatcher(m *Monitor) (*watcher, error) {
 	var c choice
 	w := m.cfg.Watch
@@ -155,9 +152,7 @@ func (m *Monitor) startOn(sig *memsignal.Signal, s source, c *choice) (*watcher,
 	}
 	wt.wake, wt.done = wake, make(chan struct{})
 	if len(c.why) > 0 {
-		// Say once why an earlier source did not work: WARN when the
-		// service manager named one (its intent was not followed), DEBUG
-		// otherwise (the choice is in the startup line).
+		// WARN when the service manager named a source not followed, else DEBUG.
 		level := slog.LevelDebug
 		if c.systemdFailed {
 			level = slog.LevelWarn
@@ -171,10 +166,8 @@ func (m *Monitor) startOn(sig *memsignal.Signal, s source, c *choice) (*watcher,
 	return wt, nil
 }
 
-// makeupFunc returns how the watcher of s reads what the memory under
-// pressure is made of: the watched cgroup's memory.stat (for systemd's
-// source, the process's own cgroup), or /proc/meminfo and the process's
-// RssAnon for host-wide PSI.
+// makeupFunc returns the makeup reader for s: the watched cgroup's memory.stat
+// (systemd's: the process's own), or /proc/meminfo and RssAnon host-wide.
 func (m *Monitor) makeupFunc(s source, own string) func() (memsignal.Makeup, error) {
 	if m.deps.makeup != nil {
 		return m.deps.makeup
@@ -199,16 +192,14 @@ var (
 	errNoLimit      = errors.New("no memory limit")
 )
 
-// ownError is a reason (errNoController, errNoLimit) with its detail; its
-// text is the detail alone, the reason leads the note.
+// ownError is a reason (errNoController, errNoLimit) with its detail, its text.
 type ownError struct{ reason, detail error }
 
 func (e ownError) Error() string   { return e.detail.Error() }
 func (e ownError) Unwrap() []error { return []error{e.reason, e.detail} }
 
-// hostWideNote says why the host-wide PSI is watched instead of the
-// process's own cgroup: a read-only mount (EROFS), no limit, no memory
-// controller or another failure, followed by the errors.
+// hostWideNote says why the host-wide PSI is watched instead of the process's
+// own cgroup (read-only mount, no limit, no controller, ...), then the errors.
 func hostWideNote(ownWhy []error) string {
 	reason := "no memory controller"
 	for _, err := range ownWhy {
@@ -228,11 +219,8 @@ func hostWideNote(ownWhy []error) string {
 	return reason + ": " + errors.Join(ownWhy...).Error()
 }
 
-// psiRefusedNote says in a few words why the cgroup's own PSI trigger was
-// refused: EPERM at a cgroup namespace root (the kernel refuses writes to
-// its files when cgroup2 is mounted with nsdelegate, as systemd mounts it:
-// a Kubernetes container), a read-only mount, no PSI in the kernel, or the
-// error.
+// psiRefusedNote says why the cgroup's own PSI trigger was refused. EPERM at a
+// namespace root: cgroup2 mounted with nsdelegate, as systemd does (Kubernetes).
 func psiRefusedNote(err error, nsRoot bool) string {
 	const p = "PSI trigger refused: "
 	switch {

@@ -11,10 +11,8 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// gcEnd runs on the runtime's cleanup goroutine at the end of each GC
-// cycle: it updates Stats and, when an episode begins or ends, publishes
-// the event and hands the log line and the actions to a short-lived
-// goroutine (they may block; this hook must not).
+// gcEnd, the GC-end hook, updates Stats and, when an episode begins or ends,
+// publishes it and hands the log and actions to a goroutine (they may block).
 func (m *Monitor) gcEnd(gs *gcend.Sample) bool {
 	if m.closed.Load() {
 		return false
@@ -46,10 +44,8 @@ func (m *Monitor) gcEnd(gs *gcend.Sample) bool {
 	return true
 }
 
-// episode logs an episode's start or end and takes or undoes the actions
-// (shedding, the lift). Goroutines for successive changes may run out of
-// order: each applies the latest state (inSpiral) and logs only a change
-// it applies.
+// episode takes or undoes the actions (shedding, the lift) and logs. Episodes
+// may run out of order: each applies the latest inSpiral, logging only a change.
 func (m *Monitor) episode(e Event) {
 	defer m.episodes.Done()
 	m.actMu.Lock()
@@ -127,9 +123,8 @@ func (m *Monitor) liftLocked() (to int64, why string) {
 	return to, ""
 }
 
-// endLiftLocked ends a lift in progress through the owner, which restores
-// GOMEMLIMIT unless something else (a refresh after a cgroup resize)
-// changed it since. Called with actMu held.
+// endLiftLocked ends a lift through the owner, which restores GOMEMLIMIT
+// unless it changed since (a cgroup resize). Called with actMu held.
 func (m *Monitor) endLiftLocked(why string) {
 	if m.lift.timer == nil {
 		return

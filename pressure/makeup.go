@@ -10,14 +10,11 @@ import (
 // event) and cancel the largest request.
 type response struct{ act, cancel bool }
 
-// respond decides the response to a signal from a source (hostWide: the
-// host-wide PSI) whose memory is mk. A cgroup's memory known to be mostly
-// page cache is left to the kernel, reclaiming cache at the limit (a trim
-// or a cancel would cost the service for pressure its Go heap did not
-// cause); an unknown makeup asks for the trim, whose gate decides. A
-// request is cancelled only when the memory is known to be mostly
-// anonymous and, host-wide, mostly this process's (a neighbour's is not
-// relieved by a cancel here).
+// respond decides the response to a signal whose memory is mk
+// (docs/pressure.md). A cgroup's memory known to be mostly page cache is left
+// to the kernel; an unknown makeup asks for the trim, whose gate decides. A
+// request is cancelled only for memory known mostly anonymous and, host-wide,
+// mostly this process's.
 func respond(mk memsignal.Makeup, hostWide bool) response {
 	anon := mk.Anonymous()
 	if mk.Known() && !anon && !hostWide {

@@ -123,17 +123,15 @@ type Event struct {
 // Stats is a snapshot of a Monitor's counters.
 type Stats struct {
 	// Source is the kernel source watched, "" when none.
-	Source string
-	// Spirals counts episodes; InSpiral is true during one. GCShare,
-	// LiveHeap and GCCycles are the figures of the last GC end.
-	Spirals  int64
-	InSpiral bool
+	Source   string
+	Spirals  int64 // episodes
+	InSpiral bool  // an episode is in progress
+	// The figures of the last GC end.
 	GCShare  float64
 	LiveHeap int64
 	GCCycles int64
-	// Lifts counts GOMEMLIMIT lifts; Lifted is the bytes added now.
-	Lifts  int64
-	Lifted int64
+	Lifts    int64 // GOMEMLIMIT lifts
+	Lifted   int64 // bytes added now
 	// Signals counts kernel signals, Acted the actions (at most one per
 	// MinInterval); LeftToKernel the signals left to the kernel (mostly page
 	// cache), CancelsHeld the actions without a cancel.
@@ -145,8 +143,7 @@ type Stats struct {
 	// not explain, ignored (in neither Signals nor Acted) unless it does a
 	// trigger window later.
 	Unexplained int64
-	// Dropped counts events not delivered to a full subscriber channel.
-	Dropped int64
+	Dropped     int64 // events not delivered to a full subscriber channel
 	// MemoryEvents are the cgroup v2 memory.events counters
 	// (admin-guide/cgroup-v2.rst), read by Stats; -1 when absent.
 	MemoryEvents struct {

@@ -15,15 +15,13 @@ type reading struct {
 	cycles    uint64
 	live      int64
 	limit     int64 // GOMEMLIMIT
-	// goal is the heap goal of the cycle that ended; gogcGoal the goal GOGC
-	// alone would give it (math.MaxInt64 with GOGC=off).
+	// the cycle's heap goal; the one GOGC alone gives (MaxInt64 with GOGC=off)
 	goal, gogcGoal int64
 }
 
 // limitSetsGoal reports whether GOMEMLIMIT, not GOGC, set the cycle's heap
-// goal, and left the live heap a runway of at most (1 − ratio) × GOMEMLIMIT
-// under it: the GC runs that often because of the limit (the rule of
-// gcend.Sample.NearLimit for one GC end).
+// goal with a runway of at most (1 − ratio) × GOMEMLIMIT over the live heap
+// (gcend.Sample.NearLimit's rule).
 func (r reading) limitSetsGoal(ratio float64) bool {
 	return r.goal > 0 && r.goal < r.gogcGoal-r.gogcGoal/64 &&
 		float64(r.goal-r.live) <= (1-ratio)*float64(r.limit)
@@ -41,10 +39,9 @@ const (
 	ringSpacing = 32
 )
 
-// liveCycles is how many GC ends the live heap is taken over (the median):
-// /gc/heap/live counts what was allocated during the mark, so one slow
-// cycle can read several times the retained heap, while a spiral's
-// readings stay near the limit.
+// liveCycles is how many GC ends the live heap's median is taken over:
+// /gc/heap/live counts what the mark allocated, so one slow cycle can read
+// several times the retained heap.
 const liveCycles = 8
 
 // spiral is the detector's state. observe is called from one goroutine at a
@@ -58,12 +55,10 @@ type spiral struct {
 	ring    [ringSize]point
 	head, n int // oldest at head
 	active  bool
-	// lowSince is when the live heap fell under the end threshold during an
-	// episode, -1 while it is not under it.
+	// lowSince is when, in an episode, the live heap fell under the end
+	// threshold; -1 while it is not under it.
 	lowSince time.Duration
-	// lives are the live heaps of the last liveCycles GC ends (nLives of
-	// them so far), nextLive the slot for the next.
-	lives    [liveCycles]int64
+	lives    [liveCycles]int64 // the last GC ends' live heaps: nLives so far, nextLive next
 	nLives   int
 	nextLive int
 }
@@ -93,10 +88,8 @@ type verdict struct {
 	share   float64
 	span    time.Duration
 	limiter bool
-	// live is the live heap the rule compared, in bytes: the median of the
-	// last liveCycles GC ends for a start, this GC end's for an end.
-	live   int64
-	change int // +1: an episode began, -1: it ended, 0: neither
+	live    int64 // bytes compared: the median for a start, this GC end's for an end
+	change  int   // +1: an episode began, -1: it ended, 0: neither
 }
 
 // slide adds r to the window and returns the base point: the newest at
@@ -127,10 +120,8 @@ func (s *spiral) observe(r reading) verdict {
 	}
 	v.limiter = r.limiter != 0 && r.limiter >= base.cycles
 	limited := r.limit > 0 && r.limit != math.MaxInt64
-	// Near GOMEMLIMIT: the median of the last GC ends reaches LiveRatio of
-	// it, or the limit set this cycle's heap goal with no more runway than
-	// that (the median of a heap held just under the ratio may stay under
-	// it while the limit paces every cycle).
+	// Near GOMEMLIMIT: the median reaches LiveRatio of it, or the limit sets
+	// the goal with that little runway (a heap just under the ratio).
 	median := s.medianLive(r.live)
 	byMedian := float64(median) >= s.liveRatio*float64(r.limit)
 	near := limited && (byMedian || r.limitSetsGoal(s.liveRatio))
@@ -145,10 +136,9 @@ func (s *spiral) observe(r reading) verdict {
 		}
 		return v
 	}
-	// An episode ends when the share over the window falls under 80% of
-	// the threshold, or when the live heap stays under LiveRatio-5% of
-	// GOMEMLIMIT for a quarter window: one low cycle (the live heap swings
-	// in a spiral) must not end the episode and start another.
+	// An episode ends when the share falls under 80% of the threshold, or the
+	// live heap stays under LiveRatio-5% for a quarter window (it swings in a
+	// spiral: one low cycle must not end the episode).
 	low := !limited || float64(r.live) < (s.liveRatio-0.05)*float64(r.limit) && !r.limitSetsGoal(s.liveRatio-0.05)
 	switch {
 	case !low:

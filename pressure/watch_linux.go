@@ -19,15 +19,12 @@ const procPressure = "/proc/pressure/memory"
 // watcher is the kernel watcher: one goroutine blocked in poll(2) on the
 // source and on wake, an eventfd that close writes to.
 type watcher struct {
-	m    *Monitor
-	sig  *memsignal.Signal
-	name string
-	// note says why the process's own cgroup is not watched (SourceNote).
-	note string
-	// hostWide is set for the system-wide PSI: the host's pressure.
-	hostWide bool
-	// makeup reads what the memory under pressure is made of; makeupBad
-	// is set while it cannot (readMakeup).
+	m        *Monitor
+	sig      *memsignal.Signal
+	name     string
+	note     string // why the process's own cgroup is not watched (SourceNote)
+	hostWide bool   // the system-wide PSI: the host's pressure
+	// makeup reads what the memory is made of; makeupBad: it cannot now.
 	makeup    func() (memsignal.Makeup, error)
 	makeupBad bool
 	wake      int
@@ -41,15 +38,11 @@ type stretch struct {
 	signals, acts, left int64
 }
 
-// run is the watcher's goroutine. It polls the source with no timeout; on
-// a signal it acts, then ignores the source for MinInterval (poll with a
-// timeout, on wake only), then looks at it again: signals latched meanwhile
-// (the eventfd counter, the PSI event flag) give one more action.
-//
-// A PSI event ignored as unexplained gets one more look a window later
-// (recheck): the kernel sends no event for a window after one it sent, so
-// a real stall that begins just after a false event would otherwise go
-// unanswered.
+// run is the watcher's goroutine. On a signal it acts, then ignores the
+// source for MinInterval, then looks again: signals latched meanwhile (the
+// eventfd counter, the PSI event flag) give one more action. An unexplained
+// PSI event gets one more look a window later (recheck): the kernel sends no
+// event for a window after one, so a real stall just after would be missed.
 func (w *watcher) run() {
 	defer close(w.done)
 	fds := []unix.PollFd{w.sig.PollFd(), {Fd: int32(w.wake), Events: unix.POLLIN}}
@@ -107,17 +100,14 @@ func (w *watcher) run() {
 	}
 }
 
-// ceilMillis returns d in whole milliseconds, rounded up, for poll(2); at
-// least 0.
+// ceilMillis returns d in whole milliseconds, rounded up, at least 0.
 func ceilMillis(d time.Duration) int {
 	return int(max(0, (d+time.Millisecond-1)/time.Millisecond))
 }
 
-// signal handles the source's revents: it drains the source, checks a PSI
-// event against the stall since arming and responds. handled is false
-// when there was no signal to answer; ignored is set for a PSI event the
-// stall since arming does not explain; stop is true when the source is
-// gone.
+// signal drains the source, checks a PSI event against the stall since arming
+// and responds. handled: a signal was answered; ignored: a PSI event the stall
+// does not explain; stop: the source is gone.
 func (w *watcher) signal(re int16, st *stretch) (handled, ignored, stop bool) {
 	m := w.m
 	if w.sig.Gone(re) {
@@ -142,8 +132,7 @@ func (w *watcher) signal(re int16, st *stretch) (handled, ignored, stop bool) {
 	return true, false, false
 }
 
-// respond answers got signals: it counts them, opens a stretch of pressure
-// if none is in progress and acts.
+// respond counts got signals, opens a stretch of pressure if needed and acts.
 func (w *watcher) respond(got int64, st *stretch) {
 	m := w.m
 	m.signals.Add(got)
@@ -170,10 +159,8 @@ func (w *watcher) eased(st *stretch) {
 		slog.Int64("signals", st.signals), slog.Int64("actions", st.acts), slog.Int64("left_to_kernel", st.left))
 }
 
-// logPressure logs the WARN that opens a stretch of pressure, with what
-// the memory under pressure is made of: a figure that could not be read is
-// "unknown", never -1, and own_anon_bytes (this process's RssAnon, read for
-// host-wide PSI only) is left out for a cgroup's source.
+// logPressure logs the WARN that opens a stretch of pressure, with the memory's
+// makeup ("unknown", never -1); own_anon_bytes is for host-wide PSI only.
 func (w *watcher) logPressure(mk memsignal.Makeup) {
 	attrs := []slog.Attr{slog.String("source", w.name),
 		logattr.Bytes("anon_bytes", mk.Anon), logattr.Bytes("page_cache_bytes", mk.Cache)}
@@ -184,11 +171,8 @@ func (w *watcher) logPressure(mk memsignal.Makeup) {
 	w.m.log.LogAttrs(bg, slog.LevelWarn, "memctl: kernel memory pressure", attrs...)
 }
 
-// readMakeup reads what the memory under pressure is made of. A read that
-// fails or gives an unknown figure is an unknown makeup (the trim still
-// passes its gate, no request is cancelled), said in one WARN naming the
-// file each time the makeup turns unknown. Only the watcher's goroutine
-// calls it.
+// readMakeup reads the memory's makeup; a failure is an unknown makeup, with
+// one WARN naming the file each time it turns unknown. Watcher goroutine only.
 func (w *watcher) readMakeup() memsignal.Makeup {
 	mk, err := w.makeup()
 	if err == nil && mk.Known() {

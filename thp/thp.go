@@ -125,10 +125,9 @@ func Process() (State, error) {
 	return State(n), err
 }
 
-// Settings are the system's THP settings under
-// /sys/kernel/mm/transparent_hugepage (transhuge.rst), for every process
-// that has not set its own flag. Words are the bracketed choice, kept as
-// the kernel writes them.
+// Settings are the THP settings under /sys/kernel/mm/transparent_hugepage
+// (transhuge.rst) for every process without its own flag. Words are the
+// bracketed choice, as the kernel writes them.
 type Settings struct {
 	// Enabled is the top-level mode, from "enabled": "always",
 	// "madvise" or "never".
@@ -170,11 +169,10 @@ func System() (Settings, error) {
 	return readSettings(sysfsDir)
 }
 
-// readSettings reads the settings under dir. enabled and defrag must exist
-// and be well formed; the other files may be absent but must be well formed
-// when present. Every error names the file. When dir or its "enabled" file
-// does not exist (a kernel built without THP), the error matches both
-// errors.ErrUnsupported and fs.ErrNotExist.
+// readSettings reads the settings under dir: enabled and defrag must exist,
+// the others may be absent; all must be well formed. Errors name the file;
+// without "enabled" (no THP) the error matches errors.ErrUnsupported and
+// fs.ErrNotExist.
 func readSettings(dir string) (Settings, error) {
 	s := Settings{MaxPTEsNone: -1}
 	enabled := filepath.Join(dir, "enabled")
@@ -219,8 +217,7 @@ func readSettings(dir string) (Settings, error) {
 	return s, nil
 }
 
-// readChoice reads a sysfs choice file such as "always [madvise] never" and
-// returns the bracketed word. The error names path.
+// readChoice returns the bracketed word of a choice file ("always [madvise] never").
 func readChoice(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -264,8 +261,7 @@ func isWord(w string) bool {
 	return w != "" && strings.Trim(w, "abcdefghijklmnopqrstuvwxyz0123456789+-_") == ""
 }
 
-// readInt reads a sysfs file holding one decimal integer. ok is false when
-// the file does not exist. The error names path.
+// readInt reads a file of one decimal integer; ok is false when it is absent.
 func readInt(path string) (n int64, ok bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -35,48 +35,39 @@ const (
 
 // AutoBurstStats are the burst detector's counters (memctl.Stats.AutoBurst).
 type AutoBurstStats struct {
-	Bursts int64 // bursts detected: the live heap at Rise times its floor
-	// Drops counts GC ends where a burst a forced GC made the floor was gone.
-	Drops int64
-	Marks int64 // GC ends that marked a burst or its collection
-	// Settled counts the bursts taken as growth for good.
-	Settled int64
+	Bursts  int64 // bursts detected: the live heap at Rise times its floor
+	Drops   int64 // GC ends that found gone a burst a forced GC had made the floor
+	Marks   int64 // GC ends that marked a burst or its collection
+	Settled int64 // bursts taken as growth for good
 	Floor   int64 // the live heap the next rise is measured from, in bytes
 	GCEnds  int64 // GC ends looked at
-	// CBursts counts C heap bursts; CFree is the C heap's releasable bytes at
-	// the last look, -1 unknown.
-	CBursts, CFree int64
+	CBursts int64 // C heap bursts
+	CFree   int64 // the C heap's releasable bytes at the last look, -1 unknown
 }
 
-// autoBurst detects bursts at GC ends (a gcend subscriber: no goroutine,
-// no timer, one look at the GC-end sample) and marks them on its Trimmer.
-// The rule, at each GC end, with L the live heap and F the floor:
+// autoBurst detects bursts at GC ends (a gcend subscriber: no goroutine or
+// timer) and marks them on its Trimmer. At each GC end, with L the live heap
+// and F the floor:
 //
-//   - A forced GC cycle (a trim's FreeOSMemory, the program's runtime.GC)
-//     makes L the floor: a burst in progress ends there, and a heap that
-//     grows for good must double again.
-//   - A burst starts when L ≥ Rise·F and L − F ≥ MinRise. Every GC end
-//     that sees L ≥ Rise·F (F as it was at the start) marks it.
-//   - The burst ends at the first GC end with L below Rise·F, or fallen to
-//     1/Rise of the burst's peak (and MinRise under it): that cycle
-//     collected it; it marks once more (the trim needs no GC then) and L
-//     is the floor again.
-//   - A burst still at its level once the Trimmer has decided a trim on
-//     its estimate since the burst began, with no forced GC, or after the
-//     max wait plus the delay, is growth for good: L becomes the floor
-//     (AutoBurstStats.Settled).
-//   - Outside a burst the floor follows L down; a GC that finds L at 1/Rise
-//     of the floor (and MinRise under it) collected a burst a forced GC had
-//     counted as live, and marks (AutoBurstStats.Drops).
+//   - A forced GC (a trim's FreeOSMemory, runtime.GC) makes L the floor and
+//     ends a burst in progress: a heap that grows for good must double again.
+//   - A burst starts when L ≥ Rise·F and L − F ≥ MinRise; every GC end that
+//     sees L ≥ Rise·F (F as at the start) marks it.
+//   - It ends, collected, at the first GC end with L under Rise·F or fallen
+//     to 1/Rise of its peak (and MinRise under it): that end marks once more
+//     (the trim needs no GC) and L is the floor again.
+//   - A burst still at its level after a trim decision since it began, or
+//     after the max wait plus the delay, is growth for good: L is the floor
+//     (Settled).
+//   - Outside a burst F follows L down; a GC that finds L at 1/Rise of F
+//     (and MinRise under it) collected a burst a forced GC had counted as
+//     live, and marks (Drops).
 //
 // With GOGC=off a GC runs only at GOMEMLIMIT, so a burst under it is not
-// seen. A trim a detection causes is an ordinary debounced trim.
-// Safe for concurrent use; a nil *autoBurst does nothing.
+// seen. Safe for concurrent use; a nil *autoBurst does nothing.
 type autoBurst struct {
-	onBurst func()
-	// onCollected, when set, is called instead of onBurst for a mark made
-	// by the GC end that collected the burst (its trim needs no GC).
-	onCollected func()
+	onBurst     func()
+	onCollected func()       // if set, called instead of onBurst by the GC end that collected the burst
 	collected   bool         // the last mark of observe was a collection; a.mu
 	decisions   func() int64 // the Trimmer's count of trim decisions; nil: none
 	rise        float64
@@ -100,8 +91,7 @@ type burstState struct {
 	base    int64 // F when the burst started
 	since   int64 // clock (ns since AutoBurst.base) when the burst started
 	peak    int64 // the highest L seen in the burst
-	// decided is the Trimmer's count of decisions when the burst started.
-	decided int64
+	decided int64 // the Trimmer's count of decisions when the burst started
 }
 
 // startAutoBurst starts a detector that marks t's bursts. It returns nil
@@ -125,8 +115,7 @@ func startAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*autoBurst, error) {
 	return a, nil
 }
 
-// newAutoBurst checks cfg and returns a detector that calls onBurst, not
-// yet subscribed.
+// newAutoBurst checks cfg and returns an unsubscribed detector calling onBurst.
 func newAutoBurst(cfg AutoBurstConfig, onBurst func(), settle time.Duration) (*autoBurst, error) {
 	rise := cfg.Rise
 	switch {
@@ -179,10 +168,8 @@ func (a *autoBurst) atGCEnd(gs *gcend.Sample) bool {
 	return true
 }
 
-// observe applies the rule (see autoBurst) to one GC end: the live heap,
-// whether a forced cycle completed since the last one, and the clock. It
-// reports whether the GC end saw a burst (AfterBurst is due). a.mu must be
-// held.
+// observe applies the rule (see autoBurst) to one GC end and reports whether
+// it marks a burst. a.mu must be held.
 func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	s := &a.st
 	a.n.GCEnds++
@@ -198,11 +185,8 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	}
 	a.collected = false
 	if s.inBurst {
-		// Collected: below Rise times the floor it rose from, or fallen
-		// from the burst's peak to 1/Rise of it (and MinRise under it): a
-		// live heap built since the floor was taken (a service that fills
-		// its cache after Start) stays as the new floor, and the GC ends
-		// that follow do not mark again.
+		// Collected by the peak rule too, so that a heap built since the
+		// floor was taken (a cache filled after Start) is the new floor.
 		dropped := a.high(s.peak, live) && s.peak-live >= a.minRise
 		if a.high(live, s.base) && !dropped {
 			if now-s.since > int64(a.settle) || a.decided() != s.decided {
@@ -232,8 +216,7 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	return false
 }
 
-// decided returns the Trimmer's count of trims decided on their estimate,
-// 0 when unknown.
+// decided returns the Trimmer's count of trim decisions, 0 when unknown.
 func (a *autoBurst) decided() int64 {
 	if a.decisions == nil {
 		return 0
@@ -259,9 +242,8 @@ func (a *autoBurst) stats() AutoBurstStats {
 	return s
 }
 
-// Close stops the detector: no AfterBurst follows once it returns, except
-// one from a GC end already running. It is idempotent; a nil *autoBurst
-// does nothing.
+// Close stops the detector: no mark follows its return but one from a GC end
+// already running. Idempotent; a nil *autoBurst does nothing.
 func (a *autoBurst) Close() {
 	if a == nil || a.closed.Swap(true) {
 		return

@@ -9,38 +9,31 @@ import (
 const (
 	// cBurstEvery is the least time between two looks at the C heap.
 	cBurstEvery = time.Second
-	// cLookFactor: the next look comes no sooner than this many times the
-	// last one's CPU time after it, so that looks take at most 0.5% of a
-	// CPU. glibc's figure (mallinfo2) walks the free lists of each arena
-	// under its lock: its cost grows with the free blocks.
+	// cLookFactor spaces looks by this many times a look's CPU (0.5% of a
+	// CPU): glibc's mallinfo2 walks every arena's free lists under its lock.
 	cLookFactor = 200
 )
 
-// cBurst finds bursts in the C heap. It looks at GC ends, at most once per
-// cBurstEvery (or cLookFactor times a look's CPU time), with no goroutine
-// or timer of its own: a process that allocates nothing in Go is looked at
-// by the runtime's forced GC, every 2 minutes at the latest. A look reads
-// what the C step's release would return (cHeap.Retained, R) and applies
-// the Go heap's rule to it, F its floor:
+// cBurst finds bursts in the C heap at GC ends, at most once per cBurstEvery
+// (and cLookFactor times a look's CPU), with no goroutine or timer: a process
+// that allocates nothing in Go is looked at by the runtime's forced GC, every
+// 2 minutes. A look reads R, what the C step's release would return
+// (cHeap.Retained), and applies the Go heap's rule with F its floor:
 //
-//   - R ≥ Rise·F and R − F ≥ MinRise is a burst, marked on the Trimmer as
-//     memory already free (no GC needs to find it dead); a look that sees
-//     R a further MinRise over the last mark marks again, which pushes the
-//     debounced trim back.
-//   - After a trim decision the floor is what the decision left (the C
-//     step's estimate after its release, or before a skip); otherwise the
-//     floor follows R down.
+//   - R ≥ Rise·F and R − F ≥ MinRise is a burst, marked as memory already
+//     free (no GC needs to find it dead); R a further MinRise over the last
+//     mark marks again, pushing the debounced trim back.
+//   - After a trim decision F is what the decision left; otherwise F follows
+//     R down.
 //
-// An allocator that cannot tell (mimalloc: R is -1) shows no burst.
-// Safe for concurrent use.
+// An allocator that cannot tell (mimalloc: R is -1) shows no burst. Safe for
+// concurrent use.
 type cBurst struct {
-	retained func() int64 // the C step's Retained
-	// after returns the Trimmer's count of trim decisions and the C
-	// step's estimate the last one left (-1 unknown).
-	after   func() (n, left int64)
-	onBurst func()
-	rise    float64
-	minRise int64
+	retained func() int64           // the C step's Retained
+	after    func() (n, left int64) // Trimmer.cAfter
+	onBurst  func()
+	rise     float64
+	minRise  int64
 
 	mu      sync.Mutex // guards the fields below
 	next    time.Time  // the earliest next look
@@ -51,8 +44,7 @@ type cBurst struct {
 	free    int64 // R at the last look, -1 unknown
 }
 
-// newCBurst returns a detector over retained with the Go detector's rule,
-// its floor R now.
+// newCBurst returns a detector over retained with a's rule, its floor R now.
 func newCBurst(a *autoBurst, retained func() int64, after func() (n, left int64), onBurst func()) *cBurst {
 	c := &cBurst{retained: retained, after: after, onBurst: onBurst, rise: a.rise, minRise: a.minRise}
 	c.decided, _ = after()
@@ -61,8 +53,7 @@ func newCBurst(a *autoBurst, retained func() int64, after func() (n, left int64)
 	return c
 }
 
-// look reads R at now, unless it is before the time set by the last look,
-// and marks a burst it finds.
+// look reads R unless now is before the next look is due, and marks a burst.
 func (c *cBurst) look(now time.Time) {
 	c.mu.Lock()
 	if now.Before(c.next) {
@@ -83,9 +74,8 @@ func (c *cBurst) look(now time.Time) {
 	}
 }
 
-// observe applies the rule (see cBurst) to R, the Trimmer's count of
-// decisions and what the last one left; it reports whether R is a burst
-// to mark. c.mu must be held.
+// observe applies the rule (see cBurst) and reports whether R is a burst to
+// mark. c.mu must be held.
 func (c *cBurst) observe(r, decided, left int64) (mark bool) {
 	c.free = r
 	if r < 0 {

@@ -20,9 +20,8 @@ func threadCPU() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// processCPU returns the process's CPU time, all threads
-// (CLOCK_PROCESS_CPUTIME_ID, clock_gettime(2)), or -1 when the clock cannot
-// be read.
+// processCPU returns the process's CPU time (CLOCK_PROCESS_CPUTIME_ID,
+// clock_gettime(2)), or -1 when the clock cannot be read.
 func processCPU() time.Duration {
 	var ts unix.Timespec
 	if unix.ClockGettime(unix.CLOCK_PROCESS_CPUTIME_ID, &ts) != nil {
@@ -33,9 +32,8 @@ func processCPU() time.Duration {
 
 func getenvGODEBUG() string { return os.Getenv("GODEBUG") }
 
-// newThrottleReader returns the default Config.throttled: the throttled
-// time of the process's CPU cgroup (cgroupfs.CPUStatFile and
-// ReadThrottled), the cgroup found again when fresh is set.
+// newThrottleReader returns a reader of the CPU cgroup's throttled time,
+// finding the cgroup again when fresh is set.
 func newThrottleReader() func(fresh bool) (time.Duration, error) {
 	var path string
 	return func(fresh bool) (time.Duration, error) {

@@ -6,26 +6,20 @@ import (
 	"github.com/memctl/memctl/internal/gcend"
 )
 
-// gcLive holds the live heap at the last GC ends the Trimmer saw (its
-// gcend subscriber: nothing runs while the process does not allocate). A
-// GC during a burst counts the burst's objects as live until the next GC,
-// and one snapshot cannot tell them from a heap that grew for good: the
-// cycle before can.
+// gcLive holds the live heap at the last GC ends the Trimmer saw. A GC during
+// a burst counts it as live until the next GC; the cycle before tells it from
+// a heap that grew for good.
 type gcLive struct {
 	last, prev atomic.Int64  // bytes; -1 before the first GC end seen
 	ends       atomic.Uint64 // GC ends seen
-	// peak is the highest live heap at a GC end since the last decision:
-	// a last GC end well below it collected a burst (see collected).
-	peak atomic.Int64
-	// floor is the live heap before a burst the program marks: the smaller
-	// of the last two GC ends' when they are within 25% of each other,
-	// taken while no trim is pending and no burst is in flight; it follows
-	// a lower live heap at once, and is the live heap after a trim's GC.
+	peak       atomic.Int64  // the highest live heap at a GC end since the last decision
+	// floor is the live heap before a burst: the smaller of the last two GC
+	// ends' when within 25% of each other, taken while idle with no burst in
+	// flight; it follows a lower live heap at once, and a trim's GC sets it.
 	floor atomic.Int64
 }
 
-// atGCEnd records one GC end's live heap; it runs on the runtime's cleanup
-// goroutine (see gcend) and keeps the subscription while t is open.
+// atGCEnd, the gcend subscriber, records one GC end's live heap.
 func (t *Trimmer) atGCEnd(live int64) bool {
 	prev := t.gc.last.Load()
 	t.gc.prev.Store(prev)
@@ -47,9 +41,8 @@ func (t *Trimmer) atGCEnd(live int64) bool {
 // gcEnd reads the live heap now and records it as a GC end would.
 func (t *Trimmer) gcEnd() bool { return t.atGCEnd(readSample().Live) }
 
-// collected reports whether the last GC end saw the live heap fall from
-// its peak since the last decision by a quarter and at least min bytes:
-// that cycle collected a burst, whenever the program marked it.
+// collected reports whether the last GC end saw the live heap fall from its
+// peak by a quarter and at least min bytes: that cycle collected a burst.
 func (g *gcLive) collected(min int64) bool {
 	last, peak := g.last.Load(), g.peak.Load()
 	return last >= 0 && peak-last >= max(min, 1) && last <= peak-peak/4

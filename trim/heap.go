@@ -9,23 +9,19 @@ import (
 	"github.com/memctl/memctl/internal/procfs"
 )
 
-// freeOSMemory is the Go step with a GC: debug.FreeOSMemory (a forced GC,
-// then every free span returned to the OS). It returns the growth of
-// /memory/classes/heap/released:bytes across it, 0 when that went down
-// (other goroutines reused released pages meanwhile).
+// freeOSMemory is the Go step with a GC (debug.FreeOSMemory). It returns the
+// growth of /memory/classes/heap/released:bytes across it, at least 0.
 func freeOSMemory() int64 {
 	before := readSample().HeapReleased
 	debug.FreeOSMemory()
 	return max(readSample().HeapReleased-before, 0)
 }
 
-// estimateGo returns the bytes the Go step with a GC would release now:
-// free heap plus heap objects less the live heap the last GC saw (live
-// heap is never counted as garbage). When marked (the program marked the
-// burst), live is the smaller of the last two GC ends' and the floor
-// before the burst: a burst the last GCs saw in flight is the program's
-// word's garbage. sure is the part that is garbage whatever the program
-// does next: the free heap, or est when marked. t.run must be held.
+// estimateGo returns the bytes the Go step with a GC would release now: free
+// heap plus heap objects less the live heap the last GC saw. When marked, the
+// program's word makes the burst garbage: live is the least of the last two
+// GC ends' and the floor. sure is the part that is garbage whatever the
+// program does next: the free heap, or est when marked. t.run must be held.
 func (t *Trimmer) estimateGo(marked bool) (est, sure int64) {
 	h := readSample()
 	if !marked {
@@ -36,8 +32,7 @@ func (t *Trimmer) estimateGo(marked bool) (est, sure int64) {
 	return est, est
 }
 
-// scanBytes returns the scannable bytes at the last GC (heap, stacks and
-// globals: /gc/scan/total:bytes).
+// scanBytes returns /gc/scan/total:bytes (heap, stacks and globals).
 func scanBytes() int64 {
 	s := readSample()
 	return s.HeapScan + s.StackScan + s.GlobalsScan
@@ -50,9 +45,8 @@ type cpuMark struct {
 	process time.Duration // the process's CPU time, -1 if unknown
 }
 
-// readCPU reads the clocks a trim is charged by, on a locked OS thread.
-// The process clock is read first at the start of a trim and last at its
-// end, so that its window holds the thread clock's.
+// readCPU reads the clocks a trim is charged by, on a locked OS thread; the
+// process clock's window holds the thread clock's.
 func readCPU(start bool) cpuMark {
 	var m cpuMark
 	if start {
@@ -66,12 +60,9 @@ func readCPU(start bool) cpuMark {
 	return m
 }
 
-// charge returns the CPU a trim between the readings m and now is charged
-// with: the growth of the GC and scavenger CPU plus the calling thread's
-// (the forced scavenge and the C step run on it), at most the growth of
-// the process's CPU time: the runtime's GC figures are estimates that a
-// CPU quota inflates, and the process's counts the rest of the program;
-// each bounds the trim's cost from above, so the smaller one is charged.
+// charge returns the CPU a trim between m and now is charged: the growth of
+// the GC and scavenger CPU plus the calling thread's, capped by the process's
+// (a CPU quota inflates the runtime's GC estimates); each bounds the cost.
 func (m cpuMark) charge(now cpuMark) time.Duration {
 	c := max(now.gc-m.gc+now.thread-m.thread, 0)
 	if m.process >= 0 && now.process >= 0 {
@@ -91,13 +82,10 @@ func lazyFreeBytes() int64 {
 	return n
 }
 
-// lazyRelease reports whether the Go runtime releases memory with MADV_FREE
-// instead of MADV_DONTNEED: GODEBUG madvdontneed=0, set in the environment
-// or, as the default of this binary, by a //go:debug directive or the go.mod
-// godebug block (DefaultGODEBUG in the build info). The runtime reads the
-// build default first and the environment after it, and within each the
-// last setting wins (runtime/runtime1.go parsedebugvars). Only Linux has
-// the setting. why names the source.
+// lazyRelease reports whether the Go runtime releases memory with MADV_FREE:
+// GODEBUG madvdontneed=0 in the environment or in the build's DefaultGODEBUG
+// (//go:debug, go.mod godebug); the environment wins, and the last setting in
+// each (runtime/runtime1.go parsedebugvars). Linux only; why names the source.
 func lazyRelease() (lazy bool, why string) {
 	return lazyFrom(getenvGODEBUG(), buildGODEBUG())
 }
@@ -116,9 +104,8 @@ func lazyFrom(env, build string) (lazy bool, why string) {
 	return false, ""
 }
 
-// godebugInt returns the last value of key in the comma-separated GODEBUG
-// string s, as the runtime reads its own settings (parsegodebug: no space
-// trimmed, a value that is not a 32-bit decimal integer ignored).
+// godebugInt returns the last value of key in GODEBUG string s as the runtime
+// reads it (parsegodebug: no trimming, non-int32 values ignored).
 func godebugInt(s, key string) (v int, ok bool) {
 	for f := range strings.SplitSeq(s, ",") {
 		k, val, found := strings.Cut(f, "=")

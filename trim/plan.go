@@ -5,58 +5,48 @@ import (
 	"time"
 )
 
-// The cost rule. The Go step with a GC (debug.FreeOSMemory) marks the
-// whole live heap whatever it releases; its cost follows the pointers to
-// scan:
+// The cost rule. The Go step with a GC marks the whole live heap whatever it
+// releases:
 //
 //	cost = scan cost × /gc/scan/total:bytes
 //	need = max(MinRelease, cost × releasePerCPUSecond)
 //
 // and the step runs when its estimate reaches need. The scan cost starts at
-// defaultScanCost and is then what the last trim over calibrateMinScan of
+// defaultScanCost, then is what the last trim over calibrateMinScan of
 // scannable heap was charged per byte, within [minScanCost, maxScanCost].
-// The step without a GC costs defaultScavengeCost per GiB it returns.
-// docs/benchmarks.md has the measurements behind these numbers.
+// The step without a GC costs defaultScavengeCost per GiB it returns. The
+// figures behind these constants: docs/benchmarks.md, "The trim's defaults".
 const (
-	defaultScanCost     = 2 * time.Nanosecond   // per scannable byte
-	defaultScavengeCost = 64 * time.Millisecond // per GiB returned without a GC
-	// releasePerCPUSecond: one vCPU costs about 4 GiB of RAM, and a trim's
-	// gain lasts about a minute (the runtime's forced GC every 2 minutes
-	// returns it anyway; half is counted): 4 GiB / 60 ≈ 64 MiB.
-	releasePerCPUSecond int64 = 64 << 20
+	defaultScanCost           = 2 * time.Nanosecond   // per scannable byte
+	defaultScavengeCost       = 64 * time.Millisecond // per GiB returned without a GC
+	releasePerCPUSecond int64 = 64 << 20              // the exchange rate of RAM for CPU
 	calibrateMinScan          = 8 << 20
 	minScanCost               = float64(defaultScanCost) / 8
 	maxScanCost               = float64(defaultScanCost) * 8
 	minTrimCharge             = time.Millisecond // the least CPU a trim is charged
-	// cheapGC is the estimated GC cost up to which a GC is worth forcing
-	// in a process gone idle after its burst: FreeOSMemory then returns
-	// every free page, where the step without a GC leaves its slack.
+	// cheapGC is the GC cost up to which a GC is forced in a process idle
+	// after its burst: FreeOSMemory returns the slack the no-GC step leaves.
 	cheapGC = 10 * time.Millisecond
 )
 
 // snapshot is what a trim decision reads, at one moment.
 type snapshot struct {
-	origin  origin
-	force   bool // TrimNow: both steps, with a GC, whatever the estimates
-	marked  bool // the program marked the burst: its growth is garbage
-	gcSince bool // a GC cycle collected the burst since its mark
-	// detected: the burst detector, not the program, marked this burst,
-	// and saw it in progress, not collected.
-	detected bool
+	origin   origin
+	force    bool // TrimNow: both steps, with a GC, whatever the estimates
+	marked   bool // the program marked the burst: its growth is garbage
+	gcSince  bool // a GC cycle collected the burst since its mark
+	detected bool // only the detector marked this burst, in progress, not collected
 	busy     bool // a whole GC cycle ran since the mark: the process allocates
 	noGCOK   bool // the path without a GC may be taken
 
 	minRelease int64
-	scanCost   float64 // ns per scannable byte
-	scan       int64   // scannable bytes, -1 unknown
-	floorScan  int64   // scan scaled to the live heap before the burst
-	// saved is the CPU the budget saved since the last trim ran (or New):
-	// cpuShare of the time since.
-	saved time.Duration
-	// markedEst is the GC path's estimate when the program marked the
-	// burst; unmarkedEst when it did not, and free its part that is free
-	// heap now (see estimateGo). noGCEst is the path without a GC's.
-	// runway is the heap goal less the live heap. -1: unknown.
+	scanCost   float64       // ns per scannable byte
+	scan       int64         // scannable bytes, -1 unknown
+	floorScan  int64         // scan scaled to the live heap before the burst
+	saved      time.Duration // cpuShare of the time since the last trim (or New)
+	// The GC path's estimates with and without the program's mark, and the
+	// free heap (estimateGo); the no-GC path's; the heap goal less the live
+	// heap. -1: unknown.
 	markedEst, unmarkedEst, free, noGCEst, runway int64
 	hasC                                          bool
 	cEst                                          int64 // the C step's estimate, -1 unknown
@@ -80,13 +70,10 @@ type plan struct {
 func decide(s snapshot) plan {
 	p := plan{cEst: -1, force: s.force}
 	cost, need := costOf(s.scan, s.scanCost, s.minRelease)
-	// A burst the detector saw and no GC collected yet: only a GC can tell
-	// whether it is garbage. A cheap one is worth asking. A dearer one is
-	// priced at the heap before the burst, what it marks if the burst died,
-	// and asked only when its whole cost, the burst still live, fits in
-	// the budget saved since the last trim: a heap that grew for good then
-	// costs one forced GC within the budget, after which the detector
-	// takes the level that GC found as its floor.
+	// Only a GC can tell whether a detected, uncollected burst died. One
+	// dearer than cheapGC is asked (a probe, priced at the heap before the
+	// burst) only when its cost with the burst live fits the budget saved:
+	// a heap that grew for good then costs one forced GC, which resets the floor.
 	if s.origin == originDebounced && s.detected && !s.marked && !s.gcSince && cost > cheapGC && cost <= s.saved {
 		p.probe = true
 		cost, need = costOf(s.floorScan, s.scanCost, s.minRelease)
@@ -99,8 +86,7 @@ func decide(s snapshot) plan {
 		case s.gcSince && (s.busy || cost > cheapGC):
 			p.noGC = true
 		case !s.gcSince && cost > cheapGC:
-			// No GC since the burst: its GC runs only when it returns more
-			// than the path without one by what it costs.
+			// Its GC runs only when it beats the path without one by its cost.
 			a := s.noGCEst
 			p.noGC = p.goEst >= 0 && a >= max(s.minRelease, 1) && (p.goEst < need || p.goEst-a-s.runway < need)
 		}
@@ -127,9 +113,8 @@ func decide(s snapshot) plan {
 	return p
 }
 
-// gcEst is the GC path's estimate: when the burst is not marked, memory
-// allocated since the last GC counts only when the GC that would find out
-// is cheap (its need is MinRelease).
+// gcEst is the GC path's estimate: unmarked, memory allocated since the last
+// GC counts only when the GC that would find out is cheap (need is MinRelease).
 func (s snapshot) gcEst(marked bool, need int64) int64 {
 	switch {
 	case marked:

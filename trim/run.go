@@ -29,9 +29,8 @@ type result struct {
 	procCPU   time.Duration
 }
 
-// trimLocked decides a trim of origin o (forced for originByName) and runs
-// it: read, decide, run, record. early says the throttled start at Delay/2
-// decided it. t.run must be held.
+// trimLocked decides a trim of origin o (forced for originByName) and runs it;
+// early: the throttled start at Delay/2 decided it. t.run must be held.
 func (t *Trimmer) trimLocked(o origin, early bool) result {
 	t.decisions.Add(1)
 	s := t.snapshot(o)
@@ -45,8 +44,7 @@ func (t *Trimmer) trimLocked(o origin, early bool) result {
 		return r
 	}
 	if o != originDebounced && o != originByName && t.state.Load() == statePending {
-		// This trim is the pending one, run sooner: calls from now on
-		// start a new pending period (see step).
+		// The pending trim, run sooner: later calls start a new period (step).
 		t.dirty.Store(0)
 		t.det.Store(0)
 		t.served = true
@@ -66,12 +64,9 @@ func (t *Trimmer) trimLocked(o origin, early bool) result {
 func (t *Trimmer) snapshot(o origin) snapshot {
 	s := snapshot{origin: o, force: o == originByName, minRelease: t.minRelease, scanCost: t.scanCost,
 		noGCOK: !t.noGCBroken && !t.gcOnly, scan: t.scan(), noGCEst: t.noGCEst(), cEst: -1}
-	// A GC collected the burst: a cycle ended since its mark, or the
-	// detector or the live heap's fall from its peak saw one collect it.
 	s.gcSince = t.gcSinceMark() || t.markCollected || t.gc.collected(t.minRelease)
 	s.busy = t.markSeen && t.gc.ends.Load() >= t.endsAtMark+2
-	// The program's word that the burst is garbage: its AfterBurst or
-	// Begin for the debounced trim or a pending one, and TrimNow.
+	// The program's word: AfterBurst or Begin for the debounced or pending trim, or TrimNow.
 	s.marked = s.force || ((o == originDebounced || t.state.Load() == statePending) &&
 		(t.progMarked || t.dirty.Load() != 0 || t.inFlight() > 0))
 	s.detected = t.markSeen && !t.progMarked && !t.markCollected
@@ -87,9 +82,8 @@ func (t *Trimmer) snapshot(o origin) snapshot {
 	return s
 }
 
-// floorScan returns scan scaled to the live heap floor out of live: what a
-// GC would scan if the heap above the floor were garbage (the same share
-// of pointers assumed). scan when the figures are unknown.
+// floorScan returns scan scaled by floor/live: what a GC would scan if the
+// heap above the floor were garbage; scan when a figure is unknown.
 func floorScan(scan, floor, live int64) int64 {
 	if scan <= 0 || floor < 0 || live <= 0 || floor >= live {
 		return scan
@@ -97,11 +91,9 @@ func floorScan(scan, floor, live int64) int64 {
 	return int64(float64(scan) * float64(floor) / float64(live))
 }
 
-// gcSinceMark reports whether a GC cycle that began after the burst's last
-// mark has ended. The first GC end after the mark may close a cycle that
-// began before the burst was dropped: it counts only when its live heap is
-// back near the floor from before the burst (under floor + max(MinRelease,
-// min(floor/4, (peak − floor)/2))); otherwise the second end does.
+// gcSinceMark reports whether a GC cycle begun after the burst's last mark has
+// ended: the first end after it counts only with the live heap back near the
+// floor (the cycle may have begun before the drop), else the second does.
 // t.run must be held.
 func (t *Trimmer) gcSinceMark() bool {
 	if !t.markSeen || t.dirty.Load() != 0 || t.det.Load() != 0 {
@@ -117,9 +109,8 @@ func (t *Trimmer) gcSinceMark() bool {
 	return false
 }
 
-// runSteps runs the steps r plans, on a locked thread so that its CPU
-// clock covers the forced scavenge and the C step. marked is the
-// snapshot's, for the fall back to a GC. t.run must be held.
+// runSteps runs the steps r plans on a locked thread, whose CPU clock covers
+// the forced scavenge and the C step. t.run must be held.
 func (t *Trimmer) runSteps(r *result, marked bool) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -179,9 +170,7 @@ func (t *Trimmer) runGoStep(r *result, marked bool) {
 	if !broken {
 		return
 	}
-	// The allocation path released nothing with nothing to explain it:
-	// this runtime does not behave as expected. A GC from now on, within
-	// the same gate.
+	// Released nothing, unexplained: a GC from now on, within the same gate.
 	t.noGCBroken, r.fellBack, r.noGC, r.abort = true, true, false, abortNone
 	t.logOnceAt(onceNoGCBroken, slog.LevelInfo,
 		"trim: the Go runtime released nothing under a lowered GOMEMLIMIT; the Go step runs debug.FreeOSMemory (a GC) from now on; counted in Stats.Fallbacks, logged once",
@@ -268,8 +257,7 @@ func (t *Trimmer) logSkip(o origin, p plan) {
 	}
 }
 
-// cEstimateAttr is the C step's estimate on the DEBUG lines: left out
-// without a C step, "unknown" when the allocator cannot tell.
+// cEstimateAttr is the C estimate's DEBUG attr, empty without a C step.
 func (t *Trimmer) cEstimateAttr(cEst int64) slog.Attr {
 	if t.cheap == nil {
 		return slog.Attr{}
@@ -277,13 +265,11 @@ func (t *Trimmer) cEstimateAttr(cEst int64) slog.Attr {
 	return logattr.Bytes("c_estimate_bytes", cEst)
 }
 
-// request asks for a trim now on behalf of an automatic origin
-// (originPressure, originSpiral) through the gate of a debounced trim:
-// it runs in the calling goroutine only when the CPU budget allows a trim
-// now and the estimates reach what the steps are worth; it never waits
-// for a running trim (skipRunning: that trim answers it). A run ends the
-// pending period with it, unless a mark comes during the trim or a burst
-// is in flight. Another origin is misuse, treated as originPressure.
+// request runs a trim now, in the calling goroutine, for an automatic origin
+// (originPressure, originSpiral) through the debounced trim's gate and the
+// CPU budget; it never waits for a running trim (skipRunning). A run ends the
+// pending period unless a mark or a burst in flight keeps it. Another origin
+// is misuse, treated as originPressure.
 func (t *Trimmer) request(o origin) result {
 	if t == nil {
 		return result{plan: plan{skip: skipClosed}}

@@ -17,11 +17,9 @@ type sched struct {
 	lastStart  int64 // start of the last trim that ran; 0: none since New
 	lastFlip   int64 // last flip of the Begin epoch
 	deferred   bool  // this pending period was counted in Stats.Deferred
-	// progMarked: the program marked this pending period's burst
-	// (AfterBurst, Begin), not only the detector. endsAtMark is the count
-	// of GC ends when a tick last saw a mark; markCollected says that mark
-	// was the detector's for the GC end that collected the burst;
-	// markSeen says a tick saw a mark in this pending period.
+	// In this pending period: the program marked the burst (AfterBurst,
+	// Begin); the last mark was the detector's for the collecting GC end; a
+	// tick saw a mark. endsAtMark is the count of GC ends at that tick.
 	progMarked, markCollected, markSeen bool
 	endsAtMark                          uint64
 	noGCBroken                          bool          // the step without a GC released nothing: FreeOSMemory from now on
@@ -64,8 +62,7 @@ func (t *Trimmer) tick() {
 		return
 	}
 	if !t.run.TryLock() {
-		// A TrimNow is running: look again in a tick rather than wait,
-		// so that Close never waits for a TrimNow it does not own.
+		// A TrimNow runs: look again next tick, so Close never waits for it.
 		t.arm(t.interval)
 		return
 	}
@@ -87,8 +84,7 @@ func (t *Trimmer) tick() {
 func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	c := t.clock(now)
 	if t.served {
-		// A request ran this period's trim. Done, unless a mark came
-		// during or after it or a burst is in flight: a new period begins.
+		// A request ran this period's trim; a mark since or a burst in flight begins a new one.
 		t.served = false
 		prog, det := t.dirty.Swap(0) != 0, t.det.Swap(0)
 		t.markSeen, t.markCollected = false, false
@@ -120,9 +116,7 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if c < due {
 		return min(time.Duration(due-c), t.interval), false
 	}
-	// The early start decided this trim only if it runs before the whole
-	// delay would have let it.
-	early := t.early && c < full
+	early := t.early && c < full // the early start decided it
 	t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 	t.since.Store(0)
 	if t.inFlight() > 0 {
@@ -168,8 +162,7 @@ func (t *Trimmer) noteMark(prog bool, det uint32) {
 }
 
 // detect is the burst detector's mark: 1 a burst in progress, 2 the GC end
-// that collected it. Unlike AfterBurst it is not the program's word that
-// the burst is garbage.
+// that collected it; unlike AfterBurst, not the program's word it is garbage.
 func (t *Trimmer) detect(kind uint32) {
 	if t.state.Load() == stateClosed {
 		return
@@ -178,9 +171,8 @@ func (t *Trimmer) detect(kind uint32) {
 	t.pend()
 }
 
-// detectC is the C heap burst detector's mark: the memory is free already,
-// as after the GC end that collected a Go burst (detect(2)), and it does
-// not replace a Go burst's mark.
+// detectC is the C heap detector's mark: free already, as detect(2), and it
+// does not replace a Go burst's mark.
 func (t *Trimmer) detectC() {
 	if t.state.Load() == stateClosed {
 		return
@@ -196,18 +188,16 @@ func (t *Trimmer) noteCLeft(left int64) {
 	t.mu.Unlock()
 }
 
-// cAfter returns the count of trim decisions and the C step's estimate
-// the last one left (-1 unknown).
+// cAfter returns the trim decisions and the C estimate the last one left.
 func (t *Trimmer) cAfter() (n, left int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.cDecided, t.cLeft
 }
 
-// goIdle leaves the pending state, and arms again if a mark came since
-// the last tick. A burst still in flight does not keep the Trimmer
-// pending: its end calls AfterBurst, and a lost end must not keep a timer
-// running forever.
+// goIdle leaves the pending state, and arms again if a mark came since the
+// last tick. A burst in flight does not keep it pending: its end calls
+// AfterBurst, and a lost end must not keep a timer running forever.
 func (t *Trimmer) goIdle() {
 	if !t.state.CompareAndSwap(statePending, stateIdle) {
 		return // closed
@@ -241,8 +231,8 @@ func (t *Trimmer) checkStale(c int64) {
 	}
 }
 
-// beginThrottleWatch reads the CPU cgroup's throttled time at c, the first
-// tick of a pending period, finding the cgroup again. t.run must be held.
+// beginThrottleWatch reads the throttled time at a pending period's first
+// tick, finding the cgroup again. t.run must be held.
 func (t *Trimmer) beginThrottleWatch(c int64) {
 	t.early, t.thrAt = false, 0
 	if t.throttled == nil {
@@ -267,8 +257,8 @@ func (t *Trimmer) throttledSince(c int64) bool {
 	return c > t.thrAt && float64(d-t.thr0) >= throttledShare*float64(c-t.thrAt)
 }
 
-// noteThrottleErr logs, once at INFO, an error reading the throttled time
-// other than the absence of a counter, which is quiet.
+// noteThrottleErr logs once at INFO an error reading the throttled time,
+// except a missing counter.
 func (t *Trimmer) noteThrottleErr(err error) {
 	if !errors.Is(err, cgroupfs.ErrNoThrottleCounter) {
 		t.logOnceAt(onceThrottleErr, slog.LevelInfo,
@@ -290,8 +280,7 @@ func (t *Trimmer) noteDeferred(wait time.Duration) {
 		slog.Duration("last_trim_cpu", last))
 }
 
-// quiet reports whether the Trimmer has nothing pending: not in the pending
-// state and no timer armed. For tests.
+// quiet reports whether nothing is pending and no timer armed. For tests.
 func (t *Trimmer) quiet() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

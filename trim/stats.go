@@ -8,10 +8,8 @@ import (
 
 // Stats is a snapshot of a Trimmer's counters. Bytes are int64.
 type Stats struct {
-	// Trims counts the trims run (at least one step ran).
-	Trims int64
-	// Skipped counts the due or requested trims not run, split by reason below.
-	Skipped int64
+	Trims   int64 // trims run (at least one step ran)
+	Skipped int64 // due or requested trims not run, split by reason below
 	// By reason: both estimates under MinRelease; the Go estimate under its
 	// GC's worth; a request the CPU budget did not allow yet; one a running
 	// trim took.
@@ -19,19 +17,14 @@ type Stats struct {
 	// Debounced, Pressure, Spiral and ByName split the trims by origin: a
 	// burst, kernel memory pressure, a death spiral, TrimNow.
 	Debounced, Pressure, Spiral, ByName OriginStats
-	// GoSkipped and CSkipped count the trims run without their Go or C step.
-	GoSkipped, CSkipped int64
-	// LastDuration is the wall time of the last trim.
-	LastDuration time.Duration
+	GoSkipped, CSkipped                 int64         // trims run without their Go or C step
+	LastDuration                        time.Duration // wall time of the last trim
 	// LastCPU is the CPU the last trim was charged (GC, scavenger and the
 	// calling thread; at least 1 ms); TotalCPU its sum.
-	LastCPU, TotalCPU time.Duration
-	// Deferred counts the due trims the CPU budget held past the max wait.
-	Deferred int64
-	// EarlyStarts counts the trims started at Delay/2 under CPU throttling.
-	EarlyStarts int64
-	// LastReleased is the bytes the last trim released; TotalReleased its sum.
-	LastReleased, TotalReleased int64
+	LastCPU, TotalCPU           time.Duration
+	Deferred                    int64 // due trims the CPU budget held past the max wait
+	EarlyStarts                 int64 // trims started at Delay/2 under CPU throttling
+	LastReleased, TotalReleased int64 // bytes the last trim released; their sum
 	// Lazy reports that released pages leave RSS only under pressure
 	// (MADV_FREE, GODEBUG madvdontneed=0); LazyReason says why.
 	Lazy       bool
@@ -41,23 +34,16 @@ type Stats struct {
 	LastLazy, TotalLazy int64
 	// LastEstimate is the releasable bytes estimated before the last trim or
 	// skip, -1 unknown.
-	LastEstimate int64
-	// CHeapAllocator names the C step's allocator; "" when the step is off.
-	CHeapAllocator string
+	LastEstimate   int64
+	CHeapAllocator string // the C step's allocator; "" when the step is off
 	// CHeapErr is the last C step's error, nil if none; one matching
 	// cheap.ErrUnavailable means the step cannot run here.
-	CHeapErr error
-	// Pending reports whether a trim is scheduled.
-	Pending bool
-	// InFlight is the number of bursts begun and not yet ended.
-	InFlight int64
-	// StaleBegins counts those begun over MaxWait ago (the first logged at
-	// WARN).
-	StaleBegins int64
-	// Misuse counts end funcs called more often than Begin.
-	Misuse int64
-	// NoGC counts the Go steps that returned the free heap without a GC.
-	NoGC int64
+	CHeapErr    error
+	Pending     bool  // a trim is scheduled
+	InFlight    int64 // bursts begun and not yet ended
+	StaleBegins int64 // of those, begun over MaxWait ago (the first logged at WARN)
+	Misuse      int64 // end funcs called more often than Begin
+	NoGC        int64 // Go steps that returned the free heap without a GC
 	// The Go steps without a GC that stopped short because a GC cycle started,
 	// a step released nothing, the GC CPU limiter was on, or the program set
 	// GOMEMLIMIT (which is kept).

@@ -69,32 +69,25 @@ type Config struct {
 // one has collected the burst, else debug.FreeOSMemory), then the C heap step
 // (package cheap), each skipped when its estimate is under MinRelease.
 //
-// Trims of every origin share one CPU budget: the next starts no sooner than 50
-// times the last one's CPU after its start, so trims use at most 2% of any
-// window W plus one trim. While the CPU cgroup is throttled (throttled time
-// growing by 10% of the wall time), a trim starts at Delay/2.
+// Trims of every origin share one CPU budget of 2%: the next starts no sooner
+// than 50 times the last one's CPU after its start. While the CPU cgroup is
+// throttled (throttled time growing by 10% of the wall time), a trim starts at
+// Delay/2.
 //
 // While no trim is pending it has no goroutine or timer. It is safe for
 // concurrent use; all methods of a nil *Trimmer do nothing.
 type Trimmer struct {
-	_ [64]byte // keep dirty on a cache line of its own: it is read on every call
-	// dirty is set by AfterBurst and cleared by each tick.
-	dirty atomic.Uint32
+	_     [64]byte      // dirty has a cache line of its own: every call reads it
+	dirty atomic.Uint32 // set by AfterBurst, cleared by each tick
 	_     [60]byte
 
-	state atomic.Uint32 // stateIdle, statePending or stateClosed
-	// since is when the pending period started (clock), 0 when idle.
-	since atomic.Int64
-	// inflight counts the bursts begun and not ended in two epochs; a
-	// burst still in the old epoch one max wait after a flip is stale.
-	inflight [2]atomic.Int64
-	epoch    atomic.Uint32
-	misuse   atomic.Int64
-	// det is the burst detector's mark (1 in progress, 2 collected),
-	// cleared by each tick; decisions counts the trims decided on their
-	// estimate, for the detector.
-	det       atomic.Uint32
-	decisions atomic.Int64
+	state     atomic.Uint32   // stateIdle, statePending or stateClosed
+	since     atomic.Int64    // when the pending period started (clock), 0 when idle
+	inflight  [2]atomic.Int64 // bursts begun and not ended, per Begin epoch (see checkStale)
+	epoch     atomic.Uint32
+	misuse    atomic.Int64
+	det       atomic.Uint32 // the burst detector's mark: 1 in progress, 2 collected; cleared by each tick
+	decisions atomic.Int64  // trims decided on their estimate, for the detector
 	onTrim    atomic.Pointer[func()]
 
 	deps
@@ -109,15 +102,13 @@ type Trimmer struct {
 	base                     time.Time // clock origin
 	logOnce                  [7]atomic.Bool
 
-	mu     sync.Mutex // guards the fields below; never held across a trim
-	timer  *time.Timer
-	armed  bool // timer is set and its tick has not started
-	closed bool
-	stats  Stats
-	ticks  sync.WaitGroup // one count per armed timer and running tick
-	// cDecided counts the trim decisions and cLeft is the C step's
-	// estimate the last one left (-1 unknown), for the C heap's bursts.
-	cDecided, cLeft int64
+	mu              sync.Mutex // guards the fields below; never held across a trim
+	timer           *time.Timer
+	armed           bool // timer is set and its tick has not started
+	closed          bool
+	stats           Stats
+	ticks           sync.WaitGroup // one count per armed timer and running tick
+	cDecided, cLeft int64          // trim decisions; the C estimate the last one left (-1 unknown)
 
 	run sync.Mutex // serializes ticks and trims; guards sched
 	sched
@@ -169,8 +160,7 @@ var realDeps = deps{
 }
 
 // New returns a Trimmer configured by cfg, or an error naming the invalid field
-// and its value. It starts no goroutine; it reads runtime/metrics at each GC
-// end until Close.
+// and its value. It starts no goroutine (it reads runtime/metrics at GC ends).
 func New(cfg Config) (*Trimmer, error) { return newTrimmer(cfg, realDeps) }
 
 func newTrimmer(c Config, d deps) (*Trimmer, error) {
@@ -228,8 +218,7 @@ func (c *Config) fill() error {
 	return nil
 }
 
-// clock returns the monotonic time since t.base in nanoseconds, at least 1
-// (0 means "not set" in the fields that hold clock readings).
+// clock returns the monotonic ns since t.base, at least 1 (0 means unset).
 func (t *Trimmer) clock(now time.Time) int64 { return max(int64(now.Sub(t.base)), 1) }
 
 // Delay returns the configured delay.
@@ -257,8 +246,7 @@ func (t *Trimmer) AfterBurst() {
 	t.mark()
 }
 
-// mark is the slow path of AfterBurst, kept out of line so that AfterBurst
-// is inlined at its call sites.
+// mark is AfterBurst's slow path, out of line so that AfterBurst inlines.
 //
 //go:noinline
 func (t *Trimmer) mark() {
@@ -266,9 +254,8 @@ func (t *Trimmer) mark() {
 	t.pend()
 }
 
-// pend starts a pending period if the Trimmer is idle. Go atomics are
-// sequentially consistent: either this CAS sees the idle state stored by
-// goIdle, or goIdle's reload sees dirty set; only one of them arms.
+// pend starts a pending period if idle. Atomics are sequentially consistent:
+// this CAS sees goIdle's store or goIdle's reload sees dirty; one arms.
 func (t *Trimmer) pend() {
 	if t.state.CompareAndSwap(stateIdle, statePending) {
 		t.since.Store(t.clock(time.Now()))
@@ -305,8 +292,7 @@ func (t *Trimmer) end(e int) {
 	t.AfterBurst()
 }
 
-// reportMisuse counts an end called more often than Begin, logs the first
-// one, and panics in strict mode.
+// reportMisuse counts an extra end, logs the first, and panics when strict.
 func (t *Trimmer) reportMisuse() {
 	n := t.misuse.Add(1)
 	if t.strict {

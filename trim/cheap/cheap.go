@@ -48,14 +48,10 @@ type Step struct {
 	why       string // why the step is unavailable; "" when it is available
 	unsup     bool   // unavailable because of the OS: the error matches errors.ErrUnsupported
 	sys       sysStep
-	ownerBase uintptr // load address of the owner's object, as dladdr gives it
+	ownerBase uintptr  // load address of the owner's object, as dladdr gives it
+	list      heapList // every allocator found, the owner first (see Heaps)
 
-	// list holds every allocator found (the owner first), rescanned when
-	// the loader's counts change (see Heaps).
-	list heapList
-
-	// glibc: the C heap's resident bytes beyond its live blocks right
-	// after the last Release (see glibcRetained); valid when baseSet.
+	// glibc: the resident excess right after the last Release (glibcRetained).
 	base    atomic.Int64
 	baseSet atomic.Bool
 }
@@ -119,9 +115,7 @@ func (s *Step) Err() error {
 // when none can tell.
 func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
 
-// setGlibcBase records the C heap's resident excess right after glibc's
-// release (see glibcRetained) and returns it; ok is false when it cannot
-// be read.
+// setGlibcBase records and returns the resident excess after glibc's release.
 func (s *Step) setGlibcBase() (extra int64, ok bool) {
 	extra, ok = s.glibcExtra()
 	if ok {
@@ -131,9 +125,8 @@ func (s *Step) setGlibcBase() (extra int64, ok bool) {
 	return extra, ok
 }
 
-// glibcExtra returns the anonymous resident memory that is neither the Go
-// runtime's nor in glibc's live blocks; its fall across malloc_trim (which
-// returns only 0 or 1) is what glibc released.
+// glibcExtra returns the anonymous resident memory neither Go's nor in glibc's
+// live blocks: its fall across malloc_trim (which returns 0 or 1) is the release.
 func (s *Step) glibcExtra() (extra int64, ok bool) {
 	st := s.sys.stats()
 	if st.InUse < 0 {
@@ -142,9 +135,7 @@ func (s *Step) glibcExtra() (extra int64, ok bool) {
 	return cResidentExtra(st.InUse)
 }
 
-// glibcReleased returns what glibc released from the resident excess
-// before and after its release (glibcExtra), 0 when it grew meanwhile, -1
-// when either could not be read.
+// glibcReleased returns the fall of glibcExtra, 0 when it grew, -1 when unknown.
 func glibcReleased(before int64, okBefore bool, after int64, okAfter bool) int64 {
 	if !okBefore || !okAfter {
 		return -1
@@ -186,10 +177,9 @@ func (s *Step) Stats() (Stats, error) {
 	return st, nil
 }
 
-// glibcRetained returns glibc's free bytes that are resident: what
-// exceeds the live blocks in RssAnon less the Go runtime's bytes, beyond
-// the same excess right after the last Release, capped at fordblks (which
-// also counts what malloc_trim returned). Before a Release: fordblks.
+// glibcRetained returns glibc's resident free bytes: the growth of
+// cResidentExtra since the last Release, capped at fordblks (which also
+// counts what malloc_trim returned). Before a Release: fordblks.
 func (s *Step) glibcRetained(st Stats) int64 {
 	if st.Free < 0 || st.InUse < 0 || !s.baseSet.Load() {
 		return st.Free
@@ -201,9 +191,8 @@ func (s *Step) glibcRetained(st Stats) int64 {
 	return min(max(extra-s.base.Load(), 0), st.Free)
 }
 
-// cResidentExtra returns RssAnon minus the Go runtime's resident bytes minus
-// inUse: the anonymous resident memory that is neither Go's nor in live C
-// blocks. ok is false when a figure cannot be read.
+// cResidentExtra returns RssAnon less the Go runtime's resident bytes less
+// inUse; ok is false when a figure cannot be read.
 func cResidentExtra(inUse int64) (extra int64, ok bool) {
 	anon, err := procfs.ReadBytes("/proc/self/status", "RssAnon")
 	if err != nil {
@@ -234,9 +223,7 @@ type Stats struct {
 	Retained   int64 // bytes the allocator holds that no live block uses
 	Page       int64 // jemalloc: the allocator's page size in bytes
 
-	// PageWarning: jemalloc's page is larger than the kernel's, so partly
-	// filled slabs keep more memory.
-	PageWarning bool
+	PageWarning bool // jemalloc's page is larger than the kernel's: partly filled slabs keep more
 }
 
 // addKnown returns a+b, or -1 when either is unknown or the sum overflows.

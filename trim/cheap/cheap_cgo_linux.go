@@ -20,8 +20,7 @@ import (
 	"unsafe"
 )
 
-// malloptCalls counts the calls of mallopt, for the tests to show that an
-// operator's cap is left alone.
+// malloptCalls counts mallopt calls, for tests.
 var malloptCalls atomic.Int64
 
 // mArenaMax is glibc's M_ARENA_MAX parameter of mallopt (malloc.h).
@@ -40,9 +39,8 @@ type sysStep struct {
 	tcReleaseN                     unsafe.Pointer // MallocExtension_ReleaseToSystem
 	tcMalloc, tcFree               unsafe.Pointer // tc_malloc, tc_free: the carve (see carveBytes)
 
-	// handle is the dlopen handle held on the object of an allocator found
-	// by its own handle (it keeps the object loaded while memctl may call
-	// into it); nil for the owner found through RTLD_DEFAULT.
+	// handle is the dlopen handle that keeps a non-owner's object loaded while
+	// memctl may call it; nil for the owner found through RTLD_DEFAULT.
 	handle unsafe.Pointer
 }
 
@@ -111,9 +109,8 @@ func detect() *Step {
 	}
 	alloc := owner(base)
 	if alloc == "" && base == C.cheap_self_base() {
-		// malloc resolved to this executable: a PLT entry of a non-PIE
-		// binary, or an allocator linked in without its entry points
-		// exported. The next definition is the real one in the first case.
+		// malloc resolved to this executable: a non-PIE binary's PLT entry (the
+		// next definition is the real one) or an allocator linked in, unexported.
 		if m2 := symNext("malloc"); m2 != nil {
 			if lib2, base2, ok := where(m2); ok {
 				if a := owner(base2); a != "" {
@@ -164,9 +161,8 @@ func detect() *Step {
 	return s
 }
 
-// release returns the allocator's free memory to the OS (in slices unless
-// whole) and returns what it released by its own account (-1 unknown), the
-// calls it made and the longest of them.
+// release returns free memory to the OS (in slices unless whole); it returns
+// the bytes by the allocator's account (-1 unknown), the calls, the longest.
 func (s sysStep) release(whole bool) (released int64, slices int64, longest time.Duration, err error) {
 	var out [2]C.int64_t
 	defer func() { slices, longest = int64(out[0]), time.Duration(out[1]) }()
@@ -217,10 +213,9 @@ func diff(a, b int64) int64 {
 	return a - b
 }
 
-// resolve fills the entry points of s's allocator with lookup and reports
-// whether the release call was found; it sets *version where the allocator
-// tells one. untrusted is set, with the reason, when the entry points are
-// there but do not answer as the allocator's do: s must then not be called.
+// resolve fills s's entry points with lookup and reports whether the release
+// call was found, setting *version where told. *untrusted gets the reason when
+// they do not answer as the allocator's do: s must then never be called.
 func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, version, untrusted *string) bool {
 	switch s.allocator {
 	case jemalloc:
@@ -228,11 +223,9 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		if s.mallctl == nil {
 			return false
 		}
-		// A function named mallctl is not always jemalloc's (a shim, a
-		// stub, another library's control call): before any call that
-		// writes or purges, it must answer the read-only "version" with a
-		// string that lives in the same object's image, as jemalloc's
-		// does (its JEMALLOC_VERSION constant).
+		// A mallctl may not be jemalloc's (a shim, a stub): before any write or
+		// purge it must answer the read-only "version" with a string in its
+		// own object's image, as jemalloc's JEMALLOC_VERSION is.
 		v := C.cheap_je_version(s.mallctl)
 		_, fb, ok := where(s.mallctl)
 		_, vb, vok := where(unsafe.Pointer(v))
@@ -249,9 +242,8 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		}
 		s.miProcessInfo = lookup("mi_process_info")
 		s.miThreadInit = lookup("mi_thread_init")
-		// As for mallctl: a function named mi_collect is trusted only
-		// beside mimalloc's mi_version answering a version of mimalloc's
-		// shape (major*100 + minor*10 + patch, 1.x to 9.x).
+		// Likewise mi_collect is trusted only beside an mi_version answering
+		// mimalloc's shape (major*100 + minor*10 + patch, 1.x to 9.x).
 		v := lookup("mi_version")
 		n := 0
 		if v != nil {

@@ -16,28 +16,19 @@ import (
 // it (Step.Heaps): the owner of malloc or another (a library's bundled
 // jemalloc, a prefixed one, one dlopened with RTLD_LOCAL).
 type Heap struct {
-	// Stats holds its figures now; Library is the object that holds its code.
-	Stats
-	// Prefix is the prefix of its entry points ("je_", "_rjem_", "" for none).
-	Prefix string
-	// Version is the allocator's version where it tells one, else "".
-	Version string
-	// OwnsMalloc is true for the allocator Step.Allocator names.
-	OwnsMalloc bool
-	// Namespace is its link-map namespace (0 main, n > 0 dlmopen, -1 unknown).
-	Namespace int64
-	// Trimmed is whether the step can reach its release call (else its figures
-	// are -1).
-	Trimmed bool
-	// Note says how it was found, or why it is not trimmed.
-	Note string
+	Stats             // its figures now; Library is the object that holds its code
+	Prefix     string // of its entry points ("je_", "_rjem_", "" for none)
+	Version    string // the allocator's version where it tells one, else ""
+	OwnsMalloc bool   // true for the allocator Step.Allocator names
+	Namespace  int64  // its link-map namespace (0 main, n > 0 dlmopen, -1 unknown)
+	Trimmed    bool   // the step can reach its release call (else its figures are -1)
+	Note       string // how it was found, or why it is not trimmed
 
 	// Releases, Skipped and Failures count the steps that released it, left it
 	// alone (under ReleaseOver's threshold), and failed (LastError).
 	Releases, Skipped, Failures int64
 	LastError                   string
-	// LastEstimate is its estimate before the last release or skip.
-	LastEstimate int64
+	LastEstimate                int64 // its estimate before the last release or skip
 	// LastReleased is what its last release returned (-1 unknown);
 	// TotalReleased sums the known ones.
 	LastReleased, TotalReleased int64
@@ -121,26 +112,22 @@ func pathText(p string) string {
 	return p
 }
 
-// sliceSize is what one MallocExtension_ReleaseToSystem call of a
-// tcmalloc release is asked to return: it holds the page-heap lock for the
-// whole call, so a release in slices, 1 ms apart, lets other threads in.
+// sliceSize is what one tcmalloc MallocExtension_ReleaseToSystem call returns:
+// it holds the page-heap lock throughout, so slices 1 ms apart let threads in.
 const sliceSize = 16 << 20
 
 // carveBytes is the chunk of a tcmalloc carve: its smallest "large" span.
 const carveBytes = 1 << 20
 
-// lastCarved is the bytes the last tcmalloc carve madvised, for the tests.
-var lastCarved atomic.Int64
+var lastCarved atomic.Int64 // bytes the last tcmalloc carve madvised, for tests
 
-// heap is one entry of a Step's list: what is fixed at discovery, the
-// allocator's entry points, and the counters (guarded by Step.mu).
+// heap is one allocator of a Step's list; the counters in info are guarded by heapList.mu.
 type heap struct {
 	info Heap // Stats' figures are not kept here: read at each Heaps call
 	sys  sysStep
 }
 
-// heapList is the part of Step that changes: the allocators found, and the
-// loader's counts when they were found.
+// heapList is the allocators found and the loader's counts when found.
 type heapList struct {
 	mu      sync.Mutex // guards heaps, counts and the counters in each heap
 	relMu   sync.Mutex // serializes releases
@@ -173,9 +160,8 @@ func sliceBytes(whole bool) int64 {
 	return sliceSize
 }
 
-// refresh returns the allocators of the process, the owner first, after
-// scanning the objects loaded since the last scan when the loader's counts
-// changed (a dl_iterate_phdr call that stops at its first entry).
+// refresh returns the process's allocators, the owner first, scanning new
+// objects when the loader's counts changed (read by one dl_iterate_phdr step).
 func (s *Step) refresh() []*heap {
 	l := &s.list
 	l.mu.Lock()
@@ -204,9 +190,8 @@ func (s *Step) refresh() []*heap {
 	return found
 }
 
-// heapRetained returns h's release estimate now: its Releasable for
-// jemalloc and tcmalloc where known (what their release returns), else its
-// Retained (see Stats); -1 when unknown or not trimmed.
+// heapRetained returns h's release estimate now: Releasable for jemalloc and
+// tcmalloc where known, else Retained; -1 when unknown or not trimmed.
 func (s *Step) heapRetained(h *heap) int64 {
 	if !h.info.Trimmed {
 		return -1

@@ -55,24 +55,21 @@ func listObjects() []object {
 	return out
 }
 
-// The entry points looked for in each object (after the prefix, for
-// jemalloc).
+// The entry points looked for in each object (after jemalloc's prefix).
 const (
 	symMallctl   = "mallctl"
 	symMiCollect = "mi_collect"
 	symTcRelease = "MallocExtension_ReleaseToSystem"
 )
 
-// candidate is an allocator whose entry points an object's symbol table
-// names.
+// candidate is an allocator whose entry points an object's symbol table names.
 type candidate struct {
 	allocator, prefix string
 	static            bool // from .symtab only: not exported, reached by address
 	addrs             map[string]uintptr
 }
 
-// funcSymbols returns the defined functions of syms, by name, with their
-// values.
+// funcSymbols returns the defined functions of syms by name, with their values.
 func funcSymbols(syms []elf.Symbol) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, s := range syms {
@@ -136,10 +133,8 @@ func candidates(funcs map[string]uint64, static bool) []candidate {
 	return out
 }
 
-// markers are texts that each allocator's code prints in its messages, as
-// jemalloc's "<jemalloc>: " and tcmalloc's "tcmalloc: large alloc"; one
-// in an object's read-only data is the hint that the object carries a
-// copy of that allocator. They are built at run time so that this
+// markers are texts of each allocator's messages; one in an object's read-only
+// data hints at a copy of that allocator. Built at run time so that this
 // package's own read-only data does not hold them.
 var markers = func() map[string][]byte {
 	mk := func(s string, c byte) []byte { b := []byte(s); b[len(b)-1] = c; return b }
@@ -191,7 +186,7 @@ func markersIn(f *elf.File) []string {
 }
 
 // openObject returns a new reference to the loaded object o (in its own
-// link-map namespace), nil when it is not loaded any more.
+// link-map namespace), nil when it is unloaded.
 func openObject(o object) unsafe.Pointer {
 	cs := C.CString(o.name)
 	defer C.free(unsafe.Pointer(cs))
@@ -235,10 +230,8 @@ func buildID(f *elf.File) []byte {
 	return nil
 }
 
-// sameImage reports whether f is the file o was loaded from, as far as the
-// build IDs tell: when the loaded image carries one, f must carry the same
-// one (a file replaced on disk by another build does not); when it carries
-// none there is nothing to compare and f is taken.
+// sameImage reports whether f is the file o was loaded from, as far as build
+// IDs tell (a file replaced by another build is not); without one, true.
 func sameImage(f *elf.File, o object) bool {
 	if len(o.buildID) == 0 {
 		return true
@@ -246,10 +239,8 @@ func sameImage(f *elf.File, o object) bool {
 	return bytes.Equal(buildID(f), o.buildID)
 }
 
-// memorySymbols returns the defined functions of the dynamic symbol table
-// of the object that h holds, read from its loaded image, by name with
-// their values; false when h holds another object than o or the image has
-// no table to read.
+// memorySymbols returns the defined functions of the dynamic symbol table in
+// h's loaded image; false when h holds another object than o or has no table.
 func memorySymbols(h unsafe.Pointer, o object) (map[string]uint64, bool) {
 	var d C.cheap_dsyms
 	if C.cheap_dsyms_of(h, C.uintptr_t(o.addr), C.uintptr_t(o.start), C.uintptr_t(o.end), &d) != 0 {
@@ -266,19 +257,16 @@ func memorySymbols(h unsafe.Pointer, o object) (map[string]uint64, bool) {
 	return m, true
 }
 
-// scanHeaps walks the loaded objects and returns the allocators found in
-// each but the owner; an object in seen (the same name, load address,
-// extent, namespace and build ID: still loaded) is not read again. next is
-// seen for the objects loaded now.
+// scanHeaps returns the allocators of the loaded objects but the owner; an
+// object in seen is not read again. next is seen for the objects loaded now.
 func scanHeaps(s *Step, seen map[string][]*heap) (out []*heap, next map[string][]*heap) {
 	next = map[string][]*heap{}
 	for _, o := range listObjects() {
 		if strings.HasPrefix(o.name, "linux-vdso") || strings.HasPrefix(o.name, "linux-gate") {
 			continue
 		}
-		// The same object, still loaded: the same name, address, extent and
-		// build (another build loaded from the same path after a dlclose
-		// may land at the same address).
+		// Still loaded: the same name, address, extent, namespace and build
+		// (another build of the same path may land at the same address).
 		key := o.name + "\x00" + strconv.FormatUint(uint64(o.addr), 16) + "-" + strconv.FormatUint(uint64(o.end), 16) + "\x00" + strconv.FormatInt(o.ns, 10) + "\x00" + string(o.buildID)
 		hs, ok := seen[key]
 		if !ok {
@@ -304,12 +292,11 @@ func objectFile(o object) (path, lib string) {
 }
 
 // objectCandidates returns the allocators whose entry points o names, and
-// those whose messages its read-only data holds (marks). It reads the
-// dynamic symbols from o's file, and the full symbol table (.symtab: a Go
-// executable's static C code) only when the messages show an allocator
-// that exports nothing. When the file is gone or another build, it reads
-// the exported symbols from the loaded image through openHandle (which
-// keeps it mapped), and note says so. ok is false when o was unloaded.
+// those whose messages its read-only data holds (marks). It reads .symtab (a
+// Go executable's static C code) only when marks show an allocator that
+// exports nothing; when the file is gone or another build, it reads the
+// loaded image through openHandle, and note says so. ok is false when o was
+// unloaded.
 func objectCandidates(o object, openHandle func() unsafe.Pointer) (cands []candidate, marks []string, note string, ok bool) {
 	path, _ := objectFile(o)
 	f, err := elf.Open(path)

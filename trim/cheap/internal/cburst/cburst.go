@@ -362,9 +362,8 @@ func PlainMallocTrim() int { return int(C.cburst_plain_trim()) }
 func GlibcArenas() int { return int(C.cburst_glibc_arenas()) }
 
 // StartProbe starts a C thread that mallocs and frees blocks of 2 KiB,
-// 16 KiB, 100 KiB and 512 KiB in turn, as fast as it can, timing each pair;
-// StopProbe stops it and returns the longest pair and the pairs made. One
-// probe at a time.
+// 16 KiB, 100 KiB and 512 KiB in turn, as fast as it can, timing each pair,
+// until StopProbe. One probe at a time.
 func StartProbe() error {
 	if rc := C.cburst_probe_start(); rc != 0 {
 		return fmt.Errorf("cburst: pthread_create: %d", int(rc))
