@@ -440,17 +440,15 @@ func cpuNS(t *testing.T, pid int) int64 {
 
 // TestFollowTimerCost logs what the timer costs an idle process where
 // inotify is not available: CPU beside a plain Go child over
-// FOLLOW_WINDOW (30 s), per wake-up (one per DefaultRefresh). A figure to
-// read, not a bound (CPU time on a shared machine).
+// FOLLOW_WINDOW, per wake-up (one per DefaultRefresh). A figure to read
+// for docs/benchmarks.md, not a bound (a Go program's own wake-up costs
+// about as much), so it runs only when FOLLOW_WINDOW is set.
 func TestFollowTimerCost(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: 30 s of two idle children's CPU")
+	window, err := time.ParseDuration(os.Getenv("FOLLOW_WINDOW"))
+	if err != nil || window <= 0 {
+		t.Skip("a figure, not a check: FOLLOW_WINDOW=30s measures it")
 	}
 	g := cgrouptest.New(t, 512<<20)
-	window := 30 * time.Second
-	if d, err := time.ParseDuration(os.Getenv("FOLLOW_WINDOW")); err == nil {
-		window = d
-	}
 	tc := startFollow(t, g, "FOLLOW_MODE=idle", "FOLLOW_TIMER=1")
 	pc := startFollow(t, g, "FOLLOW_MODE=plain")
 	require.Contains(t, tc.ready, "timer")
