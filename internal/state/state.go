@@ -6,50 +6,25 @@
 // # Mechanism
 //
 // The record is a sealed memfd (memfd_create(2), name MemfdName) that the
-// process keeps open on one descriptor. To publish, the library writes the
-// whole record into a new memfd, seals it (F_SEAL_WRITE, F_SEAL_GROW,
-// F_SEAL_SHRINK, F_SEAL_SEAL) and moves it onto the same descriptor number
-// with dup3(2), which replaces the file atomically: a reader sees the old
-// record or the new one, never half of each, and needs no lock. The command
-// finds it by the link names in /proc/PID/fd ("/memfd:memctl-state
-// (deleted)"). Why this and not the alternatives:
-//
-//   - It works for any PID from the host: /proc/PID/fd is the command's own
-//     /proc, whatever the process's mount, PID or network namespace, its
-//     chroot, or its (read-only) file systems. A file under the process's
-//     runtime directory needs a writable directory that the command can
-//     name from outside, and names the PID as the process sees it; an
-//     abstract socket lives in the process's network namespace and needs a
-//     goroutine to answer.
-//   - It dies with the process: no stale record after a crash, nothing to
-//     clean up.
-//   - It costs nothing while idle and nothing on hot paths: the library
-//     publishes only when a decision changes (at Start, after a trim or a
-//     skipped trim, when GOMEMLIMIT or the set of pools changed at the end
-//     of a GC cycle, when a counter of the record changed, at most once a
-//     second, at Close), a few system calls each time (see Publish); no
-//     goroutine or ticker of its own (only a one-shot timer for counters
-//     held back by the once-a-second limit), nothing on AfterBurst or
-//     Account.Grow.
-//   - Reading it needs what reading /proc/PID/environ needs (the ptrace
-//     read check: the same user, or root), so it shows nothing that
-//     `memctl status` could not already see.
+// process keeps open on one descriptor. Publish writes the whole record into
+// a new memfd, seals it (F_SEAL_WRITE, F_SEAL_GROW, F_SEAL_SHRINK,
+// F_SEAL_SEAL) and moves it onto that descriptor with dup3(2): a reader sees
+// the old record or the new one, never half of each, and needs no lock. The
+// command finds it in /proc/PID/fd ("/memfd:memctl-state (deleted)"); reading
+// it needs the ptrace read check (the same user, or root). Why a memfd, and
+// when the library publishes: docs/command.md.
 //
 // # Format
 //
 // The record is one JSON object (Record) of at most MaxSize bytes. Its
-// "version" is Version; it changes only when a field changes meaning, so a
-// reader shows records of the versions it knows. Within a version fields are
-// only added: a reader ignores the keys it does not know, so a newer library
-// can add a decision without breaking an older command. To add a field, add
-// it to Record (or one of its parts) with a new JSON key and a comment that
-// says its unit and source.
+// "version" is Version; it changes only when a field changes meaning. Within
+// a version fields are only added and a reader ignores keys it does not
+// know. A new field gets a new JSON key and a comment with its unit and
+// source.
 //
-// The record is input from the process it describes, not a fact: a process
-// can forge it. memctl status reads it with safefs.Dir.ReadMemfd (a regular
-// file of the memfd's file systems only, sealed against writes, bounded),
-// parses it with Parse (any error rejects the whole record) and shows every
-// string quoted, labeled "reported by the process".
+// The record is input from the process it describes and can be forged:
+// memctl status reads it with safefs.Dir.ReadMemfd (sealed, bounded), parses
+// it with Parse (any error rejects the whole record) and quotes every string.
 package state
 
 import (
@@ -76,15 +51,12 @@ const MaxPools = 64
 // the rest.
 const MaxCHeaps = 16
 
-// MaxString is the longest string, in bytes, that Publish writes: a longer
-// one (a pool name, a library path, a reason) is cut at a rune boundary and
-// ends with "...". Parse accepts longer ones (the record's size bounds
-// them); memctl status shows every string quoted and cut.
+// MaxString is the longest string, in bytes, that Publish writes; a longer
+// one is cut at a rune boundary and ends with "...". Parse accepts longer
+// ones (MaxSize bounds them).
 const MaxString = 512
 
-// PeakCounts is the length of Peaks.Counts: the buckets of
-// limits.PeakHistogram (21 bounded ones, 64 KiB << i, and one
-// above 64 GiB).
+// PeakCounts is the length of Peaks.Counts (limits.PeakHistogram's buckets).
 const PeakCounts = 22
 
 // PeakBound returns the upper bound of Peaks.Counts[i] in bytes: 64 KiB << i
@@ -132,10 +104,9 @@ type Record struct {
 	Swap *Swap `json:"swap,omitempty"`
 }
 
-// Swap is the swap of the process and of its cgroup (memctl.SwapStats),
-// as read when the record was published: the record is published when a
-// decision changes, not when swap does, so these figures may be old
-// (memctl status reads the kernel's own beside them). Sizes are bytes.
+// Swap is the swap of the process and of its cgroup (memctl.SwapStats) when
+// the record was published, which may be long ago: publishing follows
+// decisions, not swap. Sizes are bytes.
 type Swap struct {
 	// VmSwapBytes is VmSwap of /proc/self/status, null when unknown.
 	VmSwapBytes *int64 `json:"vm_swap_bytes"`
@@ -145,8 +116,7 @@ type Swap struct {
 	CgroupVersion  int    `json:"cgroup_version"`
 	MemoryPlusSwap bool   `json:"memory_plus_swap,omitempty"`
 	CurrentBytes   *int64 `json:"current_bytes"`
-	// MaxBytes is the cgroup's own limit, null when none is set (or not
-	// read).
+	// MaxBytes is the cgroup's own limit, null when none is set or read.
 	MaxBytes *int64 `json:"max_bytes"`
 	// File is the usage file read, memory.swap.current or
 	// memory.memsw.usage_in_bytes.
@@ -156,8 +126,7 @@ type Swap struct {
 
 // GoMemLimit is the GOMEMLIMIT decision (limits.MemLimit).
 type GoMemLimit struct {
-	// Bytes is GOMEMLIMIT in force when the record was published; null
-	// when there is none (the Go default, math.MaxInt64).
+	// Bytes is GOMEMLIMIT in force; null when unset (math.MaxInt64).
 	Bytes *int64 `json:"bytes"`
 	// Source is where the memory limit came from ("cgroup v1", "cgroup
 	// v2", "system", "environment", "none"), File the file it was read
@@ -267,9 +236,8 @@ type CHeap struct {
 	Trimmed    bool   `json:"trimmed"`
 	Note       string `json:"note,omitempty"`
 	// Releases and Skipped count the C heap steps that released it or
-	// left it alone; ReleasedBytes is what the releases returned by the
-	// allocator's own account (glibc's measured around malloc_trim;
-	// 0 when it could not tell).
+	// left it alone; ReleasedBytes is what they returned by the
+	// allocator's own account (0 when it could not tell).
 	Releases      int64 `json:"releases"`
 	Skipped       int64 `json:"skipped"`
 	ReleasedBytes int64 `json:"released_bytes"`
@@ -311,9 +279,8 @@ type Pool struct {
 	Refused  int64 `json:"refused"`
 	Observed int64 `json:"observed"`
 	Canceled int64 `json:"canceled"`
-	// Undercharged counts the GC ends whose live heap beyond the baseline
-	// was more than the charge ratio times Used (limits.PoolStats): the
-	// requests' charges look too small.
+	// Undercharged counts GC ends at which the charges looked too small
+	// (limits.PoolStats.Undercharged).
 	Undercharged int64 `json:"undercharged"`
 	Peaks        Peaks `json:"peaks"`
 }
@@ -326,11 +293,9 @@ type Pressure struct {
 	// Note says why the cgroup's own PSI could not be used when another
 	// source is watched (Report.PressureNote), "" otherwise.
 	Note string `json:"note,omitempty"`
-	// Signals counts the kernel's signals, Acted the actions taken on them
-	// (each a trim request through the gate), LeftToKernel the signals not
-	// acted on because the cgroup's memory was mostly page cache, and
-	// CancelsHeld the host-wide ones acted on without canceling for the
-	// same reason.
+	// Signals counts the kernel's signals, Acted the trims requested on
+	// them, LeftToKernel those not acted on (mostly page cache), and
+	// CancelsHeld host-wide ones acted on without canceling (same reason).
 	Signals      int64 `json:"signals"`
 	Acted        int64 `json:"acted"`
 	LeftToKernel int64 `json:"left_to_kernel"`
