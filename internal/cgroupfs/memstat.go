@@ -206,10 +206,8 @@ func isStatKey(s string) bool {
 	return true
 }
 
-// readIn reads the file name of the cgroup directory dir inside "/",
-// through no symlink, only from a cgroup file system, at most
-// safefs.MaxCgroupFile bytes; the error matches fs.ErrNotExist when the
-// file is absent.
+// readIn reads file name of cgroup directory dir, safely (see the package
+// doc); an absent file matches fs.ErrNotExist.
 func readIn(dir, name string) ([]byte, error) {
 	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {

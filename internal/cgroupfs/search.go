@@ -27,12 +27,10 @@ func climbs(p string) (int, string) {
 	return n, p
 }
 
-// searchMounts returns the mounts that match and whose root, ".." elements
-// alone, climbs above the reader's cgroup namespace by more levels than cg
-// does: a cgroup namespace made while the host's mount was kept (mountinfo
-// root "/..", cgroup "/pod"), where the cgroup is top/N1/.../Nk/pod for k
-// names the kernel does not show. Each is returned with search k and below
-// the rest of cg.
+// searchMounts returns the matching mounts whose root (".." only) climbs
+// above the reader's cgroup namespace further than cg does (mountinfo root
+// "/..", cgroup "/pod": the cgroup is top/N1/.../Nk/pod, with k unseen
+// names), each with search k and below the rest of cg.
 func searchMounts(mounts []mount, cg string, match func(mount) bool, root string) []candidate {
 	b, below := climbs(cg)
 	var out []candidate
@@ -81,9 +79,7 @@ func (s *source) resolve(c candidate) (string, error) {
 			}
 			names, err := rd.SubDirs(rel, maxSearch-visited)
 			if err != nil && d != c.top && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
-				// Another tenant's cgroup the reader may not list, or one
-				// removed since its parent was listed: it cannot hold the
-				// process's (whose cgroup.procs is read, so readable).
+				// Unlistable or removed: it cannot hold the process's cgroup.
 				skipped = append(skipped, err.Error())
 				continue
 			}
@@ -119,9 +115,7 @@ func (s *source) resolve(c candidate) (string, error) {
 	return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and %d cgroups list PID %d (%s, %s): ambiguous", safefs.Quote(c.top), c.search, s.cgroupFile, len(found), s.pid, safefs.Quote(found[0]), safefs.Quote(found[1]))
 }
 
-// lists reports whether the cgroup.procs of cgroup directory dir lists
-// pid; a cgroup.procs that is not there (most directories searched) or not
-// readable does not.
+// lists reports whether dir's cgroup.procs lists pid (absent or unreadable: no).
 func (s *source) lists(dir string, pid []byte) bool {
 	b, err := s.readFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
