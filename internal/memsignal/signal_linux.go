@@ -105,11 +105,9 @@ func (w *Signal) openPSI(path string, trig []byte) error {
 	return nil
 }
 
-// armPSI reads the total stall of the trigger's state just before the
-// trigger is written, for the check of each event (psiArm): stall between
-// the read and the write counts as since arming, so no event the stall
-// explains is ignored. When the trigger or the file cannot be parsed, no
-// event is checked and psiNoCheck says why.
+// armPSI reads the state's total stall just before the trigger is written
+// (erring toward explaining events). If either cannot be parsed, no event
+// is checked and psiNoCheck says why.
 func (w *Signal) armPSI(trig []byte) {
 	t, err := parseTrigger(trig)
 	if err == nil && t.stall == 0 {
@@ -162,10 +160,8 @@ func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	return time.Duration(total-w.psi.armed) * us, time.Duration(w.psi.stall) * us, !w.psi.explains(total)
 }
 
-// Window returns the PSI trigger's window, the time the kernel waits
-// after an event before it may send the next one
-// (Documentation/accounting/psi.rst: "at most one event per window"); 0
-// when no event is checked.
+// Window returns the PSI trigger's window (at most one event per window,
+// psi.rst); 0 when no event is checked.
 func (w *Signal) Window() time.Duration {
 	if w.psi == nil {
 		return 0
