@@ -17,10 +17,8 @@
 // or -smaps) Pss and AnonHugePages; its cgroup's memory limit and swap; the
 // memory variables of its environment; and the state record of the memctl
 // library inside it, as reported by the process. -json prints one JSON
-// object with stable keys. It is meant to be run as root on processes it
-// does not trust: their files are read inside their root, through no
-// symlink, regular files only, bounded in size and time, and every string
-// they supply is quoted (package internal/safefs).
+// object with stable keys. It may be run as root on processes it does not
+// trust (package internal/safefs).
 //
 // exec applies the settings, then replaces itself with PROGRAM (execve(2),
 // found as env(1) finds it, with the signals ignored and blocked when
@@ -87,9 +85,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-// parseFlags parses args with fs. It returns done and the exit status when
-// memctl should stop: after -h (usage on stdout, 0) or a bad flag (the error
-// and usage on stderr, 2).
+// parseFlags parses args with fs; done is true, with the exit status, after
+// -h (usage on stdout) or a bad flag (usage on stderr).
 func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io.Writer) (done bool, status int) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}

@@ -97,10 +97,9 @@ type smapsRollup struct {
 	Why  string `json:"why"`
 }
 
-// escapeJSON returns the JSON text b with every rune that is not printable
-// (strconv.IsPrint), but the newlines, written as a \u escape: a C1
-// control such as U+009B must not reach a terminal raw. The value is
-// unchanged; encoding/json writes valid UTF-8 only.
+// escapeJSON returns the JSON text b with every unprintable rune but
+// newlines written as a \u escape, so no C1 control (U+009B) reaches a
+// terminal raw. The value is unchanged.
 func escapeJSON(b []byte) []byte {
 	out := make([]byte, 0, len(b))
 	for i := 0; i < len(b); {
