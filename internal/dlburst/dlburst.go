@@ -85,12 +85,10 @@ import (
 	"unsafe"
 )
 
-// Run opens the library at path with dlopen (RTLD_LOCAL when local,
-// else RTLD_GLOBAL; the handle stays open), allocates total bytes through
-// the handle's prefix+"malloc" (looked up with dlsym on that handle, so
-// they do not come from the allocator that owns the process's malloc) in
-// blocks of minSize to maxSize bytes, writes them, and frees them all with
-// the handle's prefix+"free".
+// Run dlopens the library at path (RTLD_LOCAL when local; kept open),
+// allocates total bytes in blocks of minSize to maxSize through the
+// handle's own prefix+"malloc" (dlsym on the handle), writes them, and
+// frees them with its prefix+"free".
 func Run(path string, local bool, prefix string, total, minSize, maxSize int64) error {
 	return run(path, boolInt(local), prefix, total, minSize, maxSize)
 }
