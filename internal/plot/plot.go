@@ -2,12 +2,9 @@
 // named series of (X, Y) points, horizontal reference lines, labelled
 // vertical marks, axes with ticks and a legend.
 //
-// The output is a function of the Chart alone: the same Chart gives the same
-// bytes. It refers to no script, style sheet, font or image, and every string
-// in it is escaped, so names read from another process can be drawn. The
-// data are written beside the drawing as data- attributes (data-points,
-// data-x, data-y, data-name, data-label), which Read gives back, so that a
-// test or a page's script can check what a picture shows.
+// The same Chart gives the same bytes. The output refers to no script,
+// style sheet, font or image, and every string is escaped. The data are
+// written beside the drawing as data- attributes, which Read gives back.
 package plot
 
 import (
@@ -189,8 +186,8 @@ func (c *Chart) extent() (xs, ys [2]float64) {
 // axis maps values in [lo, hi] to pixels in [p0, p1]; step is its tick step.
 type axis struct{ lo, hi, p0, p1, step float64 }
 
-// newAxis returns an axis over at least [lo, hi], widened to whole steps of
-// a round tick step (1, 2 or 5 times a power of 10) giving about 5 ticks.
+// newAxis returns an axis over at least [lo, hi], widened to whole round
+// steps (niceStep) giving about 5 ticks.
 func newAxis(lo, hi, p0, p1 float64) axis {
 	if hi <= lo {
 		lo, hi = lo-1, hi+1
