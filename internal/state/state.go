@@ -35,20 +35,16 @@ import (
 // Version is the record format's version.
 const Version = 1
 
-// MemfdName is the name of the memfd that holds the record; /proc/PID/fd
-// shows it as "/memfd:" + MemfdName + " (deleted)".
+// MemfdName is the record memfd's name ("/memfd:" + MemfdName + " (deleted)" in /proc/PID/fd).
 const MemfdName = "memctl-state"
 
-// MaxSize is the largest record, in bytes, that Publish writes and Read
-// accepts: a record is about 1 KiB plus about 80 bytes a pool.
+// MaxSize is the largest record, in bytes, that Publish writes and Parse accepts.
 const MaxSize = 64 << 10
 
-// MaxPools is the most pools a record lists; Record.PoolsOmitted counts the
-// rest.
+// MaxPools is the most pools a record lists; Record.PoolsOmitted counts the rest.
 const MaxPools = 64
 
-// MaxCHeaps is the most C heaps a record lists; Record.CHeapsOmitted counts
-// the rest.
+// MaxCHeaps is the most C heaps a record lists; Record.CHeapsOmitted counts the rest.
 const MaxCHeaps = 16
 
 // MaxString is the longest string, in bytes, that Publish writes; a longer
@@ -87,8 +83,7 @@ type Record struct {
 	GoMemLimit GoMemLimit `json:"gomemlimit"`
 	THP        THP        `json:"thp"`
 	Trim       Trim       `json:"trim"`
-	// Pools are the open budget pools (limits.Pool), oldest first, at most
-	// MaxPools.
+	// Pools are the open pools (limits.Pool), oldest first, at most MaxPools.
 	Pools        []Pool   `json:"pools"`
 	PoolsOmitted int      `json:"pools_omitted,omitempty"`
 	Pressure     Pressure `json:"pressure"`
@@ -99,8 +94,7 @@ type Record struct {
 	CHeaps        []CHeap   `json:"c_heaps"`
 	CHeapsOmitted int       `json:"c_heaps_omitted,omitempty"`
 	AutoBurst     AutoBurst `json:"auto_burst"`
-	// Swap is the process's and its cgroup's swap when the record was
-	// published (Updated); null in a record of a library before it.
+	// Swap is the swap at Updated; null from an older library.
 	Swap *Swap `json:"swap,omitempty"`
 }
 
@@ -118,8 +112,7 @@ type Swap struct {
 	CurrentBytes   *int64 `json:"current_bytes"`
 	// MaxBytes is the cgroup's own limit, null when none is set or read.
 	MaxBytes *int64 `json:"max_bytes"`
-	// File is the usage file read, memory.swap.current or
-	// memory.memsw.usage_in_bytes.
+	// File is the usage file read (memory.swap.current or memory.memsw.usage_in_bytes).
 	File string `json:"file,omitempty"`
 	Note string `json:"note,omitempty"`
 }
@@ -138,22 +131,18 @@ type GoMemLimit struct {
 	MemoryLimitBytes int64   `json:"memory_limit_bytes"`
 	Ratio            float64 `json:"ratio"`
 	OutsideBytes     int64   `json:"outside_bytes"`
-	// ReclaimableBytes is the page cache of the limit's cgroup (files read
-	// or mapped): shown apart, never taken off.
+	// ReclaimableBytes is the limit's cgroup's page cache, never taken off.
 	ReclaimableBytes int64 `json:"reclaimable_bytes"`
 	// OperatorBytes is the operator's GOMEMLIMIT when the environment sets
 	// one (null otherwise); Overridden is true while memctl sets its own
 	// value because the operator's is above the hard limit.
 	OperatorBytes *int64 `json:"operator_bytes,omitempty"`
 	Overridden    bool   `json:"overridden,omitempty"`
-	// RefreshSeconds is the least time between two re-reads of the limit,
-	// 0 when there is no refresh.
+	// RefreshSeconds is the least time between two re-reads; 0: no refresh.
 	RefreshSeconds float64 `json:"refresh_seconds"`
 	// Reason is the decision's one sentence.
 	Reason string `json:"reason"`
-	// LimitUnknown is true when no cgroup up to the top of the process's
-	// cgroup namespace sets a limit and that top is not the root: a limit
-	// may be set above it, out of sight (limits.MemLimit.LimitUnknown).
+	// LimitUnknown: a limit may be set out of sight (limits.MemLimit.LimitUnknown).
 	LimitUnknown bool `json:"limit_unknown"`
 }
 
@@ -164,8 +153,7 @@ type THP struct {
 	System string `json:"system"` // the system mode, "" if unknown
 }
 
-// Trim is the trimmer's configuration and counters (trim.Stats) when the
-// record was published.
+// Trim is the trimmer's configuration and counters (trim.Stats).
 type Trim struct {
 	// DelaySeconds is the trim delay; 0 means trimming is off.
 	DelaySeconds float64 `json:"delay_seconds"`
@@ -173,18 +161,15 @@ type Trim struct {
 	Skipped      int64   `json:"skipped"`
 	GoSkipped    int64   `json:"go_skipped"`
 	CSkipped     int64   `json:"c_skipped"`
-	// ReleasedBytes is the bytes all trims released, LastReleasedBytes the
-	// last one's.
+	// ReleasedBytes is what all trims released, LastReleasedBytes the last's.
 	ReleasedBytes     int64 `json:"released_bytes"`
 	LastReleasedBytes int64 `json:"last_released_bytes"`
 	// CPUSeconds is the CPU all trims were charged with.
 	CPUSeconds  float64 `json:"cpu_seconds"`
 	Deferred    int64   `json:"deferred"`
 	EarlyStarts int64   `json:"early_starts"`
-	// Origins splits the trims run and skipped, their CPU and the bytes
-	// released by who asked (trim.Stats.Debounced and its siblings);
-	// SkippedBy splits Skipped by reason (trim.Stats.SkippedMinRelease
-	// and its siblings).
+	// Origins splits the counters by who asked (trim.Stats.Debounced...);
+	// SkippedBy splits Skipped by reason (trim.Stats.SkippedMinRelease...).
 	Origins   Origins   `json:"origins"`
 	SkippedBy SkippedBy `json:"skipped_by"`
 }
@@ -205,8 +190,7 @@ type Origin struct {
 	ReleasedBytes int64   `json:"released_bytes"`
 }
 
-// SkippedBy is trim.Stats' SkippedMinRelease, SkippedCost, SkippedBudget
-// and SkippedRunning.
+// SkippedBy is trim.Stats' Skipped* counters.
 type SkippedBy struct {
 	MinRelease int64 `json:"min_release"` // estimate below MinRelease
 	Cost       int64 `json:"cost"`        // estimate below what the trim's GC is worth
@@ -214,8 +198,7 @@ type SkippedBy struct {
 	Running    int64 `json:"running"`     // another trim was running
 }
 
-// AutoBurst is the GC-end burst detector's counters (trim.AutoBurstStats);
-// all 0 when it is off.
+// AutoBurst is the burst detector's counters (trim.AutoBurstStats); 0 when off.
 type AutoBurst struct {
 	Bursts     int64 `json:"bursts"`      // rises of the live heap detected
 	Drops      int64 `json:"drops"`       // collections of a burst outside a detected one
@@ -245,8 +228,7 @@ type CHeap struct {
 	RetainedBytes int64 `json:"retained_bytes"`
 }
 
-// Peaks is a pool's distribution of request peaks (limits.PeakHistogram):
-// the data to size its budget from.
+// Peaks is a pool's distribution of request peaks (limits.PeakHistogram).
 type Peaks struct {
 	// Count is the number of peaks recorded (closed top-level accounts).
 	Count int64 `json:"count"`
@@ -256,8 +238,8 @@ type Peaks struct {
 	P50Bytes int64 `json:"p50_bytes"`
 	P99Bytes int64 `json:"p99_bytes"`
 	MaxBytes int64 `json:"max_bytes"`
-	// Counts[i] counts the peaks in (PeakBound(i-1), PeakBound(i)]; it is
-	// empty when Count is 0, else of length PeakCounts, summing to Count.
+	// Counts[i] counts the peaks in (PeakBound(i-1), PeakBound(i)]: empty
+	// when Count is 0, else PeakCounts long, summing to Count.
 	Counts []int64 `json:"counts,omitempty"`
 }
 
@@ -267,15 +249,11 @@ type Pool struct {
 	Mode string `json:"mode"` // enforce, observe, off
 	// LimitBytes is the pool's limit; null means unlimited.
 	LimitBytes *int64 `json:"limit_bytes"`
-	// UsedBytes and PeakBytes are the bytes the pool's accounts hold and
-	// the most they held (limits.PoolStats.Used, Peak); InFlight the
-	// requests in progress.
+	// UsedBytes, PeakBytes, InFlight are limits.PoolStats' Used, Peak, InFlight.
 	UsedBytes int64 `json:"used_bytes"`
 	PeakBytes int64 `json:"peak_bytes"`
 	InFlight  int64 `json:"in_flight"`
-	// Refused counts the Grow calls refused with resource_exhausted,
-	// Observed those let through in observe or off mode, Canceled the
-	// contexts CancelLargest canceled.
+	// Refused, Observed and Canceled are limits.PoolStats' counters.
 	Refused  int64 `json:"refused"`
 	Observed int64 `json:"observed"`
 	Canceled int64 `json:"canceled"`
@@ -285,13 +263,11 @@ type Pool struct {
 	Peaks        Peaks `json:"peaks"`
 }
 
-// Pressure is the kernel memory-pressure watch and the GC death-spiral
-// detector (pressure.Stats).
+// Pressure is the pressure watch and spiral detector's counters (pressure.Stats).
 type Pressure struct {
 	// Source names the signal watched, "none" when none is.
 	Source string `json:"source"`
-	// Note says why the cgroup's own PSI could not be used when another
-	// source is watched (Report.PressureNote), "" otherwise.
+	// Note is Report.PressureNote.
 	Note string `json:"note,omitempty"`
 	// Signals counts the kernel's signals, Acted the trims requested on
 	// them, LeftToKernel those not acted on (mostly page cache), and
@@ -300,8 +276,8 @@ type Pressure struct {
 	Acted        int64 `json:"acted"`
 	LeftToKernel int64 `json:"left_to_kernel"`
 	CancelsHeld  int64 `json:"cancels_held"`
-	// Spirals counts GC death-spiral episodes, Lifts the GOMEMLIMIT lifts,
-	// LiftedBytes what GOMEMLIMIT is lifted by now (0: not lifted).
+	// Spirals counts death-spiral episodes, Lifts GOMEMLIMIT lifts;
+	// LiftedBytes is the lift now (0: none).
 	Spirals     int64 `json:"spirals"`
 	Lifts       int64 `json:"lifts"`
 	LiftedBytes int64 `json:"lifted_bytes"`
