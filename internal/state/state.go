@@ -35,7 +35,7 @@ import (
 // Version is the record format's version.
 const Version = 1
 
-// MemfdName is the record memfd's name ("/memfd:" + MemfdName + " (deleted)" in /proc/PID/fd).
+// MemfdName is the record memfd's name; /proc/PID/fd shows "/memfd:NAME (deleted)".
 const MemfdName = "memctl-state"
 
 // MaxSize is the largest record, in bytes, that Publish writes and Parse accepts.
