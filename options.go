@@ -36,7 +36,8 @@ type config struct {
 // Default: the zero pressure.Config. Environment: MEMCTL_PRESSURE=on|off.
 func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
-// defaultArenaMax is the glibc arena cap Start applies (see cheap.SetArenaMax).
+// defaultArenaMax is the glibc arena cap Start applies: glibc otherwise makes
+// up to 8 arenas per core, each keeping what a burst of C threads freed in it.
 const defaultArenaMax = 2
 
 // WithLogger sets the logger for the startup line and for later warnings.
