@@ -63,17 +63,13 @@ const MaxLine = 1 << 20
 const MaxQuote = 200
 
 var (
-	// ErrNotRegular is matched (errors.Is) by the error of a read of a file
-	// that is not a regular file: a directory, FIFO, socket or device.
+	// ErrNotRegular is matched by a read of a directory, FIFO, socket or device.
 	ErrNotRegular = errors.New("not a regular file")
-	// ErrTooLarge is matched by the error of a read of a file longer than
-	// the cap the caller gave.
+	// ErrTooLarge is matched by a read of a file longer than the caller's cap.
 	ErrTooLarge = errors.New("file larger than the cap")
-	// ErrTimeout is matched by the error of a read that did not finish
-	// within Dir.Timeout.
+	// ErrTimeout is matched by a read not done within Dir.Timeout.
 	ErrTimeout = errors.New("read timed out")
-	// ErrFileSystem is matched by the error of a read of a file on a file
-	// system that Dir.FSTypes does not list.
+	// ErrFileSystem is matched by a read on a file system not in Dir.FSTypes.
 	ErrFileSystem = errors.New("file system refused")
 	// ErrSymlink is matched by the error of an open that met a symlink the
 	// Dir refuses (NoSymlinks, a magic link, or any symlink on a kernel
@@ -145,8 +141,8 @@ func fileType(ifmt uint32) string {
 	return "type " + strconv.FormatUint(uint64(ifmt), 8)
 }
 
-// Dir is an open directory that names are resolved in, with the rules of
-// the package doc. Make one with OpenDir or Dir.Sub.
+// Dir is an open directory names resolve in (see the package doc); make one
+// with OpenDir or Dir.Sub.
 type Dir struct {
 	fd   int
 	name string
