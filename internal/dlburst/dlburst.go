@@ -11,13 +11,10 @@ package dlburst
 #include <stdlib.h>
 #include <string.h>
 
-// dlburst_dl_burst opens path with flags (local: 0 RTLD_GLOBAL, 1
-// RTLD_LOCAL, 2 dlmopen in a new namespace; with RTLD_NOW), allocates total bytes through the malloc that the handle
-// finds (prefix + "malloc") in blocks of min to max bytes (a fixed
-// pseudo-random sequence), writes them, and frees them all with the
-// handle's prefix + "free". It keeps the handle open. It returns 0, or
-// -1 when dlopen fails (*err then holds dlerror), -2 when a symbol is
-// missing, -3 when malloc fails.
+// dlburst_dl_burst is Run (local: 0 RTLD_GLOBAL, 1 RTLD_LOCAL, 2 dlmopen),
+// with block sizes a fixed pseudo-random sequence. It returns 0, or -1 when
+// dlopen fails (*err holds dlerror), -2 for a missing symbol, -3 when
+// malloc fails.
 static char dlburst_dlerr[512];
 static const char *dlburst_dlerror(void) { return dlburst_dlerr; }
 static void *dlburst_dlopen(const char *path, int local) {
