@@ -49,8 +49,8 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	return l, nil
 }
 
-// hierarchicalLimit reads hierarchical_memory_limit from a v1 memory.stat
-// file. ok is false when the file or the key is absent.
+// hierarchicalLimit reads memory.stat's hierarchical_memory_limit; ok is
+// false when the file or the key is absent.
 func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 	b, err := s.readFile(file)
 	if errors.Is(err, fs.ErrNotExist) {
