@@ -145,9 +145,9 @@ func (w *Signal) readPSITotal(full bool) (int64, error) {
 	return total, nil
 }
 
-// Unexplained reports whether the PSI event just received is one the
-// stall since arming does not explain (arm.explains), that stall and the
-// trigger's threshold. A total that cannot be read explains the event.
+// Unexplained reports whether the stall since arming fails to explain the
+// PSI event just received (arm.explains), with that stall and the
+// threshold; an unreadable total explains it.
 func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	if w.psi == nil {
 		return 0, 0, false
@@ -234,10 +234,8 @@ func (w *Signal) openV1(dir string) error {
 }
 
 // openSystemd opens $MEMORY_PRESSURE_WATCH as systemd's protocol says: a
-// socket is connected to and read, a FIFO is read (opened read-write, so
-// that it never reports POLLHUP for want of a writer), a PSI file is armed
-// with the decoded $MEMORY_PRESSURE_WRITE; to the others that is written
-// first.
+// socket is connected and read, a FIFO read (opened read-write: no POLLHUP
+// without a writer), a PSI file armed with the write; others get it written.
 func (w *Signal) openSystemd(path string, write []byte) error {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
