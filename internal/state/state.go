@@ -1,7 +1,5 @@
-// Package state is memctl's state record: a small JSON document in which the
-// library says what it decided (GOMEMLIMIT in force and its source, the THP
-// policy, the trims run and skipped, the budget pools, the pressure source),
-// published where `memctl status -pid PID` finds it for any process.
+// Package state is memctl's state record: a small JSON document of what the
+// library decided, published where `memctl status -pid PID` finds it.
 //
 // # Mechanism
 //
