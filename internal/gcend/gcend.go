@@ -2,13 +2,10 @@
 // without a goroutine or a timer of its own, so memctl's parts cost nothing
 // while the process is idle.
 //
-// While any subscriber is registered, one sentinel object is allocated and
-// dropped with a runtime.AddCleanup on it; the cleanup, run after the next
-// GC, arms the next sentinel and calls every subscriber. No allocation means
-// no GC and no call (but for runtime.forcegcperiod, two minutes). Each GC
-// end calls each subscriber at most once: runtime.Cleanup.Stop has no effect
-// once a GC queued the cleanup, so a disarmed sentinel's cleanup is ignored
-// by generation.
+// While any subscriber is registered, a dropped sentinel object carries a
+// runtime.AddCleanup; the cleanup, run after the next GC, arms the next one
+// and calls every subscriber at most once. No allocation means no GC and no
+// call (but for runtime.forcegcperiod, two minutes).
 //
 // Subscribers run one at a time on the runtime's cleanup goroutine: they
 // must be short and must not block; anything slow goes to a goroutine the
@@ -209,9 +206,9 @@ func arm() {
 	armed = true
 }
 
-// cycle runs after a GC freed the sentinel of generation g. A stale
-// generation (disarmed by Stop after its cleanup was queued) does nothing,
-// or a Subscribe after the last Stop would start a second chain.
+// cycle runs after a GC freed the sentinel of generation g. Cleanup.Stop
+// has no effect once a GC queued the cleanup, so a stale generation does
+// nothing, or a Subscribe after the last Stop would start a second chain.
 func cycle(g uint64) {
 	mu.Lock()
 	if !armed || g != gen {
