@@ -1,7 +1,6 @@
 // Memctl shows the memory settings of a process, and runs any program with
 // transparent huge pages off, GOMEMLIMIT set from the cgroup limit and,
-// optionally, a glibc arena cap. It is the operator's side of the memctl
-// library, for programs that cannot be rebuilt.
+// optionally, a glibc arena cap: the operator's side of the memctl library.
 //
 // Install:
 //
@@ -20,16 +19,15 @@
 // object with stable keys. It may be run as root on processes it does not
 // trust (package internal/safefs).
 //
-// exec applies the settings, then replaces itself with PROGRAM (execve(2),
-// found as env(1) finds it, with the signals ignored and blocked when
-// memctl started). MEMCTL=off changes nothing; MEMCTL_THP and
-// MEMCTL_ARENA_MAX are the defaults of -thp and -arena-max.
+// exec applies the settings, then execs PROGRAM as env(1) does, with the
+// signal dispositions and mask memctl started with. MEMCTL=off changes
+// nothing; MEMCTL_THP and MEMCTL_ARENA_MAX are the defaults of -thp and
+// -arena-max.
 //
 // Exit status: 0 on success (exec: the program's own), 1 on an error, 2 on
 // a usage error, 3 when status shows some fields unknown; exec exits 127
-// when PROGRAM is not found and 126 when it cannot be executed, as env(1).
-// Every field, the JSON schema and what is read how: docs/command.md and
-// docs/security.md.
+// (not found) or 126 (cannot execute), as env(1). Every field and the JSON
+// schema: docs/command.md and docs/security.md.
 package main
 
 import (
