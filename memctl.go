@@ -114,21 +114,19 @@ type Controller struct {
 	histOff   atomic.Bool  // benchmarks of the GC-end path without it
 }
 
-// Start applies memctl's settings (see the package doc, and each option for its
-// part) to this process and returns the controller that owns them. Call it
-// once, at the top of main (the THP flag does not split pages that are already
-// huge), and defer its Close.
+// Start applies memctl's settings (see the package doc and each option) to
+// this process and returns the controller that owns them. Call it once, at
+// the top of main (the THP flag does not split pages already huge), and
+// defer its Close.
 //
-// It logs one INFO line that states what it decided, and one WARN line for each
-// part it had to skip, so the caller need not log the error again. It always
-// returns a usable controller: a part that fails is reported and skipped, never
-// fatal. The error joins what failed: an invalid MEMCTL_* value (that part is
-// left off), a malformed cgroup file, a prctl refused. A part unsupported here
-// (off Linux, an older kernel) is logged and is not an error.
+// It logs one INFO line with what it decided and one WARN line for each part
+// it skipped, so the caller need not log the error again. It always returns
+// a usable controller: a failing part is skipped, never fatal. The error
+// joins what failed (an invalid MEMCTL_* value, a malformed cgroup file, a
+// refused prctl); a part unsupported here is logged and is not an error.
 //
-// The controller serves the package-level AfterBurst and Begin; a second Start
-// while it is live is a wiring mistake (see the package doc), logged with where
-// the earlier one was started.
+// The controller serves the package-level AfterBurst and Begin; a second
+// Start while it is live is a wiring mistake (see the package doc).
 func Start(opts ...Option) (*Controller, error) {
 	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
 	c, l := s.c, s.cfg.logger
