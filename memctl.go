@@ -180,8 +180,7 @@ func (s *startup) fail(err error) {
 	s.errs = append(s.errs, err)
 }
 
-// switchedOff reports whether MEMCTL switches memctl off, and why. An
-// invalid value switches it off too, and is an error.
+// switchedOff reports whether MEMCTL switches memctl off (invalid: off, an error).
 func (s *startup) switchedOff() (why string, off bool) {
 	v, ok := envflag.Lookup("MEMCTL")
 	if !ok {
@@ -312,8 +311,7 @@ func (s *startup) watchPressure() {
 	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
 }
 
-// noteSkipped fills in what a skipped part left empty, so the startup line
-// always states GOMEMLIMIT and the arena cap or points to the WARN line.
+// noteSkipped fills in what a skipped part left empty for the startup line.
 func (s *startup) noteSkipped() {
 	r := &s.c.report
 	if r.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error

@@ -44,8 +44,7 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 	return limits.NewMemLimiter(cfg)
 }
 
-// parseRefresh parses MEMCTL_REFRESH (envflag.Duration): off or "0" gives
-// -1 (no refresh); a bad value gives -1 and an error.
+// parseRefresh parses MEMCTL_REFRESH; off, "0" or a bad value give -1 (no refresh).
 func parseRefresh(v string) (time.Duration, error) {
 	d, err := envflag.Duration("MEMCTL_REFRESH", v, limits.DefaultRefresh, time.Millisecond)
 	if err != nil {

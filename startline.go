@@ -104,8 +104,7 @@ func limitSource(m limits.MemLimit) string {
 	return s
 }
 
-// shortPressure is the pressure source for the INFO line: base names, and
-// the note's first clause.
+// shortPressure shortens the pressure source and note for the INFO line.
 func shortPressure(src, note string) string {
 	f := strings.Fields(src)
 	for i, w := range f {

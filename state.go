@@ -42,8 +42,7 @@ type recorder struct {
 	log     *slog.Logger
 }
 
-// record returns the state record of c (nil c: no controller live), its
-// strings and lists cut to the state package's limits.
+// record returns c's state record (nil c: none live), cut to the state limits.
 func (c *Controller) record() *state.Record {
 	cut := state.Cut
 	r := &state.Record{PID: os.Getpid(), Pressure: state.Pressure{Source: "none"}, CHeap: "none"}
@@ -136,8 +135,7 @@ func (c *Controller) publish() {
 	}
 }
 
-// recordOr returns c's record, or closed's when c is nil and closed was the
-// last controller, so its final counters stay visible.
+// recordOr returns c's record, or that of closed, the last, when c is nil.
 func (c *Controller) recordOr(closed *Controller) *state.Record {
 	if c == nil && closed != nil && closed.rec.closed.Load() {
 		return closed.record()
@@ -149,8 +147,7 @@ func (c *Controller) recordOr(closed *Controller) *state.Record {
 // changed counters alone; a changed decision is published at once.
 const countersEvery = time.Second
 
-// startRecord publishes c's first record and, unless MEMCTL=off, watches
-// at each GC end for a change (watch).
+// startRecord publishes c's first record and, unless off, watches GC ends.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l
 	c.rec.started.Store(true)
@@ -208,7 +205,7 @@ func (c *Controller) mark(k history.Kind) {
 	c.publish()
 }
 
-// stopRecord stops the watch and publishes the now-live controller's record, or c's last.
+// stopRecord stops the watch and republishes (the live controller's, or c's last).
 func (c *Controller) stopRecord() {
 	c.rec.closed.Store(true)
 	c.rec.watchMu.Lock()
@@ -221,8 +218,7 @@ func (c *Controller) stopRecord() {
 	c.publish()
 }
 
-// fingerprint hashes the decisions (GOMEMLIMIT, pools' limits and names)
-// and the record's counters.
+// fingerprint hashes the record's decisions and its counters.
 func (c *Controller) fingerprint() (decisions, counters uint64) {
 	d, n := uint64(debug.SetMemoryLimit(-1)), uint64(0)
 	mix := func(h *uint64, v int64) { *h = *h*1000003 ^ uint64(v) }

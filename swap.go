@@ -35,8 +35,7 @@ type SwapStats struct {
 	CgroupErr error
 }
 
-// swapSource is the cgroup directory a controller reads swap from, found
-// once at the first read, or the error why there is none.
+// swapSource is the cgroup a controller reads swap from, found at first read.
 type swapSource struct {
 	once    sync.Once
 	version int
@@ -44,8 +43,7 @@ type swapSource struct {
 	err     error
 }
 
-// read returns the calling process's SwapStats: three small file reads.
-// Safe for concurrent use.
+// read returns the process's SwapStats. Safe for concurrent use.
 func (s *swapSource) read() SwapStats {
 	st := SwapStats{VmSwap: -1, Current: -1, Max: -1}
 	if f, err := procfs.ReadFile("/proc/self/status"); err == nil {
