@@ -68,8 +68,7 @@ func cgroupRoot(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View) (*safefs
 	return r, strings.TrimPrefix(l.Dir, prefix), nil
 }
 
-// readSwap reads the swap files of the cgroup l into c. Absent files are
-// not an error: c.SwapNote says the cgroup has no swap accounting.
+// readSwap reads l's swap into c; absent files set c.SwapNote.
 func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgroup) error {
 	r, rel, err := cgroupRoot(proc, l, view)
 	if err != nil {

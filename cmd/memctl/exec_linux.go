@@ -18,8 +18,7 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// execProgram applies cfg and replaces memctl with args[0]. It returns only
-// on error, with the exit status.
+// execProgram applies cfg and execs args[0]; it returns only on error.
 func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 	path, pathSet := os.LookupEnv("PATH")
 	paths, err := lookPath(args[0], path, pathSet, os.Stat)

@@ -63,8 +63,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run runs memctl with args (without the program name) and returns the exit
-// status; a successful exec does not return.
+// run runs memctl with args and returns the exit status (exec does not return).
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)

@@ -47,8 +47,7 @@ type memctlRecord struct {
 	*state.Record
 }
 
-// thpSystem is thp.Settings in the JSON document; PMDSizeBytes and
-// MaxPTEsNone are null when their file is absent.
+// thpSystem is thp.Settings in the JSON document; null for absent files.
 type thpSystem struct {
 	Enabled      string `json:"enabled"`
 	PMDEnabled   string `json:"pmd_enabled"`
@@ -134,7 +133,6 @@ func size(n *int64) string {
 	return fmt.Sprintf("%d bytes (%.1f %s)", b, f, units[i])
 }
 
-// mib formats bytes as "N.N MiB".
 // seconds formats a count of seconds as a duration.
 func seconds(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()

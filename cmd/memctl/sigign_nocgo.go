@@ -19,10 +19,8 @@ func inheritedIgnored() (mask uint64, exact bool) {
 	return mask, false
 }
 
-// inheritedBlocked returns 0 and false: without cgo no code runs before the
-// Go runtime changes the signal mask.
+// inheritedBlocked returns 0, false: without cgo nothing runs first.
 func inheritedBlocked() (mask uint64, exact bool) { return 0, false }
 
-// restoreSignals does nothing more than restoreIgnored's signal.Ignore,
-// which is all a program without cgo can do.
+// restoreSignals does nothing: signal.Ignore is all Go alone can do.
 func restoreSignals() {}

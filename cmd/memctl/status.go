@@ -96,8 +96,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// procState is what /proc/PID/stat says of a process's identity: its start
-// time (field 22, in clock ticks since boot) and state (field 3).
+// procState is /proc/PID/stat's start time (field 22, ticks) and state (3).
 type procState struct {
 	start string
 	state byte
@@ -242,8 +241,7 @@ func readRollup(proc *safefs.Dir, st *statusReport) {
 	}
 }
 
-// readEnv reads the memory variables of /proc/PID/environ into st; the
-// first of a name wins, as getenv(3).
+// readEnv reads environ's memory variables into st; the first wins (getenv(3)).
 func readEnv(proc *safefs.Dir, st *statusReport) error {
 	b, err := proc.ReadFile("environ", safefs.MaxEnviron)
 	if err != nil {
@@ -274,8 +272,7 @@ func memoryVar(k string) bool {
 	return strings.HasPrefix(k, "MEMCTL") || strings.HasPrefix(k, "MALLOC_") || strings.HasPrefix(k, "MIMALLOC_")
 }
 
-// optional returns &n for a value, nil for a key the kernel does not write
-// (procfs.ErrMissing), and the error otherwise.
+// optional returns &n, nil for procfs.ErrMissing, or the error.
 func optional(n int64, err error) (*int64, error) {
 	if errors.Is(err, procfs.ErrMissing) {
 		return nil, nil
