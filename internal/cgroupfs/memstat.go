@@ -192,8 +192,7 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	return m, nil
 }
 
-// isStatKey reports whether s is a memory.stat key as the kernel writes
-// them: lower-case letters, digits and '_'.
+// isStatKey reports whether s is made of [a-z0-9_], as the kernel writes keys.
 func isStatKey(s string) bool {
 	if s == "" {
 		return false

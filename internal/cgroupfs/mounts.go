@@ -94,8 +94,7 @@ func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool, r
 	return nil, err
 }
 
-// outsideNamespace reports whether cgroup path p climbs with "..", as a
-// cgroup outside the reader's cgroup namespace does.
+// outsideNamespace reports whether cgroup path p climbs with "..".
 func outsideNamespace(p string) bool {
 	for _, e := range strings.Split(p, "/") {
 		if e == ".." {

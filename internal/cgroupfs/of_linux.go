@@ -79,8 +79,7 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	return Limit{}, ViewProcess, fmt.Errorf("%s; v1: %w", why, err)
 }
 
-// callerLimit reads the limit of proc's cgroup through the caller's own
-// mountinfo and root.
+// callerLimit reads proc's cgroup limit through the caller's mountinfo and root.
 func callerLimit(proc *safefs.Dir) (Limit, error) {
 	self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
 	if err != nil {

@@ -14,8 +14,7 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// climbs returns how many ".." elements path p starts with, and the rest
-// of p after them ("/" when nothing is left).
+// climbs returns the count of leading ".." in p and the rest ("/" if none).
 func climbs(p string) (int, string) {
 	n := 0
 	for strings.HasPrefix(p, "/..") && (len(p) == 3 || p[3] == '/') {
@@ -47,8 +46,7 @@ func searchMounts(mounts []mount, cg string, match func(mount) bool, root string
 	return out
 }
 
-// maxSearch bounds the directories source.resolve visits for one mount
-// (a variable for tests).
+// maxSearch bounds the directories resolve visits for one mount.
 var maxSearch = 1 << 14
 
 // resolve finds the directory of the process's cgroup under the mount of

@@ -11,8 +11,7 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// readV1 reads memory.limit_in_bytes of dir and every ancestor up to the
-// mount point, and hierarchical_memory_limit in dir's memory.stat.
+// readV1 reads memory.limit_in_bytes up to the mount point, and memory.stat.
 func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	l := Limit{Version: 1, Cgroup: cg, Dir: dir, Bytes: NoLimit}
 	for _, d := range ancestors(dir, top) {
