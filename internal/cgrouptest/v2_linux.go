@@ -206,8 +206,7 @@ func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {
 	cmd.Path, cmd.Args = sh, args
 }
 
-// cgroup2Mount returns the cgroup2 mount point (from /proc/self/mountinfo)
-// that holds dir: the longest one that is a prefix of it.
+// cgroup2Mount returns the longest cgroup2 mount point that prefixes dir.
 func cgroup2Mount(dir string) (string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
