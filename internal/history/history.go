@@ -131,8 +131,7 @@ func (r *Ring) rss() int64 {
 	return parseStatm(r.buf[:n])
 }
 
-// parseStatm returns the resident pages of a statm line ("size resident
-// shared ...") in bytes, -1 when malformed.
+// parseStatm returns a statm line's resident size in bytes, -1 if malformed.
 func parseStatm(b []byte) int64 {
 	i := bytes.IndexByte(b, ' ')
 	if i < 0 {
