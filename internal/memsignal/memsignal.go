@@ -100,8 +100,7 @@ type trigger struct {
 	stall, window int64 // µs
 }
 
-// parseTrigger parses a PSI trigger written exactly so, a NUL or a
-// newline (echo | base64) allowed at its end.
+// parseTrigger parses a PSI trigger, a trailing NUL or newline allowed.
 func parseTrigger(b []byte) (trigger, error) {
 	f := strings.Split(string(bytes.TrimSuffix(bytes.TrimSuffix(b, []byte{0}), []byte{'\n'})), " ")
 	if len(f) != 3 || (f[0] != "some" && f[0] != "full") {

@@ -125,8 +125,7 @@ func (w *Signal) armPSI(trig []byte) {
 	w.psi = &arm{trigger: t, armed: total}
 }
 
-// readPSITotal reads the total stall (µs) of the "some" or "full" line of
-// the PSI file open as w.fd.
+// readPSITotal reads the total stall (µs) of the trigger's line in w.fd.
 func (w *Signal) readPSITotal(full bool) (int64, error) {
 	var b [512]byte
 	n, err := unix.Pread(w.fd, b[:], 0)
@@ -297,8 +296,7 @@ func (w *Signal) openEvents(path string) error {
 	return err
 }
 
-// preadEvents reads the memory.events counters from the start of w.fd
-// (which also clears kernfs's change flag for the next poll).
+// preadEvents reads w.fd from its start, clearing kernfs's change flag.
 func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	var b [1024]byte
 	n, err := unix.Pread(w.fd, b[:], 0)
@@ -308,8 +306,7 @@ func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.path)
 }
 
-// readEvents returns the growth of the counters that mean pressure
-// (EventsGrowth) since the last read.
+// readEvents returns EventsGrowth since the last read.
 func (w *Signal) readEvents() int64 {
 	e, err := w.preadEvents()
 	if err != nil {
