@@ -73,8 +73,7 @@ func Publish(r *Record) error {
 	return nil
 }
 
-// ours reports whether fd still holds the record last published, and not a
-// descriptor the program opened after closing ours.
+// ours reports whether fd still holds our record, not a reused descriptor.
 func ours(fd int) bool {
 	var st unix.Stat_t
 	return unix.Fstat(fd, &st) == nil && st.Dev == pub.dev && st.Ino == pub.ino
