@@ -32,8 +32,8 @@ type Sample struct {
 	// Live, Goal, GOGC (-1 for off), StackScan, GlobalsScan and HeapScan are
 	// /gc/heap/live, /gc/heap/goal, /gc/gogc and /gc/scan/{stack,globals,heap}.
 	Live, Goal, GOGC, StackScan, GlobalsScan, HeapScan int64
-	// GCCPU, ScavengeCPU and TotalCPU are /cpu/classes/{gc,scavenge,}/total
-	// (TotalCPU is GOMAXPROCS times the wall time).
+	// GCCPU, ScavengeCPU and TotalCPU (GOMAXPROCS times the wall time) are
+	// /cpu/classes/gc/total, /cpu/classes/scavenge/total, /cpu/classes/total.
 	GCCPU, ScavengeCPU, TotalCPU float64
 	// LimiterLast is the last cycle the GC CPU limiter was on
 	// (/gc/limiter/last-enabled:gc-cycle), 0 never.
