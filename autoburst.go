@@ -18,9 +18,7 @@ import (
 // which wins over cfg.Off.
 func WithAutoBurst(cfg trim.AutoBurstConfig) Option { return func(c *config) { c.autoBurst = cfg } }
 
-// startAutoBurst starts the burst detector on tr unless MEMCTL_AUTOBURST or
-// cfg says off (an invalid MEMCTL_AUTOBURST is reported through fail and
-// leaves it off).
+// startAutoBurst starts the detector unless MEMCTL_AUTOBURST or cfg says off.
 func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)) trimwire.AutoBurst {
 	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
 		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
@@ -36,8 +34,7 @@ func startAutoBurst(cfg trim.AutoBurstConfig, tr *trim.Trimmer, fail func(error)
 	return a
 }
 
-// autoBurstStats returns a's counters, zero when a is nil. It allocates
-// nothing: the state record's fingerprint reads them at every GC end.
+// autoBurstStats returns a's counters (zero for nil) without allocating.
 func autoBurstStats(a trimwire.AutoBurst) trim.AutoBurstStats {
 	if c, ok := a.(interface{ Counters() trim.AutoBurstStats }); ok {
 		return c.Counters()
@@ -52,9 +49,7 @@ func onOff(on bool) string {
 	return "off"
 }
 
-// warnUnknownEnv logs one WARN for each MEMCTL_* variable memctl does not
-// read (a typo such as MEMCTL_TRIMDELAY is otherwise ignored without a
-// word), naming the closest one it reads.
+// warnUnknownEnv warns of each unknown MEMCTL_* variable, naming the closest.
 func warnUnknownEnv(l *slog.Logger) {
 	for _, u := range envflag.Unknown(os.Environ()) {
 		l.Warn("memctl: unknown environment variable ignored", "name", u.Name, "closest", u.Closest)

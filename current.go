@@ -48,8 +48,7 @@ var (
 	warnedSecond atomic.Bool
 )
 
-// register makes c the controller of the package-level functions, and warns
-// (once per process) when an earlier one is still live.
+// register makes c the live controller, warning once if another is live.
 func register(c *Controller, l *slog.Logger) {
 	liveMu.Lock()
 	var prev *Controller
@@ -70,8 +69,7 @@ func register(c *Controller, l *slog.Logger) {
 	}
 }
 
-// unregister hands the package-level functions to the latest controller
-// still live.
+// unregister hands the package-level functions to the latest live controller.
 func unregister(c *Controller) {
 	liveMu.Lock()
 	defer liveMu.Unlock()
@@ -96,8 +94,7 @@ func noController(fn string) {
 	}
 }
 
-// caller names the function skip frames up, with its file and line, for the
-// second-Start warning: "main.main (main.go:12)".
+// caller names the function skip frames up: "main.main (main.go:12)".
 func caller(skip int) string {
 	pc, file, line, ok := runtime.Caller(skip)
 	if !ok {

@@ -1,7 +1,6 @@
 // Package memctl keeps a pure-Go service's memory bounded and predictable on
-// Linux. The one-line answer to a pod OOM-killed at its limit, or to RSS that
-// stays at its peak after a burst, is a blank import in main's package, which
-// runs Start with its defaults:
+// Linux: no OOM kill at the pod's limit, no RSS left at its peak after a
+// burst. A blank import in main's package runs Start with its defaults:
 //
 //	import _ "github.com/memctl/memctl/auto"
 //
@@ -41,24 +40,19 @@
 // never overrides GODEBUG, MALLOC_ARENA_MAX or GLIBC_TUNABLES, nor an
 // operator's GOMEMLIMIT except while it is above the cgroup's hard limit
 // (MEMCTL_KEEP_GOMEMLIMIT). MEMCTL=off makes memctl do nothing; the other
-// switches (MEMCTL_THP, MEMCTL_TRIM_DELAY, MEMCTL_AUTOBURST, MEMCTL_ARENA_MAX,
-// MEMCTL_REFRESH, MEMCTL_GOMEMLIMIT_FLOOR, MEMCTL_MEMORY_LIMIT,
-// MEMCTL_PRESSURE, MEMCTL_BUDGETS, AUTOMEMLIMIT) are named on the option they
-// override and listed in docs/environment.md. Every switch reads on/off, yes/no
-// and the strconv.ParseBool spellings, any case, space trimmed; empty is unset.
-// An invalid value is logged at WARN, returned in Start's error, and fails
-// safe: its part is off, GOMEMLIMIT is left as it was, budgets stay enforced. A
-// MEMCTL_* variable memctl does not read is logged at WARN, naming the closest
-// one.
+// switches are named on the option they override and listed in
+// docs/environment.md. Every switch reads on/off, yes/no and the
+// strconv.ParseBool spellings, any case; empty is unset. An invalid value is
+// logged at WARN, returned in Start's error, and fails safe: its part is off,
+// GOMEMLIMIT is left as it was, budgets stay enforced. An unknown MEMCTL_*
+// variable is logged at WARN, naming the closest one.
 //
 // # Wiring mistakes
 //
-// AfterBurst or Begin with no live controller (Start not called, or its
-// controller closed) does nothing and logs one WARN through slog.Default. Start
-// while an earlier controller is live (a second Start, or Start beside the auto
-// package) logs one WARN; the newest controller serves AfterBurst and Begin,
-// and when it is closed the latest earlier one still live serves them again.
-// Both are counted in Stats.Misuse.
+// AfterBurst or Begin with no live controller does nothing and logs one WARN
+// through slog.Default. Start while an earlier controller is live (a second
+// Start, or Start beside the auto package) logs one WARN; the newest live
+// controller serves AfterBurst and Begin. Both are counted in Stats.Misuse.
 //
 // # Platforms
 //

@@ -16,8 +16,7 @@ import (
 	"github.com/memctl/memctl/internal/state"
 )
 
-// wantsHTML reports whether the request asks for the page for people: an
-// Accept header that names text/html (a browser), or ?format=html.
+// wantsHTML reports whether Accept names text/html or ?format=html.
 func wantsHTML(req *http.Request) bool {
 	if f := req.URL.Query().Get("format"); f != "" {
 		return f == "html"
@@ -25,9 +24,7 @@ func wantsHTML(req *http.Request) bool {
 	return strings.Contains(req.Header.Get("Accept"), "text/html")
 }
 
-// pageTemplate is the page: the chart inline, the record's figures in a
-// table. html/template escapes every string; the chart is plot's SVG,
-// which escapes its own.
+// pageTemplate is the page; html/template escapes, and plot's SVG escapes its own.
 var pageTemplate = template.Must(template.New("memctl").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>memctl</title>
 <style>body{font-family:sans-serif;margin:1em}td{padding:0 1em 0 0;vertical-align:top}td:first-child{color:#555}</style>
@@ -70,9 +67,8 @@ func summary(r *state.Record, n int) string {
 		n, r.Updated.Format(time.RFC3339))
 }
 
-// historyChart draws RSS and the live heap over the entries, in MiB against
-// seconds before the newest, with GOMEMLIMIT, the memory limit and
-// memory.high as lines and the events as marks.
+// historyChart draws RSS and the live heap (MiB) over time, limits as lines,
+// events as marks.
 func historyChart(entries []history.Entry, r *state.Record, high int64) *plot.Chart {
 	c := &plot.Chart{Title: "RSS and live heap", XLabel: "seconds before now", YLabel: "MiB"}
 	if len(entries) == 0 {

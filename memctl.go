@@ -40,8 +40,7 @@ type Report struct {
 	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never empty);
 	// MemLimitRefresh the least time between two re-reads of the limit at GC
 	// end, 0 when there is no refresh (MEMCTL_REFRESH=off, the operator's
-	// GOMEMLIMIT). Written limit files are followed between GC ends (see
-	// limits.MemLimiter).
+	// GOMEMLIMIT).
 	MemLimit        limits.MemLimit
 	MemLimitRefresh time.Duration
 	// TrimDelay is the trim delay; 0 means trimming is off.
@@ -50,20 +49,18 @@ type Report struct {
 	// releases: "glibc", "jemalloc", "mimalloc", "tcmalloc", or "none" when
 	// the C heap step is unavailable (cgo off, musl, not Linux).
 	CHeap string
-	// CHeaps names every allocator found in the process (cheap.Heap.Name), the
-	// owner of malloc first, those present and not trimmed marked so; filled at
-	// each Report call. Empty when the C heap step is unavailable.
+	// CHeaps names every allocator found (cheap.Heap.Name), the owner of
+	// malloc first, untrimmed ones marked so; filled at each Report call.
+	// Empty when the C heap step is unavailable.
 	CHeaps []string
 	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
 	// says why not (switched off, operator's setting, not glibc, cgo off, an
 	// invalid value) when it is 0.
 	ArenaMax     int
 	ArenaMaxNote string
-	// Pressure names the kernel memory-pressure source watched ("cgroup v1
-	// /sys/fs/cgroup/memory/app/memory.pressure_level low"), "none" when there
-	// is none; PressureNote says why it is not the cgroup's own PSI trigger
-	// when it is not (host-wide PSI, memory.events; see
-	// pressure.Monitor.SourceNote).
+	// Pressure names the kernel memory-pressure source watched, "none" when
+	// there is none; PressureNote says why it is not the cgroup's own PSI
+	// trigger when it is not (pressure.Monitor.SourceNote).
 	Pressure     string
 	PressureNote string
 	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,
@@ -95,8 +92,7 @@ type Stats struct {
 	Pressure pressure.Stats
 	// AutoBurst holds the burst detector's counters (zero when it is off).
 	AutoBurst trim.AutoBurstStats
-	// Swap holds the process's VmSwap and its cgroup's swap (see
-	// SwapStats): three small file reads.
+	// Swap holds the process's VmSwap and its cgroup's swap (SwapStats).
 	Swap SwapStats
 }
 
@@ -118,21 +114,19 @@ type Controller struct {
 	histOff   atomic.Bool  // benchmarks of the GC-end path without it
 }
 
-// Start applies memctl's settings (see the package doc, and each option for its
-// part) to this process and returns the controller that owns them. Call it
-// once, at the top of main (the THP flag does not split pages that are already
-// huge), and defer its Close.
+// Start applies memctl's settings (see the package doc and each option) to
+// this process and returns the controller that owns them. Call it once, at
+// the top of main (the THP flag does not split pages already huge), and
+// defer its Close.
 //
-// It logs one INFO line that states what it decided, and one WARN line for each
-// part it had to skip, so the caller need not log the error again. It always
-// returns a usable controller: a part that fails is reported and skipped, never
-// fatal. The error joins what failed: an invalid MEMCTL_* value (that part is
-// left off), a malformed cgroup file, a prctl refused. A part unsupported here
-// (off Linux, an older kernel) is logged and is not an error.
+// It logs one INFO line with what it decided and one WARN line for each part
+// it skipped, so the caller need not log the error again. It always returns
+// a usable controller: a failing part is skipped, never fatal. The error
+// joins what failed (an invalid MEMCTL_* value, a malformed cgroup file, a
+// refused prctl); a part unsupported here is logged and is not an error.
 //
-// The controller serves the package-level AfterBurst and Begin; a second Start
-// while it is live is a wiring mistake (see the package doc), logged with where
-// the earlier one was started.
+// The controller serves the package-level AfterBurst and Begin; a second
+// Start while it is live is a wiring mistake (see the package doc).
 func Start(opts ...Option) (*Controller, error) {
 	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
 	c, l := s.c, s.cfg.logger
@@ -156,17 +150,14 @@ func Start(opts ...Option) (*Controller, error) {
 	return c, errors.Join(s.errs...)
 }
 
-// startup is one Start call's work in progress: the resolved options, the
-// controller being filled in, and the errors of the parts skipped so far.
-// It belongs to that call's goroutine.
+// startup is one Start call's work in progress, on that call's goroutine.
 type startup struct {
 	cfg  config
 	c    *Controller
 	errs []error
 }
 
-// newConfig returns the defaults with opts applied in order; a nil logger
-// (WithLogger(nil)) becomes one that discards.
+// newConfig returns the defaults with opts applied; a nil logger discards.
 func newConfig(opts []Option) config {
 	cfg := config{logger: slog.Default(), thp: thp.PolicyDisable, trimDelay: trimwire.DefaultDelay, arenaMax: defaultArenaMax}
 	for _, o := range opts {
@@ -178,9 +169,8 @@ func newConfig(opts []Option) config {
 	return cfg
 }
 
-// fail reports a part that Start skips: one unsupported here (matching
-// errors.ErrUnsupported) is logged at INFO and is not an error; any other
-// is logged at WARN and joins Start's error.
+// fail reports a skipped part: errors.ErrUnsupported at INFO, anything else
+// at WARN and joined to Start's error.
 func (s *startup) fail(err error) {
 	if errors.Is(err, errors.ErrUnsupported) {
 		s.cfg.logger.Info("memctl: not supported here", "reason", err.Error())
@@ -190,9 +180,7 @@ func (s *startup) fail(err error) {
 	s.errs = append(s.errs, err)
 }
 
-// switchedOff reads MEMCTL and reports whether it switches memctl off, and
-// why ("MEMCTL=" and the value). An invalid value switches it off too: it
-// is logged at WARN and joins Start's error.
+// switchedOff reports whether MEMCTL switches memctl off (invalid: off, an error).
 func (s *startup) switchedOff() (why string, off bool) {
 	v, ok := envflag.Lookup("MEMCTL")
 	if !ok {
@@ -210,9 +198,8 @@ func (s *startup) switchedOff() (why string, off bool) {
 	return "MEMCTL=" + v, true
 }
 
-// arenaMax returns the glibc arena cap asked for, 0 for none:
-// MEMCTL_ARENA_MAX when set, else WithArenaMax (2 by
-// default). An invalid value of either is reported to fail and gives 0.
+// arenaMax returns MEMCTL_ARENA_MAX if set, else WithArenaMax; an invalid
+// value is reported to fail and gives 0 (no cap).
 func (s *startup) arenaMax() int {
 	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
 		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax)
@@ -228,9 +215,7 @@ func (s *startup) arenaMax() int {
 	return s.cfg.arenaMax
 }
 
-// capArenas applies the glibc arena cap and sets the report's ArenaMax, or
-// its ArenaMaxNote when the cap is switched off, the operator's, or
-// unavailable here; any other error is reported to fail.
+// capArenas applies the glibc arena cap and sets ArenaMax or ArenaMaxNote.
 func (s *startup) capArenas() {
 	n := s.arenaMax()
 	if n <= 0 {
@@ -249,9 +234,7 @@ func (s *startup) capArenas() {
 	}
 }
 
-// setTHP applies the THP policy (MEMCTL_THP, WithTHP or the default) and
-// sets the report's THP fields: the policy, the state read back, why, and
-// the system mode when it can be read.
+// setTHP applies the THP policy and sets the report's THP fields.
 func (s *startup) setTHP() {
 	r := &s.c.report
 	r.THPPolicy, r.THPState, r.THPNote = applyTHP(s.cfg.thp, s.cfg.thpSet, s.fail)
@@ -260,13 +243,10 @@ func (s *startup) setTHP() {
 	}
 }
 
-// startLimiter starts the GOMEMLIMIT limiter with Start's logger unless
-// WithMemLimit gave one, and sets the controller's limiter (nil when it
-// could not start) and the report's MemLimit and MemLimitRefresh. Each
-// change of the limit in force once the controller has started is marked
-// in its history and published at once, then passed to WithMemLimit's
-// OnChange (as limits.MemLimitConfig.OnChange: on the goroutine that
-// decided it, the limiter locked).
+// startLimiter starts the GOMEMLIMIT limiter (nil when it could not start)
+// and sets the report's MemLimit fields. Once started, each change is
+// marked in the history and published, then passed to WithMemLimit's
+// OnChange (with the limiter locked).
 func (s *startup) startLimiter() {
 	c, mc := s.c, &s.cfg.memLimit
 	mc.Logger = cmp.Or(mc.Logger, s.cfg.logger)
@@ -287,10 +267,9 @@ func (s *startup) startLimiter() {
 	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
 }
 
-// trimDelay returns the trim delay asked for, 0 for no trimming:
-// MEMCTL_TRIM_DELAY when set, else WithTrimDelay or WithTrim
-// (2 s by default). A value outside 1 ms to 24 h, or an invalid
-// MEMCTL_TRIM_DELAY, is reported to fail and gives 0.
+// trimDelay returns MEMCTL_TRIM_DELAY if set, else WithTrimDelay or
+// WithTrim; a value outside [MinDelay, MaxDelay] or invalid is reported to
+// fail and gives 0 (no trimming).
 func (s *startup) trimDelay() time.Duration {
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
 		d, err := parseDelay(v)
@@ -306,11 +285,8 @@ func (s *startup) trimDelay() time.Duration {
 	return s.cfg.trimDelay
 }
 
-// startTrimmer starts the trimmer unless the delay is 0, with Start's
-// logger unless WithTrim gave one, strict when WithTrim or SetStrict asks,
-// its trims marked in the controller's history. It sets the controller's
-// trimmer and the report's TrimDelay; a trimmer that cannot start is
-// reported to fail and leaves both unset.
+// startTrimmer starts the trimmer unless the delay is 0 and sets the
+// report's TrimDelay; a failure is reported to fail and leaves both unset.
 func (s *startup) startTrimmer() {
 	delay := s.trimDelay()
 	if delay <= 0 {
@@ -328,19 +304,14 @@ func (s *startup) startTrimmer() {
 	c.report.TrimDelay = delay
 }
 
-// watchPressure starts the pressure watch (startPressure) and sets the
-// controller's monitor and the report's Pressure ("none" when nothing is
-// watched) and PressureNote.
+// watchPressure starts the pressure watch and sets the report's Pressure fields.
 func (s *startup) watchPressure() {
 	c := s.c
 	c.monitor = startPressure(s.cfg, c, s.fail)
 	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
 }
 
-// noteSkipped fills in what a skipped part left empty in the report, so
-// that the startup line always states GOMEMLIMIT and the arena cap, or
-// points to the WARN line that says why not: GOMEMLIMIT is then read back
-// as it is.
+// noteSkipped fills in what a skipped part left empty for the startup line.
 func (s *startup) noteSkipped() {
 	r := &s.c.report
 	if r.MemLimit.Reason == "" { // SetGoMemLimit failed: its WARN line has the error

@@ -13,10 +13,9 @@ import (
 )
 
 // startMemLimit applies MEMCTL_REFRESH, MEMCTL_KEEP_GOMEMLIMIT and
-// MEMCTL_GOMEMLIMIT_FLOOR to cfg
-// and starts the GOMEMLIMIT limiter. A bad MEMCTL_REFRESH turns the refresh
-// off; a bad MEMCTL_GOMEMLIMIT_FLOOR leaves GOMEMLIMIT alone (the operator's
-// floor is not guessed at). Both are reported to fail.
+// MEMCTL_GOMEMLIMIT_FLOOR to cfg and starts the limiter. A bad
+// MEMCTL_REFRESH turns the refresh off; a bad MEMCTL_GOMEMLIMIT_FLOOR
+// leaves GOMEMLIMIT alone.
 func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimiter, limits.MemLimit, error) {
 	if v, ok := envflag.Lookup("MEMCTL_REFRESH"); ok {
 		d, err := parseRefresh(v)
@@ -28,8 +27,7 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 	if v, ok := envflag.Lookup("MEMCTL_KEEP_GOMEMLIMIT"); ok {
 		keep, err := envflag.Bool("MEMCTL_KEEP_GOMEMLIMIT", v)
 		if err != nil {
-			// Not guessed: the operator's value is kept, as asked for
-			// by the variable's presence.
+			// The variable's presence asks to keep it.
 			fail(fmt.Errorf("memctl: %w; the operator's GOMEMLIMIT is kept", err))
 			keep = true
 		}
@@ -46,10 +44,7 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 	return limits.NewMemLimiter(cfg)
 }
 
-// parseRefresh parses MEMCTL_REFRESH with the one grammar
-// (internal/envflag): an off word or "0" gives -1 (no refresh, as
-// limits.MemLimitConfig.Refresh takes it), an on word the default, or a
-// duration such as "10s". A bad value turns the refresh off and is an error.
+// parseRefresh parses MEMCTL_REFRESH; off, "0" or a bad value give -1 (no refresh).
 func parseRefresh(v string) (time.Duration, error) {
 	d, err := envflag.Duration("MEMCTL_REFRESH", v, limits.DefaultRefresh, time.Millisecond)
 	if err != nil {
@@ -67,9 +62,8 @@ var byteUnits = []struct {
 	shift  uint
 }{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
 
-// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR: a byte count written as
-// GOMEMLIMIT is ("64MiB", "1GiB", "67108864"; suffixes B, KiB, MiB, GiB,
-// TiB, case-insensitive here), at least 1.
+// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR, a byte count of at least 1
+// written as GOMEMLIMIT is ("64MiB"; suffixes case-insensitive here).
 func parseFloor(v string) (int64, error) {
 	num, shift := v, uint(0)
 	for _, u := range byteUnits {
@@ -85,12 +79,10 @@ func parseFloor(v string) (int64, error) {
 	return n << shift, nil
 }
 
-// MemLimit returns the latest GOMEMLIMIT decision of the controller's limiter
-// (the limit in force, what is held outside Go, GOMEMLIMIT and who set it),
-// followed whether memctl set GOMEMLIMIT or the operator did (unless
-// MEMCTL_REFRESH=off). It reads nothing and allocates nothing: a cache may call
-// it on a hot path. With no limiter (MEMCTL=off, a nil Controller) it holds
-// GOMEMLIMIT alone.
+// MemLimit returns the latest GOMEMLIMIT decision of the controller's
+// limiter, followed whoever set GOMEMLIMIT (unless MEMCTL_REFRESH=off). It
+// reads and allocates nothing, so a cache may call it on a hot path. With no
+// limiter (MEMCTL=off, a nil Controller) it holds GOMEMLIMIT alone.
 func (c *Controller) MemLimit() limits.MemLimit {
 	if c == nil || c.limiter == nil {
 		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone}

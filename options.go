@@ -29,17 +29,15 @@ type config struct {
 }
 
 // WithPressure configures the GC death-spiral detector and the kernel
-// memory-pressure watcher (package pressure). Start gives it the logger when
-// the Config has none, and the trimmer's trim, through the one trim gate. A
-// death spiral sheds large Grows in every pool and lifts GOMEMLIMIT when it
-// came from the cgroup (unless LiftOff); kernel pressure cancels the largest
-// request in pools with CancelLargest. Close stops both. Default: the zero
-// pressure.Config. Environment: MEMCTL_PRESSURE=on|off.
+// memory-pressure watcher (package pressure), which trim through the
+// trimmer's gate. A death spiral sheds large Grows in every pool and lifts
+// a cgroup-derived GOMEMLIMIT (unless LiftOff); kernel pressure cancels
+// the largest request in pools with CancelLargest. Close stops both.
+// Default: the zero pressure.Config. Environment: MEMCTL_PRESSURE=on|off.
 func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
-// defaultArenaMax is the glibc arena cap Start applies where glibc owns
-// malloc: glibc otherwise creates up to 8 arenas per core, and each keeps
-// what a burst of C threads freed in it (see cheap.SetArenaMax).
+// defaultArenaMax is the glibc arena cap Start applies: glibc otherwise makes
+// up to 8 arenas per core, each keeping what a burst of C threads freed in it.
 const defaultArenaMax = 2
 
 // WithLogger sets the logger for the startup line and for later warnings.
@@ -61,12 +59,11 @@ func WithTHP(p thp.Policy) Option { return func(c *config) { c.thp, c.thpSet = p
 // MEMCTL_GOMEMLIMIT_FLOOR, MEMCTL_MEMORY_LIMIT, MEMCTL_KEEP_GOMEMLIMIT.
 func WithMemLimit(cfg limits.MemLimitConfig) Option { return func(c *config) { c.memLimit = cfg } }
 
-// WithTrimDelay sets how long after the last AfterBurst the trim runs: 0 turns
-// trimming off; otherwise from 1 ms to 24 h. Any other value is invalid:
-// trimming is off, and Start logs it at WARN and returns it in its error.
-// Default: 2 s. Environment:
-// MEMCTL_TRIM_DELAY, which wins; between this option and a non-zero Delay of
-// WithTrim, the last one given wins.
+// WithTrimDelay sets how long after the last AfterBurst the trim runs: 0
+// turns trimming off; otherwise from 1 ms to 24 h. Any other value is
+// invalid: trimming is off, and Start logs it at WARN and returns it.
+// Default: 2 s. Environment: MEMCTL_TRIM_DELAY, which wins; between this
+// option and a non-zero Delay of WithTrim, the last one given wins.
 func WithTrimDelay(d time.Duration) Option {
 	return func(c *config) { c.trimDelay, c.delayFrom = d, fmt.Sprintf("WithTrimDelay(%v)", d) }
 }

@@ -11,10 +11,9 @@ import (
 	"github.com/memctl/memctl/pressure"
 )
 
-// startPressure registers the pressure trim (internal/relief) and starts
-// the death-spiral detector and the kernel watcher, unless MEMCTL_PRESSURE
-// is off (or invalid: then off, and reported); a watcher that cannot start
-// is reported through fail and the detector runs all the same.
+// startPressure registers the pressure trim and starts the pressure
+// monitor, unless MEMCTL_PRESSURE is off or invalid (reported). A watcher
+// that cannot start is reported; the spiral detector runs all the same.
 func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
 	if v, ok := envflag.Lookup("MEMCTL_PRESSURE"); ok {
 		on, err := envflag.Bool("MEMCTL_PRESSURE", v)
@@ -36,15 +35,10 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 	return m
 }
 
-// pressureTrim is the trim kernel pressure asks for (through
-// internal/relief): the trimmer's gated request (trimwire.Request), the gate of
-// every trim (the estimate, the cost rule, the 2% CPU budget), never a
-// forced TrimNow. With a GOMEMLIMIT refresh it then re-reads the limit
-// (MemLimiter.Poke, at most once a second): the pressure may be a
-// memory.high just lowered under the usage, where the kernel throttles
-// allocation and GC ends are rare. The trim comes first: it is what
-// relieves the cgroup, and a re-read at its limit is slow (every page the
-// reading allocates is reclaimed for).
+// pressureTrim is the trim kernel pressure asks for: a gated request, never
+// a forced TrimNow, then (with a refresh) a re-read of the limit, since the
+// pressure may be a memory.high just lowered, where GC ends are rare. The
+// trim comes first: a re-read at the limit is slow.
 func pressureTrim(c *Controller) func() {
 	tr, lim := c.trimmer, c.limiter
 	return func() {

@@ -19,14 +19,10 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// logStarted writes the startup line: one INFO line a person reads at a
-// glance in kubectl logs (under 300 characters: GOMEMLIMIT in MiB and where
-// it came from, THP, trims, the pressure watched), then one DEBUG line,
-// "memctl details", with every decision in full and in numbers a pipeline
-// can keep as one type: gomemlimit_bytes is bytes or "none", trim_delay a
-// duration or "off", arena_max a count or "off" (with arena_max_reason).
-// The same details are in memctl status and /debug/memctl. Errors are only
-// on the WARN lines.
+// logStarted writes the startup INFO line, short enough to read at a glance
+// (under 300 characters), then the DEBUG line "memctl details" with every
+// decision in full, each attribute of one type (bytes or "none", a duration
+// or "off"). Errors are only on the WARN lines.
 func (c *Controller) logStarted(l *slog.Logger) {
 	r := c.report
 	info := []slog.Attr{
@@ -38,8 +34,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("pressure", shortPressure(r.Pressure, r.PressureNote)),
 	}
 	if r.MemLimit.Sandbox != "" {
-		// A sandbox with a kernel of its own (gVisor) may show no cgroup
-		// limit: said here, as the likely reason a limit is missing.
+		// gVisor and the like may show no cgroup limit: the likely reason.
 		info = append(info, slog.String("sandbox", r.MemLimit.Sandbox))
 	}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl started", info...)
@@ -65,8 +60,6 @@ func (c *Controller) logStarted(l *slog.Logger) {
 	if r.PressureNote != "" {
 		attrs = append(attrs, slog.String("pressure_note", r.PressureNote))
 	}
-	// arena_max: the cap on glibc's malloc arenas (MALLOC_ARENA_MAX), which
-	// bounds the C heap of a cgo program with many threads.
 	if r.ArenaMax > 0 {
 		attrs = append(attrs, slog.String("arena_max", strconv.Itoa(r.ArenaMax)))
 	} else {
@@ -75,8 +68,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 	l.LogAttrs(context.Background(), slog.LevelDebug, "memctl details", attrs...)
 }
 
-// mibOrNone gives b in MiB with one decimal ("227.7MiB"), or "none" for
-// math.MaxInt64 (no limit).
+// mibOrNone gives b in MiB ("227.7MiB"), or "none" for math.MaxInt64.
 func mibOrNone(b int64) string {
 	if b == math.MaxInt64 {
 		return "none"
@@ -84,9 +76,7 @@ func mibOrNone(b int64) string {
 	return logattr.MiBCompact(b)
 }
 
-// limitSource says in a few words where GOMEMLIMIT came from: the share of
-// which limit, less what, or why there is none. The full reason is
-// gomemlimit_reason on the DEBUG line.
+// limitSource says in a few words where GOMEMLIMIT came from.
 func limitSource(m limits.MemLimit) string {
 	switch {
 	case m.Source == limits.SourceEnv && len(m.Reason) <= 64:
@@ -114,9 +104,7 @@ func limitSource(m limits.MemLimit) string {
 	return s
 }
 
-// shortPressure is the pressure source for the INFO line: file names
-// without their directories, and the note saying why the cgroup's own
-// signal is not the one watched (its first clause).
+// shortPressure shortens the pressure source and note for the INFO line.
 func shortPressure(src, note string) string {
 	f := strings.Fields(src)
 	for i, w := range f {
@@ -125,9 +113,7 @@ func shortPressure(src, note string) string {
 		}
 	}
 	s := cmp.Or(strings.Join(f, " "), "none")
-	// The note's first clause, whole when short ("PSI trigger refused:
-	// EPERM at the cgroup namespace root (nsdelegate)"), else its reason
-	// alone (the error it quotes is on the DEBUG line).
+	// A long clause is cut before its quoted error (on the DEBUG line).
 	if i := strings.Index(note, ";"); i > 0 {
 		note = note[:i]
 	}
@@ -140,8 +126,7 @@ func shortPressure(src, note string) string {
 	return s
 }
 
-// startOff records a controller that does nothing (MEMCTL=off): the report
-// says what the process has, untouched, and one INFO line says why.
+// startOff records a controller that MEMCTL=off switched off, and logs why.
 func (c *Controller) startOff(l *slog.Logger, why string) {
 	c.report = Report{Off: true, THPPolicy: thp.PolicyKeep, ArenaMaxNote: why}
 	if st, err := thp.Process(); err == nil {
@@ -169,10 +154,8 @@ func delayOrOff(d time.Duration) string {
 	return d.String()
 }
 
-// parseDelay parses MEMCTL_TRIM_DELAY with the one grammar
-// (internal/envflag): an off word or "0" for no trimming, an on word for
-// trimwire.DefaultDelay, or a duration from trimwire.MinDelay to MaxDelay. A
-// bad value gives 0 (trimming off) and an *envflag.Error.
+// parseDelay parses MEMCTL_TRIM_DELAY (envflag.Duration, at most
+// trimwire.MaxDelay); a bad value gives 0 (off) and an *envflag.Error.
 func parseDelay(v string) (time.Duration, error) {
 	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
 	if err != nil || d > trimwire.MaxDelay {

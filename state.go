@@ -21,27 +21,18 @@ import (
 	"github.com/memctl/memctl/trim"
 )
 
-// The state record: what the controller decided, published for `memctl
-// status -pid` (package internal/state: a sealed memfd, replaced whole) at
-// Start, after each trim and skipped trim, when GOMEMLIMIT, the set of
-// pools or a counter of the record (pool refusals, peaks and undercharges,
-// pressure signals, detected bursts) changed at the end of a GC cycle, and
-// at Close. Nothing runs on the hot paths; the only timer is the one-shot
-// that publishes counters held back by countersEvery, armed after a change
-// and gone once it fired (an idle process has none).
+// The state record (package internal/state) for `memctl status -pid`; when
+// it is published: docs/command.md.
 
 // recorder is a controller's part of the state record.
 type recorder struct {
 	mu  sync.Mutex
 	sub *gcend.Subscription
-	// What the GC-end watch compares: the decisions (GOMEMLIMIT, the
-	// pools' set and limits) and the counters, and when the counters were
-	// last published by it.
+	// What the GC-end watch compares (fingerprint), and when counters were last published.
 	lastDecisions, lastCounters uint64
 	countersAt                  time.Time
-	// watchMu guards the fields above and flush, the one-shot timer that
-	// publishes counters held back (nil when none is pending); flushes
-	// counts it until its func returned, for Close to wait.
+	// watchMu guards the fields above and flush, the one-shot timer for
+	// held-back counters (nil when none is pending); Close waits on flushes.
 	watchMu sync.Mutex
 	flush   *time.Timer
 	flushes sync.WaitGroup
@@ -51,10 +42,7 @@ type recorder struct {
 	log     *slog.Logger
 }
 
-// record returns the state record of c (nil c: no controller live). Every
-// string is cut to state.MaxString bytes; the lists are cut to
-// state.MaxPools and state.MaxCHeaps (state.Encode cuts them further when
-// the record would not fit in state.MaxSize).
+// record returns c's state record (nil c: none live), cut to the state limits.
 func (c *Controller) record() *state.Record {
 	cut := state.Cut
 	r := &state.Record{PID: os.Getpid(), Pressure: state.Pressure{Source: "none"}, CHeap: "none"}
@@ -131,9 +119,8 @@ func (c *Controller) record() *state.Record {
 	return r
 }
 
-// publish republishes the record of the controller that serves the
-// package-level functions (or says none is live). A failure other than
-// "unsupported here" is logged once at INFO through c's logger.
+// publish republishes the record of the live controller (or says none is);
+// a failure other than ErrUnsupported is logged once at INFO.
 func (c *Controller) publish() {
 	err := state.Publish(current.Load().recordOr(c))
 	if err == nil || errors.Is(err, errors.ErrUnsupported) || c == nil {
@@ -148,8 +135,7 @@ func (c *Controller) publish() {
 	}
 }
 
-// recordOr returns the record of c, or of closed when c is nil and closed
-// was the last controller (so that its final counters stay visible).
+// recordOr returns c's record, or that of closed, the last, when c is nil.
 func (c *Controller) recordOr(closed *Controller) *state.Record {
 	if c == nil && closed != nil && closed.rec.closed.Load() {
 		return closed.record()
@@ -157,19 +143,11 @@ func (c *Controller) recordOr(closed *Controller) *state.Record {
 	return c.record()
 }
 
-// countersEvery is the least time between two records that the GC-end
-// watch publishes for changed counters alone (pool refusals and peaks,
-// pressure signals, bursts): a busy service that runs 100 GC cycles a
-// second publishes once a second, not 100 times (what a publication costs:
-// state.Publish). A changed decision (GOMEMLIMIT, the pools' set or limits)
-// is published at the first GC end that sees it.
+// countersEvery is the least time between two records published for
+// changed counters alone; a changed decision is published at once.
 const countersEvery = time.Second
 
-// startRecord publishes c's first record and watches, at the end of each GC
-// cycle, for a change of GOMEMLIMIT, of the pools or of the record's
-// counters (atomic reads and a short list; no goroutine, no timer;
-// measured figures: docs/benchmarks.md). A controller that
-// MEMCTL=off switched off publishes once and watches nothing.
+// startRecord publishes c's first record and, unless off, watches GC ends.
 func (c *Controller) startRecord(l *slog.Logger) {
 	c.rec.log = l
 	c.rec.started.Store(true)
@@ -189,12 +167,10 @@ func (c *Controller) startRecord(l *slog.Logger) {
 	c.publish()
 }
 
-// watch publishes the record when the decisions changed, or when the
-// counters did and countersEvery passed since the watch last published
-// them; counters held back are published by a one-shot timer at the end
-// of the window (so that an idle process that just served requests shows
-// them within countersEvery, not at its next GC two minutes later). flush
-// is true in that timer's call.
+// watch publishes the record when the decisions changed, or the counters
+// did and countersEvery passed; held-back counters are published by a
+// one-shot timer (flush is true in its call), so an idle process shows
+// them without waiting for its next GC.
 func (c *Controller) watch(flush bool) {
 	c.rec.watchMu.Lock()
 	defer c.rec.watchMu.Unlock()
@@ -229,8 +205,7 @@ func (c *Controller) mark(k history.Kind) {
 	c.publish()
 }
 
-// stopRecord stops the watch and publishes the record of the controller
-// that now serves the package-level functions, or c's last one.
+// stopRecord stops the watch and republishes (the live controller's, or c's last).
 func (c *Controller) stopRecord() {
 	c.rec.closed.Store(true)
 	c.rec.watchMu.Lock()
@@ -243,10 +218,7 @@ func (c *Controller) stopRecord() {
 	c.publish()
 }
 
-// fingerprint returns hashes of what the GC-end watch compares: the
-// decisions (GOMEMLIMIT, each open pool's limit and name) and the counters
-// (each pool's refusals, observations, cancels, undercharges and peaks, the
-// pressure and burst detectors' counters). An idle process changes neither.
+// fingerprint hashes the record's decisions and its counters.
 func (c *Controller) fingerprint() (decisions, counters uint64) {
 	d, n := uint64(debug.SetMemoryLimit(-1)), uint64(0)
 	mix := func(h *uint64, v int64) { *h = *h*1000003 ^ uint64(v) }

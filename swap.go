@@ -11,20 +11,16 @@ import (
 	"github.com/memctl/memctl/internal/state"
 )
 
-// SwapStats is the swap of the process and of its cgroup (Stats.Swap), so
-// that a heap the kernel pushed to swap shows. GOMEMLIMIT does not count
-// swap: in cgroup v2 memory.max is memory alone, and memctl takes
-// GOMEMLIMIT from it whatever memory.swap.max allows (Kubernetes NodeSwap).
-// Sizes are bytes.
+// SwapStats is the swap of the process and of its cgroup (Stats.Swap).
+// GOMEMLIMIT does not count swap: in cgroup v2 it comes from memory.max
+// whatever memory.swap.max allows. Sizes are bytes.
 type SwapStats struct {
 	// VmSwap is the process's anonymous memory in swap, VmSwap of
 	// /proc/self/status; -1 when unknown (off Linux, a read error).
 	VmSwap int64
 	// CgroupVersion is the version of the cgroup files read: 2
-	// (memory.swap.current and memory.swap.max), 1 (memory.memsw.*:
-	// memory plus swap, not swap alone), or 0 when none were read, and
-	// then CgroupErr says why (no cgroup, no swap accounting, a read or
-	// parse error naming the file).
+	// (memory.swap.*), 1 (memory.memsw.*: memory plus swap), or 0 when none
+	// were read (CgroupErr says why).
 	CgroupVersion int
 	// Current is memory.swap.current (v2, the swap of the cgroup and its
 	// descendants) or memory.memsw.usage_in_bytes (v1); -1 when not read.
@@ -39,9 +35,7 @@ type SwapStats struct {
 	CgroupErr error
 }
 
-// swapSource is where a controller reads its cgroup's swap: the cgroup
-// directory found once, at the first read (a process is not expected to
-// move between cgroups), or the error that says why there is none.
+// swapSource is the cgroup a controller reads swap from, found at first read.
 type swapSource struct {
 	once    sync.Once
 	version int
@@ -49,12 +43,7 @@ type swapSource struct {
 	err     error
 }
 
-// read returns the SwapStats of the calling process: three small reads
-// (/proc/self/status and the cgroup's two swap files; the first call also
-// finds the cgroup from /proc/self/cgroup and mountinfo; measured figures:
-// docs/benchmarks.md). Safe for concurrent use. The state
-// record calls it at each publication (at most once a second for
-// counters, and at decisions), never on a hot path or while idle.
+// read returns the process's SwapStats. Safe for concurrent use.
 func (s *swapSource) read() SwapStats {
 	st := SwapStats{VmSwap: -1, Current: -1, Max: -1}
 	if f, err := procfs.ReadFile("/proc/self/status"); err == nil {

@@ -15,20 +15,16 @@ import (
 // thpInherited is the part of Report.THPNote that is always true.
 const thpInherited = "the flag is inherited by child processes (fork and exec)"
 
-// applyTHP decides and applies the THP policy: MEMCTL_THP when set,
-// otherwise the WithTHP policy when given (set), otherwise the default
-// (except-advised where the kernel has it, else disable). An operator's
-// GLIBC_TUNABLES glibc.malloc.hugetlb=1 asks glibc to advise its heap with
-// MADV_HUGEPAGE: under except-advised it gets its huge pages; a disable
-// that MEMCTL_THP did not ask for would take them away, so it becomes
-// except-advised, or keep on an older kernel. It returns the policy
-// applied, the state read back, and the note for the report.
+// applyTHP decides and applies the THP policy: MEMCTL_THP, else WithTHP's
+// (set), else except-advised or, on an older kernel, disable. Under an
+// operator's GLIBC_TUNABLES glibc.malloc.hugetlb=1 (glibc advises its heap)
+// a disable not asked for by MEMCTL_THP becomes except-advised, or keep on
+// an older kernel. It returns the policy, the state read back and the note.
 func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, string) {
 	return decideTHP(p, set, os.Getenv("GLIBC_TUNABLES"), thp.Policy.Apply, fail)
 }
 
-// decideTHP is applyTHP with the tunables and the prctl injected, for
-// tests.
+// decideTHP is applyTHP with the tunables and the prctl injected.
 func decideTHP(p thp.Policy, set bool, tunables string, apply func(thp.Policy) (thp.State, error), fail func(error)) (thp.Policy, thp.State, string) {
 	fromEnv := false
 	if v, ok := envflag.Lookup("MEMCTL_THP"); ok {
@@ -76,17 +72,12 @@ func decideTHP(p thp.Policy, set bool, tunables string, apply func(thp.Policy) (
 	return p, st, strings.Join(notes, "; ")
 }
 
-// glibcHugeTLB returns, as a decimal number, the value glibc reads for
-// glibc.malloc.hugetlb from GLIBC_TUNABLES ("0", "1", "2" or a huge page
-// size), "" when the string does not set it. As glibc does (elf/
-// dl-tunables.c, checked against ld.so --list-tunables of glibc 2.36):
-// ':' separates the pairs, a name is compared whole, a pair without '=' is
-// skipped, the last pair wins, and the value is read as _dl_strtoul reads
-// it (elf/dl-misc.c: blanks skipped, a sign, 0x for hexadecimal, a leading
-// 0 for octal, the digits up to the first other byte, none: 0, 2^64-1 on
-// overflow), so "0x1", "01" and "1abc" are 1. glibc 2.39 and later ignore
-// a malformed string whole; memctl then honours a request glibc does not
-// make, which costs no more than except-advised in place of disable.
+// glibcHugeTLB returns, in decimal, the glibc.malloc.hugetlb value glibc
+// reads from GLIBC_TUNABLES, "" when unset. As elf/dl-tunables.c: pairs
+// split on ':', names compared whole, pairs without '=' skipped, the last
+// wins; the value read as _dl_strtoul (elf/dl-misc.c), so "0x1", "01" and
+// "1abc" are 1. glibc 2.39+ ignores a malformed string whole; memctl then
+// honours it anyway, at the cost of except-advised for disable.
 func glibcHugeTLB(tunables string) string {
 	v, set := "", false
 	for _, kv := range strings.Split(tunables, ":") {
@@ -122,9 +113,8 @@ func glibcHugeTLB(tunables string) string {
 	return strconv.FormatUint(n, 10)
 }
 
-// parseTHP parses MEMCTL_THP: a thp.Policy word, or a switch word: off
-// means memctl leaves the flag alone (thp.PolicyKeep; it does not mean
-// "THP off"), on means the default (def is true: Start's default policy).
+// parseTHP parses MEMCTL_THP: a thp.Policy word, off (thp.PolicyKeep, not
+// "THP off") or on (def: Start's default).
 func parseTHP(v string) (p thp.Policy, def bool, err error) {
 	if on, ok := envflag.Switch(v); ok {
 		if on {

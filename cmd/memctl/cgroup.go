@@ -47,10 +47,9 @@ func readCgroup(proc *safefs.Dir, st *statusReport, noMemory bool) {
 	}
 }
 
-// cgroupRoot opens the root in which the cgroup directory of l is read
-// (the process's root, or memctl's for a view other than ViewProcess) with
-// RESOLVE_IN_ROOT, no symlinks and cgroup file systems only, and returns
-// it with l.Dir relative to it.
+// cgroupRoot opens the root l's cgroup is read in (the process's, or
+// memctl's for a view other than ViewProcess) and returns it with l.Dir
+// relative to it.
 func cgroupRoot(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View) (*safefs.Dir, string, error) {
 	root, prefix := proc, proc.Name()+"/root"
 	if view != cgroupfs.ViewProcess {
@@ -69,8 +68,7 @@ func cgroupRoot(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View) (*safefs
 	return r, strings.TrimPrefix(l.Dir, prefix), nil
 }
 
-// readSwap reads the swap files of the cgroup l into c. Absent files are
-// not an error: c.SwapNote says the cgroup has no swap accounting.
+// readSwap reads l's swap into c; absent files set c.SwapNote.
 func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgroup) error {
 	r, rel, err := cgroupRoot(proc, l, view)
 	if err != nil {
@@ -95,9 +93,8 @@ func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgro
 }
 
 // readCgroupEvents reads the memory.events of the v2 cgroup l into st. A
-// cgroup that has none (the root; one whose parent does not enable the
-// memory controller, Documentation/admin-guide/cgroup-v2.rst) gets
-// MemoryEventsNote: absent, not unknown. Other errors make it unknown.
+// cgroup without one (the root, or no memory controller from its parent)
+// gets MemoryEventsNote: absent, not unknown.
 func readCgroupEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st *statusReport) {
 	r, rel, err := cgroupRoot(proc, l, view)
 	var b []byte
@@ -119,9 +116,8 @@ func readCgroupEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st
 	}
 }
 
-// parseMemoryEvents parses a v2 memory.events file (file names it in
-// errors) into the counters the kernel wrote; one an older kernel lacks is
-// left out, never shown as 0.
+// parseMemoryEvents parses memory.events; a counter an older kernel lacks
+// is left out, never shown as 0.
 func parseMemoryEvents(b []byte, file string) (map[string]int64, error) {
 	ev, err := cgroupfs.ParseEvents(bytes.NewReader(b), safefs.Quote(file))
 	if err != nil {

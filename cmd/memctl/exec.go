@@ -66,10 +66,9 @@ func runExec(args []string, stdout, stderr io.Writer) int {
 	return execProgram(cfg, fs.Args(), stderr)
 }
 
-// applyEnv reads memctl's switches through getenv, as memctl.Start does:
-// MEMCTL=off (any case) sets cfg.off; MEMCTL_THP and MEMCTL_ARENA_MAX set
-// thp and arenaMax unless their flag was given; empty is unset. A value
-// that cannot be parsed leaves that part off and returns a warning.
+// applyEnv reads memctl's switches as memctl.Start does: MEMCTL=off sets
+// cfg.off; MEMCTL_THP and MEMCTL_ARENA_MAX apply unless their flag was
+// given. An invalid value leaves that part off and returns a warning.
 func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(string) bool) []string {
 	var warns []string
 	warn := func(format string, a ...any) {
@@ -108,9 +107,9 @@ func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(strin
 	return warns
 }
 
-// goMemLimitEnv returns env with GOMEMLIMIT set to ml.GoMemLimit when ml's
-// limit came from a cgroup (or the system) and env does not set GOMEMLIMIT
-// (an empty one is unset, as for the Go runtime), and a sentence for -v.
+// goMemLimitEnv returns env with GOMEMLIMIT set to ml.GoMemLimit when ml
+// came from a cgroup (or the system) and env has no non-empty GOMEMLIMIT,
+// and a sentence for -v.
 func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
 	if v, ok := lookupEnv(env, "GOMEMLIMIT"); ok && v != "" {
 		return env, "GOMEMLIMIT=" + v + " left as set"
@@ -129,8 +128,8 @@ func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
 const arenaTunable = "glibc.malloc.arena_max"
 
 // arenaMaxEnv returns env with glibc.malloc.arena_max=n appended to
-// GLIBC_TUNABLES, unless the operator capped arenas already (the library's
-// rule, arenamax.Operator), and a sentence for -v.
+// GLIBC_TUNABLES unless arenamax.Operator says arenas are capped, and a
+// sentence for -v.
 func arenaMaxEnv(env []string, n int) ([]string, string) {
 	getenv := func(k string) string { v, _ := lookupEnv(env, k); return v }
 	switch name, v, ok := arenamax.Operator(getenv); {
@@ -183,12 +182,11 @@ var (
 	errNameTooLong = errors.New("file name too long") // over NAME_MAX, as execvp(3)
 )
 
-// lookPath returns the files exec tries for file, in order, as execvp(3):
-// file itself when it holds a slash; else each entry of path (unset:
-// glibc's "/bin:/usr/bin"; empty means ".") joined with file, uncleaned,
-// leaving out what does not exist or is a directory. The error is
-// errNotFound, errNameTooLong (over NAME_MAX, 255), or fs.ErrPermission
-// when only directories match (execvp's EACCES).
+// lookPath returns the files exec tries for file, in order, as execvp(3)
+// (path unset: glibc's "/bin:/usr/bin"; an empty entry is "."), leaving out
+// what does not exist or is a directory. The error is errNotFound,
+// errNameTooLong (over NAME_MAX), or fs.ErrPermission when only
+// directories match (execvp's EACCES).
 func lookPath(file, path string, pathSet bool, stat func(string) (fs.FileInfo, error)) ([]string, error) {
 	switch {
 	case strings.Contains(file, "/"):

@@ -18,8 +18,7 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// execProgram applies cfg and replaces memctl with args[0]. It returns only
-// on error, with the exit status.
+// execProgram applies cfg and execs args[0]; it returns only on error.
 func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 	path, pathSet := os.LookupEnv("PATH")
 	paths, err := lookPath(args[0], path, pathSet, os.Stat)
@@ -75,11 +74,10 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 	return execFirst(paths, args, env, stderr, verbose)
 }
 
-// restoreIgnored sets SIG_IGN again for each signal memctl inherited
-// ignored, over the Go runtime's handlers, and the inherited signal mask, so
-// that the program inherits both across execve(2) as from env(1) (SIGPIPE
-// ignored under systemd). It locks the goroutine to its thread, which must
-// then exec, and returns a sentence for -v.
+// restoreIgnored restores the inherited ignored signals (over the Go
+// runtime's handlers) and signal mask, so the program inherits both as from
+// env(1). It locks the goroutine to its thread, which must then exec, and
+// returns a sentence for -v.
 func restoreIgnored() string {
 	runtime.LockOSThread()
 	mask, exact := inheritedIgnored()
@@ -120,10 +118,9 @@ func signalNames(mask uint64) string {
 	return strings.Join(names, " ")
 }
 
-// execFirst replaces memctl with the first of paths that execve(2) runs,
-// as execvp(3) does (ENOEXEC: run with /bin/sh). It returns only when none
-// ran: 127 when the last error is ENOENT and none was refused with EACCES,
-// 126 otherwise, as env(1).
+// execFirst execs the first of paths that execve(2) runs, as execvp(3)
+// (ENOEXEC: with /bin/sh). It returns only when none ran: 127 for ENOENT
+// with no EACCES, 126 otherwise, as env(1).
 func execFirst(paths, args, env []string, stderr io.Writer, verbose func(string, ...any)) int {
 	var last error
 	lastPath, denied := "", false

@@ -1,7 +1,6 @@
 // Memctl shows the memory settings of a process, and runs any program with
 // transparent huge pages off, GOMEMLIMIT set from the cgroup limit and,
-// optionally, a glibc arena cap. It is the operator's side of the memctl
-// library, for programs that cannot be rebuilt.
+// optionally, a glibc arena cap: the operator's side of the memctl library.
 //
 // Install:
 //
@@ -17,21 +16,18 @@
 // or -smaps) Pss and AnonHugePages; its cgroup's memory limit and swap; the
 // memory variables of its environment; and the state record of the memctl
 // library inside it, as reported by the process. -json prints one JSON
-// object with stable keys. It is meant to be run as root on processes it
-// does not trust: their files are read inside their root, through no
-// symlink, regular files only, bounded in size and time, and every string
-// they supply is quoted (package internal/safefs).
+// object with stable keys. It may be run as root on processes it does not
+// trust (package internal/safefs).
 //
-// exec applies the settings, then replaces itself with PROGRAM (execve(2),
-// found as env(1) finds it, with the signals ignored and blocked when
-// memctl started). MEMCTL=off changes nothing; MEMCTL_THP and
-// MEMCTL_ARENA_MAX are the defaults of -thp and -arena-max.
+// exec applies the settings, then execs PROGRAM as env(1) does, with the
+// signal dispositions and mask memctl started with. MEMCTL=off changes
+// nothing; MEMCTL_THP and MEMCTL_ARENA_MAX are the defaults of -thp and
+// -arena-max.
 //
 // Exit status: 0 on success (exec: the program's own), 1 on an error, 2 on
 // a usage error, 3 when status shows some fields unknown; exec exits 127
-// when PROGRAM is not found and 126 when it cannot be executed, as env(1).
-// Every field, the JSON schema and what is read how: docs/command.md and
-// docs/security.md.
+// (not found) or 126 (cannot execute), as env(1). Every field and the JSON
+// schema: docs/command.md and docs/security.md.
 package main
 
 import (
@@ -67,8 +63,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run runs memctl with args (without the program name) and returns the exit
-// status; a successful exec does not return.
+// run runs memctl with args and returns the exit status (exec does not return).
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)
@@ -87,9 +82,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-// parseFlags parses args with fs. It returns done and the exit status when
-// memctl should stop: after -h (usage on stdout, 0) or a bad flag (the error
-// and usage on stderr, 2).
+// parseFlags parses args with fs; done is true, with the exit status, after
+// -h (usage on stdout) or a bad flag (usage on stderr).
 func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io.Writer) (done bool, status int) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}

@@ -12,11 +12,8 @@ import (
 	"github.com/memctl/memctl/internal/state"
 )
 
-// readRecord reads the process's state record: the memfd named
-// state.MemfdName among its descriptors (safefs.Dir.ReadMemfd: a sealed
-// regular tmpfs file of at most state.MaxSize bytes), parsed with
-// state.Parse, which rejects the whole record on any wrong type, size or
-// version. No record is not an error (st.Memctl stays nil).
+// readRecord reads the process's state record (safefs.Dir.ReadMemfd, then
+// state.Parse). No record is not an error: st.Memctl stays nil.
 func readRecord(proc *safefs.Dir, st *statusReport) error {
 	path, b, err := proc.ReadMemfd(state.MemfdName, state.MaxSize)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -37,8 +34,7 @@ func readRecord(proc *safefs.Dir, st *statusReport) error {
 // q quotes a string of the record (safefs.Quote, cut to 200 bytes).
 var q = safefs.Quote
 
-// record writes the rows of the state record, labeled as reported by the
-// process.
+// record writes the rows of the state record, labeled as reported by the process.
 func (t table) record() {
 	if r, ok := t.st.Unknown["memctl"]; ok {
 		t.row("memctl", "unknown: "+r)

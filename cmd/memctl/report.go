@@ -47,8 +47,7 @@ type memctlRecord struct {
 	*state.Record
 }
 
-// thpSystem is thp.Settings in the JSON document; PMDSizeBytes and
-// MaxPTEsNone are null when their file is absent.
+// thpSystem is thp.Settings in the JSON document; null for absent files.
 type thpSystem struct {
 	Enabled      string `json:"enabled"`
 	PMDEnabled   string `json:"pmd_enabled"`
@@ -97,10 +96,9 @@ type smapsRollup struct {
 	Why  string `json:"why"`
 }
 
-// escapeJSON returns the JSON text b with every rune that is not printable
-// (strconv.IsPrint), but the newlines, written as a \u escape: a C1
-// control such as U+009B must not reach a terminal raw. The value is
-// unchanged; encoding/json writes valid UTF-8 only.
+// escapeJSON returns the JSON text b with every unprintable rune but
+// newlines written as a \u escape, so no C1 control (U+009B) reaches a
+// terminal raw. The value is unchanged.
 func escapeJSON(b []byte) []byte {
 	out := make([]byte, 0, len(b))
 	for i := 0; i < len(b); {
@@ -135,7 +133,6 @@ func size(n *int64) string {
 	return fmt.Sprintf("%d bytes (%.1f %s)", b, f, units[i])
 }
 
-// mib formats bytes as "N.N MiB".
 // seconds formats a count of seconds as a duration.
 func seconds(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()

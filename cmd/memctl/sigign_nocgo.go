@@ -7,11 +7,9 @@ import (
 	"syscall"
 )
 
-// inheritedIgnored returns the signals ignored when memctl started, bit s-1
-// for signal s, as far as a program without cgo can know: the Go runtime
-// keeps an inherited SIG_IGN (and signal.Ignored reports it) only for SIGHUP
-// and SIGINT, and installs its own handler over it for every other signal
-// before any Go code runs. exact is false.
+// inheritedIgnored returns the signals ignored when memctl started (bit s-1
+// for signal s) as far as Go alone can know: the runtime keeps an inherited
+// SIG_IGN only for SIGHUP and SIGINT. exact is false.
 func inheritedIgnored() (mask uint64, exact bool) {
 	for s := 1; s <= 64; s++ {
 		if signal.Ignored(syscall.Signal(s)) {
@@ -21,10 +19,8 @@ func inheritedIgnored() (mask uint64, exact bool) {
 	return mask, false
 }
 
-// inheritedBlocked returns 0 and false: without cgo no code runs before the
-// Go runtime changes the signal mask.
+// inheritedBlocked returns 0, false: without cgo nothing runs first.
 func inheritedBlocked() (mask uint64, exact bool) { return 0, false }
 
-// restoreSignals does nothing more than restoreIgnored's signal.Ignore,
-// which is all a program without cgo can do.
+// restoreSignals does nothing: signal.Ignore is all Go alone can do.
 func restoreSignals() {}

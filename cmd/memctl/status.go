@@ -37,9 +37,8 @@ mmap and munmap while the kernel walks its page tables. Flags:
 // resident pages (docs/benchmarks.md, "Reading smaps_rollup").
 const smapsMaxRSS = 256 << 20
 
-// smapsRule decides whether status reads /proc/PID/smaps_rollup: always
-// with -smaps (force), never without VmRSS (rss nil), and otherwise when
-// VmRSS is under smapsMaxRSS. why says which.
+// smapsRule decides whether status reads /proc/PID/smaps_rollup (-smaps, or
+// VmRSS under smapsMaxRSS), and why.
 func smapsRule(force bool, rss *int64) (read bool, why string) {
 	switch {
 	case force:
@@ -97,16 +96,14 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// procState is what /proc/PID/stat says of a process's identity: its start
-// time (field 22, in clock ticks since boot) and state (field 3).
+// procState is /proc/PID/stat's start time (field 22, ticks) and state (3).
 type procState struct {
 	start string
 	state byte
 }
 
-// readProcState reads /proc/PID/stat through proc. The command, which the
-// process chose, is in parentheses and may hold anything: the fields are
-// counted after the last ')'.
+// readProcState reads /proc/PID/stat, counting fields after the last ')'
+// (the command in parentheses may hold anything).
 func readProcState(proc *safefs.Dir) (procState, error) {
 	b, err := proc.ReadFile("stat", safefs.MaxProcFile)
 	if err != nil {
@@ -124,17 +121,15 @@ func readProcState(proc *safefs.Dir) (procState, error) {
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
 
 // readStatus reads everything status shows about pid. A field that cannot
-// be read is left nil and named in Unknown with the reason; the error is
-// for a process that does not exist, exited while being read (its start
-// time or state changed: a reused PID too), or whose /proc/PID/status
-// cannot be read. Each read gives up after 5 s.
+// be read is nil and named in Unknown with the reason; the error is for a
+// process that does not exist, exited while read (start time or state
+// changed), or whose /proc/PID/status cannot be read. Reads time out at 5 s.
 func readStatus(pid int, o statusOptions) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
 	procName := strings.TrimSuffix(procfs.Path(pid, ""), "/")
-	// Every file is read through this directory, which stays bound to the
-	// process: after it exits, reads fail even when its PID is reused.
+	// Bound to the process: after it exits, reads fail even if the PID is reused.
 	proc, err := safefs.OpenDir(procName, safefs.NoSymlinks)
 	if err == nil {
 		defer proc.Close()
@@ -161,8 +156,7 @@ func readStatus(pid int, o statusOptions) (*statusReport, error) {
 	return st, err
 }
 
-// testHookAfterStart, when set by a test, runs after the process's start
-// time is read.
+// testHookAfterStart, set by tests, runs after the start time is read.
 var testHookAfterStart func()
 
 // readFields reads the fields of readStatus through proc.
@@ -208,8 +202,7 @@ func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, erro
 	return st, nil
 }
 
-// readStatusLines reads the lines of /proc/PID/status that status shows
-// into st and returns VmRSS's error.
+// readStatusLines reads /proc/PID/status into st and returns VmRSS's error.
 func readStatusLines(status procfs.Fields, st *statusReport) (rssErr error) {
 	for _, f := range []struct {
 		line, key string
@@ -232,8 +225,7 @@ func readStatusLines(status procfs.Fields, st *statusReport) (rssErr error) {
 	return rssErr
 }
 
-// readRollup reads Pss and AnonHugePages of /proc/PID/smaps_rollup into
-// st; each that cannot be read is unknown with the reason.
+// readRollup reads Pss and AnonHugePages of smaps_rollup into st.
 func readRollup(proc *safefs.Dir, st *statusReport) {
 	rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
 	if err != nil {
@@ -249,8 +241,7 @@ func readRollup(proc *safefs.Dir, st *statusReport) {
 	}
 }
 
-// readEnv reads the memory variables of /proc/PID/environ into st; the
-// first of a name wins, as getenv(3).
+// readEnv reads environ's memory variables into st; the first wins (getenv(3)).
 func readEnv(proc *safefs.Dir, st *statusReport) error {
 	b, err := proc.ReadFile("environ", safefs.MaxEnviron)
 	if err != nil {
@@ -281,8 +272,7 @@ func memoryVar(k string) bool {
 	return strings.HasPrefix(k, "MEMCTL") || strings.HasPrefix(k, "MALLOC_") || strings.HasPrefix(k, "MIMALLOC_")
 }
 
-// optional returns &n for a value, nil for a key the kernel does not write
-// (procfs.ErrMissing), and the error otherwise.
+// optional returns &n, nil for procfs.ErrMissing, or the error.
 func optional(n int64, err error) (*int64, error) {
 	if errors.Is(err, procfs.ErrMissing) {
 		return nil, nil

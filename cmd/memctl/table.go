@@ -12,9 +12,8 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// table writes the rows of status's table; every string the process
-// supplied is shown with safefs.Quote, and a field that could not be read
-// as "unknown: " and the reason.
+// table writes status's rows: the process's strings through safefs.Quote,
+// a field not read as "unknown: " and the reason.
 type table struct {
 	tw *tabwriter.Writer
 	st *statusReport

@@ -14,32 +14,24 @@ import (
 // operator set the arena cap: memctl leaves it alone.
 var ErrOperatorSet = errors.New("cheap: glibc arena cap set by the operator")
 
-// Operator reports whether the environment read through getenv
-// caps glibc's arenas, by glibc's own rules (elf/dl-tunables.c), and
-// returns the variable that does and its value:
+// Operator reports whether the environment read through getenv caps
+// glibc's arenas, by glibc's rules (elf/dl-tunables.c), and returns the
+// variable that does and its value:
 //
-//   - GLIBC_TUNABLES (colon-separated name=value pairs, tunables(7)) whose
-//     glibc.malloc.arena_max entry has a valid value: the name must match
-//     exactly (" glibc.malloc.arena_max=4" is another, unknown tunable) and,
-//     when the name appears more than once, the last entry counts. It wins
-//     over MALLOC_ARENA_MAX, as in glibc; value is the whole variable.
+//   - GLIBC_TUNABLES (tunables(7)) whose glibc.malloc.arena_max entry, the
+//     name matched exactly and the last entry counting, has a valid value.
+//     It wins over MALLOC_ARENA_MAX; value is the whole variable.
 //   - otherwise MALLOC_ARENA_MAX with a valid value.
 //
-// A valid value is what glibc's number parser (_dl_strtoul) reads in full
-// as at least 1 and at most SIZE_MAX: optional leading spaces or tabs, an
-// optional sign, then decimal digits, octal after a leading 0, or hex after
-// 0x. An empty value, 0, "abc" or "-0" is no cap: glibc rejects them (the
-// tunable's minimum is 1) and runs with its default of 8 arenas per core.
-// A negative value is a cap of SIZE_MAX+1-n, as glibc reads it.
+// A valid value is what _dl_strtoul reads in full as a number in [1,
+// SIZE_MAX] (leading blanks, a sign, decimal, octal after 0, hex after 0x;
+// a negative n is SIZE_MAX+1-n). Anything else is no cap: glibc keeps its
+// default of 8 arenas per core.
 //
-// Where glibc versions disagree, the answer is "no cap", so that a caller
-// applies its own cap rather than leave the process with none: glibc 2.39
-// and later ignore a value with trailing characters ("4x", "4 ") or past
-// 2^64, and ignore the whole of a GLIBC_TUNABLES that has a value
-// containing '=' or that ends without a value (a trailing ':' or a bare
-// name), while 2.26 to 2.38 apply what they read before. Measured with
-// ld.so --list-tunables of glibc 2.36 (this package's tests compare with it
-// where it is installed). It runs on every OS and is pure.
+// Where glibc versions disagree the answer is "no cap", so the caller
+// applies its own: 2.39+ ignores trailing characters ("4x"), values past
+// 2^64, and a whole GLIBC_TUNABLES with a value holding '=' or ending
+// without a value, which 2.26-2.38 apply. Pure; runs on every OS.
 func Operator(getenv func(string) string) (name, value string, ok bool) {
 	if tun := getenv("GLIBC_TUNABLES"); tunablesArenaMax(tun) {
 		return "GLIBC_TUNABLES", tun, true
@@ -54,12 +46,8 @@ func Operator(getenv func(string) string) (name, value string, ok bool) {
 const arenaTunable = "glibc.malloc.arena_max"
 
 // tunablesArenaMax reports whether every glibc since 2.26 sets its arena
-// cap from the GLIBC_TUNABLES value tun. It parses tun as glibc 2.39's
-// parse_tunables_string does, the strictest: an entry up to '=' is a name
-// (an entry that reaches ':' first is skipped), and its value runs to the
-// next ':'; a value holding '=', or the end of the string reached inside a
-// name, makes glibc 2.39 ignore the whole variable. The last arena_max
-// entry is the one glibc 2.39 applies (and 2.36 applies it last).
+// cap from tun, parsed as glibc 2.39's parse_tunables_string (the
+// strictest) parses it.
 func tunablesArenaMax(tun string) bool {
 	last, found := "", false
 	for rest := tun; rest != ""; {
@@ -93,9 +81,8 @@ func tunablesArenaMax(tun string) bool {
 	return found && validArenaMax(last)
 }
 
-// validArenaMax reports whether glibc's _dl_strtoul (elf/dl-misc.c) reads
-// all of v as a number in [1, SIZE_MAX], the range of
-// glibc.malloc.arena_max.
+// validArenaMax reports whether _dl_strtoul (elf/dl-misc.c) reads all of v
+// as a number in [1, SIZE_MAX].
 func validArenaMax(v string) bool {
 	s := strings.TrimLeft(v, " \t")
 	neg := false
@@ -131,8 +118,7 @@ func validArenaMax(v string) bool {
 	return n >= 1 && n <= math.MaxUint // math.MaxUint: SIZE_MAX
 }
 
-// digitValue returns the value of the digit c in bases up to 16, or 16 for
-// a byte that is no digit.
+// digitValue returns the value of hex digit c, or 16 for a non-digit.
 func digitValue(c byte) uint64 {
 	switch {
 	case '0' <= c && c <= '9':

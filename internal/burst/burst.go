@@ -14,10 +14,8 @@ import (
 // burst would be.
 const ObjectSize = 64 << 10
 
-// Alloc allocates n bytes (rounded down to ObjectSize; n < ObjectSize gives
-// none) as ObjectSize []byte objects and writes one byte per 4 KiB page of
-// each, so that every page is resident. The objects stay live for as long
-// as the caller keeps the returned slice.
+// Alloc allocates n bytes (rounded down to ObjectSize) as ObjectSize
+// []byte objects with every 4 KiB page written, so all are resident.
 func Alloc(n int64) [][]byte {
 	if n < ObjectSize {
 		return nil
@@ -33,10 +31,8 @@ func Alloc(n int64) [][]byte {
 	return objs
 }
 
-// Garbage allocates about perSecond bytes a second as 1 KiB objects, in
-// steps every 10 ms, until stop is closed: the small garbage of a process
-// that serves requests, which brings GC cycles at its own pace. It returns
-// when stop is closed.
+// Garbage allocates about perSecond bytes a second as 1 KiB objects, every
+// 10 ms, until stop is closed: a serving process's small garbage.
 func Garbage(perSecond int, stop <-chan struct{}) {
 	const every = 10 * time.Millisecond
 	tick := time.NewTicker(every)

@@ -4,17 +4,10 @@
 // file it came from; and reads the cgroup's memory.stat, memory.events,
 // swap and CPU throttling counters.
 //
-// One file per concept: /proc/PID/cgroup (procfile.go), mountinfo
-// (mountinfo.go), the mounts that hold a cgroup (mounts.go, search.go), v1
-// and v2 limits (v1.go, v2.go, limit.go), memory.stat (memstat.go), swap,
-// memory.events and cpu.stat. Parsers take bytes or paths, so tests use
-// fixture trees under testdata/. Every error names its file, and malformed
-// input is an error, never a guess.
-//
-// Every file is read through package safefs: cgroup files inside root
-// (openat2 RESOLVE_IN_ROOT), through no symlink, regular files only,
-// bounded, and every string from them is quoted in errors (safefs.Quote): a
-// process controls what its own mount namespace shows.
+// Every error names its file, and malformed input is an error, never a
+// guess. Every file is read through package safefs (cgroup files inside
+// root, through no symlink, bounded) and every string from them is quoted
+// in errors: a process controls what its own mount namespace shows.
 package cgroupfs
 
 import (
@@ -85,20 +78,16 @@ type Bound struct {
 }
 
 // Read returns the memory limit of the process whose /proc/PID/cgroup is
-// cgroupFile and /proc/PID/mountinfo is mountinfoFile (both read as named).
-// root is prefixed to every mount point ("" for the caller's mount
-// namespace, "/proc/PID/root" for another, or a fixture directory); the
-// cgroup files are read inside it.
+// cgroupFile and /proc/PID/mountinfo is mountinfoFile. root is prefixed to
+// every mount point ("" for the caller's mount namespace, "/proc/PID/root"
+// for another, or a fixture directory); cgroup files are read inside it.
 //
-// The limit is the smallest up to the hierarchy's mount point (v1 also
-// counts memory.stat's hierarchical_memory_limit). v1 is read when listed
-// and mounted, v2 only when its cgroup has the memory controller. When the
-// hierarchy is mounted several times, every mount that holds the cgroup is
-// read and the tightest limit kept; a mount whose root climbs above the
-// reader's cgroup namespace is searched for the process's cgroup by its PID
-// (search.go). A "." or ".." where the kernel writes none is malformed.
-// Errors name the file; ErrNoCgroup and ErrUnseen say when no memory cgroup
-// is found. Read only reads files, so it is safe for concurrent use.
+// The limit is the smallest up to the hierarchy's mount point. v1 is read
+// when listed and mounted, v2 only when its cgroup has the memory
+// controller. Of several mounts of the hierarchy, the tightest limit is
+// kept; a mount whose root climbs above the reader's cgroup namespace is
+// searched for the process's cgroup by its PID. ErrNoCgroup and ErrUnseen
+// say when no memory cgroup is found. Safe for concurrent use.
 func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 	s, err := openSource(cgroupFile, mountinfoFile, root)
 	if err != nil {
@@ -146,21 +135,17 @@ func (s *source) read() (Limit, error) {
 		}
 		why = append(why, "v2: "+err.Error())
 		if errors.Is(err, errNoV2Memory) {
-			// Kept matchable: OfProc then looks for the v1 hierarchy in
-			// its own mount namespace.
+			// Kept matchable for OfProc's fallback.
 			return Limit{}, fmt.Errorf("%w: %s", errNoV2Memory, strings.Join(why, "; "))
 		}
 	}
 	return Limit{}, fmt.Errorf("%w: %s", ErrUnseen, strings.Join(why, "; "))
 }
 
-// readAll reads the limit through every candidate mount of one hierarchy
-// and keeps the tightest: one that shows more ancestors can show a limit
-// the others cannot. A mount whose files are gone (over-mounted, stale) is
-// passed over unless none can be read; one the reader may not read (EACCES)
-// is passed over, its error in Unreadable, when another sets a limit. Dir
-// is the first read's; TopNotRoot holds only when no candidate shows the
-// root.
+// readAll reads the limit through every candidate mount and keeps the
+// tightest (a mount showing more ancestors can show more limits). A mount
+// whose files are gone is passed over unless none can be read; an EACCES
+// one is passed over (in Unreadable) when another sets a limit.
 func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error)) (Limit, error) {
 	var out Limit
 	var gone, denied error

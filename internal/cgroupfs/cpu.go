@@ -18,10 +18,9 @@ import (
 // holds no throttled time (v2 without the cpu controller).
 var ErrNoThrottleCounter = errors.New("cgroupfs: no CPU throttling counter")
 
-// CPUStatFile returns the cpu.stat file of the process's own CPU cgroup
-// (arguments as for Read): the v1 cpu controller's when listed and
-// mounted, else the v2 cgroup's. When neither is mounted the error matches
-// ErrNoThrottleCounter. Safe for concurrent use.
+// CPUStatFile returns the cpu.stat file of the process's CPU cgroup
+// (arguments as for Read): v1's when listed and mounted, else v2's; with
+// neither the error matches ErrNoThrottleCounter. Safe for concurrent use.
 func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
 	s, err := openSource(cgroupFile, mountinfoFile, root)
 	if err != nil {
@@ -57,8 +56,7 @@ func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
 	return "", fmt.Errorf("%w: %s", ErrNoThrottleCounter, strings.Join(why, "; "))
 }
 
-// ReadThrottled reads the cpu.stat file path (readIn) and returns its
-// throttled time; see ParseThrottled. Safe for concurrent use.
+// ReadThrottled reads and parses cpu.stat at path. Safe for concurrent use.
 func ReadThrottled(path string) (time.Duration, error) {
 	b, err := readIn("/", path)
 	if err != nil {

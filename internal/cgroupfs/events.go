@@ -11,8 +11,7 @@ import (
 	"strings"
 )
 
-// maxEventsFile bounds a memory.events file: the kernel writes six short
-// lines.
+// maxEventsFile bounds a memory.events file (six short lines).
 const maxEventsFile = 64 << 10
 
 // Events holds the counters of a cgroup v2 memory.events file
@@ -50,8 +49,7 @@ func (e *Events) field(key string) *int64 {
 	return nil
 }
 
-// ReadEvents reads and parses the memory.events file at path; see
-// ParseEvents. Safe for concurrent use.
+// ReadEvents reads and parses memory.events at path. Safe for concurrent use.
 func ReadEvents(path string) (Events, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -62,9 +60,8 @@ func ReadEvents(path string) (Events, error) {
 }
 
 // ParseEvents parses memory.events lines ("key count") from r; name is
-// used in errors. Unknown keys are skipped; a known key without a decimal
-// count in int64, or given twice, none of the known keys, or over 64 KiB
-// is an error naming the line, with every counter -1.
+// used in errors. Unknown keys are skipped; a bad or repeated count, no
+// known key, or over 64 KiB is an error naming the line, all counters -1.
 func ParseEvents(r io.Reader, name string) (Events, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxEventsFile+1))
 	if err != nil {

@@ -192,8 +192,7 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	return m, nil
 }
 
-// isStatKey reports whether s is a memory.stat key as the kernel writes
-// them: lower-case letters, digits and '_'.
+// isStatKey reports whether s is made of [a-z0-9_], as the kernel writes keys.
 func isStatKey(s string) bool {
 	if s == "" {
 		return false
@@ -206,10 +205,8 @@ func isStatKey(s string) bool {
 	return true
 }
 
-// readIn reads the file name of the cgroup directory dir inside "/",
-// through no symlink, only from a cgroup file system, at most
-// safefs.MaxCgroupFile bytes; the error matches fs.ErrNotExist when the
-// file is absent.
+// readIn reads file name of cgroup directory dir, safely (see the package
+// doc); an absent file matches fs.ErrNotExist.
 func readIn(dir, name string) ([]byte, error) {
 	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
@@ -224,8 +221,7 @@ func readIn(dir, name string) ([]byte, error) {
 	return b, nil
 }
 
-// ReadMemoryStat reads and parses the memory.stat of the cgroup directory
-// dir (readIn); see ParseMemoryStat. Safe for concurrent use.
+// ReadMemoryStat reads and parses dir's memory.stat. Safe for concurrent use.
 func ReadMemoryStat(dir string) (MemoryStat, error) {
 	b, err := readIn(dir, "memory.stat")
 	if err != nil {
@@ -234,10 +230,9 @@ func ReadMemoryStat(dir string) (MemoryStat, error) {
 	return parseMemoryStat(b, filepath.Join(dir, "memory.stat"))
 }
 
-// ReadKmemUsage reads the v1 memory.kmem.usage_in_bytes of the cgroup
-// directory dir (readIn): kernel memory charged to the cgroup and its
-// descendants, in bytes, reclaimable slab included, so it errs high
-// (cgroup-v1/memory.rst 2.7). Safe for concurrent use.
+// ReadKmemUsage reads v1 memory.kmem.usage_in_bytes of dir: kernel memory
+// of the cgroup and its descendants, in bytes, reclaimable slab included,
+// so it errs high (cgroup-v1/memory.rst 2.7). Safe for concurrent use.
 func ReadKmemUsage(dir string) (int64, error) {
 	b, err := readIn(dir, "memory.kmem.usage_in_bytes")
 	if err != nil {
@@ -246,10 +241,8 @@ func ReadKmemUsage(dir string) (int64, error) {
 	return ParseKmemUsage(string(b), filepath.Join(dir, "memory.kmem.usage_in_bytes"))
 }
 
-// ReadUsage reads the memory charged to the cgroup directory dir and its
-// descendants, in bytes: v1's memory.usage_in_bytes or v2's memory.current,
-// page cache included (readIn); it returns the file's path. Safe for
-// concurrent use.
+// ReadUsage reads dir's memory.usage_in_bytes (v1) or memory.current (v2),
+// in bytes, page cache included, and the file's path. Safe for concurrent use.
 func ReadUsage(version int, dir string) (int64, string, error) {
 	name := "memory.usage_in_bytes"
 	if version == 2 {

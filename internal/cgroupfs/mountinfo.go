@@ -57,8 +57,7 @@ func (s *source) parseMountinfoFile(name string) ([]mount, error) {
 	return p.mounts()
 }
 
-// errEmptyMountinfo is matched by the error of a mountinfo with no line,
-// which a chrooted process has when no mount point lies under its root.
+// errEmptyMountinfo: no mount point under a chrooted process's root.
 var errEmptyMountinfo = errors.New("empty")
 
 // parseError carries a parse error out of safefs.Dir.ScanLines as it is.
@@ -66,8 +65,7 @@ type parseError struct{ err error }
 
 func (e parseError) Error() string { return e.err.Error() }
 
-// mountinfoParser parses mountinfo one line at a time, keeping the cgroup
-// mounts only.
+// mountinfoParser parses mountinfo line by line, keeping cgroup mounts.
 type mountinfoParser struct {
 	name string
 	n    int     // lines seen

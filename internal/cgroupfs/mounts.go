@@ -19,9 +19,7 @@ type candidate struct {
 	below    string
 }
 
-// cgroupDir returns the directory of cgroup cg in the first mount that
-// matches and holds it, and the directory of the mount point (root
-// prefixed to both); see cgroupDirs.
+// cgroupDir returns cgroupDirs' first directory and mount point.
 func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
 	cands, err := cgroupDirs(mounts, cg, match, root)
 	if err != nil {
@@ -96,8 +94,7 @@ func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool, r
 	return nil, err
 }
 
-// outsideNamespace reports whether cgroup path p climbs with "..", as a
-// cgroup outside the reader's cgroup namespace does.
+// outsideNamespace reports whether cgroup path p climbs with "..".
 func outsideNamespace(p string) bool {
 	for _, e := range strings.Split(p, "/") {
 		if e == ".." {
@@ -107,8 +104,7 @@ func outsideNamespace(p string) bool {
 	return false
 }
 
-// ancestors returns dir and its parents up to and including top (the
-// mount point), nearest first. dir is top or below it.
+// ancestors returns dir and its parents up to top, nearest first.
 func ancestors(dir, top string) []string {
 	out := []string{dir}
 	for d := dir; d != top; {

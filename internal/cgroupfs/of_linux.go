@@ -28,17 +28,13 @@ func Of(pid int) (Limit, error) {
 }
 
 // OfProc is Of for the process whose /proc/PID directory proc is (opened
-// with safefs.NoSymlinks; once the process exits, reads fail even when its
-// PID is reused). It reads cgroup and mountinfo in proc, and the cgroup
-// files inside proc's "root", through no symlink, on a cgroup file system
-// only, with proc's Timeout; see Read.
+// with safefs.NoSymlinks, so a reused PID fails). It reads the cgroup files
+// inside proc's "root" with proc's Timeout; see Read.
 //
-// It reads in the caller's mount namespace instead (ViewCaller) where the
-// process's v2 hierarchy has no memory controller (a hybrid host: the v1
-// memory cgroup, or an error matching ErrNoCgroup) or its mount namespace
-// shows no mount of its hierarchy; and in the caller's root
-// (ViewCallerRoot) for a process chrooted in the caller's mount namespace.
-// Nothing the process arranged is trusted then.
+// It reads in the caller's mount namespace instead (ViewCaller) when the
+// process's v2 hierarchy has no memory controller (a hybrid host) or its
+// namespace shows no mount of its hierarchy, and in the caller's root
+// (ViewCallerRoot) for a process chrooted in the caller's namespace.
 func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
@@ -58,11 +54,8 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	l, err := s.read()
 	chrooted := errors.Is(err, errEmptyMountinfo) || errors.Is(err, ErrNoCgroup) && !errors.Is(err, errNoV2Memory)
 	if chrooted {
-		// No mount of the hierarchy in the process's view: its
-		// /proc/PID/cgroup, relative to the caller's cgroup namespace, is
-		// read in the caller's mounts (and root, in the same mount
-		// namespace: chrooted). When the caller finds none either, the
-		// process's error stands.
+		// Read its /proc/PID/cgroup in the caller's mounts; if the caller
+		// finds none either, the process's error stands.
 		view := ViewCaller
 		if rootName == "" {
 			view = ViewCallerRoot
@@ -86,9 +79,7 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 	return Limit{}, ViewProcess, fmt.Errorf("%s; v1: %w", why, err)
 }
 
-// callerLimit reads the memory limit of the cgroup that proc's
-// /proc/PID/cgroup lists (paths relative to the caller's cgroup namespace)
-// through the caller's own mountinfo and root directory.
+// callerLimit reads proc's cgroup limit through the caller's mountinfo and root.
 func callerLimit(proc *safefs.Dir) (Limit, error) {
 	self, err := safefs.OpenDir("/proc/self", safefs.NoSymlinks)
 	if err != nil {
@@ -110,10 +101,9 @@ func callerLimit(proc *safefs.Dir) (Limit, error) {
 	return c.read()
 }
 
-// sameMountNS reports whether the process of proc is in the caller's mount
-// namespace. Its link can be unreadable for a moment (EACCES during
-// execve): the read is tried over about 50 ms, then the answer is false
-// (the paths keep a /proc/PID/root prefix, longer but still right).
+// sameMountNS reports whether proc's process is in the caller's mount
+// namespace. The link can be EACCES for a moment during execve: retried
+// for about 50 ms, then false (paths keep a /proc/PID/root prefix).
 func sameMountNS(proc *safefs.Dir) bool {
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {

@@ -72,9 +72,7 @@ func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 	return v1, v2, nil
 }
 
-// lines returns a scanner of r's lines split at '\n' alone: a '\r' before
-// it is the last byte of a cgroup's name (names are not escaped), which
-// bufio.ScanLines would drop.
+// lines splits r at '\n' alone: a '\r' may end a cgroup's (unescaped) name.
 func lines(r io.Reader) *bufio.Scanner {
 	sc := bufio.NewScanner(r)
 	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {

@@ -14,8 +14,7 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// climbs returns how many ".." elements path p starts with, and the rest
-// of p after them ("/" when nothing is left).
+// climbs returns the count of leading ".." in p and the rest ("/" if none).
 func climbs(p string) (int, string) {
 	n := 0
 	for strings.HasPrefix(p, "/..") && (len(p) == 3 || p[3] == '/') {
@@ -27,12 +26,10 @@ func climbs(p string) (int, string) {
 	return n, p
 }
 
-// searchMounts returns the mounts that match and whose root, ".." elements
-// alone, climbs above the reader's cgroup namespace by more levels than cg
-// does: a cgroup namespace made while the host's mount was kept (mountinfo
-// root "/..", cgroup "/pod"), where the cgroup is top/N1/.../Nk/pod for k
-// names the kernel does not show. Each is returned with search k and below
-// the rest of cg.
+// searchMounts returns the matching mounts whose root (".." only) climbs
+// above the reader's cgroup namespace further than cg does (mountinfo root
+// "/..", cgroup "/pod": the cgroup is top/N1/.../Nk/pod, with k unseen
+// names), each with search k and below the rest of cg.
 func searchMounts(mounts []mount, cg string, match func(mount) bool, root string) []candidate {
 	b, below := climbs(cg)
 	var out []candidate
@@ -49,8 +46,7 @@ func searchMounts(mounts []mount, cg string, match func(mount) bool, root string
 	return out
 }
 
-// maxSearch bounds the directories source.resolve visits for one mount
-// (a variable for tests).
+// maxSearch bounds the directories resolve visits for one mount.
 var maxSearch = 1 << 14
 
 // resolve finds the directory of the process's cgroup under the mount of
@@ -81,9 +77,7 @@ func (s *source) resolve(c candidate) (string, error) {
 			}
 			names, err := rd.SubDirs(rel, maxSearch-visited)
 			if err != nil && d != c.top && (errors.Is(err, fs.ErrPermission) || errors.Is(err, fs.ErrNotExist)) {
-				// Another tenant's cgroup the reader may not list, or one
-				// removed since its parent was listed: it cannot hold the
-				// process's (whose cgroup.procs is read, so readable).
+				// Unlistable or removed: it cannot hold the process's cgroup.
 				skipped = append(skipped, err.Error())
 				continue
 			}
@@ -119,9 +113,7 @@ func (s *source) resolve(c candidate) (string, error) {
 	return "", fmt.Errorf("the mount at %s holds the hierarchy from %d levels above the cgroup namespace of %s, and %d cgroups list PID %d (%s, %s): ambiguous", safefs.Quote(c.top), c.search, s.cgroupFile, len(found), s.pid, safefs.Quote(found[0]), safefs.Quote(found[1]))
 }
 
-// lists reports whether the cgroup.procs of cgroup directory dir lists
-// pid; a cgroup.procs that is not there (most directories searched) or not
-// readable does not.
+// lists reports whether dir's cgroup.procs lists pid (absent or unreadable: no).
 func (s *source) lists(dir string, pid []byte) bool {
 	b, err := s.readFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {

@@ -10,10 +10,8 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// source is where Read finds its files: cgroupRel in proc, mountinfoRel
-// in mountinfo (cgroupFile and mountinfoFile name them in messages), and the
-// cgroup files, whose paths start with rootName (prefixed to Limit.Dir and
-// Limit.File), in root (opened from rootPath on first use when nil).
+// source is where Read finds its files; cgroup file paths start with
+// rootName, and root is opened from rootPath on first use when nil.
 type source struct {
 	proc, mountinfo           *safefs.Dir
 	cgroupRel, mountinfoRel   string
@@ -44,9 +42,7 @@ func pidOf(name string) int {
 	return n
 }
 
-// openSource opens the files of Read(cgroupFile, mountinfoFile, root):
-// the first two as the caller names them, the cgroup files inside root
-// ("" is "/") through no symlink.
+// openSource opens the files of Read(cgroupFile, mountinfoFile, root).
 func openSource(cgroupFile, mountinfoFile, root string) (*source, error) {
 	s := &source{cgroupFile: cgroupFile, mountinfoFile: mountinfoFile, rootName: root, rootPath: "/", pid: pidOf(cgroupFile)}
 	var err error
@@ -77,8 +73,7 @@ func (s *source) close() {
 	s.owned = nil
 }
 
-// at returns s.root, opened on first use, and path, which starts with
-// s.rootName (as in Limit.File), as a name in it.
+// at returns s.root (opened on first use) and path relative to it.
 func (s *source) at(path string) (*safefs.Dir, string, error) {
 	rel, ok := strings.CutPrefix(path, s.rootName)
 	if !ok || (s.rootName != "" && rel != "" && !strings.HasPrefix(rel, "/")) {

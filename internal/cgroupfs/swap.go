@@ -8,13 +8,11 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// Swap is the swap accounting of one cgroup, in bytes. It is shown, never
-// used for GOMEMLIMIT: memory.max does not count swap in v2. The files are
-// the kernel's (cgroup-v2.rst "memory.swap.current", "memory.swap.max";
-// cgroup-v1/memory.rst 2.4): v2 Current is swap used by the cgroup and its
-// descendants, Max the cgroup's own limit (an ancestor's is not read); v1's
-// memsw files count memory plus swap (MemoryPlusSwap). They are absent
-// without per-cgroup swap accounting.
+// Swap is the swap accounting of one cgroup, in bytes (cgroup-v2.rst
+// "memory.swap.current", "memory.swap.max"; cgroup-v1/memory.rst 2.4): v2
+// Current covers the cgroup and its descendants, Max is the cgroup's own
+// limit; v1's memsw files count memory plus swap (MemoryPlusSwap). The
+// files are absent without per-cgroup swap accounting.
 type Swap struct {
 	Version              int   // 1 or 2
 	Current              int64 // never negative

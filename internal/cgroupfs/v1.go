@@ -11,8 +11,7 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// readV1 reads memory.limit_in_bytes of dir and every ancestor up to the
-// mount point, and hierarchical_memory_limit in dir's memory.stat.
+// readV1 reads memory.limit_in_bytes up to the mount point, and memory.stat.
 func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	l := Limit{Version: 1, Cgroup: cg, Dir: dir, Bytes: NoLimit}
 	for _, d := range ancestors(dir, top) {
@@ -49,8 +48,8 @@ func (s *source) readV1(cg, dir, top string) (Limit, error) {
 	return l, nil
 }
 
-// hierarchicalLimit reads hierarchical_memory_limit from a v1 memory.stat
-// file. ok is false when the file or the key is absent.
+// hierarchicalLimit reads memory.stat's hierarchical_memory_limit; ok is
+// false when the file or the key is absent.
 func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 	b, err := s.readFile(file)
 	if errors.Is(err, fs.ErrNotExist) {

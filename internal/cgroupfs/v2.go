@@ -11,11 +11,9 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// readV2 reads memory.max and memory.high of dir and every ancestor up to
-// the mount point, memory.max first so that it is named when the two are
-// equal (cgroup-v2.rst: memory.high throttles, memory.max OOM-kills). A
-// directory without them sets no limit, but dir itself must exist; a
-// malformed or unreadable memory.high is kept aside in HighErr.
+// readV2 reads memory.max and memory.high of dir and its ancestors up to
+// the mount point, memory.max named when equal. dir must exist; a bad
+// memory.high is kept aside in HighErr.
 func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	if err := s.stat(dir); err != nil {
 		if errors.Is(err, fs.ErrNotExist) && strings.HasSuffix(cg, deletedSuffix) {
@@ -68,8 +66,7 @@ func (s *source) readV2(cg, dir, top string) (Limit, error) {
 	return l, nil
 }
 
-// deletedSuffix is what the kernel appends to a /proc/PID/cgroup v2 line
-// whose cgroup was removed.
+// deletedSuffix marks a removed cgroup in a /proc/PID/cgroup v2 line.
 const deletedSuffix = " (deleted)"
 
 // limitFiles returns memory.max and memory.high of each of dirs, in order.
@@ -81,14 +78,12 @@ func limitFiles(dirs []string) []string {
 	return files
 }
 
-// errNoV2Memory is the error of a v2 hierarchy without the memory
-// controller; it matches ErrNoCgroup.
+// errNoV2Memory (matching ErrNoCgroup): a v2 hierarchy without memory.
 var errNoV2Memory = fmt.Errorf("%w (v2 without the memory controller)", ErrNoCgroup)
 
-// v2Memory returns an error matching errNoV2Memory when the cgroup.controllers
-// of the v2 mount at top does not list "memory" (a hybrid host, or a cgroup
-// the controller was not delegated to): no memory.max can apply. A top
-// without cgroup.controllers is not checked.
+// v2Memory returns errNoV2Memory when the cgroup.controllers of the mount
+// at top lacks "memory" (a hybrid host, or no delegation); a top without
+// cgroup.controllers is not checked.
 func (s *source) v2Memory(top string) error {
 	file := filepath.Join(top, "cgroup.controllers")
 	b, err := s.readFile(file)

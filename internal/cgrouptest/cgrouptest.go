@@ -1,18 +1,12 @@
-// Package cgrouptest creates a real child memory cgroup (v1 memory controller,
-// or v2 where the memory controller is delegated) under the test process's
-// own cgroup, runs commands inside it, and removes it when the test ends.
+// Package cgrouptest creates a real child memory cgroup (v1, or v2 where the
+// memory controller is delegated) under the test process's own cgroup, runs
+// commands inside it, and removes it when the test ends. Tests skip, with
+// the reason, when the process is not root or no writable memory cgroup
+// exists.
 //
-// Tests that need it skip, with the reason, when the process is not root or
-// no writable memory cgroup exists.
-//
-// For cgroup v2 tests (named TestV2..., run on a real v2 kernel by
-// internal/v2vm) NewV2 makes a fresh cgroup laid out as containers use it
-// (Layouts: host namespace, a private cgroup namespace rooted at the
-// limit, a limit above the namespace root, a read-only mount, a namespace
-// that still sees the whole tree), and V2.Wrap starts a command (a child
-// of the test binary from internal/childtest, or any program) in it.
-// RequireV2 skips, naming the reason, where no writable v2 memory
-// controller exists (any cgroup v1 host).
+// For cgroup v2, NewV2 makes a fresh cgroup laid out as containers use it
+// (Layouts) and V2.Wrap starts a command in it; RequireV2 skips where no
+// writable v2 memory controller exists.
 package cgrouptest
 
 import (
@@ -28,9 +22,8 @@ type Group struct {
 	*Child
 }
 
-// New creates a child memory cgroup with the given limit in bytes and removes
-// it at the end of the test. It skips t, naming the reason, when that is not
-// possible here.
+// New creates a child memory cgroup with limit bytes, removed at the end of
+// the test; it skips t, with the reason, where that is not possible.
 func New(t testing.TB, limit int64) *Group {
 	t.Helper()
 	parent, err := WritableParent()

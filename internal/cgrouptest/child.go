@@ -23,10 +23,9 @@ type Parent struct {
 }
 
 // WritableParent returns this process's own memory cgroup when a child with
-// a memory limit can be made in it: the process is root and, in cgroup v2,
-// the memory controller is (or can be) enabled for children, which fails
-// where the cgroup holds processes itself (the "no internal processes"
-// rule). The error says why not.
+// a memory limit can be made in it (root, and in v2 the memory controller
+// enabled for children, which the "no internal processes" rule can forbid).
+// The error says why not.
 func WritableParent() (*Parent, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("cgrouptest: making a memory cgroup needs root")
@@ -86,10 +85,8 @@ func (p *Parent) NewChild(name string, limit int64) (*Child, error) {
 	return c, nil
 }
 
-// Wrap changes cmd so that the process enters the cgroup before it runs
-// cmd's program: /bin/sh writes its own PID to cgroup.procs and then execs
-// the program under the same PID, so every page the program touches is
-// charged to the cgroup. Call it before cmd.Start.
+// Wrap changes cmd so that /bin/sh moves itself into the cgroup and then
+// execs cmd's program under the same PID. Call it before cmd.Start.
 func (c *Child) Wrap(cmd *exec.Cmd) {
 	procs := filepath.Join(c.Dir, "cgroup.procs")
 	cmd.Args = append([]string{"/bin/sh", "-c", `echo $$ > "$0" && exec "$@"`, procs, cmd.Path}, cmd.Args[1:]...)
@@ -121,11 +118,9 @@ func (c *Child) OOMKills() (int64, error) {
 	return 0, fmt.Errorf("cgrouptest: %s: no oom_kill line", path)
 }
 
-// Remove removes the cgroup, killing processes still in it, and retries for
-// up to removeWait (a v1 cgroup may stay busy for a moment after its last
-// process exits, and a killed process on a loaded machine takes longer to
-// exit and free its memory). Removing a cgroup that is gone is not an
-// error.
+// Remove removes the cgroup, killing processes still in it, retrying for up
+// to removeWait (a cgroup stays busy a moment after its last process
+// exits). A cgroup already gone is not an error.
 func (c *Child) Remove() error {
 	var err error
 	for deadline := time.Now().Add(removeWait); ; {

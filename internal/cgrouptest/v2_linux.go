@@ -14,13 +14,10 @@ import (
 	"time"
 )
 
-// RequireV2 skips t, naming the reason, unless this process can make child
-// cgroups with a memory limit on a real cgroup v2 hierarchy: root, a cgroup2
-// mount, the memory controller listed in its cgroup's cgroup.controllers
-// and enabled (or enabled now) in its cgroup.subtree_control. It returns
-// the process's own cgroup directory, the parent NewV2 makes cgroups in.
-// The project's VM harness (internal/v2vm) runs the TestV2 tests where this
-// holds; on a cgroup v1 host they skip.
+// RequireV2 skips t, with the reason, unless this process can make child
+// cgroups with a memory limit on cgroup v2 (root, the memory controller
+// available and enabled for children). It returns the process's own cgroup
+// directory, where NewV2 makes cgroups.
 func RequireV2(t testing.TB) string {
 	t.Helper()
 	p, err := WritableParent()
@@ -38,30 +35,25 @@ func RequireV2(t testing.TB) string {
 }
 
 // V2 is a fresh cgroup v2 memory cgroup for one test, laid out as Layout:
-// Top (made for the test) and the leaf Dir below it where Wrap places a
-// command. The limit is on Dir, or on Top when Layout.LimitAbove. NewV2
-// makes it and the end of the test removes it, killing what still runs in
-// it. Not safe for concurrent use.
+// Top and the leaf Dir below it, where Wrap places a command. The end of
+// the test removes it, killing what still runs. Not safe for concurrent use.
 type V2 struct {
 	Layout Layout
 	// Top is the cgroup made for the test, Dir's parent.
 	Top string
-	// Dir is the leaf cgroup the command runs in (host path); in the
-	// namespace layouts it is the child's cgroup namespace root.
+	// Dir is the leaf cgroup the command runs in (host path).
 	Dir string
 	// LimitDir is where the limit was written: Dir, or Top when
 	// Layout.LimitAbove. SetMax and SetHigh write there.
 	LimitDir string
 	// Limit is the memory.max written at creation, in bytes.
 	Limit int64
-	// Mount is the cgroup2 mount point that holds Dir, for example
-	// /sys/fs/cgroup.
+	// Mount is the cgroup2 mount point that holds Dir.
 	Mount string
 }
 
-// NewV2 makes Top and Dir under this process's cgroup (RequireV2, which
-// skips where there is none), writes limit bytes to LimitDir's memory.max
-// and 0 to memory.swap.max, and removes both at the end of the test.
+// NewV2 makes Top and Dir (after RequireV2), writes limit bytes to
+// LimitDir's memory.max and 0 to memory.swap.max.
 func NewV2(t testing.TB, l Layout, limit int64) *V2 {
 	t.Helper()
 	parent := RequireV2(t)
@@ -129,9 +121,8 @@ func (g *V2) write(t testing.TB, path, value string) {
 	}
 }
 
-// Events returns the counters of memory.events in dir (Dir or LimitDir):
-// low, high, max, oom, oom_kill and whatever else the kernel lists. It
-// fails t on a malformed file.
+// Events returns the counters of memory.events in dir (Dir or LimitDir);
+// it fails t on a malformed file.
 func (g *V2) Events(t testing.TB, dir string) map[string]int64 {
 	t.Helper()
 	path := filepath.Join(dir, "memory.events")
@@ -166,16 +157,10 @@ func (g *V2) Current(t testing.TB) int64 {
 }
 
 // Wrap changes cmd (before cmd.Start) so that its process starts in Dir
-// and in the layout's namespaces: the kernel places it in Dir at clone
-// (clone3 CLONE_INTO_CGROUP, SysProcAttr.UseCgroupFD), so every page it
-// touches is charged there; in the namespace layouts it then unshares
-// CLONE_NEWCGROUP (rooted at Dir, as it is already in Dir) and, where
-// Layout.Remount, CLONE_NEWNS (Go makes / private in it first, so nothing
-// propagates back) with `/bin/sh -c` unmounting the host's cgroup2 and
-// mounting cgroup2 anew at the same place (read-only where
-// Layout.ReadOnly) before it execs cmd's program under the same PID. The
-// directory descriptor is closed at the end of the test. It skips t where
-// sh, mount or umount is missing for a remount.
+// (clone3 CLONE_INTO_CGROUP, so every page is charged there) and in the
+// layout's namespaces; for Layout.Remount, `/bin/sh -c` remounts cgroup2
+// and then execs cmd's program under the same PID. It skips t where sh,
+// mount or umount is missing for a remount.
 func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {
 	t.Helper()
 	f, err := os.Open(g.Dir)
@@ -221,8 +206,7 @@ func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {
 	cmd.Path, cmd.Args = sh, args
 }
 
-// cgroup2Mount returns the cgroup2 mount point (from /proc/self/mountinfo)
-// that holds dir: the longest one that is a prefix of it.
+// cgroup2Mount returns the longest cgroup2 mount point that prefixes dir.
 func cgroup2Mount(dir string) (string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -251,9 +235,7 @@ func cgroup2Mount(dir string) (string, error) {
 	return best, nil
 }
 
-// RequireSwap skips t, naming the reason, unless the system has swap
-// (/proc/swaps lists a device: the v2 VM's zram), so that anonymous
-// memory is reclaimable at a cgroup's limit where SetSwapMax allows it.
+// RequireSwap skips t, with the reason, unless /proc/swaps lists a device.
 func RequireSwap(t testing.TB) {
 	t.Helper()
 	b, err := os.ReadFile("/proc/swaps")

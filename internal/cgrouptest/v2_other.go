@@ -28,26 +28,17 @@ func NewV2(t testing.TB, l Layout, limit int64) *V2 {
 	return nil
 }
 
-// SetMax is never reached off Linux (NewV2 skips).
-func (g *V2) SetMax(t testing.TB, bytes int64) {}
+// The methods of V2 are never reached off Linux: NewV2 skips.
 
-// SetHigh is never reached off Linux (NewV2 skips).
-func (g *V2) SetHigh(t testing.TB, bytes int64) {}
-
-// Events is never reached off Linux (NewV2 skips).
+func (g *V2) SetMax(t testing.TB, bytes int64)                 {}
+func (g *V2) SetHigh(t testing.TB, bytes int64)                {}
 func (g *V2) Events(t testing.TB, dir string) map[string]int64 { return nil }
-
-// Current is never reached off Linux (NewV2 skips).
-func (g *V2) Current(t testing.TB) int64 { return 0 }
-
-// Wrap is never reached off Linux (NewV2 skips).
-func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {}
+func (g *V2) Current(t testing.TB) int64                       { return 0 }
+func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd)                 {}
+func (g *V2) SetSwapMax(t testing.TB, bytes int64)             {}
 
 // RequireSwap skips t: the v2 VM is Linux only.
 func RequireSwap(t testing.TB) {
 	t.Helper()
 	t.Skip("cgrouptest: no swap: Linux only")
 }
-
-// SetSwapMax is never reached off Linux (NewV2 skips).
-func (g *V2) SetSwapMax(t testing.TB, bytes int64) {}

@@ -48,10 +48,9 @@ func Command(t testing.TB, name string, unset []string, env ...string) *exec.Cmd
 	return cmd
 }
 
-// Env returns the environment for the child name: the parent's environment
-// less the variables named in unset, plus env ("KEY=VALUE" entries, which
-// win over inherited ones). Unless GORACE is set, a race-enabled child is
-// told not to sleep at exit.
+// Env returns the environment for the child name: the parent's less unset,
+// plus env ("KEY=VALUE", winning). Unless GORACE is set, a race-enabled
+// child is told not to sleep at exit.
 func Env(name string, unset []string, env ...string) []string {
 	var out []string
 	for _, kv := range os.Environ() {
@@ -91,9 +90,8 @@ func Report(t testing.TB, cmd *exec.Cmd) map[string]string {
 	return ParseReport(stdout.Bytes())
 }
 
-// Reports runs cmds at the same time, as Report runs one: a control arm
-// beside the arm it is compared with sees the same machine. It waits for
-// all of them before it fails the test for any.
+// Reports runs cmds at the same time, as Report runs one, and waits for
+// all before it fails the test for any.
 func Reports(t testing.TB, cmds ...*exec.Cmd) []map[string]string {
 	t.Helper()
 	outs := make([][2]bytes.Buffer, len(cmds))

@@ -15,8 +15,7 @@ package chold
 static void **chold_blocks;
 static long chold_n;
 
-// chold_hold mallocs n blocks of size bytes and writes every byte, so the
-// pages are resident. It returns how many it got.
+// chold_hold mallocs and writes n blocks of size bytes; returns how many it got.
 static long chold_hold(long n, size_t size) {
 	chold_blocks = malloc((size_t)n * sizeof(void *));
 	if (chold_blocks == NULL) return 0;

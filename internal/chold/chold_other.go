@@ -9,10 +9,8 @@ import (
 
 var errUnsupported = fmt.Errorf("chold: needs cgo on Linux: %w", errors.ErrUnsupported)
 
-// Hold returns an error matching errors.ErrUnsupported without cgo or off
-// Linux.
+// Hold returns an error matching errors.ErrUnsupported.
 func Hold(bytes int64) error { return errUnsupported }
 
-// Release returns an error matching errors.ErrUnsupported without cgo or
-// off Linux.
+// Release returns an error matching errors.ErrUnsupported.
 func Release() error { return errUnsupported }

@@ -1,8 +1,7 @@
 // Package cpuquota makes cgroup v1 cpu children with a CFS bandwidth quota
-// (cpu.cfs_quota_us over cpu.cfs_period_us, Documentation/scheduler/
-// sched-bwc.rst) and a busy loop that shares the quota: the CPU-throttled
-// container that the harness's load-contended scenario and the throttling
-// tests run in. It needs root and the v1 cpu controller at Root.
+// (Documentation/scheduler/sched-bwc.rst) and a busy loop that shares it: a
+// CPU-throttled container for tests and the harness. It needs root and the
+// v1 cpu controller at Root.
 package cpuquota
 
 import (
@@ -40,9 +39,8 @@ func SkipUnlessAvailable(t testing.TB) {
 	}
 }
 
-// New makes the cpu child name with the given quota and period
-// (microseconds). The error says why when there is no cgroup v1 cpu
-// controller or it is not writable.
+// New makes the cpu child name with quota and period in microseconds; the
+// error says why when the v1 cpu controller is missing or not writable.
 func New(name string, quota, period int) (*Group, error) {
 	if _, err := os.Stat(filepath.Join(Root, "cpu.cfs_quota_us")); err != nil {
 		return nil, fmt.Errorf("cpuquota: needs the cgroup v1 cpu controller at %s: %w", Root, err)
@@ -85,8 +83,8 @@ func (g *Group) BusyPid() int {
 	return g.busy.Process.Pid
 }
 
-// Remove kills the busy loop, moves what is left in the cgroup to the root
-// cgroup and removes it.
+// Remove kills the busy loop, moves what is left to the root cgroup and
+// removes the cgroup.
 func (g *Group) Remove() error {
 	var errs []error
 	if g.busy != nil {

@@ -11,13 +11,10 @@ package dlburst
 #include <stdlib.h>
 #include <string.h>
 
-// dlburst_dl_burst opens path with flags (local: 0 RTLD_GLOBAL, 1
-// RTLD_LOCAL, 2 dlmopen in a new namespace; with RTLD_NOW), allocates total bytes through the malloc that the handle
-// finds (prefix + "malloc") in blocks of min to max bytes (a fixed
-// pseudo-random sequence), writes them, and frees them all with the
-// handle's prefix + "free". It keeps the handle open. It returns 0, or
-// -1 when dlopen fails (*err then holds dlerror), -2 when a symbol is
-// missing, -3 when malloc fails.
+// dlburst_dl_burst is Run (local: 0 RTLD_GLOBAL, 1 RTLD_LOCAL, 2 dlmopen),
+// with block sizes a fixed pseudo-random sequence. It returns 0, or -1 when
+// dlopen fails (*err holds dlerror), -2 for a missing symbol, -3 when
+// malloc fails.
 static char dlburst_dlerr[512];
 static const char *dlburst_dlerror(void) { return dlburst_dlerr; }
 static void *dlburst_dlopen(const char *path, int local) {
@@ -85,12 +82,10 @@ import (
 	"unsafe"
 )
 
-// Run opens the library at path with dlopen (RTLD_LOCAL when local,
-// else RTLD_GLOBAL; the handle stays open), allocates total bytes through
-// the handle's prefix+"malloc" (looked up with dlsym on that handle, so
-// they do not come from the allocator that owns the process's malloc) in
-// blocks of minSize to maxSize bytes, writes them, and frees them all with
-// the handle's prefix+"free".
+// Run dlopens the library at path (RTLD_LOCAL when local; kept open),
+// allocates total bytes in blocks of minSize to maxSize through the
+// handle's own prefix+"malloc" (dlsym on the handle), writes them, and
+// frees them with its prefix+"free".
 func Run(path string, local bool, prefix string, total, minSize, maxSize int64) error {
 	return run(path, boolInt(local), prefix, total, minSize, maxSize)
 }

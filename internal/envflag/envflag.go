@@ -1,28 +1,19 @@
 // Package envflag is the one grammar of memctl's switches: every MEMCTL_*
-// environment variable (and AUTOMEMLIMIT's "off") is read through it, so
-// that the same word means the same thing everywhere.
+// environment variable (and AUTOMEMLIMIT's "off") is read through it.
 //
-// The grammar:
+//   - Surrounding space is ignored; an empty value means unset (as the Go
+//     runtime reads an empty GOMEMLIMIT).
+//   - Switch words, any case. Off: "off", "no", "0", "f", "false". On:
+//     "on", "yes", "1", "t", "true".
+//   - "off" means the variable's part does nothing; "on" means it runs with
+//     its default.
+//   - Duration, Count and Ratio take the switch words too (off gives 0, on
+//     the default). For a count, "0" and "1" are counts; for a ratio, "1"
+//     is the ratio 1.
+//   - An invalid value gives an *Error (matching ErrInvalid); the caller
+//     switches its part off, logs the error at WARN and returns it.
 //
-//   - Surrounding space is ignored and an empty value means unset (as the
-//     Go runtime reads an empty GOMEMLIMIT or GOGC): Lookup reports it as
-//     not set, and the caller's default applies.
-//   - A switch word is matched in any case. Off: "off", "no", and the
-//     strconv.ParseBool false spellings "0", "f", "false". On: "on", "yes",
-//     and "1", "t", "true".
-//   - "off" always means that memctl's part named by the variable does
-//     nothing (no trim, no arena cap, THP left as it is); "on" means the
-//     part runs with its default.
-//   - A variable that takes a value takes a switch word too: Duration,
-//     Count and Ratio accept the off words (0 for off), the on words (the
-//     default), or a time.ParseDuration string / a decimal count / a ratio
-//     in (0, 1]. For a count, "0" and "1" are counts, not switch words ("0"
-//     means none either way); for a ratio, "1" is the ratio 1.
-//   - The one rule for an invalid value: the parse returns an *Error (which
-//     matches ErrInvalid), and the caller switches its part off, logs the
-//     error at WARN and returns it; it never guesses what was meant.
-//
-// Typical use, in a package that owns a variable:
+// Typical use:
 //
 //	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
 //		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
@@ -65,9 +56,7 @@ func Lookup(name string) (v string, ok bool) {
 	return v, v != ""
 }
 
-// Switch reports whether v is a switch word: on is its meaning and ok is
-// true for the on and off words listed in the package doc (any case,
-// surrounding space ignored); for anything else ok is false.
+// Switch reports whether v is a switch word (ok) and its meaning (on).
 func Switch(v string) (on, ok bool) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "on", "yes", "1", "t", "true":
@@ -103,10 +92,9 @@ func Bool(name, v string) (bool, error) {
 	return on, nil
 }
 
-// Duration parses a duration switch: an off word gives 0 (the part is
-// off), an on word gives def, and otherwise a time.ParseDuration string of
-// at least min ("2s", "500ms"; "0s" is off too). A negative duration, one
-// below min, or anything else is an *Error and d is 0.
+// Duration parses a duration switch: off (or "0s") gives 0, on gives def,
+// else a time.ParseDuration string of at least min. Anything else is an
+// *Error and d is 0.
 func Duration(name, v string, def, min time.Duration) (d time.Duration, err error) {
 	if on, ok := Switch(v); ok {
 		if on {
@@ -124,9 +112,8 @@ func Duration(name, v string, def, min time.Duration) (d time.Duration, err erro
 	return d, nil
 }
 
-// Count parses a count switch: a decimal count >= 0 (0 is off), an off
-// word gives 0, an on word gives def. A negative or non-numeric value is
-// an *Error and n is 0.
+// Count parses a count switch: a decimal count >= 0 (0 is off), off gives
+// 0, on gives def. Anything else is an *Error and n is 0.
 func Count(name, v string, def int) (n int, err error) {
 	t := strings.TrimSpace(v)
 	if n, perr := strconv.Atoi(t); perr == nil {
@@ -144,17 +131,15 @@ func Count(name, v string, def int) (n int, err error) {
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a count >= 0 such as "%d"`, def)}
 }
 
-// Ratio parses a ratio switch (for example AUTOMEMLIMIT): a number in
-// (0, 1] ("0.9", "1"), an off word gives 0 (the part is off; "0" is off
-// too), an on word gives def. Anything else, including NaN, a negative
-// ratio or one above 1, is an *Error and r is 0.
+// Ratio parses a ratio switch (for example AUTOMEMLIMIT): a decimal in
+// (0, 1], off (or "0") gives 0, on gives def. Anything else, NaN included,
+// is an *Error and r is 0.
 func Ratio(name, v string, def float64) (r float64, err error) {
 	t := strings.TrimSpace(v)
 	// Decimal only: ParseFloat would also take "NaN", "Inf", "0x1p-1" and "1_0".
 	decimal := t != "" && strings.Trim(t, "0123456789.eE+-") == ""
 	if f, perr := strconv.ParseFloat(t, 64); perr == nil && decimal {
-		// A zero is off only when written as one: "1e-400" is a
-		// positive ratio that ParseFloat rounds to 0, not "off".
+		// "1e-400" rounds to 0 but is not "off".
 		mantissa, _, _ := strings.Cut(strings.ToLower(t), "e")
 		switch {
 		case f == 0 && !strings.ContainsAny(mantissa, "123456789"):
@@ -171,17 +156,15 @@ func Ratio(name, v string, def float64) (r float64, err error) {
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a ratio in (0, 1] such as "%g"`, def)}
 }
 
-// Known is every MEMCTL_* variable memctl reads (package memctl's doc
-// lists them), in the order of that list. A package that reads a new one
-// adds it here, so that Unknown does not report it.
+// Known is every MEMCTL_* variable memctl reads; a new one must be added
+// here, or Unknown reports it.
 var Known = []string{
 	"MEMCTL", "MEMCTL_THP", "MEMCTL_TRIM_DELAY", "MEMCTL_AUTOBURST", "MEMCTL_ARENA_MAX",
 	"MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR", "MEMCTL_KEEP_GOMEMLIMIT", "MEMCTL_MEMORY_LIMIT", "MEMCTL_PRESSURE", "MEMCTL_BUDGETS",
 }
 
-// ReservedPrefixes are the prefixes of the variables of memctl's own tests
-// and benchmark harness (MEMCTL_TEST_CHILD, MEMCTL_BENCH_TAG, ...), which
-// Unknown does not report.
+// ReservedPrefixes are those of memctl's test and benchmark variables,
+// which Unknown does not report.
 var ReservedPrefixes = []string{"MEMCTL_TEST_", "MEMCTL_BENCH_"}
 
 // Unrecognized is a MEMCTL_* variable that memctl does not read, and the
@@ -191,13 +174,10 @@ type Unrecognized struct {
 	Closest string // e.g. "MEMCTL_BUDGETS"
 }
 
-// Unknown returns the variables of environ (KEY=VALUE entries, as
-// os.Environ returns them) whose name starts with "MEMCTL" and that are
-// neither in Known nor under ReservedPrefixes, each with the known name
-// closest to it (fewest single-character insertions, deletions,
-// substitutions and swaps of neighbours, ignoring case; the first in Known
-// on a tie), in the order of environ, each name once. A typo such as
-// MEMCTL_TRIMDELAY or MEMCTL_BUDGET is otherwise ignored without a word.
+// Unknown returns the variables of environ (os.Environ's form) whose name
+// starts with "MEMCTL" and that are neither Known nor under
+// ReservedPrefixes, each once, in environ's order, with the Known name
+// closest to it (edit distance ignoring case; the first on a tie).
 func Unknown(environ []string) []Unrecognized {
 	var out []Unrecognized
 	for _, kv := range environ {
@@ -223,9 +203,7 @@ func seen(u []Unrecognized, name string) bool {
 	return slices.ContainsFunc(u, func(x Unrecognized) bool { return x.Name == name })
 }
 
-// distance is the optimal-string-alignment edit distance between a and b,
-// in bytes: insertions, deletions, substitutions and swaps of two
-// neighbours each count 1.
+// distance is the optimal-string-alignment edit distance, in bytes.
 func distance(a, b string) int {
 	d := make([][]int, len(a)+1)
 	for i := range d {

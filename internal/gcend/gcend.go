@@ -1,29 +1,16 @@
 // Package gcend calls functions at the end of each garbage-collection cycle
-// without a goroutine or a timer of its own, so that memctl's parts can
-// re-check the heap, the memory limit or the GC's CPU share only when the
-// process allocates, and cost nothing while it is idle.
+// without a goroutine or a timer of its own, so memctl's parts cost nothing
+// while the process is idle.
 //
-// The mechanism: while at least one subscriber is registered, one sentinel
-// object is allocated and dropped at once with a runtime.AddCleanup on it.
-// The next GC cycle finds it unreachable and the runtime runs the cleanup on
-// its cleanup goroutine, which arms the next sentinel and then calls every
-// subscriber. A process that does not allocate runs no GC cycle and so no
-// subscriber (the runtime still forces a GC every two minutes,
-// runtime.forcegcperiod). All subscribers share one sentinel, and each GC
-// cycle calls each subscriber at most once: the cleanup of a sentinel that
-// was disarmed (runtime.Cleanup.Stop has no effect once a GC has queued
-// the cleanup of an unreachable object, and a sentinel is unreachable from
-// the start) does nothing, so a last Stop followed by a Subscribe never
-// leaves two sentinels, each calling the subscribers at every GC end.
+// While any subscriber is registered, a dropped sentinel object carries a
+// runtime.AddCleanup; the cleanup, run after the next GC, arms the next one
+// and calls every subscriber at most once. No allocation means no GC and no
+// call (but for runtime.forcegcperiod, two minutes).
 //
-// Subscribers run one after another (never two at once, even when the
-// runtime runs cleanups on several goroutines) on the runtime's cleanup
-// goroutine: they must be short and must not block (no I/O that can hang,
-// no lock held across a GC); anything slow is handed to a goroutine the
-// subscriber owns. A GC cycle that ends while they run is seen (the next
-// sentinel is armed before they are called), but one that starts before
-// the cleanup goroutine gets to run misses the sentinel allocated for it,
-// and its end is seen with the next cycle's.
+// Subscribers run one at a time on the runtime's cleanup goroutine: they
+// must be short and must not block; anything slow goes to a goroutine the
+// subscriber owns. A GC that starts before the cleanup goroutine runs is
+// seen with the next cycle's end.
 package gcend
 
 import (
@@ -42,16 +29,11 @@ type Sample struct {
 	Time   time.Time // when the sample was read
 	Cycles uint64    // /gc/cycles/total:gc-cycles
 	Forced uint64    // /gc/cycles/forced:gc-cycles
-	// Live is the heap marked live by the cycle (/gc/heap/live:bytes),
-	// Goal its heap goal (/gc/heap/goal:bytes), GOGC the percent set
-	// (/gc/gogc:percent; -1 for off), StackScan and GlobalsScan the
-	// stacks and globals it scanned (/gc/scan/stack:bytes,
-	// /gc/scan/globals:bytes), HeapScan the scannable heap
-	// (/gc/scan/heap:bytes).
+	// Live, Goal, GOGC (-1 for off), StackScan, GlobalsScan and HeapScan are
+	// /gc/heap/live, /gc/heap/goal, /gc/gogc and /gc/scan/{stack,globals,heap}.
 	Live, Goal, GOGC, StackScan, GlobalsScan, HeapScan int64
-	// GCCPU, ScavengeCPU and TotalCPU are /cpu/classes/gc/total,
-	// /cpu/classes/scavenge/total and /cpu/classes/total (GOMAXPROCS times
-	// the wall time), in CPU seconds.
+	// GCCPU, ScavengeCPU and TotalCPU (GOMAXPROCS times the wall time) are
+	// /cpu/classes/gc/total, /cpu/classes/scavenge/total, /cpu/classes/total.
 	GCCPU, ScavengeCPU, TotalCPU float64
 	// LimiterLast is the last cycle the GC CPU limiter was on
 	// (/gc/limiter/last-enabled:gc-cycle), 0 never.
@@ -71,8 +53,7 @@ type Sample struct {
 func (s *Sample) GoMapped() int64 { return max(s.Total-s.HeapReleased, 0) }
 
 // GOGCGoal returns the heap goal GOGC alone would give the cycle
-// (runtime/mgcpacer.go: the marked heap plus GOGC percent of it, the
-// stacks and the globals), math.MaxInt64 with GOGC off.
+// (runtime/mgcpacer.go), math.MaxInt64 with GOGC off.
 func (s *Sample) GOGCGoal() int64 {
 	if s.GOGC < 0 {
 		return math.MaxInt64
@@ -163,24 +144,21 @@ var (
 	reader  Reader
 	sample  Sample
 	run     []*Subscription // the subscribers of the GC end running
-	// cleanup, when set (by a test, with mu held), is what arm registers
-	// instead of cycle, to hold a queued cleanup back.
+	// cleanup, set by tests with mu held, replaces cycle in arm.
 	cleanup func(gen uint64)
 )
 
-// sentinel is the object whose death marks the end of a GC cycle. It holds
-// a pointer so that the tiny allocator does not combine it with others.
+// sentinel marks a GC end by its death; the pointer keeps it out of the
+// tiny allocator.
 type sentinel struct {
 	_ *byte
 	_ int64
 }
 
 // Subscribe registers fn to run at the end of each GC cycle from the next
-// one on, until it returns false or Stop is called. fn gets the Sample read
-// once for every subscriber of that GC end; it must not keep the pointer.
-// It allocates one small object per GC cycle while any subscriber is
-// registered and nothing otherwise. Safe for concurrent use; fn may call
-// Subscribe or Stop.
+// one on, until it returns false or Stop is called. fn must not keep the
+// Sample pointer. One small allocation per GC cycle while any subscriber
+// is registered. Safe for concurrent use; fn may call Subscribe or Stop.
 func Subscribe(fn func(s *Sample) (keep bool)) *Subscription {
 	s := &Subscription{fn: fn}
 	mu.Lock()
@@ -207,8 +185,7 @@ func (s *Subscription) Stop() {
 	}
 }
 
-// Active reports how many subscriptions are registered; tests use it to
-// check that their owners stopped them.
+// Active reports how many subscriptions are registered.
 func Active() int {
 	mu.Lock()
 	defer mu.Unlock()
@@ -229,12 +206,9 @@ func arm() {
 	armed = true
 }
 
-// cycle runs on the runtime's cleanup goroutine after a GC cycle freed the
-// sentinel of generation g. A sentinel disarmed by Stop whose cleanup a GC
-// had already queued is not the armed one: its cleanup does nothing (before
-// this check, a Subscribe after the last Stop armed a second sentinel and
-// the stale cleanup re-armed the first: two chains, every subscriber called
-// twice per GC end, the second time with the same figures).
+// cycle runs after a GC freed the sentinel of generation g. Cleanup.Stop
+// has no effect once a GC queued the cleanup, so a stale generation does
+// nothing, or a Subscribe after the last Stop would start a second chain.
 func cycle(g uint64) {
 	mu.Lock()
 	if !armed || g != gen {
@@ -250,12 +224,11 @@ func cycle(g uint64) {
 	runAll()
 }
 
-// Fire runs the subscribers now with a fresh sample, as at a GC end; for
-// benchmarks of the GC-end path.
+// Fire runs the subscribers now with a fresh sample, as at a GC end.
 func Fire() { runAll() }
 
-// runAll calls every subscriber with one sample. The list is copied into a
-// buffer kept for the next GC end: subscribers may Subscribe or Stop.
+// runAll calls every subscriber with one sample, from a copy of the list
+// (subscribers may Subscribe or Stop).
 func runAll() {
 	runMu.Lock() // the next GC end may come on another cleanup goroutine
 	defer runMu.Unlock()

@@ -1,6 +1,5 @@
-// Package gcendtest lets a test wait for the end of a GC cycle to have
-// reached every subscriber of internal/gcend, instead of sleeping: a check
-// that something happened, or did not, at a GC end waits for the event.
+// Package gcendtest lets a test wait, instead of sleeping, until a GC end
+// has reached every subscriber of internal/gcend.
 package gcendtest
 
 import (
@@ -14,9 +13,8 @@ import (
 
 // Seen runs GC cycles until every gcend subscriber registered before the
 // call has run for a cycle that ended after it, or fails t after 10 s.
-// Subscribers run in the order they subscribed, one GC end after another,
-// so the second call of the one Seen subscribes is for a cycle that began
-// after the first, and every earlier subscriber has run for it by then.
+// Subscribers run in order, so the second call of Seen's own subscriber
+// means every earlier one has run for a cycle begun after the call.
 func Seen(t testing.TB) {
 	t.Helper()
 	var calls atomic.Int64

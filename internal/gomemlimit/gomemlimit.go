@@ -1,8 +1,6 @@
 // Package gomemlimit is memctl's one writer of GOMEMLIMIT: the limit
 // refresh, a death-spiral lift and the trim's transient lowering all write
-// it through here, under one lock, so that none undoes another. It is the
-// only file of memctl's library code that calls debug.SetMemoryLimit with
-// a value.
+// it through here, under one lock, so that none undoes another.
 package gomemlimit
 
 import (

@@ -1,8 +1,7 @@
-// Package history keeps the last minutes of what memctl saw, for the
-// /debug/memctl page: RSS, the live heap and GOMEMLIMIT at the moments
-// memctl already wakes (GC ends, trims, limit changes, pressure), in a ring
-// of fixed size. It runs no timer and no goroutine, and recording
-// allocates nothing.
+// Package history keeps the last minutes of RSS, the live heap and
+// GOMEMLIMIT for the /debug/memctl page, recorded when memctl already wakes
+// (GC ends, trims, limit changes, pressure) in a fixed ring. No timer, no
+// goroutine, and recording allocates nothing.
 package history
 
 import (
@@ -50,8 +49,7 @@ type Entry struct {
 // minGap, so three minutes of a busy process, more of a quiet one.
 const Size = 720
 
-// minGap is the least time between two GC-end entries (and two RSS reads
-// at GC ends): a process that runs 100 GC cycles a second records four.
+// minGap is the least time between two GC-end entries (and RSS reads).
 const minGap = 250 * time.Millisecond
 
 // Ring is the history of one controller. Its zero value is empty and
@@ -68,9 +66,8 @@ type Ring struct {
 	buf     [128]byte
 }
 
-// GCEnd records a GC end at t with its live heap and GOMEMLIMIT, unless
-// one was recorded less than minGap ago (then only the live heap is kept,
-// with two atomic operations, for the next entry). It allocates nothing.
+// GCEnd records a GC end at t with its live heap and GOMEMLIMIT; within
+// minGap of the last only the live heap is kept. It allocates nothing.
 func (r *Ring) GCEnd(t time.Time, live, gomemlimit int64) {
 	r.live.Store(live)
 	ns := t.UnixNano()
@@ -117,9 +114,8 @@ func (r *Ring) add(e Entry) {
 	r.n = min(r.n+1, Size)
 }
 
-// rss returns the resident set size in bytes from /proc/self/statm (its
-// second field, in pages; proc(5)), -1 when it cannot be read. The file
-// is kept open and read into a fixed buffer: no allocation. r.mu held.
+// rss returns RSS in bytes from /proc/self/statm (proc(5)), -1 when
+// unreadable, from a file kept open and a fixed buffer. r.mu held.
 func (r *Ring) rss() int64 {
 	if !r.tried {
 		r.tried = true
@@ -135,8 +131,7 @@ func (r *Ring) rss() int64 {
 	return parseStatm(r.buf[:n])
 }
 
-// parseStatm returns the resident pages of a statm line ("size resident
-// shared ...") in bytes, -1 when malformed.
+// parseStatm returns a statm line's resident size in bytes, -1 if malformed.
 func parseStatm(b []byte) int64 {
 	i := bytes.IndexByte(b, ' ')
 	if i < 0 {

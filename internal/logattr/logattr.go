@@ -1,9 +1,6 @@
-// Package logattr writes the figures memctl logs: the slog attributes of
-// figures that may be unknown or absent, so that no log line shows a
-// sentinel as a number (a byte count of -1, unknown, is written "unknown",
-// and GOMEMLIMIT's math.MaxInt64, no limit, "off"), and byte counts in MiB
-// for sentences (MiB, MiBCompact). Every package that logs such a figure
-// uses it.
+// Package logattr writes the figures memctl logs, so that no log line
+// shows a sentinel as a number (-1 is "unknown", GOMEMLIMIT's
+// math.MaxInt64 is "off"), and byte counts in MiB for sentences.
 package logattr
 
 import (
@@ -24,8 +21,7 @@ func Bytes(key string, v int64) slog.Attr {
 }
 
 // GoMemLimit returns key=v for a GOMEMLIMIT in bytes, key="off" for
-// math.MaxInt64 (the Go runtime's "no limit", what debug.SetMemoryLimit(-1)
-// returns when none is set), and key="unknown" for a negative v.
+// math.MaxInt64 (no limit), and key="unknown" for a negative v.
 func GoMemLimit(key string, v int64) slog.Attr {
 	if v == math.MaxInt64 {
 		return slog.String(key, "off")

@@ -18,15 +18,13 @@ type Makeup struct {
 	// "active_file" + "inactive_file" (v1 "total_" lines), /proc/meminfo
 	// Active(file) + Inactive(file).
 	Cache int64
-	// Own is this process's RssAnon (/proc/self/status), read for the
-	// host's makeup only.
+	// Own is this process's RssAnon, read for the host's makeup only.
 	Own int64
 	// From names the file read.
 	From string
 }
 
-// Known reports whether both figures could be read: a file unreadable,
-// malformed or lacking active_file or inactive_file gives an unknown makeup.
+// Known reports whether both Anon and Cache could be read.
 func (m Makeup) Known() bool { return m.Anon >= 0 && m.Cache >= 0 }
 
 // Anonymous reports whether anonymous memory is the problem: known, and
@@ -42,9 +40,8 @@ func (m Makeup) OwnsHostAnon() bool { return m.Own >= 0 && m.Anon >= 0 && m.Own 
 // UnknownMakeup is the makeup when the file from could not be read.
 func UnknownMakeup(from string) Makeup { return Makeup{Anon: -1, Cache: -1, Own: -1, From: from} }
 
-// MakeupOfStat returns the makeup of a parsed memory.stat. The cache is
-// unknown unless the file has both active_file and inactive_file (one list
-// alone would make the memory look anonymous).
+// MakeupOfStat returns the makeup of a parsed memory.stat; the cache is
+// unknown unless both file LRU lines are there.
 func MakeupOfStat(s cgroupfs.MemoryStat, from string) Makeup {
 	mk := Makeup{Anon: s.Anon, Cache: -1, Own: -1, From: from}
 	if s.ActiveFile >= 0 && s.InactiveFile >= 0 {

@@ -57,13 +57,11 @@ func Trigger(stall, window time.Duration) []byte {
 const maxSystemdWrite = 4096
 
 // SystemdEnv returns the source of systemd's memory pressure protocol
-// (https://systemd.io/MEMORY_PRESSURE/): $MEMORY_PRESSURE_WATCH, the path
-// to open (a PSI file, a FIFO or an AF_UNIX socket), and
-// $MEMORY_PRESSURE_WRITE, base64 (padded or not), what to write to it
-// first. ok is false when the variable is unset; off is true for
-// "/dev/null" in any spelling (watching turned off). A relative path, or
-// a write that is not base64 or decodes to over 4 KiB, is an error that
-// names the variable.
+// (https://systemd.io/MEMORY_PRESSURE/): $MEMORY_PRESSURE_WATCH (a PSI
+// file, FIFO or AF_UNIX socket) and $MEMORY_PRESSURE_WRITE (base64, padded
+// or not). ok is false when unset; off is true for "/dev/null" in any
+// spelling. A relative path, or a write that is not base64 or decodes to
+// over 4 KiB, is an error naming the variable.
 func SystemdEnv(getenv func(string) string) (s Source, ok, off bool, err error) {
 	path := strings.TrimSpace(getenv("MEMORY_PRESSURE_WATCH"))
 	switch {
@@ -102,8 +100,7 @@ type trigger struct {
 	stall, window int64 // µs
 }
 
-// parseTrigger parses a PSI trigger written exactly so, a NUL or a
-// newline (echo | base64) allowed at its end.
+// parseTrigger parses a PSI trigger, a trailing NUL or newline allowed.
 func parseTrigger(b []byte) (trigger, error) {
 	f := strings.Split(string(bytes.TrimSuffix(bytes.TrimSuffix(b, []byte{0}), []byte{'\n'})), " ")
 	if len(f) != 3 || (f[0] != "some" && f[0] != "full") {
@@ -121,12 +118,10 @@ func parseTrigger(b []byte) (trigger, error) {
 }
 
 // SystemdTrigger checks that b, the decoded $MEMORY_PRESSURE_WRITE for a
-// PSI file, is a PSI trigger whose window is in the kernel's [500000,
-// 10000000] µs (psi.c WINDOW_MIN_US, WINDOW_MAX_US) and stall in (0,
-// window], and returns it as the kernel reads it: numbers without leading
-// zeros (psi_write reads at most 32 bytes) and a terminating NUL, appended
-// when missing (without it, "some 200000 2000000" would be armed with a
-// 200 ms window). The error names the variable and quotes the value.
+// PSI file, is a trigger with a window in [500000, 10000000] µs (psi.c
+// WINDOW_MIN_US, WINDOW_MAX_US) and a stall in (0, window], and returns it
+// without leading zeros (psi_write reads at most 32 bytes) and ending in
+// NUL (without it, "some 200000 2000000" is armed with a 200 ms window).
 func SystemdTrigger(b []byte) ([]byte, error) {
 	t, err := parseTrigger(b)
 	switch {
@@ -142,21 +137,17 @@ func SystemdTrigger(b []byte) ([]byte, error) {
 	return fmt.Appendf(nil, "%s %d %d\x00", strings.Fields(string(b))[0], t.stall, t.window), nil
 }
 
-// arm is what a PSI trigger's events are checked against: its state
-// (some or full), its threshold (the stall) and that state's total stall
-// when it was armed, in µs as the PSI file shows them. The kernel may
-// signal a trigger just armed for stall from before: an unprivileged
-// trigger's window starts from a total that only privileged polling keeps
-// current (kernel/sched/psi.c psi_trigger_create, window_update).
+// arm is a PSI trigger and its state's total stall (µs) when armed. The
+// kernel may signal a trigger just armed for stall from before: an
+// unprivileged trigger's window starts from a total that only privileged
+// polling keeps current (kernel/sched/psi.c psi_trigger_create).
 type arm struct {
 	trigger
 	armed int64
 }
 
-// explains reports whether total, the state's total stall read after an
-// event, explains it: grown by at least the threshold since arming (the
-// kernel's window starts at arming at the earliest). A total that went
-// down explains it (nothing to judge by).
+// explains reports whether total, read after an event, grew by at least
+// the threshold since arming; a total that went down explains it too.
 func (a arm) explains(total int64) bool {
 	return total < a.armed || total-a.armed >= a.stall
 }

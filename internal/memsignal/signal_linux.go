@@ -105,11 +105,9 @@ func (w *Signal) openPSI(path string, trig []byte) error {
 	return nil
 }
 
-// armPSI reads the total stall of the trigger's state just before the
-// trigger is written, for the check of each event (psiArm): stall between
-// the read and the write counts as since arming, so no event the stall
-// explains is ignored. When the trigger or the file cannot be parsed, no
-// event is checked and psiNoCheck says why.
+// armPSI reads the state's total stall just before the trigger is written
+// (erring toward explaining events). If either cannot be parsed, no event
+// is checked and psiNoCheck says why.
 func (w *Signal) armPSI(trig []byte) {
 	t, err := parseTrigger(trig)
 	if err == nil && t.stall == 0 {
@@ -127,8 +125,7 @@ func (w *Signal) armPSI(trig []byte) {
 	w.psi = &arm{trigger: t, armed: total}
 }
 
-// readPSITotal reads the total stall (µs) of the "some" or "full" line of
-// the PSI file open as w.fd.
+// readPSITotal reads the total stall (µs) of the trigger's line in w.fd.
 func (w *Signal) readPSITotal(full bool) (int64, error) {
 	var b [512]byte
 	n, err := unix.Pread(w.fd, b[:], 0)
@@ -147,9 +144,9 @@ func (w *Signal) readPSITotal(full bool) (int64, error) {
 	return total, nil
 }
 
-// Unexplained reports whether the PSI event just received is one the
-// stall since arming does not explain (arm.explains), that stall and the
-// trigger's threshold. A total that cannot be read explains the event.
+// Unexplained reports whether the stall since arming fails to explain the
+// PSI event just received (arm.explains), with that stall and the
+// threshold; an unreadable total explains it.
 func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	if w.psi == nil {
 		return 0, 0, false
@@ -162,10 +159,8 @@ func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	return time.Duration(total-w.psi.armed) * us, time.Duration(w.psi.stall) * us, !w.psi.explains(total)
 }
 
-// Window returns the PSI trigger's window, the time the kernel waits
-// after an event before it may send the next one
-// (Documentation/accounting/psi.rst: "at most one event per window"); 0
-// when no event is checked.
+// Window returns the PSI trigger's window (at most one event per window,
+// psi.rst); 0 when no event is checked.
 func (w *Signal) Window() time.Duration {
 	if w.psi == nil {
 		return 0
@@ -238,10 +233,8 @@ func (w *Signal) openV1(dir string) error {
 }
 
 // openSystemd opens $MEMORY_PRESSURE_WATCH as systemd's protocol says: a
-// socket is connected to and read, a FIFO is read (opened read-write, so
-// that it never reports POLLHUP for want of a writer), a PSI file is armed
-// with the decoded $MEMORY_PRESSURE_WRITE; to the others that is written
-// first.
+// socket is connected and read, a FIFO read (opened read-write: no POLLHUP
+// without a writer), a PSI file armed with the write; others get it written.
 func (w *Signal) openSystemd(path string, write []byte) error {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
@@ -303,8 +296,7 @@ func (w *Signal) openEvents(path string) error {
 	return err
 }
 
-// preadEvents reads the memory.events counters from the start of w.fd
-// (which also clears kernfs's change flag for the next poll).
+// preadEvents reads w.fd from its start, clearing kernfs's change flag.
 func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	var b [1024]byte
 	n, err := unix.Pread(w.fd, b[:], 0)
@@ -314,8 +306,7 @@ func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.path)
 }
 
-// readEvents returns the growth of the counters that mean pressure
-// (EventsGrowth) since the last read.
+// readEvents returns EventsGrowth since the last read.
 func (w *Signal) readEvents() int64 {
 	e, err := w.preadEvents()
 	if err != nil {

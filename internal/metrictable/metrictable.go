@@ -1,12 +1,7 @@
 // Package metrictable is the one table of the metrics memctl exports: the
-// nested modules metrics (Prometheus) and otelmetrics (OpenTelemetry) each
-// walk Metrics, so that both export the same figures under the names of
-// their conventions. An entry gives the metric's two names, its unit, help,
-// kind, scope and labels, and how to read it from a Snapshot. Adding a
-// metric is one entry in this package's table, and both modules export it.
-//
-// It uses only the standard library and memctl's own packages, so that the
-// memctl module gains no dependency.
+// nested modules metrics (Prometheus) and otelmetrics (OpenTelemetry) both
+// walk Metrics, so a new metric is one entry here. It uses only the
+// standard library and memctl's packages: the module gains no dependency.
 package metrictable
 
 import (
@@ -26,10 +21,10 @@ const (
 	Gauge Kind = iota
 	// Counter is a value that only goes up (a cumulative, monotonic sum).
 	Counter
-	// Histogram is the per-request peaks of a pool (Metric.Peaks): a
-	// Prometheus histogram; in OpenTelemetry, whose API has no asynchronous
-	// histogram, an Int64 counter of the cumulative counts, one series per
-	// upper bound in bytes (attribute le, "+Inf" for the count of all).
+	// Histogram is a pool's request peaks (Metric.Peaks): a Prometheus
+	// histogram; in OpenTelemetry (no asynchronous histogram) an Int64
+	// counter of cumulative counts, one series per bound (attribute le,
+	// "+Inf" for all).
 	Histogram
 )
 
@@ -37,27 +32,22 @@ const (
 type Scope uint8
 
 const (
-	// Controller metrics are read once per collection (Snapshot.Stats and
-	// Snapshot.Report), whether a controller was given or not.
+	// Controller metrics are read once per collection, controller or not.
 	Controller Scope = iota
-	// Pool metrics are read once per pool (Snapshot.Pool), with the label
-	// PoolLabel before their own; they exist only when a pool is given.
+	// Pool metrics are read once per pool, PoolLabel first.
 	Pool
-	// Process metrics are read once per collection from the first pool's
-	// Stats (Snapshot.Pool): they count for the whole process; they exist
-	// only when a pool is given.
+	// Process metrics are read once, from the first pool's Stats (whole
+	// process). Pool and Process metrics exist only when a pool is given.
 	Process
 )
 
-// PoolLabel is the label that names the pool of a Pool metric: the pool's
-// own name (limits.Pool.Name).
+// PoolLabel is the label of a Pool metric holding limits.Pool.Name.
 const PoolLabel = "pool"
 
 // Label is a variable label of a metric.
 type Label struct {
 	Name string
-	// Bool: the values are "true" and "false"; OpenTelemetry gets them as
-	// bool attributes.
+	// Bool: the values are "true" and "false" (OpenTelemetry bool attributes).
 	Bool bool
 }
 
@@ -78,18 +68,14 @@ type Metric struct {
 	// Help is the description, the same in both.
 	Help string
 	Kind Kind
-	// Float: the OpenTelemetry instrument is Float64 (the value has a
-	// fraction); otherwise Int64, and the value is an integer.
+	// Float: the OpenTelemetry instrument is Float64; otherwise Int64.
 	Float bool
 	Scope Scope
-	// Labels are the variable labels, in the order Read gives their values
-	// (PoolLabel, which the adapters add first for a Pool metric, is not
-	// among them).
+	// Labels are the variable labels in Read's order (not PoolLabel).
 	Labels []Label
-	// Read emits the metric's series from s, once per series; not at all
-	// for a figure that does not exist (no GOMEMLIMIT, no trim yet, a C
-	// heap figure the allocator does not report), which is left out rather
-	// than given a sentinel value. Nil for a Histogram.
+	// Read emits each series from s; a figure that does not exist (no
+	// GOMEMLIMIT, a C heap figure not reported) is left out, never a
+	// sentinel. Nil for a Histogram.
 	Read func(s *Snapshot, emit Emit)
 	// Peaks returns the histogram of a Histogram metric (see Buckets); nil
 	// for the other kinds.
@@ -98,14 +84,12 @@ type Metric struct {
 
 // Snapshot is what one collection reads.
 type Snapshot struct {
-	// Live: a controller was given. Without one, Stats holds the figures of
-	// the process (GOMEMLIMIT, the C heap, the misuse count) and Report is
-	// zero.
+	// Live: a controller was given; without one Report is zero and Stats
+	// holds the process's figures.
 	Live   bool
 	Stats  memctl.Stats
 	Report memctl.Report
-	// Pool is the Stats of the pool being read, for the Pool and Process
-	// metrics.
+	// Pool is the pool being read, for Pool and Process metrics.
 	Pool limits.PoolStats
 }
 
@@ -140,11 +124,8 @@ func Buckets(h *limits.PeakHistogram) (b [PeakBuckets]Bucket, count uint64) {
 	return b, uint64(max(h.Count, 0))
 }
 
-// ObjectLabel is the object label of h: its path made UTF-8 (a Prometheus
-// label value and an OTLP string must be, and a path need not be), with
-// " (namespace N)" after it for an object of a dlmopen namespace (the same
-// path can be loaded in two, and two series must not have the same
-// labels).
+// ObjectLabel is the object label of h: its path made valid UTF-8, with
+// " (namespace N)" for a dlmopen namespace (one path may load in two).
 func ObjectLabel(h *cheap.Heap) string {
 	s := strings.ToValidUTF8(h.Library, "\uFFFD")
 	if h.Namespace != 0 {

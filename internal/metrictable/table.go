@@ -10,8 +10,7 @@ import (
 	"github.com/memctl/memctl/trim/cheap"
 )
 
-// Metrics is the table: the controller's metrics, then the C allocators',
-// the pools' and the process's.
+// Metrics is the table: controller, C allocator, pool and process metrics.
 var Metrics = slices.Concat(controllerMetrics, heapMetrics,
 	scoped(Pool, poolMetrics), scoped(Process, processMetrics))
 
@@ -152,8 +151,7 @@ var controllerMetrics = []Metric{
 		}},
 }
 
-// heapMetrics are read from Stats.CHeaps, one series per C allocator found,
-// labelled allocator, object (ObjectLabel) and prefix first.
+// heapMetrics are read from Stats.CHeaps, one series per C allocator.
 var heapMetrics = []Metric{
 	{Prom: "memctl_c_allocator_info", OTel: "memctl.c_allocator.info", Unit: "1",
 		Labels: append(labels("allocator", "object", "prefix"), Label{Name: "owner", Bool: true}, Label{Name: "trimmed", Bool: true}),
@@ -217,8 +215,7 @@ var poolMetrics = []Metric{
 		Peaks: func(s *Snapshot) *limits.PeakHistogram { return &s.Pool.Peaks }},
 }
 
-// processMetrics are read from the first pool's Stats: they count for the
-// whole process, not per pool.
+// processMetrics are read from the first pool's Stats (whole process).
 var processMetrics = []Metric{
 	counter("memctl_budget_unguarded_total", "memctl.budget.unguarded", "{call}", "limits.Grow calls on a context with no account (a handler outside the budget middleware), in the whole process.",
 		func(s *Snapshot) int64 { return s.Pool.Unguarded }),
@@ -240,8 +237,7 @@ func counter(prom, otel, unit, help string, read func(*Snapshot) int64) Metric {
 		Read: func(s *Snapshot, emit Emit) { emit(float64(read(s))) }}
 }
 
-// perHeap is a metric of one series per C allocator of Stats.CHeaps; ok
-// false leaves that allocator's out.
+// perHeap is a metric of one series per C allocator; ok false leaves one out.
 func perHeap(kind Kind, prom, otel, unit, help string, read func(*cheap.Heap) (v float64, ok bool)) Metric {
 	return Metric{Prom: prom, OTel: otel, Unit: unit, Help: help, Kind: kind, Labels: labels("allocator", "object", "prefix"),
 		Read: func(s *Snapshot, emit Emit) {

@@ -2,12 +2,9 @@
 // named series of (X, Y) points, horizontal reference lines, labelled
 // vertical marks, axes with ticks and a legend.
 //
-// The output is a function of the Chart alone: the same Chart gives the same
-// bytes. It refers to no script, style sheet, font or image, and every string
-// in it is escaped, so names read from another process can be drawn. The
-// data are written beside the drawing as data- attributes (data-points,
-// data-x, data-y, data-name, data-label), which Read gives back, so that a
-// test or a page's script can check what a picture shows.
+// The same Chart gives the same bytes. The output refers to no script,
+// style sheet, font or image, and every string is escaped. The data are
+// written beside the drawing as data- attributes, which Read gives back.
 package plot
 
 import (
@@ -135,8 +132,7 @@ func (c *Chart) writeAxes(p func(string, ...any), xt, yt axis, height int) {
 	p(`<text transform="translate(16 %s) rotate(-90)" text-anchor="middle">%s</text>`+"\n", num((yt.p0+yt.p1)/2), esc(c.YLabel))
 }
 
-// writeLegend draws one row under the X axis: each series' colour and name,
-// then each reference line's dash and label.
+// writeLegend draws the series and reference lines under the X axis.
 func (c *Chart) writeLegend(p func(string, ...any), height int) {
 	x, y := marginLeft, height-14
 	p(`<g class="legend">`)
@@ -154,8 +150,7 @@ func (c *Chart) writeLegend(p func(string, ...any), height int) {
 	p("</g>\n")
 }
 
-// extent returns the data's [min, max] in X and in Y, over the finite
-// points, lines and marks; [0, 1] where there is none.
+// extent returns the finite data's X and Y ranges; [0, 1] where none.
 func (c *Chart) extent() (xs, ys [2]float64) {
 	xs = [2]float64{math.Inf(1), math.Inf(-1)}
 	ys = xs
@@ -189,8 +184,8 @@ func (c *Chart) extent() (xs, ys [2]float64) {
 // axis maps values in [lo, hi] to pixels in [p0, p1]; step is its tick step.
 type axis struct{ lo, hi, p0, p1, step float64 }
 
-// newAxis returns an axis over at least [lo, hi], widened to whole steps of
-// a round tick step (1, 2 or 5 times a power of 10) giving about 5 ticks.
+// newAxis returns an axis over at least [lo, hi], widened to whole round
+// steps (niceStep) giving about 5 ticks.
 func newAxis(lo, hi, p0, p1 float64) axis {
 	if hi <= lo {
 		lo, hi = lo-1, hi+1
@@ -199,8 +194,7 @@ func newAxis(lo, hi, p0, p1 float64) axis {
 	return axis{math.Floor(lo/step) * step, math.Ceil(hi/step) * step, p0, p1, step}
 }
 
-// niceStep returns the least of 1, 2, 5 or 10 times a power of 10 that is
-// at least raw, which must be positive and finite.
+// niceStep returns the least 1, 2 or 5 × 10^k at least raw (> 0, finite).
 func niceStep(raw float64) float64 {
 	mag := math.Pow(10, math.Floor(math.Log10(raw)))
 	for _, f := range []float64{1, 2, 5} {
@@ -233,16 +227,14 @@ func (a axis) label(v float64) string {
 	return s
 }
 
-// esc returns s escaped for XML text and attribute values; characters XML
-// cannot hold become U+FFFD.
+// esc escapes s for XML; characters XML cannot hold become U+FFFD.
 func esc(s string) string {
 	var b strings.Builder
 	_ = xml.EscapeText(&b, []byte(s)) // a strings.Builder never fails
 	return b.String()
 }
 
-// num formats a pixel coordinate; data formats a data value so that
-// strconv.ParseFloat gives it back exactly.
+// num formats a pixel coordinate; data a value ParseFloat gives back exactly.
 func num(v float64) string  { return strconv.FormatFloat(v, 'f', 1, 64) }
 func data(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 

@@ -9,11 +9,10 @@ import (
 	"strings"
 )
 
-// Read parses an SVG written by WriteSVG and returns the data it was drawn
-// from: the title, each series' name and finite points, and each line and
-// mark, in the order written. Sizes and axis labels are not read back. It
-// returns an error for input that is not XML or an attribute that does not
-// parse; elements it does not know are skipped.
+// Read parses an SVG written by WriteSVG and returns the data drawn: the
+// title, series (finite points), lines and marks, in order; sizes and axis
+// labels are not read back. Input that is not XML or a bad attribute is an
+// error; unknown elements are skipped.
 func Read(r io.Reader) (Chart, error) {
 	var c Chart
 	d := xml.NewDecoder(r)

@@ -1,7 +1,6 @@
-// Package poolwire hands the facade the open budget pools of package limits
-// (for the state record) without a public listing. Package limits sets
-// Pools in its init; any is used where naming limits.Pool would be an import
-// cycle.
+// Package poolwire hands the facade the open pools of package limits
+// without a public listing. Package limits sets Pools in its init; any
+// avoids an import cycle.
 package poolwire
 
 // Pools returns the open pools (made by limits.NewPool, not closed nor

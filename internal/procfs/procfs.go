@@ -1,13 +1,9 @@
 // Package procfs parses the "Key: value" files of Linux procfs
 // (/proc/PID/status, /proc/PID/smaps_rollup, /proc/meminfo) that memctl reads.
 //
-// ReadFileIn reads another process's file through a safefs.Dir pinned on its
-// /proc/PID directory (regular files only, bounded, no symlinks); every
-// excerpt of a file in an error is quoted with safefs.Quote.
-//
-// Parsing is kept apart from file access and is not tagged for Linux, so it is
-// tested on every OS with fixture files. Every error names the file it came
-// from, and malformed input is reported, never guessed at.
+// ReadFileIn reads another process's file through a safefs.Dir; excerpts in
+// errors are quoted with safefs.Quote. Every error names its file, and
+// malformed input is an error, never a guess.
 package procfs
 
 import (
@@ -24,9 +20,8 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// ErrMissing is matched (with errors.Is) by the error of a lookup whose key is
-// not in the file, for example THP_enabled on a kernel before 5.0, or
-// AnonHugePages where THP is compiled out.
+// ErrMissing is matched by the error of a lookup whose key is not in the
+// file (THP_enabled before Linux 5.0, AnonHugePages without THP).
 var ErrMissing = errors.New("procfs: key not present")
 
 // Fields holds the fields of one "Key: value" file. The zero value is empty.
@@ -37,9 +32,7 @@ type Fields struct {
 	values map[string]string
 }
 
-// ReadFile reads and parses the "Key: value" file at path (for example
-// "/proc/self/status"). The error names path when the file cannot be read or
-// is malformed.
+// ReadFile reads and parses the "Key: value" file at path; the error names path.
 func ReadFile(path string) (Fields, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -49,10 +42,8 @@ func ReadFile(path string) (Fields, error) {
 	return Parse(f, path)
 }
 
-// ReadFileIn reads and parses the "Key: value" file name of d, at most
-// safefs.MaxProcFile bytes, for example ReadFileIn(proc, "status") with proc
-// a safefs.Dir on /proc/PID. Errors name d's path joined with name; see
-// safefs.Dir.ReadFile for the errors of the read.
+// ReadFileIn reads and parses the "Key: value" file name of d (a /proc/PID
+// Dir), at most safefs.MaxProcFile bytes; errors as safefs.Dir.ReadFile's.
 func ReadFileIn(d *safefs.Dir, name string) (Fields, error) {
 	path := d.Name() + "/" + name
 	b, err := d.ReadFile(name, safefs.MaxProcFile)
@@ -100,11 +91,9 @@ func (f Fields) String(key string) (string, bool) {
 	return v, ok
 }
 
-// Int returns the value of key, written by the kernel as decimal digits
-// (for example THP_enabled or Threads), as an int64 ≥ 0. The error matches
-// ErrMissing when key is absent, and names the file when the value is not
-// digits only (a sign, "+1" or "-1", is malformed: the kernel writes none)
-// or overflows int64.
+// Int returns the value of key, decimal digits (THP_enabled, Threads), as
+// an int64 ≥ 0. The error matches ErrMissing when key is absent, and names
+// the file when the value is not digits only (no sign) or overflows.
 func (f Fields) Int(key string) (int64, error) {
 	v, ok := f.values[key]
 	if !ok {
@@ -117,8 +106,7 @@ func (f Fields) Int(key string) (int64, error) {
 	return n, nil
 }
 
-// parseDigits parses s, decimal digits only (no sign, no space), as an
-// int64; ok is false when s is anything else or overflows int64.
+// parseDigits parses s, decimal digits only, as an int64; ok is false otherwise.
 func parseDigits(s string) (n int64, ok bool) {
 	if s == "" {
 		return 0, false
@@ -132,11 +120,9 @@ func parseDigits(s string) (n int64, ok bool) {
 	return n, err == nil
 }
 
-// Bytes returns the value of key, written by the kernel as "N kB" (KiB), in
-// bytes. The error matches ErrMissing when key is absent, and names the file
-// when the value is malformed (N not decimal digits only: a sign, as in
-// "+5 kB" or "-5 kB", is malformed, the kernel writes none) or overflows
-// int64 in bytes.
+// Bytes returns the value of key, "N kB" (KiB), in bytes. The error
+// matches ErrMissing when key is absent, and names the file when N is not
+// digits only (no sign) or the bytes overflow int64.
 func (f Fields) Bytes(key string) (int64, error) {
 	v, ok := f.values[key]
 	if !ok {
@@ -154,8 +140,7 @@ func (f Fields) Bytes(key string) (int64, error) {
 	return kib * 1024, nil
 }
 
-// ReadBytes reads one "N kB" field of the file at path, in bytes: for
-// example ReadBytes("/proc/self/status", "VmRSS").
+// ReadBytes reads one "N kB" field of the file at path, in bytes.
 func ReadBytes(path, key string) (int64, error) {
 	f, err := ReadFile(path)
 	if err != nil {
@@ -170,11 +155,9 @@ func RSS(pid int) (int64, error) {
 	return ReadBytes(StatusPath(pid), "VmRSS")
 }
 
-// Held returns the resident memory of the process pid that the kernel
-// cannot reclaim without swap, in bytes: RssAnon + RssShmem of
-// /proc/PID/status (proc(5)). File-backed pages (the binary's text, mapped
-// files) are page cache and not counted. Where the kernel has no RssAnon
-// (before Linux 4.5) it is VmRSS, which counts them.
+// Held returns the resident memory of process pid the kernel cannot
+// reclaim without swap, in bytes: RssAnon + RssShmem of /proc/PID/status
+// (proc(5)); VmRSS before Linux 4.5, which has no RssAnon.
 func Held(pid int) (int64, error) {
 	f, err := ReadFile(StatusPath(pid))
 	if err != nil {
@@ -194,8 +177,7 @@ func Held(pid int) (int64, error) {
 	return anon + shmem, nil
 }
 
-// StatusPath returns "/proc/self/status" for pid 0 and "/proc/PID/status"
-// otherwise.
+// StatusPath returns Path(pid, "status").
 func StatusPath(pid int) string { return Path(pid, "status") }
 
 // Path returns the path of file under /proc/self (pid 0) or /proc/PID.

@@ -1,10 +1,7 @@
 // Package relief is the process-wide registry through which memctl's parts
-// relieve memory pressure without wiring each other: the death-spiral
-// detector turns shedding on and off and the budgets' pools read it; the
-// pools register how to cancel the largest request and the kernel
-// pressure watcher calls it; the facade registers the trim request that
-// the watcher asks for. Every function is safe for concurrent use and
-// allocates nothing.
+// relieve memory pressure without wiring each other: shedding, canceling
+// the largest request, and the pressure trim. Every function is safe for
+// concurrent use and allocates nothing.
 package relief
 
 import "sync/atomic"

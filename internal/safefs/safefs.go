@@ -2,45 +2,33 @@
 // the files of a process under /proc/PID and the cgroup files as that
 // process's mount namespace shows them, through /proc/PID/root.
 //
-// memctl status runs as root on processes it does not trust (a tenant's
-// container). A process controls its own mount namespace: it can mount a
-// tmpfs over its /sys/fs/cgroup and put there, in place of
-// memory.limit_in_bytes, a symlink to /etc/shadow, a symlink to /dev/zero,
-// a FIFO that blocks the reader, or a file of many gigabytes. A Dir reads
-// such files safely:
+// memctl status runs as root on processes it does not trust. A process
+// controls its own mount namespace: in place of memory.limit_in_bytes it can
+// put a symlink to /etc/shadow or /dev/zero, a FIFO that blocks the reader,
+// or a huge file. A Dir reads such files safely:
 //
-//   - Names resolve inside the directory the Dir was opened on, as if it
-//     were "/" (openat2(2) RESOLVE_IN_ROOT) or never leaving it
-//     (RESOLVE_BENEATH), and never through a /proc magic link
-//     (RESOLVE_NO_MAGICLINKS); with NoSymlinks, through no symlink at all
-//     (RESOLVE_NO_SYMLINKS). The files memctl reads never need one: procfs
-//     files, and cgroup files under a mount point as mountinfo writes it
-//     (canonical, proc(5)).
-//   - Only regular files are read (procfs, sysfs and cgroupfs files are
-//     regular): a FIFO, a socket or a device such as /dev/zero is refused
-//     (ErrNotRegular) without ever being opened. The name is opened with
-//     O_PATH, which runs no driver's open(2) (opening /dev/watchdog as
-//     root arms it) and releases no writer blocked on a FIFO; fstat(2) and
-//     fstatfs(2) check that descriptor, and only then is the same file
-//     opened for reading, through /proc/self/fd (so /proc must be
-//     mounted), with O_NONBLOCK and O_NOCTTY.
-//   - With Dir.FSTypes, only files of the listed file systems (statfs(2)
-//     f_type) are read: a process can bind-mount a file it can name but
-//     not read (/etc/shadow) over its own cgroup file, and only the file
-//     system (ext4, not cgroup) tells them apart (ErrFileSystem).
+//   - Names resolve inside the Dir, as if it were "/" (openat2(2)
+//     RESOLVE_IN_ROOT) or never leaving it (RESOLVE_BENEATH), never through
+//     a /proc magic link; with NoSymlinks, through no symlink at all.
+//   - Only regular files are read; anything else is refused (ErrNotRegular)
+//     without being opened. The name is opened with O_PATH, which runs no
+//     driver's open(2) (opening /dev/watchdog as root arms it) and releases
+//     no writer blocked on a FIFO; after fstat(2) and fstatfs(2) the file is
+//     reopened for reading through /proc/self/fd (so /proc must be mounted)
+//     with O_NONBLOCK and O_NOCTTY.
+//   - With Dir.FSTypes, only files of the listed file systems are read: only
+//     the file system tells a bind-mounted /etc/shadow from a cgroup file
+//     (ErrFileSystem).
 //   - At most a given number of bytes is read; a longer file is an error
-//     (ErrTooLarge), never a truncated value. Callers use the caps below.
-//   - With Dir.Timeout, a read that does not finish in time (a file on a
-//     FUSE mount the process serves itself) returns ErrTimeout.
+//     (ErrTooLarge), never a truncated value.
+//   - With Dir.Timeout, a read that does not finish in time (a FUSE file the
+//     process serves itself) returns ErrTimeout.
 //
-// Kernels before Linux 5.6 have no openat2 (ENOSYS), and an old seccomp
-// filter may refuse it (EPERM). There a name is
-// walked one component at a time with O_PATH|O_NOFOLLOW from the Dir,
-// so every symlink is refused (in both modes) and ".." is refused: safe,
-// and stricter than openat2.
+// Without openat2 (before Linux 5.6, ENOSYS, or EPERM from an old seccomp
+// filter) a name is walked one component at a time with O_PATH|O_NOFOLLOW,
+// refusing every symlink and "..": stricter than openat2.
 //
-// Every string another process supplies (a file's content, a cgroup name, a
-// mount point) is shown through Quote, in errors and in memctl's output.
+// Every string another process supplies is shown through Quote.
 //
 // A Dir is safe for concurrent use; Close it when done.
 package safefs
@@ -55,19 +43,11 @@ import (
 	"unicode/utf8"
 )
 
-// Caps on the bytes read from one file, as the callers use them. Their
-// sources: a cgroup control file holds one value or a few "key value" lines
-// (memory.stat, the longest, is about 1.5 KiB on Linux 6.18); a
-// /proc/PID/status or smaps_rollup is about 1.5 KiB; mountinfo holds about
-// 150 bytes a mount, up to 300 with long paths, and a mount namespace up to
-// mount.max mounts (100000 by default, proc_sys_fs(5)): 32 MiB, read as a
-// stream, bounds the time, not the memory (a host running many containers
-// has tens of thousands of mounts, and a process makes as many as it likes
-// in its own namespace); the environment of a
-// process is at most a quarter of its stack limit and never more than
-// 6 MiB (execve(2): argv and envp together get min(RLIMIT_STACK/4,
-// 3/4 of _STK_LIM), fs/exec.c bprm_stack_limits; 5.8 MB is reached with
-// ulimit -s unlimited).
+// Caps on the bytes read from one file. A cgroup control file or a /proc
+// file is a few KiB. Mountinfo is about 150-300 bytes a mount, up to
+// mount.max mounts (100000 by default, proc_sys_fs(5)); it is streamed, so
+// its cap bounds time, not memory. The environment is at most
+// min(RLIMIT_STACK/4, 3/4 of _STK_LIM), under 6 MiB (execve(2), fs/exec.c).
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
@@ -75,36 +55,29 @@ const (
 	MaxEnviron    = 6 << 20  // 6 MiB: /proc/PID/environ
 )
 
-// MaxLine is the longest line ScanLines accepts: 1 MiB. A mountinfo line
-// holds at most two paths and a source of PATH_MAX (4096) bytes each,
-// escaped to at most 4 bytes a byte (about 50 KiB in all).
+// MaxLine is the longest line ScanLines accepts: 1 MiB, above a mountinfo
+// line's most (three escaped PATH_MAX strings, about 50 KiB).
 const MaxLine = 1 << 20
 
 // MaxQuote is the most bytes of a string that Quote shows.
 const MaxQuote = 200
 
 var (
-	// ErrNotRegular is matched (errors.Is) by the error of a read of a file
-	// that is not a regular file: a directory, FIFO, socket or device.
+	// ErrNotRegular is matched by a read of a directory, FIFO, socket or device.
 	ErrNotRegular = errors.New("not a regular file")
-	// ErrTooLarge is matched by the error of a read of a file longer than
-	// the cap the caller gave.
+	// ErrTooLarge is matched by a read of a file longer than the caller's cap.
 	ErrTooLarge = errors.New("file larger than the cap")
-	// ErrTimeout is matched by the error of a read that did not finish
-	// within Dir.Timeout.
+	// ErrTimeout is matched by a read not done within Dir.Timeout.
 	ErrTimeout = errors.New("read timed out")
-	// ErrFileSystem is matched by the error of a read of a file on a file
-	// system that Dir.FSTypes does not list.
+	// ErrFileSystem is matched by a read on a file system not in Dir.FSTypes.
 	ErrFileSystem = errors.New("file system refused")
 	// ErrSymlink is matched by the error of an open that met a symlink the
 	// Dir refuses (NoSymlinks, a magic link, or any symlink on a kernel
 	// without openat2). The kernel's ELOOP is wrapped.
 	ErrSymlink = errors.New("symlink refused")
-	// ErrNotSealed is matched by the error of ReadMemfd for a file that is
-	// not sealed against writes, growth and shrinking (F_SEAL_WRITE,
-	// F_SEAL_GROW, F_SEAL_SHRINK): it could change while it is read, and
-	// it is not what the library publishes (a plain tmpfs file named like
-	// a memfd, or a memfd left writable).
+	// ErrNotSealed is matched by the error of ReadMemfd for a file not
+	// sealed with F_SEAL_WRITE, F_SEAL_GROW and F_SEAL_SHRINK, as the
+	// library seals its record.
 	ErrNotSealed = errors.New("not a sealed memfd")
 )
 
@@ -132,18 +105,15 @@ type PathError struct {
 func (e *PathError) Error() string { return e.Op + " " + Quote(e.Path) + ": " + e.Err.Error() }
 func (e *PathError) Unwrap() error { return e.Err }
 
-// Quote returns s as a Go string literal (strconv.Quote: every byte that is
-// not valid UTF-8 and every rune that is not printable, such as ESC, the C1
-// control U+009B or a bidirectional override, is escaped), cut to its first
-// MaxQuote bytes: a cut string is followed by "...(N bytes)" with its full
-// length. It is the one function memctl shows another process's strings
-// with, so none reaches a terminal as an escape sequence and none floods it.
+// Quote returns s as a Go string literal (strconv.Quote: invalid UTF-8 and
+// unprintable runes such as ESC or a bidi override are escaped), cut to its
+// first MaxQuote bytes and then followed by "...(N bytes)". memctl shows
+// every string of another process through it.
 func Quote(s string) string {
 	if len(s) <= MaxQuote {
 		return strconv.Quote(s)
 	}
-	// Cut at a rune boundary: when the first byte left out continues a
-	// rune, leave the whole rune out.
+	// Cut at a rune boundary.
 	n := MaxQuote
 	for i := 1; i < utf8.UTFMax && n > 0 && !utf8.RuneStart(s[n]); i++ {
 		n--
@@ -152,8 +122,7 @@ func Quote(s string) string {
 	return strconv.Quote(cut) + "...(" + strconv.Itoa(len(s)) + " bytes)"
 }
 
-// fileType names the type of a file mode (st_mode & S_IFMT) for
-// ErrNotRegular.
+// fileType names st_mode & S_IFMT for ErrNotRegular.
 func fileType(ifmt uint32) string {
 	switch ifmt {
 	case 0o010000:
@@ -172,24 +141,20 @@ func fileType(ifmt uint32) string {
 	return "type " + strconv.FormatUint(uint64(ifmt), 8)
 }
 
-// Dir is an open directory that names are resolved in, with the rules of
-// the package doc. Make one with OpenDir or Dir.Sub.
+// Dir is an open directory names resolve in (see the package doc); make one
+// with OpenDir or Dir.Sub.
 type Dir struct {
 	fd   int
 	name string
 	mode Mode
-	// Timeout, when positive, bounds each ReadFile and Stat call: after it
-	// the call returns an error matching ErrTimeout, and the blocked read
-	// goes on in a goroutine of its own that closes its file when the
-	// kernel lets it go. For a short-lived command; zero (no bound) for a
-	// library reading its own files. Set it before using the Dir.
+	// Timeout, when positive, bounds each read: the call then returns an
+	// error matching ErrTimeout and the blocked read goes on in its own
+	// goroutine until the kernel lets it go. Zero means no bound. Set it
+	// before using the Dir.
 	Timeout time.Duration
 	// FSTypes, when not empty, lists the only file systems (statfs(2)
-	// f_type, such as 0x63677270 for cgroup2) whose files ReadFile and Stat
-	// accept; any other is refused with ErrFileSystem. A process can
-	// bind-mount over its own cgroup file a file it can name but not read
-	// (/etc/shadow): only the file system tells it from the real one. Set
-	// it before using the Dir.
+	// f_type, such as Cgroup2Magic) whose files are accepted; others are
+	// refused with ErrFileSystem. Set it before using the Dir.
 	FSTypes []int64
 }
 
@@ -239,9 +204,8 @@ func (d *Dir) join(name string) string {
 	return strings.TrimSuffix(d.name, "/") + "/" + strings.TrimPrefix(name, "/")
 }
 
-// do runs f with a duplicate of the Dir's descriptor, in a goroutine when
-// d.Timeout is set, so that a Close of the Dir while f is blocked cannot
-// make f resolve names in another directory.
+// do runs f, with d.Timeout in a goroutine on a dup of the Dir's fd, so a
+// Close while f is blocked cannot make f resolve names in a reused fd.
 func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, error) {
 	if d.Timeout <= 0 {
 		return f(d.fd)
@@ -280,15 +244,13 @@ func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
 	return d.do("read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
 }
 
-// ScanLines calls each with every line of the regular file name, resolved
-// in d with the rules of ReadFile, in order and without its newline, and
-// returns the first error each returns, as it is. The file is streamed:
-// memory stays bounded whatever its length, but at most max bytes of it are
-// read (an error matching ErrTooLarge after them) and a line may be at most
-// MaxLine bytes. Other errors are *PathError, as ReadFile's. The line is
-// valid only during the call. With Timeout set, each runs on another
-// goroutine and may still be running after the error matching ErrTimeout:
-// it must write only state the caller leaves alone when ScanLines fails.
+// ScanLines calls each with every line of the regular file name (resolved
+// as by ReadFile), without its newline, and returns the first error each
+// returns, as it is. The file is streamed; after max bytes the error
+// matches ErrTooLarge, and a line is at most MaxLine bytes. Other errors
+// are *PathError. The line is valid only during the call. With Timeout set,
+// each may still be running after ErrTimeout: it must write only state the
+// caller leaves alone when ScanLines fails.
 func (d *Dir) ScanLines(name string, max int64, each func(line []byte) error) error {
 	_, err := d.do("read", name, func(dirfd int) ([]byte, error) { return nil, scanLines(dirfd, d, name, max, each) })
 	return err
@@ -301,11 +263,9 @@ func (d *Dir) Stat(name string) error {
 	return err
 }
 
-// SubDirs returns the names of the directories in the directory name,
-// resolved in d with the rules of Stat (on one of d.FSTypes), in the order
-// the file system lists them: at most max of them, or an error matching
-// ErrTooLarge when there are more. Entries that are not directories
-// (files, symlinks) are left out. The error is a *PathError.
+// SubDirs returns the names of the subdirectories of name (resolved as by
+// Stat), in directory order; more than max is an error matching
+// ErrTooLarge. The error is a *PathError.
 func (d *Dir) SubDirs(name string, max int) ([]string, error) {
 	var out []string
 	_, err := d.do("readdir", name, func(dirfd int) ([]byte, error) {

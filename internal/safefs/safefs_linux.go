@@ -13,8 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// useOpenat2 is false in tests that exercise the walk for kernels without
-// openat2.
+// useOpenat2 is false in tests of the walk.
 var useOpenat2 = true
 
 // OpenDir opens the directory path (following symlinks: path is the
@@ -28,12 +27,10 @@ func OpenDir(path string, mode Mode) (*Dir, error) {
 	return &Dir{fd: fd, name: path, mode: mode}, nil
 }
 
-// Sub opens the directory name of d as a Dir with mode, following the
-// symlink or magic link name itself (and no other): Sub("root") of a
-// /proc/PID Dir is the process's root directory, as the process sees it.
-// name must be the caller's own fixed name, not one another process chose.
-// The new Dir has d's Timeout and FSTypes; it is independent of d (close
-// both).
+// Sub opens the directory name of d as a Dir with mode, following name
+// itself if it is a (magic) link: Sub("root") of a /proc/PID Dir is the
+// process's root. name must be the caller's fixed name. The new Dir has d's
+// Timeout and FSTypes and is closed apart from d.
 func (d *Dir) Sub(name string, mode Mode) (*Dir, error) {
 	var sub *Dir
 	_, err := d.do("open", name, func(dirfd int) ([]byte, error) {
@@ -102,9 +99,8 @@ func open(dirfd int, d *Dir, name string, flags int) (int, error) {
 	return walk(dirfd, rel, flags)
 }
 
-// walk opens rel under dirfd one component at a time, with O_NOFOLLOW
-// everywhere: every symlink, magic or not, is refused, and so is "..". It is
-// the fallback for kernels without openat2 (before Linux 5.6).
+// walk opens rel under dirfd one component at a time with O_NOFOLLOW,
+// refusing every symlink and "..": the fallback without openat2.
 func walk(dirfd int, rel string, flags int) (int, error) {
 	var parts []string
 	for _, p := range strings.Split(rel, "/") {
@@ -157,13 +153,10 @@ func wrapErrno(err error) error {
 	return err
 }
 
-// openRegular opens name under dirfd for reading, with d's rules: only a
-// regular file, on one of d.FSTypes (see readFile).
+// openRegular opens name for reading if it is a regular file on one of
+// d.FSTypes, checked on an O_PATH descriptor first (see the package doc).
 func openRegular(dirfd int, d *Dir, name string) (int, error) {
 	path := d.join(name)
-	// O_PATH first: the file is not opened (no driver's open(2) for a
-	// device, no release of a writer blocked on a FIFO) until fstat and
-	// fstatfs have found a regular file on an accepted file system.
 	pfd, err := open(dirfd, d, name, unix.O_PATH)
 	if err != nil {
 		return -1, &PathError{Op: "open", Path: path, Err: err}
@@ -200,8 +193,7 @@ func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
 	return readFD(fd, path, max)
 }
 
-// readFD reads fd to its end: at most max bytes, or an error matching
-// ErrTooLarge.
+// readFD reads fd to its end, at most max bytes (else ErrTooLarge).
 func readFD(fd int, path string, max int64) ([]byte, error) {
 	buf := make([]byte, 0, min(max+1, 4096))
 	for int64(len(buf)) <= max {
@@ -274,9 +266,8 @@ func scanLines(dirfd int, d *Dir, name string, max int64, each func([]byte) erro
 	return nil
 }
 
-// reopen opens the file of the O_PATH descriptor pfd with flags, through
-// its /proc/self/fd link: the same file, resolved again nowhere (the
-// kernel's way; openat(2) takes no AT_EMPTY_PATH).
+// reopen opens the file of the O_PATH descriptor pfd through its
+// /proc/self/fd link (openat(2) takes no AT_EMPTY_PATH).
 func reopen(pfd, flags int) (int, error) {
 	for {
 		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
@@ -298,8 +289,7 @@ func statDir(dirfd int, d *Dir, name string) error {
 	return nil
 }
 
-// fsCheck returns nil when the file system of fd is one of want (or want
-// is empty).
+// fsCheck returns nil when fd's file system is one of want, or want is empty.
 func fsCheck(fd int, want []int64) error {
 	if len(want) == 0 {
 		return nil
@@ -327,19 +317,14 @@ func (d *Dir) Readlink(name string) (string, error) {
 	}
 }
 
-// ReadMemfd finds, among the open descriptors of the process whose
-// /proc/PID directory d is, the first (in /proc/PID/fd order) whose link
-// reads "/memfd:NAME (deleted)", and returns its path ("/proc/PID/fd/N")
-// and content: at most max bytes, or an error matching ErrTooLarge (a
-// longer file is not read at all). The descriptor is opened through its
-// magic link with O_PATH, which runs no driver's open; only a regular file
-// of the memfd file systems (tmpfs, hugetlbfs) is read, so a descriptor
-// that the process swapped for a FIFO, a device or a file on FUSE after
-// the link was read is refused (ErrNotRegular, ErrFileSystem), and so is
-// one not sealed against writes, growth and shrinking (ErrNotSealed): the
-// content read is the content the process sealed. At most
-// MaxFDs descriptors are looked at (then an error matching ErrTooLarge).
-// With none found, the error matches fs.ErrNotExist. name is the caller's.
+// ReadMemfd finds the first descriptor of the process (d is its /proc/PID)
+// whose link reads "/memfd:NAME (deleted)" and returns its path
+// ("/proc/PID/fd/N") and content, at most max bytes (a longer file is not
+// read: ErrTooLarge). It is opened with O_PATH and read only if it is a
+// regular tmpfs or hugetlbfs file (ErrNotRegular, ErrFileSystem) sealed
+// against writes, growth and shrinking (ErrNotSealed), so a descriptor
+// swapped after the readlink is refused. At most MaxFDs descriptors are
+// looked at (then ErrTooLarge); none found matches fs.ErrNotExist.
 func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
 	_, err = d.do("open", "fd", func(dirfd int) ([]byte, error) {
 		path, b, err = readMemfd(dirfd, d, name, max)
@@ -348,9 +333,8 @@ func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err erro
 	return path, b, err
 }
 
-// MaxFDs is the most entries of /proc/PID/fd that ReadMemfd looks at: a
-// process may hold up to its RLIMIT_NOFILE (often 1048576) descriptors,
-// and each look is a readlink(2) of about 1 µs.
+// MaxFDs is the most entries of /proc/PID/fd that ReadMemfd looks at (a
+// process may hold RLIMIT_NOFILE, often 1048576, and each is a readlink).
 const MaxFDs = 1 << 16
 
 // maxFDs is MaxFDs; tests lower it.
@@ -401,8 +385,7 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 	}
 }
 
-// readMagic reads the regular file of the magic link name of dfd (a
-// /proc/PID/fd directory), with the checks of ReadMemfd.
+// readMagic reads the file of the magic link name in dfd with ReadMemfd's checks.
 func readMagic(dfd int, name, path string, max int64) ([]byte, error) {
 	pfd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -454,8 +437,7 @@ func subDirs(dirfd int, d *Dir, name string, max int) ([]string, error) {
 	}
 	var out []string
 	for {
-		// d_type says which entries are directories (cgroupfs and
-		// tmpfs fill it in); an entry of unknown type is left out.
+		// d_type (cgroupfs and tmpfs fill it in); unknown is left out.
 		ents, err := f.ReadDir(256)
 		for _, e := range ents {
 			if !e.IsDir() {

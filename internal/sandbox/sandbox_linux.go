@@ -18,8 +18,7 @@ func markerExists() bool {
 	return err == nil
 }
 
-// readLog reads the end of the kernel log; a variable so that tests give
-// gVisor's.
+// readLog reads the end of the kernel log; tests replace it.
 var readLog = func(buf []byte) (int, error) {
 	return unix.Klogctl(unix.SYSLOG_ACTION_READ_ALL, buf)
 }

@@ -54,21 +54,17 @@ func Cut(s string) string {
 // this package does not read.
 var ErrVersion = errors.New("unknown record version")
 
-// Parse parses a record read from another process. Anything but one JSON
-// object of the known types is an error, and so is a record longer than
-// MaxSize, a version other than Version (ErrVersion), one without a pid
-// and a publication time, more than MaxPools pools or MaxCHeaps C heaps, a
-// negative size or count, a duration that is negative or not a number, or
-// a pool's Peaks whose counts, count and quantiles disagree: the whole
-// record is rejected, never shown in part. Unknown keys
-// are ignored. The strings are as the process wrote them (any bytes that
-// JSON can carry): quote them when showing them.
+// Parse parses a record read from another process. It rejects the whole
+// record on anything but one JSON object of the known types, longer than
+// MaxSize, a version other than Version (ErrVersion), no pid or publication
+// time, more than MaxPools pools or MaxCHeaps C heaps, a negative size,
+// count or duration, or a pool's Peaks that disagree. Unknown keys are
+// ignored. Strings are as the process wrote them: quote them when shown.
 func Parse(b []byte) (*Record, error) {
 	if len(b) > MaxSize {
 		return nil, fmt.Errorf("record of %d bytes, more than %d", len(b), MaxSize)
 	}
-	// Read the version first, so that a record of another version is
-	// named as such rather than by its first type error.
+	// The version first, so another version is named as such.
 	var v struct {
 		Version json.RawMessage `json:"version"`
 	}
@@ -120,23 +116,20 @@ func (r *Record) check() error {
 	return nil
 }
 
-// checker collects the errors of Record.check, in the order of the
-// record's sections; the first is the one reported.
+// checker collects Record.check's errors in record order; the first is reported.
 type checker struct {
 	errs []error
 }
 
-// field is a count or size of the record and its JSON name, for
-// checker.negs.
+// field is a count or size and its JSON name, for checker.negs.
 type field struct {
 	name string
 	n    int64
 }
 
-// add records err.
 func (c *checker) add(err error) { c.errs = append(c.errs, err) }
 
-// neg records an error when the count or size n, named name, is negative.
+// neg records an error when n is negative.
 func (c *checker) neg(name string, n int64) {
 	if n < 0 {
 		c.add(fmt.Errorf("%s %d is negative", name, n))
@@ -150,24 +143,21 @@ func (c *checker) negs(prefix string, fs ...field) {
 	}
 }
 
-// negPtr checks *n with neg when n is not nil (a figure not known).
+// negPtr checks *n with neg when n is not nil.
 func (c *checker) negPtr(name string, n *int64) {
 	if n != nil {
 		c.neg(name, *n)
 	}
 }
 
-// secs records an error when the duration f, in seconds and named name, is
-// negative, not a number, or 1e9 or more.
+// secs records an error unless f (seconds) is in [0, 1e9).
 func (c *checker) secs(name string, f float64) {
 	if !(f >= 0 && f < 1e9) {
 		c.add(fmt.Errorf("%s %v is not a duration", name, f))
 	}
 }
 
-// published checks what Publish (and memctl.Handler's page) always
-// writes: the pid, the publication time and the sequence number, and the
-// counts of pools and C heaps left out.
+// published checks the fields Publish always writes.
 func (c *checker) published(r *Record) {
 	if r.PID <= 0 || r.Updated.IsZero() {
 		c.add(fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
@@ -177,8 +167,7 @@ func (c *checker) published(r *Record) {
 	c.negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
 }
 
-// goMemLimit checks the GOMEMLIMIT section: sizes, the refresh interval
-// and the ratio, which is in [0, 1].
+// goMemLimit checks the GOMEMLIMIT section; the ratio is in [0, 1].
 func (c *checker) goMemLimit(g GoMemLimit) {
 	c.negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes},
 		field{"reclaimable_bytes", g.ReclaimableBytes})
@@ -190,8 +179,7 @@ func (c *checker) goMemLimit(g GoMemLimit) {
 	}
 }
 
-// trim checks the trimmer's section: its counts and durations, those of
-// each origin of the trims, and the skips by reason.
+// trim checks the trimmer's section, its origins and skips.
 func (c *checker) trim(t Trim) {
 	c.negs("trim.", field{"trims", t.Trims}, field{"skipped", t.Skipped}, field{"go_skipped", t.GoSkipped},
 		field{"c_skipped", t.CSkipped}, field{"released_bytes", t.ReleasedBytes},
@@ -218,14 +206,13 @@ func (c *checker) pressure(p Pressure) {
 		field{"lifted_bytes", p.LiftedBytes})
 }
 
-// autoBurst checks the burst detector's section, counts and a size.
+// autoBurst checks the burst detector's section.
 func (c *checker) autoBurst(a AutoBurst) {
 	c.negs("auto_burst.", field{"bursts", a.Bursts}, field{"drops", a.Drops}, field{"marks", a.Marks},
 		field{"settled", a.Settled}, field{"floor_bytes", a.FloorBytes}, field{"gc_ends", a.GCEnds})
 }
 
-// pools checks each pool's sizes and counts, and that its peaks agree
-// (Peaks.check).
+// pools checks each pool, and its peaks with Peaks.check.
 func (c *checker) pools(ps []Pool) {
 	for i, p := range ps {
 		prefix := fmt.Sprintf("pools[%d].", i)
@@ -239,8 +226,7 @@ func (c *checker) pools(ps []Pool) {
 	}
 }
 
-// cHeaps checks each C heap's counts and sizes; its retained bytes may be
-// -1 (unknown).
+// cHeaps checks each C heap; RetainedBytes may be -1 (unknown).
 func (c *checker) cHeaps(hs []CHeap) {
 	for i, h := range hs {
 		prefix := fmt.Sprintf("c_heaps[%d].", i)
@@ -251,8 +237,7 @@ func (c *checker) cHeaps(hs []CHeap) {
 	}
 }
 
-// swap checks the swap section, when there is one: its sizes and the
-// cgroup version (0, 1 or 2).
+// swap checks the swap section, if any; the cgroup version is 0, 1 or 2.
 func (c *checker) swap(w *Swap) {
 	if w == nil {
 		return
@@ -265,9 +250,8 @@ func (c *checker) swap(w *Swap) {
 	}
 }
 
-// check returns an error when the figures of h disagree: counts of another
-// length than PeakCounts, negative or not summing to Count, or quantiles
-// that are not the bounds of the buckets the counts put them in.
+// check returns an error unless h.Counts has PeakCounts non-negative
+// entries summing to Count and the quantiles are their buckets' bounds.
 func (h *Peaks) check() error {
 	if h.Count < 0 {
 		return fmt.Errorf("count %d is negative", h.Count)
@@ -303,9 +287,8 @@ func (h *Peaks) check() error {
 	return nil
 }
 
-// quantiles returns the bounds of the buckets of the median, the 99th
-// percentile and the largest peak of h.Counts (limits.PeakHistogram's
-// Quantile rule: at least a share q of the peaks at or under the bound).
+// quantiles returns the bucket bounds of the median, p99 and max of
+// h.Counts, by limits.PeakHistogram.Quantile's rule.
 func (h *Peaks) quantiles() [3]int64 {
 	var out [3]int64
 	for j, q := range []float64{0.5, 0.99, 1} {

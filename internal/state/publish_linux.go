@@ -18,14 +18,10 @@ var pub struct {
 
 func init() { pub.fd = -1 }
 
-// Publish makes r the process's record (see the package doc): PID, Seq,
-// Version and Updated are filled in. It writes r into a new sealed memfd and moves
-// that onto the record's descriptor with dup3(2), so a reader sees the old
-// record or the new one whole. The error says what failed; the previous
-// record, if any, then stays. It costs the encoding and a few system calls
-// (memfd_create, the writes, the seals, dup3), once per decision (measured
-// figures: docs/benchmarks.md).
-// Safe for concurrent use.
+// Publish makes r the process's record (see the package doc), filling in
+// PID, Seq, Version and Updated. On error the previous record, if any,
+// stays. It costs the encoding and a few system calls. Safe for concurrent
+// use.
 func Publish(r *Record) error {
 	pub.mu.Lock()
 	defer pub.mu.Unlock()
@@ -77,8 +73,7 @@ func Publish(r *Record) error {
 	return nil
 }
 
-// ours reports whether fd still holds the record last published, and not a
-// descriptor the program opened after closing ours.
+// ours reports whether fd still holds our record, not a reused descriptor.
 func ours(fd int) bool {
 	var st unix.Stat_t
 	return unix.Fstat(fd, &st) == nil && st.Dev == pub.dev && st.Ino == pub.ino

@@ -1,55 +1,28 @@
-// Package state is memctl's state record: a small JSON document in which the
-// library says what it decided (GOMEMLIMIT in force and its source, the THP
-// policy, the trims run and skipped, the budget pools, the pressure source),
-// published where `memctl status -pid PID` finds it for any process.
+// Package state is memctl's state record: a small JSON document of what the
+// library decided, published where `memctl status -pid PID` finds it.
 //
 // # Mechanism
 //
 // The record is a sealed memfd (memfd_create(2), name MemfdName) that the
-// process keeps open on one descriptor. To publish, the library writes the
-// whole record into a new memfd, seals it (F_SEAL_WRITE, F_SEAL_GROW,
-// F_SEAL_SHRINK, F_SEAL_SEAL) and moves it onto the same descriptor number
-// with dup3(2), which replaces the file atomically: a reader sees the old
-// record or the new one, never half of each, and needs no lock. The command
-// finds it by the link names in /proc/PID/fd ("/memfd:memctl-state
-// (deleted)"). Why this and not the alternatives:
-//
-//   - It works for any PID from the host: /proc/PID/fd is the command's own
-//     /proc, whatever the process's mount, PID or network namespace, its
-//     chroot, or its (read-only) file systems. A file under the process's
-//     runtime directory needs a writable directory that the command can
-//     name from outside, and names the PID as the process sees it; an
-//     abstract socket lives in the process's network namespace and needs a
-//     goroutine to answer.
-//   - It dies with the process: no stale record after a crash, nothing to
-//     clean up.
-//   - It costs nothing while idle and nothing on hot paths: the library
-//     publishes only when a decision changes (at Start, after a trim or a
-//     skipped trim, when GOMEMLIMIT or the set of pools changed at the end
-//     of a GC cycle, when a counter of the record changed, at most once a
-//     second, at Close), a few system calls each time (see Publish); no
-//     goroutine or ticker of its own (only a one-shot timer for counters
-//     held back by the once-a-second limit), nothing on AfterBurst or
-//     Account.Grow.
-//   - Reading it needs what reading /proc/PID/environ needs (the ptrace
-//     read check: the same user, or root), so it shows nothing that
-//     `memctl status` could not already see.
+// process keeps open on one descriptor. Publish writes the whole record into
+// a new memfd, seals it (F_SEAL_WRITE, F_SEAL_GROW, F_SEAL_SHRINK,
+// F_SEAL_SEAL) and moves it onto that descriptor with dup3(2): a reader sees
+// the old record or the new one, never half of each, and needs no lock. The
+// command finds it in /proc/PID/fd ("/memfd:memctl-state (deleted)"); reading
+// it needs the ptrace read check (the same user, or root). Why a memfd, and
+// when the library publishes: docs/command.md.
 //
 // # Format
 //
 // The record is one JSON object (Record) of at most MaxSize bytes. Its
-// "version" is Version; it changes only when a field changes meaning, so a
-// reader shows records of the versions it knows. Within a version fields are
-// only added: a reader ignores the keys it does not know, so a newer library
-// can add a decision without breaking an older command. To add a field, add
-// it to Record (or one of its parts) with a new JSON key and a comment that
-// says its unit and source.
+// "version" is Version; it changes only when a field changes meaning. Within
+// a version fields are only added and a reader ignores keys it does not
+// know. A new field gets a new JSON key and a comment with its unit and
+// source.
 //
-// The record is input from the process it describes, not a fact: a process
-// can forge it. memctl status reads it with safefs.Dir.ReadMemfd (a regular
-// file of the memfd's file systems only, sealed against writes, bounded),
-// parses it with Parse (any error rejects the whole record) and shows every
-// string quoted, labeled "reported by the process".
+// The record is input from the process it describes and can be forged:
+// memctl status reads it with safefs.Dir.ReadMemfd (sealed, bounded), parses
+// it with Parse (any error rejects the whole record) and quotes every string.
 package state
 
 import (
@@ -60,31 +33,24 @@ import (
 // Version is the record format's version.
 const Version = 1
 
-// MemfdName is the name of the memfd that holds the record; /proc/PID/fd
-// shows it as "/memfd:" + MemfdName + " (deleted)".
+// MemfdName is the record memfd's name; /proc/PID/fd shows "/memfd:NAME (deleted)".
 const MemfdName = "memctl-state"
 
-// MaxSize is the largest record, in bytes, that Publish writes and Read
-// accepts: a record is about 1 KiB plus about 80 bytes a pool.
+// MaxSize is the largest record, in bytes, that Publish writes and Parse accepts.
 const MaxSize = 64 << 10
 
-// MaxPools is the most pools a record lists; Record.PoolsOmitted counts the
-// rest.
+// MaxPools is the most pools a record lists; Record.PoolsOmitted counts the rest.
 const MaxPools = 64
 
-// MaxCHeaps is the most C heaps a record lists; Record.CHeapsOmitted counts
-// the rest.
+// MaxCHeaps is the most C heaps a record lists; Record.CHeapsOmitted counts the rest.
 const MaxCHeaps = 16
 
-// MaxString is the longest string, in bytes, that Publish writes: a longer
-// one (a pool name, a library path, a reason) is cut at a rune boundary and
-// ends with "...". Parse accepts longer ones (the record's size bounds
-// them); memctl status shows every string quoted and cut.
+// MaxString is the longest string, in bytes, that Publish writes; a longer
+// one is cut at a rune boundary and ends with "...". Parse accepts longer
+// ones (MaxSize bounds them).
 const MaxString = 512
 
-// PeakCounts is the length of Peaks.Counts: the buckets of
-// limits.PeakHistogram (21 bounded ones, 64 KiB << i, and one
-// above 64 GiB).
+// PeakCounts is the length of Peaks.Counts (limits.PeakHistogram's buckets).
 const PeakCounts = 22
 
 // PeakBound returns the upper bound of Peaks.Counts[i] in bytes: 64 KiB << i
@@ -115,8 +81,7 @@ type Record struct {
 	GoMemLimit GoMemLimit `json:"gomemlimit"`
 	THP        THP        `json:"thp"`
 	Trim       Trim       `json:"trim"`
-	// Pools are the open budget pools (limits.Pool), oldest first, at most
-	// MaxPools.
+	// Pools are the open pools (limits.Pool), oldest first, at most MaxPools.
 	Pools        []Pool   `json:"pools"`
 	PoolsOmitted int      `json:"pools_omitted,omitempty"`
 	Pressure     Pressure `json:"pressure"`
@@ -127,15 +92,13 @@ type Record struct {
 	CHeaps        []CHeap   `json:"c_heaps"`
 	CHeapsOmitted int       `json:"c_heaps_omitted,omitempty"`
 	AutoBurst     AutoBurst `json:"auto_burst"`
-	// Swap is the process's and its cgroup's swap when the record was
-	// published (Updated); null in a record of a library before it.
+	// Swap is the swap at Updated; null from an older library.
 	Swap *Swap `json:"swap,omitempty"`
 }
 
-// Swap is the swap of the process and of its cgroup (memctl.SwapStats),
-// as read when the record was published: the record is published when a
-// decision changes, not when swap does, so these figures may be old
-// (memctl status reads the kernel's own beside them). Sizes are bytes.
+// Swap is the swap of the process and of its cgroup (memctl.SwapStats) when
+// the record was published, which may be long ago: publishing follows
+// decisions, not swap. Sizes are bytes.
 type Swap struct {
 	// VmSwapBytes is VmSwap of /proc/self/status, null when unknown.
 	VmSwapBytes *int64 `json:"vm_swap_bytes"`
@@ -145,19 +108,16 @@ type Swap struct {
 	CgroupVersion  int    `json:"cgroup_version"`
 	MemoryPlusSwap bool   `json:"memory_plus_swap,omitempty"`
 	CurrentBytes   *int64 `json:"current_bytes"`
-	// MaxBytes is the cgroup's own limit, null when none is set (or not
-	// read).
+	// MaxBytes is the cgroup's own limit, null when none is set or read.
 	MaxBytes *int64 `json:"max_bytes"`
-	// File is the usage file read, memory.swap.current or
-	// memory.memsw.usage_in_bytes.
+	// File is the usage file read (memory.swap.current or memory.memsw.usage_in_bytes).
 	File string `json:"file,omitempty"`
 	Note string `json:"note,omitempty"`
 }
 
 // GoMemLimit is the GOMEMLIMIT decision (limits.MemLimit).
 type GoMemLimit struct {
-	// Bytes is GOMEMLIMIT in force when the record was published; null
-	// when there is none (the Go default, math.MaxInt64).
+	// Bytes is GOMEMLIMIT in force; null when unset (math.MaxInt64).
 	Bytes *int64 `json:"bytes"`
 	// Source is where the memory limit came from ("cgroup v1", "cgroup
 	// v2", "system", "environment", "none"), File the file it was read
@@ -169,22 +129,18 @@ type GoMemLimit struct {
 	MemoryLimitBytes int64   `json:"memory_limit_bytes"`
 	Ratio            float64 `json:"ratio"`
 	OutsideBytes     int64   `json:"outside_bytes"`
-	// ReclaimableBytes is the page cache of the limit's cgroup (files read
-	// or mapped): shown apart, never taken off.
+	// ReclaimableBytes is the limit's cgroup's page cache, never taken off.
 	ReclaimableBytes int64 `json:"reclaimable_bytes"`
 	// OperatorBytes is the operator's GOMEMLIMIT when the environment sets
 	// one (null otherwise); Overridden is true while memctl sets its own
 	// value because the operator's is above the hard limit.
 	OperatorBytes *int64 `json:"operator_bytes,omitempty"`
 	Overridden    bool   `json:"overridden,omitempty"`
-	// RefreshSeconds is the least time between two re-reads of the limit,
-	// 0 when there is no refresh.
+	// RefreshSeconds is the least time between two re-reads; 0: no refresh.
 	RefreshSeconds float64 `json:"refresh_seconds"`
 	// Reason is the decision's one sentence.
 	Reason string `json:"reason"`
-	// LimitUnknown is true when no cgroup up to the top of the process's
-	// cgroup namespace sets a limit and that top is not the root: a limit
-	// may be set above it, out of sight (limits.MemLimit.LimitUnknown).
+	// LimitUnknown: a limit may be set out of sight (limits.MemLimit.LimitUnknown).
 	LimitUnknown bool `json:"limit_unknown"`
 }
 
@@ -195,8 +151,7 @@ type THP struct {
 	System string `json:"system"` // the system mode, "" if unknown
 }
 
-// Trim is the trimmer's configuration and counters (trim.Stats) when the
-// record was published.
+// Trim is the trimmer's configuration and counters (trim.Stats).
 type Trim struct {
 	// DelaySeconds is the trim delay; 0 means trimming is off.
 	DelaySeconds float64 `json:"delay_seconds"`
@@ -204,18 +159,15 @@ type Trim struct {
 	Skipped      int64   `json:"skipped"`
 	GoSkipped    int64   `json:"go_skipped"`
 	CSkipped     int64   `json:"c_skipped"`
-	// ReleasedBytes is the bytes all trims released, LastReleasedBytes the
-	// last one's.
+	// ReleasedBytes is what all trims released, LastReleasedBytes the last's.
 	ReleasedBytes     int64 `json:"released_bytes"`
 	LastReleasedBytes int64 `json:"last_released_bytes"`
 	// CPUSeconds is the CPU all trims were charged with.
 	CPUSeconds  float64 `json:"cpu_seconds"`
 	Deferred    int64   `json:"deferred"`
 	EarlyStarts int64   `json:"early_starts"`
-	// Origins splits the trims run and skipped, their CPU and the bytes
-	// released by who asked (trim.Stats.Debounced and its siblings);
-	// SkippedBy splits Skipped by reason (trim.Stats.SkippedMinRelease
-	// and its siblings).
+	// Origins splits the counters by who asked (trim.Stats.Debounced...);
+	// SkippedBy splits Skipped by reason (trim.Stats.SkippedMinRelease...).
 	Origins   Origins   `json:"origins"`
 	SkippedBy SkippedBy `json:"skipped_by"`
 }
@@ -236,8 +188,7 @@ type Origin struct {
 	ReleasedBytes int64   `json:"released_bytes"`
 }
 
-// SkippedBy is trim.Stats' SkippedMinRelease, SkippedCost, SkippedBudget
-// and SkippedRunning.
+// SkippedBy is trim.Stats' Skipped* counters.
 type SkippedBy struct {
 	MinRelease int64 `json:"min_release"` // estimate below MinRelease
 	Cost       int64 `json:"cost"`        // estimate below what the trim's GC is worth
@@ -245,8 +196,7 @@ type SkippedBy struct {
 	Running    int64 `json:"running"`     // another trim was running
 }
 
-// AutoBurst is the GC-end burst detector's counters (trim.AutoBurstStats);
-// all 0 when it is off.
+// AutoBurst is the burst detector's counters (trim.AutoBurstStats); 0 when off.
 type AutoBurst struct {
 	Bursts     int64 `json:"bursts"`      // rises of the live heap detected
 	Drops      int64 `json:"drops"`       // collections of a burst outside a detected one
@@ -267,9 +217,8 @@ type CHeap struct {
 	Trimmed    bool   `json:"trimmed"`
 	Note       string `json:"note,omitempty"`
 	// Releases and Skipped count the C heap steps that released it or
-	// left it alone; ReleasedBytes is what the releases returned by the
-	// allocator's own account (glibc's measured around malloc_trim;
-	// 0 when it could not tell).
+	// left it alone; ReleasedBytes is what they returned by the
+	// allocator's own account (0 when it could not tell).
 	Releases      int64 `json:"releases"`
 	Skipped       int64 `json:"skipped"`
 	ReleasedBytes int64 `json:"released_bytes"`
@@ -277,8 +226,7 @@ type CHeap struct {
 	RetainedBytes int64 `json:"retained_bytes"`
 }
 
-// Peaks is a pool's distribution of request peaks (limits.PeakHistogram):
-// the data to size its budget from.
+// Peaks is a pool's distribution of request peaks (limits.PeakHistogram).
 type Peaks struct {
 	// Count is the number of peaks recorded (closed top-level accounts).
 	Count int64 `json:"count"`
@@ -288,8 +236,8 @@ type Peaks struct {
 	P50Bytes int64 `json:"p50_bytes"`
 	P99Bytes int64 `json:"p99_bytes"`
 	MaxBytes int64 `json:"max_bytes"`
-	// Counts[i] counts the peaks in (PeakBound(i-1), PeakBound(i)]; it is
-	// empty when Count is 0, else of length PeakCounts, summing to Count.
+	// Counts[i] counts the peaks in (PeakBound(i-1), PeakBound(i)]: empty
+	// when Count is 0, else PeakCounts long, summing to Count.
 	Counts []int64 `json:"counts,omitempty"`
 }
 
@@ -299,44 +247,35 @@ type Pool struct {
 	Mode string `json:"mode"` // enforce, observe, off
 	// LimitBytes is the pool's limit; null means unlimited.
 	LimitBytes *int64 `json:"limit_bytes"`
-	// UsedBytes and PeakBytes are the bytes the pool's accounts hold and
-	// the most they held (limits.PoolStats.Used, Peak); InFlight the
-	// requests in progress.
+	// UsedBytes, PeakBytes, InFlight are limits.PoolStats' Used, Peak, InFlight.
 	UsedBytes int64 `json:"used_bytes"`
 	PeakBytes int64 `json:"peak_bytes"`
 	InFlight  int64 `json:"in_flight"`
-	// Refused counts the Grow calls refused with resource_exhausted,
-	// Observed those let through in observe or off mode, Canceled the
-	// contexts CancelLargest canceled.
+	// Refused, Observed and Canceled are limits.PoolStats' counters.
 	Refused  int64 `json:"refused"`
 	Observed int64 `json:"observed"`
 	Canceled int64 `json:"canceled"`
-	// Undercharged counts the GC ends whose live heap beyond the baseline
-	// was more than the charge ratio times Used (limits.PoolStats): the
-	// requests' charges look too small.
+	// Undercharged counts GC ends at which the charges looked too small
+	// (limits.PoolStats.Undercharged).
 	Undercharged int64 `json:"undercharged"`
 	Peaks        Peaks `json:"peaks"`
 }
 
-// Pressure is the kernel memory-pressure watch and the GC death-spiral
-// detector (pressure.Stats).
+// Pressure is the pressure watch and spiral detector's counters (pressure.Stats).
 type Pressure struct {
 	// Source names the signal watched, "none" when none is.
 	Source string `json:"source"`
-	// Note says why the cgroup's own PSI could not be used when another
-	// source is watched (Report.PressureNote), "" otherwise.
+	// Note is Report.PressureNote.
 	Note string `json:"note,omitempty"`
-	// Signals counts the kernel's signals, Acted the actions taken on them
-	// (each a trim request through the gate), LeftToKernel the signals not
-	// acted on because the cgroup's memory was mostly page cache, and
-	// CancelsHeld the host-wide ones acted on without canceling for the
-	// same reason.
+	// Signals counts the kernel's signals, Acted the trims requested on
+	// them, LeftToKernel those not acted on (mostly page cache), and
+	// CancelsHeld host-wide ones acted on without canceling (same reason).
 	Signals      int64 `json:"signals"`
 	Acted        int64 `json:"acted"`
 	LeftToKernel int64 `json:"left_to_kernel"`
 	CancelsHeld  int64 `json:"cancels_held"`
-	// Spirals counts GC death-spiral episodes, Lifts the GOMEMLIMIT lifts,
-	// LiftedBytes what GOMEMLIMIT is lifted by now (0: not lifted).
+	// Spirals counts death-spiral episodes, Lifts GOMEMLIMIT lifts;
+	// LiftedBytes is the lift now (0: none).
 	Spirals     int64 `json:"spirals"`
 	Lifts       int64 `json:"lifts"`
 	LiftedBytes int64 `json:"lifted_bytes"`

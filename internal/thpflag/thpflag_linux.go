@@ -7,9 +7,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Set sets the flag to v: Enabled, Disabled or DisabledExceptAdvised. It
-// covers the whole process and is inherited across fork and execve. On a
-// kernel without the prctl or the value (EINVAL) the error matches
+// Set sets the process-wide flag to v (inherited across fork and execve).
+// Where the kernel lacks the prctl or value (EINVAL) the error matches
 // errors.ErrUnsupported and the flag is unchanged.
 func Set(v int) error {
 	var arg2, arg3 uintptr

@@ -1,9 +1,7 @@
-// Package trimwire connects the facade and package pressure to package
-// trim's entry points that are not public API: a gated trim request, the
-// hook called after each trim, and the burst detector. Package trim sets
-// the variables in its init; t is always a *trim.Trimmer (nil: nothing is
-// done), and any is used where naming trim's types would be an import
-// cycle.
+// Package trimwire connects the facade and package pressure to trim's
+// non-public entry points. Package trim sets the variables in its init; t
+// is always a *trim.Trimmer (nil: nothing is done), and any avoids an
+// import cycle.
 package trimwire
 
 import "time"
@@ -27,25 +25,22 @@ const (
 	ByName                  // TrimNow
 )
 
-// AutoBurst is a running burst detector. Its counters are read through
-// its Counters method, which returns a trim.AutoBurstStats: named here it
-// would be an import cycle, and returned as an any it would be boxed, an
-// allocation at every GC end.
+// AutoBurst is a running burst detector. Its Counters method (returning
+// trim.AutoBurstStats, not named here: an import cycle, and boxing as any
+// would allocate at every GC end) is reached by type assertion.
 type AutoBurst interface {
 	// Close stops it; idempotent.
 	Close()
 }
 
 var (
-	// Request asks t for a trim now through its gate (the 2% CPU budget
-	// and the estimate against the trim's cost; see trim.Trimmer) on
-	// behalf of o, Pressure or Spiral, in the calling goroutine, and
-	// reports whether a step ran. It never waits for a running trim.
+	// Request asks t for a gated trim now for o (Pressure or Spiral), in
+	// the calling goroutine, and reports whether a step ran. It never waits
+	// for a running trim.
 	Request func(t any, o Origin) (ran bool)
 
-	// OnTrim sets fn to be called after each trim and each counted skip
-	// of t, once its counters are in its Stats, on the goroutine that ran
-	// or asked for it. fn may call Stats and must be short.
+	// OnTrim sets fn to be called after each trim and counted skip of t,
+	// its Stats updated, on that goroutine; fn must be short.
 	OnTrim func(t any, fn func())
 
 	// StartAutoBurst starts a burst detector (cfg: a trim.AutoBurstConfig)
