@@ -83,10 +83,9 @@ type childResult struct {
 	Extra    map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
 }
 
-// childMain runs one arm of one scenario ("scenario/arm") in this process
-// and returns the exit status. Over stdin and stdout it prints "ready",
-// waits for "go", runs, prints "end", waits for stdin to close and prints
-// "result {json}".
+// childMain runs one arm of one scenario ("scenario/arm") and returns the
+// exit status. It prints "ready", waits for "go", runs, prints "end", waits
+// for stdin to close and prints "result {json}".
 func childMain(spec string) int {
 	if err := runChild(spec, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", spec+":", err)
@@ -249,9 +248,8 @@ func (st *armState) snapshot(r *childResult) error {
 	return fmt.Errorf("counted %d \"trim: done\" records, Stats says %d trims", n, st.ctl.Stats().Trim.Trims)
 }
 
-// trimLog is the memctl arms' slog handler: it counts the DEBUG "trim:
-// done" records and their "took" durations, and passes INFO and above to
-// next.
+// trimLog counts the DEBUG "trim: done" records and passes INFO and above
+// to next.
 type trimLog struct {
 	counts *trimCounts
 	next   slog.Handler
@@ -328,8 +326,7 @@ func (h *trimLog) WithGroup(g string) slog.Handler {
 	return &trimLog{counts: h.counts, next: h.next.WithGroup(g)}
 }
 
-// settle is the pause after building the live set, so that RSS is read at
-// rest.
+// settle is the pause after building the live set.
 const settle = 300 * time.Millisecond
 
 // keep holds the live set where the compiler cannot see it dropped.

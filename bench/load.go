@@ -216,9 +216,8 @@ var (
 	loadNodes *loadNode
 )
 
-// loadChild is the server: it builds its live set, serves on loopback
-// (saying "addr HOST:PORT" before "ready"), and after "go" runs a burst
-// every Period.
+// loadChild is the server: it says "addr HOST:PORT" before "ready", and
+// after "go" runs a burst every Period.
 func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, error) {
 	var r childResult
 	loadKeep = burst.Alloc(lp.Live / 16 * 15)
@@ -358,11 +357,9 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Tr
 }
 
 // openLoop sends rate requests per second to url for d, each at its due
-// time whatever the server's pace, and returns each request's latency from
-// its due time in seconds (Timeout for a failed one), the number that
-// failed (an error, a status other than 200, or more than maxInFlight
-// outstanding when it was due) and the start: the i-th request was due at
-// start + i/rate.
+// time (start + i/rate) whatever the server's pace, and returns each one's
+// latency in seconds from its due time (timeout if failed: an error, not
+// 200, or maxInFlight outstanding when due), the failures and start.
 func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight int) ([]float64, int, time.Time) {
 	n := int(rate * d.Seconds())
 	lat := make([]float64, n)

@@ -1,7 +1,8 @@
 // Command bench is memctl's A/B harness: it runs the same scenarios in up to
 // five arms, each a child process of this same binary, and prints a Markdown
 // table per scenario with the arms as columns (or JSON with -json).
-// docs/benchmarks.md describes what it measures and holds its last results.
+// docs/benchmarks.md describes each figure and target and holds the last
+// results.
 //
 //	go run ./bench                 # full run, 5 runs per arm: about 85 minutes on 2 cores
 //	go run ./bench -quick          # 1 run per arm, short windows: about 3 minutes
@@ -12,62 +13,46 @@
 // Arms: plain Go (defaults); GOMEMLIMIT only (limits.SetGoMemLimit alone);
 // memctl (memctl.Start with defaults, AfterBurst after each burst); an A/A
 // arm identical to memctl, whose distance from it is the noise floor; and,
-// in burst only, plain + FreeOSMemory (debug.FreeOSMemory one trim delay,
-// -trim-delay's or memctl's default, after each burst: what the runtime
-// itself returns). An arm a scenario does not run shows "–". Arms run
+// in burst only, plain + FreeOSMemory (debug.FreeOSMemory one trim delay
+// after each burst). An arm a scenario does not run shows "–". Arms run
 // interleaved (A B C D E A B C D E ...), -runs times each (default 5); each
 // figure is the median over the runs, with the min and max. Where it can
-// (root, a memory cgroup it may write), the harness runs each child in a
-// child memory cgroup of its own with the same limit (-cgroup-limit,
-// default 2 GiB), so that the GOMEMLIMIT arms have a limit to read; the
-// output says whether it did. Every cgroup it makes is removed when its arm
-// ends, failing or not, and on SIGINT or SIGTERM, which stop the running
-// arms before the harness exits (status 130). MEMCTL_BENCH_TAG puts a tag
-// in those cgroups' names. The arms' environment is the harness's less
-// GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*.
+// (root, a writable memory cgroup), the harness runs each child in a child
+// memory cgroup of its own with the same limit (-cgroup-limit, default
+// 2 GiB), so that the GOMEMLIMIT arms have a limit to read, and says
+// whether it did. Its cgroups (tagged with MEMCTL_BENCH_TAG when set) are
+// removed when each arm ends, failing or not, and on SIGINT or SIGTERM,
+// which stop the running arms before the harness exits (status 130). The
+// arms' environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and
+// MEMCTL*.
 //
 // Scenarios (-scenarios, default all):
 //
-//   - burst: 20 MiB live, one 1 GiB burst (64 KiB objects, every page
-//     touched), then idle for -window (default 30 s). RSS before (VmRSS),
-//     peak RSS (VmHWM, reset by writing 5 to /proc/PID/clear_refs), RSS 3 s
-//     and 10 s after, and the time until RSS is back within 10% of before
-//     ("> T" when the window ends first), from VmRSS read every 50 ms.
-//     Target: the RSS rise 3 s after the burst of memctl and of its A/A at
-//     most plain + FreeOSMemory's in the same run plus 0.5% of the burst; a
-//     report without that arm is judged by pre-burst RSS + 0.5% of the
-//     burst, and the target says so.
-//   - cadence (not plain + FreeOSMemory): 20 MiB live and a 64 MiB burst
-//     every 2.1 s for 60 s, the worst spacing for the 2 s trim delay. Trims
-//     run, their share of wall time ("trim: done" log records), mean and
-//     peak RSS.
-//   - http (not plain + FreeOSMemory): a loopback net/http server whose
-//     handler charges 32 KiB to the request's budget (limits.Grow) and
-//     allocates it, behind limits.Pool's middleware in the memctl arms; an
-//     in-process load generator over 8 connections. Requests per second,
-//     p50 and p99 latency, and requests per second over plain's in the same
-//     round.
-//   - load (plain, memctl and A/A only; load.go): a server holding 1 GiB
-//     live on loopback, an open-loop load generator in the parent at 200
-//     requests/s (each counted from its due time, failed after 10 s), a
-//     512 MiB burst in the server every 10 s for 62 s, each arm in a 4 GiB
-//     memory cgroup. Latency percentiles, p99 over plain's, failed
-//     requests, trims, trim CPU over wall time, mean RSS, and the share of
-//     bursts after which RSS is below 1.2 × pre-burst 3.5 s later.
-//   - load-contended: the same server moved into a cgroup v1 cpu child with
-//     a 10% quota shared with a busy loop, at 50 requests/s. Needs root and
-//     the cgroup v1 cpu controller; the report says so when it cannot run.
+//   - burst: 20 MiB live, one 1 GiB burst, then idle for -window (default
+//     30 s): RSS before, at its peak, 3 s and 10 s after, and the time until
+//     it is back within 10%, read from /proc/PID/status every 50 ms.
+//   - cadence: 20 MiB live and a 64 MiB burst every 2.1 s for -cadence-for
+//     (default 60 s), the worst spacing for the 2 s trim delay: trims, their
+//     share of wall time, mean and peak RSS.
+//   - http: a loopback net/http server whose handler charges 32 KiB to its
+//     request's budget, behind limits.Pool's middleware in the memctl arms;
+//     -requests requests over 8 connections: throughput and latency.
+//   - load (plain, memctl and A/A only): a server holding 1 GiB live, an
+//     open-loop load generator at 200 requests/s, a 512 MiB burst every 10 s
+//     for 62 s, each arm in a 4 GiB memory cgroup: latency, trims and their
+//     CPU, RSS after the bursts.
+//   - load-contended: the same server in a cgroup v1 cpu child with a 10%
+//     quota shared with a busy loop, at 50 requests/s; it needs root and the
+//     cgroup v1 cpu controller, else the report says it did not run.
 //   - load-gc: the load server with GOGC=10, 256 MiB live and 256 KiB of
 //     garbage per request, so that natural GC cycles collect each burst
-//     before its trim; adds forced GC cycles to the load figures.
+//     before its trim; adds forced GC cycles to the figures.
 //
-// Charts (-svg DIR, default "."; "off" or "" writes none): DIR is made if
-// missing and checked before the run, and each path is printed to stderr.
-// bench-SCENARIO.svg is each arm's RSS (MiB) over time, bench-SCENARIO-p99.svg
-// (load scenarios) each arm's p99 latency (ms) per 2 s; both mark the memctl
-// arm's trims, and the RSS chart draws GOMEMLIMIT where an arm has one. They
-// show each arm's first run, whose samples the report keeps, so -from
-// redraws them; http has none.
+// Charts (-svg DIR, default "."; "off" or "" writes none; DIR is made if
+// missing): bench-SCENARIO.svg, each arm's RSS over time, and for the load
+// scenarios bench-SCENARIO-p99.svg, the p99 latency per 2 s, both from each
+// arm's first run, whose samples the report keeps so that -from redraws
+// them; http has none.
 //
 // The figures are specific to the machine; compare arms within one run.
 package main
@@ -132,9 +117,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return drawCharts(cfg.SVGDir, rep, stderr)
 }
 
-// drawCharts writes rep's charts into dir ("" writes none), printing each
-// path to stderr, and returns the exit status: 1 when a file could not be
-// written.
+// drawCharts writes rep's charts into dir ("": none) and returns the exit
+// status.
 func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 	if dir == "" {
 		return 0
@@ -153,10 +137,9 @@ func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 	return 0
 }
 
-// abortOnSignal makes SIGINT and SIGTERM kill the running arms and remove
-// their cgroups before the harness exits (status 130); stop undoes it.
-// Once a signal has begun the abort, stop does not return: the run it
-// ended (an arm killed under it) must not exit with its own status first.
+// abortOnSignal makes SIGINT and SIGTERM abort the running arms and exit
+// 130; stop undoes it. Once an abort began, stop does not return, so that
+// the run it ended cannot exit with its own status first.
 func abortOnSignal(stderr io.Writer) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -193,8 +176,8 @@ func abortOnSignal(stderr io.Writer) (stop func()) {
 	}
 }
 
-// parseFlags turns the command line into a config; -quick sets the
-// defaults that the other flags then override.
+// parseFlags turns the command line into a config; the other flags
+// override -quick's defaults.
 func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)

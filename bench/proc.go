@@ -113,8 +113,7 @@ func (pr *proc) holds() bool {
 	return pr.cg != nil || pr.quota != nil
 }
 
-// startProc starts exe as the child spec ("scenario/arm"), inside cg when
-// it is not nil.
+// startProc starts exe as the child spec, inside cg when not nil.
 func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) {
 	env, err := childEnviron(spec, p)
 	if err != nil {
@@ -177,8 +176,8 @@ func (pr *proc) send(word string) error {
 	return err
 }
 
-// finish closes the child's stdin (the end of the window), reads its
-// result, waits for it to exit and removes its cgroup (release).
+// finish ends the window, reads the child's result, waits for it to exit
+// and releases its cgroup.
 func (pr *proc) finish() (childResult, error) {
 	var r childResult
 	_ = pr.stdin.Close()
@@ -219,8 +218,7 @@ func (pr *proc) finish() (childResult, error) {
 	return r, nil
 }
 
-// failure stops the child and returns an error with its stderr and OOM
-// kills.
+// failure stops the child and returns an error with its stderr.
 func (pr *proc) failure(what string) error {
 	oom := ""
 	pr.mu.Lock()

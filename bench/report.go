@@ -85,10 +85,9 @@ type Target struct {
 // cannot tell from noise.
 const notJudgedQuick = "quick run"
 
-// burstFloor is the share of the burst that memctl's RSS rise may exceed
-// the freeos arm's by (noise between two processes); without a freeos arm,
-// the whole rise allowed: the runtime keeps the metadata of the burst's
-// heap, which no trim returns.
+// burstFloor is the share of the burst by which memctl's RSS rise may
+// exceed freeos's (noise), or without freeos the whole rise allowed (the
+// burst heap's runtime metadata, which no trim returns).
 const burstFloor = 0.005
 
 // writeJSON writes rep as indented JSON.
@@ -150,8 +149,7 @@ func checkArms(got []ArmInfo) error {
 	return fmt.Errorf("arms %q, want %q (or %q, written before the freeos arm)", keys, want, before)
 }
 
-// writeMarkdown writes rep as Markdown: the setup, the arms, a table per
-// scenario with the arms as columns, and the targets.
+// writeMarkdown writes rep as Markdown.
 func writeMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
 	m := rep.Machine

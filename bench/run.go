@@ -107,8 +107,7 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 }
 
 // runScenario runs the arms of s cfg.Runs times, interleaved, and returns
-// its table with the traces of each arm's first run. memLimits gets each
-// arm's GOMEMLIMIT from the first scenario it runs in.
+// its table; memLimits gets each arm's GOMEMLIMIT from its first scenario.
 func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, memLimits map[string]int64, progress io.Writer) (ScenarioReport, error) {
 	obs := make(map[string]map[string][]Obs) // arm -> figure -> runs
 	traces := make(map[string]Trace)
@@ -153,8 +152,7 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 	return sr, nil
 }
 
-// runOne runs arm a of scenario s once, in a cgroup of its own when parent
-// is not nil, and returns its figures and its trace.
+// runOne runs arm a of scenario s once, in a cgroup when parent is not nil.
 func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent, run int) (figs map[string]Obs, res childResult, tr Trace, err error) {
 	spec := s.Name + "/" + a.Key
 	limit := cfg.CgroupLimit
@@ -184,9 +182,8 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 	return figs, res, tr, nil
 }
 
-// startArm starts the arm in a new cgroup name under parent (none when
-// parent is nil), tracked for abortRunning; after an interrupt it starts
-// nothing.
+// startArm starts the arm, in a new cgroup name under a non-nil parent,
+// tracked for abortRunning; after an interrupt it starts nothing.
 func startArm(exe, spec string, p params, parent *cgrouptest.Parent, name string, limit int64) (*proc, error) {
 	running.Lock()
 	defer running.Unlock()

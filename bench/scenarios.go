@@ -27,10 +27,8 @@ type params struct {
 	CadenceBurst  int64         `json:"cadence_burst_bytes"`
 	CadencePeriod time.Duration `json:"cadence_period"`
 	CadenceFor    time.Duration `json:"cadence_for"`
-	// Requests is the http scenario's measured requests, after Warmup more;
-	// Clients is the number of concurrent client connections, Alloc the
-	// bytes each request allocates and charges to its budget, Budget each
-	// request's budget in the memctl arms.
+	// The http scenario's measured requests (after Warmup), connections,
+	// bytes each request charges, and budget per request (memctl arms).
 	Requests int        `json:"requests"`
 	Warmup   int        `json:"warmup"`
 	Clients  int        `json:"clients"`
@@ -194,8 +192,7 @@ func burstFigures(before, peak int64, samples []sample, window time.Duration) ma
 	}
 }
 
-// cadence: bursts of 64 MiB every 2.1 s for 60 s, the worst spacing for a
-// 2 s trim delay.
+// cadence: the worst burst spacing for a 2 s trim delay.
 var cadenceScenario = scenario{
 	Name: "cadence",
 	Figures: []figureDef{
@@ -280,8 +277,7 @@ var cadenceScenario = scenario{
 	},
 }
 
-// http: a loopback net/http server, with the budget middleware in the memctl
-// arms and without it in the others, driven by an in-process load generator.
+// http: a loopback net/http server and an in-process load generator.
 var httpScenario = scenario{
 	Name: "http",
 	Figures: []figureDef{
@@ -312,9 +308,8 @@ var httpScenario = scenario{
 	},
 }
 
-// httpChild serves handler(p.Alloc), in the memctl arms behind
-// Pool.Middleware with a p.Budget budget per request and AfterBurst as the
-// burst hook.
+// httpChild serves handler(p.Alloc), behind Pool.Middleware in the memctl
+// arms.
 func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	var r childResult
 	h := handler(p.Alloc)
