@@ -38,8 +38,7 @@ type arm struct {
 	Desc  string `json:"description"`
 }
 
-// arms are run in this order, interleaved: A B C D E A B C D E ...; a
-// scenario runs those its arms field names (scenario.runs).
+// arms are run in this order, interleaved (scenario.runs picks them).
 var arms = []arm{
 	{"plain", "plain", "Go defaults: no GOMEMLIMIT, no trim"},
 	{"gomemlimit", "GOMEMLIMIT only", "limits.SetGoMemLimit alone (90% of the cgroup limit, less memory outside the Go runtime)"},
@@ -48,11 +47,9 @@ var arms = []arm{
 	{"freeos", "plain + FreeOSMemory", "Go defaults; debug.FreeOSMemory one trim delay (memctl's, 2 s unless -trim-delay) after each burst: what the runtime itself returns; burst only"},
 }
 
-// defaultArms are the arms of a scenario that names none (scenario.arms):
-// every arm but freeos, the control of the burst scenario's RSS target.
+// defaultArms are every arm but freeos, the burst target's control.
 var defaultArms = []string{"plain", "gomemlimit", "memctl", "memctl-aa"}
 
-// burstArms are the burst scenario's: defaultArms and freeos.
 var burstArms = append(slices.Clip(defaultArms), "freeos")
 
 func armByKey(key string) (arm, bool) {
@@ -68,35 +65,27 @@ func (a arm) memctl() bool { return a.Key == "memctl" || a.Key == "memctl-aa" }
 
 // childResult is what a child reports on its last line, after "result ".
 type childResult struct {
-	// GoMemLimit is GOMEMLIMIT in the child, in bytes (math.MaxInt64: none).
-	GoMemLimit int64 `json:"gomemlimit"`
+	GoMemLimit int64 `json:"gomemlimit"` // bytes; math.MaxInt64: none
 	// Trims and TrimTime are the trims memctl ran in the window and their
-	// total duration ("trim: done" log records, cross-checked with
-	// Stats().Trim.Trims); 0 in the arms without memctl.
-	Trims    int64         `json:"trims"`
-	TrimTime time.Duration `json:"trim_time"`
-	// TrimCPU is the CPU the trims were charged with (Stats().Trim.TotalCPU).
-	TrimCPU time.Duration `json:"trim_cpu"`
-	// TrimSpans are those trims' wall-clock intervals (span), for the
-	// charts.
-	TrimSpans []span `json:"trim_spans,omitempty"`
-	// Elapsed is the wall time of the scenario's measured window.
-	Elapsed time.Duration `json:"elapsed"`
-	// Bursts is the number of bursts the child ran.
-	Bursts int `json:"bursts,omitempty"`
-	// Requests, RPS, P50 and P99 are the http scenario's load figures.
-	Requests int           `json:"requests,omitempty"`
-	RPS      float64       `json:"rps,omitempty"`
-	P50      time.Duration `json:"p50,omitempty"`
-	P99      time.Duration `json:"p99,omitempty"`
-	// Extra holds a scenario's own figures, by figure key.
-	Extra map[string]float64 `json:"extra,omitempty"`
+	// total duration, from "trim: done" records (0 without memctl); TrimCPU
+	// is Stats().Trim.TotalCPU, TrimSpans their intervals.
+	Trims     int64         `json:"trims"`
+	TrimTime  time.Duration `json:"trim_time"`
+	TrimCPU   time.Duration `json:"trim_cpu"`
+	TrimSpans []span        `json:"trim_spans,omitempty"`
+	Elapsed   time.Duration `json:"elapsed"` // the measured window
+	Bursts    int           `json:"bursts,omitempty"`
+	// The http scenario's load figures.
+	Requests int                `json:"requests,omitempty"`
+	RPS      float64            `json:"rps,omitempty"`
+	P50      time.Duration      `json:"p50,omitempty"`
+	P99      time.Duration      `json:"p99,omitempty"`
+	Extra    map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
 }
 
-// childMain runs one arm of one scenario in this process (spec is
-// "scenario/arm") and returns the exit status. It talks to the parent over
-// stdin and stdout: it prints "ready", waits for "go", runs the scenario,
-// prints "end", waits for stdin to close and prints "result {json}".
+// childMain runs one arm of one scenario ("scenario/arm") and returns the
+// exit status. It prints "ready", waits for "go", runs, prints "end", waits
+// for stdin to close and prints "result {json}".
 func childMain(spec string) int {
 	if err := runChild(spec, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", spec+":", err)
@@ -161,8 +150,7 @@ func (c *childIO) await(word string) error {
 	return nil
 }
 
-// handshake tells the parent the child is ready to be measured and waits
-// for its "go".
+// handshake says "ready" and waits for "go".
 func (c *childIO) handshake() error {
 	if err := c.say("ready"); err != nil {
 		return err
@@ -170,8 +158,7 @@ func (c *childIO) handshake() error {
 	return c.await("go")
 }
 
-// awaitEOF blocks until the parent closes stdin, its signal that the
-// observation window is over.
+// awaitEOF blocks until the parent closes stdin: the window is over.
 func (c *childIO) awaitEOF() {
 	for c.in.Scan() {
 	}
@@ -183,9 +170,8 @@ type armState struct {
 	ctl  *memctl.Controller
 	log  *trimLog
 	pool *limits.Pool
-	// freeOSDelay is, in the freeos arm, how long after each burst
-	// debug.FreeOSMemory runs: the memctl arms' trim delay. timers are
-	// those calls, stopped by close.
+	// freeOSDelay is, in the freeos arm, when debug.FreeOSMemory runs
+	// after each burst; close stops the timers.
 	freeOSDelay time.Duration
 	mu          sync.Mutex
 	timers      []*time.Timer
@@ -217,9 +203,7 @@ func setupArm(a arm, p params) (*armState, error) {
 	return st, nil
 }
 
-// afterBurst is the arm's reaction to the end of a burst: AfterBurst in
-// the memctl arms, debug.FreeOSMemory freeOSDelay later in the freeos arm,
-// nothing in the others.
+// afterBurst is the arm's reaction to the end of a burst.
 func (st *armState) afterBurst() {
 	if st.freeOSDelay > 0 {
 		st.mu.Lock()
@@ -264,9 +248,8 @@ func (st *armState) snapshot(r *childResult) error {
 	return fmt.Errorf("counted %d \"trim: done\" records, Stats says %d trims", n, st.ctl.Stats().Trim.Trims)
 }
 
-// trimLog is the slog handler of the memctl arms: it counts the trimmer's
-// DEBUG "trim: done" records and sums their "took" durations, and passes
-// INFO and above to next (the child's stderr, which the parent keeps).
+// trimLog counts the DEBUG "trim: done" records and passes INFO and above
+// to next.
 type trimLog struct {
 	counts *trimCounts
 	next   slog.Handler
@@ -343,8 +326,7 @@ func (h *trimLog) WithGroup(g string) slog.Handler {
 	return &trimLog{counts: h.counts, next: h.next.WithGroup(g)}
 }
 
-// settle is how long a child waits after building its live set before it
-// reports ready, so that the RSS before the burst is read at rest.
+// settle is the pause after building the live set.
 const settle = 300 * time.Millisecond
 
 // keep holds the live set where the compiler cannot see it dropped.

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// unit is the unit of a figure. Values are stored in the base unit that
-// String names and rendered in the tables as each constant's comment says.
+// unit is a figure's unit: values are in the base unit String names,
+// rendered as each constant's comment says.
 type unit int
 
 const (
@@ -82,8 +82,8 @@ func formatObs(u unit, o Obs) string {
 	return formatValue(u, o.Value)
 }
 
-// formatCell renders a summary as "median (min–max)", or the median alone
-// when there was one run or min and max render the same.
+// formatCell renders "median (min – max)", or the median alone when min
+// and max render the same.
 func formatCell(u unit, s Summary) string {
 	med := formatObs(u, s.Median)
 	if s.N() <= 1 {
@@ -115,10 +115,8 @@ func thousands(v float64) string {
 // trimZero drops a trailing ".0".
 func trimZero(s string) string { return strings.TrimSuffix(s, ".0") }
 
-// parseSize parses a size in bytes: a plain integer, or a number with one of
-// the suffixes KiB, MiB, GiB (powers of 1024), for example "2GiB" or
-// "512MiB". It returns an error naming the flag value for anything else,
-// including negative sizes and overflow.
+// parseSize parses a non-negative size in bytes, with an optional KiB, MiB
+// or GiB suffix ("2GiB").
 func parseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	mult := int64(1)
@@ -138,8 +136,8 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// UnmarshalText accepts any name; readReport sets the unit from the
-// scenario's definition, since "seconds" names two of them.
+// UnmarshalText accepts any name: readReport sets the unit ("seconds"
+// names two).
 func (u *unit) UnmarshalText([]byte) error { return nil }
 
 // secs renders a duration in seconds as the tables do: "30 s", "2.1 s".

@@ -21,57 +21,43 @@ import (
 	"github.com/memctl/memctl/internal/procfs"
 )
 
-// The load scenarios (issue 13): a server holding 1 GiB live, served on
-// loopback by an open-loop load generator that runs in the parent (outside
-// the server's cgroups), with a 512 MiB burst in the server every 10 s. The
-// contended variant puts the server in a cgroup v1 cpu child with a 10% CPU
-// quota (cpu.cfs_quota_us 10000, cpu.cfs_period_us 100000) shared with a
-// busy loop (sh -c 'while :; do :; done'): where memctl runs in production,
-// a CPU-limited pod, and where a trim rate limit on wall time stopped the
-// trims (/work/shared/MEASURED.md, "CPU contention").
+// The load scenarios: a server in the child, an open-loop load generator in
+// the parent (outside the server's cgroups). The contended variant is a
+// CPU-limited pod: a cgroup v1 cpu child with a 10% quota shared with a
+// busy loop.
 
-// loadParams are the load scenarios' sizes, rates and times.
+// loadParams are the load scenarios' sizes (bytes), rates and times.
 type loadParams struct {
 	// Live is the server's live heap: 15/16 of it 64 KiB buffers, 1/16
 	// 64-byte pointer-linked nodes that the GC must trace.
 	Live int64 `json:"live_bytes"`
-	// Burst is allocated (every page touched) and dropped every Period,
-	// the first FirstBurst after the start; Check after each burst ends
-	// the server reads its own VmRSS to compare it with the value just
-	// before the burst.
+	// Burst is allocated and dropped every Period, the first FirstBurst
+	// after the start; Check after each, the server compares its VmRSS
+	// with that before the burst.
 	Burst int64 `json:"burst_bytes"`
-	// ContendedBurst is the contended variant's burst. At that variant's
-	// CPU share (half of a 10% quota) touching new pages is slow: Burst
-	// would outlast the period many times over, so it is smaller.
+	// ContendedBurst is smaller: at half of a 10% quota, touching Burst's
+	// pages would outlast the period many times over.
 	ContendedBurst int64         `json:"contended_burst_bytes"`
 	Period         time.Duration `json:"period"`
 	FirstBurst     time.Duration `json:"first_burst"`
 	Check          time.Duration `json:"check"`
-	// For is the length of the measured window.
-	For time.Duration `json:"for"`
-	// Rate is the load generator's fixed rate (requests per second),
-	// ContendedRate the contended variant's; each request allocates Alloc
-	// bytes in the server. A request counts from the time it was due to
-	// be sent (open loop: a slow server does not slow the sender) and
-	// fails after Timeout; at most MaxInFlight are outstanding, and one
-	// due while that many are counts as failed.
+	For            time.Duration `json:"for"` // the measured window
+	// Rate is the load generator's requests per second (ContendedRate the
+	// contended variant's), each allocating Alloc in the server; see
+	// openLoop for Timeout and MaxInFlight.
 	Rate          float64       `json:"rate"`
 	ContendedRate float64       `json:"contended_rate"`
 	Alloc         int64         `json:"request_alloc_bytes"`
 	Timeout       time.Duration `json:"timeout"`
 	MaxInFlight   int           `json:"max_in_flight"`
-	// CgroupLimit is the memory limit of the arms' cgroups in these
-	// scenarios: 1 GiB live plus a 512 MiB burst under GOGC=100 needs more
-	// than the harness's default 2 GiB.
+	// CgroupLimit is the arms' cgroup limit: 1 GiB live plus a 512 MiB
+	// burst under GOGC=100 needs more than the default 2 GiB.
 	CgroupLimit int64 `json:"cgroup_limit_bytes"`
-	// Quota and QuotaPeriod are the contended variant's CFS quota and
-	// period, in microseconds.
+	// The contended variant's CFS quota and period, in microseconds.
 	Quota       int `json:"cfs_quota_us"`
 	QuotaPeriod int `json:"cfs_period_us"`
-	// GCPercent, GCLive and GCAlloc are the load-gc variant's GOGC (set
-	// with debug.SetGCPercent in every arm's child before memctl starts),
-	// live heap and per-request garbage: a service tuned for memory whose
-	// natural GC cycles collect a burst before the trim comes (issue 26).
+	// The load-gc variant's GOGC (set in every arm before memctl starts),
+	// live heap and per-request garbage.
 	GCPercent int   `json:"gc_gogc"`
 	GCLive    int64 `json:"gc_live_bytes"`
 	GCAlloc   int64 `json:"gc_request_alloc_bytes"`
@@ -86,8 +72,7 @@ const (
 	loadGCVariant                           // load-gc
 )
 
-// of returns the parameters the variant runs with: load-gc's live heap
-// and request garbage in place of load's, load-contended's burst.
+// of returns the parameters the variant runs with.
 func (v loadVariant) of(lp loadParams) loadParams {
 	switch v {
 	case loadGCVariant:
@@ -117,9 +102,8 @@ func defaultLoadParams(quick bool) loadParams {
 		CgroupLimit:    4 << 30,
 		Quota:          10000,
 		QuotaPeriod:    100000,
-		// 256 MiB live, GOGC=10 and 200 requests/s of 256 KiB (51 MB/s):
-		// a natural GC cycle about every 0.3 s (197 in 62 s), so one
-		// collects each burst before the trim's 2 s delay.
+		// A natural GC cycle about every 0.3 s: one collects each burst
+		// before the trim's 2 s delay.
 		GCPercent: 10,
 		GCLive:    256 << 20,
 		GCAlloc:   256 << 10,
@@ -130,8 +114,7 @@ func defaultLoadParams(quick bool) loadParams {
 	return p
 }
 
-// loadArms are the arms the load scenarios run: the GOMEMLIMIT-only arm
-// adds nothing to the question (what the trim costs under load).
+// loadArms: the GOMEMLIMIT-only arm adds nothing to what a trim costs.
 var loadArms = []string{"plain", "memctl", "memctl-aa"}
 
 var loadFigures = []figureDef{
@@ -233,10 +216,8 @@ var (
 	loadNodes *loadNode
 )
 
-// loadChild is the server: it builds its live set, serves on loopback
-// (saying "addr HOST:PORT" before "ready"), and after "go" runs a burst
-// every Period, reading its own VmRSS just before each and Check after its
-// end.
+// loadChild is the server: it says "addr HOST:PORT" before "ready", and
+// after "go" runs a burst every Period.
 func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, error) {
 	var r childResult
 	loadKeep = burst.Alloc(lp.Live / 16 * 15)
@@ -305,10 +286,9 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	return r, nil
 }
 
-// observeLoad runs the load generator against the server of pr for the
-// window, in the contended variant after moving the server into a CPU-quota
-// cgroup with a busy loop, and samples the server's RSS; the trace holds
-// the RSS samples and the p99 per p99Window.
+// observeLoad runs the load generator against pr's server (in the
+// contended variant after moving it into the CPU-quota cgroup) and samples
+// its RSS; the trace holds the RSS and the p99 per p99Window.
 func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Trace, err error) {
 	lp := p.Load
 	line, err := pr.next(startTimeout)
@@ -377,11 +357,9 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Tr
 }
 
 // openLoop sends rate requests per second to url for d, each at its due
-// time whatever the server's pace, and returns each request's latency from
-// its due time in seconds (Timeout for a failed one), the number that
-// failed (an error, a status other than 200, or more than maxInFlight
-// outstanding when it was due) and the start: the i-th request was due at
-// start + i/rate.
+// time (start + i/rate) whatever the server's pace, and returns each one's
+// latency in seconds from its due time (timeout if failed: an error, not
+// 200, or maxInFlight outstanding when due), the failures and start.
 func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight int) ([]float64, int, time.Time) {
 	n := int(rate * d.Seconds())
 	lat := make([]float64, n)
@@ -427,8 +405,7 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 // gcCycles returns /gc/cycles/total:gc-cycles.
 func gcCycles() int64 { return readCycles("/gc/cycles/total:gc-cycles") }
 
-// gcForced returns /gc/cycles/forced:gc-cycles: runtime.GC and
-// debug.FreeOSMemory, the program's or memctl's trim's.
+// gcForced returns /gc/cycles/forced:gc-cycles.
 func gcForced() int64 { return readCycles("/gc/cycles/forced:gc-cycles") }
 
 func readCycles(name string) int64 {
@@ -457,8 +434,7 @@ func (pr *proc) next(timeout time.Duration) (string, error) {
 	}
 }
 
-// tagSuffix is "-" and MEMCTL_BENCH_TAG when that is set: a name part that
-// tells whose cgroups these are on a shared machine.
+// tagSuffix is "-"+MEMCTL_BENCH_TAG when that is set, for cgroup names.
 func tagSuffix() string {
 	if t := os.Getenv("MEMCTL_BENCH_TAG"); t != "" {
 		return "-" + t

@@ -1,6 +1,8 @@
 // Command bench is memctl's A/B harness: it runs the same scenarios in up to
 // five arms, each a child process of this same binary, and prints a Markdown
 // table per scenario with the arms as columns (or JSON with -json).
+// docs/benchmarks.md describes each figure and target and holds the last
+// results.
 //
 //	go run ./bench                 # full run, 5 runs per arm: about 85 minutes on 2 cores
 //	go run ./bench -quick          # 1 run per arm, short windows: about 3 minutes
@@ -8,82 +10,49 @@
 //	go run ./bench -from out.json  # the saved report as Markdown
 //	go run ./bench -runs 3 -json -svg docs/bench > docs/bench/report.json  # docs/benchmarks.md's run
 //
-// Arms: plain Go (defaults), GOMEMLIMIT only (limits.SetGoMemLimit alone),
-// memctl (memctl.Start with defaults, AfterBurst after each burst), an A/A
-// control, a second arm identical to memctl whose distance from it is the
-// noise floor, and, in the burst scenario only, plain + FreeOSMemory: Go
-// defaults and debug.FreeOSMemory one trim delay after each burst (memctl's
-// delay: -trim-delay's, else its default), what the runtime itself returns.
-// A scenario that does not run an arm shows "–" in its column. Arms run
+// Arms: plain Go (defaults); GOMEMLIMIT only (limits.SetGoMemLimit alone);
+// memctl (memctl.Start with defaults, AfterBurst after each burst); an A/A
+// arm identical to memctl, whose distance from it is the noise floor; and,
+// in burst only, plain + FreeOSMemory (debug.FreeOSMemory one trim delay
+// after each burst). An arm a scenario does not run shows "–". Arms run
 // interleaved (A B C D E A B C D E ...), -runs times each (default 5); each
-// figure is the median over the runs, shown with the min and max. Where the
-// harness can (root, a memory cgroup it may write), each child runs in a
-// child memory cgroup of its own with the same limit (-cgroup-limit,
-// default 2 GiB), so that the GOMEMLIMIT arms have a limit to read; the
-// output says whether it did. Every cgroup the harness makes is removed
-// when its arm ends, failing or not, and on SIGINT or SIGTERM, which stop
-// the running arms before the harness exits (status 130). The arms'
-// environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*.
+// figure is the median over the runs, with the min and max. Where it can
+// (root, a writable memory cgroup), the harness runs each child in a child
+// memory cgroup of its own with the same limit (-cgroup-limit, default
+// 2 GiB), so that the GOMEMLIMIT arms have a limit to read, and says
+// whether it did. Its cgroups (tagged with MEMCTL_BENCH_TAG when set) are
+// removed when each arm ends, failing or not, and on SIGINT or SIGTERM,
+// which stop the running arms before the harness exits (status 130). The
+// arms' environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and
+// MEMCTL*.
 //
-// Scenarios (-scenarios, default all five):
+// Scenarios (-scenarios, default all):
 //
-//   - burst: 20 MiB live, one 1 GiB burst (64 KiB objects, every page
-//     touched), then idle. RSS before the burst (VmRSS), peak RSS during
-//     it (VmHWM, reset before the burst by writing 5 to
-//     /proc/PID/clear_refs), RSS 3 s and 10 s after it, and the time until
-//     RSS is back within 10% of its value before, "> T" when the window T
-//     (-window, default 30 s) ends first. RSS is read from /proc/PID/status
-//     every 50 ms by the parent. Its target: the RSS rise 3 s after the
-//     burst (RSS 3 s after less RSS before, of the medians) of memctl and
-//     of its A/A at most that of plain + FreeOSMemory in the same run plus
-//     0.5% of the burst, slack for noise; a report without that arm
-//     (written before it) is judged by the fixed rule, pre-burst RSS +
-//     0.5% of the burst, and the target says so.
-//   - cadence (every arm but plain + FreeOSMemory): 20 MiB live and a
-//     64 MiB burst every 2.1 s for 60 s, the worst spacing for the 2 s
-//     trim delay. Trims run, the share of wall time spent in them
-//     (memctl's "trim: done" log records), mean RSS (sampled every 50 ms)
-//     and peak RSS (VmHWM).
-//   - http (every arm but plain + FreeOSMemory): a loopback net/http
-//     server whose handler charges 32 KiB to the request's budget
-//     (limits.Grow) and allocates it; the memctl arms put limits.Pool's
-//     middleware in front of it, the others serve it bare. An in-process
-//     load generator sends a fixed number of requests over 8 connections.
-//     Requests per second, p50 and p99 latency, and each arm's requests
-//     per second divided by the plain arm's in the same round.
-//   - load (plain, memctl and A/A arms only; load.go): a server holding
-//     1 GiB live (15/16 64 KiB buffers, 1/16 pointer-linked nodes) on
-//     loopback, an open-loop load generator in the parent at 200 requests/s
-//     (each counted from its due time, failed after 10 s), a 512 MiB burst
-//     in the server every 10 s for 62 s, each arm in a 4 GiB memory cgroup.
-//     p50, p99, p99.9 latency, p99 over plain's in the same round, failed
-//     requests, trims run, trim CPU (Stats().Trim.TotalCPU) over wall time,
-//     mean RSS, and the share of bursts after which the server's RSS is
-//     below 1.2 × its pre-burst value 3.5 s after the burst.
-//   - load-contended: the same server moved, once its live set is built,
-//     into a cgroup v1 cpu child (cpu.cfs_quota_us 10000 of 100000) with a
-//     busy loop, at 50 requests/s. Needs root and the cgroup v1 cpu
-//     controller; the report says so when it cannot run. Set
-//     MEMCTL_BENCH_TAG to put a tag in the names of the cgroups the
-//     harness makes.
-//   - load-gc (issue 26): the server of load tuned for memory, GOGC=10
-//     in every arm, 256 MiB live and 256 KiB of garbage per request, so
-//     that natural GC cycles (about every 0.3 s) collect each burst
-//     before its trim: what the trim's step without a GC costs the
-//     requests that overlap it. Adds forced GC cycles
-//     (/gc/cycles/forced:gc-cycles) to the load figures.
+//   - burst: 20 MiB live, one 1 GiB burst, then idle for -window (default
+//     30 s): RSS before, at its peak, 3 s and 10 s after, and the time until
+//     it is back within 10%, read from /proc/PID/status every 50 ms.
+//   - cadence: 20 MiB live and a 64 MiB burst every 2.1 s for -cadence-for
+//     (default 60 s), the worst spacing for the 2 s trim delay: trims, their
+//     share of wall time, mean and peak RSS.
+//   - http: a loopback net/http server whose handler charges 32 KiB to its
+//     request's budget, behind limits.Pool's middleware in the memctl arms;
+//     -requests requests over 8 connections: throughput and latency.
+//   - load (plain, memctl and A/A only): a server holding 1 GiB live, an
+//     open-loop load generator at 200 requests/s, a 512 MiB burst every 10 s
+//     for 62 s, each arm in a 4 GiB memory cgroup: latency, trims and their
+//     CPU, RSS after the bursts.
+//   - load-contended: the same server in a cgroup v1 cpu child with a 10%
+//     quota shared with a busy loop, at 50 requests/s; it needs root and the
+//     cgroup v1 cpu controller, else the report says it did not run.
+//   - load-gc: the load server with GOGC=10, 256 MiB live and 256 KiB of
+//     garbage per request, so that natural GC cycles collect each burst
+//     before its trim; adds forced GC cycles to the figures.
 //
-// Charts (-svg DIR, default the current directory; -svg off or -svg ""
-// writes none): the harness writes one SVG per scenario into DIR, made if
-// missing and checked before the run, and prints each path to stderr:
-// bench-SCENARIO.svg, each arm's RSS (MiB) over time, and for the load
-// scenarios bench-SCENARIO-p99.svg, each arm's p99 latency (ms) of the
-// requests due in each 2 s. Both mark the memctl arm's trims (and the end of
-// the burst in burst); the RSS chart draws GOMEMLIMIT as a line where an arm
-// has one, or names it in the title when it lies above twice the largest
-// RSS. The charts show the first run of each arm, whose samples the report
-// keeps (its "traces", also in -json), so -from redraws them; http has
-// none.
+// Charts (-svg DIR, default "."; "off" or "" writes none; DIR is made if
+// missing): bench-SCENARIO.svg, each arm's RSS over time, and for the load
+// scenarios bench-SCENARIO-p99.svg, the p99 latency per 2 s, both from each
+// arm's first run, whose samples the report keeps so that -from redraws
+// them; http has none.
 //
 // The figures are specific to the machine; compare arms within one run.
 package main
@@ -148,9 +117,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return drawCharts(cfg.SVGDir, rep, stderr)
 }
 
-// drawCharts writes rep's charts into dir ("" writes none), printing each
-// path to stderr, and returns the exit status: 1 when a file could not be
-// written.
+// drawCharts writes rep's charts into dir ("": none) and returns the exit
+// status.
 func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 	if dir == "" {
 		return 0
@@ -169,10 +137,9 @@ func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 	return 0
 }
 
-// abortOnSignal makes SIGINT and SIGTERM kill the running arms and remove
-// their cgroups before the harness exits (status 130); stop undoes it.
-// Once a signal has begun the abort, stop does not return: the run it
-// ended (an arm killed under it) must not exit with its own status first.
+// abortOnSignal makes SIGINT and SIGTERM abort the running arms and exit
+// 130; stop undoes it. Once an abort began, stop does not return, so that
+// the run it ended cannot exit with its own status first.
 func abortOnSignal(stderr io.Writer) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -209,8 +176,8 @@ func abortOnSignal(stderr io.Writer) (stop func()) {
 	}
 }
 
-// parseFlags turns the command line into a config; -quick sets the
-// defaults that the other flags then override.
+// parseFlags turns the command line into a config; the other flags
+// override -quick's defaults.
 func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -8,22 +8,17 @@ import (
 	"time"
 )
 
-// The latency cost of a trim, measured within one arm (issue 19): the A/A
-// spread of p99 between two identical arms on these shared machines (17% to
-// 73%) hides a 10% effect between arms. Within one run of one arm the
-// machine's state is the same for every request, so the p99 of the requests
-// that overlap a trim against the p99 of those that do not measures what
-// the trim costs them, and the same comparison against windows where no
-// trim runs (the trims' windows shifted by half the burst period, leaving
-// out the requests that overlap a real trim) is its A/A: the spread that
-// picking that many requests by a window alone gives.
+// A trim's latency cost is measured within one arm (the p99 of requests
+// overlapping a trim against the others'), since the A/A spread between
+// arms hides a 10% effect; see docs/benchmarks.md. Its A/A is the same split
+// on placebo windows (shiftSpans).
 
-// span is a trim's wall-clock interval in the child, in Unix nanoseconds
-// (CLOCK_REALTIME, the same in the parent on the same machine).
+// span is a trim's wall-clock interval in Unix nanoseconds (CLOCK_REALTIME,
+// the same in parent and child).
 type span [2]int64
 
-// trimsLinePrefix starts the line of trim spans the load child says
-// before "end": "trims [[start,end],...]".
+// trimsLinePrefix starts the load child's line before "end":
+// "trims [[start,end],...]".
 const trimsLinePrefix = "trims "
 
 // formatSpans is the child's trims line.
@@ -46,10 +41,10 @@ func parseSpans(line string) ([]span, error) {
 }
 
 // overlapFigures splits the requests (the i-th due at start + i/rate,
-// latency lat[i] seconds from its due time) that overlap none of exclude
-// into those whose interval [due, due+latency] overlaps one of spans and
-// the rest, and returns the p99 of each, their ratio, and how many
-// overlapped. With no span, or no request on one side, the figures are NA.
+// taking lat[i] seconds) that overlap none of exclude into those whose
+// [due, due+latency] overlaps one of spans and the rest, and returns the
+// p99 of each, their ratio and how many overlapped; NA with no span or an
+// empty side.
 func overlapFigures(lat []float64, start time.Time, rate float64, spans, exclude []span) (overlap, clear, ratio, n Obs) {
 	na := Obs{NA: true}
 	if len(spans) == 0 {
@@ -94,12 +89,10 @@ func overlaps(spans []span, from, to int64) bool {
 	return false
 }
 
-// shiftSpans returns spans moved by d: the placebo windows of the A/A. A
-// window that would leave the requests' time [lo, hi] or meet a real trim
-// is moved by -d, then by ±d/2, whichever first lies among the requests:
-// a quick run's one trim, half a period from either end, still gets its
-// placebo window. A window no move fits stays moved by d (no request
-// falls in it: the figure is then NA).
+// shiftSpans returns spans moved by d, the A/A's placebo windows. A window
+// that would leave [lo, hi] or meet a real trim is moved by -d, then ±d/2
+// instead (so a quick run's one trim gets one); if none fits it stays
+// moved by d, and its figure is NA.
 func shiftSpans(spans []span, d time.Duration, lo, hi int64) []span {
 	out := make([]span, len(spans))
 	for i, s := range spans {

@@ -18,9 +18,8 @@ import (
 	"time"
 )
 
-// stripEnv are removed from the arms' environment, so that the arms differ
-// only in what the harness sets: an operator's GOMEMLIMIT or MEMCTL=off would
-// otherwise make every arm the same.
+// stripEnv (and MEMCTL_*) are removed from the arms' environment, so that
+// the arms differ only in what the harness sets.
 var stripEnv = []string{"GOMEMLIMIT", "AUTOMEMLIMIT", "MEMCTL", childEnv, paramsEnv}
 
 func childEnviron(spec string, p params) ([]string, error) {
@@ -50,16 +49,13 @@ type proc struct {
 	exited chan struct{} // closed when Wait returned
 	err    error         // Wait's error, set before exited is closed
 
-	// mu guards cg and quota: an interrupt aborts the running arms from
-	// another goroutine (abortRunning).
-	mu      sync.Mutex
+	mu      sync.Mutex        // guards the rest: abortRunning runs on another goroutine
 	cg      *cgrouptest.Child // nil once removed
 	quota   *cpuquota.Group   // the CPU-quota cgroup it was moved into; nil once removed
 	aborted bool              // abort was called: enterQuota makes no cgroup
 }
 
-// running are the arms started (startArm) and not yet done with (runOne),
-// for abortRunning; once stopped, startArm starts no more.
+// running are the arms started and not yet done with, for abortRunning.
 var running = struct {
 	sync.Mutex
 	procs   map[*proc]bool
@@ -73,9 +69,8 @@ func (pr *proc) untrack() {
 	running.Unlock()
 }
 
-// abortRunning aborts every arm still running (it kills them and removes
-// their cgroups) and stops startArm from starting more. cli calls it on
-// SIGINT or SIGTERM.
+// abortRunning aborts every running arm and stops startArm from starting
+// more.
 func abortRunning() error {
 	running.Lock()
 	running.stopped = true
@@ -91,10 +86,9 @@ func abortRunning() error {
 	return errors.Join(errs...)
 }
 
-// enterQuota makes the CPU-quota cgroup name (quota and period in
-// microseconds), moves the child into it and starts the busy loop beside
-// it. The cgroup is the child's to remove from then on, failing or not
-// (leaveQuota, abort); after abort it makes none.
+// enterQuota makes the CPU-quota cgroup name (quota and period in µs),
+// moves the child into it and starts the busy loop beside it; leaveQuota
+// or abort removes it, failing or not.
 func (pr *proc) enterQuota(name string, quota, period int) error {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
@@ -119,8 +113,7 @@ func (pr *proc) holds() bool {
 	return pr.cg != nil || pr.quota != nil
 }
 
-// startProc starts exe as the child spec ("scenario/arm"), inside cg when
-// it is not nil.
+// startProc starts exe as the child spec, inside cg when not nil.
 func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) {
 	env, err := childEnviron(spec, p)
 	if err != nil {
@@ -157,8 +150,8 @@ func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) 
 	return pr, nil
 }
 
-// expect waits up to timeout for the child's next line and checks that it
-// is word; it returns when the line was read.
+// expect waits up to timeout for the child's next line, word, and returns
+// when it was read.
 func (pr *proc) expect(word string, timeout time.Duration) (time.Time, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -183,9 +176,8 @@ func (pr *proc) send(word string) error {
 	return err
 }
 
-// finish closes the child's stdin (the end of the window), reads its
-// result, waits for it to exit, checks that the OOM killer left it alone
-// and removes its cgroup.
+// finish ends the window, reads the child's result, waits for it to exit
+// and releases its cgroup.
 func (pr *proc) finish() (childResult, error) {
 	var r childResult
 	_ = pr.stdin.Close()
@@ -226,8 +218,7 @@ func (pr *proc) finish() (childResult, error) {
 	return r, nil
 }
 
-// failure stops the child and returns an error naming it with what it
-// wrote to stderr and whether the OOM killer killed it.
+// failure stops the child and returns an error with its stderr.
 func (pr *proc) failure(what string) error {
 	oom := ""
 	pr.mu.Lock()
@@ -241,18 +232,15 @@ func (pr *proc) failure(what string) error {
 	if rerr := pr.abort(); rerr != nil {
 		return errors.Join(fmt.Errorf("bench: %s: %s%s", pr.spec, what, oom), rerr)
 	}
-	// The child has exited: its stderr is complete.
 	return fmt.Errorf("bench: %s: %s%s\n%s", pr.spec, what, oom, strings.TrimSpace(pr.stderr.String()))
 }
 
 // exitTimeout bounds the wait for a killed child to exit.
 const exitTimeout = time.Minute
 
-// abort takes the child out of its CPU quota (a throttled process with a
-// large heap exits slowly), kills it if it is still running, waits for it
-// and removes its cgroups, even when it did not exit in time (Remove then
-// kills what is left and retries). It may be called more than once: each
-// call retries what is left.
+// abort takes the child out of its CPU quota first (a throttled process
+// exits slowly), kills it, waits for it and removes its cgroups even when
+// it did not exit in time. Each call retries what is left.
 func (pr *proc) abort() error {
 	pr.mu.Lock()
 	pr.aborted = true
@@ -268,9 +256,8 @@ func (pr *proc) abort() error {
 	return errors.Join(qerr, werr, pr.release())
 }
 
-// leaveQuota removes the CPU-quota cgroup the child was moved into, if
-// any: it stops the busy loop and moves the child back to the root cpu
-// cgroup. It may be called more than once.
+// leaveQuota removes the child's CPU-quota cgroup, if any, with its busy
+// loop; it may be called more than once.
 func (pr *proc) leaveQuota() error {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
@@ -284,9 +271,8 @@ func (pr *proc) leaveQuota() error {
 	return nil
 }
 
-// release removes the child's cgroup after checking its OOM kill count.
-// The cgroup is forgotten only once removed, so that a later call (abort,
-// runOne's last cleanup) retries.
+// release removes the child's cgroup after checking its OOM kill count;
+// until removed it is kept, so that a later call retries.
 func (pr *proc) release() error {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
@@ -314,9 +300,8 @@ func resetPeak(pid int) error {
 	return nil
 }
 
-// sampleRSS reads the VmRSS of pid every step after t0 until window has
-// passed or stop is closed, and returns the readings with their time after
-// t0 in seconds. A reading that fails (the process exited) is an error.
+// sampleRSS reads pid's VmRSS every step after t0 until window has passed
+// or stop is closed; a failed read (the process exited) is an error.
 func sampleRSS(pid int, t0 time.Time, step, window time.Duration, stop <-chan struct{}) ([]sample, error) {
 	samples := make([]sample, 0, int(window/step)+1)
 	for k := 1; ; k++ {

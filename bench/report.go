@@ -13,9 +13,8 @@ import (
 
 // Report is the result of a run of the harness; -json writes it as is.
 type Report struct {
-	Started time.Time `json:"started"`
-	// Seconds is the wall time of the whole run.
-	Seconds   float64          `json:"seconds"`
+	Started   time.Time        `json:"started"`
+	Seconds   float64          `json:"seconds"` // the run's wall time
 	Machine   Machine          `json:"machine"`
 	Quick     bool             `json:"quick"`
 	Runs      int              `json:"runs"`
@@ -34,8 +33,7 @@ type Machine struct {
 	CPUs       int    `json:"cpus"`
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	Kernel     string `json:"kernel,omitempty"`
-	// THP is the system's THP mode (always, madvise, never).
-	THP string `json:"thp,omitempty"`
+	THP        string `json:"thp,omitempty"` // the system's THP mode
 }
 
 // CgroupInfo says whether the arms ran in child memory cgroups.
@@ -59,9 +57,8 @@ type ScenarioReport struct {
 	Title   string         `json:"title"`
 	Figures []FigureReport `json:"figures"`
 	Notes   []string       `json:"notes,omitempty"`
-	// Traces are, by arm key, what each arm's first run observed over time
-	// (trace.go); none in http, in a scenario that did not run, or in a
-	// report written before they were kept.
+	// Traces are each arm's first run over time, by arm key (trace.go);
+	// none in http or in a report written before they were kept.
 	Traces map[string]Trace `json:"traces,omitempty"`
 }
 
@@ -73,29 +70,24 @@ type FigureReport struct {
 	Arms  map[string]Summary `json:"arms"`
 }
 
-// Target is one of the issue's targets checked against the medians.
+// Target is one target checked against the medians.
 type Target struct {
 	Scenario string `json:"scenario"`
 	Target   string `json:"target"`
 	Measured string `json:"measured"`
 	// Met is null when the run could not judge the target; NotJudged then
-	// says why ("quick run": a -quick run is too short or has too few runs
-	// for it; or a window too short).
+	// says why.
 	Met       *bool  `json:"met"`
 	NotJudged string `json:"not_judged,omitempty"`
 }
 
-// notJudgedQuick is Target.NotJudged for a target a -quick run cannot
-// judge: one run per arm cannot tell a 5% A/A spread or a 2% rate from
-// noise, and a 5 s cadence window holds two bursts.
+// notJudgedQuick is Target.NotJudged for a target one short run per arm
+// cannot tell from noise.
 const notJudgedQuick = "quick run"
 
-// burstFloor is the share of the burst that memctl's RSS rise after the
-// burst may exceed the freeos arm's by: slack for the noise between two
-// processes that return the same heap. Without a freeos arm to compare
-// with (a report written before it), the whole rise: the Go runtime keeps
-// the metadata of a heap that once reached the burst's size (span
-// structures, per-arena metadata), which no trim returns.
+// burstFloor is the share of the burst by which memctl's RSS rise may
+// exceed freeos's (noise), or without freeos the whole rise allowed (the
+// burst heap's runtime metadata, which no trim returns).
 const burstFloor = 0.005
 
 // writeJSON writes rep as indented JSON.
@@ -105,11 +97,9 @@ func writeJSON(w io.Writer, rep *Report) error {
 	return enc.Encode(rep)
 }
 
-// readReport reads a report that writeJSON wrote to the file path. The
-// figures' units are restored from the scenario definitions, and the
-// targets are judged again by this harness's rules (a report written
-// before the freeos arm gets the burst RSS target's fixed rule, which says
-// so); a scenario or figure this harness does not know is an error.
+// readReport reads a report writeJSON wrote to path, restores the units and
+// titles from the scenario definitions and judges the targets again; an
+// unknown scenario or figure is an error.
 func readReport(path string) (*Report, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -140,8 +130,8 @@ func readReport(path string) (*Report, error) {
 	return &rep, nil
 }
 
-// checkArms checks that a report's arms are this harness's, in its order,
-// or those of a report written before the freeos arm: all but it.
+// checkArms checks that a report's arms are this harness's, in order, with
+// or without freeos (a report written before it).
 func checkArms(got []ArmInfo) error {
 	var keys, want, before []string
 	for _, a := range got {
@@ -159,8 +149,7 @@ func checkArms(got []ArmInfo) error {
 	return fmt.Errorf("arms %q, want %q (or %q, written before the freeos arm)", keys, want, before)
 }
 
-// writeMarkdown writes rep as Markdown: the setup, the arms, a table per
-// scenario with the arms as columns, and the targets.
+// writeMarkdown writes rep as Markdown.
 func writeMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
 	m := rep.Machine
@@ -235,9 +224,7 @@ func writeMarkdown(w io.Writer, rep *Report) error {
 	return err
 }
 
-// formatMemLimit renders an arm's GOMEMLIMIT in MiB for the arms table:
-// "none" for no limit, "– (not run)" for an arm that ran no scenario of
-// the report (freeos without burst).
+// formatMemLimit renders an arm's GOMEMLIMIT in MiB for the arms table.
 func formatMemLimit(b int64) string {
 	switch {
 	case b < 0:
@@ -248,8 +235,7 @@ func formatMemLimit(b int64) string {
 	return mibs(b)
 }
 
-// formatAA renders the A/A column: how far the A/A arm's median is from the
-// memctl arm's, relative to the latter.
+// formatAA renders the A/A column: relDiff of the memctl and A/A medians.
 func formatAA(f FigureReport) string {
 	d, ok := relDiff(f.Arms["memctl"].Median, f.Arms["memctl-aa"].Median)
 	switch {

@@ -16,29 +16,18 @@ import (
 
 // config is one run of the harness.
 type config struct {
-	// Runs is the number of runs per arm and scenario.
-	Runs int
-	// Quick is set for -quick (recorded in the report).
-	Quick bool
-	// Scenarios are the scenarios to run, in order.
+	Runs      int  // runs per arm and scenario
+	Quick     bool // -quick (recorded in the report)
 	Scenarios []string
-	// CgroupLimit is each arm's cgroup memory limit in bytes; 0 runs the
-	// arms without cgroups.
+	// CgroupLimit is each arm's cgroup memory limit in bytes; 0: no cgroups.
 	CgroupLimit int64
-	// Params are the scenarios' sizes and times.
-	Params params
-	// Exe is the scenario binary; "" means this executable.
-	Exe string
-	// From, when set, names a saved -json report to render instead of
-	// running.
-	From string
-	// SVGDir is the directory the charts are written into (svg.go); ""
-	// writes none.
-	SVGDir string
+	Params      params
+	Exe         string // the scenario binary; "": this executable
+	From        string // a saved -json report to render instead of running
+	SVGDir      string // where the charts go (svg.go); "": none
 }
 
-// defaultConfig is the full run (5 runs per arm), or with quick the short
-// one (1 run, short windows).
+// defaultConfig is the full run, or with quick the short one.
 func defaultConfig(quick bool) config {
 	c := config{Runs: 5, Quick: quick, CgroupLimit: 2 << 30, Params: defaultParams(quick)}
 	if quick {
@@ -51,7 +40,6 @@ func defaultConfig(quick bool) config {
 }
 
 // run runs every scenario of cfg, arms interleaved, and returns the report.
-// Progress lines go to progress.
 func run(cfg config, progress io.Writer) (*Report, error) {
 	if cfg.Runs < 1 {
 		return nil, fmt.Errorf("bench: runs %d: want at least 1", cfg.Runs)
@@ -119,8 +107,7 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 }
 
 // runScenario runs the arms of s cfg.Runs times, interleaved, and returns
-// its table with the traces of each arm's first run. memLimits gets each
-// arm's GOMEMLIMIT from the first scenario it runs in.
+// its table; memLimits gets each arm's GOMEMLIMIT from its first scenario.
 func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, memLimits map[string]int64, progress io.Writer) (ScenarioReport, error) {
 	obs := make(map[string]map[string][]Obs) // arm -> figure -> runs
 	traces := make(map[string]Trace)
@@ -138,9 +125,7 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 				return ScenarioReport{}, err
 			}
 			if _, seen := memLimits[a.Key]; !seen {
-				// The first scenario's: the load scenarios run in
-				// larger cgroups (loadParams.CgroupLimit), and the arms
-				// table states the common cgroup limit.
+				// The first scenario's: the load scenarios' cgroups are larger.
 				memLimits[a.Key] = res.GoMemLimit
 			}
 			for _, f := range s.Figures {
@@ -167,8 +152,7 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 	return sr, nil
 }
 
-// runOne runs arm a of scenario s once, in a cgroup of its own when parent
-// is not nil, and returns its figures and its trace.
+// runOne runs arm a of scenario s once, in a cgroup when parent is not nil.
 func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent, run int) (figs map[string]Obs, res childResult, tr Trace, err error) {
 	spec := s.Name + "/" + a.Key
 	limit := cfg.CgroupLimit
@@ -180,9 +164,7 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 		return nil, childResult{}, tr, err
 	}
 	defer func() {
-		if pr.holds() {
-			// An error path whose removal failed: the child is killed
-			// and its cgroups removed, or the error says which is left.
+		if pr.holds() { // an error path whose removal failed: retry
 			err = errors.Join(err, pr.abort())
 		}
 		pr.untrack()
@@ -200,9 +182,8 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 	return figs, res, tr, nil
 }
 
-// startArm makes the arm's cgroup name under parent (none when parent is
-// nil) and starts the arm in it, tracked for abortRunning; after an
-// interrupt it starts nothing.
+// startArm starts the arm, in a new cgroup name under a non-nil parent,
+// tracked for abortRunning; after an interrupt it starts nothing.
 func startArm(exe, spec string, p params, parent *cgrouptest.Parent, name string, limit int64) (*proc, error) {
 	running.Lock()
 	defer running.Unlock()
@@ -227,9 +208,8 @@ func startArm(exe, spec string, p params, parent *cgrouptest.Parent, name string
 	return pr, nil
 }
 
-// deriveRatio adds figure to, per arm and run, the arm's figure from
-// divided by the plain arm's in the same round: interleaved runs make the
-// pairs close in time, so drift in the machine's load cancels out.
+// deriveRatio adds figure to, per arm and run: the arm's figure from over
+// the plain arm's in the same round, so that the machine's drift cancels.
 func deriveRatio(obs map[string]map[string][]Obs, from, to string) {
 	plain := obs["plain"][from]
 	for _, a := range arms {

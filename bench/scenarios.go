@@ -16,40 +16,31 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// params are the scenarios' sizes and times; the parent passes them to each
-// child as JSON.
+// params are the scenarios' sizes (bytes) and times; the parent passes
+// them to each child as JSON.
 type params struct {
-	// Live is the live heap every child keeps, in bytes.
-	Live int64 `json:"live_bytes"`
-	// Burst is the burst scenario's burst, in bytes.
-	Burst int64 `json:"burst_bytes"`
-	// Window is how long RSS is observed after the burst.
-	Window time.Duration `json:"window"`
-	// Sample is the interval between RSS readings.
-	Sample time.Duration `json:"sample"`
-	// CadenceBurst, CadencePeriod, CadenceFor: the cadence scenario's
-	// bursts, their spacing and the length of its window.
+	Live   int64         `json:"live_bytes"`  // the live heap every child keeps
+	Burst  int64         `json:"burst_bytes"` // the burst scenario's burst
+	Window time.Duration `json:"window"`      // how long RSS is observed after it
+	Sample time.Duration `json:"sample"`      // the interval between RSS readings
+	// The cadence scenario's bursts, their spacing and its window.
 	CadenceBurst  int64         `json:"cadence_burst_bytes"`
 	CadencePeriod time.Duration `json:"cadence_period"`
 	CadenceFor    time.Duration `json:"cadence_for"`
-	// Requests is the http scenario's measured requests, after Warmup more;
-	// Clients is the number of concurrent client connections, Alloc the
-	// bytes each request allocates and charges to its budget, Budget each
-	// request's budget in the memctl arms.
-	Requests int   `json:"requests"`
-	Warmup   int   `json:"warmup"`
-	Clients  int   `json:"clients"`
-	Alloc    int64 `json:"request_alloc_bytes"`
-	Budget   int64 `json:"request_budget_bytes"`
-	// Load are the load scenarios' (load.go).
-	Load loadParams `json:"load"`
-	// TrimDelay, when not 0, is the memctl arms' trim delay
-	// (memctl.WithTrimDelay) instead of the default.
+	// The http scenario's measured requests (after Warmup), connections,
+	// bytes each request charges, and budget per request (memctl arms).
+	Requests int        `json:"requests"`
+	Warmup   int        `json:"warmup"`
+	Clients  int        `json:"clients"`
+	Alloc    int64      `json:"request_alloc_bytes"`
+	Budget   int64      `json:"request_budget_bytes"`
+	Load     loadParams `json:"load"`
+	// TrimDelay, when not 0, is the memctl arms' memctl.WithTrimDelay.
 	TrimDelay time.Duration `json:"trim_delay,omitempty"`
 }
 
-// defaultParams are the issue's scenarios; quick shortens the windows and
-// the request count so that the whole run takes under a minute.
+// defaultParams are the full run's; quick shortens the windows and the
+// request count.
 func defaultParams(quick bool) params {
 	p := params{
 		Live:          20 << 20,
@@ -68,9 +59,7 @@ func defaultParams(quick bool) params {
 	p.Load = defaultLoadParams(quick)
 	if quick {
 		p.Window = 3500 * time.Millisecond
-		// Two bursts 2.5 s apart: the trim of the first (2.0 to 2.1 s
-		// after it) lands before the second, so a quick run shows one
-		// trim for sure; the full run keeps the worst spacing, 2.1 s.
+		// 2.5 s apart: the first burst's trim lands before the second.
 		p.CadencePeriod, p.CadenceFor = 2500*time.Millisecond, 5*time.Second
 		p.Requests, p.Warmup = 10_000, 500
 	}
@@ -85,32 +74,25 @@ type figureDef struct {
 }
 
 // scenario is one workload: its child side (run in each arm's process) and
-// its parent side (which observes the child from /proc).
+// its parent side (which observes the child from /proc). The func fields
+// after complete are optional.
 type scenario struct {
 	Name    string
 	Figures []figureDef
-	// title describes the scenario's parameters, as the table's heading.
-	title func(p params) string
-	// child runs in the arm's process.
-	child func(p params, st *armState, c *childIO) (childResult, error)
-	// observe runs in the parent while the child runs, and returns the
-	// figures read from /proc and the trace of the run (empty in http);
-	// the child's result fills in the rest (complete, Trace.complete).
+	title   func(p params) string // the table's heading
+	child   func(p params, st *armState, c *childIO) (childResult, error)
+	// observe runs in the parent while the child runs and returns the
+	// figures read from /proc and the run's trace; complete adds the
+	// child's result.
 	observe  func(pr *proc, p params) (map[string]Obs, Trace, error)
 	complete func(figs map[string]Obs, r childResult)
-	// arms are the keys of the arms the scenario runs; nil means
-	// defaultArms.
-	arms []string
-	// cgroupLimit, when set, gives the memory limit of the arms' cgroups
-	// where it is above -cgroup-limit's (the load scenarios').
+	arms     []string // keys of the arms it runs; nil: defaultArms
+	// cgroupLimit is the arms' cgroup limit where above -cgroup-limit's.
 	cgroupLimit func(p params) int64
-	// derive, when set, adds figures computed across arms (per round).
-	derive func(obs map[string]map[string][]Obs)
-	// setup, when set, runs in the arm's process before the arm's setup
-	// (memctl.Start in the memctl arms).
-	setup func(p params)
-	// precheck, when set, says why the scenario cannot run here; the
-	// report then notes it and the run goes on without it.
+	derive      func(obs map[string]map[string][]Obs) // figures across arms, per round
+	setup       func(p params)                        // in the child, before the arm's setup
+	// precheck says why the scenario cannot run here; the report notes it
+	// and the run goes on.
 	precheck func() error
 }
 
@@ -198,9 +180,8 @@ var burstScenario = scenario{
 	complete: func(map[string]Obs, childResult) {},
 }
 
-// burstFigures computes the burst scenario's figures from RSS before the
-// burst, its peak and the samples taken after it (at in seconds after the
-// burst's end).
+// burstFigures computes the burst scenario's figures (samples: at in
+// seconds after the burst's end).
 func burstFigures(before, peak int64, samples []sample, window time.Duration) map[string]Obs {
 	return map[string]Obs{
 		"rss_before":        {Value: float64(before)},
@@ -211,8 +192,7 @@ func burstFigures(before, peak int64, samples []sample, window time.Duration) ma
 	}
 }
 
-// cadence: bursts of 64 MiB every 2.1 s for 60 s, the worst spacing for a
-// 2 s trim delay.
+// cadence: the worst burst spacing for a 2 s trim delay.
 var cadenceScenario = scenario{
 	Name: "cadence",
 	Figures: []figureDef{
@@ -297,8 +277,7 @@ var cadenceScenario = scenario{
 	},
 }
 
-// http: a loopback net/http server, with the budget middleware in the memctl
-// arms and without it in the others, driven by an in-process load generator.
+// http: a loopback net/http server and an in-process load generator.
 var httpScenario = scenario{
 	Name: "http",
 	Figures: []figureDef{
@@ -329,11 +308,8 @@ var httpScenario = scenario{
 	},
 }
 
-// httpChild serves a handler that charges p.Alloc bytes to the request's
-// budget (limits.Grow, which counts nothing without the middleware),
-// allocates them and answers 1 KiB of them; in the memctl arms the handler
-// sits behind Pool.Middleware with a p.Budget budget per request and the
-// controller's AfterBurst as the burst hook.
+// httpChild serves handler(p.Alloc), behind Pool.Middleware in the memctl
+// arms.
 func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	var r childResult
 	h := handler(p.Alloc)
@@ -390,10 +366,9 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	return r, nil
 }
 
-// handler is the http scenario's handler: it charges alloc bytes to the
-// request's budget (limits.Grow, which counts nothing when the request has
-// no account), allocates them, touches each page and answers the first
-// KiB. A refused budget is answered with limits.WriteError.
+// handler charges alloc bytes to the request's budget (limits.Grow counts
+// nothing without an account), allocates them, touches each page and
+// answers the first KiB; a refusal is answered with limits.WriteError.
 func handler(alloc int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		ctx := req.Context()
@@ -412,9 +387,9 @@ func handler(alloc int64) http.Handler {
 	})
 }
 
-// load sends n GET requests to url over clients concurrent connections and
-// returns each request's latency and the wall time of all of them. Any
-// answer other than 200 OK is an error.
+// load sends n GET requests to url over clients connections and returns
+// each one's latency and the total wall time; an answer other than 200 is
+// an error.
 func load(client *http.Client, url string, n, clients int) ([]time.Duration, time.Duration, error) {
 	lat := make([]time.Duration, n)
 	var next atomic.Int64

@@ -9,20 +9,16 @@ import (
 // Obs is one observation of a figure in one run of one arm. Values are in
 // the figure's base unit (bytes, seconds, requests per second, a fraction).
 type Obs struct {
-	// Value is the figure; with Over set it is a lower bound.
 	Value float64 `json:"value"`
-	// Over means the true value is greater than Value: the observation
-	// window (Value seconds) ended first, as for "back within 10%" when RSS
-	// never came back.
+	// Over means the true value is greater than Value: the window (Value
+	// seconds) ended first.
 	Over bool `json:"over,omitempty"`
-	// NA means the figure was not observed in this run: a time after the
-	// burst that lies beyond the observation window (-quick).
+	// NA means the figure was not observed in this run (beyond the window).
 	NA bool `json:"na,omitempty"`
 }
 
-// cmp orders observations by value, an Over value after a plain one of the
-// same value (in a figure every Over bound is the same window, and every
-// plain value lies within it), and NA observations last.
+// cmp orders observations by value, Over after a plain one of the same
+// value, NA last.
 func (o Obs) cmp(p Obs) int {
 	if o.NA || p.NA {
 		return cmpBool(o.NA, p.NA)
@@ -43,8 +39,7 @@ func cmpBool(a, b bool) int {
 	return -1
 }
 
-// Summary is a figure over the runs of one arm: the median, the smallest
-// and the largest observation, and every run in order.
+// Summary is a figure over the runs of one arm, runs in order.
 type Summary struct {
 	Median Obs   `json:"median"`
 	Min    Obs   `json:"min"`
@@ -63,10 +58,9 @@ func (s Summary) N() int {
 	return n
 }
 
-// summarize returns the median, min and max of runs, ignoring NA runs (all
-// NA, or none: the summary is NA). For an even count the median is the mean
-// of the two middle observations; when the upper one is Over, so is the
-// median (the true median is at least that mean).
+// summarize returns the median, min and max of runs, ignoring NA runs (NA
+// if all are). For an even count the median is the mean of the middle two,
+// Over if either is.
 func summarize(runs []Obs) Summary {
 	s := Summary{Runs: slices.Clone(runs)}
 	var obs []Obs
@@ -95,9 +89,8 @@ func summarize(runs []Obs) Summary {
 	return s
 }
 
-// relDiff returns |a-b| relative to a, for the A/A check, and whether the
-// comparison means anything: both Over with the same bound agree (0); one
-// Over and the other not, or either NA, cannot be compared.
+// relDiff returns |a-b|/|a| and whether a and b can be compared: both Over
+// with the same bound agree (0); NA, or one Over, cannot.
 func relDiff(a, b Obs) (float64, bool) {
 	switch {
 	case a.NA || b.NA:
@@ -117,8 +110,7 @@ func relDiff(a, b Obs) (float64, bool) {
 	return math.Abs(a.Value-b.Value) / math.Abs(a.Value), true
 }
 
-// rssAt returns the first sample taken at or after d from the start of the
-// samples' clock, or NA when the samples end before d.
+// rssAt returns the first sample at or after d seconds, or NA.
 func rssAt(samples []sample, d float64) Obs {
 	for _, s := range samples {
 		if s.at >= d {
@@ -128,9 +120,8 @@ func rssAt(samples []sample, d float64) Obs {
 	return Obs{NA: true}
 }
 
-// backWithin returns the time of the first sample whose RSS is within ratio
-// of base (rss <= base*(1+ratio)), or window with Over set when no sample
-// is.
+// backWithin returns the time of the first sample with rss <=
+// base*(1+ratio), or window with Over set.
 func backWithin(samples []sample, base int64, ratio, window float64) Obs {
 	limit := float64(base) * (1 + ratio)
 	for _, s := range samples {
@@ -141,8 +132,7 @@ func backWithin(samples []sample, base int64, ratio, window float64) Obs {
 	return Obs{Value: window, Over: true}
 }
 
-// meanRSS returns the mean of the samples' RSS in bytes (the samples are
-// evenly spaced, so this is the time-weighted mean), NA when there are none.
+// meanRSS returns the mean of evenly spaced samples' RSS, NA for none.
 func meanRSS(samples []sample) Obs {
 	if len(samples) == 0 {
 		return Obs{NA: true}
@@ -154,8 +144,8 @@ func meanRSS(samples []sample) Obs {
 	return Obs{Value: sum / float64(len(samples))}
 }
 
-// percentile returns the p-th percentile (p in [0, 100]) of sorted by the
-// nearest-rank method, 0 for an empty slice.
+// percentile returns the nearest-rank p-th percentile (p in [0, 100]) of
+// sorted, 0 for none.
 func percentile(sorted []float64, p float64) float64 {
 	if len(sorted) == 0 {
 		return 0

@@ -17,24 +17,18 @@ type chartFile struct {
 	Chart plot.Chart
 }
 
-// chartWidth and chartHeight are the charts' size in pixels: wide enough
-// for a 62 s window's marks and for the titles.
+// chartWidth and chartHeight are the charts' size in pixels.
 const chartWidth, chartHeight = 960, 400
 
-// limitOffChart: a GOMEMLIMIT more than this many times the chart's
-// largest RSS is named in the title instead of drawn, which would squeeze
-// the series into the bottom of the chart.
+// limitOffChart: a GOMEMLIMIT over this many times the largest RSS is named
+// in the title, not drawn (it would squeeze the series).
 const limitOffChart = 2
 
-// charts returns the charts of scenario s of rep, drawn from its traces:
-// bench-NAME.svg, each arm's RSS in MiB over time, and for a scenario
-// whose traces hold p99 windows (the load scenarios) bench-NAME-p99.svg,
-// each arm's p99 latency in milliseconds per p99Window. The series follow
-// rep.Arms' order, named by the arms' labels; the memctl arm's trims are
-// marks ("trim"), and in burst the end of the burst is one at 0; each
-// GOMEMLIMIT is a line on the RSS chart (one line where the arms' are
-// equal), unless it lies above limitOffChart times the largest RSS. No
-// chart when s has no traces.
+// charts returns the charts of scenario s drawn from its traces (none
+// without): bench-NAME.svg, each arm's RSS in MiB, and where the traces
+// hold p99 windows bench-NAME-p99.svg. The memctl arm's trims are marks,
+// as is the end of the burst at 0 in burst; GOMEMLIMIT is drawn by
+// limitLines.
 func charts(rep *Report, s ScenarioReport) []chartFile {
 	if len(s.Traces) == 0 {
 		return nil
@@ -99,10 +93,9 @@ func p99Subject(p params, name string) string {
 		secs(p99Window), thousands(rate), mibs(lp.Burst), secs(lp.Period), secs(lp.FirstBurst))
 }
 
-// limitLines returns the GOMEMLIMIT lines of s's arms that have one: a
-// single "GOMEMLIMIT" line where they are all equal, else one per arm
-// ("GOMEMLIMIT (label)"). A limit above limitOffChart times maxRSS is not
-// drawn; note, for the title, names it.
+// limitLines returns the GOMEMLIMIT lines of s's arms, one line where all
+// are equal; a limit above limitOffChart times maxRSS is named in note for
+// the title instead.
 func limitLines(rep *Report, s ScenarioReport, maxRSS float64) (lines []plot.Line, note string) {
 	var off []string
 	for _, a := range rep.Arms {
@@ -138,9 +131,8 @@ func maxY(series []plot.Series) float64 {
 	return m
 }
 
-// checkSVGDir makes dir (and its parents) if missing and checks that a
-// file can be created in it, so that a bad -svg fails before the run. The
-// error names the flag and the directory.
+// checkSVGDir makes dir if missing and checks that a file can be created
+// in it, so that a bad -svg fails before the run.
 func checkSVGDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("bench: -svg %s: %w", dir, err)
@@ -152,9 +144,8 @@ func checkSVGDir(dir string) error {
 	return errors.Join(f.Close(), os.Remove(f.Name()))
 }
 
-// writeSVGs writes the charts of every scenario of rep into dir (made if
-// missing) and returns the paths written, in order; a scenario without
-// traces has none. It stops at the first error, which names the file.
+// writeSVGs writes rep's charts into dir and returns the paths written; it
+// stops at the first error.
 func writeSVGs(dir string, rep *Report) ([]string, error) {
 	var paths []string
 	for _, s := range rep.Scenarios {

@@ -5,9 +5,8 @@ import (
 	"strings"
 )
 
-// targets checks the issue's targets against the report's medians: those
-// of the burst, cadence and http scenarios, then the load scenarios'.
-// A target whose scenario or figure did not run is left out.
+// targets checks the targets against the report's medians; one whose
+// scenario or figure did not run is left out.
 func targets(rep *Report) []Target {
 	var ts []Target
 	if t, ok := burstRSSTarget(rep); ok {
@@ -32,16 +31,13 @@ func targets(rep *Report) []Target {
 // verdict returns a pointer to v, for Target.Met.
 func verdict(v bool) *bool { return &v }
 
-// median returns arm's median of the figure f (the zero Obs when the arm has
-// none).
+// median returns arm's median of f (the zero Obs when it has none).
 func median(f FigureReport, arm string) Obs { return f.Arms[arm].Median }
 
-// medianCell renders arm's median of the figure f in its unit, as a Measured
-// text quotes it.
+// medianCell renders arm's median of f in its unit.
 func medianCell(f FigureReport, arm string) string { return formatObs(f.Unit, median(f, arm)) }
 
-// fullRunOnly leaves t unjudged (notJudgedQuick) in a -quick run, which
-// cannot judge it, and returns it as it is otherwise.
+// fullRunOnly leaves t unjudged in a -quick run.
 func (rep *Report) fullRunOnly(t Target) Target {
 	if rep.Quick {
 		t.Met, t.NotJudged = nil, notJudgedQuick
@@ -49,14 +45,11 @@ func (rep *Report) fullRunOnly(t Target) Target {
 	return t
 }
 
-// burstRSSTarget checks that memctl's RSS rise 3 s after the burst (RSS 3 s
-// after less RSS before, of the medians), in both the memctl arm and its
-// A/A, is at most the freeos arm's rise in the same run plus burstFloor of
-// the burst: that memctl returns what the runtime itself can. A report
-// without a freeos arm (written before it) is judged by the fixed rule it
-// was written with, RSS before plus burstFloor of the burst, and the
-// target says so. Unjudged when an arm has no such RSS; it reports false
-// when the burst scenario has no RSS figures.
+// burstRSSTarget checks that the RSS rise 3 s after the burst (of the
+// medians) of memctl and its A/A is at most the freeos arm's plus
+// burstFloor of the burst; without a freeos arm, at most burstFloor of the
+// burst, and the target says so. Unjudged when a median is missing; false
+// without the figures.
 func burstRSSTarget(rep *Report) (Target, bool) {
 	before, ok1 := rep.figure("burst", "rss_before")
 	after, ok2 := rep.figure("burst", "rss_3s")
@@ -65,8 +58,6 @@ func burstRSSTarget(rep *Report) (Target, bool) {
 	}
 	slack := burstFloor * float64(rep.Params.Burst)
 	share := fmt.Sprintf("%.1f%% of the burst (%.1f MiB)", burstFloor*100, slack/(1<<20))
-	// rise returns arm's median RSS 3 s after the burst less its median RSS
-	// before it; false when either is missing.
 	rise := func(arm string) (float64, bool) {
 		b, a := median(before, arm), median(after, arm)
 		if b.NA || a.NA || b.Over || a.Over {
@@ -110,8 +101,7 @@ func burstRSSTarget(rep *Report) (Target, bool) {
 }
 
 // burstPlainTarget checks that plain Go is not back within 10% of its
-// pre-burst RSS in 30 s (what memctl is for); unjudged when the window is
-// shorter than 30 s. It reports false when the figure did not run.
+// pre-burst RSS in 30 s (unjudged in a shorter window).
 func burstPlainTarget(rep *Report) (Target, bool) {
 	f, ok := rep.figure("burst", "back_within_10pct")
 	if !ok {
@@ -133,10 +123,8 @@ func burstPlainTarget(rep *Report) (Target, bool) {
 	return t, true
 }
 
-// burstAATarget checks that the memctl arm and its A/A agree within 5% on
-// every figure of the burst scenario that either has (relDiff); a figure
-// they cannot be compared on misses it. It reports false when the burst
-// scenario did not run.
+// burstAATarget checks that memctl and its A/A agree within 5% (relDiff) on
+// every burst figure either has; one they cannot be compared on misses.
 func burstAATarget(rep *Report) (Target, bool) {
 	s, ok := rep.scenario("burst")
 	if !ok {
@@ -169,9 +157,7 @@ func burstAATarget(rep *Report) (Target, bool) {
 	}, true
 }
 
-// cadenceTargets checks the cadence scenario's targets, each left out when
-// its figure did not run and unjudged in a -quick run: the trims' share of
-// wall time, and memctl's mean RSS against plain Go's.
+// cadenceTargets checks the cadence scenario's targets.
 func cadenceTargets(rep *Report) []Target {
 	var ts []Target
 	if f, ok := rep.figure("cadence", "trim_share"); ok {
@@ -196,8 +182,7 @@ func cadenceTargets(rep *Report) []Target {
 }
 
 // httpTarget checks that the budget middleware costs at most 2% of
-// requests per second against plain Go, in the memctl arm and its A/A. It
-// reports false when the figure did not run.
+// requests per second against plain Go, in memctl and its A/A.
 func httpTarget(rep *Report) (Target, bool) {
 	f, ok := rep.figure("http", "rps_vs_plain")
 	if !ok {
@@ -212,10 +197,10 @@ func httpTarget(rep *Report) (Target, bool) {
 	}, true
 }
 
-// loadTargets checks issue 13's targets for the load scenarios.
+// loadTargets checks the load scenarios' targets.
 func loadTargets(rep *Report) []Target {
 	var ts []Target
-	// both is a target that the memctl arm and its A/A must each meet.
+	// both is a target that memctl and its A/A must each meet.
 	both := func(name string, f FigureReport, target, extra string, pass func(float64) bool) Target {
 		m, aa := median(f, "memctl"), median(f, "memctl-aa")
 		return Target{
@@ -239,12 +224,9 @@ func loadTargets(rep *Report) []Target {
 			ts = append(ts, both(name, f, "trim CPU at most 2% of wall time", "", func(v float64) bool { return v <= 0.02 }))
 		}
 		if f, ok := rep.figure(name, "p99_trim_ratio"); ok && name != "load-contended" {
-			// Issue 26. In load no natural GC cycle runs between a burst
-			// and its trim (1 GiB live under GOGC=100 and 3.2 MB/s of
-			// request garbage: one about every 160 s), so the trim runs
-			// the GC that frees the burst, and its requests see what any
-			// GC of that heap costs them; load-gc is the service the
-			// target is about, whose natural cycles collected the burst.
+			// In load no natural GC cycle precedes the trim, so the trim
+			// runs the GC that frees the burst and its requests see a GC's
+			// cost; in load-gc natural cycles collect the burst first.
 			var placebo string
 			if pl, ok := rep.figure(name, "p99_placebo_ratio"); ok {
 				placebo = fmt.Sprintf("; placebo windows %s, %s", medianCell(pl, "memctl"), medianCell(pl, "memctl-aa"))

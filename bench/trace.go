@@ -12,41 +12,30 @@ import (
 	"github.com/memctl/memctl/internal/plot"
 )
 
-// Trace is what the first run of one arm of a scenario observed over time,
-// kept beside the figures for the charts (svg.go). Times are seconds since
-// the scenario's origin: the end of the burst in burst (the parent reading
-// the child's "end"), the parent's "go" in cadence and the load scenarios.
-// The http scenario keeps none.
+// Trace is what the first run of one arm observed over time, for the
+// charts (svg.go). Times are seconds since the origin: the end of the burst
+// in burst, the parent's "go" elsewhere. http keeps none.
 type Trace struct {
-	// RSS is the child's VmRSS in MiB, as the parent sampled it (every
-	// params.Sample), rounded to 0.1 MiB at 0.01 s. In burst it starts
-	// with the reading before the burst (at a negative time) and the peak
-	// (VmHWM) at 0, where the burst ended.
+	// RSS is VmRSS in MiB (0.1 MiB, 0.01 s); in burst it starts with the
+	// reading before the burst (a negative time) and the peak at 0.
 	RSS Points `json:"rss_mib"`
-	// P99 is, in the load scenarios, the p99 latency in milliseconds
-	// (rounded to 0.01 ms) of the requests due in each p99Window of the
-	// load generator, at the window's middle.
-	P99 Points `json:"p99_ms,omitempty"`
-	// Trims are the times the trims memctl ran started (the memctl arms'
-	// "trim: done" log records), rounded to 0.01 s.
-	Trims []float64 `json:"trims_s,omitempty"`
-	// GoMemLimit is the child's GOMEMLIMIT in MiB, 0 when it had none.
-	GoMemLimit float64 `json:"gomemlimit_mib,omitempty"`
+	// P99 is the load scenarios' p99 latency in ms of the requests due in
+	// each p99Window, at the window's middle.
+	P99        Points    `json:"p99_ms,omitempty"`
+	Trims      []float64 `json:"trims_s,omitempty"`        // the memctl trims' starts
+	GoMemLimit float64   `json:"gomemlimit_mib,omitempty"` // 0: none
 
-	// origin is the scenario's origin, to place the child's trims.
 	origin time.Time
 }
 
 // p99Window is the width of the load scenarios' p99 windows.
 const p99Window = 2 * time.Second
 
-// Points is a time series. In JSON it is one string of "x,y" pairs
-// separated by spaces (as plot's data-points): the indented report would
-// otherwise spend a line on each number.
+// Points is a time series; in JSON one string of space-separated "x,y"
+// pairs, not a line per number.
 type Points []plot.Point
 
-// MarshalJSON writes the points as one string, each number in the fewest
-// digits that read back to the same float64.
+// MarshalJSON writes each number in the fewest digits that read back.
 func (ps Points) MarshalJSON() ([]byte, error) {
 	var b strings.Builder
 	for i, p := range ps {
@@ -60,8 +49,7 @@ func (ps Points) MarshalJSON() ([]byte, error) {
 	return json.Marshal(b.String())
 }
 
-// UnmarshalJSON reads what MarshalJSON writes; a pair that does not parse
-// is an error.
+// UnmarshalJSON reads what MarshalJSON writes.
 func (ps *Points) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
@@ -96,8 +84,7 @@ func rssTrace(origin time.Time, samples []sample) Trace {
 	return tr
 }
 
-// complete adds what the child reported: the start of each of its trims,
-// in seconds since the trace's origin, and its GOMEMLIMIT.
+// complete adds the child's trims and GOMEMLIMIT.
 func (tr *Trace) complete(r childResult) {
 	for _, sp := range r.TrimSpans {
 		tr.Trims = append(tr.Trims, round(float64(sp[0]-tr.origin.UnixNano())/1e9, 100))
@@ -107,12 +94,9 @@ func (tr *Trace) complete(r childResult) {
 	}
 }
 
-// p99Windows returns the p99 latency in milliseconds (nearest rank) of the
-// requests due in each window of w, the last one possibly partial, at the
-// window's middle in seconds since the trace's origin. The i-th request
-// (latency lat[i] seconds) was due at i/rate seconds after the load
-// started, offset seconds after the origin. A window with no request is
-// left out.
+// p99Windows returns the p99 latency in ms of the requests due in each
+// window w, at its middle; the i-th request (lat[i] seconds) was due
+// offset + i/rate seconds after the origin. Empty windows are left out.
 func p99Windows(lat []float64, rate, offset float64, w time.Duration) Points {
 	ws := w.Seconds()
 	var out Points

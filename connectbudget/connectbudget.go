@@ -5,8 +5,7 @@
 // middleware (limits.Pool.Middleware) answers it with 429.
 //
 // It is a module of its own (github.com/memctl/memctl/connectbudget), so
-// that the memctl module does not depend on connectrpc.com/connect; only a
-// program that imports this package does.
+// that the memctl module does not depend on connectrpc.com/connect.
 //
 //	pool, _ := limits.NewPool(limits.PoolConfig{Name: "connect", CancelLargest: true})
 //	budget, _ := connectbudget.HandlerOptions(pool, connectbudget.Config{Limit: 64 << 20, AfterBurst: memctl.AfterBurst})
@@ -17,58 +16,49 @@
 //
 // # Messages
 //
-// connect-go receives and unmarshals a unary request before any
-// interceptor runs, so a large message costs its wire bytes and its
-// decoded form before an interceptor could refuse it. HandlerOptions
-// charges each request message's size to the call's account before it is
-// unmarshaled: a refused message gets resource_exhausted and is never
-// unmarshaled, and the handler does not run. The message is still read
-// (and decompressed) first, up to connect.WithReadMaxBytes: set it to the
-// per-call budget. NewInterceptor's interceptor alone
-// (connect.WithInterceptors) opens each call's account once the request is
-// unmarshaled.
+// connect-go unmarshals a unary request before any interceptor runs.
+// HandlerOptions charges each request message's size to the call's account
+// before it is unmarshaled: a refused message gets resource_exhausted, is
+// never unmarshaled, and the handler does not run. The message is still
+// read (and decompressed) first, up to connect.WithReadMaxBytes: set it to
+// the per-call budget. NewInterceptor's interceptor alone opens the account
+// once the request is unmarshaled.
 //
 // # What the client sees
 //
-// The interceptor maps every error that matches limits.ErrResourceExhausted
-// (a refused Grow, as is, wrapped or joined, or inside a *connect.Error of
-// code unknown, canceled or resource_exhausted; the ErrClosed error of a
-// Grow after the heap watch canceled the call), and any error the handler
-// returns after the heap watch canceled the call's context
-// (PoolConfig.CancelLargest; a handler that returns ctx.Err() then would
-// otherwise send canceled, HTTP 499), to connect.CodeResourceExhausted with the error's text as the message: the
-// scope and the sizes, for example "limits: resource_exhausted in
-// connect/req-17: requested 1073741824 bytes, 0 in use, limit 67108864".
-// Other errors pass unchanged.
+// The interceptor maps to connect.CodeResourceExhausted every error that
+// matches limits.ErrResourceExhausted (a refused Grow, as is, wrapped or
+// joined, or inside a *connect.Error of code unknown, canceled or
+// resource_exhausted; a Grow's ErrClosed after the heap watch canceled the
+// call), and any error the handler returns after the heap watch canceled
+// the call's context (PoolConfig.CancelLargest; ctx.Err() would otherwise
+// send canceled, HTTP 499). The message is the error's text, for example
+// "limits: resource_exhausted in connect/req-17: requested 1073741824
+// bytes, 0 in use, limit 67108864". Other errors pass unchanged.
 //
-// A handler that wraps the budget error in a *connect.Error of a code it
-// chose (connect.NewError(connect.CodeInvalidArgument, err), or the
-// catch-all CodeInternal) keeps that code, as a gRPC status does in
-// grpcbudget: only CodeUnknown, CodeCanceled (a context's end, as
-// connect.NewError(connect.CodeCanceled, ctx.Err()) makes it after the
-// heap watch's cancel) and CodeResourceExhausted itself become
-// resource_exhausted.
+// A budget error inside a *connect.Error of a code the handler chose
+// (connect.NewError(connect.CodeInvalidArgument, err), or the catch-all
+// CodeInternal) keeps that code: only CodeUnknown, CodeCanceled (a
+// context's end) and CodeResourceExhausted become resource_exhausted.
 //
 // When a retry can succeed (limits.ExhaustedError.RetryAfter: the pool was
 // full or under heap pressure, or the heap watch canceled the call), the
-// error's metadata carry Retry-After in whole seconds (RFC 9110; Connect
-// sends it as a response header of the 429) and grpc-retry-pushback-ms in
-// milliseconds (gRFC A6; the gRPC protocol sends it as a trailer); when it
-// cannot (the call was over its own budget, or asked for more than the
-// whole pool), there is no Retry-After and grpc-retry-pushback-ms is -1
-// (NoRetryPushback), gRFC A6's "do not retry", for gRPC clients with a
-// retry policy: the same rule as the middleware's Retry-After.
+// error's metadata carry Retry-After in whole seconds (RFC 9110; a response
+// header in Connect) and grpc-retry-pushback-ms in milliseconds (gRFC A6; a
+// trailer in gRPC); when it cannot (the call was over its own budget, or
+// asked for more than the whole pool), there is no Retry-After and
+// grpc-retry-pushback-ms is -1 (NoRetryPushback), gRFC A6's "do not retry":
+// the middleware's Retry-After rule.
 //
-// A call whose account's peak, or a refused Grow, reached the burst
-// threshold ends a burst (Config.AfterBurst) after the handler returns, as
-// in the middleware. When the pool is closed a call is answered with
+// As in the middleware, a call whose account's peak, or a refused Grow,
+// reached the burst threshold ends a burst (Config.AfterBurst) after the
+// handler returns. When the pool is closed a call gets
 // connect.CodeUnavailable without running the handler. A call whose context
-// already carries an account of the same pool (a handler behind the pool's
-// HTTP middleware) is nested in it (see limits.Pool.StartWork); when that
-// account was closed by the heap watch's cancel, the call is answered as a
-// budget error, without running the handler. Client-side calls pass
-// through untouched. What the interceptor and the codec cost a call:
-// docs/benchmarks.md.
+// already carries an account of the same pool (behind the pool's HTTP
+// middleware) is nested in it (see limits.Pool.StartWork); if the heap
+// watch's cancel closed that account, the call is answered as a budget
+// error without running the handler. Client-side calls pass through. What
+// the interceptor and the codec cost a call: docs/benchmarks.md.
 package connectbudget
 
 import (
@@ -94,28 +84,26 @@ const NoRetryPushback = "-1"
 // Config configures NewInterceptor. Limit must be set; the other fields'
 // zero values name accounts "req-N" and call no burst hook.
 type Config struct {
-	// Limit is each call's budget in bytes, required: 0 (the zero value)
-	// and negative values are errors (limits.ErrInvalidSize), so that a
-	// forgotten budget is not silently unlimited. limits.Unlimited asks for
-	// calls limited by the pool alone.
+	// Limit is each call's budget in bytes, required: 0 and negative values
+	// are errors (limits.ErrInvalidSize), so that a forgotten budget is not
+	// unlimited. limits.Unlimited leaves calls limited by the pool alone.
 	Limit int64
-	// Name returns the account name for a call, given its procedure
-	// ("/package.Service/Method"): the element after the pool's name in
-	// error scopes. Default: nil (means "req-N", N counting the pool's
-	// numbered work from 1).
+	// Name returns the account name of a call given its procedure
+	// ("/package.Service/Method"), as it appears in error scopes. Default:
+	// nil ("req-N", N counting the pool's numbered work from 1).
 	Name func(procedure string) string
-	// BurstThreshold is the size, in bytes, at or above which a call ends
-	// a burst; see limits.HTTPConfig.BurstThreshold (default 64 MiB, or
+	// BurstThreshold is the size in bytes at or above which a call ends a
+	// burst, as limits.HTTPConfig.BurstThreshold (default 64 MiB, or
 	// Limit/2 when smaller; negative: never).
 	BurstThreshold int64
-	// AfterBurst is called, on the call's goroutine, after a call that
-	// reached BurstThreshold, once its account is closed; pass
-	// memctl.AfterBurst. Default: nil (nothing is called).
+	// AfterBurst is called on the call's goroutine, once its account is
+	// closed, after a call that reached BurstThreshold; pass
+	// memctl.AfterBurst. Default: nil (none).
 	AfterBurst func()
-	// Codecs unmarshal and marshal messages when HandlerOptions charges
-	// them before they are unmarshaled, each under its own name; the
-	// interceptor alone ignores them. Default: nil (protobuf binary, "proto",
-	// and JSON, "json" and "json; charset=utf-8", as connect's defaults).
+	// Codecs marshal and unmarshal messages under HandlerOptions, each
+	// under its own name; the interceptor alone ignores them. Default: nil
+	// (protobuf binary, "proto", and JSON, "json" and "json;
+	// charset=utf-8", as connect's defaults).
 	Codecs []connect.Codec
 }
 
@@ -129,11 +117,10 @@ type interceptor struct {
 var _ connect.Interceptor = (*interceptor)(nil)
 
 // NewInterceptor returns an interceptor, safe for concurrent use, that runs
-// each unary and streaming handler call under an account of its own from pool
-// (limits.Pool.StartWork), with cfg.Limit bytes, and maps budget errors as
-// the package doc says. Pass it to a handler with connect.WithInterceptors.
-// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that is
-// 0 or negative.
+// each handler call under an account of its own from pool
+// (limits.Pool.StartWork) with cfg.Limit bytes and maps budget errors as
+// the package doc says; pass it with connect.WithInterceptors. It returns
+// an error matching limits.ErrInvalidSize for a cfg.Limit of 0 or less.
 func NewInterceptor(pool *limits.Pool, cfg Config) (connect.Interceptor, error) {
 	i, err := newInterceptor(pool, cfg)
 	if err != nil {
@@ -180,9 +167,8 @@ func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 				if p.err != nil || limits.FromContext(ctx) == nil {
 					return i.unaryCharged(ctx, req, next, p)
 				}
-				// Inside other work (an outer layer's account, as the
-				// pool's HTTP middleware binds): the call nests in it as
-				// with the interceptor alone, and the codec's work ends.
+				// Inside other work (the pool's HTTP middleware): nest
+				// in it, as without the codec, and end the codec's work.
 				p.w.Account().Shrink(p.n)
 				p.w.Finish(nil)
 			}
@@ -214,8 +200,7 @@ func (i *interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, 
 	}
 	wctx := limits.NewContext(ctx, p.w.Account())
 	if p.wctx.Done() != nil {
-		// CancelLargest: the heap watch cancels the work's own context;
-		// the handler's must end with it.
+		// CancelLargest: the handler's context ends with the work's.
 		var cancel context.CancelCauseFunc
 		wctx, cancel = context.WithCancelCause(wctx)
 		stop := context.AfterFunc(p.wctx, func() { cancel(context.Cause(p.wctx)) })
@@ -279,14 +264,10 @@ func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 }
 
 // Error returns the *connect.Error a budget error maps to:
-// connect.CodeResourceExhausted with err.Error() as the message and, when a
-// retry can succeed, Retry-After and grpc-retry-pushback-ms in its
-// metadata, or, when it cannot, grpc-retry-pushback-ms -1
-// (NoRetryPushback). For nil, an error that does not match
-// limits.ErrResourceExhausted, and an error that wraps a *connect.Error
-// whose code the handler chose (other than CodeUnknown, CodeCanceled and
-// CodeResourceExhausted), it returns nil: that error is the answer. A
-// *connect.Error with CodeResourceExhausted is returned itself, with the
+// connect.CodeResourceExhausted with err.Error() as the message and the
+// retry metadata of the package doc. For nil, a non-budget error and one
+// wrapping a *connect.Error of the handler's own code it returns nil; a
+// *connect.Error with CodeResourceExhausted is returned itself, the
 // pushback added. For handlers that answer outside the interceptor. Safe
 // for concurrent use.
 func Error(err error) *connect.Error {
@@ -300,9 +281,7 @@ func Error(err error) *connect.Error {
 	case out.Code() == connect.CodeResourceExhausted:
 		// The handler answered with the code itself: its error, with the pushback.
 	case out.Code() == connect.CodeUnknown || out.Code() == connect.CodeCanceled:
-		// What a plain error and a context's end become
-		// (connect.NewError(connect.CodeCanceled, ctx.Err()) after the heap
-		// watch's cancel): not a code chosen for the budget error.
+		// A plain error's and a context's end's: not chosen.
 		out = connect.NewError(connect.CodeResourceExhausted, err)
 	default:
 		return nil // the handler chose a code: its answer stands

@@ -17,37 +17,30 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// HandlerOptions returns the handler option of the budget that charges
-// each request message before it is unmarshaled: the interceptor
-// (NewInterceptor), and codecs (connect.WithCodec, per procedure with
-// connect.WithConditionalHandlerOptions) that charge a message's size to
-// the call's account and unmarshal it only when the budget grants it. A
-// refused message is never unmarshaled and the handler does not run: the
-// call gets resource_exhausted (a streaming handler's Receive returns the
-// error). Pass it first among a handler's options, so that the
-// interceptor is the outermost: an interceptor before it sees a refused
-// request's message empty.
+// HandlerOptions returns the budget's handler option that charges each
+// request message before it is unmarshaled: the interceptor
+// (NewInterceptor) and codecs (cfg.Codecs, per procedure) that charge a
+// message's size to the call's account and unmarshal it only if the budget
+// grants it. A refused message is never unmarshaled and the handler does
+// not run: the call gets resource_exhausted (a streaming handler's Receive
+// returns the error). Pass it first among a handler's options: an
+// interceptor before it sees a refused message empty.
 //
-// A unary call's account opens in the codec, when its message arrives; a
-// streaming call's when the call begins, as with the interceptor alone. A
-// unary call holds its message's charge until the handler returns, a
-// streaming call until its next message arrives or the call ends (a
-// handler that keeps received messages charges them itself). A unary
-// message whose call never reached the interceptor (an interceptor before
-// it answered) gives its charge back when the message is garbage
-// collected.
+// A unary call's account opens in the codec when its message arrives, a
+// streaming call's when the call begins. A unary call holds its message's
+// charge until the handler returns, a streaming call until its next
+// message or its end (a handler that keeps messages charges them itself).
+// A unary message whose call never reached the interceptor gives its
+// charge back when it is garbage collected.
 //
-// What still happens before the charge: connect reads the message into
-// memory, bounded by the handler's maximum read size
-// (connect.WithReadMaxBytes; unlimited by default), into a buffer that
-// doubles as it grows, and decompresses it; those buffers are part of the
-// server's peak (docs/budgets.md). Set that maximum to the per-call budget:
-// a larger message can never be granted, and connect then refuses it with
-// resource_exhausted itself.
+// Before the charge, connect still reads the message into a buffer that
+// doubles as it grows, up to connect.WithReadMaxBytes (unlimited by
+// default), and decompresses it; those buffers are part of the server's
+// peak (docs/budgets.md). Set that maximum to the per-call budget: connect
+// then refuses a larger message with resource_exhausted itself.
 //
-// The codecs unmarshal with cfg.Codecs (by default protobuf binary and
-// JSON, as connect's own defaults). It returns an error matching
-// limits.ErrInvalidSize for a cfg.Limit that is 0 or negative.
+// It returns an error matching limits.ErrInvalidSize for a cfg.Limit of 0
+// or less.
 func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error) {
 	i, err := newInterceptor(pool, cfg)
 	if err != nil {
@@ -73,12 +66,11 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 // messages is the state HandlerOptions adds to an interceptor.
 type messages struct {
 	charges atomic.Bool // HandlerOptions installed the codecs
-	// parked holds the unary calls whose message a codec charged (or
-	// refused), by the message, until the interceptor takes them.
+	// parked holds, by message, the unary calls a codec charged or
+	// refused, until the interceptor takes them.
 	mu     sync.Mutex
 	parked map[weak.Pointer[byte]]*parked
-	// receiving holds, by message, the streaming calls whose Receive is
-	// running: the codec charges their account.
+	// receiving holds, by message, the streaming calls in Receive.
 	receiving sync.Map
 }
 
@@ -91,15 +83,14 @@ type parked struct {
 	cleanup runtime.Cleanup
 }
 
-// release returns the message's charge and ends the work, for a call
-// that never reached the interceptor.
+// abandon returns the message's charge and ends the work.
 func (p *parked) abandon() {
 	p.w.Account().Shrink(p.n)
 	p.w.Abandon()
 }
 
-// key returns msg's identity for parked, and its address; ok is false for
-// a value that is not a non-nil pointer.
+// key returns msg's identity for parked and its address; ok is false for
+// anything but a non-nil pointer.
 func key(msg any) (k weak.Pointer[byte], ptr *byte, ok bool) {
 	v := reflect.ValueOf(msg)
 	if v.Kind() != reflect.Pointer || v.IsNil() {
@@ -109,8 +100,8 @@ func key(msg any) (k weak.Pointer[byte], ptr *byte, ok bool) {
 	return weak.Make(ptr), ptr, true
 }
 
-// park records the unary call p of msg for the interceptor; if the
-// interceptor never takes it, the call ends when msg is collected.
+// park records p for the interceptor; if never taken, it ends when msg is
+// collected.
 func (i *interceptor) park(msg any, p *parked) bool {
 	k, ptr, ok := key(msg)
 	if !ok {
@@ -126,8 +117,7 @@ func (i *interceptor) park(msg any, p *parked) bool {
 	return true
 }
 
-// orphan ends the parked call of a message collected before the
-// interceptor took it.
+// orphan ends the parked call of a collected message.
 func (i *interceptor) orphan(k weak.Pointer[byte]) {
 	i.mu.Lock()
 	p := i.parked[k]
@@ -154,8 +144,7 @@ func (i *interceptor) take(msg any) *parked {
 	return p
 }
 
-// codec is one of a procedure's codecs under HandlerOptions: it charges a
-// message's size before base unmarshals it.
+// codec charges a message's size before base unmarshals it.
 type codec struct {
 	base connect.Codec
 	i    *interceptor
@@ -183,8 +172,7 @@ func (c *codec) Unmarshal(data []byte, msg any) error {
 	if c.spec.StreamType != connect.StreamTypeUnary {
 		return c.base.Unmarshal(data, msg) // no interceptor around the stream
 	}
-	// A unary call's message: its account opens here, the interceptor
-	// takes it over.
+	// A unary call's account opens here; the interceptor takes it over.
 	wctx, w, err := c.i.pool.StartWork(context.Background(), c.i.work(c.spec.Procedure))
 	if err != nil {
 		return c.base.Unmarshal(data, msg) // a closed pool: the interceptor answers
@@ -209,9 +197,7 @@ func (c *codec) Unmarshal(data []byte, msg any) error {
 	return nil
 }
 
-// budgetConn is a streaming handler's conn whose Receive charges each
-// message to the call's account before it is unmarshaled, releasing the
-// previous message's charge.
+// budgetConn's Receive charges each message before it is unmarshaled.
 type budgetConn struct {
 	connect.StreamingHandlerConn
 	i    *interceptor
@@ -237,8 +223,8 @@ func (c *budgetConn) Receive(msg any) error {
 	return nil
 }
 
-// receive charges a message of the stream, called by the codec within
-// Receive: the previous message's charge goes first.
+// receive, called by the codec within Receive, releases the previous
+// message's charge and charges this one.
 func (c *budgetConn) receive(data []byte, msg any, base connect.Codec) error {
 	c.a.Shrink(c.held)
 	c.held = 0
@@ -261,9 +247,7 @@ func (c *budgetConn) release() {
 	c.held = 0
 }
 
-// protoBinary and protoJSON are connect's default codecs (which connect
-// does not export): protobuf binary, and protobuf JSON that discards
-// unknown fields.
+// protoBinary and protoJSON are connect's unexported default codecs.
 type protoBinary struct{}
 
 func (protoBinary) Name() string { return "proto" }

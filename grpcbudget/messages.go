@@ -16,36 +16,29 @@ import (
 )
 
 // ServerOptions returns the server options that give each call a budget
-// and charge each message it receives before the message is unmarshaled:
-// a codec (grpc.ForceServerCodecV2) that keeps the wire bytes instead of
-// unmarshaling them, a stats handler (grpc.StatsHandler) that opens the
-// call's account when the call begins (TagRPC) and, inside the same
-// receive (InPayload, with the call's context), charges the message's size
-// to it and unmarshals only if the budget grants it, and the unary and
-// stream interceptors (UnaryServerInterceptor, StreamServerInterceptor),
-// which answer a refused message with code 8 RESOURCE_EXHAUSTED without
-// running the handler. Pass them before other stats handlers and
-// interceptors: grpc-go runs options of each kind in order, and a stats
-// handler or interceptor before these sees a refused message empty.
+// and charge each received message before it is unmarshaled: a codec
+// (grpc.ForceServerCodecV2) that keeps the wire bytes, a stats handler
+// (grpc.StatsHandler) that opens the call's account when the call begins
+// and, within the same receive, charges the message's size and unmarshals
+// only if the budget grants it, and the unary and stream interceptors,
+// which answer a refused message with code 8 without running the handler.
+// Pass them before other stats handlers and interceptors: grpc-go runs
+// each kind in order, and one before these sees a refused message empty.
 //
-// What still happens before the charge: grpc-go reads the message's wire
-// bytes into memory, up to the server's maximum receive size
-// (grpc.MaxRecvMsgSize, 4 MiB by default), and decompresses them. Set that
-// maximum to the per-call budget, cfg.Limit: a larger message can never be
-// granted, and grpc-go then refuses it, with code 8 too, from its 5-byte
-// header, before reading it. Concurrent calls may each hold that much wire
-// data at once; the budget bounds what is unmarshaled from it.
+// Before the charge, grpc-go still reads and decompresses the wire bytes,
+// up to grpc.MaxRecvMsgSize (4 MiB by default). Set it to cfg.Limit: a
+// larger message can never be granted, and grpc-go refuses it (code 8)
+// from its 5-byte header. Concurrent calls may each hold that much wire
+// data; the budget bounds what is unmarshaled from it.
 //
-// A message's charge is its size after decompression, the bytes Unmarshal
-// reads: about what a message of bytes and strings takes once decoded
-// (protobuf copies them). A unary call holds it until the handler returns;
-// a streaming call until its next message is received, or the call ends
-// (a handler that keeps received messages charges them itself). The codec
-// unmarshals with cfg.Codec (grpc-go's protobuf codec by default) for every
-// content-subtype.
+// A message's charge is its decompressed size, about its decoded size for
+// bytes and strings (protobuf copies them). A unary call holds it until
+// the handler returns, a streaming call until its next message or its end
+// (a handler that keeps messages charges them itself). cfg.Codec unmarshals
+// every content-subtype.
 //
-// It returns an error matching limits.ErrInvalidSize for a cfg.Limit that
-// is 0 or negative. The options are safe for concurrent use.
+// It returns an error matching limits.ErrInvalidSize for a cfg.Limit of 0
+// or less. The options are safe for concurrent use.
 func ServerOptions(pool *limits.Pool, cfg Config) ([]grpc.ServerOption, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -64,24 +57,20 @@ func ServerOptions(pool *limits.Pool, cfg Config) ([]grpc.ServerOption, error) {
 	}, nil
 }
 
-// budget is one configuration of the interceptors, and with ServerOptions
-// the codec and stats handler that charge messages before they are
-// unmarshaled.
+// budget is the interceptors, and under ServerOptions the codec's and stats
+// handler's state.
 type budget struct {
 	pool  *limits.Pool
 	cfg   Config
 	codec encoding.CodecV2 // nil: messages are not charged (the interceptors alone)
-	// parked holds the wire bytes (mem.BufferSlice) the codec kept, by the
-	// message they are for, until the stats handler unmarshals them
-	// within the same receive.
+	// parked holds the wire bytes (mem.BufferSlice) the codec kept, by
+	// message, until the stats handler unmarshals them.
 	parked sync.Map
 }
 
 func newBudget(pool *limits.Pool, cfg Config) *budget { return &budget{pool: pool, cfg: cfg} }
 
-// keepCodec is the server codec of ServerOptions: Unmarshal keeps a
-// reference to the wire bytes for the stats handler, which unmarshals them
-// once the call's budget granted their size.
+// keepCodec's Unmarshal parks the wire bytes for the stats handler.
 type keepCodec struct{ b *budget }
 
 func (c *keepCodec) Name() string                           { return c.b.codec.Name() }
@@ -101,8 +90,7 @@ func (c *keepCodec) Unmarshal(data mem.BufferSlice, v any) error {
 // callKey is the context key of a call's *call.
 type callKey struct{}
 
-// call is one call seen by the stats handler: its work, and the message it
-// received last.
+// call is one call seen by the stats handler.
 type call struct {
 	b        *budget
 	w        *limits.Work
@@ -122,9 +110,8 @@ func callFrom(ctx context.Context, b *budget) *call {
 	return nil
 }
 
-// TagRPC opens the call's account: the context of the rest of the call,
-// and so the handler's, carries it. A call that never reaches End (an
-// unknown method) is abandoned when its context ends.
+// TagRPC opens the call's account, carried by the call's context; a call
+// that never reaches End (an unknown method) is abandoned when it ends.
 func (b *budget) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
 	c := &call{b: b}
 	wctx, w, err := b.pool.StartWork(ctx, b.cfg.work(info.FullMethodName))
@@ -137,9 +124,8 @@ func (b *budget) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Con
 	return context.WithValue(wctx, callKey{}, c)
 }
 
-// HandleRPC unmarshals a received message once its size is charged (see
-// ServerOptions), and ends the call's work at End if the interceptors did
-// not.
+// HandleRPC unmarshals a received message once its size is charged, and
+// ends the call's work at End if the interceptors did not.
 func (b *budget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	switch s := s.(type) {
 	case *stats.Begin:
@@ -171,10 +157,9 @@ func (b *budget) HandleRPC(ctx context.Context, s stats.RPCStats) {
 func (b *budget) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (b *budget) HandleConn(context.Context, stats.ConnStats)                       {}
 
-// receive charges the size of message v's wire bytes to the call, after
-// releasing the previous message's charge, and unmarshals them into v if
-// the budget granted it. A refusal or an unmarshal error is kept for the
-// interceptor to return: the receive itself has succeeded by now.
+// receive releases the previous message's charge, charges data's size and
+// unmarshals it into v if granted; an error is kept for the interceptor
+// (the receive itself has succeeded).
 func (c *call) receive(v any, data mem.BufferSlice) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -199,11 +184,10 @@ func (c *call) receive(v any, data mem.BufferSlice) {
 	c.held = n
 }
 
-// settle ends the receive of the last message, once RecvMsg returned: it
-// frees wire bytes parked for that message by a receive that had no
-// InPayload (a second message on a non-client-streaming call, which
-// grpc-go refuses), forgets the message, so that it lives as long as the
-// handler keeps it, and returns its refusal or unmarshal error, once.
+// settle ends the last message's receive once RecvMsg returned: it frees
+// wire bytes parked without an InPayload (a second message on a
+// non-client-streaming call), forgets the message and returns its error,
+// once.
 func (c *call) settle() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -228,8 +212,7 @@ func (c *call) release() {
 	c.w.Account().Shrink(held)
 }
 
-// abandon ends the call's work if nothing else did: at End, or when the
-// context of a call that never reached End ends.
+// abandon ends the call's work if nothing else did.
 func (c *call) abandon() {
 	if c.w == nil {
 		return
@@ -238,10 +221,8 @@ func (c *call) abandon() {
 	c.w.Abandon() // nothing when the interceptor finished it
 }
 
-// refusal is the error of a message the budget refused: it matches
-// limits.ErrResourceExhausted (errors.Is, errors.As find the
-// *limits.ExhaustedError) and carries code 8 for a handler that returns it
-// without these interceptors around it.
+// refusal is a refused message's error: it matches
+// limits.ErrResourceExhausted and carries code 8.
 type refusal struct {
 	error
 }

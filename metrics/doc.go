@@ -3,10 +3,8 @@
 // and the bytes they released, the THP state, the per-request budget pools
 // (bytes in use, refusals), and wiring mistakes.
 //
-// It is a module of its own (github.com/memctl/memctl/metrics), so that the
-// memctl module's dependencies stay golang.org/x/sys and automemlimit; only
-// a program that imports this package pulls in
-// github.com/prometheus/client_golang.
+// It is a module of its own (github.com/memctl/memctl/metrics), so that
+// only a program that imports it pulls in github.com/prometheus/client_golang.
 //
 //	ctl, _ := memctl.Start()
 //	defer ctl.Close()
@@ -17,9 +15,8 @@
 //	http.Handle("/metrics", promhttp.Handler())
 //
 // The collector reads Controller.Stats, Controller.Report and
-// limits.Pool.Stats at each scrape; it keeps no state of its own, starts no
-// goroutine, and is safe for concurrent use. A scrape costs what those calls
-// cost (see memctl.Stats.CHeap).
+// limits.Pool.Stats at each scrape (their cost: memctl.Stats.CHeap); it
+// keeps no state, starts no goroutine, and is safe for concurrent use.
 //
 // # Metrics
 //

@@ -12,10 +12,9 @@ import (
 
 // Pool is a budget pool for the collector.
 type Pool struct {
-	// Name is the value of the pool label. It must be the pool's own name
-	// (PoolConfig.Name, limits.Pool.Name), so that a pool has one name in
-	// its errors, its Stats and its metrics; the names must be unique among
-	// the pools of one collector. Default: "" (means Pool.Name()).
+	// Name, the pool label, must be the pool's own name (PoolConfig.Name)
+	// and unique among the pools of one collector. Default: ""
+	// (Pool.Name()).
 	Name string
 	Pool *limits.Pool
 }
@@ -24,19 +23,18 @@ type Pool struct {
 type collector struct {
 	ctl   *memctl.Controller
 	pools []Pool
-	// descs are the descriptions of metrictable.Metrics, by index; nil for
-	// a pool's or the process's metric when no pool is given.
+	// descs are metrictable.Metrics' descriptions; nil for pool and
+	// process metrics without a pool.
 	descs []*prometheus.Desc
 }
 
 // Register registers with reg (prometheus.DefaultRegisterer, or a registry of
 // the caller's) a collector for ctl (the controller memctl.Start returned) and
-// pools, and returns it (for reg.Unregister). A nil ctl is allowed (for
-// example when the auto package started memctl): the scrape then has
-// GOMEMLIMIT, the C heap and the misuse count, and memctl_enabled is 0. It
-// returns an error for a nil Pool, a Name other than the pool's own, two pools
-// of the same name (name them with PoolConfig.Name), and reg.Register's error
-// (for example when a collector with the same metrics is already registered).
+// pools, and returns it (for reg.Unregister). A nil ctl is allowed (the
+// auto package started memctl): the scrape then has GOMEMLIMIT, the C heap
+// and the misuse count, and memctl_enabled is 0. It returns an error for a
+// nil Pool, a Name other than the pool's own, two pools of one name, and
+// reg.Register's error.
 func Register(reg prometheus.Registerer, ctl *memctl.Controller, pools ...Pool) (prometheus.Collector, error) {
 	c, err := newCollector(ctl, pools...)
 	if err != nil {
@@ -83,8 +81,7 @@ func newCollector(ctl *memctl.Controller, pools ...Pool) (*collector, error) {
 	return c, nil
 }
 
-// Describe sends the descriptions of every metric the collector can
-// export; part of prometheus.Collector.
+// Describe is part of prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		if d != nil {
@@ -93,8 +90,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect reads the controller's and the pools' statistics once and sends
-// the metrics; part of prometheus.Collector.
+// Collect reads the statistics once and sends the metrics.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := metrictable.Take(c.ctl)
 	c.emit(ch, metrictable.Controller, &s)
@@ -107,8 +103,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// emit sends the metrics of scope read from s, with the values of fixed
-// labels first.
+// emit sends scope's metrics read from s, fixed labels first.
 func (c *collector) emit(ch chan<- prometheus.Metric, scope metrictable.Scope, s *metrictable.Snapshot, fixed ...string) {
 	for i, m := range metrictable.Metrics {
 		if m.Scope != scope {
@@ -130,8 +125,7 @@ func (c *collector) emit(ch chan<- prometheus.Metric, scope metrictable.Scope, s
 	}
 }
 
-// histogram is a request-peak histogram: the cumulative counts of h at
-// each bound.
+// histogram is h as a Prometheus histogram.
 func histogram(desc *prometheus.Desc, h *limits.PeakHistogram, labels []string) prometheus.Metric {
 	b, count := metrictable.Buckets(h)
 	buckets := make(map[float64]uint64, len(b))

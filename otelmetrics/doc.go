@@ -15,23 +15,19 @@
 // It is a module of its own (github.com/memctl/memctl/otelmetrics), so that
 // only a program that imports it pulls in go.opentelemetry.io/otel/metric.
 //
-// Every instrument is asynchronous (observable): one callback reads
-// Controller.Stats, Controller.Report and limits.Pool.Stats once per
-// collection. Nothing runs between collections, no goroutine is started,
-// and the hot paths (AfterBurst, Account.Grow) are untouched. A figure that
-// does not exist (no GOMEMLIMIT, no trim yet, a C heap figure the allocator
-// does not report) is not observed in that collection rather than given a
-// sentinel value.
+// Every instrument is asynchronous: one callback reads Controller.Stats,
+// Controller.Report and limits.Pool.Stats once per collection; no goroutine
+// runs between collections and the hot paths are untouched. A figure that does
+// not exist (no GOMEMLIMIT, no trim yet) is not observed rather than given
+// a sentinel value.
 //
 // # Instruments
 //
 // Names follow the OpenTelemetry conventions (dots, units in the unit
 // field: By for bytes, s for seconds, 1 for a ratio or a count of 1s); a
 // Prometheus exporter of the OTel SDK turns them into the names of package
-// metrics (memctl.trims, a counter, becomes memctl_trims_total). Both
-// packages walk one table in the memctl module (internal/metrictable),
-// which names each metric in both conventions and gives the help, the same
-// in both; a test checks the list below against it.
+// metrics (memctl.trims, a counter, becomes memctl_trims_total); both
+// packages walk one table, with the same help text.
 //
 //	memctl.enabled                   gauge    1 when Start ran and MEMCTL did not switch memctl off
 //	memctl.gomemlimit                gauge    By, GOMEMLIMIT now

@@ -16,11 +16,9 @@ import (
 // ScopeName is the instrumentation scope (the meter's name).
 const ScopeName = "github.com/memctl/memctl/otelmetrics"
 
-// Pool is a budget pool for Register. Name is the value of the pool
-// attribute; it must be the pool's own name (PoolConfig.Name,
-// limits.Pool.Name), so that a pool has one name in its errors, its Stats
-// and its metrics, and unique among the pools of one Register. Default: ""
-// (means Pool.Name()).
+// Pool is a budget pool for Register. Name, the pool attribute, must be the
+// pool's own name (PoolConfig.Name) and unique among the pools of one
+// Register. Default: "" (Pool.Name()).
 type Pool struct {
 	Name string
 	Pool *limits.Pool
@@ -28,12 +26,12 @@ type Pool struct {
 
 // Register creates memctl's instruments on a meter of mp (ScopeName) and
 // registers the one callback that observes them for ctl (the controller
-// memctl.Start returned) and pools. A nil ctl is allowed (for example when
-// the auto package started memctl): then GOMEMLIMIT, the C heap and the
-// misuse count are observed and memctl.enabled is 0. Call Unregister on
-// the result to stop. It returns an error for a pool with an empty or
-// repeated name or a nil Pool, and the meter's errors. Safe for concurrent
-// use; the callback is safe to run concurrently with the service.
+// memctl.Start returned) and pools. A nil ctl is allowed (the auto
+// package started memctl): then GOMEMLIMIT, the C heap and the misuse
+// count are observed and memctl.enabled is 0. Call Unregister on the
+// result to stop. It returns an error for a nil Pool, a Name other than
+// the pool's own, two pools of one name, and the meter's errors. Safe for
+// concurrent use, as is the callback.
 func Register(mp metric.MeterProvider, ctl *memctl.Controller, pools ...Pool) (metric.Registration, error) {
 	seen := map[string]bool{}
 	pools = append([]Pool(nil), pools...)
@@ -52,8 +50,8 @@ func Register(mp metric.MeterProvider, ctl *memctl.Controller, pools ...Pool) (m
 		seen[pools[i].Name] = true
 	}
 	m := mp.Meter(ScopeName)
-	// obs are the instruments of metrictable.Metrics, by index; nil for a
-	// pool's or the process's metric when no pool is given.
+	// obs are metrictable.Metrics' instruments; nil for pool and process
+	// metrics without a pool.
 	obs := make([]metric.Observable, len(metrictable.Metrics))
 	var all []metric.Observable
 	for i, in := range metrictable.Metrics {

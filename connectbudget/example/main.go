@@ -6,9 +6,8 @@
 // the server keeps serving everyone else.
 //
 // Its service, memctl.example.Store, needs no generated code: each
-// procedure is a connect.NewUnaryHandler (or NewServerStreamHandler) of
-// google.protobuf.Int64Value, which connect's protobuf and JSON codecs
-// handle. Each takes a size n in bytes:
+// procedure is a connect handler of google.protobuf.Int64Value. Each takes
+// a size n in bytes:
 //
 //	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
 //	AllocWrapped       the same, the error wrapped with %w
@@ -32,11 +31,10 @@
 // which answers 429 {"code":"resource_exhausted","message":"limits:
 // resource_exhausted in connect/req-1: requested 1073741824 bytes, 0 in
 // use, limit 67108864"}, with no Retry-After; a call refused because the
-// pool is full carries Retry-After: 1. The server speaks HTTP/1.1 and
-// HTTP/2 without TLS (h2c), so gRPC clients reach it too: one pool for
-// every transport, as a service that also serves plain HTTP routes passes
-// the same pool to limits.Pool.Middleware (a second pool with the default
-// limit would allow another half of GOMEMLIMIT; NewPool warns about it).
+// pool is full carries Retry-After: 1. The server speaks HTTP/1.1 and h2c,
+// so gRPC clients reach it too. A service that also serves plain HTTP
+// routes passes the same pool to limits.Pool.Middleware: a second pool with
+// the default limit would allow another half of GOMEMLIMIT.
 //
 // Flags:
 //
@@ -160,18 +158,14 @@ func NewServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, Protocols: &p}
 }
 
-// Options returns the handler option of the budget,
-// connectbudget.HandlerOptions: each call's account, each request message
-// charged before it is unmarshaled, budget errors answered with
-// resource_exhausted. Pass it first, with connect.WithReadMaxBytes(the
-// per-call budget) beside it.
+// Options returns connectbudget.HandlerOptions: pass it first, with
+// connect.WithReadMaxBytes(the per-call budget).
 func Options(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
 	return connectbudget.HandlerOptions(pool, cfg)
 }
 
-// InterceptorOptions returns the interceptor alone: each call's account
-// opens once its request is unmarshaled, which is what the server did
-// before messages were charged (-messages=false).
+// InterceptorOptions returns the interceptor alone, which opens each call's
+// account once its request is unmarshaled (-messages=false).
 func InterceptorOptions(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
 	i, err := connectbudget.NewInterceptor(pool, cfg)
 	if err != nil {
@@ -264,10 +258,9 @@ func allocWrapped(ctx context.Context, n int64) (int64, error) {
 	return int64(len(b)), nil
 }
 
-// allocUndercharged charges a guess, 32 MiB, once, then builds n bytes in steps of
-// 8 MiB, checking its context between steps: the handler whose real size
-// only the heap watch sees. When its context ends (the heap watch canceled
-// it, PoolConfig.CancelLargest) it returns ctx.Err(), as most handlers do.
+// allocUndercharged charges a 32 MiB guess, then builds n bytes in 8 MiB
+// steps: a handler whose real size only the heap watch sees. When the heap
+// watch cancels it, it returns ctx.Err(), as most handlers do.
 func allocUndercharged(ctx context.Context, n int64) (int64, error) {
 	const guess, step = 32 << 20, 8 << 20
 	if err := limits.Grow(ctx, guess); err != nil {

@@ -5,28 +5,23 @@
 //	go run ./examples/burst
 //
 // Each child keeps 20 MiB live, allocates 512 MiB in 64 KiB objects (every
-// page touched), drops them and reports the end of the burst. The table gives
-// RSS just before the burst, the peak (VmHWM), RSS 1 s and 4 s after the
-// burst, times chosen clear of the trim (which runs 2.0 to 2.1 s after the
-// burst), and RSS right after the process with memctl reports (from its
-// Stats) that its trim ran. The plain Go process keeps its RSS: the garbage
-// is collected at the next GC, but the pages stay resident until the
-// scavenger returns them, slowly. The process with memctl trims 2 s after
-// the burst and its RSS drops back. It finishes in about 7 seconds.
+// page touched) and drops them. The table gives RSS just before the burst,
+// the peak (VmHWM), RSS 1 s and 4 s after the burst (clear of the trim, 2 s
+// after it), and RSS right after memctl's trim ran (from its Stats). The
+// plain Go process keeps its RSS: the garbage is collected at the next GC,
+// but the scavenger returns the pages slowly. The process with memctl
+// trims and its RSS drops back. It finishes in about 7 seconds.
 //
-// It also draws RSS over time as an SVG (-svg PATH; Default: burst.svg in
-// the current directory): each arm's samples and the readings of the table,
-// against the seconds after its burst ended, the trim marked, and each arm's
-// GOMEMLIMIT as a line where it has one. Where no cgroup shows a memory
-// limit, memctl sets none; declare one to see it:
+// It also draws RSS over time as an SVG (-svg PATH; default burst.svg):
+// each arm's samples and the table's readings against the seconds since
+// its burst ended, the trim marked, and GOMEMLIMIT as a line where set.
+// Where no cgroup shows a memory limit, memctl sets none; declare one:
 //
 //	MEMCTL_MEMORY_LIMIT=1GiB go run ./examples/burst -svg docs/burst.svg
 //
-// The memctl child runs with MEMCTL_PRESSURE=off, so that the table shows
-// the trim after the burst and nothing else: with the kernel pressure
-// watch on, a machine under memory pressure from other processes (system
-// PSI) makes memctl trim at once, during or right after the burst, which
-// is what a service wants but not what this demo measures.
+// The memctl child runs with MEMCTL_PRESSURE=off, so that memory pressure
+// from other processes cannot make it trim during the burst: the table
+// shows the trim after the burst and nothing else.
 package main
 
 import (
@@ -117,8 +112,7 @@ func child(withMemctl bool) error {
 	fmt.Println("end")
 	start := time.Now()
 	if ctl != nil {
-		// Say when the trim after the burst has run, so that the parent
-		// reads RSS right after it rather than racing it.
+		// Say when the trim has run, so that the parent reads RSS after it.
 		for ctl.Stats().Trim.Trims == trims && time.Since(start) < after*time.Second {
 			time.Sleep(5 * time.Millisecond)
 		}

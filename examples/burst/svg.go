@@ -12,11 +12,9 @@ import (
 )
 
 // chart draws each arm's RSS in MiB against the seconds since its burst
-// ended: the samples taken every sampleStep and the readings of the table
-// (RSS before the burst, the peak as the burst ends, RSS right after the
-// trim), so that every figure of the table is a point of its series. The
-// burst's end and the memctl arm's trim are marks, and each arm's GOMEMLIMIT
-// is a line where it has one (a single line where the arms' are equal).
+// ended: the samples and the table's readings, so that every figure of the
+// table is a point. The burst's end and the trim are marks, GOMEMLIMIT a
+// line.
 func chart(arms []*armRun) plot.Chart {
 	c := plot.Chart{
 		Title:  fmt.Sprintf("RSS of a Go process after a %d MiB burst (%d MiB live), read every %v", burstBytes>>20, liveBytes>>20, sampleStep),

@@ -1,8 +1,7 @@
-// Command cache sizes an in-memory cache from the container's memory limit
-// and shrinks it when the limit goes down (an in-place pod resize): it
-// holds at most a quarter of GOMEMLIMIT, reads the limit with
-// memctl.CurrentMemLimit (no read, no allocation) and hears of each change
-// on memctl.WatchMemLimit.
+// Command cache sizes an in-memory cache at a quarter of GOMEMLIMIT and
+// shrinks it when the limit goes down (an in-place pod resize): it reads
+// the limit with memctl.CurrentMemLimit (no read, no allocation) and hears
+// of each change on memctl.WatchMemLimit.
 //
 // It fills the cache with 1 MiB values and prints a line every 50 ms:
 //

@@ -24,8 +24,7 @@
 //	systemd-run --scope -p MemoryMax=256M -E GOMEMLIMIT=192MiB ./server -budgets=false
 //
 // and send the 1 GiB request: the kernel OOM killer ends the process. With
-// budgets on, the same request gets 429. The runaway test in main_test.go
-// does exactly this in a real cgroup.
+// budgets on, the same request gets 429.
 //
 // Flags:
 //
@@ -42,10 +41,9 @@
 //	                 pool refuses growth (default 0.9; negative: off)
 //	-cancel-largest  under heap pressure, cancel the largest request
 //
-// MEMCTL_BUDGETS=observe in the environment counts (in /stats, "Observed")
-// and logs what the budgets would refuse without refusing it, the way to try
-// budgets on a running service; MEMCTL_BUDGETS=off or MEMCTL=off refuses
-// nothing.
+// MEMCTL_BUDGETS=observe counts (in /stats, "Observed") and logs what the
+// budgets would refuse without refusing it; MEMCTL_BUDGETS=off or
+// MEMCTL=off refuses nothing.
 //
 // The server prints "listening on http://ADDR" on standard output once it
 // accepts connections, and shuts down cleanly on SIGINT or SIGTERM.
@@ -244,11 +242,10 @@ func sortHandler(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(summary{N: n, Min: list[0], Median: list[len(list)/2], Max: list[len(list)-1]})
 }
 
-// build returns n random values. It grows the list the way append does, by
-// doubling, and charges each new backing array to the request's account
-// before allocating it; the old array is returned once copied. So the
-// account always covers what the request holds, and a runaway request is
-// refused after at most its budget, not after the whole heap.
+// build returns n random values. It grows the list by doubling, as append
+// does, charging each new backing array before allocating it and returning
+// the old one once copied: a runaway request is refused at its budget, not
+// after the whole heap.
 func build(ctx context.Context, n int64) ([]int64, error) {
 	rng := rand.New(rand.NewPCG(uint64(n), 1))
 	var list []int64

@@ -7,8 +7,7 @@
 //	curl -si 'http://127.0.0.1:8080/sum?n=100000000'   # 800 MB: 429 resource_exhausted
 //	curl -s  'http://127.0.0.1:8080/debug/memctl'      # what memctl decided (JSON)
 //
-// main_test.go runs it and checks each of these answers, and that the README
-// shows this file as it is.
+// The README shows this file's code as it is: keep the two in step.
 package main
 
 import (

@@ -4,9 +4,9 @@
 // left, gets status 8 RESOURCE_EXHAUSTED and the server keeps serving
 // everyone else.
 //
-// Its service, memctl.example.Store, is written by hand (a grpc.ServiceDesc
-// with google.protobuf.Int64Value messages), so that it builds without
-// protoc. Each method takes a size n in bytes:
+// Its service, memctl.example.Store, is a hand-written grpc.ServiceDesc of
+// google.protobuf.Int64Value messages (no protoc). Each method takes a size
+// n in bytes:
 //
 //	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
 //	AllocWrapped       the same, the error wrapped with %w
@@ -22,8 +22,7 @@
 //	                   time the hold-ms metadata asks (default 0)
 //	UploadStream       client streaming: returns the total length of the messages
 //
-// Run it, and call it with any gRPC client that sends an Int64Value (the
-// tests in main_test.go use grpc-go's ClientConn.Invoke):
+// Run it, and call it with any gRPC client that sends an Int64Value:
 //
 //	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:50051 -request-budget 64MiB
 //
@@ -49,11 +48,9 @@
 //	                 limits middleware and /debug/memctl, on the same pool as the gRPC calls
 //
 // One pool for every transport: the gRPC interceptors and the HTTP
-// middleware take the same *limits.Pool (HTTPHandler), so that a request
-// of either kind counts against one budget, with CancelLargest the same
-// for both and request names (req-N) numbered in the pool. Two pools made
-// with the default limit would each allow half of GOMEMLIMIT, together all
-// of it (NewPool warns about the second).
+// middleware (HTTPHandler) take the same *limits.Pool, so that both count
+// against one budget. Two pools with the default limit would each allow
+// half of GOMEMLIMIT (NewPool warns about the second).
 //
 // The server prints "listening on ADDR" once it accepts connections, and
 // stops on SIGINT or SIGTERM.
@@ -194,18 +191,15 @@ func HTTPHandler(pool *limits.Pool, limit int64) (http.Handler, error) {
 	return mux, nil
 }
 
-// Options returns the server options of the budget,
-// grpcbudget.ServerOptions: each call's account, each message charged
-// before it is unmarshaled, budget errors answered with code 8. Pass them
-// before the server's other options, with grpc.MaxRecvMsgSize(cfg.Limit)
-// beside them.
+// Options returns grpcbudget.ServerOptions: pass them before the server's
+// other options, with grpc.MaxRecvMsgSize(cfg.Limit).
 func Options(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
 	return grpcbudget.ServerOptions(pool, cfg)
 }
 
 // InterceptorOptions returns the unary and stream budget interceptors
-// alone: each call's account opens once its request is unmarshaled, which
-// is what the server did before messages were charged (-messages=false).
+// alone, which open each call's account once its request is unmarshaled
+// (-messages=false).
 func InterceptorOptions(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
 	unary, err := grpcbudget.UnaryServerInterceptor(pool, cfg)
 	if err != nil {
@@ -257,10 +251,9 @@ func (store) AllocWrapped(ctx context.Context, n int64) (int64, error) {
 	return int64(len(b)), nil
 }
 
-// AllocUndercharged charges a guess, 32 MiB, once, then builds n bytes in steps of
-// 8 MiB, checking its context between steps: the handler whose real size
-// only the heap watch sees. When its context ends (the heap watch canceled
-// it, PoolConfig.CancelLargest) it returns ctx.Err(), as most handlers do.
+// AllocUndercharged charges a 32 MiB guess, then builds n bytes in 8 MiB
+// steps: a handler whose real size only the heap watch sees. When the heap
+// watch cancels it, it returns ctx.Err(), as most handlers do.
 func (store) AllocUndercharged(ctx context.Context, n int64) (int64, error) {
 	const guess, step = 32 << 20, 8 << 20
 	if err := limits.Grow(ctx, guess); err != nil {
@@ -328,8 +321,7 @@ func holdFor(ctx context.Context) {
 	}
 }
 
-// uploadDesc is the Upload method: its message was charged before it was
-// unmarshaled; it holds it for hold-ms and returns its length.
+// uploadDesc is the Upload method.
 var uploadDesc = grpc.MethodDesc{
 	MethodName: "Upload",
 	Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
