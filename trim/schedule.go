@@ -99,6 +99,9 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 	if t.quietSince == 0 {
 		t.beginThrottleWatch(c)
 	}
+	// Bursts in flight are read before the marks: a burst's end marks
+	// before its count falls, so a count of 0 here comes with its mark.
+	inFlight := t.inFlight() > 0
 	prog, det := t.dirty.Swap(0) != 0, t.det.Swap(0)
 	if prog || det != 0 {
 		t.noteMark(prog, det)
@@ -112,14 +115,14 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 		t.since.Store(c)
 	}
 	t.checkStale(c)
-	due, full := t.due(c, since)
+	due, full := t.due(c, since, inFlight)
 	if c < due {
 		return min(time.Duration(due-c), t.interval), false
 	}
 	early := t.early && c < full // the early start decided it
 	t.quietSince, t.deferred, t.early, t.thrAt = 0, false, false, 0
 	t.since.Store(0)
-	if t.inFlight() > 0 {
+	if inFlight {
 		t.progMarked = true // held to the max wait by a Begin
 	}
 	t.trimLocked(originDebounced, early)
@@ -128,8 +131,9 @@ func (t *Trimmer) step(now time.Time) (next time.Duration, idle bool) {
 }
 
 // due returns when the pending trim may start at c (the pending period
-// began at since), and when it would without the early start.
-func (t *Trimmer) due(c, since int64) (due, full int64) {
+// began at since; a burst in flight or not), and when it would without the
+// early start.
+func (t *Trimmer) due(c, since int64, inFlight bool) (due, full int64) {
 	bound := satmath.Add(since, int64(t.maxWait))
 	if !t.early && t.thrAt != 0 && c >= satmath.Add(t.quietSince, int64(t.delay/2)) {
 		t.early = t.throttledSince(c)
@@ -139,7 +143,7 @@ func (t *Trimmer) due(c, since int64) (due, full int64) {
 	if t.early {
 		due = min(satmath.Add(t.quietSince, int64(t.delay/2)), bound)
 	}
-	if c < bound && t.inFlight() > 0 {
+	if c < bound && inFlight {
 		due = bound // the burst's end calls AfterBurst: look again each interval
 	}
 	if t.nextOK > due {

@@ -284,12 +284,13 @@ func (t *Trimmer) end0() { t.end(0) }
 func (t *Trimmer) end1() { t.end(1) }
 
 func (t *Trimmer) end(e int) {
+	// Marked before the count falls: a tick in between sees the mark (quiet
+	// from now), never a burst gone unmarked (a trim at once).
+	t.AfterBurst()
 	if t.inflight[e].Add(-1) < 0 {
 		t.inflight[e].Add(1)
 		t.reportMisuse()
-		return
 	}
-	t.AfterBurst()
 }
 
 // reportMisuse counts an extra end, logs the first, and panics when strict.
