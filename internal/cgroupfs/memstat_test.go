@@ -2,6 +2,7 @@ package cgroupfs
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -227,4 +228,34 @@ func TestUnreclaimableKinds(t *testing.T) {
 	assert.Equal(t, int64(5), m.FileUnreclaimable())
 	m.Kernel, m.SlabReclaimable = 4, 6
 	assert.Equal(t, int64(0), m.KernelUnreclaimable())
+}
+
+// TestParseMemoryStatAllocs: a memory.stat file is parsed without
+// allocating, and a file of more keys than the stack table holds still
+// finds a key given twice.
+func TestParseMemoryStatAllocs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "memstat", "v1-root-6.18"))
+	require.NoError(t, err)
+	allocs := testing.AllocsPerRun(20, func() {
+		if _, err := ParseMemoryStatBytes(b, "memory.stat"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs)
+
+	var many strings.Builder
+	many.WriteString("anon 1\n")
+	for i := range 2 * keySlots {
+		fmt.Fprintf(&many, "key_%d %d\n", i, i)
+	}
+	_, err = ParseMemoryStatBytes([]byte(many.String()), "many")
+	require.NoError(t, err)
+	_, err = ParseMemoryStatBytes([]byte(many.String()+"key_7 1\n"), "many")
+	require.ErrorContains(t, err, `"key_7" given twice`)
+	_, err = ParseMemoryStatBytes([]byte("anon 1\nkey_7 1\n"+many.String()), "many")
+	require.ErrorContains(t, err, `"anon" given twice`)
+	// Keys are told apart by their offsets, in a buffer with room left.
+	spare := append(make([]byte, 0, 4096), "anon 1\nshmem 2\nshmem 3\n"...)
+	_, err = ParseMemoryStatBytes(spare, "spare")
+	require.ErrorContains(t, err, `line 3: "shmem" given twice`)
 }
