@@ -45,6 +45,7 @@ type MemLimiter struct {
 	cgFile    string
 	charge    func(version int, dir string) (charge, error)
 	live      func() int64
+	self      selfReads // the default read, charge and usage; with mu held
 
 	epoch    time.Time
 	next     atomic.Int64 // nanoseconds since epoch of the next due re-read
@@ -126,16 +127,16 @@ func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 		seen: make(map[string]bool), charges: make(map[string]charge),
 	}
 	if m.charge == nil {
-		m.charge = readCharge
+		m.charge = m.self.charge
 	}
 	if m.live == nil {
 		m.live = readLive
 	}
 	if m.read == nil {
-		m.read, m.cgFile = func() (cgroupfs.Limit, error) { return cgroupfs.Of(0) }, "/proc/self/cgroup"
+		m.read, m.cgFile = m.self.read, "/proc/self/cgroup"
 	}
 	if m.usage == nil {
-		m.usage = readUsage
+		m.usage = m.self.usage
 	}
 	return m
 }

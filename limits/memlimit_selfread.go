@@ -1,0 +1,114 @@
+package limits
+
+import (
+	"errors"
+	"io/fs"
+	"path/filepath"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/fastread"
+	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/internal/safefs"
+)
+
+// selfReads are the limiter's default reads of its own process: the cgroup
+// limit (cgroupfs.Self: resolved once, then its files alone), what the
+// process holds (procfs.SelfHeld) and the cgroup accounts (memory.stat),
+// each into a buffer kept here, allocating nothing once warm. Each falls
+// back to the full read (cgroupfs.Of, procfs.Held, readCharge) on anything
+// unexpected, whose result and error stand. Not safe for concurrent use:
+// the limiter calls them with m.mu held.
+type selfReads struct {
+	limit cgroupfs.Self
+	held  procfs.SelfHeld
+	dirs  []chargePaths // the accounts read, by directory
+	buf   []byte
+	kmem  []byte
+}
+
+// chargePaths is one cgroup directory's account files, prepared.
+type chargePaths struct {
+	dir, statName string
+	stat, kmem    fastread.Path
+}
+
+// maxChargeDirs bounds the directories selfReads keeps prepared; past it
+// an account is read by readCharge.
+const maxChargeDirs = 16
+
+func (r *selfReads) read() (cgroupfs.Limit, error) { return r.limit.Read() }
+
+// usage is readUsage with /proc/self/status read by r.held.
+func (r *selfReads) usage() (held, goMapped int64, err error) {
+	goMapped = readGoMapped()
+	held, err = r.held.Held()
+	return held, goMapped, err
+}
+
+// charge is readCharge with memory.stat (and v1's kmem usage) read into
+// r's buffers; anything unexpected is read again by readCharge.
+func (r *selfReads) charge(version int, dir string) (charge, error) {
+	f := r.files(dir)
+	if f == nil {
+		return readCharge(version, dir)
+	}
+	var err error
+	if r.buf, err = fastread.Read(f.stat, r.buf, safefs.MaxCgroupFile); err != nil {
+		return readCharge(version, dir)
+	}
+	st, err := cgroupfs.ParseMemoryStatBytes(r.buf, f.statName)
+	if err != nil {
+		return readCharge(version, dir)
+	}
+	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
+		reclaimable: st.Reclaimable(), file: f.statName}
+	if st.Version == 1 || version == 1 {
+		r.kmem, err = fastread.Read(f.kmem, r.kmem, safefs.MaxCgroupFile)
+		switch k, ok := usageValue(r.kmem); {
+		case err == nil && ok:
+			c.kernel = k
+		case !errors.Is(err, fs.ErrNotExist):
+			return readCharge(version, dir)
+		}
+	}
+	return c, nil
+}
+
+// files returns dir's prepared files, nil past maxChargeDirs or for a name
+// fastread cannot take.
+func (r *selfReads) files(dir string) *chargePaths {
+	for i := range r.dirs {
+		if r.dirs[i].dir == dir {
+			return &r.dirs[i]
+		}
+	}
+	if len(r.dirs) >= maxChargeDirs {
+		return nil
+	}
+	f := chargePaths{dir: dir, statName: filepath.Join(dir, "memory.stat")}
+	var err error
+	if f.stat, err = fastread.NewPath(f.statName); err != nil {
+		return nil
+	}
+	if f.kmem, err = fastread.NewPath(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err != nil {
+		return nil
+	}
+	r.dirs = append(r.dirs, f)
+	return &r.dirs[len(r.dirs)-1]
+}
+
+// usageValue parses a usage counter as cgroupfs.ParseKmemUsage does
+// (decimal bytes and a newline); ok is false otherwise.
+func usageValue(b []byte) (int64, bool) {
+	if len(b) < 2 || b[len(b)-1] != '\n' || len(b) > 19 { // 18 digits fit int64
+		return 0, false
+	}
+	var n int64
+	for _, c := range b[:len(b)-1] {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
