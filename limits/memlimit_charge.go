@@ -20,17 +20,11 @@ var goMappedMetrics = [2]string{"/memory/classes/total:bytes", "/memory/classes/
 // (RssAnon + RssShmem) and what the Go runtime has mapped and not released;
 // err is the /proc read's.
 func readUsage() (held, goMapped int64, err error) {
-	goMapped = readGoMapped()
-	held, err = procfs.Held(0)
-	return held, goMapped, err
-}
-
-// readGoMapped returns what the Go runtime has mapped and not released, in
-// bytes.
-func readGoMapped() int64 {
 	s := [2]metrics.Sample{{Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
 	metrics.Read(s[:])
-	return int64(s[0].Value.Uint64() - s[1].Value.Uint64())
+	goMapped = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
+	held, err = procfs.Held(0)
+	return held, goMapped, err
 }
 
 // liveHeapFactor × the live heap is the lowest a memory.high target brings

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"path/filepath"
+	"runtime/metrics"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/fastread"
@@ -24,6 +25,8 @@ type selfReads struct {
 	dirs  []chargePaths // the accounts read, by directory
 	buf   []byte
 	kmem  []byte
+	// mapped are goMappedMetrics' samples, kept: metrics.Read's slice escapes.
+	mapped [2]metrics.Sample
 }
 
 // chargePaths is one cgroup directory's account files, prepared.
@@ -40,7 +43,11 @@ func (r *selfReads) read() (cgroupfs.Limit, error) { return r.limit.Read() }
 
 // usage is readUsage with /proc/self/status read by r.held.
 func (r *selfReads) usage() (held, goMapped int64, err error) {
-	goMapped = readGoMapped()
+	if r.mapped[0].Name == "" {
+		r.mapped[0].Name, r.mapped[1].Name = goMappedMetrics[0], goMappedMetrics[1]
+	}
+	metrics.Read(r.mapped[:])
+	goMapped = int64(r.mapped[0].Value.Uint64() - r.mapped[1].Value.Uint64())
 	held, err = r.held.Held()
 	return held, goMapped, err
 }
