@@ -9,23 +9,11 @@ import (
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/logattr"
-	"github.com/memctl/memctl/internal/procfs"
 )
 
 // goMappedMetrics are the runtime/metrics samples whose difference is the
 // memory the Go runtime has mapped and not returned to the OS.
 var goMappedMetrics = [2]string{"/memory/classes/total:bytes", "/memory/classes/heap/released:bytes"}
-
-// readUsage returns what this process holds that the kernel cannot reclaim
-// (RssAnon + RssShmem) and what the Go runtime has mapped and not released;
-// err is the /proc read's.
-func readUsage() (held, goMapped int64, err error) {
-	s := [2]metrics.Sample{{Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
-	metrics.Read(s[:])
-	goMapped = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
-	held, err = procfs.Held(0)
-	return held, goMapped, err
-}
 
 // liveHeapFactor × the live heap is the lowest a memory.high target brings
 // GOMEMLIMIT, clear of package pressure's spiral threshold.

@@ -41,7 +41,9 @@ const maxChargeDirs = 16
 
 func (r *selfReads) read() (cgroupfs.Limit, error) { return r.limit.Read() }
 
-// usage is readUsage with /proc/self/status read by r.held.
+// usage returns what this process holds that the kernel cannot reclaim
+// (RssAnon + RssShmem, procfs.Held) and what the Go runtime has mapped and
+// not released, in bytes; err is the /proc read's.
 func (r *selfReads) usage() (held, goMapped int64, err error) {
 	if r.mapped[0].Name == "" {
 		r.mapped[0].Name, r.mapped[1].Name = goMappedMetrics[0], goMappedMetrics[1]
