@@ -127,7 +127,7 @@ type planLimits struct {
 // error that leaves GOMEMLIMIT as it is (ErrImplausibleLimit).
 func screen(in planInputs) (planLimits, []planWarning, error) {
 	f := in.f
-	held := in.held // RssAnon + RssShmem (readUsage)
+	held := in.held // RssAnon + RssShmem (selfReads.usage)
 	if in.usageErr != nil {
 		held = in.goMapped // no /proc here: judge by the Go runtime's share alone
 	}
