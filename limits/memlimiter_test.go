@@ -276,6 +276,7 @@ func BenchmarkRefresh(b *testing.B) {
 		}
 	})
 	b.Run("reread", func(b *testing.B) {
+		defer threadCPU(b)()
 		for b.Loop() {
 			m.mu.Lock()
 			_, _ = m.decide(false)
