@@ -15,10 +15,11 @@ import (
 // selfReads are the limiter's default reads of its own process: the cgroup
 // limit (cgroupfs.Self: resolved once, then its files alone), what the
 // process holds (procfs.SelfHeld) and the cgroup accounts (memory.stat),
-// each into a buffer kept here, allocating nothing once warm. Each falls
-// back to the full read (cgroupfs.Of, procfs.Held, readCharge) on anything
-// unexpected, whose result and error stand. Not safe for concurrent use:
-// the limiter calls them with m.mu held.
+// each into a buffer kept here through files kept open (fastread),
+// allocating nothing once warm. Each falls back to the full read
+// (cgroupfs.Of, procfs.Held, readCharge) on anything unexpected, whose
+// result and error stand. Not safe for concurrent use: the limiter calls
+// them with m.mu held.
 type selfReads struct {
 	limit cgroupfs.Self
 	held  procfs.SelfHeld
@@ -32,7 +33,7 @@ type selfReads struct {
 // chargePaths is one cgroup directory's account files, prepared.
 type chargePaths struct {
 	dir, statName string
-	stat, kmem    fastread.Path
+	stat, kmem    fastread.File
 }
 
 // maxChargeDirs bounds the directories selfReads keeps prepared; past it
@@ -40,6 +41,16 @@ type chargePaths struct {
 const maxChargeDirs = 16
 
 func (r *selfReads) read() (cgroupfs.Limit, error) { return r.limit.Read() }
+
+// close closes the files kept open; a later read opens them again.
+func (r *selfReads) close() {
+	r.limit.Reset()
+	r.held.Close()
+	for i := range r.dirs {
+		r.dirs[i].stat.Close()
+		r.dirs[i].kmem.Close()
+	}
+}
 
 // usage returns what this process holds that the kernel cannot reclaim
 // (RssAnon + RssShmem, procfs.Held) and what the Go runtime has mapped and
@@ -62,7 +73,7 @@ func (r *selfReads) charge(version int, dir string) (charge, error) {
 		return readCharge(version, dir)
 	}
 	var err error
-	if r.buf, err = fastread.Read(f.stat, r.buf, safefs.MaxCgroupFile); err != nil {
+	if r.buf, err = f.stat.Read(r.buf, safefs.MaxCgroupFile); err != nil {
 		return readCharge(version, dir)
 	}
 	st, err := cgroupfs.ParseMemoryStatBytes(r.buf, f.statName)
@@ -72,7 +83,7 @@ func (r *selfReads) charge(version int, dir string) (charge, error) {
 	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
 		reclaimable: st.Reclaimable(), file: f.statName}
 	if st.Version == 1 || version == 1 {
-		r.kmem, err = fastread.Read(f.kmem, r.kmem, safefs.MaxCgroupFile)
+		r.kmem, err = f.kmem.Read(r.kmem, safefs.MaxCgroupFile)
 		switch k, ok := usageValue(r.kmem); {
 		case err == nil && ok:
 			c.kernel = k
@@ -96,10 +107,10 @@ func (r *selfReads) files(dir string) *chargePaths {
 	}
 	f := chargePaths{dir: dir, statName: filepath.Join(dir, "memory.stat")}
 	var err error
-	if f.stat, err = fastread.NewPath(f.statName); err != nil {
+	if f.stat, err = fastread.New(f.statName); err != nil {
 		return nil
 	}
-	if f.kmem, err = fastread.NewPath(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err != nil {
+	if f.kmem, err = fastread.New(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err != nil {
 		return nil
 	}
 	r.dirs = append(r.dirs, f)

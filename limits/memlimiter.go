@@ -265,8 +265,9 @@ func (m *MemLimiter) Interval() time.Duration {
 	return m.every
 }
 
-// Close stops the refresh and the follower, and waits for the follower's
-// goroutine to exit; GOMEMLIMIT stays as it is. Idempotent.
+// Close stops the refresh and the follower, waits for the follower's
+// goroutine to exit, and closes the files the refresh keeps open;
+// GOMEMLIMIT stays as it is. Idempotent.
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.closed.Store(true)
@@ -281,6 +282,9 @@ func (m *MemLimiter) Close() {
 		}
 		m.subs = nil
 		m.subMu.Unlock()
+		m.mu.Lock()
+		m.self.close()
+		m.mu.Unlock()
 	}
 }
 

@@ -32,8 +32,9 @@ func newPlan(l Limit, top string) *selfPlan {
 	topMax := filepath.Join(top, "memory.max")
 	var buf []byte
 	for _, name := range names {
-		path, err := fastread.NewPath(name)
+		path, err := fastread.New(name)
 		if err != nil {
+			p.close()
 			return nil
 		}
 		f := planFile{path: path, top: l.Version == 2 && name == topMax}
@@ -47,11 +48,12 @@ func newPlan(l Limit, top string) *selfPlan {
 		default:
 			f.kind = v2High
 		}
-		buf, err = fastread.Read(path, buf, safefs.MaxCgroupFile)
+		buf, err = f.path.Read(buf, safefs.MaxCgroupFile)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) && f.kind != v1Limit:
 			f.absent = true
 		case err != nil:
+			p.close()
 			return nil
 		}
 		p.files = append(p.files, f)
@@ -69,7 +71,7 @@ func (s *Self) reread() (l Limit, ok bool) {
 	for i := range s.plan.files {
 		f := &s.plan.files[i]
 		var err error
-		s.buf, err = fastread.Read(f.path, s.buf, safefs.MaxCgroupFile)
+		s.buf, err = f.path.Read(s.buf, safefs.MaxCgroupFile)
 		if f.absent {
 			if !errors.Is(err, fs.ErrNotExist) {
 				return Limit{}, false

@@ -1,6 +1,7 @@
 // Package fastread reads small kernel files (cgroup control files,
 // /proc/self/status) again and again into a buffer the caller keeps,
-// without allocating once the buffer is large enough.
+// through a descriptor kept open between reads, without allocating once
+// the buffer is large enough and the file open.
 //
 // The paths are the caller's own: its own cgroup as its own mount namespace
 // shows it, its own /proc entries. Unlike package safefs, nothing here
@@ -12,40 +13,78 @@ package fastread
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 )
 
-// Path is a file name prepared once for Read (NUL-terminated). The zero
-// value is no path: Read fails on it.
-type Path struct {
+// File is a file name read again and again. The file is opened at the
+// first Read and kept open (its *os.File closes it if the File is dropped
+// unclosed); later Reads read it again from offset 0, which makes a kernel
+// file's content anew. The zero value is no file: Read fails on it. Copies
+// share the open file: read and close through one alone. A File is not
+// safe for concurrent use.
+type File struct {
 	name string
-	c    []byte // name and a NUL
+	c    []byte   // name and a NUL
+	f    *os.File // nil: not open
 }
 
-// NewPath returns name prepared for Read; a name holding a NUL byte is an
-// error.
-func NewPath(name string) (Path, error) {
+// New returns name prepared for Read, not yet open; a name holding a NUL
+// byte is an error.
+func New(name string) (File, error) {
 	if name == "" || strings.IndexByte(name, 0) >= 0 {
-		return Path{}, fmt.Errorf("fastread: invalid file name %q", name)
+		return File{}, fmt.Errorf("fastread: invalid file name %q", name)
 	}
-	return Path{name: name, c: append([]byte(name), 0)}, nil
+	return File{name: name, c: append([]byte(name), 0)}, nil
 }
 
 // String returns the file name.
-func (p Path) String() string { return p.name }
+func (f *File) String() string { return f.name }
 
 // ErrTooLarge is matched by the error of a Read of a file longer than max.
 var ErrTooLarge = errors.New("fastread: file larger than the cap")
 
-// Read reads the whole file p into buf[:0] and returns it: at most max
+// Read reads the whole file into buf[:0] and returns it: at most max
 // bytes, else an error matching ErrTooLarge. It allocates only to grow buf
-// past its capacity. The error wraps the kernel's errno (fs.ErrNotExist
-// for ENOENT); it does not name the file, for it is built only on failure
-// and callers read again through safefs to report one. Safe for concurrent
-// use with distinct buffers.
-func Read(p Path, buf []byte, max int) ([]byte, error) {
-	if len(p.c) == 0 {
-		return buf[:0], errors.New("fastread: no path")
+// past its capacity, to open the file, and on error. A file that cannot be
+// opened returns the kernel's errno (fs.ErrNotExist matches ENOENT),
+// without allocating; after any other error the file is closed, and the
+// next Read opens it again.
+func (f *File) Read(buf []byte, max int) ([]byte, error) {
+	if f.f == nil {
+		if len(f.c) == 0 {
+			return buf[:0], errors.New("fastread: no file")
+		}
+		fd, err := openat(f.c)
+		if err != nil {
+			return buf[:0], err
+		}
+		f.f = os.NewFile(uintptr(fd), f.name)
 	}
-	return read(p, buf[:0], max)
+	buf = buf[:0]
+	for len(buf) <= max {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := f.f.ReadAt(buf[len(buf):min(cap(buf), max+1)], int64(len(buf)))
+		buf = buf[:len(buf)+n]
+		if err == io.EOF && len(buf) <= max {
+			return buf, nil
+		}
+		if err != nil {
+			f.Close()
+			return buf[:0], err
+		}
+	}
+	f.Close()
+	return buf[:0], ErrTooLarge
+}
+
+// Close closes the file if it is open; a later Read opens it again.
+func (f *File) Close() {
+	if f.f != nil {
+		_ = f.f.Close()
+		f.f = nil
+	}
 }

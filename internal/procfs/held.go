@@ -7,28 +7,32 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// SelfHeld reads Held(0) again and again: /proc/self/status into a buffer
-// it keeps, RssAnon and RssShmem found by a scan, allocating nothing. A
+// SelfHeld reads Held(0) again and again: /proc/self/status, kept open,
+// into a buffer it keeps, RssAnon and RssShmem found by a scan, allocating
+// nothing. A
 // file it does not read plainly (no RssAnon, another unit, a read error)
 // is read again by Held(0), whose value and error are returned. The zero
 // value is ready; a SelfHeld is not safe for concurrent use.
 type SelfHeld struct {
-	path fastread.Path
+	file fastread.File
 	buf  []byte
 }
+
+// Close closes /proc/self/status; a later Held opens it again.
+func (s *SelfHeld) Close() { s.file.Close() }
 
 // Held returns what the caller holds that the kernel cannot reclaim, in
 // bytes, as Held(0).
 func (s *SelfHeld) Held() (int64, error) {
-	if s.path.String() == "" {
-		p, err := fastread.NewPath(StatusPath(0))
+	if s.file.String() == "" {
+		f, err := fastread.New(StatusPath(0))
 		if err != nil {
 			return Held(0)
 		}
-		s.path = p
+		s.file = f
 	}
 	var err error
-	s.buf, err = fastread.Read(s.path, s.buf, safefs.MaxProcFile)
+	s.buf, err = s.file.Read(s.buf, safefs.MaxProcFile)
 	if err != nil {
 		return Held(0)
 	}
