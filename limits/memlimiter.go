@@ -82,6 +82,11 @@ type MemLimiter struct {
 	version int      // its cgroup version
 	files   []string // the files the last decision came from (bounds, memory.high)
 
+	reason       []byte            // the buffer compute writes Reason in
+	said         string            // the last Reason compute wrote
+	oneBound     [1]cgroupfs.Bound // found.bounds of a limit read without Bounds
+	boundCharges []chargeRead      // planInputs.boundCharges' buffer
+
 	following  atomic.Pointer[string] // Following
 	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
 	folMu      sync.Mutex             // fol, folClosing
@@ -288,10 +293,17 @@ func (m *MemLimiter) Close() {
 	}
 }
 
-// store publishes d and, when what is in force changed, tells the
-// subscribers and OnChange.
+// store publishes d, unless it is the decision published last, and, when
+// what is in force changed, tells the subscribers and OnChange. Called with
+// m.mu held, or before m is shared.
 func (m *MemLimiter) store(d MemLimit) {
-	prev := m.last.Swap(&d)
+	prev := m.last.Load()
+	if prev != nil && *prev == d {
+		return
+	}
+	next := new(MemLimit)
+	*next = d
+	m.last.Store(next)
 	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
 		prev.Source == d.Source && prev.File == d.File && prev.Overridden == d.Overridden {
 		return
