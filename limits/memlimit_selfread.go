@@ -76,16 +76,19 @@ func (r *selfReads) charge(version int, dir string) (charge, error) {
 	if r.buf, err = f.stat.Read(r.buf, safefs.MaxCgroupFile); err != nil {
 		return readCharge(version, dir)
 	}
-	st, err := cgroupfs.ParseMemoryStatBytes(r.buf, f.statName)
+	st, err := cgroupfs.ParseMemoryStat(r.buf, f.statName)
 	if err != nil {
 		return readCharge(version, dir)
 	}
 	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
 		reclaimable: st.Reclaimable(), file: f.statName}
 	if st.Version == 1 || version == 1 {
-		r.kmem, err = f.kmem.Read(r.kmem, safefs.MaxCgroupFile)
-		switch k, ok := usageValue(r.kmem); {
-		case err == nil && ok:
+		var k int64
+		if r.kmem, err = f.kmem.Read(r.kmem, safefs.MaxCgroupFile); err == nil {
+			k, err = cgroupfs.ParseKmemUsage(r.kmem, f.kmem.String())
+		}
+		switch {
+		case err == nil:
 			c.kernel = k
 		case !errors.Is(err, fs.ErrNotExist):
 			return readCharge(version, dir)
@@ -115,20 +118,4 @@ func (r *selfReads) files(dir string) *chargePaths {
 	}
 	r.dirs = append(r.dirs, f)
 	return &r.dirs[len(r.dirs)-1]
-}
-
-// usageValue parses a usage counter as cgroupfs.ParseKmemUsage does
-// (decimal bytes and a newline); ok is false otherwise.
-func usageValue(b []byte) (int64, bool) {
-	if len(b) < 2 || b[len(b)-1] != '\n' || len(b) > 19 { // 18 digits fit int64
-		return 0, false
-	}
-	var n int64
-	for _, c := range b[:len(b)-1] {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
 }

@@ -3,11 +3,8 @@ package cgroupfs
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"math"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/memctl/memctl/internal/safefs"
 )
@@ -162,27 +159,14 @@ func (m *MemoryStat) figure(fig uint8) *int64 {
 	return nil
 }
 
-// ParseMemoryStat parses a memory.stat file from r; name is used in
-// errors. Each line is "key value" (key: [a-z0-9_], value: decimal);
-// unknown keys are skipped. Another shape, a value over math.MaxInt64, a
-// key given twice, v1 and v2 names mixed, neither "anon" nor "rss", or over
-// safefs.MaxCgroupFile bytes is an error naming the line, with every
-// figure -1.
-func ParseMemoryStat(r io.Reader, name string) (MemoryStat, error) {
-	b, err := io.ReadAll(io.LimitReader(r, safefs.MaxCgroupFile+1))
-	if err != nil {
-		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: %w", name, err)
-	}
-	if len(b) > safefs.MaxCgroupFile {
-		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.stat file", name, safefs.MaxCgroupFile)
-	}
-	return parseMemoryStat(b, name)
-}
-
-// ParseMemoryStatBytes is ParseMemoryStat on the whole file b, which it
-// does not keep. It allocates nothing for a well-formed file of a few
-// hundred keys (only its error does).
-func ParseMemoryStatBytes(b []byte, name string) (MemoryStat, error) {
+// ParseMemoryStat parses the memory.stat file b, which it does not keep;
+// name is used in errors. Each line is "key value" (key: [a-z0-9_], value:
+// decimal); unknown keys are skipped. Another shape, a value over
+// math.MaxInt64, a key given twice, v1 and v2 names mixed, neither "anon"
+// nor "rss", or over safefs.MaxCgroupFile bytes is an error naming the
+// line, with every figure -1. It allocates nothing for a well-formed file
+// of a few hundred keys (only its error does).
+func ParseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	if len(b) > safefs.MaxCgroupFile {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.stat file", name, safefs.MaxCgroupFile)
 	}
@@ -318,7 +302,7 @@ func ReadKmemUsage(dir string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return ParseKmemUsage(string(b), filepath.Join(dir, "memory.kmem.usage_in_bytes"))
+	return ParseKmemUsage(b, filepath.Join(dir, "memory.kmem.usage_in_bytes"))
 }
 
 // ReadUsage reads dir's memory.usage_in_bytes (v1) or memory.current (v2),
@@ -333,21 +317,25 @@ func ReadUsage(version int, dir string) (int64, string, error) {
 	if err != nil {
 		return 0, file, err
 	}
-	n, err := ParseKmemUsage(string(b), file)
+	n, err := ParseKmemUsage(b, file)
 	return n, file, err
 }
 
 // ParseKmemUsage parses a cgroup usage counter (memory.kmem.usage_in_bytes,
 // memory.usage_in_bytes, memory.current): decimal bytes and a newline;
-// anything else is an error naming name and quoting it.
-func ParseKmemUsage(s, name string) (int64, error) {
-	v := strings.TrimSuffix(s, "\n")
-	if !isDecimal(v) {
-		return 0, fmt.Errorf("cgroupfs: %s: malformed usage %s, want bytes", safefs.Quote(name), safefs.Quote(s))
+// anything else is an error naming name and quoting it. Only the error
+// allocates.
+func ParseKmemUsage[T string | []byte](s T, name string) (int64, error) {
+	v := s
+	if len(v) > 0 && v[len(v)-1] == '\n' {
+		v = v[:len(v)-1]
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("cgroupfs: %s: usage out of range: %s", safefs.Quote(name), safefs.Quote(s))
+	if !isDecimal(v) {
+		return 0, fmt.Errorf("cgroupfs: %s: malformed usage %s, want bytes", safefs.Quote(name), safefs.Quote(string(s)))
+	}
+	n, ok := parseDecimal([]byte(v))
+	if !ok {
+		return 0, fmt.Errorf("cgroupfs: %s: usage out of range: %s", safefs.Quote(name), safefs.Quote(string(s)))
 	}
 	return n, nil
 }
