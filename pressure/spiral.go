@@ -153,13 +153,6 @@ func (s *spiral) observe(r reading) verdict {
 	return v
 }
 
-// read makes a reading from runtime/metrics now.
-func (s *spiral) read() reading {
-	var gs gcend.Sample
-	s.reader.Read(&gs)
-	return s.from(&gs)
-}
-
 // from makes a reading of one GC end's sample.
 func (s *spiral) from(gs *gcend.Sample) reading {
 	return reading{now: gs.Time.Sub(s.start), gc: gs.GCCPU, total: gs.TotalCPU, limiter: gs.LimiterLast,

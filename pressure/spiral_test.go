@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 const mib = 1 << 20
@@ -234,4 +236,11 @@ func TestSpiralLimitSetsGoal(t *testing.T) {
 			assert.Equal(t, tc.want, started >= 0, "started at %v", started)
 		})
 	}
+}
+
+// read makes a reading from runtime/metrics now.
+func (s *spiral) read() reading {
+	var gs gcend.Sample
+	s.reader.Read(&gs)
+	return s.from(&gs)
 }

@@ -192,9 +192,6 @@ func Active() int {
 	return len(subs)
 }
 
-// Cycles reports how many GC-cycle ends the hook has seen.
-func Cycles() uint64 { return cycles.Load() }
-
 // arm installs the hook for the next GC cycle. Called with mu held.
 func arm() {
 	gen++

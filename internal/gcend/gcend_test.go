@@ -200,3 +200,6 @@ func TestNearLimit(t *testing.T) {
 		assert.Equal(t, tc.want, tc.s.NearLimit(0.9), tc.name)
 	}
 }
+
+// Cycles reports how many GC-cycle ends the hook has seen.
+func Cycles() uint64 { return cycles.Load() }
