@@ -72,6 +72,7 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/connectbudget"
+	"github.com/memctl/memctl/internal/bytesize"
 	"github.com/memctl/memctl/internal/examplestore"
 	"github.com/memctl/memctl/limits"
 )
@@ -94,17 +95,17 @@ func run(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	limit, err := examplestore.ParseBytes(*budget)
+	limit, err := bytesize.Parse(*budget)
 	if err != nil || limit == 0 {
 		return fmt.Errorf("-request-budget %q: want a positive byte count", *budget)
 	}
-	size, err := examplestore.ParseBytes(*poolSize)
+	size, err := bytesize.Parse(*poolSize)
 	if err != nil {
 		return fmt.Errorf("-pool: %w", err)
 	}
 	readMax := min(limit, math.MaxInt32)
 	if *maxRead != "" {
-		if readMax, err = examplestore.ParseBytes(*maxRead); err != nil || readMax == 0 || readMax > math.MaxInt32 {
+		if readMax, err = bytesize.Parse(*maxRead); err != nil || readMax == 0 || readMax > math.MaxInt32 {
 			return fmt.Errorf("-max-read %q: want a positive byte count under 2 GiB", *maxRead)
 		}
 	}

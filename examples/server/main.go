@@ -66,7 +66,7 @@ import (
 	"time"
 
 	"github.com/memctl/memctl"
-	"github.com/memctl/memctl/internal/examplestore"
+	"github.com/memctl/memctl/internal/bytesize"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -100,10 +100,10 @@ func parseFlags(args []string) (config, error) {
 		return c, err
 	}
 	var err error
-	if c.requestBudget, err = examplestore.ParseBytes(*budget); err != nil {
+	if c.requestBudget, err = bytesize.Parse(*budget); err != nil {
 		return c, fmt.Errorf("-request-budget: %w", err)
 	}
-	if c.pool, err = examplestore.ParseBytes(*pool); err != nil {
+	if c.pool, err = bytesize.Parse(*pool); err != nil {
 		return c, fmt.Errorf("-pool: %w", err)
 	}
 	return c, nil

@@ -77,6 +77,7 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/grpcbudget"
+	"github.com/memctl/memctl/internal/bytesize"
 	"github.com/memctl/memctl/internal/examplestore"
 	"github.com/memctl/memctl/limits"
 )
@@ -100,17 +101,17 @@ func run(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	limit, err := examplestore.ParseBytes(*budget)
+	limit, err := bytesize.Parse(*budget)
 	if err != nil || limit == 0 {
 		return fmt.Errorf("-request-budget %q: want a positive byte count", *budget)
 	}
-	size, err := examplestore.ParseBytes(*poolSize)
+	size, err := bytesize.Parse(*poolSize)
 	if err != nil {
 		return fmt.Errorf("-pool: %w", err)
 	}
 	recv := min(limit, math.MaxInt32)
 	if *maxRecv != "" {
-		if recv, err = examplestore.ParseBytes(*maxRecv); err != nil || recv == 0 || recv > math.MaxInt32 {
+		if recv, err = bytesize.Parse(*maxRecv); err != nil || recv == 0 || recv > math.MaxInt32 {
 			return fmt.Errorf("-max-recv %q: want a positive byte count under 2 GiB", *maxRecv)
 		}
 	}

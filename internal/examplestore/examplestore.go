@@ -1,6 +1,6 @@
 // Package examplestore is the work behind memctl.example.Store, the service
 // of the grpcbudget and connectbudget example servers (one service, two
-// transports), and the byte counts their flags and examples/server's take.
+// transports).
 // Each method charges its size to the call's budget (limits.Grow) before it
 // builds anything, and returns a refused Grow's error as the handler's.
 package examplestore
@@ -8,9 +8,6 @@ package examplestore
 import (
 	"context"
 	"fmt"
-	"math"
-	"strconv"
-	"strings"
 
 	"github.com/memctl/memctl/limits"
 )
@@ -71,20 +68,4 @@ func Hold(ctx context.Context, n int64) (int64, error) {
 	defer limits.Shrink(ctx, n)
 	<-ctx.Done()
 	return n, ctx.Err()
-}
-
-// ParseBytes parses a byte count: digits with an optional KiB, MiB or GiB
-// suffix ("123", "64KiB", "64MiB", "1GiB"); the error quotes s.
-func ParseBytes(s string) (int64, error) {
-	num, shift := s, 0
-	for i, unit := range []string{"KiB", "MiB", "GiB"} {
-		if n, ok := strings.CutSuffix(s, unit); ok {
-			num, shift = n, 10*(i+1)
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64>>shift {
-		return 0, fmt.Errorf("%q is not a byte count (want for example 1048576, 64KiB, 64MiB or 1GiB)", s)
-	}
-	return n << shift, nil
 }
