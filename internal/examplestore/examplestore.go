@@ -1,8 +1,7 @@
 // Package examplestore is the work behind memctl.example.Store, the service
 // of the grpcbudget and connectbudget example servers (one service, two
-// transports).
-// Each method charges its size to the call's budget (limits.Grow) before it
-// builds anything, and returns a refused Grow's error as the handler's.
+// transports). Each method charges the call's budget (limits.Grow) before
+// it builds anything.
 package examplestore
 
 import (
