@@ -115,27 +115,6 @@ func thousands(v float64) string {
 // trimZero drops a trailing ".0".
 func trimZero(s string) string { return strings.TrimSuffix(s, ".0") }
 
-// parseSize parses a non-negative size in bytes, with an optional KiB, MiB
-// or GiB suffix ("2GiB").
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	mult := int64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("bench: size %q: want a non-negative number of bytes, or one with KiB, MiB or GiB, such as \"2GiB\"", s)
-	}
-	return n * mult, nil
-}
-
 // UnmarshalText accepts any name: readReport sets the unit ("seconds"
 // names two).
 func (u *unit) UnmarshalText([]byte) error { return nil }

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 func TestFormatValue(t *testing.T) {
@@ -62,19 +61,4 @@ func TestUnitString(t *testing.T) {
 	assert.Equal(t, "seconds", unitLatency.String())
 	assert.Equal(t, "per second", unitRate.String())
 	assert.Equal(t, "unit(99)", unit(99).String())
-}
-
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int64{
-		"0": 0, "2147483648": 2 << 30, "2GiB": 2 << 30, "512MiB": 512 << 20, "64 KiB": 64 << 10, " 1GiB ": 1 << 30,
-	} {
-		got, err := parseSize(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	for _, in := range []string{"", "-1", "2GB", "1.5GiB", "GiB", "abc", "9223372036854775807GiB", "99999999999999999999"} {
-		_, err := parseSize(in)
-		assert.ErrorContains(t, err, "bench: size", in)
-		assert.ErrorContains(t, err, in)
-	}
 }

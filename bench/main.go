@@ -67,6 +67,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/memctl/memctl/internal/bytesize"
 )
 
 func main() {
@@ -212,7 +214,7 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 		}
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
-	l, err := parseSize(*limit)
+	l, err := bytesize.Parse(*limit)
 	if err != nil {
 		return config{}, false, fmt.Errorf("-cgroup-limit: %w", err)
 	}

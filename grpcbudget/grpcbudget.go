@@ -169,17 +169,13 @@ func (b *budget) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	returned := false
 	defer func() {
 		if !returned {
-			if c != nil {
-				c.release()
-			}
+			c.release()
 			w.Abandon() // the handler panicked: close the account, let its panic go on
 		}
 	}()
 	resp, err = handler(wctx, req)
 	returned = true
-	if c != nil {
-		c.release()
-	}
+	c.release()
 	if err = w.Finish(err); isBudget(err) {
 		return nil, b.answer(err, err, setTrailer)
 	}
@@ -230,18 +226,14 @@ func (b *budget) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 	returned := false
 	defer func() {
 		if !returned {
-			if c != nil {
-				c.release()
-			}
+			c.release()
 			w.Abandon()
 		}
 	}()
 	wrapped := &stream{ServerStream: ss, ctx: wctx, c: c}
 	err = handler(srv, wrapped)
 	returned = true
-	if c != nil {
-		c.release()
-	}
+	c.release()
 	ferr := w.Finish(err)
 	if !isBudget(ferr) {
 		return err

@@ -202,8 +202,11 @@ func (c *call) settle() error {
 	return err
 }
 
-// release returns the last message's charge.
+// release returns the last message's charge; a nil call has none.
 func (c *call) release() {
+	if c == nil {
+		return
+	}
 	_ = c.settle()
 	c.mu.Lock()
 	held := c.held

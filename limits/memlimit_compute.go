@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 
@@ -168,7 +169,7 @@ func screen(in planInputs) (planLimits, []planWarning, error) {
 		}
 	} else if hasHard && (limit <= 0 || limit <= held) {
 		err := fmt.Errorf("%w: %s says %d bytes, but this process already holds %d bytes (RssAnon + RssShmem); GOMEMLIMIT left at %d",
-			ErrImplausibleLimit, cmpString(file, f.source.String()), limit, held, in.cur)
+			ErrImplausibleLimit, cmp.Or(file, f.source.String()), limit, held, in.cur)
 		return planLimits{}, append(warns, planWarning{key: fmt.Sprintf("implausible %s %d", file, limit), err: err, first: in.first}), err
 	}
 	lim := planLimits{limit: limit, file: file, high: high, highFile: highFile, hasHard: hasHard, held: held}

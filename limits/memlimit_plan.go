@@ -241,10 +241,3 @@ func within(a, b, frac int64) bool {
 	}
 	return diff < b/frac
 }
-
-func cmpString(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}

@@ -20,8 +20,7 @@ type reading struct {
 }
 
 // limitSetsGoal reports whether GOMEMLIMIT, not GOGC, set the cycle's heap
-// goal with a runway of at most (1 − ratio) × GOMEMLIMIT over the live heap
-// (gcend.Sample.NearLimit's rule).
+// goal with a runway of at most (1 − ratio) × GOMEMLIMIT over the live heap.
 func (r reading) limitSetsGoal(ratio float64) bool {
 	return r.goal > 0 && r.goal < r.gogcGoal-r.gogcGoal/64 &&
 		float64(r.goal-r.live) <= (1-ratio)*float64(r.limit)
@@ -151,13 +150,6 @@ func (s *spiral) observe(r reading) verdict {
 		v.change = -1
 	}
 	return v
-}
-
-// read makes a reading from runtime/metrics now.
-func (s *spiral) read() reading {
-	var gs gcend.Sample
-	s.reader.Read(&gs)
-	return s.from(&gs)
 }
 
 // from makes a reading of one GC end's sample.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/memctl/memctl/internal/gcend"
 )
 
 const mib = 1 << 20
@@ -233,5 +235,27 @@ func TestSpiralLimitSetsGoal(t *testing.T) {
 			}
 			assert.Equal(t, tc.want, started >= 0, "started at %v", started)
 		})
+	}
+}
+
+// read makes a reading from runtime/metrics now.
+func (s *spiral) read() reading {
+	var gs gcend.Sample
+	s.reader.Read(&gs)
+	return s.from(&gs)
+}
+
+func TestLimitSetsGoal(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    reading
+		want bool
+	}{
+		{"limit sets the goal, 10 MiB runway", reading{live: 171 * mib, goal: 181 * mib, limit: 200 * mib, gogcGoal: 342 * mib}, true},
+		{"GOGC off, 10 MiB runway", reading{live: 171 * mib, goal: 181 * mib, limit: 200 * mib, gogcGoal: math.MaxInt64}, true},
+		{"GOGC sets the goal", reading{live: 20 * mib, goal: 40 * mib, limit: 200 * mib, gogcGoal: 40 * mib}, false},
+		{"limit sets the goal, 60 MiB runway", reading{live: 120 * mib, goal: 180 * mib, limit: 200 * mib, gogcGoal: 240 * mib}, false},
+	} {
+		assert.Equal(t, tc.want, tc.r.limitSetsGoal(0.9), tc.name)
 	}
 }

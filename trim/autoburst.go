@@ -138,12 +138,6 @@ func newAutoBurst(cfg AutoBurstConfig, onBurst func(), settle time.Duration) (*a
 	return a, nil
 }
 
-// gcEnd reads the runtime's figures now and observes them as a GC end would.
-func (a *autoBurst) gcEnd() bool {
-	g := readSample()
-	return a.atGCEnd(&g)
-}
-
 // atGCEnd is the GC-end subscriber.
 func (a *autoBurst) atGCEnd(gs *gcend.Sample) bool {
 	if a.closed.Load() {

@@ -472,3 +472,9 @@ func TestAutoBurstSawtoothNeverBursts(t *testing.T) {
 		})
 	}
 }
+
+// gcEnd reads the runtime's figures now and observes them as a GC end would.
+func (a *autoBurst) gcEnd() bool {
+	g := readSample()
+	return a.atGCEnd(&g)
+}

@@ -38,9 +38,6 @@ func (t *Trimmer) atGCEnd(live int64) bool {
 	return t.state.Load() != stateClosed
 }
 
-// gcEnd reads the live heap now and records it as a GC end would.
-func (t *Trimmer) gcEnd() bool { return t.atGCEnd(readSample().Live) }
-
 // collected reports whether the last GC end saw the live heap fall from its
 // peak by a quarter and at least min bytes: that cycle collected a burst.
 func (g *gcLive) collected(min int64) bool {

@@ -25,3 +25,6 @@ func BenchmarkGCEndHook(b *testing.B) {
 		tr.atGCEnd(live)
 	}
 }
+
+// gcEnd reads the live heap now and records it as a GC end would.
+func (t *Trimmer) gcEnd() bool { return t.atGCEnd(readSample().Live) }

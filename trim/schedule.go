@@ -283,10 +283,3 @@ func (t *Trimmer) noteDeferred(wait time.Duration) {
 		slog.Duration("max_wait", t.maxWait), slog.Duration("wait", wait.Round(time.Millisecond)),
 		slog.Duration("last_trim_cpu", last))
 }
-
-// quiet reports whether nothing is pending and no timer armed. For tests.
-func (t *Trimmer) quiet() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return !t.armed && t.state.Load() != statePending
-}

@@ -726,3 +726,10 @@ func TestThrottledCgroupStartsEarly(t *testing.T) {
 	at = childtest.RequireFloat(t, rep, "TRIM_AFTER_S")
 	assert.GreaterOrEqual(t, at, defaultDelay.Seconds(), "no early start without throttling")
 }
+
+// quiet reports whether nothing is pending and no timer armed.
+func (t *Trimmer) quiet() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.armed && t.state.Load() != statePending
+}

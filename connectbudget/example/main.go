@@ -64,7 +64,6 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -73,6 +72,8 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/connectbudget"
+	"github.com/memctl/memctl/internal/bytesize"
+	"github.com/memctl/memctl/internal/examplestore"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -94,17 +95,17 @@ func run(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	limit, err := parseBytes(*budget)
+	limit, err := bytesize.Parse(*budget)
 	if err != nil || limit == 0 {
 		return fmt.Errorf("-request-budget %q: want a positive byte count", *budget)
 	}
-	size, err := parseBytes(*poolSize)
+	size, err := bytesize.Parse(*poolSize)
 	if err != nil {
 		return fmt.Errorf("-pool: %w", err)
 	}
 	readMax := min(limit, math.MaxInt32)
 	if *maxRead != "" {
-		if readMax, err = parseBytes(*maxRead); err != nil || readMax == 0 || readMax > math.MaxInt32 {
+		if readMax, err = bytesize.Parse(*maxRead); err != nil || readMax == 0 || readMax > math.MaxInt32 {
 			return fmt.Errorf("-max-read %q: want a positive byte count under 2 GiB", *maxRead)
 		}
 	}
@@ -175,7 +176,7 @@ func InterceptorOptions(pool *limits.Pool, cfg connectbudget.Config) (connect.Ha
 }
 
 // ServiceName is the Store service's full name.
-const ServiceName = "memctl.example.Store"
+const ServiceName = examplestore.ServiceName
 
 // Procedure returns the path of the Store's method name.
 func Procedure(name string) string { return "/" + ServiceName + "/" + name }
@@ -184,10 +185,10 @@ func Procedure(name string) string { return "/" + ServiceName + "/" + name }
 func NewHandler(opts ...connect.HandlerOption) *http.ServeMux {
 	mux := http.NewServeMux()
 	for name, fn := range map[string]func(context.Context, int64) (int64, error){
-		"Alloc":             allocN,
-		"AllocWrapped":      allocWrapped,
-		"AllocUndercharged": allocUndercharged,
-		"Hold":              hold,
+		"Alloc":             examplestore.Alloc,
+		"AllocWrapped":      examplestore.AllocWrapped,
+		"AllocUndercharged": examplestore.AllocUndercharged,
+		"Hold":              examplestore.Hold,
 	} {
 		mux.Handle(Procedure(name), connect.NewUnaryHandler(Procedure(name),
 			func(ctx context.Context, req *connect.Request[wrapperspb.Int64Value]) (*connect.Response[wrapperspb.Int64Value], error) {
@@ -223,89 +224,11 @@ func NewHandler(opts ...connect.HandlerOption) *http.ServeMux {
 		}, opts...))
 	mux.Handle(Procedure("AllocStream"), connect.NewServerStreamHandler(Procedure("AllocStream"),
 		func(ctx context.Context, req *connect.Request[wrapperspb.Int64Value], st *connect.ServerStream[wrapperspb.Int64Value]) error {
-			n, err := allocN(ctx, req.Msg.GetValue())
+			n, err := examplestore.Alloc(ctx, req.Msg.GetValue())
 			if err != nil {
 				return err
 			}
 			return st.Send(wrapperspb.Int64(n))
 		}, opts...))
 	return mux
-}
-
-// alloc charges n bytes to the call's budget and builds them.
-func alloc(ctx context.Context, n int64) ([]byte, error) {
-	if err := limits.Grow(ctx, n); err != nil {
-		return nil, err
-	}
-	defer limits.Shrink(ctx, n)
-	b := make([]byte, n)
-	for i := 0; i < len(b); i += 4096 {
-		b[i] = 1 // touch every page
-	}
-	return b, nil
-}
-
-func allocN(ctx context.Context, n int64) (int64, error) {
-	b, err := alloc(ctx, n)
-	return int64(len(b)), err
-}
-
-func allocWrapped(ctx context.Context, n int64) (int64, error) {
-	b, err := alloc(ctx, n)
-	if err != nil {
-		return 0, fmt.Errorf("store: alloc %d bytes: %w", n, err)
-	}
-	return int64(len(b)), nil
-}
-
-// allocUndercharged charges a 32 MiB guess, then builds n bytes in 8 MiB
-// steps: a handler whose real size only the heap watch sees. When the heap
-// watch cancels it, it returns ctx.Err(), as most handlers do.
-func allocUndercharged(ctx context.Context, n int64) (int64, error) {
-	const guess, step = 32 << 20, 8 << 20
-	if err := limits.Grow(ctx, guess); err != nil {
-		return 0, err
-	}
-	defer limits.Shrink(ctx, guess)
-	var steps [][]byte
-	for built := int64(0); built < n; built += step {
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		b := make([]byte, step)
-		for i := 0; i < len(b); i += 4096 {
-			b[i] = 1 // touch every page, as real work would
-		}
-		steps = append(steps, b)
-	}
-	return int64(len(steps)) * step, nil
-}
-
-// hold charges n bytes and holds them until the caller cancels.
-func hold(ctx context.Context, n int64) (int64, error) {
-	if err := limits.Grow(ctx, n); err != nil {
-		return 0, err
-	}
-	defer limits.Shrink(ctx, n)
-	<-ctx.Done()
-	return n, ctx.Err()
-}
-
-// parseBytes parses "123", "64KiB", "64MiB" or "1GiB".
-func parseBytes(s string) (int64, error) {
-	num, mult := s, int64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/mult {
-		return 0, errors.New("not a byte count (want for example 1048576, 64KiB, 64MiB or 1GiB)")
-	}
-	return n * mult, nil
 }

@@ -55,7 +55,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -63,11 +62,11 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/memctl/memctl"
+	"github.com/memctl/memctl/internal/bytesize"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -101,32 +100,13 @@ func parseFlags(args []string) (config, error) {
 		return c, err
 	}
 	var err error
-	if c.requestBudget, err = parseBytes(*budget); err != nil {
+	if c.requestBudget, err = bytesize.Parse(*budget); err != nil {
 		return c, fmt.Errorf("-request-budget: %w", err)
 	}
-	if c.pool, err = parseBytes(*pool); err != nil {
+	if c.pool, err = bytesize.Parse(*pool); err != nil {
 		return c, fmt.Errorf("-pool: %w", err)
 	}
 	return c, nil
-}
-
-// parseBytes parses "123", "64KiB", "64MiB" or "1GiB".
-func parseBytes(s string) (int64, error) {
-	num, mult := s, int64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("%q is not a byte count (want for example 1048576, 64KiB, 64MiB or 1GiB)", s)
-	}
-	return n * mult, nil
 }
 
 // run serves until SIGINT or SIGTERM.

@@ -38,21 +38,14 @@ type errorBody struct {
 	Message string `json:"message"`
 }
 
-func TestParseBytes(t *testing.T) {
-	for in, want := range map[string]int64{"0": 0, "123": 123, "64KiB": 64 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30} {
-		got, err := parseBytes(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	for _, in := range []string{"", "-1", "1GB", "x", "9999999999GiB"} {
-		_, err := parseBytes(in)
-		assert.Error(t, err, in)
-		if err != nil {
-			assert.Contains(t, err.Error(), fmt.Sprintf("%q", in))
-		}
-	}
-	_, err := parseFlags([]string{"-request-budget", "lots"})
+func TestParseFlags(t *testing.T) {
+	c, err := parseFlags([]string{"-request-budget", "32MiB", "-pool", "1GiB"})
+	require.NoError(t, err)
+	assert.Equal(t, int64(32*mib), c.requestBudget)
+	assert.Equal(t, int64(1<<30), c.pool)
+	_, err = parseFlags([]string{"-request-budget", "lots"})
 	assert.ErrorContains(t, err, "-request-budget")
+	assert.ErrorContains(t, err, `"lots"`)
 }
 
 func TestSortInProcess(t *testing.T) {

@@ -58,7 +58,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,7 +68,6 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -79,6 +77,8 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/grpcbudget"
+	"github.com/memctl/memctl/internal/bytesize"
+	"github.com/memctl/memctl/internal/examplestore"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -101,17 +101,17 @@ func run(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	limit, err := parseBytes(*budget)
+	limit, err := bytesize.Parse(*budget)
 	if err != nil || limit == 0 {
 		return fmt.Errorf("-request-budget %q: want a positive byte count", *budget)
 	}
-	size, err := parseBytes(*poolSize)
+	size, err := bytesize.Parse(*poolSize)
 	if err != nil {
 		return fmt.Errorf("-pool: %w", err)
 	}
 	recv := min(limit, math.MaxInt32)
 	if *maxRecv != "" {
-		if recv, err = parseBytes(*maxRecv); err != nil || recv == 0 || recv > math.MaxInt32 {
+		if recv, err = bytesize.Parse(*maxRecv); err != nil || recv == 0 || recv > math.MaxInt32 {
 			return fmt.Errorf("-max-recv %q: want a positive byte count under 2 GiB", *maxRecv)
 		}
 	}
@@ -178,14 +178,14 @@ func HTTPHandler(pool *limits.Pool, limit int64) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/alloc", budget(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
-		b, err := alloc(r.Context(), n)
+		n, err := examplestore.Alloc(r.Context(), n)
 		if err != nil {
 			if !limits.WriteError(w, err) {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 			}
 			return
 		}
-		fmt.Fprintln(w, len(b))
+		fmt.Fprintln(w, n)
 	})))
 	mux.Handle("/debug/memctl", memctl.Handler())
 	return mux, nil
@@ -215,76 +215,15 @@ func InterceptorOptions(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.Server
 // NewServer returns a gRPC server with the Store service registered.
 func NewServer(opts ...grpc.ServerOption) *grpc.Server {
 	srv := grpc.NewServer(opts...)
-	srv.RegisterService(&storeDesc, store{})
+	srv.RegisterService(&storeDesc, struct{}{})
 	return srv
 }
 
 // ServiceName is the Store service's full name.
-const ServiceName = "memctl.example.Store"
+const ServiceName = examplestore.ServiceName
 
-// store implements the Store service.
-type store struct{}
-
-// alloc charges n bytes to the call's budget and builds them.
-func alloc(ctx context.Context, n int64) ([]byte, error) {
-	if err := limits.Grow(ctx, n); err != nil {
-		return nil, err
-	}
-	defer limits.Shrink(ctx, n)
-	b := make([]byte, n)
-	for i := 0; i < len(b); i += 4096 {
-		b[i] = 1 // touch every page
-	}
-	return b, nil
-}
-
-func (store) Alloc(ctx context.Context, n int64) (int64, error) {
-	b, err := alloc(ctx, n)
-	return int64(len(b)), err
-}
-
-func (store) AllocWrapped(ctx context.Context, n int64) (int64, error) {
-	b, err := alloc(ctx, n)
-	if err != nil {
-		return 0, fmt.Errorf("store: alloc %d bytes: %w", n, err)
-	}
-	return int64(len(b)), nil
-}
-
-// AllocUndercharged charges a 32 MiB guess, then builds n bytes in 8 MiB
-// steps: a handler whose real size only the heap watch sees. When the heap
-// watch cancels it, it returns ctx.Err(), as most handlers do.
-func (store) AllocUndercharged(ctx context.Context, n int64) (int64, error) {
-	const guess, step = 32 << 20, 8 << 20
-	if err := limits.Grow(ctx, guess); err != nil {
-		return 0, err
-	}
-	defer limits.Shrink(ctx, guess)
-	var steps [][]byte
-	for built := int64(0); built < n; built += step {
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		b := make([]byte, step)
-		for i := 0; i < len(b); i += 4096 {
-			b[i] = 1 // touch every page, as real work would
-		}
-		steps = append(steps, b)
-	}
-	return int64(len(steps)) * step, nil
-}
-
-// Hold charges n bytes and holds them until the caller cancels.
-func (store) Hold(ctx context.Context, n int64) (int64, error) {
-	if err := limits.Grow(ctx, n); err != nil {
-		return 0, err
-	}
-	defer limits.Shrink(ctx, n)
-	<-ctx.Done()
-	return n, ctx.Err()
-}
-
-func unary(name string, fn func(store, context.Context, int64) (int64, error)) grpc.MethodDesc {
+// unary is the Int64Value method name, served by fn.
+func unary(name string, fn func(context.Context, int64) (int64, error)) grpc.MethodDesc {
 	return grpc.MethodDesc{
 		MethodName: name,
 		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
@@ -293,7 +232,7 @@ func unary(name string, fn func(store, context.Context, int64) (int64, error)) g
 				return nil, err
 			}
 			call := func(ctx context.Context, req any) (any, error) {
-				n, err := fn(srv.(store), ctx, req.(*wrapperspb.Int64Value).GetValue())
+				n, err := fn(ctx, req.(*wrapperspb.Int64Value).GetValue())
 				if err != nil {
 					return nil, err
 				}
@@ -346,10 +285,10 @@ var storeDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
-		unary("Alloc", store.Alloc),
-		unary("AllocWrapped", store.AllocWrapped),
-		unary("AllocUndercharged", store.AllocUndercharged),
-		unary("Hold", store.Hold),
+		unary("Alloc", examplestore.Alloc),
+		unary("AllocWrapped", examplestore.AllocWrapped),
+		unary("AllocUndercharged", examplestore.AllocUndercharged),
+		unary("Hold", examplestore.Hold),
 		uploadDesc,
 	},
 	Streams: []grpc.StreamDesc{{
@@ -360,11 +299,11 @@ var storeDesc = grpc.ServiceDesc{
 			if err := ss.RecvMsg(in); err != nil {
 				return err
 			}
-			b, err := alloc(ss.Context(), in.GetValue())
+			n, err := examplestore.Alloc(ss.Context(), in.GetValue())
 			if err != nil {
 				return err
 			}
-			return ss.SendMsg(wrapperspb.Int64(int64(len(b))))
+			return ss.SendMsg(wrapperspb.Int64(n))
 		},
 	}, {
 		StreamName:    "UploadStream",
@@ -384,23 +323,4 @@ var storeDesc = grpc.ServiceDesc{
 			}
 		},
 	}},
-}
-
-// parseBytes parses "123", "64KiB", "64MiB" or "1GiB".
-func parseBytes(s string) (int64, error) {
-	num, mult := s, int64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/mult {
-		return 0, errors.New("not a byte count (want for example 1048576, 64KiB, 64MiB or 1GiB)")
-	}
-	return n * mult, nil
 }

@@ -49,9 +49,6 @@ type Sample struct {
 	GCPauseCPU float64
 }
 
-// GoMapped returns what the Go runtime has mapped and not released.
-func (s *Sample) GoMapped() int64 { return max(s.Total-s.HeapReleased, 0) }
-
 // GOGCGoal returns the heap goal GOGC alone would give the cycle
 // (runtime/mgcpacer.go), math.MaxInt64 with GOGC off.
 func (s *Sample) GOGCGoal() int64 {
@@ -60,22 +57,6 @@ func (s *Sample) GOGCGoal() int64 {
 	}
 	scan := float64(s.Live) + float64(s.StackScan) + float64(s.GlobalsScan)
 	return int64(min(float64(s.Live)+scan*float64(s.GOGC)/100, math.MaxInt64/2))
-}
-
-// NearLimit reports whether the live heap is near GOMEMLIMIT: at least
-// ratio of it, or GOMEMLIMIT (not GOGC) set the cycle's heap goal with at
-// most (1 − ratio) × GOMEMLIMIT of runway over the live heap, so that the
-// limit paces the GC. False without GOMEMLIMIT. ratio is in (0, 1].
-func (s *Sample) NearLimit(ratio float64) bool {
-	lim := s.GoMemLimit
-	if lim <= 0 || lim == math.MaxInt64 {
-		return false
-	}
-	if float64(s.Live) >= ratio*float64(lim) {
-		return true
-	}
-	gg := s.GOGCGoal()
-	return s.Goal > 0 && s.Goal < gg-gg/64 && float64(s.Goal-s.Live) <= (1-ratio)*float64(lim)
 }
 
 // sampleNames are the metrics Read reads, in the order read uses them.
@@ -191,9 +172,6 @@ func Active() int {
 	defer mu.Unlock()
 	return len(subs)
 }
-
-// Cycles reports how many GC-cycle ends the hook has seen.
-func Cycles() uint64 { return cycles.Load() }
 
 // arm installs the hook for the next GC cycle. Called with mu held.
 func arm() {

@@ -193,9 +193,6 @@ func checkFS(t int64, want []int64) error {
 // Name returns the path the Dir was opened with, for messages.
 func (d *Dir) Name() string { return d.name }
 
-// Mode returns how the Dir resolves names.
-func (d *Dir) Mode() Mode { return d.mode }
-
 // join returns the Dir's name joined with name, for messages.
 func (d *Dir) join(name string) string {
 	if d.name == "/" && strings.HasPrefix(name, "/") {

@@ -193,6 +193,7 @@ func openObject(o object) unsafe.Pointer {
 	return C.cheap_open(cs, C.uintptr_t(o.addr), C.uintptr_t(o.start))
 }
 
+// closeObject drops a reference openObject returned.
 func closeObject(h unsafe.Pointer) { C.cheap_close(h) }
 
 // errString is err's text with a path in it kept as it is.
@@ -375,7 +376,7 @@ func scanObject(s *Step, o object) []*heap {
 	cands, marks, memNote, ok := objectCandidates(o, openHandle)
 	if !ok {
 		if handle != nil {
-			C.cheap_close(handle)
+			closeObject(handle)
 		}
 		return nil
 	}
@@ -412,7 +413,7 @@ func scanObject(s *Step, o object) []*heap {
 		out = append(out, h)
 	}
 	if handle != nil && !called {
-		C.cheap_close(handle) // nothing of it will be called: the object may be unloaded
+		closeObject(handle) // nothing of it will be called: the object may be unloaded
 	}
 	for _, a := range marks {
 		if !have[a] {
