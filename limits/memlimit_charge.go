@@ -6,26 +6,15 @@ import (
 	"io/fs"
 	"path/filepath"
 	"runtime/metrics"
+	"strconv"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/logattr"
-	"github.com/memctl/memctl/internal/procfs"
 )
 
 // goMappedMetrics are the runtime/metrics samples whose difference is the
 // memory the Go runtime has mapped and not returned to the OS.
 var goMappedMetrics = [2]string{"/memory/classes/total:bytes", "/memory/classes/heap/released:bytes"}
-
-// readUsage returns what this process holds that the kernel cannot reclaim
-// (RssAnon + RssShmem) and what the Go runtime has mapped and not released;
-// err is the /proc read's.
-func readUsage() (held, goMapped int64, err error) {
-	s := [2]metrics.Sample{{Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
-	metrics.Read(s[:])
-	goMapped = int64(s[0].Value.Uint64() - s[1].Value.Uint64())
-	held, err = procfs.Held(0)
-	return held, goMapped, err
-}
 
 // liveHeapFactor × the live heap is the lowest a memory.high target brings
 // GOMEMLIMIT, clear of package pressure's spiral threshold.
@@ -45,11 +34,37 @@ type charge struct {
 func (c charge) total() int64 { return c.anon + c.kept + c.kernel }
 
 func (c charge) String() string {
-	if c.statErr != nil {
-		return fmt.Sprintf("%s: %s, page cache included, as memory.stat could not be read", c.file, logattr.MiB(c.anon))
-	}
-	return fmt.Sprintf("%s: anon %s, shmem, tmpfs, ramfs and hugetlb %s, kernel %s; page cache not counted", c.file, logattr.MiB(c.anon), logattr.MiB(c.kept), logattr.MiB(c.kernel))
+	var s sentence
+	c.write(&s)
+	return string(s.b)
 }
+
+// write writes String's text to s.
+func (c charge) write(s *sentence) {
+	if c.statErr != nil {
+		s.add(c.file, ": ").mib(c.anon).add(", page cache included, as memory.stat could not be read")
+		return
+	}
+	s.add(c.file, ": anon ").mib(c.anon).add(", shmem, tmpfs, ramfs and hugetlb ").mib(c.kept).add(", kernel ").mib(c.kernel).add("; page cache not counted")
+}
+
+// sentence is a Reason being written into a buffer that compute's caller
+// keeps, so that writing it allocates nothing once the buffer is large
+// enough.
+type sentence struct{ b []byte }
+
+func (s *sentence) add(parts ...string) *sentence {
+	for _, p := range parts {
+		s.b = append(s.b, p...)
+	}
+	return s
+}
+
+// mib writes logattr.MiB(n).
+func (s *sentence) mib(n int64) *sentence { s.b = logattr.AppendMiB(s.b, n); return s }
+
+// num writes f as fmt's %v does.
+func (s *sentence) num(f float64) *sentence { s.b = strconv.AppendFloat(s.b, f, 'g', -1, 64); return s }
 
 // chargeOf returns dir's account, or on a read error the last one read, with
 // the warning w to give; ok is false when there is none (the v2 root).

@@ -35,6 +35,12 @@ type planInputs struct {
 	outside        int64 // the last estimate of memory outside the Go runtime
 	mappedThen     int64 // what the Go runtime had mapped at that estimate (m.goMapped)
 	sandbox        string
+
+	// The last decision's Reason and files, returned again when the same;
+	// buf is the buffer Reason is written in (returned in planResult).
+	prevReason string
+	prevFiles  []string
+	buf        []byte
 }
 
 // chargeRead is one chargeOf: ok is false when there is no account.
@@ -58,6 +64,7 @@ type planResult struct {
 	a     action
 	err   error
 	warns []planWarning
+	buf   []byte // planInputs.buf, grown
 
 	probed  bool
 	dir     string
@@ -76,10 +83,14 @@ func compute(in planInputs) planResult {
 		r.warns, r.err = []planWarning{{key: err.Error(), err: err, first: in.first}}, err
 		return r
 	}
-	r.probed, r.dir, r.version, r.files = true, in.f.dir, in.f.version, in.f.files()
+	r.probed, r.dir, r.version, r.files = true, in.f.dir, in.f.version, in.prevFiles
+	if !in.f.sameFiles(in.prevFiles) {
+		r.files = in.f.files()
+	}
 	if in.f.source == SourceNone {
-		r.d.Reason = in.f.why + "; GOMEMLIMIT left as it was"
-		r.a = action{kind: actRestore, why: in.f.why, hardMin: noLimit}
+		why := string(in.f.appendWhy(nil))
+		r.d.Reason = why + "; GOMEMLIMIT left as it was"
+		r.a = action{kind: actRestore, why: why, hardMin: noLimit}
 		return r
 	}
 	lim, warns, err := screen(in)
@@ -102,7 +113,7 @@ func compute(in planInputs) planResult {
 	}
 	p := planner{in: in, lim: lim, r: r, outside: outside, goResident: min(in.goMapped, lim.held),
 		floor: min(in.floor, lim.limit), // never over the tightest limit
-		want:  math.MaxInt64, limit: lim.limit, file: lim.file}
+		want:  math.MaxInt64, limit: lim.limit, file: lim.file, s: sentence{b: in.buf[:0]}}
 	p.hard()
 	p.hardWant = p.want
 	if lim.high != noLimit {
@@ -128,7 +139,7 @@ type planLimits struct {
 // error that leaves GOMEMLIMIT as it is (ErrImplausibleLimit).
 func screen(in planInputs) (planLimits, []planWarning, error) {
 	f := in.f
-	held := in.held // RssAnon + RssShmem (readUsage)
+	held := in.held // RssAnon + RssShmem (selfReads.usage)
 	if in.usageErr != nil {
 		held = in.goMapped // no /proc here: judge by the Go runtime's share alone
 	}
@@ -188,6 +199,7 @@ type planner struct {
 
 	hardCharged int64 // charged to the cgroup of the hard limit followed
 	hc          charge
+	s           sentence // the Reason
 }
 
 func (p *planner) warn(w planWarning) { p.r.warns = append(p.r.warns, w) }
@@ -206,40 +218,46 @@ func (p *planner) charged(cr chargeRead) (int64, charge) {
 
 // hard follows the binding hard limit less its charges, raised to the floor.
 func (p *planner) hard() {
-	in, d := p.in, &p.r.d
-	why := in.f.why
+	in, d, s := p.in, &p.r.d, &p.s
 	if p.lim.hasHard {
-		why = p.bind()
+		p.bind()
 	}
-	d.Reason = fmt.Sprintf("%s ratio %v of the %s limit %s", in.ratioFrom, in.ratio, d.Source, why)
+	s.add(in.ratioFrom, " ratio ").num(in.ratio).add(" of the ", d.Source.String(), " limit ")
+	if p.lim.hasHard && in.f.maxFile != "" && p.file != in.f.maxFile {
+		s.add("from ", p.file, " (with what its cgroup is charged, it leaves less than the tighter ", in.f.maxFile, ")")
+	} else {
+		s.b = in.f.appendWhy(s.b)
+	}
 	if !p.lim.hasHard {
 		return
 	}
 	if p.hardCharged > p.outside {
 		d.Charged = p.hardCharged
-		d.Reason += fmt.Sprintf(", minus %s charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", logattr.MiB(p.hardCharged), p.hc)
+		s.add(", minus ").mib(p.hardCharged).add(" charged to the cgroup that the Go runtime does not hold and the kernel cannot reclaim (")
+		p.hc.write(s)
+		s.add(")")
 	} else if d.Outside > 0 {
-		d.Reason += fmt.Sprintf(", minus %s outside the Go runtime", logattr.MiB(d.Outside))
+		s.add(", minus ").mib(d.Outside).add(" outside the Go runtime")
 	}
 	if d.Outside > p.limit/2 {
-		p.warn(planWarning{key: "headroom " + p.file, err: fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", logattr.MiB(d.Outside), logattr.MiB(p.limit), p.file, d.Reason)})
+		p.warn(planWarning{key: "headroom " + p.file, err: fmt.Errorf("limits: %s of the %s limit of %s is charged outside the Go runtime, most of it: %s", logattr.MiB(d.Outside), logattr.MiB(p.limit), p.file, s.b)})
 	}
 	if p.want < p.floor {
 		p.want, d.AtFloor = p.floor, true
 		if p.floor < in.floor {
-			d.Reason += fmt.Sprintf(", raised to the limit itself (under the floor %s): the GC will run often", logattr.MiB(in.floor))
+			s.add(", raised to the limit itself (under the floor ").mib(in.floor).add("): the GC will run often")
 		} else {
-			d.Reason += fmt.Sprintf(", raised to the floor %s: the GC will run often", logattr.MiB(p.floor))
+			s.add(", raised to the floor ").mib(p.floor).add(": the GC will run often")
 		}
 		p.warn(planWarning{key: fmt.Sprintf("floor %s %d", p.file, p.limit),
-			err: fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", p.want, d.Reason)})
+			err: fmt.Errorf("limits: GOMEMLIMIT at the floor %d bytes (%s): the GC will run often", p.want, s.b)})
 	}
 }
 
 // bind follows, of the hard limits on the path, the one that leaves the
 // least once its cgroup's charge is taken off (a pod's limit with its
-// sidecars can leave less than the container's), and returns the why.
-func (p *planner) bind() string {
+// sidecars can leave less than the container's).
+func (p *planner) bind() {
 	in, d := p.in, &p.r.d
 	for i, b := range p.lim.bounds {
 		var cr chargeRead
@@ -253,38 +271,35 @@ func (p *planner) bind() string {
 		}
 	}
 	d.Reclaimable = max(p.hc.reclaimable, 0)
-	why := in.f.why
-	if in.f.maxFile != "" && p.file != in.f.maxFile {
-		why = fmt.Sprintf("from %s (with what its cgroup is charged, it leaves less than the tighter %s)", p.file, in.f.maxFile)
-	}
 	d.MemoryLimit, d.File, d.Source = p.limit, p.file, in.f.sourceOf(p.file)
 	d.Outside = max(p.outside, p.hardCharged)
-	return why
 }
 
 // high lowers GOMEMLIMIT toward memory.high (a target the kernel throttles
 // at, killing nothing), held at liveHeapFactor × the live heap and the floor.
 func (p *planner) high() {
-	in, d := p.in, &p.r.d
+	in, d, s := p.in, &p.r.d, &p.s
 	high, highFile, hasHard := p.lim.high, p.lim.highFile, p.lim.hasHard
 	highCharged, hc := p.charged(in.highCharge)
 	highOut := max(p.outside, highCharged)
 	target := int64(min(float64(high)*in.ratio, math.MaxInt64)) - highOut
-	why := ""
+	said := len(s.b) // what follows is said only when memory.high lowers GOMEMLIMIT
 	if hasHard {
-		why = fmt.Sprintf(", toward memory.high %s (%s: the throttle limit, a target under memory.max)", logattr.MiB(high), highFile)
+		s.add(", toward memory.high ").mib(high).add(" (", highFile, ": the throttle limit, a target under memory.max)")
 	} else {
 		d.Outside = highOut
 	}
 	if highCharged > p.outside {
 		d.Charged = max(d.Charged, highCharged)
-		why += fmt.Sprintf(", minus %s charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (%s)", logattr.MiB(highCharged), hc)
+		s.add(", minus ").mib(highCharged).add(" charged to its cgroup that the Go runtime does not hold and the kernel cannot reclaim (")
+		hc.write(s)
+		s.add(")")
 	} else if !hasHard && highOut > 0 {
-		why += fmt.Sprintf(", minus %s outside the Go runtime", logattr.MiB(highOut))
+		s.add(", minus ").mib(highOut).add(" outside the Go runtime")
 	}
 	if liveFloor := int64(min(float64(in.live)*liveHeapFactor, math.MaxInt64/2)); target < liveFloor {
 		target, d.LiveFloor = liveFloor, true
-		why += fmt.Sprintf(", held at %v x the live heap of %s so that GOMEMLIMIT never drives the GC into a spiral", liveHeapFactor, logattr.MiB(in.live))
+		s.add(", held at ").num(liveHeapFactor).add(" x the live heap of ").mib(in.live).add(" so that GOMEMLIMIT never drives the GC into a spiral")
 	}
 	tfloor := in.floor // capped by the hard limit only
 	if hasHard {
@@ -292,12 +307,13 @@ func (p *planner) high() {
 	}
 	if target < tfloor {
 		target = tfloor
-		why += fmt.Sprintf(", held at the floor %s", logattr.MiB(tfloor))
+		s.add(", held at the floor ").mib(tfloor)
 	}
 	if target < p.want {
 		p.want, p.highDriven, d.AtFloor = target, true, false
 		d.High, d.HighFile = high, highFile
-		d.Reason += why
+	} else {
+		s.b = s.b[:said]
 	}
 }
 
@@ -311,7 +327,7 @@ func (p *planner) lift() {
 	lift := min(p.in.lift, max(p.limit-d.Outside-p.want, 0))
 	p.want += lift
 	p.hardWant = min(p.hardWant, math.MaxInt64-lift) + lift
-	d.Reason += fmt.Sprintf(", lifted by %s (death spiral)", logattr.MiB(lift))
+	p.s.add(", lifted by ").mib(lift).add(" (death spiral)")
 }
 
 // result returns the decision and its action; hard is noLimit for
@@ -319,6 +335,10 @@ func (p *planner) lift() {
 func (p *planner) result() planResult {
 	r := p.r
 	r.d.GoMemLimit = p.want
+	r.d.Reason, r.buf = p.in.prevReason, p.s.b
+	if string(p.s.b) != p.in.prevReason {
+		r.d.Reason = string(p.s.b)
+	}
 	hard := p.limit
 	if !p.lim.hasHard {
 		hard = noLimit

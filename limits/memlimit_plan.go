@@ -34,6 +34,10 @@ const (
 // and giving its warnings; it does not set GOMEMLIMIT. Called with m.mu held.
 func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 	r := compute(m.readPlan(first, cur))
+	m.reason = r.buf
+	if r.d.Reason != "" {
+		m.said = r.d.Reason
+	}
 	if r.probed {
 		m.dir, m.version, m.files = r.dir, r.version, r.files
 	}
@@ -52,7 +56,8 @@ func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
 	in := planInputs{first: first, cur: cur,
 		ratio: m.ratio, ratioFrom: m.ratioFrom, floor: m.floor, lift: m.lift,
 		applied: m.applied, limit: m.limit, maxFile: m.maxFile, headroom: m.headroom,
-		outside: m.outside, mappedThen: m.goMapped, sandbox: m.sandbox}
+		outside: m.outside, mappedThen: m.goMapped, sandbox: m.sandbox,
+		prevReason: m.said, prevFiles: m.files, buf: m.reason}
 	in.f, in.probeErr = m.probe()
 	if in.probeErr != nil || in.f.source == SourceNone {
 		return in
@@ -62,9 +67,11 @@ func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
 	if err != nil {
 		return in
 	}
+	in.boundCharges = m.boundCharges[:0]
 	for _, b := range lim.bounds {
 		in.boundCharges = append(in.boundCharges, m.chargeFor(in.f, b.File))
 	}
+	m.boundCharges = in.boundCharges
 	if lim.high != noLimit {
 		in.highCharge = m.chargeFor(in.f, lim.highFile)
 		in.live = m.live()

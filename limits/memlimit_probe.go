@@ -21,7 +21,7 @@ type found struct {
 	bounds            []cgroupfs.Bound // every hard limit on the path
 	source            Source
 	version           int
-	why               string
+	why               string // "": "from " + maxFile (appendWhy)
 	unknown           bool   // the limit may be set above the cgroup namespace
 	cgSource          Source // the cgroup's; decl and declSource the declared limit's
 	decl              string
@@ -29,12 +29,35 @@ type found struct {
 	dir               string // the process's cgroup directory, "" when none was found
 }
 
+// appendWhy appends why the limit is what it is: where from, or why none.
+func (f found) appendWhy(b []byte) []byte {
+	if f.why == "" {
+		return append(append(b, "from "...), f.maxFile...)
+	}
+	return append(b, f.why...)
+}
+
 // files returns the cgroup files the limit came from.
 func (f found) files() []string {
 	var out []string
+	f.eachFile(func(file string) { out = append(out, file) })
+	return out
+}
+
+// sameFiles reports whether files are files().
+func (f found) sameFiles(files []string) bool {
+	i, same := 0, true
+	f.eachFile(func(file string) {
+		same = same && i < len(files) && files[i] == file
+		i++
+	})
+	return same && i == len(files)
+}
+
+func (f found) eachFile(fn func(string)) {
 	add := func(file string) {
 		if filepath.IsAbs(file) {
-			out = append(out, file)
+			fn(file)
 		}
 	}
 	for _, b := range f.bounds {
@@ -46,7 +69,6 @@ func (f found) files() []string {
 	if f.highFile != "" {
 		add(f.highFile)
 	}
-	return out
 }
 
 const noLimit = cgroupfs.NoLimit
@@ -125,9 +147,11 @@ func (m *MemLimiter) fromCgroup(f found, l cgroupfs.Limit) found {
 	}
 	f.cgSource = f.source
 	f.max, f.maxFile, f.high, f.highFile, f.bounds = l.Max, l.MaxFile, l.High, l.HighFile, l.Bounds
-	if f.max != noLimit {
-		f.why = "from " + f.maxFile
-	} else {
+	if f.max != noLimit && len(f.bounds) == 0 {
+		m.oneBound[0] = cgroupfs.Bound{Bytes: f.max, File: f.maxFile}
+		f.bounds = m.oneBound[:]
+	}
+	if f.max == noLimit {
 		f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set)"
 		if l.TopNotRoot {
 			f.why = "from " + f.highFile + " (memory.high, the throttle limit; no memory.max is set up to the top of this cgroup namespace, and one may be set above it: the hard limit is unknown)"
@@ -148,7 +172,7 @@ func (m *MemLimiter) withDeclared(f found) found {
 	f.bounds = append(slices.Clone(f.bounds), cgroupfs.Bound{Bytes: m.decl.bytes, File: f.decl})
 	if f.max == noLimit || m.decl.bytes < f.max {
 		f.max, f.maxFile, f.source = m.decl.bytes, f.decl, m.decl.source
-		f.why = "from " + f.decl + " (declared; " + strings.TrimPrefix(f.why, "from ") + ")"
+		f.why = "from " + f.decl + " (declared; " + strings.TrimPrefix(string(f.appendWhy(nil)), "from ") + ")"
 	}
 	return f
 }

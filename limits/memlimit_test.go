@@ -89,12 +89,12 @@ func noCharge(int, string) (charge, error) { return charge{}, fs.ErrNotExist }
 func fixtureCharge(version int, dir string) (charge, error) {
 	return chargeFiles{
 		stat: func(dir string) (cgroupfs.MemoryStat, error) {
-			f, err := os.Open(filepath.Join(dir, "memory.stat"))
+			file := filepath.Join(dir, "memory.stat")
+			b, err := os.ReadFile(file)
 			if err != nil {
 				return cgroupfs.MemoryStat{}, err
 			}
-			defer f.Close()
-			return cgroupfs.ParseMemoryStat(f, f.Name())
+			return cgroupfs.ParseMemoryStat(b, file)
 		},
 		kmem: func(dir string) (int64, error) {
 			b, err := os.ReadFile(filepath.Join(dir, "memory.kmem.usage_in_bytes"))

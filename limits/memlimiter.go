@@ -45,6 +45,7 @@ type MemLimiter struct {
 	cgFile    string
 	charge    func(version int, dir string) (charge, error)
 	live      func() int64
+	self      selfReads // the default read, charge and usage; with mu held
 
 	epoch    time.Time
 	next     atomic.Int64 // nanoseconds since epoch of the next due re-read
@@ -80,6 +81,11 @@ type MemLimiter struct {
 	dir     string   // the cgroup directory the last probe read ("" for none)
 	version int      // its cgroup version
 	files   []string // the files the last decision came from (bounds, memory.high)
+
+	reason       []byte            // the buffer compute writes Reason in
+	said         string            // the last Reason compute wrote
+	oneBound     [1]cgroupfs.Bound // found.bounds of a limit read without Bounds
+	boundCharges []chargeRead      // planInputs.boundCharges' buffer
 
 	following  atomic.Pointer[string] // Following
 	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
@@ -126,16 +132,16 @@ func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 		seen: make(map[string]bool), charges: make(map[string]charge),
 	}
 	if m.charge == nil {
-		m.charge = readCharge
+		m.charge = m.self.charge
 	}
 	if m.live == nil {
 		m.live = readLive
 	}
 	if m.read == nil {
-		m.read, m.cgFile = func() (cgroupfs.Limit, error) { return cgroupfs.Of(0) }, "/proc/self/cgroup"
+		m.read, m.cgFile = m.self.read, "/proc/self/cgroup"
 	}
 	if m.usage == nil {
-		m.usage = readUsage
+		m.usage = m.self.usage
 	}
 	return m
 }
@@ -264,8 +270,9 @@ func (m *MemLimiter) Interval() time.Duration {
 	return m.every
 }
 
-// Close stops the refresh and the follower, and waits for the follower's
-// goroutine to exit; GOMEMLIMIT stays as it is. Idempotent.
+// Close stops the refresh and the follower, waits for the follower's
+// goroutine to exit, and closes the files the refresh keeps open;
+// GOMEMLIMIT stays as it is. Idempotent.
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.closed.Store(true)
@@ -280,13 +287,23 @@ func (m *MemLimiter) Close() {
 		}
 		m.subs = nil
 		m.subMu.Unlock()
+		m.mu.Lock()
+		m.self.close()
+		m.mu.Unlock()
 	}
 }
 
-// store publishes d and, when what is in force changed, tells the
-// subscribers and OnChange.
+// store publishes d, unless it is the decision published last, and, when
+// what is in force changed, tells the subscribers and OnChange. Called with
+// m.mu held, or before m is shared.
 func (m *MemLimiter) store(d MemLimit) {
-	prev := m.last.Swap(&d)
+	prev := m.last.Load()
+	if prev != nil && *prev == d {
+		return
+	}
+	next := new(MemLimit)
+	*next = d
+	m.last.Store(next)
 	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
 		prev.Source == d.Source && prev.File == d.File && prev.Overridden == d.Overridden {
 		return

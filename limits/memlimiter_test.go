@@ -244,18 +244,24 @@ func TestRefreshHugeInterval(t *testing.T) {
 
 // BenchmarkRefresh is what the GC-end hook costs on the runtime's cleanup
 // goroutine: "not-due", every GC end but one per interval (one atomic
-// load); "reread", the one per interval (this machine's real cgroup files
-// and RSS), and its two parts. go test ./limits -run XXX -bench
-// BenchmarkRefresh -benchmem -count 8
+// load); "reread", the one per interval, and its parts. The reads are the
+// limiter's own (selfReads: the cgroup resolved once, its files re-read),
+// of this machine's real cgroup files and /proc/self/status. go test
+// ./limits -run XXX -bench BenchmarkRefresh -benchmem -count 8
 func BenchmarkRefresh(b *testing.B) {
 	prev := debug.SetMemoryLimit(-1)
 	defer debug.SetMemoryLimit(prev)
 	// This machine's own cgroup may have no limit: read its real files, and
 	// take 1 GiB when they set none, so that the whole decision runs.
+	var own selfReads
+	file := ""
 	read := func() (cgroupfs.Limit, error) {
-		l, err := cgroupfs.Of(0)
+		l, err := own.read()
 		if err == nil && l.Bytes == cgroupfs.NoLimit {
-			l.Bytes, l.File = gib, filepath.Join(l.Dir, "memory.limit_in_bytes")
+			if file == "" {
+				file = filepath.Join(l.Dir, "memory.limit_in_bytes")
+			}
+			l.Bytes, l.File = gib, file
 		}
 		return l, err
 	}
@@ -270,6 +276,7 @@ func BenchmarkRefresh(b *testing.B) {
 		}
 	})
 	b.Run("reread", func(b *testing.B) {
+		defer threadCPU(b)()
 		for b.Loop() {
 			m.mu.Lock()
 			_, _ = m.decide(false)
@@ -296,7 +303,7 @@ func BenchmarkRefresh(b *testing.B) {
 			b.Skip(err)
 		}
 		for b.Loop() {
-			if _, err := readCharge(l.Version, l.Dir); err != nil {
+			if _, err := m.self.charge(l.Version, l.Dir); err != nil {
 				b.Fatal(err)
 			}
 		}

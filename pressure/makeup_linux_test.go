@@ -111,7 +111,7 @@ func TestHostileMemoryStat(t *testing.T) {
 		{"v1 total_ lines only", "total_rss 209715200\ntotal_active_file 1048576\ntotal_inactive_file 1048576\n", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := cgroupfs.ParseMemoryStat(strings.NewReader(tc.stat), "memory.stat")
+			s, err := cgroupfs.ParseMemoryStat([]byte(tc.stat), "memory.stat")
 			require.NoError(t, err)
 			mk := memsignal.MakeupOfStat(s, "memory.stat")
 			assert.Equal(t, tc.known, mk.Known(), "%+v", mk)
@@ -130,7 +130,7 @@ func TestHostileMemoryStat(t *testing.T) {
 		"total_anon 5\nactive_file 1\ninactive_file 1\n",   // no anon nor rss
 		"anon 5\nactive_file 1\ninactive_file 1 extra\n",   // trailing field
 	} {
-		_, err := cgroupfs.ParseMemoryStat(strings.NewReader(bad), "/x/memory.stat")
+		_, err := cgroupfs.ParseMemoryStat([]byte(bad), "/x/memory.stat")
 		require.Error(t, err, "%q", bad)
 		assert.Contains(t, err.Error(), "/x/memory.stat", "%q", bad)
 	}

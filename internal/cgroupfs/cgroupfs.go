@@ -166,6 +166,7 @@ func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error))
 			return Limit{}, err
 		}
 		n++
+		s.used = append(s.used, c)
 		if n == 1 {
 			out = l
 			continue

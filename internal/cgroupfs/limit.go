@@ -2,7 +2,6 @@ package cgroupfs
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/memctl/memctl/internal/safefs"
@@ -13,22 +12,16 @@ import (
 // 4 EiB or more is beyond any machine.
 const unlimitedFrom = 1 << 62
 
-// parseLimit parses a limit file's value: a decimal byte count, or "max"
-// when allowMax (v2). Values of unlimitedFrom or more are NoLimit.
+// parseLimit parses a limit file's value, ASCII spaces around a decimal
+// byte count, or "max" when allowMax (v2) (limitValue). Values of
+// unlimitedFrom or more are NoLimit.
 func parseLimit(s string, allowMax bool) (int64, error) {
+	if n, ok := limitValue([]byte(s), allowMax); ok {
+		return n, nil
+	}
 	s = strings.TrimSpace(s)
-	if allowMax && s == "max" {
-		return NoLimit, nil
+	if allowMax {
+		return 0, fmt.Errorf("malformed limit %s, want bytes or \"max\"", safefs.Quote(s))
 	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		if allowMax {
-			return 0, fmt.Errorf("malformed limit %s, want bytes or \"max\"", safefs.Quote(s))
-		}
-		return 0, fmt.Errorf("malformed limit %s, want bytes", safefs.Quote(s))
-	}
-	if n >= unlimitedFrom {
-		return NoLimit, nil
-	}
-	return int64(n), nil
+	return 0, fmt.Errorf("malformed limit %s, want bytes", safefs.Quote(s))
 }

@@ -3,10 +3,8 @@ package cgroupfs
 import (
 	"bytes"
 	"fmt"
-	"io"
+	"math"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/memctl/memctl/internal/safefs"
 )
@@ -90,44 +88,85 @@ func missingMemoryStat() MemoryStat {
 }
 
 // statFields maps each memory.stat key MemoryStat holds, without any
-// "total_" prefix, to its figure and the version whose name it is (0: both).
+// "total_" prefix, to the version whose name it is (0: both) and its
+// figure (MemoryStat.figure).
 var statFields = map[string]struct {
-	p   func(*MemoryStat) *int64
 	ver int
+	fig uint8
 }{
-	"anon":               {func(m *MemoryStat) *int64 { return &m.Anon }, 2},
-	"rss":                {func(m *MemoryStat) *int64 { return &m.Anon }, 1},
-	"file":               {func(m *MemoryStat) *int64 { return &m.File }, 2},
-	"cache":              {func(m *MemoryStat) *int64 { return &m.File }, 1},
-	"shmem":              {func(m *MemoryStat) *int64 { return &m.Shmem }, 0},
-	"active_file":        {func(m *MemoryStat) *int64 { return &m.ActiveFile }, 0},
-	"inactive_file":      {func(m *MemoryStat) *int64 { return &m.InactiveFile }, 0},
-	"active_anon":        {func(m *MemoryStat) *int64 { return &m.ActiveAnon }, 0},
-	"inactive_anon":      {func(m *MemoryStat) *int64 { return &m.InactiveAnon }, 0},
-	"unevictable":        {func(m *MemoryStat) *int64 { return &m.Unevictable }, 0},
-	"kernel":             {func(m *MemoryStat) *int64 { return &m.Kernel }, 2},
-	"slab_reclaimable":   {func(m *MemoryStat) *int64 { return &m.SlabReclaimable }, 2},
-	"slab_unreclaimable": {func(m *MemoryStat) *int64 { return &m.SlabUnreclaimable }, 2},
-	"kernel_stack":       {func(m *MemoryStat) *int64 { return &m.KernelStack }, 2},
-	"pagetables":         {func(m *MemoryStat) *int64 { return &m.PageTables }, 2},
-	"sec_pagetables":     {func(m *MemoryStat) *int64 { return &m.SecPageTables }, 2},
-	"percpu":             {func(m *MemoryStat) *int64 { return &m.Percpu }, 2},
-	"sock":               {func(m *MemoryStat) *int64 { return &m.Sock }, 2},
-	"vmalloc":            {func(m *MemoryStat) *int64 { return &m.Vmalloc }, 2},
-	"hugetlb":            {func(m *MemoryStat) *int64 { return &m.Hugetlb }, 2},
+	"anon":               {2, 0},
+	"rss":                {1, 0},
+	"file":               {2, 1},
+	"cache":              {1, 1},
+	"shmem":              {0, 2},
+	"active_file":        {0, 3},
+	"inactive_file":      {0, 4},
+	"active_anon":        {0, 5},
+	"inactive_anon":      {0, 6},
+	"unevictable":        {0, 7},
+	"kernel":             {2, 8},
+	"slab_reclaimable":   {2, 9},
+	"slab_unreclaimable": {2, 10},
+	"kernel_stack":       {2, 11},
+	"pagetables":         {2, 12},
+	"sec_pagetables":     {2, 13},
+	"percpu":             {2, 14},
+	"sock":               {2, 15},
+	"vmalloc":            {2, 16},
+	"hugetlb":            {2, 17},
 }
 
-// ParseMemoryStat parses a memory.stat file from r; name is used in
-// errors. Each line is "key value" (key: [a-z0-9_], value: decimal);
-// unknown keys are skipped. Another shape, a value over math.MaxInt64, a
-// key given twice, v1 and v2 names mixed, neither "anon" nor "rss", or over
-// safefs.MaxCgroupFile bytes is an error naming the line, with every
-// figure -1.
-func ParseMemoryStat(r io.Reader, name string) (MemoryStat, error) {
-	b, err := io.ReadAll(io.LimitReader(r, safefs.MaxCgroupFile+1))
-	if err != nil {
-		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: %w", name, err)
+// figure returns the field of figure number fig (statFields), nil for none.
+func (m *MemoryStat) figure(fig uint8) *int64 {
+	switch fig {
+	case 0:
+		return &m.Anon
+	case 1:
+		return &m.File
+	case 2:
+		return &m.Shmem
+	case 3:
+		return &m.ActiveFile
+	case 4:
+		return &m.InactiveFile
+	case 5:
+		return &m.ActiveAnon
+	case 6:
+		return &m.InactiveAnon
+	case 7:
+		return &m.Unevictable
+	case 8:
+		return &m.Kernel
+	case 9:
+		return &m.SlabReclaimable
+	case 10:
+		return &m.SlabUnreclaimable
+	case 11:
+		return &m.KernelStack
+	case 12:
+		return &m.PageTables
+	case 13:
+		return &m.SecPageTables
+	case 14:
+		return &m.Percpu
+	case 15:
+		return &m.Sock
+	case 16:
+		return &m.Vmalloc
+	case 17:
+		return &m.Hugetlb
 	}
+	return nil
+}
+
+// ParseMemoryStat parses the memory.stat file b, which it does not keep;
+// name is used in errors. Each line is "key value" (key: [a-z0-9_], value:
+// decimal); unknown keys are skipped. Another shape, a value over
+// math.MaxInt64, a key given twice, v1 and v2 names mixed, neither "anon"
+// nor "rss", or over safefs.MaxCgroupFile bytes is an error naming the
+// line, with every figure -1. It allocates nothing for a well-formed file
+// of a few hundred keys (only its error does).
+func ParseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	if len(b) > safefs.MaxCgroupFile {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.stat file", name, safefs.MaxCgroupFile)
 	}
@@ -139,52 +178,49 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	fail := func(format string, args ...any) (MemoryStat, error) {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: "+format, append([]any{safefs.Quote(name)}, args...)...)
 	}
-	seen := make(map[string]bool)
-	fromTotal := make(map[*int64]bool) // figures set from a v1 total_ line
-	sc := lines(bytes.NewReader(b))
+	var seen keySet
+	var fromTotal uint32 // bit fig: the figure was set from a v1 total_ line
 	n := 0
-	for sc.Scan() {
+	for rest := b; len(rest) > 0; {
+		var line []byte
+		line, rest = nextLine(rest)
 		n++
-		line := sc.Text()
-		if line == "" {
+		if len(line) == 0 {
 			continue
 		}
-		key, val, ok := strings.Cut(line, " ")
-		if !ok || !isStatKey(key) || !isDecimal(val) {
-			return fail("line %d: malformed, want \"key bytes\": %s", n, safefs.Quote(line))
+		sp := bytes.IndexByte(line, ' ')
+		if sp < 0 || !isStatKey(line[:sp]) || !isDecimal(line[sp+1:]) {
+			return fail("line %d: malformed, want \"key bytes\": %s", n, safefs.Quote(string(line)))
 		}
-		if seen[key] {
-			return fail("line %d: %s given twice", n, safefs.Quote(key))
+		key, val := line[:sp], line[sp+1:]
+		if !seen.add(b, key) {
+			return fail("line %d: %s given twice", n, safefs.Quote(string(key)))
 		}
-		seen[key] = true
-		base, total := strings.CutPrefix(key, "total_")
-		f, ok := statFields[base]
+		base, total := bytes.CutPrefix(key, []byte("total_"))
+		f, ok := statFields[string(base)]
 		if !ok || (total && f.ver == 2) {
 			continue // v2 has no total_ lines: total_anon is not anon
 		}
-		p, ver := f.p(&m), f.ver
-		v, err := strconv.ParseInt(val, 10, 64)
-		if err != nil {
-			return fail("line %d: value out of range: %s", n, safefs.Quote(line))
+		p, ver := m.figure(f.fig), f.ver
+		v, ok := parseDecimal(val)
+		if !ok {
+			return fail("line %d: value out of range: %s", n, safefs.Quote(string(line)))
 		}
 		if total {
 			ver = 1
 		}
 		if ver != 0 {
 			if m.Version != 0 && m.Version != ver {
-				return fail("line %d: %s mixes cgroup v1 and v2 names", n, safefs.Quote(key))
+				return fail("line %d: %s mixes cgroup v1 and v2 names", n, safefs.Quote(string(key)))
 			}
 			m.Version = ver
 		}
 		switch {
 		case total:
-			*p, fromTotal[p] = v, true
-		case !fromTotal[p]:
+			*p, fromTotal = v, fromTotal|1<<f.fig
+		case fromTotal&(1<<f.fig) == 0:
 			*p = v
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return fail("%w", err)
 	}
 	if m.Anon < 0 {
 		return fail("neither \"anon\" (v2) nor \"rss\" (v1): not a memory.stat file")
@@ -192,9 +228,37 @@ func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	return m, nil
 }
 
+// nextLine returns b's first line, without its '\n', and the rest. Only
+// '\n' ends a line (see lines).
+func nextLine(b []byte) (line, rest []byte) {
+	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+		return b[:i], b[i+1:]
+	}
+	return b, nil
+}
+
+// parseDecimal parses b, decimal digits only, as an int64; ok is false
+// for anything else or a value over math.MaxInt64.
+func parseDecimal(b []byte) (n int64, ok bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := int64(c - '0')
+		if n > (math.MaxInt64-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	return n, true
+}
+
 // isStatKey reports whether s is made of [a-z0-9_], as the kernel writes keys.
-func isStatKey(s string) bool {
-	if s == "" {
+func isStatKey(s []byte) bool {
+	if len(s) == 0 {
 		return false
 	}
 	for _, c := range s {
@@ -238,7 +302,7 @@ func ReadKmemUsage(dir string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return ParseKmemUsage(string(b), filepath.Join(dir, "memory.kmem.usage_in_bytes"))
+	return ParseKmemUsage(b, filepath.Join(dir, "memory.kmem.usage_in_bytes"))
 }
 
 // ReadUsage reads dir's memory.usage_in_bytes (v1) or memory.current (v2),
@@ -253,21 +317,25 @@ func ReadUsage(version int, dir string) (int64, string, error) {
 	if err != nil {
 		return 0, file, err
 	}
-	n, err := ParseKmemUsage(string(b), file)
+	n, err := ParseKmemUsage(b, file)
 	return n, file, err
 }
 
 // ParseKmemUsage parses a cgroup usage counter (memory.kmem.usage_in_bytes,
 // memory.usage_in_bytes, memory.current): decimal bytes and a newline;
-// anything else is an error naming name and quoting it.
-func ParseKmemUsage(s, name string) (int64, error) {
-	v := strings.TrimSuffix(s, "\n")
-	if !isDecimal(v) {
-		return 0, fmt.Errorf("cgroupfs: %s: malformed usage %s, want bytes", safefs.Quote(name), safefs.Quote(s))
+// anything else is an error naming name and quoting it. Only the error
+// allocates.
+func ParseKmemUsage[T string | []byte](s T, name string) (int64, error) {
+	v := s
+	if len(v) > 0 && v[len(v)-1] == '\n' {
+		v = v[:len(v)-1]
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("cgroupfs: %s: usage out of range: %s", safefs.Quote(name), safefs.Quote(s))
+	if !isDecimal(v) {
+		return 0, fmt.Errorf("cgroupfs: %s: malformed usage %s, want bytes", safefs.Quote(name), safefs.Quote(string(s)))
+	}
+	n, ok := parseDecimal([]byte(v))
+	if !ok {
+		return 0, fmt.Errorf("cgroupfs: %s: usage out of range: %s", safefs.Quote(name), safefs.Quote(string(s)))
 	}
 	return n, nil
 }

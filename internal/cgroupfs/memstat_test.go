@@ -2,6 +2,7 @@ package cgroupfs
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,10 +16,9 @@ import (
 
 func parseMemoryStatFile(t *testing.T, name string) (MemoryStat, error) {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "memstat", name))
+	b, err := os.ReadFile(filepath.Join("testdata", "memstat", name))
 	require.NoError(t, err)
-	defer f.Close()
-	return ParseMemoryStat(f, name)
+	return ParseMemoryStat(b, name)
 }
 
 func TestParseMemoryStatFixtures(t *testing.T) {
@@ -106,7 +106,7 @@ func TestParseMemoryStatMalformed(t *testing.T) {
 
 func TestParseMemoryStatTooLarge(t *testing.T) {
 	big := "anon 1\n" + strings.Repeat("x 1\n", 20000)
-	_, err := ParseMemoryStat(strings.NewReader(big), "big")
+	_, err := ParseMemoryStat([]byte(big), "big")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "not a memory.stat file")
 }
@@ -227,4 +227,34 @@ func TestUnreclaimableKinds(t *testing.T) {
 	assert.Equal(t, int64(5), m.FileUnreclaimable())
 	m.Kernel, m.SlabReclaimable = 4, 6
 	assert.Equal(t, int64(0), m.KernelUnreclaimable())
+}
+
+// TestParseMemoryStatAllocs: a memory.stat file is parsed without
+// allocating, and a file of more keys than the stack table holds still
+// finds a key given twice.
+func TestParseMemoryStatAllocs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "memstat", "v1-root-6.18"))
+	require.NoError(t, err)
+	allocs := testing.AllocsPerRun(20, func() {
+		if _, err := ParseMemoryStat(b, "memory.stat"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs)
+
+	var many strings.Builder
+	many.WriteString("anon 1\n")
+	for i := range 2 * keySlots {
+		fmt.Fprintf(&many, "key_%d %d\n", i, i)
+	}
+	_, err = ParseMemoryStat([]byte(many.String()), "many")
+	require.NoError(t, err)
+	_, err = ParseMemoryStat([]byte(many.String()+"key_7 1\n"), "many")
+	require.ErrorContains(t, err, `"key_7" given twice`)
+	_, err = ParseMemoryStat([]byte("anon 1\nkey_7 1\n"+many.String()), "many")
+	require.ErrorContains(t, err, `"anon" given twice`)
+	// Keys are told apart by their offsets, in a buffer with room left.
+	spare := append(make([]byte, 0, 4096), "anon 1\nshmem 2\nshmem 3\n"...)
+	_, err = ParseMemoryStat(spare, "spare")
+	require.ErrorContains(t, err, `line 3: "shmem" given twice`)
 }

@@ -14,17 +14,22 @@ import (
 // caller); see OfProc. In another mount namespace, Limit.Dir and
 // Limit.File start with /proc/PID/root.
 func Of(pid int) (Limit, error) {
+	l, _, _, err := ofPID(pid)
+	return l, err
+}
+
+// ofPID is Of, with ofProc's view and mounts.
+func ofPID(pid int) (Limit, View, []candidate, error) {
 	name := "/proc/self"
 	if pid != 0 {
 		name = "/proc/" + strconv.Itoa(pid)
 	}
 	proc, err := safefs.OpenDir(name, safefs.NoSymlinks)
 	if err != nil {
-		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+		return Limit{}, ViewProcess, nil, fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer proc.Close()
-	l, _, err := OfProc(proc)
-	return l, err
+	return ofProc(proc)
 }
 
 // OfProc is Of for the process whose /proc/PID directory proc is (opened
@@ -36,9 +41,16 @@ func Of(pid int) (Limit, error) {
 // namespace shows no mount of its hierarchy, and in the caller's root
 // (ViewCallerRoot) for a process chrooted in the caller's namespace.
 func OfProc(proc *safefs.Dir) (Limit, View, error) {
+	l, view, _, err := ofProc(proc)
+	return l, view, err
+}
+
+// ofProc is OfProc, and the mounts the limit came through when it was read
+// in the process's view (nil otherwise).
+func ofProc(proc *safefs.Dir) (Limit, View, []candidate, error) {
 	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
-		return Limit{}, ViewProcess, fmt.Errorf("cgroupfs: %w", err)
+		return Limit{}, ViewProcess, nil, fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer root.Close()
 	root.FSTypes = FSTypes
@@ -61,22 +73,22 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 			view = ViewCallerRoot
 		}
 		if c, err2 := callerLimit(proc); err2 == nil {
-			return c, view, nil
+			return c, view, nil, nil
 		}
-		return l, ViewProcess, err
+		return l, ViewProcess, nil, err
 	}
 	if !errors.Is(err, errNoV2Memory) {
-		return l, ViewProcess, err
+		return l, ViewProcess, s.used, err
 	}
 	why := err.Error()
 	v1, err := callerLimit(proc)
 	switch {
 	case err == nil && v1.Version == 1:
-		return v1, ViewCaller, nil
+		return v1, ViewCaller, nil, nil
 	case err == nil || errors.Is(err, ErrNoCgroup):
-		return Limit{}, ViewProcess, fmt.Errorf("%w: %s, and no v1 memory cgroup of the process is mounted, in its mount namespace or memctl's", ErrNoCgroup, why)
+		return Limit{}, ViewProcess, nil, fmt.Errorf("%w: %s, and no v1 memory cgroup of the process is mounted, in its mount namespace or memctl's", ErrNoCgroup, why)
 	}
-	return Limit{}, ViewProcess, fmt.Errorf("%s; v1: %w", why, err)
+	return Limit{}, ViewProcess, nil, fmt.Errorf("%s; v1: %w", why, err)
 }
 
 // callerLimit reads proc's cgroup limit through the caller's mountinfo and root.

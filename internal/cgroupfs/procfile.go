@@ -87,11 +87,11 @@ func lines(r io.Reader) *bufio.Scanner {
 	return sc
 }
 
-func isDecimal(s string) bool {
-	if s == "" {
+func isDecimal[T string | []byte](s T) bool {
+	if len(s) == 0 {
 		return false
 	}
-	for _, c := range s {
+	for _, c := range []byte(s) {
 		if c < '0' || c > '9' {
 			return false
 		}

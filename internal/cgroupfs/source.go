@@ -20,6 +20,7 @@ type source struct {
 	rootPath, rootName        string
 	owned                     []*safefs.Dir // closed by close
 	pid                       int           // for resolve; 0 when not known
+	used                      []candidate   // the mounts read's limit came through
 }
 
 // pidOf returns the PID of /proc/PID/cgroup file name, 0 when it is none.

@@ -40,7 +40,7 @@ func ParseSwap(version int, current, max []byte, currentFile, maxFile string) (S
 	}
 	s := Swap{Version: version, CurrentFile: currentFile, MaxFile: maxFile, MemoryPlusSwap: version == 1}
 	var err error
-	if s.Current, err = ParseKmemUsage(string(current), currentFile); err != nil {
+	if s.Current, err = ParseKmemUsage(current, currentFile); err != nil {
 		return Swap{}, err
 	}
 	m, ok := strings.CutSuffix(string(max), "\n")

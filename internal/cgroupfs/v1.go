@@ -1,12 +1,10 @@
 package cgroupfs
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"strings"
 
 	"github.com/memctl/memctl/internal/safefs"
 )
@@ -58,20 +56,13 @@ func (s *source) hierarchicalLimit(file string) (int64, bool, error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("cgroupfs: %w", err)
 	}
-	sc := lines(bytes.NewReader(b))
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), " ")
-		if k != "hierarchical_memory_limit" {
-			continue
-		}
-		n, err := parseLimit(v, false)
-		if err != nil {
-			return 0, false, fmt.Errorf("cgroupfs: %s: hierarchical_memory_limit: %w", safefs.Quote(file), err)
-		}
-		return n, true, nil
+	v, found := statLine(b, "hierarchical_memory_limit")
+	if !found {
+		return 0, false, nil
 	}
-	if err := sc.Err(); err != nil {
-		return 0, false, fmt.Errorf("cgroupfs: %s: %w", safefs.Quote(file), err)
+	n, err := parseLimit(string(v), false)
+	if err != nil {
+		return 0, false, fmt.Errorf("cgroupfs: %s: hierarchical_memory_limit: %w", safefs.Quote(file), err)
 	}
-	return 0, false, nil
+	return n, true, nil
 }

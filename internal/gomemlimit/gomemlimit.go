@@ -14,18 +14,23 @@ var (
 	mu    sync.Mutex // held by Do: every memctl write of GOMEMLIMIT
 	ownMu sync.Mutex // guards owner
 	owner Owner
+
+	readMu sync.Mutex // guards sample: metrics.Read's argument escapes
+	sample = [1]metrics.Sample{{Name: "/gc/gomemlimit:bytes"}}
 )
 
 // Read returns GOMEMLIMIT in force, in bytes (math.MaxInt64: none), from
 // runtime/metrics: unlike debug.SetMemoryLimit(-1) it does not take the
 // heap lock. Safe for concurrent use; it allocates nothing.
 func Read() int64 {
-	s := [1]metrics.Sample{{Name: "/gc/gomemlimit:bytes"}}
-	metrics.Read(s[:])
-	if s[0].Value.Kind() != metrics.KindUint64 {
+	readMu.Lock()
+	metrics.Read(sample[:])
+	v := sample[0].Value
+	readMu.Unlock()
+	if v.Kind() != metrics.KindUint64 {
 		return debug.SetMemoryLimit(-1)
 	}
-	return int64(min(s[0].Value.Uint64(), math.MaxInt64))
+	return int64(min(v.Uint64(), math.MaxInt64))
 }
 
 // IsSet reports whether v, a GOMEMLIMIT in bytes, is a limit: above 0

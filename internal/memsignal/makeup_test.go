@@ -1,7 +1,6 @@
 package memsignal
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -40,7 +39,7 @@ func TestSystemdTriggerNUL(t *testing.T) {
 func TestMakeupAnonymous(t *testing.T) {
 	v1 := "cache 10\nrss 20\nshmem 0\nactive_file 5\ninactive_file 5\ntotal_cache 201326592\ntotal_rss 67108864\n" +
 		"total_shmem 0\ntotal_active_file 50331648\ntotal_inactive_file 150994944\n"
-	s, err := cgroupfs.ParseMemoryStat(strings.NewReader(v1), "v1")
+	s, err := cgroupfs.ParseMemoryStat([]byte(v1), "v1")
 	require.NoError(t, err)
 	mk := MakeupOfStat(s, "v1")
 	assert.Equal(t, Makeup{Anon: 64 << 20, Cache: 192 << 20, Own: -1, From: "v1"}, mk, "hierarchical total_ lines")
@@ -48,7 +47,7 @@ func TestMakeupAnonymous(t *testing.T) {
 
 	// v2: shmem (tmpfs) is in file but not reclaimable, and not anon.
 	v2 := "anon 199229440\nfile 367001600\nshmem 314572800\nactive_file 20971520\ninactive_file 31457280\n"
-	s, err = cgroupfs.ParseMemoryStat(strings.NewReader(v2), "v2")
+	s, err = cgroupfs.ParseMemoryStat([]byte(v2), "v2")
 	require.NoError(t, err)
 	mk = MakeupOfStat(s, "v2")
 	assert.Equal(t, Makeup{Anon: 190 << 20, Cache: 50 << 20, Own: -1, From: "v2"}, mk)
