@@ -85,7 +85,7 @@ func nonHeap() int64 {
 // the burst and 3 s after the burst's last GC cycle.
 func burstChild() {
 	live := burst.Alloc(liveBytes)
-	watch := watchLive()
+	watch := watchLive(false) // no GC of its own: TestImportGOGCOff counts the GC ends
 	before, nonHeapBefore := rss(), nonHeap()
 	cycles0, seen0 := gcSeen()
 	b := burst.Alloc(burstBytes)
@@ -270,13 +270,14 @@ type liveWatch struct {
 	ends, most atomic.Int64
 }
 
-// watchLive starts a liveWatch, runs a GC and waits (5 s at most) until
-// the chain has seen its end: the chain is then armed with a sentinel the
-// next cycle frees. Otherwise the hook of a cycle that ended just before a
-// burst could run late, during the burst's own cycle, and the chain would
-// see that cycle only with the next one (internal/gcend), which an idle
-// child never runs.
-func watchLive() *liveWatch {
+// watchLive starts a liveWatch. With settle it then runs a GC and waits
+// (5 s at most) until the chain has seen its end: the chain is then armed
+// with a sentinel the next cycle frees. Otherwise the hook of a cycle that
+// ended just before a burst can run late, during the burst's own cycle,
+// and the chain sees that cycle only with the next one (internal/gcend),
+// which an idle child never runs: a one-allocation burst whose cycle
+// follows another's is then never seen.
+func watchLive(settle bool) *liveWatch {
 	w := new(liveWatch)
 	w.sub = gcend.Subscribe(func(g *gcend.Sample) bool {
 		w.ends.Add(1)
@@ -285,6 +286,9 @@ func watchLive() *liveWatch {
 		}
 		return true
 	})
+	if !settle {
+		return w
+	}
 	runtime.GC()
 	for deadline := time.Now().Add(5 * time.Second); w.ends.Load() == 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
@@ -811,7 +815,7 @@ func heapFree() int64 {
 func oneBufferChild() {
 	live := burst.Alloc(8 << 20)
 	time.Sleep(500 * time.Millisecond)
-	watch := watchLive()
+	watch := watchLive(true)
 	before, nonHeapBefore, inUseBefore, freeBefore := rss(), nonHeap(), heapInUse(), heapFree()
 	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
 	metrics.Read(s)
