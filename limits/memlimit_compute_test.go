@@ -530,15 +530,20 @@ func init() {
 		}
 		start := time.Now()
 		var sink []byte
-		for i := 0; debug.SetMemoryLimit(-1) == d.GoMemLimit && time.Since(start) < 20*time.Second; i++ {
+		// The published decision, not GOMEMLIMIT: a refresh writes
+		// GOMEMLIMIT, then publishes the decision it came from, so a
+		// reader who sees the new GOMEMLIMIT first can read the old
+		// decision's Outside.
+		for i := 0; m.Last().GoMemLimit == d.GoMemLimit && time.Since(start) < 20*time.Second; i++ {
 			sink = make([]byte, 1<<20) // garbage: GC cycles, and so refreshes
 			if i%64 == 0 {
 				time.Sleep(time.Millisecond)
 			}
 		}
 		_ = sink
-		childtest.Say("FREED_GOMEMLIMIT", debug.SetMemoryLimit(-1))
-		childtest.Say("FREED_OUTSIDE", m.Last().Outside)
+		last := m.Last()
+		childtest.Say("FREED_GOMEMLIMIT", last.GoMemLimit)
+		childtest.Say("FREED_OUTSIDE", last.Outside)
 		childtest.Say("FOLLOWED_AFTER", time.Since(start))
 	}
 }
