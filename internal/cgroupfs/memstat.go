@@ -240,6 +240,16 @@ func nextLine(b []byte) (line, rest []byte) {
 // parseDecimal parses b, decimal digits only, as an int64; ok is false
 // for anything else or a value over math.MaxInt64.
 func parseDecimal(b []byte) (n int64, ok bool) {
+	u, ok := parseUint(b)
+	if !ok || u > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(u), true
+}
+
+// parseUint parses b, decimal digits only, as a uint64; ok is false for
+// anything else or a value over math.MaxUint64.
+func parseUint(b []byte) (n uint64, ok bool) {
 	if len(b) == 0 {
 		return 0, false
 	}
@@ -247,8 +257,8 @@ func parseDecimal(b []byte) (n int64, ok bool) {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		d := int64(c - '0')
-		if n > (math.MaxInt64-d)/10 {
+		d := uint64(c - '0')
+		if n > (math.MaxUint64-d)/10 {
 			return 0, false
 		}
 		n = n*10 + d

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io/fs"
-	"math"
 	"path/filepath"
 
 	"github.com/memctl/memctl/internal/fastread"
@@ -151,19 +150,9 @@ func limitValue(b []byte, allowMax bool) (int64, bool) {
 	if allowMax && string(b) == "max" {
 		return NoLimit, true
 	}
-	if len(b) == 0 {
+	n, ok := parseUint(b)
+	if !ok {
 		return 0, false
-	}
-	var n uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		d := uint64(c - '0')
-		if n > (math.MaxUint64-d)/10 {
-			return 0, false
-		}
-		n = n*10 + d
 	}
 	if n >= unlimitedFrom {
 		return NoLimit, true
