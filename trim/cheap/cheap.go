@@ -115,16 +115,6 @@ func (s *Step) Err() error {
 // when none can tell.
 func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
 
-// setGlibcBase records and returns the resident excess after glibc's release.
-func (s *Step) setGlibcBase() (extra int64, ok bool) {
-	extra, ok = s.glibcExtra()
-	if ok {
-		s.base.Store(extra)
-		s.baseSet.Store(true)
-	}
-	return extra, ok
-}
-
 // glibcExtra returns the anonymous resident memory neither Go's nor in glibc's
 // live blocks: its fall across malloc_trim (which returns 0 or 1) is the release.
 func (s *Step) glibcExtra() (extra int64, ok bool) {
