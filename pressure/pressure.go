@@ -87,13 +87,8 @@ const (
 
 // String returns "spiral", "spiral end" or "kernel".
 func (k Kind) String() string {
-	switch k {
-	case KindSpiral:
-		return "spiral"
-	case KindSpiralEnd:
-		return "spiral end"
-	case KindKernel:
-		return "kernel"
+	if k >= KindSpiral && k <= KindKernel {
+		return [...]string{"spiral", "spiral end", "kernel"}[k-KindSpiral]
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -311,13 +306,7 @@ func (m *Monitor) Subscribe(buf int) (events <-chan Event, cancel func()) {
 func (m *Monitor) unsubscribe(s *subscriber) {
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
-	old := *m.subs.Load()
-	next := make([]*subscriber, 0, len(old))
-	for _, x := range old {
-		if x != s {
-			next = append(next, x)
-		}
-	}
+	next := slices.DeleteFunc(slices.Clone(*m.subs.Load()), func(x *subscriber) bool { return x == s })
 	m.subs.Store(&next)
 	s.once.Do(func() { close(s.ch) })
 }

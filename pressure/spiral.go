@@ -2,6 +2,7 @@ package pressure
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/memctl/memctl/internal/gcend"
@@ -72,14 +73,9 @@ func (s *spiral) medianLive(live int64) int64 {
 	s.lives[s.nextLive] = live
 	s.nextLive = (s.nextLive + 1) % liveCycles
 	s.nLives = min(s.nLives+1, liveCycles)
-	var v [liveCycles]int64
-	n := copy(v[:], s.lives[:s.nLives])
-	for i := 1; i < n; i++ {
-		for j := i; j > 0 && v[j] < v[j-1]; j-- {
-			v[j], v[j-1] = v[j-1], v[j]
-		}
-	}
-	return v[(n-1)/2]
+	v := s.lives // a copy
+	slices.Sort(v[:s.nLives])
+	return v[(s.nLives-1)/2]
 }
 
 // verdict is what observe decided at one GC end.

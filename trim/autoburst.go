@@ -221,11 +221,8 @@ func (a *autoBurst) decided() int64 {
 // high reports whether x ≥ rise·f.
 func (a *autoBurst) high(x, f int64) bool { return float64(x) >= a.rise*float64(f) }
 
-// Counters returns the detector's counters (trimwire.AutoBurst).
-func (a *autoBurst) Counters() AutoBurstStats { return a.stats() }
-
-// stats returns the detector's counters; a nil *autoBurst returns zeros.
-func (a *autoBurst) stats() AutoBurstStats {
+// Counters returns the detector's counters; a nil *autoBurst returns zeros.
+func (a *autoBurst) Counters() AutoBurstStats {
 	if a == nil {
 		return AutoBurstStats{}
 	}

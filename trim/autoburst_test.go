@@ -26,7 +26,7 @@ func detector(t *testing.T) (*autoBurst, func() int) {
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, 22*time.Second)
 	require.NoError(t, err)
 	a.st = burstState{floor: 20 * mb, prev: 20 * mb}
-	return a, func() int { return int(a.stats().Marks) }
+	return a, func() int { return int(a.Counters().Marks) }
 }
 
 // gc is one GC end seen by the detector at second sec.
@@ -56,7 +56,7 @@ func TestAutoBurstHeldBurst(t *testing.T) {
 	})
 	assert.Equal(t, []bool{false, true, true, true, true, true, false, false, false}, got)
 	assert.Equal(t, 5, marks())
-	s := a.stats()
+	s := a.Counters()
 	assert.Equal(t, int64(1), s.Bursts)
 	assert.Equal(t, int64(21*mb), s.Floor, "the trim's GC sets the floor")
 }
@@ -66,7 +66,7 @@ func TestAutoBurstCollectedBurst(t *testing.T) {
 	a, _ := detector(t)
 	got := feed(a, []gc{{80 * mb, false, 0.1}, {160 * mb, false, 0.2}, {25 * mb, false, 0.3}, {24 * mb, false, 0.4}})
 	assert.Equal(t, []bool{true, true, true, false}, got)
-	assert.Equal(t, int64(24*mb), a.stats().Floor)
+	assert.Equal(t, int64(24*mb), a.Counters().Floor)
 }
 
 // The whole kind of "no burst": a flat live heap with GC-to-GC noise, a
@@ -94,7 +94,7 @@ func TestAutoBurstNoBurst(t *testing.T) {
 	start.st = burstState{}
 	feed(start, []gc{{50 * mb, false, 0.01}, {60 * mb, false, 0.02}, {55 * mb, false, 0.03}})
 	assert.Zero(t, startMarks(), "start-up: no GC cycle before the detector, then a flat heap")
-	assert.Equal(t, int64(50*mb), start.stats().Floor, "the first GC end sets the floor")
+	assert.Equal(t, int64(50*mb), start.Counters().Floor, "the first GC end sets the floor")
 }
 
 // Issue 19: a heap that grows for good (a cache warming up) causes at most
@@ -161,11 +161,11 @@ func TestAutoBurstSettles(t *testing.T) {
 		feed(a, []gc{{200 * mb, false, float64(i)}})
 	}
 	assert.Equal(t, 23, marks(), "marks from 0 s to 22 s, then settled")
-	assert.Equal(t, int64(1), a.stats().Settled)
-	assert.Equal(t, int64(200*mb), a.stats().Floor)
+	assert.Equal(t, int64(1), a.Counters().Settled)
+	assert.Equal(t, int64(200*mb), a.Counters().Floor)
 	// The burst then goes: the GC that collects it marks (a drop).
 	assert.Equal(t, []bool{true, false}, feed(a, []gc{{21 * mb, false, 101}, {21 * mb, false, 102}}))
-	assert.Equal(t, int64(1), a.stats().Drops)
+	assert.Equal(t, int64(1), a.Counters().Drops)
 }
 
 // A trim that came while the burst was still live set the floor to the
@@ -191,7 +191,7 @@ func TestAutoBurstConfig(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Nil(t, a)
 	a.Close() // nil: nothing
-	assert.Zero(t, a.stats())
+	assert.Zero(t, a.Counters())
 }
 
 // The real thing: a detector on a real Trimmer in this process, a 256 MiB
@@ -236,7 +236,7 @@ func TestAutoBurstRealTrim(t *testing.T) {
 	for tr.Stats().Trims == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	s := a.stats()
+	s := a.Counters()
 	t.Logf("detector: %+v; trimmer: %d trims, %d MiB released; the trim began before the burst was dropped: %v",
 		s, tr.Stats().Trims, tr.Stats().TotalReleased>>20, early.Load())
 	// A trim decided while the burst was still growing (a loaded machine)
@@ -271,7 +271,7 @@ func TestAutoBurstNoAlloc(t *testing.T) {
 		a.observe(20*mb, false, i)
 		a.mu.Unlock()
 	}))
-	assert.Positive(t, a.stats().Settled)
+	assert.Positive(t, a.Counters().Settled)
 }
 
 // BenchmarkAutoBurstGCEnd is the detector's cost per GC end (a
@@ -314,7 +314,7 @@ func TestAutoBurstFloorFollowsBuiltHeap(t *testing.T) {
 	})
 	assert.Equal(t, []bool{false, false, true, true, true, true, false, false, false, false}, got)
 	assert.Equal(t, 4, marks())
-	assert.Equal(t, int64(21*mb), a.stats().Floor, "the built heap is the floor")
+	assert.Equal(t, int64(21*mb), a.Counters().Floor, "the built heap is the floor")
 }
 
 // The same with real GC cycles: a Trimmer and its detector started first,
@@ -368,7 +368,7 @@ func TestAutoBurstTrimAfterCollection(t *testing.T) {
 	}
 	took := time.Since(dropped)
 	t.Logf("free heap %d MiB, released %d MiB", readSample().HeapFree>>20, readSample().HeapReleased>>20)
-	t.Logf("trim %v after the burst was dropped, the first GC after it %v; detector %+v; trimmer %+v", took.Round(time.Millisecond), firstGC.Round(time.Millisecond), a.stats(), tr.Stats())
+	t.Logf("trim %v after the burst was dropped, the first GC after it %v; detector %+v; trimmer %+v", took.Round(time.Millisecond), firstGC.Round(time.Millisecond), a.Counters(), tr.Stats())
 	// Decided: run, or skipped because the background scavenger had
 	// already returned the collected burst (it does, within about a
 	// second of a natural GC's sweep, at GOGC's heap goal).
@@ -468,7 +468,7 @@ func TestAutoBurstSawtoothNeverBursts(t *testing.T) {
 				a.observe(l, tc.forced, int64(i)*1000) // a GC end every microsecond
 			}
 			assert.Zero(t, marks())
-			assert.Zero(t, a.stats().Bursts)
+			assert.Zero(t, a.Counters().Bursts)
 		})
 	}
 }

@@ -92,5 +92,5 @@ func TestCBurstWakesOnlyOnRise(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), tr.Stats().Trims)
 	assert.Equal(t, int64(1), h.releases.Load(), "the C step ran")
-	assert.Equal(t, int64(1), a.stats().CBursts)
+	assert.Equal(t, int64(1), a.Counters().CBursts)
 }

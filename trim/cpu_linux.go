@@ -1,7 +1,6 @@
 package trim
 
 import (
-	"os"
 	"time"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
@@ -29,8 +28,6 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
-
-func getenvGODEBUG() string { return os.Getenv("GODEBUG") }
 
 // newThrottleReader returns a reader of the CPU cgroup's throttled time,
 // finding the cgroup again when fresh is set.

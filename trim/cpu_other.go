@@ -17,8 +17,6 @@ func threadCPU() time.Duration { return 0 }
 // processCPU returns -1 (unknown) off Linux.
 func processCPU() time.Duration { return -1 }
 
-func getenvGODEBUG() string { return "" }
-
 // newThrottleReader returns a reader that never knows: CPU cgroups are
 // Linux only.
 func newThrottleReader() func(fresh bool) (time.Duration, error) {

@@ -1,6 +1,7 @@
 package trim
 
 import (
+	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -87,7 +88,7 @@ func lazyFreeBytes() int64 {
 // (//go:debug, go.mod godebug); the environment wins, and the last setting in
 // each (runtime/runtime1.go parsedebugvars). Linux only; why names the source.
 func lazyRelease() (lazy bool, why string) {
-	return lazyFrom(getenvGODEBUG(), buildGODEBUG())
+	return lazyFrom(os.Getenv("GODEBUG"), buildGODEBUG())
 }
 
 // lazyFrom is lazyRelease on given GODEBUG strings; pure, for tests.

@@ -134,6 +134,17 @@ const (
 	onceNoGCBroken
 )
 
+// cHeap is the C heap step of a trim (*cheap.Step); safe for concurrent use.
+type cHeap interface {
+	// Allocator names the allocator that owns malloc ("none": unavailable).
+	Allocator() string
+	// Retained returns what a release can return, in bytes, -1 unknown.
+	Retained() int64
+	// ReleaseOver releases each allocator whose estimate reaches min
+	// (every one for a negative min) and returns the bytes released.
+	ReleaseOver(min int64) (released int64, err error)
+}
+
 // deps are what a Trimmer reads and runs; tests replace them.
 type deps struct {
 	goStep    func() int64 // the Go step with a GC; bytes released
@@ -373,5 +384,26 @@ func (t *Trimmer) Close() error {
 func (t *Trimmer) notify() {
 	if fn := t.onTrim.Load(); fn != nil {
 		(*fn)()
+	}
+}
+
+func init() {
+	trimwire.Request = func(t any, o trimwire.Origin) bool {
+		tr, _ := t.(*Trimmer)
+		return tr.request(o).ran
+	}
+	trimwire.OnTrim = func(t any, fn func()) {
+		if tr, _ := t.(*Trimmer); tr != nil {
+			tr.onTrim.Store(&fn)
+		}
+	}
+	trimwire.StartAutoBurst = func(t any, cfg any) (trimwire.AutoBurst, error) {
+		tr, _ := t.(*Trimmer)
+		c, _ := cfg.(AutoBurstConfig)
+		a, err := startAutoBurst(tr, c)
+		if a == nil {
+			return nil, err
+		}
+		return a, err
 	}
 }

@@ -12,6 +12,7 @@
 package cheap
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -114,16 +115,6 @@ func (s *Step) Err() error {
 // bytes they released by their own accounts (glibc's measured from RssAnon), -1
 // when none can tell.
 func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
-
-// setGlibcBase records and returns the resident excess after glibc's release.
-func (s *Step) setGlibcBase() (extra int64, ok bool) {
-	extra, ok = s.glibcExtra()
-	if ok {
-		s.base.Store(extra)
-		s.baseSet.Store(true)
-	}
-	return extra, ok
-}
 
 // glibcExtra returns the anonymous resident memory neither Go's nor in glibc's
 // live blocks: its fall across malloc_trim (which returns 0 or 1) is the release.
@@ -245,39 +236,24 @@ func unknownStats(allocator, library string) Stats {
 // String formats the statistics for a log line ("glibc: arena 420.1 MiB, in use
 // 6.7 MiB, ..."), leaving unknown figures out.
 func (st Stats) String() string {
-	var b strings.Builder
-	b.WriteString(st.Allocator)
-	if b.Len() == 0 {
-		b.WriteString(none)
-	}
-	sep := ": "
-	add := func(name string, v int64) {
-		if v < 0 {
-			return
+	var parts []string
+	names := [...]string{"arena", "mmapped", "in use", "free", "active", "resident", "retained"}
+	for i, v := range [...]int64{st.Arena, st.Mapped, st.InUse, st.Free, st.Active, st.Resident, st.Retained} {
+		if v >= 0 {
+			parts = append(parts, names[i]+" "+formatBytes(v))
 		}
-		b.WriteString(sep)
-		b.WriteString(name)
-		b.WriteByte(' ')
-		b.WriteString(formatBytes(v))
-		sep = ", "
 	}
-	add("arena", st.Arena)
-	add("mmapped", st.Mapped)
-	add("in use", st.InUse)
-	add("free", st.Free)
-	add("active", st.Active)
-	add("resident", st.Resident)
-	add("retained", st.Retained)
 	if st.Page > 0 {
-		b.WriteString(sep)
-		b.WriteString("page " + strconv.FormatInt(st.Page, 10) + " B")
-		sep = ", "
+		parts = append(parts, "page "+strconv.FormatInt(st.Page, 10)+" B")
 	}
 	if st.PageWarning {
-		b.WriteString(sep)
-		fmt.Fprintf(&b, "warning: jemalloc page %d B > kernel page %d B, partly filled slabs keep more memory", st.Page, os.Getpagesize())
+		parts = append(parts, fmt.Sprintf("warning: jemalloc page %d B > kernel page %d B, partly filled slabs keep more memory", st.Page, os.Getpagesize()))
 	}
-	return b.String()
+	s := cmp.Or(st.Allocator, none)
+	if len(parts) > 0 {
+		s += ": " + strings.Join(parts, ", ")
+	}
+	return s
 }
 
 // formatBytes writes n bytes in B, KiB, MiB or GiB with one decimal.

@@ -166,6 +166,10 @@ func detect() *Step {
 func (s sysStep) release(whole bool) (released int64, slices int64, longest time.Duration, err error) {
 	var out [2]C.int64_t
 	defer func() { slices, longest = int64(out[0]), time.Duration(out[1]) }()
+	wholeC, sliceC := C.int(0), C.size_t(sliceSize)
+	if whole {
+		wholeC, sliceC = 1, 0
+	}
 	switch s.allocator {
 	case glibc:
 		t0 := time.Now()
@@ -174,7 +178,7 @@ func (s sysStep) release(whole bool) (released int64, slices int64, longest time
 		return -1, 0, 0, nil
 	case jemalloc:
 		before := s.stats().Resident
-		if rc := C.cheap_je_purge_sliced(s.mallctl, boolInt(whole), &out[0]); rc != 0 {
+		if rc := C.cheap_je_purge_sliced(s.mallctl, wholeC, &out[0]); rc != 0 {
 			return 0, 0, 0, fmt.Errorf("cheap: jemalloc mallctl(\"arena.<i>.purge\"): %w", syscall.Errno(rc))
 		}
 		return diff(before, s.stats().Resident), 0, 0, nil
@@ -188,18 +192,11 @@ func (s sysStep) release(whole bool) (released int64, slices int64, longest time
 		before := s.tcProp(3)
 		var carved C.int64_t
 		C.cheap_tc_release_sliced(s.tcRelease, s.tcReleaseN, s.tcProperty, s.tcMalloc, s.tcFree,
-			C.size_t(sliceBytes(whole)), C.size_t(carveBytes), &out[0], &carved)
+			sliceC, C.size_t(carveBytes), &out[0], &carved)
 		lastCarved.Store(int64(carved))
 		return diff(s.tcProp(3), before), 0, 0, nil
 	}
 	return 0, 0, 0, fmt.Errorf("%w: no allocator", ErrUnavailable)
-}
-
-func boolInt(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // diff returns a-b, 0 when b grew past a meanwhile, -1 when either is unknown.

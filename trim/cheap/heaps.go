@@ -152,14 +152,6 @@ func sumKnown(vs ...int64) (sum int64, unknown bool) {
 // noSlice makes releases whole (one call per allocator), for tests.
 var noSlice atomic.Bool
 
-// sliceBytes is the tcmalloc slice: 0 (one whole release) when whole.
-func sliceBytes(whole bool) int64 {
-	if whole {
-		return 0
-	}
-	return sliceSize
-}
-
 // refresh returns the process's allocators, the owner first, scanning new
 // objects when the loader's counts changed (read by one dl_iterate_phdr step).
 func (s *Step) refresh() []*heap {
@@ -254,10 +246,7 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 		order = append(order, hs[0])
 	}
 	if len(order) == 0 {
-		if err := s.Err(); err != nil {
-			return 0, err
-		}
-		return 0, nil
+		return 0, s.Err()
 	}
 	var errs []error
 	known := false
@@ -282,7 +271,11 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 		d := time.Since(t0)
 		if err == nil && isGlibc {
 			// malloc_trim returns 0 or 1: measure what it released.
-			after, okAfter := s.setGlibcBase()
+			after, okAfter := s.glibcExtra()
+			if okAfter {
+				s.base.Store(after)
+				s.baseSet.Store(true)
+			}
 			r = glibcReleased(before, okBefore, after, okAfter)
 		}
 		if err != nil {

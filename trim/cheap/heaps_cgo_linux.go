@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -94,7 +95,7 @@ func jemallocPrefixes(funcs map[string]uint64) []string {
 			out = append(out, p)
 		}
 	}
-	sortStrings(out)
+	slices.Sort(out)
 	return out
 }
 
@@ -108,14 +109,6 @@ func cIdent(p string) bool {
 		}
 	}
 	return true
-}
-
-func sortStrings(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }
 
 // candidates returns the allocators that funcs names.
