@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"weak"
@@ -71,7 +72,7 @@ type Pool struct {
 	sub           *gcend.Subscription
 
 	heapMu    sync.Mutex // serializes heap readings
-	sample    [2]metricsSample
+	sample    [2]metrics.Sample
 	seenCycle uint64 // the GC cycle read last; guarded by heapMu
 
 	mu           sync.Mutex // guards the list of cancellable accounts and refreshing

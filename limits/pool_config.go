@@ -67,13 +67,8 @@ const (
 
 // String returns "enforce", "observe" or "off".
 func (m Mode) String() string {
-	switch m {
-	case ModeEnforce:
-		return "enforce"
-	case ModeObserve:
-		return "observe"
-	case ModeOff:
-		return "off"
+	if names := [...]string{"enforce", "observe", "off"}; m >= 0 && int(m) < len(names) {
+		return names[m]
 	}
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }

@@ -17,21 +17,12 @@ const (
 	gcCyclesMetric = "/gc/cycles/total:gc-cycles"
 )
 
-type metricsSample = metrics.Sample
-
-// readHeap reads the live heap and GOMEMLIMIT now and records them (heapAt),
-// after each GC cycle the pool runs itself.
+// readHeap records the live heap and GOMEMLIMIT now (heapAt), after a GC
+// cycle the pool ran itself.
 func (p *Pool) readHeap() {
 	p.heapMu.Lock()
 	metrics.Read(p.sample[:])
-	var live int64
-	if p.sample[0].Value.Kind() == metrics.KindUint64 {
-		live = int64(min(p.sample[0].Value.Uint64(), math.MaxInt64))
-	}
-	var cycle uint64
-	if p.sample[1].Value.Kind() == metrics.KindUint64 {
-		cycle = p.sample[1].Value.Uint64()
-	}
+	live, cycle := sampleBytes(p.sample[0]), uint64(sampleBytes(p.sample[1]))
 	p.heapMu.Unlock()
 	p.heapAt(live, cycle, debug.SetMemoryLimit(-1))
 }

@@ -69,7 +69,7 @@ func eachPool(f func(*Pool)) {
 // what the runtime holds now, never 0 before the first GC), with cause
 // "... (memory pressure)", and returns how many it canceled.
 func cancelLargest() int {
-	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMemoryMetric}, {Name: releasedMetric}}
+	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
 	metrics.Read(s)
 	base := max(sampleBytes(s[0]), sampleBytes(s[1])-sampleBytes(s[2]))
 	n := 0
@@ -80,12 +80,6 @@ func cancelLargest() int {
 	})
 	return n
 }
-
-// Their difference is what the Go runtime holds from the OS now.
-const (
-	goMemoryMetric = "/memory/classes/total:bytes"
-	releasedMetric = "/memory/classes/heap/released:bytes"
-)
 
 // sampleBytes returns s in bytes, 0 when the runtime lacks it.
 func sampleBytes(s metrics.Sample) int64 {
