@@ -18,25 +18,22 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// Pool is a shared memory budget in bytes from which accounts are opened. A
-// Pool is safe for concurrent use. Create one with NewPool and Close it when
-// done; the zero value is not usable.
+// Pool is a shared memory budget in bytes from which accounts are opened. It
+// is safe for concurrent use; the zero value is not usable.
 type Pool struct {
 	used      atomic.Int64 // what the top-level accounts reserved
 	peak      atomic.Int64
 	burstPeak atomic.Int64 // the highest used since the last burst ended together
 	pressure  atomic.Bool
-	_         [39]byte // keep the shared counters on their own cache line
+	_         [39]byte // the shared counters on their own cache line
 
-	// Read on every Grow, written once: a cache line of its own.
-	closed  atomic.Bool
-	mode    Mode
-	limit   atomic.Int64 // Unlimited when the pool has no limit
-	chunk   int64
-	derived bool          // Limit 0: the limit follows GOMEMLIMIT
-	gen     atomic.Uint64 // the memLimitGen the limit was computed at
-	_       [16]byte
-
+	closed        atomic.Bool // read on every Grow: a cache line of its own
+	mode          Mode
+	limit         atomic.Int64 // Unlimited when the pool has no limit
+	chunk         int64
+	derived       bool          // Limit 0: the limit follows GOMEMLIMIT
+	gen           atomic.Uint64 // the memLimitGen the limit was computed at
+	_             [16]byte
 	refused       atomic.Int64
 	refusedBy     [4]atomic.Int64 // by refusalScope
 	observed      atomic.Int64
@@ -59,7 +56,6 @@ type Pool struct {
 	chargeLogged  atomic.Bool
 	peaks         peakHistogram
 	seq           atomic.Int64 // numbers the accounts of StartWork and Do
-
 	name          string
 	heapScope     string
 	heapRatio     float64
@@ -70,33 +66,30 @@ type Pool struct {
 	strict        bool
 	log           *slog.Logger
 	sub           *gcend.Subscription
-
-	heapMu    sync.Mutex // serializes heap readings
-	sample    [2]metrics.Sample
-	seenCycle uint64 // the GC cycle read last; guarded by heapMu
-
-	mu           sync.Mutex // guards the list of cancellable accounts and refreshing
-	head         *Account
-	refreshing   bool           // a refreshHeap goroutine runs
-	refreshAgain bool           // it runs one more cycle
-	wg           sync.WaitGroup // the refresh goroutine
+	heapMu        sync.Mutex // serializes heap readings
+	sample        [2]metrics.Sample
+	seenCycle     uint64     // the GC cycle read last; guarded by heapMu
+	mu            sync.Mutex // guards the list of cancellable accounts and refreshing
+	head          *Account
+	refreshing    bool           // a refreshHeap goroutine runs
+	refreshAgain  bool           // it runs one more cycle
+	wg            sync.WaitGroup // the refresh goroutine
 }
 
 var unguarded atomic.Int64 // PoolStats.Unguarded
 
-// fromCgroup and fromSystem are the fallbacks without GOMEMLIMIT; tests
-// replace them.
+// fromCgroup and fromSystem are the fallbacks without GOMEMLIMIT.
 var (
 	fromCgroup = memlimit.FromCgroup
 	fromSystem = memlimit.FromSystem
 )
 
-// NewPool returns a pool configured by cfg. It returns an error matching
-// ErrInvalidSize for a negative Limit or a ChunkSize outside [0, 1 GiB], an
-// error for a HeapPressure or CancelShare above 1 or NaN, and an error when
-// Limit is 0, GOMEMLIMIT is not set and neither a cgroup limit nor the physical
-// memory can be read. It reads MEMCTL and MEMCTL_BUDGETS (see Mode). Its heap
-// watch runs at GC ends, with no goroutine of its own, until Close.
+// NewPool returns a pool configured by cfg; Close it when done. It returns an
+// error matching ErrInvalidSize for a negative Limit or a ChunkSize outside
+// [0, 1 GiB], an error for a field out of range, and an error when Limit is 0,
+// GOMEMLIMIT is not set and neither a cgroup limit nor the physical memory can
+// be read. It reads MEMCTL and MEMCTL_BUDGETS (see Mode), and logs the limit
+// and its source at INFO.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if err := checkPoolConfig(cfg); err != nil {
 		return nil, err
@@ -138,8 +131,7 @@ func checkPoolConfig(cfg PoolConfig) error {
 	return nil
 }
 
-// newPoolDefaults returns a pool with cfg's fields and their defaults,
-// without mode, limit, heap watch or registration.
+// newPoolDefaults returns a pool with cfg's fields and their defaults.
 func newPoolDefaults(cfg PoolConfig) *Pool {
 	p := &Pool{
 		name:          cfg.Name,
@@ -151,7 +143,7 @@ func newPoolDefaults(cfg PoolConfig) *Pool {
 		cancelLargest: cfg.CancelLargest,
 		strict:        cfg.Strict,
 		log:           cfg.Logger,
-		shedSize:      cfg.ShedSize, // 0: shedSizeFor the limit now (shedLimit)
+		shedSize:      cfg.ShedSize,
 	}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -178,8 +170,7 @@ func newPoolDefaults(cfg PoolConfig) *Pool {
 	return p
 }
 
-// readMode sets the pool's mode (see Mode), logging a mode other than
-// ModeEnforce at INFO.
+// readMode sets the pool's mode, logging one other than ModeEnforce at INFO.
 func (p *Pool) readMode() {
 	mode, err := parseMode(os.Getenv)
 	if err != nil {
@@ -191,8 +182,7 @@ func (p *Pool) readMode() {
 	}
 }
 
-// initialLimit returns the pool's limit for PoolConfig.Limit limit and where
-// it came from; for a derived pool, defaultLimit's.
+// initialLimit returns the pool's limit and where it came from.
 func (p *Pool) initialLimit(limit int64) (int64, string, error) {
 	from := "PoolConfig.Limit"
 	if limit == Unlimited {
@@ -243,12 +233,11 @@ func derivedPool() string {
 	return name
 }
 
-// memLimitGen counts this package's changes of GOMEMLIMIT, which derived
-// pools follow at their next reservation; other changes are seen at the
-// next GC end (observeHeap).
+// memLimitGen counts this package's changes of GOMEMLIMIT (noteMemLimitSet),
+// which derived pools follow at their next reservation; other changes are
+// seen at the next GC end.
 var memLimitGen atomic.Uint64
 
-// noteMemLimitSet is called after each GOMEMLIMIT change of this package.
 func noteMemLimitSet() { memLimitGen.Add(1) }
 
 // curLimit returns the pool's limit, first following a changed GOMEMLIMIT.
@@ -262,7 +251,7 @@ func (p *Pool) curLimit() int64 {
 }
 
 // follow sets a derived pool's limit to defaultPoolRatio of gml, read at
-// generation g (one caller per g), unless GOMEMLIMIT is unset.
+// generation g, unless GOMEMLIMIT is unset.
 func (p *Pool) follow(g uint64, gml int64) {
 	old := p.gen.Load()
 	if g != old && !p.gen.CompareAndSwap(old, g) {
@@ -319,7 +308,7 @@ func (p *Pool) Name() string { return p.name }
 // PoolConfig.Limit.
 func (p *Pool) Limit() int64 { return p.curLimit() }
 
-// Mode returns the pool's budget mode, read from the environment by NewPool.
+// Mode returns the pool's budget mode.
 func (p *Pool) Mode() Mode { return p.mode }
 
 // Used returns the bytes the pool's accounts hold, including up to two
@@ -328,15 +317,10 @@ func (p *Pool) Used() int64 { return p.used.Load() }
 
 // RefusedBy counts refused Grow calls by the scope that refused them.
 type RefusedBy struct {
-	// Account counts refusals by the account's or an ancestor's limit.
-	Account int64
-	// Pool counts refusals because the pool was full.
-	Pool int64
-	// HeapPressure counts refusals while the live heap was over the pool's
-	// heap-pressure threshold (PoolConfig.HeapPressure).
-	HeapPressure int64
-	// Shedding counts refusals past ShedSize during a GC death spiral.
-	Shedding int64
+	Account      int64 // the account's or an ancestor's limit
+	Pool         int64 // the pool was full
+	HeapPressure int64 // the live heap was over PoolConfig.HeapPressure
+	Shedding     int64 // past ShedSize during a GC death spiral
 }
 
 // Stats returns a snapshot of the pool's counters.
@@ -369,10 +353,9 @@ func (p *Pool) Stats() PoolStats {
 	}
 }
 
-// Open opens a top-level account with its own limit in bytes (Unlimited: only
-// the pool limits it); its scope is "<pool>/<name>". It returns an error
-// matching ErrInvalidSize for a limit that is negative or 0, and ErrClosed
-// after Close.
+// Open opens a top-level account, scope "<pool>/<name>", with its own limit in
+// bytes (Unlimited: only the pool limits it). It returns an error matching
+// ErrInvalidSize for a limit ≤ 0, and ErrClosed after Close.
 func (p *Pool) Open(name string, limit int64) (*Account, error) {
 	return p.open(name, 0, limit)
 }
@@ -390,10 +373,8 @@ func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
 }
 
 // Close stops the heap watch, waits for a GC cycle the pool started, and
-// makes every further Open and Grow on the pool and on any of its accounts,
-// children included, fail with ErrClosed. Accounts still open keep what they
-// hold until they are closed. Close is idempotent and safe for concurrent
-// use.
+// makes every further Open and Grow on the pool and its accounts fail with
+// ErrClosed. Idempotent.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	already := p.closed.Swap(true)
