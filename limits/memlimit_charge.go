@@ -33,13 +33,7 @@ type charge struct {
 
 func (c charge) total() int64 { return c.anon + c.kept + c.kernel }
 
-func (c charge) String() string {
-	var s sentence
-	c.write(&s)
-	return string(s.b)
-}
-
-// write writes String's text to s.
+// write says what c holds.
 func (c charge) write(s *sentence) {
 	if c.statErr != nil {
 		s.add(c.file, ": ").mib(c.anon).add(", page cache included, as memory.stat could not be read")

@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -162,10 +163,10 @@ func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, er
 	if !validRatio(m.ratio) {
 		return "GOMEMLIMIT left as it was: bad ratio", fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
 	}
-	if m.floor = orDefault(cfg.Floor, defaultFloor); m.floor < 0 {
+	if m.floor = cmp.Or(cfg.Floor, defaultFloor); m.floor < 0 {
 		return "GOMEMLIMIT left as it was: bad floor", fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, defaultFloor)
 	}
-	m.every = orDefault(cfg.Refresh, DefaultRefresh)
+	m.every = cmp.Or(cfg.Refresh, DefaultRefresh)
 	return "", nil
 }
 
@@ -211,13 +212,6 @@ func (m *MemLimiter) startRefresh(cfg MemLimitConfig) {
 		}
 		m.startFollow(nf)
 	}
-}
-
-func orDefault[T int64 | time.Duration](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // Refresh re-reads the limit now, sets GOMEMLIMIT as the refresh does, and

@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -134,36 +135,18 @@ func checkPoolConfig(cfg PoolConfig) error {
 // newPoolDefaults returns a pool with cfg's fields and their defaults.
 func newPoolDefaults(cfg PoolConfig) *Pool {
 	p := &Pool{
-		name:          cfg.Name,
+		name:          cmp.Or(cfg.Name, "pool"),
 		derived:       cfg.Limit == 0,
-		chunk:         cfg.ChunkSize,
-		heapRatio:     cfg.HeapPressure,
-		cancelShare:   cfg.CancelShare,
-		chargeRatio:   cfg.ChargeRatio,
+		chunk:         cmp.Or(cfg.ChunkSize, defaultChunkSize),
+		heapRatio:     cmp.Or(cfg.HeapPressure, defaultHeapPressure),
+		cancelShare:   cmp.Or(cfg.CancelShare, defaultCancelShare),
+		chargeRatio:   cmp.Or(cfg.ChargeRatio, defaultChargeRatio),
 		cancelLargest: cfg.CancelLargest,
 		strict:        cfg.Strict,
-		log:           cfg.Logger,
+		log:           cmp.Or(cfg.Logger, slog.Default()),
 		shedSize:      cfg.ShedSize,
 	}
-	if p.log == nil {
-		p.log = slog.Default()
-	}
-	if p.name == "" {
-		p.name = "pool"
-	}
 	p.heapScope = p.name + " (heap pressure)"
-	if p.chunk == 0 {
-		p.chunk = defaultChunkSize
-	}
-	if p.cancelShare == 0 {
-		p.cancelShare = defaultCancelShare
-	}
-	if p.chargeRatio == 0 {
-		p.chargeRatio = defaultChargeRatio
-	}
-	if p.heapRatio == 0 {
-		p.heapRatio = defaultHeapPressure
-	}
 	p.baseline.Store(-1)
 	p.sample[0].Name = liveHeapMetric
 	p.sample[1].Name = gcCyclesMetric
