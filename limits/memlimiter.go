@@ -277,16 +277,13 @@ func (m *MemLimiter) store(d MemLimit) {
 	if prev != nil && *prev == d {
 		return
 	}
-	next := new(MemLimit)
-	*next = d
-	m.last.Store(next)
+	m.last.Store(new(d))
 	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
 		prev.Source == d.Source && prev.File == d.File && prev.Overridden == d.Overridden {
 		return
 	}
 	m.subMu.Lock()
-	for _, ch := range m.subs {
-		// The latest wins: a full channel gives up its stale value.
+	for _, ch := range m.subs { // the latest wins: a full channel gives up its oldest value
 		select {
 		case ch <- d:
 		default:
