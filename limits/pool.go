@@ -97,9 +97,16 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	p := newPoolDefaults(cfg)
 	p.readMode()
-	limit, from, err := p.initialLimit(cfg.Limit)
-	if err != nil {
-		return nil, err
+	limit, from := cfg.Limit, "PoolConfig.Limit"
+	if limit == Unlimited {
+		from = "PoolConfig.Limit: Unlimited"
+	}
+	if p.derived {
+		p.gen.Store(memLimitGen.Load())
+		var err error
+		if limit, from, err = p.defaultLimit(debug.SetMemoryLimit(-1)); err != nil {
+			return nil, err
+		}
 	}
 	p.limit.Store(limit)
 	if p.heapRatio > 0 && p.mode != ModeOff {
@@ -163,19 +170,6 @@ func (p *Pool) readMode() {
 	if mode != ModeEnforce {
 		p.log.Info("limits: budgets are not enforced", "pool", p.name, "mode", mode.String())
 	}
-}
-
-// initialLimit returns the pool's limit and where it came from.
-func (p *Pool) initialLimit(limit int64) (int64, string, error) {
-	from := "PoolConfig.Limit"
-	if limit == Unlimited {
-		from = "PoolConfig.Limit: Unlimited"
-	}
-	if p.derived {
-		p.gen.Store(memLimitGen.Load())
-		return p.defaultLimit(debug.SetMemoryLimit(-1))
-	}
-	return limit, from, nil
 }
 
 // watchHeap subscribes the pool to each GC end (heapAt).

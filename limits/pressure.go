@@ -40,16 +40,12 @@ func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
 	p.observeHeap(live, gomemlimit)
 }
 
-// observeHeap decides and applies one GC cycle's heap pressure.
+// observeHeap decides one GC cycle's heap pressure and records it, follows
+// GOMEMLIMIT, checks the charges, and cancels the largest account or ends
+// the no-cancel episode.
 func (p *Pool) observeHeap(live, gomemlimit int64) {
 	d := heapPressure(heapInputs{live: live, gomemlimit: gomemlimit, ratio: p.heapRatio,
 		limit: p.limit.Load(), derived: p.derived, cancel: p.cancelLargest})
-	p.applyHeap(live, gomemlimit, d)
-}
-
-// applyHeap records d and the reading, follows GOMEMLIMIT, checks the
-// charges, and cancels the largest account or ends the no-cancel episode.
-func (p *Pool) applyHeap(live, gomemlimit int64, d heapDecision) {
 	p.heapLive.Store(live)
 	p.heapThreshold.Store(d.threshold)
 	p.lastCycle.Store(time.Now().UnixNano())
