@@ -33,9 +33,9 @@ const defaultRetryAfter = time.Second
 const heapRefreshInterval = time.Second
 
 // Mode is what a pool does with a Grow past a budget, set by the operator with
-// MEMCTL_BUDGETS (read by NewPool): enforce (the default; also on, yes, true,
-// 1, t), observe, or off (also no, false, 0, f, and MEMCTL=off). Any other
-// value is logged at WARN and budgets are enforced.
+// MEMCTL_BUDGETS (read by NewPool, any case): enforce (the default; also on,
+// yes, true, 1, t), observe, or off (also no, false, 0, f, and MEMCTL=off).
+// Any other value is logged at WARN and budgets are enforced.
 type Mode int
 
 const (
