@@ -160,13 +160,10 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 			m.opText, logattr.MiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, logattr.MiB(d.MemoryLimit), d.File, logattr.MiB(d.MemoryLimit-a.hardWant),
 			own.Ratio, logattr.MiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), logattr.MiB(own.Outside), declaredLimitEnv)
 		d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: "+m.opText+" ")
-		if key := fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit); !m.seen[key] && len(m.seen) < maxSeen {
-			m.seen[key] = true
-			if m.log != nil {
-				m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
-					"gomemlimit", m.op, "limit", d.MemoryLimit, "limit_file", d.File,
-					"headroom", d.MemoryLimit-m.op, "ratio", own.Ratio, "outside", own.Outside)
-			}
+		if m.once(fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit)) && m.log != nil {
+			m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
+				"gomemlimit", m.op, "limit", d.MemoryLimit, "limit_file", d.File,
+				"headroom", d.MemoryLimit-m.op, "ratio", own.Ratio, "outside", own.Outside)
 		}
 	}
 	return d
@@ -174,13 +171,18 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 
 // warnAlways logs msg at WARN once per key, the first decision's included.
 func (m *MemLimiter) warnAlways(key, msg string) {
-	if m.seen[key] || len(m.seen) >= maxSeen {
-		return
-	}
-	m.seen[key] = true
-	if m.log != nil {
+	if m.once(key) && m.log != nil {
 		m.log.Warn(msg)
 	}
+}
+
+// once reports whether key is new, and remembers it (up to maxSeen keys).
+func (m *MemLimiter) once(key string) bool {
+	if m.seen[key] || len(m.seen) >= maxSeen {
+		return false
+	}
+	m.seen[key] = true
+	return true
 }
 
 // Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above the

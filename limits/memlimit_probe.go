@@ -231,14 +231,9 @@ func remedy(sandbox string) string {
 // warn logs err at WARN once per key, unless first (the first decision
 // returns its errors).
 func (m *MemLimiter) warn(first bool, key string, err error) {
-	if m.seen[key] || len(m.seen) >= maxSeen {
-		return
+	if m.once(key) && !first && m.log != nil {
+		m.log.Warn("limits: GOMEMLIMIT", "error", err)
 	}
-	m.seen[key] = true
-	if first || m.log == nil {
-		return
-	}
-	m.log.Warn("limits: GOMEMLIMIT", "error", err)
 }
 
 func (m *MemLimiter) info(msg string) {
