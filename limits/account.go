@@ -9,56 +9,45 @@ import (
 	"sync/atomic"
 )
 
-// Unlimited is the limit that asks for no limit of an account's own (Pool.Open,
-// Account.Open, HTTPConfig.Limit); its ancestors and the pool still limit it. A
-// limit of 0 is an error, not unlimited.
+// Unlimited is the limit that asks for no limit of an account's own; its
+// ancestors and the pool still limit it. A limit of 0 is an error.
 const Unlimited int64 = math.MaxInt64
 
 // Account is one request's share of a pool: it counts the bytes its code
 // reports with Grow and Shrink, refuses a Grow past its limit, and reserves
 // from its parent (the pool, or the account it was opened from) in chunks of
-// PoolConfig.ChunkSize, so that Grow and Shrink within a chunk take no lock
-// (docs/benchmarks.md). What an account opened from a holds counts in a's Used
-// and limit, but a.Shrink takes back only what a.Grow reported.
-//
-// An Account is safe for concurrent use. Open one with Pool.Open or
-// Account.Open and Close it when the work ends; the zero value is not usable.
+// PoolConfig.ChunkSize, so that Grow and Shrink within a chunk take no lock.
+// What an account opened from a holds counts in a's Used and limit, but
+// a.Shrink takes back only what a.Grow reported. An Account is safe for
+// concurrent use; Close it when the work ends. The zero value is not usable.
 type Account struct {
-	// The hot fields, alone on the first cache line.
-	//
 	// used is what the account grew itself and has not shrunk. A fast-path
 	// Grow adds first and takes its bytes back when they do not fit, so used
-	// can pass the granted total for a moment. Shrink checks, then swaps: it
-	// takes used below zero only by counting on such passing bytes, and the
-	// Grow that takes them back repairs it (undo).
+	// can pass the granted total for a moment; a Shrink that counted on such
+	// bytes takes it below zero until that Grow repairs it (undo).
 	used atomic.Int64
 	// reserved is what the account holds from its parent for its own bytes,
 	// ≥ used once a Grow returns; -1 once closed. Written under mu.
-	reserved  atomic.Int64
-	peak      atomic.Int64 // highest used+kids
-	pool      *Pool
-	releaseAt int64 // Shrink returns bytes to the parent when reserved-used exceeds it
-	_         [24]byte
-
-	mu     sync.Mutex   // serializes reservations, releases, Open and Close
-	kids   atomic.Int64 // what the accounts opened from it hold; written under mu
-	limit  int64        // Unlimited: no limit of its own
-	chunk  int64
-	parent *Account // nil for a top-level account
-	name   string   // the last element of the scope; see scope
-	seq    int64    // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
-	// closeCause is context.Cause of the WithAccount context whose end
-	// closed the account; guarded by mu, set before reserved becomes -1.
-	closeCause error
+	reserved   atomic.Int64
+	peak       atomic.Int64 // highest used+kids
+	pool       *Pool
+	releaseAt  int64        // Shrink returns bytes to the parent when reserved-used exceeds it
+	_          [24]byte     // the hot fields above alone on a cache line
+	mu         sync.Mutex   // serializes reservations, releases, Open and Close
+	kids       atomic.Int64 // what the accounts opened from it hold; written under mu
+	limit      int64        // Unlimited: no limit of its own
+	chunk      int64
+	parent     *Account     // nil for a top-level account
+	name       string       // the last element of the scope; see scope
+	seq        int64        // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
+	closeCause error        // the cause of the WithAccount context that closed it; under mu
 	refusedAt  atomic.Int64 // the highest Used+n of a refused Grow(n)
-
-	// The open accounts opened from this one, guarded by mu; sibPrev and
-	// sibNext are guarded by the parent's mu.
+	// The open accounts opened from this one (under mu); sibPrev, sibNext
+	// and linked are under the parent's mu.
 	firstKid         *Account
 	sibPrev, sibNext *Account
-	linked           bool // guarded by the parent's mu
-
-	// Guarded by pool.mu: the list of accounts CancelLargest may cancel.
+	linked           bool
+	// The accounts CancelLargest may cancel, under pool.mu.
 	cancel           context.CancelCauseFunc
 	prev, next       *Account
 	listed           bool
@@ -67,8 +56,7 @@ type Account struct {
 	_                [39]byte    // pad to a multiple of the cache line
 }
 
-// Test hooks at the two racing points: Grow's fast path between its add
-// and its check, and a release between reading used and lowering reserved.
+// Test hooks at Grow's fast path and a release's two racing points.
 var testHookGrow, testHookRelease func()
 
 func newAccount(p *Pool, parent *Account, name string, seq, limit int64) *Account {
@@ -84,7 +72,7 @@ func newAccount(p *Pool, parent *Account, name string, seq, limit int64) *Accoun
 }
 
 // checkLimit returns an ErrInvalidSize error for a limit ≤ 0; what names
-// the call, built only on error.
+// the call.
 func checkLimit(limit int64, what func() string) error {
 	if limit < 0 {
 		return fmt.Errorf("%w: %s with limit %d", ErrInvalidSize, what(), limit)
@@ -99,7 +87,6 @@ func checkLimit(limit int64, what func() string) error {
 // "pool/req-17/sort".
 func (a *Account) Name() string { return a.scope() }
 
-// scope builds the name path; only for errors and Name.
 func (a *Account) scope() string {
 	name := a.name
 	if a.seq > 0 {
@@ -111,12 +98,11 @@ func (a *Account) scope() string {
 	return a.pool.name + "/" + name
 }
 
-// Limit returns the account's own limit in bytes; Unlimited
-// (math.MaxInt64) means it has none.
+// Limit returns the account's own limit in bytes; Unlimited means none.
 func (a *Account) Limit() int64 { return a.limit }
 
 // Used returns the bytes in use: grown and not shrunk, plus what the accounts
-// opened from it hold (with up to two reserved chunks each); 0 after Close.
+// opened from it hold; 0 after Close.
 func (a *Account) Used() int64 {
 	if a.reserved.Load() < 0 {
 		return 0
@@ -130,10 +116,9 @@ func (a *Account) Peak() int64 { return a.peak.Load() }
 // demand is the higher of the peak and the largest refused Used+n.
 func (a *Account) demand() int64 { return max(a.peak.Load(), a.refusedAt.Load()) }
 
-// Open opens an account nested in a with its own limit in bytes (Unlimited:
-// none; a's and the pool's still apply), scope a's followed by "/" and name. It
-// returns an error matching ErrInvalidSize for a limit that is negative or 0,
-// and ErrClosed as Grow does.
+// Open opens an account nested in a, scope a's followed by "/" and name, with
+// its own limit in bytes (Unlimited: none). It returns an error matching
+// ErrInvalidSize for a limit ≤ 0, and ErrClosed as Grow does.
 func (a *Account) Open(name string, limit int64) (*Account, error) {
 	return a.open(name, 0, limit)
 }

@@ -8,21 +8,15 @@ import (
 )
 
 // Grow reports n more bytes in use. It returns nil, or, counting nothing, an
-// error matching:
-//
-//   - ErrResourceExhausted (an *ExhaustedError) when the account, an ancestor
-//     or the pool has no room for n, however large, or the pool is under heap
-//     pressure and n does not fit in what the account already holds;
-//   - ErrInvalidSize when n is negative;
-//   - ErrClosed when the account, an ancestor or the pool is closed.
-//
-// In ModeObserve and ModeOff a Grow that would be refused succeeds and is
-// counted; only a total past math.MaxInt64 is refused. Within the reserved
-// chunk Grow allocates nothing.
+// error matching ErrResourceExhausted (an *ExhaustedError) when the account,
+// an ancestor or the pool has no room for n, or the pool is under heap
+// pressure and n does not fit in what the account already holds;
+// ErrInvalidSize when n is negative; ErrClosed when the account, an ancestor
+// or the pool is closed. In ModeObserve and ModeOff a Grow that would be
+// refused succeeds and is counted; only a total past math.MaxInt64 is refused.
 func (a *Account) Grow(n int64) error {
 	if n > 0 && n <= a.reserved.Load() {
-		// Fast path: add, then check. A release lowers reserved, then
-		// re-reads used; we raise used, then read reserved: one sees the other.
+		// Fast path: add, then check; a release lowers reserved, then re-reads used.
 		u := a.used.Add(n)
 		if testHookGrow != nil {
 			testHookGrow()
@@ -37,8 +31,6 @@ func (a *Account) Grow(n int64) error {
 		return a.growSlow(n)
 	}
 	if n > 0 {
-		// Not on the fast path: its passing bytes could make a concurrent
-		// misuse of up to n look legitimate.
 		return a.growSlow(n)
 	}
 	if n == 0 {
@@ -47,9 +39,8 @@ func (a *Account) Grow(n int64) error {
 	return a.invalid("Grow", n)
 }
 
-// undo takes back n bytes of Grow's fast path. A misused Shrink in between
-// may have counted on them: used below zero is put back at zero, once
-// (CAS), and the misuse counted.
+// undo takes back n bytes of Grow's fast path; used below zero (a misused
+// Shrink counted on them) is put back at zero and the misuse counted.
 func (a *Account) undo(n int64) {
 	if v := a.used.Add(-n); v < 0 {
 		for {
@@ -82,9 +73,7 @@ func (a *Account) growSlow(n int64) error {
 
 // observation holds a Grow's first refusal that ModeObserve or ModeOff let
 // through.
-type observation struct {
-	would *ExhaustedError
-}
+type observation struct{ would *ExhaustedError }
 
 // over reports whether refusal e must be returned; if not, it records e.
 func (o *observation) over(p *Pool, e *ExhaustedError) bool {
@@ -144,8 +133,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 }
 
 // room returns how many more bytes the account may reserve under its own
-// limit, given r reserved; past it (not enforced) only need is reserved, so
-// that the next Grow past it is counted too. Called with mu held.
+// limit, given r reserved. Called with mu held.
 func (a *Account) room(r int64) int64 {
 	if a.limit == Unlimited {
 		return math.MaxInt64 - r - a.kids.Load()
@@ -163,7 +151,7 @@ func roundUp(n, chunk int64) int64 {
 }
 
 // reserveUp takes want bytes, or only need, from the parent and returns how
-// many it took. Called with mu held; locks go child first, then ancestors.
+// many it took. Called with mu held; locks go child first.
 func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
 	if a.parent == nil {
 		return a.pool.reserve(want, need, o)
@@ -172,7 +160,7 @@ func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
 }
 
 // reserveForKid reserves want bytes, or at least need, from a's parent for a
-// child of a: they count against a's limit, apart from a's own bytes.
+// child of a, counted against a's limit.
 func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -213,8 +201,8 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	return got, nil
 }
 
-// raisePeak raises the peak to t (used plus kids), capped at the limit when
-// enforced: t may count a failing Grow's passing bytes.
+// raisePeak raises the peak to t, capped at the limit when enforced: t may
+// count a failing Grow's passing bytes.
 func (a *Account) raisePeak(t int64) {
 	if a.pool.mode == ModeEnforce {
 		t = min(t, a.limit)

@@ -5,8 +5,7 @@ import (
 	"runtime"
 )
 
-// returnFromKid passes up n bytes a child of a held, and unlinks unlink;
-// a closed a gave back everything already.
+// returnFromKid passes up n bytes a child of a held, and unlinks unlink.
 func (a *Account) returnFromKid(n int64, unlink *Account) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -41,8 +40,7 @@ func (a *Account) giveBack(n int64, unlink *Account) {
 // Shrink reports n fewer bytes in use. Taking back more than the account grew
 // itself, or a negative n, is misuse: nothing changes, the pool counts it
 // (PoolStats.Misuse) and logs the first at WARN, or, with PoolConfig.Strict,
-// Shrink panics. It returns what is beyond two unused chunks to the parent.
-// After Close it does nothing but count a negative n.
+// Shrink panics. After Close it does nothing but count a negative n.
 func (a *Account) Shrink(n int64) {
 	if n <= 0 {
 		if n < 0 {
@@ -71,8 +69,8 @@ func (a *Account) Shrink(n int64) {
 	}
 }
 
-// misuse counts one misuse, logs the first, and panics when strict; never
-// called with a lock held.
+// misuse counts one misuse, logs the first, and panics when strict; called
+// without locks.
 func (a *Account) misuse(what string) {
 	p := a.pool
 	p.misuse.Add(1)
@@ -122,9 +120,8 @@ func (a *Account) trimLocked(slack int64) {
 }
 
 // Resize reports that a structure of oldSize bytes now takes newSize: it grows
-// (with Grow's errors; Requested is newSize-oldSize) or shrinks by the
-// difference. A negative size is an error matching ErrInvalidSize and
-// changes nothing.
+// (with Grow's errors) or shrinks by the difference. A negative size is an
+// error matching ErrInvalidSize and changes nothing.
 func (a *Account) Resize(oldSize, newSize int64) error {
 	if oldSize < 0 || newSize < 0 {
 		return fmt.Errorf("%w: %s: Resize(%d, %d): negative size", ErrInvalidSize, a.scope(), oldSize, newSize)
@@ -139,11 +136,10 @@ func (a *Account) Resize(oldSize, newSize int64) error {
 // Close returns what the account and the accounts opened from it hold to its
 // parent, closes them all, and makes later Grow and Open on them fail with
 // ErrClosed. Closing with bytes grown and not shrunk is a leak, unless the
-// WithAccount context's end closed it: counted (PoolStats.Leaked, LeakedBytes)
-// and the first logged at WARN, or, with PoolConfig.Strict, a panic once all is
-// closed. Under heap pressure, closing an account that held at least
-// PoolConfig.CancelShare of the live heap makes the pool run a GC cycle.
-// Idempotent.
+// WithAccount context's end closed it: counted (PoolStats.Leaked) and the
+// first logged at WARN, or, with PoolConfig.Strict, a panic. Under heap
+// pressure, closing an account that held PoolConfig.CancelShare of the live
+// heap runs a GC cycle. Idempotent.
 func (a *Account) Close() {
 	leak := a.close(nil)
 	a.pool.workEnded(a)
@@ -153,7 +149,7 @@ func (a *Account) Close() {
 }
 
 // close is Close without the strict panic: it returns the first leak, or
-// "". Later errors wrap cause, the bound context's (see closeCause).
+// "". Later errors wrap cause.
 func (a *Account) close(cause error) (leak string) {
 	kids, leak, ok := a.closeSelf(cause)
 	if !ok {

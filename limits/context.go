@@ -23,8 +23,7 @@ func FromContext(ctx context.Context) *Account {
 
 // Grow charges n bytes to the account in ctx (see Account.Grow). With no
 // account in ctx it returns nil, counting the call in PoolStats.Unguarded and
-// logging the first in the process at WARN through slog.Default; a negative n
-// is still an error matching ErrInvalidSize (check a ContentLength of -1).
+// logging the first at WARN; a negative n is still an error.
 func Grow(ctx context.Context, n int64) error {
 	if a := FromContext(ctx); a != nil {
 		return a.Grow(n)
@@ -49,15 +48,11 @@ func Shrink(ctx context.Context, n int64) {
 }
 
 // WithAccount returns a copy of parent that carries a, and binds a to it: a is
-// closed (not a leak) shortly after the returned context ends
-// (context.AfterFunc), and, with PoolConfig.CancelLargest, the heap watch may
-// cancel the context with an *ExhaustedError as its cause. Grow and Open on a
-// then fail with ErrClosed wrapping context.Cause(ctx).
-//
-// Call cancel when the work ends, as with context.WithCancel: it closes a
-// before it returns (a leak counts as in Account.Close) and, after a
-// heap-pressure cancel or when a held at least PoolConfig.CancelShare of the
-// heap, makes the pool run a GC cycle to refresh its pressure reading.
+// closed (not a leak) shortly after the returned context ends, and, with
+// PoolConfig.CancelLargest, the heap watch may cancel the context with an
+// *ExhaustedError as its cause. Grow and Open on a then fail with ErrClosed
+// wrapping context.Cause(ctx). Call cancel when the work ends: it closes a (a
+// leak counts as in Account.Close).
 func WithAccount(parent context.Context, a *Account) (context.Context, context.CancelFunc) {
 	ctx, end := withAccount(parent, a)
 	return ctx, func() {
@@ -67,8 +62,7 @@ func WithAccount(parent context.Context, a *Account) (context.Context, context.C
 	}
 }
 
-// withAccount is WithAccount; end returns the leak a strict pool panics
-// with, so that the middleware can finish its work first.
+// withAccount is WithAccount; end returns the leak a strict pool panics with.
 func withAccount(parent context.Context, a *Account) (context.Context, func() (leak string)) {
 	ctx, cancel := context.WithCancelCause(parent)
 	if a.pool.cancelLargest {

@@ -10,17 +10,14 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// The variables that declare a memory limit where no cgroup shows one, read
-// once by NewMemLimiter (docs/environment.md): declaredLimitEnv in bytes or
-// a size ("512MiB"), else Lambda's in MB of 2^20 bytes. A bad value is
-// logged at WARN and ignored.
+// The variables that declare a memory limit where no cgroup shows one
+// (docs/environment.md); a bad value is logged at WARN and ignored.
 const (
 	declaredLimitEnv = "MEMCTL_MEMORY_LIMIT"
 	lambdaMemoryEnv  = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
 )
 
-// maxDeclared is the largest declared limit, in bytes: cgroupfs reads more
-// as "none".
+// maxDeclared is the largest declared limit, in bytes.
 const maxDeclared = 1 << 62
 
 // declared is a memory limit the environment declares.
@@ -35,8 +32,7 @@ type declared struct {
 func (d declared) file() string { return d.name + "=" + d.value }
 
 // readDeclared returns the environment's declared limit and the errors of
-// bad values; a limit not over rss (held memory, 0 when unknown) is bad
-// ("512" is bytes, not MiB).
+// bad values; a limit not over rss (held memory, 0 when unknown) is bad.
 func readDeclared(rss int64) (d declared, ok bool, bad []error) {
 	if v, set := envflag.Lookup(declaredLimitEnv); set {
 		n, err := parseSize(v)
@@ -114,8 +110,7 @@ func signedMiB(n int64) string {
 }
 
 // chargeDir returns the cgroup directory charged against file's limit; ""
-// for total memory and for a declared limit (whose cgroup may be wider
-// than what it covers).
+// for total memory and a declared limit.
 func (f found) chargeDir(file string) string {
 	if f.decl != "" && file == f.decl {
 		return ""

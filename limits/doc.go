@@ -27,11 +27,9 @@
 //	defer limits.Shrink(r.Context(), 8*n)
 //	xs := make([]int64, n)
 //
-// Jobs and RPCs use Pool.Do or Pool.StartWork (grpcbudget and connectbudget are
-// built on it); Pool.Open opens an account by hand; package limitstest budgets
-// a handler under test. examples/service and examples/server are whole
-// services, docs/budgets.md the guide. MEMCTL_BUDGETS=observe (see Mode)
-// refuses nothing and records what budgets would refuse (PoolStats.Peaks,
-// docs/sizing.md). Misuse is counted, never a crash; PoolConfig.Strict makes it
-// panic, for tests. The zero value of each Config struct is its default.
+// Jobs and RPCs use Pool.Do or Pool.StartWork; package limitstest budgets a
+// handler under test; docs/budgets.md is the guide. MEMCTL_BUDGETS=observe
+// (see Mode) refuses nothing and records what budgets would refuse. Misuse is
+// counted, never a crash (PoolConfig.Strict makes it panic, for tests). The
+// zero value of each Config struct is its default.
 package limits

@@ -10,43 +10,34 @@ import (
 // codeResourceExhausted is the status code name of a budget error.
 const codeResourceExhausted = "resource_exhausted"
 
-// ErrResourceExhausted is matched (errors.Is) by every *ExhaustedError: a Grow
-// refused by an account, its pool, or the Go heap (see
-// PoolConfig.HeapPressure). It is also the cause (context.Cause) of a context
-// the heap watch canceled.
+// ErrResourceExhausted is matched (errors.Is) by every *ExhaustedError, and is
+// the cause (context.Cause) of a context the heap watch canceled.
 var ErrResourceExhausted = errors.New("limits: " + codeResourceExhausted)
 
-// ErrInvalidSize is matched (errors.Is) by the error of a Grow, Resize or Open
-// given a negative size or a limit ≤ 0, of a negative PoolConfig.Limit, and of
-// an HTTPConfig or WorkConfig Limit ≤ 0: a caller bug, not matching
-// ErrResourceExhausted. A size too large, however large, is resource_exhausted.
+// ErrInvalidSize is matched (errors.Is) by the error of a negative size, or a
+// limit ≤ 0 where one is required: a caller bug. A size too large, however
+// large, is resource_exhausted.
 var ErrInvalidSize = errors.New("limits: invalid size")
 
 // ErrClosed is matched (errors.Is) by the error of a Grow or Open on a closed
-// account or pool, or on any account below a closed account or of a closed
-// pool. When the account was closed because its WithAccount context ended, the
-// error also wraps that context's cause: ErrResourceExhausted after a
-// heap-pressure cancel, context.Canceled after a client disconnect.
+// account or pool, or below one. When the account was closed because its
+// WithAccount context ended, the error also wraps that context's cause.
 var ErrClosed = errors.New("limits: closed")
 
 // ExhaustedError is the error of a refused Grow; it matches
-// ErrResourceExhausted. Its fields describe the scope that refused.
+// ErrResourceExhausted. Its fields, in bytes, describe the scope that refused
+// (for heap pressure: the live heap and the threshold).
 type ExhaustedError struct {
-	// Requested is the size the refused call asked for, in bytes, as passed to
-	// Grow; for a heap-watch cancel's cause, what the account used.
+	// Requested is what the refused Grow asked for; for a heap-watch cancel's
+	// cause, what the account used.
 	Requested int64
-	// Used is the bytes in use in Scope when the call was refused (for heap
-	// pressure, the live heap at the last GC).
-	Used int64
-	// Limit is the bytes Scope allows (for heap pressure, the threshold).
-	Limit int64
-	// Scope is the name path of what refused, from the pool down
-	// ("pool/req-17", "pool"), followed by " (heap pressure)" when the live
-	// heap was over the pool's threshold.
+	Used      int64 // in use in Scope
+	Limit     int64 // what Scope allows
+	// Scope is the name path of what refused ("pool/req-17", "pool"),
+	// followed by " (heap pressure)" or " (shedding)" when those refused.
 	Scope string
-	// RetryAfter is WriteError's Retry-After: 1 s when the pool was full or
-	// under heap pressure; 0 when a retry cannot succeed (over the request's
-	// own budget, or the pool's limit).
+	// RetryAfter is WriteError's Retry-After: 1 s when the pool was full,
+	// under heap pressure or shedding; 0 when a retry cannot succeed.
 	RetryAfter time.Duration
 }
 
@@ -68,8 +59,7 @@ func (e *ExhaustedError) Error() string {
 // Is reports whether target is ErrResourceExhausted.
 func (e *ExhaustedError) Is(target error) bool { return target == ErrResourceExhausted }
 
-// Code returns "resource_exhausted", the code name of a budget error: gRPC's
-// code 8 RESOURCE_EXHAUSTED, HTTP 429 in Connect and Twirp (HTTPStatus).
+// Code returns "resource_exhausted": gRPC's code 8, HTTP 429 (HTTPStatus).
 func (e *ExhaustedError) Code() string { return codeResourceExhausted }
 
 // HTTPStatus returns 429, http.StatusTooManyRequests.

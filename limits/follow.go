@@ -9,14 +9,10 @@ import (
 	"time"
 )
 
-// The follower: a goroutine that re-reads the limit when a limit file is
-// written (inotify IN_MODIFY, seen from any cgroup namespace or mount), or
-// on a timer where no write can be seen; why and how: docs/gomemlimit.md,
-// "Following the limit".
-
-// follower waits for a write to the watched limit files. Only the
-// follower's goroutine calls watch and wait; close, from any goroutine,
-// makes every wait return errFollowClosed.
+// follower waits for a write to the watched limit files (inotify), or for a
+// timer where no write can be seen (docs/gomemlimit.md). Only the follower's
+// goroutine calls watch and wait; close, from any goroutine, makes every wait
+// return errFollowClosed.
 type follower interface {
 	watch(files []string) bool // replaces the watches; true when all are watched
 	// wait blocks until a watched file is written (true), the deadline
@@ -26,8 +22,8 @@ type follower interface {
 	kind() string // for Following
 }
 
-// staler is a follower that can lose a watch (IN_IGNORED): the files are
-// then watched again even under the same names.
+// staler is a follower that can lose a watch: the files are then watched
+// again even under the same names.
 type staler interface{ stale() bool }
 
 func isStale(f follower) bool {
@@ -179,8 +175,7 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 		if errors.Is(err, errFollowClosed) {
 			return
 		}
-		if err != nil {
-			// The inotify file failed: the timer takes over.
+		if err != nil { // the inotify file failed: the timer takes over
 			m.mu.Lock()
 			m.warn(false, "follow", fmt.Errorf("limits: watching the cgroup limit files: %w; re-read every %v instead", err, m.every))
 			m.mu.Unlock()
@@ -200,8 +195,7 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 		if !changed && int64(now) < m.next.Load() {
 			continue // a GC end re-read the limit meanwhile
 		}
-		if !changed {
-			// The timer: re-read only when a limit file changed.
+		if !changed { // the timer: re-read only when a limit file changed
 			var same bool
 			st.buf, same = snapshot(st.list, st.buf[:0], st.snap)
 			st.snap = append(st.snap[:0], st.buf...)
@@ -221,7 +215,7 @@ func (m *MemLimiter) follow(f follower, st *followState) {
 
 // Following says how a changed limit is noticed between GC ends: "inotify on N
 // files", a timer with the reason there is no inotify, or "" when there is no
-// follower (no memory cgroup, the refresh off, the operator's GOMEMLIMIT).
+// follower.
 func (m *MemLimiter) Following() string {
 	if m == nil {
 		return ""
@@ -234,8 +228,7 @@ func (m *MemLimiter) Following() string {
 
 // Poke re-reads the limit now, in the caller's goroutine, unless the refresh is
 // off or closed, a re-read is running, or Poke re-read it within the last
-// second. package memctl calls it on kernel memory pressure, when a lowered
-// memory.high may be throttling the process and GC ends become rare.
+// second.
 func (m *MemLimiter) Poke() {
 	if m == nil || !m.on || m.every <= 0 || m.closed.Load() {
 		return

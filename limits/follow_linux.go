@@ -20,12 +20,9 @@ type inotifyFollower struct {
 	wds  []int
 	buf  [4096]byte
 	once sync.Once
-	// closed is set before the file is closed: a racing wait's error
-	// ("use of closed file" is not os.ErrClosed) is then the close.
+	// closed is set before the file is closed: a racing wait's error is then the close.
 	closed atomic.Bool
-	// lost: a watch was dropped (IN_IGNORED) or events lost
-	// (IN_Q_OVERFLOW); the follower's goroutine only.
-	lost bool
+	lost   bool // a watch was dropped or events lost; the follower's goroutine only
 }
 
 func newFollower() (follower, error) {

@@ -13,30 +13,26 @@ import (
 // defaultBurstThreshold is the largest default BurstThreshold, in bytes.
 const defaultBurstThreshold = 64 << 20
 
-// HTTPConfig configures Pool.Middleware. Limit must be set; the other fields'
-// zero values name accounts "req-1", "req-2", ... and call no burst hook.
+// HTTPConfig configures Pool.Middleware. Limit must be set.
 type HTTPConfig struct {
-	// Limit is each request's budget in bytes, required: 0 and negative are
-	// errors. Unlimited leaves only the pool to limit requests.
+	// Limit is each request's budget in bytes, required: ≤ 0 is an error.
+	// Unlimited leaves only the pool to limit requests.
 	Limit int64
-	// Name returns a request's account name, the element after the pool's in
-	// error scopes. Default: nil (means "req-N", N counting the pool's requests
-	// from 1).
+	// Name returns a request's account name. Default: nil (means "req-N", N
+	// counting the pool's requests from 1).
 	Name func(*http.Request) string
 	// BurstThreshold is the size, in bytes, at or above which a request ends a
-	// burst (AfterBurst is called once the handler returned): when the
-	// account's peak, or its use plus a refused Grow, reached it, or when
-	// requests in flight together took Pool.Used to it and the last to end
-	// leaves it under half (docs/budgets.md). Negative means never. Default: 0,
-	// which means 64 MiB, or Limit/2 when that is smaller (at least 1 byte).
+	// burst: when the account's peak, or its use plus a refused Grow, reached
+	// it, or when requests in flight together took Pool.Used to it and the
+	// last to end leaves it under half (docs/budgets.md). Negative means never.
+	// Default: 0, which means 64 MiB, or Limit/2 when smaller (at least 1 byte).
 	BurstThreshold int64
-	// AfterBurst is called on the request's goroutine after a request that
-	// reached BurstThreshold; pass memctl.AfterBurst. It should return quickly.
+	// AfterBurst is called on the request's goroutine, once the handler
+	// returned, after a request that ended a burst; pass memctl.AfterBurst.
 	// Default: nil (nothing is called; Middleware says so once at INFO).
 	AfterBurst func()
-	// UnchargedBody leaves request bodies out of the budget: for handlers that
-	// stream their body (io.Copy to a file, a proxy), and for gRPC or Connect
-	// servers whose interceptors charge each message. Default: false.
+	// UnchargedBody leaves request bodies out of the budget (handlers that
+	// stream their body; gRPC or Connect servers). Default: false.
 	UnchargedBody bool
 }
 
@@ -44,17 +40,14 @@ type HTTPConfig struct {
 // with cfg.Limit, puts it in the request's context and closes it when the
 // handler returns, even by panic; with PoolConfig.CancelLargest it binds it
 // with WithAccount. When the pool is closed it answers 503 without calling the
-// handler. It returns an error matching ErrInvalidSize for a cfg.Limit that is
-// negative or 0. Safe for concurrent use; its cost: docs/benchmarks.md.
+// handler. It returns an error matching ErrInvalidSize for a cfg.Limit ≤ 0.
 //
 // Unless cfg.UnchargedBody, the request body is charged at twice its length
-// before it is read: a Content-Length the budget cannot grant is answered 429
-// before the handler runs (Requested is twice the Content-Length), and a body
-// of unknown length is charged as it is read, a refused Read returning the
-// budget error; a handler that returns without writing then gets a 429 from the
-// middleware. The charge ends with the handler (docs/budgets.md). A leak counts
-// as in Account.Close, and panics with PoolConfig.Strict after AfterBurst,
-// unless the handler panicked.
+// until the handler returns: a Content-Length the budget cannot grant is
+// answered 429 before the handler runs, and a body of unknown length is
+// charged as it is read, a refused Read returning the budget error (and a 429
+// if the handler writes nothing). A leak counts as in Account.Close, and
+// panics with PoolConfig.Strict unless the handler panicked.
 func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "HTTPConfig.Limit: Middleware" }); err != nil {
 		return nil, err
@@ -75,7 +68,7 @@ func (p *Pool) Middleware(cfg HTTPConfig) (func(http.Handler) http.Handler, erro
 type httpMiddleware struct {
 	p          *Pool
 	cfg        HTTPConfig
-	threshold  int64        // bytes, cfg.BurstThreshold resolved (burstThreshold); <= 0: never
+	threshold  int64        // bytes, cfg.BurstThreshold resolved; <= 0: never
 	inflight   atomic.Int64 // requests in the handler
 	overlapped atomic.Bool  // two at once since the last burst they ended together
 }
@@ -152,8 +145,8 @@ func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 	return true
 }
 
-// finish ends rq, deferred by serve: it releases the body's charge, closes
-// the account, ends a burst, and panics on a strict leak.
+// finish ends rq: it releases the body's charge, closes the account, ends a
+// burst, and panics on a strict leak.
 func (m *httpMiddleware) finish(rq *httpRequest) {
 	a := rq.a
 	if rq.body != nil {
@@ -174,14 +167,12 @@ func (m *httpMiddleware) finish(rq *httpRequest) {
 		m.p.workEnded(a)
 	}
 	m.endBurst(reached)
-	// A strict panic must not replace the handler's own.
 	if leak != "" && m.p.strict && rq.returned {
 		panic(leak)
 	}
 }
 
-// endBurst counts a request out and calls AfterBurst when it ended a burst,
-// alone (reached bytes) or together (see HTTPConfig.BurstThreshold).
+// endBurst counts a request out and calls AfterBurst when it ended a burst.
 func (m *httpMiddleware) endBurst(reached int64) {
 	left := m.inflight.Add(-1)
 	together := m.threshold > 0 && m.overlapped.Load() && m.p.endBurstTogether(m.threshold)
@@ -205,9 +196,7 @@ func (p *Pool) endBurstTogether(threshold int64) bool {
 }
 
 // staleHeaders are the headers WriteError deletes, as net/http's
-// ServeContent does before an error (a stale Transfer-Encoding breaks the
-// connection, a stale Cache-Control caches the 429); Content-Encoding stays,
-// as in http.Error (go.dev/issue/66343).
+// ServeContent does before an error.
 var staleHeaders = [...]string{"Content-Length", "Transfer-Encoding", "Cache-Control", "Etag", "Last-Modified", "Content-Range", "Content-Disposition"}
 
 // errorBody is the JSON body WriteError sends.
@@ -219,17 +208,12 @@ type errorBody struct {
 // WriteError answers a budget error: when err matches ErrResourceExhausted it
 // writes status 429 with the JSON body
 // {"code":"resource_exhausted","message":"<err.Error()>"} and returns true. It
-// sets Content-Type application/json, X-Content-Type-Options: nosniff and
-// Retry-After (ExhaustedError.RetryAfter in whole seconds; deleted when 0), and
-// deletes the headers of the content the handler meant to send (Content-Length,
-// Transfer-Encoding, Cache-Control, ETag, Last-Modified, Content-Range,
-// Content-Disposition; not Content-Encoding, as http.Error). Call it before
-// writing anything else to w.
-//
-// For any other error, and nil, it writes nothing and returns false:
-// ErrInvalidSize is the caller's bug (500), ErrClosed wrapping context.Canceled
-// a client gone away, ErrClosed alone a closed account or pool (for example
-// 503).
+// sets Content-Type, X-Content-Type-Options: nosniff and Retry-After
+// (ExhaustedError.RetryAfter in whole seconds), and deletes the headers of
+// the content the handler meant to send (Content-Length, Transfer-Encoding,
+// Cache-Control, ETag, Last-Modified, Content-Range, Content-Disposition).
+// Call it before writing anything else to w. For any other error, and nil, it
+// writes nothing and returns false.
 func WriteError(w http.ResponseWriter, err error) bool {
 	if err == nil || !errors.Is(err, ErrResourceExhausted) {
 		return false

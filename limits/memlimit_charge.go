@@ -33,13 +33,7 @@ type charge struct {
 
 func (c charge) total() int64 { return c.anon + c.kept + c.kernel }
 
-func (c charge) String() string {
-	var s sentence
-	c.write(&s)
-	return string(s.b)
-}
-
-// write writes String's text to s.
+// write says what c holds.
 func (c charge) write(s *sentence) {
 	if c.statErr != nil {
 		s.add(c.file, ": ").mib(c.anon).add(", page cache included, as memory.stat could not be read")
@@ -84,7 +78,7 @@ func (m *MemLimiter) chargeOf(version int, dir string) (c charge, ok bool, w *pl
 	return c, ok, w
 }
 
-// chargeFiles are readCharge's reads; tests read fixtures.
+// chargeFiles are readCharge's reads.
 type chargeFiles struct {
 	stat  func(dir string) (cgroupfs.MemoryStat, error)
 	kmem  func(dir string) (int64, error)
@@ -93,14 +87,10 @@ type chargeFiles struct {
 
 var cgroupCharge = chargeFiles{cgroupfs.ReadMemoryStat, cgroupfs.ReadKmemUsage, cgroupfs.ReadUsage}
 
-// readCharge reads dir's account from its memory.stat
-// (Documentation/admin-guide/cgroup-v2.rst, "memory.stat"): anonymous memory
-// (v2 "anon", v1 "total_rss"); file memory off the LRU lists (shmem, tmpfs,
-// ramfs, mlocked; MemoryStat.FileUnreclaimable); HugeTLB pages (v2
-// "hugetlb"); and unreclaimable kernel memory (MemoryStat.KernelUnreclaimable;
-// in v1 all of memory.kmem.usage_in_bytes, cgroup-v1/memory.rst 2.7). The
-// page cache is not counted. When memory.stat cannot be read or parsed, the
-// usage counter (memory.current, memory.usage_in_bytes) is the charge, with
+// readCharge reads dir's account from its memory.stat: anonymous memory,
+// file memory off the LRU lists, HugeTLB pages and unreclaimable kernel
+// memory (v1: memory.kmem.usage_in_bytes), not the page cache. When
+// memory.stat cannot be read or parsed, the usage counter is the charge, with
 // statErr set: GOMEMLIMIT errs low, never high.
 func readCharge(version int, dir string) (charge, error) { return cgroupCharge.read(version, dir) }
 
@@ -121,26 +111,35 @@ func (r chargeFiles) fromStat(version int, dir string) (charge, error) {
 	if err != nil {
 		return charge{}, err
 	}
-	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
-		reclaimable: st.Reclaimable(), file: filepath.Join(dir, "memory.stat")}
+	c := statCharge(st, filepath.Join(dir, "memory.stat"))
 	if st.Version == 1 || version == 1 {
 		k, err := r.kmem(dir)
-		switch {
-		case err == nil:
-			c.kernel = k
-		case !errors.Is(err, fs.ErrNotExist):
-			return charge{}, err
-		}
+		return withKmem(c, k, err)
+	}
+	return c, nil
+}
+
+// statCharge is the charge memory.stat st, read from file, gives.
+func statCharge(st cgroupfs.MemoryStat, file string) charge {
+	return charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
+		reclaimable: st.Reclaimable(), file: file}
+}
+
+// withKmem returns c with v1's kernel memory k, read with err; a missing
+// file leaves c as it is.
+func withKmem(c charge, k int64, err error) (charge, error) {
+	switch {
+	case err == nil:
+		c.kernel = k
+	case !errors.Is(err, fs.ErrNotExist):
+		return charge{}, err
 	}
 	return c, nil
 }
 
 // readLive returns the live heap at the last GC, in bytes.
 func readLive() int64 {
-	s := [1]metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	s := [1]metrics.Sample{{Name: liveHeapMetric}}
 	metrics.Read(s[:])
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return int64(s[0].Value.Uint64())
+	return sampleBytes(s[0])
 }

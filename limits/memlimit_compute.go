@@ -14,16 +14,13 @@ type planInputs struct {
 	first bool  // the decision of NewMemLimiter
 	cur   int64 // GOMEMLIMIT in force
 
-	f        found
-	probeErr error
-	// m.usage's; read only when the probe found a limit.
-	held, goMapped int64
+	f              found
+	probeErr       error
+	held, goMapped int64 // m.usage's, read only when the probe found a limit
 	usageErr       error
-	// boundCharges are the accounts of planLimits.bounds' cgroups, index
-	// for index; highCharge is memory.high's cgroup's.
-	boundCharges []chargeRead
-	highCharge   chargeRead
-	live         int64 // the live heap; read only when memory.high is followed
+	boundCharges   []chargeRead // the accounts of planLimits.bounds' cgroups
+	highCharge     chargeRead   // memory.high's cgroup's
+	live           int64        // the live heap; read only when memory.high is followed
 
 	// The limiter's state (the MemLimiter fields of the same names).
 	ratio          float64
@@ -35,9 +32,8 @@ type planInputs struct {
 	outside        int64 // the last estimate of memory outside the Go runtime
 	mappedThen     int64 // what the Go runtime had mapped at that estimate (m.goMapped)
 	sandbox        string
-
 	// The last decision's Reason and files, returned again when the same;
-	// buf is the buffer Reason is written in (returned in planResult).
+	// buf is the buffer Reason is written in.
 	prevReason string
 	prevFiles  []string
 	buf        []byte
@@ -60,17 +56,15 @@ type planWarning struct {
 // planResult is compute's answer: the decision, its action and error, the
 // warnings in order, and the state plan keeps when probed and estimated.
 type planResult struct {
-	d     MemLimit
-	a     action
-	err   error
-	warns []planWarning
-	buf   []byte // planInputs.buf, grown
-
-	probed  bool
-	dir     string
-	version int
-	files   []string
-
+	d                 MemLimit
+	a                 action
+	err               error
+	warns             []planWarning
+	buf               []byte // planInputs.buf, grown
+	probed            bool
+	dir               string
+	version           int
+	files             []string
 	estimated         bool
 	outside, goMapped int64
 }
@@ -104,8 +98,7 @@ func compute(in planInputs) planResult {
 	outside := int64(0)
 	if in.headroom && in.usageErr == nil {
 		r.estimated, r.outside, r.goMapped = true, in.outside, in.goMapped
-		// Held under a growing Go mapping (a burst not yet backed) says
-		// nothing: the last estimate is kept rather than dropped to 0.
+		// Held under a growing Go mapping says nothing: keep the last estimate.
 		if lim.held >= in.goMapped || in.goMapped <= in.mappedThen {
 			r.outside = max(lim.held-in.goMapped, 0)
 		}
@@ -123,10 +116,10 @@ func compute(in planInputs) planResult {
 	return p.result()
 }
 
-// planLimits are the limits screen passes: limit and file are the hard
-// limit (hasHard), else memory.high alone; high is memory.high when it is a
-// target under the hard limit, else noLimit; bounds are the hard limits on
-// the path; held is what the process holds unreclaimable.
+// planLimits are the limits screen passes: the hard limit (hasHard), else
+// memory.high alone; high, memory.high when a target under the hard limit,
+// else noLimit; bounds, the hard limits on the path; held, what the process
+// holds unreclaimable.
 type planLimits struct {
 	limit, high    int64
 	file, highFile string
@@ -145,8 +138,7 @@ func screen(in planInputs) (planLimits, []planWarning, error) {
 	}
 	var warns []planWarning
 	limit, file, high, highFile := f.max, f.maxFile, f.high, f.highFile
-	if high != noLimit && high <= 1 {
-		// A malformed file; memory.max is honoured without it.
+	if high != noLimit && high <= 1 { // malformed: memory.max is honoured without it
 		err := fmt.Errorf("%w: %s says %d bytes; it is not followed", ErrImplausibleLimit, highFile, high)
 		key := fmt.Sprintf("implausible %s %d", highFile, high)
 		if limit == noLimit {
@@ -162,8 +154,7 @@ func screen(in planInputs) (planLimits, []planWarning, error) {
 		high, highFile = noLimit, ""
 	}
 	if hasHard && limit > 0 && limit <= held && !in.first && in.applied != 0 && f.maxFile != "" && f.maxFile == in.maxFile {
-		// The followed hard limit was lowered under the usage at run
-		// time: honoured (the kernel enforces it), said when it moved.
+		// Lowered under the usage at run time: followed, said when it moved.
 		if limit < in.limit {
 			warns = append(warns, planWarning{key: "under usage " + file, err: fmt.Errorf("limits: %s was lowered from %d to %d bytes, under the %d bytes this process holds (RssAnon + RssShmem): followed; the kernel reclaims or OOM-kills above it", file, in.limit, limit, held)})
 		}
@@ -188,15 +179,14 @@ type planner struct {
 	lim planLimits
 	r   planResult
 
-	outside    int64 // the process's own estimate of memory outside the Go runtime
-	goResident int64 // what the Go runtime holds resident
-	floor      int64 // the floor, capped by the screened limit
-	want       int64 // GOMEMLIMIT so far
-	hardWant   int64 // the most the hard limit allows, charges taken off
-	limit      int64 // the limit followed (the binding hard limit, or memory.high alone)
-	file       string
-	highDriven bool
-
+	outside     int64 // the process's own estimate of memory outside the Go runtime
+	goResident  int64 // what the Go runtime holds resident
+	floor       int64 // the floor, capped by the screened limit
+	want        int64 // GOMEMLIMIT so far
+	hardWant    int64 // the most the hard limit allows, charges taken off
+	limit       int64 // the limit followed (the binding hard limit, or memory.high alone)
+	file        string
+	highDriven  bool
 	hardCharged int64 // charged to the cgroup of the hard limit followed
 	hc          charge
 	s           sentence // the Reason
@@ -254,9 +244,8 @@ func (p *planner) hard() {
 	}
 }
 
-// bind follows, of the hard limits on the path, the one that leaves the
-// least once its cgroup's charge is taken off (a pod's limit with its
-// sidecars can leave less than the container's).
+// bind follows the hard limit on the path that leaves the least once its
+// cgroup's charge is taken off.
 func (p *planner) bind() {
 	in, d := p.in, &p.r.d
 	for i, b := range p.lim.bounds {
@@ -275,8 +264,8 @@ func (p *planner) bind() {
 	d.Outside = max(p.outside, p.hardCharged)
 }
 
-// high lowers GOMEMLIMIT toward memory.high (a target the kernel throttles
-// at, killing nothing), held at liveHeapFactor × the live heap and the floor.
+// high lowers GOMEMLIMIT toward memory.high, held at liveHeapFactor × the
+// live heap and the floor.
 func (p *planner) high() {
 	in, d, s := p.in, &p.r.d, &p.s
 	high, highFile, hasHard := p.lim.high, p.lim.highFile, p.lim.hasHard
@@ -318,7 +307,7 @@ func (p *planner) high() {
 }
 
 // lift adds Lift's bytes to GOMEMLIMIT and hardWant, up to the limit less
-// what is charged outside the Go runtime (tmpfs would otherwise OOM-kill).
+// what is charged outside the Go runtime.
 func (p *planner) lift() {
 	if p.in.lift <= 0 {
 		return
@@ -330,8 +319,7 @@ func (p *planner) lift() {
 	p.s.add(", lifted by ").mib(lift).add(" (death spiral)")
 }
 
-// result returns the decision and its action; hard is noLimit for
-// memory.high alone.
+// result returns the decision and its action.
 func (p *planner) result() planResult {
 	r := p.r
 	r.d.GoMemLimit = p.want

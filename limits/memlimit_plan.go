@@ -10,8 +10,7 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// action is what plan leaves to apply: set want (actSet), go back to
-// GOMEMLIMIT before memctl (actRestore), or nothing.
+// action is what plan leaves to apply.
 type action struct {
 	kind       int
 	want       int64 // GOMEMLIMIT memctl's rule gives
@@ -25,13 +24,13 @@ type action struct {
 }
 
 const (
-	actNone = iota
-	actSet
-	actRestore
+	actNone    = iota
+	actSet     // set want
+	actRestore // go back to GOMEMLIMIT before memctl
 )
 
 // plan reads and returns the decision and its action, keeping what it read
-// and giving its warnings; it does not set GOMEMLIMIT. Called with m.mu held.
+// and logging its warnings. Called with m.mu held.
 func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 	r := compute(m.readPlan(first, cur))
 	m.reason = r.buf
@@ -50,8 +49,8 @@ func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 	return r.d, r.a, r.err
 }
 
-// readPlan reads what compute decides from, each read only when the ones
-// before make it needed. Called with m.mu held.
+// readPlan reads what compute decides from, each read only when needed.
+// Called with m.mu held.
 func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
 	in := planInputs{first: first, cur: cur,
 		ratio: m.ratio, ratioFrom: m.ratioFrom, floor: m.floor, lift: m.lift,
@@ -89,9 +88,8 @@ func (m *MemLimiter) chargeFor(f found, file string) chargeRead {
 	return chargeRead{c: c, ok: ok, warn: w}
 }
 
-// apply sets GOMEMLIMIT as a says and returns d with the value in force. A
-// falling memory.high is followed in steps of 1/20 (hysteresis), never over
-// hardWant. Called with m.mu held.
+// apply sets GOMEMLIMIT as a says and returns d with the value in force.
+// Called with m.mu held.
 func (m *MemLimiter) apply(d MemLimit, a action, cur int64, first bool) MemLimit {
 	switch a.kind {
 	case actRestore:
@@ -124,8 +122,8 @@ func (m *MemLimiter) apply(d MemLimit, a action, cur int64, first bool) MemLimit
 }
 
 // applyOperator keeps the operator's GOMEMLIMIT in force, except while it is
-// above the smallest hard limit and m.opWrites: then own is applied until
-// the limit rises above it again. Called with m.mu held.
+// above the smallest hard limit and m.opWrites: then own is applied. Called
+// with m.mu held.
 func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit {
 	over := a.kind == actSet && m.op != math.MaxInt64 && a.hardMin != noLimit && m.op > a.hardMin
 	if over && m.opWrites {
@@ -157,19 +155,15 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 		d.Reason = fmt.Sprintf("%s (%s) is set in the environment; it is above the %s limit of %s (%s) and cannot take effect before the OOM killer, and is kept (MEMCTL_KEEP_GOMEMLIMIT)", m.opText, logattr.MiB(m.op), own.Source, logattr.MiB(a.hardMin), a.hardFile)
 		m.warnAlways(fmt.Sprintf("operator over %s %d", a.hardFile, a.hardMin), "limits: "+d.Reason)
 	case m.op != math.MaxInt64 && m.op > a.hardWant:
-		// Leaves less than memctl's rule: WARN once per limit.
 		err := fmt.Errorf("limits: %s (%s) is set in the environment and is left as set, but it leaves %s under the %s limit of %s (%s), where memctl's rule leaves %s: ratio %v of the limit (%s for what the Go runtime does not count) and %s charged outside the Go heap; "+
 			"the OOM killer may act before the GC does: lower GOMEMLIMIT, or unset it and let memctl set it (%s for a limit no cgroup shows)",
 			m.opText, logattr.MiB(m.op), signedMiB(d.MemoryLimit-m.op), own.Source, logattr.MiB(d.MemoryLimit), d.File, logattr.MiB(d.MemoryLimit-a.hardWant),
 			own.Ratio, logattr.MiB(int64((1-own.Ratio)*float64(d.MemoryLimit))), logattr.MiB(own.Outside), declaredLimitEnv)
 		d.Reason += "; " + strings.TrimPrefix(err.Error(), "limits: "+m.opText+" ")
-		if key := fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit); !m.seen[key] && len(m.seen) < maxSeen {
-			m.seen[key] = true
-			if m.log != nil {
-				m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
-					"gomemlimit", m.op, "limit", d.MemoryLimit, "limit_file", d.File,
-					"headroom", d.MemoryLimit-m.op, "ratio", own.Ratio, "outside", own.Outside)
-			}
+		if m.once(fmt.Sprintf("operator headroom %s %d", d.File, d.MemoryLimit)) && m.log != nil {
+			m.log.Warn("limits: GOMEMLIMIT leaves little headroom", "error", err,
+				"gomemlimit", m.op, "limit", d.MemoryLimit, "limit_file", d.File,
+				"headroom", d.MemoryLimit-m.op, "ratio", own.Ratio, "outside", own.Outside)
 		}
 	}
 	return d
@@ -177,21 +171,24 @@ func (m *MemLimiter) applyOperator(own MemLimit, a action, first bool) MemLimit 
 
 // warnAlways logs msg at WARN once per key, the first decision's included.
 func (m *MemLimiter) warnAlways(key, msg string) {
-	if m.seen[key] || len(m.seen) >= maxSeen {
-		return
-	}
-	m.seen[key] = true
-	if m.log != nil {
+	if m.once(key) && m.log != nil {
 		m.log.Warn(msg)
 	}
 }
 
+// once reports whether key is new, and remembers it (up to maxSeen keys).
+func (m *MemLimiter) once(key string) bool {
+	if m.seen[key] || len(m.seen) >= maxSeen {
+		return false
+	}
+	m.seen[key] = true
+	return true
+}
+
 // Lift adds extra bytes to the GOMEMLIMIT the limiter sets, never above the
-// cgroup limit, until Lift(0), re-applying it at once and at each refresh
-// (package pressure's death-spiral lift). It returns GOMEMLIMIT before and
-// after, and false, changing nothing, when the limiter does not set
-// GOMEMLIMIT (the operator's, no cgroup limit, stopped, closed) or extra is
-// negative.
+// cgroup limit, until Lift(0), at once and at each refresh. It returns
+// GOMEMLIMIT before and after, and false, changing nothing, when the limiter
+// does not set GOMEMLIMIT or extra is negative.
 func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	if m == nil || extra < 0 {
 		return 0, 0, false
@@ -211,9 +208,8 @@ func (m *MemLimiter) Lift(extra int64) (from, to int64, ok bool) {
 	return from, d.GoMemLimit, true
 }
 
-// Ceiling returns the cgroup's hard memory limit GOMEMLIMIT follows, in bytes,
-// the ceiling of a Lift; 0 when the limiter sets no GOMEMLIMIT from a cgroup
-// limit.
+// Ceiling returns the cgroup's hard memory limit GOMEMLIMIT follows, in bytes;
+// 0 when the limiter sets no GOMEMLIMIT from a cgroup limit.
 func (m *MemLimiter) Ceiling() int64 {
 	if m == nil {
 		return 0
@@ -226,11 +222,8 @@ func (m *MemLimiter) Ceiling() int64 {
 	return m.limit
 }
 
-// Hold calls fn while no refresh and no Lift can set GOMEMLIMIT: a caller that
-// lowers GOMEMLIMIT for a moment (the trim's Go step) does it through the
-// limiter. fn must restore GOMEMLIMIT exactly before it returns and must not
-// call the limiter; a refresh due meanwhile runs at a later GC end, a Lift
-// waits. On a nil *MemLimiter fn is called directly.
+// Hold calls fn while no refresh and no Lift can set GOMEMLIMIT. fn must
+// restore GOMEMLIMIT exactly before it returns and must not call the limiter.
 func (m *MemLimiter) Hold(fn func()) { gomemlimit.Do(fn) }
 
 // within reports whether a is within 1/frac of b.

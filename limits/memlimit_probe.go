@@ -73,9 +73,8 @@ func (f found) eachFile(fn func(string)) {
 
 const noLimit = cgroupfs.NoLimit
 
-// probe returns the limit and where it came from. No cgroup, or none
-// visible, is SourceNone, not an error. A declared limit is one more hard
-// limit beside the cgroup's.
+// probe returns the limit and where it came from; no cgroup, or none
+// visible, is SourceNone, not an error.
 func (m *MemLimiter) probe() (found, error) {
 	l, err := m.read()
 	if err == nil {
@@ -127,7 +126,7 @@ func (m *MemLimiter) warnPartial(l cgroupfs.Limit) error {
 }
 
 // byKind fills in Max or High, by File's name, for an l that carries only
-// Bytes and File (made by hand).
+// Bytes and File.
 func byKind(l cgroupfs.Limit) cgroupfs.Limit {
 	if l.MaxFile == "" && l.HighFile == "" && l.File != "" {
 		l.Max, l.MaxFile, l.High = l.Bytes, l.File, noLimit
@@ -139,7 +138,7 @@ func byKind(l cgroupfs.Limit) cgroupfs.Limit {
 }
 
 // fromCgroup returns f filled in from l, a read that found a limit, with
-// the declared limit added (withDeclared).
+// the declared limit added.
 func (m *MemLimiter) fromCgroup(f found, l cgroupfs.Limit) found {
 	f.source = SourceCgroupV1
 	if l.Version == 2 {
@@ -163,8 +162,8 @@ func (m *MemLimiter) fromCgroup(f found, l cgroupfs.Limit) found {
 	return f
 }
 
-// withDeclared returns f with the declared limit added to its bounds (a
-// copy), and as the hard limit when it is the smaller.
+// withDeclared returns f with the declared limit added to a copy of its
+// bounds, and as the hard limit when it is the smaller.
 func (m *MemLimiter) withDeclared(f found) found {
 	if len(f.bounds) == 0 && f.max != noLimit {
 		f.bounds = []cgroupfs.Bound{{Bytes: f.max, File: f.maxFile}}
@@ -192,7 +191,7 @@ func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (strin
 		}
 	case errors.Is(err, cgroupfs.ErrUnseen):
 		why = fmt.Sprintf("the cgroup memory limit is unknown: %v; %s", err, remedy(m.sandbox))
-	case m.noCgroup(err):
+	case errors.Is(err, cgroupfs.ErrNoCgroup) || errors.Is(err, errors.ErrUnsupported):
 		why = "no cgroup memory limit: " + err.Error()
 		if m.sandbox != "" {
 			why += fmt.Sprintf(" (in a %s sandbox: %s)", m.sandbox, remedy(""))
@@ -206,8 +205,8 @@ func (m *MemLimiter) whyNoLimit(l cgroupfs.Limit, err error, decl string) (strin
 	return why, nil
 }
 
-// systemFallback returns f with total memory (capped at 1<<62) as the limit
-// when SystemFallback is set and it can be read.
+// systemFallback returns f with total memory as the limit when
+// SystemFallback is set and it can be read.
 func (m *MemLimiter) systemFallback(f found, why string) found {
 	if !m.fallback {
 		return f
@@ -229,22 +228,12 @@ func remedy(sandbox string) string {
 	return s
 }
 
-// noCgroup reports whether err means there is no memory cgroup to read.
-func (m *MemLimiter) noCgroup(err error) bool {
-	return errors.Is(err, cgroupfs.ErrNoCgroup) || errors.Is(err, errors.ErrUnsupported)
-}
-
-// warn logs err at WARN once per key, unless first (an error the first
-// decision returns).
+// warn logs err at WARN once per key, unless first (the first decision
+// returns its errors).
 func (m *MemLimiter) warn(first bool, key string, err error) {
-	if m.seen[key] || len(m.seen) >= maxSeen {
-		return
+	if m.once(key) && !first && m.log != nil {
+		m.log.Warn("limits: GOMEMLIMIT", "error", err)
 	}
-	m.seen[key] = true
-	if first || m.log == nil {
-		return
-	}
-	m.log.Warn("limits: GOMEMLIMIT", "error", err)
 }
 
 func (m *MemLimiter) info(msg string) {

@@ -1,8 +1,6 @@
 package limits
 
 import (
-	"errors"
-	"io/fs"
 	"path/filepath"
 	"runtime/metrics"
 
@@ -12,22 +10,17 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// selfReads are the limiter's default reads of its own process: the cgroup
-// limit (cgroupfs.Self: resolved once, then its files alone), what the
-// process holds (procfs.SelfHeld) and the cgroup accounts (memory.stat),
-// each into a buffer kept here through files kept open (fastread),
-// allocating nothing once warm. Each falls back to the full read
-// (cgroupfs.Of, procfs.Held, readCharge) on anything unexpected, whose
-// result and error stand. Not safe for concurrent use: the limiter calls
-// them with m.mu held.
+// selfReads are the limiter's reads of its own process (cgroup limit, held
+// memory, cgroup accounts) through files kept open, allocating nothing once
+// warm; on anything unexpected each falls back to the full read. Not safe
+// for concurrent use: the limiter calls them with m.mu held.
 type selfReads struct {
-	limit cgroupfs.Self
-	held  procfs.SelfHeld
-	dirs  []chargePaths // the accounts read, by directory
-	buf   []byte
-	kmem  []byte
-	// mapped are goMappedMetrics' samples, kept: metrics.Read's slice escapes.
-	mapped [2]metrics.Sample
+	limit  cgroupfs.Self
+	held   procfs.SelfHeld
+	dirs   []chargePaths // the accounts read, by directory
+	buf    []byte
+	kmem   []byte
+	mapped [2]metrics.Sample // goMappedMetrics; kept, as metrics.Read's slice escapes
 }
 
 // chargePaths is one cgroup directory's account files, prepared.
@@ -36,8 +29,7 @@ type chargePaths struct {
 	stat, kmem    fastread.File
 }
 
-// maxChargeDirs bounds the directories selfReads keeps prepared; past it
-// an account is read by readCharge.
+// maxChargeDirs bounds the directories selfReads keeps prepared.
 const maxChargeDirs = 16
 
 func (r *selfReads) read() (cgroupfs.Limit, error) { return r.limit.Read() }
@@ -53,8 +45,8 @@ func (r *selfReads) close() {
 }
 
 // usage returns what this process holds that the kernel cannot reclaim
-// (RssAnon + RssShmem, procfs.Held) and what the Go runtime has mapped and
-// not released, in bytes; err is the /proc read's.
+// (RssAnon + RssShmem) and what the Go runtime has mapped and not released,
+// in bytes; err is the /proc read's.
 func (r *selfReads) usage() (held, goMapped int64, err error) {
 	if r.mapped[0].Name == "" {
 		r.mapped[0].Name, r.mapped[1].Name = goMappedMetrics[0], goMappedMetrics[1]
@@ -65,8 +57,8 @@ func (r *selfReads) usage() (held, goMapped int64, err error) {
 	return held, goMapped, err
 }
 
-// charge is readCharge with memory.stat (and v1's kmem usage) read into
-// r's buffers; anything unexpected is read again by readCharge.
+// charge is readCharge through r's files and buffers; anything unexpected
+// is read again by readCharge.
 func (r *selfReads) charge(version int, dir string) (charge, error) {
 	f := r.files(dir)
 	if f == nil {
@@ -80,17 +72,13 @@ func (r *selfReads) charge(version int, dir string) (charge, error) {
 	if err != nil {
 		return readCharge(version, dir)
 	}
-	c := charge{anon: st.Anon, kept: max(st.FileUnreclaimable(), 0) + max(st.Hugetlb, 0), kernel: max(st.KernelUnreclaimable(), 0),
-		reclaimable: st.Reclaimable(), file: f.statName}
+	c := statCharge(st, f.statName)
 	if st.Version == 1 || version == 1 {
 		var k int64
 		if r.kmem, err = f.kmem.Read(r.kmem, safefs.MaxCgroupFile); err == nil {
 			k, err = cgroupfs.ParseKmemUsage(r.kmem, f.kmem.String())
 		}
-		switch {
-		case err == nil:
-			c.kernel = k
-		case !errors.Is(err, fs.ErrNotExist):
+		if c, err = withKmem(c, k, err); err != nil {
 			return readCharge(version, dir)
 		}
 	}

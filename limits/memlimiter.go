@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
@@ -19,19 +20,13 @@ import (
 )
 
 // MemLimiter keeps GOMEMLIMIT at its MemLimitConfig's share of the memory
-// limit: NewMemLimiter sets it, then it re-reads the limit at GC ends (at most
-// once per MemLimitConfig.Refresh; other GC ends cost one atomic load) and when
-// a limit file is written (a goroutine until Close: inotify, or a timer, see
-// Following), and sets GOMEMLIMIT again when the hard limit changed or the
-// result moved by 1% or more (toward memory.high: 5%).
-//
-// It never overrides the operator (GOMEMLIMIT or AUTOMEMLIMIT=off in the
-// environment: no refresh at all), never replaces a limit the program set with
-// "no limit" (when a followed limit goes away, GOMEMLIMIT goes back to its
-// value before memctl set it), and stops when the program changes GOMEMLIMIT
-// after memctl set it (logged at INFO). A failed re-read leaves GOMEMLIMIT as
-// it is (docs/gomemlimit.md). Its methods are safe for concurrent use; a nil
-// *MemLimiter does nothing.
+// limit. It re-reads the limit at GC ends (at most once per Refresh) and when
+// a limit file is written (see Following), and sets GOMEMLIMIT again when the
+// hard limit changed or the result moved by 1% or more (toward memory.high:
+// 5%). It never overrides the operator's environment, never replaces a limit
+// the program set with "no limit", and stops when the program changes
+// GOMEMLIMIT after memctl set it (docs/gomemlimit.md). Its methods are safe
+// for concurrent use; a nil *MemLimiter does nothing.
 type MemLimiter struct {
 	ratio     float64
 	ratioFrom string
@@ -42,7 +37,6 @@ type MemLimiter struct {
 	log       *slog.Logger
 	read      func() (cgroupfs.Limit, error)
 	usage     func() (held, goMapped int64, err error)
-	cgFile    string
 	charge    func(version int, dir string) (charge, error)
 	live      func() int64
 	self      selfReads // the default read, charge and usage; with mu held
@@ -57,51 +51,47 @@ type MemLimiter struct {
 	sub      *gcend.Subscription
 
 	on bool // the configuration is valid
-	// op is the operator's GOMEMLIMIT in bytes (math.MaxInt64 for "off" or
-	// AUTOMEMLIMIT=off; 0: none), opText as set; opWrites: memctl may
-	// override op while it is above the hard limit (KeepOperator).
-	op       int64
-	opText   string
-	opWrites bool
-	mu       sync.Mutex        // serializes decisions; the fields below
-	applied  int64             // GOMEMLIMIT memctl set last; 0: none yet
-	before   int64             // GOMEMLIMIT before memctl set it
-	limit    int64             // the limit behind applied
-	maxFile  string            // the hard limit's file behind applied ("" for none)
-	lift     int64             // bytes added over the decision while lifted (Lift)
-	outside  int64             // the last estimate of memory outside the Go runtime
-	goMapped int64             // what the Go runtime had mapped at that estimate
-	charges  map[string]charge // the last account read from each cgroup directory
-	seen     map[string]bool
-	stopped  bool
-
-	decl    declared // the limit the environment declares (hasDecl)
-	hasDecl bool
-	sandbox string   // internal/sandbox.Detect, read once
-	dir     string   // the cgroup directory the last probe read ("" for none)
-	version int      // its cgroup version
-	files   []string // the files the last decision came from (bounds, memory.high)
-
-	reason       []byte            // the buffer compute writes Reason in
-	said         string            // the last Reason compute wrote
-	oneBound     [1]cgroupfs.Bound // found.bounds of a limit read without Bounds
-	boundCharges []chargeRead      // planInputs.boundCharges' buffer
-
-	following  atomic.Pointer[string] // Following
-	poked      atomic.Int64           // nanoseconds since epoch of the last Poke re-read
-	folMu      sync.Mutex             // fol, folClosing
-	fol        follower               // nil until started
-	folClosing bool
-	folDone    chan struct{}
-	closed     atomic.Bool // Close was called: Poke re-reads nothing
+	// op is the operator's GOMEMLIMIT (math.MaxInt64: "off"; 0: none), opText
+	// as set; opWrites: memctl may override op above the hard limit.
+	op           int64
+	opText       string
+	opWrites     bool
+	mu           sync.Mutex        // serializes decisions; the fields below
+	applied      int64             // GOMEMLIMIT memctl set last; 0: none yet
+	before       int64             // GOMEMLIMIT before memctl set it
+	limit        int64             // the limit behind applied
+	maxFile      string            // the hard limit's file behind applied ("" for none)
+	lift         int64             // bytes added over the decision while lifted (Lift)
+	outside      int64             // the last estimate of memory outside the Go runtime
+	goMapped     int64             // what the Go runtime had mapped at that estimate
+	charges      map[string]charge // the last account read from each cgroup directory
+	seen         map[string]bool
+	stopped      bool
+	decl         declared // the limit the environment declares (hasDecl)
+	hasDecl      bool
+	sandbox      string                 // internal/sandbox.Detect, read once
+	dir          string                 // the cgroup directory the last probe read ("" for none)
+	version      int                    // its cgroup version
+	files        []string               // the files the last decision came from (bounds, memory.high)
+	reason       []byte                 // the buffer compute writes Reason in
+	said         string                 // the last Reason compute wrote
+	oneBound     [1]cgroupfs.Bound      // found.bounds of a limit read without Bounds
+	boundCharges []chargeRead           // planInputs.boundCharges' buffer
+	following    atomic.Pointer[string] // Following
+	poked        atomic.Int64           // nanoseconds since epoch of the last Poke re-read
+	folMu        sync.Mutex             // fol, folClosing
+	fol          follower               // nil until started
+	folClosing   bool
+	folDone      chan struct{}
+	closed       atomic.Bool // Close was called: Poke re-reads nothing
 }
 
 const maxSeen = 64 // distinct failures remembered, and logged once each
 
-// NewMemLimiter validates cfg, sets GOMEMLIMIT as SetGoMemLimit describes, and
-// starts the refresh unless cfg.Refresh is negative, the operator's environment
-// wins, or cfg is invalid. It always returns a usable *MemLimiter (Close it to
-// stop the refresh), the decision, and SetGoMemLimit's error.
+// NewMemLimiter sets GOMEMLIMIT as SetGoMemLimit does and starts the refresh
+// unless cfg.Refresh is negative, the operator's environment wins, or cfg is
+// invalid. It always returns a usable *MemLimiter (Close it to stop the
+// refresh), the decision, and SetGoMemLimit's error.
 func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m := newMemLimiter(cfg)
 	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
@@ -122,12 +112,11 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	return m, d, err
 }
 
-// newMemLimiter returns a MemLimiter with cfg's fields, nil hooks set to the
-// real reads; it reads nothing.
+// newMemLimiter returns a MemLimiter with cfg's fields and hooks; it reads nothing.
 func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	m := &MemLimiter{
 		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
-		read: cfg.read, usage: cfg.usage, cgFile: cfg.cgroupFile, epoch: time.Now(),
+		read: cfg.read, usage: cfg.usage, epoch: time.Now(),
 		charge: cfg.charge, live: cfg.live, onChange: cfg.OnChange,
 		seen: make(map[string]bool), charges: make(map[string]charge),
 	}
@@ -138,7 +127,7 @@ func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 		m.live = readLive
 	}
 	if m.read == nil {
-		m.read, m.cgFile = m.self.read, "/proc/self/cgroup"
+		m.read = m.self.read
 	}
 	if m.usage == nil {
 		m.usage = m.self.usage
@@ -161,9 +150,8 @@ func (m *MemLimiter) readDeclaredEnv() {
 	}
 }
 
-// configure sets m's ratio, operator, floor and interval from cfg and the
-// environment; cur is GOMEMLIMIT now. On a bad value it returns the Reason
-// and the error.
+// configure sets m's ratio, operator, floor and interval; cur is GOMEMLIMIT
+// now. On a bad value it returns the Reason and the error.
 func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, err error) {
 	m.ratio, m.ratioFrom = cfg.Ratio, "configured"
 	if m.ratio == 0 {
@@ -175,24 +163,21 @@ func (m *MemLimiter) configure(cfg MemLimitConfig, cur int64) (reason string, er
 	if !validRatio(m.ratio) {
 		return "GOMEMLIMIT left as it was: bad ratio", fmt.Errorf("limits: GOMEMLIMIT ratio %v: want a ratio in (0.0, 1.0]", m.ratio)
 	}
-	if m.floor = orDefault(cfg.Floor, defaultFloor); m.floor < 0 {
+	if m.floor = cmp.Or(cfg.Floor, defaultFloor); m.floor < 0 {
 		return "GOMEMLIMIT left as it was: bad floor", fmt.Errorf("limits: GOMEMLIMIT floor %d: want a byte count of 0 (the default, %d) or more", cfg.Floor, defaultFloor)
 	}
-	m.every = orDefault(cfg.Refresh, DefaultRefresh)
+	m.every = cmp.Or(cfg.Refresh, DefaultRefresh)
 	return "", nil
 }
 
 // operatorEnv reads GOMEMLIMIT and AUTOMEMLIMIT into m.op, m.opText,
-// m.opWrites and m.ratio; cur is GOMEMLIMIT now. A bad AUTOMEMLIMIT is an
-// error and changes nothing.
+// m.opWrites and m.ratio; a bad AUTOMEMLIMIT is an error.
 func (m *MemLimiter) operatorEnv(cfg MemLimitConfig, cur int64) error {
 	// An empty GOMEMLIMIT is unset, as runtime.readGOMEMLIMIT reads it.
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
 		m.op, m.opText = cur, "GOMEMLIMIT="+v
 		m.opWrites = !cfg.KeepOperator && cur != math.MaxInt64
 	} else if v, ok := envflag.Lookup("AUTOMEMLIMIT"); ok {
-		// An off word leaves GOMEMLIMIT to the program, an on word is the
-		// configured ratio, a number in (0, 1] the ratio.
 		r, err := envflag.Ratio("AUTOMEMLIMIT", os.Getenv("AUTOMEMLIMIT"), m.ratio)
 		if err != nil {
 			return fmt.Errorf("limits: %w", err)
@@ -207,8 +192,8 @@ func (m *MemLimiter) operatorEnv(cfg MemLimitConfig, cur int64) error {
 	return nil
 }
 
-// startRefresh starts the re-read at GC ends and, when a memory cgroup was
-// found, the follower. The caller must not hold m.mu.
+// startRefresh starts the re-read at GC ends and, with a memory cgroup, the
+// follower. Called without m.mu.
 func (m *MemLimiter) startRefresh(cfg MemLimitConfig) {
 	if m.every <= 0 {
 		return
@@ -229,17 +214,10 @@ func (m *MemLimiter) startRefresh(cfg MemLimitConfig) {
 	}
 }
 
-func orDefault[T int64 | time.Duration](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
-}
-
 // Refresh re-reads the limit now, sets GOMEMLIMIT as the refresh does, and
-// returns the decision and SetGoMemLimit's error, logged as the refresh logs
-// it. It returns Last, doing nothing, when the operator's environment wins, the
-// configuration was invalid, or the program took GOMEMLIMIT over.
+// returns the decision and its error. It returns Last, doing nothing, when the
+// operator's environment wins, the configuration was invalid, or the program
+// took GOMEMLIMIT over.
 func (m *MemLimiter) Refresh() (MemLimit, error) {
 	if m == nil {
 		return MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil
@@ -270,9 +248,8 @@ func (m *MemLimiter) Interval() time.Duration {
 	return m.every
 }
 
-// Close stops the refresh and the follower, waits for the follower's
-// goroutine to exit, and closes the files the refresh keeps open;
-// GOMEMLIMIT stays as it is. Idempotent.
+// Close stops the refresh and the follower, waits for its goroutine, and
+// closes the files kept open; GOMEMLIMIT stays as it is. Idempotent.
 func (m *MemLimiter) Close() {
 	if m != nil {
 		m.closed.Store(true)
@@ -293,24 +270,20 @@ func (m *MemLimiter) Close() {
 	}
 }
 
-// store publishes d, unless it is the decision published last, and, when
-// what is in force changed, tells the subscribers and OnChange. Called with
-// m.mu held, or before m is shared.
+// store publishes d and, when what is in force changed, tells the
+// subscribers and OnChange. Called with m.mu held, or before m is shared.
 func (m *MemLimiter) store(d MemLimit) {
 	prev := m.last.Load()
 	if prev != nil && *prev == d {
 		return
 	}
-	next := new(MemLimit)
-	*next = d
-	m.last.Store(next)
+	m.last.Store(new(d))
 	if prev != nil && prev.GoMemLimit == d.GoMemLimit && prev.MemoryLimit == d.MemoryLimit && prev.High == d.High &&
 		prev.Source == d.Source && prev.File == d.File && prev.Overridden == d.Overridden {
 		return
 	}
 	m.subMu.Lock()
-	for _, ch := range m.subs {
-		// The latest wins: a full channel gives up its stale value.
+	for _, ch := range m.subs { // the latest wins: a full channel gives up its oldest value
 		select {
 		case ch <- d:
 		default:
@@ -332,9 +305,9 @@ func (m *MemLimiter) store(d MemLimit) {
 
 // Subscribe returns a channel that receives the decision each time what is in
 // force changes (GOMEMLIMIT, the limit, memory.high, their source, the
-// operator's value). buf is its room, at least 1; when it is full the oldest
-// decision is dropped, so the last received is the one in force. cancel, or
-// Close, closes the channel. On a nil *MemLimiter it is closed at once.
+// operator's value). buf is its room, at least 1; when full, the oldest
+// decision is dropped. cancel, or Close, closes the channel; on a nil
+// *MemLimiter it is closed at once.
 func (m *MemLimiter) Subscribe(buf int) (changes <-chan MemLimit, cancel func()) {
 	ch := make(chan MemLimit, max(buf, 1))
 	if m == nil {
@@ -358,11 +331,9 @@ func (m *MemLimiter) Subscribe(buf int) (changes <-chan MemLimit, cancel func())
 	}
 }
 
-// atGCEnd runs at each GC end: one atomic load until the interval has
-// passed, then a re-read unless one is running.
-func (m *MemLimiter) atGCEnd(*gcend.Sample) bool {
-	return m.tick(time.Since(m.epoch))
-}
+// atGCEnd re-reads at a GC end once the interval has passed, unless a
+// re-read is running.
+func (m *MemLimiter) atGCEnd(*gcend.Sample) bool { return m.tick(time.Since(m.epoch)) }
 
 func (m *MemLimiter) tick(now time.Duration) bool {
 	if int64(now) < m.next.Load() {
@@ -390,21 +361,14 @@ func dueAfter(now, every time.Duration) int64 {
 
 // decide reads, sets GOMEMLIMIT, records and returns the decision; first
 // (NewMemLimiter's call) returns its errors unlogged. Called with m.mu held.
+// In bytes, with outside(cg) = max(held − Go mapped, cg's charge − Go resident):
 //
-// The arithmetic, all in bytes:
+//	hard       = min over each hard limit L on the path of Ratio × L − outside(L's cgroup), ≥ floor
+//	target     = max(Ratio × memory.high − outside(its cgroup), liveHeapFactor × live heap, floor)
+//	GOMEMLIMIT = min(hard, target)
 //
-//	outside(cg) = max(held − Go mapped,                          this process outside the Go runtime
-//	                  anon + shmem + kernel − Go resident)      the cgroup's memory.stat (chargeOf)
-//	hard        = min over each hard limit L on the path (memory.max, v1's limit) of
-//	              Ratio × L − outside(L's cgroup), raised to the floor
-//	target      = max(Ratio × memory.high − outside(memory.high's cgroup),
-//	                  liveHeapFactor × live heap, floor)
-//	GOMEMLIMIT  = min(hard, target)       (target only when memory.high is under memory.max)
-//
-// A fall of the target is followed only when it is at least 1/20 of
-// GOMEMLIMIT (hysteresis); a fall of hard is followed at once.
+// A fall of the target is followed only in steps of 1/20 (hysteresis).
 func (m *MemLimiter) decide(first bool) (d MemLimit, err error) {
-	// Holds GOMEMLIMIT's writer: a trim's transient value is never read.
 	gomemlimit.Do(func() { d, err = m.decideLocked(first) })
 	m.store(d)
 	return d, err

@@ -1,11 +1,13 @@
 package limits
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"weak"
@@ -17,25 +19,22 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
-// Pool is a shared memory budget in bytes from which accounts are opened. A
-// Pool is safe for concurrent use. Create one with NewPool and Close it when
-// done; the zero value is not usable.
+// Pool is a shared memory budget in bytes from which accounts are opened. It
+// is safe for concurrent use; the zero value is not usable.
 type Pool struct {
 	used      atomic.Int64 // what the top-level accounts reserved
 	peak      atomic.Int64
 	burstPeak atomic.Int64 // the highest used since the last burst ended together
 	pressure  atomic.Bool
-	_         [39]byte // keep the shared counters on their own cache line
+	_         [39]byte // the shared counters on their own cache line
 
-	// Read on every Grow, written once: a cache line of its own.
-	closed  atomic.Bool
-	mode    Mode
-	limit   atomic.Int64 // Unlimited when the pool has no limit
-	chunk   int64
-	derived bool          // Limit 0: the limit follows GOMEMLIMIT
-	gen     atomic.Uint64 // the memLimitGen the limit was computed at
-	_       [16]byte
-
+	closed        atomic.Bool // read on every Grow: a cache line of its own
+	mode          Mode
+	limit         atomic.Int64 // Unlimited when the pool has no limit
+	chunk         int64
+	derived       bool          // Limit 0: the limit follows GOMEMLIMIT
+	gen           atomic.Uint64 // the memLimitGen the limit was computed at
+	_             [16]byte
 	refused       atomic.Int64
 	refusedBy     [4]atomic.Int64 // by refusalScope
 	observed      atomic.Int64
@@ -58,7 +57,6 @@ type Pool struct {
 	chargeLogged  atomic.Bool
 	peaks         peakHistogram
 	seq           atomic.Int64 // numbers the accounts of StartWork and Do
-
 	name          string
 	heapScope     string
 	heapRatio     float64
@@ -69,42 +67,46 @@ type Pool struct {
 	strict        bool
 	log           *slog.Logger
 	sub           *gcend.Subscription
-
-	heapMu    sync.Mutex // serializes heap readings
-	sample    [2]metricsSample
-	seenCycle uint64 // the GC cycle read last; guarded by heapMu
-
-	mu           sync.Mutex // guards the list of cancellable accounts and refreshing
-	head         *Account
-	refreshing   bool           // a refreshHeap goroutine runs
-	refreshAgain bool           // it runs one more cycle
-	wg           sync.WaitGroup // the refresh goroutine
+	heapMu        sync.Mutex // serializes heap readings
+	sample        [2]metrics.Sample
+	seenCycle     uint64     // the GC cycle read last; guarded by heapMu
+	mu            sync.Mutex // guards the list of cancellable accounts and refreshing
+	head          *Account
+	refreshing    bool           // a refreshHeap goroutine runs
+	refreshAgain  bool           // it runs one more cycle
+	wg            sync.WaitGroup // the refresh goroutine
 }
 
 var unguarded atomic.Int64 // PoolStats.Unguarded
 
-// fromCgroup and fromSystem are the fallbacks without GOMEMLIMIT; tests
-// replace them.
+// fromCgroup and fromSystem are the fallbacks without GOMEMLIMIT.
 var (
 	fromCgroup = memlimit.FromCgroup
 	fromSystem = memlimit.FromSystem
 )
 
-// NewPool returns a pool configured by cfg. It returns an error matching
-// ErrInvalidSize for a negative Limit or a ChunkSize outside [0, 1 GiB], an
-// error for a HeapPressure or CancelShare above 1 or NaN, and an error when
-// Limit is 0, GOMEMLIMIT is not set and neither a cgroup limit nor the physical
-// memory can be read. It reads MEMCTL and MEMCTL_BUDGETS (see Mode). Its heap
-// watch runs at GC ends, with no goroutine of its own, until Close.
+// NewPool returns a pool configured by cfg; Close it when done. It returns an
+// error matching ErrInvalidSize for a negative Limit or a ChunkSize outside
+// [0, 1 GiB], an error for a field out of range, and an error when Limit is 0,
+// GOMEMLIMIT is not set and neither a cgroup limit nor the physical memory can
+// be read. It reads MEMCTL and MEMCTL_BUDGETS (see Mode), and logs the limit
+// and its source at INFO.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	if err := checkPoolConfig(cfg); err != nil {
 		return nil, err
 	}
 	p := newPoolDefaults(cfg)
 	p.readMode()
-	limit, from, err := p.initialLimit(cfg.Limit)
-	if err != nil {
-		return nil, err
+	limit, from := cfg.Limit, "PoolConfig.Limit"
+	if limit == Unlimited {
+		from = "PoolConfig.Limit: Unlimited"
+	}
+	if p.derived {
+		p.gen.Store(memLimitGen.Load())
+		var err error
+		if limit, from, err = p.defaultLimit(debug.SetMemoryLimit(-1)); err != nil {
+			return nil, err
+		}
 	}
 	p.limit.Store(limit)
 	if p.heapRatio > 0 && p.mode != ModeOff {
@@ -137,48 +139,28 @@ func checkPoolConfig(cfg PoolConfig) error {
 	return nil
 }
 
-// newPoolDefaults returns a pool with cfg's fields and their defaults,
-// without mode, limit, heap watch or registration.
+// newPoolDefaults returns a pool with cfg's fields and their defaults.
 func newPoolDefaults(cfg PoolConfig) *Pool {
 	p := &Pool{
-		name:          cfg.Name,
+		name:          cmp.Or(cfg.Name, "pool"),
 		derived:       cfg.Limit == 0,
-		chunk:         cfg.ChunkSize,
-		heapRatio:     cfg.HeapPressure,
-		cancelShare:   cfg.CancelShare,
-		chargeRatio:   cfg.ChargeRatio,
+		chunk:         cmp.Or(cfg.ChunkSize, defaultChunkSize),
+		heapRatio:     cmp.Or(cfg.HeapPressure, defaultHeapPressure),
+		cancelShare:   cmp.Or(cfg.CancelShare, defaultCancelShare),
+		chargeRatio:   cmp.Or(cfg.ChargeRatio, defaultChargeRatio),
 		cancelLargest: cfg.CancelLargest,
 		strict:        cfg.Strict,
-		log:           cfg.Logger,
-		shedSize:      cfg.ShedSize, // 0: shedSizeFor the limit now (shedLimit)
-	}
-	if p.log == nil {
-		p.log = slog.Default()
-	}
-	if p.name == "" {
-		p.name = "pool"
+		log:           cmp.Or(cfg.Logger, slog.Default()),
+		shedSize:      cfg.ShedSize,
 	}
 	p.heapScope = p.name + " (heap pressure)"
-	if p.chunk == 0 {
-		p.chunk = defaultChunkSize
-	}
-	if p.cancelShare == 0 {
-		p.cancelShare = defaultCancelShare
-	}
-	if p.chargeRatio == 0 {
-		p.chargeRatio = defaultChargeRatio
-	}
-	if p.heapRatio == 0 {
-		p.heapRatio = defaultHeapPressure
-	}
 	p.baseline.Store(-1)
 	p.sample[0].Name = liveHeapMetric
 	p.sample[1].Name = gcCyclesMetric
 	return p
 }
 
-// readMode sets the pool's mode (see Mode), logging a mode other than
-// ModeEnforce at INFO.
+// readMode sets the pool's mode, logging one other than ModeEnforce at INFO.
 func (p *Pool) readMode() {
 	mode, err := parseMode(os.Getenv)
 	if err != nil {
@@ -188,20 +170,6 @@ func (p *Pool) readMode() {
 	if mode != ModeEnforce {
 		p.log.Info("limits: budgets are not enforced", "pool", p.name, "mode", mode.String())
 	}
-}
-
-// initialLimit returns the pool's limit for PoolConfig.Limit limit and where
-// it came from; for a derived pool, defaultLimit's.
-func (p *Pool) initialLimit(limit int64) (int64, string, error) {
-	from := "PoolConfig.Limit"
-	if limit == Unlimited {
-		from = "PoolConfig.Limit: Unlimited"
-	}
-	if p.derived {
-		p.gen.Store(memLimitGen.Load())
-		return p.defaultLimit(debug.SetMemoryLimit(-1))
-	}
-	return limit, from, nil
 }
 
 // watchHeap subscribes the pool to each GC end (heapAt).
@@ -242,12 +210,11 @@ func derivedPool() string {
 	return name
 }
 
-// memLimitGen counts this package's changes of GOMEMLIMIT, which derived
-// pools follow at their next reservation; other changes are seen at the
-// next GC end (observeHeap).
+// memLimitGen counts this package's changes of GOMEMLIMIT (noteMemLimitSet),
+// which derived pools follow at their next reservation; other changes are
+// seen at the next GC end.
 var memLimitGen atomic.Uint64
 
-// noteMemLimitSet is called after each GOMEMLIMIT change of this package.
 func noteMemLimitSet() { memLimitGen.Add(1) }
 
 // curLimit returns the pool's limit, first following a changed GOMEMLIMIT.
@@ -261,7 +228,7 @@ func (p *Pool) curLimit() int64 {
 }
 
 // follow sets a derived pool's limit to defaultPoolRatio of gml, read at
-// generation g (one caller per g), unless GOMEMLIMIT is unset.
+// generation g, unless GOMEMLIMIT is unset.
 func (p *Pool) follow(g uint64, gml int64) {
 	old := p.gen.Load()
 	if g != old && !p.gen.CompareAndSwap(old, g) {
@@ -318,7 +285,7 @@ func (p *Pool) Name() string { return p.name }
 // PoolConfig.Limit.
 func (p *Pool) Limit() int64 { return p.curLimit() }
 
-// Mode returns the pool's budget mode, read from the environment by NewPool.
+// Mode returns the pool's budget mode.
 func (p *Pool) Mode() Mode { return p.mode }
 
 // Used returns the bytes the pool's accounts hold, including up to two
@@ -327,15 +294,10 @@ func (p *Pool) Used() int64 { return p.used.Load() }
 
 // RefusedBy counts refused Grow calls by the scope that refused them.
 type RefusedBy struct {
-	// Account counts refusals by the account's or an ancestor's limit.
-	Account int64
-	// Pool counts refusals because the pool was full.
-	Pool int64
-	// HeapPressure counts refusals while the live heap was over the pool's
-	// heap-pressure threshold (PoolConfig.HeapPressure).
-	HeapPressure int64
-	// Shedding counts refusals past ShedSize during a GC death spiral.
-	Shedding int64
+	Account      int64 // the account's or an ancestor's limit
+	Pool         int64 // the pool was full
+	HeapPressure int64 // the live heap was over PoolConfig.HeapPressure
+	Shedding     int64 // past ShedSize during a GC death spiral
 }
 
 // Stats returns a snapshot of the pool's counters.
@@ -368,10 +330,9 @@ func (p *Pool) Stats() PoolStats {
 	}
 }
 
-// Open opens a top-level account with its own limit in bytes (Unlimited: only
-// the pool limits it); its scope is "<pool>/<name>". It returns an error
-// matching ErrInvalidSize for a limit that is negative or 0, and ErrClosed
-// after Close.
+// Open opens a top-level account, scope "<pool>/<name>", with its own limit in
+// bytes (Unlimited: only the pool limits it). It returns an error matching
+// ErrInvalidSize for a limit ≤ 0, and ErrClosed after Close.
 func (p *Pool) Open(name string, limit int64) (*Account, error) {
 	return p.open(name, 0, limit)
 }
@@ -389,10 +350,8 @@ func (p *Pool) open(name string, seq, limit int64) (*Account, error) {
 }
 
 // Close stops the heap watch, waits for a GC cycle the pool started, and
-// makes every further Open and Grow on the pool and on any of its accounts,
-// children included, fail with ErrClosed. Accounts still open keep what they
-// hold until they are closed. Close is idempotent and safe for concurrent
-// use.
+// makes every further Open and Grow on the pool and its accounts fail with
+// ErrClosed. Idempotent.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	already := p.closed.Swap(true)

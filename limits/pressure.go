@@ -17,27 +17,17 @@ const (
 	gcCyclesMetric = "/gc/cycles/total:gc-cycles"
 )
 
-type metricsSample = metrics.Sample
-
-// readHeap reads the live heap and GOMEMLIMIT now and records them (heapAt),
-// after each GC cycle the pool runs itself.
+// readHeap records the live heap and GOMEMLIMIT now (heapAt), after a GC
+// cycle the pool ran itself.
 func (p *Pool) readHeap() {
 	p.heapMu.Lock()
 	metrics.Read(p.sample[:])
-	var live int64
-	if p.sample[0].Value.Kind() == metrics.KindUint64 {
-		live = int64(min(p.sample[0].Value.Uint64(), math.MaxInt64))
-	}
-	var cycle uint64
-	if p.sample[1].Value.Kind() == metrics.KindUint64 {
-		cycle = p.sample[1].Value.Uint64()
-	}
+	live, cycle := sampleBytes(p.sample[0]), uint64(sampleBytes(p.sample[1]))
 	p.heapMu.Unlock()
 	p.heapAt(live, cycle, debug.SetMemoryLimit(-1))
 }
 
-// heapAt records a GC cycle's live heap and GOMEMLIMIT once per cycle (0:
-// unknown).
+// heapAt records a GC cycle's live heap and GOMEMLIMIT once per cycle.
 func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
 	p.heapMu.Lock()
 	defer p.heapMu.Unlock()
@@ -50,17 +40,12 @@ func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
 	p.observeHeap(live, gomemlimit)
 }
 
-// observeHeap decides (heapPressure) and applies (applyHeap) one GC cycle's
-// heap pressure.
+// observeHeap decides one GC cycle's heap pressure and records it, follows
+// GOMEMLIMIT, checks the charges, and cancels the largest account or ends
+// the no-cancel episode.
 func (p *Pool) observeHeap(live, gomemlimit int64) {
 	d := heapPressure(heapInputs{live: live, gomemlimit: gomemlimit, ratio: p.heapRatio,
 		limit: p.limit.Load(), derived: p.derived, cancel: p.cancelLargest})
-	p.applyHeap(live, gomemlimit, d)
-}
-
-// applyHeap records d and the reading, follows GOMEMLIMIT, checks the
-// charges, and cancels the largest account or ends the no-cancel episode.
-func (p *Pool) applyHeap(live, gomemlimit int64, d heapDecision) {
 	p.heapLive.Store(live)
 	p.heapThreshold.Store(d.threshold)
 	p.lastCycle.Store(time.Now().UnixNano())
@@ -79,8 +64,7 @@ func (p *Pool) applyHeap(live, gomemlimit int64, d heapDecision) {
 	}
 }
 
-// heapThreshold returns ratio of gomemlimit, at most gomemlimit (a product
-// near math.MaxInt64 rounds up to 2^63, no int64).
+// heapThreshold returns ratio of gomemlimit, at most gomemlimit.
 func heapThreshold(gomemlimit int64, ratio float64) int64 {
 	f := float64(gomemlimit) * ratio
 	if f >= math.MaxInt64 { // 2^63 as a float64
@@ -91,7 +75,7 @@ func heapThreshold(gomemlimit int64, ratio float64) int64 {
 
 // cancelLargestAccount cancels the context of the largest listed account if
 // it holds at least CancelShare of live; else it says why at WARN, once per
-// episode (kernel: once per kernelWarnInterval).
+// episode.
 func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bool) (canceled bool) {
 	minUsed := cancelMin(live, p.cancelShare)
 	p.mu.Lock()
@@ -140,9 +124,8 @@ func (p *Pool) refreshIfStale() {
 	p.refreshHeap()
 }
 
-// refreshHeap runs a GC cycle on a goroutine that exits, or one more after
-// the running one (it may have marked before the caller freed); Close
-// waits for it.
+// refreshHeap runs a GC cycle on a goroutine, or one more after the running
+// one; Close waits for it.
 func (p *Pool) refreshHeap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -174,9 +157,8 @@ func (p *Pool) refreshHeap() {
 	}()
 }
 
-// workEnded runs a GC cycle (refreshHeap) when a's work ends under heap
-// pressure and a was canceled by it or held at least CancelShare: only a
-// cycle shows its memory free.
+// workEnded runs a GC cycle when a's work ends under heap pressure and a was
+// canceled by it or held at least CancelShare.
 func (p *Pool) workEnded(a *Account) {
 	if p.sub == nil || !p.pressure.Load() {
 		return
@@ -187,7 +169,7 @@ func (p *Pool) workEnded(a *Account) {
 }
 
 // kernelWarnInterval is the least time between two WARNs that the kernel's
-// pressure canceled nothing: this package does not see its episodes end.
+// pressure canceled nothing.
 const kernelWarnInterval = time.Minute
 
 // mayWarnNoCancel reports whether the no-cancel WARN is due.

@@ -3,6 +3,7 @@ package limits
 import (
 	"math"
 	"runtime/metrics"
+	"slices"
 	"sync"
 	"weak"
 
@@ -22,25 +23,15 @@ func registerPool(p *Pool) {
 	registerCanceler.Do(func() { relief.SetCanceler(cancelLargest) })
 	openPools.mu.Lock()
 	defer openPools.mu.Unlock()
-	live := openPools.pools[:0]
-	for _, w := range openPools.pools {
-		if w.Value() != nil {
-			live = append(live, w)
-		}
-	}
-	openPools.pools = append(live, weak.Make(p))
+	gone := func(w weak.Pointer[Pool]) bool { return w.Value() == nil }
+	openPools.pools = append(slices.DeleteFunc(openPools.pools, gone), weak.Make(p))
 }
 
 func unregisterPool(p *Pool) {
 	openPools.mu.Lock()
 	defer openPools.mu.Unlock()
-	w := weak.Make(p)
-	for i, x := range openPools.pools {
-		if x == w {
-			openPools.pools = append(openPools.pools[:i], openPools.pools[i+1:]...)
-			return
-		}
-	}
+	wp := weak.Make(p)
+	openPools.pools = slices.DeleteFunc(openPools.pools, func(w weak.Pointer[Pool]) bool { return w == wp })
 }
 
 func eachPool(f func(*Pool)) {
@@ -57,19 +48,11 @@ func eachPool(f func(*Pool)) {
 	}
 }
 
-// Load shedding (relief.Shedding, during a GC death spiral): a Grow that
-// would take an account past PoolConfig.ShedSize is refused with an
-// *ExhaustedError whose scope ends in "(shedding)", retryable; accounts keep
-// what they hold, and reserve no further than ShedSize, so that the fast
-// path stops there too. Not enforced, it is only counted.
-
 // cancelLargest is the kernel pressure watcher's cancel (internal/relief):
 // in each pool with CancelLargest, it cancels the largest account holding
-// at least CancelShare of the Go memory (the larger of the live heap and
-// what the runtime holds now, never 0 before the first GC), with cause
-// "... (memory pressure)", and returns how many it canceled.
+// at least CancelShare of the Go memory, and returns how many it canceled.
 func cancelLargest() int {
-	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMemoryMetric}, {Name: releasedMetric}}
+	s := []metrics.Sample{{Name: liveHeapMetric}, {Name: goMappedMetrics[0]}, {Name: goMappedMetrics[1]}}
 	metrics.Read(s)
 	base := max(sampleBytes(s[0]), sampleBytes(s[1])-sampleBytes(s[2]))
 	n := 0
@@ -80,12 +63,6 @@ func cancelLargest() int {
 	})
 	return n
 }
-
-// Their difference is what the Go runtime holds from the OS now.
-const (
-	goMemoryMetric = "/memory/classes/total:bytes"
-	releasedMetric = "/memory/classes/heap/released:bytes"
-)
 
 // sampleBytes returns s in bytes, 0 when the runtime lacks it.
 func sampleBytes(s metrics.Sample) int64 {
@@ -108,7 +85,8 @@ func (p *Pool) shedLimit() int64 {
 	return shedSizeFor(p.curLimit(), p.chunk)
 }
 
-// shedError returns the refusal of a Grow of n over total while shedding.
+// shedError returns the refusal of a Grow of n over total while shedding
+// (relief.Shedding, during a GC death spiral).
 func (a *Account) shedError(n, total int64) *ExhaustedError {
 	if !relief.Shedding() {
 		return nil
@@ -121,7 +99,7 @@ func (a *Account) shedError(n, total int64) *ExhaustedError {
 }
 
 // shedCap lowers want while shedding so that held plus the reservation
-// passes ShedSize by no more than need: the fast path does not look.
+// passes ShedSize by no more than need.
 func (a *Account) shedCap(want, need, held int64) int64 {
 	if !relief.Shedding() {
 		return want

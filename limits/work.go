@@ -10,17 +10,13 @@ import (
 // WorkConfig configures Pool.Do and Pool.StartWork: one unit of work (a queue's
 // message, an RPC) under an account of its own. Limit must be set.
 type WorkConfig struct {
-	// Limit is the work's budget in bytes, required, as HTTPConfig.Limit.
-	Limit int64
-	// Name is the account's name, the element after the pool's name in error
-	// scopes ("jobs/msg-7f3a"). Default: "" (means "req-N", N counting the
-	// pool's numbered work from 1).
-	Name string
-	// BurstThreshold is as HTTPConfig.BurstThreshold.
-	BurstThreshold int64
+	Limit int64 // the work's budget in bytes, required, as HTTPConfig.Limit
+	// Name is the account's name ("jobs/msg-7f3a"). Default: "" (means
+	// "req-N", N counting the pool's numbered work from 1).
+	Name           string
+	BurstThreshold int64 // as HTTPConfig.BurstThreshold
 	// AfterBurst is called on the goroutine that ends work that reached
-	// BurstThreshold, once its account is closed; pass memctl.AfterBurst.
-	// Default: nil.
+	// BurstThreshold, once its account is closed. Default: nil.
 	AfterBurst func()
 }
 
@@ -51,13 +47,9 @@ type Work struct {
 // StartWork opens an account for one unit of work with cfg.Limit and returns a
 // copy of ctx that carries it and the Work whose Finish ends it (bound with
 // WithAccount under PoolConfig.CancelLargest). It returns an error matching
-// ErrInvalidSize for a cfg.Limit that is negative or 0, and ErrClosed when the
-// pool, or an account of p that ctx carries, is closed; ctx and a nil Work
-// then.
-//
-// When ctx carries an account of p, the work is nested: its account is opened
-// from that one ("jobs/req-1/req-2") and counts against both budgets, and once
-// in PoolStats.Peaks and InFlight.
+// ErrInvalidSize for a cfg.Limit ≤ 0, and ErrClosed when the pool, or an
+// account of p that ctx carries, is closed; ctx and a nil Work then. When ctx
+// carries an account of p, the work's account is opened from it.
 func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, *Work, error) {
 	if err := checkLimit(cfg.Limit, func() string { return "WorkConfig.Limit: StartWork" }); err != nil {
 		return ctx, nil, err
@@ -90,19 +82,15 @@ func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, 
 // Account returns the work's account.
 func (w *Work) Account() *Account { return w.a }
 
-// Finish ends the work: it closes the account (its peak goes into
-// PoolStats.Peaks), calls WorkConfig.AfterBurst when the work reached its burst
-// threshold, and returns err; when the heap watch canceled the work's context
-// and err does not match ErrResourceExhausted, it returns an error wrapping
-// both err and the cancel's cause. A nil err stays nil. A leak counts as in
-// Account.Close, and panics with PoolConfig.Strict. Only the first call does
-// anything; a later one returns err unchanged.
+// Finish ends the work: it closes the account, calls WorkConfig.AfterBurst
+// when the work reached its burst threshold, and returns err, wrapping the
+// cause too when the heap watch canceled the work's context and err (not nil)
+// does not match ErrResourceExhausted. A leak counts as in Account.Close. Only
+// the first call does anything; a later one returns err unchanged.
 func (w *Work) Finish(err error) error { return w.finish(err, true) }
 
-// Abandon ends work that panicked, from a deferred call: it does what
-// Finish(nil) does, except that a leak never panics, so that the work's own
-// panic reaches the recovery unchanged. Only the first call of Finish or
-// Abandon does anything.
+// Abandon ends work that panicked, from a deferred call: Finish(nil), except
+// that a leak never panics.
 func (w *Work) Abandon() { w.finish(nil, false) }
 
 // finish is Finish; returned is false when the work panicked.

@@ -1,22 +1,15 @@
 // Package limitstest gives code under test a memory budget without the
-// middleware or the interceptors: a handler called directly with
-// httptest.NewRecorder, or a function that takes a context, gets an account
-// of its own, so that limits.Grow refuses past the budget exactly as in
-// production (instead of counting nothing, as on a context with no
-// account), and the test fails if the code leaves bytes grown.
-//
-// In a test function, with t its *testing.T:
+// middleware or the interceptors, so that limits.Grow refuses past the budget
+// as in production, and the test fails if the code leaves bytes grown:
 //
 //	r := limitstest.Request(t, httptest.NewRequest("GET", "/sort?n=20000000", nil), 64<<20)
 //	w := httptest.NewRecorder()
 //	sortHandler(w, r) // its limits.Grow of 160 MB is refused: w.Code is 429
 //
-// Each call makes a pool of its own (named "test", no limit of its own, no
-// heap watch: only the budget given refuses) and one account in it, named
-// after the test (scope "test/" and t.Name()); both are closed when the
-// test ends. The operator's switches apply as everywhere: with
-// MEMCTL_BUDGETS=observe or off in the environment the budget does not
-// refuse (limits.Mode), and Context says so in the test log.
+// Each call makes a pool of its own (named "test", with no limit and no heap
+// watch) and one account in it named after the test; both are closed when
+// the test ends. With MEMCTL_BUDGETS=observe or off the budget does not
+// refuse, and Context says so in the test log.
 package limitstest
 
 import (
@@ -30,11 +23,9 @@ import (
 
 // Context returns a copy of parent that carries a new account with a
 // budget of limit bytes (limits.Unlimited for none), and that account. At
-// the end of the test (tb.Cleanup) the account is closed, and the test
-// fails (tb.Errorf) if it was closed with bytes grown and not shrunk, or if
-// a Shrink took back more than was grown (limits.PoolStats.Leaked,
-// Misuse). A limit of 0 or less fails the test at once (tb.Fatalf). Safe
-// to call from parallel tests.
+// the end of the test the account is closed, and the test fails if bytes
+// grown were not shrunk, or a Shrink took back more than was grown. A limit
+// ≤ 0 fails the test at once. Safe to call from parallel tests.
 func Context(tb testing.TB, parent context.Context, limit int64) (context.Context, *limits.Account) {
 	tb.Helper()
 	pool, err := limits.NewPool(limits.PoolConfig{Name: "test", Limit: limits.Unlimited, HeapPressure: -1, Logger: slog.New(slog.DiscardHandler)})
