@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"github.com/memctl/memctl/internal/burst"
 	"io"
@@ -245,22 +246,11 @@ var cadenceScenario = scenario{
 		if err := pr.send("go"); err != nil {
 			return nil, Trace{}, err
 		}
-		stop := make(chan struct{})
-		var samples []sample
-		var serr error
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			samples, serr = sampleRSS(pr.pid, start, p.Sample, p.CadenceFor+time.Minute, stop)
-		}()
+		stopSampling := sampleInBackground(pr.pid, start, p.Sample, p.CadenceFor+time.Minute)
 		_, err := pr.expect("end", p.CadenceFor+time.Minute)
-		close(stop)
-		<-done
-		if err != nil {
+		samples, serr := stopSampling()
+		if err := cmp.Or(err, serr); err != nil {
 			return nil, Trace{}, err
-		}
-		if serr != nil {
-			return nil, Trace{}, serr
 		}
 		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
 		if err != nil {
@@ -405,15 +395,7 @@ func load(client *http.Client, url string, n, clients int) ([]time.Duration, tim
 					return
 				}
 				t0 := time.Now()
-				resp, err := client.Get(url)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if err == nil && resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("status %s", resp.Status)
-					}
-				}
-				if err != nil {
+				if err := get(client, url); err != nil {
 					once.Do(func() { firstErr = err })
 					next.Store(int64(n)) // stop the others
 					return
@@ -424,6 +406,21 @@ func load(client *http.Client, url string, n, clients int) ([]time.Duration, tim
 	}
 	wg.Wait()
 	return lat, time.Since(start), firstErr
+}
+
+// get sends a GET request to url and reads the answer; one other than 200
+// is an error.
+func get(client *http.Client, url string) error {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %s", resp.Status)
+	}
+	return err
 }
 
 // startTimeout bounds a child's start-up, until it reports ready.

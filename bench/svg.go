@@ -85,12 +85,8 @@ func chartSubject(p params, name string) string {
 // p99Subject is what the p99 chart of load scenario name shows.
 func p99Subject(p params, name string) string {
 	lp := p.Load
-	rate := lp.Rate
-	if name == "load-contended" {
-		rate = lp.ContendedRate
-	}
 	return fmt.Sprintf("p99 latency of the requests due in each %s (%s requests/s), a %s MiB burst every %s from %s",
-		secs(p99Window), thousands(rate), mibs(lp.Burst), secs(lp.Period), secs(lp.FirstBurst))
+		secs(p99Window), thousands(variantParams(name, lp).Rate), mibs(lp.Burst), secs(lp.Period), secs(lp.FirstBurst))
 }
 
 // limitLines returns the GOMEMLIMIT lines of s's arms, one line where all
