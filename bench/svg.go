@@ -152,24 +152,11 @@ func writeSVGs(dir string, rep *Report) ([]string, error) {
 				}
 			}
 			path := filepath.Join(dir, cf.Name)
-			if err := writeChart(path, cf.Chart); err != nil {
+			if err := cf.Chart.WriteFile(path); err != nil {
 				return paths, fmt.Errorf("bench: -svg: %w", err)
 			}
 			paths = append(paths, path)
 		}
 	}
 	return paths, nil
-}
-
-// writeChart writes c as SVG to the file at path, replacing it.
-func writeChart(path string, c plot.Chart) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := c.WriteSVG(f); err != nil {
-		f.Close()
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return f.Close()
 }

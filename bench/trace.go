@@ -2,11 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/memctl/memctl/internal/plot"
@@ -35,19 +32,8 @@ const p99Window = 2 * time.Second
 // pairs, not a line per number.
 type Points []plot.Point
 
-// MarshalJSON writes each number in the fewest digits that read back.
-func (ps Points) MarshalJSON() ([]byte, error) {
-	var b strings.Builder
-	for i, p := range ps {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(strconv.FormatFloat(p.X, 'g', -1, 64))
-		b.WriteByte(',')
-		b.WriteString(strconv.FormatFloat(p.Y, 'g', -1, 64))
-	}
-	return json.Marshal(b.String())
-}
+// MarshalJSON writes plot.FormatPoints's string.
+func (ps Points) MarshalJSON() ([]byte, error) { return json.Marshal(plot.FormatPoints(ps)) }
 
 // UnmarshalJSON reads what MarshalJSON writes.
 func (ps *Points) UnmarshalJSON(b []byte) error {
@@ -55,18 +41,9 @@ func (ps *Points) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return err
 	}
-	out := Points{}
-	for _, f := range strings.Fields(s) {
-		xs, ys, ok := strings.Cut(f, ",")
-		x, err1 := strconv.ParseFloat(xs, 64)
-		y, err2 := strconv.ParseFloat(ys, 64)
-		if !ok || err1 != nil || err2 != nil {
-			return fmt.Errorf("point %q: want x,y", f)
-		}
-		out = append(out, plot.Point{X: x, Y: y})
-	}
-	*ps = out
-	return nil
+	pts, err := plot.ParsePoints(s)
+	*ps = append(Points{}, pts...)
+	return err
 }
 
 // round returns v rounded to 1/scale (scale a power of 10).

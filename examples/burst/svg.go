@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"time"
 
@@ -56,13 +55,5 @@ func chart(arms []*armRun) plot.Chart {
 // writeSVG writes the arms' chart to the file at path.
 func writeSVG(path string, arms []*armRun) error {
 	c := chart(arms)
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := c.WriteSVG(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return c.WriteFile(path)
 }
