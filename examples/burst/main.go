@@ -4,24 +4,15 @@
 //
 //	go run ./examples/burst
 //
-// Each child keeps 20 MiB live, allocates 512 MiB in 64 KiB objects (every
-// page touched) and drops them. The table gives RSS just before the burst,
-// the peak (VmHWM), RSS 1 s and 4 s after the burst (clear of the trim, 2 s
-// after it), and RSS right after memctl's trim ran (from its Stats). The
-// plain Go process keeps its RSS: the garbage is collected at the next GC,
-// but the scavenger returns the pages slowly. The process with memctl
-// trims and its RSS drops back. It finishes in about 7 seconds.
-//
-// It also draws RSS over time as an SVG (-svg PATH; default burst.svg):
-// each arm's samples and the table's readings against the seconds since
-// its burst ended, the trim marked, and GOMEMLIMIT as a line where set.
-// Where no cgroup shows a memory limit, memctl sets none; declare one:
+// The table gives RSS before the burst, its peak (VmHWM), RSS 1 s and 4 s
+// after it, and RSS right after memctl's trim. It also draws RSS over time
+// as an SVG (-svg PATH; default burst.svg). Where no cgroup shows a memory
+// limit, memctl sets no GOMEMLIMIT; declare one:
 //
 //	MEMCTL_MEMORY_LIMIT=1GiB go run ./examples/burst -svg docs/burst.svg
 //
-// The memctl child runs with MEMCTL_PRESSURE=off, so that memory pressure
-// from other processes cannot make it trim during the burst: the table
-// shows the trim after the burst and nothing else.
+// The memctl child runs with MEMCTL_PRESSURE=off, so that pressure from
+// other processes cannot make it trim during the burst.
 package main
 
 import (
@@ -61,25 +52,23 @@ const armEnv = "BURST_DEMO_ARM" // not MEMCTL_*: memctl warns about those it doe
 
 func main() {
 	if arm := os.Getenv(armEnv); arm != "" {
-		if err := child(arm == "memctl"); err != nil {
-			fmt.Fprintln(os.Stderr, "burst:", err)
-			os.Exit(1)
-		}
+		exitIf(child(arm == "memctl"))
 		return
 	}
 	svg := flag.String("svg", "burst.svg", "write RSS over time as an SVG to this `path`")
 	flag.Parse()
 	arms, err := run()
+	exitIf(err)
+	printTable(os.Stdout, arms)
+	exitIf(writeSVG(*svg, arms))
+	fmt.Printf("\nRSS over time drawn in %s\n", *svg)
+}
+
+func exitIf(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "burst:", err)
 		os.Exit(1)
 	}
-	printTable(os.Stdout, arms)
-	if err := writeSVG(*svg, arms); err != nil {
-		fmt.Fprintln(os.Stderr, "burst:", err)
-		os.Exit(1)
-	}
-	fmt.Printf("\nRSS over time drawn in %s\n", *svg)
 }
 
 // liveSet is the steady-state live heap of a child.
@@ -215,7 +204,7 @@ func mib(b int64) string {
 	if b < 0 {
 		return "?"
 	}
-	return fmt.Sprintf("%d", (b+(1<<19))>>20)
+	return strconv.FormatInt((b+(1<<19))>>20, 10)
 }
 
 // read follows the child's report lines and reads RSS at its markers.
@@ -224,41 +213,27 @@ func (a *armRun) read(out io.Reader) {
 	pid := a.cmd.Process.Pid
 	for sc.Scan() {
 		line := sc.Text()
+		var err error
+		a.mu.Lock()
 		switch {
 		case strings.HasPrefix(line, "gomemlimit "):
-			limit, err := strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
-			a.mu.Lock()
-			a.limit, a.err = limit, err
-			a.mu.Unlock()
+			a.limit, err = strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
 		case line == "ready":
-			rss, err := procfs.RSS(pid)
-			a.mu.Lock()
-			a.ready, a.before = time.Now(), rss
-			if err != nil && a.err == nil {
-				a.err = err
-			}
-			a.mu.Unlock()
+			a.before, err = procfs.RSS(pid)
+			a.ready = time.Now()
 		case line == "end":
-			hwm, err := procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
-			a.mu.Lock()
-			a.end, a.peak = time.Now(), hwm
-			if err != nil && a.err == nil {
-				a.err = err
-			}
-			a.mu.Unlock()
+			a.peak, err = procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
+			a.end = time.Now()
 		case line == "trimmed":
-			rss, err := procfs.RSS(pid)
-			a.mu.Lock()
-			a.trimAt, a.trimmed = time.Now(), rss
-			if err != nil && a.err == nil {
-				a.err = err
-			}
-			a.mu.Unlock()
+			a.trimmed, err = procfs.RSS(pid)
+			a.trimAt = time.Now()
 		case strings.HasPrefix(line, "stats "):
-			a.mu.Lock()
 			a.stats = strings.TrimPrefix(line, "stats ")
-			a.mu.Unlock()
 		}
+		if a.err == nil {
+			a.err = err
+		}
+		a.mu.Unlock()
 	}
 	if err := a.cmd.Wait(); err != nil {
 		a.mu.Lock()
