@@ -158,10 +158,15 @@ func (c *childIO) handshake() error {
 	return c.await("go")
 }
 
-// awaitEOF blocks until the parent closes stdin: the window is over.
-func (c *childIO) awaitEOF() {
+// end says "end" and waits until the parent closes stdin: the window is
+// over.
+func (c *childIO) end() error {
+	if err := c.say("end"); err != nil {
+		return err
+	}
 	for c.in.Scan() {
 	}
+	return nil
 }
 
 // armState is what an arm set up in the child.

@@ -22,21 +22,12 @@ const (
 	unitRatio                // "0.987"
 )
 
-// String returns the base unit's name as written in the JSON output.
+// unitNames are the base units' names as written in the JSON output.
+var unitNames = []string{"bytes", "seconds", "seconds", "count", "fraction", "per second", "ratio"}
+
 func (u unit) String() string {
-	switch u {
-	case unitBytes:
-		return "bytes"
-	case unitSeconds, unitLatency:
-		return "seconds"
-	case unitCount:
-		return "count"
-	case unitFraction:
-		return "fraction"
-	case unitRate:
-		return "per second"
-	case unitRatio:
-		return "ratio"
+	if u >= 0 && int(u) < len(unitNames) {
+		return unitNames[u]
 	}
 	return "unit(" + strconv.Itoa(int(u)) + ")"
 }

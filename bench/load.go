@@ -272,11 +272,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	if err := c.say(formatSpans(st.spans())); err != nil {
 		return r, err
 	}
-	if err := c.say("end"); err != nil {
-		return r, err
-	}
-	c.awaitEOF()
-	return r, nil
+	return r, c.end()
 }
 
 // observeLoad runs the load generator against pr's server (in the

@@ -247,26 +247,21 @@ func formatAA(f FigureReport) string {
 	return fmt.Sprintf("%.1f%%", d*100)
 }
 
-// figure returns the figure key of scenario name, if it ran.
-func (rep *Report) figure(name, key string) (FigureReport, bool) {
-	for _, s := range rep.Scenarios {
-		if s.Name != name {
-			continue
-		}
-		for _, f := range s.Figures {
-			if f.Key == key {
-				return f, true
-			}
-		}
+// scenario returns the scenario name, if it ran.
+func (rep *Report) scenario(name string) (ScenarioReport, bool) {
+	i := slices.IndexFunc(rep.Scenarios, func(s ScenarioReport) bool { return s.Name == name })
+	if i < 0 {
+		return ScenarioReport{}, false
 	}
-	return FigureReport{}, false
+	return rep.Scenarios[i], true
 }
 
-func (rep *Report) scenario(name string) (ScenarioReport, bool) {
-	for _, s := range rep.Scenarios {
-		if s.Name == name {
-			return s, true
-		}
+// figure returns the figure key of scenario name, if it ran.
+func (rep *Report) figure(name, key string) (FigureReport, bool) {
+	s, _ := rep.scenario(name)
+	i := slices.IndexFunc(s.Figures, func(f FigureReport) bool { return f.Key == key })
+	if i < 0 {
+		return FigureReport{}, false
 	}
-	return ScenarioReport{}, false
+	return s.Figures[i], true
 }

@@ -142,10 +142,9 @@ var burstScenario = scenario{
 		runtime.KeepAlive(b) // all of it live until here, garbage from here on
 		st.afterBurst()
 		r.Elapsed, r.Bursts = time.Since(start), 1
-		if err := c.say("end"); err != nil {
+		if err := c.end(); err != nil {
 			return r, err
 		}
-		c.awaitEOF()
 		return r, st.snapshot(&r)
 	},
 	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
@@ -229,11 +228,7 @@ var cadenceScenario = scenario{
 		if err := st.snapshot(&r); err != nil {
 			return r, err
 		}
-		if err := c.say("end"); err != nil {
-			return r, err
-		}
-		c.awaitEOF()
-		return r, nil
+		return r, c.end()
 	},
 	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
@@ -349,11 +344,7 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
-	if err := c.say("end"); err != nil {
-		return r, err
-	}
-	c.awaitEOF()
-	return r, nil
+	return r, c.end()
 }
 
 // handler charges alloc bytes to the request's budget (limits.Grow counts

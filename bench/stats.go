@@ -96,10 +96,7 @@ func relDiff(a, b Obs) (float64, bool) {
 	case a.NA || b.NA:
 		return 0, false
 	case a.Over && b.Over:
-		if a.Value == b.Value {
-			return 0, true
-		}
-		return 0, false
+		return 0, a.Value == b.Value
 	case a.Over != b.Over:
 		return 0, false
 	case a.Value == b.Value:
