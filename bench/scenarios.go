@@ -275,7 +275,8 @@ var httpScenario = scenario{
 		return fmt.Sprintf("http: %s requests (after %s warm-up) over %d loopback connections; each request allocates %s KiB and charges it to its budget",
 			thousands(float64(p.Requests)), thousands(float64(p.Warmup)), p.Clients, thousands(float64(p.Alloc>>10)))
 	},
-	child: httpChild,
+	child:  httpChild,
+	derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "rps", "rps_vs_plain") },
 	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
 			return nil, Trace{}, err
