@@ -27,10 +27,7 @@ func (o Obs) cmp(p Obs) int {
 	if o.NA || p.NA {
 		return cmpBool(o.NA, p.NA)
 	}
-	if c := cmp.Compare(o.Value, p.Value); c != 0 {
-		return c
-	}
-	return cmpBool(o.Over, p.Over)
+	return cmp.Or(cmp.Compare(o.Value, p.Value), cmpBool(o.Over, p.Over))
 }
 
 func cmpBool(a, b bool) int {

@@ -178,33 +178,30 @@ func (c *Chart) writeLegend(p func(string, ...any), height int) {
 
 // extent returns the finite data's X and Y ranges; [0, 1] where none.
 func (c *Chart) extent() (xs, ys [2]float64) {
-	xs = [2]float64{math.Inf(1), math.Inf(-1)}
-	ys = xs
-	add := func(r *[2]float64, v float64) {
-		if finite(v) {
-			r[0], r[1] = min(r[0], v), max(r[1], v)
-		}
-	}
+	var xv, yv []float64
 	for _, s := range c.Series {
 		for _, pt := range s.Points {
 			if finite(pt.X) && finite(pt.Y) {
-				add(&xs, pt.X)
-				add(&ys, pt.Y)
+				xv, yv = append(xv, pt.X), append(yv, pt.Y)
 			}
 		}
 	}
 	for _, l := range c.Lines {
-		add(&ys, l.Y)
+		yv = append(yv, l.Y)
 	}
 	for _, m := range c.Marks {
-		add(&xs, m.X)
+		xv = append(xv, m.X)
 	}
-	for _, r := range []*[2]float64{&xs, &ys} {
-		if r[0] > r[1] {
-			*r = [2]float64{0, 1}
-		}
+	return finiteRange(xv), finiteRange(yv)
+}
+
+// finiteRange returns the least and greatest finite v; [0, 1] where none.
+func finiteRange(v []float64) [2]float64 {
+	v = slices.DeleteFunc(v, func(x float64) bool { return !finite(x) })
+	if len(v) == 0 {
+		return [2]float64{0, 1}
 	}
-	return xs, ys
+	return [2]float64{slices.Min(v), slices.Max(v)}
 }
 
 // axis maps values in [lo, hi] to pixels in [p0, p1]; step is its tick step.
