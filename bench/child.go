@@ -74,13 +74,11 @@ type childResult struct {
 	TrimCPU   time.Duration `json:"trim_cpu"`
 	TrimSpans []span        `json:"trim_spans,omitempty"`
 	Elapsed   time.Duration `json:"elapsed"` // the measured window
-	Bursts    int           `json:"bursts,omitempty"`
 	// The http scenario's load figures.
-	Requests int                `json:"requests,omitempty"`
-	RPS      float64            `json:"rps,omitempty"`
-	P50      time.Duration      `json:"p50,omitempty"`
-	P99      time.Duration      `json:"p99,omitempty"`
-	Extra    map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
+	RPS   float64            `json:"rps,omitempty"`
+	P50   time.Duration      `json:"p50,omitempty"`
+	P99   time.Duration      `json:"p99,omitempty"`
+	Extra map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
 }
 
 // childMain runs one arm of one scenario ("scenario/arm") and returns the

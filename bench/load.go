@@ -236,11 +236,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	start := time.Now()
 	gc0, forced0 := readCycles(cyclesTotal), readCycles(cyclesForced)
 	back, n := 0, 0
-	for k := 0; ; k++ {
-		at := start.Add(lp.FirstBurst + time.Duration(k)*lp.Period)
-		if at.Add(lp.Check).After(start.Add(lp.For)) {
-			break
-		}
+	for at := start.Add(lp.FirstBurst); !at.Add(lp.Check).After(start.Add(lp.For)); at = at.Add(lp.Period) {
 		time.Sleep(time.Until(at))
 		pre, err := procfs.RSS(0)
 		if err != nil {
@@ -261,7 +257,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 		}
 	}
 	time.Sleep(time.Until(start.Add(lp.For)))
-	r.Elapsed, r.Bursts = time.Since(start), n
+	r.Elapsed = time.Since(start)
 	r.Extra = map[string]float64{"gc_cycles": float64(readCycles(cyclesTotal) - gc0), "gc_forced": float64(readCycles(cyclesForced) - forced0)}
 	if n > 0 {
 		r.Extra["bursts_back"] = float64(back) / float64(n)

@@ -141,7 +141,7 @@ var burstScenario = scenario{
 		b := burst.Alloc(p.Burst)
 		runtime.KeepAlive(b) // all of it live until here, garbage from here on
 		st.afterBurst()
-		r.Elapsed, r.Bursts = time.Since(start), 1
+		r.Elapsed = time.Since(start)
 		if err := c.end(); err != nil {
 			return r, err
 		}
@@ -212,16 +212,11 @@ var cadenceScenario = scenario{
 			return r, err
 		}
 		start := time.Now()
-		for k := 0; ; k++ {
-			at := start.Add(time.Duration(k) * p.CadencePeriod)
-			if at.Sub(start) >= p.CadenceFor {
-				break
-			}
+		for at := start; at.Before(start.Add(p.CadenceFor)); at = at.Add(p.CadencePeriod) {
 			time.Sleep(time.Until(at))
 			b := burst.Alloc(p.CadenceBurst)
 			runtime.KeepAlive(b)
 			st.afterBurst()
-			r.Bursts++
 		}
 		time.Sleep(time.Until(start.Add(p.CadenceFor)))
 		r.Elapsed = time.Since(start)
@@ -338,7 +333,7 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	for i, d := range lat {
 		secs[i] = d.Seconds()
 	}
-	r.Requests, r.Elapsed = len(lat), elapsed
+	r.Elapsed = elapsed
 	r.RPS = float64(len(lat)) / elapsed.Seconds()
 	r.P50 = time.Duration(percentile(secs, 50) * 1e9)
 	r.P99 = time.Duration(percentile(secs, 99) * 1e9)
