@@ -22,9 +22,7 @@ import (
 )
 
 // The load scenarios: a server in the child, an open-loop load generator in
-// the parent (outside the server's cgroups). The contended variant is a
-// CPU-limited pod: a cgroup v1 cpu child with a 10% quota shared with a
-// busy loop.
+// the parent (outside the server's cgroups).
 
 // loadParams are the load scenarios' sizes (bytes), rates and times.
 type loadParams struct {
