@@ -10,6 +10,7 @@ import (
 	"github.com/memctl/memctl/internal/cpuquota"
 	"github.com/memctl/memctl/internal/procfs"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -28,14 +29,10 @@ func childEnviron(spec string, p params) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var env []string
-	for _, kv := range os.Environ() {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "MEMCTL_") || slices.Contains(stripEnv, k) {
-			continue
-		}
-		env = append(env, kv)
-	}
+		return strings.HasPrefix(k, "MEMCTL_") || slices.Contains(stripEnv, k)
+	})
 	return append(env, childEnv+"="+spec, paramsEnv+"="+string(b)), nil
 }
 
@@ -75,10 +72,7 @@ func (pr *proc) untrack() {
 func abortRunning() error {
 	running.Lock()
 	running.stopped = true
-	procs := make([]*proc, 0, len(running.procs))
-	for pr := range running.procs {
-		procs = append(procs, pr)
-	}
+	procs := slices.Collect(maps.Keys(running.procs))
 	running.Unlock()
 	var errs []error
 	for _, pr := range procs {
