@@ -163,11 +163,17 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	if fs.NArg() > 0 {
 		return config{}, false, fmt.Errorf("bench: unexpected arguments %q", fs.Args())
 	}
-	if *runs < 0 || *requests < 0 {
-		return config{}, false, fmt.Errorf("bench: -runs %d, -requests %d: want positive counts", *runs, *requests)
-	}
-	if *window < 0 || *cadenceFor < 0 || *trimDelay < 0 {
-		return config{}, false, fmt.Errorf("bench: -window %v, -cadence-for %v, -trim-delay %v: want positive durations", *window, *cadenceFor, *trimDelay)
+	for _, f := range []struct {
+		name     string
+		negative bool
+		value    any
+	}{
+		{"-runs", *runs < 0, *runs}, {"-requests", *requests < 0, *requests},
+		{"-window", *window < 0, *window}, {"-cadence-for", *cadenceFor < 0, *cadenceFor}, {"-trim-delay", *trimDelay < 0, *trimDelay},
+	} {
+		if f.negative {
+			return config{}, false, fmt.Errorf("bench: %s %v: want a positive value", f.name, f.value)
+		}
 	}
 	cfg := defaultConfig(*quick)
 	cfg.Runs = cmp.Or(*runs, cfg.Runs)
