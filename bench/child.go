@@ -74,13 +74,11 @@ type childResult struct {
 	TrimCPU   time.Duration `json:"trim_cpu"`
 	TrimSpans []span        `json:"trim_spans,omitempty"`
 	Elapsed   time.Duration `json:"elapsed"` // the measured window
-	Bursts    int           `json:"bursts,omitempty"`
 	// The http scenario's load figures.
-	Requests int                `json:"requests,omitempty"`
-	RPS      float64            `json:"rps,omitempty"`
-	P50      time.Duration      `json:"p50,omitempty"`
-	P99      time.Duration      `json:"p99,omitempty"`
-	Extra    map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
+	RPS   float64            `json:"rps,omitempty"`
+	P50   time.Duration      `json:"p50,omitempty"`
+	P99   time.Duration      `json:"p99,omitempty"`
+	Extra map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
 }
 
 // childMain runs one arm of one scenario ("scenario/arm") and returns the
@@ -158,10 +156,15 @@ func (c *childIO) handshake() error {
 	return c.await("go")
 }
 
-// awaitEOF blocks until the parent closes stdin: the window is over.
-func (c *childIO) awaitEOF() {
+// end says "end" and waits until the parent closes stdin: the window is
+// over.
+func (c *childIO) end() error {
+	if err := c.say("end"); err != nil {
+		return err
+	}
 	for c.in.Scan() {
 	}
+	return nil
 }
 
 // armState is what an arm set up in the child.
@@ -249,26 +252,26 @@ func (st *armState) snapshot(r *childResult) error {
 }
 
 // trimLog counts the DEBUG "trim: done" records and passes INFO and above
-// to next.
+// to next; the handlers WithAttrs and WithGroup derive share its counts.
 type trimLog struct {
 	counts *trimCounts
 	next   slog.Handler
 }
 
+// trimCounts holds each trim's wall-clock interval.
 type trimCounts struct {
 	mu    sync.Mutex
-	n     int64
-	total time.Duration
-	spans []span // each trim's wall-clock interval
+	spans []span
 }
 
-// add counts a trim that took d and ended at end.
-func (c *trimCounts) add(d time.Duration, end time.Time) {
+// get returns the number of trims and their total duration.
+func (c *trimCounts) get() (n int64, total time.Duration) {
 	c.mu.Lock()
-	c.n++
-	c.total += d
-	c.spans = append(c.spans, span{end.Add(-d).UnixNano(), end.UnixNano()})
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	for _, s := range c.spans {
+		total += time.Duration(s[1] - s[0])
+	}
+	return int64(len(c.spans)), total
 }
 
 // spans returns the trims' intervals so far; none in an arm without memctl.
@@ -279,12 +282,6 @@ func (st *armState) spans() []span {
 	st.log.counts.mu.Lock()
 	defer st.log.counts.mu.Unlock()
 	return append([]span{}, st.log.counts.spans...)
-}
-
-func (c *trimCounts) get() (int64, time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n, c.total
 }
 
 func (h *trimLog) Enabled(ctx context.Context, l slog.Level) bool {
@@ -305,11 +302,10 @@ func (h *trimLog) Handle(ctx context.Context, r slog.Record) error {
 		if !found {
 			return errors.New("bench: \"trim: done\" record without a took duration")
 		}
-		end := r.Time // when the trimmer logged it: just after the trim
-		if end.IsZero() {
-			end = time.Now()
-		}
-		h.counts.add(took, end)
+		end := cmp.Or(r.Time, time.Now()) // when the trimmer logged it: just after the trim
+		h.counts.mu.Lock()
+		h.counts.spans = append(h.counts.spans, span{end.Add(-took).UnixNano(), end.UnixNano()})
+		h.counts.mu.Unlock()
 		return nil
 	}
 	if r.Level < slog.LevelInfo {

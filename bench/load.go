@@ -1,9 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,9 +22,7 @@ import (
 )
 
 // The load scenarios: a server in the child, an open-loop load generator in
-// the parent (outside the server's cgroups). The contended variant is a
-// CPU-limited pod: a cgroup v1 cpu child with a 10% quota shared with a
-// busy loop.
+// the parent (outside the server's cgroups).
 
 // loadParams are the load scenarios' sizes (bytes), rates and times.
 type loadParams struct {
@@ -63,21 +61,13 @@ type loadParams struct {
 	GCAlloc   int64 `json:"gc_request_alloc_bytes"`
 }
 
-// loadVariant is one of the load scenarios.
-type loadVariant int
-
-const (
-	loadPlainVariant     loadVariant = iota // load
-	loadContendedVariant                    // load-contended
-	loadGCVariant                           // load-gc
-)
-
-// of returns the parameters the variant runs with.
-func (v loadVariant) of(lp loadParams) loadParams {
-	switch v {
-	case loadGCVariant:
+// variantParams returns the parameters load scenario name runs with.
+func variantParams(name string, lp loadParams) loadParams {
+	switch name {
+	case "load-gc":
 		lp.Live, lp.Alloc = lp.GCLive, lp.GCAlloc
-	case loadContendedVariant:
+	case "load-contended":
+		lp.Rate = lp.ContendedRate
 		if lp.ContendedBurst > 0 { // 0 in a report written before the field
 			lp.Burst = lp.ContendedBurst
 		}
@@ -136,8 +126,7 @@ var loadFigures = []figureDef{
 	{"bursts_back", "bursts with RSS < 1.2 × pre-burst 3.5 s after", unitFraction},
 }
 
-func loadScenario(name string, v loadVariant) scenario {
-	contended := v == loadContendedVariant
+func loadScenario(name string) scenario {
 	return scenario{
 		Name:    name,
 		Figures: loadFigures,
@@ -146,33 +135,34 @@ func loadScenario(name string, v loadVariant) scenario {
 			return p.Load.CgroupLimit
 		},
 		title: func(p params) string {
-			lp := v.of(p.Load)
-			rate := lp.Rate
-			t := fmt.Sprintf("%s: a server holding %s MiB live, %s requests/s open-loop on loopback, a %s MiB burst every %s, for %s",
-				name, mibs(lp.Live), thousands(rate), mibs(lp.Burst), secs(lp.Period), secs(lp.For))
-			if v == loadGCVariant {
-				t = fmt.Sprintf("%s: the server of load with GOGC=%d, %s MiB live and %s KiB of garbage per request (natural GC cycles collect each burst before its trim), %s requests/s, a %s MiB burst every %s, for %s",
-					name, lp.GCPercent, mibs(lp.Live), thousands(float64(lp.Alloc>>10)), thousands(rate), mibs(lp.Burst), secs(lp.Period), secs(lp.For))
+			lp := variantParams(name, p.Load)
+			var t string
+			switch name {
+			case "load":
+				t = fmt.Sprintf("a server holding %s MiB live, %s requests/s open-loop on loopback", mibs(lp.Live), thousands(lp.Rate))
+			case "load-gc":
+				t = fmt.Sprintf("the server of load with GOGC=%d, %s MiB live and %s KiB of garbage per request (natural GC cycles collect each burst before its trim), %s requests/s",
+					lp.GCPercent, mibs(lp.Live), thousands(float64(lp.Alloc>>10)), thousands(lp.Rate))
+			case "load-contended":
+				t = fmt.Sprintf("the server of load in a cgroup v1 cpu child with a %d%% CPU quota (cfs_quota_us %d / cfs_period_us %d) shared with a busy loop, %s requests/s",
+					100*lp.Quota/lp.QuotaPeriod, lp.Quota, lp.QuotaPeriod, thousands(lp.Rate))
 			}
-			if contended {
-				t = fmt.Sprintf("%s: the server of load in a cgroup v1 cpu child with a %d%% CPU quota (cfs_quota_us %d / cfs_period_us %d) shared with a busy loop, %s requests/s, a %s MiB burst every %s, for %s",
-					name, 100*lp.Quota/lp.QuotaPeriod, lp.Quota, lp.QuotaPeriod, thousands(lp.ContendedRate), mibs(lp.Burst), secs(lp.Period), secs(lp.For))
-			}
+			t = fmt.Sprintf("%s: %s, a %s MiB burst every %s, for %s", name, t, mibs(lp.Burst), secs(lp.Period), secs(lp.For))
 			if p.TrimDelay > 0 {
 				t += fmt.Sprintf("; memctl arms with a %s trim delay (-trim-delay)", secs(p.TrimDelay))
 			}
 			return t + fmt.Sprintf(" (each arm's memory cgroup, where used: %s MiB)", mibs(lp.CgroupLimit))
 		},
 		setup: func(p params) {
-			if v == loadGCVariant {
+			if name == "load-gc" {
 				debug.SetGCPercent(p.Load.GCPercent)
 			}
 		},
 		child: func(p params, st *armState, c *childIO) (childResult, error) {
-			return loadChild(v.of(p.Load), p, st, c)
+			return loadChild(variantParams(name, p.Load), p, st, c)
 		},
 		observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-			return observeLoad(pr, p, contended)
+			return observeLoad(pr, p, name)
 		},
 		complete: func(figs map[string]Obs, r childResult) {
 			figs["trims"] = Obs{Value: float64(r.Trims)}
@@ -187,7 +177,7 @@ func loadScenario(name string, v loadVariant) scenario {
 		},
 		derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "p99", "p99_vs_plain") },
 		precheck: func() error {
-			if !contended {
+			if name != "load-contended" {
 				return nil
 			}
 			g, err := cpuquota.New(fmt.Sprintf("memctl-bench-cpu%s-%d-probe", tagSuffix(), os.Getpid()), 100000, 100000)
@@ -200,9 +190,9 @@ func loadScenario(name string, v loadVariant) scenario {
 }
 
 var (
-	loadScenarioPlain     = loadScenario("load", loadPlainVariant)
-	loadScenarioContended = loadScenario("load-contended", loadContendedVariant)
-	loadScenarioGC        = loadScenario("load-gc", loadGCVariant)
+	loadScenarioPlain     = loadScenario("load")
+	loadScenarioContended = loadScenario("load-contended")
+	loadScenarioGC        = loadScenario("load-gc")
 )
 
 // loadNode is a small pointer-linked node of the server's live set.
@@ -228,7 +218,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	runtime.GC()
 	time.Sleep(settle)
 
-	ln, err := listenLoopback()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return r, err
 	}
@@ -241,13 +231,10 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	if err := c.handshake(); err != nil {
 		return r, err
 	}
-	start, gc0, forced0 := time.Now(), gcCycles(), gcForced()
+	start := time.Now()
+	gc0, forced0 := readCycles(cyclesTotal), readCycles(cyclesForced)
 	back, n := 0, 0
-	for k := 0; ; k++ {
-		at := start.Add(lp.FirstBurst + time.Duration(k)*lp.Period)
-		if at.Add(lp.Check).After(start.Add(lp.For)) {
-			break
-		}
+	for at := start.Add(lp.FirstBurst); !at.Add(lp.Check).After(start.Add(lp.For)); at = at.Add(lp.Period) {
 		time.Sleep(time.Until(at))
 		pre, err := procfs.RSS(0)
 		if err != nil {
@@ -268,8 +255,8 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 		}
 	}
 	time.Sleep(time.Until(start.Add(lp.For)))
-	r.Elapsed, r.Bursts = time.Since(start), n
-	r.Extra = map[string]float64{"gc_cycles": float64(gcCycles() - gc0), "gc_forced": float64(gcForced() - forced0)}
+	r.Elapsed = time.Since(start)
+	r.Extra = map[string]float64{"gc_cycles": float64(readCycles(cyclesTotal) - gc0), "gc_forced": float64(readCycles(cyclesForced) - forced0)}
 	if n > 0 {
 		r.Extra["bursts_back"] = float64(back) / float64(n)
 	}
@@ -279,19 +266,15 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	if err := c.say(formatSpans(st.spans())); err != nil {
 		return r, err
 	}
-	if err := c.say("end"); err != nil {
-		return r, err
-	}
-	c.awaitEOF()
-	return r, nil
+	return r, c.end()
 }
 
 // observeLoad runs the load generator against pr's server (in the
 // contended variant after moving it into the CPU-quota cgroup) and samples
 // its RSS; the trace holds the RSS and the p99 per p99Window.
-func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Trace, err error) {
-	lp := p.Load
-	line, err := pr.next(startTimeout)
+func observeLoad(pr *proc, p params, name string) (figs map[string]Obs, tr Trace, err error) {
+	lp := variantParams(name, p.Load)
+	line, err := pr.next(startTimeout, "its address")
 	if err != nil {
 		return nil, tr, err
 	}
@@ -302,9 +285,7 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Tr
 	if _, err := pr.expect("ready", startTimeout); err != nil {
 		return nil, tr, err
 	}
-	rate := lp.Rate
-	if contended {
-		rate = lp.ContendedRate
+	if name == "load-contended" {
 		defer func() { err = errors.Join(err, pr.leaveQuota()) }()
 		name := fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-"))
 		if err := pr.enterQuota(name, lp.Quota, lp.QuotaPeriod); err != nil {
@@ -315,17 +296,10 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Tr
 	if err := pr.send("go"); err != nil {
 		return nil, tr, err
 	}
-	stop := make(chan struct{})
-	var samples []sample
-	var serr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		samples, serr = sampleRSS(pr.pid, start, p.Sample, lp.For+time.Minute, stop)
-	}()
-	lat, failed, sent := openLoop("http://"+addr+"/", rate, lp.For, lp.Timeout, lp.MaxInFlight)
+	stopSampling := sampleInBackground(pr.pid, start, p.Sample, lp.For+time.Minute)
+	lat, failed, sent := openLoop("http://"+addr+"/", lp.Rate, lp.For, lp.Timeout, lp.MaxInFlight)
 	var spans []span
-	line, err = pr.next(lp.For + 2*time.Minute)
+	line, err = pr.next(lp.For+2*time.Minute, "its trims")
 	if err == nil {
 		if spans, err = parseSpans(line); err != nil {
 			err = pr.failure(err.Error())
@@ -334,19 +308,15 @@ func observeLoad(pr *proc, p params, contended bool) (figs map[string]Obs, tr Tr
 	if err == nil {
 		_, err = pr.expect("end", time.Minute)
 	}
-	close(stop)
-	<-done
-	if err != nil {
+	samples, serr := stopSampling()
+	if err := cmp.Or(err, serr); err != nil {
 		return nil, tr, err
 	}
-	if serr != nil {
-		return nil, tr, serr
-	}
 	tr = rssTrace(start, samples)
-	tr.P99 = p99Windows(lat, rate, sent.Sub(start).Seconds(), p99Window)
+	tr.P99 = p99Windows(lat, lp.Rate, sent.Sub(start).Seconds(), p99Window)
 	figs = map[string]Obs{}
-	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, rate, spans, nil)
-	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
+	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, lp.Rate, spans, nil)
+	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, lp.Rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
 	slices.Sort(lat)
 	figs["p50"] = Obs{Value: percentile(lat, 50)}
 	figs["p99"] = Obs{Value: percentile(lat, 99)}
@@ -382,15 +352,7 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			resp, err := client.Get(url)
-			if err == nil {
-				_, err = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if err == nil && resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("status %s", resp.Status)
-				}
-			}
-			if err != nil {
+			if err := get(client, url); err != nil {
 				lat[i] = timeout.Seconds()
 				failed.Add(1)
 				return
@@ -402,12 +364,9 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 	return lat, int(failed.Load()), start
 }
 
-// gcCycles returns /gc/cycles/total:gc-cycles.
-func gcCycles() int64 { return readCycles("/gc/cycles/total:gc-cycles") }
+const cyclesTotal, cyclesForced = "/gc/cycles/total:gc-cycles", "/gc/cycles/forced:gc-cycles"
 
-// gcForced returns /gc/cycles/forced:gc-cycles.
-func gcForced() int64 { return readCycles("/gc/cycles/forced:gc-cycles") }
-
+// readCycles returns the runtime/metrics counter name.
 func readCycles(name string) int64 {
 	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
@@ -415,23 +374,6 @@ func readCycles(name string) int64 {
 		return 0
 	}
 	return int64(s[0].Value.Uint64())
-}
-
-func listenLoopback() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
-
-// next waits up to timeout for the child's next line.
-func (pr *proc) next(timeout time.Duration) (string, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case line, ok := <-pr.lines:
-		if !ok {
-			return "", pr.failure("exited before saying its address")
-		}
-		return line, nil
-	case <-t.C:
-		return "", pr.failure(fmt.Sprintf("said nothing within %v", timeout))
-	}
 }
 
 // tagSuffix is "-"+MEMCTL_BENCH_TAG when that is set, for cgroup names.

@@ -1,63 +1,36 @@
-// Command bench is memctl's A/B harness: it runs the same scenarios in up to
-// five arms, each a child process of this same binary, and prints a Markdown
-// table per scenario with the arms as columns (or JSON with -json).
-// docs/benchmarks.md describes each figure and target and holds the last
-// results.
+// Command bench is memctl's A/B harness: it runs each scenario in up to
+// five arms, each a child process of this binary, and prints a Markdown
+// table per scenario with the arms as columns (JSON with -json).
+// docs/benchmarks.md describes each scenario, arm, figure and target, and
+// holds the last results.
 //
-//	go run ./bench                 # full run, 5 runs per arm: about 85 minutes on 2 cores
-//	go run ./bench -quick          # 1 run per arm, short windows: about 3 minutes
+//	go run ./bench                 # full run, 5 runs per arm
+//	go run ./bench -quick          # 1 run per arm, short windows
 //	go run ./bench -json > out.json
 //	go run ./bench -from out.json  # the saved report as Markdown
 //	go run ./bench -runs 3 -json -svg docs/bench > docs/bench/report.json  # docs/benchmarks.md's run
 //
-// Arms: plain Go (defaults); GOMEMLIMIT only (limits.SetGoMemLimit alone);
-// memctl (memctl.Start with defaults, AfterBurst after each burst); an A/A
-// arm identical to memctl, whose distance from it is the noise floor; and,
-// in burst only, plain + FreeOSMemory (debug.FreeOSMemory one trim delay
-// after each burst). An arm a scenario does not run shows "–". Arms run
-// interleaved (A B C D E A B C D E ...), -runs times each (default 5); each
-// figure is the median over the runs, with the min and max. Where it can
-// (root, a writable memory cgroup), the harness runs each child in a child
-// memory cgroup of its own with the same limit (-cgroup-limit, default
-// 2 GiB), so that the GOMEMLIMIT arms have a limit to read, and says
-// whether it did. Its cgroups (tagged with MEMCTL_BENCH_TAG when set) are
-// removed when each arm ends, failing or not, and on SIGINT or SIGTERM,
-// which stop the running arms before the harness exits (status 130). The
+// Arms: plain Go; GOMEMLIMIT only (limits.SetGoMemLimit); memctl
+// (memctl.Start, AfterBurst after each burst); an A/A copy of memctl, the
+// noise floor; and in burst only plain Go with debug.FreeOSMemory one trim
+// delay after each burst. Arms run interleaved, -runs times each; a figure
+// is the median over the runs, with the min and max. Where it can (root, a
+// writable memory cgroup), the harness runs each child in a memory cgroup
+// of its own (-cgroup-limit, default 2 GiB). Its cgroups (tagged with
+// MEMCTL_BENCH_TAG when set) are removed when each arm ends, and on SIGINT
+// or SIGTERM, which stop the running arms and exit with status 130. The
 // arms' environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and
 // MEMCTL*.
 //
-// Scenarios (-scenarios, default all):
-//
-//   - burst: 20 MiB live, one 1 GiB burst, then idle for -window (default
-//     30 s): RSS before, at its peak, 3 s and 10 s after, and the time until
-//     it is back within 10%, read from /proc/PID/status every 50 ms.
-//   - cadence: 20 MiB live and a 64 MiB burst every 2.1 s for -cadence-for
-//     (default 60 s), the worst spacing for the 2 s trim delay: trims, their
-//     share of wall time, mean and peak RSS.
-//   - http: a loopback net/http server whose handler charges 32 KiB to its
-//     request's budget, behind limits.Pool's middleware in the memctl arms;
-//     -requests requests over 8 connections: throughput and latency.
-//   - load (plain, memctl and A/A only): a server holding 1 GiB live, an
-//     open-loop load generator at 200 requests/s, a 512 MiB burst every 10 s
-//     for 62 s, each arm in a 4 GiB memory cgroup: latency, trims and their
-//     CPU, RSS after the bursts.
-//   - load-contended: the same server in a cgroup v1 cpu child with a 10%
-//     quota shared with a busy loop, at 50 requests/s; it needs root and the
-//     cgroup v1 cpu controller, else the report says it did not run.
-//   - load-gc: the load server with GOGC=10, 256 MiB live and 256 KiB of
-//     garbage per request, so that natural GC cycles collect each burst
-//     before its trim; adds forced GC cycles to the figures.
-//
-// Charts (-svg DIR, default "."; "off" or "" writes none; DIR is made if
-// missing): bench-SCENARIO.svg, each arm's RSS over time, and for the load
-// scenarios bench-SCENARIO-p99.svg, the p99 latency per 2 s, both from each
-// arm's first run, whose samples the report keeps so that -from redraws
-// them; http has none.
-//
-// The figures are specific to the machine; compare arms within one run.
+// Scenarios (-scenarios, default all): burst, cadence, http, load,
+// load-contended (needs root and the cgroup v1 cpu controller) and load-gc.
+// Charts (-svg DIR, default "."; "off" or "": none): bench-SCENARIO.svg,
+// each arm's RSS over time, and bench-SCENARIO-p99.svg in the load
+// scenarios, from each arm's first run; -from redraws them.
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
@@ -66,7 +39,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/memctl/memctl/internal/bytesize"
 )
@@ -129,11 +101,11 @@ func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 	for _, p := range paths {
 		fmt.Fprintln(stderr, "bench: wrote", p)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		fmt.Fprintln(stderr, err)
 		return 1
-	}
-	if len(paths) == 0 {
+	case len(paths) == 0:
 		fmt.Fprintln(stderr, "bench: -svg: no scenario of the report has traces (http has none; a report written before they were kept has none): no chart written")
 	}
 	return 0
@@ -145,17 +117,15 @@ func drawCharts(dir string, rep *Report, stderr io.Writer) int {
 func abortOnSignal(stderr io.Writer) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	var mu sync.Mutex
-	var stopped, aborting bool
+	var mu sync.Mutex // an abort holds it until the process exits
+	stopped := false
 	go func() {
-		sig, ok := <-sigs
+		sig := <-sigs
 		mu.Lock()
-		if !ok || stopped {
+		if stopped {
 			mu.Unlock()
 			return
 		}
-		aborting = true
-		mu.Unlock()
 		fmt.Fprintf(stderr, "bench: %v: stopping the running arms and removing their cgroups\n", sig)
 		if err := abortRunning(); err != nil {
 			fmt.Fprintln(stderr, err)
@@ -166,15 +136,8 @@ func abortOnSignal(stderr io.Writer) (stop func()) {
 		signal.Stop(sigs)
 		mu.Lock()
 		stopped = true
-		ab := aborting
 		mu.Unlock()
-		if !ab {
-			close(sigs) // ends the goroutine; nothing sends on sigs after signal.Stop
-			return
-		}
-		for { // the abort exits the process
-			time.Sleep(time.Minute)
-		}
+		close(sigs) // ends the goroutine; nothing sends on sigs after signal.Stop
 	}
 }
 
@@ -200,12 +163,20 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 	if fs.NArg() > 0 {
 		return config{}, false, fmt.Errorf("bench: unexpected arguments %q", fs.Args())
 	}
-	cfg := defaultConfig(*quick)
-	if *runs < 0 {
-		return config{}, false, fmt.Errorf("bench: -runs %d: want at least 1", *runs)
-	} else if *runs > 0 {
-		cfg.Runs = *runs
+	for _, f := range []struct {
+		name     string
+		negative bool
+		value    any
+	}{
+		{"-runs", *runs < 0, *runs}, {"-requests", *requests < 0, *requests},
+		{"-window", *window < 0, *window}, {"-cadence-for", *cadenceFor < 0, *cadenceFor}, {"-trim-delay", *trimDelay < 0, *trimDelay},
+	} {
+		if f.negative {
+			return config{}, false, fmt.Errorf("bench: %s %v: want a positive value", f.name, f.value)
+		}
 	}
+	cfg := defaultConfig(*quick)
+	cfg.Runs = cmp.Or(*runs, cfg.Runs)
 	cfg.Scenarios = nil
 	for _, s := range strings.Split(*scens, ",") {
 		s = strings.TrimSpace(s)
@@ -219,26 +190,9 @@ func parseFlags(args []string, stderr io.Writer) (config, bool, error) {
 		return config{}, false, fmt.Errorf("-cgroup-limit: %w", err)
 	}
 	cfg.CgroupLimit = l
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-		dst  *time.Duration
-	}{{"-window", *window, &cfg.Params.Window}, {"-cadence-for", *cadenceFor, &cfg.Params.CadenceFor}} {
-		switch {
-		case d.v < 0:
-			return config{}, false, fmt.Errorf("bench: %s %v: want a positive duration", d.name, d.v)
-		case d.v > 0:
-			*d.dst = d.v
-		}
-	}
-	if *requests < 0 {
-		return config{}, false, fmt.Errorf("bench: -requests %d: want a positive count", *requests)
-	} else if *requests > 0 {
-		cfg.Params.Requests = *requests
-	}
-	if *trimDelay < 0 {
-		return config{}, false, fmt.Errorf("bench: -trim-delay %v: want a positive duration", *trimDelay)
-	}
+	cfg.Params.Window = cmp.Or(*window, cfg.Params.Window)
+	cfg.Params.CadenceFor = cmp.Or(*cadenceFor, cfg.Params.CadenceFor)
+	cfg.Params.Requests = cmp.Or(*requests, cfg.Params.Requests)
 	cfg.Params.TrimDelay = *trimDelay
 	cfg.From = *from
 	if *svg != "off" {

@@ -8,10 +8,8 @@ import (
 	"time"
 )
 
-// A trim's latency cost is measured within one arm (the p99 of requests
-// overlapping a trim against the others'), since the A/A spread between
-// arms hides a 10% effect; see docs/benchmarks.md. Its A/A is the same split
-// on placebo windows (shiftSpans).
+// A trim's latency cost is measured within one arm: the p99 of requests
+// overlapping a trim against the others' (docs/benchmarks.md says why).
 
 // span is a trim's wall-clock interval in Unix nanoseconds (CLOCK_REALTIME,
 // the same in parent and child).

@@ -10,9 +10,11 @@ import (
 	"github.com/memctl/memctl/internal/cpuquota"
 	"github.com/memctl/memctl/internal/procfs"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,14 +29,10 @@ func childEnviron(spec string, p params) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var env []string
-	for _, kv := range os.Environ() {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "MEMCTL_") || slices.Contains(stripEnv, k) {
-			continue
-		}
-		env = append(env, kv)
-	}
+		return strings.HasPrefix(k, "MEMCTL_") || slices.Contains(stripEnv, k)
+	})
 	return append(env, childEnv+"="+spec, paramsEnv+"="+string(b)), nil
 }
 
@@ -74,10 +72,7 @@ func (pr *proc) untrack() {
 func abortRunning() error {
 	running.Lock()
 	running.stopped = true
-	procs := make([]*proc, 0, len(running.procs))
-	for pr := range running.procs {
-		procs = append(procs, pr)
-	}
+	procs := slices.Collect(maps.Keys(running.procs))
 	running.Unlock()
 	var errs []error
 	for _, pr := range procs {
@@ -150,24 +145,31 @@ func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) 
 	return pr, nil
 }
 
-// expect waits up to timeout for the child's next line, word, and returns
-// when it was read.
-func (pr *proc) expect(word string, timeout time.Duration) (time.Time, error) {
+// next waits up to timeout for the child's next line; what names the line
+// in errors.
+func (pr *proc) next(timeout time.Duration, what string) (string, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case line, ok := <-pr.lines:
-		now := time.Now()
 		if !ok {
-			return now, pr.failure(fmt.Sprintf("exited while the parent waited for %q", word))
+			return "", pr.failure("exited while the parent waited for " + what)
 		}
-		if line != word {
-			return now, pr.failure(fmt.Sprintf("said %q, want %q", line, word))
-		}
-		return now, nil
+		return line, nil
 	case <-t.C:
-		return time.Now(), pr.failure(fmt.Sprintf("no %q within %v", word, timeout))
+		return "", pr.failure(fmt.Sprintf("no %s within %v", what, timeout))
 	}
+}
+
+// expect waits up to timeout for the child's next line, word, and returns
+// when it was read.
+func (pr *proc) expect(word string, timeout time.Duration) (time.Time, error) {
+	line, err := pr.next(timeout, strconv.Quote(word))
+	now := time.Now()
+	if err == nil && line != word {
+		err = pr.failure(fmt.Sprintf("said %q, want %q", line, word))
+	}
+	return now, err
 }
 
 // send writes one line to the child.
@@ -181,19 +183,7 @@ func (pr *proc) send(word string) error {
 func (pr *proc) finish() (childResult, error) {
 	var r childResult
 	_ = pr.stdin.Close()
-	line, err := func() (string, error) {
-		t := time.NewTimer(time.Minute)
-		defer t.Stop()
-		select {
-		case line, ok := <-pr.lines:
-			if !ok {
-				return "", pr.failure("exited without a result")
-			}
-			return line, nil
-		case <-t.C:
-			return "", pr.failure("no result within a minute")
-		}
-	}()
+	line, err := pr.next(time.Minute, "its result")
 	if err != nil {
 		return r, err
 	}
@@ -261,13 +251,12 @@ func (pr *proc) abort() error {
 func (pr *proc) leaveQuota() error {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	if pr.quota == nil {
-		return nil
+	if pr.quota != nil {
+		if err := pr.quota.Remove(); err != nil {
+			return err
+		}
+		pr.quota = nil
 	}
-	if err := pr.quota.Remove(); err != nil {
-		return err
-	}
-	pr.quota = nil
 	return nil
 }
 
@@ -321,5 +310,21 @@ func sampleRSS(pid int, t0 time.Time, step, window time.Duration, stop <-chan st
 			return samples, fmt.Errorf("bench: sample RSS: %w", err)
 		}
 		samples = append(samples, sample{at: time.Since(t0).Seconds(), rss: rss})
+	}
+}
+
+// sampleInBackground runs sampleRSS on a goroutine of its own until stop.
+func sampleInBackground(pid int, t0 time.Time, step, window time.Duration) (stop func() ([]sample, error)) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	var samples []sample
+	var err error
+	go func() {
+		defer close(done)
+		samples, err = sampleRSS(pid, t0, step, window, quit)
+	}()
+	return func() ([]sample, error) {
+		close(quit)
+		<-done
+		return samples, err
 	}
 }

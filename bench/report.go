@@ -176,36 +176,35 @@ func writeMarkdown(w io.Writer, rep *Report) error {
 		fmt.Fprintf(&b, "Cgroups: none; %s.\n\n", rep.Cgroup.Note)
 	}
 
-	b.WriteString("| arm | what it runs | GOMEMLIMIT (MiB) |\n| --- | --- | --- |\n")
+	row := func(cells ...string) { fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | ")) }
+	row("arm", "what it runs", "GOMEMLIMIT (MiB)")
+	row("---", "---", "---")
 	for _, a := range rep.Arms {
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", a.Label, a.Desc, formatMemLimit(a.GoMemLimit))
+		row(a.Label, a.Desc, formatMemLimit(a.GoMemLimit))
 	}
-
 	for _, s := range rep.Scenarios {
 		fmt.Fprintf(&b, "\n### %s\n\n", s.Title)
-		fmt.Fprintf(&b, "| %s |", s.Name)
+		head := []string{s.Name}
 		for _, a := range rep.Arms {
-			fmt.Fprintf(&b, " %s |", a.Label)
+			head = append(head, a.Label)
 		}
-		b.WriteString(" A/A Δ |\n|")
-		for range len(rep.Arms) + 2 {
-			b.WriteString(" --- |")
-		}
-		b.WriteByte('\n')
+		row(append(head, "A/A Δ")...)
+		row(slices.Repeat([]string{"---"}, len(rep.Arms)+2)...)
 		for _, f := range s.Figures {
-			fmt.Fprintf(&b, "| %s |", f.Label)
+			cells := []string{f.Label}
 			for _, a := range rep.Arms {
-				fmt.Fprintf(&b, " %s |", formatCell(f.Unit, f.Arms[a.Key]))
+				cells = append(cells, formatCell(f.Unit, f.Arms[a.Key]))
 			}
-			fmt.Fprintf(&b, " %s |\n", formatAA(f))
+			row(append(cells, formatAA(f))...)
 		}
 		for _, n := range s.Notes {
 			fmt.Fprintf(&b, "\n%s\n", n)
 		}
 	}
-
 	if len(rep.Targets) > 0 {
-		b.WriteString("\n### Targets\n\n| scenario | target | measured (medians) | met |\n| --- | --- | --- | --- |\n")
+		b.WriteString("\n### Targets\n\n")
+		row("scenario", "target", "measured (medians)", "met")
+		row("---", "---", "---", "---")
 		for _, t := range rep.Targets {
 			met := "not judged"
 			if t.NotJudged != "" {
@@ -214,7 +213,7 @@ func writeMarkdown(w io.Writer, rep *Report) error {
 			if t.Met != nil {
 				met = map[bool]string{true: "yes", false: "**no**"}[*t.Met]
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Scenario, t.Target, t.Measured, met)
+			row(t.Scenario, t.Target, t.Measured, met)
 		}
 		if rep.Quick {
 			b.WriteString("\nA -quick run judges only what one short run can show; the full run (`go run ./bench`) judges the rest.\n")
@@ -247,26 +246,21 @@ func formatAA(f FigureReport) string {
 	return fmt.Sprintf("%.1f%%", d*100)
 }
 
-// figure returns the figure key of scenario name, if it ran.
-func (rep *Report) figure(name, key string) (FigureReport, bool) {
-	for _, s := range rep.Scenarios {
-		if s.Name != name {
-			continue
-		}
-		for _, f := range s.Figures {
-			if f.Key == key {
-				return f, true
-			}
-		}
+// scenario returns the scenario name, if it ran.
+func (rep *Report) scenario(name string) (ScenarioReport, bool) {
+	i := slices.IndexFunc(rep.Scenarios, func(s ScenarioReport) bool { return s.Name == name })
+	if i < 0 {
+		return ScenarioReport{}, false
 	}
-	return FigureReport{}, false
+	return rep.Scenarios[i], true
 }
 
-func (rep *Report) scenario(name string) (ScenarioReport, bool) {
-	for _, s := range rep.Scenarios {
-		if s.Name == name {
-			return s, true
-		}
+// figure returns the figure key of scenario name, if it ran.
+func (rep *Report) figure(name, key string) (FigureReport, bool) {
+	s, _ := rep.scenario(name)
+	i := slices.IndexFunc(s.Figures, func(f FigureReport) bool { return f.Key == key })
+	if i < 0 {
+		return FigureReport{}, false
 	}
-	return ScenarioReport{}, false
+	return s.Figures[i], true
 }

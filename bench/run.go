@@ -22,7 +22,6 @@ type config struct {
 	// CgroupLimit is each arm's cgroup memory limit in bytes; 0: no cgroups.
 	CgroupLimit int64
 	Params      params
-	Exe         string // the scenario binary; "": this executable
 	From        string // a saved -json report to render instead of running
 	SVGDir      string // where the charts go (svg.go); "": none
 }
@@ -52,12 +51,9 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 		}
 		scens = append(scens, s)
 	}
-	exe := cfg.Exe
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("bench: %w", err)
-		}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	rep := &Report{
 		Started: time.Now().UTC().Truncate(time.Second),
@@ -138,9 +134,6 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 			}
 			fmt.Fprintf(progress, "bench: %s run %d/%d %-10s %5.1fs  %s\n", s.Name, i+1, cfg.Runs, a.Key, time.Since(t0).Seconds(), brief(s, figs))
 		}
-	}
-	if s.Name == "http" {
-		deriveRatio(obs, "rps", "rps_vs_plain")
 	}
 	if s.derive != nil {
 		s.derive(obs)

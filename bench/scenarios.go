@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"github.com/memctl/memctl/internal/burst"
 	"io"
@@ -140,11 +141,10 @@ var burstScenario = scenario{
 		b := burst.Alloc(p.Burst)
 		runtime.KeepAlive(b) // all of it live until here, garbage from here on
 		st.afterBurst()
-		r.Elapsed, r.Bursts = time.Since(start), 1
-		if err := c.say("end"); err != nil {
+		r.Elapsed = time.Since(start)
+		if err := c.end(); err != nil {
 			return r, err
 		}
-		c.awaitEOF()
 		return r, st.snapshot(&r)
 	},
 	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
@@ -212,27 +212,18 @@ var cadenceScenario = scenario{
 			return r, err
 		}
 		start := time.Now()
-		for k := 0; ; k++ {
-			at := start.Add(time.Duration(k) * p.CadencePeriod)
-			if at.Sub(start) >= p.CadenceFor {
-				break
-			}
+		for at := start; at.Before(start.Add(p.CadenceFor)); at = at.Add(p.CadencePeriod) {
 			time.Sleep(time.Until(at))
 			b := burst.Alloc(p.CadenceBurst)
 			runtime.KeepAlive(b)
 			st.afterBurst()
-			r.Bursts++
 		}
 		time.Sleep(time.Until(start.Add(p.CadenceFor)))
 		r.Elapsed = time.Since(start)
 		if err := st.snapshot(&r); err != nil {
 			return r, err
 		}
-		if err := c.say("end"); err != nil {
-			return r, err
-		}
-		c.awaitEOF()
-		return r, nil
+		return r, c.end()
 	},
 	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
@@ -245,22 +236,11 @@ var cadenceScenario = scenario{
 		if err := pr.send("go"); err != nil {
 			return nil, Trace{}, err
 		}
-		stop := make(chan struct{})
-		var samples []sample
-		var serr error
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			samples, serr = sampleRSS(pr.pid, start, p.Sample, p.CadenceFor+time.Minute, stop)
-		}()
+		stopSampling := sampleInBackground(pr.pid, start, p.Sample, p.CadenceFor+time.Minute)
 		_, err := pr.expect("end", p.CadenceFor+time.Minute)
-		close(stop)
-		<-done
-		if err != nil {
+		samples, serr := stopSampling()
+		if err := cmp.Or(err, serr); err != nil {
 			return nil, Trace{}, err
-		}
-		if serr != nil {
-			return nil, Trace{}, serr
 		}
 		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
 		if err != nil {
@@ -290,7 +270,8 @@ var httpScenario = scenario{
 		return fmt.Sprintf("http: %s requests (after %s warm-up) over %d loopback connections; each request allocates %s KiB and charges it to its budget",
 			thousands(float64(p.Requests)), thousands(float64(p.Warmup)), p.Clients, thousands(float64(p.Alloc>>10)))
 	},
-	child: httpChild,
+	child:  httpChild,
+	derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "rps", "rps_vs_plain") },
 	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
 		if _, err := pr.expect("ready", startTimeout); err != nil {
 			return nil, Trace{}, err
@@ -352,18 +333,14 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	for i, d := range lat {
 		secs[i] = d.Seconds()
 	}
-	r.Requests, r.Elapsed = len(lat), elapsed
+	r.Elapsed = elapsed
 	r.RPS = float64(len(lat)) / elapsed.Seconds()
 	r.P50 = time.Duration(percentile(secs, 50) * 1e9)
 	r.P99 = time.Duration(percentile(secs, 99) * 1e9)
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
-	if err := c.say("end"); err != nil {
-		return r, err
-	}
-	c.awaitEOF()
-	return r, nil
+	return r, c.end()
 }
 
 // handler charges alloc bytes to the request's budget (limits.Grow counts
@@ -405,15 +382,7 @@ func load(client *http.Client, url string, n, clients int) ([]time.Duration, tim
 					return
 				}
 				t0 := time.Now()
-				resp, err := client.Get(url)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if err == nil && resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("status %s", resp.Status)
-					}
-				}
-				if err != nil {
+				if err := get(client, url); err != nil {
 					once.Do(func() { firstErr = err })
 					next.Store(int64(n)) // stop the others
 					return
@@ -424,6 +393,21 @@ func load(client *http.Client, url string, n, clients int) ([]time.Duration, tim
 	}
 	wg.Wait()
 	return lat, time.Since(start), firstErr
+}
+
+// get sends a GET request to url and reads the answer; one other than 200
+// is an error.
+func get(client *http.Client, url string) error {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %s", resp.Status)
+	}
+	return err
 }
 
 // startTimeout bounds a child's start-up, until it reports ready.

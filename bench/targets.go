@@ -18,11 +18,7 @@ func targets(rep *Report) []Target {
 	if t, ok := burstAATarget(rep); ok {
 		ts = append(ts, rep.fullRunOnly(t))
 	}
-	ts = append(ts, cadenceTargets(rep)...)
-	if t, ok := httpTarget(rep); ok {
-		ts = append(ts, rep.fullRunOnly(t))
-	}
-	for _, t := range loadTargets(rep) {
+	for _, t := range ruleTargets(rep, "") {
 		ts = append(ts, rep.fullRunOnly(t)) // one short run of each cannot judge them
 	}
 	return ts
@@ -157,96 +153,73 @@ func burstAATarget(rep *Report) (Target, bool) {
 	}, true
 }
 
-// cadenceTargets checks the cadence scenario's targets.
-func cadenceTargets(rep *Report) []Target {
+// rule is a target that memctl and its A/A must each meet on the median of
+// one figure: pass gets the arm's value and plain Go's median.
+type rule struct {
+	scenario, figure, target string
+	measured                 string   // a format with a %s per arm of arms
+	arms                     []string // their medians, in measured
+	pass                     func(v float64, plain Obs) bool
+}
+
+var (
+	aaArms      = []string{"memctl", "memctl-aa"}
+	aaPlainArms = []string{"memctl", "memctl-aa", "plain"}
+)
+
+func atMost(x float64) func(float64, Obs) bool  { return func(v float64, _ Obs) bool { return v <= x } }
+func atLeast(x float64) func(float64, Obs) bool { return func(v float64, _ Obs) bool { return v >= x } }
+
+// rules are the targets judged this way, in the report's order.
+var rules = []rule{
+	{"cadence", "trim_share", "trims take at most 2% of wall time", "memctl %s, A/A %s", aaArms, atMost(0.02)},
+	{"cadence", "mean_rss", "memctl's mean RSS below plain Go's", "memctl %s MiB, A/A %s MiB, plain %s MiB", aaPlainArms,
+		func(v float64, plain Obs) bool { return !plain.NA && v < plain.Value }},
+	{"http", "rps_vs_plain", "the budget middleware costs at most 2% of requests per second",
+		"memctl/plain %s, A/A/plain %s, GOMEMLIMIT only/plain %s", []string{"memctl", "memctl-aa", "gomemlimit"}, atLeast(0.98)},
+	{"load", "p99_vs_plain", "memctl's p99 latency within 10% of plain's (same round), A/A too", "memctl/plain %s, A/A/plain %s", aaArms, atMost(1.1)},
+	{"load", "trim_cpu_share", trimCPUTarget, "memctl %s, A/A %s", aaArms, atMost(0.02)},
+	// In load no natural GC cycle precedes the trim, so the trim runs the
+	// GC that frees the burst; in load-gc natural cycles collect it first.
+	{"load", "p99_trim_ratio", trimRatioTarget, "memctl %s, A/A %s", aaArms, atMost(1.3)},
+	{"load-contended", "trim_cpu_share", trimCPUTarget, "memctl %s, A/A %s", aaArms, atMost(0.02)},
+	{"load-contended", "bursts_back", burstsBackTarget, "memctl %s, A/A %s, plain %s", aaPlainArms, atLeast(0.9)},
+	{"load-gc", "trim_cpu_share", trimCPUTarget, "memctl %s, A/A %s", aaArms, atMost(0.02)},
+	{"load-gc", "p99_trim_ratio", trimRatioTarget, "memctl %s, A/A %s", aaArms, atMost(1.3)},
+	{"load-gc", "gc_forced", "no forced GC cycle (the trims return the collected bursts without a GC)", "memctl %s, A/A %s", aaArms,
+		func(v float64, _ Obs) bool { return v == 0 }},
+	{"load-gc", "bursts_back", burstsBackTarget, "memctl %s, A/A %s, plain %s", aaPlainArms, atLeast(0.9)},
+}
+
+const (
+	trimCPUTarget    = "trim CPU at most 2% of wall time"
+	trimRatioTarget  = "p99 of requests overlapping a trim at most 1.3 × the others' (same run), A/A too"
+	burstsBackTarget = "RSS 3.5 s after a burst below 1.2 × pre-burst for at least 90% of bursts"
+)
+
+// ruleTargets judges the rules whose scenario has the prefix and whose
+// figure is in the report.
+func ruleTargets(rep *Report, prefix string) []Target {
 	var ts []Target
-	if f, ok := rep.figure("cadence", "trim_share"); ok {
-		m, aa := median(f, "memctl"), median(f, "memctl-aa")
-		ts = append(ts, rep.fullRunOnly(Target{
-			Scenario: "cadence",
-			Target:   "trims take at most 2% of wall time",
-			Measured: fmt.Sprintf("memctl %s, A/A %s", medianCell(f, "memctl"), medianCell(f, "memctl-aa")),
-			Met:      verdict(!m.NA && !aa.NA && m.Value <= 0.02 && aa.Value <= 0.02),
-		}))
-	}
-	if f, ok := rep.figure("cadence", "mean_rss"); ok {
-		m, aa, p := median(f, "memctl"), median(f, "memctl-aa"), median(f, "plain")
-		ts = append(ts, rep.fullRunOnly(Target{
-			Scenario: "cadence",
-			Target:   "memctl's mean RSS below plain Go's",
-			Measured: fmt.Sprintf("memctl %s MiB, A/A %s MiB, plain %s MiB", medianCell(f, "memctl"), medianCell(f, "memctl-aa"), medianCell(f, "plain")),
-			Met:      verdict(!m.NA && !p.NA && !aa.NA && m.Value < p.Value && aa.Value < p.Value),
-		}))
+	for _, r := range rules {
+		f, ok := rep.figure(r.scenario, r.figure)
+		if !ok || !strings.HasPrefix(r.scenario, prefix) {
+			continue
+		}
+		var cells []any
+		for _, a := range r.arms {
+			cells = append(cells, medianCell(f, a))
+		}
+		t := Target{Scenario: r.scenario, Target: r.target, Measured: fmt.Sprintf(r.measured, cells...)}
+		if pl, ok := rep.figure(r.scenario, "p99_placebo_ratio"); ok && r.figure == "p99_trim_ratio" {
+			t.Measured += fmt.Sprintf("; placebo windows %s, %s", medianCell(pl, "memctl"), medianCell(pl, "memctl-aa"))
+		}
+		m, aa, plain := median(f, "memctl"), median(f, "memctl-aa"), median(f, "plain")
+		t.Met = verdict(!m.NA && !aa.NA && r.pass(m.Value, plain) && r.pass(aa.Value, plain))
+		ts = append(ts, t)
 	}
 	return ts
 }
 
-// httpTarget checks that the budget middleware costs at most 2% of
-// requests per second against plain Go, in memctl and its A/A.
-func httpTarget(rep *Report) (Target, bool) {
-	f, ok := rep.figure("http", "rps_vs_plain")
-	if !ok {
-		return Target{}, false
-	}
-	m, aa := median(f, "memctl"), median(f, "memctl-aa")
-	return Target{
-		Scenario: "http",
-		Target:   "the budget middleware costs at most 2% of requests per second",
-		Measured: fmt.Sprintf("memctl/plain %s, A/A/plain %s, GOMEMLIMIT only/plain %s", medianCell(f, "memctl"), medianCell(f, "memctl-aa"), medianCell(f, "gomemlimit")),
-		Met:      verdict(!m.NA && !aa.NA && m.Value >= 0.98 && aa.Value >= 0.98),
-	}, true
-}
-
-// loadTargets checks the load scenarios' targets.
-func loadTargets(rep *Report) []Target {
-	var ts []Target
-	// both is a target that memctl and its A/A must each meet.
-	both := func(name string, f FigureReport, target, extra string, pass func(float64) bool) Target {
-		m, aa := median(f, "memctl"), median(f, "memctl-aa")
-		return Target{
-			Scenario: name,
-			Target:   target,
-			Measured: fmt.Sprintf("memctl %s, A/A %s", medianCell(f, "memctl"), medianCell(f, "memctl-aa")) + extra,
-			Met:      verdict(!m.NA && !aa.NA && pass(m.Value) && pass(aa.Value)),
-		}
-	}
-	for _, name := range []string{"load", "load-contended", "load-gc"} {
-		if f, ok := rep.figure(name, "p99_vs_plain"); ok && name == "load" {
-			m, aa := median(f, "memctl"), median(f, "memctl-aa")
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "memctl's p99 latency within 10% of plain's (same round), A/A too",
-				Measured: fmt.Sprintf("memctl/plain %s, A/A/plain %s", medianCell(f, "memctl"), medianCell(f, "memctl-aa")),
-				Met:      verdict(!m.NA && !aa.NA && m.Value <= 1.1 && aa.Value <= 1.1),
-			})
-		}
-		if f, ok := rep.figure(name, "trim_cpu_share"); ok {
-			ts = append(ts, both(name, f, "trim CPU at most 2% of wall time", "", func(v float64) bool { return v <= 0.02 }))
-		}
-		if f, ok := rep.figure(name, "p99_trim_ratio"); ok && name != "load-contended" {
-			// In load no natural GC cycle precedes the trim, so the trim
-			// runs the GC that frees the burst and its requests see a GC's
-			// cost; in load-gc natural cycles collect the burst first.
-			var placebo string
-			if pl, ok := rep.figure(name, "p99_placebo_ratio"); ok {
-				placebo = fmt.Sprintf("; placebo windows %s, %s", medianCell(pl, "memctl"), medianCell(pl, "memctl-aa"))
-			}
-			ts = append(ts, both(name, f, "p99 of requests overlapping a trim at most 1.3 × the others' (same run), A/A too", placebo,
-				func(v float64) bool { return v <= 1.3 }))
-		}
-		if f, ok := rep.figure(name, "gc_forced"); ok && name == "load-gc" {
-			ts = append(ts, both(name, f, "no forced GC cycle (the trims return the collected bursts without a GC)", "",
-				func(v float64) bool { return v == 0 }))
-		}
-		if f, ok := rep.figure(name, "bursts_back"); ok && name != "load" {
-			m, aa := median(f, "memctl"), median(f, "memctl-aa")
-			ts = append(ts, Target{
-				Scenario: name,
-				Target:   "RSS 3.5 s after a burst below 1.2 × pre-burst for at least 90% of bursts",
-				Measured: fmt.Sprintf("memctl %s, A/A %s, plain %s", medianCell(f, "memctl"), medianCell(f, "memctl-aa"), medianCell(f, "plain")),
-				Met:      verdict(!m.NA && !aa.NA && m.Value >= 0.9 && aa.Value >= 0.9),
-			})
-		}
-	}
-	return ts
-}
+// loadTargets judges the load scenarios' targets.
+func loadTargets(rep *Report) []Target { return ruleTargets(rep, "load") }

@@ -4,36 +4,30 @@
 //
 //	go run ./examples/burst
 //
-// Each child keeps 20 MiB live, allocates 512 MiB in 64 KiB objects (every
-// page touched) and drops them. The table gives RSS just before the burst,
-// the peak (VmHWM), RSS 1 s and 4 s after the burst (clear of the trim, 2 s
-// after it), and RSS right after memctl's trim ran (from its Stats). The
-// plain Go process keeps its RSS: the garbage is collected at the next GC,
-// but the scavenger returns the pages slowly. The process with memctl
-// trims and its RSS drops back. It finishes in about 7 seconds.
-//
-// It also draws RSS over time as an SVG (-svg PATH; default burst.svg):
-// each arm's samples and the table's readings against the seconds since
-// its burst ended, the trim marked, and GOMEMLIMIT as a line where set.
-// Where no cgroup shows a memory limit, memctl sets none; declare one:
+// The table gives RSS before the burst, its peak (VmHWM), RSS 1 s and 4 s
+// after it, and RSS right after memctl's trim. It also draws RSS over time
+// as an SVG (-svg PATH; default burst.svg). Where no cgroup shows a memory
+// limit, memctl sets no GOMEMLIMIT; declare one:
 //
 //	MEMCTL_MEMORY_LIMIT=1GiB go run ./examples/burst -svg docs/burst.svg
 //
-// The memctl child runs with MEMCTL_PRESSURE=off, so that memory pressure
-// from other processes cannot make it trim during the burst: the table
-// shows the trim after the burst and nothing else.
+// The memctl child runs with MEMCTL_PRESSURE=off, so that pressure from
+// other processes cannot make it trim during the burst.
 package main
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +36,7 @@ import (
 
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/internal/burst"
+	"github.com/memctl/memctl/internal/plot"
 	"github.com/memctl/memctl/internal/procfs"
 )
 
@@ -61,25 +56,23 @@ const armEnv = "BURST_DEMO_ARM" // not MEMCTL_*: memctl warns about those it doe
 
 func main() {
 	if arm := os.Getenv(armEnv); arm != "" {
-		if err := child(arm == "memctl"); err != nil {
-			fmt.Fprintln(os.Stderr, "burst:", err)
-			os.Exit(1)
-		}
+		exitIf(child(arm == "memctl"))
 		return
 	}
 	svg := flag.String("svg", "burst.svg", "write RSS over time as an SVG to this `path`")
 	flag.Parse()
 	arms, err := run()
+	exitIf(err)
+	printTable(os.Stdout, arms)
+	exitIf(writeSVG(*svg, arms))
+	fmt.Printf("\nRSS over time drawn in %s\n", *svg)
+}
+
+func exitIf(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "burst:", err)
 		os.Exit(1)
 	}
-	printTable(os.Stdout, arms)
-	if err := writeSVG(*svg, arms); err != nil {
-		fmt.Fprintln(os.Stderr, "burst:", err)
-		os.Exit(1)
-	}
-	fmt.Printf("\nRSS over time drawn in %s\n", *svg)
 }
 
 // liveSet is the steady-state live heap of a child.
@@ -215,7 +208,7 @@ func mib(b int64) string {
 	if b < 0 {
 		return "?"
 	}
-	return fmt.Sprintf("%d", (b+(1<<19))>>20)
+	return strconv.FormatInt((b+(1<<19))>>20, 10)
 }
 
 // read follows the child's report lines and reads RSS at its markers.
@@ -224,41 +217,27 @@ func (a *armRun) read(out io.Reader) {
 	pid := a.cmd.Process.Pid
 	for sc.Scan() {
 		line := sc.Text()
+		var err error
+		a.mu.Lock()
 		switch {
 		case strings.HasPrefix(line, "gomemlimit "):
-			limit, err := strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
-			a.mu.Lock()
-			a.limit, a.err = limit, err
-			a.mu.Unlock()
+			a.limit, err = strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
 		case line == "ready":
-			rss, err := procfs.RSS(pid)
-			a.mu.Lock()
-			a.ready, a.before = time.Now(), rss
-			if err != nil && a.err == nil {
-				a.err = err
-			}
-			a.mu.Unlock()
+			a.before, err = procfs.RSS(pid)
+			a.ready = time.Now()
 		case line == "end":
-			hwm, err := procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
-			a.mu.Lock()
-			a.end, a.peak = time.Now(), hwm
-			if err != nil && a.err == nil {
-				a.err = err
-			}
-			a.mu.Unlock()
+			a.peak, err = procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
+			a.end = time.Now()
 		case line == "trimmed":
-			rss, err := procfs.RSS(pid)
-			a.mu.Lock()
-			a.trimAt, a.trimmed = time.Now(), rss
-			if err != nil && a.err == nil {
-				a.err = err
-			}
-			a.mu.Unlock()
+			a.trimmed, err = procfs.RSS(pid)
+			a.trimAt = time.Now()
 		case strings.HasPrefix(line, "stats "):
-			a.mu.Lock()
 			a.stats = strings.TrimPrefix(line, "stats ")
-			a.mu.Unlock()
 		}
+		if a.err == nil {
+			a.err = err
+		}
+		a.mu.Unlock()
 	}
 	if err := a.cmd.Wait(); err != nil {
 		a.mu.Lock()
@@ -297,4 +276,52 @@ func (a *armRun) at(d time.Duration) int64 {
 		}
 	}
 	return -1
+}
+
+// chart draws each arm's RSS in MiB against the seconds since its burst
+// ended: the samples and the table's readings, so that every figure of the
+// table is a point. The burst's end and the trim are marks, GOMEMLIMIT a
+// line.
+func chart(arms []*armRun) plot.Chart {
+	c := plot.Chart{
+		Title:  fmt.Sprintf("RSS of a Go process after a %d MiB burst (%d MiB live), read every %v", burstBytes>>20, liveBytes>>20, sampleStep),
+		XLabel: "seconds since the burst ended",
+		YLabel: "RSS (MiB)",
+		Marks:  []plot.Mark{{Label: "burst ends", X: 0}},
+	}
+	for _, a := range arms {
+		a.mu.Lock()
+		since := func(t time.Time) float64 { return t.Sub(a.end).Seconds() }
+		inMiB := func(b int64) float64 { return float64(b) / (1 << 20) }
+		s := plot.Series{Name: a.name}
+		for _, r := range a.samples {
+			s.Points = append(s.Points, plot.Point{X: since(r.at), Y: inMiB(r.rss)})
+		}
+		s.Points = append(s.Points,
+			plot.Point{X: since(a.ready), Y: inMiB(a.before)},
+			plot.Point{X: 0, Y: inMiB(a.peak)})
+		if a.trimmed >= 0 {
+			s.Points = append(s.Points, plot.Point{X: since(a.trimAt), Y: inMiB(a.trimmed)})
+			c.Marks = append(c.Marks, plot.Mark{Label: a.name + " trimmed", X: since(a.trimAt)})
+		}
+		slices.SortStableFunc(s.Points, func(p, q plot.Point) int { return cmp.Compare(p.X, q.X) })
+		c.Series = append(c.Series, s)
+		if a.limit > 0 && a.limit < math.MaxInt64 {
+			c.Lines = append(c.Lines, plot.Line{Label: "GOMEMLIMIT (" + a.name + ")", Y: inMiB(a.limit)})
+		}
+		a.mu.Unlock()
+	}
+	if len(c.Lines) == 2 && c.Lines[0].Y == c.Lines[1].Y {
+		c.Lines = []plot.Line{{Label: "GOMEMLIMIT", Y: c.Lines[0].Y}}
+	}
+	if len(c.Lines) == 0 {
+		c.Title += "; no GOMEMLIMIT"
+	}
+	return c
+}
+
+// writeSVG writes the arms' chart to the file at path.
+func writeSVG(path string, arms []*armRun) error {
+	c := chart(arms)
+	return c.WriteFile(path)
 }

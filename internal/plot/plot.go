@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -98,19 +100,43 @@ func (c *Chart) WriteSVG(w io.Writer) error {
 			esc(l.Label), data(l.Y), num(xt.p0), y, num(xt.p1), y, num(xt.p1-4), num(yt.px(l.Y)-4), esc(l.Label))
 	}
 	for i, s := range c.Series {
-		var pts, px []string
-		for _, pt := range s.Points {
-			if finite(pt.X) && finite(pt.Y) {
-				pts = append(pts, data(pt.X)+","+data(pt.Y))
-				px = append(px, num(xt.px(pt.X))+","+num(yt.px(pt.Y)))
-			}
+		pts := slices.DeleteFunc(slices.Clone(s.Points), func(pt Point) bool { return !finite(pt.X) || !finite(pt.Y) })
+		var px []string
+		for _, pt := range pts {
+			px = append(px, num(xt.px(pt.X))+","+num(yt.px(pt.Y)))
 		}
 		p(`<g class="series" data-name="%s" data-points="%s"><polyline fill="none" stroke="%s" stroke-width="2" points="%s"/></g>`+"\n",
-			esc(s.Name), strings.Join(pts, " "), palette[i%len(palette)], strings.Join(px, " "))
+			esc(s.Name), FormatPoints(pts), palette[i%len(palette)], strings.Join(px, " "))
 	}
 	c.writeLegend(p, height)
 	p("</svg>\n")
 	return b.Flush()
+}
+
+// WriteFile writes the chart as SVG to the file at path, replacing it.
+func (c *Chart) WriteFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := c.WriteSVG(f); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// FormatPoints writes points as "x,y x,y ...", each number in the fewest
+// digits that ParsePoints reads back exactly.
+func FormatPoints(pts []Point) string {
+	var b strings.Builder
+	for i, pt := range pts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(data(pt.X) + "," + data(pt.Y))
+	}
+	return b.String()
 }
 
 // writeAxes draws the frame, the ticks with their labels and the axes' names.
@@ -152,33 +178,30 @@ func (c *Chart) writeLegend(p func(string, ...any), height int) {
 
 // extent returns the finite data's X and Y ranges; [0, 1] where none.
 func (c *Chart) extent() (xs, ys [2]float64) {
-	xs = [2]float64{math.Inf(1), math.Inf(-1)}
-	ys = xs
-	add := func(r *[2]float64, v float64) {
-		if finite(v) {
-			r[0], r[1] = min(r[0], v), max(r[1], v)
-		}
-	}
+	var xv, yv []float64
 	for _, s := range c.Series {
 		for _, pt := range s.Points {
 			if finite(pt.X) && finite(pt.Y) {
-				add(&xs, pt.X)
-				add(&ys, pt.Y)
+				xv, yv = append(xv, pt.X), append(yv, pt.Y)
 			}
 		}
 	}
 	for _, l := range c.Lines {
-		add(&ys, l.Y)
+		yv = append(yv, l.Y)
 	}
 	for _, m := range c.Marks {
-		add(&xs, m.X)
+		xv = append(xv, m.X)
 	}
-	for _, r := range []*[2]float64{&xs, &ys} {
-		if r[0] > r[1] {
-			*r = [2]float64{0, 1}
-		}
+	return finiteRange(xv), finiteRange(yv)
+}
+
+// finiteRange returns the least and greatest finite v; [0, 1] where none.
+func finiteRange(v []float64) [2]float64 {
+	v = slices.DeleteFunc(v, func(x float64) bool { return !finite(x) })
+	if len(v) == 0 {
+		return [2]float64{0, 1}
 	}
-	return xs, ys
+	return [2]float64{slices.Min(v), slices.Max(v)}
 }
 
 // axis maps values in [lo, hi] to pixels in [p0, p1]; step is its tick step.

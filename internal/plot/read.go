@@ -55,7 +55,7 @@ func (c *Chart) readElement(e xml.StartElement) error {
 	switch attr("class") {
 	case "series":
 		s := Series{Name: attr("data-name")}
-		s.Points, err = parsePoints(attr("data-points"))
+		s.Points, err = ParsePoints(attr("data-points"))
 		c.Series = append(c.Series, s)
 	case "line":
 		l := Line{Label: attr("data-label")}
@@ -72,21 +72,15 @@ func (c *Chart) readElement(e xml.StartElement) error {
 	return nil
 }
 
-// parsePoints parses "x,y x,y ...".
-func parsePoints(s string) ([]Point, error) {
+// ParsePoints parses what FormatPoints writes.
+func ParsePoints(s string) ([]Point, error) {
 	var pts []Point
 	for _, f := range strings.Fields(s) {
 		xs, ys, ok := strings.Cut(f, ",")
-		if !ok {
-			return nil, fmt.Errorf("point %q: no comma", f)
-		}
-		x, err := strconv.ParseFloat(xs, 64)
-		if err != nil {
-			return nil, err
-		}
-		y, err := strconv.ParseFloat(ys, 64)
-		if err != nil {
-			return nil, err
+		x, err1 := strconv.ParseFloat(xs, 64)
+		y, err2 := strconv.ParseFloat(ys, 64)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("point %q: want x,y", f)
 		}
 		pts = append(pts, Point{x, y})
 	}
