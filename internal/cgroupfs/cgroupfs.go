@@ -115,7 +115,7 @@ func (s *source) read() (Limit, error) {
 	if v1 != "" {
 		cands, err := s.cgroupDirs(mounts, v1, isV1Memory, root)
 		if err == nil {
-			return s.readAll(cands, func(c candidate) (Limit, error) { return s.readV1(v1, c.dir, c.top) })
+			return s.readAll(cands, func(c candidate) (Limit, error) { return s.limit(1, v1, c) })
 		}
 		why = append(why, "v1 memory: "+err.Error())
 	}
@@ -123,12 +123,7 @@ func (s *source) read() (Limit, error) {
 		cands, err := s.cgroupDirs(mounts, v2, isV2, root)
 		if err == nil {
 			var l Limit
-			l, err = s.readAll(cands, func(c candidate) (Limit, error) {
-				if err := s.v2Memory(c.top); err != nil {
-					return Limit{}, err
-				}
-				return s.readV2(v2, c.dir, c.top)
-			})
+			l, err = s.readAll(cands, func(c candidate) (Limit, error) { return s.limit(2, v2, c) })
 			if !errors.Is(err, ErrNoCgroup) {
 				return l, err // a limit, or an error naming a file
 			}
