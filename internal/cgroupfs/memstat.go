@@ -116,47 +116,12 @@ var statFields = map[string]struct {
 	"hugetlb":            {2, 17},
 }
 
-// figure returns the field of figure number fig (statFields), nil for none.
+// figure returns the field of figure number fig (statFields).
 func (m *MemoryStat) figure(fig uint8) *int64 {
-	switch fig {
-	case 0:
-		return &m.Anon
-	case 1:
-		return &m.File
-	case 2:
-		return &m.Shmem
-	case 3:
-		return &m.ActiveFile
-	case 4:
-		return &m.InactiveFile
-	case 5:
-		return &m.ActiveAnon
-	case 6:
-		return &m.InactiveAnon
-	case 7:
-		return &m.Unevictable
-	case 8:
-		return &m.Kernel
-	case 9:
-		return &m.SlabReclaimable
-	case 10:
-		return &m.SlabUnreclaimable
-	case 11:
-		return &m.KernelStack
-	case 12:
-		return &m.PageTables
-	case 13:
-		return &m.SecPageTables
-	case 14:
-		return &m.Percpu
-	case 15:
-		return &m.Sock
-	case 16:
-		return &m.Vmalloc
-	case 17:
-		return &m.Hugetlb
-	}
-	return nil
+	return [...]*int64{&m.Anon, &m.File, &m.Shmem, &m.ActiveFile, &m.InactiveFile,
+		&m.ActiveAnon, &m.InactiveAnon, &m.Unevictable, &m.Kernel, &m.SlabReclaimable,
+		&m.SlabUnreclaimable, &m.KernelStack, &m.PageTables, &m.SecPageTables, &m.Percpu,
+		&m.Sock, &m.Vmalloc, &m.Hugetlb}[fig]
 }
 
 // ParseMemoryStat parses the memory.stat file b, which it does not keep;

@@ -3,6 +3,7 @@ package cgrouptest
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // RequireV2 skips t, with the reason, unless this process can make child
@@ -121,37 +124,23 @@ func (g *V2) write(t testing.TB, path, value string) {
 	}
 }
 
-// Events returns the counters of memory.events in dir (Dir or LimitDir);
-// it fails t on a malformed file.
+// Events returns the counters of memory.events in dir (Dir or LimitDir),
+// -1 for one the file lacks; it fails t on a malformed file.
 func (g *V2) Events(t testing.TB, dir string) map[string]int64 {
 	t.Helper()
-	path := filepath.Join(dir, "memory.events")
-	b, err := os.ReadFile(path)
+	e, err := cgroupfs.ReadEvents(filepath.Join(dir, "memory.events"))
 	if err != nil {
 		t.Fatalf("cgrouptest: %v", err)
 	}
-	m := make(map[string]int64)
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		k, v, ok := strings.Cut(line, " ")
-		n, err := strconv.ParseInt(v, 10, 64)
-		if !ok || err != nil {
-			t.Fatalf("cgrouptest: %s: malformed line %q", path, line)
-		}
-		m[k] = n
-	}
-	return m
+	return maps.Collect(e.All())
 }
 
 // Current returns Dir's memory.current in bytes.
 func (g *V2) Current(t testing.TB) int64 {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(g.Dir, "memory.current"))
+	n, _, err := cgroupfs.ReadUsage(2, g.Dir)
 	if err != nil {
 		t.Fatalf("cgrouptest: %v", err)
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		t.Fatalf("cgrouptest: %s/memory.current: %v", g.Dir, err)
 	}
 	return n
 }
