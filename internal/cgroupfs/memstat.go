@@ -135,10 +135,6 @@ func ParseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	if len(b) > safefs.MaxCgroupFile {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.stat file", name, safefs.MaxCgroupFile)
 	}
-	return parseMemoryStat(b, name)
-}
-
-func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	m := missingMemoryStat()
 	fail := func(format string, args ...any) (MemoryStat, error) {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: "+format, append([]any{safefs.Quote(name)}, args...)...)
@@ -266,27 +262,28 @@ func ReadMemoryStat(dir string) (MemoryStat, error) {
 	if err != nil {
 		return missingMemoryStat(), err
 	}
-	return parseMemoryStat(b, filepath.Join(dir, "memory.stat"))
+	return ParseMemoryStat(b, filepath.Join(dir, "memory.stat"))
 }
 
 // ReadKmemUsage reads v1 memory.kmem.usage_in_bytes of dir: kernel memory
 // of the cgroup and its descendants, in bytes, reclaimable slab included,
 // so it errs high (cgroup-v1/memory.rst 2.7). Safe for concurrent use.
 func ReadKmemUsage(dir string) (int64, error) {
-	b, err := readIn(dir, "memory.kmem.usage_in_bytes")
-	if err != nil {
-		return 0, err
-	}
-	return ParseKmemUsage(b, filepath.Join(dir, "memory.kmem.usage_in_bytes"))
+	n, _, err := readUsage(dir, "memory.kmem.usage_in_bytes")
+	return n, err
 }
 
 // ReadUsage reads dir's memory.usage_in_bytes (v1) or memory.current (v2),
 // in bytes, page cache included, and the file's path. Safe for concurrent use.
 func ReadUsage(version int, dir string) (int64, string, error) {
-	name := "memory.usage_in_bytes"
 	if version == 2 {
-		name = "memory.current"
+		return readUsage(dir, "memory.current")
 	}
+	return readUsage(dir, "memory.usage_in_bytes")
+}
+
+// readUsage reads and parses the usage counter name of dir (ParseKmemUsage).
+func readUsage(dir, name string) (int64, string, error) {
 	file := filepath.Join(dir, name)
 	b, err := readIn(dir, name)
 	if err != nil {
