@@ -124,21 +124,12 @@ func Quote(s string) string {
 
 // fileType names st_mode & S_IFMT for ErrNotRegular.
 func fileType(ifmt uint32) string {
-	switch ifmt {
-	case 0o010000:
-		return "a FIFO"
-	case 0o020000:
-		return "a character device"
-	case 0o040000:
-		return "a directory"
-	case 0o060000:
-		return "a block device"
-	case 0o120000:
-		return "a symlink"
-	case 0o140000:
-		return "a socket"
+	name, ok := map[uint32]string{0o010000: "a FIFO", 0o020000: "a character device", 0o040000: "a directory",
+		0o060000: "a block device", 0o120000: "a symlink", 0o140000: "a socket"}[ifmt]
+	if !ok {
+		return "type " + strconv.FormatUint(uint64(ifmt), 8)
 	}
-	return "type " + strconv.FormatUint(uint64(ifmt), 8)
+	return name
 }
 
 // Dir is an open directory names resolve in (see the package doc); make one
