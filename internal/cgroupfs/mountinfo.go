@@ -152,11 +152,8 @@ func unescape(s string) (string, error) {
 			b.WriteByte(s[i])
 			continue
 		}
-		if i+3 >= len(s) {
-			return "", errors.New("bad octal escape")
-		}
-		v, err := strconv.ParseUint(s[i+1:i+4], 8, 8)
-		if err != nil {
+		v, err := strconv.ParseUint(s[i+1:min(i+4, len(s))], 8, 8)
+		if err != nil || i+3 >= len(s) {
 			return "", errors.New("bad octal escape")
 		}
 		b.WriteByte(byte(v))
