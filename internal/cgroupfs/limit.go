@@ -98,12 +98,10 @@ func limitFiles(version int, dir, top string) []limitFile {
 	return files
 }
 
-// readLimit reads files through read into l, whose Version, Cgroup and
-// Dir are set. An absent v2 file or memory.stat is passed over. A bad
-// memory.high goes to HighErr, and a bad memory.stat to StatErr when a
-// limit file sets a limit (memory.stat only adds a limit set above the
-// mount); another error is returned. Only errors allocate, and appends to
-// l.Bounds past its capacity.
+// readLimit reads files through read into l (Version, Cgroup, Dir set).
+// An absent v2 file or memory.stat is passed over; a bad memory.high goes
+// to HighErr, a bad memory.stat to StatErr when a limit file sets a limit.
+// Only errors and l.Bounds past its capacity allocate.
 func readLimit(l Limit, files []limitFile, read func(*limitFile) ([]byte, error)) (Limit, error) {
 	l.Bytes, l.Max, l.High = NoLimit, NoLimit, NoLimit
 	for i := range files {

@@ -9,15 +9,13 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// Self reads the memory limit of the caller's own cgroup again and again.
-// The first Read resolves the cgroup as Of(0) does. While /proc/self/cgroup
-// reads as it did then, a later Read re-reads only the limit files found
-// then, kept open (package fastread), into a buffer the Self keeps, and
+// Self reads the memory limit of the caller's own cgroup again and again,
+// as Of(0) does. While /proc/self/cgroup reads as at the first Read, a
+// later Read re-reads only the limit files found then, kept open, and
 // allocates nothing. Anything unexpected (a file gone or appeared, a value
-// that does not parse, a move to another cgroup) or Reset makes the next
-// Read resolve again through Of(0), whose Limit and error are returned as
-// they are. A cgroup Of(0) reads in an unusual way (several mounts, a
-// search by PID, another view, a partial read) is resolved at every Read.
+// that does not parse) or Reset makes the next Read call Of(0) again, as
+// does a cgroup read in an unusual way (several mounts, a search by PID,
+// another view, a partial read).
 //
 // The zero value is ready. A Self is not safe for concurrent use; the
 // Bounds of a Limit it returns are valid until its next Read.
