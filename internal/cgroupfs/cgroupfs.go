@@ -22,14 +22,12 @@ import (
 const NoLimit = -1
 
 // ErrNoCgroup is matched by the error of a process whose memory cgroup
-// cannot be found here: none listed, the hierarchy not mounted in its mount
-// namespace, or its cgroup outside the mounted part. The limit is then
+// cannot be found here (none listed, or not mounted): the limit is
 // unknown, not absent.
 var ErrNoCgroup = errors.New("cgroupfs: memory cgroup not found")
 
 // ErrUnseen is matched, with ErrNoCgroup, by the error of a process whose
-// /proc/PID/cgroup lists a memory cgroup that no mount here shows: a limit
-// may apply that cannot be read.
+// listed memory cgroup no mount here shows.
 var ErrUnseen = fmt.Errorf("%w (its cgroup is not visible here: the limit is unknown)", ErrNoCgroup)
 
 // Limit is the memory limit of the cgroup a process is in. Sizes are in
@@ -81,13 +79,10 @@ type Bound struct {
 // cgroupFile and /proc/PID/mountinfo is mountinfoFile. root is prefixed to
 // every mount point ("" for the caller's mount namespace, "/proc/PID/root"
 // for another, or a fixture directory); cgroup files are read inside it.
-//
-// The limit is the smallest up to the hierarchy's mount point. v1 is read
-// when listed and mounted, v2 only when its cgroup has the memory
-// controller. Of several mounts of the hierarchy, the tightest limit is
-// kept; a mount whose root climbs above the reader's cgroup namespace is
-// searched for the process's cgroup by its PID. ErrNoCgroup and ErrUnseen
-// say when no memory cgroup is found. Safe for concurrent use.
+// v1 is read when listed and mounted, v2 only with the memory controller;
+// of several mounts of the hierarchy the tightest limit is kept, and a
+// mount whose root climbs above the reader's cgroup namespace is searched
+// for the process's cgroup by its PID. Safe for concurrent use.
 func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 	s, err := openSource(cgroupFile, mountinfoFile, root)
 	if err != nil {
@@ -115,7 +110,7 @@ func (s *source) read() (Limit, error) {
 	if v1 != "" {
 		cands, err := s.cgroupDirs(mounts, v1, isV1Memory, root)
 		if err == nil {
-			return s.readAll(cands, func(c candidate) (Limit, error) { return s.readV1(v1, c.dir, c.top) })
+			return s.readAll(1, v1, cands)
 		}
 		why = append(why, "v1 memory: "+err.Error())
 	}
@@ -123,12 +118,7 @@ func (s *source) read() (Limit, error) {
 		cands, err := s.cgroupDirs(mounts, v2, isV2, root)
 		if err == nil {
 			var l Limit
-			l, err = s.readAll(cands, func(c candidate) (Limit, error) {
-				if err := s.v2Memory(c.top); err != nil {
-					return Limit{}, err
-				}
-				return s.readV2(v2, c.dir, c.top)
-			})
+			l, err = s.readAll(2, v2, cands)
 			if !errors.Is(err, ErrNoCgroup) {
 				return l, err // a limit, or an error naming a file
 			}
@@ -142,17 +132,18 @@ func (s *source) read() (Limit, error) {
 	return Limit{}, fmt.Errorf("%w: %s", ErrUnseen, strings.Join(why, "; "))
 }
 
-// readAll reads the limit through every candidate mount and keeps the
-// tightest (a mount showing more ancestors can show more limits). A mount
-// whose files are gone is passed over unless none can be read; an EACCES
-// one is passed over (in Unreadable) when another sets a limit.
-func (s *source) readAll(cands []candidate, read func(candidate) (Limit, error)) (Limit, error) {
+// readAll reads the limit of cgroup cg through every candidate mount and
+// keeps the tightest (a mount showing more ancestors can show more
+// limits). A mount whose files are gone is passed over unless none can be
+// read; an EACCES one is passed over (in Unreadable) when another sets a
+// limit.
+func (s *source) readAll(version int, cg string, cands []candidate) (Limit, error) {
 	var out Limit
 	var gone, denied error
 	var unreadable []error
 	n := 0
 	for _, c := range cands {
-		l, err := read(c)
+		l, err := s.limit(version, cg, c)
 		if err != nil && errors.Is(err, fs.ErrNotExist) && !errors.Is(err, ErrNoCgroup) {
 			gone = cmp.Or(gone, err)
 			continue

@@ -1,13 +1,11 @@
 package cgroupfs
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"iter"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -63,49 +61,43 @@ func ReadEvents(path string) (Events, error) {
 // used in errors. Unknown keys are skipped; a bad or repeated count, no
 // known key, or over 64 KiB is an error naming the line, all counters -1.
 func ParseEvents(r io.Reader, name string) (Events, error) {
+	fail := func(format string, args ...any) (Events, error) {
+		return missingEvents(), fmt.Errorf("cgroupfs: %s: "+format, append([]any{name}, args...)...)
+	}
 	b, err := io.ReadAll(io.LimitReader(r, maxEventsFile+1))
-	if err != nil {
-		return missingEvents(), fmt.Errorf("cgroupfs: %s: %w", name, err)
+	switch {
+	case err != nil:
+		return fail("%w", err)
+	case len(b) > maxEventsFile:
+		return fail("over %d bytes, not a memory.events file", maxEventsFile)
 	}
-	if len(b) > maxEventsFile {
-		return missingEvents(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.events file", name, maxEventsFile)
-	}
-	e := missingEvents()
-	found := 0
-	sc := lines(bytes.NewReader(b))
-	n := 0
-	for sc.Scan() {
-		n++
-		line := sc.Text()
-		if line == "" {
-			continue
-		}
-		key, val, ok := strings.Cut(line, " ")
+	e, found := missingEvents(), 0
+	for n, rest := 1, b; len(rest) > 0; n++ {
+		var line []byte
+		line, rest = nextLine(rest)
+		key, val, ok := strings.Cut(string(line), " ")
 		p := e.field(key)
-		if p == nil {
-			if !ok || key == "" {
-				return missingEvents(), fmt.Errorf("cgroupfs: %s: line %d: malformed, want \"key count\": %q", name, n, line)
-			}
+		switch {
+		case len(line) == 0:
 			continue
+		case p == nil && (!ok || key == ""):
+			return fail("line %d: malformed, want \"key count\": %q", n, line)
+		case p == nil:
+			continue
+		case !ok || !isDecimal(val):
+			return fail("line %d: malformed count, want decimal digits: %q", n, line)
 		}
-		if !ok || !isDecimal(val) {
-			return missingEvents(), fmt.Errorf("cgroupfs: %s: line %d: malformed count, want decimal digits: %q", name, n, line)
+		v, ok := parseDecimal([]byte(val))
+		switch {
+		case !ok:
+			return fail("line %d: count out of range: %q", n, line)
+		case *p != -1:
+			return fail("line %d: %s given twice", n, key)
 		}
-		v, err := strconv.ParseInt(val, 10, 64)
-		if err != nil {
-			return missingEvents(), fmt.Errorf("cgroupfs: %s: line %d: count out of range: %q", name, n, line)
-		}
-		if *p != -1 {
-			return missingEvents(), fmt.Errorf("cgroupfs: %s: line %d: %s given twice", name, n, key)
-		}
-		*p = v
-		found++
-	}
-	if err := sc.Err(); err != nil {
-		return missingEvents(), fmt.Errorf("cgroupfs: %s: %w", name, err)
+		*p, found = v, found+1
 	}
 	if found == 0 {
-		return missingEvents(), fmt.Errorf("cgroupfs: %s: none of %s: not a memory.events file", name, strings.Join(eventKeys[:], ", "))
+		return fail("none of %s: not a memory.events file", strings.Join(eventKeys[:], ", "))
 	}
 	return e, nil
 }

@@ -116,47 +116,12 @@ var statFields = map[string]struct {
 	"hugetlb":            {2, 17},
 }
 
-// figure returns the field of figure number fig (statFields), nil for none.
+// figure returns the field of figure number fig (statFields).
 func (m *MemoryStat) figure(fig uint8) *int64 {
-	switch fig {
-	case 0:
-		return &m.Anon
-	case 1:
-		return &m.File
-	case 2:
-		return &m.Shmem
-	case 3:
-		return &m.ActiveFile
-	case 4:
-		return &m.InactiveFile
-	case 5:
-		return &m.ActiveAnon
-	case 6:
-		return &m.InactiveAnon
-	case 7:
-		return &m.Unevictable
-	case 8:
-		return &m.Kernel
-	case 9:
-		return &m.SlabReclaimable
-	case 10:
-		return &m.SlabUnreclaimable
-	case 11:
-		return &m.KernelStack
-	case 12:
-		return &m.PageTables
-	case 13:
-		return &m.SecPageTables
-	case 14:
-		return &m.Percpu
-	case 15:
-		return &m.Sock
-	case 16:
-		return &m.Vmalloc
-	case 17:
-		return &m.Hugetlb
-	}
-	return nil
+	return [...]*int64{&m.Anon, &m.File, &m.Shmem, &m.ActiveFile, &m.InactiveFile,
+		&m.ActiveAnon, &m.InactiveAnon, &m.Unevictable, &m.Kernel, &m.SlabReclaimable,
+		&m.SlabUnreclaimable, &m.KernelStack, &m.PageTables, &m.SecPageTables, &m.Percpu,
+		&m.Sock, &m.Vmalloc, &m.Hugetlb}[fig]
 }
 
 // ParseMemoryStat parses the memory.stat file b, which it does not keep;
@@ -170,10 +135,6 @@ func ParseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	if len(b) > safefs.MaxCgroupFile {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: over %d bytes, not a memory.stat file", name, safefs.MaxCgroupFile)
 	}
-	return parseMemoryStat(b, name)
-}
-
-func parseMemoryStat(b []byte, name string) (MemoryStat, error) {
 	m := missingMemoryStat()
 	fail := func(format string, args ...any) (MemoryStat, error) {
 		return missingMemoryStat(), fmt.Errorf("cgroupfs: %s: "+format, append([]any{safefs.Quote(name)}, args...)...)
@@ -301,27 +262,28 @@ func ReadMemoryStat(dir string) (MemoryStat, error) {
 	if err != nil {
 		return missingMemoryStat(), err
 	}
-	return parseMemoryStat(b, filepath.Join(dir, "memory.stat"))
+	return ParseMemoryStat(b, filepath.Join(dir, "memory.stat"))
 }
 
 // ReadKmemUsage reads v1 memory.kmem.usage_in_bytes of dir: kernel memory
 // of the cgroup and its descendants, in bytes, reclaimable slab included,
 // so it errs high (cgroup-v1/memory.rst 2.7). Safe for concurrent use.
 func ReadKmemUsage(dir string) (int64, error) {
-	b, err := readIn(dir, "memory.kmem.usage_in_bytes")
-	if err != nil {
-		return 0, err
-	}
-	return ParseKmemUsage(b, filepath.Join(dir, "memory.kmem.usage_in_bytes"))
+	n, _, err := readUsage(dir, "memory.kmem.usage_in_bytes")
+	return n, err
 }
 
 // ReadUsage reads dir's memory.usage_in_bytes (v1) or memory.current (v2),
 // in bytes, page cache included, and the file's path. Safe for concurrent use.
 func ReadUsage(version int, dir string) (int64, string, error) {
-	name := "memory.usage_in_bytes"
 	if version == 2 {
-		name = "memory.current"
+		return readUsage(dir, "memory.current")
 	}
+	return readUsage(dir, "memory.usage_in_bytes")
+}
+
+// readUsage reads and parses the usage counter name of dir (ParseKmemUsage).
+func readUsage(dir, name string) (int64, string, error) {
 	file := filepath.Join(dir, name)
 	b, err := readIn(dir, name)
 	if err != nil {

@@ -40,30 +40,21 @@ func isV2(m mount) bool { return m.fstype == "cgroup2" }
 // and only cgroup mounts are kept.
 func (s *source) parseMountinfoFile(name string) ([]mount, error) {
 	p := newMountinfoParser(name)
-	err := s.mountinfo.ScanLines(s.mountinfoRel, safefs.MaxMountinfo, func(line []byte) error {
-		if err := p.line(string(line)); err != nil {
-			return parseError{err}
-		}
-		return nil
-	})
+	err := s.mountinfo.ScanLines(s.mountinfoRel, safefs.MaxMountinfo, func(line []byte) error { return p.line(string(line)) })
+	// ScanLines's own errors are *safefs.PathError; p.line's name the line.
 	// p is read only after a nil error: after a timeout the scan may go on.
-	var pe parseError
+	var pe *safefs.PathError
 	if errors.As(err, &pe) {
-		return nil, pe.err
+		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cgroupfs: %w", err)
+		return nil, err
 	}
 	return p.mounts()
 }
 
 // errEmptyMountinfo: no mount point under a chrooted process's root.
 var errEmptyMountinfo = errors.New("empty")
-
-// parseError carries a parse error out of safefs.Dir.ScanLines as it is.
-type parseError struct{ err error }
-
-func (e parseError) Error() string { return e.err.Error() }
 
 // mountinfoParser parses mountinfo line by line, keeping cgroup mounts.
 type mountinfoParser struct {
@@ -152,11 +143,8 @@ func unescape(s string) (string, error) {
 			b.WriteByte(s[i])
 			continue
 		}
-		if i+3 >= len(s) {
-			return "", errors.New("bad octal escape")
-		}
-		v, err := strconv.ParseUint(s[i+1:i+4], 8, 8)
-		if err != nil {
+		v, err := strconv.ParseUint(s[i+1:min(i+4, len(s))], 8, 8)
+		if err != nil || i+3 >= len(s) {
 			return "", errors.New("bad octal escape")
 		}
 		b.WriteByte(byte(v))

@@ -94,14 +94,11 @@ func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool, r
 	return nil, err
 }
 
-// outsideNamespace reports whether cgroup path p climbs with "..".
+// outsideNamespace reports whether cgroup path p (cleanPath with up)
+// climbs with "..".
 func outsideNamespace(p string) bool {
-	for _, e := range strings.Split(p, "/") {
-		if e == ".." {
-			return true
-		}
-	}
-	return false
+	n, _ := climbs(p)
+	return n > 0
 }
 
 // ancestors returns dir and its parents up to top, nearest first.

@@ -2,75 +2,52 @@ package cgroupfs
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 
 	"github.com/memctl/memctl/internal/fastread"
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// Self reads the memory limit of the caller's own cgroup again and again.
-// The first Read resolves the cgroup as Of(0) does (/proc/self/cgroup,
-// mountinfo, every mount of the hierarchy). While /proc/self/cgroup reads
-// as it did then, a later Read re-reads only the limit files found then,
-// through package fastread (kept open) into a buffer the Self keeps, and
-// allocates nothing. A read that fails or finds what it did not expect (a file gone
-// or appeared, a value that does not parse), a move to another cgroup, or
-// Reset makes the next Read resolve again through Of(0), whose Limit and
-// error are returned as they are. A cgroup Of(0) reads in an unusual way
-// (several mounts, a search by PID, another view, a partial read) is
-// resolved again at every Read.
+// Self reads the memory limit of the caller's own cgroup again and again,
+// as Of(0) does. While /proc/self/cgroup reads as at the first Read, a
+// later Read re-reads only the limit files found then, kept open, and
+// allocates nothing. Anything unexpected (a file gone or appeared, a value
+// that does not parse) or Reset makes the next Read call Of(0) again, as
+// does a cgroup read in an unusual way (several mounts, a search by PID,
+// another view, a partial read).
 //
 // The zero value is ready. A Self is not safe for concurrent use; the
 // Bounds of a Limit it returns are valid until its next Read.
 type Self struct {
 	procCgroup fastread.File
-	seen       []byte    // /proc/self/cgroup as resolved
-	plan       *selfPlan // nil: resolve at the next Read
+	seen       []byte      // /proc/self/cgroup as resolved
+	l          Limit       // Version, Cgroup and Dir as resolved
+	files      []limitFile // nil: resolve at the next Read
 	buf        []byte
 	bounds     []Bound
 }
 
-// selfPlan is where a resolved cgroup's limit files are.
-type selfPlan struct {
-	l     Limit // Version, Cgroup, Dir as resolved
-	files []planFile
-}
-
-// planFile is one limit file of a selfPlan.
-type planFile struct {
-	path   fastread.File
-	kind   fileKind
-	absent bool // absent when resolved: it must stay so
-	top    bool // v2: the memory.max of the mount's top cgroup
-}
-
-type fileKind uint8
-
-const (
-	v1Limit fileKind = iota // memory.limit_in_bytes
-	v1Stat                  // memory.stat's hierarchical_memory_limit
-	v2Max                   // memory.max
-	v2High                  // memory.high
-)
+// errChanged is a kept file found otherwise than when resolved.
+var errChanged = errors.New("cgroupfs: changed since resolved")
 
 // Reset makes the next Read resolve the cgroup again, and closes the files
 // kept open.
 func (s *Self) Reset() {
 	s.procCgroup.Close()
-	if s.plan != nil {
-		s.plan.close()
-	}
-	s.plan = nil
+	closeFiles(s.files)
+	s.files = nil
 }
 
-func (p *selfPlan) close() {
-	for i := range p.files {
-		p.files[i].path.Close()
+func closeFiles(files []limitFile) {
+	for i := range files {
+		files[i].f.Close()
 	}
 }
 
 // Read returns the memory limit of the caller's cgroup, as Of(0) does.
 func (s *Self) Read() (Limit, error) {
-	if s.plan != nil {
+	if s.files != nil {
 		var err error
 		s.buf, err = s.procCgroup.Read(s.buf, safefs.MaxProcFile)
 		if err == nil && bytes.Equal(s.buf, s.seen) {
@@ -80,25 +57,57 @@ func (s *Self) Read() (Limit, error) {
 		}
 		s.Reset()
 	}
-	return s.resolve()
-}
-
-// resolve reads the limit as Of(0) does and keeps where its files are
-// when it can re-read them alone.
-func (s *Self) resolve() (Limit, error) {
 	if s.procCgroup.String() == "" {
-		p, err := fastread.New("/proc/self/cgroup")
-		if err != nil {
-			return Limit{}, err
-		}
-		s.procCgroup = p
+		s.procCgroup, _ = fastread.New("/proc/self/cgroup") // a fixed name: no error
 	}
 	seen, serr := s.procCgroup.Read(s.seen, safefs.MaxProcFile)
 	s.seen = seen
 	l, view, used, err := ofPID(0)
 	if err == nil && serr == nil && view == ViewProcess && len(used) == 1 && used[0].search == 0 &&
 		l.HighErr == nil && l.StatErr == nil && len(l.Unreadable) == 0 {
-		s.plan = newPlan(l, used[0].top)
+		s.keep(l, used[0].top)
 	}
 	return l, err
+}
+
+// keep keeps l's limit files, read through the mount whose top cgroup
+// directory is top, unless one cannot be read again as it was (its name
+// holds a NUL, or it fails other than as absent).
+func (s *Self) keep(l Limit, top string) {
+	files := limitFiles(l.Version, l.Dir, top)
+	for i := range files {
+		f := &files[i]
+		var err error
+		if f.f, err = fastread.New(f.name); err == nil {
+			s.buf, err = f.f.Read(s.buf, safefs.MaxCgroupFile)
+			f.absent = errors.Is(err, fs.ErrNotExist) && f.kind != v1Limit
+		}
+		if err != nil && !f.absent {
+			closeFiles(files)
+			return
+		}
+	}
+	s.l, s.files = Limit{Version: l.Version, Cgroup: l.Cgroup, Dir: l.Dir}, files
+}
+
+// reread reads the kept files again as Of(0) does; ok is false when one
+// is found otherwise than when resolved.
+func (s *Self) reread() (Limit, bool) {
+	l := s.l
+	l.Bounds = s.bounds[:0]
+	l, err := readLimit(l, s.files, func(f *limitFile) ([]byte, error) {
+		var err error
+		s.buf, err = f.f.Read(s.buf, safefs.MaxCgroupFile)
+		if f.absent != errors.Is(err, fs.ErrNotExist) {
+			return nil, errChanged
+		}
+		return s.buf, err
+	})
+	if err != nil || l.HighErr != nil || l.StatErr != nil {
+		return Limit{}, false
+	}
+	if s.bounds = l.Bounds; len(l.Bounds) == 0 {
+		l.Bounds = nil
+	}
+	return l, true
 }

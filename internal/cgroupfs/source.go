@@ -1,6 +1,7 @@
 package cgroupfs
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,17 +47,14 @@ func pidOf(name string) int {
 // openSource opens the files of Read(cgroupFile, mountinfoFile, root).
 func openSource(cgroupFile, mountinfoFile, root string) (*source, error) {
 	s := &source{cgroupFile: cgroupFile, mountinfoFile: mountinfoFile, rootName: root, rootPath: "/", pid: pidOf(cgroupFile)}
-	var err error
-	if s.cgroupRel, err = filepath.Abs(cgroupFile); err != nil {
-		return nil, fmt.Errorf("cgroupfs: %w", err)
-	}
-	if s.mountinfoRel, err = filepath.Abs(mountinfoFile); err != nil {
-		return nil, fmt.Errorf("cgroupfs: %w", err)
-	}
+	var cgErr, miErr, rootErr error
+	s.cgroupRel, cgErr = filepath.Abs(cgroupFile)
+	s.mountinfoRel, miErr = filepath.Abs(mountinfoFile)
 	if root != "" {
-		if s.rootPath, err = filepath.Abs(root); err != nil {
-			return nil, fmt.Errorf("cgroupfs: %w", err)
-		}
+		s.rootPath, rootErr = filepath.Abs(root)
+	}
+	if err := cmp.Or(cgErr, miErr, rootErr); err != nil {
+		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
 	top, err := safefs.OpenDir("/", safefs.InRoot)
 	if err != nil {

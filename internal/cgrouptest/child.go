@@ -102,20 +102,11 @@ func (c *Child) OOMKills() (int64, error) {
 		file = "memory.events"
 	}
 	path := filepath.Join(c.Dir, file)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("cgrouptest: %w", err)
+	e, err := cgroupfs.ReadEvents(path)
+	if err == nil && e.OOMKill < 0 {
+		err = fmt.Errorf("cgrouptest: %s: no oom_kill line", path)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok && k == "oom_kill" {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil || n < 0 {
-				return 0, fmt.Errorf("cgrouptest: %s: malformed line %q", path, line)
-			}
-			return n, nil
-		}
-	}
-	return 0, fmt.Errorf("cgrouptest: %s: no oom_kill line", path)
+	return e.OOMKill, err
 }
 
 // Remove removes the cgroup, killing processes still in it, retrying for up

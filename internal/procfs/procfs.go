@@ -106,18 +106,17 @@ func (f Fields) Int(key string) (int64, error) {
 	return n, nil
 }
 
-// parseDigits parses s, decimal digits only, as an int64; ok is false otherwise.
-func parseDigits(s string) (n int64, ok bool) {
-	if s == "" {
-		return 0, false
-	}
+// parseDigits parses s, decimal digits only, as an int64; ok is false
+// otherwise or on overflow.
+func parseDigits[T string | []byte](s T) (n int64, ok bool) {
 	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
+		d := int64(s[i] - '0')
+		if s[i] < '0' || s[i] > '9' || n > (math.MaxInt64-d)/10 {
 			return 0, false
 		}
+		n = n*10 + d
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
+	return n, len(s) > 0
 }
 
 // Bytes returns the value of key, "N kB" (KiB), in bytes. The error

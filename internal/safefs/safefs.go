@@ -1,36 +1,31 @@
 // Package safefs reads files that another, possibly hostile, process chose:
-// the files of a process under /proc/PID and the cgroup files as that
-// process's mount namespace shows them, through /proc/PID/root.
-//
-// memctl status runs as root on processes it does not trust. A process
-// controls its own mount namespace: in place of memory.limit_in_bytes it can
-// put a symlink to /etc/shadow or /dev/zero, a FIFO that blocks the reader,
-// or a huge file. A Dir reads such files safely:
+// its files under /proc/PID and its cgroup files as its mount namespace
+// shows them, through /proc/PID/root. memctl status runs as root on such
+// processes, and a process controls its own mount namespace: in place of a
+// cgroup file it can put a symlink to /etc/shadow or /dev/zero, a FIFO that
+// blocks the reader, or a huge file. A Dir reads such files safely:
 //
 //   - Names resolve inside the Dir, as if it were "/" (openat2(2)
 //     RESOLVE_IN_ROOT) or never leaving it (RESOLVE_BENEATH), never through
 //     a /proc magic link; with NoSymlinks, through no symlink at all.
-//   - Only regular files are read; anything else is refused (ErrNotRegular)
-//     without being opened. The name is opened with O_PATH, which runs no
-//     driver's open(2) (opening /dev/watchdog as root arms it) and releases
-//     no writer blocked on a FIFO; after fstat(2) and fstatfs(2) the file is
-//     reopened for reading through /proc/self/fd (so /proc must be mounted)
-//     with O_NONBLOCK and O_NOCTTY.
-//   - With Dir.FSTypes, only files of the listed file systems are read: only
-//     the file system tells a bind-mounted /etc/shadow from a cgroup file
-//     (ErrFileSystem).
+//   - Only regular files are read (ErrNotRegular). The name is opened with
+//     O_PATH, which runs no driver's open(2) (opening /dev/watchdog as root
+//     arms it) and releases no writer blocked on a FIFO; after fstat(2) and
+//     fstatfs(2) the file is reopened for reading through /proc/self/fd (so
+//     /proc must be mounted) with O_NONBLOCK and O_NOCTTY.
+//   - With Dir.FSTypes, only files of the listed file systems are read
+//     (ErrFileSystem): only the file system tells a bind-mounted
+//     /etc/shadow from a cgroup file.
 //   - At most a given number of bytes is read; a longer file is an error
 //     (ErrTooLarge), never a truncated value.
-//   - With Dir.Timeout, a read that does not finish in time (a FUSE file the
-//     process serves itself) returns ErrTimeout.
+//   - With Dir.Timeout, a read not done in time (a FUSE file the process
+//     serves itself) returns ErrTimeout.
 //
 // Without openat2 (before Linux 5.6, ENOSYS, or EPERM from an old seccomp
 // filter) a name is walked one component at a time with O_PATH|O_NOFOLLOW,
-// refusing every symlink and "..": stricter than openat2.
-//
-// Every string another process supplies is shown through Quote.
-//
-// A Dir is safe for concurrent use; Close it when done.
+// refusing every symlink and "..": stricter than openat2. Every string
+// another process supplies is shown through Quote. A Dir is safe for
+// concurrent use; Close it when done.
 package safefs
 
 import (
@@ -124,21 +119,12 @@ func Quote(s string) string {
 
 // fileType names st_mode & S_IFMT for ErrNotRegular.
 func fileType(ifmt uint32) string {
-	switch ifmt {
-	case 0o010000:
-		return "a FIFO"
-	case 0o020000:
-		return "a character device"
-	case 0o040000:
-		return "a directory"
-	case 0o060000:
-		return "a block device"
-	case 0o120000:
-		return "a symlink"
-	case 0o140000:
-		return "a socket"
+	name, ok := map[uint32]string{0o010000: "a FIFO", 0o020000: "a character device", 0o040000: "a directory",
+		0o060000: "a block device", 0o120000: "a symlink", 0o140000: "a socket"}[ifmt]
+	if !ok {
+		return "type " + strconv.FormatUint(uint64(ifmt), 8)
 	}
-	return "type " + strconv.FormatUint(uint64(ifmt), 8)
+	return name
 }
 
 // Dir is an open directory names resolve in (see the package doc); make one

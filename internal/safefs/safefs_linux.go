@@ -155,126 +155,98 @@ func wrapErrno(err error) error {
 
 // openRegular opens name for reading if it is a regular file on one of
 // d.FSTypes, checked on an O_PATH descriptor first (see the package doc).
-func openRegular(dirfd int, d *Dir, name string) (int, error) {
-	path := d.join(name)
+func openRegular(dirfd int, d *Dir, name string) (*os.File, error) {
 	pfd, err := open(dirfd, d, name, unix.O_PATH)
 	if err != nil {
-		return -1, &PathError{Op: "open", Path: path, Err: err}
+		return nil, &PathError{Op: "open", Path: d.join(name), Err: err}
 	}
+	f, _, err := reopenRegular(pfd, d.join(name), d.FSTypes)
+	return f, err
+}
+
+// reopenRegular closes the O_PATH descriptor pfd and opens its file for
+// reading, through its /proc/self/fd link (openat(2) takes no
+// AT_EMPTY_PATH), if it is a regular file on one of fsTypes (any when
+// empty). It returns the file's size from fstat(2).
+func reopenRegular(pfd int, path string, fsTypes []int64) (*os.File, int64, error) {
 	defer unix.Close(pfd)
 	var st unix.Stat_t
 	if err := unix.Fstat(pfd, &st); err != nil {
-		return -1, &PathError{Op: "fstat", Path: path, Err: err}
+		return nil, 0, &PathError{Op: "fstat", Path: path, Err: err}
 	}
 	switch t := st.Mode & unix.S_IFMT; t {
 	case unix.S_IFREG:
 	case unix.S_IFLNK: // the walk's O_PATH|O_NOFOLLOW opens the link itself
-		return -1, &PathError{Op: "open", Path: path, Err: wrapErrno(unix.ELOOP)}
+		return nil, 0, &PathError{Op: "open", Path: path, Err: wrapErrno(unix.ELOOP)}
 	default:
-		return -1, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
+		return nil, 0, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
 	}
-	if err := fsCheck(pfd, d.FSTypes); err != nil {
-		return -1, &PathError{Op: "open", Path: path, Err: err}
+	if err := fsCheck(pfd, fsTypes); err != nil {
+		return nil, 0, &PathError{Op: "open", Path: path, Err: err}
 	}
-	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_NONBLOCK)
-	if err != nil {
-		return -1, &PathError{Op: "open", Path: path, Err: err}
+	for {
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err == nil {
+			return os.NewFile(uintptr(fd), path), st.Size, nil
+		}
+		if err != unix.EINTR {
+			return nil, 0, &PathError{Op: "open", Path: path, Err: err}
+		}
 	}
-	return fd, nil
 }
 
 func readFile(dirfd int, d *Dir, name string, max int64) ([]byte, error) {
-	path := d.join(name)
-	fd, err := openRegular(dirfd, d, name)
+	f, err := openRegular(dirfd, d, name)
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(fd)
-	return readFD(fd, path, max)
+	return readAll(f, max)
 }
 
-// readFD reads fd to its end, at most max bytes (else ErrTooLarge).
-func readFD(fd int, path string, max int64) ([]byte, error) {
-	buf := make([]byte, 0, min(max+1, 4096))
-	for int64(len(buf)) <= max {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		end := min(int64(cap(buf)), max+1)
-		n, err := unix.Read(fd, buf[len(buf):end])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &PathError{Op: "read", Path: path, Err: err}
-		}
-		if n == 0 {
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
+// readAll reads f to its end and closes it: at most max bytes, else an
+// error matching ErrTooLarge.
+func readAll(f *os.File, max int64) ([]byte, error) {
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, readError(f.Name(), err)
 	}
-	return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
-}
-
-// fdReader reads a descriptor, counting the bytes read.
-type fdReader struct {
-	fd int
-	n  int64
-}
-
-func (r *fdReader) Read(p []byte) (int, error) {
-	for {
-		n, err := unix.Read(r.fd, p)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err != nil:
-			return 0, err
-		case n == 0:
-			return 0, io.EOF
-		}
-		r.n += int64(n)
-		return n, nil
+	if int64(len(b)) > max {
+		return nil, &PathError{Op: "read", Path: f.Name(), Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
 	}
+	return b, nil
+}
+
+// readError is the *PathError of err, an error of a read of path.
+func readError(path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return &PathError{Op: "read", Path: path, Err: err}
 }
 
 func scanLines(dirfd int, d *Dir, name string, max int64, each func([]byte) error) error {
-	path := d.join(name)
-	fd, err := openRegular(dirfd, d, name)
+	f, err := openRegular(dirfd, d, name)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
-	r := &fdReader{fd: fd}
-	tooLarge := &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
-	sc := bufio.NewScanner(io.LimitReader(r, max+1))
+	defer f.Close()
+	r := &io.LimitedReader{R: f, N: max + 1} // N 0: over max
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), MaxLine)
-	for sc.Scan() {
-		if r.n > max {
-			return tooLarge
-		}
+	for sc.Scan() && r.N > 0 {
 		if err := each(sc.Bytes()); err != nil {
 			return err
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return &PathError{Op: "read", Path: path, Err: err}
+		return readError(f.Name(), err)
 	}
-	if r.n > max {
-		return tooLarge
+	if r.N == 0 {
+		return &PathError{Op: "read", Path: f.Name(), Err: fmt.Errorf("%w of %d bytes", ErrTooLarge, max)}
 	}
 	return nil
-}
-
-// reopen opens the file of the O_PATH descriptor pfd through its
-// /proc/self/fd link (openat(2) takes no AT_EMPTY_PATH).
-func reopen(pfd, flags int) (int, error) {
-	for {
-		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-		if err != unix.EINTR {
-			return fd, err
-		}
-	}
 }
 
 func statDir(dirfd int, d *Dir, name string) error {
@@ -391,37 +363,27 @@ func readMagic(dfd int, name, path string, max int64) ([]byte, error) {
 	if err != nil {
 		return nil, &PathError{Op: "open", Path: path, Err: wrapErrno(err)}
 	}
-	defer unix.Close(pfd)
-	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil {
-		return nil, &PathError{Op: "fstat", Path: path, Err: err}
-	}
-	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG {
-		return nil, &PathError{Op: "open", Path: path, Err: fmt.Errorf("%w: %s", ErrNotRegular, fileType(t))}
-	}
-	if err := fsCheck(pfd, []int64{TmpfsMagic, HugetlbfsMagic}); err != nil {
-		return nil, &PathError{Op: "open", Path: path, Err: err}
-	}
-	if st.Size > max {
-		return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes (%d bytes)", ErrTooLarge, max, st.Size)}
-	}
-	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_NONBLOCK)
+	f, size, err := reopenRegular(pfd, path, []int64{TmpfsMagic, HugetlbfsMagic})
 	if err != nil {
-		return nil, &PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
-	defer unix.Close(fd)
+	if size > max {
+		f.Close()
+		return nil, &PathError{Op: "read", Path: path, Err: fmt.Errorf("%w of %d bytes (%d bytes)", ErrTooLarge, max, size)}
+	}
 	// Sealed: its content cannot change while it is read, whatever the
 	// process does meanwhile (a plain tmpfs file has F_SEAL_SEAL alone).
 	const want = unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
 	if err != nil || seals&want != want {
+		f.Close()
 		why := fmt.Errorf("%w: seals %#x, want %#x", ErrNotSealed, seals, want)
 		if err != nil {
 			why = fmt.Errorf("%w: F_GET_SEALS: %w", ErrNotSealed, err)
 		}
 		return nil, &PathError{Op: "open", Path: path, Err: why}
 	}
-	return readFD(fd, path, max)
+	return readAll(f, max)
 }
 
 func subDirs(dirfd int, d *Dir, name string, max int) ([]string, error) {

@@ -3,15 +3,16 @@ package cgrouptest
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // RequireV2 skips t, with the reason, unless this process can make child
@@ -121,89 +122,25 @@ func (g *V2) write(t testing.TB, path, value string) {
 	}
 }
 
-// Events returns the counters of memory.events in dir (Dir or LimitDir);
-// it fails t on a malformed file.
+// Events returns the counters of memory.events in dir (Dir or LimitDir),
+// -1 for one the file lacks; it fails t on a malformed file.
 func (g *V2) Events(t testing.TB, dir string) map[string]int64 {
 	t.Helper()
-	path := filepath.Join(dir, "memory.events")
-	b, err := os.ReadFile(path)
+	e, err := cgroupfs.ReadEvents(filepath.Join(dir, "memory.events"))
 	if err != nil {
 		t.Fatalf("cgrouptest: %v", err)
 	}
-	m := make(map[string]int64)
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		k, v, ok := strings.Cut(line, " ")
-		n, err := strconv.ParseInt(v, 10, 64)
-		if !ok || err != nil {
-			t.Fatalf("cgrouptest: %s: malformed line %q", path, line)
-		}
-		m[k] = n
-	}
-	return m
+	return maps.Collect(e.All())
 }
 
 // Current returns Dir's memory.current in bytes.
 func (g *V2) Current(t testing.TB) int64 {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(g.Dir, "memory.current"))
+	n, _, err := cgroupfs.ReadUsage(2, g.Dir)
 	if err != nil {
 		t.Fatalf("cgrouptest: %v", err)
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		t.Fatalf("cgrouptest: %s/memory.current: %v", g.Dir, err)
 	}
 	return n
-}
-
-// Wrap changes cmd (before cmd.Start) so that its process starts in Dir
-// (clone3 CLONE_INTO_CGROUP, so every page is charged there) and in the
-// layout's namespaces; for Layout.Remount, `/bin/sh -c` remounts cgroup2
-// and then execs cmd's program under the same PID. It skips t where sh,
-// mount or umount is missing for a remount.
-func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {
-	t.Helper()
-	f, err := os.Open(g.Dir)
-	if err != nil {
-		t.Fatalf("cgrouptest: %v", err)
-	}
-	t.Cleanup(func() { _ = f.Close() })
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	a := cmd.SysProcAttr
-	a.UseCgroupFD, a.CgroupFD = true, int(f.Fd())
-	if !g.Layout.Namespace {
-		return
-	}
-	a.Unshareflags |= syscall.CLONE_NEWCGROUP
-	if !g.Layout.Remount {
-		return
-	}
-	a.Unshareflags |= syscall.CLONE_NEWNS
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skipf("cgrouptest: layout %s needs sh: %v", g.Layout.Name, err)
-	}
-	for _, p := range []string{"mount", "umount"} {
-		if _, err := exec.LookPath(p); err != nil {
-			t.Skipf("cgrouptest: layout %s needs %s: %v", g.Layout.Name, p, err)
-		}
-	}
-	opts := "rw"
-	if g.Layout.ReadOnly {
-		opts = "ro"
-	}
-	path := cmd.Path
-	if path == "" && len(cmd.Args) > 0 {
-		path = cmd.Args[0]
-	}
-	script := `umount "$0" && mount -t cgroup2 -o ` + opts + ` cgroup2 "$0" && exec "$@"`
-	args := []string{"sh", "-c", script, g.Mount, path}
-	if len(cmd.Args) > 1 {
-		args = append(args, cmd.Args[1:]...)
-	}
-	cmd.Path, cmd.Args = sh, args
 }
 
 // cgroup2Mount returns the longest cgroup2 mount point that prefixes dir.
