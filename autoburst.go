@@ -11,11 +11,9 @@ import (
 )
 
 // WithAutoBurst configures the burst detector (trim.AutoBurstConfig), which
-// finds bursts at GC end and trims them as after AfterBurst. Set cfg.Off to
-// turn it off; AfterBurst and Begin work either way. An invalid field leaves it
-// off, and Start logs the error at WARN and returns it. It needs a trimmer.
-// Default: the zero trim.AutoBurstConfig. Environment: MEMCTL_AUTOBURST=on|off,
-// which wins over cfg.Off.
+// finds bursts at GC end and trims after them. An invalid field leaves it off
+// and is returned by Start. Default: the zero trim.AutoBurstConfig.
+// Environment: MEMCTL_AUTOBURST=on|off, which wins over cfg.Off.
 func WithAutoBurst(cfg trim.AutoBurstConfig) Option { return func(c *config) { c.autoBurst = cfg } }
 
 // startAutoBurst starts the detector unless MEMCTL_AUTOBURST or cfg says off.

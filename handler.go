@@ -10,18 +10,15 @@ import (
 )
 
 // Handler returns an http.Handler that serves the state record of the
-// controller of the latest Start as one JSON object, built afresh on each
-// request, in the manner of expvar's /debug/vars:
+// controller of the latest Start as one JSON object, as expvar's /debug/vars:
 //
 //	mux.Handle("/debug/memctl", memctl.Handler())
 //
-// It is the document `memctl status -pid` reads from outside the process
-// (docs/command.md); keys are only added, never renamed. With no controller
-// live it serves "closed": true and GOMEMLIMIT as it is. It answers GET and
-// HEAD (405 otherwise) and registers nothing by itself. A browser (Accept names
-// text/html), or ?format=html, gets a self-contained page for people instead,
-// with no script and every string escaped (docs/observing.md). Safe for
-// concurrent use.
+// It is the document `memctl status -pid` reads (docs/command.md); keys are
+// only added. With no controller live it serves "closed": true. It answers GET
+// and HEAD (405 otherwise). A browser (Accept names text/html), or
+// ?format=html, gets a page without script instead (docs/observing.md). Safe
+// for concurrent use.
 func Handler() http.Handler { return http.HandlerFunc(serveState) }
 
 func serveState(w http.ResponseWriter, req *http.Request) {

@@ -67,8 +67,7 @@ func summary(r *state.Record, n int) string {
 		n, r.Updated.Format(time.RFC3339))
 }
 
-// historyChart draws RSS and the live heap (MiB) over time, limits as lines,
-// events as marks.
+// historyChart draws RSS and the live heap (MiB), limits and events.
 func historyChart(entries []history.Entry, r *state.Record, high int64) *plot.Chart {
 	c := &plot.Chart{Title: "RSS and live heap", XLabel: "seconds before now", YLabel: "MiB"}
 	if len(entries) == 0 {

@@ -21,25 +21,22 @@ import (
 	"github.com/memctl/memctl/trim"
 )
 
-// The state record (package internal/state) for `memctl status -pid`; when
-// it is published: docs/command.md.
-
-// recorder is a controller's part of the state record.
+// recorder publishes a controller's state record (package internal/state;
+// when: docs/command.md).
 type recorder struct {
 	mu  sync.Mutex
 	sub *gcend.Subscription
-	// What the GC-end watch compares (fingerprint), and when counters were last published.
+	// watchMu guards the fingerprints last published, when counters were,
+	// and flush, the timer for held-back counters; Close waits on flushes.
 	lastDecisions, lastCounters uint64
 	countersAt                  time.Time
-	// watchMu guards the fields above and flush, the one-shot timer for
-	// held-back counters (nil when none is pending); Close waits on flushes.
-	watchMu sync.Mutex
-	flush   *time.Timer
-	flushes sync.WaitGroup
-	warned  bool
-	closed  atomic.Bool
-	started atomic.Bool // startRecord set log: publish may run
-	log     *slog.Logger
+	watchMu                     sync.Mutex
+	flush                       *time.Timer
+	flushes                     sync.WaitGroup
+	warned                      bool
+	closed                      atomic.Bool
+	started                     atomic.Bool // startRecord set log: publish may run
+	log                         *slog.Logger
 }
 
 // record returns c's state record (nil c: none live), cut to the state limits.
@@ -119,8 +116,8 @@ func (c *Controller) record() *state.Record {
 	return r
 }
 
-// publish republishes the record of the live controller (or says none is);
-// a failure other than ErrUnsupported is logged once at INFO.
+// publish republishes the live controller's record; a failure other than
+// ErrUnsupported is logged once at INFO.
 func (c *Controller) publish() {
 	err := state.Publish(current.Load().recordOr(c))
 	if err == nil || errors.Is(err, errors.ErrUnsupported) || c == nil {
@@ -168,9 +165,8 @@ func (c *Controller) startRecord(l *slog.Logger) {
 }
 
 // watch publishes the record when the decisions changed, or the counters
-// did and countersEvery passed; held-back counters are published by a
-// one-shot timer (flush is true in its call), so an idle process shows
-// them without waiting for its next GC.
+// did and countersEvery passed; held-back counters are published by a timer
+// (flush is true in its call).
 func (c *Controller) watch(flush bool) {
 	c.rec.watchMu.Lock()
 	defer c.rec.watchMu.Unlock()

@@ -24,13 +24,8 @@ const (
 
 // String returns "gc", "trim", "limit" or "pressure".
 func (k Kind) String() string {
-	switch k {
-	case KindTrim:
-		return "trim"
-	case KindLimit:
-		return "limit"
-	case KindPressure:
-		return "pressure"
+	if names := [...]string{"gc", "trim", "limit", "pressure"}; int(k) < len(names) {
+		return names[k]
 	}
 	return "gc"
 }
