@@ -33,8 +33,7 @@ mmap and munmap while the kernel walks its page tables. Flags:
 `
 
 // smapsMaxRSS is the VmRSS under which status reads smaps_rollup without
-// -smaps: its page walk stalls the process's mmap in proportion to the
-// resident pages (docs/benchmarks.md, "Reading smaps_rollup").
+// -smaps (docs/benchmarks.md, "Reading smaps_rollup").
 const smapsMaxRSS = 256 << 20
 
 // smapsRule decides whether status reads /proc/PID/smaps_rollup (-smaps, or
@@ -121,9 +120,8 @@ func readProcState(proc *safefs.Dir) (procState, error) {
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
 
 // readStatus reads everything status shows about pid. A field that cannot
-// be read is nil and named in Unknown with the reason; the error is for a
-// process that does not exist, exited while read (start time or state
-// changed), or whose /proc/PID/status cannot be read. Reads time out at 5 s.
+// be read is nil and named in Unknown; the error is for a process that does
+// not exist, exited while read, or whose /proc/PID/status cannot be read.
 func readStatus(pid int, o statusOptions) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)

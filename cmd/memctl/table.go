@@ -27,13 +27,15 @@ func (t table) why(key string) (string, bool) {
 	return "unknown: " + r, ok
 }
 
-func (t table) bytes(k, key string, n *int64) {
+// whyOr returns the row of the field key when it is unknown, else v.
+func (t table) whyOr(key, v string) string {
 	if r, ok := t.why(key); ok {
-		t.row(k, r)
-		return
+		return r
 	}
-	t.row(k, size(n))
+	return v
 }
+
+func (t table) bytes(k, key string, n *int64) { t.row(k, t.whyOr(key, size(n))) }
 
 // writeTable writes st as an aligned two-column table.
 func writeTable(w io.Writer, st *statusReport) {
@@ -51,11 +53,7 @@ func writeTable(w io.Writer, st *statusReport) {
 func (t table) thpSystem() {
 	s := t.st.THPSystem
 	if s == nil {
-		if r, ok := t.why("thp_system"); ok {
-			t.row("THP system", r)
-		} else {
-			t.row("THP system", "unavailable (kernel without THP)")
-		}
+		t.row("THP system", t.whyOr("thp_system", "unavailable (kernel without THP)"))
 		return
 	}
 	mode := s.Enabled
@@ -121,11 +119,7 @@ func (t table) memory() {
 func (t table) cgroup() {
 	c := t.st.Cgroup
 	if c == nil {
-		if r, ok := t.why("cgroup"); ok {
-			t.row("cgroup", r)
-		} else {
-			t.row("cgroup", "none: "+t.st.CgroupError)
-		}
+		t.row("cgroup", t.whyOr("cgroup", "none: "+t.st.CgroupError))
 		t.memoryEvents()
 		return
 	}

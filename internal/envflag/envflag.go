@@ -12,15 +12,6 @@
 //     is the ratio 1.
 //   - An invalid value gives an *Error (matching ErrInvalid); the caller
 //     switches its part off, logs the error at WARN and returns it.
-//
-// Typical use:
-//
-//	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
-//		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
-//		if err != nil { // part off, say so once
-//			...
-//		}
-//	}
 package envflag
 
 import (
@@ -36,8 +27,7 @@ import (
 // ErrInvalid is matched (errors.Is) by every *Error.
 var ErrInvalid = errors.New("invalid value")
 
-// Error is an invalid value of a variable. Its message reads
-// NAME="value": want WANT, and quotes the value as given (before trimming).
+// Error is an invalid value of a variable: NAME="value": want WANT.
 type Error struct {
 	Name  string // the variable, e.g. "MEMCTL_TRIM_DELAY"
 	Value string // the value as read

@@ -3,14 +3,12 @@
 //
 // # Mechanism
 //
-// The record is a sealed memfd (memfd_create(2), name MemfdName) that the
-// process keeps open on one descriptor. Publish writes the whole record into
-// a new memfd, seals it (F_SEAL_WRITE, F_SEAL_GROW, F_SEAL_SHRINK,
-// F_SEAL_SEAL) and moves it onto that descriptor with dup3(2): a reader sees
-// the old record or the new one, never half of each, and needs no lock. The
-// command finds it in /proc/PID/fd ("/memfd:memctl-state (deleted)"); reading
-// it needs the ptrace read check (the same user, or root). Why a memfd, and
-// when the library publishes: docs/command.md.
+// The record is a sealed memfd (name MemfdName) that the process keeps open
+// on one descriptor. Publish writes the whole record into a new memfd, seals
+// it and moves it onto that descriptor with dup3(2): a reader sees the old
+// record or the new one, never half of each. The command finds it in
+// /proc/PID/fd; reading it needs the ptrace read check. Why a memfd, and when
+// the library publishes: docs/command.md.
 //
 // # Format
 //
