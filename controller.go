@@ -5,6 +5,8 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 
+	"github.com/memctl/memctl/internal/trimwire"
+	"github.com/memctl/memctl/trim"
 	"github.com/memctl/memctl/trim/cheap"
 )
 
@@ -85,6 +87,14 @@ func (c *Controller) Stats() Stats {
 	}
 	s.Misuse += looseMisuse.Load() + s.Trim.Misuse
 	return s
+}
+
+// autoBurstStats returns a's counters (zero for nil) without allocating.
+func autoBurstStats(a trimwire.AutoBurst) trim.AutoBurstStats {
+	if c, ok := a.(interface{ Counters() trim.AutoBurstStats }); ok {
+		return c.Counters()
+	}
+	return trim.AutoBurstStats{}
 }
 
 // Close stops the trimmer (a pending trim is dropped, a running one waited

@@ -111,8 +111,7 @@ func Start(opts ...Option) (*Controller, error) {
 	s.setTHP()    // next: the flag affects only memory faulted in after it is set
 	s.startLimiter()
 	s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
-	c.auto = startAutoBurst(s.cfg.autoBurst, c.trimmer, s.fail)
-	c.report.AutoBurst = c.auto != nil
+	s.startAutoBurst()
 	c.report.CHeap = cheap.Detect().Allocator()
 	s.watchPressure() // last: its trim reaches the trimmer and the limiter
 	s.noteSkipped()
@@ -267,6 +266,24 @@ func (s *startup) startTrimmer() {
 	trimwire.OnTrim(tr, func() { c.mark(history.KindTrim) })
 	c.trimmer = tr
 	c.report.TrimDelay = delay
+}
+
+// startAutoBurst starts the detector unless MEMCTL_AUTOBURST or its config
+// says off.
+func (s *startup) startAutoBurst() {
+	cfg := s.cfg.autoBurst
+	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
+		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
+		if err != nil {
+			s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
+		}
+		cfg.Off = !on
+	}
+	a, err := trimwire.StartAutoBurst(s.c.trimmer, cfg)
+	if err != nil {
+		s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
+	}
+	s.c.auto, s.c.report.AutoBurst = a, a != nil
 }
 
 func (s *startup) watchPressure() {

@@ -33,6 +33,12 @@ type config struct {
 // pressure.Config. Environment: MEMCTL_PRESSURE=on|off.
 func WithPressure(cfg pressure.Config) Option { return func(c *config) { c.pressure = cfg } }
 
+// WithAutoBurst configures the burst detector (trim.AutoBurstConfig), which
+// finds bursts at GC end and trims after them. An invalid field leaves it off
+// and is returned by Start. Default: the zero trim.AutoBurstConfig.
+// Environment: MEMCTL_AUTOBURST=on|off, which wins over cfg.Off.
+func WithAutoBurst(cfg trim.AutoBurstConfig) Option { return func(c *config) { c.autoBurst = cfg } }
+
 // defaultArenaMax is the glibc arena cap Start applies (glibc's own: 8 a core).
 const defaultArenaMax = 2
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -158,4 +159,18 @@ func parseDelay(v string) (time.Duration, error) {
 			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trimwire.MinDelay, trimwire.MaxDelay)}
 	}
 	return d, nil
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// warnUnknownEnv warns of each unknown MEMCTL_* variable, naming the closest.
+func warnUnknownEnv(l *slog.Logger) {
+	for _, u := range envflag.Unknown(os.Environ()) {
+		l.Warn("memctl: unknown environment variable ignored", "name", u.Name, "closest", u.Closest)
+	}
 }

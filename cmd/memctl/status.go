@@ -20,6 +20,7 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/safefs"
+	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -247,6 +248,25 @@ func readEnv(proc *safefs.Dir, st *statusReport) error {
 		}
 	}
 	slices.Sort(st.EnvBase64)
+	return nil
+}
+
+// readRecord reads the process's state record (safefs.Dir.ReadMemfd, then
+// state.Parse). No record is not an error: st.Memctl stays nil.
+func readRecord(proc *safefs.Dir, st *statusReport) error {
+	path, b, err := proc.ReadMemfd(state.MemfdName, state.MaxSize)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	r, err := state.Parse(b)
+	if err != nil {
+		// Quoted: a parse error may hold bytes of the record.
+		return fmt.Errorf("state record %s rejected: %s", safefs.Quote(path), safefs.Quote(err.Error()))
+	}
+	st.Memctl = &memctlRecord{ReportedBy: "process", File: path, Record: r}
 	return nil
 }
 
