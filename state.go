@@ -24,7 +24,6 @@ import (
 // recorder publishes a controller's state record (package internal/state;
 // when: docs/command.md).
 type recorder struct {
-	mu  sync.Mutex
 	sub *gcend.Subscription
 	// watchMu guards the fingerprints last published, when counters were,
 	// and flush, the timer for held-back counters; Close waits on flushes.
@@ -33,7 +32,7 @@ type recorder struct {
 	watchMu                     sync.Mutex
 	flush                       *time.Timer
 	flushes                     sync.WaitGroup
-	warned                      bool
+	warned                      atomic.Bool
 	closed                      atomic.Bool
 	started                     atomic.Bool // startRecord set log: publish may run
 	log                         *slog.Logger
@@ -116,28 +115,21 @@ func (c *Controller) record() *state.Record {
 	return r
 }
 
-// publish republishes the live controller's record; a failure other than
-// ErrUnsupported is logged once at INFO.
+// publish republishes the live controller's record, or c's when none is
+// live and c is closed; a failure other than ErrUnsupported is logged once
+// at INFO.
 func (c *Controller) publish() {
-	err := state.Publish(current.Load().recordOr(c))
+	live := current.Load()
+	if live == nil && c != nil && c.rec.closed.Load() {
+		live = c
+	}
+	err := state.Publish(live.record())
 	if err == nil || errors.Is(err, errors.ErrUnsupported) || c == nil {
 		return
 	}
-	c.rec.mu.Lock()
-	warned := c.rec.warned
-	c.rec.warned = true
-	c.rec.mu.Unlock()
-	if !warned {
+	if !c.rec.warned.Swap(true) {
 		c.rec.log.Info("memctl: state record not published (memctl status -pid will not show it)", "error", err)
 	}
-}
-
-// recordOr returns c's record, or that of closed, the last, when c is nil.
-func (c *Controller) recordOr(closed *Controller) *state.Record {
-	if c == nil && closed != nil && closed.rec.closed.Load() {
-		return closed.record()
-	}
-	return c.record()
 }
 
 // countersEvery is the least time between two records published for

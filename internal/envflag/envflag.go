@@ -110,9 +110,11 @@ func Duration(name, v string, def, min time.Duration) (d time.Duration, err erro
 // 0, on gives def. Anything else is an *Error and n is 0.
 func Count(name, v string, def int) (n int, err error) {
 	t := strings.TrimSpace(v)
-	if n, perr := strconv.Atoi(t); perr == nil && n >= 0 {
-		return n, nil
-	} else if n, ok := onOff(t, def); ok && perr != nil {
+	if n, perr := strconv.Atoi(t); perr == nil { // "0" and "1" are counts
+		if n >= 0 {
+			return n, nil
+		}
+	} else if n, ok := onOff(t, def); ok {
 		return n, nil
 	}
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a count >= 0 such as "%d"`, def)}
