@@ -295,17 +295,6 @@ func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.path)
 }
 
-// readEvents returns EventsGrowth since the last read.
-func (w *Signal) readEvents() int64 {
-	e, err := w.preadEvents()
-	if err != nil {
-		return 0
-	}
-	d := EventsGrowth(w.last, e)
-	w.last = e
-	return d
-}
-
 // Drain consumes what the source has to read and returns how many signals
 // it held, or -1 when the source is gone (EOF on a socket).
 func (w *Signal) Drain() int64 {
@@ -316,8 +305,14 @@ func (w *Signal) Drain() int64 {
 			return 0
 		}
 		return int64(min(binary.NativeEndian.Uint64(b[:]), 1<<62))
-	case w.kind == Events:
-		return w.readEvents()
+	case w.kind == Events: // EventsGrowth since the last read
+		e, err := w.preadEvents()
+		if err != nil {
+			return 0
+		}
+		d := EventsGrowth(w.last, e)
+		w.last = e
+		return d
 	case w.events == unix.POLLIN:
 		var b [512]byte
 		got := int64(0)
