@@ -36,10 +36,8 @@ type swapSource struct {
 // read returns the process's SwapStats. Safe for concurrent use.
 func (s *swapSource) read() SwapStats {
 	st := SwapStats{VmSwap: -1, Current: -1, Max: -1}
-	if f, err := procfs.ReadFile("/proc/self/status"); err == nil {
-		if v, err := f.Bytes("VmSwap"); err == nil {
-			st.VmSwap = v
-		}
+	if v, err := procfs.ReadBytes("/proc/self/status", "VmSwap"); err == nil {
+		st.VmSwap = v
 	}
 	s.once.Do(func() {
 		l, err := cgroupfs.Of(0)

@@ -15,14 +15,11 @@ import (
 // memory.events into st; noMemory makes every error a note, not unknown.
 func readCgroup(proc *safefs.Dir, st *statusReport, noMemory bool) {
 	l, view, err := cgroupfs.OfProc(proc)
-	switch {
-	case err == nil:
-	case errors.Is(err, cgroupfs.ErrNoCgroup), noMemory:
+	if err != nil {
 		st.CgroupError = err.Error()
-		return
-	default:
-		st.CgroupError = err.Error()
-		st.Unknown["cgroup"] = err.Error()
+		if !errors.Is(err, cgroupfs.ErrNoCgroup) && !noMemory {
+			st.Unknown["cgroup"] = err.Error()
+		}
 		return
 	}
 	c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir, View: "process"}
