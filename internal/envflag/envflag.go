@@ -165,8 +165,9 @@ func Unknown(environ []string) []Unrecognized {
 	var out []Unrecognized
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(strings.ToUpper(name), "MEMCTL") || slices.Contains(Known, name) || seen(out, name) ||
-			strings.HasPrefix(name, "MEMCTL_TEST_") || strings.HasPrefix(name, "MEMCTL_BENCH_") {
+		if !strings.HasPrefix(strings.ToUpper(name), "MEMCTL") || slices.Contains(Known, name) ||
+			strings.HasPrefix(name, "MEMCTL_TEST_") || strings.HasPrefix(name, "MEMCTL_BENCH_") ||
+			slices.ContainsFunc(out, func(u Unrecognized) bool { return u.Name == name }) {
 			continue
 		}
 		best, bestD := "", 1<<30
@@ -178,10 +179,6 @@ func Unknown(environ []string) []Unrecognized {
 		out = append(out, Unrecognized{Name: name, Closest: best})
 	}
 	return out
-}
-
-func seen(u []Unrecognized, name string) bool {
-	return slices.ContainsFunc(u, func(x Unrecognized) bool { return x.Name == name })
 }
 
 // distance is the optimal-string-alignment edit distance, in bytes.
