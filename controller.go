@@ -5,11 +5,12 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 
+	"github.com/memctl/memctl/internal/trimwire"
+	"github.com/memctl/memctl/trim"
 	"github.com/memctl/memctl/trim/cheap"
 )
 
-// Report returns what Start decided, and the allocators found now
-// (CHeaps).
+// Report returns what Start decided, and the allocators found now.
 func (c *Controller) Report() Report {
 	if c == nil {
 		return Report{Off: true}
@@ -24,20 +25,18 @@ func (c *Controller) Report() Report {
 }
 
 // AfterBurst marks the end of a burst of work: the trim runs once, the trim
-// delay after the last AfterBurst (at the latest trim.Config.MaxWait after the
-// first of a run that does not pause). It allocates nothing; see
-// trim.Trimmer.AfterBurst for its cost.
+// delay after the last AfterBurst (trim.Trimmer.AfterBurst). It allocates
+// nothing.
 func (c *Controller) AfterBurst() {
 	if c != nil && c.trimmer != nil {
 		c.trimmer.AfterBurst()
 	}
 }
 
-// Begin marks a burst in flight: no trim runs until the returned func is called
-// (up to trim.Config.MaxWait), which counts as AfterBurst. Call it exactly
-// once: more calls than Begins are misuse, counted in Stats.Misuse and logged
-// once at WARN, a panic under SetStrict. With no trimmer (MEMCTL=off, trimming
-// off) Begin only counts. It allocates nothing.
+// Begin marks a burst in flight: no trim runs until the returned func is
+// called (up to trim.Config.MaxWait), which counts as AfterBurst. Calling it
+// more than once is misuse (Stats.Misuse; a panic under SetStrict). With no
+// trimmer Begin only counts. It allocates nothing.
 func (c *Controller) Begin() (end func()) {
 	if c == nil || c.trimmer == nil {
 		loose.Add(1)
@@ -67,11 +66,9 @@ func looseEnd() {
 	}
 }
 
-// SetStrict turns the strict mode for tests on or off and returns the previous
-// setting. In strict mode misuse panics instead of being counted and logged: an
-// end func of Begin called more often than Begin, with or without Start (a
-// controller started in strict mode keeps it). Production code leaves it off,
-// the default. Safe for concurrent use.
+// SetStrict turns the strict mode for tests on or off and returns the
+// previous setting: misuse (an extra end func of Begin) panics instead of
+// being counted and logged. Default off. Safe for concurrent use.
 func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
 
 // Stats returns the controller's counters and the C heap's statistics.
@@ -92,10 +89,17 @@ func (c *Controller) Stats() Stats {
 	return s
 }
 
+// autoBurstStats returns a's counters (zero for nil) without allocating.
+func autoBurstStats(a trimwire.AutoBurst) trim.AutoBurstStats {
+	if c, ok := a.(interface{ Counters() trim.AutoBurstStats }); ok {
+		return c.Counters()
+	}
+	return trim.AutoBurstStats{}
+}
+
 // Close stops the trimmer (a pending trim is dropped, a running one waited
-// for), the GOMEMLIMIT refresh and the pressure monitor, and returns when the
-// trimmer's goroutine has exited. The THP flag and GOMEMLIMIT stay as they are.
-// Idempotent; it returns nil.
+// for), the GOMEMLIMIT refresh and the pressure monitor. The THP flag and
+// GOMEMLIMIT stay as they are. Idempotent; it returns nil.
 func (c *Controller) Close() error {
 	if c == nil {
 		return nil

@@ -5,13 +5,13 @@ import (
 	"log/slog"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
 
-// AfterBurst calls AfterBurst on the live controller of the latest Start. With
-// none it does nothing: a wiring mistake, counted in Stats.Misuse and logged at
-// WARN through slog.Default on the first call.
+// AfterBurst calls AfterBurst on the live controller of the latest Start;
+// with none it is a wiring mistake (see the package doc).
 func AfterBurst() {
 	if c := current.Load(); c != nil {
 		c.AfterBurst()
@@ -20,9 +20,8 @@ func AfterBurst() {
 	noController("AfterBurst")
 }
 
-// Begin calls Begin on the live controller of the latest Start. With none it is
-// a wiring mistake, as for AfterBurst, and only counts, so that an end func
-// called twice is misuse with or without Start (read it with CurrentStats).
+// Begin calls Begin on the live controller of the latest Start; with none it
+// is a wiring mistake and only counts.
 func Begin() (end func()) {
 	c := current.Load()
 	if c == nil {
@@ -31,15 +30,12 @@ func Begin() (end func()) {
 	return c.Begin()
 }
 
-// CurrentStats returns the Stats of the live controller of the latest
-// Start, or, with none, the counters kept without one (Misuse, GoMemLimit,
-// CHeap).
+// CurrentStats returns the Stats of the live controller of the latest Start,
+// or with none the counters kept without one.
 func CurrentStats() Stats { return current.Load().Stats() }
 
 var (
-	// current is the controller the package-level functions use: the last
-	// of live, the controllers started and not yet closed, oldest first.
-	current atomic.Pointer[Controller]
+	current atomic.Pointer[Controller] // the last of live (started, not closed)
 	liveMu  sync.Mutex
 	live    []*Controller
 
@@ -73,16 +69,12 @@ func register(c *Controller, l *slog.Logger) {
 func unregister(c *Controller) {
 	liveMu.Lock()
 	defer liveMu.Unlock()
-	for i, x := range live {
-		if x == c {
-			live = append(live[:i], live[i+1:]...)
-			break
-		}
+	if i := slices.Index(live, c); i >= 0 {
+		live = slices.Delete(live, i, i+1)
 	}
+	current.Store(nil)
 	if n := len(live); n > 0 {
 		current.Store(live[n-1])
-	} else {
-		current.Store(nil)
 	}
 }
 

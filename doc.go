@@ -17,22 +17,21 @@
 //
 // With its defaults, Start:
 //
-//   - switches transparent huge pages off for the process, except in regions it
-//     advises with MADV_HUGEPAGE (package thp, WithTHP);
+//   - switches transparent huge pages off for the process, except in advised
+//     regions (package thp, WithTHP);
 //   - sets GOMEMLIMIT from the cgroup memory limit, less what the cgroup is
-//     charged outside the Go runtime, and follows the limit as it changes, idle
-//     or not (package limits, WithMemLimit, docs/gomemlimit.md);
-//   - returns freed memory to the OS, from the Go heap and from the C heap of
-//     every allocator found, two seconds after a burst ends: one it detects at
-//     GC end, or one marked with AfterBurst or Begin; trims use at most 2% of a
-//     CPU (package trim, WithTrim, WithAutoBurst, docs/bursts.md);
-//   - watches for a GC death spiral and for the kernel's memory pressure, and
-//     acts on them (package pressure, WithPressure).
+//     charged outside the Go runtime, and follows the limit (package limits,
+//     WithMemLimit, docs/gomemlimit.md);
+//   - returns freed memory to the OS, from the Go heap and every C heap, two
+//     seconds after a burst ends (detected at GC end, or marked with AfterBurst
+//     or Begin), within 2% of a CPU (package trim, WithTrim, docs/bursts.md);
+//   - acts on a GC death spiral and on kernel memory pressure (package
+//     pressure, WithPressure).
 //
 // Controller.Report says what Start decided and Controller.Stats what it did
-// since; Handler serves both at a /debug/memctl, `memctl status -pid PID` reads
-// them from outside the process, and the nested modules metrics and otelmetrics
-// export them (docs/observing.md).
+// since; Handler serves both, `memctl status -pid PID` reads them from outside
+// the process, and the modules metrics and otelmetrics export them
+// (docs/observing.md).
 //
 // # Environment
 //

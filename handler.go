@@ -1,27 +1,32 @@
 package memctl
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"html/template"
+	"math"
 	"net/http"
 	"os"
+	"sort"
+	"strings"
 	"time"
 
+	"github.com/memctl/memctl/internal/history"
+	"github.com/memctl/memctl/internal/plot"
 	"github.com/memctl/memctl/internal/state"
 )
 
 // Handler returns an http.Handler that serves the state record of the
-// controller of the latest Start as one JSON object, built afresh on each
-// request, in the manner of expvar's /debug/vars:
+// controller of the latest Start as one JSON object, as expvar's /debug/vars:
 //
 //	mux.Handle("/debug/memctl", memctl.Handler())
 //
-// It is the document `memctl status -pid` reads from outside the process
-// (docs/command.md); keys are only added, never renamed. With no controller
-// live it serves "closed": true and GOMEMLIMIT as it is. It answers GET and
-// HEAD (405 otherwise) and registers nothing by itself. A browser (Accept names
-// text/html), or ?format=html, gets a self-contained page for people instead,
-// with no script and every string escaped (docs/observing.md). Safe for
-// concurrent use.
+// It is the document `memctl status -pid` reads (docs/command.md); keys are
+// only added. With no controller live it serves "closed": true. It answers GET
+// and HEAD (405 otherwise). A browser (Accept names text/html), or
+// ?format=html, gets a page without script instead (docs/observing.md). Safe
+// for concurrent use.
 func Handler() http.Handler { return http.HandlerFunc(serveState) }
 
 func serveState(w http.ResponseWriter, req *http.Request) {
@@ -41,4 +46,128 @@ func serveState(w http.ResponseWriter, req *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(r)
+}
+
+// wantsHTML reports whether Accept names text/html or ?format=html.
+func wantsHTML(req *http.Request) bool {
+	if f := req.URL.Query().Get("format"); f != "" {
+		return f == "html"
+	}
+	return strings.Contains(req.Header.Get("Accept"), "text/html")
+}
+
+// pageTemplate is the page; html/template escapes, and plot's SVG escapes its own.
+var pageTemplate = template.Must(template.New("memctl").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>memctl</title>
+<style>body{font-family:sans-serif;margin:1em}td{padding:0 1em 0 0;vertical-align:top}td:first-child{color:#555}</style>
+</head><body>
+<h1>memctl, process {{.PID}}</h1>
+<p>{{.Summary}}</p>
+{{.Chart}}
+<table>{{range .Rows}}<tr><td>{{.K}}</td><td>{{.V}}</td></tr>{{end}}</table>
+</body></html>
+`))
+
+type pageRow struct{ K, V string }
+
+// servePage writes the page for the live controller's record r.
+func servePage(w http.ResponseWriter, r *state.Record) {
+	var entries []history.Entry
+	var high int64
+	if c := current.Load(); c != nil {
+		entries, high = c.hist.Entries(), c.MemLimit().High
+	}
+	var svg bytes.Buffer
+	_ = historyChart(entries, r, high).WriteSVG(&svg)
+	data := struct {
+		PID     int
+		Summary string
+		Chart   template.HTML
+		Rows    []pageRow
+	}{r.PID, summary(r, len(entries)), template.HTML(svg.String()), recordRows(r)}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	_ = pageTemplate.Execute(w, data)
+}
+
+func summary(r *state.Record, n int) string {
+	if r.Closed {
+		return "No memctl controller is live."
+	}
+	return fmt.Sprintf("The last %d moments memctl woke at (GC ends, trims, limit changes, pressure), as of %s.",
+		n, r.Updated.Format(time.RFC3339))
+}
+
+// historyChart draws RSS and the live heap (MiB), limits and events.
+func historyChart(entries []history.Entry, r *state.Record, high int64) *plot.Chart {
+	c := &plot.Chart{Title: "RSS and live heap", XLabel: "seconds before now", YLabel: "MiB"}
+	if len(entries) == 0 {
+		return c
+	}
+	newest := entries[len(entries)-1].At
+	rss, live := plot.Series{Name: "RSS"}, plot.Series{Name: "live heap"}
+	for _, e := range entries {
+		x := -newest.Sub(e.At).Seconds()
+		if e.RSS >= 0 {
+			rss.Points = append(rss.Points, plot.Point{X: x, Y: mib(e.RSS)})
+		}
+		live.Points = append(live.Points, plot.Point{X: x, Y: mib(e.Live)})
+		if e.Kind != history.KindGCEnd {
+			c.Marks = append(c.Marks, plot.Mark{Label: e.Kind.String(), X: x})
+		}
+	}
+	c.Series = []plot.Series{rss, live}
+	if g := r.GoMemLimit.Bytes; g != nil {
+		c.Lines = append(c.Lines, plot.Line{Label: "GOMEMLIMIT", Y: mib(*g)})
+	}
+	if m := r.GoMemLimit.MemoryLimitBytes; m > 0 {
+		c.Lines = append(c.Lines, plot.Line{Label: "memory limit", Y: mib(m)})
+	}
+	if high > 0 {
+		c.Lines = append(c.Lines, plot.Line{Label: "memory.high", Y: mib(high)})
+	}
+	return c
+}
+
+func mib(b int64) float64 {
+	if b == math.MaxInt64 {
+		return math.NaN()
+	}
+	return float64(b) / (1 << 20)
+}
+
+// recordRows flattens the record, as its JSON names it, into sorted rows.
+func recordRows(r *state.Record) []pageRow {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil
+	}
+	var doc map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // bytes as written, not as floats
+	if dec.Decode(&doc) != nil {
+		return nil
+	}
+	var rows []pageRow
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				walk(strings.TrimPrefix(prefix+"."+k, "."), x)
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s[%d]", prefix, i), x)
+			}
+		case nil:
+			rows = append(rows, pageRow{prefix, "none"})
+		default:
+			rows = append(rows, pageRow{prefix, fmt.Sprint(v)})
+		}
+	}
+	walk("", doc)
+	sort.Slice(rows, func(i, j int) bool { return rows[i].K < rows[j].K })
+	return rows
 }

@@ -23,82 +23,57 @@ import (
 
 // Report is what Start decided.
 type Report struct {
-	// Off is true when MEMCTL=off (or another off word, or an invalid
-	// value) switched memctl off. Then nothing was changed: THPPolicy is
-	// thp.PolicyKeep, MemLimit holds GOMEMLIMIT as it is (math.MaxInt64
-	// when none is set, Source limits.SourceNone), TrimDelay is 0.
+	// Off: MEMCTL (off or invalid) switched memctl off and nothing changed:
+	// THPPolicy is thp.PolicyKeep, MemLimit GOMEMLIMIT as it is, TrimDelay 0.
 	Off bool
-	// THPPolicy is the policy applied, THPState the process state read back
-	// after it (PR_GET_THP_DISABLE), THPSystem the system mode
-	// (/sys/kernel/mm/transparent_hugepage/enabled, "" if unknown).
-	// THPNote says why the policy was chosen when it is not the one asked
-	// for or the default, and that child processes inherit the flag.
+	// THPPolicy is the policy applied, THPState the flag read back,
+	// THPSystem the system mode ("" if unknown), THPNote why the policy is
+	// not the one asked for, and that child processes inherit the flag.
 	THPPolicy thp.Policy
 	THPState  thp.State
 	THPSystem string
 	THPNote   string
-	// MemLimit is the GOMEMLIMIT decision at Start (its Reason is never empty);
-	// MemLimitRefresh the least time between two re-reads of the limit at GC
-	// end, 0 when there is no refresh (MEMCTL_REFRESH=off, the operator's
-	// GOMEMLIMIT).
+	// MemLimit is the GOMEMLIMIT decision at Start (Reason never empty);
+	// MemLimitRefresh the least time between two re-reads at GC end, 0: none.
 	MemLimit        limits.MemLimit
 	MemLimitRefresh time.Duration
 	// TrimDelay is the trim delay; 0 means trimming is off.
 	TrimDelay time.Duration
-	// CHeap names the allocator that owns malloc, whose C heap the trim
-	// releases: "glibc", "jemalloc", "mimalloc", "tcmalloc", or "none" when
-	// the C heap step is unavailable (cgo off, musl, not Linux).
+	// CHeap names the allocator that owns malloc ("glibc", "jemalloc",
+	// "mimalloc", "tcmalloc"; "none" when the C heap step is unavailable).
 	CHeap string
 	// CHeaps names every allocator found (cheap.Heap.Name), the owner of
-	// malloc first, untrimmed ones marked so; filled at each Report call.
-	// Empty when the C heap step is unavailable.
+	// malloc first; filled at each Report call.
 	CHeaps []string
-	// ArenaMax is the glibc arena cap applied, 0 when none was; ArenaMaxNote
-	// says why not (switched off, operator's setting, not glibc, cgo off, an
-	// invalid value) when it is 0.
+	// ArenaMax is the glibc arena cap applied; when 0, ArenaMaxNote says why.
 	ArenaMax     int
 	ArenaMaxNote string
-	// Pressure names the kernel memory-pressure source watched, "none" when
-	// there is none; PressureNote says why it is not the cgroup's own PSI
-	// trigger when it is not (pressure.Monitor.SourceNote).
+	// Pressure names the kernel memory-pressure source ("none"), and
+	// PressureNote why it is not the cgroup's own PSI trigger.
 	Pressure     string
 	PressureNote string
-	// AutoBurst reports that bursts are detected at GC end (WithAutoBurst,
-	// MEMCTL_AUTOBURST); false when that or trimming is off.
+	// AutoBurst reports that bursts are detected at GC end.
 	AutoBurst bool
 }
 
 // Stats is a snapshot of the controller's counters.
 type Stats struct {
-	// Trim holds the trimmer's counters (zero when trimming is off).
-	Trim trim.Stats
-	// GoMemLimit is GOMEMLIMIT now, in bytes (math.MaxInt64: no limit).
-	GoMemLimit int64
-	// Misuse counts the process's misuse of the package so far, each kind
-	// logged once at WARN: wiring mistakes (see the package doc) and end funcs
-	// of Begin called more often than Begin (including Trim.Misuse). SetStrict
-	// makes the extra end panic instead.
+	Trim       trim.Stats // zero when trimming is off
+	GoMemLimit int64      // GOMEMLIMIT now, bytes (math.MaxInt64: none)
+	// Misuse counts wiring mistakes (see the package doc) and extra end
+	// funcs of Begin (Trim.Misuse included), each kind logged once at WARN.
 	Misuse int64
-	// CHeap holds the statistics of the allocator that owns malloc, -1 where
-	// unknown (all of them when the C heap step is unavailable); see
-	// cheap.Step.Stats for their cost.
-	CHeap cheap.Stats
-	// CHeaps holds every allocator found in the process, the owner of malloc
-	// first, with its figures and what the trims released from it (see
-	// cheap.Step.Heaps).
-	CHeaps []cheap.Heap
-	// Pressure holds the death-spiral and kernel-pressure counters and the
-	// cgroup v2 memory.events counters (all -1 elsewhere).
-	Pressure pressure.Stats
-	// AutoBurst holds the burst detector's counters (zero when it is off).
-	AutoBurst trim.AutoBurstStats
-	// Swap holds the process's VmSwap and its cgroup's swap (SwapStats).
-	Swap SwapStats
+	// CHeap holds the malloc owner's statistics (-1 where unknown), CHeaps
+	// every allocator found, the owner of malloc first (cheap.Step.Heaps).
+	CHeap     cheap.Stats
+	CHeaps    []cheap.Heap
+	Pressure  pressure.Stats      // spiral, kernel pressure, memory.events (-1: none)
+	AutoBurst trim.AutoBurstStats // zero when the detector is off
+	Swap      SwapStats
 }
 
-// Controller owns what Start set up: the trimmer, the GOMEMLIMIT refresh and
-// the pressure monitor. Its methods are safe for concurrent use; a nil
-// *Controller, and one whose Start found MEMCTL=off, does nothing.
+// Controller owns what Start set up. Its methods are safe for concurrent use;
+// a nil *Controller, and one whose Start found MEMCTL=off, does nothing.
 type Controller struct {
 	report    Report
 	trimmer   *trim.Trimmer
@@ -107,26 +82,23 @@ type Controller struct {
 	untrim    func()             // removes the pressure trim from internal/relief
 	auto      trimwire.AutoBurst // nil: no burst detector
 	once      sync.Once
-	startedBy string   // Start's caller, for the second-Start warning
-	rec       recorder // the state record (state.go)
+	startedBy string // Start's caller, for the second-Start warning
+	rec       recorder
 	swap      swapSource
-	hist      history.Ring // the last minutes, for Handler's page
-	histOff   atomic.Bool  // benchmarks of the GC-end path without it
+	hist      history.Ring
+	histOff   atomic.Bool // for benchmarks of the GC-end path
 }
 
-// Start applies memctl's settings (see the package doc and each option) to
-// this process and returns the controller that owns them. Call it once, at
-// the top of main (the THP flag does not split pages already huge), and
-// defer its Close.
+// Start applies memctl's settings (see the package doc and each option) and
+// returns the controller that owns them. Call it once, at the top of main,
+// and defer its Close.
 //
 // It logs one INFO line with what it decided and one WARN line for each part
-// it skipped, so the caller need not log the error again. It always returns
-// a usable controller: a failing part is skipped, never fatal. The error
-// joins what failed (an invalid MEMCTL_* value, a malformed cgroup file, a
-// refused prctl); a part unsupported here is logged and is not an error.
-//
-// The controller serves the package-level AfterBurst and Begin; a second
-// Start while it is live is a wiring mistake (see the package doc).
+// it skipped. It always returns a usable controller: a failing part is
+// skipped. The error joins what failed (an invalid MEMCTL_* value, a
+// malformed cgroup file, a refused prctl); a part unsupported here is logged
+// and is not an error. The controller serves the package-level AfterBurst
+// and Begin.
 func Start(opts ...Option) (*Controller, error) {
 	s := &startup{cfg: newConfig(opts), c: &Controller{startedBy: caller(2)}}
 	c, l := s.c, s.cfg.logger
@@ -139,8 +111,7 @@ func Start(opts ...Option) (*Controller, error) {
 	s.setTHP()    // next: the flag affects only memory faulted in after it is set
 	s.startLimiter()
 	s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
-	c.auto = startAutoBurst(s.cfg.autoBurst, c.trimmer, s.fail)
-	c.report.AutoBurst = c.auto != nil
+	s.startAutoBurst()
 	c.report.CHeap = cheap.Detect().Allocator()
 	s.watchPressure() // last: its trim reaches the trimmer and the limiter
 	s.noteSkipped()
@@ -169,8 +140,8 @@ func newConfig(opts []Option) config {
 	return cfg
 }
 
-// fail reports a skipped part: errors.ErrUnsupported at INFO, anything else
-// at WARN and joined to Start's error.
+// fail logs a skipped part: ErrUnsupported at INFO, else at WARN and joined
+// to Start's error.
 func (s *startup) fail(err error) {
 	if errors.Is(err, errors.ErrUnsupported) {
 		s.cfg.logger.Info("memctl: not supported here", "reason", err.Error())
@@ -198,8 +169,7 @@ func (s *startup) switchedOff() (why string, off bool) {
 	return "MEMCTL=" + v, true
 }
 
-// arenaMax returns MEMCTL_ARENA_MAX if set, else WithArenaMax; an invalid
-// value is reported to fail and gives 0 (no cap).
+// arenaMax returns MEMCTL_ARENA_MAX if set, else WithArenaMax; invalid: 0.
 func (s *startup) arenaMax() int {
 	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
 		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax)
@@ -215,7 +185,6 @@ func (s *startup) arenaMax() int {
 	return s.cfg.arenaMax
 }
 
-// capArenas applies the glibc arena cap and sets ArenaMax or ArenaMaxNote.
 func (s *startup) capArenas() {
 	n := s.arenaMax()
 	if n <= 0 {
@@ -234,7 +203,6 @@ func (s *startup) capArenas() {
 	}
 }
 
-// setTHP applies the THP policy and sets the report's THP fields.
 func (s *startup) setTHP() {
 	r := &s.c.report
 	r.THPPolicy, r.THPState, r.THPNote = applyTHP(s.cfg.thp, s.cfg.thpSet, s.fail)
@@ -243,10 +211,8 @@ func (s *startup) setTHP() {
 	}
 }
 
-// startLimiter starts the GOMEMLIMIT limiter (nil when it could not start)
-// and sets the report's MemLimit fields. Once started, each change is
-// marked in the history and published, then passed to WithMemLimit's
-// OnChange (with the limiter locked).
+// startLimiter starts the GOMEMLIMIT limiter (nil on failure); each change
+// is marked, published, then passed to WithMemLimit's OnChange.
 func (s *startup) startLimiter() {
 	c, mc := s.c, &s.cfg.memLimit
 	mc.Logger = cmp.Or(mc.Logger, s.cfg.logger)
@@ -267,9 +233,8 @@ func (s *startup) startLimiter() {
 	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
 }
 
-// trimDelay returns MEMCTL_TRIM_DELAY if set, else WithTrimDelay or
-// WithTrim; a value outside [MinDelay, MaxDelay] or invalid is reported to
-// fail and gives 0 (no trimming).
+// trimDelay returns MEMCTL_TRIM_DELAY if set, else the option's; a bad value
+// is reported and gives 0 (no trimming).
 func (s *startup) trimDelay() time.Duration {
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
 		d, err := parseDelay(v)
@@ -285,8 +250,7 @@ func (s *startup) trimDelay() time.Duration {
 	return s.cfg.trimDelay
 }
 
-// startTrimmer starts the trimmer unless the delay is 0 and sets the
-// report's TrimDelay; a failure is reported to fail and leaves both unset.
+// startTrimmer starts the trimmer unless the delay is 0.
 func (s *startup) startTrimmer() {
 	delay := s.trimDelay()
 	if delay <= 0 {
@@ -304,7 +268,24 @@ func (s *startup) startTrimmer() {
 	c.report.TrimDelay = delay
 }
 
-// watchPressure starts the pressure watch and sets the report's Pressure fields.
+// startAutoBurst starts the detector unless MEMCTL_AUTOBURST or its config
+// says off.
+func (s *startup) startAutoBurst() {
+	cfg := s.cfg.autoBurst
+	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
+		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
+		if err != nil {
+			s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
+		}
+		cfg.Off = !on
+	}
+	a, err := trimwire.StartAutoBurst(s.c.trimmer, cfg)
+	if err != nil {
+		s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
+	}
+	s.c.auto, s.c.report.AutoBurst = a, a != nil
+}
+
 func (s *startup) watchPressure() {
 	c := s.c
 	c.monitor = startPressure(s.cfg, c, s.fail)

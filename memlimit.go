@@ -13,9 +13,7 @@ import (
 )
 
 // startMemLimit applies MEMCTL_REFRESH, MEMCTL_KEEP_GOMEMLIMIT and
-// MEMCTL_GOMEMLIMIT_FLOOR to cfg and starts the limiter. A bad
-// MEMCTL_REFRESH turns the refresh off; a bad MEMCTL_GOMEMLIMIT_FLOOR
-// leaves GOMEMLIMIT alone.
+// MEMCTL_GOMEMLIMIT_FLOOR to cfg and starts the limiter.
 func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimiter, limits.MemLimit, error) {
 	if v, ok := envflag.Lookup("MEMCTL_REFRESH"); ok {
 		d, err := parseRefresh(v)
@@ -27,7 +25,6 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 	if v, ok := envflag.Lookup("MEMCTL_KEEP_GOMEMLIMIT"); ok {
 		keep, err := envflag.Bool("MEMCTL_KEEP_GOMEMLIMIT", v)
 		if err != nil {
-			// The variable's presence asks to keep it.
 			fail(fmt.Errorf("memctl: %w; the operator's GOMEMLIMIT is kept", err))
 			keep = true
 		}
@@ -62,8 +59,8 @@ var byteUnits = []struct {
 	shift  uint
 }{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
 
-// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR, a byte count of at least 1
-// written as GOMEMLIMIT is ("64MiB"; suffixes case-insensitive here).
+// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR, a byte count >= 1 as GOMEMLIMIT
+// writes it ("64MiB"; any case).
 func parseFloor(v string) (int64, error) {
 	num, shift := v, uint(0)
 	for _, u := range byteUnits {
@@ -79,10 +76,8 @@ func parseFloor(v string) (int64, error) {
 	return n << shift, nil
 }
 
-// MemLimit returns the latest GOMEMLIMIT decision of the controller's
-// limiter, followed whoever set GOMEMLIMIT (unless MEMCTL_REFRESH=off). It
-// reads and allocates nothing, so a cache may call it on a hot path. With no
-// limiter (MEMCTL=off, a nil Controller) it holds GOMEMLIMIT alone.
+// MemLimit returns the limiter's latest GOMEMLIMIT decision; it reads and
+// allocates nothing. With no limiter it holds GOMEMLIMIT alone.
 func (c *Controller) MemLimit() limits.MemLimit {
 	if c == nil || c.limiter == nil {
 		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone}
@@ -90,10 +85,9 @@ func (c *Controller) MemLimit() limits.MemLimit {
 	return c.limiter.Last()
 }
 
-// WatchMemLimit returns a channel that receives MemLimit each time what is in
-// force changes, for a cache that sizes itself from the limit; buf, the
-// dropping rule and cancel are limits.MemLimiter.Subscribe's. Close closes the
-// channel. With no limiter it is closed at once.
+// WatchMemLimit returns a channel that receives MemLimit at each change, as
+// limits.MemLimiter.Subscribe. Close closes it; with no limiter it is closed
+// at once.
 func (c *Controller) WatchMemLimit(buf int) (changes <-chan limits.MemLimit, cancel func()) {
 	var m *limits.MemLimiter
 	if c != nil {
@@ -103,7 +97,7 @@ func (c *Controller) WatchMemLimit(buf int) (changes <-chan limits.MemLimit, can
 }
 
 // CurrentMemLimit returns MemLimit of the live controller of the latest
-// Start (see Controller.MemLimit); with none, GOMEMLIMIT in force alone.
+// Start; with none, GOMEMLIMIT alone.
 func CurrentMemLimit() limits.MemLimit { return current.Load().MemLimit() }
 
 // WatchMemLimit returns WatchMemLimit of the live controller of the latest
@@ -112,11 +106,9 @@ func WatchMemLimit(buf int) (changes <-chan limits.MemLimit, cancel func()) {
 	return current.Load().WatchMemLimit(buf)
 }
 
-// Refresh re-reads the memory limit now and sets GOMEMLIMIT as the refresh at
-// GC end does (limits.MemLimiter.Refresh), for a caller that knows the limit
-// changed, and returns the decision and the error Start would report. With no
-// limiter (MEMCTL=off, the operator's GOMEMLIMIT, a nil Controller) it changes
-// nothing and returns GOMEMLIMIT as it is.
+// Refresh re-reads the memory limit now and sets GOMEMLIMIT
+// (limits.MemLimiter.Refresh). With no limiter it changes nothing and returns
+// GOMEMLIMIT as it is.
 func (c *Controller) Refresh() (limits.MemLimit, error) {
 	if c == nil || c.limiter == nil {
 		return limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}, nil

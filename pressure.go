@@ -12,8 +12,7 @@ import (
 )
 
 // startPressure registers the pressure trim and starts the pressure
-// monitor, unless MEMCTL_PRESSURE is off or invalid (reported). A watcher
-// that cannot start is reported; the spiral detector runs all the same.
+// monitor, unless MEMCTL_PRESSURE is off or invalid.
 func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
 	if v, ok := envflag.Lookup("MEMCTL_PRESSURE"); ok {
 		on, err := envflag.Bool("MEMCTL_PRESSURE", v)
@@ -35,10 +34,9 @@ func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monito
 	return m
 }
 
-// pressureTrim is the trim kernel pressure asks for: a gated request, never
-// a forced TrimNow, then (with a refresh) a re-read of the limit, since the
-// pressure may be a memory.high just lowered, where GC ends are rare. The
-// trim comes first: a re-read at the limit is slow.
+// pressureTrim is the trim kernel pressure asks for: a gated request, then
+// (with a refresh) a re-read of the limit, which may be a memory.high just
+// lowered.
 func pressureTrim(c *Controller) func() {
 	tr, lim := c.trimmer, c.limiter
 	return func() {
@@ -52,10 +50,9 @@ func pressureTrim(c *Controller) func() {
 	}
 }
 
-// Subscribe returns a channel of the death-spiral and kernel-pressure events;
-// buf, the dropping and cancel are pressure.Monitor.Subscribe's, and Close
-// closes it too. On a nil controller, or one without a monitor, the channel is
-// closed at once.
+// Subscribe returns a channel of the death-spiral and kernel-pressure events,
+// as pressure.Monitor.Subscribe; Close closes it. With no monitor it is closed
+// at once.
 func (c *Controller) Subscribe(buf int) (events <-chan pressure.Event, cancel func()) {
 	var m *pressure.Monitor
 	if c != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -19,10 +20,8 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// logStarted writes the startup INFO line, short enough to read at a glance
-// (under 300 characters), then the DEBUG line "memctl details" with every
-// decision in full, each attribute of one type (bytes or "none", a duration
-// or "off"). Errors are only on the WARN lines.
+// logStarted writes the startup INFO line (under 300 characters), then the
+// DEBUG line "memctl details" with every decision in full.
 func (c *Controller) logStarted(l *slog.Logger) {
 	r := c.report
 	info := []slog.Attr{
@@ -34,7 +33,6 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("pressure", shortPressure(r.Pressure, r.PressureNote)),
 	}
 	if r.MemLimit.Sandbox != "" {
-		// gVisor and the like may show no cgroup limit: the likely reason.
 		info = append(info, slog.String("sandbox", r.MemLimit.Sandbox))
 	}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl started", info...)
@@ -113,7 +111,6 @@ func shortPressure(src, note string) string {
 		}
 	}
 	s := cmp.Or(strings.Join(f, " "), "none")
-	// A long clause is cut before its quoted error (on the DEBUG line).
 	if i := strings.Index(note, ";"); i > 0 {
 		note = note[:i]
 	}
@@ -154,8 +151,7 @@ func delayOrOff(d time.Duration) string {
 	return d.String()
 }
 
-// parseDelay parses MEMCTL_TRIM_DELAY (envflag.Duration, at most
-// trimwire.MaxDelay); a bad value gives 0 (off) and an *envflag.Error.
+// parseDelay parses MEMCTL_TRIM_DELAY; a bad value gives 0 (off) and an error.
 func parseDelay(v string) (time.Duration, error) {
 	d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
 	if err != nil || d > trimwire.MaxDelay {
@@ -163,4 +159,18 @@ func parseDelay(v string) (time.Duration, error) {
 			Want: fmt.Sprintf(`"off" or a duration from %v to %v such as "2s"`, trimwire.MinDelay, trimwire.MaxDelay)}
 	}
 	return d, nil
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// warnUnknownEnv warns of each unknown MEMCTL_* variable, naming the closest.
+func warnUnknownEnv(l *slog.Logger) {
+	for _, u := range envflag.Unknown(os.Environ()) {
+		l.Warn("memctl: unknown environment variable ignored", "name", u.Name, "closest", u.Closest)
+	}
 }

@@ -21,25 +21,21 @@ import (
 	"github.com/memctl/memctl/trim"
 )
 
-// The state record (package internal/state) for `memctl status -pid`; when
-// it is published: docs/command.md.
-
-// recorder is a controller's part of the state record.
+// recorder publishes a controller's state record (package internal/state;
+// when: docs/command.md).
 type recorder struct {
-	mu  sync.Mutex
 	sub *gcend.Subscription
-	// What the GC-end watch compares (fingerprint), and when counters were last published.
+	// watchMu guards the fingerprints last published, when counters were,
+	// and flush, the timer for held-back counters; Close waits on flushes.
 	lastDecisions, lastCounters uint64
 	countersAt                  time.Time
-	// watchMu guards the fields above and flush, the one-shot timer for
-	// held-back counters (nil when none is pending); Close waits on flushes.
-	watchMu sync.Mutex
-	flush   *time.Timer
-	flushes sync.WaitGroup
-	warned  bool
-	closed  atomic.Bool
-	started atomic.Bool // startRecord set log: publish may run
-	log     *slog.Logger
+	watchMu                     sync.Mutex
+	flush                       *time.Timer
+	flushes                     sync.WaitGroup
+	warned                      atomic.Bool
+	closed                      atomic.Bool
+	started                     atomic.Bool // startRecord set log: publish may run
+	log                         *slog.Logger
 }
 
 // record returns c's state record (nil c: none live), cut to the state limits.
@@ -119,28 +115,21 @@ func (c *Controller) record() *state.Record {
 	return r
 }
 
-// publish republishes the record of the live controller (or says none is);
-// a failure other than ErrUnsupported is logged once at INFO.
+// publish republishes the live controller's record, or c's when none is
+// live and c is closed; a failure other than ErrUnsupported is logged once
+// at INFO.
 func (c *Controller) publish() {
-	err := state.Publish(current.Load().recordOr(c))
+	live := current.Load()
+	if live == nil && c != nil && c.rec.closed.Load() {
+		live = c
+	}
+	err := state.Publish(live.record())
 	if err == nil || errors.Is(err, errors.ErrUnsupported) || c == nil {
 		return
 	}
-	c.rec.mu.Lock()
-	warned := c.rec.warned
-	c.rec.warned = true
-	c.rec.mu.Unlock()
-	if !warned {
+	if !c.rec.warned.Swap(true) {
 		c.rec.log.Info("memctl: state record not published (memctl status -pid will not show it)", "error", err)
 	}
-}
-
-// recordOr returns c's record, or that of closed, the last, when c is nil.
-func (c *Controller) recordOr(closed *Controller) *state.Record {
-	if c == nil && closed != nil && closed.rec.closed.Load() {
-		return closed.record()
-	}
-	return c.record()
 }
 
 // countersEvery is the least time between two records published for
@@ -168,9 +157,8 @@ func (c *Controller) startRecord(l *slog.Logger) {
 }
 
 // watch publishes the record when the decisions changed, or the counters
-// did and countersEvery passed; held-back counters are published by a
-// one-shot timer (flush is true in its call), so an idle process shows
-// them without waiting for its next GC.
+// did and countersEvery passed; held-back counters are published by a timer
+// (flush is true in its call).
 func (c *Controller) watch(flush bool) {
 	c.rec.watchMu.Lock()
 	defer c.rec.watchMu.Unlock()

@@ -11,31 +11,21 @@ import (
 	"github.com/memctl/memctl/internal/state"
 )
 
-// SwapStats is the swap of the process and of its cgroup (Stats.Swap).
-// GOMEMLIMIT does not count swap: in cgroup v2 it comes from memory.max
-// whatever memory.swap.max allows. Sizes are bytes.
+// SwapStats is the swap of the process and of its cgroup (Stats.Swap), in
+// bytes, -1 when unknown. GOMEMLIMIT does not count swap.
 type SwapStats struct {
-	// VmSwap is the process's anonymous memory in swap, VmSwap of
-	// /proc/self/status; -1 when unknown (off Linux, a read error).
-	VmSwap int64
-	// CgroupVersion is the version of the cgroup files read: 2
-	// (memory.swap.*), 1 (memory.memsw.*: memory plus swap), or 0 when none
-	// were read (CgroupErr says why).
+	VmSwap int64 // VmSwap of /proc/self/status
+	// CgroupVersion is 2 (memory.swap.*), 1 (memory.memsw.*: memory plus
+	// swap), or 0 when none were read (CgroupErr says why).
 	CgroupVersion int
-	// Current is memory.swap.current (v2, the swap of the cgroup and its
-	// descendants) or memory.memsw.usage_in_bytes (v1); -1 when not read.
-	Current int64
-	// Max is the cgroup's own memory.swap.max (v2) or
-	// memory.memsw.limit_in_bytes (v1); -1 when it sets no limit or was
-	// not read. An ancestor's may be tighter.
-	Max int64
-	// CurrentFile and MaxFile are the files read ("" when none were).
-	CurrentFile, MaxFile string
-	// CgroupErr is why the cgroup's swap was not read; nil when it was.
-	CgroupErr error
+	// Current is memory.swap.current or memory.memsw.usage_in_bytes; Max the
+	// cgroup's own memory.swap.max or memory.memsw.limit_in_bytes (-1: none).
+	Current, Max         int64
+	CurrentFile, MaxFile string // the files read
+	CgroupErr            error
 }
 
-// swapSource is the cgroup a controller reads swap from, found at first read.
+// swapSource is the cgroup swap is read from, found at first read.
 type swapSource struct {
 	once    sync.Once
 	version int
@@ -46,10 +36,8 @@ type swapSource struct {
 // read returns the process's SwapStats. Safe for concurrent use.
 func (s *swapSource) read() SwapStats {
 	st := SwapStats{VmSwap: -1, Current: -1, Max: -1}
-	if f, err := procfs.ReadFile("/proc/self/status"); err == nil {
-		if v, err := f.Bytes("VmSwap"); err == nil {
-			st.VmSwap = v
-		}
+	if v, err := procfs.ReadBytes("/proc/self/status", "VmSwap"); err == nil {
+		st.VmSwap = v
 	}
 	s.once.Do(func() {
 		l, err := cgroupfs.Of(0)

@@ -15,11 +15,8 @@ import (
 // thpInherited is the part of Report.THPNote that is always true.
 const thpInherited = "the flag is inherited by child processes (fork and exec)"
 
-// applyTHP decides and applies the THP policy: MEMCTL_THP, else WithTHP's
-// (set), else except-advised or, on an older kernel, disable. Under an
-// operator's GLIBC_TUNABLES glibc.malloc.hugetlb=1 (glibc advises its heap)
-// a disable not asked for by MEMCTL_THP becomes except-advised, or keep on
-// an older kernel. It returns the policy, the state read back and the note.
+// applyTHP decides and applies the THP policy (see WithTHP) and returns the
+// policy, the state read back and the note.
 func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, string) {
 	return decideTHP(p, set, os.Getenv("GLIBC_TUNABLES"), thp.Policy.Apply, fail)
 }
@@ -73,11 +70,8 @@ func decideTHP(p thp.Policy, set bool, tunables string, apply func(thp.Policy) (
 }
 
 // glibcHugeTLB returns, in decimal, the glibc.malloc.hugetlb value glibc
-// reads from GLIBC_TUNABLES, "" when unset. As elf/dl-tunables.c: pairs
-// split on ':', names compared whole, pairs without '=' skipped, the last
-// wins; the value read as _dl_strtoul (elf/dl-misc.c), so "0x1", "01" and
-// "1abc" are 1. glibc 2.39+ ignores a malformed string whole; memctl then
-// honours it anyway, at the cost of except-advised for disable.
+// reads from GLIBC_TUNABLES (elf/dl-tunables.c: the last pair wins, the value
+// read as _dl_strtoul, so "0x1", "01" and "1abc" are 1), "" when unset.
 func glibcHugeTLB(tunables string) string {
 	v, set := "", false
 	for _, kv := range strings.Split(tunables, ":") {
@@ -113,8 +107,8 @@ func glibcHugeTLB(tunables string) string {
 	return strconv.FormatUint(n, 10)
 }
 
-// parseTHP parses MEMCTL_THP: a thp.Policy word, off (thp.PolicyKeep, not
-// "THP off") or on (def: Start's default).
+// parseTHP parses MEMCTL_THP: a thp.Policy word, off (thp.PolicyKeep) or on
+// (def: Start's default).
 func parseTHP(v string) (p thp.Policy, def bool, err error) {
 	if on, ok := envflag.Switch(v); ok {
 		if on {

@@ -11,19 +11,15 @@ import (
 	"github.com/memctl/memctl/internal/safefs"
 )
 
-// readCgroup reads the process's memory cgroup, its limit, swap and (v2)
-// memory.events into st. noMemory (a kernel thread or a zombie) makes
-// every error a note, not unknown.
+// readCgroup reads the process's memory cgroup, limit, swap and (v2)
+// memory.events into st; noMemory makes every error a note, not unknown.
 func readCgroup(proc *safefs.Dir, st *statusReport, noMemory bool) {
 	l, view, err := cgroupfs.OfProc(proc)
-	switch {
-	case err == nil:
-	case errors.Is(err, cgroupfs.ErrNoCgroup), noMemory:
+	if err != nil {
 		st.CgroupError = err.Error()
-		return
-	default:
-		st.CgroupError = err.Error()
-		st.Unknown["cgroup"] = err.Error()
+		if !errors.Is(err, cgroupfs.ErrNoCgroup) && !noMemory {
+			st.Unknown["cgroup"] = err.Error()
+		}
 		return
 	}
 	c := &memCgroup{Version: l.Version, Path: l.Cgroup, Dir: l.Dir, View: "process"}
@@ -47,9 +43,8 @@ func readCgroup(proc *safefs.Dir, st *statusReport, noMemory bool) {
 	}
 }
 
-// cgroupRoot opens the root l's cgroup is read in (the process's, or
-// memctl's for a view other than ViewProcess) and returns it with l.Dir
-// relative to it.
+// cgroupRoot opens the root l's cgroup is read in (memctl's for a view other
+// than ViewProcess) and returns it with l.Dir relative to it.
 func cgroupRoot(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View) (*safefs.Dir, string, error) {
 	root, prefix := proc, proc.Name()+"/root"
 	if view != cgroupfs.ViewProcess {
@@ -92,9 +87,8 @@ func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgro
 	return nil
 }
 
-// readCgroupEvents reads the memory.events of the v2 cgroup l into st. A
-// cgroup without one (the root, or no memory controller from its parent)
-// gets MemoryEventsNote: absent, not unknown.
+// readCgroupEvents reads the memory.events of the v2 cgroup l into st; a
+// cgroup without one gets MemoryEventsNote, not unknown.
 func readCgroupEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st *statusReport) {
 	r, rel, err := cgroupRoot(proc, l, view)
 	var b []byte
@@ -116,8 +110,7 @@ func readCgroupEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st
 	}
 }
 
-// parseMemoryEvents parses memory.events; a counter an older kernel lacks
-// is left out, never shown as 0.
+// parseMemoryEvents parses memory.events, leaving out absent counters.
 func parseMemoryEvents(b []byte, file string) (map[string]int64, error) {
 	ev, err := cgroupfs.ParseEvents(bytes.NewReader(b), safefs.Quote(file))
 	if err != nil {

@@ -66,9 +66,8 @@ func runExec(args []string, stdout, stderr io.Writer) int {
 	return execProgram(cfg, fs.Args(), stderr)
 }
 
-// applyEnv reads memctl's switches as memctl.Start does: MEMCTL=off sets
-// cfg.off; MEMCTL_THP and MEMCTL_ARENA_MAX apply unless their flag was
-// given. An invalid value leaves that part off and returns a warning.
+// applyEnv reads MEMCTL, and MEMCTL_THP and MEMCTL_ARENA_MAX unless their
+// flag was given; an invalid value leaves that part off and returns a warning.
 func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(string) bool) []string {
 	var warns []string
 	warn := func(format string, a ...any) {
@@ -107,9 +106,8 @@ func (cfg *execConfig) applyEnv(getenv func(string) string, flagGiven func(strin
 	return warns
 }
 
-// goMemLimitEnv returns env with GOMEMLIMIT set to ml.GoMemLimit when ml
-// came from a cgroup (or the system) and env has no non-empty GOMEMLIMIT,
-// and a sentence for -v.
+// goMemLimitEnv returns env with GOMEMLIMIT set from ml, from a cgroup or the
+// system, unless env sets one, and a sentence for -v.
 func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
 	if v, ok := lookupEnv(env, "GOMEMLIMIT"); ok && v != "" {
 		return env, "GOMEMLIMIT=" + v + " left as set"
@@ -124,12 +122,10 @@ func goMemLimitEnv(env []string, ml limits.MemLimit) ([]string, string) {
 	return env, "GOMEMLIMIT not set (" + ml.Reason + ")"
 }
 
-// arenaTunable is the glibc tunable that caps malloc arenas.
 const arenaTunable = "glibc.malloc.arena_max"
 
 // arenaMaxEnv returns env with glibc.malloc.arena_max=n appended to
-// GLIBC_TUNABLES unless arenamax.Operator says arenas are capped, and a
-// sentence for -v.
+// GLIBC_TUNABLES unless the operator caps arenas, and a sentence for -v.
 func arenaMaxEnv(env []string, n int) ([]string, string) {
 	getenv := func(k string) string { v, _ := lookupEnv(env, k); return v }
 	switch name, v, ok := arenamax.Operator(getenv); {
@@ -182,11 +178,10 @@ var (
 	errNameTooLong = errors.New("file name too long") // over NAME_MAX, as execvp(3)
 )
 
-// lookPath returns the files exec tries for file, in order, as execvp(3)
-// (path unset: glibc's "/bin:/usr/bin"; an empty entry is "."), leaving out
-// what does not exist or is a directory. The error is errNotFound,
-// errNameTooLong (over NAME_MAX), or fs.ErrPermission when only
-// directories match (execvp's EACCES).
+// lookPath returns the files exec tries for file, in order, as execvp(3),
+// leaving out what does not exist or is a directory. The error is
+// errNotFound, errNameTooLong, or fs.ErrPermission when only directories
+// match.
 func lookPath(file, path string, pathSet bool, stat func(string) (fs.FileInfo, error)) ([]string, error) {
 	switch {
 	case strings.Contains(file, "/"):

@@ -43,8 +43,7 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 		case err == nil:
 			verbose("THP %s (%s)", st, cfg.thpFrom)
 		case cfg.thpEnv:
-			// The operator's environment, not this command line, asked:
-			// as memctl.Start does, report it and run the program.
+			// The operator's environment asked: warn, as memctl.Start.
 			fmt.Fprintf(stderr, "memctl: warning: %s: %v; THP flag left as inherited\n", cfg.thpFrom, err)
 		default:
 			if cfg.thp == thp.PolicyExceptAdvised && errors.Is(err, errors.ErrUnsupported) {
@@ -74,10 +73,9 @@ func execProgram(cfg execConfig, args []string, stderr io.Writer) int {
 	return execFirst(paths, args, env, stderr, verbose)
 }
 
-// restoreIgnored restores the inherited ignored signals (over the Go
-// runtime's handlers) and signal mask, so the program inherits both as from
-// env(1). It locks the goroutine to its thread, which must then exec, and
-// returns a sentence for -v.
+// restoreIgnored restores the inherited ignored signals and signal mask for
+// the program. It locks the goroutine to its thread, which must then exec,
+// and returns a sentence for -v.
 func restoreIgnored() string {
 	runtime.LockOSThread()
 	mask, exact := inheritedIgnored()
@@ -87,8 +85,7 @@ func restoreIgnored() string {
 			signal.Ignore(syscall.Signal(s))
 		}
 	}
-	// After signal.Ignore, which leaves the signals the runtime needs
-	// (SIGILL, SIGTRAP, SIGBUS, SIGPROF, SIGSYS...) to the runtime.
+	// After signal.Ignore, which leaves the runtime's own signals to it.
 	restoreSignals()
 	n := "signals ignored as inherited: " + signalNames(mask)
 	if mask == 0 {

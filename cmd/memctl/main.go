@@ -11,23 +11,18 @@
 //	memctl status [-pid PID] [-json] [-smaps]
 //	memctl exec [-thp disable|except-advised|keep] [-ratio R] [-arena-max N] [-v] [--] PROGRAM [ARGS...]
 //
-// status prints, for the process PID (default: memctl itself), the system
-// THP settings; the process's THP flag, RSS, swap and (VmRSS under 256 MiB,
-// or -smaps) Pss and AnonHugePages; its cgroup's memory limit and swap; the
-// memory variables of its environment; and the state record of the memctl
-// library inside it, as reported by the process. -json prints one JSON
-// object with stable keys. It may be run as root on processes it does not
-// trust (package internal/safefs).
+// status prints the THP settings, memory, cgroup limit and swap, memory
+// environment and memctl state record of the process PID (default: memctl
+// itself); -json prints one JSON object with stable keys. It may be run as
+// root on processes it does not trust.
 //
-// exec applies the settings, then execs PROGRAM as env(1) does, with the
-// signal dispositions and mask memctl started with. MEMCTL=off changes
-// nothing; MEMCTL_THP and MEMCTL_ARENA_MAX are the defaults of -thp and
-// -arena-max.
+// exec applies the settings, then execs PROGRAM as env(1) does. MEMCTL=off
+// changes nothing; MEMCTL_THP and MEMCTL_ARENA_MAX are the defaults of -thp
+// and -arena-max.
 //
 // Exit status: 0 on success (exec: the program's own), 1 on an error, 2 on
-// a usage error, 3 when status shows some fields unknown; exec exits 127
-// (not found) or 126 (cannot execute), as env(1). Every field and the JSON
-// schema: docs/command.md and docs/security.md.
+// a usage error, 3 when status shows some fields unknown; exec exits 127 or
+// 126 as env(1). Fields and schema: docs/command.md and docs/security.md.
 package main
 
 import (
@@ -82,8 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-// parseFlags parses args with fs; done is true, with the exit status, after
-// -h (usage on stdout) or a bad flag (usage on stderr).
+// parseFlags parses args with fs; done is true after -h or a bad flag.
 func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io.Writer) (done bool, status int) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}

@@ -11,8 +11,8 @@ import (
 	"github.com/memctl/memctl/thp"
 )
 
-// statusReport is the document "memctl status -json" prints (schema in
-// docs/command.md). Pointers are null when the value is not available.
+// statusReport is what "memctl status -json" prints (docs/command.md);
+// pointers are null when the value is not available.
 type statusReport struct {
 	PID                int               `json:"pid"`
 	THPSystem          *thpSystem        `json:"thp_system"`
@@ -39,8 +39,7 @@ type statusReport struct {
 	thpState *thp.State        // PR_GET_THP_DISABLE: memctl's own process only
 }
 
-// memctlRecord is the state record in the JSON document, after
-// "reported_by" (always "process") and "file" (where it was read).
+// memctlRecord is the state record, after "reported_by" and "file".
 type memctlRecord struct {
 	ReportedBy string `json:"reported_by"`
 	File       string `json:"file"`
@@ -97,8 +96,7 @@ type smapsRollup struct {
 }
 
 // escapeJSON returns the JSON text b with every unprintable rune but
-// newlines written as a \u escape, so no C1 control (U+009B) reaches a
-// terminal raw. The value is unchanged.
+// newlines written as a \u escape, so none reaches a terminal raw.
 func escapeJSON(b []byte) []byte {
 	out := make([]byte, 0, len(b))
 	for i := 0; i < len(b); {

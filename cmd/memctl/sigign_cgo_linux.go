@@ -34,8 +34,7 @@ static unsigned long long memctl_inherited_blocked(void) {
 	return m;
 }
 
-// memctl_restore_signals sets both back for execve(2), which keeps them
-// (signal(7)); signal.Ignore leaves the runtime's own signals handled.
+// memctl_restore_signals sets both back for execve(2), which keeps them.
 static void memctl_restore_signals(void) {
 	struct sigaction sa = {0};
 	sa.sa_handler = SIG_IGN;

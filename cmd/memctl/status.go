@@ -20,6 +20,7 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/safefs"
+	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -33,8 +34,7 @@ mmap and munmap while the kernel walks its page tables. Flags:
 `
 
 // smapsMaxRSS is the VmRSS under which status reads smaps_rollup without
-// -smaps: its page walk stalls the process's mmap in proportion to the
-// resident pages (docs/benchmarks.md, "Reading smaps_rollup").
+// -smaps (docs/benchmarks.md, "Reading smaps_rollup").
 const smapsMaxRSS = 256 << 20
 
 // smapsRule decides whether status reads /proc/PID/smaps_rollup (-smaps, or
@@ -121,9 +121,8 @@ func readProcState(proc *safefs.Dir) (procState, error) {
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
 
 // readStatus reads everything status shows about pid. A field that cannot
-// be read is nil and named in Unknown with the reason; the error is for a
-// process that does not exist, exited while read (start time or state
-// changed), or whose /proc/PID/status cannot be read. Reads time out at 5 s.
+// be read is nil and named in Unknown; the error is for a process that does
+// not exist, exited while read, or whose /proc/PID/status cannot be read.
 func readStatus(pid int, o statusOptions) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
@@ -178,14 +177,22 @@ func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, erro
 			st.thpState = &s
 		}
 	}
-	rssErr := readStatusLines(status, st)
+	readBytes(status, nil, st, byteField{"VmRSS", "vm_rss_bytes", &st.VmRSSBytes}, byteField{"VmHWM", "vm_hwm_bytes", &st.VmHWMBytes},
+		byteField{"RssAnon", "rss_anon_bytes", &st.RssAnonBytes}, byteField{"RssFile", "rss_file_bytes", &st.RssFileBytes},
+		byteField{"RssShmem", "rss_shmem_bytes", &st.RssShmemBytes}, byteField{"VmSwap", "vm_swap_bytes", &st.VmSwapBytes})
+	if st.THPEnabled, err = optional(status.Int("THP_enabled")); err != nil {
+		st.Unknown["thp_enabled"] = err.Error()
+	}
 	// A kernel thread or a zombie has no memory: no VmRSS, an empty
 	// smaps_rollup, no environment (ESRCH) and no mountinfo (EINVAL).
-	noMemory := st.VmRSSBytes == nil && rssErr == nil
+	_, rssBad := st.Unknown["vm_rss_bytes"]
+	noMemory := st.VmRSSBytes == nil && !rssBad
 	st.SmapsRollup.Read, st.SmapsRollup.Why = smapsRule(o.smaps && !noMemory, st.VmRSSBytes)
 	if !noMemory {
 		if st.SmapsRollup.Read {
-			readRollup(proc, st)
+			rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
+			readBytes(rollup, err, st, byteField{"AnonHugePages", "anon_huge_pages_bytes", &st.AnonHugePagesBytes},
+				byteField{"Pss", "pss_bytes", &st.PssBytes})
 		}
 		if err := readEnv(proc, st); err != nil {
 			st.Unknown["env"] = err.Error()
@@ -202,42 +209,23 @@ func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, erro
 	return st, nil
 }
 
-// readStatusLines reads /proc/PID/status into st and returns VmRSS's error.
-func readStatusLines(status procfs.Fields, st *statusReport) (rssErr error) {
-	for _, f := range []struct {
-		line, key string
-		p         **int64
-	}{{"VmRSS", "vm_rss_bytes", &st.VmRSSBytes}, {"VmHWM", "vm_hwm_bytes", &st.VmHWMBytes},
-		{"RssAnon", "rss_anon_bytes", &st.RssAnonBytes}, {"RssFile", "rss_file_bytes", &st.RssFileBytes},
-		{"RssShmem", "rss_shmem_bytes", &st.RssShmemBytes}, {"VmSwap", "vm_swap_bytes", &st.VmSwapBytes}} {
-		var err error
-		if *f.p, err = optional(status.Bytes(f.line)); err != nil {
-			st.Unknown[f.key] = err.Error()
-		}
-		if f.line == "VmRSS" {
-			rssErr = err
-		}
-	}
-	var err error
-	if st.THPEnabled, err = optional(status.Int("THP_enabled")); err != nil {
-		st.Unknown["thp_enabled"] = err.Error()
-	}
-	return rssErr
+// byteField is a line of a /proc file, the JSON key and the field it fills.
+type byteField struct {
+	line, key string
+	p         **int64
 }
 
-// readRollup reads Pss and AnonHugePages of smaps_rollup into st.
-func readRollup(proc *safefs.Dir, st *statusReport) {
-	rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
-	if err != nil {
-		st.Unknown["anon_huge_pages_bytes"] = err.Error()
-		st.Unknown["pss_bytes"] = err.Error()
-		return
-	}
-	if st.AnonHugePagesBytes, err = optional(rollup.Bytes("AnonHugePages")); err != nil {
-		st.Unknown["anon_huge_pages_bytes"] = err.Error()
-	}
-	if st.PssBytes, err = optional(rollup.Bytes("Pss")); err != nil {
-		st.Unknown["pss_bytes"] = err.Error()
+// readBytes reads fields from f, whose read failed with readErr if not nil,
+// naming each that cannot be read in st.Unknown.
+func readBytes(f procfs.Fields, readErr error, st *statusReport, fields ...byteField) {
+	for _, b := range fields {
+		err := readErr
+		if err == nil {
+			*b.p, err = optional(f.Bytes(b.line))
+		}
+		if err != nil {
+			st.Unknown[b.key] = err.Error()
+		}
 	}
 }
 
@@ -260,6 +248,25 @@ func readEnv(proc *safefs.Dir, st *statusReport) error {
 		}
 	}
 	slices.Sort(st.EnvBase64)
+	return nil
+}
+
+// readRecord reads the process's state record (safefs.Dir.ReadMemfd, then
+// state.Parse). No record is not an error: st.Memctl stays nil.
+func readRecord(proc *safefs.Dir, st *statusReport) error {
+	path, b, err := proc.ReadMemfd(state.MemfdName, state.MaxSize)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	r, err := state.Parse(b)
+	if err != nil {
+		// Quoted: a parse error may hold bytes of the record.
+		return fmt.Errorf("state record %s rejected: %s", safefs.Quote(path), safefs.Quote(err.Error()))
+	}
+	st.Memctl = &memctlRecord{ReportedBy: "process", File: path, Record: r}
 	return nil
 }
 

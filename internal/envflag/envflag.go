@@ -12,15 +12,6 @@
 //     is the ratio 1.
 //   - An invalid value gives an *Error (matching ErrInvalid); the caller
 //     switches its part off, logs the error at WARN and returns it.
-//
-// Typical use:
-//
-//	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
-//		d, err := envflag.Duration("MEMCTL_TRIM_DELAY", v, trimwire.DefaultDelay, trimwire.MinDelay)
-//		if err != nil { // part off, say so once
-//			...
-//		}
-//	}
 package envflag
 
 import (
@@ -36,8 +27,7 @@ import (
 // ErrInvalid is matched (errors.Is) by every *Error.
 var ErrInvalid = errors.New("invalid value")
 
-// Error is an invalid value of a variable. Its message reads
-// NAME="value": want WANT, and quotes the value as given (before trimming).
+// Error is an invalid value of a variable: NAME="value": want WANT.
 type Error struct {
 	Name  string // the variable, e.g. "MEMCTL_TRIM_DELAY"
 	Value string // the value as read
@@ -79,28 +69,32 @@ func IsOn(v string) bool {
 	return ok && on
 }
 
-// SwitchWords is how an *Error lists the switch words in its Want.
-const SwitchWords = `"on" or "off" (or yes/no, true/false, 1/0)`
-
 // Bool parses a plain switch (for example MEMCTL). Anything but a switch
 // word is an *Error.
 func Bool(name, v string) (bool, error) {
 	on, ok := Switch(v)
 	if !ok {
-		return false, &Error{Name: name, Value: v, Want: SwitchWords}
+		return false, &Error{Name: name, Value: v, Want: `"on" or "off" (or yes/no, true/false, 1/0)`}
 	}
 	return on, nil
+}
+
+// onOff returns def for an on word and the zero value for an off word; ok
+// is false for anything else.
+func onOff[T any](v string, def T) (x T, ok bool) {
+	on, ok := Switch(v)
+	if on {
+		x = def
+	}
+	return x, ok
 }
 
 // Duration parses a duration switch: off (or "0s") gives 0, on gives def,
 // else a time.ParseDuration string of at least min. Anything else is an
 // *Error and d is 0.
 func Duration(name, v string, def, min time.Duration) (d time.Duration, err error) {
-	if on, ok := Switch(v); ok {
-		if on {
-			return def, nil
-		}
-		return 0, nil
+	if d, ok := onOff(v, def); ok {
+		return d, nil
 	}
 	d, perr := time.ParseDuration(strings.TrimSpace(v))
 	if perr == nil && d == 0 {
@@ -116,17 +110,12 @@ func Duration(name, v string, def, min time.Duration) (d time.Duration, err erro
 // 0, on gives def. Anything else is an *Error and n is 0.
 func Count(name, v string, def int) (n int, err error) {
 	t := strings.TrimSpace(v)
-	if n, perr := strconv.Atoi(t); perr == nil {
-		if n < 0 {
-			return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a count >= 0 such as "%d"`, def)}
+	if n, perr := strconv.Atoi(t); perr == nil { // "0" and "1" are counts
+		if n >= 0 {
+			return n, nil
 		}
+	} else if n, ok := onOff(t, def); ok {
 		return n, nil
-	}
-	if on, ok := Switch(t); ok {
-		if on {
-			return def, nil
-		}
-		return 0, nil
 	}
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a count >= 0 such as "%d"`, def)}
 }
@@ -147,11 +136,8 @@ func Ratio(name, v string, def float64) (r float64, err error) {
 		case f > 0 && f <= 1:
 			return f, nil
 		}
-	} else if on, ok := Switch(t); ok {
-		if on {
-			return def, nil
-		}
-		return 0, nil
+	} else if r, ok := onOff(t, def); ok {
+		return r, nil
 	}
 	return 0, &Error{Name: name, Value: v, Want: fmt.Sprintf(`"off" or a ratio in (0, 1] such as "%g"`, def)}
 }
@@ -163,10 +149,6 @@ var Known = []string{
 	"MEMCTL_REFRESH", "MEMCTL_GOMEMLIMIT_FLOOR", "MEMCTL_KEEP_GOMEMLIMIT", "MEMCTL_MEMORY_LIMIT", "MEMCTL_PRESSURE", "MEMCTL_BUDGETS",
 }
 
-// ReservedPrefixes are those of memctl's test and benchmark variables,
-// which Unknown does not report.
-var ReservedPrefixes = []string{"MEMCTL_TEST_", "MEMCTL_BENCH_"}
-
 // Unrecognized is a MEMCTL_* variable that memctl does not read, and the
 // known variable whose name is closest to it.
 type Unrecognized struct {
@@ -175,17 +157,17 @@ type Unrecognized struct {
 }
 
 // Unknown returns the variables of environ (os.Environ's form) whose name
-// starts with "MEMCTL" and that are neither Known nor under
-// ReservedPrefixes, each once, in environ's order, with the Known name
-// closest to it (edit distance ignoring case; the first on a tie).
+// starts with "MEMCTL" and that are neither Known nor test or benchmark
+// variables (MEMCTL_TEST_*, MEMCTL_BENCH_*), each once, in environ's order,
+// with the Known name closest to it (edit distance ignoring case; the first
+// on a tie).
 func Unknown(environ []string) []Unrecognized {
 	var out []Unrecognized
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(strings.ToUpper(name), "MEMCTL") || slices.Contains(Known, name) || seen(out, name) {
-			continue
-		}
-		if slices.ContainsFunc(ReservedPrefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+		if !strings.HasPrefix(strings.ToUpper(name), "MEMCTL") || slices.Contains(Known, name) ||
+			strings.HasPrefix(name, "MEMCTL_TEST_") || strings.HasPrefix(name, "MEMCTL_BENCH_") ||
+			slices.ContainsFunc(out, func(u Unrecognized) bool { return u.Name == name }) {
 			continue
 		}
 		best, bestD := "", 1<<30
@@ -197,10 +179,6 @@ func Unknown(environ []string) []Unrecognized {
 		out = append(out, Unrecognized{Name: name, Closest: best})
 	}
 	return out
-}
-
-func seen(u []Unrecognized, name string) bool {
-	return slices.ContainsFunc(u, func(x Unrecognized) bool { return x.Name == name })
 }
 
 // distance is the optimal-string-alignment edit distance, in bytes.

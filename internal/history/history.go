@@ -7,6 +7,7 @@ package history
 import (
 	"bytes"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,13 +25,8 @@ const (
 
 // String returns "gc", "trim", "limit" or "pressure".
 func (k Kind) String() string {
-	switch k {
-	case KindTrim:
-		return "trim"
-	case KindLimit:
-		return "limit"
-	case KindPressure:
-		return "pressure"
+	if names := [...]string{"gc", "trim", "limit", "pressure"}; int(k) < len(names) {
+		return names[k]
 	}
 	return "gc"
 }
@@ -131,22 +127,14 @@ func (r *Ring) rss() int64 {
 	return parseStatm(r.buf[:n])
 }
 
-// parseStatm returns a statm line's resident size in bytes, -1 if malformed.
+// parseStatm returns a statm line's resident size (its second field) in
+// bytes, -1 if malformed.
 func parseStatm(b []byte) int64 {
-	i := bytes.IndexByte(b, ' ')
-	if i < 0 {
+	_, rest, ok := bytes.Cut(bytes.TrimSuffix(b, []byte("\n")), []byte(" "))
+	field, _, _ := bytes.Cut(rest, []byte(" "))
+	pages, err := strconv.ParseUint(string(field), 10, 63)
+	if !ok || err != nil {
 		return -1
 	}
-	var pages int64
-	j := i + 1
-	for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
-		if pages > (1<<62)/10 {
-			return -1
-		}
-		pages = pages*10 + int64(b[j]-'0')
-	}
-	if j == i+1 || j < len(b) && b[j] != ' ' && b[j] != '\n' {
-		return -1
-	}
-	return pages * int64(os.Getpagesize())
+	return int64(pages) * int64(os.Getpagesize())
 }

@@ -11,26 +11,17 @@ import (
 // Makeup is what the memory under pressure is made of, where the kernel
 // says it, in bytes, -1 when unknown.
 type Makeup struct {
-	// Anon is anonymous memory: memory.stat "anon" (v2) or "total_rss"
-	// (v1), /proc/meminfo AnonPages; no shmem or tmpfs.
-	Anon int64
-	// Cache is the page cache the kernel reclaims under pressure:
-	// "active_file" + "inactive_file" (v1 "total_" lines), /proc/meminfo
-	// Active(file) + Inactive(file).
-	Cache int64
-	// Own is this process's RssAnon, read for the host's makeup only.
-	Own int64
-	// From names the file read.
-	From string
+	Anon  int64  // memory.stat "anon" ("total_rss" in v1), or meminfo AnonPages
+	Cache int64  // the file LRUs: "active_file" + "inactive_file", or meminfo's
+	Own   int64  // this process's RssAnon, for the host's makeup only
+	From  string // the file read
 }
 
 // Known reports whether both Anon and Cache could be read.
 func (m Makeup) Known() bool { return m.Anon >= 0 && m.Cache >= 0 }
 
-// Anonymous reports whether anonymous memory is the problem: known, and
-// more than the page cache. While the cache is at least as large, the
-// kernel reclaims cache first (cgroup-v1/memory.rst, cgroup-v2.rst
-// "memory.high").
+// Anonymous reports whether anonymous memory is known and more than the page
+// cache, which the kernel reclaims first.
 func (m Makeup) Anonymous() bool { return m.Known() && m.Anon > m.Cache }
 
 // OwnsHostAnon reports whether this process holds at least half of the

@@ -31,13 +31,11 @@ const (
 )
 
 // V1LevelName is the cgroup v1 pressure level listened for: at a cgroup's
-// limit only "low" fires (kernel 6.18), never "medium" or "critical", so
-// waiting for those would be waiting for the OOM killer.
+// limit only "low" fires (kernel 6.18).
 const V1LevelName = "low"
 
-// Source is a source to open: Path is the PSI file, the v1 cgroup
-// directory or systemd's path; Write is what to write to it first (a PSI
-// trigger, systemd's decoded $MEMORY_PRESSURE_WRITE).
+// Source is a source to open: the PSI file, v1 cgroup directory or systemd's
+// path, and what to write to it first.
 type Source struct {
 	Kind  Kind
 	Path  string
@@ -45,23 +43,20 @@ type Source struct {
 }
 
 // Trigger returns the PSI trigger "some STALL_US WINDOW_US" with its
-// terminating NUL (Documentation/accounting/psi.rst: the kernel overwrites
-// the last byte written with one, psi_write).
+// terminating NUL (psi_write overwrites the last byte written with one).
 func Trigger(stall, window time.Duration) []byte {
 	return fmt.Appendf(nil, "some %d %d\x00", stall.Microseconds(), window.Microseconds())
 }
 
-// maxSystemdWrite is the most bytes of decoded $MEMORY_PRESSURE_WRITE
-// memctl writes: the kernel reads at most 32 bytes of a PSI trigger
-// (psi_write), and the service manager's FIFO or socket needs a line.
+// maxSystemdWrite is the most bytes of decoded $MEMORY_PRESSURE_WRITE memctl
+// writes.
 const maxSystemdWrite = 4096
 
 // SystemdEnv returns the source of systemd's memory pressure protocol
-// (https://systemd.io/MEMORY_PRESSURE/): $MEMORY_PRESSURE_WATCH (a PSI
-// file, FIFO or AF_UNIX socket) and $MEMORY_PRESSURE_WRITE (base64, padded
-// or not). ok is false when unset; off is true for "/dev/null" in any
-// spelling. A relative path, or a write that is not base64 or decodes to
-// over 4 KiB, is an error naming the variable.
+// (https://systemd.io/MEMORY_PRESSURE/) from $MEMORY_PRESSURE_WATCH and
+// $MEMORY_PRESSURE_WRITE (base64, padded or not). ok is false when unset; off
+// is true for "/dev/null". A relative path, or a write that is not base64 or
+// decodes to over 4 KiB, is an error naming the variable.
 func SystemdEnv(getenv func(string) string) (s Source, ok, off bool, err error) {
 	path := strings.TrimSpace(getenv("MEMORY_PRESSURE_WATCH"))
 	switch {
@@ -118,10 +113,9 @@ func parseTrigger(b []byte) (trigger, error) {
 }
 
 // SystemdTrigger checks that b, the decoded $MEMORY_PRESSURE_WRITE for a
-// PSI file, is a trigger with a window in [500000, 10000000] µs (psi.c
-// WINDOW_MIN_US, WINDOW_MAX_US) and a stall in (0, window], and returns it
-// without leading zeros (psi_write reads at most 32 bytes) and ending in
-// NUL (without it, "some 200000 2000000" is armed with a 200 ms window).
+// PSI file, is a trigger with a window in [500000, 10000000] µs (psi.c) and a
+// stall in (0, window], and returns it without leading zeros and ending in
+// NUL.
 func SystemdTrigger(b []byte) ([]byte, error) {
 	t, err := parseTrigger(b)
 	switch {
@@ -137,10 +131,9 @@ func SystemdTrigger(b []byte) ([]byte, error) {
 	return fmt.Appendf(nil, "%s %d %d\x00", strings.Fields(string(b))[0], t.stall, t.window), nil
 }
 
-// arm is a PSI trigger and its state's total stall (µs) when armed. The
-// kernel may signal a trigger just armed for stall from before: an
-// unprivileged trigger's window starts from a total that only privileged
-// polling keeps current (kernel/sched/psi.c psi_trigger_create).
+// arm is a PSI trigger and its state's total stall (µs) when armed: the
+// kernel may signal a trigger just armed for stall from before
+// (psi_trigger_create).
 type arm struct {
 	trigger
 	armed int64
@@ -153,9 +146,7 @@ func (a arm) explains(total int64) bool {
 }
 
 // parsePSITotals returns the "total=" figures (µs) of the "some" and
-// "full" lines of a PSI file (Documentation/accounting/psi.rst); a line
-// absent or malformed gives -1 (the system-wide cpu file had no "full"
-// line before Linux 5.13).
+// "full" lines of a PSI file; -1 for a line absent or malformed.
 func parsePSITotals(b []byte) (some, full int64) {
 	some, full = -1, -1
 	for _, line := range strings.Split(string(b), "\n") {
@@ -179,10 +170,8 @@ func parsePSITotals(b []byte) (some, full int64) {
 	return some, full
 }
 
-// EventsGrowth returns how much the memory.events counters that mean
-// pressure on the cgroup's own processes (high, max, oom, oom_kill; not
-// low) grew from a to b. A counter absent in either is left out; one that
-// went down (a new cgroup) counts 0; the sum saturates.
+// EventsGrowth returns how much the memory.events counters high, max, oom
+// and oom_kill grew from a to b; an absent or decreasing one counts 0.
 func EventsGrowth(a, b cgroupfs.Events) int64 {
 	var d int64
 	for _, p := range [...][2]int64{{a.High, b.High}, {a.Max, b.Max}, {a.OOM, b.OOM}, {a.OOMKill, b.OOMKill}} {

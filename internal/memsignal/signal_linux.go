@@ -18,17 +18,15 @@ import (
 
 // Signal is an open source. Its methods are for one goroutine at a time.
 type Signal struct {
-	kind   Kind
-	path   string
-	fd     int
-	others []int // fds held open for the source (the v1 pressure_level)
-	events int16 // POLLPRI (PSI, memory.events) or POLLIN (eventfd, FIFO, socket)
-	socket bool
-	last   cgroupfs.Events // the memory.events counters last read
-	// psi is what each PSI event is checked against, nil for other
-	// sources; NoCheck says why a PSI source has none.
-	psi     *arm
-	NoCheck string
+	kind    Kind
+	path    string
+	fd      int
+	others  []int // fds held open for the source (the v1 pressure_level)
+	events  int16 // POLLPRI (PSI, memory.events) or POLLIN (eventfd, FIFO, socket)
+	socket  bool
+	last    cgroupfs.Events // the memory.events counters last read
+	psi     *arm            // what each PSI event is checked against, nil for others
+	NoCheck string          // why a PSI source has no psi
 }
 
 // Open opens s and arms it; on error nothing stays open.
@@ -81,9 +79,7 @@ func openErr(op, path string, err error) error {
 }
 
 // openPSI opens a PSI file and writes the trigger; the kernel then signals
-// POLLPRI at most once per window while the stall is over the threshold
-// (Documentation/accounting/psi.rst). Without PSI (CONFIG_PSI off or
-// psi=0) the file is missing or the write fails with EOPNOTSUPP.
+// POLLPRI at most once per window while the stall is over the threshold.
 func (w *Signal) openPSI(path string, trig []byte) error {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -105,9 +101,8 @@ func (w *Signal) openPSI(path string, trig []byte) error {
 	return nil
 }
 
-// armPSI reads the state's total stall just before the trigger is written
-// (erring toward explaining events). If either cannot be parsed, no event
-// is checked and psiNoCheck says why.
+// armPSI reads the state's total stall just before the trigger is written;
+// if either cannot be parsed, no event is checked and NoCheck says why.
 func (w *Signal) armPSI(trig []byte) {
 	t, err := parseTrigger(trig)
 	if err == nil && t.stall == 0 {
@@ -132,11 +127,10 @@ func (w *Signal) readPSITotal(full bool) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pressure: read %s: %w", w.path, err)
 	}
-	total, _ := parsePSITotals(b[:n])
+	total, fullTotal := parsePSITotals(b[:n])
 	state := "some"
 	if full {
-		_, total = parsePSITotals(b[:n])
-		state = "full"
+		total, state = fullTotal, "full"
 	}
 	if total < 0 {
 		return 0, fmt.Errorf("pressure: %s: no %s total= in %q", w.path, state, b[:n])
@@ -145,8 +139,7 @@ func (w *Signal) readPSITotal(full bool) (int64, error) {
 }
 
 // Unexplained reports whether the stall since arming fails to explain the
-// PSI event just received (arm.explains), with that stall and the
-// threshold; an unreadable total explains it.
+// PSI event just received, with that stall and the threshold.
 func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	if w.psi == nil {
 		return 0, 0, false
@@ -168,11 +161,9 @@ func (w *Signal) Window() time.Duration {
 	return time.Duration(w.psi.window) * time.Microsecond
 }
 
-// checkPSIFile checks that the open fd is a PSI file, as systemd checks
-// $MEMORY_PRESSURE_WATCH (sd_event_add_memory_pressure(3)): a regular file
-// of procfs named /proc/pressure/*, or of a cgroup file system named
-// *.pressure. Any other would take the trigger as data (some cgroup files
-// act on any write: memory.force_empty) and never signal.
+// checkPSIFile checks that the open fd is a PSI file, as systemd does
+// (sd_event_add_memory_pressure(3)): a regular file of procfs named
+// /proc/pressure/*, or of a cgroup file system named *.pressure.
 func checkPSIFile(fd int, path string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -233,8 +224,8 @@ func (w *Signal) openV1(dir string) error {
 }
 
 // openSystemd opens $MEMORY_PRESSURE_WATCH as systemd's protocol says: a
-// socket is connected and read, a FIFO read (opened read-write: no POLLHUP
-// without a writer), a PSI file armed with the write; others get it written.
+// socket is connected and read, a FIFO read (opened read-write: no POLLHUP),
+// a PSI file armed with the write.
 func (w *Signal) openSystemd(path string, write []byte) error {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
@@ -283,9 +274,7 @@ func (w *Signal) openSystemd(path string, write []byte) error {
 }
 
 // openEvents opens a cgroup v2 memory.events file read-only: the kernel
-// signals a change of its counters with POLLPRI (kernfs_notify;
-// admin-guide/cgroup-v2.rst: "A value change in this file generates a file
-// modified event").
+// signals a change of its counters with POLLPRI (kernfs_notify).
 func (w *Signal) openEvents(path string) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -306,20 +295,8 @@ func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.path)
 }
 
-// readEvents returns EventsGrowth since the last read.
-func (w *Signal) readEvents() int64 {
-	e, err := w.preadEvents()
-	if err != nil {
-		return 0
-	}
-	d := EventsGrowth(w.last, e)
-	w.last = e
-	return d
-}
-
 // Drain consumes what the source has to read and returns how many signals
-// it held (the eventfd's counter; 1 for a PSI event or socket data), or
-// -1 when the source is gone (EOF on a socket).
+// it held, or -1 when the source is gone (EOF on a socket).
 func (w *Signal) Drain() int64 {
 	switch {
 	case w.kind == V1Level:
@@ -328,8 +305,14 @@ func (w *Signal) Drain() int64 {
 			return 0
 		}
 		return int64(min(binary.NativeEndian.Uint64(b[:]), 1<<62))
-	case w.kind == Events:
-		return w.readEvents()
+	case w.kind == Events: // EventsGrowth since the last read
+		e, err := w.preadEvents()
+		if err != nil {
+			return 0
+		}
+		d := EventsGrowth(w.last, e)
+		w.last = e
+		return d
 	case w.events == unix.POLLIN:
 		var b [512]byte
 		got := int64(0)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -97,157 +98,69 @@ func Parse(b []byte) (*Record, error) {
 	return &r, nil
 }
 
-// check returns an error naming the first field whose value no library
-// writes: a negative size, count or duration, a ratio outside [0, 1], or a
-// pool's peaks whose figures do not agree with each other.
+// check returns an error naming the first field, in record order, whose
+// value no library writes: a negative size, count or duration, a ratio
+// outside [0, 1], or a pool's peaks whose figures do not agree.
 func (r *Record) check() error {
-	var c checker
-	c.published(r)
-	c.goMemLimit(r.GoMemLimit)
-	c.trim(r.Trim)
-	c.pressure(r.Pressure)
-	c.autoBurst(r.AutoBurst)
-	c.pools(r.Pools)
-	c.cHeaps(r.CHeaps)
-	c.swap(r.Swap)
-	if len(c.errs) > 0 {
-		return c.errs[0]
+	if r.PID <= 0 || r.Updated.IsZero() {
+		return fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
+			r.PID, r.Updated.Format(time.RFC3339))
+	}
+	return checkFields("", reflect.ValueOf(r).Elem())
+}
+
+// checkFields checks each field of the struct v, named by its JSON key
+// after prefix.
+func checkFields(prefix string, v reflect.Value) error {
+	for i := range v.NumField() {
+		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		if err := checkValue(prefix+key, v.Field(i)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// checker collects Record.check's errors in record order; the first is reported.
-type checker struct {
-	errs []error
-}
-
-// field is a count or size and its JSON name, for checker.negs.
-type field struct {
-	name string
-	n    int64
-}
-
-func (c *checker) add(err error) { c.errs = append(c.errs, err) }
-
-// neg records an error when n is negative.
-func (c *checker) neg(name string, n int64) {
-	if n < 0 {
-		c.add(fmt.Errorf("%s %d is negative", name, n))
-	}
-}
-
-// negs checks each of fs with neg, its name prefixed with prefix.
-func (c *checker) negs(prefix string, fs ...field) {
-	for _, f := range fs {
-		c.neg(prefix+f.name, f.n)
-	}
-}
-
-// negPtr checks *n with neg when n is not nil.
-func (c *checker) negPtr(name string, n *int64) {
-	if n != nil {
-		c.neg(name, *n)
-	}
-}
-
-// secs records an error unless f (seconds) is in [0, 1e9).
-func (c *checker) secs(name string, f float64) {
-	if !(f >= 0 && f < 1e9) {
-		c.add(fmt.Errorf("%s %v is not a duration", name, f))
-	}
-}
-
-// published checks the fields Publish always writes.
-func (c *checker) published(r *Record) {
-	if r.PID <= 0 || r.Updated.IsZero() {
-		c.add(fmt.Errorf("pid %d, updated %s: not a published record (both are set by Publish)",
-			r.PID, r.Updated.Format(time.RFC3339)))
-	}
-	c.neg("seq", r.Seq)
-	c.negs("", field{"pools_omitted", int64(r.PoolsOmitted)}, field{"c_heaps_omitted", int64(r.CHeapsOmitted)})
-}
-
-// goMemLimit checks the GOMEMLIMIT section; the ratio is in [0, 1].
-func (c *checker) goMemLimit(g GoMemLimit) {
-	c.negs("gomemlimit.", field{"memory_limit_bytes", g.MemoryLimitBytes}, field{"outside_bytes", g.OutsideBytes},
-		field{"reclaimable_bytes", g.ReclaimableBytes})
-	c.negPtr("gomemlimit.operator_bytes", g.OperatorBytes)
-	c.secs("gomemlimit.refresh_seconds", g.RefreshSeconds)
-	c.negPtr("gomemlimit.bytes", g.Bytes)
-	if !(g.Ratio >= 0 && g.Ratio <= 1) {
-		c.add(fmt.Errorf("gomemlimit.ratio %v is not in [0, 1]", g.Ratio))
-	}
-}
-
-// trim checks the trimmer's section, its origins and skips.
-func (c *checker) trim(t Trim) {
-	c.negs("trim.", field{"trims", t.Trims}, field{"skipped", t.Skipped}, field{"go_skipped", t.GoSkipped},
-		field{"c_skipped", t.CSkipped}, field{"released_bytes", t.ReleasedBytes},
-		field{"last_released_bytes", t.LastReleasedBytes}, field{"deferred", t.Deferred},
-		field{"early_starts", t.EarlyStarts})
-	c.secs("trim.delay_seconds", t.DelaySeconds)
-	c.secs("trim.cpu_seconds", t.CPUSeconds)
-	for _, o := range []struct {
-		name string
-		o    Origin
-	}{{"debounced", t.Origins.Debounced}, {"pressure", t.Origins.Pressure}, {"spiral", t.Origins.Spiral}, {"by_name", t.Origins.ByName}} {
-		prefix := "trim.origins." + o.name + "."
-		c.negs(prefix, field{"trims", o.o.Trims}, field{"skipped", o.o.Skipped}, field{"released_bytes", o.o.ReleasedBytes})
-		c.secs(prefix+"cpu_seconds", o.o.CPUSeconds)
-	}
-	c.negs("trim.skipped_by.", field{"min_release", t.SkippedBy.MinRelease}, field{"cost", t.SkippedBy.Cost},
-		field{"budget", t.SkippedBy.Budget}, field{"running", t.SkippedBy.Running})
-}
-
-// pressure checks the pressure section's counts and sizes.
-func (c *checker) pressure(p Pressure) {
-	c.negs("pressure.", field{"signals", p.Signals}, field{"acted", p.Acted}, field{"left_to_kernel", p.LeftToKernel},
-		field{"cancels_held", p.CancelsHeld}, field{"spirals", p.Spirals}, field{"lifts", p.Lifts},
-		field{"lifted_bytes", p.LiftedBytes})
-}
-
-// autoBurst checks the burst detector's section.
-func (c *checker) autoBurst(a AutoBurst) {
-	c.negs("auto_burst.", field{"bursts", a.Bursts}, field{"drops", a.Drops}, field{"marks", a.Marks},
-		field{"settled", a.Settled}, field{"floor_bytes", a.FloorBytes}, field{"gc_ends", a.GCEnds})
-}
-
-// pools checks each pool, and its peaks with Peaks.check.
-func (c *checker) pools(ps []Pool) {
-	for i, p := range ps {
-		prefix := fmt.Sprintf("pools[%d].", i)
-		c.negPtr(prefix+"limit_bytes", p.LimitBytes)
-		c.negs(prefix, field{"used_bytes", p.UsedBytes}, field{"peak_bytes", p.PeakBytes}, field{"in_flight", p.InFlight},
-			field{"refused", p.Refused}, field{"observed", p.Observed}, field{"canceled", p.Canceled},
-			field{"undercharged", p.Undercharged})
-		if err := p.Peaks.check(); err != nil {
-			c.add(fmt.Errorf("%speaks: %w", prefix, err))
+// checkValue checks the field name of value f by its kind and name.
+func checkValue(name string, f reflect.Value) error {
+	switch {
+	case f.Kind() == reflect.Pointer && !f.IsNil():
+		return checkValue(name, f.Elem())
+	case f.Type() == reflect.TypeFor[Peaks]():
+		p := f.Interface().(Peaks)
+		if err := p.check(); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	case f.Kind() == reflect.Struct && f.Type() != reflect.TypeFor[time.Time]():
+		return checkFields(name+".", f)
+	case f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.Struct:
+		for i := range f.Len() {
+			if err := checkFields(fmt.Sprintf("%s[%d].", name, i), f.Index(i)); err != nil {
+				return err
+			}
+		}
+	case f.CanInt():
+		n := f.Int()
+		switch {
+		case name == "swap.cgroup_version" && (n < 0 || n > 2):
+			return fmt.Errorf("%s %d is not 0, 1 or 2", name, n)
+		case strings.HasSuffix(name, ".retained_bytes"): // -1: unknown
+			if n < -1 {
+				return fmt.Errorf("%s %d is neither a size nor -1", name, n)
+			}
+		case n < 0:
+			return fmt.Errorf("%s %d is negative", name, n)
+		}
+	case f.CanFloat():
+		x := f.Float()
+		if name == "gomemlimit.ratio" && !(x >= 0 && x <= 1) {
+			return fmt.Errorf("%s %v is not in [0, 1]", name, x)
+		}
+		if strings.HasSuffix(name, "_seconds") && !(x >= 0 && x < 1e9) {
+			return fmt.Errorf("%s %v is not a duration", name, x)
 		}
 	}
-}
-
-// cHeaps checks each C heap; RetainedBytes may be -1 (unknown).
-func (c *checker) cHeaps(hs []CHeap) {
-	for i, h := range hs {
-		prefix := fmt.Sprintf("c_heaps[%d].", i)
-		c.negs(prefix, field{"releases", h.Releases}, field{"skipped", h.Skipped}, field{"released_bytes", h.ReleasedBytes})
-		if h.RetainedBytes < -1 {
-			c.add(fmt.Errorf("%sretained_bytes %d is neither a size nor -1", prefix, h.RetainedBytes))
-		}
-	}
-}
-
-// swap checks the swap section, if any; the cgroup version is 0, 1 or 2.
-func (c *checker) swap(w *Swap) {
-	if w == nil {
-		return
-	}
-	c.negPtr("swap.vm_swap_bytes", w.VmSwapBytes)
-	c.negPtr("swap.current_bytes", w.CurrentBytes)
-	c.negPtr("swap.max_bytes", w.MaxBytes)
-	if w.CgroupVersion < 0 || w.CgroupVersion > 2 {
-		c.add(fmt.Errorf("swap.cgroup_version %d is not 0, 1 or 2", w.CgroupVersion))
-	}
+	return nil
 }
 
 // check returns an error unless h.Counts has PeakCounts non-negative

@@ -3,14 +3,12 @@
 //
 // # Mechanism
 //
-// The record is a sealed memfd (memfd_create(2), name MemfdName) that the
-// process keeps open on one descriptor. Publish writes the whole record into
-// a new memfd, seals it (F_SEAL_WRITE, F_SEAL_GROW, F_SEAL_SHRINK,
-// F_SEAL_SEAL) and moves it onto that descriptor with dup3(2): a reader sees
-// the old record or the new one, never half of each, and needs no lock. The
-// command finds it in /proc/PID/fd ("/memfd:memctl-state (deleted)"); reading
-// it needs the ptrace read check (the same user, or root). Why a memfd, and
-// when the library publishes: docs/command.md.
+// The record is a sealed memfd (name MemfdName) that the process keeps open
+// on one descriptor. Publish writes the whole record into a new memfd, seals
+// it and moves it onto that descriptor with dup3(2): a reader sees the old
+// record or the new one, never half of each. The command finds it in
+// /proc/PID/fd; reading it needs the ptrace read check. Why a memfd, and when
+// the library publishes: docs/command.md.
 //
 // # Format
 //
@@ -36,22 +34,14 @@ const Version = 1
 // MemfdName is the record memfd's name; /proc/PID/fd shows "/memfd:NAME (deleted)".
 const MemfdName = "memctl-state"
 
-// MaxSize is the largest record, in bytes, that Publish writes and Parse accepts.
-const MaxSize = 64 << 10
-
-// MaxPools is the most pools a record lists; Record.PoolsOmitted counts the rest.
-const MaxPools = 64
-
-// MaxCHeaps is the most C heaps a record lists; Record.CHeapsOmitted counts the rest.
-const MaxCHeaps = 16
-
-// MaxString is the longest string, in bytes, that Publish writes; a longer
-// one is cut at a rune boundary and ends with "...". Parse accepts longer
-// ones (MaxSize bounds them).
-const MaxString = 512
-
-// PeakCounts is the length of Peaks.Counts (limits.PeakHistogram's buckets).
-const PeakCounts = 22
+const (
+	MaxSize   = 64 << 10 // the largest record, in bytes, that Publish writes and Parse accepts
+	MaxPools  = 64       // the most pools a record lists; PoolsOmitted counts the rest
+	MaxCHeaps = 16       // the most C heaps a record lists; CHeapsOmitted counts the rest
+	// MaxString is the longest string, in bytes, that Publish writes (Cut).
+	MaxString  = 512
+	PeakCounts = 22 // the length of Peaks.Counts (limits.PeakHistogram's buckets)
+)
 
 // PeakBound returns the upper bound of Peaks.Counts[i] in bytes: 64 KiB << i
 // for i < PeakCounts-1, math.MaxInt64 for the last bucket (above 64 GiB).
@@ -65,83 +55,65 @@ func PeakBound(i int) int64 {
 // Record is what the library decided. Sizes are bytes, durations are
 // seconds (float64), counts are int64.
 type Record struct {
-	// Version is the format's version (Version).
-	Version int `json:"version"`
-	// PID is the process's own PID, as its PID namespace numbers it.
-	PID int `json:"pid"`
-	// Seq counts the records the process published, from 1.
-	Seq int64 `json:"seq"`
-	// Updated is when this record was published (UTC).
-	Updated time.Time `json:"updated"`
-	// Off is true when MEMCTL=off switched memctl off; Closed when the
-	// controller was closed (what it set, such as GOMEMLIMIT, stays).
+	Version int       `json:"version"` // Version
+	PID     int       `json:"pid"`     // as the process's PID namespace numbers it
+	Seq     int64     `json:"seq"`     // records published, from 1
+	Updated time.Time `json:"updated"` // when published (UTC)
+	// Off: MEMCTL=off switched memctl off; Closed: the controller was closed
+	// (what it set stays).
 	Off    bool `json:"off"`
 	Closed bool `json:"closed"`
 
-	GoMemLimit GoMemLimit `json:"gomemlimit"`
-	THP        THP        `json:"thp"`
-	Trim       Trim       `json:"trim"`
-	// Pools are the open pools (limits.Pool), oldest first, at most MaxPools.
-	Pools        []Pool   `json:"pools"`
-	PoolsOmitted int      `json:"pools_omitted,omitempty"`
-	Pressure     Pressure `json:"pressure"`
-	// CHeap names the allocator that owns malloc ("glibc", "none", ...).
-	CHeap string `json:"c_heap"`
-	// CHeaps are the allocators found in the process (trim/cheap.Heap), the
-	// owner of malloc first, at most MaxCHeaps.
+	GoMemLimit   GoMemLimit `json:"gomemlimit"`
+	THP          THP        `json:"thp"`
+	Trim         Trim       `json:"trim"`
+	Pools        []Pool     `json:"pools"` // the open pools, oldest first
+	PoolsOmitted int        `json:"pools_omitted,omitempty"`
+	Pressure     Pressure   `json:"pressure"`
+	// CHeap names the allocator that owns malloc ("glibc", "none", ...);
+	// CHeaps are those found (trim/cheap.Heap), the owner of malloc first.
+	CHeap         string    `json:"c_heap"`
 	CHeaps        []CHeap   `json:"c_heaps"`
 	CHeapsOmitted int       `json:"c_heaps_omitted,omitempty"`
 	AutoBurst     AutoBurst `json:"auto_burst"`
-	// Swap is the swap at Updated; null from an older library.
-	Swap *Swap `json:"swap,omitempty"`
+	Swap          *Swap     `json:"swap,omitempty"` // null from an older library
 }
 
 // Swap is the swap of the process and of its cgroup (memctl.SwapStats) when
-// the record was published, which may be long ago: publishing follows
-// decisions, not swap. Sizes are bytes.
+// the record was published.
 type Swap struct {
-	// VmSwapBytes is VmSwap of /proc/self/status, null when unknown.
-	VmSwapBytes *int64 `json:"vm_swap_bytes"`
-	// CgroupVersion is 2 (memory.swap.current, memory.swap.max), 1
-	// (memory.memsw.*: memory plus swap, MemoryPlusSwap) or 0 when the
-	// cgroup's swap was not read (Note says why).
+	VmSwapBytes *int64 `json:"vm_swap_bytes"` // VmSwap of /proc/self/status, null when unknown
+	// CgroupVersion is 2 (memory.swap.*), 1 (memory.memsw.*: memory plus
+	// swap, MemoryPlusSwap) or 0 when not read (Note says why).
 	CgroupVersion  int    `json:"cgroup_version"`
 	MemoryPlusSwap bool   `json:"memory_plus_swap,omitempty"`
 	CurrentBytes   *int64 `json:"current_bytes"`
-	// MaxBytes is the cgroup's own limit, null when none is set or read.
-	MaxBytes *int64 `json:"max_bytes"`
-	// File is the usage file read (memory.swap.current or memory.memsw.usage_in_bytes).
-	File string `json:"file,omitempty"`
-	Note string `json:"note,omitempty"`
+	MaxBytes       *int64 `json:"max_bytes"`      // the cgroup's own limit, null when none
+	File           string `json:"file,omitempty"` // the usage file read
+	Note           string `json:"note,omitempty"`
 }
 
 // GoMemLimit is the GOMEMLIMIT decision (limits.MemLimit).
 type GoMemLimit struct {
-	// Bytes is GOMEMLIMIT in force; null when unset (math.MaxInt64).
-	Bytes *int64 `json:"bytes"`
-	// Source is where the memory limit came from ("cgroup v1", "cgroup
-	// v2", "system", "environment", "none"), File the file it was read
-	// from ("" when none).
+	Bytes *int64 `json:"bytes"` // GOMEMLIMIT in force; null when unset
+	// Source is where the memory limit came from ("cgroup v1", "cgroup v2",
+	// "system", "environment", "none"), File the file read.
 	Source string `json:"source"`
 	File   string `json:"file,omitempty"`
 	// MemoryLimitBytes is the memory limit found (0: none), Ratio the share
-	// of it used, OutsideBytes the memory outside the Go runtime taken off.
+	// of it used, OutsideBytes the memory outside the Go runtime taken off,
+	// ReclaimableBytes the cgroup's page cache (not taken off).
 	MemoryLimitBytes int64   `json:"memory_limit_bytes"`
 	Ratio            float64 `json:"ratio"`
 	OutsideBytes     int64   `json:"outside_bytes"`
-	// ReclaimableBytes is the limit's cgroup's page cache, never taken off.
-	ReclaimableBytes int64 `json:"reclaimable_bytes"`
-	// OperatorBytes is the operator's GOMEMLIMIT when the environment sets
-	// one (null otherwise); Overridden is true while memctl sets its own
-	// value because the operator's is above the hard limit.
-	OperatorBytes *int64 `json:"operator_bytes,omitempty"`
-	Overridden    bool   `json:"overridden,omitempty"`
-	// RefreshSeconds is the least time between two re-reads; 0: no refresh.
-	RefreshSeconds float64 `json:"refresh_seconds"`
-	// Reason is the decision's one sentence.
-	Reason string `json:"reason"`
-	// LimitUnknown: a limit may be set out of sight (limits.MemLimit.LimitUnknown).
-	LimitUnknown bool `json:"limit_unknown"`
+	ReclaimableBytes int64   `json:"reclaimable_bytes"`
+	// OperatorBytes is the operator's GOMEMLIMIT (null: none); Overridden
+	// while memctl sets its own because the operator's is above the limit.
+	OperatorBytes  *int64  `json:"operator_bytes,omitempty"`
+	Overridden     bool    `json:"overridden,omitempty"`
+	RefreshSeconds float64 `json:"refresh_seconds"` // least time between re-reads; 0: none
+	Reason         string  `json:"reason"`
+	LimitUnknown   bool    `json:"limit_unknown"` // limits.MemLimit.LimitUnknown
 }
 
 // THP is the transparent huge pages decision.
@@ -153,23 +125,18 @@ type THP struct {
 
 // Trim is the trimmer's configuration and counters (trim.Stats).
 type Trim struct {
-	// DelaySeconds is the trim delay; 0 means trimming is off.
-	DelaySeconds float64 `json:"delay_seconds"`
-	Trims        int64   `json:"trims"`
-	Skipped      int64   `json:"skipped"`
-	GoSkipped    int64   `json:"go_skipped"`
-	CSkipped     int64   `json:"c_skipped"`
-	// ReleasedBytes is what all trims released, LastReleasedBytes the last's.
-	ReleasedBytes     int64 `json:"released_bytes"`
-	LastReleasedBytes int64 `json:"last_released_bytes"`
-	// CPUSeconds is the CPU all trims were charged with.
-	CPUSeconds  float64 `json:"cpu_seconds"`
-	Deferred    int64   `json:"deferred"`
-	EarlyStarts int64   `json:"early_starts"`
-	// Origins splits the counters by who asked (trim.Stats.Debounced...);
-	// SkippedBy splits Skipped by reason (trim.Stats.SkippedMinRelease...).
-	Origins   Origins   `json:"origins"`
-	SkippedBy SkippedBy `json:"skipped_by"`
+	DelaySeconds      float64   `json:"delay_seconds"` // 0: trimming is off
+	Trims             int64     `json:"trims"`
+	Skipped           int64     `json:"skipped"`
+	GoSkipped         int64     `json:"go_skipped"`
+	CSkipped          int64     `json:"c_skipped"`
+	ReleasedBytes     int64     `json:"released_bytes"`
+	LastReleasedBytes int64     `json:"last_released_bytes"`
+	CPUSeconds        float64   `json:"cpu_seconds"`
+	Deferred          int64     `json:"deferred"`
+	EarlyStarts       int64     `json:"early_starts"`
+	Origins           Origins   `json:"origins"`
+	SkippedBy         SkippedBy `json:"skipped_by"` // Skipped by reason
 }
 
 // Origins is trim.Stats' Debounced, Pressure, Spiral and ByName.
@@ -210,29 +177,25 @@ type AutoBurst struct {
 type CHeap struct {
 	Allocator string `json:"allocator"` // "glibc", "jemalloc", ...
 	Library   string `json:"library"`   // the object that holds its code
-	// OwnsMalloc is true for the allocator that serves malloc; Trimmed
-	// when the C heap step runs its release call (false: present, not
-	// trimmed; Note says why, or how it was found).
+	// OwnsMalloc: it serves malloc; Trimmed: the C heap step releases it
+	// (if not, Note says why).
 	OwnsMalloc bool   `json:"owns_malloc"`
 	Trimmed    bool   `json:"trimmed"`
 	Note       string `json:"note,omitempty"`
-	// Releases and Skipped count the C heap steps that released it or
-	// left it alone; ReleasedBytes is what they returned by the
-	// allocator's own account (0 when it could not tell).
+	// Releases and Skipped count the C heap steps that released it or left
+	// it; ReleasedBytes is what they returned by the allocator's account.
 	Releases      int64 `json:"releases"`
 	Skipped       int64 `json:"skipped"`
 	ReleasedBytes int64 `json:"released_bytes"`
-	// RetainedBytes is what it holds that no live block uses, -1 unknown.
-	RetainedBytes int64 `json:"retained_bytes"`
+	RetainedBytes int64 `json:"retained_bytes"` // held but unused, -1 unknown
 }
 
 // Peaks is a pool's distribution of request peaks (limits.PeakHistogram).
 type Peaks struct {
-	// Count is the number of peaks recorded (closed top-level accounts).
-	Count int64 `json:"count"`
-	// P50Bytes, P99Bytes and MaxBytes are the upper bounds of the buckets
-	// that hold the median, the 99th percentile and the largest peak
-	// (PeakBound: math.MaxInt64 above 64 GiB); 0 when Count is 0.
+	Count int64 `json:"count"` // peaks recorded (closed top-level accounts)
+	// P50Bytes, P99Bytes and MaxBytes are the PeakBound of the buckets that
+	// hold the median, the 99th percentile and the largest peak; 0 when
+	// Count is 0.
 	P50Bytes int64 `json:"p50_bytes"`
 	P99Bytes int64 `json:"p99_bytes"`
 	MaxBytes int64 `json:"max_bytes"`
@@ -241,35 +204,28 @@ type Peaks struct {
 	Counts []int64 `json:"counts,omitempty"`
 }
 
-// Pool is one budget pool (limits.Pool).
+// Pool is one budget pool (limits.Pool, limits.PoolStats).
 type Pool struct {
-	Name string `json:"name"`
-	Mode string `json:"mode"` // enforce, observe, off
-	// LimitBytes is the pool's limit; null means unlimited.
-	LimitBytes *int64 `json:"limit_bytes"`
-	// UsedBytes, PeakBytes, InFlight are limits.PoolStats' Used, Peak, InFlight.
-	UsedBytes int64 `json:"used_bytes"`
-	PeakBytes int64 `json:"peak_bytes"`
-	InFlight  int64 `json:"in_flight"`
-	// Refused, Observed and Canceled are limits.PoolStats' counters.
-	Refused  int64 `json:"refused"`
-	Observed int64 `json:"observed"`
-	Canceled int64 `json:"canceled"`
-	// Undercharged counts GC ends at which the charges looked too small
-	// (limits.PoolStats.Undercharged).
-	Undercharged int64 `json:"undercharged"`
-	Peaks        Peaks `json:"peaks"`
+	Name         string `json:"name"`
+	Mode         string `json:"mode"`        // enforce, observe, off
+	LimitBytes   *int64 `json:"limit_bytes"` // null: unlimited
+	UsedBytes    int64  `json:"used_bytes"`
+	PeakBytes    int64  `json:"peak_bytes"`
+	InFlight     int64  `json:"in_flight"`
+	Refused      int64  `json:"refused"`
+	Observed     int64  `json:"observed"`
+	Canceled     int64  `json:"canceled"`
+	Undercharged int64  `json:"undercharged"` // GC ends at which charges looked too small
+	Peaks        Peaks  `json:"peaks"`
 }
 
 // Pressure is the pressure watch and spiral detector's counters (pressure.Stats).
 type Pressure struct {
-	// Source names the signal watched, "none" when none is.
-	Source string `json:"source"`
-	// Note is Report.PressureNote.
-	Note string `json:"note,omitempty"`
+	Source string `json:"source"` // the signal watched, "none"
+	Note   string `json:"note,omitempty"`
 	// Signals counts the kernel's signals, Acted the trims requested on
 	// them, LeftToKernel those not acted on (mostly page cache), and
-	// CancelsHeld host-wide ones acted on without canceling (same reason).
+	// CancelsHeld host-wide ones acted on without canceling.
 	Signals      int64 `json:"signals"`
 	Acted        int64 `json:"acted"`
 	LeftToKernel int64 `json:"left_to_kernel"`
