@@ -293,13 +293,13 @@ func each(emit Emit, vs ...named) {
 	}
 }
 
-// origins labels t's counters by who asked for the trim.
-func origins(t *trim.Stats) []struct {
+// origin is a trim origin's counters and its label.
+type origin struct {
 	label string
 	stats *trim.OriginStats
-} {
-	return []struct {
-		label string
-		stats *trim.OriginStats
-	}{{"debounced", &t.Debounced}, {"pressure", &t.Pressure}, {"spiral", &t.Spiral}, {"by_name", &t.ByName}}
+}
+
+// origins labels t's counters by who asked for the trim.
+func origins(t *trim.Stats) []origin {
+	return []origin{{"debounced", &t.Debounced}, {"pressure", &t.Pressure}, {"spiral", &t.Spiral}, {"by_name", &t.ByName}}
 }
