@@ -15,29 +15,17 @@
 // message before it is unmarshaled (docs/budgets.md); NewInterceptor's
 // interceptor alone opens the account once the request is unmarshaled.
 //
-// # What the client sees
-//
-// resource_exhausted, with the error's text as the message, for every
-// error that matches limits.ErrResourceExhausted (as is, wrapped, joined,
-// or inside a *connect.Error of code unknown, canceled or
-// resource_exhausted) and for any error the handler returns after the heap
-// watch canceled the call's context (PoolConfig.CancelLargest). A budget
-// error inside a *connect.Error of another code keeps that code. Other
-// errors pass unchanged.
-//
-// When a retry can succeed (limits.ExhaustedError.RetryAfter), the error's
-// metadata carry Retry-After in whole seconds (RFC 9110) and
-// grpc-retry-pushback-ms in milliseconds (gRFC A6); when it cannot (the
-// call was over its own budget, or asked for more than the whole pool),
-// there is no Retry-After and grpc-retry-pushback-ms is NoRetryPushback.
-//
-// A call that reached the burst threshold calls Config.AfterBurst after the
-// handler returns. When the pool is closed a call gets
-// connect.CodeUnavailable without running the handler. A call whose context
-// already carries an account of the same pool is nested in it
-// (limits.Pool.StartWork); if the heap watch closed that account, the call
-// gets resource_exhausted without running the handler. Client-side calls
-// pass through.
+// A call gets resource_exhausted, with the error's text as the message, for
+// an error matching limits.ErrResourceExhausted (unless inside a
+// *connect.Error of the handler's own code other than unknown and
+// canceled) and for any error after the heap watch canceled its context
+// (PoolConfig.CancelLargest). When a retry can succeed
+// (limits.ExhaustedError.RetryAfter), the error's metadata carry
+// Retry-After in whole seconds and grpc-retry-pushback-ms in milliseconds;
+// when it cannot, grpc-retry-pushback-ms is NoRetryPushback. When the pool
+// is closed a call gets connect.CodeUnavailable. A call whose context
+// carries an account of the same pool is nested in it
+// (limits.Pool.StartWork). Client-side calls pass through.
 package connectbudget
 
 import (
@@ -245,12 +233,9 @@ func Error(err error) *connect.Error {
 	}
 	out, ok := errors.AsType[*connect.Error](err)
 	switch {
-	case !ok:
-		out = connect.NewError(connect.CodeResourceExhausted, err)
-	case out.Code() == connect.CodeResourceExhausted:
+	case ok && out.Code() == connect.CodeResourceExhausted:
 		// The handler answered with the code itself: its error, with the pushback.
-	case out.Code() == connect.CodeUnknown || out.Code() == connect.CodeCanceled:
-		// A plain error's and a context's end's: not chosen.
+	case !ok || out.Code() == connect.CodeUnknown || out.Code() == connect.CodeCanceled:
 		out = connect.NewError(connect.CodeResourceExhausted, err)
 	default:
 		return nil // the handler chose a code: its answer stands

@@ -9,31 +9,19 @@
 //
 // A handler charges what it builds with limits.Grow(ctx, n) and returns the
 // error, as is or wrapped with %w. ServerOptions charges each message
-// before it is unmarshaled (docs/budgets.md); UnaryServerInterceptor and
-// StreamServerInterceptor alone open the account once the request is
-// unmarshaled.
+// before it is unmarshaled (docs/budgets.md); the interceptors alone open
+// the account once the request is unmarshaled.
 //
-// # What the client sees
-//
-// Code 8, with the error's text as the message, for every error that
-// matches limits.ErrResourceExhausted and for any error the handler
-// returns after the heap watch canceled the call's context
-// (PoolConfig.CancelLargest). A budget error inside a status of the
-// handler's own code keeps that code: only UNKNOWN, CANCELLED and
-// RESOURCE_EXHAUSTED become code 8. Other errors pass unchanged.
-//
+// A call gets code 8, with the error's text as the message, for an error
+// matching limits.ErrResourceExhausted (unless inside a status of the
+// handler's own code other than UNKNOWN and CANCELLED) and for any error
+// after the heap watch canceled its context (PoolConfig.CancelLargest).
 // The trailer grpc-retry-pushback-ms (gRFC A6) carries
-// limits.ExhaustedError.RetryAfter in milliseconds when a retry can
-// succeed, and NoRetryPushback when it cannot (the call was over its own
-// budget, or asked for more than the whole pool). A pushback a streaming
-// handler set itself stands; a unary handler must leave it to the
-// interceptor.
-//
-// A call that reached the burst threshold calls Config.AfterBurst after the
-// handler returns. When the pool is closed a call gets UNAVAILABLE without
-// running the handler. A call whose context already carries an account of
-// the same pool is nested in it (limits.Pool.StartWork); if the heap watch
-// closed that account, the call gets code 8 without running the handler.
+// limits.ExhaustedError.RetryAfter in milliseconds, or NoRetryPushback when
+// a retry cannot succeed; a pushback a streaming handler set itself stands.
+// When the pool is closed a call gets UNAVAILABLE. A call whose context
+// carries an account of the same pool is nested in it
+// (limits.Pool.StartWork).
 package grpcbudget
 
 import (
