@@ -102,7 +102,7 @@ func run(args []string, stdout io.Writer) error {
 	defer pool.Close()
 	var opts []connect.HandlerOption
 	if *budgets {
-		options := Options
+		options := connectbudget.HandlerOptions
 		if !*messages {
 			options = InterceptorOptions
 		}
@@ -138,12 +138,6 @@ func NewServer(h http.Handler) *http.Server {
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
 	return &http.Server{Handler: h, Protocols: &p}
-}
-
-// Options returns connectbudget.HandlerOptions: pass it first, with
-// connect.WithReadMaxBytes(the per-call budget).
-func Options(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
-	return connectbudget.HandlerOptions(pool, cfg)
 }
 
 // InterceptorOptions returns the interceptor alone, which opens each call's

@@ -119,7 +119,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	var opts []grpc.ServerOption
 	if *budgets {
-		options := Options
+		options := grpcbudget.ServerOptions
 		if !*messages {
 			options = InterceptorOptions
 		}
@@ -165,12 +165,6 @@ func HTTPHandler(pool *limits.Pool, limit int64) (http.Handler, error) {
 	})))
 	mux.Handle("/debug/memctl", memctl.Handler())
 	return mux, nil
-}
-
-// Options returns grpcbudget.ServerOptions: pass them before the server's
-// other options, with grpc.MaxRecvMsgSize(cfg.Limit).
-func Options(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
-	return grpcbudget.ServerOptions(pool, cfg)
 }
 
 // InterceptorOptions returns the unary and stream budget interceptors
