@@ -42,9 +42,7 @@ var controllerMetrics = []Metric{
 	counter("memctl_trim_released_bytes_total", "memctl.trim.released", "By", "Bytes the trims released to the OS (Go heap and C heap).",
 		func(s *Snapshot) int64 { return s.Stats.Trim.TotalReleased }),
 	floats(gauge("memctl_trim_last_duration_seconds", "memctl.trim.last_duration", "s", "Wall time of the last trim, in seconds; left out before the first.",
-		func(s *Snapshot) (float64, bool) {
-			return s.Stats.Trim.LastDuration.Seconds(), s.Stats.Trim.Trims > 0
-		})),
+		func(s *Snapshot) (float64, bool) { return s.Stats.Trim.LastDuration.Seconds(), s.Stats.Trim.Trims > 0 })),
 	gauge("memctl_trim_pending", "memctl.trim.pending", "1", "1 while a trim is scheduled.",
 		func(s *Snapshot) (float64, bool) { return boolValue(s.Stats.Trim.Pending), s.Live }),
 	gauge("memctl_bursts_in_flight", "memctl.bursts_in_flight", "{burst}", "Bursts begun (memctl.Begin) and not yet ended.",
