@@ -220,13 +220,10 @@ func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 	}
 }
 
-// Error returns the *connect.Error a budget error maps to:
-// connect.CodeResourceExhausted with err.Error() as the message and the
-// retry metadata of the package doc. For nil, a non-budget error and one
-// wrapping a *connect.Error of the handler's own code it returns nil; a
-// *connect.Error with CodeResourceExhausted is returned itself, the
-// pushback added. For handlers that answer outside the interceptor. Safe
-// for concurrent use.
+// Error returns the *connect.Error a budget error maps to, with the retry
+// metadata, as the package doc says (a *connect.Error of
+// CodeResourceExhausted in err is returned itself); nil for any other
+// error. For handlers that answer outside the interceptor.
 func Error(err error) *connect.Error {
 	if err == nil || !errors.Is(err, limits.ErrResourceExhausted) {
 		return nil

@@ -231,11 +231,9 @@ type grpcStatus interface {
 }
 
 // Status returns the status a budget error maps to (RESOURCE_EXHAUSTED,
-// err.Error() as the message) and the retry pushback trailer's value in
-// milliseconds: the wait when a retry can succeed, "-1" when it cannot, ""
-// when err carries no *limits.ExhaustedError. For nil, a non-budget error
-// and one whose status has the handler's own code it returns nil and "".
-// For handlers that answer outside the interceptors. Safe for concurrent use.
+// err.Error() as the message) and the pushback trailer's value ("" when err
+// carries no *limits.ExhaustedError), as the package doc says; nil and ""
+// for any other error. For handlers that answer outside the interceptors.
 func Status(err error) (st *status.Status, pushback string) {
 	if err == nil || !errors.Is(err, limits.ErrResourceExhausted) {
 		return nil, ""

@@ -23,16 +23,13 @@ const (
 	StateDisabledExceptAdvised State = 3 // none except in madvise(MADV_HUGEPAGE) regions
 )
 
+var stateWords = map[State]string{StateEnabled: "enabled", StateDisabled: "disabled", StateDisabledExceptAdvised: "disabled-except-advised"}
+
 // String returns "enabled", "disabled", "disabled-except-advised", or
 // "State(N)" for any other value.
 func (s State) String() string {
-	switch s {
-	case StateEnabled:
-		return "enabled"
-	case StateDisabled:
-		return "disabled"
-	case StateDisabledExceptAdvised:
-		return "disabled-except-advised"
+	if w, ok := stateWords[s]; ok {
+		return w
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
