@@ -19,17 +19,8 @@
 // refused because the pool is full carries Retry-After: 1. The server
 // speaks HTTP/1.1 and h2c, so gRPC clients reach it too.
 //
-// Flags:
-//
-//	-addr            listen address (default 127.0.0.1:8080; port 0 picks one)
-//	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
-//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
-//	-budgets         run the interceptor (default true)
-//	-messages        charge each request message before it is unmarshaled (default true)
-//	-max-read        connect.WithReadMaxBytes, same units (default: the per-call budget)
-//
-// The server prints "listening on http://ADDR" once it accepts
-// connections, and stops on SIGINT or SIGTERM.
+// Run it with -h for its flags. It prints "listening on http://ADDR" once
+// it accepts connections, and stops on SIGINT or SIGTERM.
 package main
 
 import (

@@ -14,19 +14,8 @@
 // In a memory cgroup (systemd-run --scope -p MemoryMax=256M) with
 // -budgets=false, the 1 GiB request gets the process OOM-killed.
 //
-// Flags:
-//
-//	-addr            listen address (default 127.0.0.1:8080; port 0 picks one)
-//	-request-budget  each request's budget, bytes with an optional KiB, MiB or
-//	                 GiB suffix (default 64MiB; 0: the pool alone limits)
-//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
-//	-budgets         account requests at all (default true)
-//	-heap-pressure   share of GOMEMLIMIT the live heap may reach before the
-//	                 pool refuses growth (default 0.9; negative: off)
-//	-cancel-largest  under heap pressure, cancel the largest request
-//
-// The server prints "listening on http://ADDR" once it accepts connections,
-// and shuts down cleanly on SIGINT or SIGTERM.
+// Run it with -h for its flags. It prints "listening on http://ADDR" once
+// it accepts connections, and shuts down cleanly on SIGINT or SIGTERM.
 package main
 
 import (

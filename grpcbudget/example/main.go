@@ -18,18 +18,8 @@
 // not retry); a call refused because the pool is full carries
 // grpc-retry-pushback-ms: 1000.
 //
-// Flags:
-//
-//	-addr            listen address (default 127.0.0.1:50051; port 0 picks one)
-//	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
-//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
-//	-budgets         run the interceptors (default true)
-//	-messages        charge each message before it is unmarshaled (default true)
-//	-max-recv        grpc.MaxRecvMsgSize, same units (default: the per-call budget)
-//	-http            listen address of the HTTP side on the same pool (default "": none)
-//
-// The server prints "listening on ADDR" once it accepts connections, and
-// stops on SIGINT or SIGTERM.
+// Run it with -h for its flags. It prints "listening on ADDR" once it
+// accepts connections, and stops on SIGINT or SIGTERM.
 package main
 
 import (
