@@ -141,7 +141,7 @@ func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		if i.charges.Load() {
+		if i.charges() {
 			if p := i.take(req.Any()); p != nil {
 				if p.err != nil || limits.FromContext(ctx) == nil {
 					return i.unaryCharged(ctx, req, next, p)
@@ -208,7 +208,7 @@ func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			return err
 		}
 		release := func() {}
-		if i.charges.Load() {
+		if i.charges() {
 			bc := &budgetConn{StreamingHandlerConn: conn, i: i, a: w.Account()}
 			conn, release = bc, bc.release
 		}

@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"weak"
 
 	"connectrpc.com/connect"
@@ -46,7 +45,6 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 		bases = []connect.Codec{protoCodec("proto"), protoCodec("json"), protoCodec("json; charset=utf-8")}
 	}
 	i.parked = make(map[weak.Pointer[byte]]*parked)
-	i.charges.Store(true)
 	return connect.WithHandlerOptions(
 		connect.WithInterceptors(i),
 		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
@@ -61,14 +59,16 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 
 // messages is the state HandlerOptions adds to an interceptor.
 type messages struct {
-	charges atomic.Bool // HandlerOptions installed the codecs
 	// parked holds, by message, the unary calls a codec charged or
-	// refused, until the interceptor takes them.
+	// refused, until the interceptor takes them; nil without HandlerOptions.
 	mu     sync.Mutex
 	parked map[weak.Pointer[byte]]*parked
 	// receiving holds, by message, the streaming calls in Receive.
 	receiving sync.Map
 }
+
+// charges reports whether HandlerOptions installed the codecs.
+func (m *messages) charges() bool { return m.parked != nil }
 
 // parked is a unary call whose message the codec charged or refused.
 type parked struct {
