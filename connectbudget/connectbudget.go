@@ -1,64 +1,31 @@
 // Package connectbudget gives each Connect call (connectrpc.com/connect:
 // the Connect, gRPC and gRPC-Web protocols) a memory budget of its own from
-// a limits.Pool, and answers a budget error with connect.CodeResourceExhausted
-// (HTTP 429 in the Connect protocol, status 8 in gRPC), as the net/http
-// middleware (limits.Pool.Middleware) answers it with 429.
-//
-// It is a module of its own (github.com/memctl/memctl/connectbudget), so
-// that the memctl module does not depend on connectrpc.com/connect.
+// a limits.Pool, and answers a budget error with
+// connect.CodeResourceExhausted (HTTP 429 in the Connect protocol, status 8
+// in gRPC), as limits.Pool.Middleware answers it with 429. It is a module
+// of its own, so that the memctl module does not depend on
+// connectrpc.com/connect.
 //
 //	pool, _ := limits.NewPool(limits.PoolConfig{Name: "connect", CancelLargest: true})
 //	budget, _ := connectbudget.HandlerOptions(pool, connectbudget.Config{Limit: 64 << 20, AfterBurst: memctl.AfterBurst})
 //	path, handler := storev1connect.NewStoreHandler(srv, budget, connect.WithReadMaxBytes(64<<20)) // budget first
 //
 // A handler charges what it builds with limits.Grow(ctx, n) and returns the
-// error as is or wrapped with %w.
+// error as is or wrapped with %w. HandlerOptions charges each request
+// message before it is unmarshaled (docs/budgets.md); NewInterceptor's
+// interceptor alone opens the account once the request is unmarshaled.
 //
-// # Messages
-//
-// connect-go unmarshals a unary request before any interceptor runs.
-// HandlerOptions charges each request message's size to the call's account
-// before it is unmarshaled: a refused message gets resource_exhausted, is
-// never unmarshaled, and the handler does not run. The message is still
-// read (and decompressed) first, up to connect.WithReadMaxBytes: set it to
-// the per-call budget. NewInterceptor's interceptor alone opens the account
-// once the request is unmarshaled.
-//
-// # What the client sees
-//
-// The interceptor maps to connect.CodeResourceExhausted every error that
-// matches limits.ErrResourceExhausted (a refused Grow, as is, wrapped or
-// joined, or inside a *connect.Error of code unknown, canceled or
-// resource_exhausted; a Grow's ErrClosed after the heap watch canceled the
-// call), and any error the handler returns after the heap watch canceled
-// the call's context (PoolConfig.CancelLargest; ctx.Err() would otherwise
-// send canceled, HTTP 499). The message is the error's text, for example
-// "limits: resource_exhausted in connect/req-17: requested 1073741824
-// bytes, 0 in use, limit 67108864". Other errors pass unchanged.
-//
-// A budget error inside a *connect.Error of a code the handler chose
-// (connect.NewError(connect.CodeInvalidArgument, err), or the catch-all
-// CodeInternal) keeps that code: only CodeUnknown, CodeCanceled (a
-// context's end) and CodeResourceExhausted become resource_exhausted.
-//
-// When a retry can succeed (limits.ExhaustedError.RetryAfter: the pool was
-// full or under heap pressure, or the heap watch canceled the call), the
-// error's metadata carry Retry-After in whole seconds (RFC 9110; a response
-// header in Connect) and grpc-retry-pushback-ms in milliseconds (gRFC A6; a
-// trailer in gRPC); when it cannot (the call was over its own budget, or
-// asked for more than the whole pool), there is no Retry-After and
-// grpc-retry-pushback-ms is -1 (NoRetryPushback), gRFC A6's "do not retry":
-// the middleware's Retry-After rule.
-//
-// As in the middleware, a call whose account's peak, or a refused Grow,
-// reached the burst threshold ends a burst (Config.AfterBurst) after the
-// handler returns. When the pool is closed a call gets
-// connect.CodeUnavailable without running the handler. A call whose context
-// already carries an account of the same pool (behind the pool's HTTP
-// middleware) is nested in it (see limits.Pool.StartWork); if the heap
-// watch's cancel closed that account, the call is answered as a budget
-// error without running the handler. Client-side calls pass through. What
-// the interceptor and the codec cost a call: docs/benchmarks.md.
+// A call gets resource_exhausted, with the error's text as the message, for
+// an error matching limits.ErrResourceExhausted (unless inside a
+// *connect.Error of the handler's own code other than unknown and
+// canceled) and for any error after the heap watch canceled its context
+// (PoolConfig.CancelLargest). When a retry can succeed
+// (limits.ExhaustedError.RetryAfter), the error's metadata carry
+// Retry-After in whole seconds and grpc-retry-pushback-ms in milliseconds;
+// when it cannot, grpc-retry-pushback-ms is NoRetryPushback. When the pool
+// is closed a call gets connect.CodeUnavailable. A call whose context
+// carries an account of the same pool is nested in it
+// (limits.Pool.StartWork). Client-side calls pass through.
 package connectbudget
 
 import (
@@ -74,23 +41,21 @@ import (
 )
 
 // PushbackKey is the metadata key of the retry pushback in milliseconds
-// (gRFC A6: "grpc-retry-pushback-ms").
+// (gRFC A6).
 const PushbackKey = "grpc-retry-pushback-ms"
 
-// NoRetryPushback is the pushback sent when a retry cannot succeed: gRFC
-// A6 says a gRPC client must not retry on a negative pushback.
+// NoRetryPushback is the pushback when a retry cannot succeed: gRFC A6's
+// "do not retry".
 const NoRetryPushback = "-1"
 
-// Config configures NewInterceptor. Limit must be set; the other fields'
-// zero values name accounts "req-N" and call no burst hook.
+// Config configures NewInterceptor and HandlerOptions.
 type Config struct {
 	// Limit is each call's budget in bytes, required: 0 and negative values
-	// are errors (limits.ErrInvalidSize), so that a forgotten budget is not
-	// unlimited. limits.Unlimited leaves calls limited by the pool alone.
+	// are errors (limits.ErrInvalidSize). limits.Unlimited leaves calls
+	// limited by the pool alone.
 	Limit int64
 	// Name returns the account name of a call given its procedure
-	// ("/package.Service/Method"), as it appears in error scopes. Default:
-	// nil ("req-N", N counting the pool's numbered work from 1).
+	// ("/package.Service/Method"). Default: nil ("req-N").
 	Name func(procedure string) string
 	// BurstThreshold is the size in bytes at or above which a call ends a
 	// burst, as limits.HTTPConfig.BurstThreshold (default 64 MiB, or
@@ -101,9 +66,8 @@ type Config struct {
 	// memctl.AfterBurst. Default: nil (none).
 	AfterBurst func()
 	// Codecs marshal and unmarshal messages under HandlerOptions, each
-	// under its own name; the interceptor alone ignores them. Default: nil
-	// (protobuf binary, "proto", and JSON, "json" and "json;
-	// charset=utf-8", as connect's defaults).
+	// under its own name. Default: nil (connect's: "proto", "json" and
+	// "json; charset=utf-8").
 	Codecs []connect.Codec
 }
 
@@ -113,8 +77,6 @@ type interceptor struct {
 	cfg  Config
 	messages
 }
-
-var _ connect.Interceptor = (*interceptor)(nil)
 
 // NewInterceptor returns an interceptor, safe for concurrent use, that runs
 // each handler call under an account of its own from pool
@@ -156,13 +118,30 @@ func (i *interceptor) start(ctx context.Context, procedure string) (context.Cont
 	return ctx, work, nil
 }
 
+// run runs handler under w and calls release when it returns or panics.
+// budget is the error Finish's maps to, if any; err is the handler's. If
+// the handler panics, w is abandoned and the panic goes on.
+func run(w *limits.Work, release func(), handler func() error) (budget *connect.Error, err error) {
+	returned := false
+	defer func() {
+		if !returned {
+			release()
+			w.Abandon()
+		}
+	}()
+	err = handler()
+	returned = true
+	release()
+	return Error(w.Finish(err)), err
+}
+
 // WrapUnary budgets a unary handler call; a client call passes through.
 func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		if i.charges.Load() {
+		if i.charges() {
 			if p := i.take(req.Any()); p != nil {
 				if p.err != nil || limits.FromContext(ctx) == nil {
 					return i.unaryCharged(ctx, req, next, p)
@@ -177,19 +156,21 @@ func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err != nil {
 			return nil, err
 		}
-		returned := false
-		defer func() {
-			if !returned {
-				w.Abandon() // the handler panicked: close the account, let its panic go on
-			}
-		}()
-		resp, err := next(wctx, req)
-		returned = true
-		if e := Error(w.Finish(err)); e != nil {
-			return nil, e
-		}
-		return resp, err
+		return unary(w, func() {}, func() (connect.AnyResponse, error) { return next(wctx, req) })
 	}
+}
+
+// unary is run for a unary handler.
+func unary(w *limits.Work, release func(), handler func() (connect.AnyResponse, error)) (connect.AnyResponse, error) {
+	var resp connect.AnyResponse
+	budget, err := run(w, release, func() (err error) {
+		resp, err = handler()
+		return err
+	})
+	if budget != nil {
+		return nil, budget
+	}
+	return resp, err
 }
 
 // unaryCharged runs a unary call whose message the codec charged, or
@@ -209,19 +190,8 @@ func (i *interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, 
 			cancel(context.Canceled)
 		}()
 	}
-	returned := false
-	defer func() {
-		if !returned {
-			p.abandon() // the handler panicked
-		}
-	}()
-	resp, err := next(wctx, req)
-	returned = true
-	p.w.Account().Shrink(p.n)
-	if e := Error(p.w.Finish(err)); e != nil {
-		return nil, e
-	}
-	return resp, err
+	release := func() { p.w.Account().Shrink(p.n) }
+	return unary(p.w, release, func() (connect.AnyResponse, error) { return next(wctx, req) })
 }
 
 // WrapStreamingClient returns next: client streams are not budgeted.
@@ -237,51 +207,32 @@ func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		if err != nil {
 			return err
 		}
-		var bc *budgetConn
-		if i.charges.Load() {
-			bc = &budgetConn{StreamingHandlerConn: conn, i: i, a: w.Account()}
-			conn = bc
+		release := func() {}
+		if i.charges() {
+			bc := &budgetConn{StreamingHandlerConn: conn, i: i, a: w.Account()}
+			conn, release = bc, bc.release
 		}
-		returned := false
-		defer func() {
-			if !returned {
-				if bc != nil {
-					bc.release()
-				}
-				w.Abandon()
-			}
-		}()
-		err = next(wctx, conn)
-		returned = true
-		if bc != nil {
-			bc.release()
-		}
-		if e := Error(w.Finish(err)); e != nil {
-			return e
+		budget, err := run(w, release, func() error { return next(wctx, conn) })
+		if budget != nil {
+			return budget
 		}
 		return err
 	}
 }
 
-// Error returns the *connect.Error a budget error maps to:
-// connect.CodeResourceExhausted with err.Error() as the message and the
-// retry metadata of the package doc. For nil, a non-budget error and one
-// wrapping a *connect.Error of the handler's own code it returns nil; a
-// *connect.Error with CodeResourceExhausted is returned itself, the
-// pushback added. For handlers that answer outside the interceptor. Safe
-// for concurrent use.
+// Error returns the *connect.Error a budget error maps to, with the retry
+// metadata, as the package doc says (a *connect.Error of
+// CodeResourceExhausted in err is returned itself); nil for any other
+// error. For handlers that answer outside the interceptor.
 func Error(err error) *connect.Error {
 	if err == nil || !errors.Is(err, limits.ErrResourceExhausted) {
 		return nil
 	}
 	out, ok := errors.AsType[*connect.Error](err)
 	switch {
-	case !ok:
-		out = connect.NewError(connect.CodeResourceExhausted, err)
-	case out.Code() == connect.CodeResourceExhausted:
+	case ok && out.Code() == connect.CodeResourceExhausted:
 		// The handler answered with the code itself: its error, with the pushback.
-	case out.Code() == connect.CodeUnknown || out.Code() == connect.CodeCanceled:
-		// A plain error's and a context's end's: not chosen.
+	case !ok || out.Code() == connect.CodeUnknown || out.Code() == connect.CodeCanceled:
 		out = connect.NewError(connect.CodeResourceExhausted, err)
 	default:
 		return nil // the handler chose a code: its answer stands

@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"weak"
 
 	"connectrpc.com/connect"
@@ -17,27 +16,22 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// HandlerOptions returns the budget's handler option that charges each
-// request message before it is unmarshaled: the interceptor
-// (NewInterceptor) and codecs (cfg.Codecs, per procedure) that charge a
-// message's size to the call's account and unmarshal it only if the budget
-// grants it. A refused message is never unmarshaled and the handler does
-// not run: the call gets resource_exhausted (a streaming handler's Receive
-// returns the error). Pass it first among a handler's options: an
-// interceptor before it sees a refused message empty.
+// HandlerOptions returns the handler option that charges each request
+// message before it is unmarshaled: the interceptor (NewInterceptor) and
+// codecs (cfg.Codecs, per procedure) that charge a message's size to the
+// call's account and unmarshal it only if the budget grants it. A refused
+// message is never unmarshaled and the handler does not run: the call gets
+// resource_exhausted (a streaming handler's Receive returns the error).
+// Pass it first among a handler's options.
 //
 // A unary call's account opens in the codec when its message arrives, a
 // streaming call's when the call begins. A unary call holds its message's
 // charge until the handler returns, a streaming call until its next
-// message or its end (a handler that keeps messages charges them itself).
-// A unary message whose call never reached the interceptor gives its
-// charge back when it is garbage collected.
+// message or its end. A unary message whose call never reached the
+// interceptor gives its charge back when it is garbage collected.
 //
-// Before the charge, connect still reads the message into a buffer that
-// doubles as it grows, up to connect.WithReadMaxBytes (unlimited by
-// default), and decompresses it; those buffers are part of the server's
-// peak (docs/budgets.md). Set that maximum to the per-call budget: connect
-// then refuses a larger message with resource_exhausted itself.
+// connect still reads and decompresses the message first, up to
+// connect.WithReadMaxBytes (unlimited by default): set it to cfg.Limit.
 //
 // It returns an error matching limits.ErrInvalidSize for a cfg.Limit of 0
 // or less.
@@ -48,9 +42,9 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 	}
 	bases := cfg.Codecs
 	if len(bases) == 0 {
-		bases = []connect.Codec{protoBinary{}, protoJSON{"json"}, protoJSON{"json; charset=utf-8"}}
+		bases = []connect.Codec{protoCodec("proto"), protoCodec("json"), protoCodec("json; charset=utf-8")}
 	}
-	i.charges.Store(true)
+	i.parked = make(map[weak.Pointer[byte]]*parked)
 	return connect.WithHandlerOptions(
 		connect.WithInterceptors(i),
 		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
@@ -65,14 +59,16 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 
 // messages is the state HandlerOptions adds to an interceptor.
 type messages struct {
-	charges atomic.Bool // HandlerOptions installed the codecs
 	// parked holds, by message, the unary calls a codec charged or
-	// refused, until the interceptor takes them.
+	// refused, until the interceptor takes them; nil without HandlerOptions.
 	mu     sync.Mutex
 	parked map[weak.Pointer[byte]]*parked
 	// receiving holds, by message, the streaming calls in Receive.
 	receiving sync.Map
 }
+
+// charges reports whether HandlerOptions installed the codecs.
+func (m *messages) charges() bool { return m.parked != nil }
 
 // parked is a unary call whose message the codec charged or refused.
 type parked struct {
@@ -108,22 +104,24 @@ func (i *interceptor) park(msg any, p *parked) bool {
 		return false
 	}
 	i.mu.Lock()
-	if i.parked == nil {
-		i.parked = make(map[weak.Pointer[byte]]*parked)
-	}
 	i.parked[k] = p
 	i.mu.Unlock()
 	p.cleanup = runtime.AddCleanup(ptr, i.orphan, k)
 	return true
 }
 
-// orphan ends the parked call of a collected message.
-func (i *interceptor) orphan(k weak.Pointer[byte]) {
+// unpark removes and returns the parked call of k, or nil.
+func (i *interceptor) unpark(k weak.Pointer[byte]) *parked {
 	i.mu.Lock()
+	defer i.mu.Unlock()
 	p := i.parked[k]
 	delete(i.parked, k)
-	i.mu.Unlock()
-	if p != nil {
+	return p
+}
+
+// orphan ends the parked call of a collected message.
+func (i *interceptor) orphan(k weak.Pointer[byte]) {
+	if p := i.unpark(k); p != nil {
 		p.abandon()
 	}
 }
@@ -134,10 +132,7 @@ func (i *interceptor) take(msg any) *parked {
 	if !ok {
 		return nil
 	}
-	i.mu.Lock()
-	p := i.parked[k]
-	delete(i.parked, k)
-	i.mu.Unlock()
+	p := i.unpark(k)
 	if p != nil {
 		p.cleanup.Stop()
 	}
@@ -226,8 +221,7 @@ func (c *budgetConn) Receive(msg any) error {
 // receive, called by the codec within Receive, releases the previous
 // message's charge and charges this one.
 func (c *budgetConn) receive(data []byte, msg any, base connect.Codec) error {
-	c.a.Shrink(c.held)
-	c.held = 0
+	c.release()
 	n := int64(len(data))
 	if err := c.a.Grow(n); err != nil {
 		c.err = err
@@ -247,76 +241,41 @@ func (c *budgetConn) release() {
 	c.held = 0
 }
 
-// protoBinary and protoJSON are connect's unexported default codecs.
-type protoBinary struct{}
+// protoCodec is connect's unexported default codec of its name: protobuf
+// binary ("proto") or JSON.
+type protoCodec string
 
-func (protoBinary) Name() string { return "proto" }
+func (c protoCodec) Name() string                  { return string(c) }
+func (c protoCodec) Marshal(m any) ([]byte, error) { return c.MarshalAppend(nil, m) }
 
-func (protoBinary) Marshal(m any) ([]byte, error) {
-	pm, err := protoMessage(m)
-	if err != nil {
-		return nil, err
-	}
-	return proto.Marshal(pm)
-}
-
-func (protoBinary) MarshalAppend(dst []byte, m any) ([]byte, error) {
-	pm, err := protoMessage(m)
-	if err != nil {
-		return nil, err
-	}
-	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
-}
-
-func (protoBinary) Unmarshal(data []byte, m any) error {
-	pm, err := protoMessage(m)
-	if err != nil {
-		return err
-	}
-	if err := proto.Unmarshal(data, pm); err != nil {
-		return fmt.Errorf("unmarshal into %T: %w", m, err)
-	}
-	return nil
-}
-
-type protoJSON struct{ name string }
-
-func (c protoJSON) Name() string { return c.name }
-
-func (protoJSON) Marshal(m any) ([]byte, error) {
-	pm, err := protoMessage(m)
-	if err != nil {
-		return nil, err
-	}
-	return protojson.MarshalOptions{}.Marshal(pm)
-}
-
-func (protoJSON) MarshalAppend(dst []byte, m any) ([]byte, error) {
-	pm, err := protoMessage(m)
-	if err != nil {
-		return nil, err
+func (c protoCodec) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	switch {
+	case !ok:
+		return nil, errNotProto(m)
+	case c == "proto":
+		return proto.MarshalOptions{}.MarshalAppend(dst, pm)
 	}
 	return protojson.MarshalOptions{}.MarshalAppend(dst, pm)
 }
 
-func (protoJSON) Unmarshal(data []byte, m any) error {
-	pm, err := protoMessage(m)
-	if err != nil {
-		return err
-	}
-	if len(data) == 0 {
+func (c protoCodec) Unmarshal(data []byte, m any) error {
+	pm, ok := m.(proto.Message)
+	var err error
+	switch {
+	case !ok:
+		return errNotProto(m)
+	case c == "proto":
+		err = proto.Unmarshal(data, pm)
+	case len(data) == 0:
 		return errors.New("zero-length payload is not a valid JSON object")
+	default:
+		err = protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(data, pm)
 	}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, pm); err != nil {
+	if err != nil {
 		return fmt.Errorf("unmarshal into %T: %w", m, err)
 	}
 	return nil
 }
 
-func protoMessage(m any) (proto.Message, error) {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T doesn't implement proto.Message", m)
-	}
-	return pm, nil
-}
+func errNotProto(m any) error { return fmt.Errorf("%T doesn't implement proto.Message", m) }

@@ -17,25 +17,15 @@ import (
 
 // ServerOptions returns the server options that give each call a budget
 // and charge each received message before it is unmarshaled: a codec
-// (grpc.ForceServerCodecV2) that keeps the wire bytes, a stats handler
-// (grpc.StatsHandler) that opens the call's account when the call begins
-// and, within the same receive, charges the message's size and unmarshals
-// only if the budget grants it, and the unary and stream interceptors,
-// which answer a refused message with code 8 without running the handler.
-// Pass them before other stats handlers and interceptors: grpc-go runs
-// each kind in order, and one before these sees a refused message empty.
+// (grpc.ForceServerCodecV2) that keeps the wire bytes, a stats handler that
+// opens the call's account and charges and unmarshals each message, and the
+// interceptors, which answer a refused message with code 8 without running
+// the handler. Pass them before other stats handlers and interceptors.
 //
-// Before the charge, grpc-go still reads and decompresses the wire bytes,
-// up to grpc.MaxRecvMsgSize (4 MiB by default). Set it to cfg.Limit: a
-// larger message can never be granted, and grpc-go refuses it (code 8)
-// from its 5-byte header. Concurrent calls may each hold that much wire
-// data; the budget bounds what is unmarshaled from it.
-//
-// A message's charge is its decompressed size, about its decoded size for
-// bytes and strings (protobuf copies them). A unary call holds it until
-// the handler returns, a streaming call until its next message or its end
-// (a handler that keeps messages charges them itself). cfg.Codec unmarshals
-// every content-subtype.
+// grpc-go still reads and decompresses the wire bytes first, up to
+// grpc.MaxRecvMsgSize (4 MiB by default): set it to cfg.Limit. A message's
+// charge is its decompressed size; a unary call holds it until the handler
+// returns, a streaming call until its next message or its end.
 //
 // It returns an error matching limits.ErrInvalidSize for a cfg.Limit of 0
 // or less. The options are safe for concurrent use.
@@ -43,12 +33,10 @@ func ServerOptions(pool *limits.Pool, cfg Config) ([]grpc.ServerOption, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	b := newBudget(pool, cfg)
-	base := cfg.Codec
-	if base == nil {
-		base = encoding.GetCodecV2("proto")
+	b := &budget{pool: pool, cfg: cfg, codec: cfg.Codec}
+	if b.codec == nil {
+		b.codec = encoding.GetCodecV2("proto")
 	}
-	b.codec = base
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(&keepCodec{b: b}),
 		grpc.StatsHandler(b),
@@ -67,8 +55,6 @@ type budget struct {
 	// message, until the stats handler unmarshals them.
 	parked sync.Map
 }
-
-func newBudget(pool *limits.Pool, cfg Config) *budget { return &budget{pool: pool, cfg: cfg} }
 
 // keepCodec's Unmarshal parks the wire bytes for the stats handler.
 type keepCodec struct{ b *budget }
@@ -185,10 +171,12 @@ func (c *call) receive(v any, data mem.BufferSlice) {
 }
 
 // settle ends the last message's receive once RecvMsg returned: it frees
-// wire bytes parked without an InPayload (a second message on a
-// non-client-streaming call), forgets the message and returns its error,
-// once.
+// wire bytes parked without an InPayload, forgets the message and returns
+// its error, once. A nil call has none.
 func (c *call) settle() error {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.last != nil {

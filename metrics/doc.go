@@ -1,10 +1,6 @@
-// Package metrics exports memctl's decisions and counters to Prometheus:
-// which GOMEMLIMIT was set and from which source, the trims run and skipped
-// and the bytes they released, the THP state, the per-request budget pools
-// (bytes in use, refusals), and wiring mistakes.
-//
-// It is a module of its own (github.com/memctl/memctl/metrics), so that
-// only a program that imports it pulls in github.com/prometheus/client_golang.
+// Package metrics exports memctl's decisions and counters to Prometheus.
+// It is a module of its own, so that only a program that imports it pulls
+// in github.com/prometheus/client_golang.
 //
 //	ctl, _ := memctl.Start()
 //	defer ctl.Close()
@@ -15,16 +11,14 @@
 //	http.Handle("/metrics", promhttp.Handler())
 //
 // The collector reads Controller.Stats, Controller.Report and
-// limits.Pool.Stats at each scrape (their cost: memctl.Stats.CHeap); it
-// keeps no state, starts no goroutine, and is safe for concurrent use.
+// limits.Pool.Stats at each scrape; it keeps no state, starts no goroutine,
+// and is safe for concurrent use.
 //
 // # Metrics
 //
-// Names and units follow the Prometheus conventions: a memctl_ prefix,
-// base units (bytes, seconds), _total for counters, _info for a gauge of 1
-// whose labels carry a state. A figure that does not exist (no GOMEMLIMIT,
-// no trim yet, a C heap figure the allocator does not report) is left out
-// of the scrape rather than given a sentinel value.
+// Names follow the Prometheus conventions. A figure that does not exist
+// (no GOMEMLIMIT, no trim yet, a C heap figure the allocator does not
+// report) is left out of the scrape rather than given a sentinel value.
 //
 //	memctl_enabled                            gauge    1 when Start ran and MEMCTL did not switch memctl off
 //	memctl_gomemlimit_bytes                   gauge    GOMEMLIMIT now; absent when none is set
@@ -88,9 +82,5 @@
 //	memctl_budget_unguarded_total             counter  limits.Grow calls with no account in the context
 //
 // The memctl_c_allocator_ families have one series per allocator found
-// (glibc, jemalloc, mimalloc, tcmalloc; object is the file that holds its
-// code), so that an allocator a library carries beside the one that owns
-// malloc is seen, and one present but not trimmed shows trimmed="false".
-//
-// Package github.com/memctl/memctl/otelmetrics exports the same figures.
+// (object is the file that holds its code).
 package metrics

@@ -12,22 +12,18 @@
 //	}
 //	defer reg.Unregister()
 //
-// It is a module of its own (github.com/memctl/memctl/otelmetrics), so that
-// only a program that imports it pulls in go.opentelemetry.io/otel/metric.
-//
-// Every instrument is asynchronous: one callback reads Controller.Stats,
-// Controller.Report and limits.Pool.Stats once per collection; no goroutine
-// runs between collections and the hot paths are untouched. A figure that does
-// not exist (no GOMEMLIMIT, no trim yet) is not observed rather than given
-// a sentinel value.
+// It is a module of its own, so that only a program that imports it pulls
+// in go.opentelemetry.io/otel/metric. Every instrument is asynchronous: one
+// callback reads Controller.Stats, Controller.Report and limits.Pool.Stats
+// once per collection. A figure that does not exist (no GOMEMLIMIT, no trim
+// yet) is not observed rather than given a sentinel value.
 //
 // # Instruments
 //
-// Names follow the OpenTelemetry conventions (dots, units in the unit
-// field: By for bytes, s for seconds, 1 for a ratio or a count of 1s); a
-// Prometheus exporter of the OTel SDK turns them into the names of package
-// metrics (memctl.trims, a counter, becomes memctl_trims_total); both
-// packages walk one table, with the same help text.
+// Both packages walk one table, with the same help text. Names follow the
+// OpenTelemetry conventions (dots, the unit in the unit field: By, s, 1); an
+// SDK Prometheus exporter turns memctl.trims, a counter, into
+// memctl_trims_total.
 //
 //	memctl.enabled                   gauge    1 when Start ran and MEMCTL did not switch memctl off
 //	memctl.gomemlimit                gauge    By, GOMEMLIMIT now
@@ -86,9 +82,7 @@
 //	memctl.budget.in_flight          gauge    requests, RPCs and jobs in progress
 //	memctl.budget.undercharged       counter  GC cycles at which the charges looked too small
 //	memctl.budget.heap_baseline      gauge    By
-//	memctl.budget.request_peaks      counter  cumulative per-request peaks, attribute le (bytes, or +Inf):
-//	                                          the Prometheus histogram as counters (the OTel API has
-//	                                          no asynchronous histogram)
+//	memctl.budget.request_peaks      counter  cumulative per-request peaks, attribute le (bytes, or +Inf)
 //
 // and once for the process when a pool is given:
 //

@@ -23,16 +23,13 @@ const (
 	StateDisabledExceptAdvised State = 3 // none except in madvise(MADV_HUGEPAGE) regions
 )
 
+var stateWords = map[State]string{StateEnabled: "enabled", StateDisabled: "disabled", StateDisabledExceptAdvised: "disabled-except-advised"}
+
 // String returns "enabled", "disabled", "disabled-except-advised", or
 // "State(N)" for any other value.
 func (s State) String() string {
-	switch s {
-	case StateEnabled:
-		return "enabled"
-	case StateDisabled:
-		return "disabled"
-	case StateDisabledExceptAdvised:
-		return "disabled-except-advised"
+	if w, ok := stateWords[s]; ok {
+		return w
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
@@ -174,39 +171,28 @@ func System() (Settings, error) {
 // without "enabled" (no THP) the error matches errors.ErrUnsupported and
 // fs.ErrNotExist.
 func readSettings(dir string) (Settings, error) {
-	s := Settings{MaxPTEsNone: -1}
-	enabled := filepath.Join(dir, "enabled")
-	w, err := readChoice(enabled)
-	if err != nil {
+	s := Settings{}
+	var err error
+	if s.Enabled, err = readChoice(filepath.Join(dir, "enabled")); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return Settings{}, fmt.Errorf("%w: kernel without THP: %w", err, errors.ErrUnsupported)
+			err = fmt.Errorf("%w: kernel without THP: %w", err, errors.ErrUnsupported)
 		}
 		return Settings{}, err
 	}
-	s.Enabled = w
-	if w, err = readChoice(filepath.Join(dir, "defrag")); err != nil {
+	if s.Defrag, err = readChoice(filepath.Join(dir, "defrag")); err != nil {
 		return Settings{}, err
 	}
-	s.Defrag = w
-	if n, ok, err := readInt(filepath.Join(dir, "hpage_pmd_size")); err != nil {
+	s.PMDSize, err = readInt(filepath.Join(dir, "hpage_pmd_size"), 0, func(n int64) bool { return n > 0 && n%4096 == 0 })
+	if err != nil {
 		return Settings{}, err
-	} else if ok {
-		if n <= 0 || n%4096 != 0 {
-			return Settings{}, fmt.Errorf("thp: %s: implausible huge page size %d", filepath.Join(dir, "hpage_pmd_size"), n)
-		}
-		s.PMDSize = n
 	}
-	if n, ok, err := readInt(filepath.Join(dir, "khugepaged", "max_ptes_none")); err != nil {
+	ptes, err := readInt(filepath.Join(dir, "khugepaged", "max_ptes_none"), -1, func(n int64) bool { return n >= 0 && n <= 1<<20 })
+	if err != nil {
 		return Settings{}, err
-	} else if ok {
-		if n < 0 || n > 1<<20 {
-			return Settings{}, fmt.Errorf("thp: %s: out of range: %d", filepath.Join(dir, "khugepaged", "max_ptes_none"), n)
-		}
-		s.MaxPTEsNone = int(n)
 	}
+	s.MaxPTEsNone = int(ptes)
 	if s.PMDSize > 0 {
-		p := filepath.Join(dir, "hugepages-"+strconv.FormatInt(s.PMDSize/1024, 10)+"kB", "enabled")
-		w, err := readChoice(p)
+		w, err := readChoice(filepath.Join(dir, "hugepages-"+strconv.FormatInt(s.PMDSize/1024, 10)+"kB", "enabled"))
 		switch {
 		case err == nil:
 			s.PMDEnabled = w
@@ -261,19 +247,20 @@ func isWord(w string) bool {
 	return w != "" && strings.Trim(w, "abcdefghijklmnopqrstuvwxyz0123456789+-_") == ""
 }
 
-// readInt reads a file of one decimal integer; ok is false when it is absent.
-func readInt(path string) (n int64, ok bool, err error) {
+// readInt reads a file of one decimal integer, which valid must accept;
+// absent is the value when the file does not exist.
+func readInt(path string, absent int64, valid func(int64) bool) (int64, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, false, nil
+		return absent, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("thp: %w", err)
+		return 0, fmt.Errorf("thp: %w", err)
 	}
 	v := strings.TrimSpace(string(b))
-	n, err = strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("thp: %s: malformed integer %q", path, v)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || !valid(n) {
+		return 0, fmt.Errorf("thp: %s: malformed or out of range: %q", path, v)
 	}
-	return n, true, nil
+	return n, nil
 }

@@ -5,50 +5,22 @@
 // resource_exhausted (HTTP 429 in the Connect protocol, code 8 in gRPC) and
 // the server keeps serving everyone else.
 //
-// Its service, memctl.example.Store, needs no generated code: each
-// procedure is a connect handler of google.protobuf.Int64Value. Each takes
-// a size n in bytes:
-//
-//	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
-//	AllocWrapped       the same, the error wrapped with %w
-//	AllocUndercharged  charges 32 MiB once, then builds n bytes in 8 MiB steps; when the heap
-//	                   watch cancels it, it returns ctx.Err()
-//	Hold               charges n and holds it until the caller cancels
-//	AllocStream        server streaming: charges n, sends n back, once
-//
-// and two take bytes (google.protobuf.BytesValue), charged before they are
-// unmarshaled (connectbudget.HandlerOptions):
-//
-//	Upload             returns the message's length after holding it for the
-//	                   time the Hold-Ms request header asks (default 0)
-//	UploadStream       client streaming: returns the total length of the messages
-//
-// Run it and call it with curl (the Connect protocol's JSON form):
+// Its service, memctl.example.Store, needs no generated code. Alloc,
+// AllocWrapped, AllocUndercharged, Hold and AllocStream take a
+// google.protobuf.Int64Value size in bytes (package internal/examplestore);
+// Upload and UploadStream take google.protobuf.BytesValue messages, charged
+// before they are unmarshaled, and return their length (Upload holds its
+// message for the time the Hold-Ms request header asks).
 //
 //	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:8080 -request-budget 64MiB
 //	curl -si -H 'Content-Type: application/json' -d '"1073741824"' http://127.0.0.1:8080/memctl.example.Store/Alloc
 //
-// which answers 429 {"code":"resource_exhausted","message":"limits:
-// resource_exhausted in connect/req-1: requested 1073741824 bytes, 0 in
-// use, limit 67108864"}, with no Retry-After; a call refused because the
-// pool is full carries Retry-After: 1. The server speaks HTTP/1.1 and h2c,
-// so gRPC clients reach it too. A service that also serves plain HTTP
-// routes passes the same pool to limits.Pool.Middleware: a second pool with
-// the default limit would allow another half of GOMEMLIMIT.
+// answers 429 {"code":"resource_exhausted",...} with no Retry-After; a call
+// refused because the pool is full carries Retry-After: 1. The server
+// speaks HTTP/1.1 and h2c, so gRPC clients reach it too.
 //
-// Flags:
-//
-//	-addr            listen address (default 127.0.0.1:8080; port 0 picks one)
-//	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
-//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
-//	-budgets         run the interceptor (default true; false: the same server without it)
-//	-messages        charge each request message before it is unmarshaled (default true; false:
-//	                 the interceptor alone, which opens the budget once the request is unmarshaled)
-//	-max-read        the maximum message size read, connect.WithReadMaxBytes, same units
-//	                 (default: the per-call budget; a larger message could never be granted)
-//
-// The server prints "listening on http://ADDR" once it accepts
-// connections, and stops on SIGINT or SIGTERM.
+// Run it with -h for its flags. It prints "listening on http://ADDR" once
+// it accepts connections, and stops on SIGINT or SIGTERM.
 package main
 
 import (
@@ -121,7 +93,7 @@ func run(args []string, stdout io.Writer) error {
 	defer pool.Close()
 	var opts []connect.HandlerOption
 	if *budgets {
-		options := Options
+		options := connectbudget.HandlerOptions
 		if !*messages {
 			options = InterceptorOptions
 		}
@@ -159,12 +131,6 @@ func NewServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, Protocols: &p}
 }
 
-// Options returns connectbudget.HandlerOptions: pass it first, with
-// connect.WithReadMaxBytes(the per-call budget).
-func Options(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
-	return connectbudget.HandlerOptions(pool, cfg)
-}
-
 // InterceptorOptions returns the interceptor alone, which opens each call's
 // account once its request is unmarshaled (-messages=false).
 func InterceptorOptions(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
@@ -175,11 +141,8 @@ func InterceptorOptions(pool *limits.Pool, cfg connectbudget.Config) (connect.Ha
 	return connect.WithInterceptors(i), nil
 }
 
-// ServiceName is the Store service's full name.
-const ServiceName = examplestore.ServiceName
-
 // Procedure returns the path of the Store's method name.
-func Procedure(name string) string { return "/" + ServiceName + "/" + name }
+func Procedure(name string) string { return "/" + examplestore.ServiceName + "/" + name }
 
 // NewHandler returns a mux with the Store's procedures, each with opts.
 func NewHandler(opts ...connect.HandlerOption) *http.ServeMux {

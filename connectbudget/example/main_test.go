@@ -434,3 +434,9 @@ func benchRatio(b *testing.B, options func(*limits.Pool, connectbudget.Config) (
 	b.ReportMetric(float64(tPlain.Nanoseconds())/float64(i), "plain-ns/call")
 	b.ReportMetric(float64(tBudget.Nanoseconds())/float64(i), "budget-ns/call")
 }
+
+// Options returns connectbudget.HandlerOptions: pass it first, with
+// connect.WithReadMaxBytes(the per-call budget).
+func Options(pool *limits.Pool, cfg connectbudget.Config) (connect.HandlerOption, error) {
+	return connectbudget.HandlerOptions(pool, cfg)
+}

@@ -30,7 +30,7 @@ func main() {
 	ctl, _ := memctl.Start()
 	defer ctl.Close()
 
-	c := newCache(capOf(memctl.CurrentMemLimit()))
+	c := &cache{max: capOf(memctl.CurrentMemLimit())}
 	changes, cancel := memctl.WatchMemLimit(1)
 	defer cancel()
 	go func() {
@@ -40,8 +40,8 @@ func main() {
 	}()
 
 	last := time.Now()
-	for key := 0; ; key++ {
-		c.put(key, make([]byte, 1<<20))
+	for {
+		c.put(make([]byte, 1<<20))
 		time.Sleep(time.Millisecond)
 		if time.Since(last) >= 50*time.Millisecond {
 			held, allowed := c.size()
@@ -60,26 +60,18 @@ func capOf(d limits.MemLimit) int64 {
 	return int64(float64(d.GoMemLimit) * share)
 }
 
-// cache is a least-recently-added cache bounded in bytes.
+// cache holds values, the oldest evicted first, bounded in bytes.
 type cache struct {
 	mu    sync.Mutex
-	items map[int]*list.Element
-	order list.List // front: newest
+	order list.List // of []byte, front: newest
 	bytes int64
 	max   int64
 }
 
-type entry struct {
-	key int
-	val []byte
-}
-
-func newCache(max int64) *cache { return &cache{items: make(map[int]*list.Element), max: max} }
-
-func (c *cache) put(key int, val []byte) {
+func (c *cache) put(val []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.items[key] = c.order.PushFront(entry{key, val})
+	c.order.PushFront(val)
 	c.bytes += int64(len(val))
 	c.evictLocked()
 }
@@ -94,9 +86,7 @@ func (c *cache) resize(max int64) {
 
 func (c *cache) evictLocked() {
 	for c.bytes > c.max && c.order.Len() > 0 {
-		e := c.order.Remove(c.order.Back()).(entry)
-		delete(c.items, e.key)
-		c.bytes -= int64(len(e.val))
+		c.bytes -= int64(len(c.order.Remove(c.order.Back()).([]byte)))
 	}
 }
 

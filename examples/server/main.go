@@ -1,52 +1,21 @@
 // Command server is a net/http server whose /sort endpoint builds a sorted
-// list of n random int64 values, n chosen by the request (8·n bytes), and
-// charges every array it allocates to the request's memory budget (package
+// list of n random int64 values (8·n bytes) and charges every array it
+// allocates to the request's memory budget (package
 // github.com/memctl/memctl/limits). A request that would need more than its
 // budget, or more than the shared pool has left, gets 429 with
 // {"code":"resource_exhausted",...} and the server keeps serving everyone
 // else; without budgets the same request takes the whole process down.
 //
-// It starts with memctl.Start, so in a container GOMEMLIMIT comes from the
-// cgroup limit, and a request whose peak reached 64 MiB ends a burst for the
-// trimmer (memctl.AfterBurst). GOMEMLIMIT sizes the default pool (half of
-// it); set it by hand outside a container:
-//
 //	GOMEMLIMIT=192MiB go run ./examples/server -addr 127.0.0.1:8080 -request-budget 64MiB
-//
-// Then send:
-//
 //	curl -s  'http://127.0.0.1:8080/sort?n=100000'     # 800 KB: 200 and a summary
 //	curl -si 'http://127.0.0.1:8080/sort?n=134217728'  # 1 GiB: 429 resource_exhausted
 //	curl -s  'http://127.0.0.1:8080/stats'             # the pool's counters (JSON)
 //
-// To see what the budgets prevent, run it in a memory cgroup, for example
+// In a memory cgroup (systemd-run --scope -p MemoryMax=256M) with
+// -budgets=false, the 1 GiB request gets the process OOM-killed.
 //
-//	systemd-run --scope -p MemoryMax=256M -E GOMEMLIMIT=192MiB ./server -budgets=false
-//
-// and send the 1 GiB request: the kernel OOM killer ends the process. With
-// budgets on, the same request gets 429.
-//
-// Flags:
-//
-//	-addr            listen address (default 127.0.0.1:8080; port 0 picks one)
-//	-request-budget  each request's budget, bytes with an optional KiB, MiB or
-//	                 GiB suffix (default 64MiB; 0: the pool alone limits,
-//	                 limits.Unlimited)
-//	-pool            the shared pool, same units (default 0: half of
-//	                 GOMEMLIMIT; without GOMEMLIMIT, half of 90% of the
-//	                 cgroup memory limit or of the physical memory)
-//	-budgets         account requests at all (default true; false runs the
-//	                 same handler with no account: limits.Grow counts nothing)
-//	-heap-pressure   share of GOMEMLIMIT the live heap may reach before the
-//	                 pool refuses growth (default 0.9; negative: off)
-//	-cancel-largest  under heap pressure, cancel the largest request
-//
-// MEMCTL_BUDGETS=observe counts (in /stats, "Observed") and logs what the
-// budgets would refuse without refusing it; MEMCTL_BUDGETS=off or
-// MEMCTL=off refuses nothing.
-//
-// The server prints "listening on http://ADDR" on standard output once it
-// accepts connections, and shuts down cleanly on SIGINT or SIGTERM.
+// Run it with -h for its flags. It prints "listening on http://ADDR" once
+// it accepts connections, and shuts down cleanly on SIGINT or SIGTERM.
 package main
 
 import (

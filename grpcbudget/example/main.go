@@ -4,56 +4,22 @@
 // left, gets status 8 RESOURCE_EXHAUSTED and the server keeps serving
 // everyone else.
 //
-// Its service, memctl.example.Store, is a hand-written grpc.ServiceDesc of
-// google.protobuf.Int64Value messages (no protoc). Each method takes a size
-// n in bytes:
-//
-//	Alloc              charges n, builds n bytes, returns n; a refused Grow's error is returned as is
-//	AllocWrapped       the same, the error wrapped with %w
-//	AllocUndercharged  charges 32 MiB once, then builds n bytes in 8 MiB steps; when the heap
-//	                   watch cancels it, it returns ctx.Err()
-//	Hold               charges n and holds it until the caller cancels
-//	AllocStream        server streaming: charges n, sends n back, once
-//
-// and two take bytes (google.protobuf.BytesValue), charged before they are
-// unmarshaled (grpcbudget.ServerOptions):
-//
-//	Upload             returns the message's length after holding it for the
-//	                   time the hold-ms metadata asks (default 0)
-//	UploadStream       client streaming: returns the total length of the messages
-//
-// Run it, and call it with any gRPC client that sends an Int64Value:
+// Its service, memctl.example.Store, is a hand-written grpc.ServiceDesc
+// (no protoc). Alloc, AllocWrapped, AllocUndercharged, Hold and
+// AllocStream take a google.protobuf.Int64Value size in bytes (package
+// internal/examplestore); Upload and UploadStream take
+// google.protobuf.BytesValue messages, charged before they are
+// unmarshaled, and return their length (Upload holds its message for the
+// time the hold-ms metadata asks).
 //
 //	GOMEMLIMIT=512MiB go run ./example -addr 127.0.0.1:50051 -request-budget 64MiB
 //
-// A call of 1 GiB (1073741824) to Alloc gets code 8 with the message
-// "limits: resource_exhausted in grpc/req-1: requested 1073741824 bytes, 0
-// in use, limit 67108864" and grpc-retry-pushback-ms: -1 (do not retry); a
-// call refused because the pool is full carries grpc-retry-pushback-ms:
-// 1000. An Upload of 48 MiB while the pool has less left is refused the
-// same way before its message is unmarshaled; one past 64 MiB, the maximum
-// receive size, is refused by grpc-go from its header.
+// A call of 1 GiB to Alloc gets code 8 and grpc-retry-pushback-ms: -1 (do
+// not retry); a call refused because the pool is full carries
+// grpc-retry-pushback-ms: 1000.
 //
-// Flags:
-//
-//	-addr            listen address (default 127.0.0.1:50051; port 0 picks one)
-//	-request-budget  each call's budget in bytes, with an optional KiB, MiB or GiB suffix (default 64MiB)
-//	-pool            the shared pool, same units (default 0: half of GOMEMLIMIT)
-//	-budgets         run the interceptors (default true; false: the same server without them)
-//	-messages        charge each message before it is unmarshaled (default true; false: the
-//	                 interceptors alone, which open the budget once the request is unmarshaled)
-//	-max-recv        the maximum receive size, grpc.MaxRecvMsgSize, same units (default: the
-//	                 per-call budget; a larger message could never be granted)
-//	-http            listen address of the HTTP side (default "": none): /alloc?n= behind the
-//	                 limits middleware and /debug/memctl, on the same pool as the gRPC calls
-//
-// One pool for every transport: the gRPC interceptors and the HTTP
-// middleware (HTTPHandler) take the same *limits.Pool, so that both count
-// against one budget. Two pools with the default limit would each allow
-// half of GOMEMLIMIT (NewPool warns about the second).
-//
-// The server prints "listening on ADDR" once it accepts connections, and
-// stops on SIGINT or SIGTERM.
+// Run it with -h for its flags. It prints "listening on ADDR" once it
+// accepts connections, and stops on SIGINT or SIGTERM.
 package main
 
 import (
@@ -143,7 +109,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	var opts []grpc.ServerOption
 	if *budgets {
-		options := Options
+		options := grpcbudget.ServerOptions
 		if !*messages {
 			options = InterceptorOptions
 		}
@@ -191,12 +157,6 @@ func HTTPHandler(pool *limits.Pool, limit int64) (http.Handler, error) {
 	return mux, nil
 }
 
-// Options returns grpcbudget.ServerOptions: pass them before the server's
-// other options, with grpc.MaxRecvMsgSize(cfg.Limit).
-func Options(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
-	return grpcbudget.ServerOptions(pool, cfg)
-}
-
 // InterceptorOptions returns the unary and stream budget interceptors
 // alone, which open each call's account once its request is unmarshaled
 // (-messages=false).
@@ -222,17 +182,18 @@ func NewServer(opts ...grpc.ServerOption) *grpc.Server {
 // ServiceName is the Store service's full name.
 const ServiceName = examplestore.ServiceName
 
-// unary is the Int64Value method name, served by fn.
-func unary(name string, fn func(context.Context, int64) (int64, error)) grpc.MethodDesc {
+// method is the unary method name: it decodes a new message of newIn's and
+// answers fn's count as an Int64Value.
+func method(name string, newIn func() any, fn func(context.Context, any) (int64, error)) grpc.MethodDesc {
 	return grpc.MethodDesc{
 		MethodName: name,
 		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
-			in := new(wrapperspb.Int64Value)
+			in := newIn()
 			if err := dec(in); err != nil {
 				return nil, err
 			}
 			call := func(ctx context.Context, req any) (any, error) {
-				n, err := fn(ctx, req.(*wrapperspb.Int64Value).GetValue())
+				n, err := fn(ctx, req)
 				if err != nil {
 					return nil, err
 				}
@@ -246,9 +207,17 @@ func unary(name string, fn func(context.Context, int64) (int64, error)) grpc.Met
 	}
 }
 
-// holdFor waits for the time the call's hold-ms metadata asks, or until
-// the caller cancels.
-func holdFor(ctx context.Context) {
+// sized is the Int64Value method name, served by fn.
+func sized(name string, fn func(context.Context, int64) (int64, error)) grpc.MethodDesc {
+	return method(name, func() any { return new(wrapperspb.Int64Value) }, func(ctx context.Context, req any) (int64, error) {
+		return fn(ctx, req.(*wrapperspb.Int64Value).GetValue())
+	})
+}
+
+// uploadLen returns the message's length once it held it for the time the
+// call's hold-ms metadata asks, or until the caller cancels.
+func uploadLen(ctx context.Context, req any) (int64, error) {
+	b := req.(*wrapperspb.BytesValue).GetValue()
 	md, _ := metadata.FromIncomingContext(ctx)
 	if v := md.Get("hold-ms"); len(v) == 1 {
 		if ms, err := strconv.Atoi(v[0]); err == nil && ms > 0 {
@@ -258,38 +227,19 @@ func holdFor(ctx context.Context) {
 			}
 		}
 	}
-}
-
-// uploadDesc is the Upload method.
-var uploadDesc = grpc.MethodDesc{
-	MethodName: "Upload",
-	Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
-		in := new(wrapperspb.BytesValue)
-		if err := dec(in); err != nil {
-			return nil, err
-		}
-		call := func(ctx context.Context, req any) (any, error) {
-			b := req.(*wrapperspb.BytesValue).GetValue()
-			holdFor(ctx)
-			runtime.KeepAlive(b) // held, as by a handler that works on it
-			return wrapperspb.Int64(int64(len(b))), nil
-		}
-		if icpt == nil {
-			return call(ctx, in)
-		}
-		return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/" + ServiceName + "/Upload"}, call)
-	},
+	runtime.KeepAlive(b) // held, as by a handler that works on it
+	return int64(len(b)), nil
 }
 
 var storeDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
-		unary("Alloc", examplestore.Alloc),
-		unary("AllocWrapped", examplestore.AllocWrapped),
-		unary("AllocUndercharged", examplestore.AllocUndercharged),
-		unary("Hold", examplestore.Hold),
-		uploadDesc,
+		sized("Alloc", examplestore.Alloc),
+		sized("AllocWrapped", examplestore.AllocWrapped),
+		sized("AllocUndercharged", examplestore.AllocUndercharged),
+		sized("Hold", examplestore.Hold),
+		method("Upload", func() any { return new(wrapperspb.BytesValue) }, uploadLen),
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    "AllocStream",

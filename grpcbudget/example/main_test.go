@@ -488,3 +488,9 @@ func TestOnePoolForHTTPAndGRPC(t *testing.T) {
 	assert.Equal(t, int64(2), st.RefusedBy.Account, "both transports in the one pool")
 	assert.Equal(t, int64(3), st.Peaks.Count, "three requests closed in the pool")
 }
+
+// Options returns grpcbudget.ServerOptions: pass them before the server's
+// other options, with grpc.MaxRecvMsgSize(cfg.Limit).
+func Options(pool *limits.Pool, cfg grpcbudget.Config) ([]grpc.ServerOption, error) {
+	return grpcbudget.ServerOptions(pool, cfg)
+}

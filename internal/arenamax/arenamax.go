@@ -16,22 +16,14 @@ var ErrOperatorSet = errors.New("cheap: glibc arena cap set by the operator")
 
 // Operator reports whether the environment read through getenv caps
 // glibc's arenas, by glibc's rules (elf/dl-tunables.c), and returns the
-// variable that does and its value:
-//
-//   - GLIBC_TUNABLES (tunables(7)) whose glibc.malloc.arena_max entry, the
-//     name matched exactly and the last entry counting, has a valid value.
-//     It wins over MALLOC_ARENA_MAX; value is the whole variable.
-//   - otherwise MALLOC_ARENA_MAX with a valid value.
-//
-// A valid value is what _dl_strtoul reads in full as a number in [1,
-// SIZE_MAX] (leading blanks, a sign, decimal, octal after 0, hex after 0x;
-// a negative n is SIZE_MAX+1-n). Anything else is no cap: glibc keeps its
-// default of 8 arenas per core.
-//
-// Where glibc versions disagree the answer is "no cap", so the caller
-// applies its own: 2.39+ ignores trailing characters ("4x"), values past
-// 2^64, and a whole GLIBC_TUNABLES with a value holding '=' or ending
-// without a value, which 2.26-2.38 apply. Pure; runs on every OS.
+// variable that does and its value: GLIBC_TUNABLES (tunables(7)) whose last
+// glibc.malloc.arena_max entry has a valid value (value is the whole
+// variable), else MALLOC_ARENA_MAX with a valid value. A valid value is
+// what _dl_strtoul reads in full as a number in [1, SIZE_MAX]; anything
+// else leaves glibc's default of 8 arenas per core. Where glibc versions
+// disagree (2.39 rejects trailing characters, values past 2^64, and
+// GLIBC_TUNABLES with a value holding '=' or a name without a value, which
+// 2.26-2.38 apply) the answer is "no cap". Pure; runs on every OS.
 func Operator(getenv func(string) string) (name, value string, ok bool) {
 	if tun := getenv("GLIBC_TUNABLES"); tunablesArenaMax(tun) {
 		return "GLIBC_TUNABLES", tun, true

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -55,7 +56,7 @@ func Env(name string, unset []string, env ...string) []string {
 	var out []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if k == EnvVar || contains(unset, k) {
+		if k == EnvVar || slices.Contains(unset, k) {
 			continue
 		}
 		out = append(out, kv)
@@ -68,26 +69,12 @@ func Env(name string, unset []string, env ...string) []string {
 	return append(out, env...)
 }
 
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
 // Report runs cmd, fails the test if it exits with an error, and returns
 // the "KEY=VALUE" lines it printed on standard output (other lines are
 // ignored). Standard error is included in the failure message.
 func Report(t testing.TB, cmd *exec.Cmd) map[string]string {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("child %v: %v\nstdout:\n%s\nstderr:\n%s", cmd.Args, err, stdout.String(), stderr.String())
-	}
-	return ParseReport(stdout.Bytes())
+	return Reports(t, cmd)[0]
 }
 
 // Reports runs cmds at the same time, as Report runs one, and waits for
@@ -101,18 +88,18 @@ func Reports(t testing.TB, cmds ...*exec.Cmd) []map[string]string {
 		errs[i] = cmd.Start()
 	}
 	reps := make([]map[string]string, len(cmds))
+	failed := false
 	for i, cmd := range cmds {
 		if errs[i] == nil {
 			errs[i] = cmd.Wait()
 		}
 		reps[i] = ParseReport(outs[i][0].Bytes())
-	}
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("child %v: %v\nstdout:\n%s\nstderr:\n%s", cmds[i].Args, err, outs[i][0].String(), outs[i][1].String())
+		if errs[i] != nil {
+			t.Errorf("child %v: %v\nstdout:\n%s\nstderr:\n%s", cmd.Args, errs[i], outs[i][0].String(), outs[i][1].String())
+			failed = true
 		}
 	}
-	if t.Failed() {
+	if failed {
 		t.FailNow()
 	}
 	return reps

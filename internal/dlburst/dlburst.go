@@ -17,17 +17,21 @@ package dlburst
 // malloc fails.
 static char dlburst_dlerr[512];
 static const char *dlburst_dlerror(void) { return dlburst_dlerr; }
-static void *dlburst_dlopen(const char *path, int local) {
-	if (local == 2) return dlmopen(LM_ID_NEWLM, path, RTLD_NOW);
-	return dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+
+// dlburst_load opens path (local: 0 RTLD_GLOBAL, 1 RTLD_LOCAL, 2 dlmopen
+// into a new namespace); on failure *dlburst_dlerr holds dlerror.
+static void *dlburst_load(const char *path, int local) {
+	void *h = local == 2 ? dlmopen(LM_ID_NEWLM, path, RTLD_NOW) : dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+	if (h == NULL) snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
+	return h;
 }
 
+// dlburst_dl_burst is Run, with block sizes a fixed pseudo-random
+// sequence. It returns 0, or -1 when dlopen fails, -2 for a missing
+// symbol, -3 when malloc fails.
 static int dlburst_dl_burst(const char *path, int local, const char *prefix, long long total, size_t min, size_t max) {
-	void *h = dlburst_dlopen(path, local);
-	if (h == NULL) {
-		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
-		return -1;
-	}
+	void *h = dlburst_load(path, local);
+	if (h == NULL) return -1;
 	char name[64];
 	snprintf(name, sizeof name, "%smalloc", prefix);
 	void *(*m)(size_t) = (void *(*)(size_t))dlsym(h, name);
@@ -50,21 +54,6 @@ static int dlburst_dl_burst(const char *path, int local, const char *prefix, lon
 	for (long i = 0; i < n; i++) f(p[i]);
 	free(p);
 	return 0;
-}
-
-static int dlburst_open(const char *path, int local) {
-	void *h = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
-	if (h == NULL) {
-		snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
-		return -1;
-	}
-	return 0;
-}
-
-static void *dlburst_load(const char *path, int local) {
-	void *h = dlburst_dlopen(path, local);
-	if (h == NULL) snprintf(dlburst_dlerr, sizeof dlburst_dlerr, "%s", dlerror());
-	return h;
 }
 
 static int dlburst_unload(uintptr_t h) {
@@ -123,16 +112,8 @@ func run(path string, mode C.int, prefix string, total, minSize, maxSize int64) 
 // Open dlopens the library at path (RTLD_LOCAL when local) and keeps it
 // loaded.
 func Open(path string, local bool) error {
-	cp := C.CString(path)
-	defer C.free(unsafe.Pointer(cp))
-	l := C.int(0)
-	if local {
-		l = 1
-	}
-	if C.dlburst_open(cp, l) != 0 {
-		return fmt.Errorf("dlburst: dlopen %s: %s", path, C.GoString(C.dlburst_dlerror()))
-	}
-	return nil
+	_, err := Load(path, local)
+	return err
 }
 
 // Load dlopens the library at path (RTLD_LOCAL when local) and returns the

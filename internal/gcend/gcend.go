@@ -17,6 +17,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,7 +160,9 @@ func (s *Subscription) Stop() {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	remove(s)
+	if i := slices.Index(subs, s); i >= 0 {
+		subs = slices.Delete(subs, i, i+1)
+	}
 	if len(subs) == 0 && armed {
 		pending.Stop()
 		armed = false
@@ -199,15 +202,12 @@ func cycle(g uint64) {
 		arm() // before the subscribers: a GC that ends while they run is seen
 	}
 	mu.Unlock()
-	runAll()
+	Fire()
 }
 
-// Fire runs the subscribers now with a fresh sample, as at a GC end.
-func Fire() { runAll() }
-
-// runAll calls every subscriber with one sample, from a copy of the list
-// (subscribers may Subscribe or Stop).
-func runAll() {
+// Fire runs the subscribers now with one fresh sample, as at a GC end,
+// from a copy of the list (subscribers may Subscribe or Stop).
+func Fire() {
 	runMu.Lock() // the next GC end may come on another cleanup goroutine
 	defer runMu.Unlock()
 	mu.Lock()
@@ -220,15 +220,6 @@ func runAll() {
 		}
 		if !s.fn(&sample) {
 			s.Stop()
-		}
-	}
-}
-
-func remove(s *Subscription) {
-	for i, x := range subs {
-		if x == s {
-			subs = append(subs[:i], subs[i+1:]...)
-			return
 		}
 	}
 }

@@ -17,28 +17,22 @@ import (
 type Kind uint8
 
 const (
-	// Gauge is a value that goes up and down.
-	Gauge Kind = iota
-	// Counter is a value that only goes up (a cumulative, monotonic sum).
-	Counter
-	// Histogram is a pool's request peaks (Metric.Peaks): a Prometheus
-	// histogram; in OpenTelemetry (no asynchronous histogram) an Int64
-	// counter of cumulative counts, one series per bound (attribute le,
-	// "+Inf" for all).
+	Gauge   Kind = iota // a value that goes up and down
+	Counter             // a cumulative, monotonic sum
+	// Histogram is a pool's request peaks (Metric.Peaks); in OpenTelemetry
+	// (no asynchronous histogram) an Int64 counter of cumulative counts,
+	// one series per bound (attribute le, "+Inf" for all).
 	Histogram
 )
 
-// Scope is what a metric is read for.
+// Scope is what a metric is read for. Pool and Process metrics exist only
+// when a pool is given.
 type Scope uint8
 
 const (
-	// Controller metrics are read once per collection, controller or not.
-	Controller Scope = iota
-	// Pool metrics are read once per pool, PoolLabel first.
-	Pool
-	// Process metrics are read once, from the first pool's Stats (whole
-	// process). Pool and Process metrics exist only when a pool is given.
-	Process
+	Controller Scope = iota // read once per collection, controller or not
+	Pool                    // read once per pool, PoolLabel first
+	Process                 // read once, from the first pool's Stats (whole process)
 )
 
 // PoolLabel is the label of a Pool metric holding limits.Pool.Name.
@@ -61,24 +55,18 @@ type Metric struct {
 	// (_bytes, _seconds), _total for a counter, _info for a gauge of 1
 	// whose labels carry a state.
 	Prom string
-	// OTel is the OpenTelemetry instrument name: dots, no unit.
-	OTel string
-	// Unit is the OpenTelemetry (UCUM) unit: By, s, 1, or a {annotation}.
-	Unit string
-	// Help is the description, the same in both.
-	Help string
+	OTel string // the OpenTelemetry instrument name: dots, no unit
+	Unit string // the OpenTelemetry (UCUM) unit: By, s, 1, or a {annotation}
+	Help string // the description, the same in both
 	Kind Kind
 	// Float: the OpenTelemetry instrument is Float64; otherwise Int64.
-	Float bool
-	Scope Scope
-	// Labels are the variable labels in Read's order (not PoolLabel).
-	Labels []Label
-	// Read emits each series from s; a figure that does not exist (no
-	// GOMEMLIMIT, a C heap figure not reported) is left out, never a
-	// sentinel. Nil for a Histogram.
+	Float  bool
+	Scope  Scope
+	Labels []Label // the variable labels in Read's order (not PoolLabel)
+	// Read emits each series from s, leaving out a figure that does not
+	// exist (never a sentinel). Nil for a Histogram.
 	Read func(s *Snapshot, emit Emit)
-	// Peaks returns the histogram of a Histogram metric (see Buckets); nil
-	// for the other kinds.
+	// Peaks returns a Histogram metric's histogram; nil for the others.
 	Peaks func(s *Snapshot) *limits.PeakHistogram
 }
 

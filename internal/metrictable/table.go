@@ -42,9 +42,7 @@ var controllerMetrics = []Metric{
 	counter("memctl_trim_released_bytes_total", "memctl.trim.released", "By", "Bytes the trims released to the OS (Go heap and C heap).",
 		func(s *Snapshot) int64 { return s.Stats.Trim.TotalReleased }),
 	floats(gauge("memctl_trim_last_duration_seconds", "memctl.trim.last_duration", "s", "Wall time of the last trim, in seconds; left out before the first.",
-		func(s *Snapshot) (float64, bool) {
-			return s.Stats.Trim.LastDuration.Seconds(), s.Stats.Trim.Trims > 0
-		})),
+		func(s *Snapshot) (float64, bool) { return s.Stats.Trim.LastDuration.Seconds(), s.Stats.Trim.Trims > 0 })),
 	gauge("memctl_trim_pending", "memctl.trim.pending", "1", "1 while a trim is scheduled.",
 		func(s *Snapshot) (float64, bool) { return boolValue(s.Stats.Trim.Pending), s.Live }),
 	gauge("memctl_bursts_in_flight", "memctl.bursts_in_flight", "{burst}", "Bursts begun (memctl.Begin) and not yet ended.",
@@ -89,20 +87,18 @@ var controllerMetrics = []Metric{
 		func(s *Snapshot) int64 { return s.Stats.Trim.EarlyStarts }),
 	counter("memctl_trims_no_gc_total", "memctl.trims.no_gc", "{trim}", "Trims whose Go step returned the free heap without a GC (a GC cycle had collected the burst; a transient GOMEMLIMIT).",
 		func(s *Snapshot) int64 { return s.Stats.Trim.NoGC }),
-	{Prom: "memctl_trims_no_gc_aborted_total", OTel: "memctl.trims.no_gc.aborted", Unit: "{trim}", Kind: Counter, Labels: labels("reason"),
-		Help: "Go steps without a GC that stopped before their target, by reason: gc (a GC cycle started), no_progress (a step released nothing), gc_cpu_limiter, limit_changed (the program set GOMEMLIMIT).",
-		Read: func(s *Snapshot, emit Emit) {
+	byLabel("memctl_trims_no_gc_aborted_total", "memctl.trims.no_gc.aborted", "{trim}", "reason", "Go steps without a GC that stopped before their target, by reason: gc (a GC cycle started), no_progress (a step released nothing), gc_cpu_limiter, limit_changed (the program set GOMEMLIMIT).",
+		func(s *Snapshot) []named {
 			t := &s.Stats.Trim
-			each(emit, named{"gc", t.AbortedGC}, named{"no_progress", t.AbortedNoProgress},
-				named{"gc_cpu_limiter", t.AbortedLimiter}, named{"limit_changed", t.AbortedLimitChanged})
-		}},
-	{Prom: "memctl_pressure_events_total", OTel: "memctl.pressure.events", Unit: "{event}", Kind: Counter, Labels: labels("kind"),
-		Help: "Pressure events: kind spiral counts GC death-spiral episodes, kind kernel the kernel memory-pressure signals (PSI, cgroup v1 pressure level, systemd).",
-		Read: func(s *Snapshot, emit Emit) {
-			if s.Live {
-				each(emit, named{"spiral", s.Stats.Pressure.Spirals}, named{"kernel", s.Stats.Pressure.Signals})
+			return []named{{"gc", t.AbortedGC}, {"no_progress", t.AbortedNoProgress}, {"gc_cpu_limiter", t.AbortedLimiter}, {"limit_changed", t.AbortedLimitChanged}}
+		}),
+	byLabel("memctl_pressure_events_total", "memctl.pressure.events", "{event}", "kind", "Pressure events: kind spiral counts GC death-spiral episodes, kind kernel the kernel memory-pressure signals (PSI, cgroup v1 pressure level, systemd).",
+		func(s *Snapshot) []named {
+			if !s.Live {
+				return nil
 			}
-		}},
+			return []named{{"spiral", s.Stats.Pressure.Spirals}, {"kernel", s.Stats.Pressure.Signals}}
+		}),
 	counter("memctl_pressure_left_to_kernel_total", "memctl.pressure.left_to_kernel", "{signal}", "Kernel pressure signals not acted on because the cgroup's memory was mostly reclaimable page cache (memory.stat).",
 		func(s *Snapshot) int64 { return s.Stats.Pressure.LeftToKernel }),
 	gauge("memctl_gc_death_spiral", "memctl.gc.death_spiral", "1", "1 during a GC death-spiral episode.",
@@ -121,34 +117,17 @@ var controllerMetrics = []Metric{
 				}
 			}
 		}},
-	{Prom: "memctl_trims_origin_total", OTel: "memctl.trims.origin", Unit: "{trim}", Kind: Counter, Labels: labels("origin"),
-		Help: "Trims run, by who asked: debounced (after AfterBurst), pressure (kernel memory pressure), spiral (GC death spiral), by_name (TrimNow).",
-		Read: func(s *Snapshot, emit Emit) {
-			for _, o := range origins(&s.Stats.Trim) {
-				emit(float64(o.stats.Trims), o.label)
-			}
-		}},
-	{Prom: "memctl_trims_origin_skipped_total", OTel: "memctl.trims.origin.skipped", Unit: "{trim}", Kind: Counter, Labels: labels("origin"),
-		Help: "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked.",
-		Read: func(s *Snapshot, emit Emit) {
-			for _, o := range origins(&s.Stats.Trim) {
-				emit(float64(o.stats.Skipped), o.label)
-			}
-		}},
-	{Prom: "memctl_trim_origin_cpu_seconds_total", OTel: "memctl.trim.origin.cpu", Unit: "s", Kind: Counter, Float: true, Labels: labels("origin"),
-		Help: "CPU time charged to the trims, in seconds, by who asked; all origins share the one 2% budget.",
-		Read: func(s *Snapshot, emit Emit) {
-			for _, o := range origins(&s.Stats.Trim) {
-				emit(o.stats.CPU.Seconds(), o.label)
-			}
-		}},
-	{Prom: "memctl_trims_skipped_reason_total", OTel: "memctl.trims.skipped_reason", Unit: "{trim}", Kind: Counter, Labels: labels("reason"),
-		Help: "Trims skipped, by reason: min_release (estimate under MinRelease), cost (not worth its GC), budget (2% CPU budget), running (another trim answered).",
-		Read: func(s *Snapshot, emit Emit) {
+	byOrigin("memctl_trims_origin_total", "memctl.trims.origin", "{trim}", "Trims run, by who asked: debounced (after AfterBurst), pressure (kernel memory pressure), spiral (GC death spiral), by_name (TrimNow).",
+		func(o *trim.OriginStats) float64 { return float64(o.Trims) }),
+	byOrigin("memctl_trims_origin_skipped_total", "memctl.trims.origin.skipped", "{trim}", "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked.",
+		func(o *trim.OriginStats) float64 { return float64(o.Skipped) }),
+	floats(byOrigin("memctl_trim_origin_cpu_seconds_total", "memctl.trim.origin.cpu", "s", "CPU time charged to the trims, in seconds, by who asked; all origins share the one 2% budget.",
+		func(o *trim.OriginStats) float64 { return o.CPU.Seconds() })),
+	byLabel("memctl_trims_skipped_reason_total", "memctl.trims.skipped_reason", "{trim}", "reason", "Trims skipped, by reason: min_release (estimate under MinRelease), cost (not worth its GC), budget (2% CPU budget), running (another trim answered).",
+		func(s *Snapshot) []named {
 			t := &s.Stats.Trim
-			each(emit, named{"min_release", t.SkippedMinRelease}, named{"cost", t.SkippedCost},
-				named{"budget", t.SkippedBudget}, named{"running", t.SkippedRunning})
-		}},
+			return []named{{"min_release", t.SkippedMinRelease}, {"cost", t.SkippedCost}, {"budget", t.SkippedBudget}, {"running", t.SkippedRunning}}
+		}),
 }
 
 // heapMetrics are read from Stats.CHeaps, one series per C allocator.
@@ -186,12 +165,11 @@ var poolMetrics = []Metric{
 		func(s *Snapshot) (float64, bool) { return float64(s.Pool.Used), true }),
 	gauge("memctl_budget_peak_bytes", "memctl.budget.peak", "By", "The highest in-use bytes since the pool was made.",
 		func(s *Snapshot) (float64, bool) { return float64(s.Pool.Peak), true }),
-	{Prom: "memctl_budget_refusals_total", OTel: "memctl.budget.refusals", Unit: "{call}", Kind: Counter, Labels: labels("scope"),
-		Help: "Grow calls refused with resource_exhausted, by scope: account (the request's own budget), pool (the pool was full), heap_pressure, shedding (a GC death spiral).",
-		Read: func(s *Snapshot, emit Emit) {
+	byLabel("memctl_budget_refusals_total", "memctl.budget.refusals", "{call}", "scope", "Grow calls refused with resource_exhausted, by scope: account (the request's own budget), pool (the pool was full), heap_pressure, shedding (a GC death spiral).",
+		func(s *Snapshot) []named {
 			r := &s.Pool.RefusedBy
-			each(emit, named{"account", r.Account}, named{"pool", r.Pool}, named{"heap_pressure", r.HeapPressure}, named{"shedding", r.Shedding})
-		}},
+			return []named{{"account", r.Account}, {"pool", r.Pool}, {"heap_pressure", r.HeapPressure}, {"shedding", r.Shedding}}
+		}),
 	counter("memctl_budget_canceled_total", "memctl.budget.canceled", "{request}", "Request contexts canceled under heap pressure.",
 		func(s *Snapshot) int64 { return s.Pool.Canceled }),
 	counter("memctl_budget_misuse_total", "memctl.budget.misuse", "{call}", "Shrink calls below zero or of a negative size.",
@@ -286,20 +264,27 @@ type named struct {
 	v     int64
 }
 
-// each emits every value of vs, labelled with its name.
-func each(emit Emit, vs ...named) {
-	for _, n := range vs {
-		emit(float64(n.v), n.label)
-	}
+// byLabel is a counter of one series per value read returns, labelled
+// label with the value's name.
+func byLabel(prom, otel, unit, label, help string, read func(*Snapshot) []named) Metric {
+	return Metric{Prom: prom, OTel: otel, Unit: unit, Help: help, Kind: Counter, Labels: labels(label),
+		Read: func(s *Snapshot, emit Emit) {
+			for _, n := range read(s) {
+				emit(float64(n.v), n.label)
+			}
+		}}
 }
 
-// origins labels t's counters by who asked for the trim.
-func origins(t *trim.Stats) []struct {
-	label string
-	stats *trim.OriginStats
-} {
-	return []struct {
-		label string
-		stats *trim.OriginStats
-	}{{"debounced", &t.Debounced}, {"pressure", &t.Pressure}, {"spiral", &t.Spiral}, {"by_name", &t.ByName}}
+// byOrigin is a counter of one series per trim origin, labelled origin.
+func byOrigin(prom, otel, unit, help string, read func(*trim.OriginStats) float64) Metric {
+	return Metric{Prom: prom, OTel: otel, Unit: unit, Help: help, Kind: Counter, Labels: labels("origin"),
+		Read: func(s *Snapshot, emit Emit) {
+			t := &s.Stats.Trim
+			for _, o := range []struct {
+				label string
+				stats *trim.OriginStats
+			}{{"debounced", &t.Debounced}, {"pressure", &t.Pressure}, {"spiral", &t.Spiral}, {"by_name", &t.ByName}} {
+				emit(read(o.stats), o.label)
+			}
+		}}
 }
