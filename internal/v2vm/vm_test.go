@@ -249,9 +249,7 @@ func Build(moduleDir, dir string, pkgs []Package, cmdPkg string) error {
 // /payload/p/NN, with a /payload/run.sh that runs each binary in its
 // package's folder with -test.run run (normally '^TestV2'), -test.count
 // count, -test.parallel 8 (the layouts' subtests wait more than they
-// compute), -test.v and timeout. The packages run side by side, as go test
-// runs them on the host (their cgroups are named by PID); when all have
-// ended, each one's output is printed in order between
+// compute), -test.v and timeout, between
 // "V2SUITE_PKG <import path>" and "V2SUITE_RC <import path> <exit code>"
 // lines.
 func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count int, timeout time.Duration) error {
@@ -269,8 +267,8 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count 
 	for i, m := range a.Modules {
 		files[fmt.Sprintf("lib/%d-%s", i, filepath.Base(m))] = m
 	}
-	var sh, report strings.Builder
-	fmt.Fprintf(&sh, "# Written by internal/v2vm: each package's TestV2 tests.\necho 'v2vm: %d packages side by side'\nrc=0\n", len(pkgs))
+	var sh strings.Builder
+	sh.WriteString("# Written by internal/v2vm: each package's TestV2 tests.\nrc=0\n")
 	for i, p := range pkgs {
 		dir := fmt.Sprintf("payload/p/%02d", i)
 		c.entry(dir, cpioDir|0o755, nil, 0, 0)
@@ -278,11 +276,10 @@ func Initramfs(w io.Writer, a Assets, pkgs []Package, memctl, run string, count 
 		if err := addTree(c, filepath.Join(p.Dir, "testdata"), dir+"/testdata"); err != nil {
 			return err
 		}
-		fmt.Fprintf(&sh, "(cd /%s && ./pkg.test -test.run '%s' -test.count %d -test.parallel 8 -test.v -test.timeout %s > out 2>&1; echo $? > rc) &\n",
-			dir, strings.ReplaceAll(run, "'", ""), max(count, 1), timeout)
-		fmt.Fprintf(&report, "echo 'V2SUITE_PKG %s'\ncat /%[2]s/out\nr=$(cat /%[2]s/rc)\necho \"V2SUITE_RC %[1]s $r\"\n[ \"$r\" = 0 ] || rc=1\n", p.ImportPath, dir)
+		fmt.Fprintf(&sh, "echo 'V2SUITE_PKG %s'\n(cd /%s && ./pkg.test -test.run '%s' -test.count %d -test.parallel 8 -test.v -test.timeout %s)\nr=$?\necho \"V2SUITE_RC %s $r\"\n[ $r = 0 ] || rc=1\n",
+			p.ImportPath, dir, strings.ReplaceAll(run, "'", ""), max(count, 1), timeout, p.ImportPath)
 	}
-	sh.WriteString("wait\n" + report.String() + "exit $rc\n")
+	sh.WriteString("exit $rc\n")
 	c.entry("payload/run.sh", cpioFile|0o755, []byte(sh.String()), 0, 0)
 	names := make([]string, 0, len(files))
 	for n := range files {
