@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io/fs"
+	"path/filepath"
 
 	"github.com/memctl/memctl/internal/fastread"
 	"github.com/memctl/memctl/internal/safefs"
@@ -17,6 +18,8 @@ import (
 // does a cgroup read in an unusual way (several mounts, a search by PID,
 // another view, a partial read).
 //
+// MemoryStat and KmemUsage read cgroup accounts the same way.
+//
 // The zero value is ready. A Self is not safe for concurrent use; the
 // Bounds of a Limit it returns are valid until its next Read.
 type Self struct {
@@ -26,17 +29,33 @@ type Self struct {
 	files      []limitFile // nil: resolve at the next Read
 	buf        []byte
 	bounds     []Bound
+	stats      []statFiles // the accounts read, by directory
 }
 
-// errChanged is a kept file found otherwise than when resolved.
-var errChanged = errors.New("cgroupfs: changed since resolved")
+// statFiles are one cgroup directory's account files, kept open by Self.
+type statFiles struct {
+	dir        string
+	stat, kmem fastread.File
+}
+
+// maxStatDirs bounds the directories whose account files a Self keeps.
+const maxStatDirs = 16
+
+var (
+	errChanged = errors.New("cgroupfs: changed since resolved") // a kept file found otherwise than when resolved
+	errNotKept = errors.New("cgroupfs: too many cgroup directories to keep their files open")
+)
 
 // Reset makes the next Read resolve the cgroup again, and closes the files
-// kept open.
+// kept open; a later MemoryStat or KmemUsage opens them again.
 func (s *Self) Reset() {
 	s.procCgroup.Close()
 	closeFiles(s.files)
 	s.files = nil
+	for i := range s.stats {
+		s.stats[i].stat.Close()
+		s.stats[i].kmem.Close()
+	}
 }
 
 func closeFiles(files []limitFile) {
@@ -110,4 +129,57 @@ func (s *Self) reread() (Limit, bool) {
 		l.Bounds = nil
 	}
 	return l, true
+}
+
+// MemoryStat parses cgroup directory dir's memory.stat, as ReadMemoryStat
+// does, and returns its path. It reads through a file kept open (for up to
+// 16 directories) and allocates nothing once warm, but unlike
+// ReadMemoryStat checks no file system: on an error, read dir with
+// ReadMemoryStat.
+func (s *Self) MemoryStat(dir string) (MemoryStat, string, error) {
+	f, err := s.statFiles(dir)
+	if err == nil {
+		s.buf, err = f.stat.Read(s.buf, safefs.MaxCgroupFile)
+	}
+	if err != nil {
+		return missingMemoryStat(), "", err
+	}
+	st, err := ParseMemoryStat(s.buf, f.stat.String())
+	return st, f.stat.String(), err
+}
+
+// KmemUsage parses dir's v1 memory.kmem.usage_in_bytes, as ReadKmemUsage
+// does, kept open as MemoryStat's memory.stat; an absent file is an error
+// matching fs.ErrNotExist.
+func (s *Self) KmemUsage(dir string) (int64, error) {
+	f, err := s.statFiles(dir)
+	if err == nil {
+		s.buf, err = f.kmem.Read(s.buf, safefs.MaxCgroupFile)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return ParseKmemUsage(s.buf, f.kmem.String())
+}
+
+// statFiles returns dir's account files, prepared at the first call.
+func (s *Self) statFiles(dir string) (*statFiles, error) {
+	for i := range s.stats {
+		if s.stats[i].dir == dir {
+			return &s.stats[i], nil
+		}
+	}
+	if len(s.stats) >= maxStatDirs {
+		return nil, errNotKept
+	}
+	f := statFiles{dir: dir}
+	var err error
+	if f.stat, err = fastread.New(filepath.Join(dir, "memory.stat")); err != nil {
+		return nil, err
+	}
+	if f.kmem, err = fastread.New(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err != nil {
+		return nil, err
+	}
+	s.stats = append(s.stats, f)
+	return &s.stats[len(s.stats)-1], nil
 }
