@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"path/filepath"
+	"slices"
 
 	"github.com/memctl/memctl/internal/fastread"
 	"github.com/memctl/memctl/internal/safefs"
@@ -137,49 +138,45 @@ func (s *Self) reread() (Limit, bool) {
 // ReadMemoryStat checks no file system: on an error, read dir with
 // ReadMemoryStat.
 func (s *Self) MemoryStat(dir string) (MemoryStat, string, error) {
-	f, err := s.statFiles(dir)
-	if err == nil {
-		s.buf, err = f.stat.Read(s.buf, safefs.MaxCgroupFile)
-	}
+	f, err := s.readStat(dir, false)
 	if err != nil {
 		return missingMemoryStat(), "", err
 	}
-	st, err := ParseMemoryStat(s.buf, f.stat.String())
-	return st, f.stat.String(), err
+	st, err := ParseMemoryStat(s.buf, f.String())
+	return st, f.String(), err
 }
 
 // KmemUsage parses dir's v1 memory.kmem.usage_in_bytes, as ReadKmemUsage
 // does, kept open as MemoryStat's memory.stat; an absent file is an error
 // matching fs.ErrNotExist.
 func (s *Self) KmemUsage(dir string) (int64, error) {
-	f, err := s.statFiles(dir)
-	if err == nil {
-		s.buf, err = f.kmem.Read(s.buf, safefs.MaxCgroupFile)
-	}
+	f, err := s.readStat(dir, true)
 	if err != nil {
 		return 0, err
 	}
-	return ParseKmemUsage(s.buf, f.kmem.String())
+	return ParseKmemUsage(s.buf, f.String())
 }
 
-// statFiles returns dir's account files, prepared at the first call.
-func (s *Self) statFiles(dir string) (*statFiles, error) {
-	for i := range s.stats {
-		if s.stats[i].dir == dir {
-			return &s.stats[i], nil
+// readStat reads dir's memory.stat, or memory.kmem.usage_in_bytes when
+// kmem, into s.buf through its kept file, which it returns.
+func (s *Self) readStat(dir string, kmem bool) (*fastread.File, error) {
+	i := slices.IndexFunc(s.stats, func(f statFiles) bool { return f.dir == dir })
+	if i < 0 {
+		if len(s.stats) >= maxStatDirs {
+			return nil, errNotKept
 		}
+		stat, err := fastread.New(filepath.Join(dir, "memory.stat"))
+		if err != nil {
+			return nil, err
+		}
+		k, _ := fastread.New(filepath.Join(dir, "memory.kmem.usage_in_bytes")) // dir holds no NUL: no error
+		i, s.stats = len(s.stats), append(s.stats, statFiles{dir, stat, k})
 	}
-	if len(s.stats) >= maxStatDirs {
-		return nil, errNotKept
+	f := &s.stats[i].stat
+	if kmem {
+		f = &s.stats[i].kmem
 	}
-	f := statFiles{dir: dir}
 	var err error
-	if f.stat, err = fastread.New(filepath.Join(dir, "memory.stat")); err != nil {
-		return nil, err
-	}
-	if f.kmem, err = fastread.New(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err != nil {
-		return nil, err
-	}
-	s.stats = append(s.stats, f)
-	return &s.stats[len(s.stats)-1], nil
+	s.buf, err = f.Read(s.buf, safefs.MaxCgroupFile)
+	return f, err
 }
