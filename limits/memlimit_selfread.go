@@ -17,8 +17,6 @@ type selfReads struct {
 	mapped [2]metrics.Sample // goMappedMetrics; kept, as metrics.Read's slice escapes
 }
 
-func (r *selfReads) read() (cgroupfs.Limit, error) { return r.limit.Read() }
-
 // close closes the files kept open; a later read opens them again.
 func (r *selfReads) close() {
 	r.limit.Reset()
