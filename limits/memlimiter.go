@@ -127,7 +127,7 @@ func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 		m.live = readLive
 	}
 	if m.read == nil {
-		m.read = m.self.read
+		m.read = m.self.limit.Read
 	}
 	if m.usage == nil {
 		m.usage = m.self.usage

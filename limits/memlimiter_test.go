@@ -256,7 +256,7 @@ func BenchmarkRefresh(b *testing.B) {
 	var own selfReads
 	file := ""
 	read := func() (cgroupfs.Limit, error) {
-		l, err := own.read()
+		l, err := own.limit.Read()
 		if err == nil && l.Bytes == cgroupfs.NoLimit {
 			if file == "" {
 				file = filepath.Join(l.Dir, "memory.limit_in_bytes")

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io/fs"
+	"path/filepath"
+	"slices"
 
 	"github.com/memctl/memctl/internal/fastread"
 	"github.com/memctl/memctl/internal/safefs"
@@ -17,6 +19,8 @@ import (
 // does a cgroup read in an unusual way (several mounts, a search by PID,
 // another view, a partial read).
 //
+// MemoryStat and KmemUsage read cgroup accounts the same way.
+//
 // The zero value is ready. A Self is not safe for concurrent use; the
 // Bounds of a Limit it returns are valid until its next Read.
 type Self struct {
@@ -26,17 +30,33 @@ type Self struct {
 	files      []limitFile // nil: resolve at the next Read
 	buf        []byte
 	bounds     []Bound
+	stats      []statFiles // the accounts read, by directory
 }
 
-// errChanged is a kept file found otherwise than when resolved.
-var errChanged = errors.New("cgroupfs: changed since resolved")
+// statFiles are one cgroup directory's account files, kept open by Self.
+type statFiles struct {
+	dir        string
+	stat, kmem fastread.File
+}
+
+// maxStatDirs bounds the directories whose account files a Self keeps.
+const maxStatDirs = 16
+
+var (
+	errChanged = errors.New("cgroupfs: changed since resolved") // a kept file found otherwise than when resolved
+	errNotKept = errors.New("cgroupfs: too many cgroup directories to keep their files open")
+)
 
 // Reset makes the next Read resolve the cgroup again, and closes the files
-// kept open.
+// kept open; a later MemoryStat or KmemUsage opens them again.
 func (s *Self) Reset() {
 	s.procCgroup.Close()
 	closeFiles(s.files)
 	s.files = nil
+	for i := range s.stats {
+		s.stats[i].stat.Close()
+		s.stats[i].kmem.Close()
+	}
 }
 
 func closeFiles(files []limitFile) {
@@ -110,4 +130,53 @@ func (s *Self) reread() (Limit, bool) {
 		l.Bounds = nil
 	}
 	return l, true
+}
+
+// MemoryStat parses cgroup directory dir's memory.stat, as ReadMemoryStat
+// does, and returns its path. It reads through a file kept open (for up to
+// 16 directories) and allocates nothing once warm, but unlike
+// ReadMemoryStat checks no file system: on an error, read dir with
+// ReadMemoryStat.
+func (s *Self) MemoryStat(dir string) (MemoryStat, string, error) {
+	f, err := s.readStat(dir, false)
+	if err != nil {
+		return missingMemoryStat(), "", err
+	}
+	st, err := ParseMemoryStat(s.buf, f.String())
+	return st, f.String(), err
+}
+
+// KmemUsage parses dir's v1 memory.kmem.usage_in_bytes, as ReadKmemUsage
+// does, kept open as MemoryStat's memory.stat; an absent file is an error
+// matching fs.ErrNotExist.
+func (s *Self) KmemUsage(dir string) (int64, error) {
+	f, err := s.readStat(dir, true)
+	if err != nil {
+		return 0, err
+	}
+	return ParseKmemUsage(s.buf, f.String())
+}
+
+// readStat reads dir's memory.stat, or memory.kmem.usage_in_bytes when
+// kmem, into s.buf through its kept file, which it returns.
+func (s *Self) readStat(dir string, kmem bool) (*fastread.File, error) {
+	i := slices.IndexFunc(s.stats, func(f statFiles) bool { return f.dir == dir })
+	if i < 0 {
+		if len(s.stats) >= maxStatDirs {
+			return nil, errNotKept
+		}
+		stat, err := fastread.New(filepath.Join(dir, "memory.stat"))
+		if err != nil {
+			return nil, err
+		}
+		k, _ := fastread.New(filepath.Join(dir, "memory.kmem.usage_in_bytes")) // dir holds no NUL: no error
+		i, s.stats = len(s.stats), append(s.stats, statFiles{dir, stat, k})
+	}
+	f := &s.stats[i].stat
+	if kmem {
+		f = &s.stats[i].kmem
+	}
+	var err error
+	s.buf, err = f.Read(s.buf, safefs.MaxCgroupFile)
+	return f, err
 }

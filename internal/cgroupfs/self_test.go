@@ -2,6 +2,7 @@ package cgroupfs_test
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -85,4 +86,32 @@ func TestSelfFollowsMove(t *testing.T) {
 	got, err = s.Read()
 	require.NoError(t, err)
 	assert.Equal(t, home, got, "the move back is followed")
+}
+
+// TestSelfMemoryStat: Self reads memory.stat and memory.kmem.usage_in_bytes
+// as ParseMemoryStat and ParseKmemUsage do, again through the kept files
+// without allocating, and reports an absent file as fs.ErrNotExist.
+func TestSelfMemoryStat(t *testing.T) {
+	dir := t.TempDir()
+	stat := filepath.Join(dir, "memory.stat")
+	require.NoError(t, os.WriteFile(stat, []byte("rss 4096\ncache 8192\n"), 0o644))
+	var s cgroupfs.Self
+	defer s.Reset()
+	_, err := s.KmemUsage(dir)
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "memory.kmem.usage_in_bytes"), []byte("12\n"), 0o644))
+	st, file, err := s.MemoryStat(dir)
+	require.NoError(t, err)
+	assert.Equal(t, stat, file)
+	assert.Equal(t, int64(4096), st.Anon)
+	k, err := s.KmemUsage(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(12), k)
+	allocs := testing.AllocsPerRun(20, func() {
+		_, _, _ = s.MemoryStat(dir)
+		_, _ = s.KmemUsage(dir)
+	})
+	assert.Zero(t, allocs)
+	_, _, err = s.MemoryStat(filepath.Join(dir, "gone"))
+	assert.ErrorIs(t, err, fs.ErrNotExist)
 }
