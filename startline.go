@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -25,7 +24,7 @@ import (
 func (c *Controller) logStarted(l *slog.Logger) {
 	r := c.report
 	info := []slog.Attr{
-		slog.String("gomemlimit", mibOrNone(r.MemLimit.GoMemLimit)),
+		slog.String("gomemlimit", logattr.MiBOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_source", limitSource(r.MemLimit)),
 		slog.String("thp", r.THPState.String()),
 		slog.String("trim_delay", delayOrOff(r.TrimDelay)),
@@ -43,7 +42,7 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		slog.String("thp_policy", r.THPPolicy.String()),
 		slog.String("thp_system", cmp.Or(r.THPSystem, "unknown")),
 		slog.String("thp_note", r.THPNote),
-		slog.String("gomemlimit_bytes", bytesOrNone(r.MemLimit.GoMemLimit)),
+		slog.String("gomemlimit_bytes", logattr.BytesOrNone(r.MemLimit.GoMemLimit)),
 		slog.String("gomemlimit_file", cmp.Or(r.MemLimit.File, "none")),
 		slog.String("gomemlimit_outside", strconv.FormatInt(r.MemLimit.Outside, 10)),
 		slog.String("gomemlimit_reclaimable", strconv.FormatInt(r.MemLimit.Reclaimable, 10)),
@@ -64,14 +63,6 @@ func (c *Controller) logStarted(l *slog.Logger) {
 		attrs = append(attrs, slog.String("arena_max", "off"), slog.String("arena_max_reason", r.ArenaMaxNote))
 	}
 	l.LogAttrs(context.Background(), slog.LevelDebug, "memctl details", attrs...)
-}
-
-// mibOrNone gives b in MiB ("227.7MiB"), or "none" for math.MaxInt64.
-func mibOrNone(b int64) string {
-	if b == math.MaxInt64 {
-		return "none"
-	}
-	return logattr.MiBCompact(b)
 }
 
 // limitSource says in a few words where GOMEMLIMIT came from.
@@ -132,16 +123,9 @@ func (c *Controller) startOff(l *slog.Logger, why string) {
 	c.report.MemLimit = limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Source: limits.SourceNone,
 		Reason: why + ": GOMEMLIMIT left as it was"}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
-		slog.String("reason", why), slog.String("gomemlimit", bytesOrNone(c.report.MemLimit.GoMemLimit)))
+		slog.String("reason", why), slog.String("gomemlimit", logattr.BytesOrNone(c.report.MemLimit.GoMemLimit)))
 	register(c, l)
 	c.startRecord(l)
-}
-
-func bytesOrNone(b int64) string {
-	if b == math.MaxInt64 {
-		return "none"
-	}
-	return strconv.FormatInt(b, 10)
 }
 
 func delayOrOff(d time.Duration) string {

@@ -54,8 +54,7 @@ func (s *swapSource) read() SwapStats {
 	sw, err := cgroupfs.ReadSwap(s.version, s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		cur, max := cgroupfs.SwapFiles(s.version)
-		err = fmt.Errorf("memctl: no %s or %s in %s: the kernel does not account swap for this cgroup (the root cgroup has none; "+
-			"nor has a kernel built without CONFIG_MEMCG_SWAP or booted with swapaccount=0): %w", cur, max, s.dir, err)
+		err = fmt.Errorf("memctl: no %s or %s in %s: %s: %w", cur, max, s.dir, state.NoSwapAccounting, err)
 	}
 	if err != nil {
 		st.CgroupErr = err

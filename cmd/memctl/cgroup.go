@@ -9,6 +9,7 @@ import (
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/safefs"
+	"github.com/memctl/memctl/internal/state"
 )
 
 // readCgroup reads the process's memory cgroup, limit, swap and (v2)
@@ -73,8 +74,7 @@ func readSwap(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, c *memCgro
 	sw, err := cgroupfs.ReadSwapAt(r, l.Version, rel, l.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		cur, max := cgroupfs.SwapFiles(l.Version)
-		c.SwapNote = fmt.Sprintf("no %s or %s: the kernel does not account swap for this cgroup (the root cgroup has none; "+
-			"nor has a kernel built without CONFIG_MEMCG_SWAP or booted with swapaccount=0)", cur, max)
+		c.SwapNote = fmt.Sprintf("no %s or %s: %s", cur, max, state.NoSwapAccounting)
 		return nil
 	}
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/childtest"
+	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/thpflag"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/thp"
@@ -271,12 +272,12 @@ func TestGoMemLimitEnv(t *testing.T) {
 
 func TestSize(t *testing.T) {
 	n := func(v int64) *int64 { return &v }
-	assert.Equal(t, "unknown", size(nil))
-	assert.Equal(t, "0 bytes", size(n(0)))
-	assert.Equal(t, "1023 bytes", size(n(1023)))
-	assert.Equal(t, "1024 bytes (1.0 KiB)", size(n(1024)))
-	assert.Equal(t, "268435456 bytes (256.0 MiB)", size(n(256<<20)))
-	assert.Equal(t, "9223372036854775807 bytes (8.0 EiB)", size(n(math.MaxInt64)))
+	assert.Equal(t, "unknown", logattr.Size(nil))
+	assert.Equal(t, "0 bytes", logattr.Size(n(0)))
+	assert.Equal(t, "1023 bytes", logattr.Size(n(1023)))
+	assert.Equal(t, "1024 bytes (1.0 KiB)", logattr.Size(n(1024)))
+	assert.Equal(t, "268435456 bytes (256.0 MiB)", logattr.Size(n(256<<20)))
+	assert.Equal(t, "9223372036854775807 bytes (8.0 EiB)", logattr.Size(n(math.MaxInt64)))
 }
 
 func TestMemoryVar(t *testing.T) {

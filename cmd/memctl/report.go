@@ -113,24 +113,6 @@ func escapeJSON(b []byte) []byte {
 	return out
 }
 
-// size formats a byte count as "N bytes (1.5 MiB)"; "unknown" for nil.
-func size(n *int64) string {
-	if n == nil {
-		return "unknown"
-	}
-	b := *n
-	if b < 1024 {
-		return strconv.FormatInt(b, 10) + " bytes"
-	}
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	f, i := float64(b)/1024, 0
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
-	}
-	return fmt.Sprintf("%d bytes (%.1f %s)", b, f, units[i])
-}
-
 // seconds formats a count of seconds as a duration.
 func seconds(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()

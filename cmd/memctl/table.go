@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/memctl/memctl/internal/logattr"
 	"github.com/memctl/memctl/internal/safefs"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/thp"
@@ -39,7 +40,7 @@ func (t table) whyOr(key, v string) string {
 	return v
 }
 
-func (t table) bytes(k, key string, n *int64) { t.row(k, t.whyOr(key, size(n))) }
+func (t table) bytes(k, key string, n *int64) { t.row(k, t.whyOr(key, logattr.Size(n))) }
 
 // writeTable writes st as an aligned two-column table.
 func writeTable(w io.Writer, st *statusReport) {
@@ -142,7 +143,7 @@ func (t table) cgroup() {
 	case c.LimitBytes == nil:
 		t.row("memory limit", "none")
 	default:
-		t.row("memory limit", size(c.LimitBytes)+" from "+safefs.Quote(*c.LimitFile))
+		t.row("memory limit", logattr.Size(c.LimitBytes)+" from "+safefs.Quote(*c.LimitFile))
 	}
 	if r, ok := t.why("swap"); ok {
 		t.row("cgroup swap", r)
@@ -153,9 +154,9 @@ func (t table) cgroup() {
 		}
 		lim := "no limit"
 		if sw.MaxBytes != nil {
-			lim = "limit " + size(sw.MaxBytes)
+			lim = "limit " + logattr.Size(sw.MaxBytes)
 		}
-		t.row("cgroup swap", fmt.Sprintf("%s %s from %s; %s from %s", size(&sw.CurrentBytes), what, safefs.Quote(sw.CurrentFile), lim, safefs.Quote(sw.MaxFile)))
+		t.row("cgroup swap", fmt.Sprintf("%s %s from %s; %s from %s", logattr.Size(&sw.CurrentBytes), what, safefs.Quote(sw.CurrentFile), lim, safefs.Quote(sw.MaxFile)))
 	} else if c.SwapNote != "" {
 		t.row("cgroup swap", c.SwapNote)
 	}
@@ -219,11 +220,11 @@ func (t table) record() {
 	t.trims(r.Trim)
 	a := r.AutoBurst
 	t.row("  auto-burst", fmt.Sprintf("%d bursts detected at GC end, %d marked for a trim, %d settled as growth, %d collected outside one; floor %s; %d GC ends seen",
-		a.Bursts, a.Marks, a.Settled, a.Drops, size(&a.FloorBytes), a.GCEnds))
+		a.Bursts, a.Marks, a.Settled, a.Drops, logattr.Size(&a.FloorBytes), a.GCEnds))
 	t.pools(r)
 	pr := r.Pressure
 	t.row("  pressure", fmt.Sprintf("%s; %d signals, %d acted on, %d left to the kernel (mostly page cache), %d cancels held; %d GC death spirals, %d GOMEMLIMIT lifts (lifted by %s now)",
-		q(pr.Source), pr.Signals, pr.Acted, pr.LeftToKernel, pr.CancelsHeld, pr.Spirals, pr.Lifts, size(&pr.LiftedBytes)))
+		q(pr.Source), pr.Signals, pr.Acted, pr.LeftToKernel, pr.CancelsHeld, pr.Spirals, pr.Lifts, logattr.Size(&pr.LiftedBytes)))
 	if r.Swap != nil {
 		t.row("  swap", recordSwap(r.Swap)+"; as of the record's update")
 	}
@@ -233,23 +234,23 @@ func (t table) record() {
 func (t table) goMemLimit(g state.GoMemLimit) {
 	lim := "none"
 	if g.Bytes != nil {
-		lim = size(g.Bytes)
+		lim = logattr.Size(g.Bytes)
 	}
 	src := "source " + q(g.Source)
 	if g.File != "" {
 		src += " " + q(g.File)
 	}
 	if g.MemoryLimitBytes > 0 {
-		src += fmt.Sprintf(", %.2f of %s", g.Ratio, size(&g.MemoryLimitBytes))
+		src += fmt.Sprintf(", %.2f of %s", g.Ratio, logattr.Size(&g.MemoryLimitBytes))
 	}
 	if g.OutsideBytes > 0 {
-		src += ", less " + size(&g.OutsideBytes) + " outside the Go runtime"
+		src += ", less " + logattr.Size(&g.OutsideBytes) + " outside the Go runtime"
 	}
 	if g.ReclaimableBytes > 0 {
-		src += "; " + size(&g.ReclaimableBytes) + " of page cache (files read or mapped: reclaimable, not taken off)"
+		src += "; " + logattr.Size(&g.ReclaimableBytes) + " of page cache (files read or mapped: reclaimable, not taken off)"
 	}
 	if g.OperatorBytes != nil {
-		src += "; the operator's GOMEMLIMIT " + size(g.OperatorBytes)
+		src += "; the operator's GOMEMLIMIT " + logattr.Size(g.OperatorBytes)
 		if g.Overridden {
 			src += ", above the hard limit: memctl's value in force until the limit rises above it"
 		}
@@ -270,7 +271,7 @@ func (t table) trims(tr state.Trim) {
 		t.row("  trims", "off")
 	} else {
 		t.row("  trims", fmt.Sprintf("%d run, %d skipped (below the threshold); Go step skipped %d, C step skipped %d; %s released (last %s); %s of CPU; delay %s",
-			tr.Trims, tr.Skipped, tr.GoSkipped, tr.CSkipped, size(&tr.ReleasedBytes), size(&tr.LastReleasedBytes),
+			tr.Trims, tr.Skipped, tr.GoSkipped, tr.CSkipped, logattr.Size(&tr.ReleasedBytes), logattr.Size(&tr.LastReleasedBytes),
 			seconds(tr.CPUSeconds), seconds(tr.DelaySeconds)))
 		if tr.Deferred > 0 || tr.EarlyStarts > 0 {
 			t.row("", fmt.Sprintf("%d deferred by the CPU limit, %d started early (CPU cgroup throttled)", tr.Deferred, tr.EarlyStarts))
@@ -282,7 +283,7 @@ func (t table) trims(tr state.Trim) {
 		o    state.Origin
 	}{{"debounced", tr.Origins.Debounced}, {"pressure", tr.Origins.Pressure}, {"spiral", tr.Origins.Spiral}, {"by name", tr.Origins.ByName}} {
 		origins = append(origins, fmt.Sprintf("%s %d run, %d skipped, %s released, %s of CPU",
-			o.name, o.o.Trims, o.o.Skipped, size(&o.o.ReleasedBytes), seconds(o.o.CPUSeconds)))
+			o.name, o.o.Trims, o.o.Skipped, logattr.Size(&o.o.ReleasedBytes), seconds(o.o.CPUSeconds)))
 	}
 	t.row("  trims by origin", strings.Join(origins, "; "))
 	sb := tr.SkippedBy
@@ -298,10 +299,10 @@ func (t table) pools(r *state.Record) {
 	for _, p := range r.Pools {
 		lim := "unlimited"
 		if p.LimitBytes != nil {
-			lim = size(p.LimitBytes)
+			lim = logattr.Size(p.LimitBytes)
 		}
 		t.row(label, fmt.Sprintf("%s %s, limit %s; used %s, peak %s, %d in flight; %d refused, %d observed, %d canceled",
-			q(p.Name), q(p.Mode), lim, size(&p.UsedBytes), size(&p.PeakBytes), p.InFlight, p.Refused, p.Observed, p.Canceled))
+			q(p.Name), q(p.Mode), lim, logattr.Size(&p.UsedBytes), logattr.Size(&p.PeakBytes), p.InFlight, p.Refused, p.Observed, p.Canceled))
 		label = ""
 		if pk := p.Peaks; pk.Count > 0 {
 			t.row("", fmt.Sprintf("request peaks: %d, p50 %s, p99 %s, max %s", pk.Count, peakBound(pk.P50Bytes), peakBound(pk.P99Bytes), peakBound(pk.MaxBytes)))
@@ -317,17 +318,17 @@ func (t table) pools(r *state.Record) {
 
 // recordSwap formats the swap of the record.
 func recordSwap(w *state.Swap) string {
-	v := "VmSwap " + size(w.VmSwapBytes)
+	v := "VmSwap " + logattr.Size(w.VmSwapBytes)
 	switch {
 	case w.CgroupVersion == 0:
 		return v + "; cgroup swap not read: " + q(w.Note)
 	case w.MemoryPlusSwap:
-		v += "; cgroup memory plus swap (v1 memsw) " + size(w.CurrentBytes)
+		v += "; cgroup memory plus swap (v1 memsw) " + logattr.Size(w.CurrentBytes)
 	default:
-		v += "; cgroup swap " + size(w.CurrentBytes)
+		v += "; cgroup swap " + logattr.Size(w.CurrentBytes)
 	}
 	if w.MaxBytes != nil {
-		v += ", limit " + size(w.MaxBytes)
+		v += ", limit " + logattr.Size(w.MaxBytes)
 	} else {
 		v += ", no limit"
 	}
@@ -347,10 +348,10 @@ func (t table) cHeaps(r *state.Record) {
 		}
 		retained := "unknown"
 		if h.RetainedBytes >= 0 {
-			retained = size(&h.RetainedBytes)
+			retained = logattr.Size(&h.RetainedBytes)
 		}
 		v := fmt.Sprintf("%s in %s, %s; %d releases, %d skipped, %s released; retained %s",
-			q(h.Allocator), q(h.Library), what, h.Releases, h.Skipped, size(&h.ReleasedBytes), retained)
+			q(h.Allocator), q(h.Library), what, h.Releases, h.Skipped, logattr.Size(&h.ReleasedBytes), retained)
 		if h.Note != "" {
 			v += "; " + q(h.Note)
 		}
@@ -367,5 +368,5 @@ func peakBound(b int64) string {
 	if b == math.MaxInt64 {
 		return "over 64 GiB"
 	}
-	return "<= " + size(&b)
+	return "<= " + logattr.Size(&b)
 }

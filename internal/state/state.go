@@ -34,6 +34,11 @@ const Version = 1
 // MemfdName is the record memfd's name; /proc/PID/fd shows "/memfd:NAME (deleted)".
 const MemfdName = "memctl-state"
 
+// NoSwapAccounting says why a cgroup has no swap files; Swap.Note and the
+// memctl command's swap note carry it.
+const NoSwapAccounting = "the kernel does not account swap for this cgroup (the root cgroup has none; " +
+	"nor has a kernel built without CONFIG_MEMCG_SWAP or booted with swapaccount=0)"
+
 const (
 	MaxSize   = 64 << 10 // the largest record, in bytes, that Publish writes and Parse accepts
 	MaxPools  = 64       // the most pools a record lists; PoolsOmitted counts the rest
