@@ -12,13 +12,12 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// PushbackKey is the trailer or metadata key of the retry pushback in
-// milliseconds (gRFC A6).
-const PushbackKey = "grpc-retry-pushback-ms"
-
-// NoRetryPushback is the pushback when a retry cannot succeed: gRFC A6's
-// "do not retry".
-const NoRetryPushback = "-1"
+// The retry pushback of gRFC A6: its trailer or metadata key (a value in
+// milliseconds), and its value when a retry cannot succeed.
+const (
+	PushbackKey     = "grpc-retry-pushback-ms"
+	NoRetryPushback = "-1"
+)
 
 // Config is the part of the adapters' Config that sets each call's work.
 type Config struct {
