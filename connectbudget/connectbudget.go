@@ -38,12 +38,12 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// PushbackKey is the metadata key of the retry pushback in milliseconds
-// (gRFC A6).
+// PushbackKey, "grpc-retry-pushback-ms", is the metadata key of the retry
+// pushback in milliseconds (gRFC A6).
 const PushbackKey = budgetrpc.PushbackKey
 
-// NoRetryPushback is the pushback when a retry cannot succeed: gRFC A6's
-// "do not retry".
+// NoRetryPushback, "-1", is the pushback when a retry cannot succeed:
+// gRFC A6's "do not retry".
 const NoRetryPushback = budgetrpc.NoRetryPushback
 
 // Config configures NewInterceptor and HandlerOptions.
