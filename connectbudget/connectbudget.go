@@ -31,22 +31,20 @@ package connectbudget
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
-	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/memctl/memctl/internal/budgetrpc"
 	"github.com/memctl/memctl/limits"
 )
 
-// PushbackKey is the metadata key of the retry pushback in milliseconds
-// (gRFC A6).
-const PushbackKey = "grpc-retry-pushback-ms"
+// PushbackKey, "grpc-retry-pushback-ms", is the metadata key of the retry
+// pushback in milliseconds (gRFC A6).
+const PushbackKey = budgetrpc.PushbackKey
 
-// NoRetryPushback is the pushback when a retry cannot succeed: gRFC A6's
-// "do not retry".
-const NoRetryPushback = "-1"
+// NoRetryPushback, "-1", is the pushback when a retry cannot succeed:
+// gRFC A6's "do not retry".
+const NoRetryPushback = budgetrpc.NoRetryPushback
 
 // Config configures NewInterceptor and HandlerOptions.
 type Config struct {
@@ -74,7 +72,7 @@ type Config struct {
 // interceptor is the connect.Interceptor of NewInterceptor and HandlerOptions.
 type interceptor struct {
 	pool *limits.Pool
-	cfg  Config
+	work budgetrpc.Config
 	messages
 }
 
@@ -92,23 +90,15 @@ func NewInterceptor(pool *limits.Pool, cfg Config) (connect.Interceptor, error) 
 }
 
 func newInterceptor(pool *limits.Pool, cfg Config) (*interceptor, error) {
-	if cfg.Limit <= 0 {
-		return nil, fmt.Errorf("connectbudget: %w: Config.Limit %d: pass a limit in bytes, or limits.Unlimited for calls limited by the pool alone", limits.ErrInvalidSize, cfg.Limit)
+	w := budgetrpc.Config{Limit: cfg.Limit, Name: cfg.Name, BurstThreshold: cfg.BurstThreshold, AfterBurst: cfg.AfterBurst}
+	if err := w.Check("connectbudget"); err != nil {
+		return nil, err
 	}
-	return &interceptor{pool: pool, cfg: cfg}, nil
-}
-
-// work returns the WorkConfig of a call of procedure.
-func (i *interceptor) work(procedure string) limits.WorkConfig {
-	w := limits.WorkConfig{Limit: i.cfg.Limit, BurstThreshold: i.cfg.BurstThreshold, AfterBurst: i.cfg.AfterBurst}
-	if i.cfg.Name != nil {
-		w.Name = i.cfg.Name(procedure)
-	}
-	return w
+	return &interceptor{pool: pool, work: w}, nil
 }
 
 func (i *interceptor) start(ctx context.Context, procedure string) (context.Context, *limits.Work, error) {
-	ctx, work, err := i.pool.StartWork(ctx, i.work(procedure))
+	ctx, work, err := i.pool.StartWork(ctx, i.work.Work(procedure))
 	if err != nil {
 		if e := Error(err); e != nil {
 			return ctx, nil, e // inside work of the pool that the heap watch canceled
@@ -118,21 +108,10 @@ func (i *interceptor) start(ctx context.Context, procedure string) (context.Cont
 	return ctx, work, nil
 }
 
-// run runs handler under w and calls release when it returns or panics.
-// budget is the error Finish's maps to, if any; err is the handler's. If
-// the handler panics, w is abandoned and the panic goes on.
+// run is budgetrpc.Run with the error Finish's maps to, if any.
 func run(w *limits.Work, release func(), handler func() error) (budget *connect.Error, err error) {
-	returned := false
-	defer func() {
-		if !returned {
-			release()
-			w.Abandon()
-		}
-	}()
-	err = handler()
-	returned = true
-	release()
-	return Error(w.Finish(err)), err
+	err, ferr := budgetrpc.Run(w, release, handler)
+	return Error(ferr), err
 }
 
 // WrapUnary budgets a unary handler call; a client call passes through.
@@ -237,18 +216,12 @@ func Error(err error) *connect.Error {
 	default:
 		return nil // the handler chose a code: its answer stands
 	}
-	e, ok := errors.AsType[*limits.ExhaustedError](err)
-	switch {
-	case !ok:
-	case e.RetryAfter > 0:
-		if out.Meta().Get("Retry-After") == "" {
-			out.Meta().Set("Retry-After", strconv.FormatInt(int64((e.RetryAfter+time.Second-1)/time.Second), 10))
-		}
-		if out.Meta().Get(PushbackKey) == "" {
-			out.Meta().Set(PushbackKey, strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
-		}
-	case out.Meta().Get(PushbackKey) == "":
-		out.Meta().Set(PushbackKey, NoRetryPushback)
+	pushback, retryAfter := budgetrpc.Pushback(err)
+	if retryAfter != "" && out.Meta().Get("Retry-After") == "" {
+		out.Meta().Set("Retry-After", retryAfter)
+	}
+	if pushback != "" && out.Meta().Get(PushbackKey) == "" {
+		out.Meta().Set(PushbackKey, pushback)
 	}
 	return out
 }

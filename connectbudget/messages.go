@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memctl/memctl/internal/budgetrpc"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -168,20 +169,16 @@ func (c *codec) Unmarshal(data []byte, msg any) error {
 		return c.base.Unmarshal(data, msg) // no interceptor around the stream
 	}
 	// A unary call's account opens here; the interceptor takes it over.
-	wctx, w, err := c.i.pool.StartWork(context.Background(), c.i.work(c.spec.Procedure))
+	wctx, w, err := c.i.pool.StartWork(context.Background(), c.i.work.Work(c.spec.Procedure))
 	if err != nil {
 		return c.base.Unmarshal(data, msg) // a closed pool: the interceptor answers
 	}
-	n := int64(len(data))
 	p := &parked{w: w, wctx: wctx}
-	if err := w.Account().Grow(n); err != nil {
-		p.err = err // refused: not unmarshaled
-	} else if err := c.base.Unmarshal(data, msg); err != nil {
-		w.Account().Shrink(n)
+	// A refusal (p.err) is not unmarshaled.
+	p.err, err = budgetrpc.Receive(w.Account(), &p.n, int64(len(data)), func() error { return c.base.Unmarshal(data, msg) })
+	if err != nil {
 		w.Abandon()
 		return err // connect answers invalid_argument, as without the budget
-	} else {
-		p.n = n
 	}
 	if !c.i.park(msg, p) {
 		p.abandon()
@@ -221,18 +218,11 @@ func (c *budgetConn) Receive(msg any) error {
 // receive, called by the codec within Receive, releases the previous
 // message's charge and charges this one.
 func (c *budgetConn) receive(data []byte, msg any, base connect.Codec) error {
-	c.release()
-	n := int64(len(data))
-	if err := c.a.Grow(n); err != nil {
-		c.err = err
-		return nil // not unmarshaled; Receive returns the refusal
+	refused, err := budgetrpc.Receive(c.a, &c.held, int64(len(data)), func() error { return base.Unmarshal(data, msg) })
+	if refused != nil {
+		c.err = refused // not unmarshaled; Receive returns the refusal
 	}
-	if err := base.Unmarshal(data, msg); err != nil {
-		c.a.Shrink(n)
-		return err
-	}
-	c.held = n
-	return nil
+	return err
 }
 
 // release returns the last message's charge.

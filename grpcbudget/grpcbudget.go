@@ -27,10 +27,7 @@ package grpcbudget
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
 	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -38,15 +35,17 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/memctl/memctl/internal/budgetrpc"
 	"github.com/memctl/memctl/limits"
 )
 
-// PushbackKey is the trailer of the retry pushback in milliseconds (gRFC A6).
-const PushbackKey = "grpc-retry-pushback-ms"
+// PushbackKey, "grpc-retry-pushback-ms", is the trailer of the retry
+// pushback in milliseconds (gRFC A6).
+const PushbackKey = budgetrpc.PushbackKey
 
-// NoRetryPushback is the pushback when a retry cannot succeed: gRFC A6's
-// "do not retry".
-const NoRetryPushback = "-1"
+// NoRetryPushback, "-1", is the pushback when a retry cannot succeed:
+// gRFC A6's "do not retry".
+const NoRetryPushback = budgetrpc.NoRetryPushback
 
 // Config configures the interceptors.
 type Config struct {
@@ -70,19 +69,14 @@ type Config struct {
 	Codec encoding.CodecV2
 }
 
-func (c Config) check() error {
-	if c.Limit <= 0 {
-		return fmt.Errorf("grpcbudget: %w: Config.Limit %d: pass a limit in bytes, or limits.Unlimited for calls limited by the pool alone", limits.ErrInvalidSize, c.Limit)
+// newBudget returns the interceptors' state, or an error matching
+// limits.ErrInvalidSize for a cfg.Limit of 0 or less.
+func newBudget(pool *limits.Pool, cfg Config) (*budget, error) {
+	w := budgetrpc.Config{Limit: cfg.Limit, Name: cfg.Name, BurstThreshold: cfg.BurstThreshold, AfterBurst: cfg.AfterBurst}
+	if err := w.Check("grpcbudget"); err != nil {
+		return nil, err
 	}
-	return nil
-}
-
-func (c Config) work(method string) limits.WorkConfig {
-	w := limits.WorkConfig{Limit: c.Limit, BurstThreshold: c.BurstThreshold, AfterBurst: c.AfterBurst}
-	if c.Name != nil {
-		w.Name = c.Name(method)
-	}
-	return w
+	return &budget{pool: pool, work: w}, nil
 }
 
 // UnaryServerInterceptor returns a unary server interceptor that runs each
@@ -91,20 +85,22 @@ func (c Config) work(method string) limits.WorkConfig {
 // returns an error matching limits.ErrInvalidSize for a cfg.Limit of 0 or
 // less. The interceptor is safe for concurrent use.
 func UnaryServerInterceptor(pool *limits.Pool, cfg Config) (grpc.UnaryServerInterceptor, error) {
-	if err := cfg.check(); err != nil {
+	b, err := newBudget(pool, cfg)
+	if err != nil {
 		return nil, err
 	}
-	return (&budget{pool: pool, cfg: cfg}).unary, nil
+	return b.unary, nil
 }
 
 // StreamServerInterceptor is UnaryServerInterceptor for streaming calls:
 // ServerStream.Context carries the account. With ServerOptions, RecvMsg
 // returns the error of a message the budget refused (code 8).
 func StreamServerInterceptor(pool *limits.Pool, cfg Config) (grpc.StreamServerInterceptor, error) {
-	if err := cfg.check(); err != nil {
+	b, err := newBudget(pool, cfg)
+	if err != nil {
 		return nil, err
 	}
-	return (&budget{pool: pool, cfg: cfg}).stream, nil
+	return b.stream, nil
 }
 
 // open returns the call's work: the one the stats handler opened
@@ -112,7 +108,7 @@ func StreamServerInterceptor(pool *limits.Pool, cfg Config) (grpc.StreamServerIn
 func (b *budget) open(ctx context.Context, method string, setTrailer func(metadata.MD)) (*call, context.Context, *limits.Work, error) {
 	c := callFrom(ctx, b)
 	if c == nil {
-		wctx, w, err := b.pool.StartWork(ctx, b.cfg.work(method))
+		wctx, w, err := b.pool.StartWork(ctx, b.work.Work(method))
 		if err != nil {
 			return nil, nil, nil, answer(err, status.Error(codes.Unavailable, err.Error()), setTrailer)
 		}
@@ -122,22 +118,6 @@ func (b *budget) open(ctx context.Context, method string, setTrailer func(metada
 		return nil, nil, nil, answer(c.startErr, status.Error(codes.Unavailable, c.startErr.Error()), setTrailer)
 	}
 	return c, ctx, c.w, nil
-}
-
-// finish runs handler and ends w with its error: err is the handler's,
-// ferr Finish's. If the handler panics, w is abandoned and the panic goes on.
-func finish(c *call, w *limits.Work, handler func() error) (err, ferr error) {
-	returned := false
-	defer func() {
-		if !returned {
-			c.release()
-			w.Abandon()
-		}
-	}()
-	err = handler()
-	returned = true
-	c.release()
-	return err, w.Finish(err)
 }
 
 func (b *budget) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -152,7 +132,7 @@ func (b *budget) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, answer(w.Finish(err), err, setTrailer)
 	}
 	var resp any
-	_, ferr := finish(c, w, func() (err error) {
+	_, ferr := budgetrpc.Run(w, c.release, func() (err error) {
 		resp, err = handler(wctx, req)
 		return err
 	})
@@ -168,7 +148,7 @@ func (b *budget) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		return err
 	}
 	wrapped := &stream{ServerStream: ss, ctx: wctx, c: c}
-	err, ferr := finish(c, w, func() error { return handler(srv, wrapped) })
+	err, ferr := budgetrpc.Run(w, c.release, func() error { return handler(srv, wrapped) })
 	switch {
 	case !isBudget(ferr):
 		return err
@@ -245,11 +225,6 @@ func Status(err error) (st *status.Status, pushback string) {
 			return nil, "" // the handler chose a code: its answer stands
 		}
 	}
-	if e, ok := errors.AsType[*limits.ExhaustedError](err); ok {
-		pushback = NoRetryPushback
-		if e.RetryAfter > 0 {
-			pushback = strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10)
-		}
-	}
+	pushback, _ = budgetrpc.Pushback(err)
 	return status.New(codes.ResourceExhausted, err.Error()), pushback
 }

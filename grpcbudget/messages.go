@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
+	"github.com/memctl/memctl/internal/budgetrpc"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -30,10 +31,11 @@ import (
 // It returns an error matching limits.ErrInvalidSize for a cfg.Limit of 0
 // or less. The options are safe for concurrent use.
 func ServerOptions(pool *limits.Pool, cfg Config) ([]grpc.ServerOption, error) {
-	if err := cfg.check(); err != nil {
+	b, err := newBudget(pool, cfg)
+	if err != nil {
 		return nil, err
 	}
-	b := &budget{pool: pool, cfg: cfg, codec: cfg.Codec}
+	b.codec = cfg.Codec
 	if b.codec == nil {
 		b.codec = encoding.GetCodecV2("proto")
 	}
@@ -49,7 +51,7 @@ func ServerOptions(pool *limits.Pool, cfg Config) ([]grpc.ServerOption, error) {
 // handler's state.
 type budget struct {
 	pool  *limits.Pool
-	cfg   Config
+	work  budgetrpc.Config
 	codec encoding.CodecV2 // nil: messages are not charged (the interceptors alone)
 	// parked holds the wire bytes (mem.BufferSlice) the codec kept, by
 	// message, until the stats handler unmarshals them.
@@ -100,7 +102,7 @@ func callFrom(ctx context.Context, b *budget) *call {
 // that never reaches End (an unknown method) is abandoned when it ends.
 func (b *budget) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
 	c := &call{b: b}
-	wctx, w, err := b.pool.StartWork(ctx, b.cfg.work(info.FullMethodName))
+	wctx, w, err := b.pool.StartWork(ctx, b.work.Work(info.FullMethodName))
 	if err != nil {
 		c.startErr = err
 		return context.WithValue(ctx, callKey{}, c)
@@ -153,21 +155,14 @@ func (c *call) receive(v any, data mem.BufferSlice) {
 	if c.w == nil {
 		return // the interceptor answers with startErr; nothing to unmarshal for
 	}
-	a := c.w.Account()
-	a.Shrink(c.held)
-	c.held = 0
-	n := int64(data.Len())
-	if err := a.Grow(n); err != nil {
-		c.err = err
-		return
-	}
-	if err := c.b.codec.Unmarshal(data, v); err != nil {
-		a.Shrink(n)
+	refused, err := budgetrpc.Receive(c.w.Account(), &c.held, int64(data.Len()), func() error { return c.b.codec.Unmarshal(data, v) })
+	switch {
+	case refused != nil:
+		c.err = refused
+	case err != nil:
 		// What grpc-go answers when its codec fails.
 		c.err = status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
-		return
 	}
-	c.held = n
 }
 
 // settle ends the last message's receive once RecvMsg returned: it frees

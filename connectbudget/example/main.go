@@ -35,9 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"strconv"
 	"syscall"
-	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -165,12 +163,7 @@ func NewHandler(opts ...connect.HandlerOption) *http.ServeMux {
 	mux.Handle(Procedure("Upload"), connect.NewUnaryHandler(Procedure("Upload"),
 		func(ctx context.Context, req *connect.Request[wrapperspb.BytesValue]) (*connect.Response[wrapperspb.Int64Value], error) {
 			b := req.Msg.GetValue()
-			if ms, err := strconv.Atoi(req.Header().Get("Hold-Ms")); err == nil && ms > 0 {
-				select {
-				case <-time.After(time.Duration(ms) * time.Millisecond):
-				case <-ctx.Done():
-				}
-			}
+			examplestore.Wait(ctx, req.Header().Get("Hold-Ms"))
 			runtime.KeepAlive(b) // held, as by a handler that works on it
 			return connect.NewResponse(wrapperspb.Int64(int64(len(b)))), nil
 		}, opts...))

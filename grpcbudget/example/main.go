@@ -220,12 +220,7 @@ func uploadLen(ctx context.Context, req any) (int64, error) {
 	b := req.(*wrapperspb.BytesValue).GetValue()
 	md, _ := metadata.FromIncomingContext(ctx)
 	if v := md.Get("hold-ms"); len(v) == 1 {
-		if ms, err := strconv.Atoi(v[0]); err == nil && ms > 0 {
-			select {
-			case <-time.After(time.Duration(ms) * time.Millisecond):
-			case <-ctx.Done():
-			}
-		}
+		examplestore.Wait(ctx, v[0])
 	}
 	runtime.KeepAlive(b) // held, as by a handler that works on it
 	return int64(len(b)), nil

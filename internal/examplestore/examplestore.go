@@ -7,6 +7,8 @@ package examplestore
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/memctl/memctl/limits"
 )
@@ -67,4 +69,15 @@ func Hold(ctx context.Context, n int64) (int64, error) {
 	defer limits.Shrink(ctx, n)
 	<-ctx.Done()
 	return n, ctx.Err()
+}
+
+// Wait returns after ms milliseconds (a decimal string; no wait unless it
+// is a positive number), or once ctx ends.
+func Wait(ctx context.Context, ms string) {
+	if n, err := strconv.Atoi(ms); err == nil && n > 0 {
+		select {
+		case <-time.After(time.Duration(n) * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
 }
