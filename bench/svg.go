@@ -81,15 +81,15 @@ func chartSubject(p params, name string) string {
 	case "cadence":
 		return fmt.Sprintf("RSS, a %s MiB burst every %s from 0 s (%s MiB live)", mibs(p.CadenceBurst), secs(p.CadencePeriod), mibs(p.Live))
 	}
-	lp := p.Load
+	lp := variantParams(name, p.Load)
 	return fmt.Sprintf("the server's RSS, a %s MiB burst every %s from %s", mibs(lp.Burst), secs(lp.Period), secs(lp.FirstBurst))
 }
 
 // p99Subject is what the p99 chart of load scenario name shows.
 func p99Subject(p params, name string) string {
-	lp := p.Load
+	lp := variantParams(name, p.Load)
 	return fmt.Sprintf("p99 latency of the requests due in each %s (%s requests/s), a %s MiB burst every %s from %s",
-		secs(p99Window), thousands(variantParams(name, lp).Rate), mibs(lp.Burst), secs(lp.Period), secs(lp.FirstBurst))
+		secs(p99Window), thousands(lp.Rate), mibs(lp.Burst), secs(lp.Period), secs(lp.FirstBurst))
 }
 
 // limitLines returns the GOMEMLIMIT lines of s's arms, one line where all

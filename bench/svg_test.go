@@ -240,3 +240,18 @@ func TestSVGCLI(t *testing.T) {
 		assert.Equal(t, want, cfg.SVGDir, args)
 	}
 }
+
+// A load variant's chart titles name that variant's burst and rate:
+// load-contended's charts said "512 MiB" (the load scenario's burst) over
+// its 32 MiB bursts.
+func TestSVGSubjectsOfLoadVariants(t *testing.T) {
+	p := defaultParams(false)
+	for _, name := range []string{"load", "load-gc", "load-contended"} {
+		lp := variantParams(name, p.Load)
+		burst := mibs(lp.Burst) + " MiB burst"
+		assert.Contains(t, chartSubject(p, name), burst, name)
+		assert.Contains(t, p99Subject(p, name), burst, name)
+		assert.Contains(t, p99Subject(p, name), "("+thousands(lp.Rate)+" requests/s)", name)
+	}
+	assert.Contains(t, chartSubject(p, "load-contended"), "a 32 MiB burst")
+}
