@@ -204,3 +204,28 @@ func TestWholeTreeNamespaceV1(t *testing.T) {
 	assert.Greater(t, n, int64(limit/2), "GOMEMLIMIT set: 0.9 of the limit less a few MiB")
 	assert.LessOrEqual(t, n, int64(limit*9/10))
 }
+
+// TestDetectSandbox: gVisor's two documented signs each give "gVisor"; a
+// host kernel's log and no marker give "".
+func TestDetectSandbox(t *testing.T) {
+	marker, read := gvisorMarker, readKernelLog
+	t.Cleanup(func() { gvisorMarker, readKernelLog = marker, read })
+	if _, err := os.Stat("/proc/gvisor"); err == nil {
+		t.Skip("running in gVisor: the host case cannot be checked here")
+	}
+	assert.Equal(t, "", detectSandbox(), "this host")
+
+	gvisorMarker = t.TempDir()
+	assert.Equal(t, "gVisor", detectSandbox(), "the marker file")
+
+	gvisorMarker = filepath.Join(t.TempDir(), "none")
+	gvisorLog := "[    0.000000] Starting gVisor...\n[    0.354495] Daemonizing children...\n[    2.613217] Ready!\n"
+	readKernelLog = func(buf []byte) (int, error) { return copy(buf, gvisorLog), nil }
+	assert.Equal(t, "gVisor", detectSandbox(), "gVisor's kernel log")
+	readKernelLog = func(buf []byte) (int, error) { return copy(buf, "[    0.000000] Linux version 6.1.0\n"), nil }
+	assert.Equal(t, "", detectSandbox(), "a host kernel's log")
+	readKernelLog = func(buf []byte) (int, error) { return 0, os.ErrPermission }
+	assert.Equal(t, "", detectSandbox(), "a log that cannot be read")
+	readKernelLog = func(buf []byte) (int, error) { return -1, nil }
+	assert.Equal(t, "", detectSandbox(), "a bad count")
+}

@@ -16,7 +16,6 @@ import (
 	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
-	"github.com/memctl/memctl/internal/sandbox"
 )
 
 // MemLimiter keeps GOMEMLIMIT at its MemLimitConfig's share of the memory
@@ -69,7 +68,7 @@ type MemLimiter struct {
 	stopped      bool
 	decl         declared // the limit the environment declares (hasDecl)
 	hasDecl      bool
-	sandbox      string                 // internal/sandbox.Detect, read once
+	sandbox      string                 // detectSandbox, read once
 	dir          string                 // the cgroup directory the last probe read ("" for none)
 	version      int                    // its cgroup version
 	files        []string               // the files the last decision came from (bounds, memory.high)
@@ -95,7 +94,7 @@ const maxSeen = 64 // distinct failures remembered, and logged once each
 func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m := newMemLimiter(cfg)
 	d := MemLimit{GoMemLimit: debug.SetMemoryLimit(-1)}
-	m.sandbox = sandbox.Detect()
+	m.sandbox = detectSandbox()
 	d.Sandbox = m.sandbox
 	m.readDeclaredEnv()
 	if reason, err := m.configure(cfg, d.GoMemLimit); err != nil {

@@ -1,6 +1,0 @@
-//go:build !linux
-
-package sandbox
-
-func markerExists() bool  { return false }
-func logSaysGVisor() bool { return false }
