@@ -9,8 +9,31 @@ import (
 	"github.com/memctl/memctl/internal/logattr"
 )
 
+// limState is the limiter's state a decision starts from; compute returns
+// it moved on (the probe's directory and files, the estimate of memory
+// outside the Go runtime, the Reason's buffer), apply moves applied on.
+type limState struct {
+	ratio      float64
+	ratioFrom  string
+	floor      int64
+	lift       int64 // bytes added over the decision while lifted (Lift)
+	headroom   bool
+	sandbox    string   // detectSandbox, read once
+	applied    int64    // GOMEMLIMIT memctl set last; 0: none yet
+	limit      int64    // the limit behind applied
+	maxFile    string   // the hard limit's file behind applied ("" for none)
+	outside    int64    // the last estimate of memory outside the Go runtime
+	mappedThen int64    // what the Go runtime had mapped at that estimate
+	dir        string   // the cgroup directory the last probe read ("" for none)
+	version    int      // its cgroup version
+	files      []string // the files the last decision came from (bounds, memory.high)
+	said       string   // the last Reason, returned again when the same
+	reason     []byte   // the buffer Reason is written in
+}
+
 // planInputs is everything compute decides from, as readPlan read it.
 type planInputs struct {
+	limState
 	first bool  // the decision of NewMemLimiter
 	cur   int64 // GOMEMLIMIT in force
 
@@ -21,22 +44,6 @@ type planInputs struct {
 	boundCharges   []chargeRead // the accounts of planLimits.bounds' cgroups
 	highCharge     chargeRead   // memory.high's cgroup's
 	live           int64        // the live heap; read only when memory.high is followed
-
-	// The limiter's state (the MemLimiter fields of the same names).
-	ratio          float64
-	ratioFrom      string
-	floor, lift    int64
-	applied, limit int64
-	maxFile        string
-	headroom       bool
-	outside        int64 // the last estimate of memory outside the Go runtime
-	mappedThen     int64 // what the Go runtime had mapped at that estimate (m.goMapped)
-	sandbox        string
-	// The last decision's Reason and files, returned again when the same;
-	// buf is the buffer Reason is written in.
-	prevReason string
-	prevFiles  []string
-	buf        []byte
 }
 
 // chargeRead is one chargeOf: ok is false when there is no account.
@@ -54,32 +61,26 @@ type planWarning struct {
 }
 
 // planResult is compute's answer: the decision, its action and error, the
-// warnings in order, and the state plan keeps when probed and estimated.
+// warnings in order, and the limiter's state moved on.
 type planResult struct {
-	d                 MemLimit
-	a                 action
-	err               error
-	warns             []planWarning
-	buf               []byte // planInputs.buf, grown
-	probed            bool
-	dir               string
-	version           int
-	files             []string
-	estimated         bool
-	outside, goMapped int64
+	d     MemLimit
+	a     action
+	err   error
+	warns []planWarning
+	st    limState
 }
 
 // compute is plan's decision by memctl's rule (see decide); it is pure.
 func compute(in planInputs) planResult {
-	r := planResult{d: MemLimit{GoMemLimit: in.cur, LimitUnknown: in.f.unknown, Sandbox: in.sandbox}}
+	r := planResult{st: in.limState, d: MemLimit{GoMemLimit: in.cur, LimitUnknown: in.f.unknown, Sandbox: in.sandbox}}
 	if err := in.probeErr; err != nil {
 		r.d.Reason = "GOMEMLIMIT left as it was: " + err.Error()
 		r.warns, r.err = []planWarning{{key: err.Error(), err: err, first: in.first}}, err
 		return r
 	}
-	r.probed, r.dir, r.version, r.files = true, in.f.dir, in.f.version, in.prevFiles
-	if !in.f.sameFiles(in.prevFiles) {
-		r.files = in.f.files()
+	r.st.dir, r.st.version = in.f.dir, in.f.version
+	if !in.f.sameFiles(in.files) {
+		r.st.files = in.f.files()
 	}
 	if in.f.source == SourceNone {
 		why := string(in.f.appendWhy(nil))
@@ -97,16 +98,15 @@ func compute(in planInputs) planResult {
 	r.d.MemoryLimit, r.d.Ratio, r.d.Source, r.d.File = lim.limit, in.ratio, in.f.source, lim.file
 	outside := int64(0)
 	if in.headroom && in.usageErr == nil {
-		r.estimated, r.outside, r.goMapped = true, in.outside, in.goMapped
 		// Held under a growing Go mapping says nothing: keep the last estimate.
 		if lim.held >= in.goMapped || in.goMapped <= in.mappedThen {
-			r.outside = max(lim.held-in.goMapped, 0)
+			r.st.outside = max(lim.held-in.goMapped, 0)
 		}
-		outside = r.outside
+		r.st.mappedThen, outside = in.goMapped, r.st.outside
 	}
 	p := planner{in: in, lim: lim, r: r, outside: outside, goResident: min(in.goMapped, lim.held),
 		floor: min(in.floor, lim.limit), // never over the tightest limit
-		want:  math.MaxInt64, limit: lim.limit, file: lim.file, s: sentence{b: in.buf[:0]}}
+		want:  math.MaxInt64, limit: lim.limit, file: lim.file, s: sentence{b: in.reason[:0]}}
 	p.hard()
 	p.hardWant = p.want
 	if lim.high != noLimit {
@@ -323,8 +323,8 @@ func (p *planner) lift() {
 func (p *planner) result() planResult {
 	r := p.r
 	r.d.GoMemLimit = p.want
-	r.d.Reason, r.buf = p.in.prevReason, p.s.b
-	if string(p.s.b) != p.in.prevReason {
+	r.d.Reason, r.st.reason = p.in.said, p.s.b
+	if string(p.s.b) != p.in.said {
 		r.d.Reason = string(p.s.b)
 	}
 	hard := p.limit

@@ -48,7 +48,7 @@ func v2Found(max, high int64) found {
 // all of it the Go runtime's, ratio 0.9, no floor, the headroom on.
 func computeIn(f found) planInputs {
 	return planInputs{cur: math.MaxInt64, f: f, held: 50 * mib, goMapped: 50 * mib,
-		ratio: 0.9, ratioFrom: "configured", headroom: true}
+		limState: limState{ratio: 0.9, ratioFrom: "configured", headroom: true}}
 }
 
 // account is a read of a cgroup's account that charges anon bytes.
@@ -81,8 +81,8 @@ func TestCompute(t *testing.T) {
 		reason: []string{"configured ratio 0.9 of the cgroup v1 limit from " + v1Limit},
 		check: func(t *testing.T, r planResult) {
 			assert.Zero(t, r.d.Outside)
-			assert.True(t, r.probed)
-			assert.Equal(t, []string{v1Limit}, r.files)
+			assert.NotEmpty(t, r.st.dir, "probed")
+			assert.Equal(t, []string{v1Limit}, r.st.files)
 		},
 	}, {
 		name: "charges taken off",
@@ -111,9 +111,8 @@ func TestCompute(t *testing.T) {
 		reason: []string{"minus 300.0 MiB outside the Go runtime"},
 		check: func(t *testing.T, r planResult) {
 			assert.Zero(t, r.d.Charged)
-			assert.True(t, r.estimated)
-			assert.Equal(t, 300*mib, r.outside)
-			assert.Equal(t, 100*mib, r.goMapped)
+			assert.Equal(t, 300*mib, r.st.outside, "estimated")
+			assert.Equal(t, 100*mib, r.st.mappedThen)
 		},
 	}, {
 		name: "outside estimate kept while the Go runtime maps more than is held",
@@ -125,8 +124,8 @@ func TestCompute(t *testing.T) {
 		want: ratioOf(gib) - 80*mib, kind: actSet, hard: gib, hardMin: gib, hardFile: appMax,
 		reason: []string{"minus 80.0 MiB outside the Go runtime"},
 		check: func(t *testing.T, r planResult) {
-			assert.Equal(t, 80*mib, r.outside)
-			assert.Equal(t, 400*mib, r.goMapped)
+			assert.Equal(t, 80*mib, r.st.outside)
+			assert.Equal(t, 400*mib, r.st.mappedThen)
 		},
 	}, {
 		name: "raised to the floor",
@@ -222,8 +221,8 @@ func TestCompute(t *testing.T) {
 		warns:  []string{"implausible " + appHigh + " 0"},
 		check: func(t *testing.T, r planResult) {
 			assert.True(t, r.warns[0].first, "the first decision returns its error")
-			assert.False(t, r.estimated)
-			assert.True(t, r.probed)
+			assert.Zero(t, r.st.mappedThen, "not estimated")
+			assert.NotEmpty(t, r.st.dir, "probed")
 		},
 	}, {
 		name: "hard limit at what is held on the first decision: left as it was",
@@ -268,7 +267,7 @@ func TestCompute(t *testing.T) {
 		check: func(t *testing.T, r planResult) {
 			assert.Equal(t, 2*gib, r.d.MemoryLimit)
 			assert.Equal(t, podMax, r.d.File)
-			assert.Equal(t, []string{appMax, podMax}, r.files)
+			assert.Equal(t, []string{appMax, podMax}, r.st.files)
 		},
 	}, {
 		name: "warnings in order: memory.high ignored, the account's read, the headroom",
@@ -291,7 +290,7 @@ func TestCompute(t *testing.T) {
 		want: math.MaxInt64, kind: actNone, err: errors.New("limits: memory limit: boom"),
 		reason: []string{"GOMEMLIMIT left as it was: limits: memory limit: boom"},
 		warns:  []string{"limits: memory limit: boom"},
-		check:  func(t *testing.T, r planResult) { assert.False(t, r.probed) },
+		check:  func(t *testing.T, r planResult) { assert.Empty(t, r.st.dir, "not probed") },
 	}, {
 		name: "no limit",
 		in: func() planInputs {

@@ -33,16 +33,7 @@ const (
 // and logging its warnings. Called with m.mu held.
 func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 	r := compute(m.readPlan(first, cur))
-	m.reason = r.buf
-	if r.d.Reason != "" {
-		m.said = r.d.Reason
-	}
-	if r.probed {
-		m.dir, m.version, m.files = r.dir, r.version, r.files
-	}
-	if r.estimated {
-		m.outside, m.goMapped = r.outside, r.goMapped
-	}
+	m.limState, m.said = r.st, r.d.Reason
 	for _, w := range r.warns {
 		m.warn(w.first, w.key, w.err)
 	}
@@ -52,11 +43,7 @@ func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
 // readPlan reads what compute decides from, each read only when needed.
 // Called with m.mu held.
 func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
-	in := planInputs{first: first, cur: cur,
-		ratio: m.ratio, ratioFrom: m.ratioFrom, floor: m.floor, lift: m.lift,
-		applied: m.applied, limit: m.limit, maxFile: m.maxFile, headroom: m.headroom,
-		outside: m.outside, mappedThen: m.goMapped, sandbox: m.sandbox,
-		prevReason: m.said, prevFiles: m.files, buf: m.reason}
+	in := planInputs{limState: m.limState, first: first, cur: cur}
 	in.f, in.probeErr = m.probe()
 	if in.probeErr != nil || in.f.source == SourceNone {
 		return in

@@ -27,18 +27,14 @@ import (
 // GOMEMLIMIT after memctl set it (docs/gomemlimit.md). Its methods are safe
 // for concurrent use; a nil *MemLimiter does nothing.
 type MemLimiter struct {
-	ratio     float64
-	ratioFrom string
-	floor     int64
-	fallback  bool
-	headroom  bool
-	every     time.Duration
-	log       *slog.Logger
-	read      func() (cgroupfs.Limit, error)
-	usage     func() (held, goMapped int64, err error)
-	charge    func(version int, dir string) (charge, error)
-	live      func() int64
-	self      selfReads // the default read, charge and usage; with mu held
+	fallback bool
+	every    time.Duration
+	log      *slog.Logger
+	read     func() (cgroupfs.Limit, error)
+	usage    func() (held, goMapped int64, err error)
+	charge   func(version int, dir string) (charge, error)
+	live     func() int64
+	self     selfReads // the default read, charge and usage; with mu held
 
 	epoch    time.Time
 	next     atomic.Int64 // nanoseconds since epoch of the next due re-read
@@ -52,28 +48,17 @@ type MemLimiter struct {
 	on bool // the configuration is valid
 	// op is the operator's GOMEMLIMIT (math.MaxInt64: "off"; 0: none), opText
 	// as set; opWrites: memctl may override op above the hard limit.
-	op           int64
-	opText       string
-	opWrites     bool
-	mu           sync.Mutex        // serializes decisions; the fields below
-	applied      int64             // GOMEMLIMIT memctl set last; 0: none yet
+	op       int64
+	opText   string
+	opWrites bool
+	mu       sync.Mutex // serializes decisions; limState and the fields below
+	limState
 	before       int64             // GOMEMLIMIT before memctl set it
-	limit        int64             // the limit behind applied
-	maxFile      string            // the hard limit's file behind applied ("" for none)
-	lift         int64             // bytes added over the decision while lifted (Lift)
-	outside      int64             // the last estimate of memory outside the Go runtime
-	goMapped     int64             // what the Go runtime had mapped at that estimate
 	charges      map[string]charge // the last account read from each cgroup directory
 	seen         map[string]bool
 	stopped      bool
 	decl         declared // the limit the environment declares (hasDecl)
 	hasDecl      bool
-	sandbox      string                 // detectSandbox, read once
-	dir          string                 // the cgroup directory the last probe read ("" for none)
-	version      int                    // its cgroup version
-	files        []string               // the files the last decision came from (bounds, memory.high)
-	reason       []byte                 // the buffer compute writes Reason in
-	said         string                 // the last Reason compute wrote
 	oneBound     [1]cgroupfs.Bound      // found.bounds of a limit read without Bounds
 	boundCharges []chargeRead           // planInputs.boundCharges' buffer
 	following    atomic.Pointer[string] // Following
@@ -114,11 +99,12 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 // newMemLimiter returns a MemLimiter with cfg's fields and hooks; it reads nothing.
 func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	m := &MemLimiter{
-		fallback: cfg.SystemFallback, headroom: !cfg.NoHeadroom, log: cfg.Logger,
+		fallback: cfg.SystemFallback, log: cfg.Logger,
 		read: cfg.read, usage: cfg.usage, epoch: time.Now(),
 		charge: cfg.charge, live: cfg.live, onChange: cfg.OnChange,
 		seen: make(map[string]bool), charges: make(map[string]charge),
 	}
+	m.headroom = !cfg.NoHeadroom
 	if m.charge == nil {
 		m.charge = m.self.charge
 	}
