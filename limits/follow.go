@@ -20,15 +20,9 @@ type follower interface {
 	wait(deadline time.Time) (changed bool, err error)
 	close()
 	kind() string // for Following
-}
-
-// staler is a follower that can lose a watch: the files are then watched
-// again even under the same names.
-type staler interface{ stale() bool }
-
-func isStale(f follower) bool {
-	s, ok := f.(staler)
-	return ok && s.stale()
+	// stale reports whether a watch was lost since the last watch: the
+	// files are then watched again even under the same names.
+	stale() bool
 }
 
 var errFollowClosed = errors.New("limits: follower closed")
@@ -64,6 +58,8 @@ func (f *timerFollower) wait(deadline time.Time) (bool, error) {
 func (f *timerFollower) close() { f.once.Do(func() { close(f.quit) }) }
 
 func (f *timerFollower) kind() string { return "timer (" + f.note + ")" }
+
+func (f *timerFollower) stale() bool { return false }
 
 // maxFollowDepth bounds how many cgroups up the path are watched.
 const maxFollowDepth = 64
@@ -138,7 +134,7 @@ func (m *MemLimiter) rewatch(f follower, st *followState) bool {
 		return false
 	}
 	key := fmt.Sprint(version, dir, files)
-	if key == st.watched && !isStale(f) {
+	if key == st.watched && !f.stale() {
 		return true
 	}
 	st.watched = key

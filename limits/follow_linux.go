@@ -88,7 +88,6 @@ func (w *inotifyFollower) noteLost(b []byte) {
 	}
 }
 
-// stale reports whether a watch was lost since the last watch.
 func (w *inotifyFollower) stale() bool { return w.lost }
 
 // closedOr returns errFollowClosed for an error close caused, else err.

@@ -145,6 +145,7 @@ func (f *fakeNotify) wait(deadline time.Time) (bool, error) {
 
 func (f *fakeNotify) close()       { f.once.Do(func() { close(f.quit) }) }
 func (f *fakeNotify) kind() string { return "inotify" }
+func (f *fakeNotify) stale() bool  { return false }
 
 // With every file watched, a write is followed at once and nothing wakes
 // the process otherwise; a limit from a file no write reaches (v1's

@@ -98,13 +98,12 @@ type MemLimitConfig struct {
 	Logger *slog.Logger
 
 	// Test hooks; nil means the real read. noGCEnd: no refresh at GC end.
-	read       func() (cgroupfs.Limit, error)
-	usage      func() (held, goMapped int64, err error)
-	cgroupFile string
-	charge     func(version int, dir string) (charge, error)
-	live       func() int64
-	follower   func() (follower, error)
-	noGCEnd    bool
+	read     func() (cgroupfs.Limit, error)
+	usage    func() (held, goMapped int64, err error)
+	charge   func(version int, dir string) (charge, error)
+	live     func() int64
+	follower func() (follower, error)
+	noGCEnd  bool
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/logattr"
+	"github.com/memctl/memctl/internal/procfs"
 )
 
 // goMappedMetrics are the runtime/metrics samples whose difference is the
@@ -59,24 +60,6 @@ func (s *sentence) mib(n int64) *sentence { s.b = logattr.AppendMiB(s.b, n); ret
 
 // num writes f as fmt's %v does.
 func (s *sentence) num(f float64) *sentence { s.b = strconv.AppendFloat(s.b, f, 'g', -1, 64); return s }
-
-// chargeOf returns dir's account, or on a read error the last one read, with
-// the warning w to give; ok is false when there is none (the v2 root).
-func (m *MemLimiter) chargeOf(version int, dir string) (c charge, ok bool, w *planWarning) {
-	c, err := m.charge(version, dir)
-	if err == nil {
-		if c.statErr != nil {
-			w = &planWarning{key: "charge " + dir, err: fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file)}
-		}
-		m.charges[dir] = c
-		return c, true, w
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		w = &planWarning{key: "charge " + dir, err: fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w", err)}
-	}
-	c, ok = m.charges[dir]
-	return c, ok, w
-}
 
 // chargeFiles are readCharge's reads.
 type chargeFiles struct {
@@ -142,4 +125,50 @@ func readLive() int64 {
 	s := [1]metrics.Sample{{Name: liveHeapMetric}}
 	metrics.Read(s[:])
 	return sampleBytes(s[0])
+}
+
+// selfReads are the limiter's reads of its own process (cgroup limit, held
+// memory, cgroup accounts) through files kept open, allocating nothing once
+// warm; on anything unexpected each falls back to the full read. Not safe
+// for concurrent use: the limiter calls them with m.mu held.
+type selfReads struct {
+	limit  cgroupfs.Self
+	held   procfs.SelfHeld
+	mapped [2]metrics.Sample // goMappedMetrics; kept, as metrics.Read's slice escapes
+}
+
+// close closes the files kept open; a later read opens them again.
+func (r *selfReads) close() {
+	r.limit.Reset()
+	r.held.Close()
+}
+
+// usage returns what this process holds that the kernel cannot reclaim
+// (RssAnon + RssShmem) and what the Go runtime has mapped and not released,
+// in bytes; err is the /proc read's.
+func (r *selfReads) usage() (held, goMapped int64, err error) {
+	if r.mapped[0].Name == "" {
+		r.mapped[0].Name, r.mapped[1].Name = goMappedMetrics[0], goMappedMetrics[1]
+	}
+	metrics.Read(r.mapped[:])
+	goMapped = int64(r.mapped[0].Value.Uint64() - r.mapped[1].Value.Uint64())
+	held, err = r.held.Held()
+	return held, goMapped, err
+}
+
+// charge is readCharge through r.limit's kept-open files; anything
+// unexpected is read again by readCharge.
+func (r *selfReads) charge(version int, dir string) (charge, error) {
+	st, file, err := r.limit.MemoryStat(dir)
+	if err != nil {
+		return readCharge(version, dir)
+	}
+	c := statCharge(st, file)
+	if st.Version == 1 || version == 1 {
+		k, err := r.limit.KmemUsage(dir)
+		if c, err = withKmem(c, k, err); err != nil {
+			return readCharge(version, dir)
+		}
+	}
+	return c, nil
 }

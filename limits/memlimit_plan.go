@@ -1,7 +1,9 @@
 package limits
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"runtime/debug"
 	"strings"
@@ -29,17 +31,6 @@ const (
 	actRestore // go back to GOMEMLIMIT before memctl
 )
 
-// plan reads and returns the decision and its action, keeping what it read
-// and logging its warnings. Called with m.mu held.
-func (m *MemLimiter) plan(first bool, cur int64) (MemLimit, action, error) {
-	r := compute(m.readPlan(first, cur))
-	m.limState, m.said = r.st, r.d.Reason
-	for _, w := range r.warns {
-		m.warn(w.first, w.key, w.err)
-	}
-	return r.d, r.a, r.err
-}
-
 // readPlan reads what compute decides from, each read only when needed.
 // Called with m.mu held.
 func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
@@ -65,14 +56,33 @@ func (m *MemLimiter) readPlan(first bool, cur int64) planInputs {
 	return in
 }
 
-// chargeFor reads the account of file's cgroup; none with the headroom off.
+// chargeFor reads the account of file's cgroup, or on a read error the last
+// one read, with the warning to give; none with the headroom off, and none
+// when the cgroup has no account (the v2 root).
 func (m *MemLimiter) chargeFor(f found, file string) chargeRead {
 	dir := f.chargeDir(file)
 	if !m.headroom || dir == "" {
 		return chargeRead{}
 	}
-	c, ok, w := m.chargeOf(f.version, dir)
-	return chargeRead{c: c, ok: ok, warn: w}
+	c, err := m.charge(f.version, dir)
+	if err == nil {
+		m.charges[dir] = c
+		if c.statErr != nil {
+			err = fmt.Errorf("%w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file)
+			return chargeRead{c: c, ok: true, warn: chargeWarning(dir, err)}
+		}
+		return chargeRead{c: c, ok: true}
+	}
+	cr := chargeRead{}
+	if !errors.Is(err, fs.ErrNotExist) {
+		cr.warn = chargeWarning(dir, err)
+	}
+	cr.c, cr.ok = m.charges[dir]
+	return cr
+}
+
+func chargeWarning(dir string, err error) *planWarning {
+	return &planWarning{key: "charge " + dir, err: fmt.Errorf("limits: the cgroup's account for the GOMEMLIMIT headroom: %w", err)}
 }
 
 // apply sets GOMEMLIMIT as a says and returns d with the value in force.

@@ -76,7 +76,7 @@ func pureGo() (int64, int64, error) { return 32 << 20, 32 << 20, nil }
 // cfgFor is the configuration of a test: limit from read, usage pureGo, no
 // refresh unless the test sets one.
 func cfgFor(read func() (cgroupfs.Limit, error)) MemLimitConfig {
-	return MemLimitConfig{read: read, usage: pureGo, Refresh: -1, cgroupFile: "testdata/none/cgroup", charge: noCharge, live: func() int64 { return 16 << 20 }}
+	return MemLimitConfig{read: read, usage: pureGo, Refresh: -1, charge: noCharge, live: func() int64 { return 16 << 20 }}
 }
 
 // noCharge is a cgroup without memory.stat (a made-up Limit's directory).
@@ -222,7 +222,6 @@ func TestFixtureTable(t *testing.T) {
 			cfg := cfgFor(func() (cgroupfs.Limit, error) {
 				return cgroupfs.Read(filepath.Join(dir, "cgroup"), filepath.Join(dir, "mountinfo"), filepath.Join(dir, "root"))
 			})
-			cfg.cgroupFile = filepath.Join(dir, "cgroup")
 			cfg.charge = fixtureCharge
 			rec := &recorder{}
 			cfg.Logger = slog.New(rec)

@@ -366,11 +366,15 @@ func (m *MemLimiter) decideLocked(first bool) (MemLimit, error) {
 		m.info(fmt.Sprintf("limits: GOMEMLIMIT was changed to %d by the program; memctl no longer refreshes it", cur))
 		return MemLimit{GoMemLimit: cur, Reason: "GOMEMLIMIT was set by the program after memctl"}, nil
 	}
-	d, a, err := m.plan(first, cur)
-	if m.op != 0 {
-		return m.applyOperator(d, a, first), err
+	r := compute(m.readPlan(first, cur))
+	m.limState, m.said = r.st, r.d.Reason
+	for _, w := range r.warns {
+		m.warn(w.first, w.key, w.err)
 	}
-	return m.apply(d, a, cur, first), err
+	if m.op != 0 {
+		return m.applyOperator(r.d, r.a, first), r.err
+	}
+	return m.apply(r.d, r.a, cur, first), r.err
 }
 
 // expected returns the GOMEMLIMIT memctl set last, or the operator's; 0: none.

@@ -78,25 +78,25 @@ func SetOwner(o Owner) (remove func()) {
 	}
 }
 
+func current() Owner {
+	ownMu.Lock()
+	defer ownMu.Unlock()
+	return owner
+}
+
 // Lift asks the owner for extra bytes of GOMEMLIMIT (0 ends a lift); see
 // Owner.Lift. With no owner it changes nothing and returns ok false.
 func Lift(extra int64) (from, to int64, ok bool) {
-	ownMu.Lock()
-	o := owner
-	ownMu.Unlock()
-	if o == nil {
-		return 0, 0, false
+	if o := current(); o != nil {
+		return o.Lift(extra)
 	}
-	return o.Lift(extra)
+	return 0, 0, false
 }
 
 // Ceiling returns the owner's Ceiling, 0 with no owner.
 func Ceiling() int64 {
-	ownMu.Lock()
-	o := owner
-	ownMu.Unlock()
-	if o == nil {
-		return 0
+	if o := current(); o != nil {
+		return o.Ceiling()
 	}
-	return o.Ceiling()
+	return 0
 }
