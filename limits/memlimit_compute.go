@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/logattr"
@@ -27,6 +28,7 @@ type limState struct {
 	dir        string   // the cgroup directory the last probe read ("" for none)
 	version    int      // its cgroup version
 	files      []string // the files the last decision came from (bounds, memory.high)
+	fileBuf    []string // appendFiles' buffer
 	said       string   // the last Reason, returned again when the same
 	reason     []byte   // the buffer Reason is written in
 }
@@ -79,8 +81,9 @@ func compute(in planInputs) planResult {
 		return r
 	}
 	r.st.dir, r.st.version = in.f.dir, in.f.version
-	if !in.f.sameFiles(in.files) {
-		r.st.files = in.f.files()
+	r.st.fileBuf = in.f.appendFiles(in.fileBuf[:0])
+	if !slices.Equal(r.st.fileBuf, in.files) {
+		r.st.files = slices.Clone(r.st.fileBuf)
 	}
 	if in.f.source == SourceNone {
 		why := string(in.f.appendWhy(nil))

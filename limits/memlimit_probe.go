@@ -37,38 +37,21 @@ func (f found) appendWhy(b []byte) []byte {
 	return append(b, f.why...)
 }
 
-// files returns the cgroup files the limit came from.
-func (f found) files() []string {
-	var out []string
-	f.eachFile(func(file string) { out = append(out, file) })
-	return out
-}
-
-// sameFiles reports whether files are files().
-func (f found) sameFiles(files []string) bool {
-	i, same := 0, true
-	f.eachFile(func(file string) {
-		same = same && i < len(files) && files[i] == file
-		i++
-	})
-	return same && i == len(files)
-}
-
-func (f found) eachFile(fn func(string)) {
+// appendFiles appends the cgroup files the limit came from.
+func (f found) appendFiles(out []string) []string {
 	add := func(file string) {
 		if filepath.IsAbs(file) {
-			fn(file)
+			out = append(out, file)
 		}
 	}
 	for _, b := range f.bounds {
 		add(b.File)
 	}
-	if f.maxFile != "" && len(f.bounds) == 0 {
+	if len(f.bounds) == 0 {
 		add(f.maxFile)
 	}
-	if f.highFile != "" {
-		add(f.highFile)
-	}
+	add(f.highFile)
+	return out
 }
 
 const noLimit = cgroupfs.NoLimit
