@@ -102,8 +102,8 @@ func limitFiles(version int, dir string, extra []string) []string {
 func unwatchable(file string) bool { return filepath.Base(file) == "memory.stat" }
 
 // startFollow starts the follower's goroutine; called once, by NewMemLimiter.
-func (m *MemLimiter) startFollow(newFollower func() (follower, error)) {
-	f, err := newFollower()
+func (m *MemLimiter) startFollow() {
+	f, err := m.follower()
 	if err != nil {
 		f = newTimerFollower(err.Error())
 	}

@@ -45,7 +45,7 @@ func init() {
 		log := slog.New(gcHandler{slog.NewTextHandler(os.Stdout, nil)})
 		cfg := MemLimitConfig{Logger: log}
 		if os.Getenv("FOLLOW_TIMER") != "" {
-			cfg.follower = noInotify
+			cfg.deps.follower = noInotify
 		}
 		cfg.KeepOperator = os.Getenv("FOLLOW_KEEP") != ""
 		if os.Getenv("FOLLOW_MODE") == "plain" {

@@ -34,7 +34,7 @@ func (l *movingLimit) read() (cgroupfs.Limit, error) {
 
 func followCfg(l *movingLimit, f func() (follower, error)) MemLimitConfig {
 	cfg := cfgFor(l.read)
-	cfg.follower, cfg.noGCEnd, cfg.Refresh = f, true, 0
+	cfg.deps.follower, cfg.deps.noGCEnd, cfg.Refresh = f, true, 0
 	return cfg
 }
 

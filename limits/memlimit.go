@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
 // MemLimitConfig.Ratio's and Floor's defaults (docs/benchmarks.md).
@@ -97,13 +95,7 @@ type MemLimitConfig struct {
 	// returned, not logged. Default: nil (no logging).
 	Logger *slog.Logger
 
-	// Test hooks; nil means the real read. noGCEnd: no refresh at GC end.
-	read     func() (cgroupfs.Limit, error)
-	usage    func() (held, goMapped int64, err error)
-	charge   func(version int, dir string) (charge, error)
-	live     func() int64
-	follower func() (follower, error)
-	noGCEnd  bool
+	deps limDeps // test hooks
 }
 
 // MemLimit is what SetGoMemLimit or a refresh decided, and why.

@@ -344,7 +344,7 @@ func TestMemoryStatEACCES(t *testing.T) {
 	cgroupFile := filepath.Join(tmp, "cgroup")
 	require.NoError(t, os.WriteFile(cgroupFile, []byte("4:memory:"+rel+"\n"), 0o644))
 	cfg := cfgFor(func() (cgroupfs.Limit, error) { return cgroupfs.Read(cgroupFile, "/proc/self/mountinfo", "") })
-	cfg.charge = readCharge
+	cfg.deps.charge = readCharge
 	decide := func(nobody bool) (MemLimit, *recorder, error) {
 		rec := &recorder{}
 		cfg.Logger = slog.New(rec)

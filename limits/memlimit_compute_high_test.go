@@ -46,12 +46,12 @@ func (c *v2Cgroup) set(f func(c *v2Cgroup)) {
 
 func (c *v2Cgroup) cfg(rec *recorder) MemLimitConfig {
 	cfg := cfgFor(c.read)
-	cfg.usage = func() (int64, int64, error) {
+	cfg.deps.usage = func() (int64, int64, error) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.rss, c.rss, nil
 	}
-	cfg.live = func() int64 {
+	cfg.deps.live = func() int64 {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.live
@@ -223,7 +223,7 @@ func TestHighHysteresisUnderMax(t *testing.T) {
 	rec := &recorder{}
 	cfg := c.cfg(rec)
 	var outside int64
-	cfg.usage = func() (int64, int64, error) { return 150*mib + outside, 150 * mib, nil }
+	cfg.deps.usage = func() (int64, int64, error) { return 150*mib + outside, 150 * mib, nil }
 	m, d, err := start(t, cfg)
 	require.NoError(t, err)
 	require.Equal(t, ratioOf(980*mib), d.GoMemLimit, d.Reason)

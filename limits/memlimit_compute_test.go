@@ -346,7 +346,7 @@ func TestHeadroom(t *testing.T) {
 	var mu sync.Mutex
 	rss, goMapped := int64(400<<20), int64(100<<20)
 	cfg := cfgFor(fixedLimit(1, gib))
-	cfg.usage = func() (int64, int64, error) {
+	cfg.deps.usage = func() (int64, int64, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return rss, goMapped, nil
@@ -391,11 +391,11 @@ func TestHeadroom(t *testing.T) {
 	// No RSS (not Linux): no headroom, and the Go runtime's share is what
 	// the sanity check compares with.
 	cfg.NoHeadroom = false
-	cfg.usage = func() (int64, int64, error) { return 0, 100 << 20, errors.New("no /proc") }
+	cfg.deps.usage = func() (int64, int64, error) { return 0, 100 << 20, errors.New("no /proc") }
 	_, d, err = start(t, cfg)
 	require.NoError(t, err)
 	assert.Equal(t, ninetyPct(gib), d.GoMemLimit)
-	cfg.read = fixedLimit(1, 90<<20)
+	cfg.deps.read = fixedLimit(1, 90<<20)
 	_, _, err = start(t, cfg)
 	require.ErrorIs(t, err, ErrImplausibleLimit)
 }
@@ -439,7 +439,7 @@ func TestHeadroomKeptWhileRSSBelowMapped(t *testing.T) {
 	keepMemoryLimit(t)
 	rss, mapped := int64(40<<20), int64(32<<20) // 8 MiB outside
 	cfg := cfgFor(fixedLimit(1, 256<<20))
-	cfg.usage = func() (int64, int64, error) { return rss, mapped, nil }
+	cfg.deps.usage = func() (int64, int64, error) { return rss, mapped, nil }
 	m, d, err := start(t, cfg)
 	require.NoError(t, err)
 	base := ninetyPct(256 << 20)
@@ -488,7 +488,7 @@ func TestHeadroomOverLimitWarnsOnce(t *testing.T) {
 		return cgroupfs.Limit{Version: 1, Cgroup: "/x", Dir: "/sys/fs/cgroup/memory/x", Bytes: 512 * mib, File: "/sys/fs/cgroup/memory/x/memory.limit_in_bytes"}, nil
 	})
 	var n int64
-	cfg.charge = func(int, string) (charge, error) {
+	cfg.deps.charge = func(int, string) (charge, error) {
 		n++
 		return charge{anon: 600*mib + n*10*mib, file: "/sys/fs/cgroup/memory/x/memory.stat"}, nil
 	}

@@ -76,7 +76,7 @@ func pureGo() (int64, int64, error) { return 32 << 20, 32 << 20, nil }
 // cfgFor is the configuration of a test: limit from read, usage pureGo, no
 // refresh unless the test sets one.
 func cfgFor(read func() (cgroupfs.Limit, error)) MemLimitConfig {
-	return MemLimitConfig{read: read, usage: pureGo, Refresh: -1, charge: noCharge, live: func() int64 { return 16 << 20 }}
+	return MemLimitConfig{Refresh: -1, deps: limDeps{read: read, usage: pureGo, charge: noCharge, live: func() int64 { return 16 << 20 }}}
 }
 
 // noCharge is a cgroup without memory.stat (a made-up Limit's directory).
@@ -222,7 +222,7 @@ func TestFixtureTable(t *testing.T) {
 			cfg := cfgFor(func() (cgroupfs.Limit, error) {
 				return cgroupfs.Read(filepath.Join(dir, "cgroup"), filepath.Join(dir, "mountinfo"), filepath.Join(dir, "root"))
 			})
-			cfg.charge = fixtureCharge
+			cfg.deps.charge = fixtureCharge
 			rec := &recorder{}
 			cfg.Logger = slog.New(rec)
 			_, d, err := start(t, cfg)

@@ -30,11 +30,8 @@ type MemLimiter struct {
 	fallback bool
 	every    time.Duration
 	log      *slog.Logger
-	read     func() (cgroupfs.Limit, error)
-	usage    func() (held, goMapped int64, err error)
-	charge   func(version int, dir string) (charge, error)
-	live     func() int64
-	self     selfReads // the default read, charge and usage; with mu held
+	limDeps
+	self selfReads // the default read, charge and usage; with mu held
 
 	epoch    time.Time
 	next     atomic.Int64 // nanoseconds since epoch of the next due re-read
@@ -92,16 +89,26 @@ func NewMemLimiter(cfg MemLimitConfig) (*MemLimiter, MemLimit, error) {
 	m.mu.Lock()
 	d, err := m.decide(true)
 	m.mu.Unlock()
-	m.startRefresh(cfg)
+	m.startRefresh()
 	return m, d, err
+}
+
+// limDeps are the limiter's reads and what starts its refresh; nil is the
+// real one. Tests set them in MemLimitConfig.deps.
+type limDeps struct {
+	read     func() (cgroupfs.Limit, error)
+	usage    func() (held, goMapped int64, err error)
+	charge   func(version int, dir string) (charge, error)
+	live     func() int64
+	follower func() (follower, error)
+	noGCEnd  bool // no re-read at GC ends
 }
 
 // newMemLimiter returns a MemLimiter with cfg's fields and hooks; it reads nothing.
 func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	m := &MemLimiter{
 		fallback: cfg.SystemFallback, log: cfg.Logger,
-		read: cfg.read, usage: cfg.usage, epoch: time.Now(),
-		charge: cfg.charge, live: cfg.live, onChange: cfg.OnChange,
+		limDeps: cfg.deps, epoch: time.Now(), onChange: cfg.OnChange,
 		seen: make(map[string]bool), charges: make(map[string]charge),
 	}
 	m.headroom = !cfg.NoHeadroom
@@ -116,6 +123,9 @@ func newMemLimiter(cfg MemLimitConfig) *MemLimiter {
 	}
 	if m.usage == nil {
 		m.usage = m.self.usage
+	}
+	if m.follower == nil {
+		m.follower = newFollower
 	}
 	return m
 }
@@ -179,23 +189,19 @@ func (m *MemLimiter) operatorEnv(cfg MemLimitConfig, cur int64) error {
 
 // startRefresh starts the re-read at GC ends and, with a memory cgroup, the
 // follower. Called without m.mu.
-func (m *MemLimiter) startRefresh(cfg MemLimitConfig) {
+func (m *MemLimiter) startRefresh() {
 	if m.every <= 0 {
 		return
 	}
 	m.next.Store(int64(m.every))
-	if !cfg.noGCEnd {
+	if !m.noGCEnd {
 		m.sub = gcend.Subscribe(m.atGCEnd)
 	}
 	m.mu.Lock()
 	found := m.dir != "" && !m.stopped
 	m.mu.Unlock()
 	if found {
-		nf := cfg.follower
-		if nf == nil {
-			nf = newFollower
-		}
-		m.startFollow(nf)
+		m.startFollow()
 	}
 }
 

@@ -265,7 +265,7 @@ func BenchmarkRefresh(b *testing.B) {
 		}
 		return l, err
 	}
-	m, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour, read: read})
+	m, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour, deps: limDeps{read: read}})
 	if err != nil {
 		b.Skip(err)
 	}
@@ -285,7 +285,7 @@ func BenchmarkRefresh(b *testing.B) {
 	})
 	// The same decision without the cgroup's account (issue 18 added the
 	// memory.stat read): the ratio of reread to this is its cost.
-	n, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour, read: read, charge: noCharge})
+	n, _, err := NewMemLimiter(MemLimitConfig{Refresh: time.Hour, deps: limDeps{read: read, charge: noCharge}})
 	if err != nil {
 		b.Skip(err)
 	}
