@@ -48,10 +48,9 @@ type planInputs struct {
 	live           int64        // the live heap; read only when memory.high is followed
 }
 
-// chargeRead is one chargeOf: ok is false when there is no account.
+// chargeRead is one chargeFor: the account and the warning to give.
 type chargeRead struct {
-	c    charge
-	ok   bool
+	c    charge // zero when there is no account
 	warn *planWarning
 }
 
@@ -202,9 +201,6 @@ func (p *planner) warn(w planWarning) { p.r.warns = append(p.r.warns, w) }
 func (p *planner) charged(cr chargeRead) (int64, charge) {
 	if cr.warn != nil {
 		p.warn(*cr.warn)
-	}
-	if !cr.ok {
-		return 0, charge{}
 	}
 	return max(cr.c.total()-p.goResident, 0), cr.c
 }

@@ -53,7 +53,7 @@ func computeIn(f found) planInputs {
 
 // account is a read of a cgroup's account that charges anon bytes.
 func account(dir string, anon int64) chargeRead {
-	return chargeRead{c: charge{anon: anon, reclaimable: 20 * mib, file: dir + "/memory.stat"}, ok: true}
+	return chargeRead{c: charge{anon: anon, reclaimable: 20 * mib, file: dir + "/memory.stat"}}
 }
 
 func TestCompute(t *testing.T) {

@@ -69,15 +69,14 @@ func (m *MemLimiter) chargeFor(f found, file string) chargeRead {
 		m.charges[dir] = c
 		if c.statErr != nil {
 			err = fmt.Errorf("%w; its usage %s is subtracted instead, page cache included (GOMEMLIMIT errs low)", c.statErr, c.file)
-			return chargeRead{c: c, ok: true, warn: chargeWarning(dir, err)}
+			return chargeRead{c: c, warn: chargeWarning(dir, err)}
 		}
-		return chargeRead{c: c, ok: true}
+		return chargeRead{c: c}
 	}
-	cr := chargeRead{}
+	cr := chargeRead{c: m.charges[dir]}
 	if !errors.Is(err, fs.ErrNotExist) {
 		cr.warn = chargeWarning(dir, err)
 	}
-	cr.c, cr.ok = m.charges[dir]
 	return cr
 }
 
