@@ -5,6 +5,7 @@
 package metrictable
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -31,11 +32,11 @@ type Scope uint8
 
 const (
 	Controller Scope = iota // read once per collection, controller or not
-	Pool                    // read once per pool, PoolLabel first
+	Pool                    // read once per pool; its first label is PoolLabel
 	Process                 // read once, from the first pool's Stats (whole process)
 )
 
-// PoolLabel is the label of a Pool metric holding limits.Pool.Name.
+// PoolLabel is the first label of a Pool metric: limits.Pool.Name.
 const PoolLabel = "pool"
 
 // Label is a variable label of a metric.
@@ -62,11 +63,12 @@ type Metric struct {
 	// Float: the OpenTelemetry instrument is Float64; otherwise Int64.
 	Float  bool
 	Scope  Scope
-	Labels []Label // the variable labels in Read's order (not PoolLabel)
+	Labels []Label // the labels in Read's order
 	// Read emits each series from s, leaving out a figure that does not
 	// exist (never a sentinel). Nil for a Histogram.
 	Read func(s *Snapshot, emit Emit)
-	// Peaks returns a Histogram metric's histogram; nil for the others.
+	// Peaks returns a Histogram's histogram (a Pool metric whose only
+	// label is PoolLabel); nil for the others.
 	Peaks func(s *Snapshot) *limits.PeakHistogram
 }
 
@@ -77,17 +79,64 @@ type Snapshot struct {
 	Live   bool
 	Stats  memctl.Stats
 	Report memctl.Report
-	// Pool is the pool being read, for Pool and Process metrics.
-	Pool limits.PoolStats
+	// Pool and PoolName are the pool being read, for Pool and Process
+	// metrics.
+	Pool     limits.PoolStats
+	PoolName string
 }
 
-// Take reads ctl's Stats and Report once (ctl may be nil).
-func Take(ctl *memctl.Controller) Snapshot {
+// NamedPool is a pool to collect and the name its metrics carry.
+type NamedPool struct {
+	Name string
+	Pool *limits.Pool
+}
+
+// CheckPools gives each pool of pools with no Name its own (Pool.Name). It
+// returns an error, begun with pkg, for a nil Pool, a Name other than the
+// pool's own, and two pools of one name.
+func CheckPools(pkg string, pools []NamedPool) error {
+	seen := map[string]bool{}
+	for i, p := range pools {
+		switch {
+		case p.Pool == nil:
+			return fmt.Errorf("%s: pool %q is nil", pkg, p.Name)
+		case p.Name == "":
+			pools[i].Name = p.Pool.Name()
+		case p.Name != p.Pool.Name():
+			return fmt.Errorf("%s: pool %q is named %q in its errors and Stats: one name per pool (set PoolConfig.Name to %q, or leave Pool.Name empty)", pkg, p.Name, p.Pool.Name(), p.Name)
+		}
+		if seen[pools[i].Name] {
+			return fmt.Errorf("%s: two pools named %q: name each with PoolConfig.Name", pkg, pools[i].Name)
+		}
+		seen[pools[i].Name] = true
+	}
+	return nil
+}
+
+// Walk reads ctl's Stats and Report once (ctl may be nil), and each pool's
+// Stats, and calls visit for each metric to collect, by its index in
+// Metrics, with the snapshot to read it from: the Controller metrics, each
+// pool's Pool metrics, and the Process metrics from the first pool.
+func Walk(ctl *memctl.Controller, pools []NamedPool, visit func(i int, s *Snapshot)) {
 	s := Snapshot{Live: ctl != nil, Stats: ctl.Stats()}
 	if ctl != nil {
 		s.Report = ctl.Report()
 	}
-	return s
+	scope := func(scope Scope) {
+		for i, m := range Metrics {
+			if m.Scope == scope {
+				visit(i, &s)
+			}
+		}
+	}
+	scope(Controller)
+	for i, p := range pools {
+		s.Pool, s.PoolName = p.Pool.Stats(), p.Name
+		scope(Pool)
+		if i == 0 {
+			scope(Process)
+		}
+	}
 }
 
 // Bucket is one bucket of a peak histogram: its upper bound in bytes and

@@ -1,6 +1,7 @@
 package metrictable
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"strconv"
@@ -11,8 +12,7 @@ import (
 )
 
 // Metrics is the table: controller, C allocator, pool and process metrics.
-var Metrics = slices.Concat(controllerMetrics, heapMetrics,
-	scoped(Pool, poolMetrics), scoped(Process, processMetrics))
+var Metrics = slices.Concat(controllerMetrics, heapMetrics, pooled(poolMetrics), processMetrics)
 
 // controllerMetrics are read from Controller.Stats and Report.
 var controllerMetrics = []Metric{
@@ -50,15 +50,10 @@ var controllerMetrics = []Metric{
 	{Prom: "memctl_thp_info", OTel: "memctl.thp.info", Unit: "1", Labels: labels("state", "policy", "system"),
 		Help: "1, with the process's THP state (PR_GET_THP_DISABLE), the policy memctl applied, and the system mode.",
 		Read: func(s *Snapshot, emit Emit) {
-			if !s.Live {
-				return
+			if s.Live {
+				r := &s.Report
+				emit(1, r.THPState.String(), r.THPPolicy.String(), cmp.Or(r.THPSystem, "unknown"))
 			}
-			r := s.Report
-			sys := r.THPSystem
-			if sys == "" {
-				sys = "unknown"
-			}
-			emit(1, r.THPState.String(), r.THPPolicy.String(), sys)
 		}},
 	{Prom: "memctl_c_heap_in_use_bytes", OTel: "memctl.c_heap.in_use", Unit: "By", Labels: labels("allocator"),
 		Help: "Bytes in live C heap blocks, as the allocator that owns malloc reports them; left out when it does not.",
@@ -107,16 +102,11 @@ var controllerMetrics = []Metric{
 		func(s *Snapshot) (float64, bool) { return s.Stats.Pressure.GCShare, s.Live })),
 	gauge("memctl_gomemlimit_lifted_bytes", "memctl.gomemlimit.lifted", "By", "Bytes a death-spiral lift adds to GOMEMLIMIT now; 0 when it is not lifted.",
 		func(s *Snapshot) (float64, bool) { return float64(s.Stats.Pressure.Lifted), s.Live }),
-	{Prom: "memctl_cgroup_memory_events_total", OTel: "memctl.cgroup.memory_events", Unit: "{event}", Kind: Counter, Labels: labels("event"),
-		Help: "The cgroup v2 memory.events counters (low, high, max, oom, oom_kill, oom_group_kill); left out on cgroup v1 and where the kernel does not write the counter.",
-		Read: func(s *Snapshot, emit Emit) {
+	byLabel("memctl_cgroup_memory_events_total", "memctl.cgroup.memory_events", "{event}", "event", "The cgroup v2 memory.events counters (low, high, max, oom, oom_kill, oom_group_kill); left out on cgroup v1 and where the kernel does not write the counter.",
+		func(s *Snapshot) []named {
 			e := &s.Stats.Pressure.MemoryEvents
-			for _, ev := range []named{{"low", e.Low}, {"high", e.High}, {"max", e.Max}, {"oom", e.OOM}, {"oom_kill", e.OOMKill}, {"oom_group_kill", e.OOMGroupKill}} {
-				if ev.v >= 0 {
-					emit(float64(ev.v), ev.label)
-				}
-			}
-		}},
+			return []named{{"low", e.Low}, {"high", e.High}, {"max", e.Max}, {"oom", e.OOM}, {"oom_kill", e.OOMKill}, {"oom_group_kill", e.OOMGroupKill}}
+		}),
 	byOrigin("memctl_trims_origin_total", "memctl.trims.origin", "{trim}", "Trims run, by who asked: debounced (after AfterBurst), pressure (kernel memory pressure), spiral (GC death spiral), by_name (TrimNow).",
 		func(o *trim.OriginStats) float64 { return float64(o.Trims) }),
 	byOrigin("memctl_trims_origin_skipped_total", "memctl.trims.origin.skipped", "{trim}", "Trims skipped by the gate (too little to release for their cost, the 2% CPU budget, a trim running), by who asked.",
@@ -194,10 +184,9 @@ var poolMetrics = []Metric{
 }
 
 // processMetrics are read from the first pool's Stats (whole process).
-var processMetrics = []Metric{
-	counter("memctl_budget_unguarded_total", "memctl.budget.unguarded", "{call}", "limits.Grow calls on a context with no account (a handler outside the budget middleware), in the whole process.",
-		func(s *Snapshot) int64 { return s.Pool.Unguarded }),
-}
+var processMetrics = []Metric{{Prom: "memctl_budget_unguarded_total", OTel: "memctl.budget.unguarded", Unit: "{call}", Kind: Counter, Scope: Process,
+	Help: "limits.Grow calls on a context with no account (a handler outside the budget middleware), in the whole process.",
+	Read: func(s *Snapshot, emit Emit) { emit(float64(s.Pool.Unguarded)) }}}
 
 // gauge is a gauge of one series; ok false leaves it out.
 func gauge(prom, otel, unit, help string, read func(*Snapshot) (v float64, ok bool)) Metric {
@@ -234,11 +223,17 @@ func floats(m Metric) Metric {
 	return m
 }
 
-// scoped sets the scope of each metric of ms.
-func scoped(scope Scope, ms []Metric) []Metric {
+// pooled makes ms Pool metrics: PoolLabel first, its value the pool's name.
+func pooled(ms []Metric) []Metric {
 	out := slices.Clone(ms)
-	for i := range out {
-		out[i].Scope = scope
+	for i, m := range out {
+		out[i].Scope = Pool
+		out[i].Labels = append([]Label{{Name: PoolLabel}}, m.Labels...)
+		if m.Read != nil {
+			out[i].Read = func(s *Snapshot, emit Emit) {
+				m.Read(s, func(v float64, labels ...string) { emit(v, append([]string{s.PoolName}, labels...)...) })
+			}
+		}
 	}
 	return out
 }
@@ -265,12 +260,14 @@ type named struct {
 }
 
 // byLabel is a counter of one series per value read returns, labelled
-// label with the value's name.
+// label with the value's name; a negative value (not known) is left out.
 func byLabel(prom, otel, unit, label, help string, read func(*Snapshot) []named) Metric {
 	return Metric{Prom: prom, OTel: otel, Unit: unit, Help: help, Kind: Counter, Labels: labels(label),
 		Read: func(s *Snapshot, emit Emit) {
 			for _, n := range read(s) {
-				emit(float64(n.v), n.label)
+				if n.v >= 0 {
+					emit(float64(n.v), n.label)
+				}
 			}
 		}}
 }
