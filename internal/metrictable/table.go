@@ -277,11 +277,8 @@ func byOrigin(prom, otel, unit, help string, read func(*trim.OriginStats) float6
 	return Metric{Prom: prom, OTel: otel, Unit: unit, Help: help, Kind: Counter, Labels: labels("origin"),
 		Read: func(s *Snapshot, emit Emit) {
 			t := &s.Stats.Trim
-			for _, o := range []struct {
-				label string
-				stats *trim.OriginStats
-			}{{"debounced", &t.Debounced}, {"pressure", &t.Pressure}, {"spiral", &t.Spiral}, {"by_name", &t.ByName}} {
-				emit(read(o.stats), o.label)
+			for label, o := range map[string]*trim.OriginStats{"debounced": &t.Debounced, "pressure": &t.Pressure, "spiral": &t.Spiral, "by_name": &t.ByName} {
+				emit(read(o), label)
 			}
 		}}
 }
