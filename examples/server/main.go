@@ -50,10 +50,8 @@ func main() {
 type config struct {
 	addr          string
 	requestBudget int64
-	pool          int64
 	budgets       bool
-	heapPressure  float64
-	cancelLargest bool
+	pool          limits.PoolConfig // -pool, -heap-pressure, -cancel-largest
 }
 
 func parseFlags(args []string) (config, error) {
@@ -63,8 +61,8 @@ func parseFlags(args []string) (config, error) {
 	budget := fs.String("request-budget", "64MiB", "each request's budget in bytes (KiB, MiB, GiB suffixes; 0: the pool alone limits)")
 	pool := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
 	fs.BoolVar(&c.budgets, "budgets", true, "account requests against budgets")
-	fs.Float64Var(&c.heapPressure, "heap-pressure", 0, "share of GOMEMLIMIT the live heap may reach (0: 0.9, negative: off)")
-	fs.BoolVar(&c.cancelLargest, "cancel-largest", false, "under heap pressure, cancel the largest request")
+	fs.Float64Var(&c.pool.HeapPressure, "heap-pressure", 0, "share of GOMEMLIMIT the live heap may reach (0: 0.9, negative: off)")
+	fs.BoolVar(&c.pool.CancelLargest, "cancel-largest", false, "under heap pressure, cancel the largest request")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -72,7 +70,7 @@ func parseFlags(args []string) (config, error) {
 	if c.requestBudget, err = bytesize.Parse(*budget); err != nil {
 		return c, fmt.Errorf("-request-budget: %w", err)
 	}
-	if c.pool, err = bytesize.Parse(*pool); err != nil {
+	if c.pool.Limit, err = bytesize.Parse(*pool); err != nil {
 		return c, fmt.Errorf("-pool: %w", err)
 	}
 	return c, nil
@@ -132,11 +130,7 @@ func newHandler(cfg config) (http.Handler, *limits.Pool, error) {
 		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "{}") })
 		return mux, nil, nil
 	}
-	pool, err := limits.NewPool(limits.PoolConfig{
-		Limit:         cfg.pool,
-		HeapPressure:  cfg.heapPressure,
-		CancelLargest: cfg.cancelLargest,
-	})
+	pool, err := limits.NewPool(cfg.pool)
 	if err != nil {
 		return nil, nil, err
 	}
