@@ -192,18 +192,16 @@ func sortHandler(w http.ResponseWriter, r *http.Request) {
 func build(ctx context.Context, n int64) ([]int64, error) {
 	rng := rand.New(rand.NewPCG(uint64(n), 1))
 	var list []int64
-	for int64(len(list)) < n {
-		if len(list) == cap(list) {
-			newCap := min(max(2*int64(cap(list)), 1024), n)
-			if err := limits.Grow(ctx, 8*newCap); err != nil {
-				limits.Shrink(ctx, 8*int64(cap(list)))
-				return nil, err
-			}
-			bigger := make([]int64, len(list), newCap)
-			copy(bigger, list)
+	for int64(len(list)) < n { // the list is full here: grow it
+		newCap := min(max(2*int64(cap(list)), 1024), n)
+		if err := limits.Grow(ctx, 8*newCap); err != nil {
 			limits.Shrink(ctx, 8*int64(cap(list)))
-			list = bigger
+			return nil, err
 		}
+		bigger := make([]int64, len(list), newCap)
+		copy(bigger, list)
+		limits.Shrink(ctx, 8*int64(cap(list)))
+		list = bigger
 		for len(list) < cap(list) {
 			list = append(list, rng.Int64())
 		}
