@@ -22,7 +22,7 @@ type Pool struct {
 // collector is the prometheus.Collector Register registers.
 type collector struct {
 	ctl   *memctl.Controller
-	pools []Pool
+	pools []metrictable.NamedPool
 	// descs are metrictable.Metrics' descriptions; nil for pool and
 	// process metrics without a pool.
 	descs []*prometheus.Desc
@@ -48,31 +48,19 @@ func Register(reg prometheus.Registerer, ctl *memctl.Controller, pools ...Pool) 
 
 // newCollector returns the collector of Register, not registered.
 func newCollector(ctl *memctl.Controller, pools ...Pool) (*collector, error) {
-	seen := map[string]bool{}
-	pools = append([]Pool(nil), pools...)
+	named := make([]metrictable.NamedPool, len(pools))
 	for i, p := range pools {
-		switch {
-		case p.Pool == nil:
-			return nil, fmt.Errorf("metrics: pool %q is nil", p.Name)
-		case p.Name == "":
-			pools[i].Name = p.Pool.Name()
-		case p.Name != p.Pool.Name():
-			return nil, fmt.Errorf("metrics: pool %q is named %q in its errors and Stats: one name per pool (set PoolConfig.Name to %q, or leave Pool.Name empty)", p.Name, p.Pool.Name(), p.Name)
-		}
-		if seen[pools[i].Name] {
-			return nil, fmt.Errorf("metrics: two pools named %q: name each with PoolConfig.Name", pools[i].Name)
-		}
-		seen[pools[i].Name] = true
+		named[i] = metrictable.NamedPool(p)
 	}
-	c := &collector{ctl: ctl, pools: pools, descs: make([]*prometheus.Desc, len(metrictable.Metrics))}
+	if err := metrictable.CheckPools("metrics", named); err != nil {
+		return nil, err
+	}
+	c := &collector{ctl: ctl, pools: named, descs: make([]*prometheus.Desc, len(metrictable.Metrics))}
 	for i, m := range metrictable.Metrics {
 		if m.Scope != metrictable.Controller && len(pools) == 0 {
 			continue
 		}
 		var labels []string
-		if m.Scope == metrictable.Pool {
-			labels = append(labels, metrictable.PoolLabel)
-		}
 		for _, l := range m.Labels {
 			labels = append(labels, l.Name)
 		}
@@ -92,45 +80,28 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the statistics once and sends the metrics.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	s := metrictable.Take(c.ctl)
-	c.emit(ch, metrictable.Controller, &s)
-	for i, p := range c.pools {
-		s.Pool = p.Pool.Stats()
-		c.emit(ch, metrictable.Pool, &s, p.Name)
-		if i == 0 {
-			c.emit(ch, metrictable.Process, &s)
+	metrictable.Walk(c.ctl, c.pools, func(i int, s *metrictable.Snapshot) {
+		m, desc := &metrictable.Metrics[i], c.descs[i]
+		if m.Kind == metrictable.Histogram {
+			ch <- histogram(desc, m.Peaks(s), s.PoolName)
+			return
 		}
-	}
+		kind := prometheus.GaugeValue
+		if m.Kind == metrictable.Counter {
+			kind = prometheus.CounterValue
+		}
+		m.Read(s, func(v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(desc, kind, v, labels...)
+		})
+	})
 }
 
-// emit sends scope's metrics read from s, fixed labels first.
-func (c *collector) emit(ch chan<- prometheus.Metric, scope metrictable.Scope, s *metrictable.Snapshot, fixed ...string) {
-	for i, m := range metrictable.Metrics {
-		if m.Scope != scope {
-			continue
-		}
-		desc := c.descs[i]
-		switch m.Kind {
-		case metrictable.Histogram:
-			ch <- histogram(desc, m.Peaks(s), fixed)
-		default:
-			kind := prometheus.GaugeValue
-			if m.Kind == metrictable.Counter {
-				kind = prometheus.CounterValue
-			}
-			m.Read(s, func(v float64, labels ...string) {
-				ch <- prometheus.MustNewConstMetric(desc, kind, v, append(append([]string(nil), fixed...), labels...)...)
-			})
-		}
-	}
-}
-
-// histogram is h as a Prometheus histogram.
-func histogram(desc *prometheus.Desc, h *limits.PeakHistogram, labels []string) prometheus.Metric {
+// histogram is h, the pool's peaks, as a Prometheus histogram.
+func histogram(desc *prometheus.Desc, h *limits.PeakHistogram, pool string) prometheus.Metric {
 	b, count := metrictable.Buckets(h)
 	buckets := make(map[float64]uint64, len(b))
 	for _, x := range b {
 		buckets[float64(x.Bound)] = x.N
 	}
-	return prometheus.MustNewConstHistogram(desc, count, float64(h.Sum), buckets, labels...)
+	return prometheus.MustNewConstHistogram(desc, count, float64(h.Sum), buckets, pool)
 }

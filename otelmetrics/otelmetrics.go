@@ -33,21 +33,12 @@ type Pool struct {
 // the pool's own, two pools of one name, and the meter's errors. Safe for
 // concurrent use, as is the callback.
 func Register(mp metric.MeterProvider, ctl *memctl.Controller, pools ...Pool) (metric.Registration, error) {
-	seen := map[string]bool{}
-	pools = append([]Pool(nil), pools...)
+	named := make([]metrictable.NamedPool, len(pools))
 	for i, p := range pools {
-		switch {
-		case p.Pool == nil:
-			return nil, fmt.Errorf("otelmetrics: pool %q is nil", p.Name)
-		case p.Name == "":
-			pools[i].Name = p.Pool.Name()
-		case p.Name != p.Pool.Name():
-			return nil, fmt.Errorf("otelmetrics: pool %q is named %q in its errors and Stats: one name per pool (set PoolConfig.Name to %q, or leave Pool.Name empty)", p.Name, p.Pool.Name(), p.Name)
-		}
-		if seen[pools[i].Name] {
-			return nil, fmt.Errorf("otelmetrics: two pools named %q: name each with PoolConfig.Name", pools[i].Name)
-		}
-		seen[pools[i].Name] = true
+		named[i] = metrictable.NamedPool(p)
+	}
+	if err := metrictable.CheckPools("otelmetrics", named); err != nil {
+		return nil, err
 	}
 	m := mp.Meter(ScopeName)
 	// obs are metrictable.Metrics' instruments; nil for pool and process
@@ -65,15 +56,9 @@ func Register(mp metric.MeterProvider, ctl *memctl.Controller, pools ...Pool) (m
 		all = append(all, obs[i])
 	}
 	return m.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		s := metrictable.Take(ctl)
-		emit(ob, obs, metrictable.Controller, &s)
-		for i, p := range pools {
-			s.Pool = p.Pool.Stats()
-			emit(ob, obs, metrictable.Pool, &s, attribute.String(metrictable.PoolLabel, p.Name))
-			if i == 0 {
-				emit(ob, obs, metrictable.Process, &s)
-			}
-		}
+		metrictable.Walk(ctl, named, func(i int, s *metrictable.Snapshot) {
+			observe(ob, obs[i], &metrictable.Metrics[i], s)
+		})
 		return nil
 	}, all...)
 }
@@ -94,40 +79,34 @@ func create(m metric.Meter, in *metrictable.Metric) (metric.Observable, error) {
 	}
 }
 
-// emit observes the instruments of scope read from s, with fixed
-// attributes first.
-func emit(ob metric.Observer, obs []metric.Observable, scope metrictable.Scope, s *metrictable.Snapshot, fixed ...attribute.KeyValue) {
-	for i, in := range metrictable.Metrics {
-		if in.Scope != scope {
-			continue
+// observe observes on o the series of in read from s.
+func observe(ob metric.Observer, o metric.Observable, in *metrictable.Metric, s *metrictable.Snapshot) {
+	record := func(v float64, attrs ...attribute.KeyValue) {
+		switch x := o.(type) {
+		case metric.Float64Observable:
+			ob.ObserveFloat64(x, v, metric.WithAttributes(attrs...))
+		case metric.Int64Observable:
+			ob.ObserveInt64(x, int64(v), metric.WithAttributes(attrs...))
 		}
-		observe := func(v float64, attrs ...attribute.KeyValue) {
-			opt := metric.WithAttributes(append(append([]attribute.KeyValue(nil), fixed...), attrs...)...)
-			switch x := obs[i].(type) {
-			case metric.Float64Observable:
-				ob.ObserveFloat64(x, v, opt)
-			case metric.Int64Observable:
-				ob.ObserveInt64(x, int64(v), opt)
-			}
-		}
-		if in.Kind == metrictable.Histogram {
-			b, count := metrictable.Buckets(in.Peaks(s))
-			for _, x := range b {
-				observe(float64(x.N), attribute.String("le", strconv.FormatInt(x.Bound, 10)))
-			}
-			observe(float64(count), attribute.String("le", "+Inf"))
-			continue
-		}
-		in.Read(s, func(v float64, labels ...string) {
-			attrs := make([]attribute.KeyValue, len(labels))
-			for j, l := range in.Labels {
-				if l.Bool {
-					attrs[j] = attribute.Bool(l.Name, labels[j] == "true")
-				} else {
-					attrs[j] = attribute.String(l.Name, labels[j])
-				}
-			}
-			observe(v, attrs...)
-		})
 	}
+	if in.Kind == metrictable.Histogram {
+		pool := attribute.String(metrictable.PoolLabel, s.PoolName)
+		b, count := metrictable.Buckets(in.Peaks(s))
+		for _, x := range b {
+			record(float64(x.N), pool, attribute.String("le", strconv.FormatInt(x.Bound, 10)))
+		}
+		record(float64(count), pool, attribute.String("le", "+Inf"))
+		return
+	}
+	in.Read(s, func(v float64, labels ...string) {
+		attrs := make([]attribute.KeyValue, len(labels))
+		for j, l := range in.Labels {
+			if l.Bool {
+				attrs[j] = attribute.Bool(l.Name, labels[j] == "true")
+			} else {
+				attrs[j] = attribute.String(l.Name, labels[j])
+			}
+		}
+		record(v, attrs...)
+	})
 }

@@ -50,10 +50,8 @@ func main() {
 type config struct {
 	addr          string
 	requestBudget int64
-	pool          int64
 	budgets       bool
-	heapPressure  float64
-	cancelLargest bool
+	pool          limits.PoolConfig // -pool, -heap-pressure, -cancel-largest
 }
 
 func parseFlags(args []string) (config, error) {
@@ -63,8 +61,8 @@ func parseFlags(args []string) (config, error) {
 	budget := fs.String("request-budget", "64MiB", "each request's budget in bytes (KiB, MiB, GiB suffixes; 0: the pool alone limits)")
 	pool := fs.String("pool", "0", "the shared pool in bytes (0: half of GOMEMLIMIT)")
 	fs.BoolVar(&c.budgets, "budgets", true, "account requests against budgets")
-	fs.Float64Var(&c.heapPressure, "heap-pressure", 0, "share of GOMEMLIMIT the live heap may reach (0: 0.9, negative: off)")
-	fs.BoolVar(&c.cancelLargest, "cancel-largest", false, "under heap pressure, cancel the largest request")
+	fs.Float64Var(&c.pool.HeapPressure, "heap-pressure", 0, "share of GOMEMLIMIT the live heap may reach (0: 0.9, negative: off)")
+	fs.BoolVar(&c.pool.CancelLargest, "cancel-largest", false, "under heap pressure, cancel the largest request")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -72,7 +70,7 @@ func parseFlags(args []string) (config, error) {
 	if c.requestBudget, err = bytesize.Parse(*budget); err != nil {
 		return c, fmt.Errorf("-request-budget: %w", err)
 	}
-	if c.pool, err = bytesize.Parse(*pool); err != nil {
+	if c.pool.Limit, err = bytesize.Parse(*pool); err != nil {
 		return c, fmt.Errorf("-pool: %w", err)
 	}
 	return c, nil
@@ -132,11 +130,7 @@ func newHandler(cfg config) (http.Handler, *limits.Pool, error) {
 		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "{}") })
 		return mux, nil, nil
 	}
-	pool, err := limits.NewPool(limits.PoolConfig{
-		Limit:         cfg.pool,
-		HeapPressure:  cfg.heapPressure,
-		CancelLargest: cfg.cancelLargest,
-	})
+	pool, err := limits.NewPool(cfg.pool)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -198,18 +192,16 @@ func sortHandler(w http.ResponseWriter, r *http.Request) {
 func build(ctx context.Context, n int64) ([]int64, error) {
 	rng := rand.New(rand.NewPCG(uint64(n), 1))
 	var list []int64
-	for int64(len(list)) < n {
-		if len(list) == cap(list) {
-			newCap := min(max(2*int64(cap(list)), 1024), n)
-			if err := limits.Grow(ctx, 8*newCap); err != nil {
-				limits.Shrink(ctx, 8*int64(cap(list)))
-				return nil, err
-			}
-			bigger := make([]int64, len(list), newCap)
-			copy(bigger, list)
+	for int64(len(list)) < n { // the list is full here: grow it
+		newCap := min(max(2*int64(cap(list)), 1024), n)
+		if err := limits.Grow(ctx, 8*newCap); err != nil {
 			limits.Shrink(ctx, 8*int64(cap(list)))
-			list = bigger
+			return nil, err
 		}
+		bigger := make([]int64, len(list), newCap)
+		copy(bigger, list)
+		limits.Shrink(ctx, 8*int64(cap(list)))
+		list = bigger
 		for len(list) < cap(list) {
 			list = append(list, rng.Int64())
 		}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/limits"
 )
 
 const (
@@ -42,14 +43,14 @@ func TestParseFlags(t *testing.T) {
 	c, err := parseFlags([]string{"-request-budget", "32MiB", "-pool", "1GiB"})
 	require.NoError(t, err)
 	assert.Equal(t, int64(32*mib), c.requestBudget)
-	assert.Equal(t, int64(1<<30), c.pool)
+	assert.Equal(t, int64(1<<30), c.pool.Limit)
 	_, err = parseFlags([]string{"-request-budget", "lots"})
 	assert.ErrorContains(t, err, "-request-budget")
 	assert.ErrorContains(t, err, `"lots"`)
 }
 
 func TestSortInProcess(t *testing.T) {
-	h, pool, err := newHandler(config{requestBudget: 64 * mib, pool: 256 * mib, budgets: true, heapPressure: -1})
+	h, pool, err := newHandler(config{requestBudget: 64 * mib, budgets: true, pool: limits.PoolConfig{Limit: 256 * mib, HeapPressure: -1}})
 	require.NoError(t, err)
 	defer pool.Close()
 	srv := httptest.NewServer(h)
@@ -84,7 +85,7 @@ func TestSortInProcess(t *testing.T) {
 // server reports no leak. The request (32 MiB) is larger than the whole
 // pool (16 MiB), so no retry can succeed: no Retry-After.
 func TestSortNoRequestBudget(t *testing.T) {
-	h, pool, err := newHandler(config{requestBudget: 0, pool: 16 * mib, budgets: true, heapPressure: -1})
+	h, pool, err := newHandler(config{requestBudget: 0, budgets: true, pool: limits.PoolConfig{Limit: 16 * mib, HeapPressure: -1}})
 	require.NoError(t, err)
 	defer pool.Close()
 	srv := httptest.NewServer(h)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -127,4 +128,30 @@ func Say(key string, value any) {
 func Fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "child: "+format+"\n", args...)
 	os.Exit(1)
+}
+
+// RequireInt returns the report's key as an int64, or fails the test
+// saying which key was missing or malformed, with the whole report.
+func RequireInt(t testing.TB, rep map[string]string, key string) int64 {
+	t.Helper()
+	return require(t, rep, key, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) })
+}
+
+// RequireFloat is RequireInt for a float64.
+func RequireFloat(t testing.TB, rep map[string]string, key string) float64 {
+	t.Helper()
+	return require(t, rep, key, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) })
+}
+
+func require[T any](t testing.TB, rep map[string]string, key string, parse func(string) (T, error)) T {
+	t.Helper()
+	v, ok := rep[key]
+	if !ok {
+		t.Fatalf("childtest: the child did not report %s; its report: %v", key, rep)
+	}
+	n, err := parse(v)
+	if err != nil {
+		t.Fatalf("childtest: the child reported %s=%q, not a number; its report: %v", key, v, rep)
+	}
+	return n
 }

@@ -25,7 +25,8 @@ func TestTable(t *testing.T) {
 		assert.Equal(t, m.Kind == Counter, strings.HasSuffix(m.Prom, "_total"), "%s: _total for a counter only", m.Prom)
 		assert.Equal(t, m.Kind == Histogram, m.Read == nil, m.Prom)
 		assert.Equal(t, m.Kind == Histogram, m.Peaks != nil, m.Prom)
-		names := map[string]bool{PoolLabel: m.Scope == Pool}
+		assert.Equal(t, m.Scope == Pool, len(m.Labels) > 0 && m.Labels[0].Name == PoolLabel, "%s: label pool first in a Pool metric only", m.Prom)
+		names := map[string]bool{}
 		for _, l := range m.Labels {
 			assert.False(t, names[l.Name], "%s: label %s twice", m.Prom, l.Name)
 			names[l.Name] = true
@@ -42,6 +43,7 @@ func TestReadLabels(t *testing.T) {
 	s.Stats.Trim.LastDuration, s.Stats.Trim.Trims = time.Millisecond, 1
 	s.Pool.Limit, s.Pool.HeapBaseline = 1<<20, 0
 	s.Report.MemLimit.MemoryLimit = 1 << 30
+	s.PoolName = "http"
 	for _, m := range Metrics {
 		if m.Kind == Histogram {
 			continue
@@ -49,7 +51,10 @@ func TestReadLabels(t *testing.T) {
 		n := 0
 		m.Read(&s, func(_ float64, vs ...string) {
 			n++
-			if assert.Len(t, vs, len(m.Labels), m.Prom) {
+			if assert.Len(t, vs, len(m.Labels), m.Prom) && m.Scope == Pool {
+				assert.Equal(t, "http", vs[0], "%s: the pool's name", m.Prom)
+			}
+			if len(vs) == len(m.Labels) {
 				for i, l := range m.Labels {
 					if l.Bool {
 						assert.Contains(t, []string{"true", "false"}, vs[i], "%s: %s", m.Prom, l.Name)
