@@ -9,16 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
-	"github.com/memctl/memctl/internal/memsignal"
 )
-
-// source is a kernel pressure source to open, its name, and the cgroup
-// directory it belongs to ("" host-wide and for systemd's).
-type source struct {
-	memsignal.Source
-	name, dir string
-	hostWide  bool // the system-wide PSI: the host's pressure
-}
 
 // choice is a pick of the kernel source: the candidates in order, and
 // what was learnt of those that could not be used.
@@ -46,11 +37,11 @@ func startWatcher(m *Monitor) (*watcher, error) {
 		c.addCgroup(m.cfg, w == "auto")
 	}
 	if w == "auto" || w == "system" {
-		c.cands = append(c.cands, source{Source: memsignal.Source{Kind: memsignal.PSI, Path: procPressure, Write: memsignal.Trigger(m.cfg.Stall, m.cfg.StallWindow)},
+		c.cands = append(c.cands, source{kind: srcPSI, path: procPressure, write: psiTrigger(m.cfg.Stall, m.cfg.StallWindow),
 			hostWide: true, name: fmt.Sprintf("host-wide PSI %s (some %v in %v)", procPressure, m.cfg.Stall, m.cfg.StallWindow)})
 	}
 	for _, s := range c.cands {
-		sig, err := memsignal.Open(s.Source)
+		sig, err := openSignal(s)
 		if err != nil {
 			c.failed(s, err)
 			continue
@@ -66,14 +57,15 @@ func startWatcher(m *Monitor) (*watcher, error) {
 // addSystemd adds the source $MEMORY_PRESSURE_WATCH names, if set; off
 // reports that the service manager turned watching off.
 func (c *choice) addSystemd(getenv func(string) string, only bool) (off bool) {
-	s, ok, off, err := memsignal.SystemdEnv(getenv)
+	s, ok, off, err := systemdEnv(getenv)
 	switch {
 	case off:
 		return true
 	case err != nil:
 		c.why, c.systemdFailed = append(c.why, err), true
 	case ok:
-		c.cands = append(c.cands, source{Source: s, name: "systemd " + s.Path})
+		s.name = "systemd " + s.path
+		c.cands = append(c.cands, s)
 	case only:
 		c.why, c.systemdFailed = append(c.why, errors.New("pressure: $MEMORY_PRESSURE_WATCH is not set")), true
 	}
@@ -93,11 +85,11 @@ func (c *choice) addCgroup(cfg Config, auto bool) {
 	case l.Version == 2:
 		c.own, c.nsRoot = l.Dir, l.Cgroup == "/"
 		p := filepath.Join(l.Dir, "memory.pressure")
-		c.cands = append(c.cands, source{Source: memsignal.Source{Kind: memsignal.PSI, Path: p, Write: memsignal.Trigger(cfg.Stall, cfg.StallWindow)},
+		c.cands = append(c.cands, source{kind: srcPSI, path: p, write: psiTrigger(cfg.Stall, cfg.StallWindow),
 			dir: l.Dir, name: fmt.Sprintf("cgroup v2 PSI %s (some %v in %v)", p, cfg.Stall, cfg.StallWindow)})
 		if l.Bytes != cgroupfs.NoLimit {
 			e := filepath.Join(l.Dir, "memory.events")
-			c.cands = append(c.cands, source{Source: memsignal.Source{Kind: memsignal.Events, Path: e},
+			c.cands = append(c.cands, source{kind: srcEvents, path: e,
 				dir: l.Dir, name: fmt.Sprintf("cgroup v2 %s (high, max, oom)", e)})
 		}
 	case l.Bytes == cgroupfs.NoLimit && auto:
@@ -106,20 +98,20 @@ func (c *choice) addCgroup(cfg Config, auto bool) {
 		c.ownWhy, c.why = append(c.ownWhy, e), append(c.why, e)
 	default:
 		c.own = l.Dir
-		c.cands = append(c.cands, source{Source: memsignal.Source{Kind: memsignal.V1Level, Path: l.Dir},
-			dir: l.Dir, name: fmt.Sprintf("cgroup v1 %s/memory.pressure_level %s", l.Dir, memsignal.V1LevelName)})
+		c.cands = append(c.cands, source{kind: srcV1Level, path: l.Dir,
+			dir: l.Dir, name: fmt.Sprintf("cgroup v1 %s/memory.pressure_level %s", l.Dir, v1Level)})
 	}
 }
 
 // failed records that s could not be opened.
 func (c *choice) failed(s source, err error) {
 	c.why = append(c.why, err)
-	if s.Kind == memsignal.Systemd {
+	if s.kind == srcSystemd {
 		c.systemdFailed = true
 	} else {
 		c.ownWhy = append(c.ownWhy, err)
 	}
-	if s.Kind == memsignal.PSI && !s.hostWide {
+	if s.kind == srcPSI && !s.hostWide {
 		c.psiWhy = err
 	}
 }
@@ -133,21 +125,21 @@ func (c *choice) note(s source) string {
 		return psiRefusedNote(c.psiWhy, c.nsRoot) + "; no limit in sight to watch memory.events for"
 	case s.hostWide:
 		return hostWideNote(c.ownWhy)
-	case s.Kind == memsignal.Events && c.psiWhy != nil:
+	case s.kind == srcEvents && c.psiWhy != nil:
 		return psiRefusedNote(c.psiWhy, c.nsRoot)
 	}
 	return ""
 }
 
 // startOn starts the watcher of the source s, open as sig.
-func (m *Monitor) startOn(sig *memsignal.Signal, s source, c *choice) (*watcher, error) {
+func (m *Monitor) startOn(sig *signal, s source, c *choice) (*watcher, error) {
 	wt := &watcher{m: m, sig: sig, name: s.name, hostWide: s.hostWide, note: c.note(s), makeup: m.makeupFunc(s, c.own)}
 	if m.cfg.Watch == "system" {
 		wt.note = `Config.Watch is "system"`
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		sig.Close()
+		sig.close()
 		return nil, fmt.Errorf("pressure: eventfd: %w", err)
 	}
 	wt.wake, wt.done = wake, make(chan struct{})
@@ -159,8 +151,8 @@ func (m *Monitor) startOn(sig *memsignal.Signal, s source, c *choice) (*watcher,
 		}
 		m.log.Log(bg, level, "memctl: memory pressure source skipped", "using", wt.name, "error", errors.Join(c.why...))
 	}
-	if sig.NoCheck != "" {
-		m.log.Debug("memctl: PSI events are not checked against the stall since arming", "source", wt.name, "reason", sig.NoCheck)
+	if sig.noCheck != "" {
+		m.log.Debug("memctl: PSI events are not checked against the stall since arming", "source", wt.name, "reason", sig.noCheck)
 	}
 	go wt.run()
 	return wt, nil
@@ -168,12 +160,12 @@ func (m *Monitor) startOn(sig *memsignal.Signal, s source, c *choice) (*watcher,
 
 // makeupFunc returns the makeup reader for s: the watched cgroup's memory.stat
 // (systemd's: the process's own), or /proc/meminfo and RssAnon host-wide.
-func (m *Monitor) makeupFunc(s source, own string) func() (memsignal.Makeup, error) {
+func (m *Monitor) makeupFunc(s source, own string) func() (makeup, error) {
 	if m.deps.makeup != nil {
 		return m.deps.makeup
 	}
 	dir := s.dir
-	if s.Kind == memsignal.Systemd {
+	if s.kind == srcSystemd {
 		if l, err := cgroupfs.Of(0); err == nil {
 			dir = l.Dir
 		} else {
@@ -181,9 +173,9 @@ func (m *Monitor) makeupFunc(s source, own string) func() (memsignal.Makeup, err
 		}
 	}
 	if s.hostWide || dir == "" {
-		return func() (memsignal.Makeup, error) { return memsignal.HostMakeup("/proc/meminfo", "/proc/self/status") }
+		return func() (makeup, error) { return hostMakeup("/proc/meminfo", "/proc/self/status") }
 	}
-	return func() (memsignal.Makeup, error) { return memsignal.CgroupMakeup(dir) }
+	return func() (makeup, error) { return cgroupMakeup(dir) }
 }
 
 // Why the process's own cgroup is not watched (hostWideNote).

@@ -16,7 +16,7 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
-	"github.com/memctl/memctl/internal/memsignal"
+
 	"github.com/memctl/memctl/internal/relief"
 )
 
@@ -154,7 +154,7 @@ type deps struct {
 	shed    func(on bool)                               // shed large work in the pools
 	lift    func(extra int64) (from, to int64, ok bool) // GOMEMLIMIT's owner
 	ceiling func() int64                                // the highest lift, 0: none
-	makeup  func() (memsignal.Makeup, error)            // nil: the source's own
+	makeup  func() (makeup, error)                      // nil: the source's own
 }
 
 var realDeps = deps{getenv: os.Getenv, trim: relief.Trim, cancel: relief.CancelLargest, shed: relief.Shed,

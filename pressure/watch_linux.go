@@ -9,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/memctl/memctl/internal/logattr"
-	"github.com/memctl/memctl/internal/memsignal"
 )
 
 // procPressure is the system-wide memory PSI file (Linux 4.20 and later,
@@ -20,12 +19,12 @@ const procPressure = "/proc/pressure/memory"
 // source and on wake, an eventfd that close writes to.
 type watcher struct {
 	m        *Monitor
-	sig      *memsignal.Signal
+	sig      *signal
 	name     string
 	note     string // why the process's own cgroup is not watched (SourceNote)
 	hostWide bool   // the system-wide PSI: the host's pressure
 	// makeup reads what the memory is made of; makeupBad: it cannot now.
-	makeup    func() (memsignal.Makeup, error)
+	makeup    func() (makeup, error)
 	makeupBad bool
 	wake      int
 	done      chan struct{}
@@ -45,7 +44,7 @@ type stretch struct {
 // event for a window after one, so a real stall just after would be missed.
 func (w *watcher) run() {
 	defer close(w.done)
-	fds := []unix.PollFd{w.sig.PollFd(), {Fd: int32(w.wake), Events: unix.POLLIN}}
+	fds := []unix.PollFd{w.sig.pollFd(), {Fd: int32(w.wake), Events: unix.POLLIN}}
 	fd := fds[0].Fd
 	var until, recheck time.Time // end of the quiet interval, the look after an ignored event; zero: none
 	var st stretch
@@ -78,7 +77,7 @@ func (w *watcher) run() {
 		case n == 0:
 			if !recheck.IsZero() && !time.Now().Before(recheck) {
 				recheck = time.Time{}
-				if _, _, ignore := w.sig.Unexplained(); !ignore {
+				if _, _, ignore := w.sig.unexplained(); !ignore {
 					w.respond(1, &st)
 					until, look = time.Now().Add(w.m.cfg.MinInterval), false
 				}
@@ -95,7 +94,7 @@ func (w *watcher) run() {
 		case handled:
 			until, recheck = time.Now().Add(w.m.cfg.MinInterval), time.Time{}
 		case ignored:
-			recheck = time.Now().Add(w.sig.Window())
+			recheck = time.Now().Add(w.sig.window())
 		}
 	}
 }
@@ -110,11 +109,11 @@ func ceilMillis(d time.Duration) int {
 // does not explain; stop: the source is gone.
 func (w *watcher) signal(re int16, st *stretch) (handled, ignored, stop bool) {
 	m := w.m
-	if w.sig.Gone(re) {
+	if w.sig.gone(re) {
 		m.log.Warn("memctl: memory pressure watcher stopped: source gone", "source", w.name, "revents", re)
 		return false, false, true
 	}
-	got := w.sig.Drain()
+	got := w.sig.drain()
 	switch {
 	case got < 0:
 		m.log.Warn("memctl: memory pressure watcher stopped: the service manager closed the socket", "source", w.name)
@@ -122,7 +121,7 @@ func (w *watcher) signal(re int16, st *stretch) (handled, ignored, stop bool) {
 	case got == 0:
 		return false, false, false
 	}
-	if since, threshold, ignore := w.sig.Unexplained(); ignore {
+	if since, threshold, ignore := w.sig.unexplained(); ignore {
 		m.unexplained.Add(1)
 		m.log.LogAttrs(bg, slog.LevelDebug, "memctl: PSI event ignored: the stall since the trigger was armed does not explain it; looked at again a window later",
 			slog.String("source", w.name), slog.Duration("stall_since_armed", since), slog.Duration("threshold", threshold))
@@ -161,7 +160,7 @@ func (w *watcher) eased(st *stretch) {
 
 // logPressure logs the WARN that opens a stretch of pressure, with the memory's
 // makeup ("unknown", never -1); own_anon_bytes is for host-wide PSI only.
-func (w *watcher) logPressure(mk memsignal.Makeup) {
+func (w *watcher) logPressure(mk makeup) {
 	attrs := []slog.Attr{slog.String("source", w.name),
 		logattr.Bytes("anon_bytes", mk.Anon), logattr.Bytes("page_cache_bytes", mk.Cache)}
 	if w.hostWide {
@@ -173,9 +172,9 @@ func (w *watcher) logPressure(mk memsignal.Makeup) {
 
 // readMakeup reads the memory's makeup; a failure is an unknown makeup, with
 // one WARN naming the file each time it turns unknown. Watcher goroutine only.
-func (w *watcher) readMakeup() memsignal.Makeup {
+func (w *watcher) readMakeup() makeup {
 	mk, err := w.makeup()
-	if err == nil && mk.Known() {
+	if err == nil && mk.known() {
 		w.makeupBad = false
 		return mk
 	}
@@ -199,5 +198,5 @@ func (w *watcher) close() {
 	_, _ = unix.Write(w.wake, one[:])
 	<-w.done
 	_ = unix.Close(w.wake)
-	w.sig.Close()
+	w.sig.close()
 }
