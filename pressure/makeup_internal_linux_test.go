@@ -21,7 +21,6 @@ func TestHostWideCancelNeedsOwnAnon(t *testing.T) {
 	m := &Monitor{deps: testDeps(nil)}
 	m.deps.trim = func() bool { trims++; return true }
 	m.deps.cancel = func() int { cancels++; return 1 }
-	m.subs.Store(new([]*subscriber))
 	host := &watcher{name: "host-wide PSI test", hostWide: true}
 	const gib = 1 << 30
 	for _, tc := range []struct {

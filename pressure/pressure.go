@@ -169,7 +169,7 @@ type Monitor struct {
 	events string // memory.events path, "" when not cgroup v2
 
 	subMu sync.Mutex
-	subs  atomic.Pointer[[]*subscriber]
+	subs  []chan Event // under subMu
 
 	spiral   *spiral
 	gcSub    *gcend.Subscription
@@ -192,11 +192,6 @@ type Monitor struct {
 	closed                  atomic.Bool
 }
 
-type subscriber struct {
-	ch   chan Event
-	once sync.Once
-}
-
 // ErrNoSource is matched (errors.Is) by Start's error when no kernel
 // pressure source can be watched; it also matches errors.ErrUnsupported.
 var ErrNoSource = fmt.Errorf("pressure: no kernel memory pressure source: %w", errors.ErrUnsupported)
@@ -212,7 +207,6 @@ func start(cfg Config, d deps) (*Monitor, error) {
 		return nil, err
 	}
 	m := &Monitor{cfg: cfg, deps: d, log: cfg.Logger}
-	m.subs.Store(new([]*subscriber))
 	if l, err := cgroupfs.Of(0); err == nil && l.Version == 2 {
 		m.events = l.Dir + "/memory.events"
 	}
@@ -286,29 +280,29 @@ func (m *Monitor) SourceNote() string {
 // least 1); an event that does not fit is dropped (Stats.Dropped). cancel, or
 // Close, closes it; on a nil or closed Monitor it is closed at once.
 func (m *Monitor) Subscribe(buf int) (events <-chan Event, cancel func()) {
-	s := &subscriber{ch: make(chan Event, max(buf, 1))}
+	ch := make(chan Event, max(buf, 1))
 	if m == nil {
-		close(s.ch)
-		return s.ch, func() {}
+		close(ch)
+		return ch, func() {}
 	}
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
 	if m.closed.Load() {
-		close(s.ch)
-		return s.ch, func() {}
+		close(ch)
+		return ch, func() {}
 	}
-	old := *m.subs.Load()
-	next := append(old[:len(old):len(old)], s)
-	m.subs.Store(&next)
-	return s.ch, func() { m.unsubscribe(s) }
+	m.subs = append(m.subs, ch)
+	return ch, func() { m.unsubscribe(ch) }
 }
 
-func (m *Monitor) unsubscribe(s *subscriber) {
+// unsubscribe closes ch unless Close or an earlier cancel did.
+func (m *Monitor) unsubscribe(ch chan Event) {
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
-	next := slices.DeleteFunc(slices.Clone(*m.subs.Load()), func(x *subscriber) bool { return x == s })
-	m.subs.Store(&next)
-	s.once.Do(func() { close(s.ch) })
+	if i := slices.Index(m.subs, ch); i >= 0 {
+		m.subs = slices.Delete(m.subs, i, i+1)
+		close(ch)
+	}
 }
 
 // publish sends e to every subscriber without blocking. Sends and closes
@@ -316,9 +310,9 @@ func (m *Monitor) unsubscribe(s *subscriber) {
 func (m *Monitor) publish(e Event) {
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
-	for _, s := range *m.subs.Load() {
+	for _, ch := range m.subs {
 		select {
-		case s.ch <- e:
+		case ch <- e:
 		default:
 			m.dropped.Add(1)
 		}
@@ -375,10 +369,10 @@ func (m *Monitor) Close() error {
 		m.endLiftLocked("monitor closed")
 		m.actMu.Unlock()
 		m.subMu.Lock()
-		for _, s := range *m.subs.Load() {
-			s.once.Do(func() { close(s.ch) })
+		for _, ch := range m.subs {
+			close(ch)
 		}
-		m.subs.Store(new([]*subscriber))
+		m.subs = nil
 		m.subMu.Unlock()
 	})
 	return nil
