@@ -1,3 +1,15 @@
+// Package pressure sees memory trouble coming and acts on it. Start runs a
+// Monitor, Subscribe tells the service of each event, Close stops it;
+// memctl.Start runs one unless MEMCTL_PRESSURE=off.
+//
+// At each GC end, with no goroutine or timer, the death-spiral detector looks
+// for a live heap near GOMEMLIMIT with the GC taking much of the CPU; on one it
+// logs a WARN, publishes KindSpiral, sheds large work in the limits pools and
+// lifts GOMEMLIMIT. The kernel watcher, one goroutine blocked in poll(2) on the
+// kernel's memory pressure signal (PSI, memory.events, v1's pressure_level,
+// systemd's), asks for a trim, or cancels the largest request when anonymous
+// memory is the problem, and publishes KindKernel. The rules are Config's
+// fields and docs/pressure.md; figures in docs/benchmarks.md.
 package pressure
 
 import (
@@ -166,7 +178,9 @@ type Monitor struct {
 	cfg    Config
 	deps   deps
 	log    *slog.Logger
-	events string // memory.events path, "" when not cgroup v2
+	events string         // memory.events path, "" when not cgroup v2
+	cg     cgroupfs.Limit // the process's memory cgroup, read once by Start
+	cgErr  error
 
 	subMu sync.Mutex
 	subs  []chan Event // under subMu
@@ -207,8 +221,8 @@ func start(cfg Config, d deps) (*Monitor, error) {
 		return nil, err
 	}
 	m := &Monitor{cfg: cfg, deps: d, log: cfg.Logger}
-	if l, err := cgroupfs.Of(0); err == nil && l.Version == 2 {
-		m.events = l.Dir + "/memory.events"
+	if m.cg, m.cgErr = cgroupfs.Of(0); m.cgErr == nil && m.cg.Version == 2 {
+		m.events = m.cg.Dir + "/memory.events"
 	}
 	if !cfg.SpiralOff {
 		m.spiral = newSpiral(cfg.Window, cfg.GCShare, cfg.LiveRatio)
