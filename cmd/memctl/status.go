@@ -54,11 +54,6 @@ func smapsRule(force bool, rss *int64) (read bool, why string) {
 		"while the kernel walks its page tables (about 10-25 ms a GiB); -smaps reads it anyway", logattr.MiB(*rss), logattr.MiB(smapsMaxRSS))
 }
 
-// statusOptions are the flags of status that change what is read.
-type statusOptions struct {
-	smaps bool // read smaps_rollup whatever the process's size
-}
-
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	pid := fs.Int("pid", 0, "show process `PID` (default: memctl itself)")
@@ -76,7 +71,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if *pid == 0 {
 		*pid = os.Getpid()
 	}
-	st, err := readStatus(*pid, statusOptions{smaps: *smaps})
+	st, err := readStatus(*pid, *smaps)
 	var out bytes.Buffer
 	if err == nil && *asJSON {
 		var b []byte
@@ -122,10 +117,11 @@ func readProcState(proc *safefs.Dir) (procState, error) {
 // isDead reports whether a /proc/PID/stat state is a zombie or dead.
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
 
-// readStatus reads everything status shows about pid. A field that cannot
-// be read is nil and named in Unknown; the error is for a process that does
-// not exist, exited while read, or whose /proc/PID/status cannot be read.
-func readStatus(pid int, o statusOptions) (*statusReport, error) {
+// readStatus reads everything status shows about pid (smaps: -smaps). A
+// field that cannot be read is nil and named in Unknown; the error is for a
+// process that does not exist, exited while read, or whose /proc/PID/status
+// cannot be read.
+func readStatus(pid int, smaps bool) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
@@ -149,7 +145,7 @@ func readStatus(pid int, o statusOptions) (*statusReport, error) {
 	if testHookAfterStart != nil {
 		testHookAfterStart()
 	}
-	st, err := readFields(pid, proc, o)
+	st, err := readFields(pid, proc, smaps)
 	after, err2 := readProcState(proc)
 	if err2 != nil || after.start != before.start || (isDead(after.state) && !isDead(before.state)) {
 		return nil, fmt.Errorf("process %d exited while memctl read it", pid)
@@ -161,7 +157,7 @@ func readStatus(pid int, o statusOptions) (*statusReport, error) {
 var testHookAfterStart func()
 
 // readFields reads the fields of readStatus through proc.
-func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, error) {
+func readFields(pid int, proc *safefs.Dir, smaps bool) (*statusReport, error) {
 	st := &statusReport{PID: pid, Env: map[string]string{}, envRaw: map[string]string{}, Unknown: map[string]string{}}
 	status, err := procfs.ReadFileIn(proc, "status")
 	if err != nil {
@@ -189,7 +185,7 @@ func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, erro
 	// smaps_rollup, no environment (ESRCH) and no mountinfo (EINVAL).
 	_, rssBad := st.Unknown["vm_rss_bytes"]
 	noMemory := st.VmRSSBytes == nil && !rssBad
-	st.SmapsRollup.Read, st.SmapsRollup.Why = smapsRule(o.smaps && !noMemory, st.VmRSSBytes)
+	st.SmapsRollup.Read, st.SmapsRollup.Why = smapsRule(smaps && !noMemory, st.VmRSSBytes)
 	if !noMemory {
 		if st.SmapsRollup.Read {
 			rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
