@@ -28,10 +28,6 @@ const (
 	srcEvents                     // cgroup v2 memory.events, read-only, poll POLLPRI
 )
 
-// v1Level is the cgroup v1 pressure level listened for: at a cgroup's
-// limit only "low" fires (kernel 6.18).
-const v1Level = "low"
-
 // source is a kernel pressure source: the PSI file, v1 cgroup directory or
 // systemd's path, what to write to it first, its name, and the cgroup
 // directory it belongs to ("" host-wide and for systemd's).
@@ -199,10 +195,6 @@ func (m makeup) known() bool { return m.Anon >= 0 && m.Cache >= 0 }
 // cache, which the kernel reclaims first.
 func (m makeup) anonymous() bool { return m.known() && m.Anon > m.Cache }
 
-// ownsHostAnon reports whether this process holds at least half of the
-// host's anonymous memory.
-func (m makeup) ownsHostAnon() bool { return m.Own >= 0 && m.Anon >= 0 && m.Own >= m.Anon-m.Own }
-
 // unknownMakeup is the makeup when the file from could not be read.
 func unknownMakeup(from string) makeup { return makeup{Anon: -1, Cache: -1, Own: -1, From: from} }
 
@@ -214,16 +206,6 @@ func makeupOfStat(s cgroupfs.MemoryStat, from string) makeup {
 		mk.Cache = satmath.Add(s.ActiveFile, s.InactiveFile)
 	}
 	return mk
-}
-
-// cgroupMakeup reads the makeup of the cgroup directory dir.
-func cgroupMakeup(dir string) (makeup, error) {
-	file := dir + "/memory.stat"
-	s, err := cgroupfs.ReadMemoryStat(dir)
-	if err != nil {
-		return unknownMakeup(file), err
-	}
-	return makeupOfStat(s, file), nil
 }
 
 // hostMakeup reads the host's makeup from meminfo (/proc/meminfo) and this
@@ -244,42 +226,4 @@ func hostMakeup(meminfo, status string) (makeup, error) {
 		mk.Own = n
 	}
 	return mk, nil
-}
-
-// response is what to do on a signal: act (a trim through its gate and the
-// event) and cancel the largest request.
-type response struct{ act, cancel bool }
-
-// respond decides the response to a signal whose memory is mk
-// (docs/pressure.md). A cgroup's memory known to be mostly page cache is left
-// to the kernel; an unknown makeup asks for the trim, whose gate decides. A
-// request is cancelled only for memory known mostly anonymous and, host-wide,
-// mostly this process's.
-func respond(mk makeup, hostWide bool) response {
-	anon := mk.anonymous()
-	if mk.known() && !anon && !hostWide {
-		return response{}
-	}
-	return response{act: true, cancel: anon && (!hostWide || mk.ownsHostAnon())}
-}
-
-// act answers signals of w whose memory is mk (respond), and reports
-// whether it acted.
-func (m *Monitor) act(w *watcher, signals int64, mk makeup) bool {
-	r := respond(mk, w.hostWide)
-	if !r.act {
-		m.leftToKernel.Add(1)
-		return false
-	}
-	m.acted.Add(1)
-	m.deps.trim()
-	if r.cancel {
-		m.deps.cancel()
-	} else {
-		m.held.Add(1)
-	}
-	e := Event{Kind: KindKernel, Time: time.Now(), Source: w.name, Signals: signals}
-	e.Makeup = mk
-	m.publish(e)
-	return true
 }

@@ -330,3 +330,21 @@ func (w *signal) drain() int64 {
 	}
 	return 1
 }
+
+// v1Level is the cgroup v1 pressure level listened for: at a cgroup's
+// limit only "low" fires (kernel 6.18).
+const v1Level = "low"
+
+// ownsHostAnon reports whether this process holds at least half of the
+// host's anonymous memory.
+func (m makeup) ownsHostAnon() bool { return m.Own >= 0 && m.Anon >= 0 && m.Own >= m.Anon-m.Own }
+
+// cgroupMakeup reads the makeup of the cgroup directory dir.
+func cgroupMakeup(dir string) (makeup, error) {
+	file := dir + "/memory.stat"
+	s, err := cgroupfs.ReadMemoryStat(dir)
+	if err != nil {
+		return unknownMakeup(file), err
+	}
+	return makeupOfStat(s, file), nil
+}
