@@ -185,13 +185,14 @@ type Monitor struct {
 	subMu sync.Mutex
 	subs  []chan Event // under subMu
 
-	spiral   *spiral
-	gcSub    *gcend.Subscription
-	actMu    sync.Mutex // serializes episode actions and lifts
-	applied  bool       // episode state the actions were taken for
-	lift     lift
-	epMu     sync.Mutex // orders episodes.Add against Close's Wait
-	episodes sync.WaitGroup
+	spiral    *spiral
+	gcSub     *gcend.Subscription
+	actMu     sync.Mutex  // serializes episode actions and lifts
+	applied   bool        // episode state the actions were taken for
+	liftTimer *time.Timer // the lift in progress, nil: none
+	liftEnded time.Time   // when the last lift ended
+	epMu      sync.Mutex  // orders episodes.Add against Close's Wait
+	episodes  sync.WaitGroup
 
 	watch *watcher
 

@@ -223,12 +223,6 @@ func (m *Monitor) episode(e Event) {
 	m.log.LogAttrs(bg, slog.LevelWarn, "memctl: GC death spiral: the GC is using most of the CPU with the live heap near GOMEMLIMIT", attrs...)
 }
 
-// lift is a GOMEMLIMIT lift in progress.
-type lift struct {
-	timer *time.Timer
-	ended time.Time // when the last lift ended
-}
-
 // liftLocked asks GOMEMLIMIT's owner (the limiter) for a lift if allowed;
 // it returns the new limit, or 0 and why not. Called with actMu held.
 func (m *Monitor) liftLocked() (to int64, why string) {
@@ -240,9 +234,9 @@ func (m *Monitor) liftLocked() (to int64, why string) {
 	switch {
 	case c.LiftOff || ceiling == 0:
 		return 0, "off"
-	case m.lift.timer != nil:
+	case m.liftTimer != nil:
 		return 0, "already lifted"
-	case !m.lift.ended.IsZero() && time.Since(m.lift.ended) < c.LiftFor:
+	case !m.liftEnded.IsZero() && time.Since(m.liftEnded) < c.LiftFor:
 		return 0, "not yet: a lift ended less than LiftFor ago"
 	}
 	cur := gomemlimit.Read()
@@ -262,7 +256,7 @@ func (m *Monitor) liftLocked() (to int64, why string) {
 	}
 	m.lifts.Add(1)
 	m.lifted.Store(to - from)
-	m.lift.timer = time.AfterFunc(c.LiftFor, func() {
+	m.liftTimer = time.AfterFunc(c.LiftFor, func() {
 		m.actMu.Lock()
 		defer m.actMu.Unlock()
 		m.endLiftLocked("lift time over")
@@ -273,12 +267,12 @@ func (m *Monitor) liftLocked() (to int64, why string) {
 // endLiftLocked ends a lift through the owner, which restores GOMEMLIMIT
 // unless it changed since (a cgroup resize). Called with actMu held.
 func (m *Monitor) endLiftLocked(why string) {
-	if m.lift.timer == nil {
+	if m.liftTimer == nil {
 		return
 	}
-	m.lift.timer.Stop()
-	m.lift.timer = nil
-	m.lift.ended = time.Now()
+	m.liftTimer.Stop()
+	m.liftTimer = nil
+	m.liftEnded = time.Now()
 	m.lifted.Store(0)
 	_, _, restored := m.deps.lift(0)
 	m.log.LogAttrs(bg, slog.LevelInfo, "memctl: GOMEMLIMIT lift ended",
