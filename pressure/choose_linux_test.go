@@ -22,7 +22,7 @@ import (
 	"github.com/memctl/memctl"
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/childtest"
-	"github.com/memctl/memctl/internal/memsignal"
+
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/pressure"
 )
@@ -136,12 +136,12 @@ func TestSystemdTriggerShortestForm(t *testing.T) {
 		"some 000000000000200000 10000000":                          "some 200000 10000000\x00",
 		"full 0000000000000000000000000000000000000500000 02000000": "full 500000 2000000\x00",
 	} {
-		got, err := memsignal.SystemdTrigger([]byte(in))
+		got, err := pressure.SystemdTrigger([]byte(in))
 		require.NoError(t, err, "%q", in)
 		assert.Equal(t, want, string(got))
 		assert.LessOrEqual(t, len(got), 32, "within the kernel's buffer")
 	}
-	_, err := memsignal.SystemdTrigger([]byte("some 200000 2000000\x00garbage"))
+	_, err := pressure.SystemdTrigger([]byte("some 200000 2000000\x00garbage"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_WRITE")
 }

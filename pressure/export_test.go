@@ -1,9 +1,7 @@
 package pressure
 
-import "github.com/memctl/memctl/internal/memsignal"
-
-// Makeup is memsignal.Makeup, for tests.
-type Makeup = memsignal.Makeup
+// Makeup is what the memory under pressure is made of, for tests.
+type Makeup = makeup
 
 // Fakes replace what a Monitor acts through, for tests; a nil field keeps
 // the real one.
@@ -30,3 +28,17 @@ func StartWith(cfg Config, f Fakes) (*Monitor, error) {
 func AnonMakeup() (Makeup, error) {
 	return Makeup{Anon: 200 << 20, Cache: 10 << 20, Own: 190 << 20, From: "test"}, nil
 }
+
+// Parsers and readers of the kernel's sources, for tests.
+var (
+	SystemdTrigger = systemdTrigger
+	HostMakeup     = hostMakeup
+	MakeupOfStat   = makeupOfStat
+	EventsGrowth   = eventsGrowth
+)
+
+// Known is makeup.known, for tests.
+func (m Makeup) Known() bool { return m.known() }
+
+// Anonymous is makeup.anonymous, for tests.
+func (m Makeup) Anonymous() bool { return m.anonymous() }

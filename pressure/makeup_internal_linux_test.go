@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-
-	"github.com/memctl/memctl/internal/memsignal"
 )
 
 // Attack input (issue 17): host-wide PSI while the host is short of a
@@ -23,20 +21,19 @@ func TestHostWideCancelNeedsOwnAnon(t *testing.T) {
 	m := &Monitor{deps: testDeps(nil)}
 	m.deps.trim = func() bool { trims++; return true }
 	m.deps.cancel = func() int { cancels++; return 1 }
-	m.subs.Store(new([]*subscriber))
 	host := &watcher{name: "host-wide PSI test", hostWide: true}
 	const gib = 1 << 30
 	for _, tc := range []struct {
 		name   string
-		mk     memsignal.Makeup
+		mk     makeup
 		cancel bool
 	}{
-		{"a neighbour's anonymous memory", memsignal.Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 1 * gib}, false},
-		{"this process's anonymous memory", memsignal.Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 12 * gib}, true},
-		{"half of it", memsignal.Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 10 * gib}, true},
-		{"own unknown", memsignal.Makeup{Anon: 20 * gib, Cache: 2 * gib, Own: -1}, false},
-		{"mostly page cache", memsignal.Makeup{Anon: 2 * gib, Cache: 20 * gib, Own: 2 * gib}, false},
-		{"unknown", memsignal.Makeup{Anon: -1, Cache: -1, Own: -1}, false},
+		{"a neighbour's anonymous memory", makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 1 * gib}, false},
+		{"this process's anonymous memory", makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 12 * gib}, true},
+		{"half of it", makeup{Anon: 20 * gib, Cache: 2 * gib, Own: 10 * gib}, true},
+		{"own unknown", makeup{Anon: 20 * gib, Cache: 2 * gib, Own: -1}, false},
+		{"mostly page cache", makeup{Anon: 2 * gib, Cache: 20 * gib, Own: 2 * gib}, false},
+		{"unknown", makeup{Anon: -1, Cache: -1, Own: -1}, false},
 	} {
 		trims, cancels = 0, 0
 		held := m.held.Load()
@@ -51,7 +48,7 @@ func TestHostWideCancelNeedsOwnAnon(t *testing.T) {
 	}
 	// A cgroup's own signal: its memory is the cgroup's, Own is not needed.
 	trims, cancels = 0, 0
-	assert.True(t, m.act(&watcher{name: "cgroup"}, 1, memsignal.Makeup{Anon: 200 << 20, Cache: 10 << 20, Own: -1}))
+	assert.True(t, m.act(&watcher{name: "cgroup"}, 1, makeup{Anon: 200 << 20, Cache: 10 << 20, Own: -1}))
 	assert.Equal(t, 1, cancels)
 }
 
@@ -63,17 +60,17 @@ func TestPressureWarnHasNoSentinel(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		hostWide bool
-		mk       memsignal.Makeup
+		mk       makeup
 		want     string
 		absent   string
 	}{
-		{"a cgroup's source (the issue's line)", false, memsignal.Makeup{Anon: 200 << 20, Cache: 10 << 20, Own: -1, From: "memory.stat"},
+		{"a cgroup's source (the issue's line)", false, makeup{Anon: 200 << 20, Cache: 10 << 20, Own: -1, From: "memory.stat"},
 			"anon_bytes=209715200 page_cache_bytes=10485760 makeup_from=memory.stat", "own_anon_bytes"},
-		{"a cgroup's makeup unknown", false, memsignal.UnknownMakeup("memory.stat"),
+		{"a cgroup's makeup unknown", false, unknownMakeup("memory.stat"),
 			"anon_bytes=unknown page_cache_bytes=unknown makeup_from=memory.stat", "own_anon_bytes"},
-		{"host-wide, own RssAnon unreadable", true, memsignal.Makeup{Anon: 20 << 30, Cache: 2 << 30, Own: -1, From: "/proc/meminfo"},
+		{"host-wide, own RssAnon unreadable", true, makeup{Anon: 20 << 30, Cache: 2 << 30, Own: -1, From: "/proc/meminfo"},
 			"anon_bytes=21474836480 page_cache_bytes=2147483648 own_anon_bytes=unknown makeup_from=/proc/meminfo", ""},
-		{"host-wide, known", true, memsignal.Makeup{Anon: 20 << 30, Cache: 2 << 30, Own: 1 << 30, From: "/proc/meminfo"},
+		{"host-wide, known", true, makeup{Anon: 20 << 30, Cache: 2 << 30, Own: 1 << 30, From: "/proc/meminfo"},
 			"own_anon_bytes=1073741824", ""},
 	} {
 		var b bytes.Buffer

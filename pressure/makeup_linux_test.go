@@ -25,7 +25,7 @@ import (
 	"github.com/memctl/memctl/internal/burst"
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/childtest"
-	"github.com/memctl/memctl/internal/memsignal"
+
 	"github.com/memctl/memctl/pressure"
 	"github.com/memctl/memctl/trim"
 )
@@ -71,7 +71,7 @@ func TestUnreadableMakeupHoldsCancel(t *testing.T) {
 	const n = 4
 	for i := range n {
 		e := signal()
-		assert.False(t, memsignal.Makeup(e.Makeup).Known(), "signal %d: unknown makeup", i)
+		assert.False(t, pressure.Makeup(e.Makeup).Known(), "signal %d: unknown makeup", i)
 	}
 	s := m.Stats()
 	assert.Equal(t, int64(n), trims.Load(), "the trim is asked for: its gate decides")
@@ -113,7 +113,7 @@ func TestHostileMemoryStat(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := cgroupfs.ParseMemoryStat([]byte(tc.stat), "memory.stat")
 			require.NoError(t, err)
-			mk := memsignal.MakeupOfStat(s, "memory.stat")
+			mk := pressure.MakeupOfStat(s, "memory.stat")
 			assert.Equal(t, tc.known, mk.Known(), "%+v", mk)
 			assert.Equal(t, tc.anonymous, mk.Anonymous(), "%+v", mk)
 			assert.GreaterOrEqual(t, mk.Cache, int64(-1), "never a wrapped sum")
@@ -138,12 +138,12 @@ func TestHostileMemoryStat(t *testing.T) {
 	dir := t.TempDir()
 	mi := filepath.Join(dir, "meminfo")
 	require.NoError(t, os.WriteFile(mi, []byte("AnonPages: 1024 kB\nActive(file): 9007199254740991 kB\nInactive(file): 9007199254740991 kB\n"), 0o600))
-	mk, err := memsignal.HostMakeup(mi, "")
+	mk, err := pressure.HostMakeup(mi, "")
 	require.NoError(t, err)
 	assert.True(t, mk.Known())
 	assert.False(t, mk.Anonymous(), "saturated, not wrapped: %+v", mk)
 	require.NoError(t, os.WriteFile(mi, []byte("AnonPages: 1024 kB\nActive(file): 5 kB\n"), 0o600))
-	mk, err = memsignal.HostMakeup(mi, "")
+	mk, err = pressure.HostMakeup(mi, "")
 	require.Error(t, err)
 	assert.False(t, mk.Known())
 	assert.Equal(t, mi, mk.From, "the unknown makeup names the file")

@@ -1,3 +1,15 @@
+// Package pressure sees memory trouble coming and acts on it. Start runs a
+// Monitor, Subscribe tells the service of each event, Close stops it;
+// memctl.Start runs one unless MEMCTL_PRESSURE=off.
+//
+// At each GC end, with no goroutine or timer, the death-spiral detector looks
+// for a live heap near GOMEMLIMIT with the GC taking much of the CPU; on one it
+// logs a WARN, publishes KindSpiral, sheds large work in the limits pools and
+// lifts GOMEMLIMIT. The kernel watcher, one goroutine blocked in poll(2) on the
+// kernel's memory pressure signal (PSI, memory.events, v1's pressure_level,
+// systemd's), asks for a trim, or cancels the largest request when anonymous
+// memory is the problem, and publishes KindKernel. The rules are Config's
+// fields and docs/pressure.md; figures in docs/benchmarks.md.
 package pressure
 
 import (
@@ -16,7 +28,7 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
-	"github.com/memctl/memctl/internal/memsignal"
+
 	"github.com/memctl/memctl/internal/relief"
 )
 
@@ -154,7 +166,7 @@ type deps struct {
 	shed    func(on bool)                               // shed large work in the pools
 	lift    func(extra int64) (from, to int64, ok bool) // GOMEMLIMIT's owner
 	ceiling func() int64                                // the highest lift, 0: none
-	makeup  func() (memsignal.Makeup, error)            // nil: the source's own
+	makeup  func() (makeup, error)                      // nil: the source's own
 }
 
 var realDeps = deps{getenv: os.Getenv, trim: relief.Trim, cancel: relief.CancelLargest, shed: relief.Shed,
@@ -166,18 +178,21 @@ type Monitor struct {
 	cfg    Config
 	deps   deps
 	log    *slog.Logger
-	events string // memory.events path, "" when not cgroup v2
+	events string         // memory.events path, "" when not cgroup v2
+	cg     cgroupfs.Limit // the process's memory cgroup, read once by Start
+	cgErr  error
 
 	subMu sync.Mutex
-	subs  atomic.Pointer[[]*subscriber]
+	subs  []chan Event // under subMu
 
-	spiral   *spiral
-	gcSub    *gcend.Subscription
-	actMu    sync.Mutex // serializes episode actions and lifts
-	applied  bool       // episode state the actions were taken for
-	lift     lift
-	epMu     sync.Mutex // orders episodes.Add against Close's Wait
-	episodes sync.WaitGroup
+	spiral    *spiral
+	gcSub     *gcend.Subscription
+	actMu     sync.Mutex  // serializes episode actions and lifts
+	applied   bool        // episode state the actions were taken for
+	liftTimer *time.Timer // the lift in progress, nil: none
+	liftEnded time.Time   // when the last lift ended
+	epMu      sync.Mutex  // orders episodes.Add against Close's Wait
+	episodes  sync.WaitGroup
 
 	watch *watcher
 
@@ -190,11 +205,6 @@ type Monitor struct {
 	lastLive, lastCycles    atomic.Int64
 	closeOnce               sync.Once
 	closed                  atomic.Bool
-}
-
-type subscriber struct {
-	ch   chan Event
-	once sync.Once
 }
 
 // ErrNoSource is matched (errors.Is) by Start's error when no kernel
@@ -212,9 +222,8 @@ func start(cfg Config, d deps) (*Monitor, error) {
 		return nil, err
 	}
 	m := &Monitor{cfg: cfg, deps: d, log: cfg.Logger}
-	m.subs.Store(new([]*subscriber))
-	if l, err := cgroupfs.Of(0); err == nil && l.Version == 2 {
-		m.events = l.Dir + "/memory.events"
+	if m.cg, m.cgErr = cgroupfs.Of(0); m.cgErr == nil && m.cg.Version == 2 {
+		m.events = m.cg.Dir + "/memory.events"
 	}
 	if !cfg.SpiralOff {
 		m.spiral = newSpiral(cfg.Window, cfg.GCShare, cfg.LiveRatio)
@@ -286,29 +295,29 @@ func (m *Monitor) SourceNote() string {
 // least 1); an event that does not fit is dropped (Stats.Dropped). cancel, or
 // Close, closes it; on a nil or closed Monitor it is closed at once.
 func (m *Monitor) Subscribe(buf int) (events <-chan Event, cancel func()) {
-	s := &subscriber{ch: make(chan Event, max(buf, 1))}
+	ch := make(chan Event, max(buf, 1))
 	if m == nil {
-		close(s.ch)
-		return s.ch, func() {}
+		close(ch)
+		return ch, func() {}
 	}
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
 	if m.closed.Load() {
-		close(s.ch)
-		return s.ch, func() {}
+		close(ch)
+		return ch, func() {}
 	}
-	old := *m.subs.Load()
-	next := append(old[:len(old):len(old)], s)
-	m.subs.Store(&next)
-	return s.ch, func() { m.unsubscribe(s) }
+	m.subs = append(m.subs, ch)
+	return ch, func() { m.unsubscribe(ch) }
 }
 
-func (m *Monitor) unsubscribe(s *subscriber) {
+// unsubscribe closes ch unless Close or an earlier cancel did.
+func (m *Monitor) unsubscribe(ch chan Event) {
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
-	next := slices.DeleteFunc(slices.Clone(*m.subs.Load()), func(x *subscriber) bool { return x == s })
-	m.subs.Store(&next)
-	s.once.Do(func() { close(s.ch) })
+	if i := slices.Index(m.subs, ch); i >= 0 {
+		m.subs = slices.Delete(m.subs, i, i+1)
+		close(ch)
+	}
 }
 
 // publish sends e to every subscriber without blocking. Sends and closes
@@ -316,9 +325,9 @@ func (m *Monitor) unsubscribe(s *subscriber) {
 func (m *Monitor) publish(e Event) {
 	m.subMu.Lock()
 	defer m.subMu.Unlock()
-	for _, s := range *m.subs.Load() {
+	for _, ch := range m.subs {
 		select {
-		case s.ch <- e:
+		case ch <- e:
 		default:
 			m.dropped.Add(1)
 		}
@@ -375,10 +384,10 @@ func (m *Monitor) Close() error {
 		m.endLiftLocked("monitor closed")
 		m.actMu.Unlock()
 		m.subMu.Lock()
-		for _, s := range *m.subs.Load() {
-			s.once.Do(func() { close(s.ch) })
+		for _, ch := range m.subs {
+			close(ch)
 		}
-		m.subs.Store(new([]*subscriber))
+		m.subs = nil
 		m.subMu.Unlock()
 	})
 	return nil

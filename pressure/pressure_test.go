@@ -84,7 +84,6 @@ func newTestMonitor(t *testing.T, cfg Config, o *fakeOwner) *Monitor {
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	require.NoError(t, cfg.fill())
 	m := &Monitor{cfg: cfg, deps: testDeps(o), log: cfg.Logger}
-	m.subs.Store(new([]*subscriber))
 	t.Cleanup(func() { _ = m.Close() })
 	return m
 }

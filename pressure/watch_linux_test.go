@@ -35,7 +35,7 @@ import (
 	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/internal/childtest"
 	"github.com/memctl/memctl/internal/gcend"
-	"github.com/memctl/memctl/internal/memsignal"
+
 	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/pressure"
 	"github.com/memctl/memctl/trim"
@@ -298,7 +298,7 @@ func TestEventsGrowthSaturates(t *testing.T) {
 	const big = int64(1<<63 - 1)
 	a := cgroupfs.Events{Low: 0, High: 0, Max: 0, OOM: 0, OOMKill: 0, OOMGroupKill: 0}
 	b := cgroupfs.Events{Low: 0, High: big, Max: big, OOM: big, OOMKill: big, OOMGroupKill: 0}
-	assert.Equal(t, big, memsignal.EventsGrowth(a, b))
+	assert.Equal(t, big, pressure.EventsGrowth(a, b))
 }
 
 func childPlain() {

@@ -5,7 +5,6 @@ package pressure
 // watcher is the kernel watcher; there is none off Linux.
 type watcher struct {
 	name, note string
-	hostWide   bool
 }
 
 func startWatcher(*Monitor) (*watcher, error) { return nil, ErrNoSource }

@@ -12,9 +12,11 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/memctl/memctl/internal/logattr"
@@ -52,11 +54,6 @@ func smapsRule(force bool, rss *int64) (read bool, why string) {
 		"while the kernel walks its page tables (about 10-25 ms a GiB); -smaps reads it anyway", logattr.MiB(*rss), logattr.MiB(smapsMaxRSS))
 }
 
-// statusOptions are the flags of status that change what is read.
-type statusOptions struct {
-	smaps bool // read smaps_rollup whatever the process's size
-}
-
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	pid := fs.Int("pid", 0, "show process `PID` (default: memctl itself)")
@@ -74,7 +71,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if *pid == 0 {
 		*pid = os.Getpid()
 	}
-	st, err := readStatus(*pid, statusOptions{smaps: *smaps})
+	st, err := readStatus(*pid, *smaps)
 	var out bytes.Buffer
 	if err == nil && *asJSON {
 		var b []byte
@@ -120,10 +117,11 @@ func readProcState(proc *safefs.Dir) (procState, error) {
 // isDead reports whether a /proc/PID/stat state is a zombie or dead.
 func isDead(state byte) bool { return state == 'Z' || state == 'X' || state == 'x' }
 
-// readStatus reads everything status shows about pid. A field that cannot
-// be read is nil and named in Unknown; the error is for a process that does
-// not exist, exited while read, or whose /proc/PID/status cannot be read.
-func readStatus(pid int, o statusOptions) (*statusReport, error) {
+// readStatus reads everything status shows about pid (smaps: -smaps). A
+// field that cannot be read is nil and named in Unknown; the error is for a
+// process that does not exist, exited while read, or whose /proc/PID/status
+// cannot be read.
+func readStatus(pid int, smaps bool) (*statusReport, error) {
 	if runtime.GOOS != "linux" {
 		return nil, fmt.Errorf("status is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 	}
@@ -147,7 +145,7 @@ func readStatus(pid int, o statusOptions) (*statusReport, error) {
 	if testHookAfterStart != nil {
 		testHookAfterStart()
 	}
-	st, err := readFields(pid, proc, o)
+	st, err := readFields(pid, proc, smaps)
 	after, err2 := readProcState(proc)
 	if err2 != nil || after.start != before.start || (isDead(after.state) && !isDead(before.state)) {
 		return nil, fmt.Errorf("process %d exited while memctl read it", pid)
@@ -159,7 +157,7 @@ func readStatus(pid int, o statusOptions) (*statusReport, error) {
 var testHookAfterStart func()
 
 // readFields reads the fields of readStatus through proc.
-func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, error) {
+func readFields(pid int, proc *safefs.Dir, smaps bool) (*statusReport, error) {
 	st := &statusReport{PID: pid, Env: map[string]string{}, envRaw: map[string]string{}, Unknown: map[string]string{}}
 	status, err := procfs.ReadFileIn(proc, "status")
 	if err != nil {
@@ -187,7 +185,7 @@ func readFields(pid int, proc *safefs.Dir, o statusOptions) (*statusReport, erro
 	// smaps_rollup, no environment (ESRCH) and no mountinfo (EINVAL).
 	_, rssBad := st.Unknown["vm_rss_bytes"]
 	noMemory := st.VmRSSBytes == nil && !rssBad
-	st.SmapsRollup.Read, st.SmapsRollup.Why = smapsRule(o.smaps && !noMemory, st.VmRSSBytes)
+	st.SmapsRollup.Read, st.SmapsRollup.Why = smapsRule(smaps && !noMemory, st.VmRSSBytes)
 	if !noMemory {
 		if st.SmapsRollup.Read {
 			rollup, err := procfs.ReadFileIn(proc, "smaps_rollup")
@@ -288,4 +286,111 @@ func optional(n int64, err error) (*int64, error) {
 		return nil, err
 	}
 	return &n, nil
+}
+
+// statusReport is what "memctl status -json" prints (docs/command.md);
+// pointers are null when the value is not available.
+type statusReport struct {
+	PID                int               `json:"pid"`
+	THPSystem          *thpSystem        `json:"thp_system"`
+	THPEnabled         *int64            `json:"thp_enabled"`
+	AnonHugePagesBytes *int64            `json:"anon_huge_pages_bytes"`
+	VmRSSBytes         *int64            `json:"vm_rss_bytes"`
+	VmHWMBytes         *int64            `json:"vm_hwm_bytes"`
+	Cgroup             *memCgroup        `json:"cgroup"`
+	CgroupError        string            `json:"cgroup_error,omitempty"`
+	Env                map[string]string `json:"env"`
+	RssAnonBytes       *int64            `json:"rss_anon_bytes"`
+	RssFileBytes       *int64            `json:"rss_file_bytes"`
+	RssShmemBytes      *int64            `json:"rss_shmem_bytes"`
+	VmSwapBytes        *int64            `json:"vm_swap_bytes"`
+	PssBytes           *int64            `json:"pss_bytes"`
+	SmapsRollup        smapsRollup       `json:"smaps_rollup"`
+	EnvBase64          []string          `json:"env_base64,omitempty"` // NAME=value not valid UTF-8
+	MemoryEvents       map[string]int64  `json:"memory_events,omitempty"`
+	MemoryEventsNote   string            `json:"memory_events_note,omitempty"`
+	Memctl             *memctlRecord     `json:"memctl"`
+	Unknown            map[string]string `json:"unknown,omitempty"` // JSON key: reason
+
+	envRaw   map[string]string // every variable shown, valid UTF-8 or not
+	thpState *thp.State        // PR_GET_THP_DISABLE: memctl's own process only
+}
+
+// memctlRecord is the state record, after "reported_by" and "file".
+type memctlRecord struct {
+	ReportedBy string `json:"reported_by"`
+	File       string `json:"file"`
+	*state.Record
+}
+
+// thpSystem is thp.Settings in the JSON document; null for absent files.
+type thpSystem struct {
+	Enabled      string `json:"enabled"`
+	PMDEnabled   string `json:"pmd_enabled"`
+	Defrag       string `json:"defrag"`
+	PMDSizeBytes *int64 `json:"pmd_size_bytes"`
+	MaxPTEsNone  *int   `json:"max_ptes_none"`
+}
+
+// thpSystemOf returns the JSON document's view of s.
+func thpSystemOf(s thp.Settings) *thpSystem {
+	t := &thpSystem{Enabled: s.Enabled, PMDEnabled: s.PMDEnabled, Defrag: s.Defrag}
+	if s.PMDSize > 0 {
+		t.PMDSizeBytes = &s.PMDSize
+	}
+	if s.MaxPTEsNone >= 0 {
+		t.MaxPTEsNone = &s.MaxPTEsNone
+	}
+	return t
+}
+
+// memCgroup is the process's memory cgroup in the JSON document.
+type memCgroup struct {
+	Version      int      `json:"version"`
+	Path         string   `json:"path"`
+	Dir          string   `json:"dir"`
+	LimitBytes   *int64   `json:"limit_bytes"`
+	LimitFile    *string  `json:"limit_file"`
+	View         string   `json:"view"`                    // "process", "memctl" or "memctl-root"
+	LimitUnknown bool     `json:"limit_unknown,omitempty"` // cgroupfs.Limit.TopNotRoot
+	Swap         *memSwap `json:"swap"`                    // null when absent: SwapNote says so
+	SwapNote     string   `json:"swap_note,omitempty"`
+}
+
+// memSwap is the cgroup's swap (cgroupfs.Swap) in the JSON document.
+type memSwap struct {
+	CurrentBytes   int64  `json:"current_bytes"`
+	MaxBytes       *int64 `json:"max_bytes"` // null: no limit ("max")
+	CurrentFile    string `json:"current_file"`
+	MaxFile        string `json:"max_file"`
+	MemoryPlusSwap bool   `json:"memory_plus_swap"` // v1 memsw
+}
+
+// smapsRollup is the "smaps_rollup" of the JSON document.
+type smapsRollup struct {
+	Read bool   `json:"read"`
+	Why  string `json:"why"`
+}
+
+// escapeJSON returns the JSON text b with every unprintable rune but
+// newlines written as a \u escape, so none reaches a terminal raw.
+func escapeJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == '\n' || strconv.IsPrint(r) {
+			out = append(out, b[i:i+n]...)
+		} else if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += n
+	}
+	return out
+}
+
+// seconds formats a count of seconds as a duration.
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()
 }

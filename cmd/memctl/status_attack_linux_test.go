@@ -131,7 +131,7 @@ func TestStatusRecordReplacedWhileRead(t *testing.T) {
 	pid := int(childtest.RequireInt(t, startReady(t, childtest.Command(t, "republish", operatorVars)), "PID"))
 	seen := map[int]int{}
 	for range 300 {
-		st, err := readStatus(pid, statusOptions{})
+		st, err := readStatus(pid, false)
 		require.NoError(t, err)
 		require.Empty(t, st.Unknown["memctl"])
 		require.NotNil(t, st.Memctl)
@@ -152,7 +152,7 @@ func TestStatusRecordReplacedWhileRead(t *testing.T) {
 func TestStatusRecordRewrittenInPlace(t *testing.T) {
 	pid := int(childtest.RequireInt(t, startReady(t, childtest.Command(t, "rewrite", operatorVars)), "PID"))
 	for range 100 {
-		st, err := readStatus(pid, statusOptions{})
+		st, err := readStatus(pid, false)
 		require.NoError(t, err)
 		assert.Nil(t, st.Memctl)
 		require.Contains(t, st.Unknown["memctl"], "not a sealed memfd")
@@ -318,7 +318,7 @@ func pidReuseChild() {
 			childtest.Fail("start: %v", err)
 		}
 	}
-	_, err := readStatus(pid, statusOptions{})
+	_, err := readStatus(pid, false)
 	reused := 0
 	if second != nil && second.Process.Pid == pid {
 		reused = 1

@@ -333,7 +333,7 @@ func TestStatusExitedIsOneError(t *testing.T) {
 		}
 	}
 	defer func() { testHookAfterStart = nil }()
-	_, err := readStatus(pid, statusOptions{})
+	_, err := readStatus(pid, false)
 	require.Error(t, err)
 	assert.Equal(t, "process "+strconv.Itoa(pid)+" exited while memctl read it", err.Error())
 }

@@ -1,4 +1,4 @@
-package memsignal_test
+package pressure_test
 
 import (
 	"os"
@@ -9,11 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/memctl/memctl/internal/memsignal"
 	"github.com/memctl/memctl/internal/procfs"
+	"github.com/memctl/memctl/pressure"
 )
 
-// Issue 32, item 1's kind: the own-anon share of host-wide PSI (Makeup.Own,
+// Issue 32, item 1's kind: the own-anon share of host-wide PSI (makeup.Own,
 // whether the host's anonymous memory is this process's) must not count
 // file-backed pages as held. It is RssAnon, compared with the host's
 // AnonPages; neither counts mapped files, the binary's text or shmem (a
@@ -25,7 +25,7 @@ func TestHostMakeupOwnIsAnonOnly(t *testing.T) {
 		t.Skip("the race detector's shadow memory of the mapped pages this test reads is anonymous memory of this process")
 	}
 	const n = 64 << 20
-	before, err := memsignal.HostMakeup("/proc/meminfo", "/proc/self/status")
+	before, err := pressure.HostMakeup("/proc/meminfo", "/proc/self/status")
 	require.NoError(t, err)
 	rss0, err := procfs.RSS(0)
 	require.NoError(t, err)
@@ -59,7 +59,7 @@ func TestHostMakeupOwnIsAnonOnly(t *testing.T) {
 		shm[i] = 1
 	}
 
-	after, err := memsignal.HostMakeup("/proc/meminfo", "/proc/self/status")
+	after, err := pressure.HostMakeup("/proc/meminfo", "/proc/self/status")
 	require.NoError(t, err)
 	rss1, err := procfs.RSS(0)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package memsignal
+package pressure
 
 import (
 	"path/filepath"
@@ -19,15 +19,15 @@ import (
 func TestV2CgroupPSIArmChecked(t *testing.T) {
 	g := cgrouptest.NewV2(t, cgrouptest.LayoutHost, 256<<20)
 	path := filepath.Join(g.Dir, "memory.pressure")
-	w, err := Open(Source{Kind: PSI, Path: path, Write: Trigger(200*time.Millisecond, 2*time.Second)})
+	w, err := openSignal(source{kind: srcPSI, path: path, write: psiTrigger(200*time.Millisecond, 2*time.Second)})
 	require.NoError(t, err)
-	defer w.Close()
-	require.Empty(t, w.NoCheck)
+	defer w.close()
+	require.Empty(t, w.noCheck)
 	require.NotNil(t, w.psi)
 	assert.False(t, w.psi.full)
 	assert.Equal(t, int64(200_000), w.psi.stall)
 	assert.GreaterOrEqual(t, w.psi.armed, int64(0))
-	since, _, ignore := w.Unexplained()
+	since, _, ignore := w.unexplained()
 	assert.Zero(t, since, "no task in the cgroup: no stall")
 	assert.True(t, ignore, "an event now would be the stall before arming")
 }

@@ -1,4 +1,4 @@
-package memsignal
+package pressure
 
 import (
 	"bytes"
@@ -16,9 +16,9 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
-// Signal is an open source. Its methods are for one goroutine at a time.
-type Signal struct {
-	kind    Kind
+// signal is an open source. Its methods are for one goroutine at a time.
+type signal struct {
+	kind    srcKind
 	path    string
 	fd      int
 	others  []int // fds held open for the source (the v1 pressure_level)
@@ -26,47 +26,47 @@ type Signal struct {
 	socket  bool
 	last    cgroupfs.Events // the memory.events counters last read
 	psi     *arm            // what each PSI event is checked against, nil for others
-	NoCheck string          // why a PSI source has no psi
+	noCheck string          // why a PSI source has no psi
 }
 
-// Open opens s and arms it; on error nothing stays open.
-func Open(s Source) (*Signal, error) {
-	w := &Signal{kind: s.Kind, path: s.Path, fd: -1}
+// openSignal opens s and arms it; on error nothing stays open.
+func openSignal(s source) (*signal, error) {
+	w := &signal{kind: s.kind, path: s.path, fd: -1}
 	var err error
-	switch s.Kind {
-	case PSI:
-		err = w.openPSI(s.Path, s.Write)
-	case V1Level:
-		err = w.openV1(s.Path)
-	case Systemd:
-		err = w.openSystemd(s.Path, s.Write)
+	switch s.kind {
+	case srcPSI:
+		err = w.openPSI(s.path, s.write)
+	case srcV1Level:
+		err = w.openV1(s.path)
+	case srcSystemd:
+		err = w.openSystemd(s.path, s.write)
 		if err != nil && !strings.Contains(err.Error(), "$MEMORY_PRESSURE_") {
-			err = fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: %w", s.Path, err)
+			err = fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: %w", s.path, err)
 		}
-	case Events:
-		err = w.openEvents(s.Path)
+	case srcEvents:
+		err = w.openEvents(s.path)
 	}
 	if err != nil {
-		w.Close()
+		w.close()
 		return nil, err
 	}
 	return w, nil
 }
 
-// PollFd is the source's fd and the events to poll it for.
-func (w *Signal) PollFd() unix.PollFd { return unix.PollFd{Fd: int32(w.fd), Events: w.events} }
+// pollFd is the source's fd and the events to poll it for.
+func (w *signal) pollFd() unix.PollFd { return unix.PollFd{Fd: int32(w.fd), Events: w.events} }
 
-// Gone reports whether revents, from poll(2) on PollFd, say the source is
+// gone reports whether revents, from poll(2) on PollFd, say the source is
 // gone (an error, a hang-up, or none of the events polled for).
-func (w *Signal) Gone(revents int16) bool {
-	if w.kind == Events && revents&unix.POLLPRI != 0 {
+func (w *signal) gone(revents int16) bool {
+	if w.kind == srcEvents && revents&unix.POLLPRI != 0 {
 		revents &^= unix.POLLERR // kernfs signals a change with POLLERR|POLLPRI
 	}
 	return revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 || revents&w.events == 0
 }
 
-// Close closes the source's fds.
-func (w *Signal) Close() {
+// close closes the source's fds.
+func (w *signal) close() {
 	for _, fd := range append([]int{w.fd}, w.others...) {
 		if fd >= 0 {
 			_ = unix.Close(fd)
@@ -80,7 +80,7 @@ func openErr(op, path string, err error) error {
 
 // openPSI opens a PSI file and writes the trigger; the kernel then signals
 // POLLPRI at most once per window while the stall is over the threshold.
-func (w *Signal) openPSI(path string, trig []byte) error {
+func (w *signal) openPSI(path string, trig []byte) error {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return openErr("open", path, err)
@@ -102,26 +102,26 @@ func (w *Signal) openPSI(path string, trig []byte) error {
 }
 
 // armPSI reads the state's total stall just before the trigger is written;
-// if either cannot be parsed, no event is checked and NoCheck says why.
-func (w *Signal) armPSI(trig []byte) {
+// if either cannot be parsed, no event is checked and noCheck says why.
+func (w *signal) armPSI(trig []byte) {
 	t, err := parseTrigger(trig)
 	if err == nil && t.stall == 0 {
 		err = errors.New("no stall")
 	}
 	if err != nil {
-		w.NoCheck = fmt.Sprintf("trigger not understood: %v", err)
+		w.noCheck = fmt.Sprintf("trigger not understood: %v", err)
 		return
 	}
 	total, err := w.readPSITotal(t.full)
 	if err != nil {
-		w.NoCheck = err.Error()
+		w.noCheck = err.Error()
 		return
 	}
 	w.psi = &arm{trigger: t, armed: total}
 }
 
 // readPSITotal reads the total stall (µs) of the trigger's line in w.fd.
-func (w *Signal) readPSITotal(full bool) (int64, error) {
+func (w *signal) readPSITotal(full bool) (int64, error) {
 	var b [512]byte
 	n, err := unix.Pread(w.fd, b[:], 0)
 	if err != nil {
@@ -138,9 +138,9 @@ func (w *Signal) readPSITotal(full bool) (int64, error) {
 	return total, nil
 }
 
-// Unexplained reports whether the stall since arming fails to explain the
+// unexplained reports whether the stall since arming fails to explain the
 // PSI event just received, with that stall and the threshold.
-func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
+func (w *signal) unexplained() (since, threshold time.Duration, ignore bool) {
 	if w.psi == nil {
 		return 0, 0, false
 	}
@@ -152,9 +152,9 @@ func (w *Signal) Unexplained() (since, threshold time.Duration, ignore bool) {
 	return time.Duration(total-w.psi.armed) * us, time.Duration(w.psi.stall) * us, !w.psi.explains(total)
 }
 
-// Window returns the PSI trigger's window (at most one event per window,
+// window returns the PSI trigger's window (at most one event per window,
 // psi.rst); 0 when no event is checked.
-func (w *Signal) Window() time.Duration {
+func (w *signal) window() time.Duration {
 	if w.psi == nil {
 		return 0
 	}
@@ -204,7 +204,7 @@ func fileKind(mode uint32) string {
 
 // openV1 registers an eventfd for the cgroup v1 memory.pressure_level of
 // dir (Documentation/admin-guide/cgroup-v1/memory.rst, "Memory Pressure").
-func (w *Signal) openV1(dir string) error {
+func (w *signal) openV1(dir string) error {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("pressure: eventfd: %w", err)
@@ -216,7 +216,7 @@ func (w *Signal) openV1(dir string) error {
 		return openErr("open", level, err)
 	}
 	w.others = append(w.others, pfd)
-	line := strconv.Itoa(efd) + " " + strconv.Itoa(pfd) + " " + V1LevelName
+	line := strconv.Itoa(efd) + " " + strconv.Itoa(pfd) + " " + v1Level
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.event_control"), []byte(line), 0); err != nil {
 		return fmt.Errorf("pressure: register %q: %w", line, err)
 	}
@@ -226,7 +226,7 @@ func (w *Signal) openV1(dir string) error {
 // openSystemd opens $MEMORY_PRESSURE_WATCH as systemd's protocol says: a
 // socket is connected and read, a FIFO read (opened read-write: no POLLHUP),
 // a PSI file armed with the write.
-func (w *Signal) openSystemd(path string, write []byte) error {
+func (w *signal) openSystemd(path string, write []byte) error {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return openErr("stat", path, err)
@@ -254,7 +254,7 @@ func (w *Signal) openSystemd(path string, write []byte) error {
 		if len(write) == 0 {
 			return fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q is a PSI file and $MEMORY_PRESSURE_WRITE is empty: no trigger to arm", path)
 		}
-		trig, err := SystemdTrigger(write)
+		trig, err := systemdTrigger(write)
 		if err != nil {
 			return err
 		}
@@ -267,7 +267,7 @@ func (w *Signal) openSystemd(path string, write []byte) error {
 			return openErr("write", path, err)
 		}
 		if !w.socket {
-			w.Drain() // the FIFO is read too: what was just written is no signal
+			w.drain() // the FIFO is read too: what was just written is no signal
 		}
 	}
 	return nil
@@ -275,7 +275,7 @@ func (w *Signal) openSystemd(path string, write []byte) error {
 
 // openEvents opens a cgroup v2 memory.events file read-only: the kernel
 // signals a change of its counters with POLLPRI (kernfs_notify).
-func (w *Signal) openEvents(path string) error {
+func (w *signal) openEvents(path string) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return openErr("open", path, err)
@@ -286,7 +286,7 @@ func (w *Signal) openEvents(path string) error {
 }
 
 // preadEvents reads w.fd from its start, clearing kernfs's change flag.
-func (w *Signal) preadEvents() (cgroupfs.Events, error) {
+func (w *signal) preadEvents() (cgroupfs.Events, error) {
 	var b [1024]byte
 	n, err := unix.Pread(w.fd, b[:], 0)
 	if err != nil {
@@ -295,22 +295,22 @@ func (w *Signal) preadEvents() (cgroupfs.Events, error) {
 	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.path)
 }
 
-// Drain consumes what the source has to read and returns how many signals
+// drain consumes what the source has to read and returns how many signals
 // it held, or -1 when the source is gone (EOF on a socket).
-func (w *Signal) Drain() int64 {
+func (w *signal) drain() int64 {
 	switch {
-	case w.kind == V1Level:
+	case w.kind == srcV1Level:
 		var b [8]byte
 		if n, err := unix.Read(w.fd, b[:]); err != nil || n != 8 {
 			return 0
 		}
 		return int64(min(binary.NativeEndian.Uint64(b[:]), 1<<62))
-	case w.kind == Events: // EventsGrowth since the last read
+	case w.kind == srcEvents: // eventsGrowth since the last read
 		e, err := w.preadEvents()
 		if err != nil {
 			return 0
 		}
-		d := EventsGrowth(w.last, e)
+		d := eventsGrowth(w.last, e)
 		w.last = e
 		return d
 	case w.events == unix.POLLIN:
@@ -329,4 +329,22 @@ func (w *Signal) Drain() int64 {
 		}
 	}
 	return 1
+}
+
+// v1Level is the cgroup v1 pressure level listened for: at a cgroup's
+// limit only "low" fires (kernel 6.18).
+const v1Level = "low"
+
+// ownsHostAnon reports whether this process holds at least half of the
+// host's anonymous memory.
+func (m makeup) ownsHostAnon() bool { return m.Own >= 0 && m.Anon >= 0 && m.Own >= m.Anon-m.Own }
+
+// cgroupMakeup reads the makeup of the cgroup directory dir.
+func cgroupMakeup(dir string) (makeup, error) {
+	file := dir + "/memory.stat"
+	s, err := cgroupfs.ReadMemoryStat(dir)
+	if err != nil {
+		return unknownMakeup(file), err
+	}
+	return makeupOfStat(s, file), nil
 }

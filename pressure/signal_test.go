@@ -1,4 +1,4 @@
-package memsignal
+package pressure
 
 import (
 	"testing"
@@ -19,30 +19,30 @@ func TestSystemdSource(t *testing.T) {
 			return ""
 		}
 	}
-	_, ok, _, err := SystemdEnv(env())
+	_, ok, _, err := systemdEnv(env())
 	require.NoError(t, err)
 	assert.False(t, ok)
 
-	_, ok, off, err := SystemdEnv(env("MEMORY_PRESSURE_WATCH", "/dev/null"))
+	_, ok, off, err := systemdEnv(env("MEMORY_PRESSURE_WATCH", "/dev/null"))
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.True(t, off)
 
 	// systemd writes "some 200000 2000000" base64-encoded.
-	s, ok, off, err := SystemdEnv(env("MEMORY_PRESSURE_WATCH", "/sys/fs/cgroup/a.service/memory.pressure",
+	s, ok, off, err := systemdEnv(env("MEMORY_PRESSURE_WATCH", "/sys/fs/cgroup/a.service/memory.pressure",
 		"MEMORY_PRESSURE_WRITE", "c29tZSAyMDAwMDAgMjAwMDAwMAA="))
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.False(t, off)
-	assert.Equal(t, "/sys/fs/cgroup/a.service/memory.pressure", s.Path)
-	assert.Equal(t, "some 200000 2000000\x00", string(s.Write))
+	assert.Equal(t, "/sys/fs/cgroup/a.service/memory.pressure", s.path)
+	assert.Equal(t, "some 200000 2000000\x00", string(s.write))
 
 	for name, e := range map[string]func(string) string{
 		"relative path": env("MEMORY_PRESSURE_WATCH", "memory.pressure"),
 		"bad base64":    env("MEMORY_PRESSURE_WATCH", "/x", "MEMORY_PRESSURE_WRITE", "not base64!"),
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, _, _, err := SystemdEnv(e)
+			_, _, _, err := systemdEnv(e)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "$MEMORY_PRESSURE_")
 		})
@@ -50,7 +50,7 @@ func TestSystemdSource(t *testing.T) {
 }
 
 func TestPSITrigger(t *testing.T) {
-	assert.Equal(t, "some 200000 2000000\x00", string(Trigger(200*time.Millisecond, 2*time.Second)))
+	assert.Equal(t, "some 200000 2000000\x00", string(psiTrigger(200*time.Millisecond, 2*time.Second)))
 }
 
 // The check of a PSI event against the stall since arming (psiArm), with
@@ -95,7 +95,7 @@ func TestParseTrigger(t *testing.T) {
 		assert.Equal(t, tc.want, got, "%q", tc.in)
 	}
 	// The default trigger is understood: its events are checked.
-	got, err := parseTrigger(Trigger(200*time.Millisecond, 2*time.Second))
+	got, err := parseTrigger(psiTrigger(200*time.Millisecond, 2*time.Second))
 	require.NoError(t, err)
 	assert.Equal(t, trigger{false, 200_000, 2_000_000}, got)
 }

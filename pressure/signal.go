@@ -1,10 +1,7 @@
-// Package memsignal opens the kernel's memory pressure sources (a PSI
-// trigger, the cgroup v1 pressure level, systemd's memory pressure
-// protocol, cgroup v2 memory.events), drains their signals, checks a PSI
-// event against the stall since its trigger was armed, and reads what the
-// memory under pressure is made of. Package pressure decides what to do.
-// The parsers are portable; opening and draining are Linux only.
-package memsignal
+// The kernel's memory pressure sources, their portable parsers, and what
+// the memory under pressure is made of; opening them is signal_linux.go.
+
+package pressure
 
 import (
 	"bytes"
@@ -17,34 +14,34 @@ import (
 	"time"
 
 	"github.com/memctl/memctl/internal/cgroupfs"
+	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/internal/satmath"
 )
 
-// Kind is how a source is opened and polled.
-type Kind int
+// srcKind is how a source is opened and polled.
+type srcKind int
 
 const (
-	PSI     Kind = iota + 1 // a PSI file: write a trigger, poll POLLPRI
-	V1Level                 // cgroup v1: cgroup.event_control and an eventfd
-	Systemd                 // $MEMORY_PRESSURE_WATCH: a PSI file, FIFO or socket
-	Events                  // cgroup v2 memory.events, read-only, poll POLLPRI
+	srcPSI     srcKind = iota + 1 // a PSI file: write a trigger, poll POLLPRI
+	srcV1Level                    // cgroup v1: cgroup.event_control and an eventfd
+	srcSystemd                    // $MEMORY_PRESSURE_WATCH: a PSI file, FIFO or socket
+	srcEvents                     // cgroup v2 memory.events, read-only, poll POLLPRI
 )
 
-// V1LevelName is the cgroup v1 pressure level listened for: at a cgroup's
-// limit only "low" fires (kernel 6.18).
-const V1LevelName = "low"
-
-// Source is a source to open: the PSI file, v1 cgroup directory or systemd's
-// path, and what to write to it first.
-type Source struct {
-	Kind  Kind
-	Path  string
-	Write []byte
+// source is a kernel pressure source: the PSI file, v1 cgroup directory or
+// systemd's path, what to write to it first, its name, and the cgroup
+// directory it belongs to ("" host-wide and for systemd's).
+type source struct {
+	kind      srcKind
+	path      string
+	write     []byte
+	name, dir string
+	hostWide  bool // the system-wide PSI: the host's pressure
 }
 
-// Trigger returns the PSI trigger "some STALL_US WINDOW_US" with its
+// psiTrigger returns the PSI trigger "some STALL_US WINDOW_US" with its
 // terminating NUL (psi_write overwrites the last byte written with one).
-func Trigger(stall, window time.Duration) []byte {
+func psiTrigger(stall, window time.Duration) []byte {
 	return fmt.Appendf(nil, "some %d %d\x00", stall.Microseconds(), window.Microseconds())
 }
 
@@ -52,40 +49,40 @@ func Trigger(stall, window time.Duration) []byte {
 // writes.
 const maxSystemdWrite = 4096
 
-// SystemdEnv returns the source of systemd's memory pressure protocol
+// systemdEnv returns the source of systemd's memory pressure protocol
 // (https://systemd.io/MEMORY_PRESSURE/) from $MEMORY_PRESSURE_WATCH and
 // $MEMORY_PRESSURE_WRITE (base64, padded or not). ok is false when unset; off
 // is true for "/dev/null". A relative path, or a write that is not base64 or
 // decodes to over 4 KiB, is an error naming the variable.
-func SystemdEnv(getenv func(string) string) (s Source, ok, off bool, err error) {
+func systemdEnv(getenv func(string) string) (s source, ok, off bool, err error) {
 	path := strings.TrimSpace(getenv("MEMORY_PRESSURE_WATCH"))
 	switch {
 	case path == "":
-		return Source{}, false, false, nil
+		return source{}, false, false, nil
 	case !strings.HasPrefix(path, "/"):
-		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: want an absolute path", path)
+		return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WATCH=%q: want an absolute path", path)
 	case filepath.Clean(path) == "/dev/null": // "//dev/null" and "/dev/null/" too, as systemd's path_equal
-		return Source{}, true, true, nil
+		return source{}, true, true, nil
 	}
-	s = Source{Kind: Systemd, Path: path}
+	s = source{kind: srcSystemd, path: path}
 	w := strings.TrimSpace(getenv("MEMORY_PRESSURE_WRITE"))
 	if w == "" {
 		return s, true, false, nil
 	}
 	if len(w) > maxSystemdWrite*4/3+4 {
-		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE is %d bytes of base64: over the %d bytes decoded that memctl writes (a PSI trigger is at most 32)", len(w), maxSystemdWrite)
+		return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE is %d bytes of base64: over the %d bytes decoded that memctl writes (a PSI trigger is at most 32)", len(w), maxSystemdWrite)
 	}
 	b, err := base64.StdEncoding.DecodeString(w)
 	if err != nil && !strings.HasSuffix(w, "=") {
 		b, err = base64.RawStdEncoding.DecodeString(w) // padding left off
 	}
 	if err != nil {
-		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE=%q: not base64: %w", w, err)
+		return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE=%q: not base64: %w", w, err)
 	}
 	if len(b) > maxSystemdWrite {
-		return Source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE decodes to %d bytes: over the %d that memctl writes (a PSI trigger is at most 32)", len(b), maxSystemdWrite)
+		return source{}, true, false, fmt.Errorf("pressure: $MEMORY_PRESSURE_WRITE decodes to %d bytes: over the %d that memctl writes (a PSI trigger is at most 32)", len(b), maxSystemdWrite)
 	}
-	s.Write = b
+	s.write = b
 	return s, true, false, nil
 }
 
@@ -112,11 +109,11 @@ func parseTrigger(b []byte) (trigger, error) {
 	return trigger{full: f[0] == "full", stall: us[0], window: us[1]}, nil
 }
 
-// SystemdTrigger checks that b, the decoded $MEMORY_PRESSURE_WRITE for a
+// systemdTrigger checks that b, the decoded $MEMORY_PRESSURE_WRITE for a
 // PSI file, is a trigger with a window in [500000, 10000000] µs (psi.c) and a
 // stall in (0, window], and returns it without leading zeros and ending in
 // NUL.
-func SystemdTrigger(b []byte) ([]byte, error) {
+func systemdTrigger(b []byte) ([]byte, error) {
 	t, err := parseTrigger(b)
 	switch {
 	case err != nil:
@@ -170,9 +167,9 @@ func parsePSITotals(b []byte) (some, full int64) {
 	return some, full
 }
 
-// EventsGrowth returns how much the memory.events counters high, max, oom
+// eventsGrowth returns how much the memory.events counters high, max, oom
 // and oom_kill grew from a to b; an absent or decreasing one counts 0.
-func EventsGrowth(a, b cgroupfs.Events) int64 {
+func eventsGrowth(a, b cgroupfs.Events) int64 {
 	var d int64
 	for _, p := range [...][2]int64{{a.High, b.High}, {a.Max, b.Max}, {a.OOM, b.OOM}, {a.OOMKill, b.OOMKill}} {
 		if p[0] >= 0 && p[1] > p[0] {
@@ -180,4 +177,53 @@ func EventsGrowth(a, b cgroupfs.Events) int64 {
 		}
 	}
 	return d
+}
+
+// makeup is what the memory under pressure is made of, where the kernel
+// says it, in bytes, -1 when unknown.
+type makeup struct {
+	Anon  int64  // memory.stat "anon" ("total_rss" in v1), or meminfo AnonPages
+	Cache int64  // the file LRUs: "active_file" + "inactive_file", or meminfo's
+	Own   int64  // this process's RssAnon, for the host's makeup only
+	From  string // the file read
+}
+
+// known reports whether both Anon and Cache could be read.
+func (m makeup) known() bool { return m.Anon >= 0 && m.Cache >= 0 }
+
+// anonymous reports whether anonymous memory is known and more than the page
+// cache, which the kernel reclaims first.
+func (m makeup) anonymous() bool { return m.known() && m.Anon > m.Cache }
+
+// unknownMakeup is the makeup when the file from could not be read.
+func unknownMakeup(from string) makeup { return makeup{Anon: -1, Cache: -1, Own: -1, From: from} }
+
+// makeupOfStat returns the makeup of a parsed memory.stat; the cache is
+// unknown unless both file LRU lines are there.
+func makeupOfStat(s cgroupfs.MemoryStat, from string) makeup {
+	mk := makeup{Anon: s.Anon, Cache: -1, Own: -1, From: from}
+	if s.ActiveFile >= 0 && s.InactiveFile >= 0 {
+		mk.Cache = satmath.Add(s.ActiveFile, s.InactiveFile)
+	}
+	return mk
+}
+
+// hostMakeup reads the host's makeup from meminfo (/proc/meminfo) and this
+// process's RssAnon from status (/proc/self/status; Own -1 when unread).
+func hostMakeup(meminfo, status string) (makeup, error) {
+	f, err := procfs.ReadFile(meminfo)
+	if err != nil {
+		return unknownMakeup(meminfo), err
+	}
+	var v [3]int64
+	for i, k := range []string{"AnonPages", "Active(file)", "Inactive(file)"} {
+		if v[i], err = f.Bytes(k); err != nil {
+			return unknownMakeup(f.File), fmt.Errorf("pressure: %w", err)
+		}
+	}
+	mk := makeup{Anon: v[0], Cache: satmath.Add(v[1], v[2]), Own: -1, From: f.File}
+	if n, err := procfs.ReadBytes(status, "RssAnon"); err == nil {
+		mk.Own = n
+	}
+	return mk, nil
 }

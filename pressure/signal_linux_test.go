@@ -1,4 +1,4 @@
-package memsignal
+package pressure
 
 import (
 	"fmt"
@@ -20,17 +20,17 @@ import (
 func TestSystemdFIFOOwnWriteIsNoSignal(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "memory-pressure")
 	require.NoError(t, unix.Mkfifo(fifo, 0o600))
-	w, err := Open(Source{Kind: Systemd, Path: fifo, Write: []byte("some 200000 2000000")})
+	w, err := openSignal(source{kind: srcSystemd, path: fifo, write: []byte("some 200000 2000000")})
 	require.NoError(t, err)
-	defer w.Close()
-	assert.Zero(t, w.Drain(), "memctl's own write is not a signal")
+	defer w.close()
+	assert.Zero(t, w.drain(), "memctl's own write is not a signal")
 	// A real signal still is.
 	wr, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	require.NoError(t, err)
 	defer unix.Close(wr)
 	_, err = unix.Write(wr, []byte("x"))
 	require.NoError(t, err)
-	assert.Equal(t, int64(1), w.Drain())
+	assert.Equal(t, int64(1), w.drain())
 }
 
 // The watcher reads the trigger's state's total from the file it armed
@@ -57,11 +57,11 @@ func TestWatcherChecksStallSinceArming(t *testing.T) {
 		write(1_000_000, 500_000)
 		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		require.NoError(t, err)
-		w := &Signal{path: "test PSI", fd: fd, kind: PSI}
+		w := &signal{path: "test srcPSI", fd: fd, kind: srcPSI}
 		w.armPSI([]byte(tc.trigger))
-		require.Empty(t, w.NoCheck)
+		require.Empty(t, w.noCheck)
 		write(tc.some, tc.full)
-		since, _, ignore := w.Unexplained()
+		since, _, ignore := w.unexplained()
 		assert.Equal(t, tc.ignore, ignore, "%q some=%d full=%d", tc.trigger, tc.some, tc.full)
 		assert.Equal(t, time.Duration(tc.since)*time.Microsecond, since, "%q", tc.trigger)
 		unix.Close(fd)
@@ -71,11 +71,11 @@ func TestWatcherChecksStallSinceArming(t *testing.T) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	require.NoError(t, err)
 	defer unix.Close(fd)
-	w := &Signal{path: "test PSI", fd: fd, kind: PSI}
+	w := &signal{path: "test srcPSI", fd: fd, kind: srcPSI}
 	w.armPSI([]byte("some 150000 2000000\x00"))
 	assert.Nil(t, w.psi)
-	assert.Contains(t, w.NoCheck, "no some total=")
-	_, _, ignore := w.Unexplained()
+	assert.Contains(t, w.noCheck, "no some total=")
+	_, _, ignore := w.unexplained()
 	assert.False(t, ignore, "unchecked: delivered")
 }
 
@@ -84,13 +84,13 @@ func TestHostMakeupOwn(t *testing.T) {
 	dir := t.TempDir()
 	status := filepath.Join(dir, "status")
 	require.NoError(t, os.WriteFile(status, []byte("Name:\tx\nRssAnon:\t  1024 kB\n"), 0o600))
-	mk, err := HostMakeup("testdata/meminfo", status)
+	mk, err := hostMakeup("testdata/meminfo", status)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1<<20), mk.Own)
-	mk, err = HostMakeup("testdata/meminfo", filepath.Join(dir, "missing"))
+	mk, err = hostMakeup("testdata/meminfo", filepath.Join(dir, "missing"))
 	require.NoError(t, err, "the host's makeup stands without the process's")
 	assert.Equal(t, int64(-1), mk.Own)
-	mk, err = HostMakeup("/proc/meminfo", "/proc/self/status")
+	mk, err = hostMakeup("/proc/meminfo", "/proc/self/status")
 	require.NoError(t, err)
 	assert.Positive(t, mk.Own, "this process's real RssAnon")
 	assert.Less(t, mk.Own, mk.Anon+1)

@@ -1,5 +1,0 @@
-//go:build !race
-
-package memsignal_test
-
-const raceEnabled = false
