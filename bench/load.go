@@ -263,7 +263,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
-	if err := c.say(formatSpans(st.spans())); err != nil {
+	if err := c.say(formatSpans(r.TrimSpans)); err != nil {
 		return r, err
 	}
 	return r, c.end()

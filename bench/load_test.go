@@ -48,7 +48,7 @@ func TestLoadTargets(t *testing.T) {
 		"memctl":    {"p99": 0.0105, "trim_cpu_share": 0.012, "bursts_back": 1, "p99_trim_ratio": 1.3, "p99_placebo_ratio": 0.9, "gc_forced": 0},
 		"memctl-aa": {"p99": 0.0108, "trim_cpu_share": 0.011, "bursts_back": 0.9, "p99_trim_ratio": 0.8, "p99_placebo_ratio": 1.1, "gc_forced": 0},
 	}
-	ts := loadTargets(fakeLoadReport(good))
+	ts := ruleTargets(fakeLoadReport(good))
 	// load: p99 vs plain, trim CPU, overlap; load-contended: trim CPU,
 	// bursts back; load-gc: trim CPU, overlap, forced cycles, bursts back.
 	require.Len(t, ts, 9)
@@ -64,7 +64,7 @@ func TestLoadTargets(t *testing.T) {
 		"memctl":    {"p99": 0.0112, "trim_cpu_share": 0.021, "bursts_back": 0.83, "p99_trim_ratio": 1.31, "gc_forced": 1},
 		"memctl-aa": {"p99": 0.0100, "trim_cpu_share": 0.01, "bursts_back": 1, "p99_trim_ratio": 1.0, "gc_forced": 0},
 	}
-	for _, tg := range loadTargets(fakeLoadReport(bad)) {
+	for _, tg := range ruleTargets(fakeLoadReport(bad)) {
 		require.NotNil(t, tg.Met)
 		assert.False(t, *tg.Met, "%s: %s: %s", tg.Scenario, tg.Target, tg.Measured)
 	}

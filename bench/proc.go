@@ -101,13 +101,6 @@ func (pr *proc) enterQuota(name string, quota, period int) error {
 	return g.StartBusy()
 }
 
-// holds reports whether a cgroup of the child is still to be removed.
-func (pr *proc) holds() bool {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.cg != nil || pr.quota != nil
-}
-
 // startProc starts exe as the child spec, inside cg when not nil.
 func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) {
 	env, err := childEnviron(spec, p)

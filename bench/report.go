@@ -133,16 +133,14 @@ func readReport(path string) (*Report, error) {
 // checkArms checks that a report's arms are this harness's, in order, with
 // or without freeos (a report written before it).
 func checkArms(got []ArmInfo) error {
-	var keys, want, before []string
+	var keys, want []string
 	for _, a := range got {
 		keys = append(keys, a.Key)
 	}
 	for _, a := range arms {
 		want = append(want, a.Key)
-		if a.Key != "freeos" {
-			before = append(before, a.Key)
-		}
 	}
+	before := slices.DeleteFunc(slices.Clone(want), func(k string) bool { return k == "freeos" })
 	if slices.Equal(keys, want) || slices.Equal(keys, before) {
 		return nil
 	}
@@ -246,21 +244,22 @@ func formatAA(f FigureReport) string {
 	return fmt.Sprintf("%.1f%%", d*100)
 }
 
-// scenario returns the scenario name, if it ran.
-func (rep *Report) scenario(name string) (ScenarioReport, bool) {
-	i := slices.IndexFunc(rep.Scenarios, func(s ScenarioReport) bool { return s.Name == name })
-	if i < 0 {
-		return ScenarioReport{}, false
-	}
-	return rep.Scenarios[i], true
-}
-
 // figure returns the figure key of scenario name, if it ran.
 func (rep *Report) figure(name, key string) (FigureReport, bool) {
 	s, _ := rep.scenario(name)
-	i := slices.IndexFunc(s.Figures, func(f FigureReport) bool { return f.Key == key })
-	if i < 0 {
-		return FigureReport{}, false
+	return find(s.Figures, func(f FigureReport) bool { return f.Key == key })
+}
+
+// scenario returns the scenario name, if it ran.
+func (rep *Report) scenario(name string) (ScenarioReport, bool) {
+	return find(rep.Scenarios, func(s ScenarioReport) bool { return s.Name == name })
+}
+
+// find returns the first element of xs that match accepts.
+func find[T any](xs []T, match func(T) bool) (T, bool) {
+	var zero T
+	if i := slices.IndexFunc(xs, match); i >= 0 {
+		return xs[i], true
 	}
-	return s.Figures[i], true
+	return zero, false
 }

@@ -157,9 +157,7 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 		return nil, childResult{}, tr, err
 	}
 	defer func() {
-		if pr.holds() { // an error path whose removal failed: retry
-			err = errors.Join(err, pr.abort())
-		}
+		err = errors.Join(err, pr.abort()) // after an error, retries what is left
 		pr.untrack()
 	}()
 	figs, tr, err = s.observe(pr, cfg.Params)

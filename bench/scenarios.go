@@ -108,12 +108,7 @@ func (s scenario) runs(a arm) bool {
 var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended, loadScenarioGC}
 
 func scenarioByName(name string) (scenario, bool) {
-	for _, s := range scenarios {
-		if s.Name == name {
-			return s, true
-		}
-	}
-	return scenario{}, false
+	return find(scenarios, func(s scenario) bool { return s.Name == name })
 }
 
 // burst: 20 MiB live, one 1 GiB burst, then idle.
@@ -329,14 +324,10 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 		return r, err
 	}
 	slices.Sort(lat)
-	secs := make([]float64, len(lat))
-	for i, d := range lat {
-		secs[i] = d.Seconds()
-	}
 	r.Elapsed = elapsed
 	r.RPS = float64(len(lat)) / elapsed.Seconds()
-	r.P50 = time.Duration(percentile(secs, 50) * 1e9)
-	r.P99 = time.Duration(percentile(secs, 99) * 1e9)
+	r.P50 = time.Duration(percentile(lat, 50) * 1e9)
+	r.P99 = time.Duration(percentile(lat, 99) * 1e9)
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
@@ -365,10 +356,10 @@ func handler(alloc int64) http.Handler {
 }
 
 // load sends n GET requests to url over clients connections and returns
-// each one's latency and the total wall time; an answer other than 200 is
-// an error.
-func load(client *http.Client, url string, n, clients int) ([]time.Duration, time.Duration, error) {
-	lat := make([]time.Duration, n)
+// each one's latency in seconds and the total wall time; an answer other
+// than 200 is an error.
+func load(client *http.Client, url string, n, clients int) ([]float64, time.Duration, error) {
+	lat := make([]float64, n)
 	var next atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -387,7 +378,7 @@ func load(client *http.Client, url string, n, clients int) ([]time.Duration, tim
 					next.Store(int64(n)) // stop the others
 					return
 				}
-				lat[i] = time.Since(t0)
+				lat[i] = time.Since(t0).Seconds()
 			}
 		})
 	}

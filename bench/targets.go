@@ -12,14 +12,15 @@ func targets(rep *Report) []Target {
 	if t, ok := burstRSSTarget(rep); ok {
 		ts = append(ts, t)
 	}
-	if t, ok := burstPlainTarget(rep); ok {
-		ts = append(ts, rep.fullRunOnly(t))
+	judged := len(ts) // in a -quick run: one short run of each arm cannot judge the rest
+	for _, target := range []func(*Report) (Target, bool){burstPlainTarget, burstAATarget} {
+		if t, ok := target(rep); ok {
+			ts = append(ts, t)
+		}
 	}
-	if t, ok := burstAATarget(rep); ok {
-		ts = append(ts, rep.fullRunOnly(t))
-	}
-	for _, t := range ruleTargets(rep, "") {
-		ts = append(ts, rep.fullRunOnly(t)) // one short run of each cannot judge them
+	ts = append(ts, ruleTargets(rep)...)
+	for i := judged; rep.Quick && i < len(ts); i++ {
+		ts[i].Met, ts[i].NotJudged = nil, notJudgedQuick
 	}
 	return ts
 }
@@ -32,14 +33,6 @@ func median(f FigureReport, arm string) Obs { return f.Arms[arm].Median }
 
 // medianCell renders arm's median of f in its unit.
 func medianCell(f FigureReport, arm string) string { return formatObs(f.Unit, median(f, arm)) }
-
-// fullRunOnly leaves t unjudged in a -quick run.
-func (rep *Report) fullRunOnly(t Target) Target {
-	if rep.Quick {
-		t.Met, t.NotJudged = nil, notJudgedQuick
-	}
-	return t
-}
 
 // burstRSSTarget checks that the RSS rise 3 s after the burst (of the
 // medians) of memctl and its A/A is at most the freeos arm's plus
@@ -71,9 +64,8 @@ func burstRSSTarget(rep *Report) (Target, bool) {
 	t := Target{Scenario: "burst"}
 	var bound float64 // the largest rise allowed
 	_, control := before.Arms["freeos"]
-	if _, ok := after.Arms["freeos"]; !ok {
-		control = false
-	}
+	_, controlAfter := after.Arms["freeos"]
+	control = control && controlAfter
 	m, okm := rise("memctl")
 	aa, okaa := rise("memctl-aa")
 	judged := okm && okaa
@@ -197,13 +189,12 @@ const (
 	burstsBackTarget = "RSS 3.5 s after a burst below 1.2 × pre-burst for at least 90% of bursts"
 )
 
-// ruleTargets judges the rules whose scenario has the prefix and whose
-// figure is in the report.
-func ruleTargets(rep *Report, prefix string) []Target {
+// ruleTargets judges the rules whose figure is in the report.
+func ruleTargets(rep *Report) []Target {
 	var ts []Target
 	for _, r := range rules {
 		f, ok := rep.figure(r.scenario, r.figure)
-		if !ok || !strings.HasPrefix(r.scenario, prefix) {
+		if !ok {
 			continue
 		}
 		var cells []any
@@ -220,6 +211,3 @@ func ruleTargets(rep *Report, prefix string) []Target {
 	}
 	return ts
 }
-
-// loadTargets judges the load scenarios' targets.
-func loadTargets(rep *Report) []Target { return ruleTargets(rep, "load") }
