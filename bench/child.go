@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -297,18 +296,12 @@ func (h *trimLog) WithGroup(g string) slog.Handler {
 	return &trimLog{h.trims, h.next.WithGroup(g)}
 }
 
+// holdLive allocates the live set of n bytes and lets it settle.
+func holdLive(n int64) [][]byte {
+	live := burst.Alloc(n)
+	time.Sleep(settle)
+	return live
+}
+
 // settle is the pause after building the live set.
 const settle = 300 * time.Millisecond
-
-// keep holds the live set where the compiler cannot see it dropped.
-var keep [][]byte
-
-func holdLive(n int64) {
-	keep = burst.Alloc(n)
-	time.Sleep(settle)
-}
-
-func dropLive() {
-	runtime.KeepAlive(keep)
-	keep = nil
-}

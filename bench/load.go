@@ -1,8 +1,6 @@
 package main
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -161,19 +159,8 @@ func loadScenario(name string) scenario {
 		child: func(p params, st *armState, c *childIO) (childResult, error) {
 			return loadChild(variantParams(name, p.Load), p, st, c)
 		},
-		observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
+		observe: func(pr *proc, p params) (map[string]Obs, Trace) {
 			return observeLoad(pr, p, name)
-		},
-		complete: func(figs map[string]Obs, r childResult) {
-			figs["trims"] = Obs{Value: float64(r.Trims)}
-			figs["trim_cpu_share"] = Obs{Value: r.TrimCPU.Seconds() / r.Elapsed.Seconds()}
-			for _, k := range []string{"bursts_back", "gc_cycles", "gc_forced"} {
-				if v, ok := r.Extra[k]; ok {
-					figs[k] = Obs{Value: v}
-				} else {
-					figs[k] = Obs{NA: true}
-				}
-			}
 		},
 		derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "p99", "p99_vs_plain") },
 		precheck: func() error {
@@ -201,20 +188,17 @@ type loadNode struct {
 	_    [7]int64 // 64 bytes in all
 }
 
-var (
-	loadKeep  [][]byte
-	loadNodes *loadNode
-)
-
 // loadChild is the server: it says "addr HOST:PORT" before "ready", and
 // after "go" runs a burst every Period.
 func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, error) {
 	var r childResult
-	loadKeep = burst.Alloc(lp.Live / 16 * 15)
+	live := burst.Alloc(lp.Live / 16 * 15)
+	var nodes *loadNode
 	for range lp.Live / 16 / 64 {
-		loadNodes = &loadNode{next: loadNodes}
+		nodes = &loadNode{next: nodes}
 	}
-	defer func() { runtime.KeepAlive(loadKeep); runtime.KeepAlive(loadNodes); loadKeep, loadNodes = nil, nil }()
+	defer runtime.KeepAlive(nodes)
+	defer runtime.KeepAlive(live)
 	runtime.GC()
 	time.Sleep(settle)
 
@@ -232,7 +216,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 		return r, err
 	}
 	start := time.Now()
-	gc0, forced0 := readCycles(cyclesTotal), readCycles(cyclesForced)
+	gc0, forced0 := gcCycles()
 	back, n := 0, 0
 	for at := start.Add(lp.FirstBurst); !at.Add(lp.Check).After(start.Add(lp.For)); at = at.Add(lp.Period) {
 		time.Sleep(time.Until(at))
@@ -256,14 +240,12 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	}
 	time.Sleep(time.Until(start.Add(lp.For)))
 	r.Elapsed = time.Since(start)
-	r.Extra = map[string]float64{"gc_cycles": float64(readCycles(cyclesTotal) - gc0), "gc_forced": float64(readCycles(cyclesForced) - forced0)}
+	gc, forced := gcCycles()
+	r.Extra = map[string]float64{"gc_cycles": gc - gc0, "gc_forced": forced - forced0}
 	if n > 0 {
 		r.Extra["bursts_back"] = float64(back) / float64(n)
 	}
 	if err := st.snapshot(&r); err != nil {
-		return r, err
-	}
-	if err := c.say(formatSpans(r.TrimSpans)); err != nil {
 		return r, err
 	}
 	return r, c.end()
@@ -272,58 +254,51 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 // observeLoad runs the load generator against pr's server (in the
 // contended variant after moving it into the CPU-quota cgroup) and samples
 // its RSS; the trace holds the RSS and the p99 per p99Window.
-func observeLoad(pr *proc, p params, name string) (figs map[string]Obs, tr Trace, err error) {
+func observeLoad(pr *proc, p params, name string) (map[string]Obs, Trace) {
 	lp := variantParams(name, p.Load)
-	line, err := pr.next(startTimeout, "its address")
-	if err != nil {
-		return nil, tr, err
-	}
+	line := pr.next(startTimeout, "its address")
 	addr, ok := strings.CutPrefix(line, "addr ")
-	if !ok {
-		return nil, tr, pr.failure(fmt.Sprintf("said %q, want its address", line))
+	if pr.fail == nil && !ok {
+		pr.fail = pr.failure(fmt.Sprintf("said %q, want its address", line))
 	}
-	if _, err := pr.expect("ready", startTimeout); err != nil {
-		return nil, tr, err
-	}
-	if name == "load-contended" {
-		defer func() { err = errors.Join(err, pr.leaveQuota()) }()
+	pr.expect("ready", startTimeout)
+	if name == "load-contended" && pr.fail == nil {
 		name := fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-"))
-		if err := pr.enterQuota(name, lp.Quota, lp.QuotaPeriod); err != nil {
-			return nil, tr, err
-		}
+		pr.check(pr.enterQuota(name, lp.Quota, lp.QuotaPeriod))
 	}
 	start := time.Now()
-	if err := pr.send("go"); err != nil {
-		return nil, tr, err
+	pr.send("go")
+	if pr.fail != nil {
+		return nil, Trace{}
 	}
-	stopSampling := sampleInBackground(pr.pid, start, p.Sample, lp.For+time.Minute)
+	stop := pr.sampleInBackground(start, p.Sample, lp.For+time.Minute)
 	lat, failed, sent := openLoop("http://"+addr+"/", lp.Rate, lp.For, lp.Timeout, lp.MaxInFlight)
-	var spans []span
-	line, err = pr.next(lp.For+2*time.Minute, "its trims")
-	if err == nil {
-		if spans, err = parseSpans(line); err != nil {
-			err = pr.failure(err.Error())
+	pr.expect("end", lp.For+2*time.Minute)
+	samples := stop()
+	r := pr.finish()
+	tr := rssTrace(start, samples)
+	tr.P99 = p99Windows(lat, lp.Rate, sent.Sub(start).Seconds(), p99Window)
+	figs := map[string]Obs{
+		"failed":         {Value: float64(failed)},
+		"mean_rss":       meanRSS(samples),
+		"trims":          {Value: float64(r.Trims)},
+		"trim_cpu_share": {Value: r.TrimCPU.Seconds() / r.Elapsed.Seconds()},
+	}
+	for _, k := range []string{"bursts_back", "gc_cycles", "gc_forced"} {
+		if v, ok := r.Extra[k]; ok {
+			figs[k] = Obs{Value: v}
+		} else {
+			figs[k] = Obs{NA: true}
 		}
 	}
-	if err == nil {
-		_, err = pr.expect("end", time.Minute)
-	}
-	samples, serr := stopSampling()
-	if err := cmp.Or(err, serr); err != nil {
-		return nil, tr, err
-	}
-	tr = rssTrace(start, samples)
-	tr.P99 = p99Windows(lat, lp.Rate, sent.Sub(start).Seconds(), p99Window)
-	figs = map[string]Obs{}
+	spans := r.TrimSpans
 	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, lp.Rate, spans, nil)
 	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, lp.Rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
 	slices.Sort(lat)
 	figs["p50"] = Obs{Value: percentile(lat, 50)}
 	figs["p99"] = Obs{Value: percentile(lat, 99)}
 	figs["p999"] = Obs{Value: percentile(lat, 99.9)}
-	figs["failed"] = Obs{Value: float64(failed)}
-	figs["mean_rss"] = meanRSS(samples)
-	return figs, tr, nil
+	return figs, tr
 }
 
 // openLoop sends rate requests per second to url for d, each at its due
@@ -364,16 +339,11 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 	return lat, int(failed.Load()), start
 }
 
-const cyclesTotal, cyclesForced = "/gc/cycles/total:gc-cycles", "/gc/cycles/forced:gc-cycles"
-
-// readCycles returns the runtime/metrics counter name.
-func readCycles(name string) int64 {
-	s := []metrics.Sample{{Name: name}}
+// gcCycles returns the GC cycles run so far, and how many were forced.
+func gcCycles() (total, forced float64) {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/cycles/forced:gc-cycles"}}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return int64(s[0].Value.Uint64())
+	return float64(s[0].Value.Uint64()), float64(s[1].Value.Uint64())
 }
 
 // tagSuffix is "-"+MEMCTL_BENCH_TAG when that is set, for cgroup names.

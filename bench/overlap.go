@@ -1,10 +1,7 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -14,29 +11,6 @@ import (
 // span is a trim's wall-clock interval in Unix nanoseconds (CLOCK_REALTIME,
 // the same in parent and child).
 type span [2]int64
-
-// trimsLinePrefix starts the load child's line before "end":
-// "trims [[start,end],...]".
-const trimsLinePrefix = "trims "
-
-// formatSpans is the child's trims line.
-func formatSpans(s []span) string {
-	b, _ := json.Marshal(s) // [][2]int64 cannot fail
-	return trimsLinePrefix + string(b)
-}
-
-// parseSpans parses a trims line.
-func parseSpans(line string) ([]span, error) {
-	rest, ok := strings.CutPrefix(line, trimsLinePrefix)
-	if !ok {
-		return nil, fmt.Errorf("said %q, want its trims", line)
-	}
-	var s []span
-	if err := json.Unmarshal([]byte(rest), &s); err != nil {
-		return nil, fmt.Errorf("trims line %q: %w", line, err)
-	}
-	return s, nil
-}
 
 // overlapFigures splits the requests (the i-th due at start + i/rate,
 // taking lat[i] seconds) that overlap none of exclude into those whose

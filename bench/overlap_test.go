@@ -5,26 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
-func TestSpansLine(t *testing.T) {
-	s := []span{{1, 2}, {30, 45}}
-	got, err := parseSpans(formatSpans(s))
-	require.NoError(t, err)
-	assert.Equal(t, s, got)
-	got, err = parseSpans(formatSpans([]span{}))
-	require.NoError(t, err)
-	assert.Empty(t, got)
-	_, err = parseSpans("end")
-	assert.Error(t, err)
-	_, err = parseSpans("trims [[1,")
-	assert.Error(t, err)
-}
-
-// 100 requests per second for 10 s, 10 ms each, except the 20 that
-// overlap a trim from 2 s to 2.1 s (due from 1.99 s on) and take 50 ms:
-// they are the overlapping ones, and their p99 is 5 times the others'.
 func TestOverlapFigures(t *testing.T) {
 	start := time.Unix(1000, 0)
 	lat := make([]float64, 1000)

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/memctl/memctl/internal/cgrouptest"
 	"io"
 	"math"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -63,16 +63,16 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 		Params:  cfg.Params,
 	}
 	var parent *cgrouptest.Parent
+	rep.Cgroup.Note = "cgroups off (-cgroup-limit 0)"
 	if cfg.CgroupLimit > 0 {
-		p, err := cgrouptest.WritableParent()
-		if err != nil {
-			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + "): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
+		if parent, err = cgrouptest.WritableParent(); err != nil {
+			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + ")"
 		} else {
-			parent = p
-			rep.Cgroup = CgroupInfo{Used: true, Version: p.Version, LimitBytes: cfg.CgroupLimit}
+			rep.Cgroup = CgroupInfo{Used: true, Version: parent.Version, LimitBytes: cfg.CgroupLimit}
 		}
-	} else {
-		rep.Cgroup.Note = "cgroups off (-cgroup-limit 0): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
+	}
+	if !rep.Cgroup.Used {
+		rep.Cgroup.Note += ": the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
 	}
 	memLimits := make(map[string]int64)
 	start := time.Now()
@@ -160,15 +160,10 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 		err = errors.Join(err, pr.abort()) // after an error, retries what is left
 		pr.untrack()
 	}()
-	figs, tr, err = s.observe(pr, cfg.Params)
-	if err != nil {
-		return nil, childResult{}, tr, errors.Join(err, pr.abort())
+	figs, tr = s.observe(pr, cfg.Params)
+	if res = pr.finish(); pr.fail != nil {
+		return nil, res, tr, pr.fail
 	}
-	res, err = pr.finish()
-	if err != nil {
-		return nil, res, tr, err
-	}
-	s.complete(figs, res)
 	tr.complete(res)
 	return figs, res, tr, nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
 	"github.com/memctl/memctl/internal/burst"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -83,11 +81,10 @@ type scenario struct {
 	title   func(p params) string // the table's heading
 	child   func(p params, st *armState, c *childIO) (childResult, error)
 	// observe runs in the parent while the child runs and returns the
-	// figures read from /proc and the run's trace; complete adds the
-	// child's result.
-	observe  func(pr *proc, p params) (map[string]Obs, Trace, error)
-	complete func(figs map[string]Obs, r childResult)
-	arms     []string // keys of the arms it runs; nil: defaultArms
+	// run's figures and trace; it calls pr.finish for the child's result,
+	// and runOne reads pr.fail.
+	observe func(pr *proc, p params) (map[string]Obs, Trace)
+	arms    []string // keys of the arms it runs
 	// cgroupLimit is the arms' cgroup limit where above -cgroup-limit's.
 	cgroupLimit func(p params) int64
 	derive      func(obs map[string]map[string][]Obs) // figures across arms, per round
@@ -98,12 +95,7 @@ type scenario struct {
 }
 
 // runs reports whether the scenario runs arm a.
-func (s scenario) runs(a arm) bool {
-	if s.arms == nil {
-		return slices.Contains(defaultArms, a.Key)
-	}
-	return slices.Contains(s.arms, a.Key)
-}
+func (s scenario) runs(a arm) bool { return slices.Contains(s.arms, a.Key) }
 
 var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended, loadScenarioGC}
 
@@ -127,8 +119,7 @@ var burstScenario = scenario{
 	},
 	child: func(p params, st *armState, c *childIO) (childResult, error) {
 		var r childResult
-		holdLive(p.Live)
-		defer dropLive()
+		defer runtime.KeepAlive(holdLive(p.Live))
 		if err := c.handshake(); err != nil {
 			return r, err
 		}
@@ -142,37 +133,17 @@ var burstScenario = scenario{
 		}
 		return r, st.snapshot(&r)
 	},
-	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, Trace{}, err
-		}
-		before, err := procfs.RSS(pr.pid)
-		readAt := time.Now()
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		if err := resetPeak(pr.pid); err != nil {
-			return nil, Trace{}, err
-		}
-		if err := pr.send("go"); err != nil {
-			return nil, Trace{}, err
-		}
-		end, err := pr.expect("end", 2*time.Minute)
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		samples, err := sampleRSS(pr.pid, end, p.Sample, p.Window, nil)
-		if err != nil {
-			return nil, Trace{}, err
-		}
+	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
+		pr.expect("ready", startTimeout)
+		before, readAt := pr.status("VmRSS"), time.Now()
+		pr.resetPeak()
+		pr.send("go")
+		end := pr.expect("end", 2*time.Minute)
+		peak := pr.status("VmHWM")
+		samples := pr.sample(end, p.Sample, p.Window)
 		at := []sample{{at: readAt.Sub(end).Seconds(), rss: before}, {at: 0, rss: peak}}
-		return burstFigures(before, peak, samples, p.Window), rssTrace(end, append(at, samples...)), nil
+		return burstFigures(before, peak, samples, p.Window), rssTrace(end, append(at, samples...))
 	},
-	complete: func(map[string]Obs, childResult) {},
 }
 
 // burstFigures computes the burst scenario's figures (samples: at in
@@ -190,6 +161,7 @@ func burstFigures(before, peak int64, samples []sample, window time.Duration) ma
 // cadence: the worst burst spacing for a 2 s trim delay.
 var cadenceScenario = scenario{
 	Name: "cadence",
+	arms: defaultArms,
 	Figures: []figureDef{
 		{"trims", "trims run", unitCount},
 		{"trim_share", "wall time in trims", unitFraction},
@@ -201,8 +173,7 @@ var cadenceScenario = scenario{
 	},
 	child: func(p params, st *armState, c *childIO) (childResult, error) {
 		var r childResult
-		holdLive(p.Live)
-		defer dropLive()
+		defer runtime.KeepAlive(holdLive(p.Live))
 		if err := c.handshake(); err != nil {
 			return r, err
 		}
@@ -220,41 +191,29 @@ var cadenceScenario = scenario{
 		}
 		return r, c.end()
 	},
-	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, Trace{}, err
-		}
-		if err := resetPeak(pr.pid); err != nil {
-			return nil, Trace{}, err
-		}
+	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
+		pr.expect("ready", startTimeout)
+		pr.resetPeak()
 		start := time.Now()
-		if err := pr.send("go"); err != nil {
-			return nil, Trace{}, err
-		}
-		stopSampling := sampleInBackground(pr.pid, start, p.Sample, p.CadenceFor+time.Minute)
-		_, err := pr.expect("end", p.CadenceFor+time.Minute)
-		samples, serr := stopSampling()
-		if err := cmp.Or(err, serr); err != nil {
-			return nil, Trace{}, err
-		}
-		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
-		if err != nil {
-			return nil, Trace{}, err
-		}
+		pr.send("go")
+		stop := pr.sampleInBackground(start, p.Sample, p.CadenceFor+time.Minute)
+		pr.expect("end", p.CadenceFor+time.Minute)
+		samples := stop()
+		peak := pr.status("VmHWM")
+		r := pr.finish()
 		return map[string]Obs{
-			"mean_rss": meanRSS(samples),
-			"peak_rss": {Value: float64(peak)},
-		}, rssTrace(start, samples), nil
-	},
-	complete: func(figs map[string]Obs, r childResult) {
-		figs["trims"] = Obs{Value: float64(r.Trims)}
-		figs["trim_share"] = Obs{Value: r.TrimTime.Seconds() / r.Elapsed.Seconds()}
+			"mean_rss":   meanRSS(samples),
+			"peak_rss":   {Value: float64(peak)},
+			"trims":      {Value: float64(r.Trims)},
+			"trim_share": {Value: r.TrimTime.Seconds() / r.Elapsed.Seconds()},
+		}, rssTrace(start, samples)
 	},
 }
 
 // http: a loopback net/http server and an in-process load generator.
 var httpScenario = scenario{
 	Name: "http",
+	arms: defaultArms,
 	Figures: []figureDef{
 		{"rps", "requests per second", unitRate},
 		{"p50", "p50 latency", unitLatency},
@@ -267,20 +226,12 @@ var httpScenario = scenario{
 	},
 	child:  httpChild,
 	derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "rps", "rps_vs_plain") },
-	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, Trace{}, err
-		}
-		if err := pr.send("go"); err != nil {
-			return nil, Trace{}, err
-		}
-		_, err := pr.expect("end", 10*time.Minute)
-		return map[string]Obs{}, Trace{}, err
-	},
-	complete: func(figs map[string]Obs, r childResult) {
-		figs["rps"] = Obs{Value: r.RPS}
-		figs["p50"] = Obs{Value: r.P50.Seconds()}
-		figs["p99"] = Obs{Value: r.P99.Seconds()}
+	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
+		pr.expect("ready", startTimeout)
+		pr.send("go")
+		pr.expect("end", 10*time.Minute)
+		r := pr.finish()
+		return map[string]Obs{"rps": {Value: r.RPS}, "p50": {Value: r.P50.Seconds()}, "p99": {Value: r.P99.Seconds()}}, Trace{}
 	},
 }
 
