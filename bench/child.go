@@ -68,11 +68,9 @@ type childResult struct {
 	TrimCPU   time.Duration `json:"trim_cpu"`
 	TrimSpans []span        `json:"trim_spans,omitempty"`
 	Elapsed   time.Duration `json:"elapsed"` // the measured window
-	// The http scenario's load figures.
-	RPS   float64            `json:"rps,omitempty"`
-	P50   time.Duration      `json:"p50,omitempty"`
-	P99   time.Duration      `json:"p99,omitempty"`
-	Extra map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
+	// Extra are the figures the child measured, by key; runOne adds them to
+	// the parent's.
+	Extra map[string]float64 `json:"extra,omitempty"`
 }
 
 // childMain runs one arm of one scenario ("scenario/arm") and returns the

@@ -248,6 +248,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
+	r.Extra["trims"], r.Extra["trim_cpu_share"] = float64(r.Trims), r.TrimCPU.Seconds()/r.Elapsed.Seconds()
 	return r, c.end()
 }
 
@@ -278,19 +279,7 @@ func observeLoad(pr *proc, p params, name string) (map[string]Obs, Trace) {
 	r := pr.finish()
 	tr := rssTrace(start, samples)
 	tr.P99 = p99Windows(lat, lp.Rate, sent.Sub(start).Seconds(), p99Window)
-	figs := map[string]Obs{
-		"failed":         {Value: float64(failed)},
-		"mean_rss":       meanRSS(samples),
-		"trims":          {Value: float64(r.Trims)},
-		"trim_cpu_share": {Value: r.TrimCPU.Seconds() / r.Elapsed.Seconds()},
-	}
-	for _, k := range []string{"bursts_back", "gc_cycles", "gc_forced"} {
-		if v, ok := r.Extra[k]; ok {
-			figs[k] = Obs{Value: v}
-		} else {
-			figs[k] = Obs{NA: true}
-		}
-	}
+	figs := map[string]Obs{"failed": {Value: float64(failed)}, "mean_rss": meanRSS(samples)}
 	spans := r.TrimSpans
 	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, lp.Rate, spans, nil)
 	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, lp.Rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)

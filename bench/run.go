@@ -125,9 +125,11 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 				memLimits[a.Key] = res.GoMemLimit
 			}
 			for _, f := range s.Figures {
-				if o, ok := figs[f.Key]; ok {
-					obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
+				o, ok := figs[f.Key]
+				if !ok { // not observed in this run, or derived below
+					o = Obs{NA: true}
 				}
+				obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
 			}
 			if i == 0 && len(tr.RSS) > 0 {
 				traces[a.Key] = tr
@@ -163,6 +165,9 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 	figs, tr = s.observe(pr, cfg.Params)
 	if res = pr.finish(); pr.fail != nil {
 		return nil, res, tr, pr.fail
+	}
+	for k, v := range res.Extra {
+		figs[k] = Obs{Value: v}
 	}
 	tr.complete(res)
 	return figs, res, tr, nil

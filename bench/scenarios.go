@@ -81,8 +81,8 @@ type scenario struct {
 	title   func(p params) string // the table's heading
 	child   func(p params, st *armState, c *childIO) (childResult, error)
 	// observe runs in the parent while the child runs and returns the
-	// run's figures and trace; it calls pr.finish for the child's result,
-	// and runOne reads pr.fail.
+	// figures it measured and the run's trace; it may call pr.finish for the
+	// child's result, and runOne reads pr.fail.
 	observe func(pr *proc, p params) (map[string]Obs, Trace)
 	arms    []string // keys of the arms it runs
 	// cgroupLimit is the arms' cgroup limit where above -cgroup-limit's.
@@ -189,6 +189,7 @@ var cadenceScenario = scenario{
 		if err := st.snapshot(&r); err != nil {
 			return r, err
 		}
+		r.Extra = map[string]float64{"trims": float64(r.Trims), "trim_share": r.TrimTime.Seconds() / r.Elapsed.Seconds()}
 		return r, c.end()
 	},
 	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
@@ -200,13 +201,7 @@ var cadenceScenario = scenario{
 		pr.expect("end", p.CadenceFor+time.Minute)
 		samples := stop()
 		peak := pr.status("VmHWM")
-		r := pr.finish()
-		return map[string]Obs{
-			"mean_rss":   meanRSS(samples),
-			"peak_rss":   {Value: float64(peak)},
-			"trims":      {Value: float64(r.Trims)},
-			"trim_share": {Value: r.TrimTime.Seconds() / r.Elapsed.Seconds()},
-		}, rssTrace(start, samples)
+		return map[string]Obs{"mean_rss": meanRSS(samples), "peak_rss": {Value: float64(peak)}}, rssTrace(start, samples)
 	},
 }
 
@@ -230,8 +225,7 @@ var httpScenario = scenario{
 		pr.expect("ready", startTimeout)
 		pr.send("go")
 		pr.expect("end", 10*time.Minute)
-		r := pr.finish()
-		return map[string]Obs{"rps": {Value: r.RPS}, "p50": {Value: r.P50.Seconds()}, "p99": {Value: r.P99.Seconds()}}, Trace{}
+		return map[string]Obs{}, Trace{}
 	},
 }
 
@@ -276,9 +270,7 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 	}
 	slices.Sort(lat)
 	r.Elapsed = elapsed
-	r.RPS = float64(len(lat)) / elapsed.Seconds()
-	r.P50 = time.Duration(percentile(lat, 50) * 1e9)
-	r.P99 = time.Duration(percentile(lat, 99) * 1e9)
+	r.Extra = map[string]float64{"rps": float64(len(lat)) / elapsed.Seconds(), "p50": percentile(lat, 50), "p99": percentile(lat, 99)}
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
