@@ -269,62 +269,43 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 // labels are not read back. Input that is not XML or a bad attribute is an
 // error; unknown elements are skipped.
 func Read(r io.Reader) (Chart, error) {
-	var c Chart
-	d := xml.NewDecoder(r)
-	inTitle := false
-	for {
-		tok, err := d.Token()
-		if errors.Is(err, io.EOF) {
-			return c, nil
+	var doc struct {
+		Title string `xml:"title"`
+		G     []struct {
+			Class  string `xml:"class,attr"`
+			Name   string `xml:"data-name,attr"`
+			Points string `xml:"data-points,attr"`
+			Label  string `xml:"data-label,attr"`
+			X      string `xml:"data-x,attr"`
+			Y      string `xml:"data-y,attr"`
+		} `xml:"g"`
+	}
+	c := Chart{}
+	if err := xml.NewDecoder(r).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("plot: %w", err)
+	}
+	c.Title = doc.Title
+	for _, g := range doc.G {
+		var err error
+		switch g.Class {
+		case "series":
+			s := Series{Name: g.Name}
+			s.Points, err = ParsePoints(g.Points)
+			c.Series = append(c.Series, s)
+		case "line":
+			l := Line{Label: g.Label}
+			l.Y, err = strconv.ParseFloat(g.Y, 64)
+			c.Lines = append(c.Lines, l)
+		case "mark":
+			m := Mark{Label: g.Label}
+			m.X, err = strconv.ParseFloat(g.X, 64)
+			c.Marks = append(c.Marks, m)
 		}
 		if err != nil {
-			return c, fmt.Errorf("plot: %w", err)
-		}
-		switch t := tok.(type) {
-		case xml.StartElement:
-			inTitle = t.Name.Local == "title"
-			if err := c.readElement(t); err != nil {
-				return c, err
-			}
-		case xml.CharData:
-			if inTitle {
-				c.Title += string(t)
-			}
-		case xml.EndElement:
-			inTitle = false
+			return c, fmt.Errorf("plot: %s element: %w", g.Class, err)
 		}
 	}
-}
-
-// readElement adds the series, line or mark that e holds, if any.
-func (c *Chart) readElement(e xml.StartElement) error {
-	attr := func(name string) string {
-		for _, a := range e.Attr {
-			if a.Name.Local == name {
-				return a.Value
-			}
-		}
-		return ""
-	}
-	var err error
-	switch attr("class") {
-	case "series":
-		s := Series{Name: attr("data-name")}
-		s.Points, err = ParsePoints(attr("data-points"))
-		c.Series = append(c.Series, s)
-	case "line":
-		l := Line{Label: attr("data-label")}
-		l.Y, err = strconv.ParseFloat(attr("data-y"), 64)
-		c.Lines = append(c.Lines, l)
-	case "mark":
-		m := Mark{Label: attr("data-label")}
-		m.X, err = strconv.ParseFloat(attr("data-x"), 64)
-		c.Marks = append(c.Marks, m)
-	}
-	if err != nil {
-		return fmt.Errorf("plot: %s element: %w", attr("class"), err)
-	}
-	return nil
+	return c, nil
 }
 
 // ParsePoints parses what FormatPoints writes.
