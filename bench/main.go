@@ -80,16 +80,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
-	return drawCharts(cfg.SVGDir, rep, stderr)
-}
-
-// drawCharts writes rep's charts into dir ("": none) and returns the exit
-// status.
-func drawCharts(dir string, rep *Report, stderr io.Writer) int {
-	if dir == "" {
+	if cfg.SVGDir == "" {
 		return 0
 	}
-	paths, err := writeSVGs(dir, rep)
+	paths, err := writeSVGs(cfg.SVGDir, rep)
 	for _, p := range paths {
 		fmt.Fprintln(stderr, "bench: wrote", p)
 	}
