@@ -227,8 +227,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 		b := burst.Alloc(lp.Burst)
 		runtime.KeepAlive(b) // live until here, garbage from here on
 		st.afterBurst()
-		end := time.Now()
-		time.Sleep(time.Until(end.Add(lp.Check)))
+		time.Sleep(lp.Check)
 		post, err := procfs.RSS(0)
 		if err != nil {
 			return r, err
@@ -307,17 +306,16 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 	for i := range n {
 		due := start.Add(time.Duration(float64(i) / rate * 1e9))
 		time.Sleep(time.Until(due))
+		lat[i] = timeout.Seconds() // until it succeeds
 		select {
 		case sem <- struct{}{}:
 		default:
-			lat[i] = timeout.Seconds()
 			failed.Add(1)
 			continue
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			if err := get(client, url); err != nil {
-				lat[i] = timeout.Seconds()
 				failed.Add(1)
 				return
 			}
