@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -53,12 +52,7 @@ var defaultArms = []string{"plain", "gomemlimit", "memctl", "memctl-aa"}
 var burstArms = append(slices.Clip(defaultArms), "freeos")
 
 func armByKey(key string) (arm, bool) {
-	for _, a := range arms {
-		if a.Key == key {
-			return a, true
-		}
-	}
-	return arm{}, false
+	return find(arms, func(a arm) bool { return a.Key == key })
 }
 
 func (a arm) memctl() bool { return a.Key == "memctl" || a.Key == "memctl-aa" }
@@ -74,11 +68,9 @@ type childResult struct {
 	TrimCPU   time.Duration `json:"trim_cpu"`
 	TrimSpans []span        `json:"trim_spans,omitempty"`
 	Elapsed   time.Duration `json:"elapsed"` // the measured window
-	// The http scenario's load figures.
-	RPS   float64            `json:"rps,omitempty"`
-	P50   time.Duration      `json:"p50,omitempty"`
-	P99   time.Duration      `json:"p99,omitempty"`
-	Extra map[string]float64 `json:"extra,omitempty"` // a scenario's own, by figure key
+	// Extra are the figures the child measured, by key; runOne adds them to
+	// the parent's.
+	Extra map[string]float64 `json:"extra,omitempty"`
 }
 
 // childMain runs one arm of one scenario ("scenario/arm") and returns the
@@ -137,23 +129,18 @@ func (c *childIO) say(line string) error {
 	return err
 }
 
-// await reads the next line from the parent and checks that it is word.
-func (c *childIO) await(word string) error {
-	if !c.in.Scan() {
-		return fmt.Errorf("waiting for %q: stdin closed: %v", word, c.in.Err())
-	}
-	if got := c.in.Text(); got != word {
-		return fmt.Errorf("waiting for %q: got %q", word, got)
-	}
-	return nil
-}
-
 // handshake says "ready" and waits for "go".
 func (c *childIO) handshake() error {
 	if err := c.say("ready"); err != nil {
 		return err
 	}
-	return c.await("go")
+	if !c.in.Scan() {
+		return fmt.Errorf("waiting for %q: stdin closed: %v", "go", c.in.Err())
+	}
+	if got := c.in.Text(); got != "go" {
+		return fmt.Errorf("waiting for %q: got %q", "go", got)
+	}
+	return nil
 }
 
 // end says "end" and waits until the parent closes stdin: the window is
@@ -191,7 +178,7 @@ func setupArm(a arm, p params) (*armState, error) {
 	case a.Key == "freeos":
 		st.freeOSDelay = cmp.Or(p.TrimDelay, trimwire.DefaultDelay)
 	case a.memctl():
-		st.log = &trimLog{counts: new(trimCounts), next: slog.NewTextHandler(os.Stderr, nil)}
+		st.log = &trimLog{trims: new(trims), next: slog.NewTextHandler(os.Stderr, nil)}
 		opts := []memctl.Option{memctl.WithLogger(slog.New(st.log))}
 		if p.TrimDelay > 0 {
 			opts = append(opts, memctl.WithTrimDelay(p.TrimDelay))
@@ -238,50 +225,37 @@ func (st *armState) snapshot(r *childResult) error {
 	// The trimmer counts a trim before it logs it: wait for the log to
 	// catch up with the counter.
 	for range 100 {
-		n, d := st.log.counts.get()
-		if s := st.ctl.Stats().Trim; s.Trims == n {
-			r.Trims, r.TrimTime, r.TrimCPU = n, d, s.TotalCPU
-			r.TrimSpans = st.spans()
-			r.TrimSpans = r.TrimSpans[:min(int64(len(r.TrimSpans)), n)] // the trims counted
+		spans := st.log.get()
+		if s := st.ctl.Stats().Trim; s.Trims == int64(len(spans)) {
+			r.Trims, r.TrimCPU, r.TrimSpans = s.Trims, s.TotalCPU, spans
+			for _, sp := range spans {
+				r.TrimTime += time.Duration(sp[1] - sp[0])
+			}
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	n, _ := st.log.counts.get()
-	return fmt.Errorf("counted %d \"trim: done\" records, Stats says %d trims", n, st.ctl.Stats().Trim.Trims)
+	return fmt.Errorf("counted %d \"trim: done\" records, Stats says %d trims", len(st.log.get()), st.ctl.Stats().Trim.Trims)
 }
 
-// trimLog counts the DEBUG "trim: done" records and passes INFO and above
-// to next; the handlers WithAttrs and WithGroup derive share its counts.
+// trimLog records the interval of each DEBUG "trim: done" record and passes
+// INFO and above to next; the handlers WithAttrs and WithGroup derive share
+// its trims.
 type trimLog struct {
-	counts *trimCounts
-	next   slog.Handler
+	*trims
+	next slog.Handler
 }
 
-// trimCounts holds each trim's wall-clock interval.
-type trimCounts struct {
+type trims struct {
 	mu    sync.Mutex
 	spans []span
 }
 
-// get returns the number of trims and their total duration.
-func (c *trimCounts) get() (n int64, total time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range c.spans {
-		total += time.Duration(s[1] - s[0])
-	}
-	return int64(len(c.spans)), total
-}
-
-// spans returns the trims' intervals so far; none in an arm without memctl.
-func (st *armState) spans() []span {
-	if st.log == nil {
-		return []span{}
-	}
-	st.log.counts.mu.Lock()
-	defer st.log.counts.mu.Unlock()
-	return append([]span{}, st.log.counts.spans...)
+// get returns a copy of the trims' intervals.
+func (t *trims) get() []span {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.spans)
 }
 
 func (h *trimLog) Enabled(ctx context.Context, l slog.Level) bool {
@@ -289,51 +263,43 @@ func (h *trimLog) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h *trimLog) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "trim: done" {
-		var took time.Duration
-		var found bool
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "took" && a.Value.Kind() == slog.KindDuration {
-				took, found = a.Value.Duration(), true
-				return false
-			}
-			return true
-		})
-		if !found {
-			return errors.New("bench: \"trim: done\" record without a took duration")
+	if r.Message != "trim: done" {
+		if r.Level < slog.LevelInfo {
+			return nil
 		}
-		end := cmp.Or(r.Time, time.Now()) // when the trimmer logged it: just after the trim
-		h.counts.mu.Lock()
-		h.counts.spans = append(h.counts.spans, span{end.Add(-took).UnixNano(), end.UnixNano()})
-		h.counts.mu.Unlock()
-		return nil
+		return h.next.Handle(ctx, r)
 	}
-	if r.Level < slog.LevelInfo {
-		return nil
+	var took slog.Value
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "took" {
+			took = a.Value
+		}
+		return a.Key != "took"
+	})
+	if took.Kind() != slog.KindDuration {
+		return errors.New("bench: \"trim: done\" record without a took duration")
 	}
-	return h.next.Handle(ctx, r)
+	end := cmp.Or(r.Time, time.Now()) // when the trimmer logged it: just after the trim
+	h.mu.Lock()
+	h.spans = append(h.spans, span{end.Add(-took.Duration()).UnixNano(), end.UnixNano()})
+	h.mu.Unlock()
+	return nil
 }
 
 func (h *trimLog) WithAttrs(as []slog.Attr) slog.Handler {
-	return &trimLog{counts: h.counts, next: h.next.WithAttrs(as)}
+	return &trimLog{h.trims, h.next.WithAttrs(as)}
 }
 
 func (h *trimLog) WithGroup(g string) slog.Handler {
-	return &trimLog{counts: h.counts, next: h.next.WithGroup(g)}
+	return &trimLog{h.trims, h.next.WithGroup(g)}
+}
+
+// holdLive allocates the live set of n bytes and lets it settle.
+func holdLive(n int64) [][]byte {
+	live := burst.Alloc(n)
+	time.Sleep(settle)
+	return live
 }
 
 // settle is the pause after building the live set.
 const settle = 300 * time.Millisecond
-
-// keep holds the live set where the compiler cannot see it dropped.
-var keep [][]byte
-
-func holdLive(n int64) {
-	keep = burst.Alloc(n)
-	time.Sleep(settle)
-}
-
-func dropLive() {
-	runtime.KeepAlive(keep)
-	keep = nil
-}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -161,19 +159,8 @@ func loadScenario(name string) scenario {
 		child: func(p params, st *armState, c *childIO) (childResult, error) {
 			return loadChild(variantParams(name, p.Load), p, st, c)
 		},
-		observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
+		observe: func(pr *proc, p params) (map[string]Obs, Trace) {
 			return observeLoad(pr, p, name)
-		},
-		complete: func(figs map[string]Obs, r childResult) {
-			figs["trims"] = Obs{Value: float64(r.Trims)}
-			figs["trim_cpu_share"] = Obs{Value: r.TrimCPU.Seconds() / r.Elapsed.Seconds()}
-			for _, k := range []string{"bursts_back", "gc_cycles", "gc_forced"} {
-				if v, ok := r.Extra[k]; ok {
-					figs[k] = Obs{Value: v}
-				} else {
-					figs[k] = Obs{NA: true}
-				}
-			}
 		},
 		derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "p99", "p99_vs_plain") },
 		precheck: func() error {
@@ -201,20 +188,17 @@ type loadNode struct {
 	_    [7]int64 // 64 bytes in all
 }
 
-var (
-	loadKeep  [][]byte
-	loadNodes *loadNode
-)
-
 // loadChild is the server: it says "addr HOST:PORT" before "ready", and
 // after "go" runs a burst every Period.
 func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, error) {
 	var r childResult
-	loadKeep = burst.Alloc(lp.Live / 16 * 15)
+	live := burst.Alloc(lp.Live / 16 * 15)
+	var nodes *loadNode
 	for range lp.Live / 16 / 64 {
-		loadNodes = &loadNode{next: loadNodes}
+		nodes = &loadNode{next: nodes}
 	}
-	defer func() { runtime.KeepAlive(loadKeep); runtime.KeepAlive(loadNodes); loadKeep, loadNodes = nil, nil }()
+	defer runtime.KeepAlive(nodes)
+	defer runtime.KeepAlive(live)
 	runtime.GC()
 	time.Sleep(settle)
 
@@ -232,7 +216,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 		return r, err
 	}
 	start := time.Now()
-	gc0, forced0 := readCycles(cyclesTotal), readCycles(cyclesForced)
+	gc0, forced0 := gcCycles()
 	back, n := 0, 0
 	for at := start.Add(lp.FirstBurst); !at.Add(lp.Check).After(start.Add(lp.For)); at = at.Add(lp.Period) {
 		time.Sleep(time.Until(at))
@@ -243,8 +227,7 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 		b := burst.Alloc(lp.Burst)
 		runtime.KeepAlive(b) // live until here, garbage from here on
 		st.afterBurst()
-		end := time.Now()
-		time.Sleep(time.Until(end.Add(lp.Check)))
+		time.Sleep(lp.Check)
 		post, err := procfs.RSS(0)
 		if err != nil {
 			return r, err
@@ -256,74 +239,54 @@ func loadChild(lp loadParams, p params, st *armState, c *childIO) (childResult, 
 	}
 	time.Sleep(time.Until(start.Add(lp.For)))
 	r.Elapsed = time.Since(start)
-	r.Extra = map[string]float64{"gc_cycles": float64(readCycles(cyclesTotal) - gc0), "gc_forced": float64(readCycles(cyclesForced) - forced0)}
+	gc, forced := gcCycles()
+	r.Extra = map[string]float64{"gc_cycles": gc - gc0, "gc_forced": forced - forced0}
 	if n > 0 {
 		r.Extra["bursts_back"] = float64(back) / float64(n)
 	}
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
-	if err := c.say(formatSpans(st.spans())); err != nil {
-		return r, err
-	}
+	r.Extra["trims"], r.Extra["trim_cpu_share"] = float64(r.Trims), r.TrimCPU.Seconds()/r.Elapsed.Seconds()
 	return r, c.end()
 }
 
 // observeLoad runs the load generator against pr's server (in the
 // contended variant after moving it into the CPU-quota cgroup) and samples
 // its RSS; the trace holds the RSS and the p99 per p99Window.
-func observeLoad(pr *proc, p params, name string) (figs map[string]Obs, tr Trace, err error) {
+func observeLoad(pr *proc, p params, name string) (map[string]Obs, Trace) {
 	lp := variantParams(name, p.Load)
-	line, err := pr.next(startTimeout, "its address")
-	if err != nil {
-		return nil, tr, err
-	}
+	line := pr.next(startTimeout, "its address")
 	addr, ok := strings.CutPrefix(line, "addr ")
-	if !ok {
-		return nil, tr, pr.failure(fmt.Sprintf("said %q, want its address", line))
+	if pr.fail == nil && !ok {
+		pr.fail = pr.failure(fmt.Sprintf("said %q, want its address", line))
 	}
-	if _, err := pr.expect("ready", startTimeout); err != nil {
-		return nil, tr, err
-	}
-	if name == "load-contended" {
-		defer func() { err = errors.Join(err, pr.leaveQuota()) }()
+	pr.expect("ready", startTimeout)
+	if name == "load-contended" && pr.fail == nil {
 		name := fmt.Sprintf("memctl-bench-cpu%s-%d-%s", tagSuffix(), os.Getpid(), strings.ReplaceAll(pr.spec, "/", "-"))
-		if err := pr.enterQuota(name, lp.Quota, lp.QuotaPeriod); err != nil {
-			return nil, tr, err
-		}
+		pr.check(pr.enterQuota(name, lp.Quota, lp.QuotaPeriod))
 	}
 	start := time.Now()
-	if err := pr.send("go"); err != nil {
-		return nil, tr, err
+	pr.send("go")
+	if pr.fail != nil {
+		return nil, Trace{}
 	}
-	stopSampling := sampleInBackground(pr.pid, start, p.Sample, lp.For+time.Minute)
+	stop := pr.sampleInBackground(start, p.Sample, lp.For+time.Minute)
 	lat, failed, sent := openLoop("http://"+addr+"/", lp.Rate, lp.For, lp.Timeout, lp.MaxInFlight)
-	var spans []span
-	line, err = pr.next(lp.For+2*time.Minute, "its trims")
-	if err == nil {
-		if spans, err = parseSpans(line); err != nil {
-			err = pr.failure(err.Error())
-		}
-	}
-	if err == nil {
-		_, err = pr.expect("end", time.Minute)
-	}
-	samples, serr := stopSampling()
-	if err := cmp.Or(err, serr); err != nil {
-		return nil, tr, err
-	}
-	tr = rssTrace(start, samples)
+	pr.expect("end", lp.For+2*time.Minute)
+	samples := stop()
+	r := pr.finish()
+	tr := rssTrace(start, samples)
 	tr.P99 = p99Windows(lat, lp.Rate, sent.Sub(start).Seconds(), p99Window)
-	figs = map[string]Obs{}
+	figs := map[string]Obs{"failed": {Value: float64(failed)}, "mean_rss": meanRSS(samples)}
+	spans := r.TrimSpans
 	figs["p99_trim"], figs["p99_clear"], figs["p99_trim_ratio"], figs["overlapping"] = overlapFigures(lat, sent, lp.Rate, spans, nil)
 	_, _, figs["p99_placebo_ratio"], _ = overlapFigures(lat, sent, lp.Rate, shiftSpans(spans, lp.Period/2, sent.UnixNano(), sent.Add(lp.For).UnixNano()), spans)
 	slices.Sort(lat)
 	figs["p50"] = Obs{Value: percentile(lat, 50)}
 	figs["p99"] = Obs{Value: percentile(lat, 99)}
 	figs["p999"] = Obs{Value: percentile(lat, 99.9)}
-	figs["failed"] = Obs{Value: float64(failed)}
-	figs["mean_rss"] = meanRSS(samples)
-	return figs, tr, nil
+	return figs, tr
 }
 
 // openLoop sends rate requests per second to url for d, each at its due
@@ -343,17 +306,16 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 	for i := range n {
 		due := start.Add(time.Duration(float64(i) / rate * 1e9))
 		time.Sleep(time.Until(due))
+		lat[i] = timeout.Seconds() // until it succeeds
 		select {
 		case sem <- struct{}{}:
 		default:
-			lat[i] = timeout.Seconds()
 			failed.Add(1)
 			continue
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			if err := get(client, url); err != nil {
-				lat[i] = timeout.Seconds()
 				failed.Add(1)
 				return
 			}
@@ -364,16 +326,11 @@ func openLoop(url string, rate float64, d, timeout time.Duration, maxInFlight in
 	return lat, int(failed.Load()), start
 }
 
-const cyclesTotal, cyclesForced = "/gc/cycles/total:gc-cycles", "/gc/cycles/forced:gc-cycles"
-
-// readCycles returns the runtime/metrics counter name.
-func readCycles(name string) int64 {
-	s := []metrics.Sample{{Name: name}}
+// gcCycles returns the GC cycles run so far, and how many were forced.
+func gcCycles() (total, forced float64) {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/cycles/forced:gc-cycles"}}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return int64(s[0].Value.Uint64())
+	return float64(s[0].Value.Uint64()), float64(s[1].Value.Uint64())
 }
 
 // tagSuffix is "-"+MEMCTL_BENCH_TAG when that is set, for cgroup names.
@@ -391,4 +348,79 @@ func scenarioNames() string {
 		names = append(names, s.Name)
 	}
 	return strings.Join(names, ",")
+}
+
+// A trim's latency cost is measured within one arm: the p99 of requests
+// overlapping a trim against the others' (docs/benchmarks.md says why).
+
+// span is a trim's wall-clock interval in Unix nanoseconds (CLOCK_REALTIME,
+// the same in parent and child).
+type span [2]int64
+
+// overlapFigures splits the requests (the i-th due at start + i/rate,
+// taking lat[i] seconds) that overlap none of exclude into those whose
+// [due, due+latency] overlaps one of spans and the rest, and returns the
+// p99 of each, their ratio and how many overlapped; NA with no span or an
+// empty side.
+func overlapFigures(lat []float64, start time.Time, rate float64, spans, exclude []span) (overlap, clear, ratio, n Obs) {
+	na := Obs{NA: true}
+	if len(spans) == 0 {
+		return na, na, na, Obs{Value: 0}
+	}
+	var in, out []float64
+	t0 := start.UnixNano()
+	for i, l := range lat {
+		due := t0 + int64(float64(i)/rate*1e9)
+		end := due + int64(l*1e9)
+		switch {
+		case overlaps(exclude, due, end):
+		case overlaps(spans, due, end):
+			in = append(in, l)
+		default:
+			out = append(out, l)
+		}
+	}
+	n = Obs{Value: float64(len(in))}
+	if len(in) == 0 || len(out) == 0 {
+		return na, na, na, n
+	}
+	slices.Sort(in)
+	slices.Sort(out)
+	po, pc := percentile(in, 99), percentile(out, 99)
+	overlap, clear = Obs{Value: po}, Obs{Value: pc}
+	if pc > 0 {
+		ratio = Obs{Value: po / pc}
+	} else {
+		ratio = na
+	}
+	return overlap, clear, ratio, n
+}
+
+// overlaps reports whether [from, to] meets one of spans.
+func overlaps(spans []span, from, to int64) bool {
+	for _, sp := range spans {
+		if sp[0] <= to && sp[1] >= from {
+			return true
+		}
+	}
+	return false
+}
+
+// shiftSpans returns spans moved by d, the A/A's placebo windows. A window
+// that would leave [lo, hi] or meet a real trim is moved by -d, then ±d/2
+// instead (so a quick run's one trim gets one); if none fits it stays
+// moved by d, and its figure is NA.
+func shiftSpans(spans []span, d time.Duration, lo, hi int64) []span {
+	out := make([]span, len(spans))
+	for i, s := range spans {
+		out[i] = span{s[0] + int64(d), s[1] + int64(d)}
+		for _, m := range []time.Duration{d, -d, d / 2, -d / 2} {
+			c := span{s[0] + int64(m), s[1] + int64(m)}
+			if c[0] >= lo && c[1] <= hi && !overlaps(spans, c[0], c[1]) {
+				out[i] = c
+				break
+			}
+		}
+	}
+	return out
 }

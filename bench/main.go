@@ -1,32 +1,24 @@
-// Command bench is memctl's A/B harness: it runs each scenario in up to
-// five arms, each a child process of this binary, and prints a Markdown
-// table per scenario with the arms as columns (JSON with -json).
-// docs/benchmarks.md describes each scenario, arm, figure and target, and
-// holds the last results.
+// Command bench is memctl's A/B harness: it runs each scenario (burst,
+// cadence, http, load, load-contended, load-gc) in up to five arms (plain
+// Go; GOMEMLIMIT only; memctl; an A/A copy of memctl, the noise floor; and
+// in burst plain Go with debug.FreeOSMemory one trim delay after the
+// burst), each a child process of this binary, -runs times interleaved, and
+// prints a Markdown table per scenario: the median of each figure, with the
+// min and max (JSON with -json). docs/benchmarks.md describes the
+// scenarios, arms, figures and targets, and holds the last results.
 //
 //	go run ./bench                 # full run, 5 runs per arm
 //	go run ./bench -quick          # 1 run per arm, short windows
-//	go run ./bench -json > out.json
-//	go run ./bench -from out.json  # the saved report as Markdown
+//	go run ./bench -from out.json  # a saved -json report as Markdown
 //	go run ./bench -runs 3 -json -svg docs/bench > docs/bench/report.json  # docs/benchmarks.md's run
 //
-// Arms: plain Go; GOMEMLIMIT only (limits.SetGoMemLimit); memctl
-// (memctl.Start, AfterBurst after each burst); an A/A copy of memctl, the
-// noise floor; and in burst only plain Go with debug.FreeOSMemory one trim
-// delay after each burst. Arms run interleaved, -runs times each; a figure
-// is the median over the runs, with the min and max. Where it can (root, a
-// writable memory cgroup), the harness runs each child in a memory cgroup
-// of its own (-cgroup-limit, default 2 GiB). Its cgroups (tagged with
-// MEMCTL_BENCH_TAG when set) are removed when each arm ends, and on SIGINT
-// or SIGTERM, which stop the running arms and exit with status 130. The
-// arms' environment is the harness's less GOMEMLIMIT, AUTOMEMLIMIT and
-// MEMCTL*.
-//
-// Scenarios (-scenarios, default all): burst, cadence, http, load,
-// load-contended (needs root and the cgroup v1 cpu controller) and load-gc.
-// Charts (-svg DIR, default "."; "off" or "": none): bench-SCENARIO.svg,
-// each arm's RSS over time, and bench-SCENARIO-p99.svg in the load
-// scenarios, from each arm's first run; -from redraws them.
+// Where it can (root, a writable memory cgroup), each child runs in a
+// memory cgroup of its own (-cgroup-limit), tagged with MEMCTL_BENCH_TAG
+// when set and removed when its arm ends, or on SIGINT or SIGTERM, which
+// stop the arms and exit with status 130. The arms' environment is the
+// harness's less GOMEMLIMIT, AUTOMEMLIMIT and MEMCTL*. -svg DIR draws each
+// arm's RSS over time (bench-SCENARIO.svg) and the load scenarios' p99
+// (bench-SCENARIO-p99.svg) from each arm's first run.
 package main
 
 import (
@@ -88,16 +80,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
-	return drawCharts(cfg.SVGDir, rep, stderr)
-}
-
-// drawCharts writes rep's charts into dir ("": none) and returns the exit
-// status.
-func drawCharts(dir string, rep *Report, stderr io.Writer) int {
-	if dir == "" {
+	if cfg.SVGDir == "" {
 		return 0
 	}
-	paths, err := writeSVGs(dir, rep)
+	paths, err := writeSVGs(cfg.SVGDir, rep)
 	for _, p := range paths {
 		fmt.Fprintln(stderr, "bench: wrote", p)
 	}

@@ -47,6 +47,13 @@ type proc struct {
 	exited chan struct{} // closed when Wait returned
 	err    error         // Wait's error, set before exited is closed
 
+	// fail is the first error of the parent's side (the methods from next
+	// to sampleInBackground): after it they do nothing and return zero
+	// values, as bufio.Writer does, so that an observe reads as its steps.
+	fail     error
+	finished bool
+	result   childResult // finish's
+
 	mu      sync.Mutex        // guards the rest: abortRunning runs on another goroutine
 	cg      *cgrouptest.Child // nil once removed
 	quota   *cpuquota.Group   // the CPU-quota cgroup it was moved into; nil once removed
@@ -101,13 +108,6 @@ func (pr *proc) enterQuota(name string, quota, period int) error {
 	return g.StartBusy()
 }
 
-// holds reports whether a cgroup of the child is still to be removed.
-func (pr *proc) holds() bool {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.cg != nil || pr.quota != nil
-}
-
 // startProc starts exe as the child spec, inside cg when not nil.
 func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) {
 	env, err := childEnviron(spec, p)
@@ -147,65 +147,104 @@ func startProc(exe, spec string, p params, cg *cgrouptest.Child) (*proc, error) 
 
 // next waits up to timeout for the child's next line; what names the line
 // in errors.
-func (pr *proc) next(timeout time.Duration, what string) (string, error) {
+func (pr *proc) next(timeout time.Duration, what string) string {
+	if pr.fail != nil {
+		return ""
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case line, ok := <-pr.lines:
-		if !ok {
-			return "", pr.failure("exited while the parent waited for " + what)
+		if ok {
+			return line
 		}
-		return line, nil
+		pr.fail = pr.failure("exited while the parent waited for " + what)
 	case <-t.C:
-		return "", pr.failure(fmt.Sprintf("no %s within %v", what, timeout))
+		pr.fail = pr.failure(fmt.Sprintf("no %s within %v", what, timeout))
 	}
+	return ""
 }
 
 // expect waits up to timeout for the child's next line, word, and returns
 // when it was read.
-func (pr *proc) expect(word string, timeout time.Duration) (time.Time, error) {
-	line, err := pr.next(timeout, strconv.Quote(word))
-	now := time.Now()
-	if err == nil && line != word {
-		err = pr.failure(fmt.Sprintf("said %q, want %q", line, word))
+func (pr *proc) expect(word string, timeout time.Duration) time.Time {
+	line := pr.next(timeout, strconv.Quote(word))
+	if pr.fail == nil && line != word {
+		pr.fail = pr.failure(fmt.Sprintf("said %q, want %q", line, word))
 	}
-	return now, err
+	return time.Now()
 }
 
 // send writes one line to the child.
-func (pr *proc) send(word string) error {
-	_, err := io.WriteString(pr.stdin, word+"\n")
-	return err
+func (pr *proc) send(word string) {
+	if pr.fail == nil {
+		_, pr.fail = io.WriteString(pr.stdin, word+"\n")
+	}
 }
 
-// finish ends the window, reads the child's result, waits for it to exit
-// and releases its cgroup.
-func (pr *proc) finish() (childResult, error) {
-	var r childResult
+// check records err as the failure if it is the first, and reports whether
+// there is none.
+func (pr *proc) check(err error) bool {
+	if pr.fail == nil {
+		pr.fail = err
+	}
+	return pr.fail == nil
+}
+
+// status returns the "N kB" field key of the child's /proc/PID/status, in
+// bytes.
+func (pr *proc) status(key string) int64 {
+	if pr.fail != nil {
+		return 0
+	}
+	n, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), key)
+	pr.check(err)
+	return n
+}
+
+// resetPeak resets the child's peak RSS (VmHWM) to its current RSS by
+// writing 5 to /proc/PID/clear_refs (proc(5), Linux 4.0 and later).
+func (pr *proc) resetPeak() {
+	if pr.fail == nil {
+		if err := os.WriteFile(procfs.Path(pr.pid, "clear_refs"), []byte("5"), 0); err != nil {
+			pr.fail = fmt.Errorf("bench: reset peak RSS: %w", err)
+		}
+	}
+}
+
+// finish takes the child out of its CPU quota, ends the window, reads the
+// child's result, waits for it to exit and releases its cgroup; a second
+// call returns the same result.
+func (pr *proc) finish() childResult {
+	if pr.finished || !pr.check(pr.leaveQuota()) {
+		return pr.result
+	}
+	pr.finished = true
 	_ = pr.stdin.Close()
-	line, err := pr.next(time.Minute, "its result")
-	if err != nil {
-		return r, err
+	line := pr.next(time.Minute, "its result")
+	if pr.fail != nil {
+		return pr.result
 	}
 	select {
 	case <-pr.exited:
 	case <-time.After(time.Minute):
-		return r, pr.failure("did not exit within a minute of its result")
+		pr.fail = pr.failure("did not exit within a minute of its result")
+		return pr.result
 	}
 	if pr.err != nil {
-		return r, pr.failure(pr.err.Error())
+		pr.fail = pr.failure(pr.err.Error())
+		return pr.result
 	}
-	if err := pr.release(); err != nil {
-		return r, err
+	if !pr.check(pr.release()) {
+		return pr.result
 	}
 	js, ok := strings.CutPrefix(line, "result ")
 	if !ok {
-		return r, fmt.Errorf("bench: %s: said %q, want its result", pr.spec, line)
+		pr.fail = fmt.Errorf("bench: %s: said %q, want its result", pr.spec, line)
+	} else if err := json.Unmarshal([]byte(js), &pr.result); err != nil {
+		pr.fail = fmt.Errorf("bench: %s: result %q: %w", pr.spec, js, err)
 	}
-	if err := json.Unmarshal([]byte(js), &r); err != nil {
-		return r, fmt.Errorf("bench: %s: result %q: %w", pr.spec, js, err)
-	}
-	return r, nil
+	return pr.result
 }
 
 // failure stops the child and returns an error with its stderr.
@@ -279,16 +318,6 @@ func (pr *proc) release() error {
 	return err
 }
 
-// resetPeak resets the process's peak RSS (VmHWM) to its current RSS by
-// writing 5 to /proc/PID/clear_refs (proc(5), Linux 4.0 and later).
-func resetPeak(pid int) error {
-	path := procfs.Path(pid, "clear_refs")
-	if err := os.WriteFile(path, []byte("5"), 0); err != nil {
-		return fmt.Errorf("bench: reset peak RSS: %w", err)
-	}
-	return nil
-}
-
 // sampleRSS reads pid's VmRSS every step after t0 until window has passed
 // or stop is closed; a failed read (the process exited) is an error.
 func sampleRSS(pid int, t0 time.Time, step, window time.Duration, stop <-chan struct{}) ([]sample, error) {
@@ -313,18 +342,33 @@ func sampleRSS(pid int, t0 time.Time, step, window time.Duration, stop <-chan st
 	}
 }
 
-// sampleInBackground runs sampleRSS on a goroutine of its own until stop.
-func sampleInBackground(pid int, t0 time.Time, step, window time.Duration) (stop func() ([]sample, error)) {
+// sample runs sampleRSS on the child.
+func (pr *proc) sample(t0 time.Time, step, window time.Duration) []sample {
+	if pr.fail != nil {
+		return nil
+	}
+	samples, err := sampleRSS(pr.pid, t0, step, window, nil)
+	pr.check(err)
+	return samples
+}
+
+// sampleInBackground runs sampleRSS on the child on a goroutine of its own
+// until stop.
+func (pr *proc) sampleInBackground(t0 time.Time, step, window time.Duration) (stop func() []sample) {
+	if pr.fail != nil {
+		return func() []sample { return nil }
+	}
 	quit, done := make(chan struct{}), make(chan struct{})
 	var samples []sample
 	var err error
 	go func() {
 		defer close(done)
-		samples, err = sampleRSS(pid, t0, step, window, quit)
+		samples, err = sampleRSS(pr.pid, t0, step, window, quit)
 	}()
-	return func() ([]sample, error) {
+	return func() []sample {
 		close(quit)
 		<-done
-		return samples, err
+		pr.check(err)
+		return samples
 	}
 }

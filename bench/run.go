@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/memctl/memctl/internal/cgrouptest"
 	"io"
 	"math"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memctl/memctl/internal/cgrouptest"
 	"github.com/memctl/memctl/thp"
 )
 
@@ -63,16 +63,16 @@ func run(cfg config, progress io.Writer) (*Report, error) {
 		Params:  cfg.Params,
 	}
 	var parent *cgrouptest.Parent
+	rep.Cgroup.Note = "cgroups off (-cgroup-limit 0)"
 	if cfg.CgroupLimit > 0 {
-		p, err := cgrouptest.WritableParent()
-		if err != nil {
-			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + "): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
+		if parent, err = cgrouptest.WritableParent(); err != nil {
+			rep.Cgroup.Note = "no child memory cgroup could be made here (" + err.Error() + ")"
 		} else {
-			parent = p
-			rep.Cgroup = CgroupInfo{Used: true, Version: p.Version, LimitBytes: cfg.CgroupLimit}
+			rep.Cgroup = CgroupInfo{Used: true, Version: parent.Version, LimitBytes: cfg.CgroupLimit}
 		}
-	} else {
-		rep.Cgroup.Note = "cgroups off (-cgroup-limit 0): the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
+	}
+	if !rep.Cgroup.Used {
+		rep.Cgroup.Note += ": the arms ran without a memory limit, so the GOMEMLIMIT arms set none"
 	}
 	memLimits := make(map[string]int64)
 	start := time.Now()
@@ -125,9 +125,11 @@ func runScenario(exe string, s scenario, cfg config, parent *cgrouptest.Parent, 
 				memLimits[a.Key] = res.GoMemLimit
 			}
 			for _, f := range s.Figures {
-				if o, ok := figs[f.Key]; ok {
-					obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
+				o, ok := figs[f.Key]
+				if !ok { // not observed in this run, or derived below
+					o = Obs{NA: true}
 				}
+				obs[a.Key][f.Key] = append(obs[a.Key][f.Key], o)
 			}
 			if i == 0 && len(tr.RSS) > 0 {
 				traces[a.Key] = tr
@@ -157,20 +159,16 @@ func runOne(exe string, s scenario, a arm, cfg config, parent *cgrouptest.Parent
 		return nil, childResult{}, tr, err
 	}
 	defer func() {
-		if pr.holds() { // an error path whose removal failed: retry
-			err = errors.Join(err, pr.abort())
-		}
+		err = errors.Join(err, pr.abort()) // after an error, retries what is left
 		pr.untrack()
 	}()
-	figs, tr, err = s.observe(pr, cfg.Params)
-	if err != nil {
-		return nil, childResult{}, tr, errors.Join(err, pr.abort())
+	figs, tr = s.observe(pr, cfg.Params)
+	if res = pr.finish(); pr.fail != nil {
+		return nil, res, tr, pr.fail
 	}
-	res, err = pr.finish()
-	if err != nil {
-		return nil, res, tr, err
+	for k, v := range res.Extra {
+		figs[k] = Obs{Value: v}
 	}
-	s.complete(figs, res)
 	tr.complete(res)
 	return figs, res, tr, nil
 }

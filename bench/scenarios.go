@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
 	"github.com/memctl/memctl/internal/burst"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/memctl/memctl/internal/procfs"
 	"github.com/memctl/memctl/limits"
 )
 
@@ -83,11 +81,10 @@ type scenario struct {
 	title   func(p params) string // the table's heading
 	child   func(p params, st *armState, c *childIO) (childResult, error)
 	// observe runs in the parent while the child runs and returns the
-	// figures read from /proc and the run's trace; complete adds the
-	// child's result.
-	observe  func(pr *proc, p params) (map[string]Obs, Trace, error)
-	complete func(figs map[string]Obs, r childResult)
-	arms     []string // keys of the arms it runs; nil: defaultArms
+	// figures it measured and the run's trace; it may call pr.finish for the
+	// child's result, and runOne reads pr.fail.
+	observe func(pr *proc, p params) (map[string]Obs, Trace)
+	arms    []string // keys of the arms it runs
 	// cgroupLimit is the arms' cgroup limit where above -cgroup-limit's.
 	cgroupLimit func(p params) int64
 	derive      func(obs map[string]map[string][]Obs) // figures across arms, per round
@@ -98,22 +95,12 @@ type scenario struct {
 }
 
 // runs reports whether the scenario runs arm a.
-func (s scenario) runs(a arm) bool {
-	if s.arms == nil {
-		return slices.Contains(defaultArms, a.Key)
-	}
-	return slices.Contains(s.arms, a.Key)
-}
+func (s scenario) runs(a arm) bool { return slices.Contains(s.arms, a.Key) }
 
 var scenarios = []scenario{burstScenario, cadenceScenario, httpScenario, loadScenarioPlain, loadScenarioContended, loadScenarioGC}
 
 func scenarioByName(name string) (scenario, bool) {
-	for _, s := range scenarios {
-		if s.Name == name {
-			return s, true
-		}
-	}
-	return scenario{}, false
+	return find(scenarios, func(s scenario) bool { return s.Name == name })
 }
 
 // burst: 20 MiB live, one 1 GiB burst, then idle.
@@ -132,8 +119,7 @@ var burstScenario = scenario{
 	},
 	child: func(p params, st *armState, c *childIO) (childResult, error) {
 		var r childResult
-		holdLive(p.Live)
-		defer dropLive()
+		defer runtime.KeepAlive(holdLive(p.Live))
 		if err := c.handshake(); err != nil {
 			return r, err
 		}
@@ -147,37 +133,17 @@ var burstScenario = scenario{
 		}
 		return r, st.snapshot(&r)
 	},
-	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, Trace{}, err
-		}
-		before, err := procfs.RSS(pr.pid)
-		readAt := time.Now()
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		if err := resetPeak(pr.pid); err != nil {
-			return nil, Trace{}, err
-		}
-		if err := pr.send("go"); err != nil {
-			return nil, Trace{}, err
-		}
-		end, err := pr.expect("end", 2*time.Minute)
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		samples, err := sampleRSS(pr.pid, end, p.Sample, p.Window, nil)
-		if err != nil {
-			return nil, Trace{}, err
-		}
+	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
+		pr.expect("ready", startTimeout)
+		before, readAt := pr.status("VmRSS"), time.Now()
+		pr.resetPeak()
+		pr.send("go")
+		end := pr.expect("end", 2*time.Minute)
+		peak := pr.status("VmHWM")
+		samples := pr.sample(end, p.Sample, p.Window)
 		at := []sample{{at: readAt.Sub(end).Seconds(), rss: before}, {at: 0, rss: peak}}
-		return burstFigures(before, peak, samples, p.Window), rssTrace(end, append(at, samples...)), nil
+		return burstFigures(before, peak, samples, p.Window), rssTrace(end, append(at, samples...))
 	},
-	complete: func(map[string]Obs, childResult) {},
 }
 
 // burstFigures computes the burst scenario's figures (samples: at in
@@ -195,6 +161,7 @@ func burstFigures(before, peak int64, samples []sample, window time.Duration) ma
 // cadence: the worst burst spacing for a 2 s trim delay.
 var cadenceScenario = scenario{
 	Name: "cadence",
+	arms: defaultArms,
 	Figures: []figureDef{
 		{"trims", "trims run", unitCount},
 		{"trim_share", "wall time in trims", unitFraction},
@@ -206,8 +173,7 @@ var cadenceScenario = scenario{
 	},
 	child: func(p params, st *armState, c *childIO) (childResult, error) {
 		var r childResult
-		holdLive(p.Live)
-		defer dropLive()
+		defer runtime.KeepAlive(holdLive(p.Live))
 		if err := c.handshake(); err != nil {
 			return r, err
 		}
@@ -223,43 +189,26 @@ var cadenceScenario = scenario{
 		if err := st.snapshot(&r); err != nil {
 			return r, err
 		}
+		r.Extra = map[string]float64{"trims": float64(r.Trims), "trim_share": r.TrimTime.Seconds() / r.Elapsed.Seconds()}
 		return r, c.end()
 	},
-	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, Trace{}, err
-		}
-		if err := resetPeak(pr.pid); err != nil {
-			return nil, Trace{}, err
-		}
+	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
+		pr.expect("ready", startTimeout)
+		pr.resetPeak()
 		start := time.Now()
-		if err := pr.send("go"); err != nil {
-			return nil, Trace{}, err
-		}
-		stopSampling := sampleInBackground(pr.pid, start, p.Sample, p.CadenceFor+time.Minute)
-		_, err := pr.expect("end", p.CadenceFor+time.Minute)
-		samples, serr := stopSampling()
-		if err := cmp.Or(err, serr); err != nil {
-			return nil, Trace{}, err
-		}
-		peak, err := procfs.ReadBytes(procfs.StatusPath(pr.pid), "VmHWM")
-		if err != nil {
-			return nil, Trace{}, err
-		}
-		return map[string]Obs{
-			"mean_rss": meanRSS(samples),
-			"peak_rss": {Value: float64(peak)},
-		}, rssTrace(start, samples), nil
-	},
-	complete: func(figs map[string]Obs, r childResult) {
-		figs["trims"] = Obs{Value: float64(r.Trims)}
-		figs["trim_share"] = Obs{Value: r.TrimTime.Seconds() / r.Elapsed.Seconds()}
+		pr.send("go")
+		stop := pr.sampleInBackground(start, p.Sample, p.CadenceFor+time.Minute)
+		pr.expect("end", p.CadenceFor+time.Minute)
+		samples := stop()
+		peak := pr.status("VmHWM")
+		return map[string]Obs{"mean_rss": meanRSS(samples), "peak_rss": {Value: float64(peak)}}, rssTrace(start, samples)
 	},
 }
 
 // http: a loopback net/http server and an in-process load generator.
 var httpScenario = scenario{
 	Name: "http",
+	arms: defaultArms,
 	Figures: []figureDef{
 		{"rps", "requests per second", unitRate},
 		{"p50", "p50 latency", unitLatency},
@@ -272,20 +221,11 @@ var httpScenario = scenario{
 	},
 	child:  httpChild,
 	derive: func(obs map[string]map[string][]Obs) { deriveRatio(obs, "rps", "rps_vs_plain") },
-	observe: func(pr *proc, p params) (map[string]Obs, Trace, error) {
-		if _, err := pr.expect("ready", startTimeout); err != nil {
-			return nil, Trace{}, err
-		}
-		if err := pr.send("go"); err != nil {
-			return nil, Trace{}, err
-		}
-		_, err := pr.expect("end", 10*time.Minute)
-		return map[string]Obs{}, Trace{}, err
-	},
-	complete: func(figs map[string]Obs, r childResult) {
-		figs["rps"] = Obs{Value: r.RPS}
-		figs["p50"] = Obs{Value: r.P50.Seconds()}
-		figs["p99"] = Obs{Value: r.P99.Seconds()}
+	observe: func(pr *proc, p params) (map[string]Obs, Trace) {
+		pr.expect("ready", startTimeout)
+		pr.send("go")
+		pr.expect("end", 10*time.Minute)
+		return map[string]Obs{}, Trace{}
 	},
 }
 
@@ -329,14 +269,8 @@ func httpChild(p params, st *armState, c *childIO) (childResult, error) {
 		return r, err
 	}
 	slices.Sort(lat)
-	secs := make([]float64, len(lat))
-	for i, d := range lat {
-		secs[i] = d.Seconds()
-	}
 	r.Elapsed = elapsed
-	r.RPS = float64(len(lat)) / elapsed.Seconds()
-	r.P50 = time.Duration(percentile(secs, 50) * 1e9)
-	r.P99 = time.Duration(percentile(secs, 99) * 1e9)
+	r.Extra = map[string]float64{"rps": float64(len(lat)) / elapsed.Seconds(), "p50": percentile(lat, 50), "p99": percentile(lat, 99)}
 	if err := st.snapshot(&r); err != nil {
 		return r, err
 	}
@@ -365,10 +299,10 @@ func handler(alloc int64) http.Handler {
 }
 
 // load sends n GET requests to url over clients connections and returns
-// each one's latency and the total wall time; an answer other than 200 is
-// an error.
-func load(client *http.Client, url string, n, clients int) ([]time.Duration, time.Duration, error) {
-	lat := make([]time.Duration, n)
+// each one's latency in seconds and the total wall time; an answer other
+// than 200 is an error.
+func load(client *http.Client, url string, n, clients int) ([]float64, time.Duration, error) {
+	lat := make([]float64, n)
 	var next atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -387,7 +321,7 @@ func load(client *http.Client, url string, n, clients int) ([]time.Duration, tim
 					next.Store(int64(n)) // stop the others
 					return
 				}
-				lat[i] = time.Since(t0)
+				lat[i] = time.Since(t0).Seconds()
 			}
 		})
 	}

@@ -21,25 +21,6 @@ type Obs struct {
 	NA bool `json:"na,omitempty"`
 }
 
-// cmp orders observations by value, Over after a plain one of the same
-// value, NA last.
-func (o Obs) cmp(p Obs) int {
-	if o.NA || p.NA {
-		return cmpBool(o.NA, p.NA)
-	}
-	return cmp.Or(cmp.Compare(o.Value, p.Value), cmpBool(o.Over, p.Over))
-}
-
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
-	}
-	return -1
-}
-
 // Summary is a figure over the runs of one arm, runs in order.
 type Summary struct {
 	Median Obs   `json:"median"`
@@ -61,31 +42,32 @@ func (s Summary) N() int {
 
 // summarize returns the median, min and max of runs, ignoring NA runs (NA
 // if all are). For an even count the median is the mean of the middle two,
-// Over if either is.
+// Over if either is (the lesser bound if both are).
 func summarize(runs []Obs) Summary {
 	s := Summary{Runs: slices.Clone(runs)}
-	var obs []Obs
-	for _, o := range runs {
-		if !o.NA {
-			obs = append(obs, o)
-		}
-	}
-	if len(obs) == 0 {
-		na := Obs{NA: true}
-		s.Median, s.Min, s.Max = na, na, na
-		return s
-	}
-	slices.SortStableFunc(obs, Obs.cmp)
-	s.Min, s.Max = obs[0], obs[len(obs)-1]
+	obs := slices.DeleteFunc(slices.Clone(runs), func(o Obs) bool { return o.NA })
 	n := len(obs)
-	if n%2 == 1 {
-		s.Median = obs[n/2]
+	if n == 0 {
+		s.Median, s.Min, s.Max = Obs{NA: true}, Obs{NA: true}, Obs{NA: true}
 		return s
 	}
-	lo, hi := obs[n/2-1], obs[n/2]
-	s.Median = Obs{Value: (lo.Value + hi.Value) / 2, Over: lo.Over || hi.Over}
-	if lo.Over && hi.Over {
-		s.Median.Value = math.Min(lo.Value, hi.Value)
+	// By value, Over after a plain one of the same value.
+	over := func(o Obs) int {
+		if o.Over {
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(obs, func(a, b Obs) int {
+		return cmp.Or(cmp.Compare(a.Value, b.Value), over(a)-over(b))
+	})
+	s.Min, s.Max, s.Median = obs[0], obs[n-1], obs[n/2]
+	if n%2 == 0 {
+		lo, hi := obs[n/2-1], obs[n/2]
+		s.Median = Obs{Value: (lo.Value + hi.Value) / 2, Over: lo.Over || hi.Over}
+		if lo.Over && hi.Over {
+			s.Median.Value = lo.Value
+		}
 	}
 	return s
 }

@@ -124,7 +124,6 @@ func child(withMemctl bool) error {
 type armRun struct {
 	name    string
 	cmd     *exec.Cmd
-	mu      sync.Mutex
 	samples []sample
 	ready   time.Time // when before was read
 	end     time.Time // when the child reported the burst's end and peak was read
@@ -162,9 +161,7 @@ func run() ([]*armRun, error) {
 		if err := a.cmd.Start(); err != nil {
 			return nil, err
 		}
-		wg.Add(2)
-		go func() { defer wg.Done(); a.read(out) }()
-		go func() { defer wg.Done(); a.sample() }()
+		wg.Go(func() { a.observe(out) })
 	}
 	wg.Wait()
 	for _, a := range arms {
@@ -211,62 +208,54 @@ func mib(b int64) string {
 	return strconv.FormatInt((b+(1<<19))>>20, 10)
 }
 
-// read follows the child's report lines and reads RSS at its markers.
-func (a *armRun) read(out io.Reader) {
-	sc := bufio.NewScanner(out)
+// observe reads the child's VmRSS every sampleStep, and at the markers of
+// its report lines, until it exits.
+func (a *armRun) observe(out io.Reader) {
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	tick := time.NewTicker(sampleStep)
+	defer tick.Stop()
 	pid := a.cmd.Process.Pid
-	for sc.Scan() {
-		line := sc.Text()
+	for {
 		var err error
-		a.mu.Lock()
-		switch {
-		case strings.HasPrefix(line, "gomemlimit "):
-			a.limit, err = strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
-		case line == "ready":
-			a.before, err = procfs.RSS(pid)
-			a.ready = time.Now()
-		case line == "end":
-			a.peak, err = procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
-			a.end = time.Now()
-		case line == "trimmed":
-			a.trimmed, err = procfs.RSS(pid)
-			a.trimAt = time.Now()
-		case strings.HasPrefix(line, "stats "):
-			a.stats = strings.TrimPrefix(line, "stats ")
+		select {
+		case now := <-tick.C:
+			if rss, err := procfs.RSS(pid); err == nil { // else the child has exited
+				a.samples = append(a.samples, sample{now, rss})
+			}
+		case line, ok := <-lines:
+			switch {
+			case !ok:
+				a.err = cmp.Or(a.err, a.cmd.Wait())
+				return
+			case strings.HasPrefix(line, "gomemlimit "):
+				a.limit, err = strconv.ParseInt(strings.TrimPrefix(line, "gomemlimit "), 10, 64)
+			case line == "ready":
+				a.before, err = procfs.RSS(pid)
+				a.ready = time.Now()
+			case line == "end":
+				a.peak, err = procfs.ReadBytes(procfs.StatusPath(pid), "VmHWM")
+				a.end = time.Now()
+			case line == "trimmed":
+				a.trimmed, err = procfs.RSS(pid)
+				a.trimAt = time.Now()
+			case strings.HasPrefix(line, "stats "):
+				a.stats = strings.TrimPrefix(line, "stats ")
+			}
 		}
-		if a.err == nil {
-			a.err = err
-		}
-		a.mu.Unlock()
-	}
-	if err := a.cmd.Wait(); err != nil {
-		a.mu.Lock()
-		a.err = err
-		a.mu.Unlock()
-	}
-}
-
-// sample reads the child's VmRSS every sampleStep until it exits.
-func (a *armRun) sample() {
-	pid := a.cmd.Process.Pid
-	t := time.NewTicker(sampleStep)
-	defer t.Stop()
-	for now := range t.C {
-		rss, err := procfs.RSS(pid)
-		if err != nil {
-			return // the child has exited
-		}
-		a.mu.Lock()
-		a.samples = append(a.samples, sample{now, rss})
-		a.mu.Unlock()
+		a.err = cmp.Or(a.err, err)
 	}
 }
 
 // at returns the first RSS sample taken d or more after the burst ended,
 // or -1 when there is none.
 func (a *armRun) at(d time.Duration) int64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.end.IsZero() {
 		return -1
 	}
@@ -290,7 +279,6 @@ func chart(arms []*armRun) plot.Chart {
 		Marks:  []plot.Mark{{Label: "burst ends", X: 0}},
 	}
 	for _, a := range arms {
-		a.mu.Lock()
 		since := func(t time.Time) float64 { return t.Sub(a.end).Seconds() }
 		inMiB := func(b int64) float64 { return float64(b) / (1 << 20) }
 		s := plot.Series{Name: a.name}
@@ -309,7 +297,6 @@ func chart(arms []*armRun) plot.Chart {
 		if a.limit > 0 && a.limit < math.MaxInt64 {
 			c.Lines = append(c.Lines, plot.Line{Label: "GOMEMLIMIT (" + a.name + ")", Y: inMiB(a.limit)})
 		}
-		a.mu.Unlock()
 	}
 	if len(c.Lines) == 2 && c.Lines[0].Y == c.Lines[1].Y {
 		c.Lines = []plot.Line{{Label: "GOMEMLIMIT", Y: c.Lines[0].Y}}

@@ -10,6 +10,7 @@ package plot
 import (
 	"bufio"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -262,3 +263,62 @@ func num(v float64) string  { return strconv.FormatFloat(v, 'f', 1, 64) }
 func data(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// Read parses an SVG written by WriteSVG and returns the data drawn: the
+// title, series (finite points), lines and marks, in order; sizes and axis
+// labels are not read back. Input that is not XML or a bad attribute is an
+// error; unknown elements are skipped.
+func Read(r io.Reader) (Chart, error) {
+	var doc struct {
+		Title string `xml:"title"`
+		G     []struct {
+			Class  string `xml:"class,attr"`
+			Name   string `xml:"data-name,attr"`
+			Points string `xml:"data-points,attr"`
+			Label  string `xml:"data-label,attr"`
+			X      string `xml:"data-x,attr"`
+			Y      string `xml:"data-y,attr"`
+		} `xml:"g"`
+	}
+	c := Chart{}
+	if err := xml.NewDecoder(r).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("plot: %w", err)
+	}
+	c.Title = doc.Title
+	for _, g := range doc.G {
+		var err error
+		switch g.Class {
+		case "series":
+			s := Series{Name: g.Name}
+			s.Points, err = ParsePoints(g.Points)
+			c.Series = append(c.Series, s)
+		case "line":
+			l := Line{Label: g.Label}
+			l.Y, err = strconv.ParseFloat(g.Y, 64)
+			c.Lines = append(c.Lines, l)
+		case "mark":
+			m := Mark{Label: g.Label}
+			m.X, err = strconv.ParseFloat(g.X, 64)
+			c.Marks = append(c.Marks, m)
+		}
+		if err != nil {
+			return c, fmt.Errorf("plot: %s element: %w", g.Class, err)
+		}
+	}
+	return c, nil
+}
+
+// ParsePoints parses what FormatPoints writes.
+func ParsePoints(s string) ([]Point, error) {
+	var pts []Point
+	for _, f := range strings.Fields(s) {
+		xs, ys, ok := strings.Cut(f, ",")
+		x, err1 := strconv.ParseFloat(xs, 64)
+		y, err2 := strconv.ParseFloat(ys, 64)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("point %q: want x,y", f)
+		}
+		pts = append(pts, Point{x, y})
+	}
+	return pts, nil
+}
