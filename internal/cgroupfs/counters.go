@@ -1,7 +1,6 @@
 package cgroupfs
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -233,7 +232,7 @@ func ReadThrottled(path string) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	return ParseThrottled(bytes.NewReader(b), path)
+	return ParseThrottled(b, path)
 }
 
 // ParseThrottled parses a cpu.stat file ("key value" lines) and returns
@@ -241,17 +240,17 @@ func ReadThrottled(path string) (time.Duration, error) {
 // over CPUs: v1 throttled_time (ns, sched-bwc.rst) or v2 throttled_usec.
 // Neither gives ErrNoThrottleCounter; a malformed, negative or overflowing
 // value an error quoting the line.
-func ParseThrottled(r io.Reader, name string) (time.Duration, error) {
-	sc := lines(r)
-	n := 0
-	for sc.Scan() {
-		n++
-		if sc.Text() == "" {
+func ParseThrottled(b []byte, name string) (time.Duration, error) {
+	for n, rest := 1, b; len(rest) > 0; n++ {
+		var raw []byte
+		raw, rest = nextLine(rest)
+		line := string(raw)
+		if line == "" {
 			continue
 		}
-		key, val, ok := strings.Cut(sc.Text(), " ")
+		key, val, ok := strings.Cut(line, " ")
 		if !ok || key == "" {
-			return 0, fmt.Errorf("cgroupfs: %s: line %d: malformed, want \"key value\": %s", name, n, safefs.Quote(sc.Text()))
+			return 0, fmt.Errorf("cgroupfs: %s: line %d: malformed, want \"key value\": %s", name, n, safefs.Quote(line))
 		}
 		var unit time.Duration
 		switch key {
@@ -264,12 +263,9 @@ func ParseThrottled(r io.Reader, name string) (time.Duration, error) {
 		}
 		v, err := strconv.ParseInt(val, 10, 64)
 		if err != nil || v < 0 || v > int64(1<<63-1)/int64(unit) {
-			return 0, fmt.Errorf("cgroupfs: %s: line %d: %s is not a count of %v that fits in int64 nanoseconds: %s", name, n, key, unit, safefs.Quote(sc.Text()))
+			return 0, fmt.Errorf("cgroupfs: %s: line %d: %s is not a count of %v that fits in int64 nanoseconds: %s", name, n, key, unit, safefs.Quote(line))
 		}
 		return time.Duration(v) * unit, nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("cgroupfs: %s: %w", name, err)
 	}
 	return 0, fmt.Errorf("%w: %s has neither throttled_time (v1) nor throttled_usec (v2; the cpu controller is not enabled)", ErrNoThrottleCounter, name)
 }

@@ -261,7 +261,7 @@ func TestCgroupDeleted(t *testing.T) {
 // was taken silently (the last won). It is malformed.
 func TestCgroupLineTwice(t *testing.T) {
 	for _, cg := range []string{"0::/app\n0::/other\n", "4:memory:/app\n5:memory,cpu:/other\n0::/\n"} {
-		_, _, err := parseCgroupFor(strings.NewReader(cg), "cgroup", "memory")
+		_, _, err := parseCgroupFor([]byte(cg), "cgroup", "memory")
 		require.Error(t, err, "%q", cg)
 		assert.ErrorContains(t, err, "line 2: malformed, a second")
 		assert.False(t, errors.Is(err, ErrNoCgroup))

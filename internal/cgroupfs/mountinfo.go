@@ -1,12 +1,9 @@
 package cgroupfs
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -186,18 +183,19 @@ func (s *source) parseCgroupFile(name, ctrl string) (v1, v2 string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("cgroupfs: %w", err)
 	}
-	return parseCgroupFor(bytes.NewReader(b), name, ctrl)
+	return parseCgroupFor(b, name, ctrl)
 }
 
 // parseCgroupFor parses a /proc/PID/cgroup file. A second line for one
 // hierarchy, a path with "." or ".." after a name, is malformed.
-func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
-	sc := lines(r)
-	n := 0
+func parseCgroupFor(b []byte, name, ctrl string) (v1, v2 string, err error) {
 	seenV1, seenV2 := false, false
-	for sc.Scan() {
+	n := 0
+	for rest := b; len(rest) > 0; {
+		var raw []byte
+		raw, rest = nextLine(rest)
 		n++
-		line := sc.Text()
+		line := string(raw)
 		if line == "" {
 			continue
 		}
@@ -225,28 +223,10 @@ func parseCgroupFor(r io.Reader, name, ctrl string) (v1, v2 string, err error) {
 			v1, seenV1 = parts[2], true
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return "", "", fmt.Errorf("cgroupfs: %s: %w", name, err)
-	}
 	if n == 0 {
 		return "", "", fmt.Errorf("cgroupfs: %s: empty", name)
 	}
 	return v1, v2, nil
-}
-
-// lines splits r at '\n' alone: a '\r' may end a cgroup's (unescaped) name.
-func lines(r io.Reader) *bufio.Scanner {
-	sc := bufio.NewScanner(r)
-	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			return i + 1, data[:i], nil
-		}
-		if atEOF && len(data) > 0 {
-			return len(data), data, nil
-		}
-		return 0, nil, nil
-	})
-	return sc
 }
 
 func isDecimal[T string | []byte](s T) bool {
