@@ -207,16 +207,16 @@ func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
 	}
 	var why []string
 	if v1 != "" {
-		dir, _, err := cgroupDir(mounts, v1, func(m mount) bool { return isV1(m, "cpu") }, root)
+		cands, err := cgroupDirs(mounts, v1, func(m mount) bool { return isV1(m, "cpu") }, root)
 		if err == nil {
-			return filepath.Join(dir, "cpu.stat"), nil
+			return filepath.Join(cands[0].dir, "cpu.stat"), nil
 		}
 		why = append(why, "v1 cpu: "+err.Error())
 	}
 	if v2 != "" {
-		dir, _, err := cgroupDir(mounts, v2, isV2, root)
+		cands, err := cgroupDirs(mounts, v2, isV2, root)
 		if err == nil {
-			return filepath.Join(dir, "cpu.stat"), nil
+			return filepath.Join(cands[0].dir, "cpu.stat"), nil
 		}
 		why = append(why, "v2: "+err.Error())
 	}

@@ -292,3 +292,12 @@ func TestSeveralMountsOneGone(t *testing.T) {
 	require.ErrorIs(t, err, fs.ErrNotExist)
 	assert.ErrorContains(t, err, filepath.Join(dir, "gone/cg"))
 }
+
+// cgroupDir returns cgroupDirs' first directory and mount point.
+func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
+	cands, err := cgroupDirs(mounts, cg, match, root)
+	if err != nil {
+		return "", "", err
+	}
+	return cands[0].dir, cands[0].top, nil
+}

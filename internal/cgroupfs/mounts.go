@@ -22,15 +22,6 @@ type candidate struct {
 	below    string
 }
 
-// cgroupDir returns cgroupDirs' first directory and mount point.
-func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
-	cands, err := cgroupDirs(mounts, cg, match, root)
-	if err != nil {
-		return "", "", err
-	}
-	return cands[0].dir, cands[0].top, nil
-}
-
 // cgroupDirs returns, in mountinfo order, every mount that matches and
 // holds cgroup cg: its root is "/" or a path prefix of cg, and what is left
 // below it does not climb. A root that climbs ("/../..") holds a cgroup

@@ -1,31 +1,28 @@
-// Package safefs reads files that another, possibly hostile, process chose:
-// its files under /proc/PID and its cgroup files as its mount namespace
-// shows them, through /proc/PID/root. memctl status runs as root on such
-// processes, and a process controls its own mount namespace: in place of a
-// cgroup file it can put a symlink to /etc/shadow or /dev/zero, a FIFO that
-// blocks the reader, or a huge file. A Dir reads such files safely:
+// Package safefs reads files that another, possibly hostile, process
+// chose: its /proc/PID files and its cgroup files as its mount namespace
+// shows them (memctl status runs as root on such processes). In place of a
+// cgroup file the process can put a symlink to /etc/shadow, a device, a
+// FIFO that blocks the reader, or a huge file. A Dir reads safely:
 //
-//   - Names resolve inside the Dir, as if it were "/" (openat2(2)
-//     RESOLVE_IN_ROOT) or never leaving it (RESOLVE_BENEATH), never through
-//     a /proc magic link; with NoSymlinks, through no symlink at all.
-//   - Only regular files are read (ErrNotRegular). The name is opened with
-//     O_PATH, which runs no driver's open(2) (opening /dev/watchdog as root
-//     arms it) and releases no writer blocked on a FIFO; after fstat(2) and
-//     fstatfs(2) the file is reopened for reading through /proc/self/fd (so
-//     /proc must be mounted) with O_NONBLOCK and O_NOCTTY.
+//   - Names resolve inside the Dir (openat2(2) RESOLVE_IN_ROOT or
+//     RESOLVE_BENEATH), never through a /proc magic link; with NoSymlinks,
+//     through no symlink at all.
+//   - Only regular files are read (ErrNotRegular): the name is opened with
+//     O_PATH, which runs no driver's open(2) and releases no writer blocked
+//     on a FIFO, then checked with fstat(2) and fstatfs(2) and reopened for
+//     reading through /proc/self/fd with O_NONBLOCK and O_NOCTTY.
 //   - With Dir.FSTypes, only files of the listed file systems are read
-//     (ErrFileSystem): only the file system tells a bind-mounted
-//     /etc/shadow from a cgroup file.
-//   - At most a given number of bytes is read; a longer file is an error
-//     (ErrTooLarge), never a truncated value.
-//   - With Dir.Timeout, a read not done in time (a FUSE file the process
-//     serves itself) returns ErrTimeout.
+//     (ErrFileSystem): only that tells a bind-mounted /etc/shadow from a
+//     cgroup file.
+//   - A file longer than the caller's cap is an error (ErrTooLarge), never
+//     a truncated value; with Dir.Timeout, a read not done in time (a FUSE
+//     file the process serves) returns ErrTimeout.
 //
-// Without openat2 (before Linux 5.6, ENOSYS, or EPERM from an old seccomp
-// filter) a name is walked one component at a time with O_PATH|O_NOFOLLOW,
-// refusing every symlink and "..": stricter than openat2. Every string
-// another process supplies is shown through Quote. A Dir is safe for
-// concurrent use; Close it when done.
+// Without openat2 (before Linux 5.6, or EPERM from an old seccomp filter)
+// a name is walked one component at a time with O_PATH|O_NOFOLLOW,
+// refusing every symlink and "..". Show every string another process
+// supplies through Quote. A Dir is safe for concurrent use; Close it when
+// done.
 package safefs
 
 import (
