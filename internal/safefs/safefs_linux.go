@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -102,25 +103,15 @@ func open(dirfd int, d *Dir, name string, flags int) (int, error) {
 // walk opens rel under dirfd one component at a time with O_NOFOLLOW,
 // refusing every symlink and "..": the fallback without openat2.
 func walk(dirfd int, rel string, flags int) (int, error) {
-	var parts []string
-	for _, p := range strings.Split(rel, "/") {
-		if p != "" && p != "." {
-			parts = append(parts, p)
-		}
-	}
+	parts := slices.DeleteFunc(strings.Split(rel, "/"), func(p string) bool { return p == "" || p == "." })
 	if len(parts) == 0 {
 		parts = []string{"."}
 	}
-	cur, owned := dirfd, false
-	defer func() {
-		if owned {
-			unix.Close(cur)
-		}
-	}()
+	if slices.Contains(parts, "..") {
+		return -1, fmt.Errorf("\"..\" refused: %w", unix.EXDEV)
+	}
+	cur := dirfd // opened here once it is not dirfd
 	for i, p := range parts {
-		if p == ".." {
-			return -1, fmt.Errorf("\"..\" refused: %w", unix.EXDEV)
-		}
 		f := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 		if i == len(parts)-1 {
 			f = flags | unix.O_NOFOLLOW
@@ -132,16 +123,14 @@ func walk(dirfd int, rel string, flags int) (int, error) {
 				err = unix.ELOOP
 			}
 		}
+		if cur != dirfd {
+			unix.Close(cur)
+		}
 		if err != nil {
 			return -1, wrapErrno(err)
 		}
-		if owned {
-			unix.Close(cur)
-		}
 		cur = fd
-		owned = true
 	}
-	owned = false
 	return cur, nil
 }
 
@@ -324,24 +313,13 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 	if err != nil {
 		return "", nil, &PathError{Op: "open", Path: dir, Err: wrapErrno(err)}
 	}
-	defer unix.Close(dfd)
+	f := os.NewFile(uintptr(dfd), dir)
+	defer f.Close()
 	want := "/memfd:" + name + " (deleted)"
 	link := make([]byte, len(want)+1)
-	buf := make([]byte, 8192)
 	seen := 0
 	for {
-		n, err := unix.ReadDirent(dfd, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return "", nil, &PathError{Op: "read", Path: dir, Err: wrapErrno(err)}
-		}
-		if n == 0 {
-			return "", nil, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
-		}
-		var names []string
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		names, err := f.Readdirnames(256)
 		for _, fdName := range names {
 			if seen++; seen > maxFDs {
 				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
@@ -353,6 +331,12 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 			path := dir + "/" + fdName
 			b, err := readMagic(dfd, fdName, path, max)
 			return path, b, err
+		}
+		if err == io.EOF {
+			return "", nil, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
+		}
+		if err != nil {
+			return "", nil, readError(dir, err)
 		}
 	}
 }
