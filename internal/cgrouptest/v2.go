@@ -1,7 +1,6 @@
 package cgrouptest
 
 import (
-	"bufio"
 	"fmt"
 	"maps"
 	"os"
@@ -186,35 +185,6 @@ func (g *V2) Current(t testing.TB) int64 {
 		t.Fatalf("cgrouptest: %v", err)
 	}
 	return n
-}
-
-// cgroup2Mount returns the longest cgroup2 mount point that prefixes dir.
-func cgroup2Mount(dir string) (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	best := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		fields, postf := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(fields) < 5 || len(postf) < 1 || postf[0] != "cgroup2" {
-			continue
-		}
-		mp := fields[4]
-		if (dir == mp || strings.HasPrefix(dir, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
-			best = mp
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	if best == "" {
-		return "", fmt.Errorf("no cgroup2 mount holds %s in /proc/self/mountinfo", dir)
-	}
-	return best, nil
 }
 
 // RequireSwap skips t, with the reason, unless /proc/swaps lists a device.
