@@ -14,8 +14,7 @@ import (
 
 // candidate is one mount that holds the process's cgroup: dir is the
 // cgroup's directory through it, top its mount point (root prefixed). With
-// search > 0, dir is not known yet: it is top/N1/.../Nsearch/below, under
-// names /proc/PID/cgroup does not show; source.resolve finds them.
+// search > 0, dir is top/N1/.../Nsearch/below, for resolve to find.
 type candidate struct {
 	dir, top string
 	search   int
@@ -88,12 +87,8 @@ func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool, r
 	return nil, err
 }
 
-// outsideNamespace reports whether cgroup path p (cleanPath with up)
-// climbs with "..".
-func outsideNamespace(p string) bool {
-	n, _ := climbs(p)
-	return n > 0
-}
+// outsideNamespace reports whether cgroup path p climbs with "..".
+func outsideNamespace(p string) bool { return p == "/.." || strings.HasPrefix(p, "/../") }
 
 // ancestors returns dir and its parents up to top, nearest first.
 func ancestors(dir, top string) []string {

@@ -17,35 +17,27 @@ import (
 // Layout is one way a container runtime shows a process its cgroup v2
 // memory limit.
 type Layout struct {
-	// Name is a short name for subtest names: "host", "container", "pod",
-	// "readonly" or "wholetree".
-	Name string
+	Name string // for subtest names: "host", "container", "pod", "readonly", "wholetree"
 	// Namespace: the child runs in a new cgroup namespace rooted at its own
-	// cgroup, so /proc/self/cgroup shows "0::/".
+	// cgroup (/proc/self/cgroup shows "0::/").
 	Namespace bool
 	// Remount: cgroup2 is mounted anew at /sys/fs/cgroup in a private mount
 	// namespace, its top the namespace root; without it the child keeps the
 	// host's mount and sees the whole tree.
-	Remount bool
-	// ReadOnly: that new mount is read-only (the Docker and Kubernetes
-	// default for a container without privileges).
-	ReadOnly bool
-	// LimitAbove: the limit is on the parent of the child's cgroup
-	// (Kubernetes pod-level resources).
-	LimitAbove bool
+	Remount    bool
+	ReadOnly   bool // the new mount is read-only (Docker's and Kubernetes' default)
+	LimitAbove bool // the limit is on the parent of the child's cgroup (pod-level resources)
 }
 
 // The layouts containers use. The child's cgroup is always a fresh leaf,
 // made by NewV2, with memory.swap.max 0.
 var (
-	// LayoutHost: the host's cgroup namespace and mount (a systemd service,
-	// --cgroupns=host).
+	// LayoutHost: the host's cgroup namespace and mount (a systemd service).
 	LayoutHost = Layout{Name: "host"}
 	// LayoutContainer: a private cgroup namespace rooted at the limit,
 	// cgroup2 remounted read-write (--cgroupns=private).
 	LayoutContainer = Layout{Name: "container", Namespace: true, Remount: true}
-	// LayoutPod: as LayoutContainer, but the limit is on the parent of the
-	// namespace root (pod-level resources).
+	// LayoutPod: as LayoutContainer, the limit on the namespace root's parent.
 	LayoutPod = Layout{Name: "pod", Namespace: true, Remount: true, LimitAbove: true}
 	// LayoutReadOnly: as LayoutContainer with cgroup2 mounted read-only.
 	LayoutReadOnly = Layout{Name: "readonly", Namespace: true, Remount: true, ReadOnly: true}
@@ -65,16 +57,17 @@ func Layouts() []Layout {
 // directory, where NewV2 makes cgroups.
 func RequireV2(t testing.TB) string {
 	t.Helper()
+	const need = "cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): "
 	p, err := WritableParent()
 	if err != nil {
-		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): %v", err)
+		t.Skipf(need+"%v", err)
 	}
 	if p.Version != 2 {
-		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): this process's memory cgroup %s is cgroup v%d", p.Dir, p.Version)
+		t.Skipf(need+"this process's memory cgroup %s is cgroup v%d", p.Dir, p.Version)
 	}
 	b, err := os.ReadFile(filepath.Join(p.Dir, "cgroup.controllers"))
 	if err != nil || !slices.Contains(strings.Fields(string(b)), "memory") {
-		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): no memory controller in %s/cgroup.controllers (%v)", p.Dir, err)
+		t.Skipf(need+"no memory controller in %s/cgroup.controllers (%v)", p.Dir, err)
 	}
 	return p.Dir
 }
