@@ -79,15 +79,15 @@ func sumKnown(vs ...int64) int64 {
 
 func missingMemoryStat() MemoryStat {
 	var m MemoryStat
-	for fig := range uint8(numFigures) {
-		*m.figure(fig) = -1
+	for _, p := range m.figures() {
+		*p = -1
 	}
 	return m
 }
 
 // statFields maps each memory.stat key MemoryStat holds, without any
 // "total_" prefix, to the version whose name it is (0: both) and its
-// figure (MemoryStat.figure).
+// figure (an index in MemoryStat.figures).
 var statFields = map[string]struct {
 	ver int
 	fig uint8
@@ -114,15 +114,12 @@ var statFields = map[string]struct {
 	"hugetlb":            {2, 17},
 }
 
-// numFigures is the count of MemoryStat's figures.
-const numFigures = 18
-
-// figure returns the field of figure number fig (statFields).
-func (m *MemoryStat) figure(fig uint8) *int64 {
+// figures returns m's figures, in statFields' numbering.
+func (m *MemoryStat) figures() [18]*int64 {
 	return [...]*int64{&m.Anon, &m.File, &m.Shmem, &m.ActiveFile, &m.InactiveFile,
 		&m.ActiveAnon, &m.InactiveAnon, &m.Unevictable, &m.Kernel, &m.SlabReclaimable,
 		&m.SlabUnreclaimable, &m.KernelStack, &m.PageTables, &m.SecPageTables, &m.Percpu,
-		&m.Sock, &m.Vmalloc, &m.Hugetlb}[fig]
+		&m.Sock, &m.Vmalloc, &m.Hugetlb}
 }
 
 // ParseMemoryStat parses the memory.stat file b, which it does not keep;
@@ -163,7 +160,7 @@ func ParseMemoryStat(b []byte, name string) (MemoryStat, error) {
 		if !ok || (total && f.ver == 2) {
 			continue // v2 has no total_ lines: total_anon is not anon
 		}
-		p, ver := m.figure(f.fig), f.ver
+		p, ver := m.figures()[f.fig], f.ver
 		v, ok := parseDecimal(val)
 		if !ok {
 			return fail("line %d: value out of range: %s", n, safefs.Quote(string(line)))
