@@ -35,11 +35,9 @@ import (
 	"unicode/utf8"
 )
 
-// Caps on the bytes read from one file. A cgroup control file or a /proc
-// file is a few KiB. Mountinfo is about 150-300 bytes a mount, up to
-// mount.max mounts (100000 by default, proc_sys_fs(5)); it is streamed, so
-// its cap bounds time, not memory. The environment is at most
-// min(RLIMIT_STACK/4, 3/4 of _STK_LIM), under 6 MiB (execve(2), fs/exec.c).
+// Caps on the bytes read from one file. Mountinfo is about 150-300 bytes a
+// mount, up to mount.max (100000 by default, proc_sys_fs(5)), streamed: its
+// cap bounds time. The environment is under 6 MiB (execve(2), fs/exec.c).
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
@@ -99,8 +97,7 @@ func (e *PathError) Unwrap() error { return e.Err }
 
 // Quote returns s as a Go string literal (strconv.Quote: invalid UTF-8 and
 // unprintable runes such as ESC or a bidi override are escaped), cut to its
-// first MaxQuote bytes and then followed by "...(N bytes)". memctl shows
-// every string of another process through it.
+// first MaxQuote bytes and then followed by "...(N bytes)".
 func Quote(s string) string {
 	if len(s) <= MaxQuote {
 		return strconv.Quote(s)
@@ -132,8 +129,7 @@ type Dir struct {
 	mode Mode
 	// Timeout, when positive, bounds each read: the call then returns an
 	// error matching ErrTimeout and the blocked read goes on in its own
-	// goroutine until the kernel lets it go. Zero means no bound. Set it
-	// before using the Dir.
+	// goroutine. Zero means no bound. Set it before using the Dir.
 	Timeout time.Duration
 	// FSTypes, when not empty, lists the only file systems (statfs(2)
 	// f_type, such as Cgroup2Magic) whose files are accepted; others are
