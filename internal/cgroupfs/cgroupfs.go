@@ -99,28 +99,27 @@ func Read(cgroupFile, mountinfoFile, root string) (Limit, error) {
 
 // read is Read on the files of s.
 func (s *source) read() (Limit, error) {
-	cgroupFile, mountinfoFile, root := s.cgroupFile, s.mountinfoFile, s.rootName
-	v1, v2, err := s.parseCgroupFile(cgroupFile, "memory")
+	v1, v2, err := s.parseCgroupFile("memory")
 	if err != nil {
 		return Limit{}, err
 	}
 	if v1 == "" && v2 == "" {
-		return Limit{}, fmt.Errorf("%w: %s lists neither the memory controller nor a cgroup v2 hierarchy", ErrNoCgroup, cgroupFile)
+		return Limit{}, fmt.Errorf("%w: %s lists neither the memory controller nor a cgroup v2 hierarchy", ErrNoCgroup, s.cgroupFile)
 	}
-	mounts, err := s.parseMountinfoFile(mountinfoFile)
+	mounts, err := s.parseMountinfoFile()
 	if err != nil {
 		return Limit{}, err
 	}
 	var why []string
 	if v1 != "" {
-		cands, err := s.cgroupDirs(mounts, v1, isV1Memory, root)
+		cands, err := s.cgroupDirs(mounts, v1, isV1Memory)
 		if err == nil {
 			return s.readAll(1, v1, cands)
 		}
 		why = append(why, "v1 memory: "+err.Error())
 	}
 	if v2 != "" {
-		cands, err := s.cgroupDirs(mounts, v2, isV2, root)
+		cands, err := s.cgroupDirs(mounts, v2, isV2)
 		if err == nil {
 			var l Limit
 			l, err = s.readAll(2, v2, cands)

@@ -197,11 +197,11 @@ func CPUStatFile(cgroupFile, mountinfoFile, root string) (string, error) {
 		return "", err
 	}
 	defer s.close()
-	v1, v2, err := s.parseCgroupFile(cgroupFile, "cpu")
+	v1, v2, err := s.parseCgroupFile("cpu")
 	if err != nil {
 		return "", err
 	}
-	mounts, err := s.parseMountinfoFile(mountinfoFile)
+	mounts, err := s.parseMountinfoFile()
 	if err != nil {
 		return "", err
 	}

@@ -39,8 +39,8 @@ func isV2(m mount) bool { return m.fstype == "cgroup2" }
 // /proc/PID/mountinfo file (proc_pid_mountinfo(5)), in file order, less
 // those shadowed by a later mount on the same point. The file is streamed,
 // and only cgroup mounts are kept.
-func (s *source) parseMountinfoFile(name string) ([]mount, error) {
-	p := newMountinfoParser(name)
+func (s *source) parseMountinfoFile() ([]mount, error) {
+	p := newMountinfoParser(s.mountinfoFile)
 	err := s.mountinfo.ScanLines(s.mountinfoRel, safefs.MaxMountinfo, func(line []byte) error { return p.line(string(line)) })
 	// ScanLines's own errors are *safefs.PathError; p.line's name the line.
 	// p is read only after a nil error: after a timeout the scan may go on.
@@ -174,7 +174,7 @@ func cleanPath(p string, up bool) bool {
 // parseCgroupFile reads a /proc/PID/cgroup file ("ID:controllers:path"
 // lines, cgroups(7)) and returns the cgroup of the v1 controller ctrl and
 // the v2 cgroup ("0::path"), each "" when absent.
-func (s *source) parseCgroupFile(name, ctrl string) (v1, v2 string, err error) {
+func (s *source) parseCgroupFile(ctrl string) (v1, v2 string, err error) {
 	b, err := s.proc.ReadFile(s.cgroupRel, safefs.MaxProcFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		// A kernel without cgroups has no /proc/PID/cgroup.
@@ -183,7 +183,7 @@ func (s *source) parseCgroupFile(name, ctrl string) (v1, v2 string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("cgroupfs: %w", err)
 	}
-	return parseCgroupFor(b, name, ctrl)
+	return parseCgroupFor(b, s.cgroupFile, ctrl)
 }
 
 // parseCgroupFor parses a /proc/PID/cgroup file. A second line for one

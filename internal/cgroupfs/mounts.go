@@ -66,10 +66,10 @@ func cgroupDirs(mounts []mount, cg string, match func(mount) bool, root string) 
 // cgroupDirs returns the directories of cgroup cg: every mount that holds
 // it, and every mount whose root lies above the reader's cgroup namespace
 // where the process's cgroup is found by its PID (resolve).
-func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool, root string) ([]candidate, error) {
-	cands, err := cgroupDirs(mounts, cg, match, root)
+func (s *source) cgroupDirs(mounts []mount, cg string, match func(mount) bool) ([]candidate, error) {
+	cands, err := cgroupDirs(mounts, cg, match, s.rootName)
 	var why []string
-	for _, c := range searchMounts(mounts, cg, match, root) {
+	for _, c := range searchMounts(mounts, cg, match, s.rootName) {
 		dir, serr := s.resolve(c)
 		if serr != nil {
 			why = append(why, serr.Error())
