@@ -180,33 +180,35 @@ func (d *Dir) join(name string) string {
 	return strings.TrimSuffix(d.name, "/") + "/" + strings.TrimPrefix(name, "/")
 }
 
-// do runs f, with d.Timeout in a goroutine on a dup of the Dir's fd, so a
-// Close while f is blocked cannot make f resolve names in a reused fd.
-func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, error) {
+// do runs f on d's fd, or with d.Timeout in a goroutine on a dup of it, so
+// a Close while f is blocked cannot make f resolve names in a reused fd.
+// After a timeout f's result is dropped.
+func do[T any](d *Dir, op, name string, f func(dirfd int) (T, error)) (T, error) {
+	var zero T
 	if d.Timeout <= 0 {
 		return f(d.fd)
 	}
 	fd, err := dup(d.fd)
 	if err != nil {
-		return nil, &PathError{Op: op, Path: d.join(name), Err: err}
+		return zero, &PathError{Op: op, Path: d.join(name), Err: err}
 	}
 	type result struct {
-		b   []byte
+		v   T
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
 		defer closeFD(fd)
-		b, err := f(fd)
-		ch <- result{b, err}
+		v, err := f(fd)
+		ch <- result{v, err}
 	}()
 	t := time.NewTimer(d.Timeout)
 	defer t.Stop()
 	select {
 	case r := <-ch:
-		return r.b, r.err
+		return r.v, r.err
 	case <-t.C:
-		return nil, &PathError{Op: op, Path: d.join(name), Err: fmt.Errorf("%w after %v", ErrTimeout, d.Timeout)}
+		return zero, &PathError{Op: op, Path: d.join(name), Err: fmt.Errorf("%w after %v", ErrTimeout, d.Timeout)}
 	}
 }
 
@@ -217,7 +219,7 @@ func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, er
 // Timeout), and the kernel's errno otherwise (fs.ErrNotExist for ENOENT,
 // fs.ErrPermission for EACCES).
 func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
-	return d.do("read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
+	return do(d, "read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
 }
 
 // ScanLines calls each with every line of the regular file name (resolved
@@ -228,14 +230,16 @@ func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
 // each may still be running after ErrTimeout: it must write only state the
 // caller leaves alone when ScanLines fails.
 func (d *Dir) ScanLines(name string, max int64, each func(line []byte) error) error {
-	_, err := d.do("read", name, func(dirfd int) ([]byte, error) { return nil, scanLines(dirfd, d, name, max, each) })
+	_, err := do(d, "read", name, func(dirfd int) (struct{}, error) {
+		return struct{}{}, scanLines(dirfd, d, name, max, each)
+	})
 	return err
 }
 
 // Stat returns nil when name, resolved in d, is a directory, and the error
 // of the open otherwise (ENOTDIR when it is not a directory).
 func (d *Dir) Stat(name string) error {
-	_, err := d.do("open", name, func(dirfd int) ([]byte, error) { return nil, statDir(dirfd, d, name) })
+	_, err := do(d, "open", name, func(dirfd int) (struct{}, error) { return struct{}{}, statDir(dirfd, d, name) })
 	return err
 }
 
@@ -243,11 +247,5 @@ func (d *Dir) Stat(name string) error {
 // Stat), in directory order; more than max is an error matching
 // ErrTooLarge. The error is a *PathError.
 func (d *Dir) SubDirs(name string, max int) ([]string, error) {
-	var out []string
-	_, err := d.do("readdir", name, func(dirfd int) ([]byte, error) {
-		var err error
-		out, err = subDirs(dirfd, d, name, max)
-		return nil, err
-	})
-	return out, err
+	return do(d, "readdir", name, func(dirfd int) ([]string, error) { return subDirs(dirfd, d, name, max) })
 }

@@ -33,19 +33,13 @@ func OpenDir(path string, mode Mode) (*Dir, error) {
 // process's root. name must be the caller's fixed name. The new Dir has d's
 // Timeout and FSTypes and is closed apart from d.
 func (d *Dir) Sub(name string, mode Mode) (*Dir, error) {
-	var sub *Dir
-	_, err := d.do("open", name, func(dirfd int) ([]byte, error) {
+	return do(d, "open", name, func(dirfd int) (*Dir, error) {
 		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, &PathError{Op: "open", Path: d.join(name), Err: err}
 		}
-		sub = &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout, FSTypes: d.FSTypes}
-		return nil, nil
+		return &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout, FSTypes: d.FSTypes}, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return sub, nil
 }
 
 // Close closes the Dir.
@@ -287,11 +281,8 @@ func (d *Dir) Readlink(name string) (string, error) {
 // swapped after the readlink is refused. At most MaxFDs descriptors are
 // looked at (then ErrTooLarge); none found matches fs.ErrNotExist.
 func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
-	_, err = d.do("open", "fd", func(dirfd int) ([]byte, error) {
-		path, b, err = readMemfd(dirfd, d, name, max)
-		return nil, err
-	})
-	return path, b, err
+	r, err := do(d, "open", "fd", func(dirfd int) (memfd, error) { return readMemfd(dirfd, d, name, max) })
+	return r.path, r.b, err
 }
 
 // MaxFDs is the most entries of /proc/PID/fd that ReadMemfd looks at (a
@@ -307,11 +298,17 @@ const (
 	HugetlbfsMagic = 0x958458f6
 )
 
-func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error) {
+// memfd is what ReadMemfd returns.
+type memfd struct {
+	path string
+	b    []byte
+}
+
+func readMemfd(dirfd int, d *Dir, name string, max int64) (memfd, error) {
 	dir := d.join("fd")
 	dfd, err := unix.Openat(dirfd, "fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", nil, &PathError{Op: "open", Path: dir, Err: wrapErrno(err)}
+		return memfd{}, &PathError{Op: "open", Path: dir, Err: wrapErrno(err)}
 	}
 	f := os.NewFile(uintptr(dfd), dir)
 	defer f.Close()
@@ -322,7 +319,7 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 		names, err := f.Readdirnames(256)
 		for _, fdName := range names {
 			if seen++; seen > maxFDs {
-				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
+				return memfd{}, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
 			}
 			m, err := unix.Readlinkat(dfd, fdName, link)
 			if err != nil || string(link[:m]) != want {
@@ -330,13 +327,13 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 			}
 			path := dir + "/" + fdName
 			b, err := readMagic(dfd, fdName, path, max)
-			return path, b, err
+			return memfd{path, b}, err
 		}
 		if err == io.EOF {
-			return "", nil, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
+			return memfd{}, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
 		}
 		if err != nil {
-			return "", nil, readError(dir, err)
+			return memfd{}, readError(dir, err)
 		}
 	}
 }
