@@ -1,6 +1,8 @@
 package cgroupfs
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -231,12 +233,12 @@ func TestParseMountinfo(t *testing.T) {
 }
 
 func TestParseCgroup(t *testing.T) {
-	v1, v2, err := parseCgroupFor(strings.NewReader("5:cpu,memory:/a/b\n0::/c\n1:name=systemd:/d:e\n"), "cg", "memory")
+	v1, v2, err := parseCgroupFor([]byte("5:cpu,memory:/a/b\n0::/c\n1:name=systemd:/d:e\n"), "cg", "memory")
 	require.NoError(t, err)
 	assert.Equal(t, "/a/b", v1)
 	assert.Equal(t, "/c", v2)
 	for _, bad := range []string{"4:memory", "4:memory:a", ":memory:/a", "garbage"} {
-		_, _, err := parseCgroupFor(strings.NewReader(bad), "cg", "memory")
+		_, _, err := parseCgroupFor([]byte(bad), "cg", "memory")
 		assert.ErrorContains(t, err, "cgroupfs: cg: line 1: malformed", "%q", bad)
 	}
 }
@@ -369,4 +371,19 @@ func parseMountinfo(r io.Reader, name string) ([]mount, error) {
 		return nil, fmt.Errorf("cgroupfs: %s: %w", name, err)
 	}
 	return p.mounts()
+}
+
+// lines splits r at '\n' alone: a '\r' may end a cgroup's (unescaped) name.
+func lines(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(r)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if atEOF && len(data) > 0 {
+			return len(data), data, nil
+		}
+		return 0, nil, nil
+	})
+	return sc
 }

@@ -109,7 +109,7 @@ func TestParseThrottled(t *testing.T) {
 		{"escape in a bad line", "\x1b[2Jjunk\n", 0, `\x1b`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseThrottled(strings.NewReader(tc.in), "cpu.stat")
+			got, err := ParseThrottled([]byte(tc.in), "cpu.stat")
 			if tc.err != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.err)

@@ -261,7 +261,7 @@ func TestCgroupDeleted(t *testing.T) {
 // was taken silently (the last won). It is malformed.
 func TestCgroupLineTwice(t *testing.T) {
 	for _, cg := range []string{"0::/app\n0::/other\n", "4:memory:/app\n5:memory,cpu:/other\n0::/\n"} {
-		_, _, err := parseCgroupFor(strings.NewReader(cg), "cgroup", "memory")
+		_, _, err := parseCgroupFor([]byte(cg), "cgroup", "memory")
 		require.Error(t, err, "%q", cg)
 		assert.ErrorContains(t, err, "line 2: malformed, a second")
 		assert.False(t, errors.Is(err, ErrNoCgroup))
@@ -291,4 +291,13 @@ func TestSeveralMountsOneGone(t *testing.T) {
 	_, err := readTree(dir)
 	require.ErrorIs(t, err, fs.ErrNotExist)
 	assert.ErrorContains(t, err, filepath.Join(dir, "gone/cg"))
+}
+
+// cgroupDir returns cgroupDirs' first directory and mount point.
+func cgroupDir(mounts []mount, cg string, match func(mount) bool, root string) (dir, top string, err error) {
+	cands, err := cgroupDirs(mounts, cg, match, root)
+	if err != nil {
+		return "", "", err
+	}
+	return cands[0].dir, cands[0].top, nil
 }

@@ -78,18 +78,16 @@ func sumKnown(vs ...int64) int64 {
 }
 
 func missingMemoryStat() MemoryStat {
-	return MemoryStat{
-		Anon: -1, File: -1, Shmem: -1, ActiveFile: -1, InactiveFile: -1,
-		ActiveAnon: -1, InactiveAnon: -1, Unevictable: -1, Kernel: -1,
-		SlabReclaimable: -1, SlabUnreclaimable: -1, KernelStack: -1,
-		PageTables: -1, SecPageTables: -1, Percpu: -1, Sock: -1, Vmalloc: -1,
-		Hugetlb: -1,
+	var m MemoryStat
+	for _, p := range m.figures() {
+		*p = -1
 	}
+	return m
 }
 
 // statFields maps each memory.stat key MemoryStat holds, without any
 // "total_" prefix, to the version whose name it is (0: both) and its
-// figure (MemoryStat.figure).
+// figure (an index in MemoryStat.figures).
 var statFields = map[string]struct {
 	ver int
 	fig uint8
@@ -116,12 +114,12 @@ var statFields = map[string]struct {
 	"hugetlb":            {2, 17},
 }
 
-// figure returns the field of figure number fig (statFields).
-func (m *MemoryStat) figure(fig uint8) *int64 {
+// figures returns m's figures, in statFields' numbering.
+func (m *MemoryStat) figures() [18]*int64 {
 	return [...]*int64{&m.Anon, &m.File, &m.Shmem, &m.ActiveFile, &m.InactiveFile,
 		&m.ActiveAnon, &m.InactiveAnon, &m.Unevictable, &m.Kernel, &m.SlabReclaimable,
 		&m.SlabUnreclaimable, &m.KernelStack, &m.PageTables, &m.SecPageTables, &m.Percpu,
-		&m.Sock, &m.Vmalloc, &m.Hugetlb}[fig]
+		&m.Sock, &m.Vmalloc, &m.Hugetlb}
 }
 
 // ParseMemoryStat parses the memory.stat file b, which it does not keep;
@@ -162,7 +160,7 @@ func ParseMemoryStat(b []byte, name string) (MemoryStat, error) {
 		if !ok || (total && f.ver == 2) {
 			continue // v2 has no total_ lines: total_anon is not anon
 		}
-		p, ver := m.figure(f.fig), f.ver
+		p, ver := m.figures()[f.fig], f.ver
 		v, ok := parseDecimal(val)
 		if !ok {
 			return fail("line %d: value out of range: %s", n, safefs.Quote(string(line)))
@@ -240,15 +238,25 @@ func isStatKey(s []byte) bool {
 	return true
 }
 
-// readIn reads file name of cgroup directory dir, safely (see the package
-// doc); an absent file matches fs.ErrNotExist.
-func readIn(dir, name string) ([]byte, error) {
+// openCgroupDir opens the cgroup directory dir to read its files safely
+// (see the package doc).
+func openCgroupDir(dir string) (*safefs.Dir, error) {
 	d, err := safefs.OpenDir(dir, safefs.InRoot|safefs.NoSymlinks)
 	if err != nil {
 		return nil, fmt.Errorf("cgroupfs: %w", err)
 	}
-	defer d.Close()
 	d.FSTypes = FSTypes
+	return d, nil
+}
+
+// readIn reads file name of cgroup directory dir, safely; an absent file
+// matches fs.ErrNotExist.
+func readIn(dir, name string) ([]byte, error) {
+	d, err := openCgroupDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
 	b, err := d.ReadFile(name, safefs.MaxCgroupFile)
 	if err != nil {
 		return nil, fmt.Errorf("cgroupfs: %w", err)
@@ -310,4 +318,53 @@ func ParseKmemUsage[T string | []byte](s T, name string) (int64, error) {
 		return 0, fmt.Errorf("cgroupfs: %s: usage out of range: %s", safefs.Quote(name), safefs.Quote(string(s)))
 	}
 	return n, nil
+}
+
+// keySlots is the room of a keySet's table; past keySlots*3/4 keys a
+// keySet moves to a map.
+const keySlots = 256
+
+// keySet is the set of the keys of one file, each a subslice of the file,
+// held as offsets in an open-addressing table on the stack: the keys of a
+// memory.stat file are told apart without allocating. A file of more keys
+// than the table holds goes on in a map. The zero value is empty.
+type keySet struct {
+	slots [keySlots]struct{ start, end uint32 } // end 0: empty
+	n     int
+	more  map[string]bool
+}
+
+// add adds key, a subslice of file, and reports false when it was there.
+func (s *keySet) add(file, key []byte) bool {
+	if s.more != nil {
+		if s.more[string(key)] {
+			return false
+		}
+		s.more[string(key)] = true
+		return true
+	}
+	start := uint32(cap(file) - cap(key)) // key's offset in file
+	h := uint32(2166136261)
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	for i := h % keySlots; ; i = (i + 1) % keySlots {
+		sl := &s.slots[i]
+		if sl.end == 0 {
+			sl.start, sl.end = start, start+uint32(len(key))
+			break
+		}
+		if bytes.Equal(file[sl.start:sl.end], key) {
+			return false
+		}
+	}
+	if s.n++; s.n >= keySlots*3/4 {
+		s.more = make(map[string]bool, 2*s.n)
+		for _, sl := range s.slots {
+			if sl.end != 0 {
+				s.more[string(file[sl.start:sl.end])] = true
+			}
+		}
+	}
+	return true
 }

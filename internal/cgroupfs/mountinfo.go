@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,8 +39,8 @@ func isV2(m mount) bool { return m.fstype == "cgroup2" }
 // /proc/PID/mountinfo file (proc_pid_mountinfo(5)), in file order, less
 // those shadowed by a later mount on the same point. The file is streamed,
 // and only cgroup mounts are kept.
-func (s *source) parseMountinfoFile(name string) ([]mount, error) {
-	p := newMountinfoParser(name)
+func (s *source) parseMountinfoFile() ([]mount, error) {
+	p := newMountinfoParser(s.mountinfoFile)
 	err := s.mountinfo.ScanLines(s.mountinfoRel, safefs.MaxMountinfo, func(line []byte) error { return p.line(string(line)) })
 	// ScanLines's own errors are *safefs.PathError; p.line's name the line.
 	// p is read only after a nil error: after a timeout the scan may go on.
@@ -165,6 +166,76 @@ func cleanPath(p string, up bool) bool {
 			return false
 		default:
 			up = false // ".." is only valid before the first name
+		}
+	}
+	return true
+}
+
+// parseCgroupFile reads a /proc/PID/cgroup file ("ID:controllers:path"
+// lines, cgroups(7)) and returns the cgroup of the v1 controller ctrl and
+// the v2 cgroup ("0::path"), each "" when absent.
+func (s *source) parseCgroupFile(ctrl string) (v1, v2 string, err error) {
+	b, err := s.proc.ReadFile(s.cgroupRel, safefs.MaxProcFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A kernel without cgroups has no /proc/PID/cgroup.
+		return "", "", fmt.Errorf("%w: %w", ErrNoCgroup, err)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("cgroupfs: %w", err)
+	}
+	return parseCgroupFor(b, s.cgroupFile, ctrl)
+}
+
+// parseCgroupFor parses a /proc/PID/cgroup file. A second line for one
+// hierarchy, a path with "." or ".." after a name, is malformed.
+func parseCgroupFor(b []byte, name, ctrl string) (v1, v2 string, err error) {
+	seenV1, seenV2 := false, false
+	n := 0
+	for rest := b; len(rest) > 0; {
+		var raw []byte
+		raw, rest = nextLine(rest)
+		n++
+		line := string(raw)
+		if line == "" {
+			continue
+		}
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !isDecimal(parts[0]) || !strings.HasPrefix(parts[2], "/") {
+			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, want ID:controllers:/path: %s", name, n, safefs.Quote(line))
+		}
+		if !cleanPath(parts[2], true) {
+			return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed cgroup path, \".\" or \"..\" after a name: %s", name, n, safefs.Quote(line))
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			if seenV2 {
+				return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, a second cgroup v2 line (the kernel writes one line a hierarchy): %s", name, n, safefs.Quote(line))
+			}
+			v2, seenV2 = parts[2], true
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c != ctrl {
+				continue
+			}
+			if seenV1 {
+				return "", "", fmt.Errorf("cgroupfs: %s: line %d: malformed, a second line for the %s controller (the kernel writes one line a hierarchy): %s", name, n, ctrl, safefs.Quote(line))
+			}
+			v1, seenV1 = parts[2], true
+		}
+	}
+	if n == 0 {
+		return "", "", fmt.Errorf("cgroupfs: %s: empty", name)
+	}
+	return v1, v2, nil
+}
+
+func isDecimal[T string | []byte](s T) bool {
+	if len(s) == 0 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return false
 		}
 	}
 	return true

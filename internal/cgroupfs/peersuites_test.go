@@ -161,10 +161,9 @@ func TestPeerRuncMountinfo(t *testing.T) {
 func TestPeerAutomaxprocs(t *testing.T) {
 	dir := peerDir(t, "uber-go-automaxprocs", "testdata", "proc")
 	parse := func(t *testing.T, cgroupFile, ctrl string) (v1, v2 string, err error) {
-		f, err := os.Open(filepath.Join(dir, cgroupFile))
+		b, err := os.ReadFile(filepath.Join(dir, cgroupFile))
 		require.NoError(t, err)
-		defer f.Close()
-		return parseCgroupFor(f, cgroupFile, ctrl)
+		return parseCgroupFor(b, cgroupFile, ctrl)
 	}
 	mounts := func(t *testing.T, name string) ([]mount, error) {
 		f, err := os.Open(filepath.Join(dir, name))

@@ -14,15 +14,12 @@ import (
 // Self reads the memory limit of the caller's own cgroup again and again,
 // as Of(0) does. While /proc/self/cgroup reads as at the first Read, a
 // later Read re-reads only the limit files found then, kept open, and
-// allocates nothing. Anything unexpected (a file gone or appeared, a value
-// that does not parse) or Reset makes the next Read call Of(0) again, as
-// does a cgroup read in an unusual way (several mounts, a search by PID,
-// another view, a partial read).
-//
-// MemoryStat and KmemUsage read cgroup accounts the same way.
-//
-// The zero value is ready. A Self is not safe for concurrent use; the
-// Bounds of a Limit it returns are valid until its next Read.
+// allocates nothing; anything unexpected (a file gone or appeared, a bad
+// value, several mounts, another view, a partial read) or Reset makes the
+// next Read call Of(0) again. MemoryStat and KmemUsage read cgroup
+// accounts the same way. The zero value is ready. A Self is not safe for
+// concurrent use; the Bounds of a Limit it returns are valid until its
+// next Read.
 type Self struct {
 	procCgroup fastread.File
 	seen       []byte      // /proc/self/cgroup as resolved
@@ -132,11 +129,10 @@ func (s *Self) reread() (Limit, bool) {
 	return l, true
 }
 
-// MemoryStat parses cgroup directory dir's memory.stat, as ReadMemoryStat
-// does, and returns its path. It reads through a file kept open (for up to
-// 16 directories) and allocates nothing once warm, but unlike
-// ReadMemoryStat checks no file system: on an error, read dir with
-// ReadMemoryStat.
+// MemoryStat parses dir's memory.stat as ReadMemoryStat does, and returns
+// its path, through a file kept open (for up to 16 directories), without
+// allocating once warm; it checks no file system: on an error, read dir
+// with ReadMemoryStat.
 func (s *Self) MemoryStat(dir string) (MemoryStat, string, error) {
 	f, err := s.readStat(dir, false)
 	if err != nil {

@@ -94,7 +94,7 @@ func TestSwapNotInLimit(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	cur, max := SwapFiles(2)
-	s, err := readSwapNames(d, 2, cur, max, filepath.Join(l.Dir, cur), filepath.Join(l.Dir, max))
+	s, err := ReadSwapAt(d, 2, ".", l.Dir)
 	require.NoError(t, err)
 	assert.Equal(t, Swap{Version: 2, Current: 300 << 20, Max: 1 << 30,
 		CurrentFile: filepath.Join(l.Dir, cur), MaxFile: filepath.Join(l.Dir, max)}, s)

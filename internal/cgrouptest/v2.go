@@ -1,7 +1,6 @@
 package cgrouptest
 
 import (
-	"bufio"
 	"fmt"
 	"maps"
 	"os"
@@ -15,22 +14,60 @@ import (
 	"github.com/memctl/memctl/internal/cgroupfs"
 )
 
+// Layout is one way a container runtime shows a process its cgroup v2
+// memory limit.
+type Layout struct {
+	Name string // for subtest names: "host", "container", "pod", "readonly", "wholetree"
+	// Namespace: the child runs in a new cgroup namespace rooted at its own
+	// cgroup (/proc/self/cgroup shows "0::/").
+	Namespace bool
+	// Remount: cgroup2 is mounted anew at /sys/fs/cgroup in a private mount
+	// namespace, its top the namespace root; without it the child keeps the
+	// host's mount and sees the whole tree.
+	Remount    bool
+	ReadOnly   bool // the new mount is read-only (Docker's and Kubernetes' default)
+	LimitAbove bool // the limit is on the parent of the child's cgroup (pod-level resources)
+}
+
+// The layouts containers use. The child's cgroup is always a fresh leaf,
+// made by NewV2, with memory.swap.max 0.
+var (
+	// LayoutHost: the host's cgroup namespace and mount (a systemd service).
+	LayoutHost = Layout{Name: "host"}
+	// LayoutContainer: a private cgroup namespace rooted at the limit,
+	// cgroup2 remounted read-write (--cgroupns=private).
+	LayoutContainer = Layout{Name: "container", Namespace: true, Remount: true}
+	// LayoutPod: as LayoutContainer, the limit on the namespace root's parent.
+	LayoutPod = Layout{Name: "pod", Namespace: true, Remount: true, LimitAbove: true}
+	// LayoutReadOnly: as LayoutContainer with cgroup2 mounted read-only.
+	LayoutReadOnly = Layout{Name: "readonly", Namespace: true, Remount: true, ReadOnly: true}
+	// LayoutWholeTree: a new cgroup namespace, the host's mount kept, the
+	// limit on the parent.
+	LayoutWholeTree = Layout{Name: "wholetree", Namespace: true, LimitAbove: true}
+)
+
+// Layouts returns every layout, LayoutHost first.
+func Layouts() []Layout {
+	return []Layout{LayoutHost, LayoutContainer, LayoutPod, LayoutReadOnly, LayoutWholeTree}
+}
+
 // RequireV2 skips t, with the reason, unless this process can make child
 // cgroups with a memory limit on cgroup v2 (root, the memory controller
 // available and enabled for children). It returns the process's own cgroup
 // directory, where NewV2 makes cgroups.
 func RequireV2(t testing.TB) string {
 	t.Helper()
+	const need = "cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): "
 	p, err := WritableParent()
 	if err != nil {
-		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): %v", err)
+		t.Skipf(need+"%v", err)
 	}
 	if p.Version != 2 {
-		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): this process's memory cgroup %s is cgroup v%d", p.Dir, p.Version)
+		t.Skipf(need+"this process's memory cgroup %s is cgroup v%d", p.Dir, p.Version)
 	}
 	b, err := os.ReadFile(filepath.Join(p.Dir, "cgroup.controllers"))
 	if err != nil || !slices.Contains(strings.Fields(string(b)), "memory") {
-		t.Skipf("cgrouptest: needs a writable cgroup v2 memory controller (run by internal/v2vm): no memory controller in %s/cgroup.controllers (%v)", p.Dir, err)
+		t.Skipf(need+"no memory controller in %s/cgroup.controllers (%v)", p.Dir, err)
 	}
 	return p.Dir
 }
@@ -141,35 +178,6 @@ func (g *V2) Current(t testing.TB) int64 {
 		t.Fatalf("cgrouptest: %v", err)
 	}
 	return n
-}
-
-// cgroup2Mount returns the longest cgroup2 mount point that prefixes dir.
-func cgroup2Mount(dir string) (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	best := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		fields, postf := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(fields) < 5 || len(postf) < 1 || postf[0] != "cgroup2" {
-			continue
-		}
-		mp := fields[4]
-		if (dir == mp || strings.HasPrefix(dir, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
-			best = mp
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	if best == "" {
-		return "", fmt.Errorf("no cgroup2 mount holds %s in /proc/self/mountinfo", dir)
-	}
-	return best, nil
 }
 
 // RequireSwap skips t, with the reason, unless /proc/swaps lists a device.

@@ -1,10 +1,14 @@
 package cgrouptest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Wrap changes cmd (before cmd.Start) so that its process starts in Dir
@@ -55,4 +59,20 @@ func (g *V2) Wrap(t testing.TB, cmd *exec.Cmd) {
 		args = append(args, cmd.Args[1:]...)
 	}
 	cmd.Path, cmd.Args = sh, args
+}
+
+// cgroup2Mount returns the mount point of the cgroup2 hierarchy that holds
+// dir: the topmost directory above it still on cgroup2.
+func cgroup2Mount(dir string) (string, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return "", fmt.Errorf("%s is not on cgroup2 (%v)", dir, err)
+	}
+	for {
+		up := filepath.Dir(dir)
+		if up == dir || unix.Statfs(up, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return dir, nil
+		}
+		dir = up
+	}
 }

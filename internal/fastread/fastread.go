@@ -1,13 +1,8 @@
-// Package fastread reads small kernel files (cgroup control files,
-// /proc/self/status) again and again into a buffer the caller keeps,
-// through a descriptor kept open between reads, without allocating once
-// the buffer is large enough and the file open.
-//
-// The paths are the caller's own: its own cgroup as its own mount namespace
-// shows it, its own /proc entries. Unlike package safefs, nothing here
-// guards against a hostile process's mount namespace (no check of the file
-// type or file system); a caller reads through safefs first, and through
-// fastread only the files found that way.
+// Package fastread reads the caller's own small kernel files (its cgroup
+// control files, /proc/self/status) again and again into a buffer the
+// caller keeps, through a descriptor kept open, without allocating once
+// warm. Unlike package safefs it checks neither file type nor file system:
+// a caller finds the files through safefs first.
 package fastread
 
 import (
@@ -18,12 +13,11 @@ import (
 	"strings"
 )
 
-// File is a file name read again and again. The file is opened at the
-// first Read and kept open (its *os.File closes it if the File is dropped
-// unclosed); later Reads read it again from offset 0, which makes a kernel
-// file's content anew. The zero value is no file: Read fails on it. Copies
-// share the open file: read and close through one alone. A File is not
-// safe for concurrent use.
+// File is a file name read again and again: opened at the first Read and
+// kept open (its *os.File closes it if dropped), read again from offset 0,
+// which makes a kernel file's content anew. The zero value is no file:
+// Read fails on it. Copies share the open file: use one alone. A File is
+// not safe for concurrent use.
 type File struct {
 	name string
 	c    []byte   // name and a NUL

@@ -1,31 +1,28 @@
-// Package safefs reads files that another, possibly hostile, process chose:
-// its files under /proc/PID and its cgroup files as its mount namespace
-// shows them, through /proc/PID/root. memctl status runs as root on such
-// processes, and a process controls its own mount namespace: in place of a
-// cgroup file it can put a symlink to /etc/shadow or /dev/zero, a FIFO that
-// blocks the reader, or a huge file. A Dir reads such files safely:
+// Package safefs reads files that another, possibly hostile, process
+// chose: its /proc/PID files and its cgroup files as its mount namespace
+// shows them (memctl status runs as root on such processes). In place of a
+// cgroup file the process can put a symlink to /etc/shadow, a device, a
+// FIFO that blocks the reader, or a huge file. A Dir reads safely:
 //
-//   - Names resolve inside the Dir, as if it were "/" (openat2(2)
-//     RESOLVE_IN_ROOT) or never leaving it (RESOLVE_BENEATH), never through
-//     a /proc magic link; with NoSymlinks, through no symlink at all.
-//   - Only regular files are read (ErrNotRegular). The name is opened with
-//     O_PATH, which runs no driver's open(2) (opening /dev/watchdog as root
-//     arms it) and releases no writer blocked on a FIFO; after fstat(2) and
-//     fstatfs(2) the file is reopened for reading through /proc/self/fd (so
-//     /proc must be mounted) with O_NONBLOCK and O_NOCTTY.
+//   - Names resolve inside the Dir (openat2(2) RESOLVE_IN_ROOT or
+//     RESOLVE_BENEATH), never through a /proc magic link; with NoSymlinks,
+//     through no symlink at all.
+//   - Only regular files are read (ErrNotRegular): the name is opened with
+//     O_PATH, which runs no driver's open(2) and releases no writer blocked
+//     on a FIFO, then checked with fstat(2) and fstatfs(2) and reopened for
+//     reading through /proc/self/fd with O_NONBLOCK and O_NOCTTY.
 //   - With Dir.FSTypes, only files of the listed file systems are read
-//     (ErrFileSystem): only the file system tells a bind-mounted
-//     /etc/shadow from a cgroup file.
-//   - At most a given number of bytes is read; a longer file is an error
-//     (ErrTooLarge), never a truncated value.
-//   - With Dir.Timeout, a read not done in time (a FUSE file the process
-//     serves itself) returns ErrTimeout.
+//     (ErrFileSystem): only that tells a bind-mounted /etc/shadow from a
+//     cgroup file.
+//   - A file longer than the caller's cap is an error (ErrTooLarge), never
+//     a truncated value; with Dir.Timeout, a read not done in time (a FUSE
+//     file the process serves) returns ErrTimeout.
 //
-// Without openat2 (before Linux 5.6, ENOSYS, or EPERM from an old seccomp
-// filter) a name is walked one component at a time with O_PATH|O_NOFOLLOW,
-// refusing every symlink and "..": stricter than openat2. Every string
-// another process supplies is shown through Quote. A Dir is safe for
-// concurrent use; Close it when done.
+// Without openat2 (before Linux 5.6, or EPERM from an old seccomp filter)
+// a name is walked one component at a time with O_PATH|O_NOFOLLOW,
+// refusing every symlink and "..". Show every string another process
+// supplies through Quote. A Dir is safe for concurrent use; Close it when
+// done.
 package safefs
 
 import (
@@ -38,11 +35,9 @@ import (
 	"unicode/utf8"
 )
 
-// Caps on the bytes read from one file. A cgroup control file or a /proc
-// file is a few KiB. Mountinfo is about 150-300 bytes a mount, up to
-// mount.max mounts (100000 by default, proc_sys_fs(5)); it is streamed, so
-// its cap bounds time, not memory. The environment is at most
-// min(RLIMIT_STACK/4, 3/4 of _STK_LIM), under 6 MiB (execve(2), fs/exec.c).
+// Caps on the bytes read from one file. Mountinfo is about 150-300 bytes a
+// mount, up to mount.max (100000 by default, proc_sys_fs(5)), streamed: its
+// cap bounds time. The environment is under 6 MiB (execve(2), fs/exec.c).
 const (
 	MaxCgroupFile = 64 << 10 // 64 KiB: a cgroup control file
 	MaxProcFile   = 64 << 10 // 64 KiB: /proc/PID/status, smaps_rollup, stat, cgroup
@@ -102,8 +97,7 @@ func (e *PathError) Unwrap() error { return e.Err }
 
 // Quote returns s as a Go string literal (strconv.Quote: invalid UTF-8 and
 // unprintable runes such as ESC or a bidi override are escaped), cut to its
-// first MaxQuote bytes and then followed by "...(N bytes)". memctl shows
-// every string of another process through it.
+// first MaxQuote bytes and then followed by "...(N bytes)".
 func Quote(s string) string {
 	if len(s) <= MaxQuote {
 		return strconv.Quote(s)
@@ -135,8 +129,7 @@ type Dir struct {
 	mode Mode
 	// Timeout, when positive, bounds each read: the call then returns an
 	// error matching ErrTimeout and the blocked read goes on in its own
-	// goroutine until the kernel lets it go. Zero means no bound. Set it
-	// before using the Dir.
+	// goroutine. Zero means no bound. Set it before using the Dir.
 	Timeout time.Duration
 	// FSTypes, when not empty, lists the only file systems (statfs(2)
 	// f_type, such as Cgroup2Magic) whose files are accepted; others are
@@ -187,33 +180,35 @@ func (d *Dir) join(name string) string {
 	return strings.TrimSuffix(d.name, "/") + "/" + strings.TrimPrefix(name, "/")
 }
 
-// do runs f, with d.Timeout in a goroutine on a dup of the Dir's fd, so a
-// Close while f is blocked cannot make f resolve names in a reused fd.
-func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, error) {
+// do runs f on d's fd, or with d.Timeout in a goroutine on a dup of it, so
+// a Close while f is blocked cannot make f resolve names in a reused fd.
+// After a timeout f's result is dropped.
+func do[T any](d *Dir, op, name string, f func(dirfd int) (T, error)) (T, error) {
+	var zero T
 	if d.Timeout <= 0 {
 		return f(d.fd)
 	}
 	fd, err := dup(d.fd)
 	if err != nil {
-		return nil, &PathError{Op: op, Path: d.join(name), Err: err}
+		return zero, &PathError{Op: op, Path: d.join(name), Err: err}
 	}
 	type result struct {
-		b   []byte
+		v   T
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
 		defer closeFD(fd)
-		b, err := f(fd)
-		ch <- result{b, err}
+		v, err := f(fd)
+		ch <- result{v, err}
 	}()
 	t := time.NewTimer(d.Timeout)
 	defer t.Stop()
 	select {
 	case r := <-ch:
-		return r.b, r.err
+		return r.v, r.err
 	case <-t.C:
-		return nil, &PathError{Op: op, Path: d.join(name), Err: fmt.Errorf("%w after %v", ErrTimeout, d.Timeout)}
+		return zero, &PathError{Op: op, Path: d.join(name), Err: fmt.Errorf("%w after %v", ErrTimeout, d.Timeout)}
 	}
 }
 
@@ -224,7 +219,7 @@ func (d *Dir) do(op, name string, f func(dirfd int) ([]byte, error)) ([]byte, er
 // Timeout), and the kernel's errno otherwise (fs.ErrNotExist for ENOENT,
 // fs.ErrPermission for EACCES).
 func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
-	return d.do("read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
+	return do(d, "read", name, func(dirfd int) ([]byte, error) { return readFile(dirfd, d, name, max) })
 }
 
 // ScanLines calls each with every line of the regular file name (resolved
@@ -235,14 +230,16 @@ func (d *Dir) ReadFile(name string, max int64) ([]byte, error) {
 // each may still be running after ErrTimeout: it must write only state the
 // caller leaves alone when ScanLines fails.
 func (d *Dir) ScanLines(name string, max int64, each func(line []byte) error) error {
-	_, err := d.do("read", name, func(dirfd int) ([]byte, error) { return nil, scanLines(dirfd, d, name, max, each) })
+	_, err := do(d, "read", name, func(dirfd int) (struct{}, error) {
+		return struct{}{}, scanLines(dirfd, d, name, max, each)
+	})
 	return err
 }
 
 // Stat returns nil when name, resolved in d, is a directory, and the error
 // of the open otherwise (ENOTDIR when it is not a directory).
 func (d *Dir) Stat(name string) error {
-	_, err := d.do("open", name, func(dirfd int) ([]byte, error) { return nil, statDir(dirfd, d, name) })
+	_, err := do(d, "open", name, func(dirfd int) (struct{}, error) { return struct{}{}, statDir(dirfd, d, name) })
 	return err
 }
 
@@ -250,11 +247,5 @@ func (d *Dir) Stat(name string) error {
 // Stat), in directory order; more than max is an error matching
 // ErrTooLarge. The error is a *PathError.
 func (d *Dir) SubDirs(name string, max int) ([]string, error) {
-	var out []string
-	_, err := d.do("readdir", name, func(dirfd int) ([]byte, error) {
-		var err error
-		out, err = subDirs(dirfd, d, name, max)
-		return nil, err
-	})
-	return out, err
+	return do(d, "readdir", name, func(dirfd int) ([]string, error) { return subDirs(dirfd, d, name, max) })
 }

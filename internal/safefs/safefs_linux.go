@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -32,19 +33,13 @@ func OpenDir(path string, mode Mode) (*Dir, error) {
 // process's root. name must be the caller's fixed name. The new Dir has d's
 // Timeout and FSTypes and is closed apart from d.
 func (d *Dir) Sub(name string, mode Mode) (*Dir, error) {
-	var sub *Dir
-	_, err := d.do("open", name, func(dirfd int) ([]byte, error) {
+	return do(d, "open", name, func(dirfd int) (*Dir, error) {
 		fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, &PathError{Op: "open", Path: d.join(name), Err: err}
 		}
-		sub = &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout, FSTypes: d.FSTypes}
-		return nil, nil
+		return &Dir{fd: fd, name: d.join(name), mode: mode, Timeout: d.Timeout, FSTypes: d.FSTypes}, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return sub, nil
 }
 
 // Close closes the Dir.
@@ -102,25 +97,15 @@ func open(dirfd int, d *Dir, name string, flags int) (int, error) {
 // walk opens rel under dirfd one component at a time with O_NOFOLLOW,
 // refusing every symlink and "..": the fallback without openat2.
 func walk(dirfd int, rel string, flags int) (int, error) {
-	var parts []string
-	for _, p := range strings.Split(rel, "/") {
-		if p != "" && p != "." {
-			parts = append(parts, p)
-		}
-	}
+	parts := slices.DeleteFunc(strings.Split(rel, "/"), func(p string) bool { return p == "" || p == "." })
 	if len(parts) == 0 {
 		parts = []string{"."}
 	}
-	cur, owned := dirfd, false
-	defer func() {
-		if owned {
-			unix.Close(cur)
-		}
-	}()
+	if slices.Contains(parts, "..") {
+		return -1, fmt.Errorf("\"..\" refused: %w", unix.EXDEV)
+	}
+	cur := dirfd // opened here once it is not dirfd
 	for i, p := range parts {
-		if p == ".." {
-			return -1, fmt.Errorf("\"..\" refused: %w", unix.EXDEV)
-		}
 		f := unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 		if i == len(parts)-1 {
 			f = flags | unix.O_NOFOLLOW
@@ -132,16 +117,14 @@ func walk(dirfd int, rel string, flags int) (int, error) {
 				err = unix.ELOOP
 			}
 		}
+		if cur != dirfd {
+			unix.Close(cur)
+		}
 		if err != nil {
 			return -1, wrapErrno(err)
 		}
-		if owned {
-			unix.Close(cur)
-		}
 		cur = fd
-		owned = true
 	}
-	owned = false
 	return cur, nil
 }
 
@@ -298,11 +281,8 @@ func (d *Dir) Readlink(name string) (string, error) {
 // swapped after the readlink is refused. At most MaxFDs descriptors are
 // looked at (then ErrTooLarge); none found matches fs.ErrNotExist.
 func (d *Dir) ReadMemfd(name string, max int64) (path string, b []byte, err error) {
-	_, err = d.do("open", "fd", func(dirfd int) ([]byte, error) {
-		path, b, err = readMemfd(dirfd, d, name, max)
-		return nil, err
-	})
-	return path, b, err
+	r, err := do(d, "open", "fd", func(dirfd int) (memfd, error) { return readMemfd(dirfd, d, name, max) })
+	return r.path, r.b, err
 }
 
 // MaxFDs is the most entries of /proc/PID/fd that ReadMemfd looks at (a
@@ -318,33 +298,28 @@ const (
 	HugetlbfsMagic = 0x958458f6
 )
 
-func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error) {
+// memfd is what ReadMemfd returns.
+type memfd struct {
+	path string
+	b    []byte
+}
+
+func readMemfd(dirfd int, d *Dir, name string, max int64) (memfd, error) {
 	dir := d.join("fd")
 	dfd, err := unix.Openat(dirfd, "fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", nil, &PathError{Op: "open", Path: dir, Err: wrapErrno(err)}
+		return memfd{}, &PathError{Op: "open", Path: dir, Err: wrapErrno(err)}
 	}
-	defer unix.Close(dfd)
+	f := os.NewFile(uintptr(dfd), dir)
+	defer f.Close()
 	want := "/memfd:" + name + " (deleted)"
 	link := make([]byte, len(want)+1)
-	buf := make([]byte, 8192)
 	seen := 0
 	for {
-		n, err := unix.ReadDirent(dfd, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return "", nil, &PathError{Op: "read", Path: dir, Err: wrapErrno(err)}
-		}
-		if n == 0 {
-			return "", nil, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
-		}
-		var names []string
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		names, err := f.Readdirnames(256)
 		for _, fdName := range names {
 			if seen++; seen > maxFDs {
-				return "", nil, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
+				return memfd{}, &PathError{Op: "read", Path: dir, Err: fmt.Errorf("%w: more than %d descriptors", ErrTooLarge, maxFDs)}
 			}
 			m, err := unix.Readlinkat(dfd, fdName, link)
 			if err != nil || string(link[:m]) != want {
@@ -352,7 +327,13 @@ func readMemfd(dirfd int, d *Dir, name string, max int64) (string, []byte, error
 			}
 			path := dir + "/" + fdName
 			b, err := readMagic(dfd, fdName, path, max)
-			return path, b, err
+			return memfd{path, b}, err
+		}
+		if err == io.EOF {
+			return memfd{}, &PathError{Op: "open", Path: d.join("fd/(memfd:" + name + ")"), Err: fs.ErrNotExist}
+		}
+		if err != nil {
+			return memfd{}, readError(dir, err)
 		}
 	}
 }

@@ -172,7 +172,7 @@ func TestTimeout(t *testing.T) {
 	release := make(chan struct{})
 	seen := make(chan int, 1)
 	dirfd := d.fd
-	_, err := d.do("read", "x\x1b", func(fd int) ([]byte, error) {
+	_, err := do(d, "read", "x\x1b", func(fd int) ([]byte, error) {
 		seen <- fd
 		<-release
 		return nil, nil

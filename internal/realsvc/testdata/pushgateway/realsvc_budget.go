@@ -13,11 +13,9 @@ import (
 
 // This file and one changed line in main.go (the handler wrapped in
 // realsvcPush) add memctl to Pushgateway as the README's "Start, with
-// budgets" section shows: memctl.Start, one pool, and the budget middleware
-// around the push handler, which charges each push's body (from its
-// Content-Length before Pushgateway reads it, or as it is read) and
-// refuses the one over budget with 429. The parsed form, about 10 times the
-// body, is not charged: the pool's "charges look too small" WARN says so.
+// budgets" section shows: the budget middleware charges each push's body
+// and refuses the one over budget with 429. The parsed form, about 10
+// times the body, is not charged (the pool's "charges look too small" WARN).
 var budget func(http.Handler) http.Handler
 
 func init() {

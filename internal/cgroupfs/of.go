@@ -12,7 +12,8 @@ import (
 
 // Of returns the memory limit of the cgroup process pid is in (0: the
 // caller); see OfProc. In another mount namespace, Limit.Dir and
-// Limit.File start with /proc/PID/root.
+// Limit.File start with /proc/PID/root. Off Linux the error matches
+// errors.ErrUnsupported.
 func Of(pid int) (Limit, error) {
 	l, _, _, err := ofPID(pid)
 	return l, err
@@ -48,21 +49,16 @@ func OfProc(proc *safefs.Dir) (Limit, View, error) {
 // ofProc is OfProc, and the mounts the limit came through when it was read
 // in the process's view (nil otherwise).
 func ofProc(proc *safefs.Dir) (Limit, View, []candidate, error) {
-	root, err := proc.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	root, err := openRoot(proc)
 	if err != nil {
-		return Limit{}, ViewProcess, nil, fmt.Errorf("cgroupfs: %w", err)
+		return Limit{}, ViewProcess, nil, err
 	}
 	defer root.Close()
-	root.FSTypes = FSTypes
 	rootName := ""
 	if !sameMountNS(proc) {
 		rootName = proc.Name() + "/root"
 	}
-	s := &source{
-		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
-		mountinfo: proc, mountinfoRel: "mountinfo", mountinfoFile: proc.Name() + "/mountinfo",
-		root: root, rootName: rootName, pid: pidOf(proc.Name() + "/cgroup"),
-	}
+	s := procSource(proc, proc, root, rootName)
 	l, err := s.read()
 	chrooted := errors.Is(err, errEmptyMountinfo) || errors.Is(err, ErrNoCgroup) && !errors.Is(err, errNoV2Memory)
 	if chrooted {
@@ -98,19 +94,34 @@ func callerLimit(proc *safefs.Dir) (Limit, error) {
 		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer self.Close()
-	selfRoot, err := self.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	root, err := openRoot(self)
 	if err != nil {
-		return Limit{}, fmt.Errorf("cgroupfs: %w", err)
+		return Limit{}, err
 	}
-	defer selfRoot.Close()
-	selfRoot.FSTypes = FSTypes
-	selfRoot.Timeout = proc.Timeout
-	c := &source{
+	defer root.Close()
+	root.Timeout = proc.Timeout
+	return procSource(proc, self, root, "").read()
+}
+
+// openRoot opens the root of the process whose /proc/PID directory is d,
+// to read cgroup files in.
+func openRoot(d *safefs.Dir) (*safefs.Dir, error) {
+	root, err := d.Sub("root", safefs.InRoot|safefs.NoSymlinks)
+	if err != nil {
+		return nil, fmt.Errorf("cgroupfs: %w", err)
+	}
+	root.FSTypes = FSTypes
+	return root, nil
+}
+
+// procSource reads proc's cgroup file, mi's mountinfo (both /proc/PID
+// directories) and cgroup files in root, named under rootName.
+func procSource(proc, mi, root *safefs.Dir, rootName string) *source {
+	return &source{
 		proc: proc, cgroupRel: "cgroup", cgroupFile: proc.Name() + "/cgroup",
-		mountinfo: self, mountinfoRel: "mountinfo", mountinfoFile: "/proc/self/mountinfo",
-		root: selfRoot, pid: pidOf(proc.Name() + "/cgroup"),
+		mountinfo: mi, mountinfoRel: "mountinfo", mountinfoFile: mi.Name() + "/mountinfo",
+		root: root, rootName: rootName, pid: pidOf(proc.Name() + "/cgroup"),
 	}
-	return c.read()
 }
 
 // sameMountNS reports whether proc's process is in the caller's mount
