@@ -160,12 +160,7 @@ func (s *Step) Stats() (Stats, error) {
 	if err := s.Err(); err != nil {
 		return unknownStats(none, s.Library()), err
 	}
-	st := s.sys.stats()
-	st.Allocator, st.Library = s.allocator, s.library
-	if s.allocator == glibc {
-		st.Retained = s.glibcRetained(st)
-	}
-	return st, nil
+	return s.heapStats(&heap{sys: s.sys, info: Heap{Stats: Stats{Allocator: s.allocator, Library: s.library}, OwnsMalloc: true}}), nil
 }
 
 // glibcRetained returns glibc's resident free bytes: the growth of
