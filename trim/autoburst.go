@@ -74,13 +74,19 @@ type autoBurst struct {
 	minRise     int64
 	settle      time.Duration
 	sub         *gcend.Subscription
-	c           *cBurst // the C heap's detector; nil: none
 	base        time.Time
 	closed      atomic.Bool
 	mu          sync.Mutex // guards the fields below
 	forced0     uint64
 	st          burstState
 	n           AutoBurstStats
+
+	// The C heap's look (lookC); cRetained nil: none.
+	cRetained func() int64           // the C step's Retained
+	cAfter    func() (n, left int64) // Trimmer.cAfter
+	onCBurst  func()
+	cmu       sync.Mutex // guards c
+	c         cState
 }
 
 // burstState is the detector's state between GC ends.
@@ -109,7 +115,10 @@ func startAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*autoBurst, error) {
 	a.onCollected = func() { t.detect(2) }
 	a.decisions = t.decisions.Load
 	if t.cheap != nil && t.cheap.Allocator() != "none" {
-		a.c = newCBurst(a, t.cheap.Retained, t.cAfter, t.detectC)
+		a.cRetained, a.cAfter, a.onCBurst = t.cheap.Retained, t.cAfter, t.detectC
+		a.c.decided, _ = t.cAfter()
+		a.c.free = t.cheap.Retained()
+		a.c.floor, a.c.level = max(a.c.free, 0), max(a.c.free, 0)
 	}
 	a.sub = gcend.Subscribe(a.atGCEnd)
 	return a, nil
@@ -156,8 +165,8 @@ func (a *autoBurst) atGCEnd(gs *gcend.Sample) bool {
 	case mark:
 		a.onBurst()
 	}
-	if a.c != nil {
-		a.c.look(gs.Time)
+	if a.cRetained != nil {
+		a.lookC(gs.Time)
 	}
 	return true
 }
@@ -229,7 +238,12 @@ func (a *autoBurst) Counters() AutoBurstStats {
 	a.mu.Lock()
 	s := a.n
 	a.mu.Unlock()
-	s.CBursts, s.CFree = a.c.stats()
+	a.cmu.Lock()
+	s.CBursts, s.CFree = a.c.bursts, a.c.free
+	a.cmu.Unlock()
+	if a.cRetained == nil {
+		s.CFree = -1
+	}
 	return s
 }
 

@@ -116,17 +116,7 @@ func (s *Step) Err() error {
 // when none can tell.
 func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
 
-// glibcExtra returns the anonymous resident memory neither Go's nor in glibc's
-// live blocks: its fall across malloc_trim (which returns 0 or 1) is the release.
-func (s *Step) glibcExtra() (extra int64, ok bool) {
-	st := s.sys.stats()
-	if st.InUse < 0 {
-		return 0, false
-	}
-	return cResidentExtra(st.InUse)
-}
-
-// glibcReleased returns the fall of glibcExtra, 0 when it grew, -1 when unknown.
+// glibcReleased returns the fall of cResidentExtra, 0 when it grew, -1 when unknown.
 func glibcReleased(before int64, okBefore bool, after int64, okAfter bool) int64 {
 	if !okBefore || !okAfter {
 		return -1
@@ -167,7 +157,7 @@ func (s *Step) Stats() (Stats, error) {
 // cResidentExtra since the last Release, capped at fordblks (which also
 // counts what malloc_trim returned). Before a Release: fordblks.
 func (s *Step) glibcRetained(st Stats) int64 {
-	if st.Free < 0 || st.InUse < 0 || !s.baseSet.Load() {
+	if st.Free < 0 || !s.baseSet.Load() {
 		return st.Free
 	}
 	extra, ok := cResidentExtra(st.InUse)
@@ -178,10 +168,11 @@ func (s *Step) glibcRetained(st Stats) int64 {
 }
 
 // cResidentExtra returns RssAnon less the Go runtime's resident bytes less
-// inUse; ok is false when a figure cannot be read.
+// glibc's live blocks (inUse): its fall across malloc_trim (which returns 0
+// or 1) is the release. ok is false when a figure is unknown.
 func cResidentExtra(inUse int64) (extra int64, ok bool) {
 	anon, err := procfs.ReadBytes("/proc/self/status", "RssAnon")
-	if err != nil {
+	if inUse < 0 || err != nil {
 		return 0, false
 	}
 	m := [...]metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}

@@ -44,16 +44,14 @@ type sysStep struct {
 	handle unsafe.Pointer
 }
 
-func sym(name string) unsafe.Pointer {
+// sym returns dlsym(RTLD_DEFAULT, name), or dlsym(RTLD_NEXT, name) when next.
+func sym(name string, next bool) unsafe.Pointer {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
+	if next {
+		return unsafe.Pointer(C.cheap_sym_next(cs))
+	}
 	return unsafe.Pointer(C.cheap_sym(cs))
-}
-
-func symNext(name string) unsafe.Pointer {
-	cs := C.CString(name)
-	defer C.free(unsafe.Pointer(cs))
-	return unsafe.Pointer(C.cheap_sym_next(cs))
 }
 
 // where returns the path and load address of the object holding p.
@@ -72,7 +70,7 @@ func where(p unsafe.Pointer) (lib string, base unsafe.Pointer, ok bool) {
 // symIn returns the address of name when the object loaded at base defines
 // it, else nil.
 func symIn(name string, base unsafe.Pointer) unsafe.Pointer {
-	p := sym(name)
+	p := sym(name, false)
 	if p == nil {
 		return nil
 	}
@@ -99,7 +97,7 @@ func owner(base unsafe.Pointer) string {
 }
 
 func detect() *Step {
-	m := sym("malloc")
+	m := sym("malloc", false)
 	if m == nil {
 		return &Step{why: "dlsym finds no malloc (a static binary?)"}
 	}
@@ -111,7 +109,7 @@ func detect() *Step {
 	if alloc == "" && base == C.cheap_self_base() {
 		// malloc resolved to this executable: a non-PIE binary's PLT entry (the
 		// next definition is the real one) or an allocator linked in, unexported.
-		if m2 := symNext("malloc"); m2 != nil {
+		if m2 := sym("malloc", true); m2 != nil {
 			if lib2, base2, ok := where(m2); ok {
 				if a := owner(base2); a != "" {
 					alloc, lib, base = a, lib2, base2
@@ -121,7 +119,7 @@ func detect() *Step {
 	}
 	if alloc == "" {
 		why := fmt.Sprintf("malloc is provided by %q, which is not glibc, jemalloc, mimalloc or tcmalloc", lib)
-		if sym("gnu_get_libc_version") == nil {
+		if sym("gnu_get_libc_version", false) == nil {
 			why += " (the C library is not glibc: musl has no call that returns freed memory)"
 		}
 		return &Step{library: lib, why: why}

@@ -278,14 +278,14 @@ func (s *Step) releaseHeap(h *heap, minRelease int64, whole bool) (int64, error)
 	var before int64
 	var okBefore bool
 	if s.ownedByGlibc(h) {
-		before, okBefore = s.glibcExtra()
+		before, okBefore = cResidentExtra(h.sys.stats().InUse)
 	}
 	t0 := time.Now()
 	r, slices, longest, err := h.sys.release(whole)
 	d := time.Since(t0)
 	if err == nil && s.ownedByGlibc(h) {
 		// malloc_trim returns 0 or 1: measure what it released.
-		after, okAfter := s.glibcExtra()
+		after, okAfter := cResidentExtra(h.sys.stats().InUse)
 		if okAfter {
 			s.base.Store(after)
 			s.baseSet.Store(true)

@@ -66,8 +66,9 @@ const (
 // candidate is an allocator whose entry points an object's symbol table names.
 type candidate struct {
 	allocator, prefix string
-	static            bool // from .symtab only: not exported, reached by address
-	addrs             map[string]uintptr
+	// static is .symtab's functions when the copy exports nothing (reached by
+	// address), else nil.
+	static map[string]uint64
 }
 
 // funcSymbols returns the defined functions of syms by name, with their values.
@@ -114,14 +115,18 @@ func cIdent(p string) bool {
 // candidates returns the allocators that funcs names.
 func candidates(funcs map[string]uint64, static bool) []candidate {
 	var out []candidate
+	var st map[string]uint64
+	if static {
+		st = funcs
+	}
 	for _, p := range jemallocPrefixes(funcs) {
-		out = append(out, candidate{allocator: jemalloc, prefix: p, static: static})
+		out = append(out, candidate{allocator: jemalloc, prefix: p, static: st})
 	}
 	if _, ok := funcs[symMiCollect]; ok {
-		out = append(out, candidate{allocator: mimalloc, static: static})
+		out = append(out, candidate{allocator: mimalloc, static: st})
 	}
 	if _, ok := funcs[symTcRelease]; ok {
-		out = append(out, candidate{allocator: tcmalloc, static: static})
+		out = append(out, candidate{allocator: tcmalloc, static: st})
 	}
 	return out
 }
@@ -318,14 +323,7 @@ func objectCandidates(o object, openHandle func() unsafe.Pointer) (cands []candi
 		return nil, nil, "", true
 	}
 	if syms, err := f.Symbols(); err == nil {
-		fs := funcSymbols(syms)
-		cands = candidates(fs, true)
-		for i := range cands {
-			cands[i].addrs = map[string]uintptr{}
-			for name, v := range fs {
-				cands[i].addrs[name] = o.addr + uintptr(v)
-			}
-		}
+		cands = candidates(funcSymbols(syms), true)
 	}
 	return cands, marks, "", true
 }
@@ -340,13 +338,13 @@ func entryLookup(c candidate, o object, hd unsafe.Pointer) func(name string) uns
 		}
 		return p
 	}
-	if c.static {
+	if c.static != nil {
 		return func(name string) unsafe.Pointer {
-			a, ok := c.addrs[name]
+			v, ok := c.static[name]
 			if !ok {
 				return nil
 			}
-			return in(C.cheap_ptr(C.uintptr_t(a)))
+			return in(C.cheap_ptr(C.uintptr_t(o.addr + uintptr(v))))
 		}
 	}
 	return func(name string) unsafe.Pointer {
@@ -385,7 +383,7 @@ func scanObject(s *Step, o object) []*heap {
 		h.info = Heap{Prefix: c.prefix, Trimmed: true, LastEstimate: -1, LastReleased: -1, Namespace: o.ns}
 		h.info.Allocator, h.info.Library = c.allocator, lib
 		h.info.Note = "found in the symbol table of the object's file (not exported), called by address"
-		if !c.static {
+		if c.static == nil {
 			if openHandle() == nil {
 				break // unloaded meanwhile
 			}
