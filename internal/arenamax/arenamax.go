@@ -42,31 +42,17 @@ const arenaTunable = "glibc.malloc.arena_max"
 // strictest) parses it.
 func tunablesArenaMax(tun string) bool {
 	last, found := "", false
-	for rest := tun; rest != ""; {
-		i := strings.IndexAny(rest, "=:")
-		if i < 0 {
-			return false // a name without a value at the end
-		}
-		if rest[i] == ':' {
-			rest = rest[i+1:]
-			continue
-		}
-		name := rest[:i]
-		rest = rest[i+1:]
-		v := rest
-		j := strings.IndexAny(rest, "=:")
+	entries := strings.Split(tun, ":")
+	for i, e := range entries {
+		name, v, ok := strings.Cut(e, "=")
 		switch {
-		case j >= 0 && rest[j] == '=':
+		case !ok && i == len(entries)-1:
+			return false // a name without a value (or nothing, after a ':') at the end
+		case !ok:
+			continue // a name without a value before others: skipped
+		case strings.Contains(v, "="):
 			return false // a value holding '='
-		case j >= 0:
-			v, rest = rest[:j], rest[j+1:]
-			if rest == "" {
-				return false // a trailing ':' leaves an empty name at the end
-			}
-		default:
-			rest = ""
-		}
-		if name == arenaTunable {
+		case name == arenaTunable:
 			last, found = v, true
 		}
 	}
