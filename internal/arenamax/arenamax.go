@@ -7,6 +7,7 @@ package arenamax
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -81,8 +82,8 @@ func validArenaMax(v string) bool {
 	}
 	var n uint64
 	for i := 0; i < len(s); i++ {
-		d := digitValue(s[i])
-		if d >= base {
+		d, err := strconv.ParseUint(s[i:i+1], 16, 8)
+		if err != nil || d >= base {
 			return false // glibc 2.39 rejects what follows the number
 		}
 		if n >= (math.MaxUint64-d)/base {
@@ -94,17 +95,4 @@ func validArenaMax(v string) bool {
 		n = -n
 	}
 	return n >= 1 && n <= math.MaxUint // math.MaxUint: SIZE_MAX
-}
-
-// digitValue returns the value of hex digit c, or 16 for a non-digit.
-func digitValue(c byte) uint64 {
-	switch {
-	case '0' <= c && c <= '9':
-		return uint64(c - '0')
-	case 'a' <= c && c <= 'f':
-		return uint64(c-'a') + 10
-	case 'A' <= c && c <= 'F':
-		return uint64(c-'A') + 10
-	}
-	return 16
 }
