@@ -69,7 +69,7 @@ type autoBurst struct {
 	onBurst     func()
 	onCollected func()       // if set, called instead of onBurst by the GC end that collected the burst
 	collected   bool         // the last mark of observe was a collection; a.mu
-	decisions   func() int64 // the Trimmer's count of trim decisions; nil: none
+	decisions   func() int64 // the Trimmer's count of trim decisions
 	rise        float64
 	minRise     int64
 	settle      time.Duration
@@ -140,7 +140,8 @@ func newAutoBurst(cfg AutoBurstConfig, onBurst func(), settle time.Duration) (*a
 	case minRise < minBurstBytes:
 		return nil, fmt.Errorf("trim: AutoBurstConfig.MinRise %d: want 0 (the default, %d) or at least %d bytes", cfg.MinRise, defaultBurstMinRise, minBurstBytes)
 	}
-	a := &autoBurst{onBurst: onBurst, rise: rise, minRise: minRise, settle: settle, base: time.Now()}
+	a := &autoBurst{onBurst: onBurst, rise: rise, minRise: minRise, settle: settle, base: time.Now(),
+		decisions: func() int64 { return 0 }}
 	g := readSample()
 	a.forced0 = g.Forced
 	a.st.floor, a.st.prev, a.n.Floor = g.Live, g.Live, g.Live
@@ -192,7 +193,7 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 		// floor was taken (a cache filled after Start) is the new floor.
 		dropped := a.high(s.peak, live) && s.peak-live >= a.minRise
 		if a.high(live, s.base) && !dropped {
-			if now-s.since > int64(a.settle) || a.decided() != s.decided {
+			if now-s.since > int64(a.settle) || a.decisions() != s.decided {
 				s.floor, s.inBurst = live, false
 				a.n.Settled++
 				return false
@@ -205,7 +206,7 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 		return true // this cycle collected the burst
 	}
 	if a.high(live, s.floor) && live-s.floor >= a.minRise {
-		s.inBurst, s.base, s.since, s.decided, s.peak = true, s.floor, now, a.decided(), live
+		s.inBurst, s.base, s.since, s.decided, s.peak = true, s.floor, now, a.decisions(), live
 		a.n.Bursts++
 		return true
 	}
@@ -217,14 +218,6 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	}
 	s.floor = min(s.floor, live)
 	return false
-}
-
-// decided returns the Trimmer's count of trim decisions, 0 when unknown.
-func (a *autoBurst) decided() int64 {
-	if a.decisions == nil {
-		return 0
-	}
-	return a.decisions()
 }
 
 // high reports whether x ≥ rise·f.
