@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,7 +154,7 @@ type deps struct {
 	estimate  func(t *Trimmer, marked bool) (est, sure int64) // see estimateGo
 	scan      func() int64                                    // scannable bytes at the last GC, -1 unknown
 	readCPU   func(start bool) cpuMark                        // the clocks a trim is charged by
-	lazy      func() (bool, string)                           // lazyRelease
+	lazy      func() (bool, string)                           // lazyFrom on the environment and the build
 	lazyFree  func() int64                                    // LazyFree bytes, -1 unknown
 	throttle  func() func(fresh bool) (time.Duration, error)  // a CPU cgroup throttled-time reader
 	cheap     func() cHeap                                    // the C heap step
@@ -165,7 +166,8 @@ type deps struct {
 var realDeps = deps{
 	goStep: freeOSMemory, noGCStep: releaseNoGC, noGCEst: releasableNoGC,
 	estimate: (*Trimmer).estimateGo, scan: scanBytes, readCPU: readCPU,
-	lazy: lazyRelease, lazyFree: lazyFreeBytes, throttle: newThrottleReader,
+	lazy:     func() (bool, string) { return lazyFrom(os.Getenv("GODEBUG"), buildGODEBUG()) },
+	lazyFree: lazyFreeBytes, throttle: newThrottleReader,
 	cheap: func() cHeap { return cheap.Detect() }, hold: gomemlimit.Do,
 	heapFloor: func() int64 { return readSample().Live },
 }
