@@ -244,17 +244,16 @@ func (st Stats) String() string {
 
 // formatBytes writes n bytes in B, KiB, MiB or GiB with one decimal.
 func formatBytes(n int64) string {
-	const k = 1024
-	switch {
-	case n < k:
+	if n < 1024 {
 		return strconv.FormatInt(n, 10) + " B"
-	case n < k*k:
-		return strconv.FormatFloat(float64(n)/k, 'f', 1, 64) + " KiB"
-	case n < k*k*k:
-		return strconv.FormatFloat(float64(n)/(k*k), 'f', 1, 64) + " MiB"
-	default:
-		return strconv.FormatFloat(float64(n)/(k*k*k), 'f', 1, 64) + " GiB"
 	}
+	v, unit := float64(n)/1024, "KiB"
+	for _, u := range [...]string{"MiB", "GiB"} {
+		if v >= 1024 {
+			v, unit = v/1024, u
+		}
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64) + " " + unit
 }
 
 // SetArenaMax caps glibc's malloc arenas at n (mallopt M_ARENA_MAX); it stops

@@ -66,17 +66,15 @@ func (h Heap) String() string {
 		b.WriteString(s[1:])
 	}
 	if h.Releases > 0 {
-		b.WriteString("; released ")
+		released := "(uncounted)"
 		if h.LastReleased >= 0 {
-			b.WriteString(formatBytes(h.LastReleased))
-		} else {
-			b.WriteString("(uncounted)")
+			released = formatBytes(h.LastReleased)
 		}
-		b.WriteString(" in " + h.LastDuration.Round(time.Microsecond).String())
-		b.WriteString(" (" + strconv.FormatInt(h.LastSlices, 10) + " slices, longest " + h.LastMaxSlice.Round(time.Microsecond).String() + ")")
+		fmt.Fprintf(&b, "; released %s in %v (%d slices, longest %v)", released,
+			h.LastDuration.Round(time.Microsecond), h.LastSlices, h.LastMaxSlice.Round(time.Microsecond))
 	}
 	if h.LastError != "" {
-		b.WriteString("; " + strconv.FormatInt(h.Failures, 10) + " release(s) failed, the last: " + h.LastError)
+		fmt.Fprintf(&b, "; %d release(s) failed, the last: %s", h.Failures, h.LastError)
 	}
 	return b.String()
 }
