@@ -69,18 +69,24 @@ type autoBurst struct {
 	onBurst     func()
 	onCollected func()       // if set, called instead of onBurst by the GC end that collected the burst
 	collected   bool         // the last mark of observe was a collection; a.mu
-	decisions   func() int64 // the Trimmer's count of trim decisions; nil: none
+	decisions   func() int64 // the Trimmer's count of trim decisions
 	rise        float64
 	minRise     int64
 	settle      time.Duration
 	sub         *gcend.Subscription
-	c           *cBurst // the C heap's detector; nil: none
 	base        time.Time
 	closed      atomic.Bool
 	mu          sync.Mutex // guards the fields below
 	forced0     uint64
 	st          burstState
 	n           AutoBurstStats
+
+	// The C heap's look (lookC); cRetained nil: none.
+	cRetained func() int64           // the C step's Retained
+	cAfter    func() (n, left int64) // Trimmer.cAfter
+	onCBurst  func()
+	cmu       sync.Mutex // guards c
+	c         cState
 }
 
 // burstState is the detector's state between GC ends.
@@ -109,7 +115,10 @@ func startAutoBurst(t *Trimmer, cfg AutoBurstConfig) (*autoBurst, error) {
 	a.onCollected = func() { t.detect(2) }
 	a.decisions = t.decisions.Load
 	if t.cheap != nil && t.cheap.Allocator() != "none" {
-		a.c = newCBurst(a, t.cheap.Retained, t.cAfter, t.detectC)
+		a.cRetained, a.cAfter, a.onCBurst = t.cheap.Retained, t.cAfter, t.detectC
+		a.c.decided, _ = t.cAfter()
+		a.c.free = t.cheap.Retained()
+		a.c.floor, a.c.level = max(a.c.free, 0), max(a.c.free, 0)
 	}
 	a.sub = gcend.Subscribe(a.atGCEnd)
 	return a, nil
@@ -131,7 +140,8 @@ func newAutoBurst(cfg AutoBurstConfig, onBurst func(), settle time.Duration) (*a
 	case minRise < minBurstBytes:
 		return nil, fmt.Errorf("trim: AutoBurstConfig.MinRise %d: want 0 (the default, %d) or at least %d bytes", cfg.MinRise, defaultBurstMinRise, minBurstBytes)
 	}
-	a := &autoBurst{onBurst: onBurst, rise: rise, minRise: minRise, settle: settle, base: time.Now()}
+	a := &autoBurst{onBurst: onBurst, rise: rise, minRise: minRise, settle: settle, base: time.Now(),
+		decisions: func() int64 { return 0 }}
 	g := readSample()
 	a.forced0 = g.Forced
 	a.st.floor, a.st.prev, a.n.Floor = g.Live, g.Live, g.Live
@@ -156,8 +166,8 @@ func (a *autoBurst) atGCEnd(gs *gcend.Sample) bool {
 	case mark:
 		a.onBurst()
 	}
-	if a.c != nil {
-		a.c.look(gs.Time)
+	if a.cRetained != nil {
+		a.lookC(gs.Time)
 	}
 	return true
 }
@@ -183,7 +193,7 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 		// floor was taken (a cache filled after Start) is the new floor.
 		dropped := a.high(s.peak, live) && s.peak-live >= a.minRise
 		if a.high(live, s.base) && !dropped {
-			if now-s.since > int64(a.settle) || a.decided() != s.decided {
+			if now-s.since > int64(a.settle) || a.decisions() != s.decided {
 				s.floor, s.inBurst = live, false
 				a.n.Settled++
 				return false
@@ -196,7 +206,7 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 		return true // this cycle collected the burst
 	}
 	if a.high(live, s.floor) && live-s.floor >= a.minRise {
-		s.inBurst, s.base, s.since, s.decided, s.peak = true, s.floor, now, a.decided(), live
+		s.inBurst, s.base, s.since, s.decided, s.peak = true, s.floor, now, a.decisions(), live
 		a.n.Bursts++
 		return true
 	}
@@ -210,14 +220,6 @@ func (a *autoBurst) observe(live int64, forced bool, now int64) (mark bool) {
 	return false
 }
 
-// decided returns the Trimmer's count of trim decisions, 0 when unknown.
-func (a *autoBurst) decided() int64 {
-	if a.decisions == nil {
-		return 0
-	}
-	return a.decisions()
-}
-
 // high reports whether x ≥ rise·f.
 func (a *autoBurst) high(x, f int64) bool { return float64(x) >= a.rise*float64(f) }
 
@@ -229,7 +231,12 @@ func (a *autoBurst) Counters() AutoBurstStats {
 	a.mu.Lock()
 	s := a.n
 	a.mu.Unlock()
-	s.CBursts, s.CFree = a.c.stats()
+	a.cmu.Lock()
+	s.CBursts, s.CFree = a.c.bursts, a.c.free
+	a.cmu.Unlock()
+	if a.cRetained == nil {
+		s.CFree = -1
+	}
 	return s
 }
 

@@ -2,7 +2,6 @@ package trim
 
 import (
 	"runtime"
-	"sync"
 	"time"
 )
 
@@ -14,7 +13,7 @@ const (
 	cLookFactor = 200
 )
 
-// cBurst finds bursts in the C heap at GC ends, at most once per cBurstEvery
+// lookC finds bursts in the C heap at GC ends, at most once per cBurstEvery
 // (and cLookFactor times a look's CPU), with no goroutine or timer: a process
 // that allocates nothing in Go is looked at by the runtime's forced GC, every
 // 2 minutes. A look reads R, what the C step's release would return
@@ -26,57 +25,42 @@ const (
 //   - After a trim decision F is what the decision left; otherwise F follows
 //     R down.
 //
-// An allocator that cannot tell (mimalloc: R is -1) shows no burst. Safe for
-// concurrent use.
-type cBurst struct {
-	retained func() int64           // the C step's Retained
-	after    func() (n, left int64) // Trimmer.cAfter
-	onBurst  func()
-	rise     float64
-	minRise  int64
+// An allocator that cannot tell (mimalloc: R is -1) shows no burst. It does
+// nothing before now, when the next look is due.
+func (a *autoBurst) lookC(now time.Time) {
+	a.cmu.Lock()
+	if now.Before(a.c.next) {
+		a.cmu.Unlock()
+		return
+	}
+	n, left := a.cAfter()
+	runtime.LockOSThread() // the thread's clock
+	cpu0 := threadCPU()
+	r := a.cRetained()
+	cost := threadCPU() - cpu0
+	runtime.UnlockOSThread()
+	a.c.next = now.Add(max(cBurstEvery, cLookFactor*cost))
+	mark := a.observeC(r, n, left)
+	a.cmu.Unlock()
+	if mark {
+		a.onCBurst()
+	}
+}
 
-	mu      sync.Mutex // guards the fields below
-	next    time.Time  // the earliest next look
-	floor   int64      // F
-	level   int64      // R at the last mark, or F
-	decided int64      // the count of decisions at the last look
+// cState is the C heap's look between GC ends, guarded by autoBurst.cmu.
+type cState struct {
+	next    time.Time // the earliest next look
+	floor   int64     // F
+	level   int64     // R at the last mark, or F
+	decided int64     // the count of decisions at the last look
 	bursts  int64
 	free    int64 // R at the last look, -1 unknown
 }
 
-// newCBurst returns a detector over retained with a's rule, its floor R now.
-func newCBurst(a *autoBurst, retained func() int64, after func() (n, left int64), onBurst func()) *cBurst {
-	c := &cBurst{retained: retained, after: after, onBurst: onBurst, rise: a.rise, minRise: a.minRise}
-	c.decided, _ = after()
-	c.free = retained()
-	c.floor, c.level = max(c.free, 0), max(c.free, 0)
-	return c
-}
-
-// look reads R unless now is before the next look is due, and marks a burst.
-func (c *cBurst) look(now time.Time) {
-	c.mu.Lock()
-	if now.Before(c.next) {
-		c.mu.Unlock()
-		return
-	}
-	n, left := c.after()
-	runtime.LockOSThread() // the thread's clock
-	cpu0 := threadCPU()
-	r := c.retained()
-	cost := threadCPU() - cpu0
-	runtime.UnlockOSThread()
-	c.next = now.Add(max(cBurstEvery, cLookFactor*cost))
-	mark := c.observe(r, n, left)
-	c.mu.Unlock()
-	if mark {
-		c.onBurst()
-	}
-}
-
-// observe applies the rule (see cBurst) and reports whether R is a burst to
-// mark. c.mu must be held.
-func (c *cBurst) observe(r, decided, left int64) (mark bool) {
+// observeC applies the rule (see lookC) and reports whether R is a burst to
+// mark. a.cmu must be held.
+func (a *autoBurst) observeC(r, decided, left int64) (mark bool) {
+	c := &a.c
 	c.free = r
 	if r < 0 {
 		return false
@@ -87,7 +71,7 @@ func (c *cBurst) observe(r, decided, left int64) (mark bool) {
 		}
 		c.decided, c.floor, c.level = decided, left, left
 	}
-	if float64(r) >= c.rise*float64(c.floor) && r-c.floor >= c.minRise && r-c.level >= c.minRise {
+	if a.high(r, c.floor) && r-c.floor >= a.minRise && r-c.level >= a.minRise {
 		if c.level == c.floor {
 			c.bursts++
 		}
@@ -98,15 +82,4 @@ func (c *cBurst) observe(r, decided, left int64) (mark bool) {
 		c.floor, c.level = r, r
 	}
 	return false
-}
-
-// stats returns the bursts found and R at the last look (-1 unknown); a
-// nil *cBurst returns 0, -1.
-func (c *cBurst) stats() (bursts, free int64) {
-	if c == nil {
-		return 0, -1
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.bursts, c.free
 }

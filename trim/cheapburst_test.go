@@ -13,7 +13,8 @@ import (
 func TestCBurstRule(t *testing.T) {
 	a, err := newAutoBurst(AutoBurstConfig{}, func() {}, time.Second)
 	require.NoError(t, err)
-	c := newCBurst(a, func() int64 { return 10 * mb }, func() (int64, int64) { return 0, -1 }, func() {})
+	a.cRetained = func() int64 { return 10 * mb } // as startAutoBurst sets it, R at the start
+	a.c.floor, a.c.level = 10*mb, 10*mb
 	for i, s := range []struct {
 		r, decided, left int64
 		mark             bool
@@ -36,11 +37,12 @@ func TestCBurstRule(t *testing.T) {
 		{100 * mb, 3, 60 * mb, false, 60 * mb, 3},
 		{130 * mb, 3, 60 * mb, true, 60 * mb, 4},
 	} {
-		c.mu.Lock()
-		mark := c.observe(s.r, s.decided, s.left)
-		floor := c.floor
-		c.mu.Unlock()
-		bursts, free := c.stats()
+		a.cmu.Lock()
+		mark := a.observeC(s.r, s.decided, s.left)
+		floor := a.c.floor
+		a.cmu.Unlock()
+		n := a.Counters()
+		bursts, free := n.CBursts, n.CFree
 		assert.Equal(t, s.mark, mark, "look %d", i)
 		assert.Equal(t, s.floor, floor, "look %d: floor", i)
 		assert.Equal(t, s.bursts, bursts, "look %d: bursts", i)
@@ -60,18 +62,18 @@ func TestCBurstWakesOnlyOnRise(t *testing.T) {
 	require.NoError(t, err)
 	defer a.Close()
 	a.sub.Stop() // the looks below only
-	require.NotNil(t, a.c)
+	require.NotNil(t, a.cRetained)
 	looks := 0
-	a.c.retained = func() int64 { looks++; return h.retained }
+	a.cRetained = func() int64 { looks++; return h.retained }
 	now := time.Now()
 	for i := range 10 {
-		a.c.look(now.Add(time.Duration(i) * cBurstEvery / 4))
+		a.lookC(now.Add(time.Duration(i) * cBurstEvery / 4))
 	}
 	assert.Equal(t, 3, looks, "one look per cBurstEvery")
 	assert.True(t, tr.quiet(), "no rise: not woken")
 	// A look of 10 ms of CPU or more: the next no sooner than 2 s after it.
 	if linux { // the thread's CPU clock
-		a.c.retained = func() int64 {
+		a.cRetained = func() int64 {
 			looks++
 			for t0 := threadCPU(); threadCPU()-t0 < 10*time.Millisecond; {
 			}
@@ -79,12 +81,12 @@ func TestCBurstWakesOnlyOnRise(t *testing.T) {
 		}
 		now = now.Add(5 * cBurstEvery)
 		for i := range 7 {
-			a.c.look(now.Add(time.Duration(i) * cBurstEvery / 4))
+			a.lookC(now.Add(time.Duration(i) * cBurstEvery / 4))
 		}
 		assert.Equal(t, 4, looks, "one look in 2 s")
 	}
 	h.retained = 40 * mb
-	a.c.look(now.Add(10 * cBurstEvery))
+	a.lookC(now.Add(10 * cBurstEvery))
 	assert.False(t, tr.quiet(), "a rise of MinRise: a trim is pending")
 	deadline := time.Now().Add(10 * time.Second) // a bound on a hang, not a timing
 	for tr.Stats().Trims+tr.Stats().Skipped == 0 && time.Now().Before(deadline) {

@@ -59,9 +59,4 @@ func (g *gcLive) previous(live int64) int64 {
 }
 
 // readSample reads the runtime's figures now (outside a GC end).
-func readSample() gcend.Sample {
-	var r gcend.Reader
-	var s gcend.Sample
-	r.Read(&s)
-	return s
-}
+func readSample() gcend.Sample { return gcend.Sample(new(noGCReader).read()) }

@@ -1,7 +1,6 @@
 package trim
 
 import (
-	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -83,15 +82,10 @@ func lazyFreeBytes() int64 {
 	return n
 }
 
-// lazyRelease reports whether the Go runtime releases memory with MADV_FREE:
-// GODEBUG madvdontneed=0 in the environment or in the build's DefaultGODEBUG
-// (//go:debug, go.mod godebug); the environment wins, and the last setting in
-// each (runtime/runtime1.go parsedebugvars). Linux only; why names the source.
-func lazyRelease() (lazy bool, why string) {
-	return lazyFrom(os.Getenv("GODEBUG"), buildGODEBUG())
-}
-
-// lazyFrom is lazyRelease on given GODEBUG strings; pure, for tests.
+// lazyFrom reports whether the Go runtime releases memory with MADV_FREE:
+// madvdontneed=0 in GODEBUG (env) or in the build's DefaultGODEBUG (build:
+// //go:debug, go.mod godebug); env wins, and the last setting in each
+// (runtime/runtime1.go parsedebugvars). Linux only; why names the source.
 func lazyFrom(env, build string) (lazy bool, why string) {
 	if !linux {
 		return false, ""

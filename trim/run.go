@@ -16,17 +16,15 @@ import (
 // result is what a trim decided and, when it ran, what it did.
 type result struct {
 	plan
-	ran       bool
-	released  int64
-	lazy      int64
-	cpu       time.Duration
-	took      time.Duration
-	abort     abortReason
-	fellBack  bool // the step without a GC released nothing: FreeOSMemory ran
-	cErr      error
-	gcCPU     time.Duration // the clocks' growth, for the DEBUG line
-	threadCPU time.Duration
-	procCPU   time.Duration
+	ran      bool
+	released int64
+	lazy     int64
+	cpu      time.Duration
+	took     time.Duration
+	abort    abortReason
+	fellBack bool // the step without a GC released nothing: FreeOSMemory ran
+	cErr     error
+	clocks   cpuMark // the clocks' growth, for the DEBUG line
 }
 
 // trimLocked decides a trim of origin o (forced for originByName) and runs it;
@@ -140,7 +138,7 @@ func (t *Trimmer) runSteps(r *result, marked bool) {
 	}
 	cpu1 := t.readCPU(false)
 	measured := cpu0.charge(cpu1)
-	r.gcCPU, r.threadCPU, r.procCPU = cpu1.gc-cpu0.gc, cpu1.thread-cpu0.thread, cpu1.process-cpu0.process
+	r.clocks = cpuMark{cpu1.gc - cpu0.gc, cpu1.thread - cpu0.thread, cpu1.process - cpu0.process}
 	r.cpu = max(measured, minTrimCharge)
 	gcRan := r.runGo && !r.noGC
 	if gcRan && scan > 0 {
@@ -159,7 +157,7 @@ func (t *Trimmer) runSteps(r *result, marked bool) {
 	}
 }
 
-// runGoStep runs the Go step on r's path. t.run must be held.
+// runGoStep runs the Go step on r's path.
 func (t *Trimmer) runGoStep(r *result, marked bool) {
 	if !r.noGC {
 		r.released = t.goStep()
@@ -187,7 +185,7 @@ func (t *Trimmer) runGoStep(r *result, marked bool) {
 	}
 }
 
-// record counts a trim that ran in Stats and logs it. t.run must be held.
+// record counts a trim that ran in Stats and logs it.
 func (t *Trimmer) record(o origin, early bool, r *result) {
 	t.mu.Lock()
 	st := &t.stats
@@ -232,8 +230,8 @@ func (t *Trimmer) record(o origin, early bool, r *result) {
 	t.log.LogAttrs(ctx, slog.LevelDebug, "trim: done",
 		slog.String("origin", o.String()),
 		slog.Duration("took", r.took), slog.Duration("cpu", r.cpu),
-		slog.Duration("gc_cpu", r.gcCPU), slog.Duration("thread_cpu", r.threadCPU),
-		slog.Duration("process_cpu", r.procCPU),
+		slog.Duration("gc_cpu", r.clocks.gc), slog.Duration("thread_cpu", r.clocks.thread),
+		slog.Duration("process_cpu", r.clocks.process),
 		slog.Int64("released_bytes", r.released), slog.Int64("lazy_bytes", r.lazy),
 		slog.Bool("go_step", r.runGo), slog.Bool("no_gc", r.noGC), slog.Bool("probe", r.probe), slog.String("abort", r.abort.String()),
 		slog.Bool("c_step", r.runC),
@@ -245,7 +243,6 @@ func (t *Trimmer) record(o origin, early bool, r *result) {
 	}
 }
 
-// logSkip logs a trim the gate skipped at DEBUG.
 func (t *Trimmer) logSkip(o origin, p plan) {
 	if t.log != nil {
 		t.log.LogAttrs(context.Background(), slog.LevelDebug, "trim: skipped",
@@ -300,7 +297,6 @@ func (t *Trimmer) request(o origin) result {
 	return t.trimLocked(o, false)
 }
 
-// countSkip counts a skip of origin o for reason r, with the estimate est.
 func (t *Trimmer) countSkip(o origin, r skipReason, est int64) {
 	t.mu.Lock()
 	t.stats.Skipped++
@@ -314,7 +310,6 @@ func (t *Trimmer) countSkip(o origin, r skipReason, est int64) {
 	t.mu.Unlock()
 }
 
-// reportBadOrigin reports a request with an origin that is not automatic.
 func (t *Trimmer) reportBadOrigin(o origin) {
 	t.misuse.Add(1)
 	if t.strict {

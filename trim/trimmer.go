@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,7 +154,7 @@ type deps struct {
 	estimate  func(t *Trimmer, marked bool) (est, sure int64) // see estimateGo
 	scan      func() int64                                    // scannable bytes at the last GC, -1 unknown
 	readCPU   func(start bool) cpuMark                        // the clocks a trim is charged by
-	lazy      func() (bool, string)                           // lazyRelease
+	lazy      func() (bool, string)                           // lazyFrom on the environment and the build
 	lazyFree  func() int64                                    // LazyFree bytes, -1 unknown
 	throttle  func() func(fresh bool) (time.Duration, error)  // a CPU cgroup throttled-time reader
 	cheap     func() cHeap                                    // the C heap step
@@ -165,7 +166,8 @@ type deps struct {
 var realDeps = deps{
 	goStep: freeOSMemory, noGCStep: releaseNoGC, noGCEst: releasableNoGC,
 	estimate: (*Trimmer).estimateGo, scan: scanBytes, readCPU: readCPU,
-	lazy: lazyRelease, lazyFree: lazyFreeBytes, throttle: newThrottleReader,
+	lazy:     func() (bool, string) { return lazyFrom(os.Getenv("GODEBUG"), buildGODEBUG()) },
+	lazyFree: lazyFreeBytes, throttle: newThrottleReader,
 	cheap: func() cHeap { return cheap.Detect() }, hold: gomemlimit.Do,
 	heapFloor: func() int64 { return readSample().Live },
 }
@@ -190,7 +192,7 @@ func newTrimmer(c Config, d deps) (*Trimmer, error) {
 	}
 	t.lazy, t.stats.LazyReason = d.lazy()
 	t.stats.Lazy = t.lazy
-	t.endFns = [2]func(){t.end0, t.end1}
+	t.endFns = [2]func(){func() { t.end(0) }, func() { t.end(1) }}
 	t.tickFn = t.tick
 	t.gc.last.Store(-1)
 	t.gc.prev.Store(-1)
@@ -204,7 +206,6 @@ func newTrimmer(c Config, d deps) (*Trimmer, error) {
 	return t, nil
 }
 
-// fill checks c and sets its defaults.
 func (c *Config) fill() error {
 	switch {
 	case c.Delay == 0:
@@ -232,7 +233,7 @@ func (c *Config) fill() error {
 // clock returns the monotonic ns since t.base, at least 1 (0 means unset).
 func (t *Trimmer) clock(now time.Time) int64 { return max(int64(now.Sub(t.base)), 1) }
 
-// Delay returns the configured delay.
+// Delay returns the configured delay (see Config.Delay).
 func (t *Trimmer) Delay() time.Duration {
 	if t == nil {
 		return 0
@@ -291,9 +292,6 @@ func (t *Trimmer) Begin() (end func()) {
 
 func noop() {}
 
-func (t *Trimmer) end0() { t.end(0) }
-func (t *Trimmer) end1() { t.end(1) }
-
 func (t *Trimmer) end(e int) {
 	// Marked before the count falls: a tick in between sees the mark (quiet
 	// from now), never a burst gone unmarked (a trim at once).
@@ -304,7 +302,6 @@ func (t *Trimmer) end(e int) {
 	}
 }
 
-// reportMisuse counts an extra end, logs the first, and panics when strict.
 func (t *Trimmer) reportMisuse() {
 	n := t.misuse.Add(1)
 	if t.strict {
@@ -315,14 +312,12 @@ func (t *Trimmer) reportMisuse() {
 		slog.Int64("misuse", n))
 }
 
-// logOnceAt logs msg at level the first time it is called with i.
 func (t *Trimmer) logOnceAt(i int, level slog.Level, msg string, attrs ...slog.Attr) {
 	if t.log != nil && t.logOnce[i].CompareAndSwap(false, true) {
 		t.log.LogAttrs(context.Background(), level, msg, attrs...)
 	}
 }
 
-// inFlight returns the bursts in flight in both epochs.
 func (t *Trimmer) inFlight() int64 { return t.inflight[0].Load() + t.inflight[1].Load() }
 
 // TrimNow runs both steps of a trim in the calling goroutine, now, bypassing
@@ -380,7 +375,7 @@ func (t *Trimmer) Close() error {
 	return nil
 }
 
-// notify calls the facade's hook (trimwire.OnTrim), if any.
+// notify calls the facade's hook (trimwire.OnTrim).
 func (t *Trimmer) notify() {
 	if fn := t.onTrim.Load(); fn != nil {
 		(*fn)()

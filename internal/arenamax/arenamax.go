@@ -7,6 +7,7 @@ package arenamax
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -42,31 +43,17 @@ const arenaTunable = "glibc.malloc.arena_max"
 // strictest) parses it.
 func tunablesArenaMax(tun string) bool {
 	last, found := "", false
-	for rest := tun; rest != ""; {
-		i := strings.IndexAny(rest, "=:")
-		if i < 0 {
-			return false // a name without a value at the end
-		}
-		if rest[i] == ':' {
-			rest = rest[i+1:]
-			continue
-		}
-		name := rest[:i]
-		rest = rest[i+1:]
-		v := rest
-		j := strings.IndexAny(rest, "=:")
+	entries := strings.Split(tun, ":")
+	for i, e := range entries {
+		name, v, ok := strings.Cut(e, "=")
 		switch {
-		case j >= 0 && rest[j] == '=':
+		case !ok && i == len(entries)-1:
+			return false // a name without a value (or nothing, after a ':') at the end
+		case !ok:
+			continue // a name without a value before others: skipped
+		case strings.Contains(v, "="):
 			return false // a value holding '='
-		case j >= 0:
-			v, rest = rest[:j], rest[j+1:]
-			if rest == "" {
-				return false // a trailing ':' leaves an empty name at the end
-			}
-		default:
-			rest = ""
-		}
-		if name == arenaTunable {
+		case name == arenaTunable:
 			last, found = v, true
 		}
 	}
@@ -95,8 +82,8 @@ func validArenaMax(v string) bool {
 	}
 	var n uint64
 	for i := 0; i < len(s); i++ {
-		d := digitValue(s[i])
-		if d >= base {
+		d, err := strconv.ParseUint(s[i:i+1], 16, 8)
+		if err != nil || d >= base {
 			return false // glibc 2.39 rejects what follows the number
 		}
 		if n >= (math.MaxUint64-d)/base {
@@ -108,17 +95,4 @@ func validArenaMax(v string) bool {
 		n = -n
 	}
 	return n >= 1 && n <= math.MaxUint // math.MaxUint: SIZE_MAX
-}
-
-// digitValue returns the value of hex digit c, or 16 for a non-digit.
-func digitValue(c byte) uint64 {
-	switch {
-	case '0' <= c && c <= '9':
-		return uint64(c - '0')
-	case 'a' <= c && c <= 'f':
-		return uint64(c-'a') + 10
-	case 'A' <= c && c <= 'F':
-		return uint64(c-'A') + 10
-	}
-	return 16
 }

@@ -116,17 +116,7 @@ func (s *Step) Err() error {
 // when none can tell.
 func (s *Step) Release() (released int64, err error) { return s.ReleaseOver(-1) }
 
-// glibcExtra returns the anonymous resident memory neither Go's nor in glibc's
-// live blocks: its fall across malloc_trim (which returns 0 or 1) is the release.
-func (s *Step) glibcExtra() (extra int64, ok bool) {
-	st := s.sys.stats()
-	if st.InUse < 0 {
-		return 0, false
-	}
-	return cResidentExtra(st.InUse)
-}
-
-// glibcReleased returns the fall of glibcExtra, 0 when it grew, -1 when unknown.
+// glibcReleased returns the fall of cResidentExtra, 0 when it grew, -1 when unknown.
 func glibcReleased(before int64, okBefore bool, after int64, okAfter bool) int64 {
 	if !okBefore || !okAfter {
 		return -1
@@ -160,19 +150,14 @@ func (s *Step) Stats() (Stats, error) {
 	if err := s.Err(); err != nil {
 		return unknownStats(none, s.Library()), err
 	}
-	st := s.sys.stats()
-	st.Allocator, st.Library = s.allocator, s.library
-	if s.allocator == glibc {
-		st.Retained = s.glibcRetained(st)
-	}
-	return st, nil
+	return s.heapStats(&heap{sys: s.sys, info: Heap{Stats: Stats{Allocator: s.allocator, Library: s.library}, OwnsMalloc: true}}), nil
 }
 
 // glibcRetained returns glibc's resident free bytes: the growth of
 // cResidentExtra since the last Release, capped at fordblks (which also
 // counts what malloc_trim returned). Before a Release: fordblks.
 func (s *Step) glibcRetained(st Stats) int64 {
-	if st.Free < 0 || st.InUse < 0 || !s.baseSet.Load() {
+	if st.Free < 0 || !s.baseSet.Load() {
 		return st.Free
 	}
 	extra, ok := cResidentExtra(st.InUse)
@@ -183,10 +168,11 @@ func (s *Step) glibcRetained(st Stats) int64 {
 }
 
 // cResidentExtra returns RssAnon less the Go runtime's resident bytes less
-// inUse; ok is false when a figure cannot be read.
+// glibc's live blocks (inUse): its fall across malloc_trim (which returns 0
+// or 1) is the release. ok is false when a figure is unknown.
 func cResidentExtra(inUse int64) (extra int64, ok bool) {
 	anon, err := procfs.ReadBytes("/proc/self/status", "RssAnon")
-	if err != nil {
+	if inUse < 0 || err != nil {
 		return 0, false
 	}
 	m := [...]metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
@@ -258,17 +244,16 @@ func (st Stats) String() string {
 
 // formatBytes writes n bytes in B, KiB, MiB or GiB with one decimal.
 func formatBytes(n int64) string {
-	const k = 1024
-	switch {
-	case n < k:
+	if n < 1024 {
 		return strconv.FormatInt(n, 10) + " B"
-	case n < k*k:
-		return strconv.FormatFloat(float64(n)/k, 'f', 1, 64) + " KiB"
-	case n < k*k*k:
-		return strconv.FormatFloat(float64(n)/(k*k), 'f', 1, 64) + " MiB"
-	default:
-		return strconv.FormatFloat(float64(n)/(k*k*k), 'f', 1, 64) + " GiB"
 	}
+	v, unit := float64(n)/1024, "KiB"
+	for _, u := range [...]string{"MiB", "GiB"} {
+		if v >= 1024 {
+			v, unit = v/1024, u
+		}
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64) + " " + unit
 }
 
 // SetArenaMax caps glibc's malloc arenas at n (mallopt M_ARENA_MAX); it stops

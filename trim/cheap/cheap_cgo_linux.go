@@ -44,16 +44,14 @@ type sysStep struct {
 	handle unsafe.Pointer
 }
 
-func sym(name string) unsafe.Pointer {
+// sym returns dlsym(RTLD_DEFAULT, name), or dlsym(RTLD_NEXT, name) when next.
+func sym(name string, next bool) unsafe.Pointer {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
+	if next {
+		return unsafe.Pointer(C.cheap_sym_next(cs))
+	}
 	return unsafe.Pointer(C.cheap_sym(cs))
-}
-
-func symNext(name string) unsafe.Pointer {
-	cs := C.CString(name)
-	defer C.free(unsafe.Pointer(cs))
-	return unsafe.Pointer(C.cheap_sym_next(cs))
 }
 
 // where returns the path and load address of the object holding p.
@@ -72,7 +70,7 @@ func where(p unsafe.Pointer) (lib string, base unsafe.Pointer, ok bool) {
 // symIn returns the address of name when the object loaded at base defines
 // it, else nil.
 func symIn(name string, base unsafe.Pointer) unsafe.Pointer {
-	p := sym(name)
+	p := sym(name, false)
 	if p == nil {
 		return nil
 	}
@@ -99,7 +97,7 @@ func owner(base unsafe.Pointer) string {
 }
 
 func detect() *Step {
-	m := sym("malloc")
+	m := sym("malloc", false)
 	if m == nil {
 		return &Step{why: "dlsym finds no malloc (a static binary?)"}
 	}
@@ -111,7 +109,7 @@ func detect() *Step {
 	if alloc == "" && base == C.cheap_self_base() {
 		// malloc resolved to this executable: a non-PIE binary's PLT entry (the
 		// next definition is the real one) or an allocator linked in, unexported.
-		if m2 := symNext("malloc"); m2 != nil {
+		if m2 := sym("malloc", true); m2 != nil {
 			if lib2, base2, ok := where(m2); ok {
 				if a := owner(base2); a != "" {
 					alloc, lib, base = a, lib2, base2
@@ -121,43 +119,13 @@ func detect() *Step {
 	}
 	if alloc == "" {
 		why := fmt.Sprintf("malloc is provided by %q, which is not glibc, jemalloc, mimalloc or tcmalloc", lib)
-		if sym("gnu_get_libc_version") == nil {
+		if sym("gnu_get_libc_version", false) == nil {
 			why += " (the C library is not glibc: musl has no call that returns freed memory)"
 		}
 		return &Step{library: lib, why: why}
 	}
 	s := &Step{allocator: alloc, library: lib, sys: sysStep{allocator: alloc}, ownerBase: uintptr(base)}
-	switch alloc {
-	case glibc:
-		s.sys.mallocTrim = symIn("malloc_trim", base)
-		s.sys.mallinfo2 = symIn("mallinfo2", base) // glibc 2.33+
-		s.sys.mallopt = symIn("mallopt", base)
-		if v := symIn("gnu_get_libc_version", base); v != nil {
-			s.version = C.GoString(C.cheap_glibc_version(v))
-		}
-	case jemalloc:
-		s.sys.mallctl = symIn("mallctl", base)
-		if v := C.cheap_je_version(s.sys.mallctl); v != nil {
-			s.version = C.GoString(v)
-		}
-	case mimalloc:
-		s.sys.miCollect = symIn("mi_collect", base)
-		s.sys.miProcessInfo = symIn("mi_process_info", base)
-		s.sys.miThreadInit = symIn("mi_thread_init", base)
-		if v := symIn("mi_version", base); v != nil {
-			s.version = strconv.Itoa(int(C.cheap_mi_version(v)))
-		}
-	case tcmalloc:
-		s.sys.tcRelease = symIn("MallocExtension_ReleaseFreeMemory", base)
-		s.sys.tcReleaseN = symIn("MallocExtension_ReleaseToSystem", base)
-		s.sys.tcMalloc, s.sys.tcFree = symIn("tc_malloc", base), symIn("tc_free", base)
-		s.sys.tcProperty = symIn("MallocExtension_GetNumericProperty", base)
-		if v := symIn("tc_version", base); v != nil {
-			if cs := C.cheap_tc_version(v); cs != nil {
-				s.version = C.GoString(cs)
-			}
-		}
-	}
+	s.sys.resolve("", func(name string) unsafe.Pointer { return symIn(name, base) }, &s.version, nil)
 	return s
 }
 
@@ -211,10 +179,18 @@ func diff(a, b int64) int64 {
 }
 
 // resolve fills s's entry points with lookup and reports whether the release
-// call was found, setting *version where told. *untrusted gets the reason when
-// they do not answer as the allocator's do: s must then never be called.
+// call was found, setting *version where told. For an allocator other than
+// the owner (untrusted not nil), *untrusted gets the reason when they do not
+// answer as the allocator's do: s must then never be called.
 func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, version, untrusted *string) bool {
 	switch s.allocator {
+	case glibc:
+		s.mallocTrim = lookup("malloc_trim")
+		s.mallinfo2 = lookup("mallinfo2") // glibc 2.33+
+		s.mallopt = lookup("mallopt")
+		if v := lookup("gnu_get_libc_version"); v != nil {
+			*version = C.GoString(C.cheap_glibc_version(v))
+		}
 	case jemalloc:
 		s.mallctl = lookup(prefix + symMallctl)
 		if s.mallctl == nil {
@@ -226,12 +202,14 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		v := C.cheap_je_version(s.mallctl)
 		_, fb, ok := where(s.mallctl)
 		_, vb, vok := where(unsafe.Pointer(v))
-		if v == nil || !ok || !vok || vb != fb {
+		if untrusted != nil && (v == nil || !ok || !vok || vb != fb) {
 			*untrusted = fmt.Sprintf("%smallctl(\"version\") did not return a version string of the same object, so it is not taken for jemalloc's and is never called", prefix)
 			*s = sysStep{allocator: s.allocator}
 			return true
 		}
-		*version = C.GoStringN(v, C.int(C.strnlen(v, 128)))
+		if v != nil {
+			*version = C.GoStringN(v, C.int(C.strnlen(v, 128)))
+		}
 	case mimalloc:
 		s.miCollect = lookup(symMiCollect)
 		if s.miCollect == nil {
@@ -246,24 +224,26 @@ func (s *sysStep) resolve(prefix string, lookup func(string) unsafe.Pointer, ver
 		if v != nil {
 			n = int(C.cheap_mi_version(v))
 		}
-		if n < 100 || n >= 1000 {
+		if untrusted != nil && (n < 100 || n >= 1000) {
 			*untrusted = fmt.Sprintf("mi_collect has no mi_version beside it answering a mimalloc version (got %d), so it is not taken for mimalloc's and is never called", n)
 			*s = sysStep{allocator: s.allocator}
 			return true
 		}
-		*version = strconv.Itoa(n)
+		if v != nil {
+			*version = strconv.Itoa(n)
+		}
 	case tcmalloc:
 		s.tcReleaseN = lookup(symTcRelease)
 		s.tcMalloc, s.tcFree = lookup("tc_malloc"), lookup("tc_free")
 		s.tcRelease = lookup("MallocExtension_ReleaseFreeMemory")
 		s.tcProperty = lookup("MallocExtension_GetNumericProperty")
-		if s.tcReleaseN == nil || s.tcRelease == nil {
-			return false
-		}
 		if v := lookup("tc_version"); v != nil {
 			if cs := C.cheap_tc_version(v); cs != nil {
 				*version = C.GoString(cs)
 			}
+		}
+		if s.tcReleaseN == nil || s.tcRelease == nil {
+			return false
 		}
 	default:
 		return false

@@ -66,17 +66,15 @@ func (h Heap) String() string {
 		b.WriteString(s[1:])
 	}
 	if h.Releases > 0 {
-		b.WriteString("; released ")
+		released := "(uncounted)"
 		if h.LastReleased >= 0 {
-			b.WriteString(formatBytes(h.LastReleased))
-		} else {
-			b.WriteString("(uncounted)")
+			released = formatBytes(h.LastReleased)
 		}
-		b.WriteString(" in " + h.LastDuration.Round(time.Microsecond).String())
-		b.WriteString(" (" + strconv.FormatInt(h.LastSlices, 10) + " slices, longest " + h.LastMaxSlice.Round(time.Microsecond).String() + ")")
+		fmt.Fprintf(&b, "; released %s in %v (%d slices, longest %v)", released,
+			h.LastDuration.Round(time.Microsecond), h.LastSlices, h.LastMaxSlice.Round(time.Microsecond))
 	}
 	if h.LastError != "" {
-		b.WriteString("; " + strconv.FormatInt(h.Failures, 10) + " release(s) failed, the last: " + h.LastError)
+		fmt.Fprintf(&b, "; %d release(s) failed, the last: %s", h.Failures, h.LastError)
 	}
 	return b.String()
 }
@@ -163,24 +161,30 @@ func (s *Step) refresh() []*heap {
 		return l.heaps
 	}
 	var found []*heap
-	if s.why == "" && s.allocator != "" {
-		if len(l.heaps) > 0 && l.heaps[0].info.OwnsMalloc {
-			found = append(found, l.heaps[0])
-		} else {
-			h := &heap{sys: s.sys}
-			h.info = Heap{Version: s.version, OwnsMalloc: true, Trimmed: true,
-				Note: "owns malloc: found through dlsym(RTLD_DEFAULT, \"malloc\") and dladdr"}
-			h.info.Allocator, h.info.Library = s.allocator, s.library
-			h.info.LastEstimate, h.info.LastReleased = -1, -1
-			found = append(found, h)
-		}
+	switch {
+	case len(l.heaps) > 0 && l.heaps[0].info.OwnsMalloc:
+		found = l.heaps[:1:1]
+	case s.why == "" && s.allocator != "":
+		found = []*heap{{sys: s.sys, info: Heap{Stats: Stats{Allocator: s.allocator, Library: s.library},
+			Version: s.version, OwnsMalloc: true, Trimmed: true, LastEstimate: -1, LastReleased: -1,
+			Note: "owns malloc: found through dlsym(RTLD_DEFAULT, \"malloc\") and dladdr"}}}
 	}
 	hs, seen := scanHeaps(s, l.seen)
-	found = append(found, hs...)
-	l.seen = seen
-	l.heaps, l.counts, l.scanned = found, c, true
-	return found
+	l.heaps, l.counts, l.scanned, l.seen = append(found, hs...), c, true, seen
+	return l.heaps
 }
+
+// heapStats reads h's figures now (glibc's Retained by glibcRetained).
+func (s *Step) heapStats(h *heap) Stats {
+	st := h.sys.stats()
+	st.Allocator, st.Library = h.info.Allocator, h.info.Library
+	if s.ownedByGlibc(h) {
+		st.Retained = s.glibcRetained(st)
+	}
+	return st
+}
+
+func (s *Step) ownedByGlibc(h *heap) bool { return h.info.OwnsMalloc && s.allocator == glibc }
 
 // heapRetained returns h's release estimate now: Releasable for jemalloc and
 // tcmalloc where known, else Retained; -1 when unknown or not trimmed.
@@ -188,11 +192,8 @@ func (s *Step) heapRetained(h *heap) int64 {
 	if !h.info.Trimmed {
 		return -1
 	}
-	st := h.sys.stats()
-	switch {
-	case h.info.OwnsMalloc && s.allocator == glibc:
-		return s.glibcRetained(st)
-	case (h.info.Allocator == jemalloc || h.info.Allocator == tcmalloc) && st.Releasable >= 0:
+	st := s.heapStats(h)
+	if (h.info.Allocator == jemalloc || h.info.Allocator == tcmalloc) && st.Releasable >= 0 {
 		return st.Releasable
 	}
 	return st.Retained
@@ -212,12 +213,7 @@ func (s *Step) Heaps() []Heap {
 		v := h.info
 		s.list.mu.Unlock()
 		if v.Trimmed {
-			lib := v.Library
-			v.Stats = h.sys.stats()
-			v.Stats.Allocator, v.Stats.Library = v.Allocator, lib
-			if v.OwnsMalloc && s.allocator == glibc {
-				v.Stats.Retained = s.glibcRetained(v.Stats)
-			}
+			v.Stats = s.heapStats(h)
 		}
 		out = append(out, v)
 	}
@@ -236,7 +232,7 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	s.list.relMu.Lock()
 	defer s.list.relMu.Unlock()
 	hs := s.refresh()
-	order := make([]*heap, 0, len(hs))
+	var order []*heap
 	for _, h := range hs {
 		if h.info.Trimmed && !h.info.OwnsMalloc {
 			order = append(order, h)
@@ -252,50 +248,10 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 	known := false
 	whole := noSlice.Load()
 	for _, h := range order {
-		est := s.heapRetained(h)
-		if minRelease >= 0 && est >= 0 && est < minRelease {
-			s.list.mu.Lock()
-			h.info.Skipped++
-			h.info.LastEstimate = est
-			s.list.mu.Unlock()
-			continue
-		}
-		isGlibc := h.info.OwnsMalloc && s.allocator == glibc
-		var before int64
-		var okBefore bool
-		if isGlibc {
-			before, okBefore = s.glibcExtra()
-		}
-		t0 := time.Now()
-		r, slices, longest, err := h.sys.release(whole)
-		d := time.Since(t0)
-		if err == nil && isGlibc {
-			// malloc_trim returns 0 or 1: measure what it released.
-			after, okAfter := s.glibcExtra()
-			if okAfter {
-				s.base.Store(after)
-				s.baseSet.Store(true)
-			}
-			r = glibcReleased(before, okBefore, after, okAfter)
-		}
+		r, err := s.releaseHeap(h, minRelease, whole)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s (%s): %w", h.info.Allocator, pathText(h.info.Library), err))
-			s.list.mu.Lock()
-			h.info.Failures++
-			h.info.LastEstimate, h.info.LastError = est, err.Error()
-			s.list.mu.Unlock()
-			continue
-		}
-		s.list.mu.Lock()
-		h.info.Releases++
-		h.info.LastError = ""
-		h.info.LastEstimate, h.info.LastReleased = est, r
-		if r > 0 {
-			h.info.TotalReleased += r
-		}
-		h.info.LastDuration, h.info.LastSlices, h.info.LastMaxSlice = d, slices, longest
-		s.list.mu.Unlock()
-		if r >= 0 {
+		} else if r >= 0 {
 			known = true
 			released = addKnown(released, r)
 		}
@@ -304,6 +260,50 @@ func (s *Step) ReleaseOver(minRelease int64) (released int64, err error) {
 		released = -1
 	}
 	return released, errors.Join(errs...)
+}
+
+// releaseHeap releases h unless its estimate is under minRelease (then it
+// returns -1), and counts the outcome in h.info.
+func (s *Step) releaseHeap(h *heap, minRelease int64, whole bool) (int64, error) {
+	est := s.heapRetained(h)
+	if minRelease >= 0 && est >= 0 && est < minRelease {
+		s.list.mu.Lock()
+		h.info.Skipped++
+		h.info.LastEstimate = est
+		s.list.mu.Unlock()
+		return -1, nil
+	}
+	var before int64
+	var okBefore bool
+	if s.ownedByGlibc(h) {
+		before, okBefore = cResidentExtra(h.sys.stats().InUse)
+	}
+	t0 := time.Now()
+	r, slices, longest, err := h.sys.release(whole)
+	d := time.Since(t0)
+	if err == nil && s.ownedByGlibc(h) {
+		// malloc_trim returns 0 or 1: measure what it released.
+		after, okAfter := cResidentExtra(h.sys.stats().InUse)
+		if okAfter {
+			s.base.Store(after)
+			s.baseSet.Store(true)
+		}
+		r = glibcReleased(before, okBefore, after, okAfter)
+	}
+	s.list.mu.Lock()
+	defer s.list.mu.Unlock()
+	h.info.LastEstimate = est
+	if err != nil {
+		h.info.Failures++
+		h.info.LastError = err.Error()
+		return -1, err
+	}
+	h.info.Releases++
+	h.info.LastError = ""
+	h.info.LastReleased = r
+	h.info.TotalReleased += max(r, 0)
+	h.info.LastDuration, h.info.LastSlices, h.info.LastMaxSlice = d, slices, longest
+	return r, nil
 }
 
 // Name names the heap in a few words ("jemalloc je_ in /usr/lib/libfoo.so"): a

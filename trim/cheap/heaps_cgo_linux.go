@@ -66,8 +66,9 @@ const (
 // candidate is an allocator whose entry points an object's symbol table names.
 type candidate struct {
 	allocator, prefix string
-	static            bool // from .symtab only: not exported, reached by address
-	addrs             map[string]uintptr
+	// static is .symtab's functions when the copy exports nothing (reached by
+	// address), else nil.
+	static map[string]uint64
 }
 
 // funcSymbols returns the defined functions of syms by name, with their values.
@@ -114,14 +115,18 @@ func cIdent(p string) bool {
 // candidates returns the allocators that funcs names.
 func candidates(funcs map[string]uint64, static bool) []candidate {
 	var out []candidate
+	var st map[string]uint64
+	if static {
+		st = funcs
+	}
 	for _, p := range jemallocPrefixes(funcs) {
-		out = append(out, candidate{allocator: jemalloc, prefix: p, static: static})
+		out = append(out, candidate{allocator: jemalloc, prefix: p, static: st})
 	}
 	if _, ok := funcs[symMiCollect]; ok {
-		out = append(out, candidate{allocator: mimalloc, static: static})
+		out = append(out, candidate{allocator: mimalloc, static: st})
 	}
 	if _, ok := funcs[symTcRelease]; ok {
-		out = append(out, candidate{allocator: tcmalloc, static: static})
+		out = append(out, candidate{allocator: tcmalloc, static: st})
 	}
 	return out
 }
@@ -289,9 +294,9 @@ func objectFile(o object) (path, lib string) {
 // those whose messages its read-only data holds (marks). It reads .symtab (a
 // Go executable's static C code) only when marks show an allocator that
 // exports nothing; when the file is gone or another build, it reads the
-// loaded image through openHandle, and note says so. ok is false when o was
-// unloaded.
-func objectCandidates(o object, openHandle func() unsafe.Pointer) (cands []candidate, marks []string, note string, ok bool) {
+// loaded image through openHandle, and note says so. An object unloaded
+// meanwhile has none.
+func objectCandidates(o object, openHandle func() unsafe.Pointer) (cands []candidate, marks []string, note string) {
 	path, _ := objectFile(o)
 	f, err := elf.Open(path)
 	if err == nil && !sameImage(f, o) {
@@ -301,33 +306,26 @@ func objectCandidates(o object, openHandle func() unsafe.Pointer) (cands []candi
 	if err != nil {
 		h := openHandle()
 		if h == nil {
-			return nil, nil, "", false // unloaded meanwhile
+			return nil, nil, ""
 		}
 		funcs, ok := memorySymbols(h, o)
 		if !ok {
-			return nil, nil, "", false
+			return nil, nil, ""
 		}
-		return candidates(funcs, false), nil, fmt.Sprintf("; symbols read from the loaded image (%v)", errString(err)), true
+		return candidates(funcs, false), nil, fmt.Sprintf("; symbols read from the loaded image (%v)", errString(err))
 	}
 	defer f.Close()
 	dyn, _ := f.DynamicSymbols()
 	if cands = candidates(funcSymbols(dyn), false); len(cands) > 0 {
-		return cands, nil, "", true
+		return cands, nil, ""
 	}
 	if marks = markersIn(f); len(marks) == 0 {
-		return nil, nil, "", true
+		return nil, nil, ""
 	}
 	if syms, err := f.Symbols(); err == nil {
-		fs := funcSymbols(syms)
-		cands = candidates(fs, true)
-		for i := range cands {
-			cands[i].addrs = map[string]uintptr{}
-			for name, v := range fs {
-				cands[i].addrs[name] = o.addr + uintptr(v)
-			}
-		}
+		cands = candidates(funcSymbols(syms), true)
 	}
-	return cands, marks, "", true
+	return cands, marks, ""
 }
 
 // entryLookup returns how c's entry points are looked up in o: by address
@@ -340,13 +338,13 @@ func entryLookup(c candidate, o object, hd unsafe.Pointer) func(name string) uns
 		}
 		return p
 	}
-	if c.static {
+	if c.static != nil {
 		return func(name string) unsafe.Pointer {
-			a, ok := c.addrs[name]
+			v, ok := c.static[name]
 			if !ok {
 				return nil
 			}
-			return in(C.cheap_ptr(C.uintptr_t(a)))
+			return in(C.cheap_ptr(C.uintptr_t(o.addr + uintptr(v))))
 		}
 	}
 	return func(name string) unsafe.Pointer {
@@ -366,13 +364,7 @@ func scanObject(s *Step, o object) []*heap {
 		}
 		return handle
 	}
-	cands, marks, memNote, ok := objectCandidates(o, openHandle)
-	if !ok {
-		if handle != nil {
-			closeObject(handle)
-		}
-		return nil
-	}
+	cands, marks, memNote := objectCandidates(o, openHandle)
 	var out []*heap
 	called := false // an allocator of the object will be called
 	have := map[string]bool{}
@@ -381,11 +373,10 @@ func scanObject(s *Step, o object) []*heap {
 			have[c.allocator] = true
 			continue // the owner, found through RTLD_DEFAULT
 		}
-		h := &heap{}
-		h.info = Heap{Prefix: c.prefix, Trimmed: true, LastEstimate: -1, LastReleased: -1, Namespace: o.ns}
-		h.info.Allocator, h.info.Library = c.allocator, lib
-		h.info.Note = "found in the symbol table of the object's file (not exported), called by address"
-		if !c.static {
+		h := &heap{info: Heap{Stats: Stats{Allocator: c.allocator, Library: lib}, Prefix: c.prefix, Trimmed: true,
+			LastEstimate: -1, LastReleased: -1, Namespace: o.ns,
+			Note: "found in the symbol table of the object's file (not exported), called by address"}}
+		if c.static == nil {
 			if openHandle() == nil {
 				break // unloaded meanwhile
 			}
