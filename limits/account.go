@@ -1,7 +1,6 @@
 package limits
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"strconv"
@@ -37,23 +36,16 @@ type Account struct {
 	kids       atomic.Int64 // what the accounts opened from it hold; written under mu
 	limit      int64        // Unlimited: no limit of its own
 	chunk      int64
-	parent     *Account     // nil for a top-level account
-	name       string       // the last element of the scope; see scope
-	seq        int64        // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
-	closeCause error        // the cause of the WithAccount context that closed it; under mu
-	refusedAt  atomic.Int64 // the highest Used+n of a refused Grow(n)
-	// The open accounts opened from this one (under mu); sibPrev, sibNext
-	// and linked are under the parent's mu.
-	firstKid         *Account
-	sibPrev, sibNext *Account
-	linked           bool
-	// The accounts CancelLargest may cancel, under pool.mu.
-	cancel           context.CancelCauseFunc
-	prev, next       *Account
-	listed           bool
+	parent     *Account              // nil for a top-level account
+	name       string                // the last element of the scope; see scope
+	seq        int64                 // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
+	closeCause error                 // the cause of the WithAccount context that closed it; under mu
+	refusedAt  atomic.Int64          // the highest Used+n of a refused Grow(n)
+	openKids   map[*Account]struct{} // the open accounts opened from it; under mu
+	// canceled: CancelLargest canceled it; under pool.mu.
 	canceled         bool
 	pressureCanceled atomic.Bool // the heap watch canceled its context
-	_                [39]byte    // pad to a multiple of the cache line
+	_                [23]byte    // pad to a multiple of the cache line
 }
 
 // Test hooks at Grow's fast path and a release's two racing points.
@@ -137,10 +129,9 @@ func (a *Account) open(name string, seq, limit int64) (*Account, error) {
 		}
 		return nil, a.closedError(fmt.Sprintf("Open(%q)", name))
 	}
-	c.sibNext = a.firstKid
-	if a.firstKid != nil {
-		a.firstKid.sibPrev = c
+	if a.openKids == nil {
+		a.openKids = make(map[*Account]struct{})
 	}
-	a.firstKid, c.linked = c, true
+	a.openKids[c] = struct{}{}
 	return c, nil
 }

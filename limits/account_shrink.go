@@ -9,18 +9,7 @@ import (
 func (a *Account) returnFromKid(n int64, unlink *Account) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if unlink != nil && unlink.linked {
-		unlink.linked = false
-		if unlink.sibPrev != nil {
-			unlink.sibPrev.sibNext = unlink.sibNext
-		} else {
-			a.firstKid = unlink.sibNext
-		}
-		if unlink.sibNext != nil {
-			unlink.sibNext.sibPrev = unlink.sibPrev
-		}
-		unlink.sibPrev, unlink.sibNext = nil, nil
-	}
+	delete(a.openKids, unlink)
 	if a.reserved.Load() < 0 || n == 0 {
 		return
 	}
@@ -158,19 +147,17 @@ func (a *Account) close(cause error) (leak string) {
 	if a.pool.cancelLargest {
 		a.pool.unlist(a)
 	}
-	for c := kids; c != nil; {
-		next := c.sibNext
+	for c := range kids {
 		if l := c.close(cause); leak == "" {
 			leak = l
 		}
-		c = next
 	}
 	return leak
 }
 
 // closeSelf closes a alone, gives back all it holds, and returns its
 // unlinked children; ok is false when a was closed already.
-func (a *Account) closeSelf(cause error) (kids *Account, leak string, ok bool) {
+func (a *Account) closeSelf(cause error) (kids map[*Account]struct{}, leak string, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := a.reserved.Load()
@@ -182,11 +169,7 @@ func (a *Account) closeSelf(cause error) (kids *Account, leak string, ok bool) {
 	hold := r + a.kids.Load()
 	a.kids.Store(0)
 	a.giveBack(hold, a) // also unlinks a from its parent
-	kids = a.firstKid   // sibNext stays, for the caller's walk
-	a.firstKid = nil
-	for c := kids; c != nil; c = c.sibNext {
-		c.linked = false
-	}
+	kids, a.openKids = a.openKids, nil
 	if u := a.used.Load(); u > 0 && cause == nil {
 		leak = a.pool.noteLeak(a.scope(), u)
 	}

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -69,12 +70,12 @@ type Pool struct {
 	sub           *gcend.Subscription
 	heapMu        sync.Mutex // serializes heap readings
 	sample        [2]metrics.Sample
-	seenCycle     uint64     // the GC cycle read last; guarded by heapMu
-	mu            sync.Mutex // guards the list of cancellable accounts and refreshing
-	head          *Account
-	refreshing    bool           // a refreshHeap goroutine runs
-	refreshAgain  bool           // it runs one more cycle
-	wg            sync.WaitGroup // the refresh goroutine
+	seenCycle     uint64                               // the GC cycle read last; guarded by heapMu
+	mu            sync.Mutex                           // guards listed and refreshing
+	listed        map[*Account]context.CancelCauseFunc // the accounts CancelLargest may cancel
+	refreshing    bool                                 // a refreshHeap goroutine runs
+	refreshAgain  bool                                 // it runs one more cycle
+	wg            sync.WaitGroup                       // the refresh goroutine
 }
 
 var unguarded atomic.Int64 // PoolStats.Unguarded

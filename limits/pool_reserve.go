@@ -127,34 +127,20 @@ func (p *Pool) noteLeak(scope string, n int64) string {
 func (p *Pool) list(a *Account, cancel context.CancelCauseFunc) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if a.listed || a.reserved.Load() < 0 {
+	if _, ok := p.listed[a]; ok || a.reserved.Load() < 0 {
 		return
 	}
-	a.listed, a.cancel = true, cancel
-	a.next = p.head
-	if p.head != nil {
-		p.head.prev = a
+	if p.listed == nil {
+		p.listed = make(map[*Account]context.CancelCauseFunc)
 	}
-	p.head = a
+	p.listed[a] = cancel
 }
 
 // unlist removes a from the accounts that CancelLargest may cancel.
 func (p *Pool) unlist(a *Account) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !a.listed {
-		return
-	}
-	a.listed = false
-	if a.prev != nil {
-		a.prev.next = a.next
-	} else {
-		p.head = a.next
-	}
-	if a.next != nil {
-		a.next.prev = a.prev
-	}
-	a.prev, a.next, a.cancel = nil, nil, nil
+	delete(p.listed, a)
 }
 
 // notePeak raises peak to v if v is higher.

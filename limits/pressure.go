@@ -81,7 +81,7 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 	p.mu.Lock()
 	var best *Account
 	var most int64
-	for a := p.head; a != nil; a = a.next {
+	for a := range p.listed {
 		if u := a.Used(); !a.canceled && u > most {
 			best, most = a, u
 		}
@@ -90,7 +90,7 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 	if best != nil && most >= minUsed && p.mode == ModeEnforce {
 		best.canceled = true
 		best.pressureCanceled.Store(true)
-		cancel = best.cancel
+		cancel = p.listed[best]
 	}
 	p.mu.Unlock()
 	cause := func() *ExhaustedError {
