@@ -64,7 +64,6 @@ func (a *Account) noteRefused(n int64, err error) {
 			e.RetryAfter = 0
 		}
 	}
-	a.pool.refused.Add(1)
 	for x := a; x != nil; x = x.parent {
 		u := max(x.used.Load(), 0) + x.kids.Load()
 		notePeak(&x.refusedAt, u+min(n, math.MaxInt64-u))
@@ -96,16 +95,18 @@ func (p *Pool) refusalScope(e *ExhaustedError) int {
 // once per observeLogInterval.
 func (p *Pool) noteObserved(e *ExhaustedError) {
 	p.observed.Add(1)
-	if p.mode != ModeObserve {
-		return
-	}
-	now := time.Now().UnixNano()
-	last := p.observeLogAt.Load()
-	if (last != 0 && now-last < int64(observeLogInterval)) || !p.observeLogAt.CompareAndSwap(last, now) {
+	if p.mode != ModeObserve || !due(&p.observeLogAt, observeLogInterval) {
 		return
 	}
 	p.log.Warn("limits: budget exceeded, not refused (MEMCTL_BUDGETS=observe)",
 		"error", e.Error(), "observed", p.observed.Load())
+}
+
+// due reports whether every has passed since *at (UnixNano; 0: never), and
+// if so sets *at to now; of concurrent callers, one gets true.
+func due(at *atomic.Int64, every time.Duration) bool {
+	now, last := time.Now().UnixNano(), at.Load()
+	return (last == 0 || now-last >= int64(every)) && at.CompareAndSwap(last, now)
 }
 
 // noteLeak counts a leak of n bytes, logs the first, and returns the strict

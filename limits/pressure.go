@@ -4,28 +4,14 @@ import (
 	"context"
 	"math"
 	"runtime"
-	"runtime/debug"
-	"runtime/metrics"
 	"time"
 
+	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
 )
 
-// The live heap after the last GC, in bytes, and the GC cycles completed.
-const (
-	liveHeapMetric = "/gc/heap/live:bytes"
-	gcCyclesMetric = "/gc/cycles/total:gc-cycles"
-)
-
-// readHeap records the live heap and GOMEMLIMIT now (heapAt), after a GC
-// cycle the pool ran itself.
-func (p *Pool) readHeap() {
-	p.heapMu.Lock()
-	metrics.Read(p.sample[:])
-	live, cycle := sampleBytes(p.sample[0]), uint64(sampleBytes(p.sample[1]))
-	p.heapMu.Unlock()
-	p.heapAt(live, cycle, debug.SetMemoryLimit(-1))
-}
+// liveHeapMetric is the live heap after the last GC, in bytes.
+const liveHeapMetric = "/gc/heap/live:bytes"
 
 // heapAt records a GC cycle's live heap and GOMEMLIMIT once per cycle.
 func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
@@ -141,9 +127,12 @@ func (p *Pool) refreshHeap() {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
+		var r gcend.Reader
+		var s gcend.Sample
 		for {
 			runtime.GC()
-			p.readHeap()
+			r.Read(&s)
+			p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
 			p.mu.Lock()
 			again := p.refreshAgain && !p.closed.Load()
 			p.refreshAgain = false
@@ -177,9 +166,7 @@ func (p *Pool) mayWarnNoCancel(kernel bool) bool {
 	if !kernel {
 		return p.outsideLogged.CompareAndSwap(false, true)
 	}
-	now := time.Now().UnixNano()
-	last := p.kernelWarnAt.Load()
-	return (last == 0 || now-last >= int64(kernelWarnInterval)) && p.kernelWarnAt.CompareAndSwap(last, now)
+	return due(&p.kernelWarnAt, kernelWarnInterval)
 }
 
 // checkCharges is the charge check (PoolConfig.ChargeRatio). Called with

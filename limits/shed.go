@@ -48,6 +48,18 @@ func eachPool(f func(*Pool)) {
 	}
 }
 
+// openPool returns the oldest open, not closed pool for which match is true,
+// or nil.
+func openPool(match func(*Pool) bool) *Pool {
+	var found *Pool
+	eachPool(func(q *Pool) {
+		if found == nil && !q.closed.Load() && match(q) {
+			found = q
+		}
+	})
+	return found
+}
+
 // cancelLargest is the kernel pressure watcher's cancel (internal/relief):
 // in each pool with CancelLargest, it cancels the largest account holding
 // at least CancelShare of the Go memory, and returns how many it canceled.
