@@ -119,12 +119,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 			continue
 		}
 		need := u + n - r
-		want := roundUp(need, a.chunk)
-		if room := a.room(r); want > room {
-			want = max(room, need)
-		}
-		want = a.shedCap(want, need, r+k)
-		got, err := a.reserveUp(want, need, o)
+		got, err := a.take(roundUp(need, a.chunk), need, r, o)
 		if err != nil {
 			return err
 		}
@@ -150,9 +145,14 @@ func roundUp(n, chunk int64) int64 {
 	return n
 }
 
-// reserveUp takes want bytes, or only need, from the parent and returns how
-// many it took. Called with mu held; locks go child first.
-func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
+// take reserves want bytes, or only need, from the parent and returns how
+// many it took; want is first lowered to a's room given r reserved, and
+// while shedding to ShedSize. Called with mu held; locks go child first.
+func (a *Account) take(want, need, r int64, o *observation) (int64, error) {
+	if room := a.room(r); want > room {
+		want = max(room, need)
+	}
+	want = a.shedCap(want, need, r+a.kids.Load())
 	if a.parent == nil {
 		return a.pool.reserve(want, need, o)
 	}
@@ -183,14 +183,10 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	if e := a.shedError(need, max(a.used.Load(), 0)+a.kids.Load()); e != nil && o.over(a.pool, e) {
 		return 0, e
 	}
-	if room := a.room(r); want > room {
-		want = max(room, need)
-	}
-	want = a.shedCap(want, need, r+a.kids.Load())
-	got, err := a.reserveUp(want, need, o)
+	got, err := a.take(want, need, r, o)
 	if _, ok := err.(*ExhaustedError); ok && a.reserved.Load() > max(a.used.Load(), 0) {
 		a.trimLocked(0) // an ancestor is full: give back a's slack, ask again
-		got, err = a.reserveUp(want, need, o)
+		got, err = a.take(want, need, r, o)
 	}
 	if err != nil {
 		return 0, err

@@ -1,7 +1,6 @@
 package limits
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -75,9 +74,8 @@ type httpMiddleware struct {
 
 // httpRequest is one request's state, on serve's stack: keep no pointer.
 type httpRequest struct {
-	a        *Account
-	end      func() string // WithAccount's end with CancelLargest, else nil
-	charged  int64         // a Content-Length's charge; body's are per Read
+	w        Work  // its account and context (begin, closeAccount)
+	charged  int64 // a Content-Length's charge; body's are per Read
 	body     *chargedBody
 	admitted bool // false: the Content-Length was refused, nothing read
 	returned bool // the handler returned (or was not called), not panicked
@@ -90,18 +88,13 @@ func (m *httpMiddleware) serve(next http.Handler, w http.ResponseWriter, r *http
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	rq := httpRequest{a: a, admitted: true}
-	var ctx context.Context // WithAccount only for CancelLargest: it allocates more
-	if m.p.cancelLargest {
-		ctx, rq.end = withAccount(r.Context(), a)
-	} else {
-		ctx = NewContext(r.Context(), a)
-	}
+	rq := httpRequest{w: Work{a: a}, admitted: true}
+	rq.w.begin(r.Context(), m.p.cancelLargest)
 	if m.inflight.Add(1) > 1 && !m.overlapped.Load() {
 		m.overlapped.Store(true)
 	}
 	defer m.finish(&rq)
-	r = r.WithContext(ctx)
+	r = r.WithContext(rq.w.ctx)
 	var tracker *writeTracker
 	if r.ContentLength != 0 && !m.cfg.UnchargedBody {
 		if r.ContentLength > 0 {
@@ -134,7 +127,7 @@ func (m *httpMiddleware) open(r *http.Request) (*Account, error) {
 // answers w (WriteError, or 503 when closed) and returns false.
 func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 	n := bodyCharge(contentLength)
-	if err := rq.a.Grow(n); err != nil {
+	if err := rq.w.a.Grow(n); err != nil {
 		rq.admitted, rq.returned = false, true
 		if !WriteError(w, err) {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable) // closed
@@ -148,7 +141,7 @@ func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 // finish ends rq: it releases the body's charge, closes the account, ends a
 // burst, and panics on a strict leak.
 func (m *httpMiddleware) finish(rq *httpRequest) {
-	a := rq.a
+	a := rq.w.a
 	if rq.body != nil {
 		rq.charged += rq.body.charged.Load()
 	}
@@ -159,13 +152,7 @@ func (m *httpMiddleware) finish(rq *httpRequest) {
 	if !rq.admitted {
 		reached = a.Peak() // nothing of the body was read: no garbage to trim
 	}
-	var leak string
-	if rq.end != nil {
-		leak = rq.end()
-	} else {
-		leak = a.close(nil)
-		m.p.workEnded(a)
-	}
+	leak := rq.w.closeAccount()
 	m.endBurst(reached)
 	if leak != "" && m.p.strict && rq.returned {
 		panic(leak)

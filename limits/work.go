@@ -71,12 +71,28 @@ func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, 
 		return ctx, nil, err
 	}
 	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst, mapCause: p.cancelLargest}
-	if p.cancelLargest && !nested {
-		w.ctx, w.end = withAccount(ctx, a)
-	} else {
-		w.ctx = NewContext(ctx, a)
-	}
+	w.begin(ctx, p.cancelLargest && !nested)
 	return w.ctx, w, nil
+}
+
+// begin sets the work's context: ctx carrying its account, bound with
+// WithAccount when bind (which allocates more).
+func (w *Work) begin(ctx context.Context, bind bool) {
+	if bind {
+		w.ctx, w.end = withAccount(ctx, w.a)
+	} else {
+		w.ctx = NewContext(ctx, w.a)
+	}
+}
+
+// closeAccount closes the work's account and returns its leak.
+func (w *Work) closeAccount() string {
+	if w.end != nil {
+		return w.end()
+	}
+	leak := w.a.close(nil)
+	w.a.pool.workEnded(w.a)
+	return leak
 }
 
 // Account returns the work's account.
@@ -106,13 +122,7 @@ func (w *Work) finish(err error, returned bool) error {
 			cause = c
 		}
 	}
-	var leak string
-	if w.end != nil {
-		leak = w.end()
-	} else {
-		leak = a.close(nil)
-		p.workEnded(a)
-	}
+	leak := w.closeAccount()
 	if w.threshold > 0 && reached >= w.threshold && w.afterBurst != nil {
 		w.afterBurst()
 	}
