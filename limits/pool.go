@@ -66,8 +66,6 @@ type Pool struct {
 	strict        bool
 	log           *slog.Logger
 	sub           *gcend.Subscription
-	heapMu        sync.Mutex                           // serializes heap readings
-	seenCycle     uint64                               // the GC cycle read last; guarded by heapMu
 	mu            sync.Mutex                           // guards listed and refreshing
 	listed        map[*Account]context.CancelCauseFunc // the accounts CancelLargest may cancel
 	refreshing    bool                                 // a refreshHeap goroutine runs
@@ -168,7 +166,7 @@ func (p *Pool) readMode() {
 	}
 }
 
-// watchHeap subscribes the pool to each GC end (heapAt).
+// watchHeap subscribes the pool to each GC end (observeHeap).
 func (p *Pool) watchHeap() {
 	wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
 	p.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
@@ -176,7 +174,7 @@ func (p *Pool) watchHeap() {
 		if p == nil {
 			return false
 		}
-		p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
+		p.observeHeap(s.Live, s.GoMemLimit)
 		return true
 	})
 }

@@ -6,29 +6,16 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
 )
 
 // liveHeapMetric is the live heap after the last GC, in bytes.
 const liveHeapMetric = "/gc/heap/live:bytes"
 
-// heapAt records a GC cycle's live heap and GOMEMLIMIT once per cycle.
-func (p *Pool) heapAt(live int64, cycle uint64, gomemlimit int64) {
-	p.heapMu.Lock()
-	defer p.heapMu.Unlock()
-	if cycle != 0 {
-		if cycle == p.seenCycle {
-			return // this cycle was read already
-		}
-		p.seenCycle = cycle
-	}
-	p.observeHeap(live, gomemlimit)
-}
-
 // observeHeap decides one GC cycle's heap pressure and records it, follows
 // GOMEMLIMIT, checks the charges, and cancels the largest account or ends
-// the no-cancel episode.
+// the no-cancel episode. The heap watch calls it at each GC end, one at a
+// time.
 func (p *Pool) observeHeap(live, gomemlimit int64) {
 	d := heapPressure(heapInputs{live: live, gomemlimit: gomemlimit, ratio: p.heapRatio,
 		limit: p.limit.Load(), derived: p.derived, cancel: p.cancelLargest})
@@ -111,7 +98,7 @@ func (p *Pool) refreshIfStale() {
 }
 
 // refreshHeap runs a GC cycle on a goroutine, or one more after the running
-// one; Close waits for it.
+// one, for the heap watch to read; Close waits for it.
 func (p *Pool) refreshHeap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,12 +114,8 @@ func (p *Pool) refreshHeap() {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		var r gcend.Reader
-		var s gcend.Sample
 		for {
 			runtime.GC()
-			r.Read(&s)
-			p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
 			p.mu.Lock()
 			again := p.refreshAgain && !p.closed.Load()
 			p.refreshAgain = false
@@ -169,8 +152,7 @@ func (p *Pool) mayWarnNoCancel(kernel bool) bool {
 	return due(&p.kernelWarnAt, kernelWarnInterval)
 }
 
-// checkCharges is the charge check (PoolConfig.ChargeRatio). Called with
-// heapMu held.
+// checkCharges is the charge check (PoolConfig.ChargeRatio).
 func (p *Pool) checkCharges(live, gml int64) {
 	if p.chargeRatio < 0 {
 		return
