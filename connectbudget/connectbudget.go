@@ -120,7 +120,7 @@ func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		if i.charges() {
+		if i.charging {
 			if p := i.take(req.Any()); p != nil {
 				if p.err != nil || limits.FromContext(ctx) == nil {
 					return i.unaryCharged(ctx, req, next, p)
@@ -187,7 +187,7 @@ func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			return err
 		}
 		release := func() {}
-		if i.charges() {
+		if i.charging {
 			bc := &budgetConn{StreamingHandlerConn: conn, i: i, a: w.Account()}
 			conn, release = bc, bc.release
 		}

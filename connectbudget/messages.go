@@ -45,7 +45,7 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 	if len(bases) == 0 {
 		bases = []connect.Codec{protoCodec("proto"), protoCodec("json"), protoCodec("json; charset=utf-8")}
 	}
-	i.parked = make(map[weak.Pointer[byte]]*parked)
+	i.charging = true
 	return connect.WithHandlerOptions(
 		connect.WithInterceptors(i),
 		connect.WithConditionalHandlerOptions(func(spec connect.Spec) []connect.HandlerOption {
@@ -60,16 +60,13 @@ func HandlerOptions(pool *limits.Pool, cfg Config) (connect.HandlerOption, error
 
 // messages is the state HandlerOptions adds to an interceptor.
 type messages struct {
-	// parked holds, by message, the unary calls a codec charged or
-	// refused, until the interceptor takes them; nil without HandlerOptions.
-	mu     sync.Mutex
-	parked map[weak.Pointer[byte]]*parked
+	charging bool // HandlerOptions installed the codecs
+	// parked holds, by message (weak.Pointer[byte]), the unary calls
+	// (*parked) a codec charged or refused, until the interceptor takes them.
+	parked sync.Map
 	// receiving holds, by message, the streaming calls in Receive.
 	receiving sync.Map
 }
-
-// charges reports whether HandlerOptions installed the codecs.
-func (m *messages) charges() bool { return m.parked != nil }
 
 // parked is a unary call whose message the codec charged or refused.
 type parked struct {
@@ -104,26 +101,15 @@ func (i *interceptor) park(msg any, p *parked) bool {
 	if !ok {
 		return false
 	}
-	i.mu.Lock()
-	i.parked[k] = p
-	i.mu.Unlock()
+	i.parked.Store(k, p)
 	p.cleanup = runtime.AddCleanup(ptr, i.orphan, k)
 	return true
 }
 
-// unpark removes and returns the parked call of k, or nil.
-func (i *interceptor) unpark(k weak.Pointer[byte]) *parked {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	p := i.parked[k]
-	delete(i.parked, k)
-	return p
-}
-
 // orphan ends the parked call of a collected message.
 func (i *interceptor) orphan(k weak.Pointer[byte]) {
-	if p := i.unpark(k); p != nil {
-		p.abandon()
+	if p, ok := i.parked.LoadAndDelete(k); ok {
+		p.(*parked).abandon()
 	}
 }
 
@@ -133,11 +119,12 @@ func (i *interceptor) take(msg any) *parked {
 	if !ok {
 		return nil
 	}
-	p := i.unpark(k)
-	if p != nil {
-		p.cleanup.Stop()
+	p, ok := i.parked.LoadAndDelete(k)
+	if !ok {
+		return nil
 	}
-	return p
+	p.(*parked).cleanup.Stop()
+	return p.(*parked)
 }
 
 // codec charges a message's size before base unmarshals it.
