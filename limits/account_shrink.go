@@ -1,8 +1,10 @@
 package limits
 
 import (
+	"context"
 	"fmt"
 	"runtime"
+	"strconv"
 )
 
 // returnFromKid passes up n bytes a child of a held, and unlinks unlink.
@@ -193,4 +195,39 @@ func (a *Account) closedError(op string) error {
 
 func (a *Account) invalid(op string, n int64) error {
 	return fmt.Errorf("%w: %s: %s(%d): negative size", ErrInvalidSize, a.scope(), op, n)
+}
+
+// noteLeak counts a leak of n bytes, logs the first, and returns the strict
+// panic's message ("" when not strict).
+func (p *Pool) noteLeak(scope string, n int64) string {
+	p.leaked.Add(1)
+	p.leakedBytes.Add(n)
+	msg := "limits: " + scope + ": closed with " + strconv.FormatInt(n, 10) + " bytes grown and not shrunk"
+	if p.strict {
+		return msg
+	}
+	if p.leakLogged.CompareAndSwap(false, true) {
+		p.log.Warn("limits: account leak (counted in PoolStats.Leaked; only the first is logged)", "error", msg)
+	}
+	return ""
+}
+
+// list adds a, with its context's cancel, to those CancelLargest may cancel.
+func (p *Pool) list(a *Account, cancel context.CancelCauseFunc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.listed[a]; ok || a.reserved.Load() < 0 {
+		return
+	}
+	if p.listed == nil {
+		p.listed = make(map[*Account]context.CancelCauseFunc)
+	}
+	p.listed[a] = cancel
+}
+
+// unlist removes a from the accounts that CancelLargest may cancel.
+func (p *Pool) unlist(a *Account) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.listed, a)
 }
