@@ -43,13 +43,13 @@ import (
 	"github.com/memctl/memctl/limits"
 )
 
-// PushbackKey, "grpc-retry-pushback-ms", is the trailer of the retry
-// pushback in milliseconds (gRFC A6).
-const PushbackKey = budgetrpc.PushbackKey
-
-// NoRetryPushback, "-1", is the pushback when a retry cannot succeed:
-// gRFC A6's "do not retry".
-const NoRetryPushback = budgetrpc.NoRetryPushback
+// The retry pushback of gRFC A6: PushbackKey, "grpc-retry-pushback-ms", is
+// the trailer of the pushback in milliseconds, and NoRetryPushback, "-1",
+// the pushback when a retry cannot succeed ("do not retry").
+const (
+	PushbackKey     = budgetrpc.PushbackKey
+	NoRetryPushback = budgetrpc.NoRetryPushback
+)
 
 // Config configures the interceptors.
 type Config struct {
