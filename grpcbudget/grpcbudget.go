@@ -109,19 +109,16 @@ func StreamServerInterceptor(pool *limits.Pool, cfg Config) (grpc.StreamServerIn
 
 // open returns the call's work: the one the stats handler opened
 // (ServerOptions), with its call, or a new one.
-func (b *budget) open(ctx context.Context, method string, setTrailer func(metadata.MD)) (*call, context.Context, *limits.Work, error) {
-	c := callFrom(ctx, b)
-	if c == nil {
-		wctx, w, err := b.pool.StartWork(ctx, b.work.Work(method))
-		if err != nil {
-			return nil, nil, nil, answer(err, status.Error(codes.Unavailable, err.Error()), setTrailer)
-		}
-		return nil, wctx, w, nil
+func (b *budget) open(ctx context.Context, method string, setTrailer func(metadata.MD)) (c *call, wctx context.Context, w *limits.Work, err error) {
+	if c = callFrom(ctx, b); c != nil {
+		wctx, w, err = ctx, c.w, c.startErr
+	} else {
+		wctx, w, err = b.pool.StartWork(ctx, b.work.Work(method))
 	}
-	if c.startErr != nil {
-		return nil, nil, nil, answer(c.startErr, status.Error(codes.Unavailable, c.startErr.Error()), setTrailer)
+	if err != nil {
+		return nil, nil, nil, answer(err, status.Error(codes.Unavailable, err.Error()), setTrailer)
 	}
-	return c, ctx, c.w, nil
+	return c, wctx, w, nil
 }
 
 func (b *budget) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
