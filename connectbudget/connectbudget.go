@@ -127,7 +127,7 @@ func (i *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 				}
 				// Inside other work (the pool's HTTP middleware): nest
 				// in it, as without the codec, and end the codec's work.
-				p.w.Account().Shrink(p.n)
+				p.charge.Release()
 				p.w.Finish(nil)
 			}
 		}
@@ -169,8 +169,7 @@ func (i *interceptor) unaryCharged(ctx context.Context, req connect.AnyRequest, 
 			cancel(context.Canceled)
 		}()
 	}
-	release := func() { p.w.Account().Shrink(p.n) }
-	return unary(p.w, release, func() (connect.AnyResponse, error) { return next(wctx, req) })
+	return unary(p.w, p.charge.Release, func() (connect.AnyResponse, error) { return next(wctx, req) })
 }
 
 // WrapStreamingClient returns next: client streams are not budgeted.
@@ -188,8 +187,8 @@ func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		}
 		release := func() {}
 		if i.charging {
-			bc := &budgetConn{StreamingHandlerConn: conn, i: i, a: w.Account()}
-			conn, release = bc, bc.release
+			bc := &budgetConn{StreamingHandlerConn: conn, i: i, charge: budgetrpc.Charge{A: w.Account()}}
+			conn, release = bc, bc.charge.Release
 		}
 		budget, err := run(w, release, func() error { return next(wctx, conn) })
 		if budget != nil {

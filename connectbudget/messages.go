@@ -71,15 +71,15 @@ type messages struct {
 // parked is a unary call whose message the codec charged or refused.
 type parked struct {
 	w       *limits.Work
-	wctx    context.Context // the work's own context, which the heap watch cancels
-	n       int64           // the message's charge
-	err     error           // the refusal: the message was not unmarshaled
+	wctx    context.Context  // the work's own context, which the heap watch cancels
+	charge  budgetrpc.Charge // the message's
+	err     error            // the refusal: the message was not unmarshaled
 	cleanup runtime.Cleanup
 }
 
 // abandon returns the message's charge and ends the work.
 func (p *parked) abandon() {
-	p.w.Account().Shrink(p.n)
+	p.charge.Release()
 	p.w.Abandon()
 }
 
@@ -160,9 +160,9 @@ func (c *codec) Unmarshal(data []byte, msg any) error {
 	if err != nil {
 		return c.base.Unmarshal(data, msg) // a closed pool: the interceptor answers
 	}
-	p := &parked{w: w, wctx: wctx}
+	p := &parked{w: w, wctx: wctx, charge: budgetrpc.Charge{A: w.Account()}}
 	// A refusal (p.err) is not unmarshaled.
-	p.err, err = budgetrpc.Receive(w.Account(), &p.n, int64(len(data)), func() error { return c.base.Unmarshal(data, msg) })
+	p.err, err = p.charge.Receive(int64(len(data)), func() error { return c.base.Unmarshal(data, msg) })
 	if err != nil {
 		w.Abandon()
 		return err // connect answers invalid_argument, as without the budget
@@ -179,10 +179,9 @@ func (c *codec) Unmarshal(data []byte, msg any) error {
 // budgetConn's Receive charges each message before it is unmarshaled.
 type budgetConn struct {
 	connect.StreamingHandlerConn
-	i    *interceptor
-	a    *limits.Account
-	held int64 // the last message's charge
-	err  error // the message being received was refused
+	i      *interceptor
+	charge budgetrpc.Charge // the last message's
+	err    error            // the message being received was refused
 }
 
 func (c *budgetConn) Receive(msg any) error {
@@ -205,17 +204,11 @@ func (c *budgetConn) Receive(msg any) error {
 // receive, called by the codec within Receive, releases the previous
 // message's charge and charges this one.
 func (c *budgetConn) receive(data []byte, msg any, base connect.Codec) error {
-	refused, err := budgetrpc.Receive(c.a, &c.held, int64(len(data)), func() error { return base.Unmarshal(data, msg) })
+	refused, err := c.charge.Receive(int64(len(data)), func() error { return base.Unmarshal(data, msg) })
 	if refused != nil {
 		c.err = refused // not unmarshaled; Receive returns the refusal
 	}
 	return err
-}
-
-// release returns the last message's charge.
-func (c *budgetConn) release() {
-	c.a.Shrink(c.held)
-	c.held = 0
 }
 
 // protoCodec is connect's unexported default codec of its name: protobuf

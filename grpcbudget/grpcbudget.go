@@ -299,10 +299,10 @@ type call struct {
 	startErr error       // StartWork's error: the interceptor answers with it
 	stop     func() bool // at Begin: stops the abandon of a call that never reaches End
 
-	mu   sync.Mutex
-	held int64 // the last message's charge
-	last any   // the message of the receive under way (see settle)
-	err  error // the last message was refused (a budget error) or could not be unmarshaled
+	mu     sync.Mutex
+	charge budgetrpc.Charge // the last message's
+	last   any              // the message of the receive under way (see settle)
+	err    error            // the last message was refused (a budget error) or could not be unmarshaled
 }
 
 func callFrom(ctx context.Context, b *budget) *call {
@@ -321,7 +321,7 @@ func (b *budget) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Con
 		c.startErr = err
 		return context.WithValue(ctx, callKey{}, c)
 	}
-	c.w = w
+	c.w, c.charge.A = w, w.Account()
 	c.stop = context.AfterFunc(wctx, c.abandon)
 	return context.WithValue(wctx, callKey{}, c)
 }
@@ -369,7 +369,7 @@ func (c *call) receive(v any, data mem.BufferSlice) {
 	if c.w == nil {
 		return // the interceptor answers with startErr; nothing to unmarshal for
 	}
-	refused, err := budgetrpc.Receive(c.w.Account(), &c.held, int64(data.Len()), func() error { return c.b.codec.Unmarshal(data, v) })
+	refused, err := c.charge.Receive(int64(data.Len()), func() error { return c.b.codec.Unmarshal(data, v) })
 	switch {
 	case refused != nil:
 		c.err = refused
@@ -406,10 +406,8 @@ func (c *call) release() {
 	}
 	_ = c.settle()
 	c.mu.Lock()
-	held := c.held
-	c.held = 0
+	c.charge.Release()
 	c.mu.Unlock()
-	c.w.Account().Shrink(held)
 }
 
 // abandon ends the call's work if nothing else did.
