@@ -39,7 +39,6 @@ type Work struct {
 	a          *Account
 	ctx        context.Context
 	end        func() string // WithAccount's end; nil without CancelLargest, and for nested work
-	mapCause   bool          // CancelLargest: Finish maps the heap watch's cancel
 	threshold  int64
 	afterBurst func()
 	finished   atomic.Bool
@@ -71,7 +70,7 @@ func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, 
 	if err != nil {
 		return ctx, nil, err
 	}
-	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst, mapCause: p.cancelLargest}
+	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst}
 	w.begin(ctx, p.cancelLargest && !nested)
 	return w.ctx, w, nil
 }
@@ -118,7 +117,7 @@ func (w *Work) finish(err error, returned bool) error {
 	a, p := w.a, w.a.pool
 	reached := a.demand()
 	var cause error
-	if w.mapCause && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
+	if p.cancelLargest && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
 		if c, ok := context.Cause(w.ctx).(*ExhaustedError); ok {
 			cause = c
 		}
