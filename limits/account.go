@@ -27,25 +27,24 @@ type Account struct {
 	used atomic.Int64
 	// reserved is what the account holds from its parent for its own bytes,
 	// ≥ used once a Grow returns; -1 once closed. Written under mu.
-	reserved   atomic.Int64
-	peak       atomic.Int64 // highest used+kids
-	pool       *Pool
-	releaseAt  int64        // Shrink returns bytes to the parent when reserved-used exceeds it
-	_          [24]byte     // the hot fields above alone on a cache line
-	mu         sync.Mutex   // serializes reservations, releases, Open and Close
-	kids       atomic.Int64 // what the accounts opened from it hold; written under mu
-	limit      int64        // Unlimited: no limit of its own
-	chunk      int64
-	parent     *Account              // nil for a top-level account
-	name       string                // the last element of the scope; see scope
-	seq        int64                 // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
-	closeCause error                 // the cause of the WithAccount context that closed it; under mu
-	refusedAt  atomic.Int64          // the highest Used+n of a refused Grow(n)
-	openKids   map[*Account]struct{} // the open accounts opened from it; under mu
-	// canceled: CancelLargest canceled it; under pool.mu.
-	canceled         bool
-	pressureCanceled atomic.Bool // the heap watch canceled its context
-	_                [23]byte    // pad to a multiple of the cache line
+	reserved         atomic.Int64
+	peak             atomic.Int64 // highest used+kids
+	pool             *Pool
+	releaseAt        int64        // Shrink returns bytes to the parent when reserved-used exceeds it
+	_                [24]byte     // the hot fields above alone on a cache line
+	mu               sync.Mutex   // serializes reservations, releases, Open and Close
+	kids             atomic.Int64 // what the accounts opened from it hold; written under mu
+	limit            int64        // Unlimited: no limit of its own
+	chunk            int64
+	parent           *Account              // nil for a top-level account
+	name             string                // the last element of the scope; see scope
+	seq              int64                 // > 0: the name is "req-<seq>" (the middleware's default), made only when needed
+	closeCause       error                 // the cause of the WithAccount context that closed it; under mu
+	refusedAt        atomic.Int64          // the highest Used+n of a refused Grow(n)
+	openKids         map[*Account]struct{} // the open accounts opened from it; under mu
+	canceled         bool                  // CancelLargest canceled it; under pool.mu
+	pressureCanceled atomic.Bool           // the heap watch canceled its context
+	_                [23]byte              // pad to a multiple of the cache line
 }
 
 // Test hooks at Grow's fast path and a release's two racing points.
