@@ -78,7 +78,7 @@ type httpMiddleware struct {
 
 // httpRequest is one request's state, on serve's stack: keep no pointer.
 type httpRequest struct {
-	w        Work  // its account and context (begin, closeAccount)
+	work     Work  // its account and context (begin, closeAccount)
 	charged  int64 // a Content-Length's charge; body's are per Read
 	body     *chargedBody
 	admitted bool // false: the Content-Length was refused, nothing read
@@ -92,13 +92,13 @@ func (m *httpMiddleware) serve(next http.Handler, w http.ResponseWriter, r *http
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	rq := httpRequest{w: Work{a: a}, admitted: true}
-	rq.w.begin(r.Context(), m.p.cancelLargest)
+	rq := httpRequest{work: Work{a: a}, admitted: true}
+	rq.work.begin(r.Context(), m.p.cancelLargest)
 	if m.inflight.Add(1) > 1 && !m.overlapped.Load() {
 		m.overlapped.Store(true)
 	}
 	defer m.finish(&rq)
-	r = r.WithContext(rq.w.ctx)
+	r = r.WithContext(rq.work.ctx)
 	var tracker *writeTracker
 	if r.ContentLength != 0 && !m.cfg.UnchargedBody {
 		if r.ContentLength > 0 {
@@ -131,7 +131,7 @@ func (m *httpMiddleware) open(r *http.Request) (*Account, error) {
 // answers w (WriteError, or 503 when closed) and returns false.
 func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 	n := bodyCharge(contentLength)
-	if err := rq.w.a.Grow(n); err != nil {
+	if err := rq.work.a.Grow(n); err != nil {
 		rq.admitted, rq.returned = false, true
 		if !WriteError(w, err) {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable) // closed
@@ -145,7 +145,7 @@ func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 // finish ends rq: it releases the body's charge, closes the account, ends a
 // burst, and panics on a strict leak.
 func (m *httpMiddleware) finish(rq *httpRequest) {
-	a := rq.w.a
+	a := rq.work.a
 	if rq.body != nil {
 		rq.charged += rq.body.charged.Load()
 	}
@@ -156,7 +156,7 @@ func (m *httpMiddleware) finish(rq *httpRequest) {
 	if !rq.admitted {
 		reached = a.Peak() // nothing of the body was read: no garbage to trim
 	}
-	leak := rq.w.closeAccount()
+	leak := rq.work.closeAccount()
 	m.endBurst(reached)
 	if leak != "" && m.p.strict && rq.returned {
 		panic(leak)
