@@ -143,15 +143,8 @@ func (p *Pool) Do(ctx context.Context, cfg WorkConfig, fn func(ctx context.Conte
 	if err != nil {
 		return err
 	}
-	returned := false
-	defer func() {
-		if !returned {
-			w.Abandon()
-		}
-	}()
-	err = fn(ctx)
-	returned = true
-	return w.Finish(err)
+	defer w.Abandon() // when fn panics; nothing once Finish ran
+	return w.Finish(fn(ctx))
 }
 
 type accountKey struct{}
