@@ -149,9 +149,7 @@ func (m *httpMiddleware) finish(rq *httpRequest) {
 	if rq.body != nil {
 		rq.charged += rq.body.charged.Load()
 	}
-	if rq.charged != 0 {
-		a.Shrink(rq.charged)
-	}
+	a.Shrink(rq.charged) // 0: nothing
 	reached := max(a.Peak(), a.refusedAt.Load())
 	if !rq.admitted {
 		reached = a.Peak() // nothing of the body was read: no garbage to trim

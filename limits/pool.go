@@ -214,11 +214,7 @@ func (p *Pool) curLimit() int64 {
 // follow sets a derived pool's limit to defaultPoolRatio of gml, read at
 // generation g, unless GOMEMLIMIT is unset.
 func (p *Pool) follow(g uint64, gml int64) {
-	old := p.gen.Load()
-	if g != old && !p.gen.CompareAndSwap(old, g) {
-		return
-	}
-	if !gomemlimit.IsSet(gml) {
+	if old := p.gen.Load(); (g != old && !p.gen.CompareAndSwap(old, g)) || !gomemlimit.IsSet(gml) {
 		return
 	}
 	limit := poolShare(gml)

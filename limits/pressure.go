@@ -97,10 +97,9 @@ func (p *Pool) cancelLargestAccount(live, threshold int64, why string, kernel bo
 // refreshIfStale runs a GC cycle (refreshHeap) when the last one seen is
 // older than heapRefreshInterval.
 func (p *Pool) refreshIfStale() {
-	if p.sub == nil || !heapStale(time.Now().UnixNano(), p.lastCycle.Load()) {
-		return
+	if p.sub != nil && heapStale(time.Now().UnixNano(), p.lastCycle.Load()) {
+		p.refreshHeap()
 	}
-	p.refreshHeap()
 }
 
 // refreshHeap runs a GC cycle on a goroutine, or one more after the running

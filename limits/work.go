@@ -116,11 +116,9 @@ func (w *Work) finish(err error, returned bool) error {
 	}
 	a, p := w.a, w.a.pool
 	reached := a.demand()
-	var cause error
+	var cause *ExhaustedError
 	if p.cancelLargest && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
-		if c, ok := context.Cause(w.ctx).(*ExhaustedError); ok {
-			cause = c
-		}
+		cause, _ = context.Cause(w.ctx).(*ExhaustedError)
 	}
 	leak := w.closeAccount()
 	if w.threshold > 0 && reached >= w.threshold && w.afterBurst != nil {
