@@ -315,14 +315,12 @@ func callFrom(ctx context.Context, b *budget) *call {
 // TagRPC opens the call's account, carried by the call's context; a call
 // that never reaches End (an unknown method) is abandoned when it ends.
 func (b *budget) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	c := &call{b: b}
-	wctx, w, err := b.pool.StartWork(ctx, b.work.Work(info.FullMethodName))
-	if err != nil {
-		c.startErr = err
-		return context.WithValue(ctx, callKey{}, c)
+	wctx, w, err := b.pool.StartWork(ctx, b.work.Work(info.FullMethodName)) // ctx on an error
+	c := &call{b: b, w: w, startErr: err}
+	if err == nil {
+		c.charge.A = w.Account()
+		c.stop = context.AfterFunc(wctx, c.abandon)
 	}
-	c.w, c.charge.A = w, w.Account()
-	c.stop = context.AfterFunc(wctx, c.abandon)
 	return context.WithValue(wctx, callKey{}, c)
 }
 
