@@ -5,6 +5,9 @@ import (
 	"math"
 	"runtime"
 	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
 )
 
 // Grow reports n more bytes in use. It returns nil, or, counting nothing, an
@@ -119,12 +122,7 @@ func (a *Account) growLocked(n int64, o *observation) error {
 			continue
 		}
 		need := u + n - r
-		want := roundUp(need, a.chunk)
-		if room := a.room(r); want > room {
-			want = max(room, need)
-		}
-		want = a.shedCap(want, need, r+k)
-		got, err := a.reserveUp(want, need, o)
+		got, err := a.take(roundUp(need, a.chunk), need, r, o)
 		if err != nil {
 			return err
 		}
@@ -150,9 +148,14 @@ func roundUp(n, chunk int64) int64 {
 	return n
 }
 
-// reserveUp takes want bytes, or only need, from the parent and returns how
-// many it took. Called with mu held; locks go child first.
-func (a *Account) reserveUp(want, need int64, o *observation) (int64, error) {
+// take reserves want bytes, or only need, from the parent and returns how
+// many it took; want is first lowered to a's room given r reserved, and
+// while shedding to ShedSize. Called with mu held; locks go child first.
+func (a *Account) take(want, need, r int64, o *observation) (int64, error) {
+	if room := a.room(r); want > room {
+		want = max(room, need)
+	}
+	want = a.shedCap(want, need, r+a.kids.Load())
 	if a.parent == nil {
 		return a.pool.reserve(want, need, o)
 	}
@@ -183,14 +186,10 @@ func (a *Account) reserveForKid(want, need int64, o *observation) (int64, error)
 	if e := a.shedError(need, max(a.used.Load(), 0)+a.kids.Load()); e != nil && o.over(a.pool, e) {
 		return 0, e
 	}
-	if room := a.room(r); want > room {
-		want = max(room, need)
-	}
-	want = a.shedCap(want, need, r+a.kids.Load())
-	got, err := a.reserveUp(want, need, o)
+	got, err := a.take(want, need, r, o)
 	if _, ok := err.(*ExhaustedError); ok && a.reserved.Load() > max(a.used.Load(), 0) {
 		a.trimLocked(0) // an ancestor is full: give back a's slack, ask again
-		got, err = a.reserveUp(want, need, o)
+		got, err = a.take(want, need, r, o)
 	}
 	if err != nil {
 		return 0, err
@@ -208,4 +207,113 @@ func (a *Account) raisePeak(t int64) {
 		t = min(t, a.limit)
 	}
 	notePeak(&a.peak, t)
+}
+
+// reserve takes want bytes from the pool, or only need when want does not
+// fit, and returns how many it took; a refusal is an *ExhaustedError, or,
+// not enforced, recorded in o (unless past math.MaxInt64).
+func (p *Pool) reserve(want, need int64, o *observation) (int64, error) {
+	if p.closed.Load() {
+		return 0, fmt.Errorf("%w: pool %s", ErrClosed, p.name)
+	}
+	if p.pressure.Load() {
+		p.refreshIfStale()
+		e := &ExhaustedError{Requested: need, Used: p.heapLive.Load(), Limit: p.heapThreshold.Load(), Scope: p.heapScope, RetryAfter: defaultRetryAfter}
+		if o.over(p, e) {
+			return 0, e
+		}
+	}
+	limit := p.curLimit()
+	for {
+		cur := p.used.Load()
+		got := want
+		if need > limit-cur {
+			e := &ExhaustedError{Requested: need, Used: cur, Limit: limit, Scope: p.name, RetryAfter: defaultRetryAfter}
+			if need > math.MaxInt64-cur || o.over(p, e) {
+				return 0, e
+			}
+			got = need // so that the next Grow past the limit is seen too
+		} else if want > limit-cur {
+			got = need
+		}
+		if p.used.CompareAndSwap(cur, cur+got) {
+			notePeak(&p.peak, cur+got)
+			notePeak(&p.burstPeak, cur+got)
+			return got, nil
+		}
+	}
+}
+
+// unreserve returns n bytes to the pool.
+func (p *Pool) unreserve(n int64) { p.used.Add(-n) }
+
+// noteRefused counts a refused Grow(n), sets its Requested and RetryAfter,
+// and records refusedAt up the accounts.
+func (a *Account) noteRefused(n int64, err error) {
+	e, ok := err.(*ExhaustedError)
+	if !ok {
+		return
+	}
+	a.pool.refusedBy[a.pool.refusalScope(e)].Add(1)
+	e.Requested = n
+	if e.RetryAfter > 0 {
+		// No retry when this work alone does not fit in the pool.
+		u := max(a.used.Load(), 0) + a.kids.Load()
+		if l := a.pool.limit.Load(); n > l-min(u, l) {
+			e.RetryAfter = 0
+		}
+	}
+	for x := a; x != nil; x = x.parent {
+		u := max(x.used.Load(), 0) + x.kids.Load()
+		notePeak(&x.refusedAt, u+min(n, math.MaxInt64-u))
+	}
+}
+
+// The scopes a refusal is counted under (PoolStats.RefusedBy).
+const (
+	scopeAccount = iota
+	scopePool
+	scopeHeap
+	scopeShed
+)
+
+// refusalScope tells which scope refused with e.
+func (p *Pool) refusalScope(e *ExhaustedError) int {
+	switch {
+	case e.Scope == p.name:
+		return scopePool
+	case e.Scope == p.heapScope:
+		return scopeHeap
+	case strings.HasSuffix(e.Scope, " (shedding)"):
+		return scopeShed
+	}
+	return scopeAccount
+}
+
+// noteObserved counts a Grow let through, logged in ModeObserve at most
+// once per observeLogInterval.
+func (p *Pool) noteObserved(e *ExhaustedError) {
+	p.observed.Add(1)
+	if p.mode != ModeObserve || !due(&p.observeLogAt, observeLogInterval) {
+		return
+	}
+	p.log.Warn("limits: budget exceeded, not refused (MEMCTL_BUDGETS=observe)",
+		"error", e.Error(), "observed", p.observed.Load())
+}
+
+// due reports whether every has passed since *at (UnixNano; 0: never), and
+// if so sets *at to now; of concurrent callers, one gets true.
+func due(at *atomic.Int64, every time.Duration) bool {
+	now, last := time.Now().UnixNano(), at.Load()
+	return (last == 0 || now-last >= int64(every)) && at.CompareAndSwap(last, now)
+}
+
+// notePeak raises peak to v if v is higher.
+func notePeak(peak *atomic.Int64, v int64) {
+	for {
+		p := peak.Load()
+		if v <= p || peak.CompareAndSwap(p, v) {
+			return
+		}
+	}
 }

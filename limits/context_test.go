@@ -23,7 +23,7 @@ func TestWithAccountClosesWhenContextEnds(t *testing.T) {
 	require.Eventually(t, func() bool { return p.Used() == 0 }, 5*time.Second, time.Millisecond)
 	assert.ErrorIs(t, Grow(ctx, 1), ErrClosed)
 	p.mu.Lock()
-	assert.Nil(t, p.head, "a closed account leaves the pool's list")
+	assert.Empty(t, p.listed, "a closed account leaves the pool's list")
 	p.mu.Unlock()
 
 	b := mustOpen(t, p, "b", Unlimited)

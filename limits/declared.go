@@ -112,10 +112,7 @@ func signedMiB(n int64) string {
 // chargeDir returns the cgroup directory charged against file's limit; ""
 // for total memory and a declared limit.
 func (f found) chargeDir(file string) string {
-	if f.decl != "" && file == f.decl {
-		return ""
-	}
-	if file == "" {
+	if file == "" || file == f.decl {
 		return ""
 	}
 	return filepath.Dir(file)

@@ -1,9 +1,12 @@
 package limits
 
 import (
-	"context"
+	"bufio"
 	"encoding/json"
 	"errors"
+	"io"
+	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -75,9 +78,8 @@ type httpMiddleware struct {
 
 // httpRequest is one request's state, on serve's stack: keep no pointer.
 type httpRequest struct {
-	a        *Account
-	end      func() string // WithAccount's end with CancelLargest, else nil
-	charged  int64         // a Content-Length's charge; body's are per Read
+	work     Work  // its account and context (begin, closeAccount)
+	charged  int64 // a Content-Length's charge; body's are per Read
 	body     *chargedBody
 	admitted bool // false: the Content-Length was refused, nothing read
 	returned bool // the handler returned (or was not called), not panicked
@@ -90,18 +92,13 @@ func (m *httpMiddleware) serve(next http.Handler, w http.ResponseWriter, r *http
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	rq := httpRequest{a: a, admitted: true}
-	var ctx context.Context // WithAccount only for CancelLargest: it allocates more
-	if m.p.cancelLargest {
-		ctx, rq.end = withAccount(r.Context(), a)
-	} else {
-		ctx = NewContext(r.Context(), a)
-	}
+	rq := httpRequest{work: Work{a: a}, admitted: true}
+	rq.work.begin(r.Context(), m.p.cancelLargest)
 	if m.inflight.Add(1) > 1 && !m.overlapped.Load() {
 		m.overlapped.Store(true)
 	}
 	defer m.finish(&rq)
-	r = r.WithContext(ctx)
+	r = r.WithContext(rq.work.ctx)
 	var tracker *writeTracker
 	if r.ContentLength != 0 && !m.cfg.UnchargedBody {
 		if r.ContentLength > 0 {
@@ -134,7 +131,7 @@ func (m *httpMiddleware) open(r *http.Request) (*Account, error) {
 // answers w (WriteError, or 503 when closed) and returns false.
 func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 	n := bodyCharge(contentLength)
-	if err := rq.a.Grow(n); err != nil {
+	if err := rq.work.a.Grow(n); err != nil {
 		rq.admitted, rq.returned = false, true
 		if !WriteError(w, err) {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable) // closed
@@ -148,24 +145,16 @@ func (rq *httpRequest) admit(w http.ResponseWriter, contentLength int64) bool {
 // finish ends rq: it releases the body's charge, closes the account, ends a
 // burst, and panics on a strict leak.
 func (m *httpMiddleware) finish(rq *httpRequest) {
-	a := rq.a
+	a := rq.work.a
 	if rq.body != nil {
 		rq.charged += rq.body.charged.Load()
 	}
-	if rq.charged != 0 {
-		a.Shrink(rq.charged)
-	}
+	a.Shrink(rq.charged) // 0: nothing
 	reached := max(a.Peak(), a.refusedAt.Load())
 	if !rq.admitted {
 		reached = a.Peak() // nothing of the body was read: no garbage to trim
 	}
-	var leak string
-	if rq.end != nil {
-		leak = rq.end()
-	} else {
-		leak = a.close(nil)
-		m.p.workEnded(a)
-	}
+	leak := rq.work.closeAccount()
 	m.endBurst(reached)
 	if leak != "" && m.p.strict && rq.returned {
 		panic(leak)
@@ -233,3 +222,83 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	_, _ = w.Write(append(body, '\n'))
 	return true
 }
+
+// bodyCopies is how many times its length a request body is charged: read
+// into memory it is held twice at its peak (docs/budgets.md).
+const bodyCopies = 2
+
+// bodyCharge returns bodyCopies × n, saturated at math.MaxInt64.
+func bodyCharge(n int64) int64 {
+	if n > math.MaxInt64/bodyCopies {
+		return math.MaxInt64
+	}
+	return n * bodyCopies
+}
+
+// chargedBody is a body of unknown length charged as it is read; after a
+// refusal every Read returns the budget error (docs/budgets.md).
+type chargedBody struct {
+	rc      io.ReadCloser
+	a       *Account
+	charged atomic.Int64
+	err     error // the first refusal, returned by every later Read
+}
+
+func (b *chargedBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		c := bodyCharge(int64(n))
+		if gerr := b.a.Grow(c); gerr != nil {
+			b.err = gerr
+			return 0, gerr
+		}
+		b.charged.Add(c)
+	}
+	return n, err
+}
+
+func (b *chargedBody) Close() error { return b.rc.Close() }
+
+// writeTracker records whether the handler has answered, so that a refused
+// read gets the middleware's 429 only when it wrote nothing.
+type writeTracker struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *writeTracker) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols { // 1xx is not the answer, but 101 is
+		w.wrote = true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *writeTracker) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush sends what was written, and the headers: the answer has begun.
+func (w *writeTracker) Flush() {
+	w.wrote = true
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *writeTracker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.wrote = true
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// ReadFrom keeps net/http's sendfile path for io.Copy(w, file).
+func (w *writeTracker) ReadFrom(r io.Reader) (int64, error) {
+	w.wrote = true
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{w.ResponseWriter}, r)
+}
+
+func (w *writeTracker) Unwrap() http.ResponseWriter { return w.ResponseWriter }

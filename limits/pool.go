@@ -2,12 +2,12 @@ package limits
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
 	"os"
 	"runtime/debug"
-	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"weak"
@@ -35,8 +35,7 @@ type Pool struct {
 	derived       bool          // Limit 0: the limit follows GOMEMLIMIT
 	gen           atomic.Uint64 // the memLimitGen the limit was computed at
 	_             [16]byte
-	refused       atomic.Int64
-	refusedBy     [4]atomic.Int64 // by refusalScope
+	refusedBy     [4]atomic.Int64 // by refusalScope; PoolStats.Refused is their sum
 	observed      atomic.Int64
 	misuse        atomic.Int64
 	leaked        atomic.Int64
@@ -67,14 +66,11 @@ type Pool struct {
 	strict        bool
 	log           *slog.Logger
 	sub           *gcend.Subscription
-	heapMu        sync.Mutex // serializes heap readings
-	sample        [2]metrics.Sample
-	seenCycle     uint64     // the GC cycle read last; guarded by heapMu
-	mu            sync.Mutex // guards the list of cancellable accounts and refreshing
-	head          *Account
-	refreshing    bool           // a refreshHeap goroutine runs
-	refreshAgain  bool           // it runs one more cycle
-	wg            sync.WaitGroup // the refresh goroutine
+	mu            sync.Mutex                           // guards listed and refreshing
+	listed        map[*Account]context.CancelCauseFunc // the accounts CancelLargest may cancel
+	refreshing    bool                                 // a refreshHeap goroutine runs
+	refreshAgain  bool                                 // it runs one more cycle
+	wg            sync.WaitGroup                       // the refresh goroutine
 }
 
 var unguarded atomic.Int64 // PoolStats.Unguarded
@@ -155,8 +151,6 @@ func newPoolDefaults(cfg PoolConfig) *Pool {
 	}
 	p.heapScope = p.name + " (heap pressure)"
 	p.baseline.Store(-1)
-	p.sample[0].Name = liveHeapMetric
-	p.sample[1].Name = gcCyclesMetric
 	return p
 }
 
@@ -172,7 +166,7 @@ func (p *Pool) readMode() {
 	}
 }
 
-// watchHeap subscribes the pool to each GC end (heapAt).
+// watchHeap subscribes the pool to each GC end (observeHeap).
 func (p *Pool) watchHeap() {
 	wp := weak.Make(p) // weak: a pool dropped without Close stops its watch
 	p.sub = gcend.Subscribe(func(s *gcend.Sample) bool {
@@ -180,7 +174,7 @@ func (p *Pool) watchHeap() {
 		if p == nil {
 			return false
 		}
-		p.heapAt(s.Live, s.Cycles, s.GoMemLimit)
+		p.observeHeap(s.Live, s.GoMemLimit)
 		return true
 	})
 }
@@ -188,26 +182,16 @@ func (p *Pool) watchHeap() {
 // register adds the pool to the open pools, logging its limit at INFO and,
 // unless ModeOff, a duplicate name or a second default pool at WARN.
 func (p *Pool) register(limit int64, from string) {
-	if p.mode != ModeOff && poolNamed(p.name) {
+	if p.mode != ModeOff && openPool(func(q *Pool) bool { return q.name == p.name }) != nil {
 		p.log.Warn("limits: another open pool has the same name: the errors, Stats and metrics of the two cannot be told apart (set PoolConfig.Name)", "pool", p.name)
 	}
 	p.log.Info("limits: pool made", "pool", p.name, "limit", mibOrUnlimited(limit), "limit_source", from)
-	if other := derivedPool(); p.derived && p.mode != ModeOff && other != "" {
+	other := openPool(func(q *Pool) bool { return q.derived && q.mode != ModeOff })
+	if p.derived && p.mode != ModeOff && other != nil {
 		p.log.Warn("limits: a second pool with the default limit: each may use half of GOMEMLIMIT, together all of it; share one pool (the HTTP middleware, grpcbudget and connectbudget can) or set PoolConfig.Limit",
-			"pool", p.name, "other_pool", other)
+			"pool", p.name, "other_pool", other.name)
 	}
 	registerPool(p)
-}
-
-// derivedPool returns the name of an open pool with the default limit, or "".
-func derivedPool() string {
-	name := ""
-	eachPool(func(q *Pool) {
-		if name == "" && q.derived && q.mode != ModeOff && !q.closed.Load() {
-			name = q.name
-		}
-	})
-	return name
 }
 
 // memLimitGen counts this package's changes of GOMEMLIMIT (noteMemLimitSet),
@@ -230,14 +214,10 @@ func (p *Pool) curLimit() int64 {
 // follow sets a derived pool's limit to defaultPoolRatio of gml, read at
 // generation g, unless GOMEMLIMIT is unset.
 func (p *Pool) follow(g uint64, gml int64) {
-	old := p.gen.Load()
-	if g != old && !p.gen.CompareAndSwap(old, g) {
+	if old := p.gen.Load(); (g != old && !p.gen.CompareAndSwap(old, g)) || !gomemlimit.IsSet(gml) {
 		return
 	}
-	if !gomemlimit.IsSet(gml) {
-		return
-	}
-	limit := max(int64(float64(gml)*defaultPoolRatio), 1)
+	limit := poolShare(gml)
 	if prev := p.limit.Swap(limit); prev != limit && !within(limit, prev, 1000) {
 		p.log.Info("limits: pool limit follows GOMEMLIMIT", "pool", p.name, "limit", mibOrUnlimited(limit),
 			"was", mibOrUnlimited(prev), "gomemlimit", logattr.MiBCompact(gml))
@@ -252,18 +232,11 @@ func mibOrUnlimited(n int64) string {
 	return logattr.MiBCompact(n)
 }
 
-// poolNamed reports whether an open pool is named name.
-func poolNamed(name string) bool {
-	found := false
-	eachPool(func(q *Pool) { found = found || (q.name == name && !q.closed.Load()) })
-	return found
-}
-
 // defaultLimit returns PoolConfig.Limit 0's limit given GOMEMLIMIT gml, and
 // where it came from.
 func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 	if gml != math.MaxInt64 {
-		return max(int64(float64(gml)*defaultPoolRatio), 1), "half of GOMEMLIMIT " + logattr.MiBCompact(gml) + ", following it", nil
+		return poolShare(gml), "half of GOMEMLIMIT " + logattr.MiBCompact(gml) + ", following it", nil
 	}
 	from := "cgroup memory limit"
 	base, err := fromCgroup()
@@ -274,9 +247,12 @@ func (p *Pool) defaultLimit(gml int64) (int64, string, error) {
 			return 0, "", fmt.Errorf("limits: pool %s: no GOMEMLIMIT, no cgroup memory limit (%v) and no physical memory size (%v): set PoolConfig.Limit", p.name, err, err2)
 		}
 	}
-	limit := max(int64(float64(min(base, math.MaxInt64))*defaultRatio*defaultPoolRatio), 1)
+	limit := poolShare(int64(float64(min(base, math.MaxInt64)) * defaultRatio))
 	return limit, "GOMEMLIMIT not set: half of 90% of the " + from + " " + logattr.MiBCompact(int64(min(base, math.MaxInt64))) + "; follows GOMEMLIMIT once set", nil
 }
+
+// poolShare returns the default pool limit for a GOMEMLIMIT of gml bytes.
+func poolShare(gml int64) int64 { return max(int64(float64(gml)*defaultPoolRatio), 1) }
 
 // Name returns the pool's name, the first element of every scope.
 func (p *Pool) Name() string { return p.name }
@@ -302,16 +278,17 @@ type RefusedBy struct {
 
 // Stats returns a snapshot of the pool's counters.
 func (p *Pool) Stats() PoolStats {
+	by := RefusedBy{
+		Account: p.refusedBy[scopeAccount].Load(), Pool: p.refusedBy[scopePool].Load(),
+		HeapPressure: p.refusedBy[scopeHeap].Load(), Shedding: p.refusedBy[scopeShed].Load(),
+	}
 	return PoolStats{
-		RefusedBy: RefusedBy{
-			Account: p.refusedBy[scopeAccount].Load(), Pool: p.refusedBy[scopePool].Load(),
-			HeapPressure: p.refusedBy[scopeHeap].Load(), Shedding: p.refusedBy[scopeShed].Load(),
-		},
+		RefusedBy:         by,
+		Refused:           by.Account + by.Pool + by.HeapPressure + by.Shedding,
 		Limit:             p.curLimit(),
 		Mode:              p.mode,
 		Used:              p.used.Load(),
 		Peak:              p.peak.Load(),
-		Refused:           p.refused.Load(),
 		Observed:          p.observed.Load(),
 		Misuse:            p.misuse.Load(),
 		Leaked:            p.leaked.Load(),

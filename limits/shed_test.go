@@ -135,7 +135,7 @@ func init() {
 // childCancelBeforeGC calls CancelLargest before the first GC cycle, when
 // the live heap reads 0, with a 1-byte request and then a 64 MiB one open.
 func childCancelBeforeGC() {
-	s := []metrics.Sample{{Name: gcCyclesMetric}, {Name: liveHeapMetric}}
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: liveHeapMetric}}
 	metrics.Read(s)
 	childtest.Say("CYCLES", s[0].Value.Uint64())
 	childtest.Say("LIVE", s[1].Value.Uint64())

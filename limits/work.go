@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 )
 
@@ -38,7 +39,6 @@ type Work struct {
 	a          *Account
 	ctx        context.Context
 	end        func() string // WithAccount's end; nil without CancelLargest, and for nested work
-	mapCause   bool          // CancelLargest: Finish maps the heap watch's cancel
 	threshold  int64
 	afterBurst func()
 	finished   atomic.Bool
@@ -70,13 +70,29 @@ func (p *Pool) StartWork(ctx context.Context, cfg WorkConfig) (context.Context, 
 	if err != nil {
 		return ctx, nil, err
 	}
-	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst, mapCause: p.cancelLargest}
-	if p.cancelLargest && !nested {
-		w.ctx, w.end = withAccount(ctx, a)
-	} else {
-		w.ctx = NewContext(ctx, a)
-	}
+	w := &Work{a: a, threshold: burstThreshold(cfg.Limit, cfg.BurstThreshold), afterBurst: cfg.AfterBurst}
+	w.begin(ctx, p.cancelLargest && !nested)
 	return w.ctx, w, nil
+}
+
+// begin sets the work's context: ctx carrying its account, bound with
+// WithAccount when bind (which allocates more).
+func (w *Work) begin(ctx context.Context, bind bool) {
+	if bind {
+		w.ctx, w.end = withAccount(ctx, w.a)
+	} else {
+		w.ctx = NewContext(ctx, w.a)
+	}
+}
+
+// closeAccount closes the work's account and returns its leak.
+func (w *Work) closeAccount() string {
+	if w.end != nil {
+		return w.end()
+	}
+	leak := w.a.close(nil)
+	w.a.pool.workEnded(w.a)
+	return leak
 }
 
 // Account returns the work's account.
@@ -100,19 +116,11 @@ func (w *Work) finish(err error, returned bool) error {
 	}
 	a, p := w.a, w.a.pool
 	reached := a.demand()
-	var cause error
-	if w.mapCause && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
-		if c, ok := context.Cause(w.ctx).(*ExhaustedError); ok {
-			cause = c
-		}
+	var cause *ExhaustedError
+	if p.cancelLargest && err != nil && w.ctx.Err() != nil && !errors.Is(err, ErrResourceExhausted) {
+		cause, _ = context.Cause(w.ctx).(*ExhaustedError)
 	}
-	var leak string
-	if w.end != nil {
-		leak = w.end()
-	} else {
-		leak = a.close(nil)
-		p.workEnded(a)
-	}
+	leak := w.closeAccount()
 	if w.threshold > 0 && reached >= w.threshold && w.afterBurst != nil {
 		w.afterBurst()
 	}
@@ -133,13 +141,82 @@ func (p *Pool) Do(ctx context.Context, cfg WorkConfig, fn func(ctx context.Conte
 	if err != nil {
 		return err
 	}
-	returned := false
-	defer func() {
-		if !returned {
-			w.Abandon()
+	defer w.Abandon() // when fn panics; nothing once Finish ran
+	return w.Finish(fn(ctx))
+}
+
+type accountKey struct{}
+
+// NewContext returns a copy of ctx that carries a; Grow, Shrink and
+// FromContext on it use a. It does not tie a's lifetime to ctx (see
+// WithAccount).
+func NewContext(ctx context.Context, a *Account) context.Context {
+	return context.WithValue(ctx, accountKey{}, a)
+}
+
+// FromContext returns the account ctx carries, or nil when it carries none.
+func FromContext(ctx context.Context) *Account {
+	a, _ := ctx.Value(accountKey{}).(*Account)
+	return a
+}
+
+// Grow charges n bytes to the account in ctx (see Account.Grow). With no
+// account in ctx it returns nil, counting the call in PoolStats.Unguarded and
+// logging the first at WARN; a negative n is still an error.
+func Grow(ctx context.Context, n int64) error {
+	if a := FromContext(ctx); a != nil {
+		return a.Grow(n)
+	}
+	if n < 0 {
+		return fmt.Errorf("%w: Grow(%d): negative size", ErrInvalidSize, n)
+	}
+	if unguarded.Add(1) == 1 {
+		slog.Default().Warn("limits: Grow on a context with no account: this request has no budget " +
+			"(wrap the handler with Pool.Middleware, or bind an account with WithAccount); " +
+			"counted in PoolStats.Unguarded, only the first is logged")
+	}
+	return nil
+}
+
+// Shrink returns n bytes to the account in ctx (see Account.Shrink); with no
+// account in ctx it does nothing.
+func Shrink(ctx context.Context, n int64) {
+	if a := FromContext(ctx); a != nil {
+		a.Shrink(n)
+	}
+}
+
+// WithAccount returns a copy of parent that carries a, and binds a to it: a is
+// closed (not a leak) shortly after the returned context ends, and, with
+// PoolConfig.CancelLargest, the heap watch may cancel the context with an
+// *ExhaustedError as its cause. Grow and Open on a then fail with ErrClosed
+// wrapping context.Cause(ctx). Call cancel when the work ends: it closes a (a
+// leak counts as in Account.Close).
+func WithAccount(parent context.Context, a *Account) (context.Context, context.CancelFunc) {
+	ctx, end := withAccount(parent, a)
+	return ctx, func() {
+		if leak := end(); leak != "" && a.pool.strict {
+			panic(leak)
 		}
-	}()
-	err = fn(ctx)
-	returned = true
-	return w.Finish(err)
+	}
+}
+
+// withAccount is WithAccount; end returns the leak a strict pool panics with.
+func withAccount(parent context.Context, a *Account) (context.Context, func() (leak string)) {
+	ctx, cancel := context.WithCancelCause(parent)
+	if a.pool.cancelLargest {
+		a.pool.list(a, cancel)
+	}
+	stop := context.AfterFunc(ctx, func() { a.close(context.Cause(ctx)) })
+	return NewContext(ctx, a), func() string {
+		stop()
+		var cause error
+		if ctx.Err() != nil {
+			cause = context.Cause(ctx) // ended before the work did
+		}
+		leak := a.close(cause)
+		cancel(context.Canceled)
+		a.pool.workEnded(a)
+		return leak
+	}
 }

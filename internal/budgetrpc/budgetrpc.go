@@ -78,20 +78,31 @@ func Run(w *limits.Work, release func(), handler func() error) (err, ferr error)
 	return err, w.Finish(err)
 }
 
-// Receive releases the *held bytes of the previous message from a, then
-// charges n bytes and calls unmarshal if a grants them. refused is Grow's
-// error (unmarshal is not called); err is unmarshal's (the n bytes are
-// released). *held is n on success, 0 otherwise.
-func Receive(a *limits.Account, held *int64, n int64, unmarshal func() error) (refused, err error) {
-	a.Shrink(*held)
-	*held = 0
-	if err := a.Grow(n); err != nil {
+// Charge is the charge on A of the message a call received last. It is not
+// safe for concurrent use.
+type Charge struct {
+	A    *limits.Account
+	held int64 // bytes
+}
+
+// Receive releases the previous message's charge, then charges n bytes and
+// calls unmarshal if A grants them. refused is Grow's error (unmarshal is
+// not called); err is unmarshal's (the n bytes are released).
+func (c *Charge) Receive(n int64, unmarshal func() error) (refused, err error) {
+	c.Release()
+	if err := c.A.Grow(n); err != nil {
 		return err, nil
 	}
 	if err := unmarshal(); err != nil {
-		a.Shrink(n)
+		c.A.Shrink(n)
 		return nil, err
 	}
-	*held = n
+	c.held = n
 	return nil, nil
+}
+
+// Release returns the held charge to A.
+func (c *Charge) Release() {
+	c.A.Shrink(c.held)
+	c.held = 0
 }
