@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/plot"
 	"github.com/memctl/memctl/internal/state"
 )
@@ -72,7 +71,7 @@ type pageRow struct{ K, V string }
 
 // servePage writes the page for the live controller's record r.
 func servePage(w http.ResponseWriter, r *state.Record) {
-	var entries []history.Entry
+	var entries []historyEntry
 	var high int64
 	if c := current.Load(); c != nil {
 		entries, high = c.hist.Entries(), c.MemLimit().High
@@ -100,7 +99,7 @@ func summary(r *state.Record, n int) string {
 }
 
 // historyChart draws RSS and the live heap (MiB), limits and events.
-func historyChart(entries []history.Entry, r *state.Record, high int64) *plot.Chart {
+func historyChart(entries []historyEntry, r *state.Record, high int64) *plot.Chart {
 	c := &plot.Chart{Title: "RSS and live heap", XLabel: "seconds before now", YLabel: "MiB"}
 	if len(entries) == 0 {
 		return c
@@ -113,7 +112,7 @@ func historyChart(entries []history.Entry, r *state.Record, high int64) *plot.Ch
 			rss.Points = append(rss.Points, plot.Point{X: x, Y: mib(e.RSS)})
 		}
 		live.Points = append(live.Points, plot.Point{X: x, Y: mib(e.Live)})
-		if e.Kind != history.KindGCEnd {
+		if e.Kind != kindGCEnd {
 			c.Marks = append(c.Marks, plot.Mark{Label: e.Kind.String(), X: x})
 		}
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/memctl/memctl/internal/arenamax"
 	"github.com/memctl/memctl/internal/envflag"
-	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/pressure"
@@ -85,7 +84,7 @@ type Controller struct {
 	startedBy string // Start's caller, for the second-Start warning
 	rec       recorder
 	swap      swapSource
-	hist      history.Ring
+	hist      historyRing
 	histOff   atomic.Bool // for benchmarks of the GC-end path
 }
 
@@ -219,7 +218,7 @@ func (s *startup) startLimiter() {
 	userChange := mc.OnChange
 	mc.OnChange = func(d limits.MemLimit) {
 		if c.rec.started.Load() {
-			c.hist.Mark(time.Now(), history.KindLimit, d.GoMemLimit)
+			c.hist.Mark(time.Now(), kindLimit, d.GoMemLimit)
 			c.publish() // a limit followed while idle shows at once
 		}
 		if userChange != nil {
@@ -263,7 +262,7 @@ func (s *startup) startTrimmer() {
 		s.fail(err)
 		return
 	}
-	trimwire.OnTrim(tr, func() { c.mark(history.KindTrim) })
+	trimwire.OnTrim(tr, func() { c.mark(kindTrim) })
 	c.trimmer = tr
 	c.report.TrimDelay = delay
 }

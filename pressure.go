@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/memctl/memctl/internal/envflag"
-	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/relief"
 	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/pressure"
@@ -41,7 +40,7 @@ func pressureTrim(c *Controller) func() {
 	tr, lim := c.trimmer, c.limiter
 	return func() {
 		if tr != nil {
-			c.mark(history.KindPressure)
+			c.mark(kindPressure)
 			trimwire.Request(tr, trimwire.Pressure)
 		}
 		if lim != nil && lim.Interval() > 0 {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/memctl/memctl/internal/gcend"
 	"github.com/memctl/memctl/internal/gomemlimit"
-	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/poolwire"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
@@ -188,7 +187,7 @@ func (c *Controller) watch(flush bool) {
 }
 
 // mark records an event in the history and republishes the record.
-func (c *Controller) mark(k history.Kind) {
+func (c *Controller) mark(k eventKind) {
 	c.hist.Mark(time.Now(), k, gomemlimit.Read())
 	c.publish()
 }
