@@ -51,12 +51,12 @@ type historyRing struct {
 	live   atomic.Int64 // the live heap of the last GC end
 	lastGC atomic.Int64 // when the last GC-end entry was made, Unix ns; 0 none
 
-	mu      sync.Mutex
-	e       [historySize]historyEntry
-	n       int // entries added, ever
-	statm   *os.File // /proc/self/statm, opened at the first read; nil if it cannot be
-	tried   bool
-	buf     [128]byte
+	mu    sync.Mutex
+	e     [historySize]historyEntry
+	n     int      // entries added, ever
+	statm *os.File // /proc/self/statm, opened at the first read; nil if it cannot be
+	tried bool
+	buf   [128]byte
 }
 
 // GCEnd records a GC end; within historyGap of the last only the live heap
