@@ -73,7 +73,7 @@ func SetStrict(on bool) (previous bool) { return strict.Swap(on) }
 
 // Stats returns the controller's counters and the C heap's statistics.
 func (c *Controller) Stats() Stats {
-	s := Stats{GoMemLimit: debug.SetMemoryLimit(-1), Misuse: misuse.Load()}
+	s := Stats{GoMemLimit: debug.SetMemoryLimit(-1), Misuse: misuse.Load(), Swap: readSwap()}
 	s.CHeap, _ = cheap.Detect().Stats() // all -1 when unavailable
 	s.CHeaps = cheap.Detect().Heaps()
 	if c != nil && c.trimmer != nil {
@@ -81,9 +81,6 @@ func (c *Controller) Stats() Stats {
 	}
 	if c != nil {
 		s.Pressure, s.AutoBurst = c.monitor.Stats(), autoBurstStats(c.auto)
-		s.Swap = c.swap.read()
-	} else {
-		s.Swap = looseSwap.read()
 	}
 	s.Misuse += looseMisuse.Load() + s.Trim.Misuse
 	return s

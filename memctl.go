@@ -83,7 +83,6 @@ type Controller struct {
 	once      sync.Once
 	startedBy string // Start's caller, for the second-Start warning
 	rec       recorder
-	swap      swapSource
 	hist      historyRing
 	histOff   atomic.Bool // for benchmarks of the GC-end path
 }

@@ -25,36 +25,24 @@ type SwapStats struct {
 	CgroupErr            error
 }
 
-// swapSource is the cgroup swap is read from, found at first read.
-type swapSource struct {
-	once    sync.Once
-	version int
-	dir     string
-	err     error
-}
+// ownCgroup is the cgroup swap is read from, found at the first read.
+var ownCgroup = sync.OnceValues(func() (cgroupfs.Limit, error) { return cgroupfs.Of(0) })
 
-// read returns the process's SwapStats. Safe for concurrent use.
-func (s *swapSource) read() SwapStats {
+// readSwap returns the process's SwapStats. Safe for concurrent use.
+func readSwap() SwapStats {
 	st := SwapStats{VmSwap: -1, Current: -1, Max: -1}
 	if v, err := procfs.ReadBytes("/proc/self/status", "VmSwap"); err == nil {
 		st.VmSwap = v
 	}
-	s.once.Do(func() {
-		l, err := cgroupfs.Of(0)
-		if err != nil {
-			s.err = err
-			return
-		}
-		s.version, s.dir = l.Version, l.Dir
-	})
-	if s.err != nil {
-		st.CgroupErr = s.err
+	cg, err := ownCgroup()
+	if err != nil {
+		st.CgroupErr = err
 		return st
 	}
-	sw, err := cgroupfs.ReadSwap(s.version, s.dir)
+	sw, err := cgroupfs.ReadSwap(cg.Version, cg.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		cur, max := cgroupfs.SwapFiles(s.version)
-		err = fmt.Errorf("memctl: no %s or %s in %s: %s: %w", cur, max, s.dir, state.NoSwapAccounting, err)
+		cur, max := cgroupfs.SwapFiles(cg.Version)
+		err = fmt.Errorf("memctl: no %s or %s in %s: %s: %w", cur, max, cg.Dir, state.NoSwapAccounting, err)
 	}
 	if err != nil {
 		st.CgroupErr = err
@@ -83,6 +71,3 @@ func swapRecord(s SwapStats) *state.Swap {
 	}
 	return r
 }
-
-// looseSwap is the swap source of Stats with no controller.
-var looseSwap swapSource
