@@ -270,18 +270,28 @@ func (s *startup) startTrimmer() {
 // says off.
 func (s *startup) startAutoBurst() {
 	cfg := s.cfg.autoBurst
-	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
-		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
-		if err != nil {
-			s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
-		}
-		cfg.Off = !on
-	}
+	cfg.Off = !envSwitch("MEMCTL_AUTOBURST", !cfg.Off, false, "burst detection is off", s.fail)
 	a, err := trimwire.StartAutoBurst(s.c.trimmer, cfg)
 	if err != nil {
 		s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
 	}
 	s.c.auto, s.c.report.AutoBurst = a, a != nil
+}
+
+// envSwitch returns the switch name, or def when unset; an invalid value is
+// passed to fail, with what it leaves ("burst detection is off"), and gives
+// bad.
+func envSwitch(name string, def, bad bool, what string, fail func(error)) bool {
+	v, ok := envflag.Lookup(name)
+	if !ok {
+		return def
+	}
+	on, err := envflag.Bool(name, v)
+	if err != nil {
+		fail(fmt.Errorf("memctl: %w; %s", err, what))
+		return bad
+	}
+	return on
 }
 
 func (s *startup) watchPressure() {

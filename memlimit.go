@@ -22,14 +22,7 @@ func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimi
 		}
 		cfg.Refresh = d
 	}
-	if v, ok := envflag.Lookup("MEMCTL_KEEP_GOMEMLIMIT"); ok {
-		keep, err := envflag.Bool("MEMCTL_KEEP_GOMEMLIMIT", v)
-		if err != nil {
-			fail(fmt.Errorf("memctl: %w; the operator's GOMEMLIMIT is kept", err))
-			keep = true
-		}
-		cfg.KeepOperator = keep
-	}
+	cfg.KeepOperator = envSwitch("MEMCTL_KEEP_GOMEMLIMIT", cfg.KeepOperator, true, "the operator's GOMEMLIMIT is kept", fail)
 	if v, ok := envflag.Lookup("MEMCTL_GOMEMLIMIT_FLOOR"); ok {
 		n, err := parseFloor(v)
 		if err != nil {

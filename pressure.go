@@ -2,9 +2,7 @@ package memctl
 
 import (
 	"cmp"
-	"fmt"
 
-	"github.com/memctl/memctl/internal/envflag"
 	"github.com/memctl/memctl/internal/relief"
 	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/pressure"
@@ -13,15 +11,8 @@ import (
 // startPressure registers the pressure trim and starts the pressure
 // monitor, unless MEMCTL_PRESSURE is off or invalid.
 func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
-	if v, ok := envflag.Lookup("MEMCTL_PRESSURE"); ok {
-		on, err := envflag.Bool("MEMCTL_PRESSURE", v)
-		if err != nil {
-			fail(fmt.Errorf("memctl: %w; the pressure watch is off", err))
-			return nil
-		}
-		if !on {
-			return nil
-		}
+	if !envSwitch("MEMCTL_PRESSURE", true, false, "the pressure watch is off", fail) {
+		return nil
 	}
 	c.untrim = relief.SetTrim(pressureTrim(c))
 	pc := cfg.pressure
