@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/memctl/memctl/internal/arenamax"
 	"github.com/memctl/memctl/internal/envflag"
+	"github.com/memctl/memctl/internal/relief"
 	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/pressure"
@@ -309,5 +313,94 @@ func (s *startup) noteSkipped() {
 	}
 	if r.ArenaMax == 0 && r.ArenaMaxNote == "" {
 		r.ArenaMaxNote = "skipped (see the WARN line)"
+	}
+}
+
+// startMemLimit applies MEMCTL_REFRESH, MEMCTL_KEEP_GOMEMLIMIT and
+// MEMCTL_GOMEMLIMIT_FLOOR to cfg and starts the limiter.
+func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimiter, limits.MemLimit, error) {
+	if v, ok := envflag.Lookup("MEMCTL_REFRESH"); ok {
+		d, err := parseRefresh(v)
+		if err != nil {
+			fail(err)
+		}
+		cfg.Refresh = d
+	}
+	cfg.KeepOperator = envSwitch("MEMCTL_KEEP_GOMEMLIMIT", cfg.KeepOperator, true, "the operator's GOMEMLIMIT is kept", fail)
+	if v, ok := envflag.Lookup("MEMCTL_GOMEMLIMIT_FLOOR"); ok {
+		n, err := parseFloor(v)
+		if err != nil {
+			ml := limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Reason: "GOMEMLIMIT left as it was: bad MEMCTL_GOMEMLIMIT_FLOOR"}
+			return nil, ml, err
+		}
+		cfg.Floor = n
+	}
+	return limits.NewMemLimiter(cfg)
+}
+
+// parseRefresh parses MEMCTL_REFRESH; off, "0" or a bad value give -1 (no refresh).
+func parseRefresh(v string) (time.Duration, error) {
+	d, err := envflag.Duration("MEMCTL_REFRESH", v, limits.DefaultRefresh, time.Millisecond)
+	if err != nil {
+		return -1, fmt.Errorf("memctl: %w; the GOMEMLIMIT refresh is off", err)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
+// byteUnits are GOMEMLIMIT's suffixes (runtime/debug.SetMemoryLimit).
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+
+// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR, a byte count >= 1 as GOMEMLIMIT
+// writes it ("64MiB"; any case).
+func parseFloor(v string) (int64, error) {
+	num, shift := v, uint(0)
+	for _, u := range byteUnits {
+		if len(v) > len(u.suffix) && strings.EqualFold(v[len(v)-len(u.suffix):], u.suffix) {
+			num, shift = strings.TrimSpace(v[:len(v)-len(u.suffix)]), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt64>>shift {
+		return 0, fmt.Errorf("memctl: MEMCTL_GOMEMLIMIT_FLOOR=%q: want a byte count such as \"64MiB\" (B, KiB, MiB, GiB, TiB); GOMEMLIMIT left as it was", v)
+	}
+	return n << shift, nil
+}
+
+// startPressure registers the pressure trim and starts the pressure
+// monitor, unless MEMCTL_PRESSURE is off or invalid.
+func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
+	if !envSwitch("MEMCTL_PRESSURE", true, false, "the pressure watch is off", fail) {
+		return nil
+	}
+	c.untrim = relief.SetTrim(pressureTrim(c))
+	pc := cfg.pressure
+	pc.Logger = cmp.Or(pc.Logger, cfg.logger)
+	m, err := pressure.Start(pc)
+	if err != nil {
+		fail(err)
+	}
+	return m
+}
+
+// pressureTrim is the trim kernel pressure asks for: a gated request, then
+// (with a refresh) a re-read of the limit, which may be a memory.high just
+// lowered.
+func pressureTrim(c *Controller) func() {
+	tr, lim := c.trimmer, c.limiter
+	return func() {
+		if tr != nil {
+			c.mark(kindPressure)
+			trimwire.Request(tr, trimwire.Pressure)
+		}
+		if lim != nil && lim.Interval() > 0 {
+			lim.Poke()
+		}
 	}
 }
