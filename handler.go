@@ -38,7 +38,7 @@ func serveState(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r := current.Load().record()
-	r.Version, r.PID, r.Updated = state.Version, os.Getpid(), time.Now().UTC()
+	r.Version, r.Updated = state.Version, time.Now().UTC()
 	if wantsHTML(req) {
 		servePage(w, r)
 		return
@@ -86,19 +86,15 @@ func servePage(w http.ResponseWriter, r *state.Record) {
 		Summary string
 		Chart   template.HTML
 		Rows    []pageRow
-	}{r.PID, summary(r, len(entries)), template.HTML(svg.String()), recordRows(r)}
+	}{r.PID, "No memctl controller is live.", template.HTML(svg.String()), recordRows(r)}
+	if !r.Closed {
+		data.Summary = fmt.Sprintf("The last %d moments memctl woke at (GC ends, trims, limit changes, pressure), as of %s.",
+			len(entries), r.Updated.Format(time.RFC3339))
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
 	_ = pageTemplate.Execute(w, data)
-}
-
-func summary(r *state.Record, n int) string {
-	if r.Closed {
-		return "No memctl controller is live."
-	}
-	return fmt.Sprintf("The last %d moments memctl woke at (GC ends, trims, limit changes, pressure), as of %s.",
-		n, r.Updated.Format(time.RFC3339))
 }
 
 // historyChart draws RSS and the live heap (MiB), limits and events.

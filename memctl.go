@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -207,7 +208,7 @@ func (s *startup) capArenas() {
 
 func (s *startup) setTHP() {
 	r := &s.c.report
-	r.THPPolicy, r.THPState, r.THPNote = applyTHP(s.cfg.thp, s.cfg.thpSet, s.fail)
+	r.THPPolicy, r.THPState, r.THPNote = decideTHP(s.cfg.thp, s.cfg.thpSet, os.Getenv("GLIBC_TUNABLES"), thp.Policy.Apply, s.fail)
 	if sys, err := thp.System(); err == nil {
 		r.THPSystem = string(sys.Enabled)
 	}
