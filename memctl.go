@@ -108,17 +108,17 @@ func Start(opts ...Option) (*Controller, error) {
 	warnUnknownEnv(l)
 	if why, off := s.switchedOff(); off {
 		c.startOff(l, why)
-		return c, errors.Join(s.errs...)
+	} else {
+		s.capArenas() // first: the cap stops only arenas created after it
+		s.setTHP()    // next: the flag affects only memory faulted in after it is set
+		s.startLimiter()
+		s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
+		s.startAutoBurst()
+		c.report.CHeap = cheap.Detect().Allocator()
+		s.watchPressure() // last: its trim reaches the trimmer and the limiter
+		s.noteSkipped()
+		c.logStarted(l)
 	}
-	s.capArenas() // first: the cap stops only arenas created after it
-	s.setTHP()    // next: the flag affects only memory faulted in after it is set
-	s.startLimiter()
-	s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
-	s.startAutoBurst()
-	c.report.CHeap = cheap.Detect().Allocator()
-	s.watchPressure() // last: its trim reaches the trimmer and the limiter
-	s.noteSkipped()
-	c.logStarted(l)
 	register(c, l)
 	c.startRecord(l)
 	return c, errors.Join(s.errs...)
