@@ -299,9 +299,20 @@ func envSwitch(name string, def, bad bool, what string, fail func(error)) bool {
 	return on
 }
 
+// watchPressure registers the pressure trim and starts the pressure
+// monitor, unless MEMCTL_PRESSURE is off or invalid.
 func (s *startup) watchPressure() {
 	c := s.c
-	c.monitor = startPressure(s.cfg, c, s.fail)
+	if envSwitch("MEMCTL_PRESSURE", true, false, "the pressure watch is off", s.fail) {
+		c.untrim = relief.SetTrim(pressureTrim(c))
+		pc := s.cfg.pressure
+		pc.Logger = cmp.Or(pc.Logger, s.cfg.logger)
+		m, err := pressure.Start(pc)
+		if err != nil {
+			s.fail(err)
+		}
+		c.monitor = m
+	}
 	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
 }
 
@@ -372,22 +383,6 @@ func parseFloor(v string) (int64, error) {
 		return 0, fmt.Errorf("memctl: MEMCTL_GOMEMLIMIT_FLOOR=%q: want a byte count such as \"64MiB\" (B, KiB, MiB, GiB, TiB); GOMEMLIMIT left as it was", v)
 	}
 	return n << shift, nil
-}
-
-// startPressure registers the pressure trim and starts the pressure
-// monitor, unless MEMCTL_PRESSURE is off or invalid.
-func startPressure(cfg config, c *Controller, fail func(error)) *pressure.Monitor {
-	if !envSwitch("MEMCTL_PRESSURE", true, false, "the pressure watch is off", fail) {
-		return nil
-	}
-	c.untrim = relief.SetTrim(pressureTrim(c))
-	pc := cfg.pressure
-	pc.Logger = cmp.Or(pc.Logger, cfg.logger)
-	m, err := pressure.Start(pc)
-	if err != nil {
-		fail(err)
-	}
-	return m
 }
 
 // pressureTrim is the trim kernel pressure asks for: a gated request, then
