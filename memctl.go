@@ -172,24 +172,19 @@ func (s *startup) switchedOff() (why string, off bool) {
 	return "MEMCTL=" + v, true
 }
 
-// arenaMax returns MEMCTL_ARENA_MAX if set, else WithArenaMax; invalid: 0.
-func (s *startup) arenaMax() int {
+// capArenas applies MEMCTL_ARENA_MAX if set, else WithArenaMax; an invalid
+// value is reported and gives no cap.
+func (s *startup) capArenas() {
+	n := s.cfg.arenaMax
 	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
-		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax)
-		if err != nil {
+		var err error
+		if n, err = envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax); err != nil {
 			s.fail(fmt.Errorf("memctl: %w; no arena cap", err))
 		}
-		return n
-	}
-	if n := s.cfg.arenaMax; n < 0 {
+	} else if n < 0 {
 		s.fail(fmt.Errorf("memctl: WithArenaMax(%d): want 0 (no cap) or a count of arenas; no arena cap", n))
-		return 0
+		n = 0
 	}
-	return s.cfg.arenaMax
-}
-
-func (s *startup) capArenas() {
-	n := s.arenaMax()
 	if n <= 0 {
 		if len(s.errs) == 0 {
 			s.c.report.ArenaMaxNote = "switched off (MEMCTL_ARENA_MAX or WithArenaMax)"
@@ -236,26 +231,19 @@ func (s *startup) startLimiter() {
 	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
 }
 
-// trimDelay returns MEMCTL_TRIM_DELAY if set, else the option's; a bad value
-// is reported and gives 0 (no trimming).
-func (s *startup) trimDelay() time.Duration {
+// startTrimmer starts the trimmer unless the delay, MEMCTL_TRIM_DELAY if set
+// else the option's, is 0; a bad value is reported and gives 0.
+func (s *startup) startTrimmer() {
+	delay := s.cfg.trimDelay
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
-		d, err := parseDelay(v)
-		if err != nil {
+		var err error
+		if delay, err = parseDelay(v); err != nil {
 			s.fail(fmt.Errorf("memctl: %w; trimming is off", err))
 		}
-		return d
-	}
-	if d := s.cfg.trimDelay; d != 0 && (d < trimwire.MinDelay || d > trimwire.MaxDelay) {
+	} else if delay != 0 && (delay < trimwire.MinDelay || delay > trimwire.MaxDelay) {
 		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trimwire.MinDelay, trimwire.MaxDelay))
-		return 0
+		delay = 0
 	}
-	return s.cfg.trimDelay
-}
-
-// startTrimmer starts the trimmer unless the delay is 0.
-func (s *startup) startTrimmer() {
-	delay := s.trimDelay()
 	if delay <= 0 {
 		return
 	}
