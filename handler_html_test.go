@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/memctl/memctl/internal/gcend"
-	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/plot"
 	"github.com/memctl/memctl/internal/state"
 	"github.com/memctl/memctl/limits"
@@ -35,9 +34,9 @@ func TestPageEscapesAndRules(t *testing.T) {
 		GoMemLimit: state.GoMemLimit{Bytes: &gml, Source: "cgroup v2", File: "/sys/fs/cgroup/" + hostile + "/memory.max", MemoryLimitBytes: 512 << 20},
 		Pools:      []state.Pool{{Name: hostile, Mode: "enforce"}}}
 	t0 := time.Now()
-	entries := []history.Entry{
-		{At: t0, Kind: history.KindGCEnd, RSS: 100 << 20, Live: 50 << 20, GoMemLimit: gml},
-		{At: t0.Add(time.Second), Kind: history.KindTrim, RSS: 60 << 20, Live: 50 << 20, GoMemLimit: gml},
+	entries := []historyEntry{
+		{At: t0, Kind: kindGCEnd, RSS: 100 << 20, Live: 50 << 20, GoMemLimit: gml},
+		{At: t0.Add(time.Second), Kind: kindTrim, RSS: 60 << 20, Live: 50 << 20, GoMemLimit: gml},
 	}
 	var b strings.Builder
 	require.NoError(t, historyChart(entries, r, 300<<20).WriteSVG(&b))
@@ -145,7 +144,7 @@ func TestTrimMarksHistory(t *testing.T) {
 	}, 30*time.Second, 5*time.Millisecond, "the trim after AfterBurst ran or was skipped")
 	require.Eventually(t, func() bool {
 		for _, e := range ctl.hist.Entries() {
-			if e.Kind == history.KindTrim {
+			if e.Kind == kindTrim {
 				return true
 			}
 		}

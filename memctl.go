@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/memctl/memctl/internal/arenamax"
 	"github.com/memctl/memctl/internal/envflag"
-	"github.com/memctl/memctl/internal/history"
+	"github.com/memctl/memctl/internal/relief"
 	"github.com/memctl/memctl/internal/trimwire"
 	"github.com/memctl/memctl/limits"
 	"github.com/memctl/memctl/pressure"
@@ -84,8 +88,7 @@ type Controller struct {
 	once      sync.Once
 	startedBy string // Start's caller, for the second-Start warning
 	rec       recorder
-	swap      swapSource
-	hist      history.Ring
+	hist      historyRing
 	histOff   atomic.Bool // for benchmarks of the GC-end path
 }
 
@@ -105,17 +108,17 @@ func Start(opts ...Option) (*Controller, error) {
 	warnUnknownEnv(l)
 	if why, off := s.switchedOff(); off {
 		c.startOff(l, why)
-		return c, errors.Join(s.errs...)
+	} else {
+		s.capArenas() // first: the cap stops only arenas created after it
+		s.setTHP()    // next: the flag affects only memory faulted in after it is set
+		s.startLimiter()
+		s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
+		s.startAutoBurst()
+		c.report.CHeap = cheap.Detect().Allocator()
+		s.watchPressure() // last: its trim reaches the trimmer and the limiter
+		s.noteSkipped()
+		c.logStarted(l)
 	}
-	s.capArenas() // first: the cap stops only arenas created after it
-	s.setTHP()    // next: the flag affects only memory faulted in after it is set
-	s.startLimiter()
-	s.startTrimmer() // before the burst detector and the pressure watch, which trim through it
-	s.startAutoBurst()
-	c.report.CHeap = cheap.Detect().Allocator()
-	s.watchPressure() // last: its trim reaches the trimmer and the limiter
-	s.noteSkipped()
-	c.logStarted(l)
 	register(c, l)
 	c.startRecord(l)
 	return c, errors.Join(s.errs...)
@@ -169,24 +172,19 @@ func (s *startup) switchedOff() (why string, off bool) {
 	return "MEMCTL=" + v, true
 }
 
-// arenaMax returns MEMCTL_ARENA_MAX if set, else WithArenaMax; invalid: 0.
-func (s *startup) arenaMax() int {
+// capArenas applies MEMCTL_ARENA_MAX if set, else WithArenaMax; an invalid
+// value is reported and gives no cap.
+func (s *startup) capArenas() {
+	n := s.cfg.arenaMax
 	if v, ok := envflag.Lookup("MEMCTL_ARENA_MAX"); ok {
-		n, err := envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax)
-		if err != nil {
+		var err error
+		if n, err = envflag.Count("MEMCTL_ARENA_MAX", v, defaultArenaMax); err != nil {
 			s.fail(fmt.Errorf("memctl: %w; no arena cap", err))
 		}
-		return n
-	}
-	if n := s.cfg.arenaMax; n < 0 {
+	} else if n < 0 {
 		s.fail(fmt.Errorf("memctl: WithArenaMax(%d): want 0 (no cap) or a count of arenas; no arena cap", n))
-		return 0
+		n = 0
 	}
-	return s.cfg.arenaMax
-}
-
-func (s *startup) capArenas() {
-	n := s.arenaMax()
 	if n <= 0 {
 		if len(s.errs) == 0 {
 			s.c.report.ArenaMaxNote = "switched off (MEMCTL_ARENA_MAX or WithArenaMax)"
@@ -205,7 +203,7 @@ func (s *startup) capArenas() {
 
 func (s *startup) setTHP() {
 	r := &s.c.report
-	r.THPPolicy, r.THPState, r.THPNote = applyTHP(s.cfg.thp, s.cfg.thpSet, s.fail)
+	r.THPPolicy, r.THPState, r.THPNote = decideTHP(s.cfg.thp, s.cfg.thpSet, os.Getenv("GLIBC_TUNABLES"), thp.Policy.Apply, s.fail)
 	if sys, err := thp.System(); err == nil {
 		r.THPSystem = string(sys.Enabled)
 	}
@@ -219,7 +217,7 @@ func (s *startup) startLimiter() {
 	userChange := mc.OnChange
 	mc.OnChange = func(d limits.MemLimit) {
 		if c.rec.started.Load() {
-			c.hist.Mark(time.Now(), history.KindLimit, d.GoMemLimit)
+			c.hist.Mark(time.Now(), kindLimit, d.GoMemLimit)
 			c.publish() // a limit followed while idle shows at once
 		}
 		if userChange != nil {
@@ -233,26 +231,19 @@ func (s *startup) startLimiter() {
 	c.limiter, c.report.MemLimit, c.report.MemLimitRefresh = lim, ml, lim.Interval()
 }
 
-// trimDelay returns MEMCTL_TRIM_DELAY if set, else the option's; a bad value
-// is reported and gives 0 (no trimming).
-func (s *startup) trimDelay() time.Duration {
+// startTrimmer starts the trimmer unless the delay, MEMCTL_TRIM_DELAY if set
+// else the option's, is 0; a bad value is reported and gives 0.
+func (s *startup) startTrimmer() {
+	delay := s.cfg.trimDelay
 	if v, ok := envflag.Lookup("MEMCTL_TRIM_DELAY"); ok {
-		d, err := parseDelay(v)
-		if err != nil {
+		var err error
+		if delay, err = parseDelay(v); err != nil {
 			s.fail(fmt.Errorf("memctl: %w; trimming is off", err))
 		}
-		return d
-	}
-	if d := s.cfg.trimDelay; d != 0 && (d < trimwire.MinDelay || d > trimwire.MaxDelay) {
+	} else if delay != 0 && (delay < trimwire.MinDelay || delay > trimwire.MaxDelay) {
 		s.fail(fmt.Errorf("memctl: %s: want 0 (off) or from %v to %v; trimming is off", s.cfg.delayFrom, trimwire.MinDelay, trimwire.MaxDelay))
-		return 0
+		delay = 0
 	}
-	return s.cfg.trimDelay
-}
-
-// startTrimmer starts the trimmer unless the delay is 0.
-func (s *startup) startTrimmer() {
-	delay := s.trimDelay()
 	if delay <= 0 {
 		return
 	}
@@ -263,7 +254,7 @@ func (s *startup) startTrimmer() {
 		s.fail(err)
 		return
 	}
-	trimwire.OnTrim(tr, func() { c.mark(history.KindTrim) })
+	trimwire.OnTrim(tr, func() { c.mark(kindTrim) })
 	c.trimmer = tr
 	c.report.TrimDelay = delay
 }
@@ -272,13 +263,7 @@ func (s *startup) startTrimmer() {
 // says off.
 func (s *startup) startAutoBurst() {
 	cfg := s.cfg.autoBurst
-	if v, ok := envflag.Lookup("MEMCTL_AUTOBURST"); ok {
-		on, err := envflag.Bool("MEMCTL_AUTOBURST", v)
-		if err != nil {
-			s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
-		}
-		cfg.Off = !on
-	}
+	cfg.Off = !envSwitch("MEMCTL_AUTOBURST", !cfg.Off, false, "burst detection is off", s.fail)
 	a, err := trimwire.StartAutoBurst(s.c.trimmer, cfg)
 	if err != nil {
 		s.fail(fmt.Errorf("memctl: %w; burst detection is off", err))
@@ -286,9 +271,36 @@ func (s *startup) startAutoBurst() {
 	s.c.auto, s.c.report.AutoBurst = a, a != nil
 }
 
+// envSwitch returns the switch name, or def when unset; an invalid value is
+// passed to fail, with what it leaves ("burst detection is off"), and gives
+// bad.
+func envSwitch(name string, def, bad bool, what string, fail func(error)) bool {
+	v, ok := envflag.Lookup(name)
+	if !ok {
+		return def
+	}
+	on, err := envflag.Bool(name, v)
+	if err != nil {
+		fail(fmt.Errorf("memctl: %w; %s", err, what))
+		return bad
+	}
+	return on
+}
+
+// watchPressure registers the pressure trim and starts the pressure
+// monitor, unless MEMCTL_PRESSURE is off or invalid.
 func (s *startup) watchPressure() {
 	c := s.c
-	c.monitor = startPressure(s.cfg, c, s.fail)
+	if envSwitch("MEMCTL_PRESSURE", true, false, "the pressure watch is off", s.fail) {
+		c.untrim = relief.SetTrim(pressureTrim(c))
+		pc := s.cfg.pressure
+		pc.Logger = cmp.Or(pc.Logger, s.cfg.logger)
+		m, err := pressure.Start(pc)
+		if err != nil {
+			s.fail(err)
+		}
+		c.monitor = m
+	}
 	c.report.Pressure, c.report.PressureNote = cmp.Or(c.monitor.Source(), "none"), c.monitor.SourceNote()
 }
 
@@ -301,5 +313,78 @@ func (s *startup) noteSkipped() {
 	}
 	if r.ArenaMax == 0 && r.ArenaMaxNote == "" {
 		r.ArenaMaxNote = "skipped (see the WARN line)"
+	}
+}
+
+// startMemLimit applies MEMCTL_REFRESH, MEMCTL_KEEP_GOMEMLIMIT and
+// MEMCTL_GOMEMLIMIT_FLOOR to cfg and starts the limiter.
+func startMemLimit(cfg limits.MemLimitConfig, fail func(error)) (*limits.MemLimiter, limits.MemLimit, error) {
+	if v, ok := envflag.Lookup("MEMCTL_REFRESH"); ok {
+		d, err := parseRefresh(v)
+		if err != nil {
+			fail(err)
+		}
+		cfg.Refresh = d
+	}
+	cfg.KeepOperator = envSwitch("MEMCTL_KEEP_GOMEMLIMIT", cfg.KeepOperator, true, "the operator's GOMEMLIMIT is kept", fail)
+	if v, ok := envflag.Lookup("MEMCTL_GOMEMLIMIT_FLOOR"); ok {
+		n, err := parseFloor(v)
+		if err != nil {
+			ml := limits.MemLimit{GoMemLimit: debug.SetMemoryLimit(-1), Reason: "GOMEMLIMIT left as it was: bad MEMCTL_GOMEMLIMIT_FLOOR"}
+			return nil, ml, err
+		}
+		cfg.Floor = n
+	}
+	return limits.NewMemLimiter(cfg)
+}
+
+// parseRefresh parses MEMCTL_REFRESH; off, "0" or a bad value give -1 (no refresh).
+func parseRefresh(v string) (time.Duration, error) {
+	d, err := envflag.Duration("MEMCTL_REFRESH", v, limits.DefaultRefresh, time.Millisecond)
+	if err != nil {
+		return -1, fmt.Errorf("memctl: %w; the GOMEMLIMIT refresh is off", err)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
+// byteUnits are GOMEMLIMIT's suffixes (runtime/debug.SetMemoryLimit).
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+
+// parseFloor parses MEMCTL_GOMEMLIMIT_FLOOR, a byte count >= 1 as GOMEMLIMIT
+// writes it ("64MiB"; any case).
+func parseFloor(v string) (int64, error) {
+	num, shift := v, uint(0)
+	for _, u := range byteUnits {
+		if len(v) > len(u.suffix) && strings.EqualFold(v[len(v)-len(u.suffix):], u.suffix) {
+			num, shift = strings.TrimSpace(v[:len(v)-len(u.suffix)]), u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt64>>shift {
+		return 0, fmt.Errorf("memctl: MEMCTL_GOMEMLIMIT_FLOOR=%q: want a byte count such as \"64MiB\" (B, KiB, MiB, GiB, TiB); GOMEMLIMIT left as it was", v)
+	}
+	return n << shift, nil
+}
+
+// pressureTrim is the trim kernel pressure asks for: a gated request, then
+// (with a refresh) a re-read of the limit, which may be a memory.high just
+// lowered.
+func pressureTrim(c *Controller) func() {
+	tr, lim := c.trimmer, c.limiter
+	return func() {
+		if tr != nil {
+			c.mark(kindPressure)
+			trimwire.Request(tr, trimwire.Pressure)
+		}
+		if lim != nil && lim.Interval() > 0 {
+			lim.Poke()
+		}
 	}
 }

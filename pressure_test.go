@@ -15,7 +15,6 @@ import (
 
 	"github.com/memctl/memctl/internal/cgroupfs"
 	"github.com/memctl/memctl/internal/gcend"
-	"github.com/memctl/memctl/internal/history"
 	"github.com/memctl/memctl/internal/relief"
 	"github.com/memctl/memctl/thp"
 	"github.com/memctl/memctl/trim"
@@ -82,11 +81,11 @@ func TestPressureTrimFromFacade(t *testing.T) {
 	require.True(t, relief.Trim())
 	o := tr.Stats().Pressure
 	assert.Equal(t, int64(1), o.Trims+o.Skipped, "one request through the gate")
-	var kinds []history.Kind
+	var kinds []eventKind
 	for _, e := range c.hist.Entries() {
 		kinds = append(kinds, e.Kind)
 	}
-	assert.Contains(t, kinds, history.KindPressure, "the pressure is marked in the history (Handler's page)")
+	assert.Contains(t, kinds, kindPressure, "the pressure is marked in the history (Handler's page)")
 	remove()
 	assert.False(t, relief.Trim(), "removed")
 	none := &Controller{}

@@ -114,7 +114,8 @@ func shortPressure(src, note string) string {
 	return s
 }
 
-// startOff records a controller that MEMCTL=off switched off, and logs why.
+// startOff fills the report of a controller that MEMCTL=off switched off,
+// and logs why.
 func (c *Controller) startOff(l *slog.Logger, why string) {
 	c.report = Report{Off: true, THPPolicy: thp.PolicyKeep, ArenaMaxNote: why}
 	if st, err := thp.Process(); err == nil {
@@ -124,8 +125,6 @@ func (c *Controller) startOff(l *slog.Logger, why string) {
 		Reason: why + ": GOMEMLIMIT left as it was"}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "memctl is off",
 		slog.String("reason", why), slog.String("gomemlimit", logattr.BytesOrNone(c.report.MemLimit.GoMemLimit)))
-	register(c, l)
-	c.startRecord(l)
 }
 
 func delayOrOff(d time.Duration) string {

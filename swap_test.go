@@ -152,10 +152,9 @@ func TestV2Swap(t *testing.T) {
 // record) pays for the swap figures: /proc/self/status and the cgroup's
 // two swap files, the cgroup found once.
 func BenchmarkSwapRead(b *testing.B) {
-	var s swapSource
-	s.read()
+	readSwap()
 	b.ReportAllocs()
 	for b.Loop() {
-		s.read()
+		readSwap()
 	}
 }

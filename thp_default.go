@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 
@@ -15,13 +14,9 @@ import (
 // thpInherited is the part of Report.THPNote that is always true.
 const thpInherited = "the flag is inherited by child processes (fork and exec)"
 
-// applyTHP decides and applies the THP policy (see WithTHP) and returns the
-// policy, the state read back and the note.
-func applyTHP(p thp.Policy, set bool, fail func(error)) (thp.Policy, thp.State, string) {
-	return decideTHP(p, set, os.Getenv("GLIBC_TUNABLES"), thp.Policy.Apply, fail)
-}
-
-// decideTHP is applyTHP with the tunables and the prctl injected.
+// decideTHP decides and applies the THP policy (see WithTHP) under the
+// GLIBC_TUNABLES tunables with apply, and returns the policy, the state read
+// back and the note.
 func decideTHP(p thp.Policy, set bool, tunables string, apply func(thp.Policy) (thp.State, error), fail func(error)) (thp.Policy, thp.State, string) {
 	fromEnv := false
 	if v, ok := envflag.Lookup("MEMCTL_THP"); ok {

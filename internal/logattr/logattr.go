@@ -4,8 +4,10 @@
 package logattr
 
 import (
+	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 )
 
 // Unknown is the value written for a figure that could not be read.
@@ -27,4 +29,54 @@ func GoMemLimit(key string, v int64) slog.Attr {
 		return slog.String(key, "off")
 	}
 	return Bytes(key, v)
+}
+
+// MiB writes b bytes in MiB (2^20 bytes) with one decimal and a space, as
+// memctl's sentences do: "318.5 MiB". A negative b keeps its sign.
+func MiB(b int64) string { return mib(b) + " MiB" }
+
+// AppendMiB appends MiB(b) to dst, allocating only to grow dst.
+func AppendMiB(dst []byte, b int64) []byte {
+	return append(strconv.AppendFloat(dst, float64(b)/(1<<20), 'f', 1, 64), " MiB"...)
+}
+
+// MiBCompact writes b bytes in MiB with one decimal and no space, as the
+// startup line writes GOMEMLIMIT: "318.5MiB".
+func MiBCompact(b int64) string { return mib(b) + "MiB" }
+
+func mib(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+
+// MiBOrNone writes b as MiBCompact does, or "none" for math.MaxInt64.
+func MiBOrNone(b int64) string {
+	if b == math.MaxInt64 {
+		return "none"
+	}
+	return MiBCompact(b)
+}
+
+// BytesOrNone writes b in bytes, or "none" for math.MaxInt64.
+func BytesOrNone(b int64) string {
+	if b == math.MaxInt64 {
+		return "none"
+	}
+	return strconv.FormatInt(b, 10)
+}
+
+// Size writes *n as "N bytes" under 1 KiB, else as "N bytes (1.5 MiB)" in
+// the largest binary unit up to EiB; "unknown" for nil.
+func Size(n *int64) string {
+	if n == nil {
+		return Unknown
+	}
+	b := *n
+	if b < 1024 {
+		return strconv.FormatInt(b, 10) + " bytes"
+	}
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	f, i := float64(b)/1024, 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return fmt.Sprintf("%d bytes (%.1f %s)", b, f, units[i])
 }

@@ -13,6 +13,3 @@ import (
 func Publish(r *Record) error {
 	return fmt.Errorf("state: the record is Linux only, not %s: %w", runtime.GOOS, errors.ErrUnsupported)
 }
-
-// Descriptor returns -1 off Linux.
-func Descriptor() int { return -1 }

@@ -1,4 +1,4 @@
-package history
+package memctl
 
 import (
 	"os"
@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestParseStatm(t *testing.T) {
+func TestHistoryParseStatm(t *testing.T) {
 	page := int64(os.Getpagesize())
 	for _, tc := range []struct {
 		in   string
@@ -28,32 +28,32 @@ func TestParseStatm(t *testing.T) {
 	}
 }
 
-func TestRingKeepsTheLastMinutes(t *testing.T) {
-	var r Ring
+func TestHistoryKeepsTheLastMinutes(t *testing.T) {
+	var r historyRing
 	defer r.Close()
 	t0 := time.Now()
 	// A GC end every 10 ms for 10 s: one entry per 250 ms.
 	for i := range 1000 {
 		r.GCEnd(t0.Add(time.Duration(i)*10*time.Millisecond), int64(i), 1<<30)
 	}
-	r.Mark(t0.Add(10*time.Second), KindTrim, 1<<30)
+	r.Mark(t0.Add(10*time.Second), kindTrim, 1<<30)
 	e := r.Entries()
 	require.Len(t, e, 41)
-	assert.Equal(t, KindTrim, e[40].Kind)
+	assert.Equal(t, kindTrim, e[40].Kind)
 	assert.Equal(t, int64(999), e[40].Live, "a mark carries the last GC end's live heap")
 	assert.Positive(t, e[0].RSS, "RSS read from /proc/self/statm")
-	// Past Size entries the oldest go.
-	for i := range Size + 10 {
-		r.Mark(t0.Add(time.Minute+time.Duration(i)), KindLimit, int64(i))
+	// Past historySize entries the oldest go.
+	for i := range historySize + 10 {
+		r.Mark(t0.Add(time.Minute+time.Duration(i)), kindLimit, int64(i))
 	}
 	e = r.Entries()
-	require.Len(t, e, Size)
+	require.Len(t, e, historySize)
 	assert.Equal(t, int64(10), e[0].GoMemLimit)
-	assert.Equal(t, int64(Size+9), e[Size-1].GoMemLimit)
+	assert.Equal(t, int64(historySize+9), e[historySize-1].GoMemLimit)
 }
 
-func TestGCEndAllocatesNothing(t *testing.T) {
-	var r Ring
+func TestHistoryGCEndAllocatesNothing(t *testing.T) {
+	var r historyRing
 	defer r.Close()
 	t0 := time.Now()
 	i := 0
@@ -64,11 +64,11 @@ func TestGCEndAllocatesNothing(t *testing.T) {
 }
 
 // BenchmarkGCEnd is the cost a GC end pays for the history: most GC ends
-// of a busy process come within minGap of the last entry.
-func BenchmarkGCEnd(b *testing.B) {
+// of a busy process come within historyGap of the last entry.
+func BenchmarkHistoryGCEnd(b *testing.B) {
 	for _, gap := range []time.Duration{time.Millisecond, time.Second} {
 		b.Run(gap.String(), func(b *testing.B) {
-			var r Ring
+			var r historyRing
 			defer r.Close()
 			t0 := time.Now()
 			i := 0
