@@ -1,7 +1,6 @@
 package pressure
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -292,7 +291,7 @@ func (w *signal) preadEvents() (cgroupfs.Events, error) {
 	if err != nil {
 		return cgroupfs.Events{}, fmt.Errorf("pressure: read %s: %w", w.path, err)
 	}
-	return cgroupfs.ParseEvents(bytes.NewReader(b[:n]), w.path)
+	return cgroupfs.ParseEvents(b[:n], w.path)
 }
 
 // drain consumes what the source has to read and returns how many signals

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -112,7 +111,7 @@ func readCgroupEvents(proc *safefs.Dir, l cgroupfs.Limit, view cgroupfs.View, st
 
 // parseMemoryEvents parses memory.events, leaving out absent counters.
 func parseMemoryEvents(b []byte, file string) (map[string]int64, error) {
-	ev, err := cgroupfs.ParseEvents(bytes.NewReader(b), safefs.Quote(file))
+	ev, err := cgroupfs.ParseEvents(b, safefs.Quote(file))
 	if err != nil {
 		return nil, err
 	}

@@ -60,21 +60,21 @@ func ReadEvents(path string) (Events, error) {
 		return missingEvents(), fmt.Errorf("cgroupfs: %w", err)
 	}
 	defer f.Close()
-	return ParseEvents(f, path)
+	b, err := io.ReadAll(io.LimitReader(f, maxEventsFile+1))
+	if err != nil {
+		return missingEvents(), fmt.Errorf("cgroupfs: %s: %w", path, err)
+	}
+	return ParseEvents(b, path)
 }
 
-// ParseEvents parses memory.events lines ("key count") from r; name is
-// used in errors. Unknown keys are skipped; a bad or repeated count, no
-// known key, or over 64 KiB is an error naming the line, all counters -1.
-func ParseEvents(r io.Reader, name string) (Events, error) {
+// ParseEvents parses memory.events lines ("key count") in b; name is used
+// in errors. Unknown keys are skipped; a bad or repeated count, no known
+// key, or over 64 KiB is an error naming the line, all counters -1.
+func ParseEvents(b []byte, name string) (Events, error) {
 	fail := func(format string, args ...any) (Events, error) {
 		return missingEvents(), fmt.Errorf("cgroupfs: %s: "+format, append([]any{name}, args...)...)
 	}
-	b, err := io.ReadAll(io.LimitReader(r, maxEventsFile+1))
-	switch {
-	case err != nil:
-		return fail("%w", err)
-	case len(b) > maxEventsFile:
+	if len(b) > maxEventsFile {
 		return fail("over %d bytes, not a memory.events file", maxEventsFile)
 	}
 	e, found := missingEvents(), 0

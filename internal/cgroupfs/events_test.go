@@ -52,11 +52,11 @@ func TestReadEventsMalformed(t *testing.T) {
 func TestParseEventsBounds(t *testing.T) {
 	// Over 64 KiB of unknown keys: refused without reading on.
 	big := strings.Repeat("x 1\n", 20000) + "low 1\n"
-	_, err := ParseEvents(strings.NewReader(big), "big")
+	_, err := ParseEvents([]byte(big), "big")
 	require.ErrorContains(t, err, "over 65536 bytes")
 
 	// The largest count the kernel can write (u64 in int64 range) is kept.
-	got, err := ParseEvents(strings.NewReader("max 9223372036854775807\n"), "x")
+	got, err := ParseEvents([]byte("max 9223372036854775807\n"), "x")
 	require.NoError(t, err)
 	assert.Equal(t, int64(9223372036854775807), got.Max)
 	assert.Equal(t, int64(-1), got.Low)
