@@ -805,6 +805,25 @@ func heapFree() int64 {
 	return int64(s[0].Value.Uint64())
 }
 
+// ensureFloor gives the burst detector a floor before a child's burst.
+// With no GC end looked at since Start, the detector's floor is 0 and the
+// first GC end it looks at becomes the floor (trim's rule), so a burst live
+// at that GC end is its floor, not a rise: a loaded machine can delay the
+// first look until the burst. A forced GC end sets the floor, so one runs
+// then, and the detector is waited for (2 s at most); with the detector
+// off there is nothing to wait for.
+func ensureFloor() {
+	if os.Getenv("MEMCTL_AUTOBURST") == "off" || memctl.CurrentStats().AutoBurst.GCEnds > 0 {
+		return
+	}
+	runtime.GC()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if memctl.CurrentStats().AutoBurst.GCEnds > 0 {
+			return
+		}
+	}
+}
+
 // oneBufferChild is a new user's first trial (only the auto import): one
 // request holds one 150 MiB buffer with no pointers (a []int64, each page
 // touched) over an 8 MiB live heap, and drops it; no GC runs after the
@@ -815,6 +834,7 @@ func heapFree() int64 {
 func oneBufferChild() {
 	live := burst.Alloc(8 << 20)
 	time.Sleep(500 * time.Millisecond)
+	ensureFloor()
 	watch := watchLive(true)
 	before, nonHeapBefore, inUseBefore, freeBefore := rss(), nonHeap(), heapInUse(), heapFree()
 	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
